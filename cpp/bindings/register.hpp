@@ -1,0 +1,13 @@
+// tripwire/cpp/bindings/register.hpp -- one registration function per bound area.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace tripwire::bindings {
+
+/// GuardSetCore: the compiled guard set (bind_guard_set.cpp).
+void register_guard_set(nanobind::module_& m);
+/// Small helpers used by the Python package and tests (bind_util.cpp).
+void register_util(nanobind::module_& m);
+
+}  // namespace tripwire::bindings

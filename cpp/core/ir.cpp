@@ -1,0 +1,129 @@
+// tripwire/cpp/core/ir.cpp -- names and static properties of steps and guard kinds.
+#include "ir.hpp"
+
+namespace tripwire::core {
+
+std::string_view guard_kind_name(GuardKind k) {
+    switch (k) {
+        case GuardKind::TypeMatch: return "TYPE_MATCH";
+        case GuardKind::IdMatch: return "ID_MATCH";
+        case GuardKind::None: return "NONE";
+        case GuardKind::NotNone: return "NOT_NONE";
+        case GuardKind::True: return "TRUE";
+        case GuardKind::False: return "FALSE";
+        case GuardKind::EqualsMatch: return "EQUALS_MATCH";
+        case GuardKind::Length: return "LENGTH";
+        case GuardKind::DictKeys: return "DICT_KEYS";
+        case GuardKind::DictContains: return "DICT_CONTAINS";
+        case GuardKind::HasAttr: return "HASATTR";
+        case GuardKind::DictVersion: return "DICT_VERSION";
+        case GuardKind::TupleIteratorLen: return "TUPLE_ITERATOR_LEN";
+        case GuardKind::RangeIterator: return "RANGE_ITERATOR";
+        case GuardKind::CodeMatch: return "CODE_MATCH";
+        case GuardKind::WeakrefAlive: return "WEAKREF_ALIVE";
+        case GuardKind::GlobalState: return "GLOBAL_STATE";
+        case GuardKind::Lambda: return "LAMBDA";
+    }
+    return "UNKNOWN";
+}
+
+std::string_view step_kind_name(StepKind k) {
+    switch (k) {
+        case StepKind::Attr: return "ATTR";
+        case StepKind::Item: return "ITEM";
+        case StepKind::DictItem: return "DICT_ITEM";
+        case StepKind::Type: return "TYPE";
+        case StepKind::Dict: return "DICT";
+        case StepKind::Defaults: return "DEFAULTS";
+        case StepKind::KwDefaults: return "KWDEFAULTS";
+        case StepKind::Code: return "CODE";
+        case StepKind::ClosureCell: return "CLOSURE_CELL";
+        case StepKind::WeakrefCall: return "WEAKREF_CALL";
+        case StepKind::DictKey: return "DICT_KEY";
+        case StepKind::DictValue: return "DICT_VALUE";
+    }
+    return "UNKNOWN";
+}
+
+bool guard_runs_user_code(GuardKind k) {
+    switch (k) {
+        // Identity, exact-type and structural comparisons of built-in constants only.
+        case GuardKind::TypeMatch:
+        case GuardKind::IdMatch:
+        case GuardKind::None:
+        case GuardKind::NotNone:
+        case GuardKind::True:
+        case GuardKind::False:
+        case GuardKind::EqualsMatch:
+        case GuardKind::DictVersion:
+        case GuardKind::TupleIteratorLen:
+        case GuardKind::RangeIterator:
+        case GuardKind::WeakrefAlive:
+            return false;
+        // len() of a user type, key lookups that may meet a user key's __eq__, getattr,
+        // `v.__code__` on a non-function, Python probes and predicates.
+        case GuardKind::Length:
+        case GuardKind::DictKeys:
+        case GuardKind::DictContains:
+        case GuardKind::HasAttr:
+        case GuardKind::CodeMatch:
+        case GuardKind::GlobalState:
+        case GuardKind::Lambda:
+            return true;
+    }
+    return true;
+}
+
+bool step_runs_user_code(StepKind k) {
+    switch (k) {
+        case StepKind::Type:
+        case StepKind::Dict:
+        case StepKind::WeakrefCall:
+        case StepKind::DictKey:
+        case StepKind::DictValue:
+            return false;
+        // Attribute lookups, generic __getitem__, and dict lookups (a stored key of a user
+        // type whose hash collides gets its __eq__ called) can all run arbitrary code.
+        case StepKind::Attr:
+        case StepKind::Item:
+        case StepKind::DictItem:
+        case StepKind::Defaults:
+        case StepKind::KwDefaults:
+        case StepKind::Code:
+        case StepKind::ClosureCell:
+            return true;
+    }
+    return true;
+}
+
+GuardShape guard_shape(GuardKind k) {
+    switch (k) {
+        case GuardKind::TypeMatch:
+        case GuardKind::IdMatch:
+        case GuardKind::EqualsMatch:
+        case GuardKind::DictContains:
+        case GuardKind::HasAttr:
+        case GuardKind::CodeMatch:
+            return {true, true, true, false};
+        case GuardKind::None:
+        case GuardKind::NotNone:
+        case GuardKind::True:
+        case GuardKind::False:
+        case GuardKind::Length:
+        case GuardKind::DictVersion:
+        case GuardKind::TupleIteratorLen:
+        case GuardKind::WeakrefAlive:
+            return {true, true, false, false};
+        case GuardKind::DictKeys:
+            return {true, true, false, true};
+        case GuardKind::RangeIterator:
+            return {true, true, true, false};  // operand = the expected range object
+        case GuardKind::GlobalState:
+            return {false, false, false, true};  // operand = Python probe (optional), operand2 = snapshot
+        case GuardKind::Lambda:
+            return {false, true, true, false};
+    }
+    return {false, false, false, false};
+}
+
+}  // namespace tripwire::core

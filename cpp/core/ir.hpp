@@ -1,0 +1,128 @@
+// tripwire/cpp/core/ir.hpp -- the guard IR: roots, steps, guard kinds and declarations.
+//
+// This layer knows nothing of Python. Objects that guards name (types, constants, attribute
+// names, dict keys) appear only as ConstId indices into a constant pool that the runtime layer
+// owns. Two steps are the same step exactly when kind, operand and index are equal, so the
+// runtime must intern equal keys to one ConstId for prefix sharing to work.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tripwire::core {
+
+/// Index into the runtime's constant pool.
+using ConstId = std::uint32_t;
+/// "No constant" marker for operands a kind does not use.
+inline constexpr ConstId kNoConst = 0xFFFFFFFFu;
+
+/// Where a source's first value is read. Values match python/tripwire/source.py.
+enum class RootKind : std::uint8_t {
+    Local = 0,    ///< L['x']: the locals mapping passed to check()
+    Global = 1,   ///< G['x']: the globals dict given at build time
+    Closure = 2,  ///< C['x']: a closure cell given at build time
+};
+
+/// One step from a value to a child value. Values match python/tripwire/source.py.
+enum class StepKind : std::uint8_t {
+    Attr = 0,         ///< getattr(v, name)                    operand = name
+    Item = 1,         ///< v[key]                              operand = key
+    DictItem = 2,     ///< dict.__getitem__(v, key), no __missing__   operand = key
+    Type = 3,         ///< type(v)
+    Dict = 4,         ///< v.__dict__ (instance dict)
+    Defaults = 5,     ///< v.__defaults__[index]
+    KwDefaults = 6,   ///< v.__kwdefaults__[name]              operand = name
+    Code = 7,         ///< v.__code__
+    ClosureCell = 8,  ///< v.__closure__[index].cell_contents
+    WeakrefCall = 9,  ///< v() for a weak reference
+    DictKey = 10,     ///< list(dict.keys(v))[index]
+    DictValue = 11,   ///< v[list(dict.keys(v))[index]]
+};
+inline constexpr int kStepKindCount = 12;
+
+/// Guard kinds of the catalogue (docs/guards.md). Values match python/tripwire/catalogue.py.
+enum class GuardKind : std::uint8_t {
+    TypeMatch = 0,
+    IdMatch = 1,
+    None = 2,
+    NotNone = 3,
+    True = 4,
+    False = 5,
+    EqualsMatch = 6,
+    Length = 7,
+    DictKeys = 8,
+    DictContains = 9,
+    HasAttr = 10,
+    DictVersion = 11,
+    TupleIteratorLen = 12,
+    RangeIterator = 13,
+    CodeMatch = 14,
+    WeakrefAlive = 15,
+    GlobalState = 16,
+    Lambda = 17,
+};
+inline constexpr int kGuardKindCount = 18;
+
+/// One step of a source path.
+struct Step {
+    StepKind kind = StepKind::Attr;
+    ConstId operand = kNoConst;  ///< attribute name or key, for Attr/Item/DictItem/KwDefaults
+    std::int64_t index = 0;      ///< position, for Defaults/ClosureCell/DictKey/DictValue
+
+    friend bool operator==(const Step& a, const Step& b) {
+        return a.kind == b.kind && a.operand == b.operand && a.index == b.index;
+    }
+};
+
+/// A root plus steps; `texts[i]` is the printed form of the prefix with i steps.
+struct SourcePath {
+    RootKind root = RootKind::Local;
+    ConstId name = kNoConst;  ///< the root's name (a str constant)
+    std::vector<Step> steps;
+    std::vector<std::string> texts;  ///< steps.size() + 1 printed prefixes
+};
+
+/// One declared guard, as handed to compile().
+struct GuardDecl {
+    GuardKind kind = GuardKind::TypeMatch;
+    bool has_source = true;  ///< false only for GlobalState and sourceless Lambda
+    SourcePath source;
+    ConstId operand = kNoConst;   ///< main object: type, object, constant, key, name, probe, fn
+    ConstId operand2 = kNoConst;  ///< second object: snapshot (GlobalState), key tuple (DictKeys)
+    std::int64_t n = 0;           ///< length, version, builtin-probe id, range start
+    std::int64_t n2 = 0;          ///< range stop
+    std::int64_t n3 = 0;          ///< range step
+    bool flag = false;            ///< present (DictContains/HasAttr), ordered (DictKeys)
+    std::uint32_t id = 0;         ///< installation order; why_not reports the smallest failing id
+};
+
+/// Printable names, as the catalogue spells them ("TYPE_MATCH").
+std::string_view guard_kind_name(GuardKind k);
+std::string_view step_kind_name(StepKind k);
+
+/// Whether evaluating the guard can run Python code that is not the interpreter's own
+/// (a user __eq__, __len__, __getattr__, a predicate). Pure guards let the engine borrow the
+/// value they read instead of holding a reference.
+bool guard_runs_user_code(GuardKind k);
+/// Whether fetching this step can run user code (properties, __getattr__, __getitem__, a dict
+/// lookup that compares against a user key's __eq__).
+bool step_runs_user_code(StepKind k);
+
+/// The operand slots a kind uses; validate() checks declarations against this table.
+struct GuardShape {
+    bool needs_source;   ///< must have a source
+    bool allows_source;  ///< may have a source
+    bool operand;        ///< uses operand
+    bool operand2;       ///< uses operand2
+};
+GuardShape guard_shape(GuardKind k);
+
+/// Built-in global-state probes evaluated in C++ (GuardDecl::n for GlobalState with no operand).
+enum class BuiltinProbe : std::int64_t {
+    RecursionLimit = 0,
+    GcEnabled = 1,
+};
+
+}  // namespace tripwire::core

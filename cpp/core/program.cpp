@@ -1,0 +1,240 @@
+// tripwire/cpp/core/program.cpp -- building and validating the guard tree.
+#include "program.hpp"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace tripwire::core {
+namespace {
+
+[[noreturn]] void fail(const std::string& why) { throw InvalidProgram(why); }
+
+void check_const(ConstId c, std::size_t n_consts, const char* what) {
+    if (c != kNoConst && c >= n_consts) {
+        fail(std::string(what) + " refers to constant " + std::to_string(c) + " of " +
+             std::to_string(n_consts));
+    }
+}
+
+bool step_has_operand(StepKind k) {
+    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem ||
+           k == StepKind::KwDefaults;
+}
+bool step_has_index(StepKind k) {
+    return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
+           k == StepKind::DictValue;
+}
+
+void validate_step(const Step& s, std::size_t n_consts) {
+    if (static_cast<int>(s.kind) >= kStepKindCount) fail("unknown step kind");
+    if (step_has_operand(s.kind)) {
+        if (s.operand == kNoConst) fail(std::string(step_kind_name(s.kind)) + " step needs an operand");
+        check_const(s.operand, n_consts, "step");
+    } else if (s.operand != kNoConst) {
+        fail(std::string(step_kind_name(s.kind)) + " step takes no operand");
+    }
+    if (step_has_index(s.kind) ? s.index < 0 : s.index != 0) {
+        fail(std::string(step_kind_name(s.kind)) + " step has a bad index");
+    }
+}
+
+// Key identifying a node among its siblings.
+using RootKey = std::pair<int, ConstId>;
+using StepKey = std::tuple<std::uint32_t, int, ConstId, std::int64_t>;
+
+}  // namespace
+
+void validate_decl(const GuardDecl& d, std::size_t n_consts) {
+    if (static_cast<int>(d.kind) >= kGuardKindCount) fail("unknown guard kind");
+    const GuardShape shape = guard_shape(d.kind);
+    const std::string name(guard_kind_name(d.kind));
+    if (d.has_source && !shape.allows_source) fail(name + " takes no source");
+    if (!d.has_source && shape.needs_source) fail(name + " needs a source");
+    if (d.has_source) {
+        if (static_cast<int>(d.source.root) > 2) fail("unknown root kind");
+        if (d.source.name == kNoConst) fail("root needs a name");
+        check_const(d.source.name, n_consts, "root");
+        if (d.source.steps.size() > kMaxSourceDepth) {
+            fail("source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
+        }
+        if (d.source.texts.size() != d.source.steps.size() + 1) fail("source texts do not match steps");
+        for (const Step& s : d.source.steps) validate_step(s, n_consts);
+    }
+    if (shape.operand && d.operand == kNoConst) fail(name + " needs an operand");
+    if (!shape.operand && d.operand != kNoConst && d.kind != GuardKind::GlobalState) {
+        fail(name + " takes no operand");
+    }
+    check_const(d.operand, n_consts, name.c_str());
+    check_const(d.operand2, n_consts, name.c_str());
+    switch (d.kind) {
+        case GuardKind::DictKeys:
+            if (d.operand2 == kNoConst) fail("DICT_KEYS needs its key tuple");
+            break;
+        case GuardKind::Length:
+        case GuardKind::TupleIteratorLen:
+            if (d.n < 0) fail(name + " needs a non-negative length");
+            break;
+        case GuardKind::GlobalState:
+            if (d.operand == kNoConst) {  // built-in probe
+                if (d.n != static_cast<std::int64_t>(BuiltinProbe::RecursionLimit) &&
+                    d.n != static_cast<std::int64_t>(BuiltinProbe::GcEnabled)) {
+                    fail("unknown built-in probe " + std::to_string(d.n));
+                }
+            } else if (d.operand2 == kNoConst) {
+                fail("GLOBAL_STATE with a Python probe needs a snapshot");
+            }
+            break;
+        default:
+            break;
+    }
+}
+
+Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
+    std::sort(decls.begin(), decls.end(),
+              [](const GuardDecl& a, const GuardDecl& b) { return a.id < b.id; });
+    for (std::size_t i = 0; i < decls.size(); ++i) {
+        validate_decl(decls[i], n_consts);
+        if (i > 0 && decls[i].id == decls[i - 1].id) fail("duplicate guard id " + std::to_string(decls[i].id));
+    }
+
+    Program p;
+    // Intern nodes: first appearance order, so children and guards stay in installation order.
+    std::map<RootKey, std::uint32_t> root_index;
+    std::map<StepKey, std::uint32_t> step_index;
+    std::vector<std::vector<std::uint32_t>> kids;   // per node, child nodes in order
+    std::vector<std::vector<std::uint32_t>> guards;  // per node, guard indices in order
+
+    auto new_node = [&](Node n) {
+        p.nodes.push_back(std::move(n));
+        kids.emplace_back();
+        guards.emplace_back();
+        return static_cast<std::uint32_t>(p.nodes.size() - 1);
+    };
+
+    for (std::uint32_t gi = 0; gi < decls.size(); ++gi) {
+        const GuardDecl& d = decls[gi];
+        if (!d.has_source) {
+            p.ambient.push_back(gi);
+            continue;
+        }
+        RootKey rk{static_cast<int>(d.source.root), d.source.name};
+        auto it = root_index.find(rk);
+        std::uint32_t cur;
+        if (it == root_index.end()) {
+            Node n;
+            n.is_root = true;
+            n.root = d.source.root;
+            n.root_name = d.source.name;
+            n.text = d.source.texts[0];
+            cur = new_node(std::move(n));
+            root_index.emplace(rk, cur);
+            p.roots.push_back(cur);
+        } else {
+            cur = it->second;
+        }
+        for (std::size_t si = 0; si < d.source.steps.size(); ++si) {
+            const Step& s = d.source.steps[si];
+            StepKey sk{cur, static_cast<int>(s.kind), s.operand, s.index};
+            auto jt = step_index.find(sk);
+            if (jt == step_index.end()) {
+                Node n;
+                n.step = s;
+                n.parent = cur;
+                n.depth = p.nodes[cur].depth + 1;
+                n.text = d.source.texts[si + 1];
+                const std::uint32_t child = new_node(std::move(n));
+                kids[cur].push_back(child);
+                step_index.emplace(sk, child);
+                cur = child;
+            } else {
+                cur = jt->second;
+            }
+        }
+        guards[cur].push_back(gi);
+    }
+
+    // Flatten into contiguous ranges.
+    for (std::uint32_t ni = 0; ni < p.nodes.size(); ++ni) {
+        Node& n = p.nodes[ni];
+        n.guard_begin = static_cast<std::uint32_t>(p.node_guards.size());
+        p.node_guards.insert(p.node_guards.end(), guards[ni].begin(), guards[ni].end());
+        n.guard_end = static_cast<std::uint32_t>(p.node_guards.size());
+        n.child_begin = static_cast<std::uint32_t>(p.children.size());
+        p.children.insert(p.children.end(), kids[ni].begin(), kids[ni].end());
+        n.child_end = static_cast<std::uint32_t>(p.children.size());
+        p.max_depth = std::max(p.max_depth, n.depth);
+    }
+    // Subtree facts, children before parents: nodes are created parent-first, so walk backwards.
+    for (std::size_t k = p.nodes.size(); k-- > 0;) {
+        Node& n = p.nodes[k];
+        std::uint32_t min_id = 0xFFFFFFFFu;
+        bool user = false;
+        for (std::uint32_t g = n.guard_begin; g < n.guard_end; ++g) {
+            const GuardDecl& d = decls[p.node_guards[g]];
+            min_id = std::min(min_id, d.id);
+            user = user || guard_runs_user_code(d.kind);
+        }
+        for (std::uint32_t c = n.child_begin; c < n.child_end; ++c) {
+            const Node& child = p.nodes[p.children[c]];
+            min_id = std::min(min_id, child.min_guard_id);
+            user = user || child.subtree_runs_user_code || step_runs_user_code(child.step.kind);
+        }
+        n.min_guard_id = min_id;
+        n.subtree_runs_user_code = user;
+    }
+    p.guards = std::move(decls);
+    validate(p, n_consts);
+    return p;
+}
+
+void validate(const Program& p, std::size_t n_consts) {
+    const auto n_nodes = static_cast<std::uint32_t>(p.nodes.size());
+    const auto n_guards = static_cast<std::uint32_t>(p.guards.size());
+    std::vector<std::uint8_t> guard_seen(n_guards, 0);
+    std::vector<std::uint8_t> node_seen(n_nodes, 0);
+    for (const GuardDecl& d : p.guards) validate_decl(d, n_consts);
+    for (std::uint32_t g : p.ambient) {
+        if (g >= n_guards || p.guards[g].has_source) fail("bad ambient guard");
+        if (guard_seen[g]++) fail("guard listed twice");
+    }
+    for (std::uint32_t r : p.roots) {
+        if (r >= n_nodes || !p.nodes[r].is_root) fail("bad root index");
+        if (node_seen[r]++) fail("node listed twice");
+    }
+    for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
+        const Node& n = p.nodes[ni];
+        if (n.guard_begin > n.guard_end || n.guard_end > p.node_guards.size()) fail("bad guard range");
+        if (n.child_begin > n.child_end || n.child_end > p.children.size()) fail("bad child range");
+        if (n.depth > kMaxSourceDepth) fail("node too deep");
+        if (n.is_root) {
+            if (n.parent != kNoNode || n.depth != 0) fail("root with a parent");
+            check_const(n.root_name, n_consts, "root");
+        } else {
+            if (n.parent >= n_nodes) fail("node without a valid parent");
+            validate_step(n.step, n_consts);
+        }
+        for (std::uint32_t g = n.guard_begin; g < n.guard_end; ++g) {
+            const std::uint32_t gi = p.node_guards[g];
+            if (gi >= n_guards || !p.guards[gi].has_source) fail("bad node guard");
+            if (guard_seen[gi]++) fail("guard listed twice");
+        }
+        for (std::uint32_t c = n.child_begin; c < n.child_end; ++c) {
+            const std::uint32_t ci = p.children[c];
+            // Children come after parents, which also rules out cycles.
+            if (ci >= n_nodes || ci <= ni || p.nodes[ci].parent != ni) fail("bad child link");
+            if (p.nodes[ci].depth != n.depth + 1) fail("bad child depth");
+            if (node_seen[ci]++) fail("node listed twice");
+        }
+    }
+    for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
+        if (!node_seen[ni]) fail("unreachable node");
+    }
+    for (std::uint32_t gi = 0; gi < n_guards; ++gi) {
+        if (!guard_seen[gi]) fail("guard attached to no node");
+    }
+}
+
+}  // namespace tripwire::core

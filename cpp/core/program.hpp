@@ -1,0 +1,67 @@
+// tripwire/cpp/core/program.hpp -- the compiled guard tree.
+//
+// compile() merges the sources of all declared guards into a tree of shared prefixes (one fetch
+// per distinct source) and lays it out as flat arrays: nodes, their guards and their children are
+// contiguous index ranges, so evaluation walks plain structs with no allocation. The ranges are
+// in installation order; the runtime may permute entries *within* a range (adaptive fail-fast
+// ordering) but never moves an entry to another range.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ir.hpp"
+
+namespace tripwire::core {
+
+/// A declaration or program that breaks the IR's rules (bad operand, out-of-range constant,
+/// source depth over the limit). Maps to ValueError in Python.
+class InvalidProgram : public std::invalid_argument {
+  public:
+    using std::invalid_argument::invalid_argument;
+};
+
+/// Deepest source the engine accepts; bounds the evaluator's recursion.
+inline constexpr std::size_t kMaxSourceDepth = 64;
+/// Index value meaning "none" for node parents.
+inline constexpr std::uint32_t kNoNode = 0xFFFFFFFFu;
+
+/// One distinct source: how its value is fetched and what is checked on it.
+struct Node {
+    bool is_root = false;
+    RootKind root = RootKind::Local;  ///< for roots
+    ConstId root_name = kNoConst;     ///< for roots
+    Step step;                        ///< for non-roots: how to fetch from the parent's value
+    std::uint32_t parent = kNoNode;
+    std::uint32_t depth = 0;  ///< 0 for roots
+    std::uint32_t guard_begin = 0, guard_end = 0;  ///< range in Program::node_guards
+    std::uint32_t child_begin = 0, child_end = 0;  ///< range in Program::children
+    std::uint32_t min_guard_id = 0;  ///< smallest guard id in this subtree
+    bool subtree_runs_user_code = false;  ///< any fetch or guard below (or here) may run user code
+    std::string text;                     ///< the printed source
+};
+
+/// The compiled form of a guard set.
+struct Program {
+    std::vector<GuardDecl> guards;         ///< all guards, in installation (id) order
+    std::vector<Node> nodes;               ///< every distinct source
+    std::vector<std::uint32_t> node_guards;  ///< guard indices, grouped by node
+    std::vector<std::uint32_t> children;     ///< node indices, grouped by parent
+    std::vector<std::uint32_t> roots;        ///< root node indices
+    std::vector<std::uint32_t> ambient;      ///< guards without a source (GlobalState, Lambda on f_locals)
+    std::uint32_t max_depth = 0;
+};
+
+/// Build the tree. Guards are sorted by id; ids must be unique. Throws InvalidProgram.
+Program compile(std::vector<GuardDecl> decls, std::size_t n_consts);
+
+/// Check a program's internal consistency (ranges, parents, constant ids < n_consts, operand
+/// shapes). compile() calls it; loaders of untrusted data must too. Throws InvalidProgram.
+void validate(const Program& p, std::size_t n_consts);
+
+/// Check one declaration against the catalogue's operand shapes. Throws InvalidProgram.
+void validate_decl(const GuardDecl& d, std::size_t n_consts);
+
+}  // namespace tripwire::core

@@ -1,0 +1,233 @@
+// tripwire/cpp/runtime/fetch.cpp -- step fetches and the attribute inline cache.
+#include "fetch.hpp"
+
+#include <string>
+
+namespace tripwire::runtime {
+namespace {
+
+Fetched ok_borrowed(PyObject* v) { return {v, false, FetchStatus::Ok}; }
+Fetched ok_owned(PyObject* v) {
+    return v ? Fetched{v, true, FetchStatus::Ok} : Fetched{nullptr, false, FetchStatus::Error};
+}
+Fetched missing() { return {nullptr, false, FetchStatus::Missing}; }
+Fetched error() { return {nullptr, false, FetchStatus::Error}; }
+
+// Lookup in a real dict; missing keys are not errors. A user key's __eq__ may run and raise.
+Fetched dict_lookup(PyObject* dict, PyObject* key) {
+    PyObject* v = PyDict_GetItemWithError(dict, key);
+    if (v) return ok_borrowed(v);
+    return PyErr_Occurred() ? error() : missing();
+}
+
+// getattr that maps AttributeError to Missing (so failing checks do not keep exception objects).
+Fetched generic_getattr(PyObject* obj, PyObject* name) {
+    PyObject* v = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+    const int r = PyObject_GetOptionalAttr(obj, name, &v);
+#else
+    const int r = _PyObject_LookupAttr(obj, name, &v);
+#endif
+    if (r > 0) return ok_owned(v);
+    return r == 0 ? missing() : error();
+}
+
+// Fill the inline cache for (type of obj, name).
+void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name) {
+    c.type = tp;
+    c.mode = AttrCache::Mode::Generic;
+    // _PyType_Lookup assigns a version tag when it can; read the tag after it.
+    PyObject* descr = _PyType_Lookup(tp, name);
+    c.version = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+    if (c.version == 0) return;  // unversioned type: no cache, always generic
+    if (tp == &PyModule_Type) {
+        // Module attributes live in the module dict; ModuleType's own data descriptors are all
+        // dunder names, which we leave to the generic path.
+        if (PyUnicode_READ_CHAR(name, 0) != '_') c.mode = AttrCache::Mode::Module;
+        return;
+    }
+    if (tp->tp_getattro != PyObject_GenericGetAttr || tp->tp_dictoffset == 0) return;
+    // A data descriptor (property, slot, __dict__) on the type wins over the instance dict.
+    if (descr != nullptr && Py_TYPE(descr)->tp_descr_set != nullptr) return;
+    c.mode = AttrCache::Mode::InstanceDict;
+}
+
+}  // namespace
+
+Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (c.type != tp || c.version == 0 || tp->tp_version_tag != c.version ||
+        !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        fill_cache(c, tp, name);
+    }
+    switch (c.mode) {
+        case AttrCache::Mode::InstanceDict: {
+            // The type has no data descriptor for `name` (checked under this version tag), so
+            // an instance dict entry is exactly what getattr would return.
+            PyObject** dictptr = _PyObject_GetDictPtr(obj);
+            if (dictptr != nullptr && *dictptr != nullptr) {
+                PyObject* v = PyDict_GetItemWithError(*dictptr, name);
+                if (v) return ok_borrowed(v);
+                if (PyErr_Occurred()) return error();
+            } else if (PyErr_Occurred()) {
+                return error();
+            }
+            break;  // class attribute, non-data descriptor, __getattr__: generic path
+        }
+        case AttrCache::Mode::Module: {
+            PyObject* d = PyModule_GetDict(obj);
+            PyObject* v = PyDict_GetItemWithError(d, name);
+            if (v) return ok_borrowed(v);
+            if (PyErr_Occurred()) return error();
+            break;  // module __getattr__ and friends: generic path
+        }
+        default:
+            break;
+    }
+    return generic_getattr(obj, name);
+}
+
+Fetched fetch_step(RuntimeStep& s, PyObject* v) {
+    using core::StepKind;
+    switch (s.kind) {
+        case StepKind::Attr:
+            return fetch_attr(s.cache, v, s.operand);
+        case StepKind::Item: {
+            if (PyDict_CheckExact(v)) return dict_lookup(v, s.operand);
+            if ((PyList_CheckExact(v) || PyTuple_CheckExact(v)) && PyLong_CheckExact(s.operand)) {
+                Py_ssize_t i = PyLong_AsSsize_t(s.operand);
+                if (i == -1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    return missing();
+                }
+                const Py_ssize_t n = Py_SIZE(v);
+                if (i < 0) i += n;
+                if (i < 0 || i >= n) return missing();
+                return ok_borrowed(PyList_CheckExact(v) ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i));
+            }
+            return ok_owned(PyObject_GetItem(v, s.operand));
+        }
+        case StepKind::DictItem:
+            if (!PyDict_Check(v)) return missing();
+            return dict_lookup(v, s.operand);
+        case StepKind::Type:
+            return ok_borrowed(reinterpret_cast<PyObject*>(Py_TYPE(v)));
+        case StepKind::Dict: {
+            if (PyType_Check(v)) return missing();
+            PyObject** dictptr = _PyObject_GetDictPtr(v);
+            if (dictptr == nullptr || *dictptr == nullptr) return PyErr_Occurred() ? error() : missing();
+            if (!PyDict_CheckExact(*dictptr)) return missing();
+            return ok_borrowed(*dictptr);
+        }
+        case StepKind::Defaults: {
+            if (PyFunction_Check(v)) {
+                PyObject* defaults = PyFunction_GET_DEFAULTS(v);
+                if (defaults == nullptr || !PyTuple_Check(defaults) || s.index >= PyTuple_GET_SIZE(defaults)) {
+                    return missing();
+                }
+                return ok_borrowed(PyTuple_GET_ITEM(defaults, s.index));
+            }
+            static PyObject* name = PyUnicode_InternFromString("__defaults__");
+            Fetched d = generic_getattr(v, name);
+            if (d.status != FetchStatus::Ok) return d;
+            PyObject* item = PySequence_GetItem(d.value, s.index);
+            Py_DECREF(d.value);
+            return ok_owned(item);
+        }
+        case StepKind::KwDefaults: {
+            if (PyFunction_Check(v)) {
+                PyObject* kw = PyFunction_GET_KW_DEFAULTS(v);
+                if (kw == nullptr || !PyDict_Check(kw)) return missing();
+                return dict_lookup(kw, s.operand);
+            }
+            static PyObject* name = PyUnicode_InternFromString("__kwdefaults__");
+            Fetched d = generic_getattr(v, name);
+            if (d.status != FetchStatus::Ok) return d;
+            if (d.value == Py_None) {
+                Py_DECREF(d.value);
+                return missing();
+            }
+            PyObject* item = PyObject_GetItem(d.value, s.operand);
+            Py_DECREF(d.value);
+            return ok_owned(item);
+        }
+        case StepKind::Code: {
+            if (PyFunction_Check(v)) return ok_borrowed(PyFunction_GET_CODE(v));
+            static PyObject* name = PyUnicode_InternFromString("__code__");
+            return generic_getattr(v, name);
+        }
+        case StepKind::ClosureCell: {
+            if (PyFunction_Check(v)) {
+                PyObject* cl = PyFunction_GET_CLOSURE(v);
+                if (cl == nullptr || !PyTuple_Check(cl) || s.index >= PyTuple_GET_SIZE(cl)) return missing();
+                PyObject* cell = PyTuple_GET_ITEM(cl, s.index);
+                if (!PyCell_Check(cell) || PyCell_GET(cell) == nullptr) return missing();
+                return ok_borrowed(PyCell_GET(cell));
+            }
+            static PyObject* name = PyUnicode_InternFromString("__closure__");
+            static PyObject* contents = PyUnicode_InternFromString("cell_contents");
+            Fetched cl = generic_getattr(v, name);
+            if (cl.status != FetchStatus::Ok) return cl;
+            PyObject* cell = PySequence_GetItem(cl.value, s.index);
+            Py_DECREF(cl.value);
+            if (cell == nullptr) return error();
+            Fetched out = generic_getattr(cell, contents);
+            Py_DECREF(cell);
+            return out;
+        }
+        case StepKind::WeakrefCall: {
+            if (!PyWeakref_CheckRef(v)) return missing();
+            PyObject* target = PyWeakref_GetObject(v);  // borrowed; Py_None when dead
+            if (target == nullptr) return error();
+            return ok_borrowed(target);
+        }
+        case StepKind::DictKey:
+        case StepKind::DictValue: {
+            if (!PyDict_Check(v) || s.index >= PyDict_GET_SIZE(v)) return missing();
+            Py_ssize_t pos = 0;
+            PyObject* key = nullptr;
+            PyObject* value = nullptr;
+            for (Py_ssize_t i = 0; i <= s.index; ++i) {
+                if (!PyDict_Next(v, &pos, &key, &value)) return missing();
+            }
+            return ok_borrowed(s.kind == StepKind::DictKey ? key : value);
+        }
+    }
+    return missing();
+}
+
+std::string describe_missing(const RuntimeStep& s, PyObject* parent) {
+    using core::StepKind;
+    auto repr = [](PyObject* o) -> std::string {
+        if (o == nullptr) return "?";
+        PyObject* r = PyObject_Repr(o);
+        if (r == nullptr) {
+            PyErr_Clear();
+            return "<unrepresentable>";
+        }
+        const char* c = PyUnicode_AsUTF8(r);
+        std::string out = c ? c : "?";
+        if (!c) PyErr_Clear();
+        Py_DECREF(r);
+        return out;
+    };
+    const std::string tname = parent ? Py_TYPE(parent)->tp_name : "?";
+    switch (s.kind) {
+        case StepKind::Attr: return "AttributeError: '" + tname + "' object has no attribute " + repr(s.operand);
+        case StepKind::Item: return "KeyError/IndexError: " + tname + " has no item " + repr(s.operand);
+        case StepKind::DictItem:
+            return PyDict_Check(parent) ? "KeyError: " + repr(s.operand) : "TypeError: " + tname + " is not a dict";
+        case StepKind::Dict: return "TypeError: " + tname + " object has no instance __dict__";
+        case StepKind::Defaults: return "IndexError: no positional default " + std::to_string(s.index);
+        case StepKind::KwDefaults: return "KeyError: no keyword default " + repr(s.operand);
+        case StepKind::ClosureCell: return "ValueError: closure cell " + std::to_string(s.index) + " is missing or empty";
+        case StepKind::WeakrefCall: return "TypeError: " + tname + " is not a weak reference";
+        case StepKind::DictKey:
+        case StepKind::DictValue:
+            return PyDict_Check(parent) ? "IndexError: dict position " + std::to_string(s.index) + " out of range"
+                                        : "TypeError: " + tname + " is not a dict";
+        default: return "missing";
+    }
+}
+
+}  // namespace tripwire::runtime

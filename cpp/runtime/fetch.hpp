@@ -1,0 +1,61 @@
+// tripwire/cpp/runtime/fetch.hpp -- evaluating one source step on a live object.
+//
+// A fetch returns the child value either borrowed (owned by the parent: a dict entry, a list
+// slot, an object's type) or as a new reference. The evaluator decides whether a borrowed value
+// is safe to use as is (nothing below it can run user code) or must be INCREF'd.
+#pragma once
+
+#include <cstdint>
+
+#include "../core/ir.hpp"
+#include "py.hpp"
+
+namespace tripwire::runtime {
+
+/// How a fetch ended.
+enum class FetchStatus : std::uint8_t {
+    Ok,       ///< value is set
+    Missing,  ///< no such attribute/key/position/cell content; no Python error is set
+    Error,    ///< a Python exception is set
+};
+
+/// Result of a fetch: `value` is borrowed unless `owned`.
+struct Fetched {
+    PyObject* value = nullptr;
+    bool owned = false;
+    FetchStatus status = FetchStatus::Missing;
+};
+
+/// Inline cache of one attribute step, valid while the type and its version tag are unchanged.
+/// It caches *how* to find the attribute (CPython's own LOAD_ATTR specialisation idea), never
+/// the value of an instance attribute.
+struct AttrCache {
+    enum class Mode : std::uint8_t {
+        Unset,         ///< not filled yet (or invalidated)
+        InstanceDict,  ///< generic getattr, no data descriptor: look in the instance dict first
+        Module,        ///< exact module: look in the module dict first
+        Generic,       ///< anything else: PyObject_GetAttr
+    };
+    PyTypeObject* type = nullptr;
+    unsigned int version = 0;
+    Mode mode = Mode::Unset;
+};
+
+/// One step as the evaluator sees it: the core step plus its operand resolved to an object.
+struct RuntimeStep {
+    core::StepKind kind = core::StepKind::Attr;
+    PyObject* operand = nullptr;  ///< borrowed from the constant pool (interned str for names)
+    Py_ssize_t index = 0;
+    AttrCache cache;
+};
+
+/// Fetch the child of `parent` along `step`. Never leaves an error set unless status is Error.
+Fetched fetch_step(RuntimeStep& step, PyObject* parent);
+
+/// getattr(obj, name) with the step's inline cache.
+Fetched fetch_attr(AttrCache& cache, PyObject* obj, PyObject* name);
+
+/// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
+std::string describe_missing(const RuntimeStep& step, PyObject* parent);
+
+}  // namespace tripwire::runtime

@@ -1,0 +1,432 @@
+// tripwire/cpp/runtime/guard_set.cpp -- the evaluator: check(), the why_not walk, invalidation.
+#include "guard_set.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "../core/fail_order.hpp"
+
+namespace tripwire::runtime {
+namespace {
+
+constexpr const char* kCapsuleName = "tripwire.invalidation";
+
+/// What a weakref callback needs: the shared flag and a description of the object it watches.
+struct DeathWatch {
+    std::shared_ptr<InvalidationState> state;
+    std::string what;
+};
+
+// Called by CPython when a weakly held object dies (inside its deallocation, before its memory
+// can be reused). Runs with the GIL held; must not raise.
+PyObject* on_guarded_object_death(PyObject* capsule, PyObject* /*weakref*/) {
+    auto* w = static_cast<DeathWatch*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    if (w == nullptr) {
+        PyErr_Clear();
+    } else if (!w->state->invalid) {
+        w->state->invalid = true;
+        w->state->why = "the guarded object " + w->what + " has died";
+    }
+    Py_RETURN_NONE;
+}
+
+PyMethodDef g_death_def = {"_on_guarded_object_death", on_guarded_object_death, METH_O, nullptr};
+
+void free_watch(PyObject* capsule) {
+    delete static_cast<DeathWatch*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+}
+
+std::string describe_object(PyObject* o) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " at %p", static_cast<void*>(o));
+    if (PyType_Check(o)) return std::string("<class ") + reinterpret_cast<PyTypeObject*>(o)->tp_name + ">" + buf;
+    return std::string("<") + Py_TYPE(o)->tp_name + buf + ">";
+}
+
+// A Python error as a C++ exception, for the constructor (nanobind maps it back).
+[[noreturn]] void throw_python_error() { throw std::runtime_error(take_error_text()); }
+
+}  // namespace
+
+std::string take_error_text() {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == nullptr) return "";
+    PyErr_NormalizeException(&type, &value, &tb);
+    std::string out = reinterpret_cast<PyTypeObject*>(type)->tp_name;
+    if (value != nullptr) {
+        PyObject* s = PyObject_Str(value);
+        if (s != nullptr) {
+            const char* c = PyUnicode_AsUTF8(s);
+            if (c != nullptr && *c) out += std::string(": ") + c;
+            Py_DECREF(s);
+        }
+        PyErr_Clear();  // str() of a hostile exception may itself raise
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return out;
+}
+
+GuardSet::GuardSet(GuardSetInputs in)
+    : program_(std::move(in.program)), strict_(in.strict), state_(std::make_shared<InvalidationState>()) {
+    const std::size_t n_consts = in.consts.size();
+    if (in.hold_weakly.size() != n_consts) throw core::InvalidProgram("hold_weakly must match consts");
+    core::validate(program_, n_consts);
+    if (!init_dict_stamps()) throw_python_error();
+
+    holders_.reserve(n_consts);
+    objs_.reserve(n_consts);
+    for (std::size_t i = 0; i < n_consts; ++i) {
+        PyObject* o = in.consts[i];
+        objs_.push_back(o);
+        if (in.hold_weakly[i] && PyType_SUPPORTS_WEAKREFS(Py_TYPE(o))) {
+            auto* watch = new DeathWatch{state_, describe_object(o)};
+            PyObject* capsule = PyCapsule_New(watch, kCapsuleName, free_watch);
+            if (capsule == nullptr) {
+                delete watch;
+                throw_python_error();
+            }
+            PyObject* cb = PyCFunction_New(&g_death_def, capsule);
+            Py_DECREF(capsule);
+            if (cb == nullptr) throw_python_error();
+            PyObject* wr = PyWeakref_NewRef(o, cb);
+            Py_DECREF(cb);
+            if (wr == nullptr) throw_python_error();
+            holders_.push_back(Ref::steal(wr));
+        } else {
+            holders_.push_back(Ref::borrow(o));
+        }
+    }
+    globals_ = Ref::borrow(in.globals);
+    closure_ = Ref::borrow(in.closure);
+    eval_error_type_ = Ref::borrow(in.eval_error_type);
+
+    guards_.resize(program_.guards.size());
+    for (std::size_t gi = 0; gi < program_.guards.size(); ++gi) {
+        const core::GuardDecl& d = program_.guards[gi];
+        RuntimeGuard& g = guards_[gi];
+        g.kind = d.kind;
+        g.flag = d.flag;
+        g.a = d.operand == core::kNoConst ? nullptr : objs_[d.operand];
+        g.b = d.operand2 == core::kNoConst ? nullptr : objs_[d.operand2];
+        g.n = d.n;
+        g.n2 = d.n2;
+        g.n3 = d.n3;
+        g.id = d.id;
+        // Operands the evaluator relies on having a given type; a mismatch is a malformed set.
+        if (d.kind == core::GuardKind::DictKeys && !PyTuple_Check(g.b)) {
+            throw core::InvalidProgram("DICT_KEYS keys must be a tuple");
+        }
+        if (d.kind == core::GuardKind::HasAttr && !PyUnicode_Check(g.a)) {
+            throw core::InvalidProgram("HASATTR name must be a str");
+        }
+        if (d.kind == core::GuardKind::RangeIterator && !PyRange_Check(g.a)) {
+            throw core::InvalidProgram("RANGE_ITERATOR needs a range");
+        }
+        if ((d.kind == core::GuardKind::Lambda || (d.kind == core::GuardKind::GlobalState && g.a)) &&
+            !PyCallable_Check(g.a)) {
+            throw core::InvalidProgram("predicate or probe is not callable");
+        }
+        if (d.kind == core::GuardKind::TypeMatch && !PyType_Check(g.a)) {
+            throw core::InvalidProgram("TYPE_MATCH needs a type");
+        }
+    }
+
+    nodes_.resize(program_.nodes.size());
+    for (std::size_t ni = 0; ni < program_.nodes.size(); ++ni) {
+        const core::Node& n = program_.nodes[ni];
+        NodeRt& r = nodes_[ni];
+        r.borrow_ok = !n.subtree_runs_user_code;
+        if (n.is_root) {
+            r.root_name = objs_[n.root_name];
+            if (!PyUnicode_Check(r.root_name)) throw core::InvalidProgram("root names must be str");
+            if (n.root == core::RootKind::Closure && closure_) {
+                PyObject* cell = PyDict_GetItemWithError(closure_.get(), r.root_name);
+                if (cell == nullptr && PyErr_Occurred()) throw_python_error();
+                r.cell = (cell != nullptr && PyCell_Check(cell)) ? cell : nullptr;
+            }
+        } else {
+            r.step.kind = n.step.kind;
+            r.step.index = static_cast<Py_ssize_t>(n.step.index);
+            r.step.operand = n.step.operand == core::kNoConst ? nullptr : objs_[n.step.operand];
+            const bool needs_str = n.step.kind == core::StepKind::Attr || n.step.kind == core::StepKind::KwDefaults;
+            if (needs_str && (!PyUnicode_Check(r.step.operand) || PyUnicode_GET_LENGTH(r.step.operand) == 0)) {
+                throw core::InvalidProgram("attribute names must be non-empty str");
+            }
+        }
+    }
+    guard_order_ = program_.node_guards;
+    child_order_ = program_.children;
+    root_order_ = program_.roots;
+    guard_fails_.assign(program_.guards.size(), 0);
+    node_fails_.assign(program_.nodes.size(), 0);
+}
+
+GuardSet::~GuardSet() = default;
+
+PyObject* GuardSet::constant(core::ConstId c) const {
+    if (c >= holders_.size()) return nullptr;
+    PyObject* h = holders_[c].get();
+    if (h != objs_[c]) {  // held by weak reference
+        PyObject* target = PyWeakref_GetObject(h);
+        return target == Py_None ? nullptr : target;
+    }
+    return h;
+}
+
+int GuardSet::traverse(visitproc visit, void* arg) const {
+    for (const Ref& h : holders_) Py_VISIT(h.get());
+    Py_VISIT(globals_.get());
+    Py_VISIT(closure_.get());
+    return 0;
+}
+
+int GuardSet::on_error(std::uint32_t ni) {
+    // KeyboardInterrupt, SystemExit and friends are never turned into a failed guard.
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    if (!strict_ || !eval_error_type_) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    const std::string where = ni < program_.nodes.size() ? program_.nodes[ni].text : std::string("f_locals");
+    // Keep our own reference to the original exception: take_error_text consumes the error.
+    Py_XINCREF(value);
+    PyErr_Restore(type, value, tb);
+    const std::string cause = take_error_text();
+    PyErr_Format(eval_error_type_.get(), "guard evaluation raised at %s: %s", where.c_str(), cause.c_str());
+    if (value != nullptr) {
+        // Chain the original exception as __cause__ so the user sees its traceback.
+        PyObject *t2, *v2, *tb2;
+        PyErr_Fetch(&t2, &v2, &tb2);
+        PyErr_NormalizeException(&t2, &v2, &tb2);
+        if (v2 != nullptr) {
+            PyException_SetCause(v2, value);  // steals our reference
+        } else {
+            Py_DECREF(value);
+        }
+        PyErr_Restore(t2, v2, tb2);
+    }
+    return -1;
+}
+
+Fetched GuardSet::fetch_root(std::uint32_t ni, PyObject* f_locals) {
+    const core::Node& n = program_.nodes[ni];
+    const NodeRt& r = nodes_[ni];
+    switch (n.root) {
+        case core::RootKind::Local: {
+            if (PyDict_Check(f_locals)) {
+                PyObject* v = PyDict_GetItemWithError(f_locals, r.root_name);
+                if (v) return {v, false, FetchStatus::Ok};
+                return {nullptr, false, PyErr_Occurred() ? FetchStatus::Error : FetchStatus::Missing};
+            }
+            PyObject* v = PyObject_GetItem(f_locals, r.root_name);
+            if (v) return {v, true, FetchStatus::Ok};
+            if (PyErr_ExceptionMatches(PyExc_KeyError)) {
+                PyErr_Clear();
+                return {nullptr, false, FetchStatus::Missing};
+            }
+            return {nullptr, false, FetchStatus::Error};
+        }
+        case core::RootKind::Global: {
+            if (!globals_) return {nullptr, false, FetchStatus::Missing};
+            PyObject* v = PyDict_GetItemWithError(globals_.get(), r.root_name);
+            if (v) return {v, false, FetchStatus::Ok};
+            return {nullptr, false, PyErr_Occurred() ? FetchStatus::Error : FetchStatus::Missing};
+        }
+        case core::RootKind::Closure: {
+            if (r.cell == nullptr || PyCell_GET(r.cell) == nullptr) return {nullptr, false, FetchStatus::Missing};
+            return {PyCell_GET(r.cell), false, FetchStatus::Ok};
+        }
+    }
+    return {nullptr, false, FetchStatus::Missing};
+}
+
+Fetched GuardSet::fetch_node(std::uint32_t ni, PyObject* parent) { return fetch_step(nodes_[ni].step, parent); }
+
+int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
+    const core::Node& n = program_.nodes[ni];
+    for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+        const std::uint32_t gi = guard_order_[k];
+        int r = eval_guard(guards_[gi], v);
+        if (r == 1) continue;
+        if (r < 0 && on_error(ni) < 0) return -1;
+        if (active_ == 1) core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, k);
+        return 0;
+    }
+    for (std::uint32_t k = n.child_begin; k < n.child_end; ++k) {
+        const std::uint32_t ci = child_order_[k];
+        Fetched f = fetch_node(ci, v);
+        int r = 0;
+        if (f.status == FetchStatus::Ok) {
+            // A borrowed value stays valid only if nothing below can run user code that could
+            // drop the parent's reference to it.
+            if (!f.owned && !nodes_[ci].borrow_ok) {
+                Py_INCREF(f.value);
+                f.owned = true;
+            }
+            r = eval_node(ci, f.value);
+            if (f.owned) Py_DECREF(f.value);
+        } else if (f.status == FetchStatus::Error) {
+            r = on_error(ci);
+        }
+        if (r == 1) continue;
+        if (r == 0 && active_ == 1) core::record_failure(child_order_.data(), node_fails_.data(), n.child_begin, k);
+        return r;
+    }
+    return 1;
+}
+
+int GuardSet::check(PyObject* f_locals) {
+    if (state_->invalid) return 0;
+    ++active_;
+    ++stats_.checks;
+    int result = 1;
+    for (std::uint32_t gi : program_.ambient) {
+        int r = eval_guard(guards_[gi], f_locals);
+        if (r == 1) continue;
+        result = r < 0 ? on_error(core::kNoNode) : 0;
+        break;
+    }
+    for (std::size_t k = 0; result == 1 && k < root_order_.size(); ++k) {
+        const std::uint32_t ni = root_order_[k];
+        Fetched f = fetch_root(ni, f_locals);
+        int r = 0;
+        if (f.status == FetchStatus::Ok) {
+            if (!f.owned && !nodes_[ni].borrow_ok) {
+                Py_INCREF(f.value);
+                f.owned = true;
+            }
+            r = eval_node(ni, f.value);
+            if (f.owned) Py_DECREF(f.value);
+        } else if (f.status == FetchStatus::Error) {
+            r = on_error(ni);
+        }
+        if (r != 1) {
+            if (r == 0 && active_ == 1) {
+                core::record_failure(root_order_.data(), node_fails_.data(), 0, static_cast<std::uint32_t>(k));
+            }
+            result = r;
+        }
+    }
+    --active_;
+    // User code run by this check may have killed a guarded object and put a new one at its
+    // address before a later identity comparison: never report a pass in that case.
+    if (result == 1 && state_->invalid) result = 0;
+    if (result == 1) ++stats_.passes;
+    return result;
+}
+
+void GuardSet::walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out, bool& fatal) {
+    const core::Node& n = program_.nodes[ni];
+    for (std::uint32_t k = n.guard_begin; k < n.guard_end && !fatal; ++k) {
+        const std::uint32_t gi = program_.node_guards[k];  // installation order, not adaptive order
+        const int r = eval_guard(guards_[gi], v);
+        if (r == 1) continue;
+        FailureRecord rec;
+        rec.guard_id = guards_[gi].id;
+        rec.value = Ref::borrow(v);
+        if (r < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                fatal = true;
+                return;
+            }
+            rec.reason = take_error_text();
+        }
+        out.push_back(std::move(rec));
+    }
+    for (std::uint32_t k = n.child_begin; k < n.child_end && !fatal; ++k) {
+        const std::uint32_t ci = program_.children[k];
+        Fetched f = fetch_node(ci, v);
+        if (f.status == FetchStatus::Ok) {
+            Ref hold = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
+            walk_failures(ci, hold.get(), out, fatal);
+            continue;
+        }
+        FailureRecord rec;
+        rec.guard_id = program_.nodes[ci].min_guard_id;
+        if (f.status == FetchStatus::Error) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                fatal = true;
+                return;
+            }
+            rec.reason = take_error_text();
+        } else {
+            rec.reason = describe_missing(nodes_[ci].step, v);
+        }
+        out.push_back(std::move(rec));
+    }
+}
+
+bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, bool first_only) {
+    ++active_;
+    bool fatal = false;
+    if (state_->invalid) {
+        // Report the first guard that names a dead object.
+        for (std::size_t gi = 0; gi < program_.guards.size(); ++gi) {
+            const core::GuardDecl& d = program_.guards[gi];
+            for (core::ConstId c : {d.operand, d.operand2}) {
+                if (c != core::kNoConst && holders_[c].get() != objs_[c] && constant(c) == nullptr) {
+                    out.push_back({d.id, Ref(), state_->why});
+                    break;
+                }
+            }
+            if (!out.empty()) break;
+        }
+        if (out.empty()) out.push_back({program_.guards.empty() ? 0 : program_.guards[0].id, Ref(), state_->why});
+    }
+    for (std::uint32_t gi : program_.ambient) {
+        if (fatal) break;
+        const int r = eval_guard(guards_[gi], f_locals);
+        if (r == 1) continue;
+        FailureRecord rec;
+        rec.guard_id = guards_[gi].id;
+        if (r < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                fatal = true;
+                break;
+            }
+            rec.reason = take_error_text();
+        }
+        out.push_back(std::move(rec));
+    }
+    for (std::uint32_t ni : program_.roots) {
+        if (fatal) break;
+        if (first_only && !out.empty()) {
+            // Prune subtrees that cannot hold a smaller failing id than the best so far.
+            std::uint32_t best = out.front().guard_id;
+            for (const auto& rec : out) best = std::min(best, rec.guard_id);
+            if (program_.nodes[ni].min_guard_id > best) continue;
+        }
+        Fetched f = fetch_root(ni, f_locals);
+        if (f.status == FetchStatus::Ok) {
+            Ref hold = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
+            walk_failures(ni, hold.get(), out, fatal);
+            continue;
+        }
+        FailureRecord rec;
+        rec.guard_id = program_.nodes[ni].min_guard_id;
+        if (f.status == FetchStatus::Error) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                fatal = true;
+                break;
+            }
+            rec.reason = take_error_text();
+        } else {
+            rec.reason = "KeyError: " + program_.nodes[ni].text + " is not set";
+        }
+        out.push_back(std::move(rec));
+    }
+    --active_;
+    if (fatal) return false;
+    std::stable_sort(out.begin(), out.end(),
+                     [](const FailureRecord& a, const FailureRecord& b) { return a.guard_id < b.guard_id; });
+    if (first_only && out.size() > 1) out.resize(1);
+    return true;
+}
+
+}  // namespace tripwire::runtime

@@ -1,0 +1,121 @@
+// tripwire/cpp/runtime/guard_set.hpp -- a built guard set evaluated on live Python objects.
+//
+// GuardSet binds a core::Program to objects: the constant pool (types, constants, names, keys),
+// the globals dict and closure cells given at build time. check() walks the program's flat
+// arrays; nothing on the hot path allocates or calls Python-level code for built-in kinds.
+//
+// Lifetimes: objects the guards name by identity (types, ID_MATCH objects, code objects, enum
+// members) are held by weak reference when they can be. The raw pointer is used for the
+// comparison, and the weak reference's callback marks the set invalid when any of them dies,
+// before its memory can be reused, so a new object at the same address can never pass.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../core/program.hpp"
+#include "fetch.hpp"
+#include "predicates.hpp"
+#include "py.hpp"
+
+namespace tripwire::runtime {
+
+/// Shared between a GuardSet and the weakref callbacks of the objects it names. The callbacks
+/// may outlive the set (and the set the callbacks), hence shared ownership.
+struct InvalidationState {
+    bool invalid = false;
+    std::string why;  ///< which object died, for why_not
+};
+
+/// One failing guard found by a full walk (why_not).
+struct FailureRecord {
+    std::uint32_t guard_id = 0;
+    Ref value;           ///< the value the guard saw; null when the fetch failed
+    std::string reason;  ///< why the fetch failed or why the guard raised; empty for a plain miss
+};
+
+/// Everything a GuardSet is built from, already converted to objects.
+struct GuardSetInputs {
+    core::Program program;
+    std::vector<PyObject*> consts;   ///< borrowed; the GuardSet takes its own references
+    std::vector<bool> hold_weakly;   ///< per constant: hold by weak reference if possible
+    PyObject* globals = nullptr;     ///< dict or null
+    PyObject* closure = nullptr;     ///< dict name -> cell, or null
+    bool strict = false;             ///< re-raise guard exceptions as `eval_error_type`
+    PyObject* eval_error_type = nullptr;
+};
+
+/// Statistics readable from Python.
+struct GuardSetStats {
+    std::uint64_t checks = 0;
+    std::uint64_t passes = 0;
+};
+
+class GuardSet {
+  public:
+    /// Builds the runtime form. Raises (C++ exceptions) on an invalid program; a Python error
+    /// from creating weak references becomes std::runtime_error with its text.
+    explicit GuardSet(GuardSetInputs in);
+    ~GuardSet();
+    GuardSet(const GuardSet&) = delete;
+    GuardSet& operator=(const GuardSet&) = delete;
+
+    /// 1 if every guard holds, 0 if not, -1 with a Python error set (strict mode, or a
+    /// BaseException that is not an Exception, such as KeyboardInterrupt, which is never hidden).
+    int check(PyObject* f_locals);
+
+    /// Every failing guard (full walk, installation order). Returns false with a Python error
+    /// set only for errors that check() would also propagate.
+    bool failures(PyObject* f_locals, std::vector<FailureRecord>& out, bool first_only);
+
+    /// Whether an object the set names by identity has died (the set can never pass again).
+    bool invalid() const { return state_->invalid; }
+    const std::string& invalid_reason() const { return state_->why; }
+
+    const core::Program& program() const { return program_; }
+    std::size_t size() const { return program_.guards.size(); }
+    const GuardSetStats& stats() const { return stats_; }
+    /// Failure count of guard `id` (index into program().guards) and node `ni` so far.
+    std::uint32_t guard_fail_count(std::uint32_t gi) const { return guard_fails_[gi]; }
+    std::uint32_t node_fail_count(std::uint32_t ni) const { return node_fails_[ni]; }
+    /// The current evaluation order of a node's guards and children (adaptive).
+    const std::vector<std::uint32_t>& guard_order() const { return guard_order_; }
+    const std::vector<std::uint32_t>& child_order() const { return child_order_; }
+    /// The object behind constant `c`, or null if it was held weakly and died. Borrowed.
+    PyObject* constant(core::ConstId c) const;
+    /// Visit every strong reference (for tp_traverse of the owning Python object).
+    int traverse(visitproc visit, void* arg) const;
+
+  private:
+    struct NodeRt {
+        RuntimeStep step;
+        PyObject* root_name = nullptr;  ///< borrowed from the pool, for roots
+        PyObject* cell = nullptr;        ///< borrowed closure cell for C[...] roots
+        bool borrow_ok = false;          ///< the subtree runs no user code: borrowed values are safe
+    };
+
+    int eval_node(std::uint32_t ni, PyObject* v);
+    Fetched fetch_root(std::uint32_t ni, PyObject* f_locals);
+    Fetched fetch_node(std::uint32_t ni, PyObject* parent);
+    int on_error(std::uint32_t ni);
+    void walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out, bool& fatal);
+
+    core::Program program_;
+    std::vector<Ref> holders_;     // strong refs: the constant itself or its weak reference
+    std::vector<PyObject*> objs_;  // raw constant pointers used for comparisons
+    std::vector<NodeRt> nodes_;
+    std::vector<RuntimeGuard> guards_;
+    std::vector<std::uint32_t> guard_order_;  // permutation of program_.node_guards ranges
+    std::vector<std::uint32_t> child_order_;  // permutation of program_.children ranges
+    std::vector<std::uint32_t> root_order_;
+    std::vector<std::uint32_t> guard_fails_, node_fails_;
+    Ref globals_, closure_, eval_error_type_;
+    bool strict_ = false;
+    int active_ = 0;  // re-entrancy depth: reorder only when no other walk is in progress
+    std::shared_ptr<InvalidationState> state_;
+    GuardSetStats stats_;
+};
+
+}  // namespace tripwire::runtime

@@ -1,0 +1,224 @@
+// tripwire/cpp/runtime/predicates.cpp -- the guard kinds of the catalogue, on live objects.
+#include "predicates.hpp"
+
+#include <unordered_map>
+
+namespace tripwire::runtime {
+namespace {
+
+using core::GuardKind;
+
+int length_of(PyObject* v, Py_ssize_t* out) {
+    if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+        *out = Py_SIZE(v);
+        return 1;
+    }
+    if (PyDict_CheckExact(v)) {
+        *out = PyDict_GET_SIZE(v);
+        return 1;
+    }
+    const Py_ssize_t n = PyObject_Size(v);  // user __len__ may run, lie or raise
+    if (n < 0) return -1;
+    *out = n;
+    return 1;
+}
+
+int dict_keys_match(PyObject* v, PyObject* keys, bool ordered) {
+    if (!PyDict_Check(v)) return 0;
+    const Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (PyDict_GET_SIZE(v) != n) return 0;
+    // Walk the dict's own storage: an overridden keys() is never called.
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *k, *x;
+    bool in_order = true;
+    while (i < n && PyDict_Next(v, &pos, &k, &x)) {
+        Py_INCREF(k);
+        const int r = equals_match(k, PyTuple_GET_ITEM(keys, i));
+        Py_DECREF(k);
+        if (r < 0) return -1;
+        if (r == 0) {
+            in_order = false;
+            break;
+        }
+        ++i;
+    }
+    if (in_order) return i == n ? 1 : 0;
+    if (ordered) return 0;
+    // Set-equal: every actual key is a constant and each expected key has an exact partner.
+    PyObject* actual = PyDict_Keys(v);
+    if (actual == nullptr) return -1;
+    int r = 1;
+    const Py_ssize_t m = PyList_GET_SIZE(actual);
+    if (m != n) r = 0;
+    for (Py_ssize_t j = 0; r == 1 && j < m; ++j) r = is_constant(PyList_GET_ITEM(actual, j));
+    for (Py_ssize_t e = 0; r == 1 && e < n; ++e) {
+        bool found = false;
+        for (Py_ssize_t j = 0; j < m && !found; ++j) {
+            const int q = equals_match(PyList_GET_ITEM(actual, j), PyTuple_GET_ITEM(keys, e));
+            if (q < 0) {
+                r = -1;
+                break;
+            }
+            found = q == 1;
+        }
+        if (r == 1 && !found) r = 0;
+    }
+    Py_DECREF(actual);
+    return r;
+}
+
+int range_iterator_match(PyObject* v, PyObject* expected) {
+    if (Py_TYPE(v) != &PyRangeIter_Type) return 0;
+    // range_iterator's fields are private; its __reduce__ is the interpreter's own C code and
+    // gives (iter, (range,), position) on every supported version.
+    PyObject* red = PyObject_CallMethod(v, "__reduce__", nullptr);
+    if (red == nullptr) return -1;
+    int r = 0;
+    if (PyTuple_Check(red) && PyTuple_GET_SIZE(red) == 3 && PyTuple_Check(PyTuple_GET_ITEM(red, 1)) &&
+        PyTuple_GET_SIZE(PyTuple_GET_ITEM(red, 1)) == 1) {
+        PyObject* rng = PyTuple_GET_ITEM(PyTuple_GET_ITEM(red, 1), 0);
+        const Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(red, 2));
+        if (pos == -1 && PyErr_Occurred()) {
+            r = -1;
+        } else {
+            PyObject* rest = PySequence_GetSlice(rng, pos, PY_SSIZE_T_MAX);
+            r = rest ? PyObject_RichCompareBool(rest, expected, Py_EQ) : -1;
+            Py_XDECREF(rest);
+        }
+    }
+    Py_DECREF(red);
+    return r;
+}
+
+int code_match(PyObject* v, PyObject* code) {
+    if (PyFunction_Check(v)) return PyFunction_GET_CODE(v) == code ? 1 : 0;
+    static PyObject* name = PyUnicode_InternFromString("__code__");
+    PyObject* c = PyObject_GetAttr(v, name);
+    if (c == nullptr) return -1;
+    const int r = c == code ? 1 : 0;
+    Py_DECREF(c);
+    return r;
+}
+
+int call_predicate(PyObject* fn, PyObject* v) {
+    PyObject* res = PyObject_CallOneArg(fn, v);
+    if (res == nullptr) return -1;
+    const int r = PyObject_IsTrue(res);
+    Py_DECREF(res);
+    return r;
+}
+
+int global_state(const RuntimeGuard& g) {
+    if (g.a == nullptr) {
+        switch (static_cast<core::BuiltinProbe>(g.n)) {
+            case core::BuiltinProbe::RecursionLimit: return Py_GetRecursionLimit() == g.n2 ? 1 : 0;
+            case core::BuiltinProbe::GcEnabled: return PyGC_IsEnabled() == static_cast<int>(g.n2) ? 1 : 0;
+        }
+        return 0;
+    }
+    PyObject* now = PyObject_CallNoArgs(g.a);
+    if (now == nullptr) return -1;
+    const int r = equals_match(now, g.b);
+    Py_DECREF(now);
+    return r;
+}
+
+}  // namespace
+
+int eval_guard(const RuntimeGuard& g, PyObject* v) {
+    switch (g.kind) {
+        case GuardKind::TypeMatch: return reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.a ? 1 : 0;
+        case GuardKind::IdMatch: return v == g.a ? 1 : 0;
+        case GuardKind::None: return v == Py_None ? 1 : 0;
+        case GuardKind::NotNone: return v != Py_None ? 1 : 0;
+        case GuardKind::True: return v == Py_True ? 1 : 0;
+        case GuardKind::False: return v == Py_False ? 1 : 0;
+        case GuardKind::EqualsMatch: return equals_match(v, g.a);
+        case GuardKind::Length: {
+            Py_ssize_t n = 0;
+            const int r = length_of(v, &n);
+            return r < 0 ? -1 : (n == g.n ? 1 : 0);
+        }
+        case GuardKind::DictKeys: return dict_keys_match(v, g.b, g.flag);
+        case GuardKind::DictContains: {
+            if (!PyDict_Check(v)) return 0;
+            const int r = PyDict_Contains(v, g.a);
+            return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
+        }
+        case GuardKind::HasAttr: {
+            PyObject* found = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+            const int r = PyObject_GetOptionalAttr(v, g.a, &found);
+#else
+            const int r = _PyObject_LookupAttr(v, g.a, &found);
+#endif
+            Py_XDECREF(found);
+            return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
+        }
+        case GuardKind::DictVersion:
+            return PyDict_CheckExact(v) && dict_stamp(v) == static_cast<std::uint64_t>(g.n) ? 1 : 0;
+        case GuardKind::TupleIteratorLen: {
+            if (Py_TYPE(v) != &PyTupleIter_Type) return 0;
+            const Py_ssize_t n = PyObject_LengthHint(v, -1);
+            return n < 0 ? (PyErr_Occurred() ? -1 : 0) : (n == g.n ? 1 : 0);
+        }
+        case GuardKind::RangeIterator: return range_iterator_match(v, g.a);
+        case GuardKind::CodeMatch: return code_match(v, g.a);
+        case GuardKind::WeakrefAlive:
+            return PyWeakref_CheckRef(v) && PyWeakref_GetObject(v) != Py_None ? 1 : 0;
+        case GuardKind::GlobalState: return global_state(g);
+        case GuardKind::Lambda: return call_predicate(g.a, v);
+    }
+    return 0;
+}
+
+// -- dict stamps ----------------------------------------------------------------------------------
+#if PY_VERSION_HEX >= 0x030C0000
+namespace {
+// 3.12+: ma_version_tag is deprecated (and gone in 3.14). A dict watcher gives every watched dict
+// a stamp from one global counter and re-stamps it on any event, so stamps never repeat.
+std::unordered_map<PyObject*, std::uint64_t>* g_stamps = nullptr;
+std::uint64_t g_next_stamp = 1;
+int g_watcher_id = -1;
+
+int on_dict_event(PyDict_WatchEvent event, PyObject* dict, PyObject*, PyObject*) {
+    auto it = g_stamps->find(dict);
+    if (it == g_stamps->end()) return 0;
+    if (event == PyDict_EVENT_DEALLOCATED) {
+        g_stamps->erase(it);  // a new dict at this address gets a fresh stamp
+    } else {
+        it->second = g_next_stamp++;
+    }
+    return 0;
+}
+}  // namespace
+
+bool init_dict_stamps() {
+    if (g_watcher_id >= 0) return true;
+    g_stamps = new std::unordered_map<PyObject*, std::uint64_t>();  // lives until process exit
+    g_watcher_id = PyDict_AddWatcher(on_dict_event);
+    return g_watcher_id >= 0;
+}
+
+std::uint64_t dict_stamp(PyObject* d) {
+    auto it = g_stamps->find(d);
+    if (it != g_stamps->end()) return it->second;
+    if (PyDict_Watch(g_watcher_id, d) < 0) {
+        PyErr_Clear();
+        return 0;  // 0 is never a valid stamp, so the guard fails
+    }
+    const std::uint64_t s = g_next_stamp++;
+    g_stamps->emplace(d, s);
+    return s;
+}
+#else
+bool init_dict_stamps() { return true; }
+
+std::uint64_t dict_stamp(PyObject* d) {
+    // PEP 509: a global counter stamps every dict mutation, so equal tags mean the same dict in
+    // the same state.
+    return reinterpret_cast<PyDictObject*>(d)->ma_version_tag;
+}
+#endif
+
+}  // namespace tripwire::runtime

@@ -1,0 +1,42 @@
+// tripwire/cpp/runtime/predicates.hpp -- evaluating one guard on a fetched value.
+#pragma once
+
+#include <cstdint>
+
+#include "../core/ir.hpp"
+#include "py.hpp"
+
+namespace tripwire::runtime {
+
+/// One guard with its operands resolved to objects (borrowed from the constant pool, which the
+/// GuardSet keeps alive for as long as the guard exists).
+struct RuntimeGuard {
+    core::GuardKind kind = core::GuardKind::TypeMatch;
+    bool flag = false;
+    PyObject* a = nullptr;  ///< operand
+    PyObject* b = nullptr;  ///< operand2
+    std::int64_t n = 0, n2 = 0, n3 = 0;
+    std::uint32_t id = 0;
+};
+
+/// 1 when the guard holds for `v`, 0 when it does not, -1 with a Python error set when evaluating
+/// it raised. `f_locals` is passed to sourceless predicates.
+int eval_guard(const RuntimeGuard& g, PyObject* v);
+
+/// EQUALS_MATCH: `type(v) is type(c) and v == c`, recursively type-exact, NaN equal to NaN, enum
+/// members (and other non-builtin constants) by identity. Calls no user __eq__. 1/0/-1.
+int equals_match(PyObject* v, PyObject* c);
+
+/// Whether `v` is a value an EQUALS_MATCH constant may hold (built-in constant types, enum
+/// members, and containers of these), so comparing against it runs no user code. 1/0/-1.
+int is_constant(PyObject* v);
+
+/// The engine's version stamp of dict `d`: `ma_version_tag` before 3.12, a watcher-maintained
+/// stamp on 3.12+. Stamps are unique across dicts and change on every mutation.
+std::uint64_t dict_stamp(PyObject* d);
+
+/// Must be called once with the GIL held before dict_stamp (installs the 3.12+ dict watcher).
+/// Returns false with a Python error set on failure.
+bool init_dict_stamps();
+
+}  // namespace tripwire::runtime

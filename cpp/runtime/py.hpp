@@ -1,0 +1,46 @@
+// tripwire/cpp/runtime/py.hpp -- CPython include and a minimal owning reference.
+//
+// The runtime layer talks to CPython directly (no nanobind) so that the evaluator's hot path is
+// plain C API calls. Every function here expects the GIL to be held.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string>
+#include <utility>
+
+namespace tripwire::runtime {
+
+/// An owned (strong) reference; decref on destruction. Null means "no object".
+class Ref {
+  public:
+    Ref() = default;
+    /// Take ownership of a new reference (may be null).
+    static Ref steal(PyObject* o) { return Ref(o); }
+    /// Add a reference to a borrowed object (may be null).
+    static Ref borrow(PyObject* o) {
+        Py_XINCREF(o);
+        return Ref(o);
+    }
+    Ref(const Ref& o) : obj_(o.obj_) { Py_XINCREF(obj_); }
+    Ref(Ref&& o) noexcept : obj_(std::exchange(o.obj_, nullptr)) {}
+    Ref& operator=(Ref o) noexcept {
+        std::swap(obj_, o.obj_);
+        return *this;
+    }
+    ~Ref() { Py_XDECREF(obj_); }
+
+    PyObject* get() const { return obj_; }
+    PyObject* release() { return std::exchange(obj_, nullptr); }
+    explicit operator bool() const { return obj_ != nullptr; }
+
+  private:
+    explicit Ref(PyObject* o) : obj_(o) {}
+    PyObject* obj_ = nullptr;
+};
+
+/// "TypeName: message" for the exception currently set, which is cleared. Never raises.
+std::string take_error_text();
+
+}  // namespace tripwire::runtime

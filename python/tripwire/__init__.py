@@ -1,0 +1,42 @@
+"""tripwire: a C++ guard engine for Python JIT compilers.
+
+Build guards against example values, check them in nanoseconds, explain failures::
+
+    import tripwire as tw
+    b = tw.GuardBuilder({"x": 3, "cfg": {"mode": "fast"}})
+    b.type_match("L['x']"); b.equals("L['cfg']['mode']")
+    gs = b.build()
+    gs.check({"x": 4, "cfg": {"mode": "fast"}})   # True
+    gs.why_not({"x": 4, "cfg": {"mode": "slow"}}) # Failure(source="L['cfg']['mode']", ...)
+"""
+
+from __future__ import annotations
+
+from .builder import Checkpoint, GuardBuilder
+from .catalogue import GuardKind, GuardSpec
+from .errors import GuardBuildError, GuardEvalError, SourceParseError, TripwireError
+from .failure import Failure
+from .guard_set import GuardSet
+from .infer import Policy, guards_for
+from .source import RootKind, Source, Step, StepKind
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "Failure",
+    "GuardBuildError",
+    "GuardBuilder",
+    "GuardEvalError",
+    "GuardKind",
+    "GuardSet",
+    "GuardSpec",
+    "Policy",
+    "RootKind",
+    "Source",
+    "SourceParseError",
+    "Step",
+    "StepKind",
+    "TripwireError",
+    "guards_for",
+]

@@ -1,0 +1,292 @@
+"""GuardBuilder: declare guards against example values, then build an immutable GuardSet.
+
+The builder reads expected values from the example frame (``f_locals``, ``f_globals``, closure
+cells) the way Dynamo's GuardBuilder reads them from the frame being traced. Every guard records
+the user stack that installed it, so a failure can say why the guard exists.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import types
+from typing import Any, Callable, Mapping
+
+from . import reference
+from .catalogue import GuardKind, GuardSpec
+from .errors import GuardBuildError
+from .source import Source, SourceLike
+
+__all__ = ["GuardBuilder", "Checkpoint"]
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_UNSET: Any = object()
+_STACK_DEPTH = 8
+
+
+def _user_stack() -> tuple[str, ...]:
+    """The caller's stack outside tripwire, innermost last, as 'file:line in func' strings."""
+    out = []
+    f = sys._getframe(1)
+    while f is not None and len(out) < _STACK_DEPTH:
+        fn = f.f_code.co_filename
+        if not os.path.abspath(fn).startswith(_PKG_DIR):
+            out.append(f"{fn}:{f.f_lineno} in {f.f_code.co_name}")
+        f = f.f_back
+    return tuple(reversed(out))
+
+
+class Checkpoint:
+    """An opaque mark in a builder's guard list, made by ``GuardBuilder.checkpoint()``."""
+
+    __slots__ = ("_builder", "_count")
+
+    def __init__(self, builder: GuardBuilder, count: int) -> None:
+        self._builder = builder
+        self._count = count
+
+
+class GuardBuilder:
+    """Collects guards for one frame and builds a :class:`tripwire.GuardSet`.
+
+    Args:
+        f_locals: the example locals (name -> value) the guards are built against; ``L['x']``.
+        f_globals: the globals dict; ``G['x']`` sources read it at check time (it is kept).
+        f_closure: closure cells, as a function (its ``__closure__`` by ``co_freevars``) or a
+            mapping name -> cell; ``C['x']`` sources read the cell's contents at check time.
+        guard_filter: optional callable ``(list[GuardSpec]) -> list[bool]`` applied at build time;
+            guards whose entry is False are dropped (Dynamo's ``guard_filter_fn``).
+    """
+
+    def __init__(
+        self,
+        f_locals: Mapping[str, Any],
+        f_globals: dict | None = None,
+        f_closure: Any = None,
+        *,
+        guard_filter: Callable[[list[GuardSpec]], list[bool]] | None = None,
+    ) -> None:
+        if not isinstance(f_locals, Mapping):
+            raise TypeError(f"f_locals must be a mapping, not {type(f_locals).__name__}")
+        if f_globals is not None and type(f_globals) is not dict:
+            raise TypeError("f_globals must be a dict")
+        self.f_locals = f_locals
+        self.f_globals = f_globals
+        self.f_closure = _closure_cells(f_closure)
+        self.guard_filter = guard_filter
+        self._specs: list[GuardSpec] = []
+        self._next_index = 0
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    @property
+    def guards(self) -> list[GuardSpec]:
+        """The guards declared so far (a copy)."""
+        return list(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def checkpoint(self) -> Checkpoint:
+        """Mark the current guard list; ``restore`` rolls back guards added after it."""
+        return Checkpoint(self, len(self._specs))
+
+    def restore(self, cp: Checkpoint) -> None:
+        """Drop every guard declared after checkpoint ``cp`` (speculation rolled back)."""
+        if not isinstance(cp, Checkpoint) or cp._builder is not self:
+            raise ValueError("checkpoint belongs to another builder")
+        if cp._count > len(self._specs):
+            raise ValueError("checkpoint is newer than the builder's state (already restored past it)")
+        del self._specs[cp._count :]
+
+    def value(self, source: SourceLike) -> Any:
+        """The example value at ``source``; raises GuardBuildError when it cannot be fetched."""
+        src = Source.parse(source)
+        try:
+            return reference.fetch(src, self.f_locals, self.f_globals, self.f_closure)
+        except reference.FetchError as e:
+            raise GuardBuildError(f"cannot read {src} from the example: {e}") from None
+
+    def add(self, kind: GuardKind, source: SourceLike | None, args: tuple = ()) -> GuardSpec:
+        """Declare a guard directly (the typed methods below are the usual way)."""
+        src = None if source is None else Source.parse(source)
+        spec = GuardSpec(GuardKind(kind), src, tuple(args), self._next_index, _user_stack())
+        self._next_index += 1
+        self._specs.append(spec)
+        return spec
+
+    # -- the catalogue ------------------------------------------------------------------------------
+    def type_match(self, source: SourceLike, type: type = _UNSET) -> GuardSpec:
+        """``type(v) is t``; t defaults to the example value's type."""
+        t = builtins_type(self.value(source)) if type is _UNSET else type
+        return self.add(GuardKind.TYPE_MATCH, source, (t,))
+
+    def id_match(self, source: SourceLike, obj: Any = _UNSET) -> GuardSpec:
+        """``v is obj``; obj defaults to the example value (held weakly when possible)."""
+        o = self.value(source) if obj is _UNSET else obj
+        return self.add(GuardKind.ID_MATCH, source, (o,))
+
+    def none(self, source: SourceLike) -> GuardSpec:
+        """``v is None``."""
+        return self.add(GuardKind.NONE, source)
+
+    def not_none(self, source: SourceLike) -> GuardSpec:
+        """``v is not None``."""
+        return self.add(GuardKind.NOT_NONE, source)
+
+    def true(self, source: SourceLike) -> GuardSpec:
+        """``v is True``."""
+        return self.add(GuardKind.TRUE, source)
+
+    def false(self, source: SourceLike) -> GuardSpec:
+        """``v is False``."""
+        return self.add(GuardKind.FALSE, source)
+
+    def equals(self, source: SourceLike, value: Any = _UNSET) -> GuardSpec:
+        """``type(v) is type(c) and v == c`` (recursively type-exact, NaN matches NaN)."""
+        c = self.value(source) if value is _UNSET else value
+        if not reference.is_constant(c):
+            raise GuardBuildError(
+                f"EQUALS_MATCH on {Source.parse(source)}: {builtins_type(c).__name__} is not a "
+                "constant type (int, float, complex, str, bytes, bool, None, range, slice, "
+                "Ellipsis, enum members, and tuples/lists/sets/frozensets/dicts of these)"
+            )
+        return self.add(GuardKind.EQUALS_MATCH, source, (c,))
+
+    def length(self, source: SourceLike, n: int = _UNSET) -> GuardSpec:
+        """``len(v) == n``; n defaults to the example's length."""
+        if n is _UNSET:
+            try:
+                n = len(self.value(source))
+            except GuardBuildError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise GuardBuildError(f"len({Source.parse(source)}) failed: {e!r}") from None
+        return self.add(GuardKind.LENGTH, source, (int(n),))
+
+    def dict_keys(self, source: SourceLike, keys: Any = _UNSET, *, ordered: bool = True) -> GuardSpec:
+        """``list(dict.keys(v)) == keys`` (set-equal when not ordered); keys must be constants."""
+        if keys is _UNSET:
+            v = self.value(source)
+            if not isinstance(v, dict):
+                raise GuardBuildError(f"DICT_KEYS on {Source.parse(source)}: not a dict")
+            keys = list(dict.keys(v))
+        keys = tuple(keys)
+        for k in keys:
+            if not reference.is_constant(k):
+                raise GuardBuildError(f"DICT_KEYS on {Source.parse(source)}: key {k!r} is not a constant")
+        return self.add(GuardKind.DICT_KEYS, source, (keys, bool(ordered)))
+
+    def dict_contains(self, source: SourceLike, key: Any, present: bool = _UNSET) -> GuardSpec:
+        """``(key in dict) is present``; present defaults to what the example shows."""
+        if present is _UNSET:
+            v = self.value(source)
+            present = isinstance(v, dict) and dict.__contains__(v, key)
+        return self.add(GuardKind.DICT_CONTAINS, source, (key, bool(present)))
+
+    def hasattr(self, source: SourceLike, name: str, present: bool = _UNSET) -> GuardSpec:
+        """``hasattr(v, name) is present``; present defaults to what the example shows."""
+        if present is _UNSET:
+            present = builtins_hasattr(self.value(source), name)
+        return self.add(GuardKind.HASATTR, source, (str(name), bool(present)))
+
+    def dict_version(self, source: SourceLike) -> GuardSpec:
+        """The dict is the same dict, unmodified since now."""
+        v = self.value(source)
+        if builtins_type(v) is not dict:
+            raise GuardBuildError(f"DICT_VERSION on {Source.parse(source)}: needs an exact dict")
+        return self.add(GuardKind.DICT_VERSION, source, (reference.dict_version(v),))
+
+    def tuple_iterator_len(self, source: SourceLike, n: int = _UNSET) -> GuardSpec:
+        """A tuple iterator with n items left."""
+        if n is _UNSET:
+            n = self.value(source).__length_hint__()
+        return self.add(GuardKind.TUPLE_ITERATOR_LEN, source, (int(n),))
+
+    def range_iterator(self, source: SourceLike, start=_UNSET, stop=_UNSET, step=_UNSET) -> GuardSpec:
+        """A range iterator whose remaining items are ``range(start, stop, step)``."""
+        if start is _UNSET:
+            it = self.value(source)
+            _, (r,), pos = it.__reduce__()
+            rest = r[pos:]
+            start, stop, step = rest.start, rest.stop, rest.step
+        return self.add(GuardKind.RANGE_ITERATOR, source, (int(start), int(stop), int(step)))
+
+    def code_match(self, source: SourceLike, code: types.CodeType = _UNSET) -> GuardSpec:
+        """``v.__code__ is code``; code defaults to the example's."""
+        c = self.value(source).__code__ if code is _UNSET else code
+        return self.add(GuardKind.CODE_MATCH, source, (c,))
+
+    def weakref_alive(self, source: SourceLike) -> GuardSpec:
+        """``v() is not None`` for a weak reference v."""
+        return self.add(GuardKind.WEAKREF_ALIVE, source)
+
+    def global_state(self, probe: str | Callable[[], Any], *, name: str | None = None) -> GuardSpec:
+        """An ambient-state probe returns what it returns now.
+
+        ``probe`` is the name of a built-in C++ probe (``"recursion_limit"``, ``"gc_enabled"``) or
+        a Python callable of no arguments returning a constant (see ``equals``).
+        """
+        if isinstance(probe, str):
+            if probe not in reference.BUILTIN_PROBES:
+                raise GuardBuildError(f"unknown built-in probe {probe!r}; known: {sorted(reference.BUILTIN_PROBES)}")
+            snapshot = reference.BUILTIN_PROBES[probe]()
+            label = name or probe
+        else:
+            if not callable(probe):
+                raise TypeError("probe must be a built-in probe name or a callable")
+            snapshot = probe()
+            label = name or getattr(probe, "__qualname__", repr(probe))
+            if not reference.is_constant(snapshot):
+                raise GuardBuildError(f"probe {label!r} returned a non-constant {snapshot!r}")
+        return self.add(GuardKind.GLOBAL_STATE, None, (probe, snapshot, label))
+
+    def predicate(self, fn: Callable[[Any], Any], text: str | None = None, *, source: SourceLike | None = None) -> GuardSpec:
+        """LAMBDA: the slow escape hatch. Holds when ``fn(v)`` is truthy (``fn(f_locals)`` when no
+        source is given). Exceptions make it fail."""
+        if not callable(fn):
+            raise TypeError("predicate needs a callable")
+        label = text or getattr(fn, "__qualname__", repr(fn))
+        return self.add(GuardKind.LAMBDA, source, (fn, label))
+
+    lambda_ = predicate
+
+    # -- build --------------------------------------------------------------------------------------
+    def build(self, *, strict: bool = False):
+        """Compile the guards into a GuardSet.
+
+        Raises GuardBuildError if the set does not pass on the example it was built from (a guard
+        that fails on its own frame is a bug in whoever declared it). ``strict=True`` makes
+        check() re-raise an exception from a source or guard as ``GuardEvalError`` instead of
+        failing the guard.
+        """
+        from .guard_set import build_guard_set
+
+        specs = list(self._specs)
+        if self.guard_filter is not None:
+            keep = list(self.guard_filter(list(specs)))
+            if len(keep) != len(specs):
+                raise GuardBuildError("guard_filter must return one bool per guard")
+            specs = [s for s, k in zip(specs, keep) if k]
+        return build_guard_set(specs, self.f_locals, self.f_globals, self.f_closure, strict=strict)
+
+
+builtins_type = type
+builtins_hasattr = hasattr
+
+
+def _closure_cells(f_closure: Any) -> dict[str, Any] | None:
+    if f_closure is None:
+        return None
+    if isinstance(f_closure, types.FunctionType):
+        names = f_closure.__code__.co_freevars
+        cells = f_closure.__closure__ or ()
+        return dict(zip(names, cells))
+    if isinstance(f_closure, Mapping):
+        out = {}
+        for k, c in f_closure.items():
+            if not isinstance(c, types.CellType):
+                raise TypeError(f"closure entry {k!r} is not a cell")
+            out[str(k)] = c
+        return out
+    raise TypeError("f_closure must be a function or a mapping name -> cell")

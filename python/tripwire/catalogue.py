@@ -1,0 +1,234 @@
+"""The guard catalogue: guard kinds and the declarative form of one guard (:class:`GuardSpec`).
+
+A ``GuardSpec`` is what ``GuardBuilder`` records and what the C++ engine, the pure-Python reference
+evaluator (``tripwire.reference``) and the failure messages all read. The meaning of each kind is
+the semantic contract in docs/guards.md; keep the three in agreement.
+
+Arguments per kind (``GuardSpec.args``):
+
+====================  =========================================  ==========================
+kind                  args                                       source
+====================  =========================================  ==========================
+TYPE_MATCH            (type,)                                    required
+ID_MATCH              (obj,)                                     required
+NONE/NOT_NONE         ()                                         required
+TRUE/FALSE            ()                                         required
+EQUALS_MATCH          (constant,)                                required
+LENGTH                (n,)                                       required
+DICT_KEYS             (keys: tuple, ordered: bool)               required
+DICT_CONTAINS         (key, present: bool)                       required
+HASATTR               (name: str, present: bool)                 required
+DICT_VERSION          (version: int)                                              required
+TUPLE_ITERATOR_LEN    (n,)                                       required
+RANGE_ITERATOR        (start, stop, step)                        required
+CODE_MATCH            (code,)                                    required
+WEAKREF_ALIVE         ()                                         required
+GLOBAL_STATE          (probe, snapshot, name: str)               None (ambient state)
+LAMBDA                (fn, text: str)                            optional (None: fn(f_locals))
+====================  =========================================  ==========================
+"""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from .source import Source
+
+__all__ = ["GuardKind", "GuardSpec", "CONSTANT_TYPES", "Weak", "resolve"]
+
+
+class GuardKind(enum.IntEnum):
+    """Guard kinds. Values match ``cpp/core`` ``GuardKind``."""
+
+    TYPE_MATCH = 0
+    ID_MATCH = 1
+    NONE = 2
+    NOT_NONE = 3
+    TRUE = 4
+    FALSE = 5
+    EQUALS_MATCH = 6
+    LENGTH = 7
+    DICT_KEYS = 8
+    DICT_CONTAINS = 9
+    HASATTR = 10
+    DICT_VERSION = 11
+    TUPLE_ITERATOR_LEN = 12
+    RANGE_ITERATOR = 13
+    CODE_MATCH = 14
+    WEAKREF_ALIVE = 15
+    GLOBAL_STATE = 16
+    LAMBDA = 17
+
+
+class Weak:
+    """An argument held by weak reference: a built GuardSet keeps no strong reference to the
+    objects it names by identity (types, ID_MATCH objects, code objects, enum members)."""
+
+    __slots__ = ("ref", "type_name", "address")
+
+    def __init__(self, obj: Any) -> None:
+        self.ref = weakref.ref(obj)
+        self.type_name = type(obj).__name__
+        self.address = id(obj)
+
+    def get(self) -> Any:
+        """The referent, or None once it died."""
+        return self.ref()
+
+    def __repr__(self) -> str:
+        obj = self.ref()
+        return f"<dead {self.type_name} at {self.address:#x}>" if obj is None else repr(obj)
+
+
+def weaken(obj: Any) -> Any:
+    """``Weak(obj)`` when obj can be weakly referenced, else obj itself (ints, None, tuples...)."""
+    try:
+        return Weak(obj)
+    except TypeError:
+        return obj
+
+
+def resolve(arg: Any) -> Any:
+    """The object behind an argument that may be :class:`Weak`; raises LookupError if dead."""
+    if type(arg) is Weak:
+        obj = arg.ref()
+        if obj is None:
+            raise LookupError(f"the guarded object {arg!r} has died")
+        return obj
+    return arg
+
+
+# Exact types an EQUALS_MATCH constant (and its elements, recursively) may have. Enum members are
+# also constants (compared by identity after the exact type check).
+CONSTANT_TYPES = (
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    bool,
+    type(None),
+    range,
+    slice,
+    type(Ellipsis),
+    tuple,
+    list,
+    frozenset,
+    set,
+    dict,
+)
+
+
+@dataclass(frozen=True, eq=False)
+class GuardSpec:
+    """One declared guard.
+
+    ``index`` is the installation order within its builder: the first failing guard reported by
+    ``why_not`` is the failing guard with the smallest index. ``stack`` is the user stack that
+    installed it, innermost frame last, as ``"file:line in func"`` strings.
+    """
+
+    kind: GuardKind
+    source: Source | None
+    args: tuple = ()
+    index: int = 0
+    stack: tuple[str, ...] = field(default=())
+
+    @property
+    def expected(self) -> Any:
+        """What the guard expects, for messages (a type, a constant, a length, a key list...)."""
+        k = self.kind
+        a = tuple(x.get() if type(x) is Weak and x.get() is not None else x for x in self.args)
+        if k in (GuardKind.NONE,):
+            return None
+        if k is GuardKind.NOT_NONE:
+            return "not None"
+        if k is GuardKind.TRUE:
+            return True
+        if k is GuardKind.FALSE:
+            return False
+        if k is GuardKind.WEAKREF_ALIVE:
+            return "alive"
+        if k is GuardKind.DICT_KEYS:
+            return list(a[0])
+        if k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
+            return ("has " if a[1] else "lacks ") + repr(a[0])
+        if k is GuardKind.DICT_VERSION:
+            return f"dict version {a[0]}"
+        if k is GuardKind.RANGE_ITERATOR:
+            return range(*a)
+        if k is GuardKind.GLOBAL_STATE:
+            return a[1]
+        if k is GuardKind.LAMBDA:
+            return a[1]
+        return a[0]
+
+    def weakened(self) -> GuardSpec:
+        """This spec with identity-held arguments replaced by :class:`Weak` where possible."""
+        if self.kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH) or (
+            self.kind is GuardKind.EQUALS_MATCH and isinstance(self.args[0], enum.Enum)
+        ):
+            return GuardSpec(self.kind, self.source, (weaken(self.args[0]),), self.index, self.stack)
+        return self
+
+    def describe(self) -> str:
+        """The guard as a one-line Python-like expression, e.g. ``type(L['x']) is int``."""
+        s = str(self.source) if self.source is not None else "f_locals"
+        k = self.kind
+        a = tuple(x.get() if type(x) is Weak and x.get() is not None else x for x in self.args)
+        if k is GuardKind.TYPE_MATCH:
+            return f"type({s}) is {_name(a[0])}"
+        if k is GuardKind.ID_MATCH:
+            return f"{s} is <{type(a[0]).__name__} at {id(a[0]):#x}>"
+        if k is GuardKind.NONE:
+            return f"{s} is None"
+        if k is GuardKind.NOT_NONE:
+            return f"{s} is not None"
+        if k is GuardKind.TRUE:
+            return f"{s} is True"
+        if k is GuardKind.FALSE:
+            return f"{s} is False"
+        if k is GuardKind.EQUALS_MATCH:
+            return f"{s} == {_short(a[0])}"
+        if k is GuardKind.LENGTH:
+            return f"len({s}) == {a[0]}"
+        if k is GuardKind.DICT_KEYS:
+            rel = "==" if a[1] else "set-equal"
+            return f"list(dict.keys({s})) {rel} {_short(list(a[0]))}"
+        if k is GuardKind.DICT_CONTAINS:
+            return f"({a[0]!r} in {s}) is {a[1]}"
+        if k is GuardKind.HASATTR:
+            return f"hasattr({s}, {a[0]!r}) is {a[1]}"
+        if k is GuardKind.DICT_VERSION:
+            return f"dict_version({s}) == {a[0]}"
+        if k is GuardKind.TUPLE_ITERATOR_LEN:
+            return f"tuple_iterator_len({s}) == {a[0]}"
+        if k is GuardKind.RANGE_ITERATOR:
+            return f"range_iterator({s}) == range{tuple(a)}"
+        if k is GuardKind.CODE_MATCH:
+            return f"{s}.__code__ is <code {getattr(a[0], 'co_name', '?')}>"
+        if k is GuardKind.WEAKREF_ALIVE:
+            return f"{s}() is not None"
+        if k is GuardKind.GLOBAL_STATE:
+            return f"global_state {a[2]!r} == {_short(a[1])}"
+        return f"lambda: {a[1]}"  # LAMBDA
+
+
+def _name(t: Any) -> str:
+    try:
+        mod = getattr(t, "__module__", "")
+        qn = getattr(t, "__qualname__", None) or repr(t)
+        return qn if mod in ("builtins", None, "") else f"{mod}.{qn}"
+    except Exception:  # a hostile metaclass; messages must not raise
+        return "<type>"
+
+
+def _short(v: Any, limit: int = 80) -> str:
+    try:
+        r = repr(v)
+    except Exception as e:  # noqa: BLE001 - repr of user objects may raise anything
+        r = f"<repr failed: {type(e).__name__}>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."

@@ -1,0 +1,21 @@
+"""tripwire's exception types: one per failure class."""
+
+from __future__ import annotations
+
+__all__ = ["TripwireError", "GuardBuildError", "GuardEvalError", "SourceParseError"]
+
+from .source import SourceParseError
+
+
+class TripwireError(Exception):
+    """Base class of tripwire's own errors."""
+
+
+class GuardBuildError(TripwireError, ValueError):
+    """A guard cannot be built: its source cannot be read from the example, its constant is not
+    a constant type, or the built set does not pass on the example it was built from."""
+
+
+class GuardEvalError(TripwireError, RuntimeError):
+    """Raised by ``check`` of a set built with ``strict=True`` when a source or guard raised;
+    the original exception is its ``__cause__``."""

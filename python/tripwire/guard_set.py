@@ -1,0 +1,209 @@
+"""GuardSet: the built, immutable guard set (a Python face on the C++ ``GuardSetCore``).
+
+``check`` is the C++ method itself. ``why_not``, ``failures`` and ``explain`` are diagnostics: they
+run only when asked, never on the hot path.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import sys
+from typing import Any, Iterator, Mapping
+
+from . import _core
+from .catalogue import GuardKind, GuardSpec
+from .errors import GuardBuildError, GuardEvalError
+from .failure import Failure, make_failure
+from .reference import BUILTIN_PROBES
+from .source import StepKind
+
+__all__ = ["GuardSet", "build_guard_set"]
+
+_PROBE_IDS = {name: i for i, name in enumerate(BUILTIN_PROBES)}  # matches core::BuiltinProbe
+_NAME_STEPS = (StepKind.ATTR, StepKind.KWDEFAULTS)
+_KEY_STEPS = (StepKind.ITEM, StepKind.DICT_ITEM)
+_WEAK_KINDS = (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH)
+
+
+class _Pool:
+    """The constant pool handed to C++: interned keys/names, plus per-guard operands."""
+
+    def __init__(self) -> None:
+        self.consts: list[Any] = []
+        self.weak: list[bool] = []
+        self._interned: dict[tuple[type, Any], int] = {}
+
+    def intern(self, value: Any) -> int:
+        if type(value) is str:
+            value = sys.intern(value)
+        key = (type(value), value)
+        i = self._interned.get(key)
+        if i is None:
+            i = self._interned[key] = self.add(value)
+        return i
+
+    def add(self, value: Any, weak: bool = False) -> int:
+        self.consts.append(value)
+        self.weak.append(weak)
+        return len(self.consts) - 1
+
+
+def _private_constant(c: Any) -> Any:
+    """A copy the user cannot mutate behind the guard's back (lists, dicts, sets)."""
+    if type(c) in (list, dict, set, tuple, frozenset):
+        return copy.deepcopy(c)
+    return c
+
+
+def _encode(specs: list[GuardSpec], pool: _Pool) -> list[tuple]:
+    decls = []
+    for s in specs:
+        src = None
+        if s.source is not None:
+            steps = []
+            for st in s.source.steps:
+                if st.kind in _NAME_STEPS or st.kind in _KEY_STEPS:
+                    steps.append((int(st.kind), pool.intern(st.arg), 0))
+                elif st.arg is None:
+                    steps.append((int(st.kind), -1, 0))
+                else:
+                    steps.append((int(st.kind), -1, int(st.arg)))
+            texts = [str(p) for p in s.source.prefixes()]
+            src = (int(s.source.root), pool.intern(s.source.name), steps, texts)
+        k, a = s.kind, s.args
+        op = op2 = -1
+        n = n2 = n3 = 0
+        flag = False
+        if k in _WEAK_KINDS:
+            if k is GuardKind.TYPE_MATCH and not isinstance(a[0], type):
+                raise GuardBuildError(f"TYPE_MATCH on {s.source} needs a type, got {a[0]!r}")
+            op = pool.add(a[0], weak=True)
+        elif k is GuardKind.EQUALS_MATCH:
+            op = pool.add(_private_constant(a[0]), weak=isinstance(a[0], enum.Enum))
+        elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN):
+            n = a[0]
+        elif k is GuardKind.DICT_KEYS:
+            op2 = pool.add(tuple(_private_constant(x) for x in a[0]))
+            flag = a[1]
+        elif k is GuardKind.DICT_CONTAINS:
+            op, flag = pool.add(a[0]), a[1]
+        elif k is GuardKind.HASATTR:
+            op, flag = pool.intern(a[0]), a[1]
+        elif k is GuardKind.DICT_VERSION:
+            n = a[0]
+        elif k is GuardKind.RANGE_ITERATOR:
+            op = pool.add(range(*a))
+        elif k is GuardKind.GLOBAL_STATE:
+            probe, snapshot = a[0], a[1]
+            if isinstance(probe, str):
+                n, n2 = _PROBE_IDS[probe], int(snapshot)
+            else:
+                op, op2 = pool.add(probe), pool.add(_private_constant(snapshot))
+        elif k is GuardKind.LAMBDA:
+            op = pool.add(a[0])
+        decls.append((int(k), src, op, op2, n, n2, n3, bool(flag), s.index))
+    return decls
+
+
+class GuardSet(_core.GuardSetCore):
+    """A built guard set. Build one with :class:`tripwire.GuardBuilder` or :func:`guards_for`.
+
+    ``check(f_locals) -> bool`` is the hot path (C++). ``G[...]`` sources read the globals dict
+    given at build time; ``C[...]`` sources the closure cells given at build time.
+    """
+
+    def __init__(
+        self,
+        specs: list[GuardSpec],
+        f_globals: dict | None = None,
+        f_closure: Mapping[str, Any] | None = None,
+        *,
+        strict: bool = False,
+    ) -> None:
+        pool = _Pool()
+        decls = _encode(specs, pool)
+        closure = dict(f_closure) if f_closure is not None else None
+        try:
+            super().__init__(decls, pool.consts, pool.weak, f_globals, closure, strict, GuardEvalError)
+        except ValueError as e:
+            raise GuardBuildError(str(e)) from None
+        # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
+        # strong reference to the objects it names by identity.
+        self._specs: tuple[GuardSpec, ...] = tuple(s.weakened() for s in sorted(specs, key=lambda s: s.index))
+        self._by_id = {s.index: s for s in self._specs}
+        self.strict = strict
+
+    # -- introspection ------------------------------------------------------------------------------
+    @property
+    def guards(self) -> tuple[GuardSpec, ...]:
+        """The guards, in installation order."""
+        return self._specs
+
+    def __iter__(self) -> Iterator[GuardSpec]:
+        return iter(self._specs)
+
+    def __repr__(self) -> str:
+        state = " INVALID" if self.invalid else ""
+        return f"<tripwire.GuardSet {len(self)} guards on {self.node_count} sources{state}>"
+
+    # -- diagnostics -----------------------------------------------------------------------------------
+    def failures(self, f_locals: Mapping[str, Any]) -> list[Failure]:
+        """Every failing guard for these locals, in installation order."""
+        return [self._failure(rec) for rec in self._failures(f_locals, False)]
+
+    def why_not(self, f_locals: Mapping[str, Any]) -> Failure | None:
+        """The first failing guard (by installation order) as a Failure, or None if all hold."""
+        recs = self._failures(f_locals, True)
+        return self._failure(recs[0]) if recs else None
+
+    def _failure(self, rec: tuple) -> Failure:
+        gid, value, reason, fetch_failed = rec
+        return make_failure(self._by_id[gid], value, reason, fetch_failed)
+
+    def explain(self) -> str:
+        """The guard tree: one line per source, its guards below it with where they were installed
+        and how often they failed, in the current (adaptive) evaluation order."""
+        lines = [
+            f"GuardSet: {len(self)} guards on {self.node_count} sources; "
+            f"{self.check_count} checks, {self.pass_count} passed"
+            + (f"; INVALID: {self.invalid_reason}" if self.invalid else "")
+        ]
+        ambient = self._ambient_ids
+        if ambient:
+            lines.append("ambient (checked once, before any source)")
+            for gid in ambient:
+                lines.append("  " + self._guard_line(self._by_id[gid], None))
+        for depth, text, ids, node_fails, guard_fails in self._tree():
+            pad = "  " * depth
+            lines.append(f"{pad}{text}" + (f"   [fetch/subtree failed {node_fails}x]" if node_fails else ""))
+            for gid, fails in zip(ids, guard_fails):
+                lines.append(pad + "  " + self._guard_line(self._by_id[gid], fails))
+        return "\n".join(lines)
+
+    @staticmethod
+    def _guard_line(spec: GuardSpec, fails: int | None) -> str:
+        where = spec.stack[-1] if spec.stack else "unknown"
+        extra = f", failed {fails}x" if fails else ""
+        return f"{spec.kind.name}: {spec.describe()}   # #{spec.index}, installed at {where}{extra}"
+
+
+def build_guard_set(
+    specs: list[GuardSpec],
+    f_locals: Mapping[str, Any],
+    f_globals: dict | None,
+    f_closure: Mapping[str, Any] | None,
+    *,
+    strict: bool = False,
+) -> GuardSet:
+    """Compile specs and verify the set passes on the example it was built from."""
+    gs = GuardSet(specs, f_globals, f_closure, strict=strict)
+    try:
+        ok = gs.check(f_locals)
+    except GuardEvalError as e:
+        raise GuardBuildError(f"guard set raised on the example it was built from: {e}") from e
+    if not ok:
+        f = gs.why_not(f_locals)
+        why = f.reason if f is not None else "unknown guard"
+        raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
+    return gs

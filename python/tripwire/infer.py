@@ -1,0 +1,3 @@
+class Policy: pass
+def guards_for(*a, **k):
+    raise NotImplementedError

@@ -1,0 +1,318 @@
+"""The pure-Python reference evaluator: the test oracle for the C++ engine.
+
+It evaluates the same :class:`~tripwire.catalogue.GuardSpec` lists with plain Python, written for
+clarity, not speed. Property-based tests assert that the engine and this module agree on
+``check`` and on the first failing guard for ``why_not``. Where the two disagree, one of them
+breaks the contract in docs/guards.md.
+
+Rules shared with the engine:
+
+* A source whose fetch raises any ``Exception`` (missing attribute, key, index, or a user
+  ``__getattr__`` that raises) makes every guard on it and below it fail.
+* ``why_not`` reports the failing guard with the smallest installation index.
+* Guards that name an object held by weak reference (TYPE_MATCH, ID_MATCH, CODE_MATCH and
+  EQUALS_MATCH on an enum member) fail once that object has died.
+"""
+
+from __future__ import annotations
+
+import cmath
+import enum
+import gc
+import math
+import sys
+import weakref
+from typing import Any, Callable, Iterable, Mapping
+
+from .catalogue import GuardKind, GuardSpec, resolve
+from .source import RootKind, Source, Step, StepKind
+
+__all__ = [
+    "MISSING",
+    "FetchError",
+    "fetch",
+    "fetch_step",
+    "evaluate",
+    "check",
+    "first_failure",
+    "equals_match",
+    "is_constant",
+    "BUILTIN_PROBES",
+    "dict_version",
+]
+
+_tuple_iterator = type(iter(()))
+_range_iterator = type(iter(range(0)))
+_EQ_SCALARS = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis))
+
+
+class FetchError(Exception):
+    """A source could not be fetched; ``cause`` is the text of the underlying exception."""
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = _Missing()
+
+
+# -- global-state probes built into the engine (C++ twins in cpp/runtime/probes.cpp) -------------
+BUILTIN_PROBES: dict[str, Callable[[], Any]] = {
+    "recursion_limit": sys.getrecursionlimit,
+    "gc_enabled": gc.isenabled,
+}
+
+
+def dict_version(d: dict) -> int:
+    """The engine's version stamp of dict ``d`` (``ma_version_tag`` on 3.11)."""
+    from . import _core  # the stamp is read by C; nothing else exposes it
+
+    return _core._dict_version(d)
+
+
+# -- fetching -----------------------------------------------------------------------------------
+def fetch_step(v: Any, step: Step) -> Any:
+    """Apply one step to value ``v``. Raises FetchError (with the cause's text) on failure."""
+    k, a = step.kind, step.arg
+    try:
+        if k is StepKind.ATTR:
+            return getattr(v, a)
+        if k is StepKind.ITEM:
+            return v[a]
+        if k is StepKind.DICT_ITEM:
+            if not isinstance(v, dict):
+                raise TypeError(f"dict.__getitem__ needs a dict, not {type(v).__name__}")
+            if not dict.__contains__(v, a):
+                raise KeyError(a)
+            return dict.__getitem__(v, a)
+        if k is StepKind.TYPE:
+            return type(v)
+        if k is StepKind.DICT:
+            if isinstance(v, type):
+                raise TypeError("__dict__ step does not apply to types")
+            d = object.__getattribute__(v, "__dict__")
+            if type(d) is not dict:
+                raise TypeError("object has no instance dict")
+            return d
+        if k is StepKind.DEFAULTS:
+            return v.__defaults__[a]
+        if k is StepKind.KWDEFAULTS:
+            kw = v.__kwdefaults__
+            if kw is None:
+                raise KeyError(a)
+            return kw[a]
+        if k is StepKind.CODE:
+            return v.__code__
+        if k is StepKind.CLOSURE_CELL:
+            return v.__closure__[a].cell_contents
+        if k is StepKind.WEAKREF_CALL:
+            if not isinstance(v, weakref.ref):
+                raise TypeError(f"{type(v).__name__} is not a weak reference")
+            return v()
+        if k in (StepKind.DICT_KEY, StepKind.DICT_VALUE):
+            if not isinstance(v, dict):
+                raise TypeError(f"dict position needs a dict, not {type(v).__name__}")
+            if a >= dict.__len__(v):
+                raise IndexError(f"dict position {a} out of range")
+            for i, key in enumerate(dict.keys(v)):
+                if i == a:
+                    return key if k is StepKind.DICT_KEY else dict.__getitem__(v, key)
+        raise AssertionError(f"unknown step {k!r}")
+    except FetchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of user code means the guard fails
+        raise FetchError(f"{type(e).__name__}: {e}") from None
+
+
+def fetch(
+    source: Source,
+    f_locals: Mapping[str, Any],
+    f_globals: Mapping[str, Any] | None = None,
+    f_closure: Mapping[str, Any] | None = None,
+) -> Any:
+    """The value at ``source``; raises FetchError when any step fails."""
+    try:
+        if source.root is RootKind.LOCAL:
+            v = f_locals[source.name]
+        elif source.root is RootKind.GLOBAL:
+            if f_globals is None:
+                raise KeyError(f"no globals were given for {source.name!r}")
+            v = f_globals[source.name]
+        else:
+            if f_closure is None:
+                raise KeyError(f"no closure cells were given for {source.name!r}")
+            v = f_closure[source.name].cell_contents
+    except Exception as e:  # noqa: BLE001
+        raise FetchError(f"{type(e).__name__}: {e}") from None
+    for step in source.steps:
+        v = fetch_step(v, step)
+    return v
+
+
+# -- EQUALS_MATCH semantics -----------------------------------------------------------------------
+def is_constant(c: Any) -> bool:
+    """Whether ``c`` may be the constant of an EQUALS_MATCH (recursively)."""
+    t = type(c)
+    if t in _EQ_SCALARS or isinstance(c, enum.Enum):
+        return True
+    if t is range:
+        return True
+    if t is slice:
+        return all(is_constant(x) for x in (c.start, c.stop, c.step))
+    if t in (tuple, list, frozenset, set):
+        return all(is_constant(x) for x in c)
+    if t is dict:
+        return all(is_constant(k) and is_constant(x) for k, x in c.items())
+    return False
+
+
+def equals_match(v: Any, c: Any) -> bool:
+    """``type(v) is type(c) and v == c``, recursively type-exact, with NaN equal to NaN.
+
+    Enum members compare by identity. Containers are compared element by element, so no
+    ``__eq__`` of a user type is ever called.
+    """
+    t = type(c)
+    if type(v) is not t:
+        return False
+    if isinstance(c, enum.Enum):
+        return v is c
+    if t is float:
+        return v == c or (math.isnan(v) and math.isnan(c))
+    if t is complex:
+        return v == c or (cmath.isnan(v) and cmath.isnan(c) and _complex_nan_eq(v, c))
+    if t in _EQ_SCALARS or t is range:
+        return v == c
+    if t is slice:
+        return all(equals_match(x, y) for x, y in ((v.start, c.start), (v.stop, c.stop), (v.step, c.step)))
+    if t in (tuple, list):
+        return len(v) == len(c) and all(equals_match(x, y) for x, y in zip(v, c))
+    if t in (set, frozenset):
+        if len(v) != len(c) or not all(is_constant(x) for x in v):
+            return False
+        return _set_match(v, c)
+    if t is dict:
+        if len(v) != len(c) or not all(is_constant(k) for k in v):
+            return False
+        return _set_match(v.keys(), c.keys()) and all(equals_match(v[k], c[k]) for k in c)
+    return False
+
+
+def _complex_nan_eq(v: complex, c: complex) -> bool:
+    # Components compare one by one, each NaN matching NaN.
+    return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in ((v.real, c.real), (v.imag, c.imag)))
+
+
+def _set_match(vs: Iterable[Any], cs: Iterable[Any]) -> bool:
+    """Each element of cs has an equals_match partner in vs (sizes already equal)."""
+    vs = list(vs)
+    for c in cs:
+        if not any(equals_match(x, c) for x in vs):
+            return False
+    return True
+
+
+# -- guard predicates ----------------------------------------------------------------------------
+def _dead(obj_ref: Any) -> bool:
+    return isinstance(obj_ref, weakref.ref) and obj_ref() is None
+
+
+def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
+    """Whether guard ``spec`` holds for value ``v`` (already fetched). Exceptions mean False."""
+    k = spec.kind
+    try:
+        a = tuple(resolve(x) for x in spec.args)  # a dead weakly-held argument fails the guard
+        if k is GuardKind.TYPE_MATCH:
+            return type(v) is a[0]
+        if k is GuardKind.ID_MATCH:
+            return v is a[0]
+        if k is GuardKind.NONE:
+            return v is None
+        if k is GuardKind.NOT_NONE:
+            return v is not None
+        if k is GuardKind.TRUE:
+            return v is True
+        if k is GuardKind.FALSE:
+            return v is False
+        if k is GuardKind.EQUALS_MATCH:
+            return equals_match(v, a[0])
+        if k is GuardKind.LENGTH:
+            return len(v) == a[0]
+        if k is GuardKind.DICT_KEYS:
+            if not isinstance(v, dict):
+                return False
+            keys = list(dict.keys(v))
+            if len(keys) != len(a[0]):
+                return False
+            if a[1]:
+                return all(equals_match(x, y) for x, y in zip(keys, a[0]))
+            return all(is_constant(x) for x in keys) and _set_match(keys, a[0])
+        if k is GuardKind.DICT_CONTAINS:
+            if not isinstance(v, dict):
+                return False
+            return dict.__contains__(v, a[0]) is a[1]
+        if k is GuardKind.HASATTR:
+            return hasattr(v, a[0]) is a[1]
+        if k is GuardKind.DICT_VERSION:
+            return type(v) is dict and dict_version(v) == a[0]
+        if k is GuardKind.TUPLE_ITERATOR_LEN:
+            return type(v) is _tuple_iterator and v.__length_hint__() == a[0]
+        if k is GuardKind.RANGE_ITERATOR:
+            if type(v) is not _range_iterator:
+                return False
+            _, (r,), pos = v.__reduce__()
+            return r[pos:] == range(*a)
+        if k is GuardKind.CODE_MATCH:
+            return getattr(v, "__code__") is a[0]
+        if k is GuardKind.WEAKREF_ALIVE:
+            return isinstance(v, weakref.ref) and v() is not None
+        if k is GuardKind.GLOBAL_STATE:
+            probe = a[0]
+            current = BUILTIN_PROBES[probe]() if isinstance(probe, str) else probe()
+            return equals_match(current, a[1])
+        if k is GuardKind.LAMBDA:
+            return bool(a[0](v))
+    except Exception:  # noqa: BLE001 - a raising guard fails
+        return False
+    raise AssertionError(f"unknown guard kind {k!r}")
+
+
+def _value_for(spec, f_locals, f_globals, f_closure, cache):
+    """Fetch the value a guard reads, memoised per source (one fetch per source, as the engine)."""
+    if spec.source is None:
+        return f_locals
+    key = spec.source
+    if key not in cache:
+        try:
+            cache[key] = fetch(spec.source, f_locals, f_globals, f_closure)
+        except FetchError as e:
+            cache[key] = e
+    return cache[key]
+
+
+def first_failure(
+    specs: Iterable[GuardSpec],
+    f_locals: Mapping[str, Any],
+    f_globals: Mapping[str, Any] | None = None,
+    f_closure: Mapping[str, Any] | None = None,
+) -> tuple[GuardSpec, Any] | None:
+    """The failing guard with the smallest index and the value it saw (a FetchError if the fetch
+    failed), or None when every guard holds."""
+    cache: dict[Source, Any] = {}
+    for spec in sorted(specs, key=lambda s: s.index):
+        v = _value_for(spec, f_locals, f_globals, f_closure, cache)
+        if isinstance(v, FetchError) or not evaluate(spec, v, f_locals):
+            return spec, v
+    return None
+
+
+def check(
+    specs: Iterable[GuardSpec],
+    f_locals: Mapping[str, Any],
+    f_globals: Mapping[str, Any] | None = None,
+    f_closure: Mapping[str, Any] | None = None,
+) -> bool:
+    """True when every guard holds."""
+    return first_failure(specs, f_locals, f_globals, f_closure) is None

@@ -1,0 +1,330 @@
+"""Sources: where a guarded value comes from, printed and parsed exactly as Dynamo prints them.
+
+A :class:`Source` is a root (``L['x']`` a local or argument, ``G['name']`` a global read from the
+globals dict given at build time, ``C['name']`` a closure cell given at build time) followed by
+steps. Each step kind has one printed form; :func:`Source.parse` accepts exactly those forms.
+
+=================  ==========================================  =================================
+step               printed                                     meaning
+=================  ==========================================  =================================
+ATTR(name)         ``X.name``                                  ``getattr(X, name)``
+ITEM(key)          ``X['k']`` / ``X[0]``                        ``X[key]`` (operator.getitem)
+DICT_ITEM(key)     ``dict.__getitem__(X, 'k')``                 dict lookup that never calls an
+                                                               overridden ``__getitem__`` and
+                                                               never ``__missing__``
+TYPE               ``type(X)``                                  ``type(X)``
+DICT               ``X.__dict__``                               the instance dict (not for types)
+DEFAULTS(i)        ``X.__defaults__[i]``                        positional default i
+KWDEFAULTS(k)      ``X.__kwdefaults__['k']``                    keyword-only default k
+CODE               ``X.__code__``                               the function's code object
+CLOSURE_CELL(i)    ``X.__closure__[i].cell_contents``           contents of closure cell i
+WEAKREF_CALL       ``X()``                                      the referent of weakref X
+DICT_KEY(i)        ``list(dict.keys(X))[i]``                    key at insertion position i
+DICT_VALUE(i)      ``X[list(dict.keys(X))[i]]``                 value at insertion position i
+=================  ==========================================  =================================
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+from dataclasses import dataclass
+from typing import Any, Union
+
+__all__ = ["RootKind", "StepKind", "Step", "Source", "SourceLike", "SourceParseError"]
+
+
+class SourceParseError(ValueError):
+    """A source string is not one of the printed forms tripwire understands."""
+
+
+class RootKind(enum.IntEnum):
+    """Where the first value of a source is read. Values match ``cpp/core`` ``RootKind``."""
+
+    LOCAL = 0  # L['x']: the f_locals mapping passed to check()
+    GLOBAL = 1  # G['x']: the globals dict given at build time
+    CLOSURE = 2  # C['x']: a closure cell given at build time (read live at check time)
+
+
+class StepKind(enum.IntEnum):
+    """One step from a value to a child value. Values match ``cpp/core`` ``StepKind``."""
+
+    ATTR = 0
+    ITEM = 1
+    DICT_ITEM = 2
+    TYPE = 3
+    DICT = 4
+    DEFAULTS = 5
+    KWDEFAULTS = 6
+    CODE = 7
+    CLOSURE_CELL = 8
+    WEAKREF_CALL = 9
+    DICT_KEY = 10
+    DICT_VALUE = 11
+
+
+_ROOT_LETTER = {RootKind.LOCAL: "L", RootKind.GLOBAL: "G", RootKind.CLOSURE: "C"}
+_LETTER_ROOT = {v: k for k, v in _ROOT_LETTER.items()}
+# Steps whose argument is an integer position rather than a name or key.
+_INDEX_STEPS = (StepKind.DEFAULTS, StepKind.CLOSURE_CELL, StepKind.DICT_KEY, StepKind.DICT_VALUE)
+_NO_ARG_STEPS = (StepKind.TYPE, StepKind.DICT, StepKind.CODE, StepKind.WEAKREF_CALL)
+# Key types accepted in ITEM / DICT_ITEM / KWDEFAULTS steps: literals that round-trip through repr.
+_KEY_TYPES = (str, int, bytes, float, bool, type(None))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a source path: ``kind`` and its argument (a name, key or position)."""
+
+    kind: StepKind
+    arg: Any = None
+
+    def __post_init__(self) -> None:
+        kind = StepKind(self.kind)
+        object.__setattr__(self, "kind", kind)
+        if kind in _NO_ARG_STEPS:
+            if self.arg is not None:
+                raise ValueError(f"step {kind.name} takes no argument")
+        elif kind in _INDEX_STEPS:
+            if type(self.arg) is not int or self.arg < 0:
+                raise ValueError(f"step {kind.name} needs a non-negative int position")
+        elif kind is StepKind.ATTR:
+            if type(self.arg) is not str or not self.arg:
+                raise ValueError("ATTR step needs a non-empty attribute name")
+        elif kind is StepKind.KWDEFAULTS:
+            if type(self.arg) is not str:
+                raise ValueError("KWDEFAULTS step needs a str name")
+        else:  # ITEM, DICT_ITEM
+            if type(self.arg) not in _KEY_TYPES:
+                raise ValueError(
+                    f"{kind.name} key must be one of str, int, bytes, float, bool, None; "
+                    f"got {type(self.arg).__name__}"
+                )
+
+    def render(self, base: str) -> str:
+        """Print this step applied to the printed base source ``base``."""
+        k, a = self.kind, self.arg
+        if k is StepKind.ATTR:
+            return f"{base}.{a}" if a.isidentifier() else f"getattr({base}, {a!r})"
+        if k is StepKind.ITEM:
+            return f"{base}[{a!r}]"
+        if k is StepKind.DICT_ITEM:
+            return f"dict.__getitem__({base}, {a!r})"
+        if k is StepKind.TYPE:
+            return f"type({base})"
+        if k is StepKind.DICT:
+            return f"{base}.__dict__"
+        if k is StepKind.DEFAULTS:
+            return f"{base}.__defaults__[{a}]"
+        if k is StepKind.KWDEFAULTS:
+            return f"{base}.__kwdefaults__[{a!r}]"
+        if k is StepKind.CODE:
+            return f"{base}.__code__"
+        if k is StepKind.CLOSURE_CELL:
+            return f"{base}.__closure__[{a}].cell_contents"
+        if k is StepKind.WEAKREF_CALL:
+            return f"{base}()"
+        if k is StepKind.DICT_KEY:
+            return f"list(dict.keys({base}))[{a}]"
+        return f"{base}[list(dict.keys({base}))[{a}]]"  # DICT_VALUE
+
+
+@dataclass(frozen=True)
+class Source:
+    """A root plus steps. Hashable; ``str(source)`` is the Dynamo-style printed form."""
+
+    root: RootKind
+    name: str
+    steps: tuple[Step, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", RootKind(self.root))
+        object.__setattr__(self, "steps", tuple(self.steps))
+        if type(self.name) is not str:
+            raise ValueError("root name must be a str")
+
+    # -- construction -------------------------------------------------------------------------
+    @staticmethod
+    def local(name: str) -> Source:
+        return Source(RootKind.LOCAL, name)
+
+    @staticmethod
+    def global_(name: str) -> Source:
+        return Source(RootKind.GLOBAL, name)
+
+    @staticmethod
+    def closure(name: str) -> Source:
+        return Source(RootKind.CLOSURE, name)
+
+    def step(self, kind: StepKind, arg: Any = None) -> Source:
+        """This source extended by one step."""
+        return Source(self.root, self.name, self.steps + (Step(kind, arg),))
+
+    def attr(self, name: str) -> Source:
+        return self.step(StepKind.ATTR, name)
+
+    def item(self, key: Any) -> Source:
+        return self.step(StepKind.ITEM, key)
+
+    def dict_item(self, key: Any) -> Source:
+        return self.step(StepKind.DICT_ITEM, key)
+
+    def type(self) -> Source:
+        return self.step(StepKind.TYPE)
+
+    @property
+    def parent(self) -> Source | None:
+        """The source one step shorter, or None for a root."""
+        if not self.steps:
+            return None
+        return Source(self.root, self.name, self.steps[:-1])
+
+    def prefixes(self) -> list[Source]:
+        """The root and every longer prefix, ending with this source."""
+        return [Source(self.root, self.name, self.steps[:i]) for i in range(len(self.steps) + 1)]
+
+    # -- printing and parsing -----------------------------------------------------------------
+    def __str__(self) -> str:
+        text = f"{_ROOT_LETTER[self.root]}[{self.name!r}]"
+        for s in self.steps:
+            text = s.render(text)
+        return text
+
+    def __repr__(self) -> str:
+        return f"Source({str(self)!r})"
+
+    @staticmethod
+    def parse(text: str) -> Source:
+        """Parse a printed source such as ``"L['self'].layers[0].weight"``.
+
+        Raises :class:`SourceParseError` for anything that is not a printed form listed in
+        this module's docstring.
+        """
+        if isinstance(text, Source):
+            return text
+        if not isinstance(text, str):
+            raise TypeError(f"a source is a str or Source, not {type(text).__name__}")
+        try:
+            tree = ast.parse(text.strip(), mode="eval").body
+        except SyntaxError as e:
+            raise SourceParseError(f"cannot parse source {text!r}: {e.msg}") from None
+        return _Parser(text).node(tree)
+
+
+SourceLike = Union[Source, str]
+
+
+class _Parser:
+    """Turns the ast of a printed source back into a Source; rejects everything else."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def fail(self, why: str) -> SourceParseError:
+        return SourceParseError(f"cannot parse source {self.text!r}: {why}")
+
+    def const(self, node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and type(node.value) in _KEY_TYPES:
+            return node.value
+        if (
+            isinstance(node, ast.UnaryOp)
+            and isinstance(node.op, ast.USub)
+            and isinstance(node.operand, ast.Constant)
+            and type(node.operand.value) in (int, float)
+        ):
+            return -node.operand.value
+        raise self.fail("keys must be str, int, bytes, float, bool or None literals")
+
+    def index(self, node: ast.AST) -> int:
+        v = self.const(node)
+        if type(v) is not int or v < 0:
+            raise self.fail("positions must be non-negative int literals")
+        return v
+
+    def is_dict_keys_list(self, node: ast.AST) -> ast.AST | None:
+        """If node is ``list(dict.keys(B))``, return B."""
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "list"
+            and len(node.args) == 1
+            and not node.keywords
+        ):
+            inner = node.args[0]
+            if (
+                isinstance(inner, ast.Call)
+                and isinstance(inner.func, ast.Attribute)
+                and isinstance(inner.func.value, ast.Name)
+                and inner.func.value.id == "dict"
+                and inner.func.attr == "keys"
+                and len(inner.args) == 1
+                and not inner.keywords
+            ):
+                return inner.args[0]
+        return None
+
+    def node(self, n: ast.AST) -> Source:
+        # Roots: L['x'], G['x'], C['x']
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id in _LETTER_ROOT:
+            name = self.const(n.slice)
+            if type(name) is not str:
+                raise self.fail("root names are str literals")
+            return Source(_LETTER_ROOT[n.value.id], name)
+        if isinstance(n, ast.Attribute):
+            # X.__closure__[i].cell_contents
+            if (
+                n.attr == "cell_contents"
+                and isinstance(n.value, ast.Subscript)
+                and isinstance(n.value.value, ast.Attribute)
+                and n.value.value.attr == "__closure__"
+            ):
+                return self.node(n.value.value.value).step(
+                    StepKind.CLOSURE_CELL, self.index(n.value.slice)
+                )
+            if n.attr == "__dict__":
+                return self.node(n.value).step(StepKind.DICT)
+            if n.attr == "__code__":
+                return self.node(n.value).step(StepKind.CODE)
+            if n.attr in ("__defaults__", "__kwdefaults__", "__closure__"):
+                raise self.fail(f"{n.attr} must be indexed")
+            return self.node(n.value).attr(n.attr)
+        if isinstance(n, ast.Subscript):
+            base = n.value
+            if isinstance(base, ast.Attribute) and base.attr == "__defaults__":
+                return self.node(base.value).step(StepKind.DEFAULTS, self.index(n.slice))
+            if isinstance(base, ast.Attribute) and base.attr == "__kwdefaults__":
+                key = self.const(n.slice)
+                if type(key) is not str:
+                    raise self.fail("__kwdefaults__ keys are str literals")
+                return self.node(base.value).step(StepKind.KWDEFAULTS, key)
+            owner = self.is_dict_keys_list(base)
+            if owner is not None:  # list(dict.keys(B))[i]
+                return self.node(owner).step(StepKind.DICT_KEY, self.index(n.slice))
+            if isinstance(n.slice, ast.Subscript):  # B[list(dict.keys(B))[i]]
+                owner = self.is_dict_keys_list(n.slice.value)
+                if owner is not None:
+                    b = self.node(base)
+                    if self.node(owner) != b:
+                        raise self.fail("dict value position must index the same dict")
+                    return b.step(StepKind.DICT_VALUE, self.index(n.slice.slice))
+            return self.node(base).item(self.const(n.slice))
+        if isinstance(n, ast.Call) and not n.keywords:
+            f = n.func
+            if isinstance(f, ast.Name) and f.id == "type" and len(n.args) == 1:
+                return self.node(n.args[0]).type()
+            if isinstance(f, ast.Name) and f.id == "getattr" and len(n.args) == 2:
+                name = self.const(n.args[1])
+                if type(name) is not str:
+                    raise self.fail("getattr names are str literals")
+                return self.node(n.args[0]).attr(name)
+            if (
+                isinstance(f, ast.Attribute)
+                and isinstance(f.value, ast.Name)
+                and f.value.id == "dict"
+                and f.attr == "__getitem__"
+                and len(n.args) == 2
+            ):
+                return self.node(n.args[0]).dict_item(self.const(n.args[1]))
+            if not n.args:
+                return self.node(f).step(StepKind.WEAKREF_CALL)
+        raise self.fail(f"unsupported expression {ast.dump(n)[:60]}")
