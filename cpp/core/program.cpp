@@ -67,6 +67,7 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
     if (!shape.operand && d.operand != kNoConst && d.kind != GuardKind::GlobalState) {
         fail(name + " takes no operand");
     }
+    if (!shape.operand2 && d.operand2 != kNoConst) fail(name + " takes no operand2");
     check_const(d.operand, n_consts, name.c_str());
     check_const(d.operand2, n_consts, name.c_str());
     switch (d.kind) {
@@ -234,7 +235,37 @@ void validate(const Program& p, std::size_t n_consts) {
     }
     for (std::uint32_t gi = 0; gi < n_guards; ++gi) {
         if (!guard_seen[gi]) fail("guard attached to no node");
+        if (gi > 0 && p.guards[gi].id <= p.guards[gi - 1].id) fail("guards not sorted by unique id");
     }
+    // Derived facts the runtime trusts (borrowing a value is only safe when nothing below it can run
+    // user code; why_not prunes by min_guard_id), and each guard sits on the node of its own source.
+    std::uint32_t max_depth = 0;
+    for (std::size_t k = n_nodes; k-- > 0;) {
+        const Node& n = p.nodes[k];
+        max_depth = std::max(max_depth, n.depth);
+        std::uint32_t min_id = 0xFFFFFFFFu;
+        bool user = false;
+        for (std::uint32_t g = n.guard_begin; g < n.guard_end; ++g) {
+            const GuardDecl& d = p.guards[p.node_guards[g]];
+            min_id = std::min(min_id, d.id);
+            user = user || guard_runs_user_code(d.kind);
+            if (d.source.steps.size() != n.depth) fail("guard attached to the wrong node");
+            std::uint32_t at = static_cast<std::uint32_t>(k);
+            for (std::size_t s = d.source.steps.size(); s-- > 0; at = p.nodes[at].parent) {
+                if (!(p.nodes[at].step == d.source.steps[s])) fail("guard attached to the wrong node");
+            }
+            if (p.nodes[at].root != d.source.root || p.nodes[at].root_name != d.source.name) {
+                fail("guard attached to the wrong node");
+            }
+        }
+        for (std::uint32_t c = n.child_begin; c < n.child_end; ++c) {
+            const Node& child = p.nodes[p.children[c]];
+            min_id = std::min(min_id, child.min_guard_id);
+            user = user || child.subtree_runs_user_code || step_runs_user_code(child.step.kind);
+        }
+        if (n.min_guard_id != min_id || n.subtree_runs_user_code != user) fail("stale subtree facts");
+    }
+    if (p.max_depth != max_depth) fail("bad max depth");
 }
 
 }  // namespace tripwire::core

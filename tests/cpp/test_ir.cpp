@@ -1,0 +1,229 @@
+// tripwire/tests/cpp/test_ir.cpp -- names, operand shapes and purity tables of the guard IR.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "core/ir.hpp"
+#include "core/program.hpp"
+#include "testing.hpp"
+
+namespace tripwire::core {
+namespace {
+
+using test_util::local;
+
+constexpr std::size_t kConsts = 8;
+
+GuardKind guard_kind(int i) { return static_cast<GuardKind>(i); }
+StepKind step_kind(int i) { return static_cast<StepKind>(i); }
+
+/// The smallest declaration of `k` that its shape allows: a source when it needs one, the
+/// operands the shape names, and a known built-in probe for GLOBAL_STATE.
+GuardDecl minimal_decl(GuardKind k) {
+    const GuardShape shape = guard_shape(k);
+    GuardDecl d;
+    d.kind = k;
+    d.has_source = shape.needs_source;
+    if (d.has_source) d.source = local(0);
+    d.operand = shape.operand ? 1 : kNoConst;
+    d.operand2 = shape.operand2 ? 2 : kNoConst;
+    if (k == GuardKind::GlobalState) {
+        d.operand2 = kNoConst;  // a built-in probe carries its snapshot in n2
+        d.n = static_cast<std::int64_t>(BuiltinProbe::RecursionLimit);
+    }
+    return d;
+}
+
+TEST(IrNames, GuardKindNamesAreDistinctAndKnown) {
+    std::set<std::string> seen;
+    for (int i = 0; i < kGuardKindCount; ++i) {
+        const std::string name(guard_kind_name(guard_kind(i)));
+        EXPECT_NE(name, "UNKNOWN") << "kind " << i;
+        EXPECT_FALSE(name.empty());
+        EXPECT_TRUE(seen.insert(name).second) << "duplicate name " << name;
+    }
+    EXPECT_EQ(guard_kind_name(GuardKind::TypeMatch), "TYPE_MATCH");
+    EXPECT_EQ(guard_kind_name(GuardKind::EqualsMatch), "EQUALS_MATCH");
+    EXPECT_EQ(guard_kind_name(GuardKind::HasAttr), "HASATTR");
+    EXPECT_EQ(guard_kind_name(GuardKind::TupleIteratorLen), "TUPLE_ITERATOR_LEN");
+    EXPECT_EQ(guard_kind_name(GuardKind::Lambda), "LAMBDA");
+}
+
+TEST(IrNames, StepKindNamesAreDistinctAndKnown) {
+    std::set<std::string> seen;
+    for (int i = 0; i < kStepKindCount; ++i) {
+        const std::string name(step_kind_name(step_kind(i)));
+        EXPECT_NE(name, "UNKNOWN") << "step " << i;
+        EXPECT_TRUE(seen.insert(name).second) << "duplicate name " << name;
+    }
+    EXPECT_EQ(step_kind_name(StepKind::Attr), "ATTR");
+    EXPECT_EQ(step_kind_name(StepKind::DictValue), "DICT_VALUE");
+}
+
+TEST(IrNames, OutOfRangeKindsAreUnknown) {
+    EXPECT_EQ(guard_kind_name(guard_kind(kGuardKindCount)), "UNKNOWN");
+    EXPECT_EQ(guard_kind_name(guard_kind(255)), "UNKNOWN");
+    EXPECT_EQ(step_kind_name(step_kind(kStepKindCount)), "UNKNOWN");
+    EXPECT_EQ(step_kind_name(step_kind(255)), "UNKNOWN");
+}
+
+TEST(IrNames, CountsMatchTheLastEnumerator) {
+    EXPECT_EQ(static_cast<int>(GuardKind::Lambda) + 1, kGuardKindCount);
+    EXPECT_EQ(static_cast<int>(StepKind::DictValue) + 1, kStepKindCount);
+}
+
+TEST(IrShape, TableIsSelfConsistent) {
+    for (int i = 0; i < kGuardKindCount; ++i) {
+        const GuardShape s = guard_shape(guard_kind(i));
+        // A kind that needs a source must allow one.
+        EXPECT_TRUE(!s.needs_source || s.allows_source) << guard_kind_name(guard_kind(i));
+    }
+    // Only the ambient kinds may go without a source.
+    EXPECT_FALSE(guard_shape(GuardKind::GlobalState).needs_source);
+    EXPECT_FALSE(guard_shape(GuardKind::GlobalState).allows_source);
+    EXPECT_FALSE(guard_shape(GuardKind::Lambda).needs_source);
+    EXPECT_TRUE(guard_shape(GuardKind::Lambda).allows_source);
+    EXPECT_TRUE(guard_shape(GuardKind::DictKeys).operand2);
+    EXPECT_FALSE(guard_shape(GuardKind::DictKeys).operand);
+}
+
+TEST(IrShape, UnknownKindHasEmptyShape) {
+    const GuardShape s = guard_shape(guard_kind(kGuardKindCount));
+    EXPECT_FALSE(s.needs_source || s.allows_source || s.operand || s.operand2);
+}
+
+// validate_decl agrees with guard_shape: the minimal declaration passes, and removing or adding
+// each slot fails exactly when the table says it should.
+TEST(IrShape, ValidateDeclFollowsTheTable) {
+    for (int i = 0; i < kGuardKindCount; ++i) {
+        const GuardKind k = guard_kind(i);
+        const GuardShape shape = guard_shape(k);
+        SCOPED_TRACE(std::string(guard_kind_name(k)));
+        const GuardDecl base = minimal_decl(k);
+        EXPECT_NO_THROW(validate_decl(base, kConsts));
+
+        // Source slot.
+        GuardDecl flipped = base;
+        flipped.has_source = !base.has_source;
+        if (flipped.has_source) flipped.source = local(0);
+        const bool source_ok = flipped.has_source ? shape.allows_source : !shape.needs_source;
+        if (source_ok) {
+            EXPECT_NO_THROW(validate_decl(flipped, kConsts));
+        } else {
+            EXPECT_THROW(validate_decl(flipped, kConsts), InvalidProgram);
+        }
+
+        // Operand slot: required when the table says so, rejected when unused (GLOBAL_STATE's
+        // operand is an optional Python probe, which then needs a snapshot in operand2).
+        GuardDecl op = base;
+        if (shape.operand) {
+            op.operand = kNoConst;
+            EXPECT_THROW(validate_decl(op, kConsts), InvalidProgram);
+        } else if (k == GuardKind::GlobalState) {
+            op.operand = 3;
+            EXPECT_THROW(validate_decl(op, kConsts), InvalidProgram);  // no snapshot
+            op.operand2 = 4;
+            EXPECT_NO_THROW(validate_decl(op, kConsts));
+        } else {
+            op.operand = 3;
+            EXPECT_THROW(validate_decl(op, kConsts), InvalidProgram);
+        }
+
+        // Operand2 slot: DICT_KEYS needs its key tuple; kinds that do not use it reject it.
+        GuardDecl op2 = base;
+        if (shape.operand2 && k != GuardKind::GlobalState) {
+            op2.operand2 = kNoConst;
+            EXPECT_THROW(validate_decl(op2, kConsts), InvalidProgram);
+        } else if (!shape.operand2) {
+            op2.operand2 = 3;
+            EXPECT_THROW(validate_decl(op2, kConsts), InvalidProgram);
+        }
+
+        // Every used constant must be in range.
+        if (shape.operand) {
+            GuardDecl far = base;
+            far.operand = kConsts;
+            EXPECT_THROW(validate_decl(far, kConsts), InvalidProgram);
+        }
+        if (shape.operand2 && k != GuardKind::GlobalState) {
+            GuardDecl far = base;
+            far.operand2 = kConsts;
+            EXPECT_THROW(validate_decl(far, kConsts), InvalidProgram);
+        }
+    }
+}
+
+TEST(IrShape, LengthsMustBeNonNegative) {
+    for (GuardKind k : {GuardKind::Length, GuardKind::TupleIteratorLen}) {
+        GuardDecl d = minimal_decl(k);
+        d.n = 0;
+        EXPECT_NO_THROW(validate_decl(d, kConsts));
+        d.n = -1;
+        EXPECT_THROW(validate_decl(d, kConsts), InvalidProgram);
+    }
+}
+
+TEST(IrShape, BuiltinProbes) {
+    GuardDecl d = minimal_decl(GuardKind::GlobalState);
+    for (BuiltinProbe p : {BuiltinProbe::RecursionLimit, BuiltinProbe::GcEnabled}) {
+        d.n = static_cast<std::int64_t>(p);
+        EXPECT_NO_THROW(validate_decl(d, kConsts));
+    }
+    for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{2}, std::int64_t{1} << 40}) {
+        d.n = bad;
+        EXPECT_THROW(validate_decl(d, kConsts), InvalidProgram) << bad;
+    }
+}
+
+TEST(IrPurity, GuardKinds) {
+    // Identity and exact-type comparisons never run user code...
+    for (GuardKind k : {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone,
+                        GuardKind::True, GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictVersion,
+                        GuardKind::TupleIteratorLen, GuardKind::RangeIterator, GuardKind::WeakrefAlive}) {
+        EXPECT_FALSE(guard_runs_user_code(k)) << guard_kind_name(k);
+    }
+    // ...while len(), lookups, getattr, probes and predicates may.
+    for (GuardKind k : {GuardKind::Length, GuardKind::DictKeys, GuardKind::DictContains, GuardKind::HasAttr,
+                        GuardKind::CodeMatch, GuardKind::GlobalState, GuardKind::Lambda}) {
+        EXPECT_TRUE(guard_runs_user_code(k)) << guard_kind_name(k);
+    }
+    // Unknown kinds are treated as impure (the safe answer).
+    EXPECT_TRUE(guard_runs_user_code(guard_kind(kGuardKindCount)));
+}
+
+TEST(IrPurity, StepKinds) {
+    for (StepKind k : {StepKind::Type, StepKind::Dict, StepKind::WeakrefCall, StepKind::DictKey,
+                       StepKind::DictValue}) {
+        EXPECT_FALSE(step_runs_user_code(k)) << step_kind_name(k);
+    }
+    for (StepKind k : {StepKind::Attr, StepKind::Item, StepKind::DictItem, StepKind::Defaults,
+                       StepKind::KwDefaults, StepKind::Code, StepKind::ClosureCell}) {
+        EXPECT_TRUE(step_runs_user_code(k)) << step_kind_name(k);
+    }
+    EXPECT_TRUE(step_runs_user_code(step_kind(kStepKindCount)));
+}
+
+TEST(IrPurity, EveryKindIsClassified) {
+    // Each kind appears in exactly one of the two lists above; this catches a new enumerator
+    // that was added to the enum but not to the tests.
+    int pure = 0, impure = 0;
+    for (int i = 0; i < kGuardKindCount; ++i) (guard_runs_user_code(guard_kind(i)) ? impure : pure)++;
+    EXPECT_EQ(pure, 11);
+    EXPECT_EQ(impure, 7);
+    pure = impure = 0;
+    for (int i = 0; i < kStepKindCount; ++i) (step_runs_user_code(step_kind(i)) ? impure : pure)++;
+    EXPECT_EQ(pure, 5);
+    EXPECT_EQ(impure, 7);
+}
+
+TEST(IrStep, EqualityComparesKindOperandAndIndex) {
+    const Step a{StepKind::Attr, 1, 0};
+    EXPECT_EQ(a, (Step{StepKind::Attr, 1, 0}));
+    EXPECT_FALSE(a == (Step{StepKind::Item, 1, 0}));
+    EXPECT_FALSE(a == (Step{StepKind::Attr, 2, 0}));
+    EXPECT_FALSE(a == (Step{StepKind::Attr, 1, 1}));
+}
+
+}  // namespace
+}  // namespace tripwire::core
