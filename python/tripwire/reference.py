@@ -303,7 +303,8 @@ def first_failure(
     cache: dict[Source, Any] = {}
     for spec in sorted(specs, key=lambda s: s.index):
         v = _value_for(spec, f_locals, f_globals, f_closure, cache)
-        if isinstance(v, FetchError) or not evaluate(spec, v, f_locals):
+        # type(), not isinstance(): isinstance may call a user __class__ property.
+        if type(v) is FetchError or not evaluate(spec, v, f_locals):
             return spec, v
     return None
 
