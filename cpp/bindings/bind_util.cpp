@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 
 #include "../core/program.hpp"
+#include "../runtime/dict_hint.hpp"
 #include "../runtime/predicates.hpp"
 #include "register.hpp"
 
@@ -22,6 +23,28 @@ void register_util(nb::module_& m) {
     m.def(
         "_guard_kind_name", [](int k) { return std::string(core::guard_kind_name(static_cast<core::GuardKind>(k))); },
         nb::arg("kind"), "The catalogue name of a guard kind number.");
+    m.def(
+        "_dict_hints_enabled",
+        [] {
+            runtime::verify_dict_hints();
+            return runtime::g_dict_hints_enabled;
+        },
+        "Whether dict entry hints (CPython 3.11 layout, verified at start-up) are in use.");
+    m.def(
+        "_attr_hint_probe",
+        [](nb::handle obj, nb::str name) {
+            // Test hook: what the hinted instance-attribute read sees (value or None, hint).
+            runtime::verify_dict_hints();
+            PyObject* interned = name.ptr();
+            Py_INCREF(interned);
+            PyUnicode_InternInPlace(&interned);
+            Py_ssize_t hint = runtime::kHintUnknown;
+            PyObject* v = runtime::instance_attr_hinted(obj.ptr(), interned, &hint);
+            nb::object out = v ? nb::borrow(v) : nb::none();
+            Py_DECREF(interned);
+            return nb::make_tuple(out, hint);
+        },
+        nb::arg("obj"), nb::arg("name"));
     m.attr("MAX_SOURCE_DEPTH") = core::kMaxSourceDepth;
 }
 

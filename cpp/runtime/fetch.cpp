@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "dict_hint.hpp"
+
 namespace tripwire::runtime {
 namespace {
 
@@ -36,6 +38,7 @@ Fetched generic_getattr(PyObject* obj, PyObject* name) {
 void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name) {
     c.type = tp;
     c.mode = AttrCache::Mode::Generic;
+    c.hint = kHintUnknown;
     // _PyType_Lookup assigns a version tag when it can; read the tag after it.
     PyObject* descr = _PyType_Lookup(tp, name);
     c.version = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
@@ -64,6 +67,11 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
         case AttrCache::Mode::InstanceDict: {
             // The type has no data descriptor for `name` (checked under this version tag), so
             // an instance dict entry is exactly what getattr would return.
+            if (PyObject* hv = instance_attr_hinted(obj, name, &c.hint)) return ok_borrowed(hv);
+            // The hint path reads the object's own storage; not found there means a class
+            // attribute, a non-data descriptor or __getattr__. The generic path handles those
+            // without materialising the instance dict.
+            if (instance_hints_complete()) break;
             PyObject** dictptr = _PyObject_GetDictPtr(obj);
             if (dictptr != nullptr && *dictptr != nullptr) {
                 PyObject* v = PyDict_GetItemWithError(*dictptr, name);
@@ -76,6 +84,7 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
         }
         case AttrCache::Mode::Module: {
             PyObject* d = PyModule_GetDict(obj);
+            if (PyObject* hv = dict_get_hinted(d, name, &c.hint)) return ok_borrowed(hv);
             PyObject* v = PyDict_GetItemWithError(d, name);
             if (v) return ok_borrowed(v);
             if (PyErr_Occurred()) return error();
@@ -93,7 +102,12 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
         case StepKind::Attr:
             return fetch_attr(s.cache, v, s.operand);
         case StepKind::Item: {
-            if (PyDict_CheckExact(v)) return dict_lookup(v, s.operand);
+            if (PyDict_CheckExact(v)) {
+                if (PyUnicode_CheckExact(s.operand)) {
+                    if (PyObject* hv = dict_get_hinted(v, s.operand, &s.cache.hint)) return ok_borrowed(hv);
+                }
+                return dict_lookup(v, s.operand);
+            }
             if ((PyList_CheckExact(v) || PyTuple_CheckExact(v)) && PyLong_CheckExact(s.operand)) {
                 Py_ssize_t i = PyLong_AsSsize_t(s.operand);
                 if (i == -1 && PyErr_Occurred()) {

@@ -39,6 +39,8 @@ struct AttrCache {
     PyTypeObject* type = nullptr;
     unsigned int version = 0;
     Mode mode = Mode::Unset;
+    /// Entry index where the name was last found (dict_hint.h); also used by Item steps.
+    Py_ssize_t hint = -1;
 };
 
 /// One step as the evaluator sees it: the core step plus its operand resolved to an object.

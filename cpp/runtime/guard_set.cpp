@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "../core/fail_order.hpp"
+#include "dict_hint.hpp"
 
 namespace tripwire::runtime {
 namespace {
@@ -75,6 +76,7 @@ GuardSet::GuardSet(GuardSetInputs in)
     if (in.hold_weakly.size() != n_consts) throw core::InvalidProgram("hold_weakly must match consts");
     core::validate(program_, n_consts);
     if (!init_dict_stamps()) throw_python_error();
+    verify_dict_hints();
 
     holders_.reserve(n_consts);
     objs_.reserve(n_consts);
@@ -138,6 +140,10 @@ GuardSet::GuardSet(GuardSetInputs in)
     for (std::size_t ni = 0; ni < program_.nodes.size(); ++ni) {
         const core::Node& n = program_.nodes[ni];
         NodeRt& r = nodes_[ni];
+        r.guard_begin = n.guard_begin;
+        r.guard_end = n.guard_end;
+        r.child_begin = n.child_begin;
+        r.child_end = n.child_end;
         r.borrow_ok = !n.subtree_runs_user_code;
         if (n.is_root) {
             r.root_name = objs_[n.root_name];
@@ -220,6 +226,9 @@ Fetched GuardSet::fetch_root(std::uint32_t ni, PyObject* f_locals) {
     switch (n.root) {
         case core::RootKind::Local: {
             if (PyDict_Check(f_locals)) {
+                if (PyObject* hv = dict_get_hinted(f_locals, r.root_name, &nodes_[ni].hint)) {
+                    return {hv, false, FetchStatus::Ok};
+                }
                 PyObject* v = PyDict_GetItemWithError(f_locals, r.root_name);
                 if (v) return {v, false, FetchStatus::Ok};
                 return {nullptr, false, PyErr_Occurred() ? FetchStatus::Error : FetchStatus::Missing};
@@ -234,6 +243,9 @@ Fetched GuardSet::fetch_root(std::uint32_t ni, PyObject* f_locals) {
         }
         case core::RootKind::Global: {
             if (!globals_) return {nullptr, false, FetchStatus::Missing};
+            if (PyObject* hv = dict_get_hinted(globals_.get(), r.root_name, &nodes_[ni].hint)) {
+                return {hv, false, FetchStatus::Ok};
+            }
             PyObject* v = PyDict_GetItemWithError(globals_.get(), r.root_name);
             if (v) return {v, false, FetchStatus::Ok};
             return {nullptr, false, PyErr_Occurred() ? FetchStatus::Error : FetchStatus::Missing};
@@ -248,28 +260,65 @@ Fetched GuardSet::fetch_root(std::uint32_t ni, PyObject* f_locals) {
 
 Fetched GuardSet::fetch_node(std::uint32_t ni, PyObject* parent) { return fetch_step(nodes_[ni].step, parent); }
 
-int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
-    const core::Node& n = program_.nodes[ni];
+// The guards of one node. The common identity and type kinds are decided inline; the rest go
+// through eval_guard.
+inline int GuardSet::eval_guards(std::uint32_t ni, PyObject* v) {
+    const NodeRt& n = nodes_[ni];
     for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
         const std::uint32_t gi = guard_order_[k];
-        int r = eval_guard(guards_[gi], v);
+        const RuntimeGuard& g = guards_[gi];
+        int r;
+        switch (g.kind) {
+            case core::GuardKind::TypeMatch: r = reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.a; break;
+            case core::GuardKind::IdMatch: r = v == g.a; break;
+            case core::GuardKind::None: r = v == Py_None; break;
+            case core::GuardKind::True: r = v == Py_True; break;
+            case core::GuardKind::False: r = v == Py_False; break;
+            case core::GuardKind::EqualsMatch:
+                // A constant held weakly (an enum member) may have been freed by user code run
+                // earlier in this walk; the set is invalid then, so fail without touching it.
+                r = state_->invalid ? 0 : equals_match(v, g.a);
+                break;
+            default: r = eval_guard(g, v); break;
+        }
         if (r == 1) continue;
         if (r < 0 && on_error(ni) < 0) return -1;
         if (active_ == 1) core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, k);
         return 0;
     }
+    return 1;
+}
+
+int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
+    int r = eval_guards(ni, v);
+    if (r != 1) return r;
+    const NodeRt& n = nodes_[ni];
     for (std::uint32_t k = n.child_begin; k < n.child_end; ++k) {
         const std::uint32_t ci = child_order_[k];
-        Fetched f = fetch_node(ci, v);
-        int r = 0;
+        NodeRt& c = nodes_[ci];
+        Fetched f;
+        // Fast path: a plain instance attribute read through the inline cache and entry hint.
+        AttrCache& ic = c.step.cache;
+        PyObject* hv = nullptr;
+        if (c.step.kind == core::StepKind::Attr && ic.mode == AttrCache::Mode::InstanceDict &&
+            ic.type == Py_TYPE(v) && ic.version == Py_TYPE(v)->tp_version_tag &&
+            (Py_TYPE(v)->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+            hv = instance_attr_hinted(v, c.step.operand, &ic.hint);
+        }
+        if (hv != nullptr) {
+            f = {hv, false, FetchStatus::Ok};
+        } else {
+            f = fetch_step(c.step, v);
+        }
+        r = 0;
         if (f.status == FetchStatus::Ok) {
             // A borrowed value stays valid only if nothing below can run user code that could
             // drop the parent's reference to it.
-            if (!f.owned && !nodes_[ci].borrow_ok) {
+            if (!f.owned && !c.borrow_ok) {
                 Py_INCREF(f.value);
                 f.owned = true;
             }
-            r = eval_node(ci, f.value);
+            r = c.child_begin == c.child_end ? eval_guards(ci, f.value) : eval_node(ci, f.value);
             if (f.owned) Py_DECREF(f.value);
         } else if (f.status == FetchStatus::Error) {
             r = on_error(ci);
@@ -325,6 +374,10 @@ void GuardSet::walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureR
     const core::Node& n = program_.nodes[ni];
     for (std::uint32_t k = n.guard_begin; k < n.guard_end && !fatal; ++k) {
         const std::uint32_t gi = program_.node_guards[k];  // installation order, not adaptive order
+        if (guards_[gi].kind == core::GuardKind::EqualsMatch && state_->invalid) {
+            out.push_back({guards_[gi].id, Ref(), state_->why});  // never dereference a dead constant
+            continue;
+        }
         const int r = eval_guard(guards_[gi], v);
         if (r == 1) continue;
         FailureRecord rec;
@@ -378,6 +431,9 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             if (!out.empty()) break;
         }
         if (out.empty()) out.push_back({program_.guards.empty() ? 0 : program_.guards[0].id, Ref(), state_->why});
+        // The set can never pass again, and walking it would compare against freed constants.
+        --active_;
+        return true;
     }
     for (std::uint32_t gi : program_.ambient) {
         if (fatal) break;

@@ -89,14 +89,20 @@ class GuardSet {
     int traverse(visitproc visit, void* arg) const;
 
   private:
+    /// The hot per-node data, kept apart from core::Node (which carries texts and build facts)
+    /// so that a check touches few cache lines.
     struct NodeRt {
+        std::uint32_t guard_begin = 0, guard_end = 0;  ///< copied from core::Node
+        std::uint32_t child_begin = 0, child_end = 0;
         RuntimeStep step;
         PyObject* root_name = nullptr;  ///< borrowed from the pool, for roots
         PyObject* cell = nullptr;        ///< borrowed closure cell for C[...] roots
         bool borrow_ok = false;          ///< the subtree runs no user code: borrowed values are safe
+        Py_ssize_t hint = -1;            ///< dict entry hint for root lookups (dict_hint.h)
     };
 
     int eval_node(std::uint32_t ni, PyObject* v);
+    int eval_guards(std::uint32_t ni, PyObject* v);
     Fetched fetch_root(std::uint32_t ni, PyObject* f_locals);
     Fetched fetch_node(std::uint32_t ni, PyObject* parent);
     int on_error(std::uint32_t ni);

@@ -1,0 +1,68 @@
+// tripwire/cpp/runtime/dict_hint.cpp -- start-up verification of the 3.11 dict layout mirror.
+#include "dict_hint.hpp"
+
+namespace tripwire::runtime {
+
+bool g_dict_hints_enabled = false;
+
+void verify_dict_hints() {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    static bool done = false;
+    if (done) return;
+    done = true;
+    // Build real dicts and objects with the three storage kinds and require the mirror to find
+    // exactly the values CPython's own lookup finds. Any surprise leaves hints disabled.
+    PyObject* main_mod = PyImport_AddModule("__main__");  // borrowed
+    PyObject* globals = main_mod ? PyModule_GetDict(main_mod) : nullptr;
+    if (globals == nullptr) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject* ns = PyDict_New();
+    if (ns == nullptr) {
+        PyErr_Clear();
+        return;
+    }
+    PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins());
+    const char* code =
+        "class _TwProbe:\n"
+        "    def __init__(self):\n"
+        "        self.alpha = 1; self.beta = 'b'; self.gamma = None\n"
+        "inline = _TwProbe()\n"
+        "materialised = _TwProbe(); materialised.__dict__\n"
+        "combined = dict(k0=0, k1=1, k2=2, k3=3, k4=4, k5=5, k6=6, k7=7, k8=8, k9=9)\n"
+        "general = {1: 'one', 'key': 'v', (2,): 3}\n"
+        "split = _TwProbe().__dict__\n";
+    PyObject* r = PyRun_String(code, Py_file_input, ns, ns);
+    bool ok = r != nullptr;
+    Py_XDECREF(r);
+    g_dict_hints_enabled = true;  // provisionally, for the probes below
+    auto probe = [&](const char* var, const char* key, bool attr) {
+        if (!ok) return;
+        PyObject* obj = PyDict_GetItemString(ns, var);
+        PyObject* k = PyUnicode_InternFromString(key);
+        if (obj == nullptr || k == nullptr) {
+            ok = false;
+            Py_XDECREF(k);
+            return;
+        }
+        PyObject* expected = attr ? PyObject_GetAttr(obj, k) : PyDict_GetItemWithError(obj, k);
+        if (attr) Py_XDECREF(expected);  // still owned by the object
+        Py_ssize_t hint = kHintUnknown;
+        PyObject* got = attr ? instance_attr_hinted(obj, k, &hint) : dict_get_hinted(obj, k, &hint);
+        PyObject* again = attr ? instance_attr_hinted(obj, k, &hint) : dict_get_hinted(obj, k, &hint);
+        ok = expected != nullptr && got == expected && again == expected && hint >= 0;
+        Py_DECREF(k);
+    };
+    probe("inline", "beta", true);
+    probe("materialised", "gamma", true);
+    probe("combined", "k7", false);
+    probe("general", "key", false);
+    probe("split", "alpha", false);
+    g_dict_hints_enabled = ok;
+    PyErr_Clear();
+    Py_DECREF(ns);
+#endif
+}
+
+}  // namespace tripwire::runtime

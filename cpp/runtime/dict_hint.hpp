@@ -1,0 +1,137 @@
+// tripwire/cpp/runtime/dict_hint.hpp -- dict lookups by cached entry index (CPython 3.11).
+//
+// CPython's specialising interpreter reads an attribute by remembering *where* in a dict's entry
+// table the name was last found (LOAD_ATTR_WITH_HINT, LOAD_ATTR_INSTANCE_VALUE). We do the same:
+// check that entry `hint` of the dict's current key table holds exactly our interned key and
+// read its value, with no hashing or probing. Any doubt returns null and the caller takes the
+// ordinary, always-correct path. Nothing here sets a Python error or runs user code.
+//
+// Soundness: 3.11 clears the key of a deleted entry, and a dict never holds two equal keys, so an
+// entry (below dk_nentries) whose key *is* our key is the dict's one entry for it.
+//
+// The key-table layout is private to CPython (Include/internal/pycore_dict.h, which does not
+// compile outside the interpreter). We mirror the few fields we read for 3.11 only and verify the
+// mirror against real dicts at start-up (verify_dict_hints); on any mismatch, or on another
+// version, hints are off and every lookup takes the ordinary path.
+#pragma once
+
+#include <cstdint>
+
+#include "py.hpp"
+
+namespace tripwire::runtime {
+
+/// Hint value: not learned yet.
+inline constexpr Py_ssize_t kHintUnknown = -1;
+/// Hint value: a pointer scan did not find the key; use the ordinary path from now on.
+inline constexpr Py_ssize_t kHintAbsent = -2;
+
+/// True once verify_dict_hints() confirmed the layout mirror on this interpreter.
+extern bool g_dict_hints_enabled;
+
+/// Check the layout mirror against real dicts and objects; enables hints when it matches.
+/// Call once with the GIL held.
+void verify_dict_hints();
+
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+namespace layout311 {
+struct Keys {  // struct _dictkeysobject
+    Py_ssize_t dk_refcnt;
+    std::uint8_t dk_log2_size;
+    std::uint8_t dk_log2_index_bytes;
+    std::uint8_t dk_kind;  // 0 general, 1 unicode, 2 split
+    std::uint32_t dk_version;
+    Py_ssize_t dk_usable;
+    Py_ssize_t dk_nentries;
+    char dk_indices[1];
+};
+struct Entry {  // PyDictKeyEntry
+    Py_hash_t me_hash;
+    PyObject* me_key;
+    PyObject* me_value;
+};
+struct UnicodeEntry {  // PyDictUnicodeEntry
+    PyObject* me_key;
+    PyObject* me_value;
+};
+struct Dict {  // PyDictObject
+    PyObject_HEAD
+    Py_ssize_t ma_used;
+    std::uint64_t ma_version_tag;
+    Keys* ma_keys;
+    PyObject** ma_values;  // PyDictValues*: values[] starts at the pointer
+};
+
+inline char* entries(Keys* dk) { return dk->dk_indices + (static_cast<std::size_t>(1) << dk->dk_log2_index_bytes); }
+inline PyObject* entry_key(Keys* dk, Py_ssize_t ix) {
+    return dk->dk_kind != 0 ? reinterpret_cast<UnicodeEntry*>(entries(dk))[ix].me_key
+                            : reinterpret_cast<Entry*>(entries(dk))[ix].me_key;
+}
+inline PyObject* entry_value(Keys* dk, Py_ssize_t ix) {
+    return dk->dk_kind != 0 ? reinterpret_cast<UnicodeEntry*>(entries(dk))[ix].me_value
+                            : reinterpret_cast<Entry*>(entries(dk))[ix].me_value;
+}
+/// Largest table scanned to learn a hint.
+inline constexpr Py_ssize_t kScanLimit = 256;
+
+inline PyObject* lookup(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hint) {
+    Py_ssize_t ix = *hint;
+    if (ix >= 0 && ix < dk->dk_nentries && entry_key(dk, ix) == key) {
+        return values != nullptr ? values[ix] : entry_value(dk, ix);
+    }
+    if (ix == kHintAbsent) return nullptr;
+    const Py_ssize_t n = dk->dk_nentries;
+    ix = kHintAbsent;
+    if (n <= kScanLimit) {
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            if (entry_key(dk, i) == key) {
+                ix = i;
+                break;
+            }
+        }
+    }
+    *hint = ix;
+    if (ix < 0) return nullptr;
+    return values != nullptr ? values[ix] : entry_value(dk, ix);
+}
+}  // namespace layout311
+
+/// Borrowed value of interned str `key` in dict `d` (any dict, incl. subclasses) through
+/// `*hint`, or null when the hint path does not apply.
+inline PyObject* dict_get_hinted(PyObject* d, PyObject* key, Py_ssize_t* hint) {
+    if (!g_dict_hints_enabled) return nullptr;
+    auto* mp = reinterpret_cast<layout311::Dict*>(d);
+    return layout311::lookup(mp->ma_keys, mp->ma_values, key, hint);
+}
+
+/// Borrowed value of attribute `name` from `obj`'s own storage (inline values or instance dict,
+/// without materialising the dict), or null when not found that way. Valid only when the type
+/// has no data descriptor for `name`, which the caller's inline cache guarantees.
+inline PyObject* instance_attr_hinted(PyObject* obj, PyObject* name, Py_ssize_t* hint) {
+    if (!g_dict_hints_enabled) return nullptr;
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+        // 3.11 managed-dict slots sit before the object header: values at -4 words, dict at -3.
+        PyObject** values = reinterpret_cast<PyObject***>(obj)[-4];
+        if (values != nullptr) {
+            auto* keys = reinterpret_cast<layout311::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);
+            return keys != nullptr ? layout311::lookup(keys, values, name, hint) : nullptr;
+        }
+        PyObject* dict = reinterpret_cast<PyObject**>(obj)[-3];
+        return dict != nullptr ? dict_get_hinted(dict, name, hint) : nullptr;
+    }
+    if (tp->tp_dictoffset <= 0) return nullptr;  // variable-sized objects: ordinary path
+    PyObject* dict = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + tp->tp_dictoffset);
+    if (dict == nullptr || !PyDict_Check(dict)) return nullptr;
+    return dict_get_hinted(dict, name, hint);
+}
+/// Whether instance_attr_hinted reads the object's whole own storage (so "not found" there
+/// means "not an instance attribute").
+inline bool instance_hints_complete() { return g_dict_hints_enabled; }
+#else
+inline PyObject* dict_get_hinted(PyObject*, PyObject*, Py_ssize_t*) { return nullptr; }
+inline PyObject* instance_attr_hinted(PyObject*, PyObject*, Py_ssize_t*) { return nullptr; }
+inline bool instance_hints_complete() { return false; }
+#endif
+
+}  // namespace tripwire::runtime
