@@ -17,7 +17,7 @@ from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError, SourceParseError, TripwireError
 from .failure import Failure
 from .guard_set import GuardSet
-from .infer import Policy, guards_for
+from .infer import Policy, guards_for, infer_into
 from .source import RootKind, Source, Step, StepKind
 
 __version__ = "0.1.0"
@@ -39,4 +39,5 @@ __all__ = [
     "StepKind",
     "TripwireError",
     "guards_for",
+    "infer_into",
 ]
