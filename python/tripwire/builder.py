@@ -25,13 +25,19 @@ _UNSET: Any = object()
 _STACK_DEPTH = 8
 
 
+# Modules whose frames are tripwire's own machinery, never the place a guard "was installed".
+_INTERNAL_FILES = frozenset(
+    os.path.join(_PKG_DIR, f) for f in ("builder.py", "infer.py", "guard_set.py", "catalogue.py", "reference.py")
+)
+
+
 def _user_stack() -> tuple[str, ...]:
-    """The caller's stack outside tripwire, innermost last, as 'file:line in func' strings."""
+    """The caller's stack outside tripwire's machinery, innermost last, as 'file:line in func'."""
     out = []
     f = sys._getframe(1)
     while f is not None and len(out) < _STACK_DEPTH:
         fn = f.f_code.co_filename
-        if not os.path.abspath(fn).startswith(_PKG_DIR):
+        if os.path.abspath(fn) not in _INTERNAL_FILES and not fn.startswith("<frozen "):
             out.append(f"{fn}:{f.f_lineno} in {f.f_code.co_name}")
         f = f.f_back
     return tuple(reversed(out))

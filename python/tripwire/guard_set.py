@@ -7,6 +7,7 @@ run only when asked, never on the hot path.
 from __future__ import annotations
 
 import copy
+import os
 import enum
 import sys
 from typing import Any, Iterator, Mapping
@@ -183,9 +184,16 @@ class GuardSet(_core.GuardSetCore):
 
     @staticmethod
     def _guard_line(spec: GuardSpec, fails: int | None) -> str:
-        where = spec.stack[-1] if spec.stack else "unknown"
+        where = _short_site(spec.stack[-1]) if spec.stack else "unknown"
         extra = f", failed {fails}x" if fails else ""
         return f"{spec.kind.name}: {spec.describe()}   # #{spec.index}, installed at {where}{extra}"
+
+
+def _short_site(site: str) -> str:
+    """'dir/file.py:12 in f' for an install site, shortening the path for one-line display."""
+    path, sep, rest = site.partition(":")
+    parts = path.replace(os.sep, "/").split("/")
+    return "/".join(parts[-2:]) + sep + rest
 
 
 def build_guard_set(
