@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import ast
 import enum
+import keyword
+import math
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -70,11 +72,18 @@ _INDEX_STEPS = (StepKind.DEFAULTS, StepKind.CLOSURE_CELL, StepKind.DICT_KEY, Ste
 _NO_ARG_STEPS = (StepKind.TYPE, StepKind.DICT, StepKind.CODE, StepKind.WEAKREF_CALL)
 # Key types accepted in ITEM / DICT_ITEM / KWDEFAULTS steps: literals that round-trip through repr.
 _KEY_TYPES = (str, int, bytes, float, bool, type(None))
+# Attribute names that print as another step kind (or not as Python at all) as ``X.name``; an ATTR
+# step with one of these names prints as ``getattr(X, 'name')`` so that parse(str(s)) == s.
+_RESERVED_ATTRS = frozenset({"__dict__", "__code__", "__defaults__", "__kwdefaults__", "__closure__"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Step:
-    """One step of a source path: ``kind`` and its argument (a name, key or position)."""
+    """One step of a source path: ``kind`` and its argument (a name, key or position).
+
+    Two steps are equal when kind, the argument's exact type and the argument are equal: ``X[1]``,
+    ``X[True]`` and ``X[1.0]`` are different sources (a custom ``__getitem__`` may tell them apart).
+    """
 
     kind: StepKind
     arg: Any = None
@@ -100,12 +109,23 @@ class Step:
                     f"{kind.name} key must be one of str, int, bytes, float, bool, None; "
                     f"got {type(self.arg).__name__}"
                 )
+            if type(self.arg) is float and not math.isfinite(self.arg):
+                raise ValueError(f"{kind.name} key must be a finite float (its repr must parse back)")
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Step:
+            return NotImplemented
+        return self.kind is other.kind and type(self.arg) is type(other.arg) and self.arg == other.arg
+
+    def __hash__(self) -> int:
+        return hash((self.kind, type(self.arg), self.arg))
 
     def render(self, base: str) -> str:
         """Print this step applied to the printed base source ``base``."""
         k, a = self.kind, self.arg
         if k is StepKind.ATTR:
-            return f"{base}.{a}" if a.isidentifier() else f"getattr({base}, {a!r})"
+            plain = a.isidentifier() and not keyword.iskeyword(a) and a not in _RESERVED_ATTRS
+            return f"{base}.{a}" if plain else f"getattr({base}, {a!r})"
         if k is StepKind.ITEM:
             return f"{base}[{a!r}]"
         if k is StepKind.DICT_ITEM:
@@ -208,7 +228,12 @@ class Source:
             tree = ast.parse(text.strip(), mode="eval").body
         except SyntaxError as e:
             raise SourceParseError(f"cannot parse source {text!r}: {e.msg}") from None
-        return _Parser(text).node(tree)
+        try:
+            return _Parser(text).node(tree)
+        except SourceParseError:
+            raise
+        except (ValueError, RecursionError) as e:  # a Step/Source rejected a parsed argument
+            raise SourceParseError(f"cannot parse source {text!r}: {e}") from None
 
 
 SourceLike = Union[Source, str]

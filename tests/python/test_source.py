@@ -1,0 +1,250 @@
+"""Sources: Dynamo-style printing, parsing, and the round trip ``Source.parse(str(s)) == s``."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tripwire as tw
+from tripwire.source import RootKind, Source, SourceParseError, Step, StepKind
+
+from strategies import sources, steps
+
+L = Source.local
+
+
+# -- every step kind and root, printed exactly as Dynamo prints it --------------------------------
+PRINTED = [
+    (L("x"), "L['x']"),
+    (Source.global_("torch"), "G['torch']"),
+    (Source.closure("cfg"), "C['cfg']"),
+    (L("self").attr("layers").item(0).attr("weight"), "L['self'].layers[0].weight"),
+    (Source.global_("torch").attr("nn"), "G['torch'].nn"),
+    (L("f").step(StepKind.CLOSURE_CELL, 0), "L['f'].__closure__[0].cell_contents"),
+    (L("d").step(StepKind.DICT_KEY, 1), "list(dict.keys(L['d']))[1]"),
+    (L("d").step(StepKind.DICT_VALUE, 1), "L['d'][list(dict.keys(L['d']))[1]]"),
+    (L("d").dict_item("k"), "dict.__getitem__(L['d'], 'k')"),
+    (L("x").type(), "type(L['x'])"),
+    (L("fn").step(StepKind.DEFAULTS, 0), "L['fn'].__defaults__[0]"),
+    (L("fn").step(StepKind.KWDEFAULTS, "k"), "L['fn'].__kwdefaults__['k']"),
+    (L("r").step(StepKind.WEAKREF_CALL), "L['r']()"),
+    (L("o").step(StepKind.DICT), "L['o'].__dict__"),
+    (L("fn").step(StepKind.CODE), "L['fn'].__code__"),
+    (L("xs").item(-1), "L['xs'][-1]"),
+    (L("d").item(b"k"), "L['d'][b'k']"),
+    (L("d").item(None), "L['d'][None]"),
+    (L("d").item(True), "L['d'][True]"),
+    (L("d").item(1.5), "L['d'][1.5]"),
+    (L("d").item(-0.0), "L['d'][-0.0]"),
+    (L("d").item("it's"), 'L[\'d\']["it\'s"]'),
+    (L("o").attr("not an identifier"), "getattr(L['o'], 'not an identifier')"),
+    (L("o").attr("class"), "getattr(L['o'], 'class')"),  # a keyword
+    (L("o").attr("__dict__"), "getattr(L['o'], '__dict__')"),  # not the DICT step
+    (L("o").attr("__code__"), "getattr(L['o'], '__code__')"),  # not the CODE step
+    (L("o").attr("__closure__").item(0).attr("cell_contents"), "getattr(L['o'], '__closure__')[0].cell_contents"),
+    (L("o").attr("__defaults__").item(0), "getattr(L['o'], '__defaults__')[0]"),
+    (L("o").attr("__kwdefaults__").item("k"), "getattr(L['o'], '__kwdefaults__')['k']"),
+    (L("o").attr("__len__"), "L['o'].__len__"),
+    (L("weird name"), "L['weird name']"),
+    (L(""), "L['']"),
+    (
+        L("self").attr("m").step(StepKind.DICT).dict_item("_buffers").step(StepKind.DICT_VALUE, 2).type(),
+        "type(dict.__getitem__(L['self'].m.__dict__, '_buffers')[list(dict.keys(dict.__getitem__(L['self'].m.__dict__, '_buffers')))[2]])",
+    ),
+    (
+        L("f").step(StepKind.CODE).attr("co_consts").item(0),
+        "L['f'].__code__.co_consts[0]",
+    ),
+    (
+        L("mods").item(0).step(StepKind.WEAKREF_CALL).attr("training"),
+        "L['mods'][0]().training",
+    ),
+]
+
+
+@pytest.mark.parametrize("source,text", PRINTED, ids=[t for _, t in PRINTED])
+def test_printed_form_and_round_trip(source: Source, text: str) -> None:
+    assert str(source) == text
+    assert Source.parse(text) == source
+    assert Source.parse(str(source)) == source
+    assert hash(Source.parse(text)) == hash(source)
+    assert repr(source) == f"Source({text!r})"
+
+
+def test_every_step_kind_and_root_is_covered() -> None:
+    kinds = {s.kind for src, _ in PRINTED for s in src.steps}
+    assert kinds == set(StepKind)
+    assert {src.root for src, _ in PRINTED} == set(RootKind)
+
+
+@pytest.mark.parametrize(
+    "alternative,canonical",
+    [
+        ("getattr(L['x'], 'a')", "L['x'].a"),
+        ("L[ 'x' ] . a [ 0 ]", "L['x'].a[0]"),
+        ('L["x"]', "L['x']"),
+        ("  L['x']  ", "L['x']"),
+        ("L['x'][0x10]", "L['x'][16]"),
+    ],
+)
+def test_alternative_spellings_parse_to_the_canonical_source(alternative: str, canonical: str) -> None:
+    assert str(Source.parse(alternative)) == canonical
+
+
+def test_parse_accepts_a_source_and_rejects_other_types() -> None:
+    s = L("x").attr("a")
+    assert Source.parse(s) is s
+    with pytest.raises(TypeError):
+        Source.parse(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "x",
+        "L",
+        "L[0]",  # root names are str
+        "Q['x']",
+        "L['x'",
+        "L['x'];",
+        "L['x'] + 1",
+        "L['x'][1:2]",
+        "L['x']['a', 'b']",
+        "L['x'][[1]]",
+        "L['x'][y]",
+        "L['x'][nan]",
+        "L['x'][1e999]",  # inf does not print back as a literal
+        "L['x'][-1e999]",
+        "L['x'].__defaults__",
+        "L['x'].__kwdefaults__",
+        "L['x'].__closure__",
+        "L['x'].__closure__[0]",
+        "L['x'].__defaults__['a']",
+        "L['x'].__defaults__[-1]",
+        "L['x'].__defaults__[True]",
+        "L['x'].__kwdefaults__[0]",
+        "L['x'].__closure__[-1].cell_contents",
+        "list(dict.keys(L['x']))[-1]",
+        "list(dict.keys(L['x']))['a']",
+        "L['d'][list(dict.keys(L['e']))[1]]",
+        "dict.__getitem__(L['d'])",
+        "dict.__getitem__(L['d'], 'k', 'j')",
+        "dict.__getitem__(L['d'], x)",
+        "type(L['x'], L['y'])",
+        "type(L['x'], x=1)",
+        "getattr(L['x'], 1)",
+        "getattr(L['x'], '')",
+        "getattr(L['x'])",
+        "f(L['x'])",
+        "L['x'](1)",
+        "L['x'](k=1)",
+        "(lambda: L['x'])()",
+        "L['x'] if L['y'] else L['z']",
+        "[L['x']]",
+        "L['x'].a.__closure__[0].cell_contents.b()()[1j]",
+        "import os",
+        "L['x'] = 1",
+    ],
+)
+def test_malformed_strings_raise_source_parse_error(text: str) -> None:
+    with pytest.raises(SourceParseError):
+        Source.parse(text)
+    assert issubclass(SourceParseError, ValueError)
+    assert tw.SourceParseError is SourceParseError
+
+
+def test_builder_rejects_a_malformed_source() -> None:
+    b = tw.GuardBuilder({"x": 1})
+    with pytest.raises(SourceParseError):
+        b.type_match("L['x'")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: Step(StepKind.ATTR, ""),
+        lambda: Step(StepKind.ATTR, 1),
+        lambda: Step(StepKind.ITEM, [1]),
+        lambda: Step(StepKind.ITEM, (1, 2)),
+        lambda: Step(StepKind.ITEM, float("nan")),
+        lambda: Step(StepKind.ITEM, float("inf")),
+        lambda: Step(StepKind.DICT_ITEM, object()),
+        lambda: Step(StepKind.DEFAULTS, -1),
+        lambda: Step(StepKind.DEFAULTS, True),
+        lambda: Step(StepKind.DEFAULTS, "0"),
+        lambda: Step(StepKind.KWDEFAULTS, 0),
+        lambda: Step(StepKind.TYPE, "x"),
+        lambda: Step(StepKind.DICT_KEY, None),
+        lambda: Source(RootKind.LOCAL, 0),
+        lambda: Source(7, "x"),
+    ],
+)
+def test_invalid_steps_are_rejected_at_construction(bad) -> None:
+    with pytest.raises(ValueError):
+        bad()
+
+
+def test_keys_of_different_types_are_different_steps() -> None:
+    # d[1], d[True] and d[1.0] may differ for a custom __getitem__; they print differently too.
+    one, true, fone = L("d").item(1), L("d").item(True), L("d").item(1.0)
+    assert len({one, true, fone}) == 3
+    assert one != true and one != fone and true != fone
+    assert Source.parse("L['d'][True]") == true
+    assert Source.parse("L['d'][1]") != true
+    assert L("d").item(-0.0) == L("d").item(-0.0)
+
+
+def test_parent_and_prefixes() -> None:
+    s = Source.parse("L['a'].b[0]")
+    assert s.parent == Source.parse("L['a'].b")
+    assert L("a").parent is None
+    assert [str(p) for p in s.prefixes()] == ["L['a']", "L['a'].b", "L['a'].b[0]"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(sources())
+def test_round_trip_generated_sources(s: Source) -> None:
+    text = str(s)
+    parsed = Source.parse(text)
+    assert parsed == s
+    assert hash(parsed) == hash(s)
+    assert str(parsed) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(sources(max_steps=3), sources(max_steps=3))
+def test_distinct_sources_print_differently(a: Source, b: Source) -> None:
+    if a != b:
+        assert str(a) != str(b)
+    else:
+        assert str(a) == str(b) or a.steps  # equal sources: only -0.0/0.0 keys print apart
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=30))
+def test_parse_of_arbitrary_text_returns_a_source_or_raises_source_parse_error(text: str) -> None:
+    try:
+        s = Source.parse(text)
+    except SourceParseError:
+        return
+    assert Source.parse(str(s)) == s
+
+
+@settings(max_examples=200, deadline=None)
+@given(sources(max_steps=4), st.integers(min_value=0, max_value=200))
+def test_truncated_printed_sources_never_raise_anything_else(s: Source, cut: int) -> None:
+    text = str(s)[:cut]
+    try:
+        parsed = Source.parse(text)
+    except SourceParseError:
+        return
+    assert Source.parse(str(parsed)) == parsed
+
+
+@given(steps())
+@settings(max_examples=100, deadline=None)
+def test_steps_render_on_any_base(step: Step) -> None:
+    s = Source(RootKind.GLOBAL, "g", (step,))
+    assert Source.parse(str(s)).steps == (step,)
