@@ -69,7 +69,8 @@ TEST(FailOrder, NeverLeavesItsRange) {
     // Failures in the second range never cross into the first, even when they fail far more.
     std::vector<std::uint32_t> order = iota(6), fails(6, 0);
     for (int i = 0; i < 100; ++i) {
-        const std::uint32_t pos = static_cast<std::uint32_t>(std::find(order.begin(), order.end(), 5u) - order.begin());
+        const std::uint32_t pos =
+            static_cast<std::uint32_t>(std::find(order.begin(), order.end(), 5u) - order.begin());
         const std::uint32_t now = record_failure(order.data(), fails.data(), 3, pos);
         EXPECT_GE(now, 3u);
     }
@@ -83,7 +84,8 @@ TEST(FailOrder, UsuallyFailingEntryReachesTheFront) {
     std::uniform_int_distribution<std::uint32_t> other(0, 6);
     for (int i = 0; i < 2000; ++i) {
         const std::uint32_t id = hot(rng) ? 7u : other(rng);
-        const auto pos = static_cast<std::uint32_t>(std::find(order.begin(), order.end(), id) - order.begin());
+        const auto pos =
+            static_cast<std::uint32_t>(std::find(order.begin(), order.end(), id) - order.begin());
         record_failure(order.data(), fails.data(), 0, pos);
     }
     EXPECT_EQ(order[0], 7u);

@@ -193,8 +193,8 @@ TEST(IrPurity, GuardKinds) {
 }
 
 TEST(IrPurity, StepKinds) {
-    for (StepKind k : {StepKind::Type, StepKind::Dict, StepKind::WeakrefCall, StepKind::DictKey,
-                       StepKind::DictValue}) {
+    for (StepKind k :
+         {StepKind::Type, StepKind::Dict, StepKind::WeakrefCall, StepKind::DictKey, StepKind::DictValue}) {
         EXPECT_FALSE(step_runs_user_code(k)) << step_kind_name(k);
     }
     for (StepKind k : {StepKind::Attr, StepKind::Item, StepKind::DictItem, StepKind::Defaults,

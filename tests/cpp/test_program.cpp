@@ -126,7 +126,8 @@ TEST(Compile, OneNodePerDistinctSource) {
 }
 
 TEST(Compile, GuardsAreSortedById) {
-    std::vector<GuardDecl> ds = {on(7, local(A)), on(2, local(B)), on(5, local(A)), ambient(3), on(0, local(C))};
+    std::vector<GuardDecl> ds = {on(7, local(A)), on(2, local(B)), on(5, local(A)), ambient(3),
+                                 on(0, local(C))};
     const Program p = compile(ds, kConsts);
     ASSERT_EQ(p.guards.size(), 5u);
     for (std::size_t i = 1; i < p.guards.size(); ++i) EXPECT_LT(p.guards[i - 1].id, p.guards[i].id);
@@ -141,8 +142,9 @@ TEST(Compile, GuardsAreSortedById) {
 
 TEST(Compile, ChildrenAndGuardsInInstallationOrder) {
     std::vector<GuardDecl> ds = {
-        on(0, local(A, {attr(D)})), on(1, local(A)), on(2, local(A, {attr(B)})),
-        on(3, local(A), GuardKind::NotNone), on(4, local(A, {attr(C)})), on(5, local(A, {attr(B)}), GuardKind::Length),
+        on(0, local(A, {attr(D)})),         on(1, local(A)),
+        on(2, local(A, {attr(B)})),         on(3, local(A), GuardKind::NotNone),
+        on(4, local(A, {attr(C)})),         on(5, local(A, {attr(B)}), GuardKind::Length),
         on(6, local(A), GuardKind::Length),
     };
     const Program p = compile(ds, kConsts);
@@ -187,8 +189,12 @@ TEST(Compile, DeepSourceWithinLimit) {
 
 TEST(Compile, MinGuardIdOfSubtrees) {
     std::vector<GuardDecl> ds = {
-        on(4, local(A)), on(9, local(A, {attr(B)})), on(2, local(A, {attr(B), item(C)})),
-        on(7, local(A, {attr(C)})), on(1, local(B, {attr(C)})), on(8, local(B)),
+        on(4, local(A)),
+        on(9, local(A, {attr(B)})),
+        on(2, local(A, {attr(B), item(C)})),
+        on(7, local(A, {attr(C)})),
+        on(1, local(B, {attr(C)})),
+        on(8, local(B)),
     };
     const Program p = compile(ds, kConsts);
     EXPECT_EQ(find(p, "L['c0']").min_guard_id, 2u);
@@ -249,9 +255,9 @@ TEST(Compile, LambdaMayHaveASource) {
 
 TEST(CompileRejects, ConstantOutOfRange) {
     EXPECT_THROW(compile({on(0, local(A), GuardKind::TypeMatch, kConsts)}, kConsts), InvalidProgram);
-    EXPECT_THROW(compile({on(0, local(kConsts))}, kConsts), InvalidProgram);                  // root name
-    EXPECT_THROW(compile({on(0, local(A, {attr(kConsts)}))}, kConsts), InvalidProgram);       // step
-    EXPECT_THROW(compile({on(0, local(A, {attr(B)}))}, /*n_consts=*/1), InvalidProgram);      // B >= 1
+    EXPECT_THROW(compile({on(0, local(kConsts))}, kConsts), InvalidProgram);              // root name
+    EXPECT_THROW(compile({on(0, local(A, {attr(kConsts)}))}, kConsts), InvalidProgram);   // step
+    EXPECT_THROW(compile({on(0, local(A, {attr(B)}))}, /*n_consts=*/1), InvalidProgram);  // B >= 1
     EXPECT_NO_THROW(compile({on(0, local(A, {attr(B)}), GuardKind::TypeMatch, 1)}, 2));
     GuardDecl keys = on(0, local(A), GuardKind::DictKeys, kConsts);
     EXPECT_THROW(compile({keys}, kConsts), InvalidProgram);
@@ -262,8 +268,9 @@ TEST(CompileRejects, ConstantOutOfRange) {
 }
 
 TEST(CompileRejects, MissingOperands) {
-    for (GuardKind k : {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::EqualsMatch, GuardKind::DictContains,
-                        GuardKind::HasAttr, GuardKind::CodeMatch, GuardKind::RangeIterator, GuardKind::Lambda}) {
+    for (GuardKind k :
+         {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::EqualsMatch, GuardKind::DictContains,
+          GuardKind::HasAttr, GuardKind::CodeMatch, GuardKind::RangeIterator, GuardKind::Lambda}) {
         GuardDecl d = on(0, local(A), k);
         d.operand = kNoConst;
         EXPECT_THROW(compile({d}, kConsts), InvalidProgram) << guard_kind_name(k);
@@ -291,7 +298,8 @@ TEST(CompileRejects, StepOperandsAndIndices) {
     EXPECT_THROW(compile({on(0, local(A, {defaults(-1)}))}, kConsts), InvalidProgram);
     for (StepKind k : {StepKind::Defaults, StepKind::ClosureCell, StepKind::DictKey, StepKind::DictValue}) {
         EXPECT_NO_THROW(compile({on(0, local(A, {Step{k, kNoConst, 3}}))}, kConsts)) << step_kind_name(k);
-        EXPECT_THROW(compile({on(0, local(A, {Step{k, B, 3}}))}, kConsts), InvalidProgram) << step_kind_name(k);
+        EXPECT_THROW(compile({on(0, local(A, {Step{k, B, 3}}))}, kConsts), InvalidProgram)
+            << step_kind_name(k);
     }
 }
 
@@ -300,7 +308,7 @@ TEST(CompileRejects, WrongTextsLength) {
     d.source.texts.pop_back();
     EXPECT_THROW(compile({d}, kConsts), InvalidProgram);
     d = on(0, local(A, {attr(B)}));
-    d.source.texts.push_back("extra");
+    d.source.texts.emplace_back("extra");
     EXPECT_THROW(compile({d}, kConsts), InvalidProgram);
     d = on(0, local(A));
     d.source.texts.clear();
@@ -423,9 +431,8 @@ TEST(Validate, RejectsBadRanges) {
         n.guard_begin = n.guard_end + 1;
     });
     expect_rejected("child_end past children", [](Program& p) { p.nodes[0].child_end = 1000; });
-    expect_rejected("child_begin > child_end", [](Program& p) {
-        p.nodes[0].child_begin = p.nodes[0].child_end + 1;
-    });
+    expect_rejected("child_begin > child_end",
+                    [](Program& p) { p.nodes[0].child_begin = p.nodes[0].child_end + 1; });
     expect_rejected("overlapping guard ranges", [](Program& p) {
         Node& n = p.nodes[index_of(p, "L['c0'].c1")];
         n.guard_end += 1;
@@ -445,7 +452,7 @@ TEST(Validate, RejectsBadIndices) {
     expect_rejected("ambient guard with a source", [](Program& p) { p.ambient[0] = p.node_guards[0]; });
     expect_rejected("node guard without a source", [](Program& p) { p.node_guards[0] = p.ambient[0]; });
     expect_rejected("guard listed twice", [](Program& p) { p.node_guards[1] = p.node_guards[0]; });
-    expect_rejected("root listed twice", [](Program& p) { p.roots.push_back(p.roots[0]); });
+    expect_rejected("root listed twice", [](Program& p) { p.roots.emplace_back(p.roots[0]); });
     expect_rejected("non-root in roots", [](Program& p) { p.roots[0] = p.children[0]; });
     expect_rejected("root missing from roots", [](Program& p) { p.roots.pop_back(); });
 }
@@ -486,8 +493,10 @@ TEST(Validate, RejectsCycles) {
 }
 
 TEST(Validate, RejectsBadStepsAndConstants) {
-    expect_rejected("step without operand", [](Program& p) { p.nodes[p.children[0]].step.operand = kNoConst; });
-    expect_rejected("step operand out of range", [](Program& p) { p.nodes[p.children[0]].step.operand = 99; });
+    expect_rejected("step without operand",
+                    [](Program& p) { p.nodes[p.children[0]].step.operand = kNoConst; });
+    expect_rejected("step operand out of range",
+                    [](Program& p) { p.nodes[p.children[0]].step.operand = 99; });
     expect_rejected("unknown step kind", [](Program& p) {
         p.nodes[p.children[0]].step.kind = static_cast<StepKind>(kStepKindCount);
     });
@@ -504,9 +513,8 @@ TEST(Validate, RejectsDuplicateOrUnsortedIds) {
 
 TEST(Validate, RejectsStaleDerivedFacts) {
     expect_rejected("min_guard_id too large", [](Program& p) { p.nodes[p.roots[0]].min_guard_id = 5; });
-    expect_rejected("min_guard_id too small", [](Program& p) {
-        p.nodes[index_of(p, "L['c0'].c2")].min_guard_id = 0;
-    });
+    expect_rejected("min_guard_id too small",
+                    [](Program& p) { p.nodes[index_of(p, "L['c0'].c2")].min_guard_id = 0; });
     expect_rejected("subtree claimed pure", [](Program& p) {
         p.nodes[index_of(p, "L['c0'].c2")].subtree_runs_user_code = false;  // has a LENGTH guard
     });

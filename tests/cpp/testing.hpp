@@ -39,7 +39,9 @@ inline SourcePath source(RootKind root, ConstId name, std::vector<Step> steps = 
             case StepKind::Item:
             case StepKind::DictItem: text += "['c" + std::to_string(st.operand) + "']"; break;
             case StepKind::Type: text = "type(" + text + ")"; break;
-            default: text += "." + std::string(core::step_kind_name(st.kind)) + std::to_string(st.index); break;
+            default:
+                text += "." + std::string(core::step_kind_name(st.kind)) + std::to_string(st.index);
+                break;
         }
         s.texts.push_back(text);
     }
@@ -52,7 +54,8 @@ inline SourcePath local(ConstId name, std::vector<Step> steps = {}) {
 }
 
 /// A guard with one operand on a source (TYPE_MATCH by default).
-inline GuardDecl on(std::uint32_t id, SourcePath src, GuardKind kind = GuardKind::TypeMatch, ConstId operand = 0) {
+inline GuardDecl on(std::uint32_t id, SourcePath src, GuardKind kind = GuardKind::TypeMatch,
+                    ConstId operand = 0) {
     GuardDecl d;
     d.kind = kind;
     d.id = id;

@@ -26,16 +26,15 @@
 #include "core/ir.hpp"
 #include "core/program.hpp"
 
+namespace tripwire::core {
 namespace {
-
-using namespace tripwire::core;
 
 [[noreturn]] void bug(const char* what, const std::string& detail = "") {
     std::fprintf(stderr, "fuzz_program: %s %s\n", what, detail.c_str());
     std::abort();
 }
-#define CHECK(cond)                                                    \
-    do {                                                               \
+#define CHECK(cond)                                                                      \
+    do {                                                                                 \
         if (!(cond)) bug("check failed:", #cond " at line " + std::to_string(__LINE__)); \
     } while (0)
 
@@ -107,7 +106,7 @@ struct Decoder {
         }
         const std::uint8_t t = in.byte();
         if (t == 0xFF) src.texts.pop_back();
-        if (t == 0xFE) src.texts.push_back("extra");
+        if (t == 0xFE) src.texts.emplace_back("extra");
         return src;
     }
 
@@ -229,8 +228,9 @@ void check_structure(const Program& p) {
 }
 
 bool same_program(const Program& a, const Program& b) {
-    if (a.guards.size() != b.guards.size() || a.nodes.size() != b.nodes.size() || a.node_guards != b.node_guards ||
-        a.children != b.children || a.roots != b.roots || a.ambient != b.ambient || a.max_depth != b.max_depth) {
+    if (a.guards.size() != b.guards.size() || a.nodes.size() != b.nodes.size() ||
+        a.node_guards != b.node_guards || a.children != b.children || a.roots != b.roots ||
+        a.ambient != b.ambient || a.max_depth != b.max_depth) {
         return false;
     }
     for (std::size_t i = 0; i < a.guards.size(); ++i) {
@@ -257,7 +257,9 @@ void check_compiled(const Program& p, const std::vector<GuardDecl>& decls, std::
     std::set<PathKey> prefixes;
     for (const GuardDecl& d : decls) {
         if (!d.has_source) continue;
-        for (std::size_t len = 0; len <= d.source.steps.size(); ++len) prefixes.insert(path_key(d.source, len));
+        for (std::size_t len = 0; len <= d.source.steps.size(); ++len) {
+            prefixes.insert(path_key(d.source, len));
+        }
     }
     CHECK(prefixes.size() == p.nodes.size());
     // Declaration order does not matter (ids do).
@@ -269,36 +271,57 @@ void check_compiled(const Program& p, const std::vector<GuardDecl>& decls, std::
 void corrupt(Program& p, Reader& in) {
     const std::uint8_t what = in.byte();
     const std::uint32_t v = (in.byte() & 1) ? in.u32() : in.byte();
-    auto pick = [&](std::size_t n) { return n == 0 ? 0 : in.byte() % n; };
-    switch (what % 16) {
-        case 0: if (!p.nodes.empty()) p.nodes[pick(p.nodes.size())].parent = v; break;
-        case 1: if (!p.nodes.empty()) p.nodes[pick(p.nodes.size())].guard_begin = v; break;
-        case 2: if (!p.nodes.empty()) p.nodes[pick(p.nodes.size())].guard_end = v; break;
-        case 3: if (!p.nodes.empty()) p.nodes[pick(p.nodes.size())].child_begin = v; break;
-        case 4: if (!p.nodes.empty()) p.nodes[pick(p.nodes.size())].child_end = v; break;
-        case 5: if (!p.nodes.empty()) p.nodes[pick(p.nodes.size())].depth = v; break;
-        case 6: if (!p.nodes.empty()) p.nodes[pick(p.nodes.size())].is_root ^= true; break;
-        case 7: if (!p.nodes.empty()) p.nodes[pick(p.nodes.size())].min_guard_id = v; break;
-        case 8: if (!p.nodes.empty()) p.nodes[pick(p.nodes.size())].subtree_runs_user_code ^= true; break;
-        case 9: if (!p.node_guards.empty()) p.node_guards[pick(p.node_guards.size())] = v; break;
-        case 10: if (!p.children.empty()) p.children[pick(p.children.size())] = v; break;
-        case 11: if (!p.roots.empty()) p.roots[pick(p.roots.size())] = v; else p.roots.push_back(v); break;
-        case 12: if (!p.ambient.empty()) p.ambient[pick(p.ambient.size())] = v; else p.ambient.push_back(v); break;
-        case 13: if (!p.guards.empty()) p.guards[pick(p.guards.size())].id = v; break;
-        case 14: p.max_depth = v; break;
-        case 15:
-            if (!p.nodes.empty()) {
-                Node& n = p.nodes[pick(p.nodes.size())];
+    auto pick = [&](auto& vec) -> decltype(vec.front())& { return vec[in.byte() % vec.size()]; };
+    const std::uint8_t field = what % 16;
+    if (field <= 8 || field == 15) {
+        if (p.nodes.empty()) return;
+        Node& n = pick(p.nodes);
+        switch (field) {
+            case 0: n.parent = v; break;
+            case 1: n.guard_begin = v; break;
+            case 2: n.guard_end = v; break;
+            case 3: n.child_begin = v; break;
+            case 4: n.child_end = v; break;
+            case 5: n.depth = v; break;
+            case 6: n.is_root = !n.is_root; break;
+            case 7: n.min_guard_id = v; break;
+            case 8: n.subtree_runs_user_code = !n.subtree_runs_user_code; break;
+            default:
                 n.step.kind = static_cast<StepKind>(v % 16);
                 n.step.operand = (in.byte() & 1) ? kNoConst : v;
+                break;
+        }
+        return;
+    }
+    switch (field) {
+        case 9:
+            if (!p.node_guards.empty()) pick(p.node_guards) = v;
+            break;
+        case 10:
+            if (!p.children.empty()) pick(p.children) = v;
+            break;
+        case 11:
+            if (p.roots.empty()) {
+                p.roots.push_back(v);
+            } else {
+                pick(p.roots) = v;
             }
             break;
+        case 12:
+            if (p.ambient.empty()) {
+                p.ambient.push_back(v);
+            } else {
+                pick(p.ambient) = v;
+            }
+            break;
+        case 13:
+            if (!p.guards.empty()) pick(p.guards).id = v;
+            break;
+        default: p.max_depth = v; break;
     }
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+int test_one_input(const std::uint8_t* data, std::size_t size) {
     Reader in(data, size);
     const std::size_t n_consts = in.byte() % 17;
     const std::size_t n_decls = in.byte() % 24;
@@ -327,4 +350,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         check_structure(q);
     }
     return 0;
+}
+
+}  // namespace
+}  // namespace tripwire::core
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    return tripwire::core::test_one_input(data, size);
 }
