@@ -96,8 +96,10 @@ void register_guard_set(nb::module_& m) {
                 for (nb::handle h : decls) ds.push_back(to_decl(h));
                 for (nb::handle c : consts) in.consts.push_back(c.ptr());
                 for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));
-                if (!globals.is_none() && !PyDict_Check(globals.ptr())) throw nb::type_error("globals must be a dict");
-                if (!closure.is_none() && !PyDict_Check(closure.ptr())) throw nb::type_error("closure must be a dict");
+                if (!globals.is_none() && !PyDict_Check(globals.ptr()))
+                    throw nb::type_error("globals must be a dict");
+                if (!closure.is_none() && !PyDict_Check(closure.ptr()))
+                    throw nb::type_error("closure must be a dict");
                 in.globals = globals.is_none() ? nullptr : globals.ptr();
                 in.closure = closure.is_none() ? nullptr : closure.ptr();
                 in.strict = strict;
@@ -114,7 +116,8 @@ void register_guard_set(nb::module_& m) {
                 if (r < 0) throw nb::python_error();
                 return r == 1;
             },
-            nb::arg("f_locals"), nb::sig("def check(self, f_locals: typing.Mapping[str, typing.Any], /) -> bool"),
+            nb::arg("f_locals"),
+            nb::sig("def check(self, f_locals: typing.Mapping[str, typing.Any], /) -> bool"),
             "True when every guard holds for these locals. Never raises for a failing guard (only in "
             "strict mode, or for KeyboardInterrupt and other non-Exception errors).")
         .def(
@@ -151,7 +154,8 @@ void register_guard_set(nb::module_& m) {
                         fails.append(g.guard_fail_count(gi));
                     }
                     out.append(nb::make_tuple(n.depth, n.text, ids, g.node_fail_count(ni), fails));
-                    for (std::uint32_t k = n.child_end; k-- > n.child_begin;) stack.push_back(g.child_order()[k]);
+                    for (std::uint32_t k = n.child_end; k-- > n.child_begin;)
+                        stack.push_back(g.child_order()[k]);
                 }
                 return out;
             },
@@ -159,14 +163,17 @@ void register_guard_set(nb::module_& m) {
         .def_prop_ro("_ambient_ids",
                      [](GuardSetCore& s) {
                          nb::list ids;
-                         for (std::uint32_t gi : s.get().program().ambient) ids.append(s.get().program().guards[gi].id);
+                         for (std::uint32_t gi : s.get().program().ambient)
+                             ids.append(s.get().program().guards[gi].id);
                          return ids;
                      })
-        .def_prop_ro("invalid", [](GuardSetCore& s) { return s.get().invalid(); },
-                     "True once an object the guards name by identity has died: the set never passes again.")
+        .def_prop_ro(
+            "invalid", [](GuardSetCore& s) { return s.get().invalid(); },
+            "True once an object the guards name by identity has died: the set never passes again.")
         .def_prop_ro("invalid_reason", [](GuardSetCore& s) { return s.get().invalid_reason(); })
-        .def_prop_ro("node_count", [](GuardSetCore& s) { return s.get().program().nodes.size(); },
-                     "Distinct sources (one fetch each).")
+        .def_prop_ro(
+            "node_count", [](GuardSetCore& s) { return s.get().program().nodes.size(); },
+            "Distinct sources (one fetch each).")
         .def_prop_ro("check_count", [](GuardSetCore& s) { return s.get().stats().checks; })
         .def_prop_ro("pass_count", [](GuardSetCore& s) { return s.get().stats().passes; })
         .def("__len__", [](GuardSetCore& s) { return s.get().size(); });

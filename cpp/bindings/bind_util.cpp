@@ -21,7 +21,8 @@ void register_util(nb::module_& m) {
         nb::arg("d"), nb::sig("def _dict_version(d: dict, /) -> int"),
         "The engine's version stamp of dict d (changes on every mutation; unique across dicts).");
     m.def(
-        "_guard_kind_name", [](int k) { return std::string(core::guard_kind_name(static_cast<core::GuardKind>(k))); },
+        "_guard_kind_name",
+        [](int k) { return std::string(core::guard_kind_name(static_cast<core::GuardKind>(k))); },
         nb::arg("kind"), "The catalogue name of a guard kind number.");
     m.def(
         "_dict_hints_enabled",

@@ -58,8 +58,7 @@ bool guard_runs_user_code(GuardKind k) {
         case GuardKind::DictVersion:
         case GuardKind::TupleIteratorLen:
         case GuardKind::RangeIterator:
-        case GuardKind::WeakrefAlive:
-            return false;
+        case GuardKind::WeakrefAlive: return false;
         // len() of a user type, key lookups that may meet a user key's __eq__, getattr,
         // `v.__code__` on a non-function, Python probes and predicates.
         case GuardKind::Length:
@@ -68,8 +67,7 @@ bool guard_runs_user_code(GuardKind k) {
         case GuardKind::HasAttr:
         case GuardKind::CodeMatch:
         case GuardKind::GlobalState:
-        case GuardKind::Lambda:
-            return true;
+        case GuardKind::Lambda: return true;
     }
     return true;
 }
@@ -80,8 +78,7 @@ bool step_runs_user_code(StepKind k) {
         case StepKind::Dict:
         case StepKind::WeakrefCall:
         case StepKind::DictKey:
-        case StepKind::DictValue:
-            return false;
+        case StepKind::DictValue: return false;
         // Attribute lookups, generic __getitem__, and dict lookups (a stored key of a user
         // type whose hash collides gets its __eq__ called) can all run arbitrary code.
         case StepKind::Attr:
@@ -90,8 +87,7 @@ bool step_runs_user_code(StepKind k) {
         case StepKind::Defaults:
         case StepKind::KwDefaults:
         case StepKind::Code:
-        case StepKind::ClosureCell:
-            return true;
+        case StepKind::ClosureCell: return true;
     }
     return true;
 }
@@ -103,8 +99,7 @@ GuardShape guard_shape(GuardKind k) {
         case GuardKind::EqualsMatch:
         case GuardKind::DictContains:
         case GuardKind::HasAttr:
-        case GuardKind::CodeMatch:
-            return {true, true, true, false};
+        case GuardKind::CodeMatch: return {true, true, true, false};
         case GuardKind::None:
         case GuardKind::NotNone:
         case GuardKind::True:
@@ -112,16 +107,13 @@ GuardShape guard_shape(GuardKind k) {
         case GuardKind::Length:
         case GuardKind::DictVersion:
         case GuardKind::TupleIteratorLen:
-        case GuardKind::WeakrefAlive:
-            return {true, true, false, false};
-        case GuardKind::DictKeys:
-            return {true, true, false, true};
+        case GuardKind::WeakrefAlive: return {true, true, false, false};
+        case GuardKind::DictKeys: return {true, true, false, true};
         case GuardKind::RangeIterator:
             return {true, true, true, false};  // operand = the expected range object
         case GuardKind::GlobalState:
             return {false, false, false, true};  // operand = Python probe (optional), operand2 = snapshot
-        case GuardKind::Lambda:
-            return {false, true, true, false};
+        case GuardKind::Lambda: return {false, true, true, false};
     }
     return {false, false, false, false};
 }

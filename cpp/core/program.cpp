@@ -20,8 +20,7 @@ void check_const(ConstId c, std::size_t n_consts, const char* what) {
 }
 
 bool step_has_operand(StepKind k) {
-    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem ||
-           k == StepKind::KwDefaults;
+    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem || k == StepKind::KwDefaults;
 }
 bool step_has_index(StepKind k) {
     return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
@@ -88,24 +87,23 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
                 fail("GLOBAL_STATE with a Python probe needs a snapshot");
             }
             break;
-        default:
-            break;
+        default: break;
     }
 }
 
 Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
-    std::sort(decls.begin(), decls.end(),
-              [](const GuardDecl& a, const GuardDecl& b) { return a.id < b.id; });
+    std::sort(decls.begin(), decls.end(), [](const GuardDecl& a, const GuardDecl& b) { return a.id < b.id; });
     for (std::size_t i = 0; i < decls.size(); ++i) {
         validate_decl(decls[i], n_consts);
-        if (i > 0 && decls[i].id == decls[i - 1].id) fail("duplicate guard id " + std::to_string(decls[i].id));
+        if (i > 0 && decls[i].id == decls[i - 1].id)
+            fail("duplicate guard id " + std::to_string(decls[i].id));
     }
 
     Program p;
     // Intern nodes: first appearance order, so children and guards stay in installation order.
     std::map<RootKey, std::uint32_t> root_index;
     std::map<StepKey, std::uint32_t> step_index;
-    std::vector<std::vector<std::uint32_t>> kids;   // per node, child nodes in order
+    std::vector<std::vector<std::uint32_t>> kids;    // per node, child nodes in order
     std::vector<std::vector<std::uint32_t>> guards;  // per node, guard indices in order
 
     auto new_node = [&](Node n) {

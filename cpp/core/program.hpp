@@ -35,18 +35,18 @@ struct Node {
     ConstId root_name = kNoConst;     ///< for roots
     Step step;                        ///< for non-roots: how to fetch from the parent's value
     std::uint32_t parent = kNoNode;
-    std::uint32_t depth = 0;  ///< 0 for roots
+    std::uint32_t depth = 0;                       ///< 0 for roots
     std::uint32_t guard_begin = 0, guard_end = 0;  ///< range in Program::node_guards
     std::uint32_t child_begin = 0, child_end = 0;  ///< range in Program::children
-    std::uint32_t min_guard_id = 0;  ///< smallest guard id in this subtree
-    bool subtree_runs_user_code = false;  ///< any fetch or guard below (or here) may run user code
-    std::string text;                     ///< the printed source
+    std::uint32_t min_guard_id = 0;                ///< smallest guard id in this subtree
+    bool subtree_runs_user_code = false;           ///< any fetch or guard below (or here) may run user code
+    std::string text;                              ///< the printed source
 };
 
 /// The compiled form of a guard set.
 struct Program {
-    std::vector<GuardDecl> guards;         ///< all guards, in installation (id) order
-    std::vector<Node> nodes;               ///< every distinct source
+    std::vector<GuardDecl> guards;           ///< all guards, in installation (id) order
+    std::vector<Node> nodes;                 ///< every distinct source
     std::vector<std::uint32_t> node_guards;  ///< guard indices, grouped by node
     std::vector<std::uint32_t> children;     ///< node indices, grouped by parent
     std::vector<std::uint32_t> roots;        ///< root node indices

@@ -55,14 +55,15 @@ struct UnicodeEntry {  // PyDictUnicodeEntry
     PyObject* me_value;
 };
 struct Dict {  // PyDictObject
-    PyObject_HEAD
-    Py_ssize_t ma_used;
+    PyObject_HEAD Py_ssize_t ma_used;
     std::uint64_t ma_version_tag;
     Keys* ma_keys;
     PyObject** ma_values;  // PyDictValues*: values[] starts at the pointer
 };
 
-inline char* entries(Keys* dk) { return dk->dk_indices + (static_cast<std::size_t>(1) << dk->dk_log2_index_bytes); }
+inline char* entries(Keys* dk) {
+    return dk->dk_indices + (static_cast<std::size_t>(1) << dk->dk_log2_index_bytes);
+}
 inline PyObject* entry_key(Keys* dk, Py_ssize_t ix) {
     return dk->dk_kind != 0 ? reinterpret_cast<UnicodeEntry*>(entries(dk))[ix].me_key
                             : reinterpret_cast<Entry*>(entries(dk))[ix].me_key;
@@ -114,7 +115,8 @@ inline PyObject* instance_attr_hinted(PyObject* obj, PyObject* name, Py_ssize_t*
         // 3.11 managed-dict slots sit before the object header: values at -4 words, dict at -3.
         PyObject** values = reinterpret_cast<PyObject***>(obj)[-4];
         if (values != nullptr) {
-            auto* keys = reinterpret_cast<layout311::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);
+            auto* keys =
+                reinterpret_cast<layout311::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);
             return keys != nullptr ? layout311::lookup(keys, values, name, hint) : nullptr;
         }
         PyObject* dict = reinterpret_cast<PyObject**>(obj)[-3];

@@ -90,8 +90,7 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
             if (PyErr_Occurred()) return error();
             break;  // module __getattr__ and friends: generic path
         }
-        default:
-            break;
+        default: break;
     }
     return generic_getattr(obj, name);
 }
@@ -99,8 +98,7 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
 Fetched fetch_step(RuntimeStep& s, PyObject* v) {
     using core::StepKind;
     switch (s.kind) {
-        case StepKind::Attr:
-            return fetch_attr(s.cache, v, s.operand);
+        case StepKind::Attr: return fetch_attr(s.cache, v, s.operand);
         case StepKind::Item: {
             if (PyDict_CheckExact(v)) {
                 if (PyUnicode_CheckExact(s.operand)) {
@@ -124,8 +122,7 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
         case StepKind::DictItem:
             if (!PyDict_Check(v)) return missing();
             return dict_lookup(v, s.operand);
-        case StepKind::Type:
-            return ok_borrowed(reinterpret_cast<PyObject*>(Py_TYPE(v)));
+        case StepKind::Type: return ok_borrowed(reinterpret_cast<PyObject*>(Py_TYPE(v)));
         case StepKind::Dict: {
             if (PyType_Check(v)) return missing();
             PyObject** dictptr = _PyObject_GetDictPtr(v);
@@ -136,7 +133,8 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
         case StepKind::Defaults: {
             if (PyFunction_Check(v)) {
                 PyObject* defaults = PyFunction_GET_DEFAULTS(v);
-                if (defaults == nullptr || !PyTuple_Check(defaults) || s.index >= PyTuple_GET_SIZE(defaults)) {
+                if (defaults == nullptr || !PyTuple_Check(defaults) ||
+                    s.index >= PyTuple_GET_SIZE(defaults)) {
                     return missing();
                 }
                 return ok_borrowed(PyTuple_GET_ITEM(defaults, s.index));
@@ -227,19 +225,23 @@ std::string describe_missing(const RuntimeStep& s, PyObject* parent) {
     };
     const std::string tname = parent ? Py_TYPE(parent)->tp_name : "?";
     switch (s.kind) {
-        case StepKind::Attr: return "AttributeError: '" + tname + "' object has no attribute " + repr(s.operand);
+        case StepKind::Attr:
+            return "AttributeError: '" + tname + "' object has no attribute " + repr(s.operand);
         case StepKind::Item: return "KeyError/IndexError: " + tname + " has no item " + repr(s.operand);
         case StepKind::DictItem:
-            return PyDict_Check(parent) ? "KeyError: " + repr(s.operand) : "TypeError: " + tname + " is not a dict";
+            return PyDict_Check(parent) ? "KeyError: " + repr(s.operand)
+                                        : "TypeError: " + tname + " is not a dict";
         case StepKind::Dict: return "TypeError: " + tname + " object has no instance __dict__";
         case StepKind::Defaults: return "IndexError: no positional default " + std::to_string(s.index);
         case StepKind::KwDefaults: return "KeyError: no keyword default " + repr(s.operand);
-        case StepKind::ClosureCell: return "ValueError: closure cell " + std::to_string(s.index) + " is missing or empty";
+        case StepKind::ClosureCell:
+            return "ValueError: closure cell " + std::to_string(s.index) + " is missing or empty";
         case StepKind::WeakrefCall: return "TypeError: " + tname + " is not a weak reference";
         case StepKind::DictKey:
         case StepKind::DictValue:
-            return PyDict_Check(parent) ? "IndexError: dict position " + std::to_string(s.index) + " out of range"
-                                        : "TypeError: " + tname + " is not a dict";
+            return PyDict_Check(parent)
+                       ? "IndexError: dict position " + std::to_string(s.index) + " out of range"
+                       : "TypeError: " + tname + " is not a dict";
         default: return "missing";
     }
 }

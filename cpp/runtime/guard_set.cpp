@@ -40,7 +40,8 @@ void free_watch(PyObject* capsule) {
 std::string describe_object(PyObject* o) {
     char buf[64];
     std::snprintf(buf, sizeof buf, " at %p", static_cast<void*>(o));
-    if (PyType_Check(o)) return std::string("<class ") + reinterpret_cast<PyTypeObject*>(o)->tp_name + ">" + buf;
+    if (PyType_Check(o))
+        return std::string("<class ") + reinterpret_cast<PyTypeObject*>(o)->tp_name + ">" + buf;
     return std::string("<") + Py_TYPE(o)->tp_name + buf + ">";
 }
 
@@ -157,8 +158,10 @@ GuardSet::GuardSet(GuardSetInputs in)
             r.step.kind = n.step.kind;
             r.step.index = static_cast<Py_ssize_t>(n.step.index);
             r.step.operand = n.step.operand == core::kNoConst ? nullptr : objs_[n.step.operand];
-            const bool needs_str = n.step.kind == core::StepKind::Attr || n.step.kind == core::StepKind::KwDefaults;
-            if (needs_str && (!PyUnicode_Check(r.step.operand) || PyUnicode_GET_LENGTH(r.step.operand) == 0)) {
+            const bool needs_str =
+                n.step.kind == core::StepKind::Attr || n.step.kind == core::StepKind::KwDefaults;
+            if (needs_str &&
+                (!PyUnicode_Check(r.step.operand) || PyUnicode_GET_LENGTH(r.step.operand) == 0)) {
                 throw core::InvalidProgram("attribute names must be non-empty str");
             }
         }
@@ -251,14 +254,17 @@ Fetched GuardSet::fetch_root(std::uint32_t ni, PyObject* f_locals) {
             return {nullptr, false, PyErr_Occurred() ? FetchStatus::Error : FetchStatus::Missing};
         }
         case core::RootKind::Closure: {
-            if (r.cell == nullptr || PyCell_GET(r.cell) == nullptr) return {nullptr, false, FetchStatus::Missing};
+            if (r.cell == nullptr || PyCell_GET(r.cell) == nullptr)
+                return {nullptr, false, FetchStatus::Missing};
             return {PyCell_GET(r.cell), false, FetchStatus::Ok};
         }
     }
     return {nullptr, false, FetchStatus::Missing};
 }
 
-Fetched GuardSet::fetch_node(std::uint32_t ni, PyObject* parent) { return fetch_step(nodes_[ni].step, parent); }
+Fetched GuardSet::fetch_node(std::uint32_t ni, PyObject* parent) {
+    return fetch_step(nodes_[ni].step, parent);
+}
 
 // The guards of one node. The common identity and type kinds are decided inline; the rest go
 // through eval_guard.
@@ -324,7 +330,8 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
             r = on_error(ci);
         }
         if (r == 1) continue;
-        if (r == 0 && active_ == 1) core::record_failure(child_order_.data(), node_fails_.data(), n.child_begin, k);
+        if (r == 0 && active_ == 1)
+            core::record_failure(child_order_.data(), node_fails_.data(), n.child_begin, k);
         return r;
     }
     return 1;
@@ -357,7 +364,8 @@ int GuardSet::check(PyObject* f_locals) {
         }
         if (r != 1) {
             if (r == 0 && active_ == 1) {
-                core::record_failure(root_order_.data(), node_fails_.data(), 0, static_cast<std::uint32_t>(k));
+                core::record_failure(root_order_.data(), node_fails_.data(), 0,
+                                     static_cast<std::uint32_t>(k));
             }
             result = r;
         }
@@ -430,7 +438,8 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             }
             if (!out.empty()) break;
         }
-        if (out.empty()) out.push_back({program_.guards.empty() ? 0 : program_.guards[0].id, Ref(), state_->why});
+        if (out.empty())
+            out.push_back({program_.guards.empty() ? 0 : program_.guards[0].id, Ref(), state_->why});
         // The set can never pass again, and walking it would compare against freed constants.
         --active_;
         return true;

@@ -39,11 +39,11 @@ struct FailureRecord {
 /// Everything a GuardSet is built from, already converted to objects.
 struct GuardSetInputs {
     core::Program program;
-    std::vector<PyObject*> consts;   ///< borrowed; the GuardSet takes its own references
-    std::vector<bool> hold_weakly;   ///< per constant: hold by weak reference if possible
-    PyObject* globals = nullptr;     ///< dict or null
-    PyObject* closure = nullptr;     ///< dict name -> cell, or null
-    bool strict = false;             ///< re-raise guard exceptions as `eval_error_type`
+    std::vector<PyObject*> consts;  ///< borrowed; the GuardSet takes its own references
+    std::vector<bool> hold_weakly;  ///< per constant: hold by weak reference if possible
+    PyObject* globals = nullptr;    ///< dict or null
+    PyObject* closure = nullptr;    ///< dict name -> cell, or null
+    bool strict = false;            ///< re-raise guard exceptions as `eval_error_type`
     PyObject* eval_error_type = nullptr;
 };
 
@@ -96,9 +96,9 @@ class GuardSet {
         std::uint32_t child_begin = 0, child_end = 0;
         RuntimeStep step;
         PyObject* root_name = nullptr;  ///< borrowed from the pool, for roots
-        PyObject* cell = nullptr;        ///< borrowed closure cell for C[...] roots
-        bool borrow_ok = false;          ///< the subtree runs no user code: borrowed values are safe
-        Py_ssize_t hint = -1;            ///< dict entry hint for root lookups (dict_hint.h)
+        PyObject* cell = nullptr;       ///< borrowed closure cell for C[...] roots
+        bool borrow_ok = false;         ///< the subtree runs no user code: borrowed values are safe
+        Py_ssize_t hint = -1;           ///< dict entry hint for root lookups (dict_hint.h)
     };
 
     int eval_node(std::uint32_t ni, PyObject* v);
