@@ -126,7 +126,19 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
         case StepKind::Dict: {
             if (PyType_Check(v)) return missing();
             PyObject** dictptr = _PyObject_GetDictPtr(v);
-            if (dictptr == nullptr || *dictptr == nullptr) return PyErr_Occurred() ? error() : missing();
+            if (dictptr == nullptr) return PyErr_Occurred() ? error() : missing();
+            if (*dictptr == nullptr) {
+                // An instance dict created on first access (functions, exceptions, subclasses of
+                // variable-sized builtins): `X.__dict__` is a new empty dict, as in Python. The
+                // interpreter's own getter creates it; no user code runs.
+                PyObject* d = PyObject_GenericGetDict(v, nullptr);
+                if (d == nullptr) return error();
+                if (!PyDict_CheckExact(d)) {
+                    Py_DECREF(d);
+                    return missing();
+                }
+                return ok_owned(d);
+            }
             if (!PyDict_CheckExact(*dictptr)) return missing();
             return ok_borrowed(*dictptr);
         }

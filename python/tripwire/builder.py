@@ -7,6 +7,7 @@ the user stack that installed it, so a failure can say why the guard exists.
 
 from __future__ import annotations
 
+import copy
 import enum
 import os
 import sys
@@ -157,7 +158,7 @@ class GuardBuilder:
                 "constant type (int, float, complex, str, bytes, bool, None, range, slice, "
                 "Ellipsis, enum members, and tuples/lists/sets/frozensets/dicts of these)"
             )
-        return self.add(GuardKind.EQUALS_MATCH, source, (c,))
+        return self.add(GuardKind.EQUALS_MATCH, source, (_private_copy(c),))
 
     def length(self, source: SourceLike, n: int = _UNSET) -> GuardSpec:
         """``len(v) == n``; n defaults to the example's length."""
@@ -245,6 +246,7 @@ class GuardBuilder:
             label = name or getattr(probe, "__qualname__", repr(probe))
             if not reference.is_constant(snapshot):
                 raise GuardBuildError(f"probe {label!r} returned a non-constant {snapshot!r}")
+            snapshot = _private_copy(snapshot)
         return self.add(GuardKind.GLOBAL_STATE, None, (probe, snapshot, label))
 
     def predicate(self, fn: Callable[[Any], Any], text: str | None = None, *, source: SourceLike | None = None) -> GuardSpec:
@@ -279,6 +281,14 @@ class GuardBuilder:
 
 builtins_type = type
 builtins_hasattr = hasattr
+
+
+def _private_copy(c: Any) -> Any:
+    """A constant the caller cannot mutate behind the guard's back: containers are deep-copied
+    (enum members, which deepcopy returns as themselves, keep their identity)."""
+    if builtins_type(c) in (list, dict, set, tuple, frozenset, slice):
+        return copy.deepcopy(c)
+    return c
 
 
 def _closure_cells(f_closure: Any) -> dict[str, Any] | None:

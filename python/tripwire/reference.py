@@ -110,7 +110,8 @@ def fetch_step(v: Any, step: Step) -> Any:
         if k is StepKind.WEAKREF_CALL:
             if not isinstance(v, weakref.ref):
                 raise TypeError(f"{type(v).__name__} is not a weak reference")
-            return v()
+            # The referent, as the engine reads it: a subclass's __call__ (WeakMethod) is not run.
+            return weakref.ref.__call__(v)
         if k in (StepKind.DICT_KEY, StepKind.DICT_VALUE):
             if not isinstance(v, dict):
                 raise TypeError(f"dict position needs a dict, not {type(v).__name__}")
@@ -135,7 +136,14 @@ def fetch(
     """The value at ``source``; raises FetchError when any step fails."""
     try:
         if source.root is RootKind.LOCAL:
-            v = f_locals[source.name]
+            if isinstance(f_locals, dict):
+                # A dict (subclass) of locals is read from its own table, as the engine does: an
+                # overridden __getitem__ or __missing__ (defaultdict) is never called.
+                if not dict.__contains__(f_locals, source.name):
+                    raise KeyError(source.name)
+                v = dict.__getitem__(f_locals, source.name)
+            else:
+                v = f_locals[source.name]
         elif source.root is RootKind.GLOBAL:
             if f_globals is None:
                 raise KeyError(f"no globals were given for {source.name!r}")
@@ -196,8 +204,26 @@ def equals_match(v: Any, c: Any) -> bool:
     if t is dict:
         if len(v) != len(c) or not all(is_constant(k) for k in v):
             return False
-        return _set_match(v.keys(), c.keys()) and all(equals_match(v[k], c[k]) for k in c)
+        items = list(v.items())
+        # Keys in the same order: compare position by position.
+        for (vk, vx), (ck, cx) in zip(items, c.items()):
+            if not equals_match(vk, ck):
+                break
+            if not equals_match(vx, cx):
+                return False
+        else:
+            return True
+        # Otherwise pair each expected key with its first equals_match partner among v's keys
+        # (not by hashing: a NaN key has no hash partner, yet matches NaN) and compare values.
+        for ck, cx in c.items():
+            partner = next((vx for vk, vx in items if equals_match(vk, ck)), _NO_PARTNER)
+            if partner is _NO_PARTNER or not equals_match(partner, cx):
+                return False
+        return True
     return False
+
+
+_NO_PARTNER = object()
 
 
 def _complex_nan_eq(v: complex, c: complex) -> bool:
@@ -267,7 +293,7 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
         if k is GuardKind.CODE_MATCH:
             return getattr(v, "__code__") is a[0]
         if k is GuardKind.WEAKREF_ALIVE:
-            return isinstance(v, weakref.ref) and v() is not None
+            return isinstance(v, weakref.ref) and weakref.ref.__call__(v) is not None
         if k is GuardKind.GLOBAL_STATE:
             probe = a[0]
             current = BUILTIN_PROBES[probe]() if isinstance(probe, str) else probe()

@@ -18,7 +18,9 @@ DEFAULTS(i)        ``X.__defaults__[i]``                        positional defau
 KWDEFAULTS(k)      ``X.__kwdefaults__['k']``                    keyword-only default k
 CODE               ``X.__code__``                               the function's code object
 CLOSURE_CELL(i)    ``X.__closure__[i].cell_contents``           contents of closure cell i
-WEAKREF_CALL       ``X()``                                      the referent of weakref X
+WEAKREF_CALL       ``X()``                                      the referent of weakref X (a
+                                                               ref subclass's __call__, e.g.
+                                                               WeakMethod's, is not run)
 DICT_KEY(i)        ``list(dict.keys(X))[i]``                    key at insertion position i
 DICT_VALUE(i)      ``X[list(dict.keys(X))[i]]``                 value at insertion position i
 =================  ==========================================  =================================
