@@ -15,6 +15,16 @@ Fetched ok_owned(PyObject* v) {
 Fetched missing() { return {nullptr, false, FetchStatus::Missing}; }
 Fetched error() { return {nullptr, false, FetchStatus::Error}; }
 
+// The result of a generic subscript (user __getitem__, a sequence of defaults): a LookupError
+// (KeyError, IndexError) means "no such key or index", a missing source exactly as for a dict or
+// a list, not an error (which strict mode would re-raise).
+Fetched subscript_result(PyObject* r) {
+    if (r != nullptr) return ok_owned(r);
+    if (!PyErr_ExceptionMatches(PyExc_LookupError)) return error();
+    PyErr_Clear();
+    return missing();
+}
+
 // Lookup in a real dict; missing keys are not errors. A user key's __eq__ may run and raise.
 Fetched dict_lookup(PyObject* dict, PyObject* key) {
     PyObject* v = PyDict_GetItemWithError(dict, key);
@@ -117,7 +127,7 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
                 if (i < 0 || i >= n) return missing();
                 return ok_borrowed(PyList_CheckExact(v) ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i));
             }
-            return ok_owned(PyObject_GetItem(v, s.operand));
+            return subscript_result(PyObject_GetItem(v, s.operand));
         }
         case StepKind::DictItem:
             if (!PyDict_Check(v)) return missing();
@@ -156,7 +166,7 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
             if (d.status != FetchStatus::Ok) return d;
             PyObject* item = PySequence_GetItem(d.value, s.index);
             Py_DECREF(d.value);
-            return ok_owned(item);
+            return subscript_result(item);
         }
         case StepKind::KwDefaults: {
             if (PyFunction_Check(v)) {
@@ -173,7 +183,7 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
             }
             PyObject* item = PyObject_GetItem(d.value, s.operand);
             Py_DECREF(d.value);
-            return ok_owned(item);
+            return subscript_result(item);
         }
         case StepKind::Code: {
             if (PyFunction_Check(v)) return ok_borrowed(PyFunction_GET_CODE(v));
@@ -192,9 +202,16 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
             static PyObject* contents = PyUnicode_InternFromString("cell_contents");
             Fetched cl = generic_getattr(v, name);
             if (cl.status != FetchStatus::Ok) return cl;
-            PyObject* cell = PySequence_GetItem(cl.value, s.index);
+            Fetched c = subscript_result(PySequence_GetItem(cl.value, s.index));
             Py_DECREF(cl.value);
-            if (cell == nullptr) return error();
+            if (c.status != FetchStatus::Ok) return c;
+            PyObject* cell = c.value;
+            if (PyCell_Check(cell)) {  // an empty cell is a missing value, as for functions
+                PyObject* inner = PyCell_GET(cell);
+                Py_XINCREF(inner);
+                Py_DECREF(cell);
+                return inner != nullptr ? ok_owned(inner) : missing();
+            }
             Fetched out = generic_getattr(cell, contents);
             Py_DECREF(cell);
             return out;

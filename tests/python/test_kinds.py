@@ -157,7 +157,9 @@ EQUALS_CASES = [
     ({1, 2}, [{2, 1}, {1, 2}], [frozenset({1, 2}), {1, 2.0}, {True, 2}, {1}, {1, 2, 3}]),
     (frozenset({"a", (1, nan)}), [frozenset({"a", (1, float("nan"))})], [{"a", (1, nan)}, frozenset({"a"})]),
     (frozenset(), [frozenset()], [set(), ()]),
-    (range(0, 10, 2), [range(0, 10, 2), range(0, 9, 2)], [range(10), range(0, 10, 3), [0, 2, 4, 6, 8]]),
+    # range compares start/stop/step (as Dynamo does), not the items: range(0, 9, 2) differs
+    (range(0, 10, 2), [range(0, 10, 2)], [range(0, 9, 2), range(10), range(0, 10, 3), [0, 2, 4, 6, 8]]),
+    (range(0), [range(0)], [range(5, 5), range(0, 0, 2)]),
     (slice(1, None, 2), [slice(1, None, 2)], [slice(1, None, 2.0), slice(True, None, 2), slice(1, 0, 2)]),
     (Color.RED, [Color.RED], [Color.GREEN, 1]),
     (Level.LOW, [Level.LOW], [1, Level.HIGH, True]),
@@ -1422,3 +1424,48 @@ def test_partial_and_bound_method_attributes() -> None:
     gs = build({"p": p}, ("id_match", "L['p'].func"), ("equals", "L['p'].keywords"))
     passes(gs, {"p": functools.partial(int, base=2)})
     fails(gs, {"p": functools.partial(str)}, "L['p'].func", "ID_MATCH")
+
+
+class RaisesLookup:
+    def __getitem__(self, key: Any) -> Any:
+        raise KeyError(key)
+
+
+class RaisesOther:
+    def __getitem__(self, key: Any) -> Any:
+        raise TypeError("not subscriptable today")
+
+
+@pytest.mark.parametrize(
+    "example,absent,src",
+    [
+        ({"c": {"k": 1}}, RaisesLookup(), "L['c']['k']"),
+        ({"c": ListSub([1])}, ListSub(), "L['c'][0]"),
+        ({"c": types.SimpleNamespace(__defaults__=(1,))}, types.SimpleNamespace(__defaults__=()), "L['c'].__defaults__[0]"),
+        ({"c": types.SimpleNamespace(__kwdefaults__={"k": 1})}, types.SimpleNamespace(__kwdefaults__={}), "L['c'].__kwdefaults__['k']"),
+        ({"c": types.SimpleNamespace(__closure__=(types.CellType(1),))}, types.SimpleNamespace(__closure__=()), "L['c'].__closure__[0].cell_contents"),
+        ({"c": types.SimpleNamespace(__closure__=(types.CellType(1),))}, types.SimpleNamespace(__closure__=(types.CellType(),)), "L['c'].__closure__[0].cell_contents"),
+        ({"c": Obj(a=1)}, Obj(), "L['c'].a"),
+    ],
+    ids=["getitem-keyerror", "list-subclass-index", "defaults", "kwdefaults", "closure-index", "empty-cell", "attr"],
+)
+def test_strict_mode_missing_key_index_or_attr_is_a_plain_failure(example: dict, absent: Any, src: str) -> None:
+    """A missing key, index, attribute or cell content fails the guard without raising, also in
+    strict mode and also when user code (a __getitem__) reports it, as for dicts and lists."""
+    b = tw.GuardBuilder(example)
+    b.equals(src)
+    strict = b.build(strict=True)
+    lax = b.build()
+    assert strict.check({"c": absent}) is False
+    fails(lax, {"c": absent}, src, "EQUALS_MATCH")
+    assert strict.check(example) is True
+
+
+def test_strict_mode_other_subscript_errors_raise() -> None:
+    b = tw.GuardBuilder({"c": {"k": 1}})
+    b.equals("L['c']['k']")
+    gs = b.build(strict=True)
+    with pytest.raises(tw.GuardEvalError) as info:
+        gs.check({"c": RaisesOther()})
+    assert isinstance(info.value.__cause__, TypeError)
+    fails(b.build(), {"c": RaisesOther()}, "L['c']['k']", "EQUALS_MATCH")
