@@ -21,6 +21,7 @@ import enum
 import gc
 import math
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -145,6 +146,40 @@ leaves = st.one_of(
 )
 
 
+def make_function(n: Any, d: Any) -> Callable[..., Any]:
+    """A closure with a positional default and a keyword-only default (same code every time)."""
+
+    def fn(x: Any, y: Any = d, *, k: Any = n) -> Any:
+        return (x, y, k, n)
+
+    return fn
+
+
+def other_function(x: Any, y: Any = 0, *, k: Any = 0) -> Any:
+    return x
+
+
+# Objects that outlive every example, for weak references in example values.
+PERSISTENT = [Obj(a=1), Obj(a=2), Obj2(a=1)]
+
+_small = st.one_of(st.integers(-2, 2), st.sampled_from(["a", "b"]), st.none())
+# Constants with tricky EQUALS semantics, functions, weak references and iterators.
+special_leaves = st.one_of(
+    st.builds(range, st.integers(-2, 3), st.integers(-2, 6), st.sampled_from([1, 2, -1])),
+    st.builds(slice, _small, _small, st.sampled_from([None, 1, 2])),
+    st.just(Ellipsis),
+    st.frozensets(_small, max_size=3),
+    st.sets(_small, max_size=3),
+    st.tuples(_floats, _small),
+    st.builds(make_function, _small, _small),
+    st.just(other_function),
+    st.sampled_from(PERSISTENT).map(weakref.ref),
+    st.lists(_small, max_size=3).map(lambda xs: iter(tuple(xs))),
+    st.builds(range, st.integers(0, 3), st.integers(0, 9)).map(iter),
+)
+leaves = st.one_of(leaves, special_leaves)
+
+
 def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.one_of(
         st.lists(children, max_size=4),
@@ -207,6 +242,14 @@ def children(v: Any) -> list[tuple[Step, Any]]:
     elif isinstance(v, enum.Enum):
         out.append((Step(StepKind.ATTR, "value"), v.value))
         out.append((Step(StepKind.ATTR, "name"), v.name))
+    elif t is types.FunctionType:
+        out.append((Step(StepKind.CODE), v.__code__))
+        out.append((Step(StepKind.DEFAULTS, 0), v.__defaults__[0]))
+        out.append((Step(StepKind.KWDEFAULTS, "k"), v.__kwdefaults__["k"]))
+        if v.__closure__:
+            out.append((Step(StepKind.CLOSURE_CELL, 0), v.__closure__[0].cell_contents))
+    elif t is weakref.ref:
+        out.append((Step(StepKind.WEAKREF_CALL), v()))
     if t is not type:
         out.append((Step(StepKind.TYPE), t))
     return out
@@ -268,8 +311,12 @@ class Plan:
         return "Plan(\n" + "\n".join(lines) + "\n)"
 
 
+_tuple_iterator = type(iter(()))
+_range_iterator = type(iter(range(0)))
+
+
 def _is_sized(v: Any) -> bool:
-    return type(v) in (str, bytes, tuple, list, dict)
+    return type(v) in (str, bytes, tuple, list, dict, set, frozenset, range)
 
 
 def _type_is(t: type) -> Callable[[Any], bool]:
@@ -311,8 +358,18 @@ def guard_calls_for(draw: st.DrawFn, src: Source, v: Any) -> list[tuple[str, tup
         options.append(("false", (s,), {}))
     if reference.is_constant(v):
         options.append(("equals", (s,), {}))
-    if t in (Obj, Obj2, Slotted, type) or isinstance(v, enum.Enum) or draw(st.integers(0, 9)) == 0:
+    if t in (Obj, Obj2, Slotted, type, types.FunctionType, types.CodeType, weakref.ref) or isinstance(v, enum.Enum):
         options.append(("id_match", (s,), {}))
+    elif draw(st.integers(0, 9)) == 0:
+        options.append(("id_match", (s,), {}))
+    if t is types.FunctionType:
+        options.append(("code_match", (s,), {}))
+    if t is weakref.ref:
+        options.append(("weakref_alive", (s,), {}))
+    if t is _tuple_iterator:
+        options.append(("tuple_iterator_len", (s,), {}))
+    if t is _range_iterator:
+        options.append(("range_iterator", (s,), {}))
     if _is_sized(v):
         options.append(("length", (s,), {}))
         options.append(("predicate", (_len_is(len(v)),), {"source": s}))
@@ -326,15 +383,47 @@ def guard_calls_for(draw: st.DrawFn, src: Source, v: Any) -> list[tuple[str, tup
         name = draw(st.sampled_from(ATTR_NAMES + SLOT_NAMES + ("real", "value")))
         options.append(("hasattr", (s, name), {}))
     options.append(("predicate", (_type_is(t),), {"source": s}))
-    k = draw(st.integers(min_value=1, max_value=min(3, len(options))))
-    return draw(st.lists(st.sampled_from(options), min_size=1, max_size=k))
+    generic = {"type_match", "not_none", "predicate", "id_match", "hasattr"}
+    specific = [o for o in options if o[0] not in generic]
+    out = []
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        pool = specific if specific and draw(st.integers(0, 2)) else options
+        out.append(draw(st.sampled_from(pool)))
+    return out
+
+
+def _category(v: Any) -> str:
+    t = type(v)
+    if t is dict:
+        return "dict"
+    if t in (list, tuple):
+        return "sequence"
+    if t in (Obj, Obj2, Slotted):
+        return "object"
+    if t is type:
+        return "type"
+    if t in (types.FunctionType, types.CodeType, weakref.ref, _tuple_iterator, _range_iterator):
+        return "callable/iterator"
+    if t in (range, slice, set, frozenset) or t is type(Ellipsis):
+        return "special constant"
+    if t is bool or v is None:
+        return "bool/None"
+    return "scalar"
 
 
 @st.composite
 def guard_plans(draw: st.DrawFn, frame: Frame) -> Plan:
     """A random guard set over sources that exist in ``frame``."""
-    candidates = paths(frame)
-    chosen = draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=8))
+    # Pick a value category first, then a path of that category, so that rarer values (dicts,
+    # functions, iterators...) get guards as often as the many scalars and type() steps.
+    by_category: dict[str, list[tuple[Source, Any]]] = {}
+    for src, v in paths(frame):
+        by_category.setdefault(_category(v), []).append((src, v))
+    cats = sorted(by_category)
+    chosen = []
+    for _ in range(draw(st.integers(min_value=1, max_value=8))):
+        cat = draw(st.sampled_from(cats))
+        chosen.append(draw(st.sampled_from(by_category[cat])))
     plan = Plan()
     for src, v in chosen:
         plan.calls.extend(guard_calls_for(draw, src, v))
@@ -389,6 +478,26 @@ def related_values(v: Any) -> st.SearchStrategy[Any]:
         near += [tuple(v) if t is list else list(v), t(list(v)[:-1]), t(list(v) + [None])]
     elif t is dict:
         near += [dict(v), dict(reversed(list(v.items())))]
+    elif t is range:
+        near += [range(v.start, v.stop, v.step), range(v.start, v.stop + v.step, v.step), list(v)]
+        if len(v) == 0:
+            near.append(range(7, 7))  # equal items, other fields
+        else:
+            near.append(range(v.start, v[-1] + (1 if v.step > 0 else -1), v.step))  # same items
+    elif t is slice:
+        near += [slice(v.start, v.stop, v.step), slice(v.start, v.stop, 3), (v.start, v.stop, v.step)]
+    elif t in (set, frozenset):
+        other = frozenset if t is set else set
+        near += [t(v), other(v), t(v) | {99}, t(1.0 if x == 1 and type(x) is int else x for x in v)]
+    elif t is types.FunctionType:
+        near += [make_function(0, 0), make_function(1, None), other_function, make_function("a", "b")]
+    elif t is weakref.ref:
+        near += [weakref.ref(o) for o in PERSISTENT] + [v()]
+    elif t is _tuple_iterator:
+        rest = tuple(copy.copy(v))
+        near += [iter(rest), iter(rest + (1,)), iter(list(rest))]
+    elif t is _range_iterator:
+        near += [copy.copy(v), iter(range(0, 3)), iter(range(1, 9))]
     if not near:
         return leaves
     return st.one_of(st.sampled_from(near), leaves)

@@ -116,6 +116,10 @@ def run_case(data: st.DataObject, mutations: int) -> None:
     plan.apply(b)
     gs = b.build()  # must pass on its own example
     assert len(gs) == len(plan.calls)
+    for kind in {g.kind.name for g in gs}:
+        event(f"guard kind: {kind}")
+    for step in {st_.kind.name for g in gs if g.source is not None for st_ in g.source.steps}:
+        event(f"step kind: {step}")
     assert [g.index for g in gs] == list(range(len(plan.calls)))
     inputs = data.draw(mutated_frames(example, n=mutations), label="inputs")
     verdicts = [assert_agree(gs, example, m) for m in inputs]
@@ -132,7 +136,7 @@ def run_case(data: st.DataObject, mutations: int) -> None:
             assert_agree(gs, example, m)
 
 
-@settings(max_examples=250, **_SETTINGS)
+@settings(max_examples=400, **_SETTINGS)
 @given(st.data())
 def test_engine_matches_reference(data: st.DataObject) -> None:
     run_case(data, mutations=6)
