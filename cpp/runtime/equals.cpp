@@ -86,37 +86,47 @@ int dict_match(PyObject* v, PyObject* c) {
         if (r != 1) return r;
     }
     if (in_order) return 1;
-    // Keys in another order: match keys as a set, then compare values by key. Every key of v
-    // is a constant, so looking it up in c runs no user code.
+    // Keys in another order: every key of v must be a constant, and each key of c is paired with
+    // its exact (equals_match) partner among v's keys by walking v, never by hashing: a constant
+    // key may be an enum member whose class defines __hash__/__eq__ in Python, and a lookup would
+    // call them. O(n^2), only for dicts whose keys are out of order.
     PyObject* vkeys = PyDict_Keys(v);
     if (vkeys == nullptr) return -1;
-    PyObject* ckeys = PyDict_Keys(c);
-    if (ckeys == nullptr) {
-        Py_DECREF(vkeys);
-        return -1;
-    }
     int r = all_constant(vkeys);
-    if (r == 1) r = partner_match(vkeys, ckeys);
-    for (Py_ssize_t i = 0; r == 1 && i < PyList_GET_SIZE(vkeys); ++i) {
-        PyObject* k = PyList_GET_ITEM(vkeys, i);
-        PyObject* x = PyDict_GetItemWithError(v, k);
-        PyObject* y = PyDict_GetItemWithError(c, k);
-        if (x == nullptr || y == nullptr) {
-            r = PyErr_Occurred() ? -1 : 0;
-        } else {
-            r = equals_match(x, y);
-        }
-    }
     Py_DECREF(vkeys);
-    Py_DECREF(ckeys);
+    Py_ssize_t qc = 0;
+    while (r == 1 && PyDict_Next(c, &qc, &kc, &vc)) {
+        Py_ssize_t qv = 0;
+        bool found = false;
+        while (!found && PyDict_Next(v, &qv, &kv, &vv)) {
+            const int q = equals_match(kv, kc);
+            if (q < 0) return -1;
+            found = q == 1;
+        }
+        r = found ? equals_match(vv, vc) : 0;
+    }
     return r;
 }
 
 }  // namespace
 
+namespace {
+int is_constant_container(PyObject* v, PyTypeObject* t);
+}  // namespace
+
 int is_constant(PyObject* v) {
     PyTypeObject* t = Py_TYPE(v);
     if (is_scalar_type(t)) return 1;
+    // Values checked here come from user input (a set's elements, a dict's keys) and may nest
+    // arbitrarily deep: a RecursionError (guard fails) instead of overflowing the C stack.
+    if (Py_EnterRecursiveCall(" in tripwire's constant check")) return -1;
+    const int r = is_constant_container(v, t);
+    Py_LeaveRecursiveCall();
+    return r;
+}
+
+namespace {
+int is_constant_container(PyObject* v, PyTypeObject* t) {
     if (t == &PyTuple_Type || t == &PyList_Type) {
         for (Py_ssize_t i = 0; i < Py_SIZE(v); ++i) {
             PyObject* item = t == &PyTuple_Type ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i);
@@ -162,6 +172,7 @@ int is_constant(PyObject* v) {
     // the type's MRO, which is a plain tuple walk.
     return PyType_IsSubtype(t, reinterpret_cast<PyTypeObject*>(base)) ? 1 : 0;
 }
+}  // namespace
 
 int equals_match(PyObject* v, PyObject* c) {
     PyTypeObject* t = Py_TYPE(c);

@@ -71,7 +71,7 @@ class Weak:
 
     def __init__(self, obj: Any) -> None:
         self.ref = weakref.ref(obj)
-        self.type_name = type(obj).__name__
+        self.type_name = _type_name(type(obj))
         self.address = id(obj)
 
     def get(self) -> Any:
@@ -155,7 +155,7 @@ class GuardSpec:
         if k is GuardKind.DICT_KEYS:
             return list(a[0])
         if k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
-            return ("has " if a[1] else "lacks ") + repr(a[0])
+            return ("has " if a[1] else "lacks ") + _short(a[0])
         if k is GuardKind.DICT_VERSION:
             return f"dict version {a[0]}"
         if k is GuardKind.RANGE_ITERATOR:
@@ -182,7 +182,7 @@ class GuardSpec:
         if k is GuardKind.TYPE_MATCH:
             return f"type({s}) is {_name(a[0])}"
         if k is GuardKind.ID_MATCH:
-            return f"{s} is <{type(a[0]).__name__} at {id(a[0]):#x}>"
+            return f"{s} is <{_type_name(type(a[0]))} at {id(a[0]):#x}>"
         if k is GuardKind.NONE:
             return f"{s} is None"
         if k is GuardKind.NOT_NONE:
@@ -199,7 +199,7 @@ class GuardSpec:
             rel = "==" if a[1] else "set-equal"
             return f"list(dict.keys({s})) {rel} {_short(list(a[0]))}"
         if k is GuardKind.DICT_CONTAINS:
-            return f"({a[0]!r} in {s}) is {a[1]}"
+            return f"({_short(a[0])} in {s}) is {a[1]}"
         if k is GuardKind.HASATTR:
             return f"hasattr({s}, {a[0]!r}) is {a[1]}"
         if k is GuardKind.DICT_VERSION:
@@ -215,6 +215,14 @@ class GuardSpec:
         if k is GuardKind.GLOBAL_STATE:
             return f"global_state {a[2]!r} == {_short(a[1])}"
         return f"lambda: {a[1]}"  # LAMBDA
+
+
+def _type_name(t: type) -> str:
+    """``t.__name__`` without going through a (possibly hostile) metaclass ``__getattribute__``."""
+    try:
+        return type.__getattribute__(t, "__name__")
+    except Exception:  # noqa: BLE001
+        return "<type>"
 
 
 def _name(t: Any) -> str:

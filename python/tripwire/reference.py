@@ -73,6 +73,15 @@ def dict_version(d: dict) -> int:
 
 
 # -- fetching -----------------------------------------------------------------------------------
+def _exc_text(e: BaseException) -> str:
+    """``"TypeName: message"``; the message is dropped when str() of a hostile exception raises."""
+    try:
+        msg = str(e)
+    except Exception:  # noqa: BLE001
+        msg = ""
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
 def fetch_step(v: Any, step: Step) -> Any:
     """Apply one step to value ``v``. Raises FetchError (with the cause's text) on failure."""
     k, a = step.kind, step.arg
@@ -124,7 +133,7 @@ def fetch_step(v: Any, step: Step) -> Any:
     except FetchError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure of user code means the guard fails
-        raise FetchError(f"{type(e).__name__}: {e}") from None
+        raise FetchError(_exc_text(e)) from None
 
 
 def fetch(
@@ -153,7 +162,7 @@ def fetch(
                 raise KeyError(f"no closure cells were given for {source.name!r}")
             v = f_closure[source.name].cell_contents
     except Exception as e:  # noqa: BLE001
-        raise FetchError(f"{type(e).__name__}: {e}") from None
+        raise FetchError(_exc_text(e)) from None
     for step in source.steps:
         v = fetch_step(v, step)
     return v
