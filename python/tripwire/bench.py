@@ -296,7 +296,8 @@ W3_ARGS: tuple[Any, ...] = (
 def _w3_locals(args: tuple) -> dict:
     import copy
 
-    return {f"a{i}": copy.deepcopy(v) for i, v in enumerate(args)}
+    # Interned names, as a frame's f_locals keys are (the code object's co_varnames).
+    return {sys.intern(f"a{i}"): copy.deepcopy(v) for i, v in enumerate(args)}
 
 
 def build_w3(with_torch: bool) -> Workload:
@@ -1066,7 +1067,11 @@ def report(results: list[dict], *, repeat: int) -> str:
                 r_min, r_med = tw.min / c.min, tw.median / c.median
                 ok = r_min <= bound and r_med <= bound
                 verdict = "MET" if ok else ("met on min only" if r_min <= bound else "MISSED")
-                out.append(f"  {text} [vs {nm}]: tw/x = {r_min:.3f} (min), {r_med:.3f} (median) -> {verdict}")
+                line = f"  {text} [vs {nm}]: tw/x = {r_min:.3f} (min), {r_med:.3f} (median) -> {verdict}"
+                if c.instructions and tw.instructions:
+                    r_ir = tw.instructions / c.instructions
+                    line += f"; instructions {r_ir:.3f} -> {'MET' if r_ir <= bound else 'MISSED'}"
+                out.append(line)
     return "\n".join(out)
 
 
