@@ -143,7 +143,7 @@ def test_engine_matches_reference(data: st.DataObject) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=1500, **_SETTINGS)
+@settings(max_examples=1000, **_SETTINGS)
 @given(st.data())
 def test_engine_matches_reference_long(data: st.DataObject) -> None:
     run_case(data, mutations=10)
