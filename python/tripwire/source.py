@@ -32,6 +32,7 @@ import ast
 import enum
 import keyword
 import math
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -126,7 +127,14 @@ class Step:
         """Print this step applied to the printed base source ``base``."""
         k, a = self.kind, self.arg
         if k is StepKind.ATTR:
-            plain = a.isidentifier() and not keyword.iskeyword(a) and a not in _RESERVED_ATTRS
+            # The parser NFKC-normalises identifiers (``X.𝕊`` reads attribute 'S'): such names,
+            # keywords and step dunders print through getattr() to parse back to themselves.
+            plain = (
+                a.isidentifier()
+                and not keyword.iskeyword(a)
+                and a not in _RESERVED_ATTRS
+                and unicodedata.normalize("NFKC", a) == a
+            )
             return f"{base}.{a}" if plain else f"getattr({base}, {a!r})"
         if k is StepKind.ITEM:
             return f"{base}[{a!r}]"

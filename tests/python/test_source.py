@@ -46,6 +46,8 @@ PRINTED = [
     (L("o").attr("__defaults__").item(0), "getattr(L['o'], '__defaults__')[0]"),
     (L("o").attr("__kwdefaults__").item("k"), "getattr(L['o'], '__kwdefaults__')['k']"),
     (L("o").attr("__len__"), "L['o'].__len__"),
+    (L("o").attr("\U0001d54a"), "getattr(L['o'], '\U0001d54a')"),  # NFKC-normalises to 'S' as X.name
+    (L("o").attr("\u00e9t\u00e9"), "L['o'].\u00e9t\u00e9"),  # a normalised non-ASCII name prints plainly
     (L("weird name"), "L['weird name']"),
     (L(""), "L['']"),
     (
