@@ -183,6 +183,19 @@ int equals_match(PyObject* v, PyObject* c) {
         const Py_complex x = PyComplex_AsCComplex(v), y = PyComplex_AsCComplex(c);
         return nan_equal(x.real, y.real) && nan_equal(x.imag, y.imag) ? 1 : 0;
     }
+    if (t == &PyRange_Type) {
+        // start, stop and step, not the items: range(0) == range(5, 5) in Python, but code
+        // specialised for one may read .stop and must not be reused for the other.
+        for (const char* field : {"start", "stop", "step"}) {
+            PyObject* a = PyObject_GetAttrString(v, field);
+            PyObject* b = a ? PyObject_GetAttrString(c, field) : nullptr;
+            const int r = b ? PyObject_RichCompareBool(a, b, Py_EQ) : -1;
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            if (r != 1) return r;
+        }
+        return 1;
+    }
     if (is_scalar_type(t)) return PyObject_RichCompareBool(v, c, Py_EQ);
     if (t == &PyTuple_Type || t == &PyList_Type) {
         const Py_ssize_t n = Py_SIZE(c);

@@ -200,7 +200,9 @@ def equals_match(v: Any, c: Any) -> bool:
         return v == c or (math.isnan(v) and math.isnan(c))
     if t is complex:
         return v == c or (cmath.isnan(v) and cmath.isnan(c) and _complex_nan_eq(v, c))
-    if t in _EQ_SCALARS or t is range:
+    if t is range:  # the fields, not the items: range(0) == range(5, 5) in Python
+        return (v.start, v.stop, v.step) == (c.start, c.stop, c.step)
+    if t in _EQ_SCALARS:
         return v == c
     if t is slice:
         return all(equals_match(x, y) for x, y in ((v.start, c.start), (v.stop, c.stop), (v.step, c.step)))
