@@ -150,7 +150,9 @@ class GuardSet(_core.GuardSetCore):
 
     # -- diagnostics -----------------------------------------------------------------------------------
     def failures(self, f_locals: Mapping[str, Any]) -> list[Failure]:
-        """Every failing guard for these locals, in installation order."""
+        """The failing guards for these locals, in installation order. A source that cannot be
+        read is reported once, under the first-installed guard on it or below it (the guards
+        below it are not evaluated)."""
         return [self._failure(rec) for rec in self._failures(f_locals, False)]
 
     def why_not(self, f_locals: Mapping[str, Any]) -> Failure | None:
