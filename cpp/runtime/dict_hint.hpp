@@ -127,6 +127,25 @@ inline PyObject* instance_attr_hinted(PyObject* obj, PyObject* name, Py_ssize_t*
     if (dict == nullptr || !PyDict_Check(dict)) return nullptr;
     return dict_get_hinted(dict, name, hint);
 }
+/// DICT_KEYS fast path: 1 when dict `d`'s keys, in storage order, are exactly the objects of
+/// tuple `keys` (pointer identity, which implies type-exact equality), -1 when that cannot be
+/// decided this way (a key is another object, a split table, hints off); never 0. The caller
+/// has already checked the sizes match.
+inline int dict_keys_identical(PyObject* d, PyObject* keys) {
+    if (!g_dict_hints_enabled) return -1;
+    auto* mp = reinterpret_cast<layout311::Dict*>(d);
+    if (mp->ma_values != nullptr) return -1;
+    layout311::Keys* dk = mp->ma_keys;
+    const Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < dk->dk_nentries; ++i) {
+        PyObject* k = layout311::entry_key(dk, i);
+        if (k == nullptr) continue;  // deleted entry
+        if (j >= n || k != PyTuple_GET_ITEM(keys, j)) return -1;
+        ++j;
+    }
+    return j == n ? 1 : -1;
+}
 /// Whether instance_attr_hinted reads the object's whole own storage (so "not found" there
 /// means "not an instance attribute").
 inline bool instance_hints_complete() { return g_dict_hints_enabled; }
@@ -134,6 +153,7 @@ inline bool instance_hints_complete() { return g_dict_hints_enabled; }
 inline PyObject* dict_get_hinted(PyObject*, PyObject*, Py_ssize_t*) { return nullptr; }
 inline PyObject* instance_attr_hinted(PyObject*, PyObject*, Py_ssize_t*) { return nullptr; }
 inline bool instance_hints_complete() { return false; }
+inline int dict_keys_identical(PyObject*, PyObject*) { return -1; }
 #endif
 
 }  // namespace tripwire::runtime

@@ -44,6 +44,19 @@ Fetched generic_getattr(PyObject* obj, PyObject* name) {
     return r == 0 ? missing() : error();
 }
 
+// Whether getattr on instances of tp finds instance-dict entries exactly as
+// object.__getattribute__ does. True for PyObject_GenericGetAttr, and for heap types whose only
+// override is __getattr__ (nn.Module-style): CPython then installs a hook that calls
+// object.__getattribute__ first and __getattr__ only when that raises AttributeError, which never
+// happens for an attribute found in the instance dict. Checked under the type's version tag.
+bool uses_generic_getattribute(PyTypeObject* tp) {
+    if (tp->tp_getattro == PyObject_GenericGetAttr) return true;
+    if (!PyType_HasFeature(tp, Py_TPFLAGS_HEAPTYPE)) return false;
+    static PyObject* name = PyUnicode_InternFromString("__getattribute__");
+    static PyObject* object_getattribute = _PyType_Lookup(&PyBaseObject_Type, name);  // immortal in practice
+    return object_getattribute != nullptr && _PyType_Lookup(tp, name) == object_getattribute;
+}
+
 // Fill the inline cache for (type of obj, name).
 void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name) {
     c.type = tp;
@@ -59,9 +72,15 @@ void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name) {
         if (PyUnicode_READ_CHAR(name, 0) != '_') c.mode = AttrCache::Mode::Module;
         return;
     }
-    if (tp->tp_getattro != PyObject_GenericGetAttr || tp->tp_dictoffset == 0) return;
+    if (!uses_generic_getattribute(tp) || tp->tp_dictoffset == 0) return;
     // A data descriptor (property, slot, __dict__) on the type wins over the instance dict.
     if (descr != nullptr && Py_TYPE(descr)->tp_descr_set != nullptr) return;
+    // Any other class attribute of that name loses to the instance dict only while its own type
+    // has no __set__/__delete__, and a mutable class can gain them without changing `tp`'s
+    // version tag (the cache would then keep reading the instance dict: a false pass). Only an
+    // immutable type (int, str, None, function, ...) is known to stay a non-data descriptor.
+    // CPython's LOAD_ATTR specialisation likewise refuses names the type defines.
+    if (descr != nullptr && !(Py_TYPE(descr)->tp_flags & Py_TPFLAGS_IMMUTABLETYPE)) return;
     c.mode = AttrCache::Mode::InstanceDict;
 }
 

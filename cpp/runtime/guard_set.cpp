@@ -283,7 +283,15 @@ inline int GuardSet::eval_guards(std::uint32_t ni, PyObject* v) {
             case core::GuardKind::EqualsMatch:
                 // A constant held weakly (an enum member) may have been freed by user code run
                 // earlier in this walk; the set is invalid then, so fail without touching it.
-                r = state_->invalid ? 0 : equals_match(v, g.a);
+                if (state_->invalid) {
+                    r = 0;
+                } else if (v == g.a) {
+                    r = 1;  // the constant itself: equal (NaN included, by the catalogue's rule)
+                } else if (Py_TYPE(v) != Py_TYPE(g.a)) {
+                    r = 0;
+                } else {
+                    r = equals_match(v, g.a);
+                }
                 break;
             default: r = eval_guard(g, v); break;
         }

@@ -1,6 +1,8 @@
 // tripwire/cpp/runtime/predicates.cpp -- the guard kinds of the catalogue, on live objects.
 #include "predicates.hpp"
 
+#include "dict_hint.hpp"
+
 #include <unordered_map>
 
 namespace tripwire::runtime {
@@ -27,6 +29,7 @@ int dict_keys_match(PyObject* v, PyObject* keys, bool ordered) {
     if (!PyDict_Check(v)) return 0;
     const Py_ssize_t n = PyTuple_GET_SIZE(keys);
     if (PyDict_GET_SIZE(v) != n) return 0;
+    if (dict_keys_identical(v, keys) == 1) return 1;
     // Walk the dict's own storage: an overridden keys() is never called.
     Py_ssize_t pos = 0, i = 0;
     PyObject *k, *x;
