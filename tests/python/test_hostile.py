@@ -696,7 +696,9 @@ class Len:
     def __len__(self):
         n = self.n
         if isinstance(n, BaseException):
-            raise n
+            # A fresh instance: raising the shared parametrize value would pin this frame (and
+            # the guard set in it) to its __traceback__ for the rest of the session.
+            raise type(n)(*n.args)
         return n
 
 
@@ -1531,3 +1533,157 @@ def test_deeply_nested_value_against_equals_constants():
     assert clean_check(gs, {"d": {deep: 1, "b": 2}}) is False
     while deep:  # tear it down iteratively
         (deep,) = deep
+
+
+def test_attribute_and_key_storage_transitions_under_the_fast_paths():
+    """Instance attributes and dict entries move around under the inline caches and entry hints:
+    deleted and re-added (new entry index), shared keys outgrown (split -> combined dict),
+    __dict__ materialised or replaced, a non-str-exact key, a resize. After every mutation the
+    engine must agree with the reference."""
+
+    class C:
+        def __init__(self):
+            self.a = 1
+            self.b = 2
+
+    class Slotted:
+        __slots__ = ("a", "__dict__")
+
+    b = tw.GuardBuilder({"o": C(), "g": 1})
+    b.equals("L['o'].a")
+    b.equals("L['o'].b")
+    gs = b.build()
+    o = C()
+    f_locals = {"o": o, "g": 1}
+
+    class K(str):
+        pass
+
+    steps = [
+        lambda: None,
+        lambda: delattr(o, "a"),
+        lambda: setattr(o, "a", 1),  # back, at a new position
+        lambda: setattr(o, "b", "two"),
+        lambda: setattr(o, "b", 2),
+        lambda: [setattr(o, f"extra{i}", i) for i in range(40)],  # outgrow the shared keys
+        lambda: delattr(o, "b"),
+        lambda: setattr(o, "b", 2),
+        lambda: o.__dict__,  # materialise the instance dict
+        lambda: o.__dict__.pop("a"),
+        lambda: o.__dict__.update(a=1),
+        lambda: setattr(o, "__dict__", {"a": 1, "b": 2}),
+        lambda: setattr(o, "__dict__", {K("a"): 1, "b": 2}),  # a str subclass key equal to 'a'
+        lambda: setattr(o, "__dict__", {"b": 2}),
+        lambda: setattr(o, "__dict__", {"".join(["a"]): 1, "b": 2}),
+        lambda: f_locals.pop("o"),
+        lambda: f_locals.update(o=o),  # the root key back, at a new position
+        lambda: f_locals.update({f"pad{i}": i for i in range(100)}),  # resize f_locals
+        lambda: f_locals.pop("o"),
+        lambda: f_locals.__setitem__("".join(["o"]), o),  # an equal, non-identical key
+    ]
+    results = []
+    for i, step in enumerate(steps):
+        step()
+        for _ in range(2):  # once to learn, once through the learned fast path
+            got = clean_check(gs, f_locals)
+            assert got == ref_check(gs, f_locals), (i, vars(o))
+        results.append(got)
+    assert True in results and False in results
+
+    s = Slotted()
+    s.a = 1
+    s.b = 2
+    b = tw.GuardBuilder({"s": s})
+    b.equals("L['s'].a")  # a slot: a data descriptor, never the instance dict
+    b.equals("L['s'].b")
+    gs = b.build()
+    s.__dict__["a"] = 99  # shadowed by the slot
+    assert clean_check(gs, {"s": s}) is True
+    del s.a
+    assert clean_check(gs, {"s": s}) is False
+    assert ref_check(gs, {"s": s}) is False
+
+
+def test_module_attributes_under_the_module_fast_path():
+    import types
+
+    m = types.ModuleType("hostile_mod")
+    m.flag = 1
+    b = tw.GuardBuilder({"m": m})
+    b.equals("L['m'].flag")
+    gs = b.build()
+    assert clean_check(gs, {"m": m}) is True
+    del m.flag
+    assert clean_check(gs, {"m": m}) is False
+    calls = []
+
+    def module_getattr(name):
+        calls.append(name)
+        if name == "flag":
+            return 1
+        raise AttributeError(name)
+
+    m.__getattr__ = module_getattr  # PEP 562: consulted only when the dict misses
+    assert clean_check(gs, {"m": m}) is True and calls == ["flag"]
+    m.flag = 2
+    assert clean_check(gs, {"m": m}) is False and calls == ["flag"]
+    m.__getattr__ = lambda name: (_ for _ in ()).throw(RuntimeError("module getattr exploded"))
+    del m.flag
+    assert clean_check(gs, {"m": m}) is False
+    assert ref_check(gs, {"m": m}) is False
+
+    class LyingModule(types.ModuleType):
+        @property
+        def flag(self):
+            return 2
+
+    m.__class__ = LyingModule  # a ModuleType subclass: not the exact-module fast path
+    m.__dict__["flag"] = 1
+    assert clean_check(gs, {"m": m}) is False
+    assert ref_check(gs, {"m": m}) is False
+
+
+def test_class_attribute_whose_type_becomes_a_data_descriptor():
+    """The instance dict shadows a non-data class attribute only while the attribute's type has
+    no __set__. Giving that type a __set__ changes what getattr returns without touching the
+    owning class (so its version tag stays): the attribute cache must not keep reading the
+    instance dict."""
+
+    class Desc:
+        def __get__(self, obj, objtype=None):
+            return 2
+
+    class Plain:
+        pass
+
+    class C:
+        x = Desc()
+        y = Plain()
+        z = 0  # an int default: int can never become a descriptor
+
+    o = C()
+    o.__dict__.update(x=1, y=1, z=1)
+    b = tw.GuardBuilder({"o": o})
+    b.equals("L['o'].x")
+    b.equals("L['o'].y")
+    b.equals("L['o'].z")
+    gs = b.build()
+    for _ in range(3):  # fill and use the caches
+        assert clean_check(gs, {"o": o}) is True
+    Desc.__set__ = lambda self, obj, value: None
+    assert o.x == 2
+    assert clean_check(gs, {"o": o}) is False
+    assert gs.why_not({"o": o}).source == "L['o'].x"
+    assert ref_check(gs, {"o": o}) is False
+    del Desc.__set__
+    assert clean_check(gs, {"o": o}) is True
+    Plain.__get__ = lambda self, obj, objtype=None: 5
+    Plain.__set__ = lambda self, obj, value: None
+    assert o.y == 5
+    assert clean_check(gs, {"o": o}) is False
+    assert gs.why_not({"o": o}).source == "L['o'].y"
+    assert ref_check(gs, {"o": o}) is False
+    del Plain.__get__, Plain.__set__
+    assert clean_check(gs, {"o": o}) is True
+    o.z = 2
+    assert clean_check(gs, {"o": o}) is False
