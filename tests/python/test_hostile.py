@@ -1687,3 +1687,31 @@ def test_class_attribute_whose_type_becomes_a_data_descriptor():
     assert clean_check(gs, {"o": o}) is True
     o.z = 2
     assert clean_check(gs, {"o": o}) is False
+
+
+def test_instance_attributes_of_variable_size_objects():
+    """int/tuple subclasses keep their instance dict at a negative offset (after the items)."""
+
+    class I(int):
+        pass
+
+    class T(tuple):
+        pass
+
+    i, t = I(7), T((1, 2, 3))
+    i.tag, t.tag = "i", "t"
+    b = tw.GuardBuilder({"i": i, "t": t})
+    b.equals("L['i'].tag")
+    b.equals("L['t'].tag")
+    b.type_match("L['i']")
+    gs = b.build()
+    for _ in range(2):
+        assert clean_check(gs, {"i": i, "t": t}) is True
+    i2, t2 = I(10**30), T(range(100))  # bigger objects: the dict sits further away
+    i2.tag, t2.tag = "i", "t"
+    assert clean_check(gs, {"i": i2, "t": t2}) is True
+    t2.tag = "x"
+    assert clean_check(gs, {"i": i2, "t": t2}) is False
+    del i2.tag
+    assert clean_check(gs, {"i": i2, "t": t}) is False
+    assert ref_check(gs, {"i": i2, "t": t}) is False
