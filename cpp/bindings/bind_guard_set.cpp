@@ -116,7 +116,7 @@ void register_guard_set(nb::module_& m) {
                 if (r < 0) throw nb::python_error();
                 return r == 1;
             },
-            nb::arg("f_locals"),
+            nb::arg("f_locals").none(),
             nb::sig("def check(self, f_locals: typing.Mapping[str, typing.Any], /) -> bool"),
             "True when every guard holds for these locals. Never raises for a failing guard (only in "
             "strict mode, or for KeyboardInterrupt and other non-Exception errors).")
@@ -133,7 +133,7 @@ void register_guard_set(nb::module_& m) {
                 }
                 return out;
             },
-            nb::arg("f_locals"), nb::arg("first_only"),
+            nb::arg("f_locals").none(), nb::arg("first_only"),
             "[(guard_id, value, reason, fetch_failed)] for failing guards, by installation order.")
         .def(
             "_tree",
