@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from .builder import Checkpoint, GuardBuilder
 from .catalogue import GuardKind, GuardSpec
-from .errors import GuardBuildError, GuardEvalError, SourceParseError, TripwireError
+from .errors import GuardBuildError, GuardEvalError, RecompileError, SourceParseError, TripwireError
 from .failure import Failure
 from .guard_set import GuardSet
 from .infer import Policy, guards_for, infer_into
+from .logs import format_recompile, set_logs
 from .source import RootKind, Source, Step, StepKind
 
 __version__ = "0.1.0"
@@ -32,12 +33,15 @@ __all__ = [
     "GuardSet",
     "GuardSpec",
     "Policy",
+    "RecompileError",
     "RootKind",
     "Source",
     "SourceParseError",
     "Step",
     "StepKind",
     "TripwireError",
+    "format_recompile",
     "guards_for",
     "infer_into",
+    "set_logs",
 ]

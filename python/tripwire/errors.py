@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TripwireError", "GuardBuildError", "GuardEvalError", "SourceParseError"]
+__all__ = ["TripwireError", "GuardBuildError", "GuardEvalError", "SourceParseError", "RecompileError"]
 
 from .source import SourceParseError
 
@@ -19,3 +19,13 @@ class GuardBuildError(TripwireError, ValueError):
 class GuardEvalError(TripwireError, RuntimeError):
     """Raised by ``check`` of a set built with ``strict=True`` when a source or guard raised;
     the original exception is its ``__cause__``."""
+
+
+class RecompileError(TripwireError, RuntimeError):
+    """A specialised function missed its cache while ``error_on_recompile`` was set; the message
+    is the recompile reason (``tripwire.logs.format_recompile``), ``failures`` the per-entry
+    :class:`tripwire.Failure` list."""
+
+    def __init__(self, message: str, failures: tuple = ()) -> None:
+        super().__init__(message)
+        self.failures = tuple(failures)

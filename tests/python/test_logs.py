@@ -1,0 +1,172 @@
+"""Recompile reasons: format_recompile, the tripwire.recompiles logger, TRIPWIRE_LOGS, RecompileError."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tripwire as tw
+from tripwire import logs
+
+
+def install_guards(example):
+    # The install site the reason must show: this function's frame.
+    b = tw.GuardBuilder(example)
+    b.type_match("L['x']")
+    b.equals("L['cfg']['mode']")
+    return b.build()
+
+
+def sample_fn(x, cfg):
+    return x
+
+
+@pytest.fixture(autouse=True)
+def _reset_logs():
+    yield
+    tw.set_logs("")
+
+
+def failures_for(new_locals):
+    gs = install_guards({"x": 1, "cfg": {"mode": "fast"}})
+    f = gs.why_not(new_locals)
+    assert f is not None
+    return [f]
+
+
+def test_format_names_function_file_line_source_expected_actual_and_install_site():
+    msg = tw.format_recompile(sample_fn, failures_for({"x": 1, "cfg": {"mode": "slow"}}), names=["e0"])
+    code = sample_fn.__code__
+    assert msg.startswith(f"Recompiling function sample_fn in {code.co_filename}:{code.co_firstlineno}")
+    assert "entry 0 'e0'" in msg
+    assert "source: L['cfg']['mode']" in msg
+    assert "kind: EQUALS_MATCH" in msg
+    assert "expected: 'fast'" in msg and "actual: 'slow'" in msg
+    assert "guard installed at (innermost last):" in msg
+    site_lines = [ln.strip() for ln in msg.splitlines() if ln.startswith("          ")]
+    assert site_lines, msg
+    # innermost last: the builder call in install_guards, called from failures_for
+    assert site_lines[-1].startswith(f"{__file__}:") and site_lines[-1].endswith("in install_guards")
+    assert any(s.endswith("in failures_for") for s in site_lines)
+
+
+def test_format_type_failure_and_several_entries():
+    f1 = failures_for({"x": "s", "cfg": {"mode": "fast"}})[0]
+    f2 = failures_for({"x": 1, "cfg": {"mode": "slow"}})[0]
+    msg = tw.format_recompile(sample_fn, [f1, f2])
+    assert "entry 0: " in msg and "entry 1: " in msg
+    assert "kind: TYPE_MATCH" in msg and "actual: <class 'str'>" in msg
+    assert msg.index("TYPE_MATCH") < msg.index("EQUALS_MATCH")
+
+
+def test_format_without_code_object_and_without_entries():
+    msg = tw.format_recompile(len, [])
+    assert "Recompiling function len in <unknown>" in msg
+    assert "(no cached entry)" in msg
+
+
+def test_report_logs_at_info_when_enabled(caplog):
+    fails = failures_for({"x": 1, "cfg": {"mode": "slow"}})
+    with caplog.at_level(logging.INFO, logger="tripwire.recompiles"):
+        msg = logs.report_recompile(sample_fn, fails)
+    assert msg is not None
+    recs = [r for r in caplog.records if r.name == "tripwire.recompiles"]
+    assert len(recs) == 1 and recs[0].levelno == logging.INFO
+    assert recs[0].getMessage() == msg
+    assert "L['cfg']['mode']" in msg
+
+
+def test_report_formats_nothing_when_disabled(caplog):
+    fails = failures_for({"x": 1, "cfg": {"mode": "slow"}})
+    with caplog.at_level(logging.WARNING, logger="tripwire.recompiles"):
+        assert logs.report_recompile(sample_fn, fails) is None
+    assert not [r for r in caplog.records if r.name == "tripwire.recompiles"]
+
+
+def test_report_error_raises_recompile_error():
+    fails = failures_for({"x": 1, "cfg": {"mode": "slow"}})
+    with pytest.raises(tw.RecompileError) as ei:
+        logs.report_recompile(sample_fn, fails, error=True)
+    assert isinstance(ei.value, tw.TripwireError)
+    assert "Recompiling function sample_fn" in str(ei.value)
+    assert ei.value.failures == tuple(fails)
+
+
+def test_parse_logs():
+    assert logs.parse_logs("recompiles") == {"recompiles"}
+    assert logs.parse_logs(" Recompiles , ,") == {"recompiles"}
+    assert logs.parse_logs("") == frozenset()
+    assert logs.parse_logs(None) == frozenset()
+    assert logs.parse_logs(["recompiles"]) == {"recompiles"}
+    with pytest.raises(ValueError, match="unknown tripwire log 'graph'"):
+        logs.parse_logs("recompiles,graph")
+    with pytest.raises(TypeError):
+        logs.parse_logs([3])
+
+
+def test_set_logs_attaches_one_handler_and_removes_it():
+    stream = io.StringIO()
+    assert tw.set_logs("recompiles", stream=stream) == {"recompiles"}
+    tw.set_logs("recompiles", stream=stream)  # idempotent: still one handler
+    mine = [h for h in logs.RECOMPILES.handlers if getattr(h, logs._HANDLER_MARK, False)]
+    assert len(mine) == 1
+    assert logs.RECOMPILES.level == logging.INFO
+    assert logs.recompile_logging_enabled()
+    logs.report_recompile(sample_fn, failures_for({"x": 1, "cfg": {"mode": "slow"}}))
+    out = stream.getvalue()
+    assert out.startswith("[tripwire.recompiles] Recompiling function sample_fn")
+    tw.set_logs("")
+    assert not [h for h in logs.RECOMPILES.handlers if getattr(h, logs._HANDLER_MARK, False)]
+    assert logs.RECOMPILES.level == logging.NOTSET
+
+
+def test_set_logs_leaves_application_handlers_alone():
+    other = logging.NullHandler()
+    logs.RECOMPILES.addHandler(other)
+    try:
+        tw.set_logs("recompiles", stream=io.StringIO())
+        tw.set_logs("")
+        assert other in logs.RECOMPILES.handlers
+    finally:
+        logs.RECOMPILES.removeHandler(other)
+
+
+_CHILD = """
+import logging, tripwire as tw
+from tripwire import logs
+def f(x): return x
+b = tw.GuardBuilder({"x": 1}); b.equals("L['x']"); gs = b.build()
+print(logs.RECOMPILES.level == logging.INFO, flush=True)
+logs.report_recompile(f, [gs.why_not({"x": 2})])
+"""
+
+
+def _child(env_value):
+    env = dict(os.environ)
+    env.pop("TRIPWIRE_LOGS", None)
+    if env_value is not None:
+        env["TRIPWIRE_LOGS"] = env_value
+    return subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_env_var_enables_recompiles_on_stderr():
+    r = _child("recompiles")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True"
+    assert "[tripwire.recompiles] Recompiling function f in <string>:" in r.stderr
+    assert "source: L['x']  kind: EQUALS_MATCH  expected: 1  actual: 2" in r.stderr
+
+
+def test_env_var_absent_or_bad_logs_nothing():
+    r = _child(None)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False" and "Recompiling" not in r.stderr
+    r = _child("recompiles,bogus")
+    assert r.returncode == 0, r.stderr
+    assert "ignoring TRIPWIRE_LOGS='recompiles,bogus'" in r.stderr
+    assert "Recompiling" not in r.stderr
