@@ -12,6 +12,9 @@ namespace {
 
 constexpr const char* kCapsuleName = "tripwire.invalidation";
 
+// Bumped under the GIL by every invalidation (see invalidation_epoch()).
+std::uint64_t g_invalidation_epoch = 0;
+
 /// What a weakref callback needs: the shared flag and a description of the object it watches.
 struct DeathWatch {
     std::shared_ptr<InvalidationState> state;
@@ -26,6 +29,7 @@ PyObject* on_guarded_object_death(PyObject* capsule, PyObject* /*weakref*/) {
         PyErr_Clear();
     } else if (!w->state->invalid) {
         w->state->invalid = true;
+        ++g_invalidation_epoch;
         w->state->why = "the guarded object " + w->what + " has died";
     }
     Py_RETURN_NONE;
@@ -49,6 +53,8 @@ std::string describe_object(PyObject* o) {
 [[noreturn]] void throw_python_error() { throw std::runtime_error(take_error_text()); }
 
 }  // namespace
+
+std::uint64_t invalidation_epoch() { return g_invalidation_epoch; }
 
 std::string take_error_text() {
     PyObject *type, *value, *tb;

@@ -53,6 +53,11 @@ struct GuardSetStats {
     std::uint64_t passes = 0;
 };
 
+/// Incremented each time any GuardSet becomes invalid (an identity-held object died). Holders of
+/// many sets (runtime::Cache) compare it with the value they last saw, so that they scan their
+/// sets for dead ones only after a death instead of on every lookup. GIL held.
+std::uint64_t invalidation_epoch();
+
 class GuardSet {
   public:
     /// Builds the runtime form. Raises (C++ exceptions) on an invalid program; a Python error

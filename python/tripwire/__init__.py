@@ -13,8 +13,16 @@ Build guards against example values, check them in nanoseconds, explain failures
 from __future__ import annotations
 
 from .builder import Checkpoint, GuardBuilder
+from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec
-from .errors import GuardBuildError, GuardEvalError, RecompileError, SourceParseError, TripwireError
+from .errors import (
+    GuardBuildError,
+    GuardEvalError,
+    RecompileError,
+    RecompileLimitExceeded,
+    SourceParseError,
+    TripwireError,
+)
 from .failure import Failure
 from .guard_set import GuardSet
 from .infer import Policy, guards_for, infer_into
@@ -24,6 +32,8 @@ from .source import RootKind, Source, Step, StepKind
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cache",
+    "CacheEntry",
     "Checkpoint",
     "Failure",
     "GuardBuildError",
@@ -33,6 +43,7 @@ __all__ = [
     "GuardSet",
     "GuardSpec",
     "Policy",
+    "RecompileLimitExceeded",
     "RecompileError",
     "RootKind",
     "Source",

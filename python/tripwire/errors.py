@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TripwireError", "GuardBuildError", "GuardEvalError", "SourceParseError", "RecompileError"]
+__all__ = ["TripwireError", "GuardBuildError", "GuardEvalError", "SourceParseError", "RecompileError", "RecompileLimitExceeded"]
 
 from .source import SourceParseError
 
@@ -29,3 +29,18 @@ class RecompileError(TripwireError, RuntimeError):
     def __init__(self, message: str, failures: tuple = ()) -> None:
         super().__init__(message)
         self.failures = tuple(failures)
+
+
+class RecompileLimitExceeded(TripwireError):
+    """``Cache.insert`` under ``on_limit="raise"`` would exceed a limit. ``limit`` is the limit's
+    name (``"recompile_limit"`` or ``"accumulated_limit"``), ``value`` its value, ``reasons`` why
+    the existing entries failed (Failure strings; empty when the caller gave no locals)."""
+
+    def __init__(self, limit: str, value: int, reasons: list[str]) -> None:
+        self.limit = limit
+        self.value = value
+        self.reasons = list(reasons)
+        msg = f"{limit} ({value}) reached"
+        if self.reasons:
+            msg += ": " + "; ".join(self.reasons)
+        super().__init__(msg)

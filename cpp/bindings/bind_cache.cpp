@@ -1,0 +1,194 @@
+// tripwire/cpp/bindings/bind_cache.cpp -- CacheCore and CacheEntry: the runtime cache in Python.
+//
+// python/tripwire/cache.py subclasses CacheCore as tripwire.Cache (probe names, the limit
+// exception, why_not, stats as a dict); lookup() stays a direct C++ call.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+
+#include "../runtime/cache.hpp"
+#include "register.hpp"
+
+namespace nb = nanobind;
+
+namespace tripwire::bindings {
+namespace {
+
+// tripwire._core.GuardSetCore, looked up once at registration (the module owns it).
+PyTypeObject* g_guard_set_type = nullptr;
+
+// GuardSetCore (bind_guard_set.cpp) is a struct holding exactly one
+// std::unique_ptr<runtime::GuardSet>, and is private to that file; we read the instance through
+// that layout after checking the Python type. Keep the two in step.
+runtime::GuardSet* resolve_guard_set(PyObject* o) {
+    if (g_guard_set_type == nullptr || !PyObject_TypeCheck(o, g_guard_set_type) || !nb::inst_ready(o))
+        return nullptr;
+    return nb::inst_ptr<std::unique_ptr<runtime::GuardSet>>(o)->get();
+}
+
+struct CacheCore {
+    std::unique_ptr<runtime::Cache> impl;
+
+    runtime::Cache& get() {
+        if (!impl) throw std::runtime_error("this Cache was cleared by the garbage collector");
+        return *impl;
+    }
+};
+
+int cache_traverse(PyObject* self, visitproc visit, void* arg) {
+    Py_VISIT(Py_TYPE(self));
+    if (!nb::inst_ready(self)) return 0;
+    auto* w = nb::inst_ptr<CacheCore>(self);
+    return w->impl ? w->impl->traverse(visit, arg) : 0;
+}
+
+int cache_clear(PyObject* self) {
+    if (!nb::inst_ready(self)) return 0;
+    // Dropping the entries breaks cycles through payloads that refer back to this cache.
+    auto* w = nb::inst_ptr<CacheCore>(self);
+    if (w->impl) w->impl->clear();
+    return 0;
+}
+
+PyType_Slot g_cache_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(cache_traverse)},
+                               {Py_tp_clear, reinterpret_cast<void*>(cache_clear)},
+                               {0, nullptr}};
+
+runtime::OnLimit parse_on_limit(const std::string& s) {
+    if (s == "raise") return runtime::OnLimit::Raise;
+    if (s == "fallback") return runtime::OnLimit::Fallback;
+    if (s == "evict") return runtime::OnLimit::Evict;
+    throw nb::value_error("on_limit must be 'raise', 'fallback' or 'evict'");
+}
+
+const char* on_limit_name(runtime::OnLimit p) {
+    switch (p) {
+        case runtime::OnLimit::Raise: return "raise";
+        case runtime::OnLimit::Fallback: return "fallback";
+        case runtime::OnLimit::Evict: return "evict";
+    }
+    return "raise";
+}
+
+bool entry_valid(const runtime::CacheEntry& e) {
+    if (!e.in_cache) return false;
+    runtime::GuardSet* gs = resolve_guard_set(e.guards.get());
+    return gs != nullptr && !gs->invalid();
+}
+
+}  // namespace
+
+void register_cache(nb::module_& m) {
+    g_guard_set_type = reinterpret_cast<PyTypeObject*>(m.attr("GuardSetCore").ptr());
+
+    nb::class_<runtime::CacheEntry>(m, "CacheEntry", "One entry of a tripwire.Cache (a view; read-only).")
+        .def_prop_ro("guards", [](const runtime::CacheEntry& e) { return nb::borrow(e.guards.get()); })
+        .def_prop_ro("payload", [](const runtime::CacheEntry& e) { return nb::borrow(e.payload.get()); })
+        .def_prop_ro("name", [](const runtime::CacheEntry& e) { return nb::borrow(e.name.get()); })
+        .def_prop_ro("hits", [](const runtime::CacheEntry& e) { return e.hits; })
+        .def_prop_ro("_snapshot",
+                     [](const runtime::CacheEntry& e) {
+                         return e.snapshot ? nb::borrow(e.snapshot.get()) : nb::none();
+                     })
+        .def_prop_ro(
+            "valid", &entry_valid,
+            "True while the entry is in its cache and no object its guards name by identity has died.")
+        .def("__repr__", [](const runtime::CacheEntry& e) {
+            std::string s = "<tripwire.CacheEntry ";
+            s += nb::cast<std::string>(nb::repr(nb::borrow(e.name.get())));
+            s += " hits=" + std::to_string(e.hits);
+            if (!entry_valid(e)) s += " INVALID";
+            return s + ">";
+        });
+
+    nb::class_<CacheCore>(m, "CacheCore", nb::type_slots(g_cache_slots),
+                          "The compiled-entry cache. Use tripwire.Cache, which subclasses it.")
+        .def(
+            "__init__",
+            [](CacheCore* self, long long recompile_limit, long long accumulated_limit,
+               const std::string& on_limit) {
+                if (recompile_limit < 1 || accumulated_limit < 1)
+                    throw nb::value_error("recompile_limit and accumulated_limit must be at least 1");
+                new (self) CacheCore{std::make_unique<runtime::Cache>(
+                    static_cast<std::size_t>(recompile_limit), static_cast<std::size_t>(accumulated_limit),
+                    parse_on_limit(on_limit), &resolve_guard_set)};
+            },
+            nb::arg("recompile_limit"), nb::arg("accumulated_limit"), nb::arg("on_limit"))
+        .def(
+            "_add_probe",
+            [](CacheCore& c, nb::handle fn, const std::string& name) {
+                if (!PyCallable_Check(fn.ptr())) throw nb::type_error("a probe must be callable");
+                return c.get().add_probe(fn.ptr(), name);
+            },
+            nb::arg("fn"), nb::arg("name"))
+        .def(
+            "_insert",
+            [](CacheCore& c, nb::handle guards, nb::handle payload, nb::handle name) {
+                runtime::InsertResult r = runtime::InsertResult::Inserted;
+                if (!c.get().insert(guards.ptr(), payload.ptr(), name.ptr(), r)) throw nb::python_error();
+                return static_cast<int>(r);
+            },
+            nb::arg("guards"), nb::arg("payload").none(), nb::arg("name").none(),
+            "0 inserted, 1 recompile_limit hit, 2 accumulated_limit hit (nothing inserted).")
+        .def(
+            "lookup",
+            [](CacheCore& c, nb::handle f_locals, nb::handle default_) {
+                runtime::EntryPtr e;
+                if (!c.get().lookup(f_locals.ptr(), e)) throw nb::python_error();
+                return e ? nb::borrow(e->payload.get()) : nb::borrow(default_);
+            },
+            nb::arg("f_locals").none(), nb::arg("default").none() = nb::none(),
+            nb::sig(
+                "def lookup(self, f_locals: typing.Mapping[str, typing.Any], /, default: typing.Any = None) "
+                "-> typing.Any"),
+            "The payload of the first matching entry, most recently used first, or `default` on a miss. "
+            "A payload may be None: use lookup_entry (or a sentinel default) to tell a hit from a miss.")
+        .def(
+            "lookup_entry",
+            [](CacheCore& c, nb::handle f_locals) -> nb::object {
+                runtime::EntryPtr e;
+                if (!c.get().lookup(f_locals.ptr(), e)) throw nb::python_error();
+                if (!e) return nb::none();
+                return nb::cast(e);
+            },
+            nb::arg("f_locals").none(), "The matching entry (counted as a hit), or None on a miss.")
+        .def("_probe_values",
+             [](CacheCore& c) -> nb::object {
+                 if (c.get().probe_names().empty()) return nb::none();
+                 runtime::Ref v = c.get().probe_values();
+                 if (!v) throw nb::python_error();
+                 return nb::steal(v.release());
+             })
+        .def("_snapshot_matches",
+             [](CacheCore&, const runtime::CacheEntry& e, nb::handle current) {
+                 const int r = runtime::Cache::snapshot_matches(e, current.ptr());
+                 if (r < 0) throw nb::python_error();
+                 return r == 1;
+             })
+        .def_prop_ro("probe_names", [](CacheCore& c) { return c.get().probe_names(); })
+        .def(
+            "_entries", [](CacheCore& c) { return c.get().entries(); }, "Entries, most recently used first.")
+        .def("__len__", [](CacheCore& c) { return c.get().size(); })
+        .def(
+            "clear", [](CacheCore& c) { c.get().clear(); }, "Drop every entry.")
+        .def_prop_ro(
+            "index_source",
+            [](CacheCore& c) -> nb::object {
+                const std::string& s = c.get().index_source();
+                return s.empty() ? nb::none() : nb::cast(s);
+            },
+            "The source the dispatch index hashes (e.g. \"L['x']\"), or None (ordered scan).")
+        .def_prop_ro("recompile_limit", [](CacheCore& c) { return c.get().recompile_limit(); })
+        .def_prop_ro("accumulated_limit", [](CacheCore& c) { return c.get().accumulated_limit(); })
+        .def_prop_ro("on_limit", [](CacheCore& c) { return on_limit_name(c.get().on_limit()); })
+        .def_prop_ro("_counters", [](CacheCore& c) {
+            const runtime::CacheStats& s = c.get().stats();
+            return nb::make_tuple(s.hits, s.misses, s.recompiles, s.invalidations, s.evictions);
+        });
+}
+
+}  // namespace tripwire::bindings

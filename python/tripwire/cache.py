@@ -1,0 +1,142 @@
+"""Cache: the per-function cache of compiled entries (a Python face on the C++ ``CacheCore``).
+
+One Cache belongs to one (function, backend) pair. ``lookup`` and ``lookup_entry`` are the C++
+methods themselves: global-state probes once, the dispatch index, then the candidate entries most
+recently used first. This module adds the conveniences that run only when asked: probe names,
+the limit exception with reasons, ``why_not`` and ``stats``. See docs/cache.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from . import _core
+from .catalogue import GuardKind, GuardSpec
+from .errors import RecompileLimitExceeded
+from .failure import Failure
+from .guard_set import GuardSet
+from .reference import BUILTIN_PROBES, equals_match
+
+__all__ = ["Cache", "CacheEntry"]
+
+CacheEntry = _core.CacheEntry
+
+_LIMIT_NAMES = {1: "recompile_limit", 2: "accumulated_limit"}
+
+
+class Cache(_core.CacheCore):
+    """Compiled entries for one function, each a GuardSet and a payload.
+
+    ``lookup(f_locals, default=None)`` returns the payload of the first entry, most recently used
+    first, whose guards hold, or ``default``. Since a payload may be None, tell a hit from a miss
+    with ``lookup_entry(f_locals)`` (the entry or None) or a sentinel ``default``.
+
+    ``on_limit`` says what ``insert`` does beyond ``recompile_limit`` (entries sharing the new
+    entry's ID_MATCH'd objects) or ``accumulated_limit`` (all entries): ``"raise"``
+    RecompileLimitExceeded, ``"fallback"`` insert nothing and return False (lookups keep missing;
+    the caller runs the original function), ``"evict"`` drop the least recently used entry of the
+    group concerned, then insert.
+
+    ``probes`` are global-state probes (callables of no arguments, or built-in probe names such
+    as ``"recursion_limit"``), evaluated once per lookup; an entry only matches under the probe
+    values it was inserted under.
+    """
+
+    def __init__(
+        self,
+        recompile_limit: int = 8,
+        accumulated_limit: int = 256,
+        on_limit: str = "raise",
+        *,
+        probes: Iterable[str | Callable[[], Any]] = (),
+    ) -> None:
+        super().__init__(recompile_limit, accumulated_limit, on_limit)
+        for p in probes:
+            self.add_probe(p)
+
+    def add_probe(self, probe: str | Callable[[], Any], *, name: str | None = None) -> None:
+        """Add a global-state probe. Only on an empty cache: existing entries hold no snapshot
+        of it (raises ValueError otherwise)."""
+        if isinstance(probe, str):
+            if probe not in BUILTIN_PROBES:
+                raise ValueError(f"unknown built-in probe {probe!r}; known: {sorted(BUILTIN_PROBES)}")
+            fn, label = BUILTIN_PROBES[probe], name or probe
+        else:
+            if not callable(probe):
+                raise TypeError("a probe must be a built-in probe name or a callable")
+            fn, label = probe, name or getattr(probe, "__qualname__", repr(probe))
+        if not self._add_probe(fn, label):
+            raise ValueError("add_probe needs an empty cache: existing entries have no snapshot of the probe")
+
+    def insert(
+        self,
+        guards: GuardSet,
+        payload: Any,
+        *,
+        name: str | None = None,
+        f_locals: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Add an entry at the front (most recently used). Returns True if inserted, False when a
+        limit was hit under ``on_limit="fallback"``. Under ``"raise"`` a limit raises
+        RecompileLimitExceeded; its ``reasons`` are why the existing entries failed on
+        ``f_locals`` when given (the locals that caused this compile)."""
+        code = self._insert(guards, payload, name)
+        if code == 0:
+            return True
+        if self.on_limit == "raise":
+            limit = _LIMIT_NAMES[code]
+            reasons = [str(f) for f in self.why_not(f_locals) if f is not None] if f_locals is not None else []
+            raise RecompileLimitExceeded(limit, getattr(self, limit), reasons)
+        return False
+
+    def __iter__(self) -> Iterator[CacheEntry]:
+        """The entries, most recently used first."""
+        return iter(self._entries())
+
+    @property
+    def entries(self) -> list[CacheEntry]:
+        """The entries, most recently used first."""
+        return self._entries()
+
+    def why_not(self, f_locals: Mapping[str, Any]) -> list[Failure | None]:
+        """Per entry (most recently used first), why it does not match these locals: a probe
+        whose value changed since the entry was inserted, or its guard set's first failing
+        guard. None for an entry that would match. Computed on demand; counts no hit or miss."""
+        entries = self._entries()
+        current = self._probe_values()
+        out: list[Failure | None] = []
+        for e in entries:
+            f = None
+            if current is not None and not self._snapshot_matches(e, current):
+                f = self._probe_failure(e._snapshot, current)
+            if f is None:
+                f = e.guards.why_not(f_locals)
+            out.append(f)
+        return out
+
+    def _probe_failure(self, snapshot: tuple, current: tuple) -> Failure | None:
+        for name, fn_value, (then, now) in zip(self.probe_names, current, zip(snapshot, current)):
+            del fn_value
+            if not equals_match(now, then):
+                spec = GuardSpec(GuardKind.GLOBAL_STATE, None, (name, then, name), -1)
+                reason = f"global state {name!r} changed: expected {then!r}, got {now!r}"
+                return Failure(None, "GLOBAL_STATE", then, now, reason, spec)
+        return None
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """hits, misses, recompiles (inserts after the first), invalidations (entries dropped
+        because an identity-held object died, each once), evictions, entries (per-entry hits
+        as (name, hits), most recently used first)."""
+        hits, misses, recompiles, invalidations, evictions = self._counters
+        return {
+            "hits": hits,
+            "misses": misses,
+            "recompiles": recompiles,
+            "invalidations": invalidations,
+            "evictions": evictions,
+            "entries": [(e.name, e.hits) for e in self._entries()],
+        }
+
+    def __repr__(self) -> str:
+        return f"<tripwire.Cache {len(self)} entries, on_limit={self.on_limit!r}, index={self.index_source!r}>"

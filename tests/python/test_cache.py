@@ -1,0 +1,543 @@
+"""tripwire.Cache: MRU lookup, stats, None payloads, why_not, the dispatch index against a plain
+ordered scan, limits and their policies, invalidation by object death, probes, threads, memory."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import tracemalloc
+import weakref
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tripwire as tw
+
+MISS = object()
+
+
+def eq_set(**example: Any) -> tw.GuardSet:
+    """EQUALS_MATCH on every given local."""
+    b = tw.GuardBuilder(example)
+    for k in example:
+        b.equals(f"L[{k!r}]")
+    return b.build()
+
+
+def type_set(**example: Any) -> tw.GuardSet:
+    """TYPE_MATCH on every given local."""
+    b = tw.GuardBuilder(example)
+    for k in example:
+        b.type_match(f"L[{k!r}]")
+    return b.build()
+
+
+def id_set(**example: Any) -> tw.GuardSet:
+    b = tw.GuardBuilder(example)
+    for k in example:
+        b.id_match(f"L[{k!r}]")
+    return b.build()
+
+
+# -- basics ------------------------------------------------------------------------------------------
+
+
+def test_lookup_hit_miss_and_stats() -> None:
+    c = tw.Cache()
+    assert len(c) == 0
+    assert c.lookup({"x": 1}) is None
+    assert c.insert(eq_set(x=1), "one", name="e1") is True
+    assert c.insert(eq_set(x=2), "two", name="e2") is True
+    assert len(c) == 2
+    assert c.lookup({"x": 1}) == "one"
+    assert c.lookup({"x": 2}) == "two"
+    assert c.lookup({"x": 2}) == "two"
+    assert c.lookup({"x": 3}, MISS) is MISS
+    s = c.stats
+    assert (s["hits"], s["misses"], s["recompiles"], s["invalidations"]) == (3, 2, 1, 0)
+    assert s["entries"] == [("e2", 2), ("e1", 1)]
+    assert [e.name for e in c] == ["e2", "e1"]
+    e = c.lookup_entry({"x": 1})
+    assert e is not None and e.name == "e1" and e.payload == "one" and e.hits == 2 and e.valid
+    assert isinstance(e.guards, tw.GuardSet)
+
+
+def test_mru_order_among_overlapping_entries() -> None:
+    c = tw.Cache()
+    c.insert(type_set(x=0), "int-any", name="a")  # overlaps with b on x == 5
+    c.insert(eq_set(x=5), "five", name="b")
+    assert c.lookup({"x": 5}) == "five"  # b is most recent
+    assert c.lookup({"x": 6}) == "int-any"  # a moves to the front
+    assert [e.name for e in c] == ["a", "b"]
+    assert c.lookup({"x": 5}) == "int-any"  # a now shadows b
+    c.insert(eq_set(x=5), "five-again", name="b2")
+    assert c.lookup({"x": 5}) == "five-again"
+
+
+def test_none_payload_is_a_hit() -> None:
+    c = tw.Cache()
+    c.insert(eq_set(x=1), None)
+    assert c.lookup({"x": 1}, MISS) is None
+    assert c.lookup({"x": 2}, MISS) is MISS
+    e = c.lookup_entry({"x": 1})
+    assert e is not None and e.payload is None
+    assert c.lookup_entry({"x": 2}) is None
+    assert c.stats["hits"] == 2 and c.stats["misses"] == 2
+
+
+def test_why_not_one_per_entry_on_demand() -> None:
+    c = tw.Cache()
+    c.insert(eq_set(x=1), "a")
+    c.insert(type_set(x="s"), "b")
+    before = c._counters
+    fs = c.why_not({"x": 7})
+    assert c._counters == before  # diagnostics count no hit or miss
+    assert [f.kind for f in fs] == ["TYPE_MATCH", "EQUALS_MATCH"]
+    assert fs[0].actual is int and fs[1].actual == 7
+    assert c.why_not({"x": "t"})[0] is None  # that entry would match
+
+
+def test_insert_rejects_non_guard_sets_and_bad_options() -> None:
+    c = tw.Cache()
+    with pytest.raises(TypeError):
+        c.insert(object(), 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        tw.Cache(on_limit="sometimes")
+    with pytest.raises(ValueError):
+        tw.Cache(recompile_limit=0)
+
+
+# -- dispatch index ------------------------------------------------------------------------------------
+
+
+class _Obj:
+    """Identity-matched objects for the random tests (kept alive by POOL)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __repr__(self) -> str:
+        return f"_Obj({self.n})"
+
+
+POOL: list[Any] = [0, 1, 2, True, False, "s", "t", b"s", None, 1.5, (1, 2), (1,), [1, 2, 3], _Obj(0), _Obj(1)]
+SOURCES = ("a", "b", "c")
+
+
+def _guard(b: tw.GuardBuilder, src: str, kind: str, v: Any) -> None:
+    s = f"L[{src!r}]"
+    if kind == "type":
+        b.type_match(s)
+    elif kind == "id" and isinstance(v, _Obj):
+        b.id_match(s)
+    elif kind == "len" and isinstance(v, (tuple, list, str, bytes)):
+        b.length(s)
+    elif not isinstance(v, (_Obj, list)):
+        b.equals(s)
+    else:
+        b.type_match(s)
+
+
+entry_st = st.dictionaries(
+    st.sampled_from(SOURCES),
+    st.tuples(st.sampled_from(("type", "eq", "id", "len")), st.integers(0, len(POOL) - 1)),
+    min_size=0,
+    max_size=3,
+)
+input_st = st.dictionaries(st.sampled_from(SOURCES), st.integers(0, len(POOL) - 1), max_size=3)
+ops_st = st.lists(st.one_of(st.tuples(st.just("insert"), entry_st), st.tuples(st.just("lookup"), input_st)), max_size=60)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops_st)
+def test_index_matches_plain_mru_scan(ops: list) -> None:
+    """Whatever the entries, cache.lookup is the first entry, most recently used first, whose
+    guard set passes (the model: a Python list, checked in order with GuardSet.check)."""
+    c = tw.Cache(recompile_limit=1000, accumulated_limit=1000)
+    model: list[tuple[tw.GuardSet, int]] = []
+    for n, (op, arg) in enumerate(ops):
+        if op == "insert":
+            example = {src: POOL[i] for src, (_, i) in arg.items()}
+            b = tw.GuardBuilder(example)
+            for src, (kind, i) in arg.items():
+                _guard(b, src, kind, POOL[i])
+            gs = b.build()
+            c.insert(gs, n)
+            model.insert(0, (gs, n))
+        else:
+            f_locals = {src: POOL[i] for src, i in arg.items()}
+            expected = next((k for k, (gs, _) in enumerate(model) if gs.check(f_locals)), None)
+            got = c.lookup(f_locals, MISS)
+            if expected is None:
+                assert got is MISS
+            else:
+                assert got == model[expected][1]
+                model.insert(0, model.pop(expected))
+    assert [e.payload for e in c] == [p for _, p in model]
+
+
+def test_index_is_used_and_narrows() -> None:
+    c = tw.Cache(accumulated_limit=1000, recompile_limit=1000)
+    for i in range(100):
+        c.insert(eq_set(x=i, y="k"), i)
+    assert c.index_source == "L['x']"
+    checks_before = [e.guards.check_count for e in c]
+    assert c.lookup({"x": 42, "y": "k"}) == 42
+    checks_after = [e.guards.check_count for e in c]
+    # Only the candidate was checked (entry 42 is now first).
+    assert sum(checks_after) - sum(checks_before) == 1
+    assert c.lookup({"x": 1000, "y": "k"}, MISS) is MISS
+    assert sum(e.guards.check_count for e in c) == sum(checks_after)
+
+
+def test_index_by_type_and_identity() -> None:
+    c = tw.Cache()
+    objs = [_Obj(i) for i in range(4)]
+    for o in objs:
+        c.insert(id_set(x=o), o.n)
+    assert c.index_source == "L['x']"
+    for o in objs:
+        assert c.lookup({"x": o}) == o.n
+    assert c.lookup({"x": _Obj(0)}, MISS) is MISS
+    t = tw.Cache()
+    for v in (1, "s", 1.5, (1,)):
+        t.insert(type_set(x=v), type(v).__name__)
+    assert t.lookup({"x": 7}) == "int"
+    assert t.lookup({"x": True}, MISS) is MISS  # bool is not int for TYPE_MATCH
+    assert t.lookup({"x": ()}) == "tuple"
+
+
+def test_index_source_missing_raising_or_not_a_dict() -> None:
+    c = tw.Cache()
+    c.insert(eq_set(x=1), "x1")
+    c.insert(eq_set(x=2), "x2")
+    c.insert(eq_set(y=3), "y3")  # no guard on x: a candidate for every x
+    assert c.index_source == "L['x']"
+    assert c.lookup({"y": 3}) == "y3"  # x missing
+    assert c.lookup({"x": 1, "y": 3}) == "y3"  # MRU: y3 was just used
+    assert c.lookup({"x": 2}) == "x2"
+
+    class Evil(str):
+        """A key equal in hash to 'x' whose comparison raises."""
+
+        def __hash__(self) -> int:
+            return hash("x")
+
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("no comparing")
+
+    assert c.lookup({Evil("z"): 1, "y": 3}, MISS) == "y3"
+
+    class Locals(dict):
+        pass
+
+    assert c.lookup(Locals(x=1)) == "x1"
+    from types import MappingProxyType
+
+    assert c.lookup(MappingProxyType({"x": 2})) == "x2"
+    assert c.lookup(None, MISS) is MISS  # not a mapping: every guard set fails, as check() does
+    assert c.lookup_entry(42) is None
+
+
+def test_index_after_eviction_and_invalidation(collect) -> None:
+    c = tw.Cache(accumulated_limit=3, on_limit="evict")
+    objs = [_Obj(i) for i in range(5)]
+    for o in objs[:3]:
+        c.insert(id_set(x=o), o.n)
+    c.insert(id_set(x=objs[3]), 3)  # evicts objs[0]'s entry (least recently used)
+    assert c.lookup({"x": objs[0]}, MISS) is MISS
+    assert c.lookup({"x": objs[3]}) == 3
+    tmp = _Obj(99)
+    c.insert(id_set(x=tmp), 99)  # evicts objs[1]'s entry
+    assert [e.payload for e in c] == [99, 3, 2]
+    del tmp
+    collect()
+    assert [e.payload for e in c] == [3, 2]
+    assert c.stats["invalidations"] == 1 and c.stats["evictions"] == 2
+    assert c.lookup({"x": objs[2]}) == 2
+
+
+# -- limits -----------------------------------------------------------------------------------------------
+
+
+def test_recompile_limit_raise_counts_same_id_matched_objects() -> None:
+    a, b = _Obj(0), _Obj(1)
+    c = tw.Cache(recompile_limit=2, accumulated_limit=10)
+
+    def entry(obj: Any, x: int) -> tw.GuardSet:
+        bld = tw.GuardBuilder({"self": obj, "x": x})
+        bld.id_match("L['self']")
+        bld.equals("L['x']")
+        return bld.build()
+
+    c.insert(entry(a, 1), "a1")
+    c.insert(entry(a, 2), "a2")
+    c.insert(entry(b, 1), "b1")  # another object: its own group
+    with pytest.raises(tw.RecompileLimitExceeded) as ei:
+        c.insert(entry(a, 3), "a3", f_locals={"self": a, "x": 3})
+    err = ei.value
+    assert isinstance(err, tw.TripwireError)
+    assert err.limit == "recompile_limit" and err.value == 2
+    assert len(err.reasons) == 3 and any("EQUALS_MATCH expected 2, got 3" in r for r in err.reasons)
+    assert len(c) == 3
+    with pytest.raises(tw.RecompileLimitExceeded) as ei:
+        c.insert(entry(a, 3), "a3")
+    assert ei.value.reasons == []
+
+
+def test_accumulated_limit_fallback() -> None:
+    c = tw.Cache(recompile_limit=100, accumulated_limit=2, on_limit="fallback")
+    assert c.insert(eq_set(x=1), 1)
+    assert c.insert(eq_set(x=2), 2)
+    assert c.insert(eq_set(x=3), 3) is False
+    assert len(c) == 2
+    assert c.lookup({"x": 3}, MISS) is MISS  # the caller runs the original function
+    assert c.stats["recompiles"] == 1
+    c2 = tw.Cache(accumulated_limit=1)
+    c2.insert(eq_set(x=1), 1)
+    with pytest.raises(tw.RecompileLimitExceeded) as ei:
+        c2.insert(eq_set(x=2), 2)
+    assert ei.value.limit == "accumulated_limit"
+
+
+def test_evict_drops_least_recently_used() -> None:
+    c = tw.Cache(recompile_limit=2, on_limit="evict")
+    c.insert(eq_set(x=1), 1)
+    c.insert(eq_set(x=2), 2)
+    assert c.lookup({"x": 1}) == 1  # 2 is now least recently used
+    assert c.insert(eq_set(x=3), 3)
+    assert [e.payload for e in c] == [3, 1]
+    assert c.lookup({"x": 2}, MISS) is MISS
+    assert c.stats["evictions"] == 1
+    # Eviction releases the entry's payload (the cache keeps no other reference).
+    payload = _Obj(7)
+    ref = weakref.ref(payload)
+    c.insert(eq_set(x=4), payload)
+    del payload
+    c.insert(eq_set(x=5), 5)
+    c.insert(eq_set(x=6), 6)
+    assert ref() is None
+
+
+# -- invalidation --------------------------------------------------------------------------------------------
+
+
+def test_invalidation_by_object_death_and_address_reuse(collect) -> None:
+    class K:
+        pass
+
+    c = tw.Cache()
+    k = K()
+    addr = id(k)
+    c.insert(id_set(x=k), "k")
+    e = c.lookup_entry({"x": k})
+    assert e is not None and e.valid
+    del k
+    collect()
+    assert not e.valid
+    assert len(c) == 0
+    assert c.stats["invalidations"] == 1
+    # New objects, some at the dead object's address: never a hit.
+    reused = False
+    for _ in range(2000):
+        n = K()
+        reused |= id(n) == addr
+        assert c.lookup({"x": n}, MISS) is MISS
+        if reused:
+            break
+    assert c.stats["invalidations"] == 1  # counted once
+    assert c.stats["hits"] == 1
+
+
+def test_invalidation_when_a_guarded_type_dies(collect) -> None:
+    def make() -> tuple[tw.GuardSet, Any]:
+        T = type("T", (), {})
+        return type_set(x=T()), weakref.ref(T)
+
+    c = tw.Cache()
+    gs, tref = make()
+    c.insert(gs, "T")
+    c.insert(eq_set(x=1), "one")
+    del gs
+    collect()
+    assert tref() is None
+    assert [e.payload for e in c] == ["one"]
+    assert c.stats["invalidations"] == 1
+    with pytest.raises(ValueError, match="already invalid"):
+        c.insert(_dead_set(collect), "dead")
+
+
+def _dead_set(collect) -> tw.GuardSet:
+    class D:
+        pass
+
+    d = D()
+    gs = id_set(x=d)
+    del d
+    collect()
+    assert gs.invalid
+    return gs
+
+
+def test_cache_holds_no_user_objects_and_cycles_are_collected(collect) -> None:
+    class K:
+        pass
+
+    k = K()
+    kref = weakref.ref(k)
+    c = tw.Cache()
+    c.insert(id_set(x=k), None)
+    del k
+    collect()
+    assert kref() is None
+    # A payload that refers back to its cache: collected with it.
+    c2 = tw.Cache()
+    payload = {"cache": c2}
+    c2.insert(eq_set(x=1), payload)
+    cref = weakref.ref(c2)
+    del c2, payload
+    collect()
+    assert cref() is None
+
+
+# -- probes ---------------------------------------------------------------------------------------------------
+
+
+def test_probes_snapshot_per_entry() -> None:
+    state = {"mode": "train"}
+    c = tw.Cache(probes=[lambda: state["mode"], "gc_enabled"])
+    assert c.probe_names[1] == "gc_enabled"
+    c.insert(eq_set(x=1), "train")
+    assert c.lookup({"x": 1}) == "train"
+    state["mode"] = "eval"
+    assert c.lookup({"x": 1}, MISS) is MISS
+    (f,) = c.why_not({"x": 1})
+    assert f.kind == "GLOBAL_STATE" and f.expected == "train" and f.actual == "eval"
+    assert "changed" in f.reason
+    c.insert(eq_set(x=1), "eval")
+    assert c.lookup({"x": 1}) == "eval"
+    state["mode"] = "train"
+    assert c.lookup({"x": 1}) == "train"
+    with pytest.raises(ValueError, match="empty cache"):
+        c.add_probe("recursion_limit")
+    with pytest.raises(ValueError):
+        tw.Cache(probes=["no_such_probe"])
+
+
+def test_builtin_probe_gc_enabled() -> None:
+    c = tw.Cache()
+    c.add_probe("gc_enabled")
+    c.insert(eq_set(x=1), "on")
+    gc.disable()
+    try:
+        assert c.lookup({"x": 1}, MISS) is MISS
+    finally:
+        gc.enable()
+    assert c.lookup({"x": 1}) == "on"
+
+
+def test_raising_probe_and_guard_propagate_or_miss() -> None:
+    def bad() -> int:
+        raise KeyError("probe")
+
+    c = tw.Cache(probes=[bad])
+    with pytest.raises(KeyError):
+        c.insert(eq_set(x=1), 1)
+    c2 = tw.Cache()
+    b = tw.GuardBuilder({"x": 1})
+    b.predicate(lambda v: 1 / 0 if v == 2 else True, "raises on 2", source="L['x']")
+    c2.insert(b.build(), "p")
+    assert c2.lookup({"x": 1}) == "p"
+    assert c2.lookup({"x": 2}, MISS) is MISS  # a raising guard is a failing guard
+
+
+# -- threads and memory -----------------------------------------------------------------------------------------
+
+
+def test_lookups_during_inserts_from_another_thread() -> None:
+    c = tw.Cache(recompile_limit=10_000, accumulated_limit=16, on_limit="evict")
+    sets = []
+    for i in range(64):
+        b = tw.GuardBuilder({"x": i})
+        b.equals("L['x']")
+        b.predicate(lambda v: True, "runs Python code (a GIL switch point)", source="L['x']")
+        sets.append(b.build())
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def writer() -> None:
+        try:
+            for r in range(30):
+                for i, gs in enumerate(sets):
+                    c.insert(gs, i)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+        finally:
+            done.set()
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        n = 0
+        while not done.is_set() or n < 2000:
+            i = n % 64
+            got = c.lookup({"x": i}, MISS)
+            assert got is MISS or got == i
+            n += 1
+    finally:
+        t.join()
+        sys.setswitchinterval(old)
+    assert not errors
+    assert len(c) == 16
+    assert all(e.guards.check({"x": e.payload}) for e in c)
+
+
+CYCLES = 200_000
+
+
+def test_memory_flat_over_insert_evict_invalidate_cycles() -> None:
+    """CYCLES insert/evict/invalidate cycles: every 4th inserts a fresh set on an object that
+    then dies (invalidation); the others insert from a fixed pool (eviction at the limit)."""
+
+    class K:
+        pass
+
+    pool = [eq_set(x=i) for i in range(32)]
+    c = tw.Cache(recompile_limit=8, accumulated_limit=8, on_limit="evict")
+
+    def run(n: int, start: int) -> None:
+        for i in range(start, start + n):
+            if i % 4 == 0:
+                k = K()
+                c.insert(id_set(x=k), i)
+                c.lookup({"x": k})
+                del k
+            else:
+                c.insert(pool[i % 32], i)
+                c.lookup({"x": i % 32})
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    run(20_000, 0)  # warm up: allocator pools, interned strings
+    gc.collect()
+    tracemalloc.start()
+    try:
+        traced0 = tracemalloc.get_traced_memory()[0]
+        rss0 = rss()
+        run(CYCLES, 20_000)
+        gc.collect()
+        traced1 = tracemalloc.get_traced_memory()[0]
+        rss1 = rss()
+    finally:
+        tracemalloc.stop()
+    assert len(c) <= 8
+    assert c.stats["invalidations"] >= CYCLES // 4 - 8
+    assert traced1 - traced0 < 256 * 1024, traced1 - traced0
+    assert rss1 - rss0 < 16 * 1024 * 1024, rss1 - rss0
