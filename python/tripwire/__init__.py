@@ -28,6 +28,7 @@ from .guard_set import GuardSet
 from .infer import Policy, guards_for, infer_into
 from .logs import format_recompile, set_logs
 from .source import RootKind, Source, Step, StepKind
+from .specialize import Specialized, specialize
 
 __version__ = "0.1.0"
 
@@ -48,6 +49,7 @@ __all__ = [
     "RootKind",
     "Source",
     "SourceParseError",
+    "Specialized",
     "Step",
     "StepKind",
     "TripwireError",
@@ -55,4 +57,5 @@ __all__ = [
     "guards_for",
     "infer_into",
     "set_logs",
+    "specialize",
 ]

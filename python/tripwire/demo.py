@@ -87,4 +87,68 @@ def run() -> int:
     gc.collect()
     print(f"   {gs!r}; check -> {gs.check({'self': Model(), 'cfg': cfg, 'n': 3})}")
     print(f"   reason: {gs.invalid_reason}")
+
+    _jit_demo()
     return 0
+
+
+def _jit_demo() -> None:
+    """A JIT end to end with @specialize: compile, hit, recompile with a reason, the limit, an
+    invalidation."""
+    import io
+    import logging
+
+    from . import RecompileLimitExceeded
+    from .logs import RECOMPILES, set_logs
+    from .specialize import specialize
+
+    compiles: list[str] = []
+
+    def compiler(fn, example_args, builder):
+        # a "JIT": specialise on the arguments it saw; pin the model object by identity
+        builder.id_match("L['model']")
+        mode = example_args["cfg"]["mode"]
+        compiles.append(f"{mode}/n={example_args['n']}")
+
+        def compiled(model, cfg, n):
+            return fn(model, cfg, n)
+
+        return compiled
+
+    def forward(model, cfg, n):
+        return model.scale * n
+
+    fwd = specialize(forward, compiler=compiler, backend="demo", recompile_limit=3)
+    stream = io.StringIO()
+    set_logs("recompiles", stream=stream)
+    propagate, RECOMPILES.propagate = RECOMPILES.propagate, False  # the demo prints it itself
+    try:
+        print("\n== 7. @specialize: a JIT on top of the cache")
+        model = Model()
+        cfg = {"mode": "fast"}
+        fwd(model, cfg, 3)
+        fwd(model, cfg, 3)
+        print(f"   two calls f(model, cfg, 3): compiled {len(compiles)} time(s), {fwd.cache.stats['hits']} hit(s)")
+
+        print("\n== 8. A recompile, with its reason (TRIPWIRE_LOGS=recompiles)")
+        fwd(model, {"mode": "slow"}, 3)
+        print("   " + stream.getvalue().strip().replace("\n", "\n   "))
+
+        print("\n== 9. The recompile limit (recompile_limit=3, on_limit='raise')")
+        RECOMPILES.setLevel(logging.WARNING)
+        fwd(model, cfg, 4)
+        try:
+            fwd(model, cfg, 5)
+        except RecompileLimitExceeded as e:
+            print(f"   RecompileLimitExceeded: {str(e)[:160]}...")
+
+        print("\n== 10. Invalidation: the model dies, its entries can never hit again")
+        before = len(compiles)
+        model = None
+        gc.collect()
+        fwd(Model(), cfg, 3)
+        print(f"   a new Model at f(new, cfg, 3): compiled again ({len(compiles) - before} compile); "
+              f"stats {dict((k, v) for k, v in fwd.cache.stats.items() if k != 'entries')}")
+    finally:
+        RECOMPILES.propagate = propagate
+        set_logs("")

@@ -1,0 +1,267 @@
+"""``@tripwire.specialize``: a JIT-style decorator on top of :class:`tripwire.Cache`.
+
+::
+
+    import tripwire as tw
+
+    def my_compiler(fn, example_args, builder):
+        # example_args: the call's arguments bound to fn's parameters, {name: value}
+        builder.id_match("L['model']")           # add guards of your own if the code needs them
+        return make_fast_version(fn, example_args)  # any callable taking fn's arguments
+
+    @tw.specialize(compiler=my_compiler, backend="mine")
+    def f(model, x, n=3): ...
+
+On each call the arguments are bound to the signature (keyword arguments, defaults, ``*args`` as a
+tuple, ``**kwargs`` as a dict) into ``f_locals`` and the cache is looked up. A hit calls the
+compiled callable with the original arguments. A miss (with entries already cached) logs why each
+entry failed on ``tripwire.recompiles`` (see :mod:`tripwire.logs`), infers input guards with
+:func:`tripwire.infer_into` under the policy, calls ``compiler(fn, example_args, builder)``,
+builds the guards (the compiler's included), caches the result and calls it.
+
+The hit path is Python (binding the arguments and one C++ ``lookup``); a vectorcall C++ callable
+for it is a follow-up (issue 3, part 6).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import types
+from typing import Any, Callable, Mapping
+
+from .builder import GuardBuilder
+from .cache import Cache
+from .infer import Policy, infer_into
+from .logs import recompile_logging_enabled, report_recompile
+
+__all__ = ["Specialized", "specialize"]
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _identity_compiler(fn: Callable, example_args: Mapping[str, Any], builder: GuardBuilder) -> Callable:
+    """The default compiler: the function itself (the cache then only records the specialisations
+    seen, with their guards and recompile reasons)."""
+    return fn
+
+
+class Specialized:
+    """A function specialised by :func:`specialize`. Call it like the function.
+
+    Attributes:
+        cache: the :class:`tripwire.Cache` of compiled entries (one per specialisation).
+        __wrapped__: the original function (``functools.update_wrapper`` copies its name, doc,
+            module and qualname).
+        compiler, backend, policy, error_on_recompile: as given to :func:`specialize`.
+
+    Thread safety: lookups take no lock (the Cache is safe for concurrent lookups and inserts);
+    misses are handled under one lock per specialised function, and the cache is looked up again
+    under it, so concurrent first calls with the same arguments compile once (so a miss counts
+    twice in ``cache.stats["misses"]``). A compiler that
+    hands a call of the same function to another thread and waits for it deadlocks.
+
+    Re-entrancy: while a thread compiles, calls of this function from that thread (the compiler
+    running it on examples, a recursive function) that miss run the original function; they are
+    neither compiled nor cached.
+
+    Methods: ``Specialized`` is a descriptor, so ``obj.method(...)`` binds ``self`` as the first
+    argument (``L['self']`` in the guards; user objects are guarded by type).
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        compiler: Callable | None = None,
+        backend: str | None = None,
+        recompile_limit: int = 8,
+        accumulated_limit: int = 256,
+        on_limit: str = "raise",
+        policy: Policy | None = None,
+        error_on_recompile: bool = False,
+    ) -> None:
+        if not callable(fn):
+            raise TypeError(f"specialize needs a function, not {type(fn).__name__}")
+        if compiler is not None and not callable(compiler):
+            raise TypeError(f"compiler must be callable, not {type(compiler).__name__}")
+        policy = Policy() if policy is None else policy
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a tripwire.Policy, not {type(policy).__name__}")
+        functools.update_wrapper(self, fn)
+        self.compiler = _identity_compiler if compiler is None else compiler
+        self.backend = backend if backend is not None else getattr(self.compiler, "__name__", repr(self.compiler))
+        self.policy = policy
+        self.error_on_recompile = bool(error_on_recompile)
+        self.on_limit = on_limit
+        self.cache = Cache(recompile_limit=recompile_limit, accumulated_limit=accumulated_limit, on_limit=on_limit)
+        self._fn = fn
+        self._accumulated_limit = accumulated_limit
+        self._globals = getattr(fn, "__globals__", None)
+        self._sig = inspect.signature(fn)
+        params = list(self._sig.parameters.values())
+        # Fast binding: every parameter positional and the call passes exactly one positional
+        # argument per parameter, no keywords: f_locals is zip(names, args).
+        self._npos = len(params) if all(p.kind in _POSITIONAL for p in params) else -1
+        self._names = tuple(p.name for p in params)
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._compiles = 0
+        if self._npos >= 0:
+            # A class of its own whose __call__ builds f_locals as a dict display (much cheaper
+            # than dict(zip(...))) and calls the cache's lookup without attribute lookups.
+            self.__class__ = type(
+                "Specialized", (Specialized,), {"__call__": _make_call(self._npos, self._names, self.cache.lookup)}
+            )
+
+    # -- calling -----------------------------------------------------------------------------------
+    def _bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """``f_locals`` for a call: the arguments bound to the signature, defaults applied."""
+        if not kwargs and len(args) == self._npos:
+            return dict(zip(self._names, args))
+        ba = self._sig.bind(*args, **kwargs)
+        ba.apply_defaults()
+        return dict(ba.arguments)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs and len(args) == self._npos:
+            f_locals = dict(zip(self._names, args))
+        else:
+            f_locals = self._bind(args, kwargs)
+        compiled = self.cache.lookup(f_locals)
+        if compiled is None:
+            return self._miss(args, kwargs, f_locals)
+        return compiled(*args, **kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return types.MethodType(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<tripwire.specialize {self.__qualname__} backend={self.backend!r} entries={len(self.cache)}>"
+
+    # -- the miss path -----------------------------------------------------------------------------
+    def _miss(self, args: tuple, kwargs: dict, f_locals: dict[str, Any]) -> Any:
+        if getattr(self._local, "compiling", False):
+            return self._fn(*args, **kwargs)  # re-entrant call from this thread's compiler
+        with self._lock:
+            compiled = self.cache.lookup(f_locals)  # another thread may have compiled it meanwhile
+            if compiled is None:
+                compiled = self._compile(f_locals)
+        if compiled is None:  # a limit was hit under the "fallback" policy
+            return self._fn(*args, **kwargs)
+        return compiled(*args, **kwargs)
+
+    def _compile(self, f_locals: dict[str, Any]) -> Callable | None:
+        """Compile and cache for ``f_locals`` (called under the lock). Returns the compiled
+        callable, or None when the cache refused it (fallback policy)."""
+        if len(self.cache) and (self.error_on_recompile or recompile_logging_enabled()):
+            entries = list(self.cache)
+            failures = self.cache.why_not(f_locals)
+            report_recompile(self._fn, failures, [e.name for e in entries], error=self.error_on_recompile)
+        if self.on_limit == "fallback" and len(self.cache) >= self._accumulated_limit:
+            return None  # the cache would refuse any entry: do not compile for nothing
+        builder = GuardBuilder(f_locals, f_globals=self._globals)
+        infer_into(builder, f_locals, self.policy)
+        self._local.compiling = True
+        try:
+            compiled = self.compiler(self._fn, f_locals, builder)
+        except BaseException as e:
+            if isinstance(e, Exception):
+                e.add_note(f"while compiling {self._where()} with tripwire.specialize (backend {self.backend!r})")
+            raise
+        finally:
+            self._local.compiling = False
+        if compiled is None or not callable(compiled):
+            raise TypeError(
+                f"the compiler {getattr(self.compiler, '__qualname__', self.compiler)!r} returned "
+                f"{type(compiled).__name__} for {self._where()}; it must return a callable"
+            )
+        try:
+            gs = builder.build()
+        except Exception as e:  # e.g. a guard the compiler added does not hold on the example
+            e.add_note(f"while building the guards of {self._where()} with tripwire.specialize")
+            raise
+        name = f"{self.__qualname__}#{self._compiles}"
+        if self.cache.insert(gs, compiled, name=name, f_locals=f_locals) is False:
+            return None
+        self._compiles += 1
+        return compiled
+
+    def _where(self) -> str:
+        code = getattr(self._fn, "__code__", None)
+        if code is None:
+            return self.__qualname__
+        return f"{self.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def _make_call(n: int, names: tuple[str, ...], lookup: Callable) -> Callable:
+    """``Specialized.__call__`` for a function of ``n`` positional parameters ``names``."""
+    keys = ", ".join(f"{name!r}: args[{i}]" for i, name in enumerate(names))
+    src = (
+        "def __call__(self, *args, **kwargs):\n"
+        f"    if not kwargs and len(args) == {n}:\n"
+        f"        f_locals = {{{keys}}}\n"
+        "    else:\n"
+        "        f_locals = self._bind(args, kwargs)\n"
+        "    compiled = lookup(f_locals)\n"
+        "    if compiled is None:\n"
+        "        return self._miss(args, kwargs, f_locals)\n"
+        "    return compiled(*args, **kwargs)\n"
+    )
+    ns: dict[str, Any] = {"lookup": lookup}
+    # compiled under this file's name, so its frame counts as tripwire machinery in install stacks
+    exec(compile(src, __file__, "exec"), ns)  # noqa: S102 - parameter names are identifiers
+    return ns["__call__"]
+
+
+def specialize(
+    fn: Callable | None = None,
+    *,
+    compiler: Callable | None = None,
+    backend: str | None = None,
+    recompile_limit: int = 8,
+    accumulated_limit: int = 256,
+    on_limit: str = "raise",
+    policy: Policy | None = None,
+    error_on_recompile: bool = False,
+) -> Any:
+    """Specialise ``fn`` on its arguments: compile on a miss, cache with guards, dispatch on a hit.
+
+    Use as ``@specialize`` or ``@specialize(compiler=..., ...)``.
+
+    Args:
+        compiler: ``compiler(fn, example_args, builder) -> callable``. ``example_args`` is the
+            call's ``f_locals``: a dict parameter name -> value, with defaults applied, ``*args``
+            as a tuple and ``**kwargs`` as a dict (do not mutate it). ``builder`` is the
+            :class:`tripwire.GuardBuilder` holding the inferred guards; the compiler may add
+            guards (sources ``L['name']...`` and ``G['name']`` against ``fn.__globals__``). The
+            returned callable is called with the original arguments on every hit; returning None
+            (or anything not callable) raises TypeError. If the compiler raises, nothing is
+            cached and the exception propagates with a note naming the function. Default: the
+            function itself.
+        backend: a label for this cache (one cache per function and backend); default the
+            compiler's name.
+        recompile_limit, accumulated_limit, on_limit: the :class:`tripwire.Cache` limits and
+            policy: ``"raise"`` raises ``tripwire.RecompileLimitExceeded``, ``"fallback"`` runs
+            the original function (uncached) once a limit is hit, ``"evict"`` drops the least
+            recently used entry.
+        policy: the :class:`tripwire.Policy` for inferred guards (value or type specialisation,
+            per argument).
+        error_on_recompile: raise :class:`tripwire.RecompileError` (with the reasons) instead of
+            recompiling when the cache already has entries.
+    """
+    kw = dict(
+        compiler=compiler,
+        backend=backend,
+        recompile_limit=recompile_limit,
+        accumulated_limit=accumulated_limit,
+        on_limit=on_limit,
+        policy=policy,
+        error_on_recompile=error_on_recompile,
+    )
+    if fn is None:
+        return lambda f: Specialized(f, **kw)
+    return Specialized(fn, **kw)

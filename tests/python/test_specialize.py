@@ -1,0 +1,402 @@
+"""@tripwire.specialize: hits, misses, recompile reasons, compilers, binding, limits, threads, invalidation."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+
+import pytest
+
+import tripwire as tw
+from tripwire.specialize import Specialized, specialize
+
+
+class Recorder:
+    """A compiler that records its calls and returns a tagged wrapper of the function."""
+
+    def __init__(self, extra=None):
+        self.calls = []
+        self.extra = extra
+
+    def __call__(self, fn, example_args, builder):
+        self.calls.append(dict(example_args))
+        if self.extra is not None:
+            self.extra(builder)
+        n = len(self.calls)
+
+        def compiled(*args, **kwargs):
+            return ("compiled", n, fn(*args, **kwargs))
+
+        return compiled
+
+
+def add(x, n):
+    return x + n
+
+
+def test_hit_and_miss():
+    comp = Recorder()
+    f = specialize(add, compiler=comp, backend="test")
+    assert isinstance(f, Specialized)
+    assert f(1, 2) == ("compiled", 1, 3)
+    assert f(1, 2) == ("compiled", 1, 3)  # hit: no new compile
+    assert len(comp.calls) == 1 and comp.calls[0] == {"x": 1, "n": 2}
+    assert f(1, 5) == ("compiled", 2, 6)  # EQUALS_MATCH on n failed: recompiled
+    assert f(1, 2) == ("compiled", 1, 3)
+    assert len(comp.calls) == 2 and len(f.cache) == 2
+    assert f.__wrapped__ is add and f.__name__ == "add" and f.__qualname__ == "add"
+    assert "backend='test'" in repr(f)
+
+
+def test_decorator_forms_and_default_compiler():
+    @specialize
+    def g(x):
+        return x * 2
+
+    @specialize()
+    def h(x):
+        return x * 3
+
+    assert g(2) == 4 and g(2) == 4 and len(g.cache) == 1
+    assert h(2) == 6 and h(3) == 9 and len(h.cache) == 2
+
+
+def test_policy_type_only_scalars():
+    comp = Recorder()
+    f = specialize(add, compiler=comp, policy=tw.Policy(scalars="type"))
+    f(1, 2)
+    f(10, 20)
+    assert len(comp.calls) == 1
+    f(1.5, 2)
+    assert len(comp.calls) == 2
+
+
+def recompile_reason_fn(x, cfg):
+    return x
+
+
+def test_recompile_reason_logged(caplog):
+    comp = Recorder()
+    f = specialize(recompile_reason_fn, compiler=comp)
+    with caplog.at_level(logging.INFO, logger="tripwire.recompiles"):
+        f(1, {"mode": "fast"})
+        assert not caplog.records  # the first compile is not a recompile
+        f(1, {"mode": "slow"})  # the call site that installed the guards is this line
+    recs = [r for r in caplog.records if r.name == "tripwire.recompiles"]
+    assert len(recs) == 1
+    msg = recs[0].getMessage()
+    code = recompile_reason_fn.__code__
+    assert f"Recompiling function recompile_reason_fn in {code.co_filename}:{code.co_firstlineno}" in msg
+    assert "entry 0 'recompile_reason_fn#0'" in msg
+    assert "source: L['cfg']['mode']  kind: EQUALS_MATCH  expected: 'fast'  actual: 'slow'" in msg
+    assert "guard installed at (innermost last):" in msg
+    sites = [ln.strip() for ln in msg.splitlines() if ln.startswith("          ")]
+    # the guard was installed by the first call, from this test; tripwire's frames are omitted
+    assert sites[-1].startswith(f"{__file__}:") and sites[-1].endswith("in test_recompile_reason_logged")
+    assert not any("tripwire/specialize.py" in s for s in sites)
+
+
+def test_no_why_not_when_logging_disabled(caplog, monkeypatch):
+    f = specialize(add, compiler=Recorder())
+    f(1, 2)
+    called = []
+    monkeypatch.setattr(type(f.cache), "why_not", lambda self, fl: called.append(1) or [], raising=True)
+    with caplog.at_level(logging.WARNING, logger="tripwire.recompiles"):
+        f(1, 3)
+    assert called == []
+
+
+def test_error_on_recompile():
+    comp = Recorder()
+    f = specialize(add, compiler=comp, error_on_recompile=True)
+    assert f(1, 2)[2] == 3
+    with pytest.raises(tw.RecompileError) as ei:
+        f(1, 3)
+    assert "L['n']" in str(ei.value) and "Recompiling function add" in str(ei.value)
+    assert len(ei.value.failures) == 1 and ei.value.failures[0].kind == "EQUALS_MATCH"
+    assert len(comp.calls) == 1 and len(f.cache) == 1
+    assert f(1, 2)[2] == 3  # hits still work
+
+
+def test_compiler_adds_a_guard():
+    state = {"mode": "a"}
+
+    def extra(builder):
+        builder.equals("G['_MODE']")
+
+    globals()["_MODE"] = "a"
+    try:
+        comp = Recorder(extra)
+
+        def uses_global(x):
+            return (x, state["mode"])
+
+        uses_global.__globals__["_MODE"] = "a"
+        f = specialize(add, compiler=comp)
+        f(1, 2)
+        f(1, 2)
+        assert len(comp.calls) == 1
+        globals()["_MODE"] = "b"  # the compiler's guard on G['_MODE'] now fails
+        f(1, 2)
+        assert len(comp.calls) == 2
+        kinds = {(g.kind.name, str(g.source)) for e in f.cache for g in e.guards}
+        assert ("EQUALS_MATCH", "G['_MODE']") in kinds
+    finally:
+        del globals()["_MODE"]
+
+
+def test_compiler_raising_caches_nothing_and_names_the_function():
+    def bad(fn, example_args, builder):
+        raise ValueError("backend exploded")
+
+    f = specialize(add, compiler=bad)
+    with pytest.raises(ValueError, match="backend exploded") as ei:
+        f(1, 2)
+    notes = getattr(ei.value, "__notes__", [])
+    assert any("while compiling add" in n and __file__ in n for n in notes), notes
+    assert len(f.cache) == 0
+
+
+@pytest.mark.parametrize("result", [None, 42])
+def test_compiler_returning_non_callable(result):
+    f = specialize(add, compiler=lambda fn, ex, b: result)
+    with pytest.raises(TypeError, match="must return a callable"):
+        f(1, 2)
+    assert len(f.cache) == 0
+
+
+def fib(n):
+    return n if n < 2 else fib_s(n - 1) + fib_s(n - 2)
+
+
+def test_reentrant_compiler_and_recursion():
+    seen = []
+
+    def comp(fn, example_args, builder):
+        # the compiler runs the function on the example: nested calls run the original
+        seen.append(fn(**example_args))
+        return fn
+
+    global fib_s
+    fib_s = specialize(fib, compiler=comp, accumulated_limit=64, recompile_limit=64)
+    try:
+        assert fib_s(10) == 55
+        assert seen[0] == 55
+        assert fib_s(10) == 55
+    finally:
+        del fib_s
+
+
+def test_threads_calling_concurrently():
+    comp = Recorder()
+    f = specialize(add, compiler=comp, recompile_limit=64)
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def worker(k):
+        try:
+            barrier.wait()
+            for i in range(200):
+                n = i % 5
+                r = f(k, n)
+                assert r[0] == "compiled" and r[2] == k + n
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(comp.calls) == 20  # each (k, n) compiled exactly once
+    assert len(f.cache) == 20
+
+
+def kw_fn(a, b=10, *args, c, d=5, **kw):
+    return (a, b, args, c, d, kw)
+
+
+def test_binding_keywords_defaults_varargs():
+    comp = Recorder()
+    f = specialize(kw_fn, compiler=comp, recompile_limit=64)
+    assert f(1, c=3)[2] == (1, 10, (), 3, 5, {})
+    assert comp.calls[-1] == {"a": 1, "b": 10, "args": (), "c": 3, "d": 5, "kw": {}}
+    assert f(a=1, c=3)[1] == 1  # same f_locals: a hit
+    assert len(comp.calls) == 1
+    assert f(1, 2, 7, 8, c=3, e="x")[2] == (1, 2, (7, 8), 3, 5, {"e": "x"})
+    assert comp.calls[-1]["args"] == (7, 8) and comp.calls[-1]["kw"] == {"e": "x"}
+    assert f(1, 2, 7, 9, c=3, e="x")[1] == 3  # *args element changed
+    assert f(1, 2, 7, 8, c=3, e="y")[1] == 4  # **kwargs value changed
+    assert f(1, 2, 7, 8, c=3, e="x")[1] == 2
+    with pytest.raises(TypeError):
+        f(1)  # c is missing: binding fails as the call would
+
+
+def test_positional_fast_path_with_defaults():
+    def g(x, y=2):
+        return x + y
+
+    comp = Recorder()
+    f = specialize(g, compiler=comp)
+    assert f(1)[2] == 3
+    assert f(1, 2)[1] == 1  # same locals whether y came from the default or the call
+    assert f(x=1, y=2)[1] == 1
+    assert len(comp.calls) == 1
+
+
+class Model:
+    def __init__(self, k):
+        self.k = k
+
+    @specialize(compiler=Recorder(), recompile_limit=64)
+    def forward(self, x):
+        return self.k * x
+
+
+def test_methods():
+    m1, m2 = Model(2), Model(3)
+    assert m1.forward(5)[2] == 10
+    assert m2.forward(5)[2] == 15  # self is guarded by type: a hit, calling with m2 itself
+    assert isinstance(Model.__dict__["forward"], Specialized)
+    assert Model.forward is Model.__dict__["forward"]
+    assert Model.forward(m1, 5)[2] == 10
+    assert len(Model.forward.cache) == 1
+
+
+def test_limit_raise():
+    f = specialize(add, compiler=Recorder(), recompile_limit=2)
+    f(1, 1)
+    f(1, 2)
+    with pytest.raises(tw.RecompileLimitExceeded):
+        f(1, 3)
+    assert len(f.cache) == 2
+    assert f(1, 1)[2] == 2
+
+
+def test_limit_fallback_runs_original():
+    comp = Recorder()
+    f = specialize(add, compiler=comp, recompile_limit=2, on_limit="fallback")
+    assert f(1, 1)[0] == "compiled"
+    assert f(1, 2)[0] == "compiled"
+    assert f(1, 3) == 4  # the original function
+    assert f(1, 4) == 5
+    assert len(f.cache) == 2
+    assert f(1, 2)[0] == "compiled"
+
+
+def test_limit_fallback_accumulated_does_not_compile():
+    comp = Recorder()
+    f = specialize(add, compiler=comp, accumulated_limit=1, on_limit="fallback")
+    f(1, 1)
+    assert f(1, 3) == 4
+    assert len(comp.calls) == 1
+
+
+def test_limit_evict():
+    comp = Recorder()
+    f = specialize(add, compiler=comp, recompile_limit=2, on_limit="evict")
+    f(1, 1)
+    f(1, 2)
+    f(1, 3)
+    assert len(f.cache) == 2
+    assert f(1, 3)[1] == 3 and f(1, 2)[1] == 2
+    f(1, 1)  # evicted: compiled again
+    assert len(comp.calls) == 4
+
+
+class Net:
+    pass
+
+
+def run_net(net, x):
+    return x
+
+
+def test_invalidation_when_guarded_object_dies(collect):
+    comp = Recorder(lambda b: b.id_match("L['net']"))
+    f = specialize(run_net, compiler=comp)
+    net = Net()
+    assert f(net, 1)[1] == 1
+    assert f(net, 1)[1] == 1
+    assert len(comp.calls) == 1
+    del net
+    comp.calls.clear()
+    collect()
+    new = Net()
+    assert f(new, 1)[0] == "compiled"
+    assert len(comp.calls) == 1  # recompiled: the dead object's entry never hits
+    assert comp.calls[0]["net"] is new
+
+
+def test_cache_keeps_no_strong_reference_to_arguments(collect):
+    import weakref
+
+    def comp(fn, example_args, builder):
+        builder.id_match("L['net']")
+        return fn
+
+    f = specialize(run_net, compiler=comp)
+    net = Net()
+    f(net, 1)
+    r = weakref.ref(net)
+    del net
+    collect()
+    assert r() is None
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError):
+        specialize(3)
+    with pytest.raises(TypeError):
+        specialize(add, compiler=5)
+    with pytest.raises(TypeError):
+        specialize(add, policy={"scalars": "type"})
+    gc.collect()
+
+
+def test_demo_jit_section(capsys):
+    from tripwire import demo
+
+    assert demo.run() == 0
+    out = capsys.readouterr().out
+    assert "compiled 1 time(s), 1 hit(s)" in out
+    assert "Recompiling function _jit_demo.<locals>.forward" in out
+    assert "source: L['cfg']['mode']  kind: EQUALS_MATCH  expected: 'fast'  actual: 'slow'" in out
+    assert "RecompileLimitExceeded: recompile_limit (3) reached" in out
+    assert "compiled again (1 compile)" in out
+    assert not [h for h in logging.getLogger("tripwire.recompiles").handlers]
+
+
+def make_instance(cls):
+    return cls
+
+
+def test_invalidation_of_inferred_identity_guard(collect):
+    # classes are inferred by identity (ID_MATCH, held weakly): a dead class's entry never hits
+    comp = Recorder()
+    f = specialize(make_instance, compiler=comp)
+    cls = type("Temp", (), {})
+    f(cls)
+    f(cls)
+    assert len(comp.calls) == 1
+    comp.calls.clear()
+    del cls
+    collect()
+    cls2 = type("Temp", (), {})
+    assert f(cls2)[2] is cls2
+    assert len(comp.calls) == 1
+    assert f.cache.stats["invalidations"] >= 1
+
+
+def test_compiler_guard_that_does_not_hold_caches_nothing():
+    def comp(fn, example_args, builder):
+        builder.equals("L['n']", value=99)  # false on the example: build() refuses it
+        return fn
+
+    f = specialize(add, compiler=comp)
+    with pytest.raises(tw.GuardBuildError) as ei:
+        f(1, 2)
+    assert any("while building the guards of add" in n for n in ei.value.__notes__)
+    assert len(f.cache) == 0
