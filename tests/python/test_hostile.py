@@ -245,9 +245,7 @@ def test_f_locals_that_is_not_a_dict():
         def __getitem__(self, k):
             return 1
 
-    with pytest.raises(TypeError):
-        gs.check(None)  # rejected by the binding's signature (a Mapping), before any guard runs
-    for bad in [42, "x", [1], BadMapping(), (1,), object()]:
+    for bad in [None, 42, "x", [1], BadMapping(), (1,), object()]:
         assert clean_check(gs, bad) is False
         assert clean_why_not(gs, bad) is not None
     assert clean_check(gs, LyingMapping()) is True  # a mapping answering 1 for 'x' is fine
