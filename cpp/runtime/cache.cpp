@@ -3,8 +3,10 @@
 // See cache.hpp for the design. The invariant that keeps the index correct: an entry is put in
 // the bucket of key K only if every value that passes its guards on the index source has key K
 // (TYPE_MATCH: the exact type; ID_MATCH: the object; EQUALS_MATCH on an exact int/str/bytes/
-// bool/None: the value's type and hash, which EQUALS_MATCH's type-exact equality preserves).
-// Every candidate is still checked in full, so a hash collision costs time, never a false hit.
+// bool/None: the value's type and hash, which EQUALS_MATCH's type-exact equality preserves;
+// LENGTH: the length, but only for values whose length runs no user code, so lookup scans every
+// entry when such an index meets any other value). Every candidate is still checked in full, so a hash
+// collision costs time, never a false hit.
 #include "cache.hpp"
 
 #include <algorithm>
@@ -21,6 +23,27 @@ bool hashable_scalar(PyObject* o) {
     return t == &PyLong_Type || t == &PyUnicode_Type || t == &PyBytes_Type || t == &PyBool_Type ||
            o == Py_None;
 }
+
+// The length of `o` when reading it runs no user code (exact containers and strings): these
+// lengths are what LENGTH sees, deterministically. False for every other type.
+bool plain_length(PyObject* o, Py_ssize_t& n) {
+    if (PyList_CheckExact(o) || PyTuple_CheckExact(o) || PyBytes_CheckExact(o)) {
+        n = Py_SIZE(o);
+        return true;
+    }
+    if (PyDict_CheckExact(o)) {
+        n = PyDict_GET_SIZE(o);
+        return true;
+    }
+    if (PyUnicode_CheckExact(o)) {
+        n = PyUnicode_GET_LENGTH(o);
+        return true;
+    }
+    return false;
+}
+
+// How selective a key kind is (higher: fewer entries share a key): value, identity, length, type.
+constexpr int kKindRank[] = {0, 2, 3, 1};
 
 }  // namespace
 
@@ -72,8 +95,13 @@ void Cache::remove(const EntryPtr& e, std::vector<EntryPtr>& graveyard) {
     if (!e->in_cache) return;
     order_.erase(e->pos);
     e->in_cache = false;
-    index_dirty_ = true;
     graveyard.push_back(e);
+    // Drop the index now, not at the next lookup: its buckets would otherwise keep the removed
+    // entry's payload alive (and hidden from the cycle collector, which sees only order_).
+    // Every other entry is still owned by order_, so this runs no Python code.
+    buckets_.clear();
+    unindexed_.clear();
+    index_dirty_ = true;
 }
 
 void Cache::purge_invalid(std::vector<EntryPtr>& graveyard) {
@@ -99,19 +127,21 @@ bool Cache::entry_key(const CacheEntry& e, const std::string& text, Key& out) co
     if (gs == nullptr) return false;
     const core::Program& p = gs->program();
     bool found = false;
-    int best = -1;  // prefer value, then identity, then type: the most selective key
+    int best = -1;  // the most selective key (kKindRank)
     for (std::uint32_t ni : p.roots) {
         const core::Node& n = p.nodes[ni];
         if (!n.is_root || n.root != core::RootKind::Local || n.text != text) continue;
         for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
             const core::GuardDecl& d = p.guards[p.node_guards[k]];
             PyObject* c = d.operand == core::kNoConst ? nullptr : gs->constant(d.operand);
-            if (c == nullptr) continue;  // dead: the set is invalid and can never pass
+            if (c == nullptr && d.kind != core::GuardKind::Length) continue;  // no operand, or dead
             Key key;
             if (d.kind == core::GuardKind::TypeMatch) {
                 key = {0, reinterpret_cast<std::uintptr_t>(c), 0};
             } else if (d.kind == core::GuardKind::IdMatch) {
                 key = {1, reinterpret_cast<std::uintptr_t>(c), 0};
+            } else if (d.kind == core::GuardKind::Length) {
+                key = {3, 0, static_cast<std::intptr_t>(d.n)};
             } else if (d.kind == core::GuardKind::EqualsMatch && hashable_scalar(c)) {
                 const Py_hash_t h = PyObject_Hash(c);
                 if (h == -1) {
@@ -122,8 +152,8 @@ bool Cache::entry_key(const CacheEntry& e, const std::string& text, Key& out) co
             } else {
                 continue;
             }
-            if (static_cast<int>(key.kind) > best) {
-                best = key.kind;
+            if (kKindRank[key.kind] > best) {
+                best = kKindRank[key.kind];
                 out = key;
                 found = true;
             }
@@ -207,6 +237,15 @@ void Cache::collect_candidates(PyObject* f_locals, std::vector<EntryPtr>& out) {
             return;
         }
         add({2, reinterpret_cast<std::uintptr_t>(Py_TYPE(v)), static_cast<std::intptr_t>(h)});
+    }
+    if (index_kinds_ & 8U) {
+        // A LENGTH guard on a type whose __len__ is user code may pass at any length: scan.
+        Py_ssize_t n = 0;
+        if (!plain_length(v, n)) {
+            out.assign(order_.begin(), order_.end());
+            return;
+        }
+        add({3, 0, static_cast<std::intptr_t>(n)});
     }
     out.insert(out.end(), unindexed_.begin(), unindexed_.end());
     // Most recently used first, as the ordered scan would try them.

@@ -2,7 +2,8 @@
 //
 // A Cache holds (GuardSet, payload) entries for one (function, backend) pair. lookup() checks the
 // global-state probes once, narrows the entries with a dispatch index on one discriminating
-// local (type, identity or constant value), then checks the candidates most recently used first.
+// local (type, identity, constant value or length), then checks the candidates most recently
+// used first.
 //
 // Why the design is shaped this way:
 // - Every GuardSet::check may run user code and so release the GIL: another thread may insert or
@@ -111,9 +112,9 @@ class Cache {
   private:
     /// A dispatch key: the kind of observed property and its hash.
     struct Key {
-        std::uint8_t kind = 0;  // 0 type, 1 identity, 2 value
+        std::uint8_t kind = 0;  // 0 type, 1 identity, 2 value, 3 length
         std::uintptr_t a = 0;   // type pointer, object pointer, or value type pointer
-        std::intptr_t b = 0;    // value hash (kind 2)
+        std::intptr_t b = 0;    // value hash (kind 2), length (kind 3)
         bool operator==(const Key& o) const { return kind == o.kind && a == o.a && b == o.b; }
     };
     struct KeyHash {

@@ -210,6 +210,27 @@ def test_index_by_type_and_identity() -> None:
     assert t.lookup({"x": ()}) == "tuple"
 
 
+def test_index_by_length_and_user_len() -> None:
+    c = tw.Cache()
+    for n in range(5):
+        b = tw.GuardBuilder({"x": tuple(range(n))})
+        b.length("L['x']")
+        c.insert(b.build(), n)
+    assert c.index_source == "L['x']"
+    assert c.lookup({"x": (7, 8, 9)}) == 3
+    assert c.lookup({"x": [1]}) == 1  # LENGTH alone accepts any sized value
+    assert c.lookup({"x": "ab"}) == 2
+    assert c.lookup({"x": tuple(range(9))}, MISS) is MISS
+
+    class Sized:
+        """A user __len__: not indexable, the lookup scans (and agrees with check)."""
+
+        def __len__(self) -> int:
+            return 4
+
+    assert c.lookup({"x": Sized()}) == 4
+
+
 def test_index_source_missing_raising_or_not_a_dict() -> None:
     c = tw.Cache()
     c.insert(eq_set(x=1), "x1")
@@ -319,6 +340,15 @@ def test_evict_drops_least_recently_used() -> None:
     del payload
     c.insert(eq_set(x=5), 5)
     c.insert(eq_set(x=6), 6)
+    assert ref() is None
+    # Also when the entry sits in the dispatch index (built by a lookup) at eviction time.
+    payload = _Obj(8)
+    ref = weakref.ref(payload)
+    c.insert(eq_set(x=8), payload)
+    del payload
+    assert c.lookup({"x": 8}).n == 8 and c.index_source == "L['x']"
+    c.insert(eq_set(x=9), 9)
+    c.insert(eq_set(x=10), 10)
     assert ref() is None
 
 
@@ -541,3 +571,70 @@ def test_memory_flat_over_insert_evict_invalidate_cycles() -> None:
     assert c.stats["invalidations"] >= CYCLES // 4 - 8
     assert traced1 - traced0 < 256 * 1024, traced1 - traced0
     assert rss1 - rss0 < 16 * 1024 * 1024, rss1 - rss0
+
+
+# -- faults: objects freed during lookup, entry views outliving the cache, interpreter shutdown --------
+
+
+def test_guarded_object_freed_during_lookup(collect) -> None:
+    """A guard of the first candidate drops the last reference to the object the second
+    candidate names by identity, in the middle of a lookup: no crash, no false hit."""
+
+    class K:
+        pass
+
+    g: dict[str, Any] = {"obj": K()}
+    kref = weakref.ref(g["obj"])
+    c = tw.Cache()
+    b = tw.GuardBuilder({"x": 0}, f_globals=g)
+    b.id_match("G['obj']")
+    c.insert(b.build(), "dies")  # older: checked second
+    armed = [False]
+
+    def drop(v: Any) -> bool:
+        if armed[0]:
+            g.pop("obj", None)
+            return False
+        return True
+
+    b = tw.GuardBuilder({"x": 0})
+    b.predicate(drop, "drops G['obj'] when armed", source="L['x']")
+    c.insert(b.build(), "dropper")  # newer: checked first
+    assert c.lookup({"x": 0}) == "dropper"
+    armed[0] = True
+    assert c.lookup({"x": 0}, MISS) is MISS
+    collect()
+    assert kref() is None
+    g["obj"] = K()  # a new object, possibly at the same address
+    assert c.lookup({"x": 0}, MISS) is MISS
+    assert [e.payload for e in c] == ["dropper"] and c.stats["invalidations"] == 1
+
+
+def test_entry_view_outlives_its_cache(collect) -> None:
+    c = tw.Cache()
+    payload = _Obj(3)
+    c.insert(eq_set(x=1), payload, name="e")
+    e = c.lookup_entry({"x": 1})
+    del c
+    collect()
+    assert e is not None and e.payload is payload and not e.valid and e.name == "e"
+
+
+def test_interpreter_shutdown_with_live_caches(tmp_path) -> None:
+    import subprocess
+
+    script = tmp_path / "shutdown.py"
+    script.write_text(
+        "import tripwire as tw\n"
+        "class K: pass\n"
+        "k = K()\n"
+        "b = tw.GuardBuilder({'x': k}); b.id_match(\"L['x']\")\n"
+        "CACHE = tw.Cache(probes=['gc_enabled'])\n"
+        "CACHE.insert(b.build(), {'cache': CACHE, 'k': k})\n"
+        "assert CACHE.lookup({'x': k})['k'] is k\n"
+        "CACHE.self_ref = CACHE\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok" and r.stderr == ""
