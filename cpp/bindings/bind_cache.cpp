@@ -18,17 +18,8 @@ namespace nb = nanobind;
 namespace tripwire::bindings {
 namespace {
 
-// tripwire._core.GuardSetCore, looked up once at registration (the module owns it).
-PyTypeObject* g_guard_set_type = nullptr;
-
-// GuardSetCore (bind_guard_set.cpp) is a struct holding exactly one
-// std::unique_ptr<runtime::GuardSet>, and is private to that file; we read the instance through
-// that layout after checking the Python type. Keep the two in step.
-runtime::GuardSet* resolve_guard_set(PyObject* o) {
-    if (g_guard_set_type == nullptr || !PyObject_TypeCheck(o, g_guard_set_type) || !nb::inst_ready(o))
-        return nullptr;
-    return nb::inst_ptr<std::unique_ptr<runtime::GuardSet>>(o)->get();
-}
+// The runtime guard set behind a GuardSetCore instance (bind_guard_set.cpp owns that layout).
+runtime::GuardSet* resolve_guard_set(PyObject* o) { return guard_set_of(o); }
 
 struct CacheCore {
     std::unique_ptr<runtime::Cache> impl;
@@ -83,8 +74,6 @@ bool entry_valid(const runtime::CacheEntry& e) {
 }  // namespace
 
 void register_cache(nb::module_& m) {
-    g_guard_set_type = reinterpret_cast<PyTypeObject*>(m.attr("GuardSetCore").ptr());
-
     nb::class_<runtime::CacheEntry>(m, "CacheEntry", "One entry of a tripwire.Cache (a view; read-only).")
         .def_prop_ro("guards", [](const runtime::CacheEntry& e) { return nb::borrow(e.guards.get()); })
         .def_prop_ro("payload", [](const runtime::CacheEntry& e) { return nb::borrow(e.payload.get()); })

@@ -81,102 +81,112 @@ PyType_Slot g_core_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(core_trav
                               {Py_tp_clear, reinterpret_cast<void*>(core_clear)},
                               {0, nullptr}};
 
+// Set once at registration; the module owns the type.
+PyTypeObject* g_core_type = nullptr;
+
 }  // namespace
 
+runtime::GuardSet* guard_set_of(PyObject* o) {
+    if (g_core_type == nullptr || !PyObject_TypeCheck(o, g_core_type) || !nb::inst_ready(o)) return nullptr;
+    return nb::inst_ptr<GuardSetCore>(o)->impl.get();
+}
+
 void register_guard_set(nb::module_& m) {
-    nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
-                             "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")
-        .def(
-            "__init__",
-            [](GuardSetCore* self, nb::list decls, nb::list consts, nb::list hold_weakly, nb::object globals,
-               nb::object closure, bool strict, nb::object eval_error_type) {
-                runtime::GuardSetInputs in;
-                std::vector<core::GuardDecl> ds;
-                ds.reserve(decls.size());
-                for (nb::handle h : decls) ds.push_back(to_decl(h));
-                for (nb::handle c : consts) in.consts.push_back(c.ptr());
-                for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));
-                if (!globals.is_none() && !PyDict_Check(globals.ptr()))
-                    throw nb::type_error("globals must be a dict");
-                if (!closure.is_none() && !PyDict_Check(closure.ptr()))
-                    throw nb::type_error("closure must be a dict");
-                in.globals = globals.is_none() ? nullptr : globals.ptr();
-                in.closure = closure.is_none() ? nullptr : closure.ptr();
-                in.strict = strict;
-                in.eval_error_type = eval_error_type.is_none() ? nullptr : eval_error_type.ptr();
-                in.program = core::compile(std::move(ds), in.consts.size());
-                new (self) GuardSetCore{std::make_unique<runtime::GuardSet>(std::move(in))};
-            },
-            nb::arg("decls"), nb::arg("consts"), nb::arg("hold_weakly"), nb::arg("globals").none(),
-            nb::arg("closure").none(), nb::arg("strict"), nb::arg("eval_error_type").none())
-        .def(
-            "check",
-            [](GuardSetCore& s, nb::handle f_locals) {
-                const int r = s.get().check(f_locals.ptr());
-                if (r < 0) throw nb::python_error();
-                return r == 1;
-            },
-            nb::arg("f_locals").none(),
-            nb::sig("def check(self, f_locals: typing.Mapping[str, typing.Any], /) -> bool"),
-            "True when every guard holds for these locals. Never raises for a failing guard (only in "
-            "strict mode, or for KeyboardInterrupt and other non-Exception errors).")
-        .def(
-            "_failures",
-            [](GuardSetCore& s, nb::handle f_locals, bool first_only) {
-                std::vector<runtime::FailureRecord> recs;
-                if (!s.get().failures(f_locals.ptr(), recs, first_only)) throw nb::python_error();
-                nb::list out;
-                for (auto& r : recs) {
-                    nb::object value = r.value ? nb::borrow(r.value.get()) : nb::none();
-                    nb::object reason = r.reason.empty() ? nb::none() : nb::cast(r.reason);
-                    out.append(nb::make_tuple(r.guard_id, value, reason, !r.value && !r.reason.empty()));
-                }
-                return out;
-            },
-            nb::arg("f_locals").none(), nb::arg("first_only"),
-            "[(guard_id, value, reason, fetch_failed)] for failing guards, by installation order.")
-        .def(
-            "_tree",
-            [](GuardSetCore& s) {
-                // Preorder: (depth, text, [guard ids in current order], node fails, [guard fails]).
-                const runtime::GuardSet& g = s.get();
-                const core::Program& p = g.program();
-                nb::list out;
-                std::vector<std::uint32_t> stack(p.roots.rbegin(), p.roots.rend());
-                while (!stack.empty()) {
-                    const std::uint32_t ni = stack.back();
-                    stack.pop_back();
-                    const core::Node& n = p.nodes[ni];
-                    nb::list ids, fails;
-                    for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
-                        const std::uint32_t gi = g.guard_order()[k];
-                        ids.append(p.guards[gi].id);
-                        fails.append(g.guard_fail_count(gi));
+    auto cls =
+        nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
+                                 "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")
+            .def(
+                "__init__",
+                [](GuardSetCore* self, nb::list decls, nb::list consts, nb::list hold_weakly,
+                   nb::object globals, nb::object closure, bool strict, nb::object eval_error_type) {
+                    runtime::GuardSetInputs in;
+                    std::vector<core::GuardDecl> ds;
+                    ds.reserve(decls.size());
+                    for (nb::handle h : decls) ds.push_back(to_decl(h));
+                    for (nb::handle c : consts) in.consts.push_back(c.ptr());
+                    for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));
+                    if (!globals.is_none() && !PyDict_Check(globals.ptr()))
+                        throw nb::type_error("globals must be a dict");
+                    if (!closure.is_none() && !PyDict_Check(closure.ptr()))
+                        throw nb::type_error("closure must be a dict");
+                    in.globals = globals.is_none() ? nullptr : globals.ptr();
+                    in.closure = closure.is_none() ? nullptr : closure.ptr();
+                    in.strict = strict;
+                    in.eval_error_type = eval_error_type.is_none() ? nullptr : eval_error_type.ptr();
+                    in.program = core::compile(std::move(ds), in.consts.size());
+                    new (self) GuardSetCore{std::make_unique<runtime::GuardSet>(std::move(in))};
+                },
+                nb::arg("decls"), nb::arg("consts"), nb::arg("hold_weakly"), nb::arg("globals").none(),
+                nb::arg("closure").none(), nb::arg("strict"), nb::arg("eval_error_type").none())
+            .def(
+                "check",
+                [](GuardSetCore& s, nb::handle f_locals) {
+                    const int r = s.get().check(f_locals.ptr());
+                    if (r < 0) throw nb::python_error();
+                    return r == 1;
+                },
+                nb::arg("f_locals").none(),
+                nb::sig("def check(self, f_locals: typing.Mapping[str, typing.Any], /) -> bool"),
+                "True when every guard holds for these locals. Never raises for a failing guard (only in "
+                "strict mode, or for KeyboardInterrupt and other non-Exception errors).")
+            .def(
+                "_failures",
+                [](GuardSetCore& s, nb::handle f_locals, bool first_only) {
+                    std::vector<runtime::FailureRecord> recs;
+                    if (!s.get().failures(f_locals.ptr(), recs, first_only)) throw nb::python_error();
+                    nb::list out;
+                    for (auto& r : recs) {
+                        nb::object value = r.value ? nb::borrow(r.value.get()) : nb::none();
+                        nb::object reason = r.reason.empty() ? nb::none() : nb::cast(r.reason);
+                        out.append(nb::make_tuple(r.guard_id, value, reason, !r.value && !r.reason.empty()));
                     }
-                    out.append(nb::make_tuple(n.depth, n.text, ids, g.node_fail_count(ni), fails));
-                    for (std::uint32_t k = n.child_end; k-- > n.child_begin;)
-                        stack.push_back(g.child_order()[k]);
-                }
-                return out;
-            },
-            "The guard tree, preorder, for explain().")
-        .def_prop_ro("_ambient_ids",
-                     [](GuardSetCore& s) {
-                         nb::list ids;
-                         for (std::uint32_t gi : s.get().program().ambient)
-                             ids.append(s.get().program().guards[gi].id);
-                         return ids;
-                     })
-        .def_prop_ro(
-            "invalid", [](GuardSetCore& s) { return s.get().invalid(); },
-            "True once an object the guards name by identity has died: the set never passes again.")
-        .def_prop_ro("invalid_reason", [](GuardSetCore& s) { return s.get().invalid_reason(); })
-        .def_prop_ro(
-            "node_count", [](GuardSetCore& s) { return s.get().program().nodes.size(); },
-            "Distinct sources (one fetch each).")
-        .def_prop_ro("check_count", [](GuardSetCore& s) { return s.get().stats().checks; })
-        .def_prop_ro("pass_count", [](GuardSetCore& s) { return s.get().stats().passes; })
-        .def("__len__", [](GuardSetCore& s) { return s.get().size(); });
+                    return out;
+                },
+                nb::arg("f_locals").none(), nb::arg("first_only"),
+                "[(guard_id, value, reason, fetch_failed)] for failing guards, by installation order.")
+            .def(
+                "_tree",
+                [](GuardSetCore& s) {
+                    // Preorder: (depth, text, [guard ids in current order], node fails, [guard fails]).
+                    const runtime::GuardSet& g = s.get();
+                    const core::Program& p = g.program();
+                    nb::list out;
+                    std::vector<std::uint32_t> stack(p.roots.rbegin(), p.roots.rend());
+                    while (!stack.empty()) {
+                        const std::uint32_t ni = stack.back();
+                        stack.pop_back();
+                        const core::Node& n = p.nodes[ni];
+                        nb::list ids, fails;
+                        for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+                            const std::uint32_t gi = g.guard_order()[k];
+                            ids.append(p.guards[gi].id);
+                            fails.append(g.guard_fail_count(gi));
+                        }
+                        out.append(nb::make_tuple(n.depth, n.text, ids, g.node_fail_count(ni), fails));
+                        for (std::uint32_t k = n.child_end; k-- > n.child_begin;)
+                            stack.push_back(g.child_order()[k]);
+                    }
+                    return out;
+                },
+                "The guard tree, preorder, for explain().")
+            .def_prop_ro("_ambient_ids",
+                         [](GuardSetCore& s) {
+                             nb::list ids;
+                             for (std::uint32_t gi : s.get().program().ambient)
+                                 ids.append(s.get().program().guards[gi].id);
+                             return ids;
+                         })
+            .def_prop_ro(
+                "invalid", [](GuardSetCore& s) { return s.get().invalid(); },
+                "True once an object the guards name by identity has died: the set never passes again.")
+            .def_prop_ro("invalid_reason", [](GuardSetCore& s) { return s.get().invalid_reason(); })
+            .def_prop_ro(
+                "node_count", [](GuardSetCore& s) { return s.get().program().nodes.size(); },
+                "Distinct sources (one fetch each).")
+            .def_prop_ro("check_count", [](GuardSetCore& s) { return s.get().stats().checks; })
+            .def_prop_ro("pass_count", [](GuardSetCore& s) { return s.get().stats().passes; })
+            .def("__len__", [](GuardSetCore& s) { return s.get().size(); });
+    g_core_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
 }
 
 }  // namespace tripwire::bindings

@@ -3,7 +3,15 @@
 
 #include <nanobind/nanobind.h>
 
+namespace tripwire::runtime {
+class GuardSet;
+}  // namespace tripwire::runtime
+
 namespace tripwire::bindings {
+
+/// The runtime guard set behind a tripwire._core.GuardSetCore instance (or a subclass), or null
+/// for any other object or a set cleared by the garbage collector. Borrowed: valid while `o` is.
+runtime::GuardSet* guard_set_of(PyObject* o);
 
 /// GuardSetCore: the compiled guard set (bind_guard_set.cpp).
 void register_guard_set(nanobind::module_& m);
