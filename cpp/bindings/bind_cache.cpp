@@ -71,7 +71,14 @@ bool entry_valid(const runtime::CacheEntry& e) {
     return gs != nullptr && !gs->invalid();
 }
 
+PyTypeObject* g_cache_type = nullptr;
+
 }  // namespace
+
+runtime::Cache* cache_of(PyObject* o) {
+    if (g_cache_type == nullptr || !PyObject_TypeCheck(o, g_cache_type) || !nb::inst_ready(o)) return nullptr;
+    return nb::inst_ptr<CacheCore>(o)->impl.get();
+}
 
 void register_cache(nb::module_& m) {
     nb::class_<runtime::CacheEntry>(m, "CacheEntry", "One entry of a tripwire.Cache (a view; read-only).")
@@ -178,6 +185,7 @@ void register_cache(nb::module_& m) {
             const runtime::CacheStats& s = c.get().stats();
             return nb::make_tuple(s.hits, s.misses, s.recompiles, s.invalidations, s.evictions);
         });
+    g_cache_type = reinterpret_cast<PyTypeObject*>(m.attr("CacheCore").ptr());
 }
 
 }  // namespace tripwire::bindings

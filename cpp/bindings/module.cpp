@@ -9,5 +9,6 @@ NB_MODULE(_core, m) {
     m.doc() = "tripwire's compiled engine (private: use the tripwire package).";
     tripwire::bindings::register_guard_set(m);
     tripwire::bindings::register_cache(m);
+    tripwire::bindings::register_specialize(m);
     tripwire::bindings::register_util(m);
 }

@@ -5,6 +5,7 @@
 
 namespace tripwire::runtime {
 class GuardSet;
+class Cache;
 }  // namespace tripwire::runtime
 
 namespace tripwire::bindings {
@@ -13,10 +14,16 @@ namespace tripwire::bindings {
 /// for any other object or a set cleared by the garbage collector. Borrowed: valid while `o` is.
 runtime::GuardSet* guard_set_of(PyObject* o);
 
+/// The runtime cache behind a tripwire._core.CacheCore instance (or a subclass), or null for any
+/// other object or a cache cleared by the garbage collector. Borrowed: valid while `o` is.
+runtime::Cache* cache_of(PyObject* o);
+
 /// GuardSetCore: the compiled guard set (bind_guard_set.cpp).
 void register_guard_set(nanobind::module_& m);
 /// CacheCore and CacheEntry: the per-function entry cache (bind_cache.cpp). After register_guard_set.
 void register_cache(nanobind::module_& m);
+/// FastDispatch: the C++ hit path of tripwire.specialize (bind_specialize.cpp). After register_cache.
+void register_specialize(nanobind::module_& m);
 /// Small helpers used by the Python package and tests (bind_util.cpp).
 void register_util(nanobind::module_& m);
 

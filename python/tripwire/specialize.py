@@ -19,8 +19,9 @@ entry failed on ``tripwire.recompiles`` (see :mod:`tripwire.logs`), infers input
 :func:`tripwire.infer_into` under the policy, calls ``compiler(fn, example_args, builder)``,
 builds the guards (the compiler's included), caches the result and calls it.
 
-The hit path is Python (binding the arguments and one C++ ``lookup``); a vectorcall C++ callable
-for it is a follow-up (issue 3, part 6).
+When every parameter is positional, a call passing one positional argument per parameter and
+no keywords takes the C++ hit path (``tripwire._core.FastDispatch``: f_locals built, looked up
+and the payload vectorcalled in C++); other calls bind in Python.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import threading
 import types
 from typing import Any, Callable, Mapping
 
+from ._core import FastDispatch, _enable_vectorcall
 from .builder import GuardBuilder
 from .cache import Cache
 from .infer import Policy, infer_into
@@ -108,12 +110,15 @@ class Specialized:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._compiles = 0
-        if self._npos >= 0:
-            # A class of its own whose __call__ builds f_locals as a dict display (much cheaper
-            # than dict(zip(...))) and calls the cache's lookup without attribute lookups.
-            self.__class__ = type(
-                "Specialized", (Specialized,), {"__call__": _make_call(self._npos, self._names, self.cache.lookup)}
-            )
+        if isinstance(self, FastDispatch):
+            # The C++ hit path: one positional argument per parameter and no keywords builds
+            # f_locals, looks up and calls the payload in C++; other calls go to Specialized.__call__.
+            self._fast_setup(self.cache, self._names, Specialized.__call__, Specialized._fast_miss)
+
+    def __new__(cls, fn: Callable, *args: Any, **kwargs: Any) -> Specialized:
+        if cls is Specialized and _all_positional(fn):
+            return FastDispatch.__new__(_FastSpecialized)
+        return super().__new__(cls)
 
     # -- calling -----------------------------------------------------------------------------------
     def _bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -133,6 +138,10 @@ class Specialized:
         if compiled is None:
             return self._miss(args, kwargs, f_locals)
         return compiled(*args, **kwargs)
+
+    def _fast_miss(self, args: tuple, f_locals: dict[str, Any]) -> Any:
+        """A miss on the C++ hit path (f_locals already bound and looked up once)."""
+        return self._miss(args, {}, f_locals)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -197,24 +206,25 @@ class Specialized:
         return f"{self.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
 
 
-def _make_call(n: int, names: tuple[str, ...], lookup: Callable) -> Callable:
-    """``Specialized.__call__`` for a function of ``n`` positional parameters ``names``."""
-    keys = ", ".join(f"{name!r}: args[{i}]" for i, name in enumerate(names))
-    src = (
-        "def __call__(self, *args, **kwargs):\n"
-        f"    if not kwargs and len(args) == {n}:\n"
-        f"        f_locals = {{{keys}}}\n"
-        "    else:\n"
-        "        f_locals = self._bind(args, kwargs)\n"
-        "    compiled = lookup(f_locals)\n"
-        "    if compiled is None:\n"
-        "        return self._miss(args, kwargs, f_locals)\n"
-        "    return compiled(*args, **kwargs)\n"
-    )
-    ns: dict[str, Any] = {"lookup": lookup}
-    # compiled under this file's name, so its frame counts as tripwire machinery in install stacks
-    exec(compile(src, __file__, "exec"), ns)  # noqa: S102 - parameter names are identifiers
-    return ns["__call__"]
+def _all_positional(fn: Any) -> bool:
+    """Whether every parameter of ``fn`` is positional (then the C++ hit path applies)."""
+    if not callable(fn):
+        return False
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(p.kind in _POSITIONAL for p in params)
+
+
+class _FastSpecialized(FastDispatch, Specialized):
+    """A :class:`Specialized` whose calls go through the C++ ``FastDispatch`` (all parameters
+    positional). It must not define ``__call__``: ``FastDispatch``'s vectorcall is the call."""
+
+    __slots__ = ()
+
+
+_enable_vectorcall(_FastSpecialized)
 
 
 def specialize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import threading
 
 import pytest
@@ -400,3 +401,118 @@ def test_compiler_guard_that_does_not_hold_caches_nothing():
         f(1, 2)
     assert any("while building the guards of add" in n for n in ei.value.__notes__)
     assert len(f.cache) == 0
+
+
+# -- the C++ hit path (tripwire._core.FastDispatch) ---------------------------------------------------
+
+
+def test_fast_path_hit_goes_through_fast_dispatch():
+    from tripwire._core import FastDispatch
+
+    calls = []
+
+    def compiler(fn, example_args, builder):
+        def compiled(a, b):
+            calls.append((a, b))
+            return fn(a, b)
+
+        return compiled
+
+    @specialize(compiler=compiler)
+    def f(a, b):
+        return a * 10 + b
+
+    assert isinstance(f, FastDispatch) and isinstance(f, Specialized)
+    assert f(1, 2) == 12
+    assert f(1, 3) == 13  # same guards (ints by type or value): a hit or a recompile, never wrong
+    before = f.cache.stats["hits"]
+    assert f(1, 2) == 12
+    assert f.cache.stats["hits"] == before + 1
+    assert calls[-1] == (1, 2)
+    assert f.__wrapped__.__name__ == "f" and f.__name__ == "f"
+
+
+def test_fast_path_falls_back_on_keywords_and_wrong_count():
+    @specialize
+    def f(a, b=5):
+        return a + b
+
+    assert f(1, 2) == 3
+    assert f(1) == 6  # fewer positionals: bound in Python, default applied
+    assert f(a=1, b=2) == 3  # keywords: bound in Python, same entry
+    assert f(1, b=2) == 3
+    with pytest.raises(TypeError):
+        f(1, 2, 3)
+    with pytest.raises(TypeError):
+        f(1, c=2)
+    assert f.cache.stats["hits"] >= 2  # f(a=1, b=2) and f(1, b=2) hit the entry of f(1, 2)
+
+
+def test_fast_path_varargs_function_uses_the_python_path():
+    from tripwire._core import FastDispatch
+
+    @specialize
+    def g(*args, **kwargs):
+        return (args, kwargs)
+
+    assert not isinstance(g, FastDispatch)
+    assert g(1, k=2) == ((1,), {"k": 2})
+    assert g(1, k=2) == ((1,), {"k": 2})
+
+
+def test_fast_path_argument_refcounts_unchanged():
+    @specialize
+    def f(a, b):
+        return None
+
+    a, b = object(), [1, 2]
+    f(a, b)
+    ra, rb = sys.getrefcount(a), sys.getrefcount(b)
+    for _ in range(10000):
+        f(a, b)
+    assert sys.getrefcount(a) == ra and sys.getrefcount(b) == rb
+    hits = f.cache.stats["hits"]
+    assert hits >= 10000
+
+
+def test_fast_path_payload_exception_propagates():
+    class Boom(Exception):
+        pass
+
+    def compiler(fn, example_args, builder):
+        def compiled(x):
+            if x < 0:
+                raise Boom(x)
+            return x
+
+        return compiled
+
+    @specialize(compiler=compiler)
+    def f(x):
+        return x
+
+    assert f(1) == 1
+    with pytest.raises(Boom):
+        f(-1)
+    with pytest.raises(Boom):
+        f(-1)  # a hit now: raised by the payload called from C++
+    assert f(2) == 2
+
+
+def test_fast_path_reentrant_payload_and_methods():
+    @specialize
+    def fact(n):
+        return 1 if n <= 1 else n * fact(n - 1)
+
+    assert fact(6) == 720
+    assert fact(6) == 720
+
+    class M:
+        @specialize
+        def scale(self, x):
+            return x * 3
+
+    m = M()
+    assert m.scale(2) == 6
+    assert m.scale(2) == 6
+    assert M.scale(m, 4) == 12
