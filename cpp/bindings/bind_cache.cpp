@@ -19,7 +19,7 @@ namespace tripwire::bindings {
 namespace {
 
 // The runtime guard set behind a GuardSetCore instance (bind_guard_set.cpp owns that layout).
-runtime::GuardSet* resolve_guard_set(PyObject* o) { return guard_set_of(o); }
+std::shared_ptr<runtime::GuardSet> resolve_guard_set(PyObject* o) { return shared_guard_set_of(o); }
 
 struct CacheCore {
     std::unique_ptr<runtime::Cache> impl;
@@ -67,8 +67,7 @@ const char* on_limit_name(runtime::OnLimit p) {
 
 bool entry_valid(const runtime::CacheEntry& e) {
     if (!e.in_cache) return false;
-    runtime::GuardSet* gs = resolve_guard_set(e.guards.get());
-    return gs != nullptr && !gs->invalid();
+    return e.gs && !e.gs->invalid();
 }
 
 PyTypeObject* g_cache_type = nullptr;
@@ -152,6 +151,16 @@ void register_cache(nb::module_& m) {
                 return nb::cast(e);
             },
             nb::arg("f_locals").none(), "The matching entry (counted as a hit), or None on a miss.")
+        .def(
+            "_lookup_uncounted",
+            [](CacheCore& c, nb::handle f_locals) -> nb::object {
+                runtime::EntryPtr e;
+                if (!c.get().lookup(f_locals.ptr(), e, /*count=*/false)) throw nb::python_error();
+                if (!e) return nb::none();
+                return nb::cast(e);
+            },
+            nb::arg("f_locals").none(),
+            "lookup_entry without counting a hit or a miss (a second look after a counted miss).")
         .def("_probe_values",
              [](CacheCore& c) -> nb::object {
                  if (c.get().probe_names().empty()) return nb::none();

@@ -18,7 +18,9 @@ namespace tripwire::bindings {
 namespace {
 
 struct GuardSetCore {
-    std::unique_ptr<runtime::GuardSet> impl;
+    /// Shared with the Cache entries that hold this set, so that a Cache never needs to resolve
+    /// the Python object on a lookup.
+    std::shared_ptr<runtime::GuardSet> impl;
 
     runtime::GuardSet& get() {
         if (!impl) throw std::runtime_error("this GuardSet was cleared by the garbage collector");
@@ -86,9 +88,11 @@ PyTypeObject* g_core_type = nullptr;
 
 }  // namespace
 
-runtime::GuardSet* guard_set_of(PyObject* o) {
+runtime::GuardSet* guard_set_of(PyObject* o) { return shared_guard_set_of(o).get(); }
+
+std::shared_ptr<runtime::GuardSet> shared_guard_set_of(PyObject* o) {
     if (g_core_type == nullptr || !PyObject_TypeCheck(o, g_core_type) || !nb::inst_ready(o)) return nullptr;
-    return nb::inst_ptr<GuardSetCore>(o)->impl.get();
+    return nb::inst_ptr<GuardSetCore>(o)->impl;
 }
 
 void register_guard_set(nb::module_& m) {
@@ -114,7 +118,7 @@ void register_guard_set(nb::module_& m) {
                     in.strict = strict;
                     in.eval_error_type = eval_error_type.is_none() ? nullptr : eval_error_type.ptr();
                     in.program = core::compile(std::move(ds), in.consts.size());
-                    new (self) GuardSetCore{std::make_unique<runtime::GuardSet>(std::move(in))};
+                    new (self) GuardSetCore{std::make_shared<runtime::GuardSet>(std::move(in))};
                 },
                 nb::arg("decls"), nb::arg("consts"), nb::arg("hold_weakly"), nb::arg("globals").none(),
                 nb::arg("closure").none(), nb::arg("strict"), nb::arg("eval_error_type").none())

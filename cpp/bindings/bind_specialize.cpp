@@ -1,14 +1,16 @@
-// tripwire/cpp/bindings/bind_specialize.cpp -- FastDispatch: the C++ hit path of @tw.specialize.
+// tripwire/cpp/bindings/bind_specialize.cpp -- FastDispatch: the vectorcall type of @tw.specialize.
 //
-// A base type (plain CPython, no nanobind on the call path) that python/tripwire/specialize.py
-// subclasses for functions whose parameters are all positional. A call passing exactly one
-// positional argument per parameter and no keywords builds f_locals in C++, looks the cache up
-// and vectorcalls the payload with the same arguments. Any other call shape calls
-// `slow(self, *args, **kwargs)`; a lookup miss calls `miss(self, args, f_locals)`.
+// A base type (plain CPython, no nanobind on the call path) that python/tripwire/specialize.py's
+// Specialized subclasses. Every call goes through fd_vectorcall: runtime::dispatch binds the
+// arguments to the function's parameters and looks the cache up without building a dict; a hit
+// vectorcalls the payload with the original arguments. A miss calls
+// `miss(self, args, kwargs, f_locals)`; a call that cannot be bound in C++ (an invalid call, a
+// callable that is not a Python function) calls `slow(self, *args, **kwargs)`, which binds with
+// inspect and raises the interpreter's TypeError for invalid calls.
 #include <nanobind/nanobind.h>
 #include <structmember.h>
 
-#include "../runtime/cache.hpp"
+#include "../runtime/dispatch.hpp"
 #include "register.hpp"
 
 namespace nb = nanobind;
@@ -19,9 +21,10 @@ namespace {
 struct FastDispatch {
     PyObject_HEAD vectorcallfunc vectorcall;
     PyObject* cache;  // the tripwire.Cache (a CacheCore), or null before _fast_setup
-    PyObject* names;  // tuple of interned parameter names
+    PyObject* fn;     // the original function
     PyObject* slow;   // slow(self, *args, **kwargs)
-    PyObject* miss;   // miss(self, args: tuple, f_locals: dict)
+    PyObject* miss;   // miss(self, args: tuple, kwargs: dict | None, f_locals: dict)
+    runtime::CallSignature* sig;  // owned; invalid when fn is not a Python function
 };
 
 PyTypeObject* g_fast_type = nullptr;
@@ -53,66 +56,57 @@ PyObject* call_slow(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_
     return r;
 }
 
+// miss(self, args, kwargs, f_locals) with the call's arguments as a tuple and a dict (or None).
+PyObject* call_miss(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_ssize_t n,
+                    PyObject* kwnames, const runtime::BoundCall& bound) {
+    runtime::Ref f_locals = bound.frame().as_mapping();
+    if (!f_locals) return nullptr;
+    runtime::Ref tup = runtime::Ref::steal(PyTuple_New(n));
+    if (!tup) return nullptr;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        Py_INCREF(args[i]);
+        PyTuple_SET_ITEM(tup.get(), i, args[i]);
+    }
+    runtime::Ref kwargs = runtime::Ref::borrow(Py_None);
+    if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) {
+        kwargs = runtime::Ref::steal(PyDict_New());
+        if (!kwargs) return nullptr;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(kwnames); ++j)
+            if (PyDict_SetItem(kwargs.get(), PyTuple_GET_ITEM(kwnames, j), args[n + j]) < 0) return nullptr;
+    }
+    runtime::Ref miss = runtime::Ref::borrow(fd->miss);  // the call may replace fd's fields
+    PyObject* margs[4] = {self, tup.get(), kwargs.get(), f_locals.get()};
+    return PyObject_Vectorcall(miss.get(), margs, 4, nullptr);
+}
+
 PyObject* fd_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
     FastDispatch* fd = as_fd(self);
     const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (fd->cache == nullptr || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) ||
-        n != PyTuple_GET_SIZE(fd->names))
+    if (fd->cache == nullptr || fd->sig == nullptr || !fd->sig->valid())
         return call_slow(fd, self, args, n, kwnames);
     runtime::Cache* cache = cache_of(fd->cache);
     if (cache == nullptr) return call_slow(fd, self, args, n, kwnames);  // cleared: the slow path raises
-    PyObject* cache_obj = fd->cache;
-    Py_INCREF(cache_obj);  // the payload or a guard may replace fd's fields meanwhile
-    PyObject* f_locals = _PyDict_NewPresized(n);
-    if (f_locals == nullptr) {
-        Py_DECREF(cache_obj);
-        return nullptr;
+    // Our own references: a guard or the payload may replace fd's fields meanwhile.
+    runtime::Ref cache_obj = runtime::Ref::borrow(fd->cache);
+    runtime::Ref fn = runtime::Ref::borrow(fd->fn);
+    runtime::BoundCall bound;
+    runtime::Ref payload;
+    switch (runtime::dispatch(*cache, *fd->sig, fn.get(), args, n, kwnames, bound, payload)) {
+        case runtime::DispatchOutcome::Hit:
+            return PyObject_Vectorcall(payload.get(), args, static_cast<size_t>(n), kwnames);
+        case runtime::DispatchOutcome::Miss: return call_miss(fd, self, args, n, kwnames, bound);
+        case runtime::DispatchOutcome::NotBound: return call_slow(fd, self, args, n, kwnames);
+        case runtime::DispatchOutcome::Error: break;
     }
-    PyObject* names = fd->names;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        if (PyDict_SetItem(f_locals, PyTuple_GET_ITEM(names, i), args[i]) < 0) {
-            Py_DECREF(f_locals);
-            Py_DECREF(cache_obj);
-            return nullptr;
-        }
-    }
-    PyObject* payload = nullptr;
-    {
-        runtime::EntryPtr e;
-        if (!cache->lookup(f_locals, e)) {
-            Py_DECREF(f_locals);
-            Py_DECREF(cache_obj);
-            return nullptr;
-        }
-        if (e && e->payload.get() != Py_None) {
-            payload = e->payload.get();
-            Py_INCREF(payload);
-        }
-    }
-    Py_DECREF(cache_obj);
-    if (payload != nullptr) {
-        Py_DECREF(f_locals);
-        PyObject* r = PyObject_Vectorcall(payload, args, static_cast<size_t>(n), nullptr);
-        Py_DECREF(payload);
-        return r;
-    }
-    PyObject* tup = PyTuple_New(n);
-    if (tup == nullptr) {
-        Py_DECREF(f_locals);
-        return nullptr;
-    }
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        Py_INCREF(args[i]);
-        PyTuple_SET_ITEM(tup, i, args[i]);
-    }
-    PyObject* miss = fd->miss;
-    Py_INCREF(miss);
-    PyObject* margs[3] = {self, tup, f_locals};
-    PyObject* r = PyObject_Vectorcall(miss, margs, 3, nullptr);
-    Py_DECREF(miss);
-    Py_DECREF(tup);
-    Py_DECREF(f_locals);
-    return r;
+    return nullptr;
+}
+
+// Detach the signature (deleted by the caller). The struct is plain C memory: no destructor runs.
+runtime::CallSignature* fd_sig_release(PyObject* self) {
+    FastDispatch* fd = as_fd(self);
+    runtime::CallSignature* s = fd->sig;
+    fd->sig = nullptr;
+    return s;
 }
 
 PyObject* fd_new(PyTypeObject* type, PyObject*, PyObject*) {
@@ -120,7 +114,8 @@ PyObject* fd_new(PyTypeObject* type, PyObject*, PyObject*) {
     if (self == nullptr) return nullptr;
     FastDispatch* fd = as_fd(self);
     fd->vectorcall = fd_vectorcall;
-    fd->cache = fd->names = fd->slow = fd->miss = nullptr;
+    fd->cache = fd->fn = fd->slow = fd->miss = nullptr;
+    fd->sig = nullptr;
     return self;
 }
 
@@ -128,7 +123,7 @@ int fd_traverse(PyObject* self, visitproc visit, void* arg) {
     FastDispatch* fd = as_fd(self);
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(fd->cache);
-    Py_VISIT(fd->names);
+    Py_VISIT(fd->fn);
     Py_VISIT(fd->slow);
     Py_VISIT(fd->miss);
     return 0;
@@ -137,7 +132,7 @@ int fd_traverse(PyObject* self, visitproc visit, void* arg) {
 int fd_clear(PyObject* self) {
     FastDispatch* fd = as_fd(self);
     Py_CLEAR(fd->cache);
-    Py_CLEAR(fd->names);
+    Py_CLEAR(fd->fn);
     Py_CLEAR(fd->slow);
     Py_CLEAR(fd->miss);
     return 0;
@@ -147,56 +142,54 @@ void fd_dealloc(PyObject* self) {
     PyTypeObject* tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     fd_clear(self);
+    delete fd_sig_release(self);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
 PyObject* fd_setup(PyObject* self, PyObject* const* args, Py_ssize_t n) {
     if (n != 4) {
-        PyErr_SetString(PyExc_TypeError, "_fast_setup(cache, names, slow, miss)");
+        PyErr_SetString(PyExc_TypeError, "_fast_setup(cache, fn, slow, miss)");
         return nullptr;
     }
     if (cache_of(args[0]) == nullptr) {
         PyErr_SetString(PyExc_TypeError, "_fast_setup: cache must be a tripwire.Cache");
         return nullptr;
     }
-    if (!PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "_fast_setup: names must be a tuple of str");
-        return nullptr;
-    }
-    const Py_ssize_t k = PyTuple_GET_SIZE(args[1]);
-    PyObject* names = PyTuple_New(k);
-    if (names == nullptr) return nullptr;
-    for (Py_ssize_t i = 0; i < k; ++i) {
-        PyObject* s = PyTuple_GET_ITEM(args[1], i);
-        if (!PyUnicode_CheckExact(s)) {
-            Py_DECREF(names);
-            PyErr_SetString(PyExc_TypeError, "_fast_setup: names must be a tuple of str");
-            return nullptr;
-        }
-        Py_INCREF(s);
-        PyUnicode_InternInPlace(&s);
-        PyTuple_SET_ITEM(names, i, s);
-    }
-    if (!PyCallable_Check(args[2]) || !PyCallable_Check(args[3])) {
-        Py_DECREF(names);
-        PyErr_SetString(PyExc_TypeError, "_fast_setup: slow and miss must be callable");
+    if (!PyCallable_Check(args[1]) || !PyCallable_Check(args[2]) || !PyCallable_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "_fast_setup: fn, slow and miss must be callable");
         return nullptr;
     }
     FastDispatch* fd = as_fd(self);
+    if (fd->sig != nullptr) {
+        // A call in progress may be using the signature (a guard can run user code): never
+        // replace it.
+        PyErr_SetString(PyExc_RuntimeError, "_fast_setup: already set up");
+        return nullptr;
+    }
+    auto* sig = new runtime::CallSignature();
+    sig->init(args[1]);  // not a Python function: stays invalid, every call takes the slow path
+    fd->sig = sig;
     Py_INCREF(args[0]);
+    Py_INCREF(args[1]);
     Py_INCREF(args[2]);
     Py_INCREF(args[3]);
     Py_XSETREF(fd->cache, args[0]);
-    Py_XSETREF(fd->names, names);
+    Py_XSETREF(fd->fn, args[1]);
     Py_XSETREF(fd->slow, args[2]);
     Py_XSETREF(fd->miss, args[3]);
     Py_RETURN_NONE;
 }
 
+PyObject* fd_bindable(PyObject* self, PyObject*) {
+    FastDispatch* fd = as_fd(self);
+    return PyBool_FromLong(fd->sig != nullptr && fd->sig->valid());
+}
+
 PyMethodDef g_fd_methods[] = {
     {"_fast_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(fd_setup)), METH_FASTCALL,
-     "_fast_setup(cache, names, slow, miss): enable the C++ hit path."},
+     "_fast_setup(cache, fn, slow, miss): enable the C++ hit path."},
+    {"_bindable", fd_bindable, METH_NOARGS, "Whether calls are bound in C++ (fn is a Python function)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyMemberDef g_fd_members[] = {

@@ -3,6 +3,8 @@
 
 #include <nanobind/nanobind.h>
 
+#include <memory>
+
 namespace tripwire::runtime {
 class GuardSet;
 class Cache;
@@ -13,6 +15,8 @@ namespace tripwire::bindings {
 /// The runtime guard set behind a tripwire._core.GuardSetCore instance (or a subclass), or null
 /// for any other object or a set cleared by the garbage collector. Borrowed: valid while `o` is.
 runtime::GuardSet* guard_set_of(PyObject* o);
+/// The same, sharing ownership (a Cache entry keeps its runtime set).
+std::shared_ptr<runtime::GuardSet> shared_guard_set_of(PyObject* o);
 
 /// The runtime cache behind a tripwire._core.CacheCore instance (or a subclass), or null for any
 /// other object or a cache cleared by the garbage collector. Borrowed: valid while `o` is.

@@ -87,8 +87,7 @@ int Cache::snapshot_matches(const CacheEntry& e, PyObject* current) {
 
 bool Cache::entry_valid(const CacheEntry& e) const {
     if (!e.in_cache) return false;
-    GuardSet* gs = resolver_(e.guards.get());
-    return gs != nullptr && !gs->invalid();
+    return e.gs && !e.gs->invalid();
 }
 
 void Cache::remove(const EntryPtr& e, std::vector<EntryPtr>& graveyard) {
@@ -123,7 +122,7 @@ void Cache::touch(const EntryPtr& e) {
 }
 
 bool Cache::entry_key(const CacheEntry& e, const std::string& text, Key& out) const {
-    GuardSet* gs = resolver_(e.guards.get());
+    GuardSet* gs = e.gs.get();
     if (gs == nullptr) return false;
     const core::Program& p = gs->program();
     bool found = false;
@@ -176,7 +175,7 @@ void Cache::rebuild_index() {
     std::size_t best_count = 0;
     PyObject* best_name = nullptr;
     for (const EntryPtr& e : order_) {
-        GuardSet* gs = resolver_(e->guards.get());
+        GuardSet* gs = e->gs.get();
         if (gs == nullptr) continue;
         const core::Program& p = gs->program();
         for (std::uint32_t ni : p.roots) {
@@ -211,12 +210,16 @@ const std::string& Cache::index_source() {
     return index_text_;
 }
 
-void Cache::collect_candidates(PyObject* f_locals, std::vector<EntryPtr>& out) {
+void Cache::collect_candidates(const Frame& frame, std::vector<EntryPtr>& out) {
     out.clear();
     PyObject* v = nullptr;
-    if (!index_text_.empty() && PyDict_CheckExact(f_locals)) {
-        v = PyDict_GetItemWithError(f_locals, index_name_.get());
-        if (v == nullptr) PyErr_Clear();  // missing or raised: the ordered scan decides
+    if (!index_text_.empty()) {
+        if (frame.is_arguments()) {
+            v = frame.argument(index_name_.get(), &index_slot_);  // the caller keeps it alive
+        } else if (PyDict_CheckExact(frame.locals)) {
+            v = PyDict_GetItemWithError(frame.locals, index_name_.get());
+            if (v == nullptr) PyErr_Clear();  // missing or raised: the ordered scan decides
+        }
     }
     if (v == nullptr) {
         out.assign(order_.begin(), order_.end());
@@ -255,7 +258,23 @@ void Cache::collect_candidates(PyObject* f_locals, std::vector<EntryPtr>& out) {
     }
 }
 
-bool Cache::lookup(PyObject* f_locals, EntryPtr& out) {
+int Cache::try_entry(const EntryPtr& c, const Frame& frame, PyObject* current, SnapshotMemo& memo) {
+    if (!c->in_cache) return 0;  // removed by another thread while we were checking
+    if (current != nullptr) {
+        // Entries inserted under the same ambient state share one snapshot object.
+        if (memo.owner == nullptr || memo.owner->snapshot.get() != c->snapshot.get()) {
+            memo.ok = snapshot_matches(*c, current);
+            if (memo.ok < 0) return -1;
+            memo.owner = c.get();
+        }
+        if (memo.ok == 0) return 0;
+    }
+    GuardSet* gs = c->gs.get();
+    if (gs->invalid()) return 0;
+    return gs->check(frame);
+}
+
+bool Cache::lookup(const Frame& frame, EntryPtr& out, bool count) {
     out.reset();
     std::vector<EntryPtr> graveyard;  // released last, after the structures are consistent
     purge_invalid(graveyard);
@@ -265,40 +284,47 @@ bool Cache::lookup(PyObject* f_locals, EntryPtr& out) {
         current = probe_values();
         if (!current) return false;
     }
-    std::vector<EntryPtr> candidates;
-    collect_candidates(f_locals, candidates);
-    const CacheEntry* last_snap_owner = nullptr;
-    int last_snap_ok = 0;
-    for (const EntryPtr& c : candidates) {
-        if (!c->in_cache) continue;  // removed by another thread while we were checking
-        if (current) {
-            // Entries inserted under the same ambient state share one snapshot object.
-            if (last_snap_owner == nullptr || last_snap_owner->snapshot.get() != c->snapshot.get()) {
-                last_snap_ok = snapshot_matches(*c, current.get());
-                if (last_snap_ok < 0) return false;
-                last_snap_owner = c.get();
-            }
-            if (last_snap_ok == 0) continue;
-        }
-        GuardSet* gs = resolver_(c->guards.get());
-        if (gs == nullptr || gs->invalid()) continue;
-        const int r = gs->check(f_locals);
+    SnapshotMemo memo;
+    const CacheEntry* tried = nullptr;
+    if (index_text_.empty() && !order_.empty()) {
+        // Without an index the scan tries the most recently used entry first; trying it before
+        // copying the candidate list makes the common repeated hit allocation-free.
+        EntryPtr front = order_.front();  // our own reference: a guard may run user code
+        const int r = try_entry(front, frame, current.get(), memo);
         if (r < 0) return false;
         if (r == 1) {
-            touch(c);
-            ++c->hits;
-            ++stats_.hits;
+            record_hit(front, count);
+            out = std::move(front);
+            return true;
+        }
+        tried = front.get();
+    }
+    std::vector<EntryPtr> candidates;
+    collect_candidates(frame, candidates);
+    for (const EntryPtr& c : candidates) {
+        if (c.get() == tried) continue;
+        const int r = try_entry(c, frame, current.get(), memo);
+        if (r < 0) return false;
+        if (r == 1) {
+            record_hit(c, count);
             out = c;
             return true;
         }
     }
-    ++stats_.misses;
+    if (count) ++stats_.misses;
     return true;
 }
 
+void Cache::record_hit(const EntryPtr& e, bool count) {
+    touch(e);
+    if (!count) return;
+    ++e->hits;
+    ++stats_.hits;
+}
+
 bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result) {
-    GuardSet* gs = resolver_(guards);
-    if (gs == nullptr) {
+    std::shared_ptr<GuardSet> gs = resolver_(guards);
+    if (!gs) {
         PyErr_SetString(PyExc_TypeError, "Cache.insert: guards must be a tripwire.GuardSet");
         return false;
     }
@@ -324,6 +350,7 @@ bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertRe
 
     auto e = std::make_shared<CacheEntry>();
     e->guards = Ref::borrow(guards);
+    e->gs = gs;
     e->payload = Ref::borrow(payload);
     e->name = Ref::borrow(name);
     e->snapshot = snapshot;

@@ -31,8 +31,8 @@
 namespace tripwire::runtime {
 
 /// Maps a Python guard-set object (tripwire.GuardSet) to its runtime set; null if it is not one
-/// or was cleared by the garbage collector. Installed by the bindings.
-using GuardSetResolver = GuardSet* (*)(PyObject*);
+/// or was cleared by the garbage collector. Installed by the bindings; used once per insert.
+using GuardSetResolver = std::shared_ptr<GuardSet> (*)(PyObject*);
 
 /// What happens when an insert would exceed a limit.
 enum class OnLimit : std::uint8_t { Raise, Fallback, Evict };
@@ -46,6 +46,7 @@ using EntryPtr = std::shared_ptr<CacheEntry>;
 /// One compiled entry. Shared between the cache and Python entry views.
 struct CacheEntry {
     Ref guards;    ///< the Python GuardSet object
+    std::shared_ptr<GuardSet> gs;  ///< its runtime set (kept even if GC clears the Python object)
     Ref payload;   ///< the user's payload (may be None)
     Ref name;      ///< str or None
     Ref snapshot;  ///< tuple of probe values at insert time; null when the cache has no probes
@@ -83,7 +84,12 @@ class Cache {
     /// The first entry, most recently used first, whose probes snapshot and guards hold; null
     /// on a miss. Returns false with a Python error set when a probe or a guard raised an error
     /// that check() propagates.
-    bool lookup(PyObject* f_locals, EntryPtr& out);
+    /// With `count` false the lookup is a probe: no hit or miss is counted (a caller looking up
+    /// again under its own lock after a counted miss).
+    bool lookup(const Frame& frame, EntryPtr& out, bool count = true);
+    bool lookup(PyObject* f_locals, EntryPtr& out, bool count = true) {
+        return lookup(Frame::of_mapping(f_locals), out, count);
+    }
 
     /// Current probe values as a tuple (new reference), or null with an error set.
     Ref probe_values();
@@ -128,8 +134,16 @@ class Cache {
     void rebuild_index();
     /// The key an entry's guards on the root local `text` impose, if any.
     bool entry_key(const CacheEntry& e, const std::string& text, Key& out) const;
-    void collect_candidates(PyObject* f_locals, std::vector<EntryPtr>& out);
+    void collect_candidates(const Frame& frame, std::vector<EntryPtr>& out);
     void touch(const EntryPtr& e);
+    void record_hit(const EntryPtr& e, bool count);
+    /// The probe snapshot last compared, shared by consecutive entries with the same snapshot.
+    struct SnapshotMemo {
+        const CacheEntry* owner = nullptr;
+        int ok = 0;
+    };
+    /// Whether entry `c` matches (1/0, -1 with a Python error set).
+    int try_entry(const EntryPtr& c, const Frame& frame, PyObject* current, SnapshotMemo& memo);
 
     std::size_t recompile_limit_, accumulated_limit_;
     OnLimit on_limit_;
@@ -144,7 +158,8 @@ class Cache {
     // Dispatch index, rebuilt lazily after any insert or removal.
     bool index_dirty_ = true;
     std::string index_text_;        // "L['x']"; empty: no index
-    Ref index_name_;                // the local's name (str)
+    Ref index_name_;                // the local's name (interned str)
+    Py_ssize_t index_slot_ = -1;    // argument-index hint for Frame::argument
     std::uint8_t index_kinds_ = 0;  // bit per Key::kind present
     std::unordered_map<Key, std::vector<EntryPtr>, KeyHash> buckets_;
     std::vector<EntryPtr> unindexed_;

@@ -108,6 +108,17 @@ GuardSet::GuardSet(GuardSetInputs in)
             holders_.push_back(Ref::borrow(o));
         }
     }
+    // Root names are compared by identity with interned parameter names (Frame::argument):
+    // intern them here, before anything else copies the raw pointers.
+    for (const core::Node& n : program_.nodes) {
+        if (!n.is_root || n.root_name >= n_consts) continue;
+        PyObject* s = objs_[n.root_name];
+        if (!PyUnicode_CheckExact(s) || PyUnicode_CHECK_INTERNED(s)) continue;
+        Py_INCREF(s);
+        PyUnicode_InternInPlace(&s);
+        holders_[n.root_name] = Ref::steal(s);
+        objs_[n.root_name] = s;
+    }
     globals_ = Ref::borrow(in.globals);
     closure_ = Ref::borrow(in.closure);
     eval_error_type_ = Ref::borrow(in.eval_error_type);
@@ -172,6 +183,8 @@ GuardSet::GuardSet(GuardSetInputs in)
             }
         }
     }
+    for (std::uint32_t gi : program_.ambient)
+        if (guards_[gi].kind == core::GuardKind::Lambda) ambient_reads_locals_ = true;
     guard_order_ = program_.node_guards;
     child_order_ = program_.children;
     root_order_ = program_.roots;
@@ -229,11 +242,17 @@ int GuardSet::on_error(std::uint32_t ni) {
     return -1;
 }
 
-Fetched GuardSet::fetch_root(std::uint32_t ni, PyObject* f_locals) {
+Fetched GuardSet::fetch_root(std::uint32_t ni, const Frame& frame) {
     const core::Node& n = program_.nodes[ni];
     const NodeRt& r = nodes_[ni];
     switch (n.root) {
         case core::RootKind::Local: {
+            if (frame.is_arguments()) {
+                // The caller keeps the arguments alive for the whole check: borrowing is safe.
+                PyObject* v = frame.argument(r.root_name, &nodes_[ni].slot);
+                return {v, false, v ? FetchStatus::Ok : FetchStatus::Missing};
+            }
+            PyObject* f_locals = frame.locals;
             if (PyDict_Check(f_locals)) {
                 if (PyObject* hv = dict_get_hinted(f_locals, r.root_name, &nodes_[ni].hint)) {
                     return {hv, false, FetchStatus::Ok};
@@ -351,20 +370,27 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
     return 1;
 }
 
-int GuardSet::check(PyObject* f_locals) {
+int GuardSet::check(const Frame& frame) {
     if (state_->invalid) return 0;
     ++active_;
     ++stats_.checks;
     int result = 1;
-    for (std::uint32_t gi : program_.ambient) {
-        int r = eval_guard(guards_[gi], f_locals);
-        if (r == 1) continue;
-        result = r < 0 ? on_error(core::kNoNode) : 0;
-        break;
+    if (!program_.ambient.empty()) {
+        // A LAMBDA on f_locals needs a mapping: build one from bound arguments only then.
+        Ref locals;
+        if (ambient_reads_locals_) {
+            locals = frame.as_mapping();
+            if (!locals) result = on_error(core::kNoNode);
+        }
+        for (std::size_t k = 0; result == 1 && k < program_.ambient.size(); ++k) {
+            int r = eval_guard(guards_[program_.ambient[k]], locals ? locals.get() : Py_None);
+            if (r == 1) continue;
+            result = r < 0 ? on_error(core::kNoNode) : 0;
+        }
     }
     for (std::size_t k = 0; result == 1 && k < root_order_.size(); ++k) {
         const std::uint32_t ni = root_order_[k];
-        Fetched f = fetch_root(ni, f_locals);
+        Fetched f = fetch_root(ni, frame);
         int r = 0;
         if (f.status == FetchStatus::Ok) {
             if (!f.owned && !nodes_[ni].borrow_ok) {
@@ -481,7 +507,7 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             for (const auto& rec : out) best = std::min(best, rec.guard_id);
             if (program_.nodes[ni].min_guard_id > best) continue;
         }
-        Fetched f = fetch_root(ni, f_locals);
+        Fetched f = fetch_root(ni, Frame::of_mapping(f_locals));
         if (f.status == FetchStatus::Ok) {
             Ref hold = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
             walk_failures(ni, hold.get(), out, fatal);

@@ -17,6 +17,7 @@
 
 #include "../core/program.hpp"
 #include "fetch.hpp"
+#include "frame.hpp"
 #include "predicates.hpp"
 #include "py.hpp"
 
@@ -69,7 +70,8 @@ class GuardSet {
 
     /// 1 if every guard holds, 0 if not, -1 with a Python error set (strict mode, or a
     /// BaseException that is not an Exception, such as KeyboardInterrupt, which is never hidden).
-    int check(PyObject* f_locals);
+    int check(const Frame& frame);
+    int check(PyObject* f_locals) { return check(Frame::of_mapping(f_locals)); }
 
     /// Every failing guard (full walk, installation order). Returns false with a Python error
     /// set only for errors that check() would also propagate.
@@ -104,11 +106,12 @@ class GuardSet {
         PyObject* cell = nullptr;       ///< borrowed closure cell for C[...] roots
         bool borrow_ok = false;         ///< the subtree runs no user code: borrowed values are safe
         Py_ssize_t hint = -1;           ///< dict entry hint for root lookups (dict_hint.h)
+        Py_ssize_t slot = -1;           ///< argument index hint for roots read from a bound call
     };
 
     int eval_node(std::uint32_t ni, PyObject* v);
     int eval_guards(std::uint32_t ni, PyObject* v);
-    Fetched fetch_root(std::uint32_t ni, PyObject* f_locals);
+    Fetched fetch_root(std::uint32_t ni, const Frame& frame);
     Fetched fetch_node(std::uint32_t ni, PyObject* parent);
     int on_error(std::uint32_t ni);
     void walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out, bool& fatal);
@@ -122,6 +125,7 @@ class GuardSet {
     std::vector<std::uint32_t> child_order_;  // permutation of program_.children ranges
     std::vector<std::uint32_t> root_order_;
     std::vector<std::uint32_t> guard_fails_, node_fails_;
+    bool ambient_reads_locals_ = false;  // an ambient guard (a LAMBDA) takes f_locals itself
     Ref globals_, closure_, eval_error_type_;
     bool strict_ = false;
     int active_ = 0;  // re-entrancy depth: reorder only when no other walk is in progress

@@ -19,9 +19,12 @@ entry failed on ``tripwire.recompiles`` (see :mod:`tripwire.logs`), infers input
 :func:`tripwire.infer_into` under the policy, calls ``compiler(fn, example_args, builder)``,
 builds the guards (the compiler's included), caches the result and calls it.
 
-When every parameter is positional, a call passing one positional argument per parameter and
-no keywords takes the C++ hit path (``tripwire._core.FastDispatch``: f_locals built, looked up
-and the payload vectorcalled in C++); other calls bind in Python.
+The returned :class:`Specialized` is a vectorcall C++ callable (``tripwire._core.FastDispatch``).
+For a Python function every call is bound to the parameters in C++ (keywords, defaults,
+``*args``, ``**kwargs``) and the guards read ``L['name']`` straight from the argument vector: a hit
+builds no dict and runs no Python code before the compiled callable. Only a miss builds
+``f_locals`` and enters Python. Other callables, and calls the interpreter would reject, are
+bound in Python with :mod:`inspect` (which raises the usual ``TypeError``).
 """
 
 from __future__ import annotations
@@ -40,16 +43,13 @@ from .logs import recompile_logging_enabled, report_recompile
 
 __all__ = ["Specialized", "specialize"]
 
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
 def _identity_compiler(fn: Callable, example_args: Mapping[str, Any], builder: GuardBuilder) -> Callable:
     """The default compiler: the function itself (the cache then only records the specialisations
     seen, with their guards and recompile reasons)."""
     return fn
 
 
-class Specialized:
+class Specialized(FastDispatch):
     """A function specialised by :func:`specialize`. Call it like the function.
 
     Attributes:
@@ -60,8 +60,8 @@ class Specialized:
 
     Thread safety: lookups take no lock (the Cache is safe for concurrent lookups and inserts);
     misses are handled under one lock per specialised function, and the cache is looked up again
-    under it, so concurrent first calls with the same arguments compile once (so a miss counts
-    twice in ``cache.stats["misses"]``). A compiler that
+    under it (uncounted), so concurrent first calls with the same arguments compile once. A
+    compiler that
     hands a call of the same function to another thread and waits for it deadlocks.
 
     Re-entrancy: while a thread compiles, calls of this function from that thread (the compiler
@@ -92,6 +92,8 @@ class Specialized:
         if not isinstance(policy, Policy):
             raise TypeError(f"policy must be a tripwire.Policy, not {type(policy).__name__}")
         functools.update_wrapper(self, fn)
+        # A callable object has no __qualname__ of its own: name it after its type.
+        self._label = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         self.compiler = _identity_compiler if compiler is None else compiler
         self.backend = backend if backend is not None else getattr(self.compiler, "__name__", repr(self.compiler))
         self.policy = policy
@@ -102,46 +104,43 @@ class Specialized:
         self._accumulated_limit = accumulated_limit
         self._globals = getattr(fn, "__globals__", None)
         self._sig = inspect.signature(fn)
-        params = list(self._sig.parameters.values())
-        # Fast binding: every parameter positional and the call passes exactly one positional
-        # argument per parameter, no keywords: f_locals is zip(names, args).
-        self._npos = len(params) if all(p.kind in _POSITIONAL for p in params) else -1
-        self._names = tuple(p.name for p in params)
+        self._code = getattr(fn, "__code__", None)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._compiles = 0
-        if isinstance(self, FastDispatch):
-            # The C++ hit path: one positional argument per parameter and no keywords builds
-            # f_locals, looks up and calls the payload in C++; other calls go to Specialized.__call__.
-            self._fast_setup(self.cache, self._names, Specialized.__call__, Specialized._fast_miss)
+        # The C++ call path: binds and looks up in C++; unbindable calls go to _call_python,
+        # misses to _fast_miss.
+        self._fast_setup(self.cache, fn, Specialized._call_python, Specialized._fast_miss)
 
-    def __new__(cls, fn: Callable, *args: Any, **kwargs: Any) -> Specialized:
-        if cls is Specialized and _all_positional(fn):
-            return FastDispatch.__new__(_FastSpecialized)
-        return super().__new__(cls)
-
-    # -- calling -----------------------------------------------------------------------------------
+    # -- calling (the call itself is FastDispatch's vectorcall; no __call__ here) ------------------
     def _bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """``f_locals`` for a call: the arguments bound to the signature, defaults applied."""
-        if not kwargs and len(args) == self._npos:
-            return dict(zip(self._names, args))
+        code = getattr(self._fn, "__code__", None)
+        if code is not self._code:
+            # fn.__code__ was replaced: a different function. Dynamo keeps its cache on the code
+            # object, so a new code starts empty; the C++ binder keeps the old layout and sends
+            # every call here from now on.
+            with self._lock:
+                if code is not self._code:
+                    self._sig = inspect.signature(self._fn)
+                    self.cache.clear()
+                    self._code = code
         ba = self._sig.bind(*args, **kwargs)
         ba.apply_defaults()
         return dict(ba.arguments)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs and len(args) == self._npos:
-            f_locals = dict(zip(self._names, args))
-        else:
-            f_locals = self._bind(args, kwargs)
+    def _call_python(self, *args: Any, **kwargs: Any) -> Any:
+        """A call FastDispatch could not bind: bind with inspect (raising the call's TypeError),
+        look up and dispatch in Python."""
+        f_locals = self._bind(args, kwargs)
         compiled = self.cache.lookup(f_locals)
         if compiled is None:
             return self._miss(args, kwargs, f_locals)
         return compiled(*args, **kwargs)
 
-    def _fast_miss(self, args: tuple, f_locals: dict[str, Any]) -> Any:
-        """A miss on the C++ hit path (f_locals already bound and looked up once)."""
-        return self._miss(args, {}, f_locals)
+    def _fast_miss(self, args: tuple, kwargs: dict | None, f_locals: dict[str, Any]) -> Any:
+        """A miss on the C++ path (f_locals bound and looked up once, the miss counted)."""
+        return self._miss(args, kwargs or {}, f_locals)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -149,14 +148,16 @@ class Specialized:
         return types.MethodType(self, obj)
 
     def __repr__(self) -> str:
-        return f"<tripwire.specialize {self.__qualname__} backend={self.backend!r} entries={len(self.cache)}>"
+        return f"<tripwire.specialize {self._label} backend={self.backend!r} entries={len(self.cache)}>"
 
     # -- the miss path -----------------------------------------------------------------------------
     def _miss(self, args: tuple, kwargs: dict, f_locals: dict[str, Any]) -> Any:
         if getattr(self._local, "compiling", False):
             return self._fn(*args, **kwargs)  # re-entrant call from this thread's compiler
         with self._lock:
-            compiled = self.cache.lookup(f_locals)  # another thread may have compiled it meanwhile
+            # Another thread may have compiled it meanwhile; this second look counts nothing.
+            entry = self.cache._lookup_uncounted(f_locals)
+            compiled = None if entry is None else entry.payload
             if compiled is None:
                 compiled = self._compile(f_locals)
         if compiled is None:  # a limit was hit under the "fallback" policy
@@ -193,7 +194,7 @@ class Specialized:
         except Exception as e:  # e.g. a guard the compiler added does not hold on the example
             e.add_note(f"while building the guards of {self._where()} with tripwire.specialize")
             raise
-        name = f"{self.__qualname__}#{self._compiles}"
+        name = f"{self._label}#{self._compiles}"
         if self.cache.insert(gs, compiled, name=name, f_locals=f_locals) is False:
             return None
         self._compiles += 1
@@ -202,29 +203,11 @@ class Specialized:
     def _where(self) -> str:
         code = getattr(self._fn, "__code__", None)
         if code is None:
-            return self.__qualname__
-        return f"{self.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+            return self._label
+        return f"{self._label} ({code.co_filename}:{code.co_firstlineno})"
 
 
-def _all_positional(fn: Any) -> bool:
-    """Whether every parameter of ``fn`` is positional (then the C++ hit path applies)."""
-    if not callable(fn):
-        return False
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return all(p.kind in _POSITIONAL for p in params)
-
-
-class _FastSpecialized(FastDispatch, Specialized):
-    """A :class:`Specialized` whose calls go through the C++ ``FastDispatch`` (all parameters
-    positional). It must not define ``__call__``: ``FastDispatch``'s vectorcall is the call."""
-
-    __slots__ = ()
-
-
-_enable_vectorcall(_FastSpecialized)
+_enable_vectorcall(Specialized)
 
 
 def specialize(

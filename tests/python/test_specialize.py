@@ -432,32 +432,146 @@ def test_fast_path_hit_goes_through_fast_dispatch():
     assert f.__wrapped__.__name__ == "f" and f.__name__ == "f"
 
 
-def test_fast_path_falls_back_on_keywords_and_wrong_count():
+def test_fast_path_binds_keywords_and_defaults_in_cpp():
     @specialize
     def f(a, b=5):
         return a + b
 
+    assert f._bindable()
     assert f(1, 2) == 3
-    assert f(1) == 6  # fewer positionals: bound in Python, default applied
-    assert f(a=1, b=2) == 3  # keywords: bound in Python, same entry
+    assert f(1) == 6  # default applied by the C++ binder: a new entry (b=5)
+    compiles = len(f.cache)
+    hits = f.cache.stats["hits"]
+    assert f(a=1, b=2) == 3  # keywords: the entry of f(1, 2)
     assert f(1, b=2) == 3
+    assert f(b=5, a=1) == 6  # the entry of f(1)
+    assert len(f.cache) == compiles and f.cache.stats["hits"] == hits + 3
     with pytest.raises(TypeError):
-        f(1, 2, 3)
+        f(1, 2, 3)  # not bindable: inspect raises the call's TypeError
     with pytest.raises(TypeError):
         f(1, c=2)
-    assert f.cache.stats["hits"] >= 2  # f(a=1, b=2) and f(1, b=2) hit the entry of f(1, 2)
+    with pytest.raises(TypeError):
+        f(1, a=2)
 
 
-def test_fast_path_varargs_function_uses_the_python_path():
+def test_fast_path_varargs_and_kwargs_bound_in_cpp():
     from tripwire._core import FastDispatch
 
     @specialize
     def g(*args, **kwargs):
         return (args, kwargs)
 
-    assert not isinstance(g, FastDispatch)
+    assert isinstance(g, FastDispatch) and g._bindable()
     assert g(1, k=2) == ((1,), {"k": 2})
+    hits = g.cache.stats["hits"]
     assert g(1, k=2) == ((1,), {"k": 2})
+    assert g.cache.stats["hits"] == hits + 1
+    assert g(1, k=3) == ((1,), {"k": 3})  # a different kwargs value: a recompile, not a false hit
+    assert g(1, 2, k=2) == ((1, 2), {"k": 2})
+    assert len(g.cache) == 3
+
+
+def test_fast_path_hit_runs_no_python_code_but_the_payload():
+    """On a hit the only Python frame entered is the compiled callable's: binding, lookup and
+    dispatch are all C++ (for keyword calls, *args and **kwargs too)."""
+
+    def compiled_body(a, *rest, k=1, **kw):
+        return a
+
+    def compiler(fn, example_args, builder):
+        return compiled_body
+
+    @specialize(compiler=compiler)
+    def f(a, *rest, k=1, **kw):
+        return a
+
+    calls = [((1, 2), {"k": 3, "z": 4}), ((5,), {}), ((6,), {"k": 2})]
+    for args, kwargs in calls:
+        f(*args, **kwargs)  # compile
+    seen: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            seen.append(frame.f_code.co_name)
+
+    for args, kwargs in calls:
+        sys.setprofile(profile)
+        try:
+            f(*args, **kwargs)
+        finally:
+            sys.setprofile(None)
+    assert seen == ["compiled_body"] * 3, seen
+
+
+def test_fast_path_unbindable_callable_uses_python_binding():
+    class Adder:
+        def __call__(self, x, y=1):
+            return x + y
+
+    g = specialize(Adder())
+    assert not g._bindable()
+    assert g(1) == 2 and g(1) == 2 and g(x=2, y=3) == 5
+    assert g.cache.stats["hits"] == 1
+
+
+def test_fast_path_code_replaced_after_decoration():
+    def f(x):
+        return x
+
+    s = specialize(f)
+    assert s(1) == 1
+
+    def h(x, y=10):
+        return x + y
+
+    f.__code__ = h.__code__  # a different function: bound in Python from then on, cache emptied
+    f.__defaults__ = (10,)
+    assert len(s.cache) == 1
+    assert s(1, 2) == 3
+    assert s(1) == 11 and s(1) == 11
+    assert len(s.cache) == 2 and s.cache.stats["hits"] == 1
+
+
+def test_fast_path_defaults_reassigned_between_calls():
+    def f(x, y=1):
+        return x + y
+
+    s = specialize(f)
+    assert s(1) == 2
+    f.__defaults__ = (5,)  # read from the function at each call, as the interpreter does
+    assert s(1) == 6
+    f.__kwdefaults__ = None
+    assert s(2) == 7
+
+
+def test_fast_path_kwonly_default_mutated_by_a_guard(collect):
+    """A guard that mutates fn.__kwdefaults__ while the call is being checked cannot free the
+    value the C++ binder handed to the check (it copies the dict)."""
+
+    class Payload:
+        pass
+
+    def f(x, *, p=None):
+        return p
+
+    def compiler(fn, example_args, builder):
+        def mutate(v):
+            if armed[0]:
+                f.__kwdefaults__.clear()
+                gc.collect()
+            return True
+
+        builder.predicate(mutate, source="L['x']")
+        return fn
+
+    armed = [False]
+    f.__kwdefaults__ = {"p": Payload()}
+    s = specialize(f, compiler=compiler, policy=tw.Policy(per_arg={"p": "type"}))
+    assert isinstance(s(1), Payload)
+    armed[0] = True
+    with pytest.raises(TypeError, match="keyword-only argument: 'p'"):
+        s(1)  # no crash: the check saw the old default; the payload f(1) sees the emptied dict
+    armed[0] = False
 
 
 def test_fast_path_argument_refcounts_unchanged():

@@ -1,0 +1,47 @@
+// tripwire/cpp/runtime/frame.hpp -- where the L[...] roots of a check come from.
+//
+// A check reads its local roots either from a mapping (the f_locals dict a caller built) or
+// straight from the arguments of a call bound to the function's parameters (runtime::BoundCall).
+// The second form is what @specialize's C++ hit path uses: no dict is built on a hit.
+#pragma once
+
+#include "py.hpp"
+
+namespace tripwire::runtime {
+
+/// The locals a guard set is checked against. Cheap to copy; it owns nothing.
+struct Frame {
+    /// Mapping mode: f_locals (a dict on the fast path, any mapping otherwise). Null in argument
+    /// mode.
+    PyObject* locals = nullptr;
+    /// Argument mode: `values[i]` is the value of local `names[i]` (borrowed; whoever built the
+    /// frame keeps them alive until the check returns, whatever user code a guard runs).
+    PyObject* const* values = nullptr;
+    PyObject* names = nullptr;  ///< tuple of interned str, or null in mapping mode
+    Py_ssize_t count = 0;
+
+    static Frame of_mapping(PyObject* f_locals) {
+        Frame f;
+        f.locals = f_locals;
+        return f;
+    }
+    bool is_arguments() const { return names != nullptr; }
+
+    /// Argument mode: the value of local `name` (borrowed), null if no parameter has that name.
+    /// `hint` caches the slot index per caller; names are compared by identity first (both
+    /// sides interned), then by value.
+    PyObject* argument(PyObject* name, Py_ssize_t* hint) const {
+        const Py_ssize_t h = *hint;
+        if (h >= 0 && h < count && PyTuple_GET_ITEM(names, h) == name) return values[h];
+        return argument_slow(name, hint);
+    }
+
+    /// The locals as a mapping (new reference): `locals` itself, or a new dict of the arguments.
+    /// Null with a Python error set on failure.
+    Ref as_mapping() const;
+
+  private:
+    PyObject* argument_slow(PyObject* name, Py_ssize_t* hint) const;
+};
+
+}  // namespace tripwire::runtime
