@@ -122,13 +122,18 @@ void register_cache(nb::module_& m) {
             nb::arg("fn"), nb::arg("name"))
         .def(
             "_insert",
-            [](CacheCore& c, nb::handle guards, nb::handle payload, nb::handle name) {
+            [](CacheCore& c, nb::handle guards, nb::handle payload, nb::handle name, nb::handle globals) {
+                if (!globals.is_none() && !PyDict_Check(globals.ptr()))
+                    throw nb::type_error("Cache._insert: globals must be a dict or None");
                 runtime::InsertResult r = runtime::InsertResult::Inserted;
-                if (!c.get().insert(guards.ptr(), payload.ptr(), name.ptr(), r)) throw nb::python_error();
+                PyObject* g = globals.is_none() ? nullptr : globals.ptr();
+                if (!c.get().insert(guards.ptr(), payload.ptr(), name.ptr(), r, g)) throw nb::python_error();
                 return static_cast<int>(r);
             },
             nb::arg("guards"), nb::arg("payload").none(), nb::arg("name").none(),
-            "0 inserted, 1 recompile_limit hit, 2 accumulated_limit hit (nothing inserted).")
+            nb::arg("globals").none() = nb::none(),
+            "0 inserted, 1 recompile_limit hit, 2 accumulated_limit hit (nothing inserted). `globals`: "
+            "the dict the set's G[...] sources read (lets them serve as the dispatch index).")
         .def(
             "lookup",
             [](CacheCore& c, nb::handle f_locals, nb::handle default_) {

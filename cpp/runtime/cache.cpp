@@ -1,27 +1,56 @@
-// tripwire/cpp/runtime/cache.cpp -- Cache: MRU entries, dispatch index, limits, probes.
+// tripwire/cpp/runtime/cache.cpp -- Cache: entries, dispatch index, probes; policy in core.
 //
 // See cache.hpp for the design. The invariant that keeps the index correct: an entry is put in
 // the bucket of key K only if every value that passes its guards on the index source has key K
 // (TYPE_MATCH: the exact type; ID_MATCH: the object; EQUALS_MATCH on an exact int/str/bytes/
-// bool/None: the value's type and hash, which EQUALS_MATCH's type-exact equality preserves;
-// LENGTH: the length, but only for values whose length runs no user code, so lookup scans every
-// entry when such an index meets any other value). Every candidate is still checked in full, so a hash
-// collision costs time, never a false hit.
+// bool/None/float: the value's type and hash, which EQUALS_MATCH's type-exact equality
+// preserves, with every NaN under one key since NaN matches NaN; LENGTH: the length, but only
+// for values whose length runs no user code, so lookup scans every entry when such an index
+// meets any other value). The index value is fetched with the same fetch_step as the guards,
+// and only along steps that run no user code for the values met, so it is the value the guards
+// see. Every candidate is still checked in full, so a hash collision costs time, never a false
+// hit.
 #include "cache.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 #include "predicates.hpp"
 
 namespace tripwire::runtime {
 namespace {
 
-// Exact types whose equality implies equal hashes and whose hash runs no user code. float is
-// left out: EQUALS_MATCH treats NaN as equal to NaN, but NaNs hash by identity.
+// Exact types whose equality implies equal hashes and whose hash runs no user code.
 bool hashable_scalar(PyObject* o) {
     PyTypeObject* t = Py_TYPE(o);
     return t == &PyLong_Type || t == &PyUnicode_Type || t == &PyBytes_Type || t == &PyBool_Type ||
            o == Py_None;
+}
+
+// The key part of a NaN: EQUALS_MATCH matches any NaN with any NaN, but NaNs hash by identity
+// (3.10+), so all of them share this value. A real float hashing to it only shares a bucket.
+constexpr std::intptr_t kNanHash = 0x7ff8;
+
+// The value key of an EQUALS_MATCH-able scalar (exact int/str/bytes/bool/None/float), false
+// for any other value. 0.0 and -0.0 are equal and hash alike, as EQUALS_MATCH wants.
+bool value_key(PyObject* o, DispatchKey& out) {
+    std::intptr_t h = 0;
+    if (PyFloat_CheckExact(o)) {
+        const double d = PyFloat_AS_DOUBLE(o);
+        h = std::isnan(d) ? kNanHash : static_cast<std::intptr_t>(PyObject_Hash(o));
+    } else if (hashable_scalar(o)) {
+        const Py_hash_t ph = PyObject_Hash(o);
+        if (ph == -1) {
+            PyErr_Clear();
+            return false;
+        }
+        h = static_cast<std::intptr_t>(ph);
+    } else {
+        return false;
+    }
+    out = {2, reinterpret_cast<std::uintptr_t>(Py_TYPE(o)), h};
+    return true;
 }
 
 // The length of `o` when reading it runs no user code (exact containers and strings): these
@@ -42,6 +71,46 @@ bool plain_length(PyObject* o, Py_ssize_t& n) {
     return false;
 }
 
+// Whether getattr(obj, name) reads only the instance dict, a plain class attribute, a __slots__
+// member or a module's dict: no property, no __getattr__, no __getattribute__, no descriptor.
+bool plain_attribute(PyObject* obj, PyObject* name) {
+    if (PyModule_CheckExact(obj)) {
+        // Found in the module dict: no module __getattr__ runs.
+        PyObject* v = PyDict_GetItemWithError(PyModule_GetDict(obj), name);
+        if (v == nullptr) PyErr_Clear();
+        return v != nullptr;
+    }
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (tp->tp_getattro != PyObject_GenericGetAttr) return false;
+    PyObject* descr = _PyType_Lookup(tp, name);  // borrowed; an MRO walk, no user code
+    if (descr == nullptr) return true;
+    PyTypeObject* dt = Py_TYPE(descr);
+    return dt->tp_descr_get == nullptr || dt == &PyMemberDescr_Type;
+}
+
+// Whether fetch_step(step, parent) runs no user code for this parent: the core's purity table
+// for the step kind, else the cases fetch_step serves from built-in structures. A dict lookup
+// with an exact scalar key may still compare with a stored key of a user type whose hash
+// collides; the f_locals lookup of a root takes the same (accepted) risk, and the caller
+// checks afterwards that the cache was not changed meanwhile.
+bool pure_step(const RuntimeStep& step, PyObject* parent) {
+    using core::StepKind;
+    if (!core::step_runs_user_code(step.kind)) return true;
+    switch (step.kind) {
+        case StepKind::Attr: return plain_attribute(parent, step.operand);
+        case StepKind::Item:
+            if (PyDict_CheckExact(parent)) return hashable_scalar(step.operand);
+            return (PyList_CheckExact(parent) || PyTuple_CheckExact(parent)) &&
+                   PyLong_CheckExact(step.operand);
+        case StepKind::DictItem: return PyDict_Check(parent) && hashable_scalar(step.operand);
+        case StepKind::Defaults:
+        case StepKind::KwDefaults:
+        case StepKind::Code:
+        case StepKind::ClosureCell: return PyFunction_Check(parent) != 0;
+        default: return false;
+    }
+}
+
 // How selective a key kind is (higher: fewer entries share a key): value, identity, length, type.
 constexpr int kKindRank[] = {0, 2, 3, 1};
 
@@ -49,16 +118,14 @@ constexpr int kKindRank[] = {0, 2, 3, 1};
 
 Cache::Cache(std::size_t recompile_limit, std::size_t accumulated_limit, OnLimit on_limit,
              GuardSetResolver resolver)
-    : recompile_limit_(recompile_limit),
-      accumulated_limit_(accumulated_limit),
-      on_limit_(on_limit),
+    : policy_(recompile_limit, accumulated_limit, on_limit),
       resolver_(resolver),
       seen_epoch_(invalidation_epoch()) {}
 
 Cache::~Cache() { clear(); }
 
 bool Cache::add_probe(PyObject* fn, std::string name) {
-    if (!order_.empty()) return false;
+    if (!policy_.empty()) return false;
     probes_.push_back(Ref::borrow(fn));
     probe_names_.push_back(std::move(name));
     return true;
@@ -90,17 +157,24 @@ bool Cache::entry_valid(const CacheEntry& e) const {
     return e.gs && !e.gs->invalid();
 }
 
-void Cache::remove(const EntryPtr& e, std::vector<EntryPtr>& graveyard) {
-    if (!e->in_cache) return;
-    order_.erase(e->pos);
-    e->in_cache = false;
-    graveyard.push_back(e);
-    // Drop the index now, not at the next lookup: its buckets would otherwise keep the removed
-    // entry's payload alive (and hidden from the cycle collector, which sees only order_).
-    // Every other entry is still owned by order_, so this runs no Python code.
+void Cache::drop_index() {
+    // Drop the index now, not at the next lookup: its buckets would otherwise keep a removed
+    // entry's payload alive (and hidden from the cycle collector, which sees only by_id_).
+    // Every entry is still owned by by_id_ or a graveyard, so this runs no Python code.
     buckets_.clear();
     unindexed_.clear();
     index_dirty_ = true;
+}
+
+void Cache::remove(const EntryPtr& e, std::vector<EntryPtr>& graveyard) {
+    if (!e->in_cache) return;
+    policy_.remove(e->id);
+    by_id_.erase(e->id);
+    e->in_cache = false;
+    graveyard.push_back(e);
+    ++mutations_;
+    if (front_ == e) front_ = policy_.empty() ? EntryPtr() : by_id_.at(policy_.order().front());
+    drop_index();
 }
 
 void Cache::purge_invalid(std::vector<EntryPtr>& graveyard) {
@@ -108,7 +182,7 @@ void Cache::purge_invalid(std::vector<EntryPtr>& graveyard) {
     if (epoch == seen_epoch_) return;
     seen_epoch_ = epoch;
     std::vector<EntryPtr> dead;
-    for (const EntryPtr& e : order_)
+    for (const auto& [id, e] : by_id_)
         if (!entry_valid(*e)) dead.push_back(e);
     for (const EntryPtr& e : dead) {
         remove(e, graveyard);
@@ -117,48 +191,83 @@ void Cache::purge_invalid(std::vector<EntryPtr>& graveyard) {
 }
 
 void Cache::touch(const EntryPtr& e) {
-    e->stamp = ++clock_;
-    if (e->in_cache) order_.splice(order_.begin(), order_, e->pos);
+    if (!e->in_cache) return;  // removed by another thread while it was being checked
+    e->stamp = policy_.touch(e->id);
+    front_ = e;
 }
 
-bool Cache::entry_key(const CacheEntry& e, const std::string& text, Key& out) const {
+void Cache::describe_entry(CacheEntry& e) const {
     GuardSet* gs = e.gs.get();
-    if (gs == nullptr) return false;
     const core::Program& p = gs->program();
-    bool found = false;
-    int best = -1;  // the most selective key (kKindRank)
-    for (std::uint32_t ni : p.roots) {
+    // recompile_limit group: ID_MATCH'd objects reached from the frame's locals only (Dynamo's
+    // rule); an ID_MATCH on a global or closure value does not give an entry its own budget.
+    std::vector<std::pair<std::string, std::uintptr_t>> ids;
+    for (const core::GuardDecl& d : p.guards) {
+        if (d.kind != core::GuardKind::IdMatch || d.operand == core::kNoConst) continue;
+        if (!d.has_source || d.source.root != core::RootKind::Local || d.source.texts.empty()) continue;
+        ids.emplace_back(d.source.texts.back(), reinterpret_cast<std::uintptr_t>(gs->constant(d.operand)));
+    }
+    std::sort(ids.begin(), ids.end());
+    e.group.clear();
+    for (const auto& [text, obj] : ids) {
+        char buf[2 + 2 * sizeof(std::uintptr_t) + 1];
+        std::snprintf(buf, sizeof buf, "%jx", static_cast<std::uintmax_t>(obj));
+        e.group += text;
+        e.group += '=';
+        e.group += buf;
+        e.group += '\n';
+    }
+
+    // Index keys: per source rooted at a local (or at a global when the globals dict is known),
+    // the most selective key its guards impose.
+    e.index_keys.clear();
+    for (std::uint32_t ni = 0; ni < p.nodes.size(); ++ni) {
         const core::Node& n = p.nodes[ni];
-        if (!n.is_root || n.root != core::RootKind::Local || n.text != text) continue;
+        std::uint32_t root = ni;
+        std::string kinds;
+        while (!p.nodes[root].is_root) {
+            kinds.insert(kinds.begin(), static_cast<char>('a' + static_cast<int>(p.nodes[root].step.kind)));
+            root = p.nodes[root].parent;
+        }
+        const core::RootKind rk = p.nodes[root].root;
+        if (rk == core::RootKind::Closure) continue;  // cells are per guard set
+        if (rk == core::RootKind::Global && !e.globals) continue;
+        bool found = false;
+        int best = -1;
+        DispatchKey best_key;
         for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
             const core::GuardDecl& d = p.guards[p.node_guards[k]];
             PyObject* c = d.operand == core::kNoConst ? nullptr : gs->constant(d.operand);
             if (c == nullptr && d.kind != core::GuardKind::Length) continue;  // no operand, or dead
-            Key key;
+            DispatchKey key;
             if (d.kind == core::GuardKind::TypeMatch) {
                 key = {0, reinterpret_cast<std::uintptr_t>(c), 0};
             } else if (d.kind == core::GuardKind::IdMatch) {
                 key = {1, reinterpret_cast<std::uintptr_t>(c), 0};
             } else if (d.kind == core::GuardKind::Length) {
                 key = {3, 0, static_cast<std::intptr_t>(d.n)};
-            } else if (d.kind == core::GuardKind::EqualsMatch && hashable_scalar(c)) {
-                const Py_hash_t h = PyObject_Hash(c);
-                if (h == -1) {
-                    PyErr_Clear();
-                    continue;
-                }
-                key = {2, reinterpret_cast<std::uintptr_t>(Py_TYPE(c)), static_cast<std::intptr_t>(h)};
-            } else {
+            } else if (d.kind != core::GuardKind::EqualsMatch || !value_key(c, key)) {
                 continue;
             }
             if (kKindRank[key.kind] > best) {
                 best = kKindRank[key.kind];
-                out = key;
+                best_key = key;
                 found = true;
             }
         }
+        if (!found) continue;
+        std::string sig = n.text;
+        sig += '\x1f';
+        sig += kinds;
+        if (rk == core::RootKind::Global) {
+            char buf[2 + 2 * sizeof(std::uintptr_t) + 1];
+            std::snprintf(buf, sizeof buf, "%jx",
+                          static_cast<std::uintmax_t>(reinterpret_cast<std::uintptr_t>(e.globals.get())));
+            sig += '\x1f';
+            sig += buf;
+        }
+        e.index_keys.push_back({std::move(sig), best_key, ni});
     }
-    return found;
 }
 
 void Cache::rebuild_index() {
@@ -166,39 +275,75 @@ void Cache::rebuild_index() {
     buckets_.clear();
     unindexed_.clear();
     index_text_.clear();
+    index_signature_.clear();
     index_name_ = Ref();
+    index_globals_ = Ref();
+    index_steps_.clear();
+    index_operands_.clear();
+    index_slot_ = -1;
     index_kinds_ = 0;
-    if (order_.size() < 2) return;
-    // The root local on which the most entries carry an indexable guard.
+    if (policy_.size() < 2) return;
+    // The source on which the most entries carry an indexable guard (ties: the first to get
+    // there, in MRU order).
     std::unordered_map<std::string, std::size_t> counts;
-    std::string best;
+    const EntryIndexKey* best = nullptr;
+    const CacheEntry* best_entry = nullptr;
     std::size_t best_count = 0;
-    PyObject* best_name = nullptr;
-    for (const EntryPtr& e : order_) {
-        GuardSet* gs = e->gs.get();
-        if (gs == nullptr) continue;
-        const core::Program& p = gs->program();
-        for (std::uint32_t ni : p.roots) {
-            const core::Node& n = p.nodes[ni];
-            if (!n.is_root || n.root != core::RootKind::Local) continue;
-            Key k;
-            if (!entry_key(*e, n.text, k)) continue;
-            const std::size_t c = ++counts[n.text];
+    for (core::CacheEntryId id : policy_.order()) {
+        const CacheEntry& e = *by_id_.at(id);
+        for (const EntryIndexKey& k : e.index_keys) {
+            const std::size_t c = ++counts[k.signature];
             if (c > best_count) {
                 best_count = c;
-                best = n.text;
-                best_name = gs->constant(n.root_name);
+                best = &k;
+                best_entry = &e;
             }
         }
     }
-    if (best_count < 2 || best_name == nullptr || !PyUnicode_CheckExact(best_name)) return;
-    index_text_ = best;
-    index_name_ = Ref::borrow(best_name);
-    for (const EntryPtr& e : order_) {
-        Key k;
-        if (entry_key(*e, index_text_, k)) {
-            buckets_[k].push_back(e);
-            index_kinds_ |= static_cast<std::uint8_t>(1U << k.kind);
+    if (best_count < 2) return;
+    // The fetch path from the root, with operands from one entry's pool (held here: the entry
+    // may be removed while the index lives).
+    const GuardSet& gs = *best_entry->gs;
+    const core::Program& p = gs.program();
+    std::vector<std::uint32_t> path;
+    for (std::uint32_t ni = best->node; !p.nodes[ni].is_root; ni = p.nodes[ni].parent) path.push_back(ni);
+    std::uint32_t root = best->node;
+    while (!p.nodes[root].is_root) root = p.nodes[root].parent;
+    PyObject* name = gs.constant(p.nodes[root].root_name);
+    if (name == nullptr || !PyUnicode_CheckExact(name)) return;
+    std::vector<RuntimeStep> steps;
+    std::vector<Ref> operands;
+    for (auto it = path.rbegin(); it != path.rend(); ++it) {
+        const core::Step& st = p.nodes[*it].step;
+        RuntimeStep rs;
+        rs.kind = st.kind;
+        rs.index = static_cast<Py_ssize_t>(st.index);
+        if (st.operand != core::kNoConst) {
+            rs.operand = gs.constant(st.operand);
+            if (rs.operand == nullptr) return;  // a dead weakly held key: the set is invalid anyway
+            operands.push_back(Ref::borrow(rs.operand));
+        }
+        steps.push_back(rs);
+    }
+    index_root_ = p.nodes[root].root;
+    if (index_root_ == core::RootKind::Global) {
+        if (!best_entry->globals || !PyDict_Check(best_entry->globals.get())) return;
+        index_globals_ = best_entry->globals;
+    }
+    index_signature_ = best->signature;
+    index_text_ = p.nodes[best->node].text;
+    index_name_ = Ref::borrow(name);
+    index_steps_ = std::move(steps);
+    index_operands_ = std::move(operands);
+    for (core::CacheEntryId id : policy_.order()) {
+        const EntryPtr& e = by_id_.at(id);
+        const EntryIndexKey* k = nullptr;
+        for (const EntryIndexKey& x : e->index_keys) {
+            if (x.signature == index_signature_) k = &x;
+        }
+        if (k != nullptr) {
+            buckets_[k->key].push_back(e);
+            index_kinds_ |= static_cast<std::uint8_t>(1U << k->key.kind);
         } else {
             unindexed_.push_back(e);
         }
@@ -210,42 +355,69 @@ const std::string& Cache::index_source() {
     return index_text_;
 }
 
+Ref Cache::fetch_index_value(const Frame& frame) {
+    PyObject* root = nullptr;
+    if (index_root_ == core::RootKind::Global) {
+        root = PyDict_GetItemWithError(index_globals_.get(), index_name_.get());
+    } else if (frame.is_arguments()) {
+        root = frame.argument(index_name_.get(), &index_slot_);  // the caller keeps it alive
+    } else if (PyDict_CheckExact(frame.locals)) {
+        root = PyDict_GetItemWithError(frame.locals, index_name_.get());
+    }
+    if (root == nullptr) {
+        PyErr_Clear();  // missing or raised: the ordered scan decides
+        return Ref();
+    }
+    // Our own reference to every value on the path: nothing below may be freed under us.
+    Ref v = Ref::borrow(root);
+    for (RuntimeStep& step : index_steps_) {
+        if (!pure_step(step, v.get())) return Ref();
+        const Fetched f = fetch_step(step, v.get());
+        if (f.status != FetchStatus::Ok) {
+            if (f.status == FetchStatus::Error) PyErr_Clear();
+            return Ref();
+        }
+        v = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
+    }
+    return v;
+}
+
+void Cache::all_entries(std::vector<EntryPtr>& out) const {
+    out.clear();
+    out.reserve(policy_.size());
+    for (core::CacheEntryId id : policy_.order()) out.push_back(by_id_.at(id));
+}
+
 void Cache::collect_candidates(const Frame& frame, std::vector<EntryPtr>& out) {
     out.clear();
-    PyObject* v = nullptr;
+    Ref v;
     if (!index_text_.empty()) {
-        if (frame.is_arguments()) {
-            v = frame.argument(index_name_.get(), &index_slot_);  // the caller keeps it alive
-        } else if (PyDict_CheckExact(frame.locals)) {
-            v = PyDict_GetItemWithError(frame.locals, index_name_.get());
-            if (v == nullptr) PyErr_Clear();  // missing or raised: the ordered scan decides
-        }
+        const std::uint64_t before = mutations_;
+        v = fetch_index_value(frame);
+        // A dict lookup met a user key's __eq__ that changed this cache: the buckets are gone.
+        if (mutations_ != before || index_dirty_) v = Ref();
     }
-    if (v == nullptr) {
-        out.assign(order_.begin(), order_.end());
+    if (!v) {
+        all_entries(out);
         return;
     }
-    // No user code runs from here to the end: `v` is borrowed from the dict and stays alive.
-    auto add = [&](const Key& k) {
+    // No user code runs from here to the end, and `v` is our own reference.
+    auto add = [&](const DispatchKey& k) {
         auto it = buckets_.find(k);
         if (it != buckets_.end()) out.insert(out.end(), it->second.begin(), it->second.end());
     };
-    if (index_kinds_ & 1U) add({0, reinterpret_cast<std::uintptr_t>(Py_TYPE(v)), 0});
-    if (index_kinds_ & 2U) add({1, reinterpret_cast<std::uintptr_t>(v), 0});
-    if ((index_kinds_ & 4U) && hashable_scalar(v)) {
-        const Py_hash_t h = PyObject_Hash(v);
-        if (h == -1) {
-            PyErr_Clear();
-            out.assign(order_.begin(), order_.end());
-            return;
-        }
-        add({2, reinterpret_cast<std::uintptr_t>(Py_TYPE(v)), static_cast<std::intptr_t>(h)});
+    PyObject* o = v.get();
+    if (index_kinds_ & 1U) add({0, reinterpret_cast<std::uintptr_t>(Py_TYPE(o)), 0});
+    if (index_kinds_ & 2U) add({1, reinterpret_cast<std::uintptr_t>(o), 0});
+    if (index_kinds_ & 4U) {
+        DispatchKey k;
+        if (value_key(o, k)) add(k);
     }
     if (index_kinds_ & 8U) {
         // A LENGTH guard on a type whose __len__ is user code may pass at any length: scan.
         Py_ssize_t n = 0;
-        if (!plain_length(v, n)) {
-            out.assign(order_.begin(), order_.end());
+        if (!plain_length(o, n)) {
+            all_entries(out);
             return;
         }
         add({3, 0, static_cast<std::intptr_t>(n)});
@@ -286,10 +458,10 @@ bool Cache::lookup(const Frame& frame, EntryPtr& out, bool count) {
     }
     SnapshotMemo memo;
     const CacheEntry* tried = nullptr;
-    if (index_text_.empty() && !order_.empty()) {
+    if (index_text_.empty() && front_) {
         // Without an index the scan tries the most recently used entry first; trying it before
         // copying the candidate list makes the common repeated hit allocation-free.
-        EntryPtr front = order_.front();  // our own reference: a guard may run user code
+        EntryPtr front = front_;  // our own reference: a guard may run user code
         const int r = try_entry(front, frame, current.get(), memo);
         if (r < 0) return false;
         if (r == 1) {
@@ -322,7 +494,8 @@ void Cache::record_hit(const EntryPtr& e, bool count) {
     ++stats_.hits;
 }
 
-bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result) {
+bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result,
+                   PyObject* globals) {
     std::shared_ptr<GuardSet> gs = resolver_(guards);
     if (!gs) {
         PyErr_SetString(PyExc_TypeError, "Cache.insert: guards must be a tripwire.GuardSet");
@@ -340,12 +513,12 @@ bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertRe
     }
     std::vector<EntryPtr> graveyard;
     purge_invalid(graveyard);
-    if (snapshot && !order_.empty()) {
+    if (snapshot && front_) {
         // Share the snapshot object with the most recent entry when equal: lookup compares each
         // distinct snapshot object once.
-        const int same = snapshot_matches(*order_.front(), snapshot.get());
+        const int same = snapshot_matches(*front_, snapshot.get());
         if (same < 0) PyErr_Clear();
-        if (same == 1) snapshot = order_.front()->snapshot;
+        if (same == 1) snapshot = front_->snapshot;
     }
 
     auto e = std::make_shared<CacheEntry>();
@@ -354,48 +527,26 @@ bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertRe
     e->payload = Ref::borrow(payload);
     e->name = Ref::borrow(name);
     e->snapshot = snapshot;
-    for (const core::GuardDecl& d : gs->program().guards) {
-        if (d.kind != core::GuardKind::IdMatch || d.operand == core::kNoConst) continue;
-        const std::string text =
-            d.has_source && !d.source.texts.empty() ? d.source.texts.back() : std::string();
-        e->id_key.emplace_back(text, reinterpret_cast<std::uintptr_t>(gs->constant(d.operand)));
-    }
-    std::sort(e->id_key.begin(), e->id_key.end());
+    if (globals != nullptr && PyDict_Check(globals)) e->globals = Ref::borrow(globals);
+    describe_entry(*e);
 
-    // recompile_limit: entries with the same ID_MATCH'd objects (Dynamo's rule).
-    auto same_group = [&] {
-        std::size_t n = 0;
-        for (const EntryPtr& x : order_) n += x->id_key == e->id_key ? 1 : 0;
-        return n;
-    };
-    while (same_group() >= recompile_limit_) {
-        if (on_limit_ != OnLimit::Evict) {
-            result = InsertResult::RecompileLimit;
-            return true;
-        }
-        for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
-            if ((*it)->id_key == e->id_key) {
-                const EntryPtr victim = *it;
-                remove(victim, graveyard);
-                ++stats_.evictions;
-                break;
-            }
-        }
+    const core::InsertPlan plan = policy_.plan_insert(e->group);
+    if (plan.result != InsertResult::Inserted) {
+        result = plan.result;
+        return true;
     }
-    while (order_.size() >= accumulated_limit_) {
-        if (on_limit_ != OnLimit::Evict) {
-            result = InsertResult::AccumulatedLimit;
-            return true;
-        }
-        const EntryPtr victim = order_.back();
-        remove(victim, graveyard);
+    for (core::CacheEntryId victim : plan.victims) {
+        const EntryPtr v = by_id_.at(victim);
+        remove(v, graveyard);
         ++stats_.evictions;
     }
-    e->stamp = ++clock_;
-    order_.push_front(e);
-    e->pos = order_.begin();
+    e->id = next_id_++;
+    e->stamp = policy_.insert(e->id, e->group);
+    by_id_.emplace(e->id, e);
+    front_ = e;
+    ++mutations_;
     if (stats_.inserts++ > 0) ++stats_.recompiles;
-    index_dirty_ = true;
+    drop_index();
     result = InsertResult::Inserted;
     return true;
 }
@@ -403,35 +554,50 @@ bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertRe
 std::vector<EntryPtr> Cache::entries() {
     std::vector<EntryPtr> graveyard;
     purge_invalid(graveyard);
-    return {order_.begin(), order_.end()};
+    std::vector<EntryPtr> out;
+    all_entries(out);
+    return out;
 }
 
 std::size_t Cache::size() {
     std::vector<EntryPtr> graveyard;
     purge_invalid(graveyard);
-    return order_.size();
+    return policy_.size();
 }
 
 void Cache::clear() {
     // Move everything out first: releasing payloads may run code that uses this cache.
-    std::list<EntryPtr> old;
-    old.swap(order_);
-    for (const EntryPtr& e : old) e->in_cache = false;
-    std::unordered_map<Key, std::vector<EntryPtr>, KeyHash> old_buckets;
+    std::unordered_map<core::CacheEntryId, EntryPtr> old;
+    old.swap(by_id_);
+    for (const auto& [id, e] : old) e->in_cache = false;
+    policy_.clear();
+    EntryPtr old_front = std::move(front_);
+    front_.reset();
+    ++mutations_;
+    std::unordered_map<DispatchKey, std::vector<EntryPtr>, KeyHash> old_buckets;
     old_buckets.swap(buckets_);
     std::vector<EntryPtr> old_unindexed;
     old_unindexed.swap(unindexed_);
+    // The index source holds the globals dict: the cycle collector's tp_clear must drop it too.
+    Ref old_globals = std::move(index_globals_);
+    std::vector<Ref> old_operands;
+    old_operands.swap(index_operands_);
+    index_steps_.clear();
+    index_text_.clear();
+    index_signature_.clear();
     index_dirty_ = true;
 }
 
 int Cache::traverse(visitproc visit, void* arg) const {
-    for (const EntryPtr& e : order_) {
+    for (const auto& [id, e] : by_id_) {
         Py_VISIT(e->guards.get());
         Py_VISIT(e->payload.get());
         Py_VISIT(e->name.get());
         Py_VISIT(e->snapshot.get());
+        Py_VISIT(e->globals.get());
     }
     for (const Ref& p : probes_) Py_VISIT(p.get());
+    Py_VISIT(index_globals_.get());
     return 0;
 }
 

@@ -2,8 +2,10 @@
 //
 // A Cache holds (GuardSet, payload) entries for one (function, backend) pair. lookup() checks the
 // global-state probes once, narrows the entries with a dispatch index on one discriminating
-// local (type, identity, constant value or length), then checks the candidates most recently
-// used first.
+// source (type, identity, constant value or length of a local, of a value below a local such as
+// L['self'].mode, or of a global), then checks the candidates most recently used first. The
+// Python-free bookkeeping (recency, recompile_limit groups, limits, eviction victims) is
+// core::CachePolicy; this file binds it to guard sets, payloads and live values.
 //
 // Why the design is shaped this way:
 // - Every GuardSet::check may run user code and so release the GIL: another thread may insert or
@@ -18,13 +20,14 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "../core/cache_policy.hpp"
+#include "fetch.hpp"
 #include "guard_set.hpp"
 #include "py.hpp"
 
@@ -34,28 +37,48 @@ namespace tripwire::runtime {
 /// or was cleared by the garbage collector. Installed by the bindings; used once per insert.
 using GuardSetResolver = std::shared_ptr<GuardSet> (*)(PyObject*);
 
-/// What happens when an insert would exceed a limit.
-enum class OnLimit : std::uint8_t { Raise, Fallback, Evict };
-
+/// What happens when an insert would exceed a limit (core::CachePolicy decides).
+using OnLimit = core::OnLimit;
 /// Result of Cache::insert.
-enum class InsertResult : std::uint8_t { Inserted, RecompileLimit, AccumulatedLimit };
+using InsertResult = core::InsertResult;
+
+/// A dispatch key: the kind of observed property and its hash.
+struct DispatchKey {
+    std::uint8_t kind = 0;  ///< 0 type, 1 identity, 2 value, 3 length
+    std::uintptr_t a = 0;   ///< type pointer, object pointer, or value type pointer
+    std::intptr_t b = 0;    ///< value hash (kind 2), length (kind 3)
+    bool operator==(const DispatchKey& o) const { return kind == o.kind && a == o.a && b == o.b; }
+};
+
+/// One source on which an entry's guards impose a dispatch key.
+struct EntryIndexKey {
+    /// The source's identity across entries: printed text, step kinds and, for G[...], the
+    /// globals dict. Equal signatures fetch the same value from the same frame.
+    std::string signature;
+    DispatchKey key;
+    std::uint32_t node = 0;  ///< the source's node in the entry's program
+};
 
 struct CacheEntry;
 using EntryPtr = std::shared_ptr<CacheEntry>;
 
 /// One compiled entry. Shared between the cache and Python entry views.
 struct CacheEntry {
-    Ref guards;    ///< the Python GuardSet object
+    Ref guards;                    ///< the Python GuardSet object
     std::shared_ptr<GuardSet> gs;  ///< its runtime set (kept even if GC clears the Python object)
-    Ref payload;   ///< the user's payload (may be None)
-    Ref name;      ///< str or None
+    Ref payload;                   ///< the user's payload (may be None)
+    Ref name;                      ///< str or None
     Ref snapshot;  ///< tuple of probe values at insert time; null when the cache has no probes
+    Ref globals;   ///< the dict the set's G[...] sources read, when known (for the index)
     std::uint64_t hits = 0;
-    std::uint64_t stamp = 0;  ///< recency: larger is more recently used (inserted or hit)
+    std::uint64_t stamp = 0;  ///< recency (core::CachePolicy): larger is more recently used
     bool in_cache = true;     ///< false once evicted, invalidated and dropped, or cleared
-    /// (source text, object) of every ID_MATCH guard, sorted: the recompile_limit group key.
-    std::vector<std::pair<std::string, std::uintptr_t>> id_key;
-    std::list<EntryPtr>::iterator pos;  ///< position in Cache::order_ while in_cache
+    core::CacheEntryId id = 0;
+    /// The recompile_limit group key: (source text, object) of every ID_MATCH guard whose
+    /// source is rooted at a local (L[...]), sorted and printed.
+    std::string group;
+    /// Every indexable source of the entry with its most selective key.
+    std::vector<EntryIndexKey> index_keys;
 };
 
 /// Counters readable from Python.
@@ -77,9 +100,11 @@ class Cache {
 
     /// Insert an entry (front of the MRU order). On a limit, applies the policy: Evict drops the
     /// least recently used entry of the group concerned and inserts; Raise and Fallback insert
-    /// nothing and report which limit was hit. Returns false with a Python error set if a probe
-    /// raised or `guards` is not a GuardSet.
-    bool insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result);
+    /// nothing and report which limit was hit. `globals` (a dict or null) is the dict the set's
+    /// G[...] sources read; given, those sources may serve as the dispatch index. Returns false
+    /// with a Python error set if a probe raised or `guards` is not a GuardSet.
+    bool insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result,
+                PyObject* globals = nullptr);
 
     /// The first entry, most recently used first, whose probes snapshot and guards hold; null
     /// on a miss. Returns false with a Python error set when a probe or a guard raised an error
@@ -108,32 +133,31 @@ class Cache {
     const CacheStats& stats() const { return stats_; }
     /// The printed source the dispatch index uses, empty when there is none (after a rebuild).
     const std::string& index_source();
-    std::size_t recompile_limit() const { return recompile_limit_; }
-    std::size_t accumulated_limit() const { return accumulated_limit_; }
-    OnLimit on_limit() const { return on_limit_; }
+    std::size_t recompile_limit() const { return policy_.recompile_limit(); }
+    std::size_t accumulated_limit() const { return policy_.accumulated_limit(); }
+    OnLimit on_limit() const { return policy_.on_limit(); }
 
     /// Visit every strong reference (tp_traverse of the owning Python object).
     int traverse(visitproc visit, void* arg) const;
 
   private:
-    /// A dispatch key: the kind of observed property and its hash.
-    struct Key {
-        std::uint8_t kind = 0;  // 0 type, 1 identity, 2 value, 3 length
-        std::uintptr_t a = 0;   // type pointer, object pointer, or value type pointer
-        std::intptr_t b = 0;    // value hash (kind 2), length (kind 3)
-        bool operator==(const Key& o) const { return kind == o.kind && a == o.a && b == o.b; }
-    };
     struct KeyHash {
-        std::size_t operator()(const Key& k) const {
+        std::size_t operator()(const DispatchKey& k) const {
             return std::hash<std::uintptr_t>()(k.a) * 31U + std::hash<std::intptr_t>()(k.b) * 7U + k.kind;
         }
     };
 
     void purge_invalid(std::vector<EntryPtr>& graveyard);
     void remove(const EntryPtr& e, std::vector<EntryPtr>& graveyard);
+    /// Forget the index (its buckets hold entries) and mark it for a rebuild.
+    void drop_index();
     void rebuild_index();
-    /// The key an entry's guards on the root local `text` impose, if any.
-    bool entry_key(const CacheEntry& e, const std::string& text, Key& out) const;
+    /// Fill e.index_keys and e.group from its guard set (at insert).
+    void describe_entry(CacheEntry& e) const;
+    /// The index source's current value (new reference), or null when it is missing, fetching
+    /// it failed, or a step could run user code: the caller then scans every entry.
+    Ref fetch_index_value(const Frame& frame);
+    void all_entries(std::vector<EntryPtr>& out) const;
     void collect_candidates(const Frame& frame, std::vector<EntryPtr>& out);
     void touch(const EntryPtr& e);
     void record_hit(const EntryPtr& e, bool count);
@@ -145,23 +169,29 @@ class Cache {
     /// Whether entry `c` matches (1/0, -1 with a Python error set).
     int try_entry(const EntryPtr& c, const Frame& frame, PyObject* current, SnapshotMemo& memo);
 
-    std::size_t recompile_limit_, accumulated_limit_;
-    OnLimit on_limit_;
+    core::CachePolicy policy_;  // recency order, groups, limits (by entry id)
+    std::unordered_map<core::CacheEntryId, EntryPtr> by_id_;
+    EntryPtr front_;  // the most recently used entry (policy_.order().front()), null when empty
+    core::CacheEntryId next_id_ = 1;
     GuardSetResolver resolver_;
-    std::list<EntryPtr> order_;  // MRU first
-    std::uint64_t clock_ = 0;
     std::uint64_t seen_epoch_ = 0;
+    std::uint64_t mutations_ = 0;  // bumped by every insert and removal
     std::vector<Ref> probes_;
     std::vector<std::string> probe_names_;
     CacheStats stats_;
 
     // Dispatch index, rebuilt lazily after any insert or removal.
     bool index_dirty_ = true;
-    std::string index_text_;        // "L['x']"; empty: no index
-    Ref index_name_;                // the local's name (interned str)
+    std::string index_text_;       // "L['x']", "L['self'].mode", "G['flag']"; empty: no index
+    std::string index_signature_;  // EntryIndexKey::signature of the source
+    core::RootKind index_root_ = core::RootKind::Local;
+    Ref index_name_;                        // the root's name (interned str)
+    Ref index_globals_;                     // the globals dict, for a G[...] root
+    std::vector<RuntimeStep> index_steps_;  // root to source; operands held by index_operands_
+    std::vector<Ref> index_operands_;
     Py_ssize_t index_slot_ = -1;    // argument-index hint for Frame::argument
-    std::uint8_t index_kinds_ = 0;  // bit per Key::kind present
-    std::unordered_map<Key, std::vector<EntryPtr>, KeyHash> buckets_;
+    std::uint8_t index_kinds_ = 0;  // bit per DispatchKey::kind present
+    std::unordered_map<DispatchKey, std::vector<EntryPtr>, KeyHash> buckets_;
     std::vector<EntryPtr> unindexed_;
 };
 

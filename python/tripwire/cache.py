@@ -32,7 +32,7 @@ class Cache(_core.CacheCore):
     with ``lookup_entry(f_locals)`` (the entry or None) or a sentinel ``default``.
 
     ``on_limit`` says what ``insert`` does beyond ``recompile_limit`` (entries sharing the new
-    entry's ID_MATCH'd objects) or ``accumulated_limit`` (all entries): ``"raise"``
+    entry's ID_MATCH'd objects reached from the locals, ``L[...]``) or ``accumulated_limit`` (all entries): ``"raise"``
     RecompileLimitExceeded, ``"fallback"`` insert nothing and return False (lookups keep missing;
     the caller runs the original function), ``"evict"`` drop the least recently used entry of the
     group concerned, then insert.
@@ -80,7 +80,8 @@ class Cache(_core.CacheCore):
         limit was hit under ``on_limit="fallback"``. Under ``"raise"`` a limit raises
         RecompileLimitExceeded; its ``reasons`` are why the existing entries failed on
         ``f_locals`` when given (the locals that caused this compile)."""
-        code = self._insert(guards, payload, name)
+        # The dict G[...] sources read, so that a global can serve as the dispatch index.
+        code = self._insert(guards, payload, name, getattr(guards, "_f_globals", None))
         if code == 0:
             return True
         if self.on_limit == "raise":

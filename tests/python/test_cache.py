@@ -309,6 +309,62 @@ def test_recompile_limit_raise_counts_same_id_matched_objects() -> None:
     assert ei.value.reasons == []
 
 
+def test_recompile_limit_groups_by_local_id_matches_only() -> None:
+    """Dynamo's rule: only ID_MATCH'd objects reached from the locals (L[...]) give an entry its
+    own recompile budget; an ID_MATCH on a global (G[...]) does not split the group."""
+    a, b = _Obj(0), _Obj(1)
+    g: dict[str, Any] = {}
+
+    def entry(glob: Any, x: int, local: Any = None) -> tw.GuardSet:
+        g["helper"] = glob
+        f_locals: dict[str, Any] = {"x": x}
+        if local is not None:
+            f_locals["self"] = local
+        bld = tw.GuardBuilder(f_locals, f_globals=g)
+        bld.id_match("G['helper']")
+        if local is not None:
+            bld.id_match("L['self']")
+        bld.equals("L['x']")
+        return bld.build()
+
+    c = tw.Cache(recompile_limit=2, accumulated_limit=100)
+    c.insert(entry(a, 1), "a1")
+    c.insert(entry(b, 2), "b2")  # another global object: still the same group
+    with pytest.raises(tw.RecompileLimitExceeded) as ei:
+        c.insert(entry(a, 3), "a3")
+    assert ei.value.limit == "recompile_limit"
+    assert len(c) == 2
+    # An ID_MATCH on a local does split: each L['self'] object has its own budget.
+    c2 = tw.Cache(recompile_limit=2, accumulated_limit=100, on_limit="fallback")
+    assert c2.insert(entry(a, 1, local=a), "s=a 1")
+    assert c2.insert(entry(a, 2, local=a), "s=a 2")
+    assert c2.insert(entry(a, 3, local=a), "s=a 3") is False  # the group of L['self'] is a
+    assert c2.insert(entry(a, 1, local=b), "s=b 1")
+    assert c2.insert(entry(b, 2, local=b), "s=b 2")  # G['helper'] differs: same group as s=b 1
+    assert c2.insert(entry(a, 3, local=b), "s=b 3") is False
+    assert [e.payload for e in c2] == ["s=b 2", "s=b 1", "s=a 2", "s=a 1"]
+
+
+def test_recompile_limit_evicts_within_the_local_group() -> None:
+    a, b = _Obj(0), _Obj(1)
+    g: dict[str, Any] = {"helper": a}
+
+    def entry(local: Any, x: int) -> tw.GuardSet:
+        bld = tw.GuardBuilder({"self": local, "x": x}, f_globals=g)
+        bld.id_match("L['self']")
+        bld.id_match("G['helper']")
+        bld.equals("L['x']")
+        return bld.build()
+
+    c = tw.Cache(recompile_limit=2, accumulated_limit=100, on_limit="evict")
+    c.insert(entry(a, 1), "a1")
+    c.insert(entry(b, 1), "b1")
+    c.insert(entry(a, 2), "a2")
+    c.insert(entry(a, 3), "a3")  # evicts a1, the least recently used entry of L['self'] is a
+    assert [e.payload for e in c] == ["a3", "a2", "b1"]
+    assert c.stats["evictions"] == 1
+
+
 def test_accumulated_limit_fallback() -> None:
     c = tw.Cache(recompile_limit=100, accumulated_limit=2, on_limit="fallback")
     assert c.insert(eq_set(x=1), 1)
