@@ -1,7 +1,9 @@
 """Lookup scaling of tripwire.Cache against a linear scan (Dynamo's way), in one run.
 
-For N = 1, 8, 64, 256, 1024 entries that differ by a constant (EQUALS_MATCH on L['x']) or by a
-type (TYPE_MATCH on L['x']), time one lookup hitting entries spread over the whole cache, with:
+For N = 1, 8, 64, 256, 1024 entries that differ by a constant (EQUALS_MATCH on L['x']), by a
+type (TYPE_MATCH on L['x']), by a float (EQUALS_MATCH on L['x'] = i + 0.5) or by a constant below a
+root (EQUALS_MATCH on L['cfg']['mode']), time one lookup hitting entries spread over the whole
+cache, with:
   cache   tripwire.Cache.lookup (probes, dispatch index, candidates MRU first)
   scan    the same GuardSets checked in order with GuardSet.check until one passes (a Python loop)
 Prints min and median per lookup in nanoseconds and the ratio to N=1; asserts nothing.
@@ -27,16 +29,23 @@ def _entries(kind: str, n: int) -> tuple[list[tw.GuardSet], list[dict[str, Any]]
     for i in range(n):
         if kind == "constant":
             value: Any = i
+        elif kind == "float":
+            value = i + 0.5
+        elif kind == "nested":
+            value = {"mode": f"m{i}", "other": 1}
         else:
             value = type(f"T{i}", (), {})()
-        b = tw.GuardBuilder({"x": value, "y": "mode"})
-        if kind == "constant":
-            b.equals("L['x']")
-        else:
+        name = "cfg" if kind == "nested" else "x"
+        b = tw.GuardBuilder({name: value, "y": "mode"})
+        if kind == "type":
             b.type_match("L['x']")
+        elif kind == "nested":
+            b.equals("L['cfg']['mode']")
+        else:
+            b.equals("L['x']")
         b.equals("L['y']")
         sets.append(b.build())
-        inputs.append({"x": value, "y": "mode"})
+        inputs.append({name: value, "y": "mode"})
     step = max(1, n // SAMPLES)
     return sets, [inputs[i] for i in range(0, n, step)][:SAMPLES]
 
@@ -83,7 +92,7 @@ def main() -> None:
     ap.add_argument("--number", type=int, default=2000, help="lookups per timing run")
     args = ap.parse_args()
     print(f"{'kind':<9}{'N':>6}  {'cache min':>10} {'median':>8} {'xN=1':>6}  {'scan min':>10} {'median':>10} {'xN=1':>7}")
-    for kind in ("constant", "type"):
+    for kind in ("constant", "type", "float", "nested"):
         base: dict[str, float] = {}
         for n in SIZES:
             # The scan at large N is slow: fewer lookups per run keep the whole benchmark short.

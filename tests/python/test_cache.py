@@ -4,6 +4,7 @@ ordered scan, limits and their policies, invalidation by object death, probes, t
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import tracemalloc
@@ -123,12 +124,51 @@ class _Obj:
         return f"_Obj({self.n})"
 
 
-POOL: list[Any] = [0, 1, 2, True, False, "s", "t", b"s", None, 1.5, (1, 2), (1,), [1, 2, 3], _Obj(0), _Obj(1)]
-SOURCES = ("a", "b", "c")
+NAN = float("nan")
+POOL: list[Any] = [
+    0, 1, 2, True, False, "s", "t", b"s", None, 1.5, (1, 2), (1,), [1, 2, 3], _Obj(0), _Obj(1),
+    NAN, float("nan"), 0.0, -0.0, 2.0,  # two NaN objects: EQUALS_MATCH matches any NaN with any NaN
+]
+# Roots, a dict item and an attribute below roots, and a global: every kind of index source.
+SOURCES = ("a", "b", "c", "d.k", "o.m", "g")
+SOURCE_TEXT = {"a": "L['a']", "b": "L['b']", "c": "L['c']", "d.k": "L['d']['k']", "o.m": "L['o'].m", "g": "G['g']"}
+GLOBALS: dict[str, Any] = {}
+
+
+class _Holder:
+    """L['o']: .m is an instance attribute (a plain fetch the index may use)."""
+
+    def __init__(self, m: Any) -> None:
+        self.m = m
+
+
+class _PropHolder:
+    """L['o'] whose .m is a property: user code, so the index must fall back to the scan."""
+
+    def __init__(self, m: Any) -> None:
+        self._m = m
+
+    @property
+    def m(self) -> Any:
+        return self._m
+
+
+def _frame(values: dict[str, Any], prop: bool = False) -> dict[str, Any]:
+    """f_locals for {source: value}, and GLOBALS['g'] set (or removed) to match."""
+    f_locals: dict[str, Any] = {k: v for k, v in values.items() if k in ("a", "b", "c")}
+    if "d.k" in values:
+        f_locals["d"] = {"k": values["d.k"]}
+    if "o.m" in values:
+        f_locals["o"] = (_PropHolder if prop else _Holder)(values["o.m"])
+    if "g" in values:
+        GLOBALS["g"] = values["g"]
+    else:
+        GLOBALS.pop("g", None)
+    return f_locals
 
 
 def _guard(b: tw.GuardBuilder, src: str, kind: str, v: Any) -> None:
-    s = f"L[{src!r}]"
+    s = SOURCE_TEXT[src]
     if kind == "type":
         b.type_match(s)
     elif kind == "id" and isinstance(v, _Obj):
@@ -147,28 +187,32 @@ entry_st = st.dictionaries(
     min_size=0,
     max_size=3,
 )
-input_st = st.dictionaries(st.sampled_from(SOURCES), st.integers(0, len(POOL) - 1), max_size=3)
+input_st = st.tuples(st.dictionaries(st.sampled_from(SOURCES), st.integers(0, len(POOL) - 1), max_size=6), st.booleans())
 ops_st = st.lists(st.one_of(st.tuples(st.just("insert"), entry_st), st.tuples(st.just("lookup"), input_st)), max_size=60)
+# The suite runs a modest number of examples; TRIPWIRE_HYPOTHESIS_EXAMPLES=4000 for a long run.
+INDEX_EXAMPLES = int(os.environ.get("TRIPWIRE_HYPOTHESIS_EXAMPLES", "300"))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=INDEX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops_st)
 def test_index_matches_plain_mru_scan(ops: list) -> None:
-    """Whatever the entries, cache.lookup is the first entry, most recently used first, whose
-    guard set passes (the model: a Python list, checked in order with GuardSet.check)."""
+    """Whatever the entries (guards on locals, below locals, on a global, on floats including
+    NaN and -0.0), cache.lookup is the first entry, most recently used first, whose guard set
+    passes (the model: a Python list, checked in order with GuardSet.check)."""
     c = tw.Cache(recompile_limit=1000, accumulated_limit=1000)
     model: list[tuple[tw.GuardSet, int]] = []
     for n, (op, arg) in enumerate(ops):
         if op == "insert":
-            example = {src: POOL[i] for src, (_, i) in arg.items()}
-            b = tw.GuardBuilder(example)
+            example = _frame({src: POOL[i] for src, (_, i) in arg.items()})
+            b = tw.GuardBuilder(example, f_globals=GLOBALS)
             for src, (kind, i) in arg.items():
                 _guard(b, src, kind, POOL[i])
             gs = b.build()
             c.insert(gs, n)
             model.insert(0, (gs, n))
         else:
-            f_locals = {src: POOL[i] for src, i in arg.items()}
+            values, prop = arg
+            f_locals = _frame({src: POOL[i] for src, i in values.items()}, prop)
             expected = next((k for k, (gs, _) in enumerate(model) if gs.check(f_locals)), None)
             got = c.lookup(f_locals, MISS)
             if expected is None:
@@ -229,6 +273,76 @@ def test_index_by_length_and_user_len() -> None:
             return 4
 
     assert c.lookup({"x": Sized()}) == 4
+
+
+def _checks(c: tw.Cache) -> int:
+    return sum(e.guards.check_count for e in c)
+
+
+def test_index_below_roots_and_on_globals_narrows() -> None:
+    """L['cfg']['mode'], L['self'].mode and G['flag'] serve as the index: one check per hit."""
+    c = tw.Cache(accumulated_limit=1000, recompile_limit=1000)
+    for i in range(50):
+        b = tw.GuardBuilder({"cfg": {"mode": f"m{i}"}, "x": 1})
+        b.equals("L['cfg']['mode']")
+        b.type_match("L['x']")
+        c.insert(b.build(), i)
+    assert c.index_source == "L['cfg']['mode']"
+    before = _checks(c)
+    assert c.lookup({"cfg": {"mode": "m7"}, "x": 2}) == 7
+    assert _checks(c) - before == 1
+    assert c.lookup({"cfg": {"mode": "zz"}, "x": 2}, MISS) is MISS
+    assert c.lookup({"cfg": {}, "x": 2}, MISS) is MISS  # missing key: the scan decides
+    assert c.lookup({"cfg": ["m7"], "x": 2}, MISS) is MISS  # not a dict: the scan decides
+
+    a = tw.Cache(accumulated_limit=1000, recompile_limit=1000)
+    for i in range(20):
+        b = tw.GuardBuilder({"self": _Holder(i)})
+        b.equals("L['self'].m")
+        a.insert(b.build(), i)
+    assert a.index_source == "L['self'].m"
+    before = _checks(a)
+    assert a.lookup({"self": _Holder(3)}) == 3
+    assert _checks(a) - before == 1
+    # A property runs user code: the index is not used, every entry is tried, same answer.
+    before = _checks(a)
+    assert a.lookup({"self": _PropHolder(0)}, MISS) == 0  # the oldest entry
+    assert _checks(a) - before == 20
+
+    g: dict[str, Any] = {}
+    gc_ = tw.Cache(accumulated_limit=1000, recompile_limit=1000)
+    for i in range(10):
+        g["flag"] = i
+        b = tw.GuardBuilder({"x": 0}, f_globals=g)
+        b.equals("G['flag']")
+        gc_.insert(b.build(), i)
+    assert gc_.index_source == "G['flag']"
+    g["flag"] = 4
+    before = _checks(gc_)
+    assert gc_.lookup({"x": 0}) == 4
+    assert _checks(gc_) - before == 1
+    del g["flag"]
+    assert gc_.lookup({"x": 0}, MISS) is MISS
+
+
+def test_index_on_floats_nan_and_signed_zero() -> None:
+    """EQUALS_MATCH semantics: NaN matches any NaN, 0.0 matches -0.0; the index agrees."""
+    c = tw.Cache(accumulated_limit=1000, recompile_limit=1000)
+    for v in (1.5, float("nan"), -0.0, 2.5):
+        c.insert(eq_set(x=v), repr(v))
+    for i in range(20):
+        c.insert(eq_set(x=float(i) + 0.25), i)
+    assert c.index_source == "L['x']"
+    before = _checks(c)
+    assert c.lookup({"x": float("nan")}) == "nan"  # another NaN object
+    assert _checks(c) - before == 1
+    assert c.lookup({"x": 0.0}) == "-0.0"
+    assert c.lookup({"x": -0.0}) == "-0.0"
+    assert c.lookup({"x": 1.5}) == "1.5"
+    assert c.lookup({"x": 1}, MISS) is MISS  # int 1 is not float 1.0 (type-exact)
+    assert c.lookup({"x": 3.25}) == 3
+    c.insert(eq_set(x=0.0), "0.0")  # now the most recent of the two zeros
+    assert c.lookup({"x": -0.0}) == "0.0"
 
 
 def test_index_source_missing_raising_or_not_a_dict() -> None:
