@@ -5,8 +5,7 @@
 // arguments to the function's parameters and looks the cache up without building a dict; a hit
 // vectorcalls the payload with the original arguments. A miss calls
 // `miss(self, args, kwargs, f_locals)`; a call that cannot be bound in C++ (an invalid call, a
-// callable that is not a Python function) calls `slow(self, *args, **kwargs)`, which binds with
-// inspect and raises the interpreter's TypeError for invalid calls.
+// callable that is not a Python function) calls `slow(self, args, kwargs)`.
 #include <nanobind/nanobind.h>
 #include <structmember.h>
 
@@ -22,38 +21,48 @@ struct FastDispatch {
     PyObject_HEAD vectorcallfunc vectorcall;
     PyObject* cache;  // the tripwire.Cache (a CacheCore), or null before _fast_setup
     PyObject* fn;     // the original function
-    PyObject* slow;   // slow(self, *args, **kwargs)
+    PyObject* slow;   // slow(self, args: tuple, kwargs: dict | None)
     PyObject* miss;   // miss(self, args: tuple, kwargs: dict | None, f_locals: dict)
     runtime::CallSignature* sig;  // owned; invalid when fn is not a Python function
+    int off;                      // set by _fast_disable: every call takes the slow path
 };
 
 PyTypeObject* g_fast_type = nullptr;
 
 FastDispatch* as_fd(PyObject* o) { return reinterpret_cast<FastDispatch*>(o); }
 
-// slow(self, *args, **kwargs), keyword values following the positional ones in `args`.
+// The call's arguments as a tuple and a dict (None without keywords). Null with an error set.
+bool pack_arguments(PyObject* const* args, Py_ssize_t n, PyObject* kwnames, runtime::Ref& tup,
+                    runtime::Ref& kwargs) {
+    tup = runtime::Ref::steal(PyTuple_New(n));
+    if (!tup) return false;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        Py_INCREF(args[i]);
+        PyTuple_SET_ITEM(tup.get(), i, args[i]);
+    }
+    kwargs = runtime::Ref::borrow(Py_None);
+    if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) {
+        kwargs = runtime::Ref::steal(PyDict_New());
+        if (!kwargs) return false;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(kwnames); ++j)
+            if (PyDict_SetItem(kwargs.get(), PyTuple_GET_ITEM(kwnames, j), args[n + j]) < 0) return false;
+    }
+    return true;
+}
+
+// slow(self, args, kwargs). Packed rather than passed through: a keyword that is a str subclass
+// with its own __eq__ must not be matched against slow's own parameter names.
 PyObject* call_slow(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_ssize_t n,
                     PyObject* kwnames) {
     if (fd->slow == nullptr) {
         PyErr_SetString(PyExc_TypeError, "this specialized function is not set up");
         return nullptr;
     }
-    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    const Py_ssize_t total = n + nkw + 1;
-    PyObject* small[9];
-    PyObject** buf = small;
-    if (total > 9) {
-        buf = static_cast<PyObject**>(PyMem_Malloc(sizeof(PyObject*) * static_cast<size_t>(total)));
-        if (buf == nullptr) return PyErr_NoMemory();
-    }
-    buf[0] = self;
-    for (Py_ssize_t i = 0; i < n + nkw; ++i) buf[i + 1] = args[i];
-    PyObject* slow = fd->slow;
-    Py_INCREF(slow);
-    PyObject* r = PyObject_Vectorcall(slow, buf, static_cast<size_t>(n + 1), kwnames);
-    Py_DECREF(slow);
-    if (buf != small) PyMem_Free(buf);
-    return r;
+    runtime::Ref tup, kwargs;
+    if (!pack_arguments(args, n, kwnames, tup, kwargs)) return nullptr;
+    runtime::Ref slow = runtime::Ref::borrow(fd->slow);  // the call may replace fd's fields
+    PyObject* sargs[3] = {self, tup.get(), kwargs.get()};
+    return PyObject_Vectorcall(slow.get(), sargs, 3, nullptr);
 }
 
 // miss(self, args, kwargs, f_locals) with the call's arguments as a tuple and a dict (or None).
@@ -61,19 +70,8 @@ PyObject* call_miss(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_
                     PyObject* kwnames, const runtime::BoundCall& bound) {
     runtime::Ref f_locals = bound.frame().as_mapping();
     if (!f_locals) return nullptr;
-    runtime::Ref tup = runtime::Ref::steal(PyTuple_New(n));
-    if (!tup) return nullptr;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        Py_INCREF(args[i]);
-        PyTuple_SET_ITEM(tup.get(), i, args[i]);
-    }
-    runtime::Ref kwargs = runtime::Ref::borrow(Py_None);
-    if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) {
-        kwargs = runtime::Ref::steal(PyDict_New());
-        if (!kwargs) return nullptr;
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(kwnames); ++j)
-            if (PyDict_SetItem(kwargs.get(), PyTuple_GET_ITEM(kwnames, j), args[n + j]) < 0) return nullptr;
-    }
+    runtime::Ref tup, kwargs;
+    if (!pack_arguments(args, n, kwnames, tup, kwargs)) return nullptr;
     runtime::Ref miss = runtime::Ref::borrow(fd->miss);  // the call may replace fd's fields
     PyObject* margs[4] = {self, tup.get(), kwargs.get(), f_locals.get()};
     return PyObject_Vectorcall(miss.get(), margs, 4, nullptr);
@@ -82,7 +80,7 @@ PyObject* call_miss(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_
 PyObject* fd_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
     FastDispatch* fd = as_fd(self);
     const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (fd->cache == nullptr || fd->sig == nullptr || !fd->sig->valid())
+    if (fd->cache == nullptr || fd->sig == nullptr || fd->off || !fd->sig->valid())
         return call_slow(fd, self, args, n, kwnames);
     runtime::Cache* cache = cache_of(fd->cache);
     if (cache == nullptr) return call_slow(fd, self, args, n, kwnames);  // cleared: the slow path raises
@@ -116,6 +114,7 @@ PyObject* fd_new(PyTypeObject* type, PyObject*, PyObject*) {
     fd->vectorcall = fd_vectorcall;
     fd->cache = fd->fn = fd->slow = fd->miss = nullptr;
     fd->sig = nullptr;
+    fd->off = 0;
     return self;
 }
 
@@ -183,13 +182,20 @@ PyObject* fd_setup(PyObject* self, PyObject* const* args, Py_ssize_t n) {
 
 PyObject* fd_bindable(PyObject* self, PyObject*) {
     FastDispatch* fd = as_fd(self);
-    return PyBool_FromLong(fd->sig != nullptr && fd->sig->valid());
+    return PyBool_FromLong(fd->sig != nullptr && !fd->off && fd->sig->valid());
+}
+
+PyObject* fd_disable(PyObject* self, PyObject*) {
+    as_fd(self)->off = 1;
+    Py_RETURN_NONE;
 }
 
 PyMethodDef g_fd_methods[] = {
     {"_fast_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(fd_setup)), METH_FASTCALL,
      "_fast_setup(cache, fn, slow, miss): enable the C++ hit path."},
     {"_bindable", fd_bindable, METH_NOARGS, "Whether calls are bound in C++ (fn is a Python function)."},
+    {"_fast_disable", fd_disable, METH_NOARGS,
+     "Send every call to the slow path from now on (fn's code was replaced)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyMemberDef g_fd_members[] = {

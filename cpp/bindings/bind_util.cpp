@@ -4,6 +4,7 @@
 
 #include "../core/program.hpp"
 #include "../runtime/dict_hint.hpp"
+#include "../runtime/guard_set.hpp"
 #include "../runtime/predicates.hpp"
 #include "register.hpp"
 
@@ -46,6 +47,16 @@ void register_util(nb::module_& m) {
             return nb::make_tuple(out, hint);
         },
         nb::arg("obj"), nb::arg("name"));
+    m.def(
+        "_set_fast_pass",
+        [](bool on) {
+            const bool was = runtime::fast_pass_enabled();
+            runtime::set_fast_pass_enabled(on);
+            return was;
+        },
+        nb::arg("on"),
+        "Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns "
+        "the previous setting. Off, every check takes the tree walk.");
     m.attr("MAX_SOURCE_DEPTH") = core::kMaxSourceDepth;
 }
 

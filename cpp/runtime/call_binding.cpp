@@ -52,7 +52,7 @@ Py_ssize_t keyword_slot(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyObj
     for (Py_ssize_t i = begin; i < end; ++i)
         if (PyTuple_GET_ITEM(names, i) == key) return i;
     for (Py_ssize_t i = begin; i < end; ++i)
-        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, i), key) == 0) return i;  // str vs str: no user code
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, i), key) == 0) return i;  // exact str: no user code
     return -1;
 }
 
@@ -95,7 +95,9 @@ int BoundCall::bind(const CallSignature& sig, PyObject* fn, PyObject* const* arg
     for (Py_ssize_t j = 0; j < nkw; ++j) {
         PyObject* key = PyTuple_GET_ITEM(kwnames, j);
         PyObject* value = args[nargs + j];
-        if (!PyUnicode_Check(key)) return 0;
+        // A str subclass may define __eq__, which the interpreter calls to match parameter
+        // names: leave such calls to the interpreter.
+        if (!PyUnicode_CheckExact(key)) return 0;
         const Py_ssize_t i = keyword_slot(sig.names(), sig.posonly_, kw_end, key);
         if (i >= 0) {
             if (slots_[i] != nullptr) return 0;  // given twice

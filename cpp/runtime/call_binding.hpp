@@ -63,7 +63,7 @@ class BoundCall {
 
   private:
     static constexpr Py_ssize_t kInline = 8;
-    PyObject* inline_[kInline] = {};
+    PyObject* inline_[kInline];  // the first size() entries are set by bind()
     std::vector<PyObject*> heap_;
     PyObject** slots_ = inline_;
     const CallSignature* sig_ = nullptr;

@@ -190,6 +190,8 @@ GuardSet::GuardSet(GuardSetInputs in)
     root_order_ = program_.roots;
     guard_fails_.assign(program_.guards.size(), 0);
     node_fails_.assign(program_.nodes.size(), 0);
+    fast_enabled_ = true;
+    build_fast_pass();
 }
 
 GuardSet::~GuardSet() = default;
@@ -322,7 +324,9 @@ inline int GuardSet::eval_guards(std::uint32_t ni, PyObject* v) {
         }
         if (r == 1) continue;
         if (r < 0 && on_error(ni) < 0) return -1;
-        if (active_ == 1) core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, k);
+        if (active_ == 1 &&
+            core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, k) != k)
+            ++order_changes_;
         return 0;
     }
     return 1;
@@ -363,8 +367,9 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
             r = on_error(ci);
         }
         if (r == 1) continue;
-        if (r == 0 && active_ == 1)
-            core::record_failure(child_order_.data(), node_fails_.data(), n.child_begin, k);
+        if (r == 0 && active_ == 1 &&
+            core::record_failure(child_order_.data(), node_fails_.data(), n.child_begin, k) != k)
+            ++order_changes_;
         return r;
     }
     return 1;
@@ -372,8 +377,16 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
 
 int GuardSet::check(const Frame& frame) {
     if (state_->invalid) return 0;
-    ++active_;
     ++stats_.checks;
+    if (fast_enabled_) {
+        // Rebuilt after the tree walk reordered, so that its fail-fast order carries over.
+        if (fast_built_at_ != order_changes_) build_fast_pass();
+        if (fast_enabled_ && fast_pass(frame) == 1) {
+            ++stats_.passes;
+            return 1;
+        }
+    }
+    ++active_;
     int result = 1;
     if (!program_.ambient.empty()) {
         // A LAMBDA on f_locals needs a mapping: build one from bound arguments only then.
@@ -403,9 +416,10 @@ int GuardSet::check(const Frame& frame) {
             r = on_error(ni);
         }
         if (r != 1) {
-            if (r == 0 && active_ == 1) {
+            if (r == 0 && active_ == 1 &&
                 core::record_failure(root_order_.data(), node_fails_.data(), 0,
-                                     static_cast<std::uint32_t>(k));
+                                     static_cast<std::uint32_t>(k)) != k) {
+                ++order_changes_;
             }
             result = r;
         }

@@ -59,6 +59,11 @@ struct GuardSetStats {
 /// sets for dead ones only after a death instead of on every lookup. GIL held.
 std::uint64_t invalidation_epoch();
 
+/// Switch the straight-line fast pass of check() on or off, process-wide (on by default). Off,
+/// every check takes the tree walk: the tests run both ways to compare them.
+void set_fast_pass_enabled(bool on);
+bool fast_pass_enabled();
+
 class GuardSet {
   public:
     /// Builds the runtime form. Raises (C++ exceptions) on an invalid program; a Python error
@@ -82,6 +87,9 @@ class GuardSet {
     const std::string& invalid_reason() const { return state_->why; }
 
     const core::Program& program() const { return program_; }
+    /// Whether check() tries the straight-line fast pass first (every guard and step of the set
+    /// has a form decided without user code).
+    bool uses_fast_pass() const { return fast_enabled_; }
     std::size_t size() const { return program_.guards.size(); }
     const GuardSetStats& stats() const { return stats_; }
     /// Failure count of guard `id` (index into program().guards) and node `ni` so far.
@@ -109,6 +117,28 @@ class GuardSet {
         Py_ssize_t slot = -1;           ///< argument index hint for roots read from a bound call
     };
 
+    /// One instruction of the straight-line fast pass (fast_pass.cpp).
+    struct FastOp {
+        enum class Code : std::uint8_t {
+            LoadLocal, LoadGlobal, LoadClosure,                // regs[node] = root value
+            FetchAttr, FetchItem, FetchDictItem, FetchPure,    // regs[node] = step(regs[parent])
+            TypeIs, IdIs, IsNone, IsNotNone, IsTrue, IsFalse,  // guards on regs[node]
+            Equals, DictKeys, LengthExact, DictVersion, WeakrefAlive,
+        };
+        Code code = Code::LoadLocal;
+        std::uint32_t node = 0;
+        std::uint32_t parent = 0;
+        std::uint32_t guard = 0;
+        PyObject* a = nullptr;
+    };
+    /// Compile the fast pass from the tree in its current adaptive order; disables it when some
+    /// guard or step has no form that is decided without user code.
+    void build_fast_pass();
+    /// 1 when every guard holds, decided without running any user code and without side effects
+    /// other than inline-cache hints; 0 when undecided (a guard failed, or a fast form did not
+    /// apply to these objects): the tree walk then decides, from the start.
+    int fast_pass(const Frame& frame);
+
     int eval_node(std::uint32_t ni, PyObject* v);
     int eval_guards(std::uint32_t ni, PyObject* v);
     Fetched fetch_root(std::uint32_t ni, const Frame& frame);
@@ -126,6 +156,10 @@ class GuardSet {
     std::vector<std::uint32_t> root_order_;
     std::vector<std::uint32_t> guard_fails_, node_fails_;
     bool ambient_reads_locals_ = false;  // an ambient guard (a LAMBDA) takes f_locals itself
+    std::vector<FastOp> fast_ops_;
+    bool fast_enabled_ = false;
+    std::uint64_t order_changes_ = 0;   // bumped whenever the tree walk reorders anything
+    std::uint64_t fast_built_at_ = ~std::uint64_t{0};  // order_changes_ when fast_ops_ was built
     Ref globals_, closure_, eval_error_type_;
     bool strict_ = false;
     int active_ = 0;  // re-entrancy depth: reorder only when no other walk is in progress

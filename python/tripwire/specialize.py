@@ -105,6 +105,7 @@ class Specialized(FastDispatch):
         self._globals = getattr(fn, "__globals__", None)
         self._sig = inspect.signature(fn)
         self._code = getattr(fn, "__code__", None)
+        self._fast_code = self._code  # the code whose layout the C++ binder uses
         self._lock = threading.Lock()
         self._local = threading.local()
         self._compiles = 0
@@ -114,24 +115,32 @@ class Specialized(FastDispatch):
 
     # -- calling (the call itself is FastDispatch's vectorcall; no __call__ here) ------------------
     def _bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
-        """``f_locals`` for a call: the arguments bound to the signature, defaults applied."""
+        """``f_locals`` for a call bound in Python: the arguments bound to the signature as the
+        interpreter binds them, defaults applied. The signature is read afresh (defaults may have
+        been reassigned or mutated since the last call)."""
         code = getattr(self._fn, "__code__", None)
         if code is not self._code:
             # fn.__code__ was replaced: a different function. Dynamo keeps its cache on the code
             # object, so a new code starts empty; the C++ binder keeps the old layout and sends
             # every call here from now on.
+            # Once replaced, the C++ path is off for good: the layout it binds with may match
+            # again later (the old code restored) while the cache holds the other code's entries.
             with self._lock:
                 if code is not self._code:
-                    self._sig = inspect.signature(self._fn)
+                    self._fast_disable()
                     self.cache.clear()
                     self._code = code
-        ba = self._sig.bind(*args, **kwargs)
-        ba.apply_defaults()
-        return dict(ba.arguments)
+        return bind_call(inspect.signature(self._fn), args, kwargs, self._label)
 
-    def _call_python(self, *args: Any, **kwargs: Any) -> Any:
-        """A call FastDispatch could not bind: bind with inspect (raising the call's TypeError),
-        look up and dispatch in Python."""
+    def _call_python(self, args: tuple, kwargs: dict | None) -> Any:
+        """A call FastDispatch did not bind. For a Python function whose code is unchanged that
+        means the call is invalid: the function itself raises the interpreter's TypeError (and
+        if it does not, it simply runs, uncompiled). Otherwise (other callables, a replaced
+        ``__code__``) bind in Python, look up and dispatch."""
+        kwargs = kwargs or {}
+        code = getattr(self._fn, "__code__", None)
+        if code is not None and code is self._fast_code and self._bindable():
+            return self._fn(*args, **kwargs)
         f_locals = self._bind(args, kwargs)
         compiled = self.cache.lookup(f_locals)
         if compiled is None:
@@ -208,6 +217,49 @@ class Specialized(FastDispatch):
 
 
 _enable_vectorcall(Specialized)
+
+_P = inspect.Parameter
+
+
+def bind_call(sig: inspect.Signature, args: tuple, kwargs: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Bind a call to ``sig`` the way the interpreter binds a call to a function: positional
+    arguments, keywords by name (a keyword named like a positional-only parameter goes to
+    ``**kwargs``, which ``inspect.Signature.bind`` refuses before 3.12), defaults, ``*args`` as a
+    tuple, ``**kwargs`` as a dict. Raises TypeError for a call the interpreter would reject."""
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)]
+    keyword_only = [p for p in params if p.kind is _P.KEYWORD_ONLY]
+    var_pos = next((p for p in params if p.kind is _P.VAR_POSITIONAL), None)
+    var_kw = next((p for p in params if p.kind is _P.VAR_KEYWORD), None)
+    by_keyword = {p.name: p for p in params if p.kind in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY)}
+    if len(args) > len(positional) and var_pos is None:
+        raise TypeError(f"{name}() takes {len(positional)} positional arguments but {len(args)} were given")
+    bound: dict[str, Any] = {p.name: v for p, v in zip(positional, args)}
+    extra: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if type(key) is not str:
+            # The interpreter matches a str subclass by its own __eq__, in parameter order.
+            key = next((name for name in by_keyword if key == name), key)
+        if key in by_keyword:
+            if key in bound:
+                raise TypeError(f"{name}() got multiple values for argument '{key}'")
+            bound[key] = value
+        elif var_kw is not None:
+            extra[key] = value
+        else:
+            raise TypeError(f"{name}() got an unexpected keyword argument '{key}'")
+    for p in positional + keyword_only:
+        if p.name not in bound:
+            if p.default is _P.empty:
+                raise TypeError(f"{name}() missing required argument: '{p.name}'")
+            bound[p.name] = p.default
+    if var_pos is not None:
+        bound[var_pos.name] = tuple(args[len(positional) :])
+    if var_kw is not None:
+        bound[var_kw.name] = extra
+    return {p.name: bound[p.name] for p in params}
+
+
 
 
 def specialize(

@@ -1,0 +1,294 @@
+// tripwire/cpp/runtime/fast_pass.cpp -- the straight-line fast pass of GuardSet::check.
+//
+// The tree walk (guard_set.cpp) is the authority: it handles user code, errors, borrowed-value
+// safety, failure statistics and adaptive reordering. Most checks of a warm guard set pass,
+// though, and on built-in objects they need none of that. The fast pass is the tree flattened
+// into one array of instructions (loads, fetches and guards on "registers", one per node), in the
+// tree's current evaluation order, and run in one loop.
+//
+// Its contract is narrow so that it cannot change any result:
+// - every instruction has a form that runs no user code (inline-cache hits, hinted dict reads,
+//   exact built-in containers, identity and structural comparisons of built-in constants);
+//   when that form does not apply to the objects at hand, the pass gives up;
+// - it only ever concludes "pass". A failing guard, a missing value or a form that does not
+//   apply ends it with "undecided", and check() runs the tree walk from the start. Since the
+//   fast pass ran no user code and changed nothing but hints, the walk sees the same objects;
+// - every value is borrowed: with no user code running, nothing can drop the references the
+//   parents hold. No reference is taken, so none can leak.
+// A set with a guard or step kind that has no such form at all (predicates, HASATTR, user
+// __len__, generic getattr, ...) never uses the fast pass.
+#include <vector>
+
+#include "dict_hint.hpp"
+#include "guard_set.hpp"
+
+namespace tripwire::runtime {
+
+namespace {
+
+bool g_fast_pass_enabled = true;
+
+// Registers for one pass. Thread-local: the pass runs no user code, so it cannot re-enter
+// itself on this thread, and other threads have their own.
+thread_local std::vector<PyObject*> t_regs;
+
+// len(v) for the exact built-in containers whose length is a field (no __len__ call).
+bool exact_builtin_length(PyObject* v, Py_ssize_t& n) {
+    PyTypeObject* t = Py_TYPE(v);
+    if (t == &PyList_Type || t == &PyTuple_Type || t == &PyBytes_Type || t == &PyByteArray_Type) {
+        n = Py_SIZE(v);
+        return true;
+    }
+    if (t == &PyDict_Type) {
+        n = PyDict_GET_SIZE(v);
+        return true;
+    }
+    if (t == &PyUnicode_Type) {
+        n = PyUnicode_GET_LENGTH(v);
+        return true;
+    }
+    if (t == &PySet_Type || t == &PyFrozenSet_Type) {
+        n = PySet_GET_SIZE(v);
+        return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+void set_fast_pass_enabled(bool on) { g_fast_pass_enabled = on; }
+bool fast_pass_enabled() { return g_fast_pass_enabled; }
+
+void GuardSet::build_fast_pass() {
+    fast_ops_.clear();
+    fast_built_at_ = order_changes_;
+    if (!program_.ambient.empty()) {
+        fast_enabled_ = false;
+        return;
+    }
+    // Depth first in the current order: a node's guards, then its children, as the walk does.
+    struct Item {
+        std::uint32_t node, parent;
+    };
+    std::vector<Item> stack;
+    for (auto it = root_order_.rbegin(); it != root_order_.rend(); ++it) stack.push_back({*it, *it});
+    while (!stack.empty()) {
+        const Item item = stack.back();
+        stack.pop_back();
+        const core::Node& n = program_.nodes[item.node];
+        FastOp op;
+        op.node = item.node;
+        op.parent = item.parent;
+        if (n.is_root) {
+            switch (n.root) {
+                case core::RootKind::Local: op.code = FastOp::Code::LoadLocal; break;
+                case core::RootKind::Global: op.code = FastOp::Code::LoadGlobal; break;
+                case core::RootKind::Closure: op.code = FastOp::Code::LoadClosure; break;
+            }
+        } else {
+            switch (n.step.kind) {
+                case core::StepKind::Attr: op.code = FastOp::Code::FetchAttr; break;
+                case core::StepKind::Item: op.code = FastOp::Code::FetchItem; break;
+                case core::StepKind::DictItem: op.code = FastOp::Code::FetchDictItem; break;
+                default:
+                    if (core::step_runs_user_code(n.step.kind)) {
+                        fast_enabled_ = false;
+                        fast_ops_.clear();
+                        return;
+                    }
+                    op.code = FastOp::Code::FetchPure;
+                    break;
+            }
+        }
+        fast_ops_.push_back(op);
+        for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+            const std::uint32_t gi = guard_order_[k];
+            FastOp g;
+            switch (guards_[gi].kind) {
+                case core::GuardKind::TypeMatch: g.code = FastOp::Code::TypeIs; break;
+                case core::GuardKind::IdMatch: g.code = FastOp::Code::IdIs; break;
+                case core::GuardKind::None: g.code = FastOp::Code::IsNone; break;
+                case core::GuardKind::NotNone: g.code = FastOp::Code::IsNotNone; break;
+                case core::GuardKind::True: g.code = FastOp::Code::IsTrue; break;
+                case core::GuardKind::False: g.code = FastOp::Code::IsFalse; break;
+                case core::GuardKind::EqualsMatch: g.code = FastOp::Code::Equals; break;
+                case core::GuardKind::DictKeys: g.code = FastOp::Code::DictKeys; break;
+                case core::GuardKind::Length: g.code = FastOp::Code::LengthExact; break;
+                case core::GuardKind::DictVersion: g.code = FastOp::Code::DictVersion; break;
+                case core::GuardKind::WeakrefAlive: g.code = FastOp::Code::WeakrefAlive; break;
+                default:  // runs user code or is rare: this set always takes the walk
+                    fast_enabled_ = false;
+                    fast_ops_.clear();
+                    return;
+            }
+            g.node = item.node;
+            g.guard = gi;
+            g.a = guards_[gi].a;
+            fast_ops_.push_back(g);
+        }
+        // Pushed in reverse so that they pop in evaluation order.
+        for (std::uint32_t k = n.child_end; k > n.child_begin; --k)
+            stack.push_back({child_order_[k - 1], item.node});
+    }
+    fast_enabled_ = true;
+}
+
+int GuardSet::fast_pass(const Frame& frame) {
+    if (!g_fast_pass_enabled) return 0;
+    // Small sets (the common case) keep their registers on the stack.
+    constexpr std::size_t kStackRegs = 64;
+    PyObject* stack_regs[kStackRegs];
+    PyObject** r = stack_regs;
+    if (nodes_.size() > kStackRegs) {
+        std::vector<PyObject*>& regs = t_regs;
+        if (regs.size() < nodes_.size()) regs.resize(nodes_.size());
+        r = regs.data();
+    }
+    for (const FastOp& op : fast_ops_) {
+        switch (op.code) {
+            case FastOp::Code::LoadLocal: {
+                NodeRt& n = nodes_[op.node];
+                PyObject* v;
+                if (frame.is_arguments()) {
+                    v = frame.argument(n.root_name, &n.slot);
+                } else {
+                    if (!PyDict_Check(frame.locals)) return 0;
+                    v = dict_get_hinted(frame.locals, n.root_name, &n.hint);
+                }
+                if (v == nullptr) return 0;
+                r[op.node] = v;
+                break;
+            }
+            case FastOp::Code::LoadGlobal: {
+                NodeRt& n = nodes_[op.node];
+                if (!globals_) return 0;
+                PyObject* v = dict_get_hinted(globals_.get(), n.root_name, &n.hint);
+                if (v == nullptr) return 0;
+                r[op.node] = v;
+                break;
+            }
+            case FastOp::Code::LoadClosure: {
+                const NodeRt& n = nodes_[op.node];
+                if (n.cell == nullptr || PyCell_GET(n.cell) == nullptr) return 0;
+                r[op.node] = PyCell_GET(n.cell);
+                break;
+            }
+            case FastOp::Code::FetchAttr: {
+                NodeRt& n = nodes_[op.node];
+                PyObject* p = r[op.parent];
+                PyTypeObject* tp = Py_TYPE(p);
+                AttrCache& ic = n.step.cache;
+                if (ic.type != tp || ic.version != tp->tp_version_tag || ic.version == 0 ||
+                    !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+                    return 0;
+                PyObject* v = nullptr;
+                if (ic.mode == AttrCache::Mode::InstanceDict) {
+                    v = instance_attr_hinted(p, n.step.operand, &ic.hint);
+                } else if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p)) {
+                    v = dict_get_hinted(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                }
+                if (v == nullptr) return 0;
+                r[op.node] = v;
+                break;
+            }
+            case FastOp::Code::FetchItem: {
+                NodeRt& n = nodes_[op.node];
+                PyObject* p = r[op.parent];
+                PyObject* key = n.step.operand;
+                PyObject* v = nullptr;
+                if (PyDict_CheckExact(p)) {
+                    // The hint matches keys by identity: no __eq__ of any key runs.
+                    v = dict_get_hinted(p, key, &n.step.cache.hint);
+                } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && PyLong_CheckExact(key)) {
+                    Py_ssize_t i = PyLong_AsSsize_t(key);
+                    if (i == -1 && PyErr_Occurred()) {
+                        PyErr_Clear();
+                        return 0;
+                    }
+                    const Py_ssize_t size = Py_SIZE(p);
+                    if (i < 0) i += size;
+                    if (i < 0 || i >= size) return 0;
+                    v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, i) : PyTuple_GET_ITEM(p, i);
+                }
+                if (v == nullptr) return 0;
+                r[op.node] = v;
+                break;
+            }
+            case FastOp::Code::FetchDictItem: {
+                NodeRt& n = nodes_[op.node];
+                PyObject* p = r[op.parent];
+                if (!PyDict_Check(p)) return 0;
+                PyObject* v = dict_get_hinted(p, n.step.operand, &n.step.cache.hint);
+                if (v == nullptr) return 0;
+                r[op.node] = v;
+                break;
+            }
+            case FastOp::Code::FetchPure: {
+                // Steps that never run user code (type, __dict__, weakref target, dict key or
+                // value by position). An owned result would need a reference we do not keep.
+                Fetched f = fetch_step(nodes_[op.node].step, r[op.parent]);
+                if (f.status != FetchStatus::Ok || f.owned) {
+                    if (f.owned) Py_DECREF(f.value);
+                    if (f.status == FetchStatus::Error) PyErr_Clear();
+                    return 0;
+                }
+                r[op.node] = f.value;
+                break;
+            }
+            case FastOp::Code::TypeIs:
+                if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) != op.a) return 0;
+                break;
+            case FastOp::Code::IdIs:
+                if (r[op.node] != op.a) return 0;
+                break;
+            case FastOp::Code::IsNone:
+                if (r[op.node] != Py_None) return 0;
+                break;
+            case FastOp::Code::IsNotNone:
+                if (r[op.node] == Py_None) return 0;
+                break;
+            case FastOp::Code::IsTrue:
+                if (r[op.node] != Py_True) return 0;
+                break;
+            case FastOp::Code::IsFalse:
+                if (r[op.node] != Py_False) return 0;
+                break;
+            case FastOp::Code::Equals: {
+                PyObject* v = r[op.node];
+                if (v == op.a) break;  // the constant itself (NaN included, by the catalogue's rule)
+                if (Py_TYPE(v) != Py_TYPE(op.a)) return 0;
+                // Structural and type-exact on built-in constants: no user __eq__ runs.
+                const int m = equals_match(v, op.a);
+                if (m != 1) {
+                    if (m < 0) PyErr_Clear();
+                    return 0;
+                }
+                break;
+            }
+            case FastOp::Code::DictKeys: {
+                PyObject* v = r[op.node];
+                PyObject* keys = guards_[op.guard].b;
+                if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) return 0;
+                if (dict_keys_identical(v, keys) != 1) return 0;  // may need key __eq__: the walk decides
+                break;
+            }
+            case FastOp::Code::LengthExact: {
+                Py_ssize_t n = 0;
+                if (!exact_builtin_length(r[op.node], n) || n != guards_[op.guard].n) return 0;
+                break;
+            }
+            case FastOp::Code::DictVersion:
+            case FastOp::Code::WeakrefAlive: {
+                const int m = eval_guard(guards_[op.guard], r[op.node]);
+                if (m != 1) {
+                    if (m < 0) PyErr_Clear();
+                    return 0;
+                }
+                break;
+            }
+        }
+    }
+    return 1;
+}
+
+}  // namespace tripwire::runtime

@@ -1,0 +1,204 @@
+"""The straight-line fast pass of ``GuardSet.check`` (cpp/runtime/fast_pass.cpp).
+
+The fast pass may only ever conclude "pass", without running user code; anything else is decided
+by the tree walk. These tests check that it is used where it should be, that it gives up where it
+must, and that the engine still agrees with the reference evaluator with the fast pass switched
+off (the equivalence suite runs with it on).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tripwire as tw
+from tripwire import _core
+
+from test_equivalence import _SETTINGS, run_case
+
+
+@pytest.fixture
+def fast_pass_off() -> Iterator[None]:
+    was = _core._set_fast_pass(False)
+    try:
+        yield
+    finally:
+        _core._set_fast_pass(was)
+
+
+@settings(max_examples=300, **_SETTINGS)
+@given(st.data())
+def test_tree_walk_alone_matches_reference(data: st.DataObject) -> None:
+    was = _core._set_fast_pass(False)
+    try:
+        run_case(data, mutations=6)
+    finally:
+        _core._set_fast_pass(was)
+
+
+class Obj:
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+def builtin_set() -> tuple[tw.GuardSet, dict[str, Any], dict[str, Any]]:
+    mod = types.ModuleType("m")
+    mod.flag = 3
+    g = {"mod": mod, "limit": 10}
+    f_locals = {"x": 3, "cfg": {"mode": "fast", "n": [1, 2]}, "obj": Obj(a=1.5, b=None), "t": (1, "a")}
+    b = tw.GuardBuilder(f_locals, f_globals=g)
+    b.equals("L['x']", 3)
+    b.type_match("L['cfg']", dict)
+    b.dict_keys("L['cfg']", ["mode", "n"])
+    b.equals("L['cfg']['mode']", "fast")
+    b.length("L['cfg']['n']", 2)
+    b.equals("L['cfg']['n'][1]", 2)
+    b.type_match("L['obj']", Obj)
+    b.equals("L['obj'].a", 1.5)
+    b.none("L['obj'].b")
+    b.equals("L['t'][1]", "a")
+    b.equals("G['mod'].flag", 3)
+    b.equals("G['limit']", 10)
+    return b.build(), f_locals, g
+
+
+def test_fast_pass_used_for_builtin_guards() -> None:
+    gs, f_locals, g = builtin_set()
+    assert gs._uses_fast_pass
+    for _ in range(3):
+        assert gs.check(f_locals)
+    f_locals["obj"].a = 2.5
+    assert not gs.check(f_locals)  # a failure: decided by the tree walk
+    assert gs.why_not(f_locals).source == "L['obj'].a"
+    f_locals["obj"].a = 1.5
+    g["mod"].flag = 4
+    assert not gs.check(f_locals)
+    g["mod"].flag = 3
+    f_locals["cfg"]["n"].append(3)
+    assert not gs.check(f_locals)
+    f_locals["cfg"]["n"].pop()
+    assert gs.check(f_locals)
+
+
+@pytest.mark.parametrize(
+    "add",
+    [
+        lambda b: b.predicate(lambda v: True, source="L['x']"),
+        lambda b: b.hasattr("L['obj']", "a"),
+        lambda b: b.global_state("gc_enabled"),
+    ],
+    ids=["lambda", "hasattr", "global_state"],
+)
+def test_fast_pass_not_used_when_a_guard_runs_user_code(add: Any) -> None:
+    f_locals = {"x": 1, "obj": Obj(a=1)}
+    b = tw.GuardBuilder(f_locals)
+    b.equals("L['x']", 1)
+    add(b)
+    gs = b.build()
+    assert not gs._uses_fast_pass
+    assert gs.check(f_locals)
+
+
+def test_fast_pass_gives_up_on_non_dict_locals_and_unusual_objects() -> None:
+    """Mapping locals, a dict subclass value and a class attribute: the fast pass gives up and the
+    walk decides (and still passes)."""
+
+    class Locals(dict):
+        pass
+
+    class WithClassAttr:
+        k = 7
+
+    class Mapping:
+        def __init__(self, d: dict[str, Any]) -> None:
+            self.d = d
+
+        def __getitem__(self, key: str) -> Any:
+            return self.d[key]
+
+    f_locals = {"x": 1, "w": WithClassAttr()}
+    b = tw.GuardBuilder(f_locals)
+    b.equals("L['x']", 1)
+    b.equals("L['w'].k", 7)
+    gs = b.build()
+    assert gs._uses_fast_pass
+    assert gs.check(f_locals)
+    assert gs.check(Locals(f_locals))
+    assert gs.check(Mapping(f_locals))
+    assert not gs.check(Mapping({"x": 2, "w": WithClassAttr()}))
+
+
+def test_fast_pass_runs_no_user_code() -> None:
+    """A key whose __eq__/__hash__ count calls: a passing fast check calls none of them; when the
+    dict holds an equal but different key object, the walk decides exactly as without the fast
+    pass."""
+    calls = []
+
+    class Key:
+        def __hash__(self) -> int:
+            calls.append("hash")
+            return 1
+
+        def __eq__(self, other: object) -> bool:
+            calls.append("eq")
+            return isinstance(other, Key)
+
+    k = Key()
+    d = {k: 1}
+    calls.clear()
+    b = tw.GuardBuilder({"d": d})
+    b.type_match("L['d']", dict)
+    b.length("L['d']", 1)
+    gs = b.build()
+    assert gs._uses_fast_pass
+    calls.clear()
+    for _ in range(5):
+        assert gs.check({"d": d})
+    assert calls == []
+
+
+def test_fast_pass_follows_adaptive_reorder() -> None:
+    """After failures reorder the walk, the fast pass is rebuilt in the new order and still
+    answers correctly."""
+    f_locals = {f"v{i}": i for i in range(8)}
+    b = tw.GuardBuilder(f_locals)
+    for i in range(8):
+        b.equals(f"L['v{i}']", i)
+    gs = b.build()
+    bad = dict(f_locals, v7=-1)
+    for _ in range(20):
+        assert not gs.check(bad)
+    assert gs.check(f_locals)
+    assert not gs.check(dict(f_locals, v0=-1))
+    assert gs.check(f_locals)
+
+
+def test_fast_pass_off_and_on_give_the_same_answers(fast_pass_off: None) -> None:
+    gs, f_locals, g = builtin_set()
+    off = [gs.check(f_locals), gs.check(dict(f_locals, x=4))]
+    _core._set_fast_pass(True)
+    on = [gs.check(f_locals), gs.check(dict(f_locals, x=4))]
+    assert off == on == [True, False]
+
+
+def test_fast_pass_with_bound_arguments_frame() -> None:
+    """@specialize hits read L[...] from the argument vector: the fast pass handles that frame
+    (the hit runs no Python code but the payload, tested in test_specialize)."""
+
+    @tw.specialize
+    def f(x, cfg):
+        return x
+
+    cfg = {"a": 1}
+    assert f(1, cfg) == 1
+    (entry,) = list(f.cache)
+    assert entry.guards._uses_fast_pass
+    passes = entry.guards.pass_count
+    assert f(1, cfg) == 1 and f(x=1, cfg=cfg) == 1
+    assert entry.guards.pass_count == passes + 2
+    cfg["a"] = 2
+    assert f(1, cfg) == 1 and len(f.cache) == 2
