@@ -430,6 +430,34 @@ def test_BUG_code_restored_after_replacement_hits_the_entry_of_the_other_code():
     assert s(1) == "A"  # actual: "B" (a hit on the entry compiled while __code__ was B)
 
 
+# BUG (fails at the time of writing): the slow path is Specialized._call_python(self, *args,
+# **kwargs), reached through an ordinary Python call; a keyword argument named "self" collides
+# with its own first parameter, so a valid call of a callable that is bound in Python (not a
+# Python function, or after fn.__code__ was replaced) raises
+# "Specialized._call_python() got multiple values for argument 'self'".
+def test_BUG_python_path_keyword_named_self():
+    def h(**kw):
+        return kw
+
+    p = functools.partial(h)
+    s = specialize(p)
+    assert p(self=1) == {"self": 1}
+    assert s(self=1) == {"self": 1}  # actual: TypeError from _call_python's own signature
+
+
+def test_BUG_code_replaced_keyword_named_self():
+    def f(**kw):
+        return kw
+
+    def g(**kw):
+        return ("g", kw)
+
+    s = specialize(f)
+    assert s(self=1) == {"self": 1}  # bound in C++: fine
+    f.__code__ = g.__code__
+    assert s(self=1) == ("g", {"self": 1})  # actual: TypeError from _call_python's signature
+
+
 def test_defaults_longer_than_parameters_all_filled_from_the_right():
     def f(a, b):
         return dict(locals())
