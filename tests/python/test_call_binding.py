@@ -13,7 +13,7 @@ specialized function with the plain function (and with ``inspect.Signature.bind`
   keywords, partial, bound methods, a re-entrant compiler, threads);
 * reference counts over many hits.
 
-Run many more examples by hand with ``TRIPWIRE_BINDING_EXAMPLES=5000``.
+Run many more examples by hand with ``TRIPWIRE_BINDING_EXAMPLES=10000`` (and ``--hypothesis-seed``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,10 @@ import threading
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import event as _event
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
-import tripwire as tw
 from tripwire.specialize import specialize
-
 
 
 def event(text):
@@ -42,7 +40,7 @@ def event(text):
         _event(text)
 
 
-EXAMPLES = int(os.environ.get("TRIPWIRE_BINDING_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("TRIPWIRE_BINDING_EXAMPLES", "100"))
 
 # -- typed comparison ---------------------------------------------------------------------------------
 # tripwire's guards are type-exact (1, True and 1.0 are different constants), and DICT_KEYS is
@@ -70,7 +68,8 @@ def typed_locals(d):
 NAMES = ["a", "b", "c", "d", "e", "args", "kwargs", "self", "x", "y"]
 UNKNOWN = ["zz", "q", "a", "x"]  # also names that may be parameters (then not unknown)
 # Values that collide under == / hash but not under tripwire's type-exact guards.
-VALUES = [0, 1, 2, True, False, 1.0, 0.0, "s", "1", "", None, (), (1,), (True,), (1.0,), ((1,), "s"), (None, 2)]
+VALUES = [0, 1, 2, True, False, 1.0, 0.0, "s", "1", "", None]
+VALUES += [(), (1,), (True,), (1.0,), ((1,), "s"), (None, 2)]
 values = st.sampled_from(VALUES)
 
 
@@ -98,7 +97,8 @@ def signatures(draw):
 
 class Sig:
     def __init__(self, pos, n_posonly, varargs, kwonly, varkw):
-        self.pos, self.n_posonly, self.varargs, self.kwonly, self.varkw = pos, n_posonly, varargs, kwonly, varkw
+        self.pos, self.n_posonly, self.varargs = pos, n_posonly, varargs
+        self.kwonly, self.varkw = kwonly, varkw
 
     def all_names(self):
         out = [p[0] for p in self.pos] + [k[0] for k in self.kwonly]
@@ -274,7 +274,13 @@ def run_call(s, f, model, record, args, kw_items, where):
 def test_random_signatures_and_calls_match_the_plain_function(sig, data):
     f = sig.make()
     record = []
-    s = specialize(f, compiler=stale_compiler(record), recompile_limit=10_000, accumulated_limit=10_000)
+    # "cpp": bound by the C++ binder; "code replaced" and "partial": bound in Python (bind_call).
+    path = data.draw(st.sampled_from(["cpp", "cpp", "code replaced", "partial"]), label="path")
+    event(f"path: {path}")
+    target = functools.partial(f) if path == "partial" else f
+    s = specialize(target, compiler=stale_compiler(record), recompile_limit=10_000, accumulated_limit=10_000)
+    if path == "code replaced":
+        f.__code__ = f.__code__.replace(co_name="g")  # the same layout, another code object
     model = Model()
     valid = []
     for i in range(data.draw(st.integers(1, 12), label="ncalls")):
@@ -326,12 +332,12 @@ def test_defaults_and_kwdefaults_reassigned_between_calls():
     assert len(s.cache) == len(record)
 
 
-# BUG (fails at the time of writing): the Python fallback path binds with the inspect.Signature
+# Regression, fixed in 7c3326c: the Python fallback path binds with the inspect.Signature
 # cached when the function was decorated (Specialized._sig), so its *defaults* are stale. A call
 # the C++ binder rejects because fn.__defaults__ / fn.__kwdefaults__ no longer supply a value is
 # then bound with the old default, looked up, and hits the entry compiled for it, instead of
 # raising the interpreter's TypeError.
-def test_BUG_defaults_removed_call_must_raise_not_hit_stale_default():
+def test_regression_defaults_removed_call_must_raise_not_hit_stale_default():
     def f(a, b=1):
         return dict(locals())
 
@@ -341,10 +347,10 @@ def test_BUG_defaults_removed_call_must_raise_not_hit_stale_default():
     with pytest.raises(TypeError):
         f(0)
     with pytest.raises(TypeError):
-        s(0)  # actual: returns {'a': 0, 'b': 1} (a hit on the entry for the old default)
+        s(0)  # was: returns {'a': 0, 'b': 1} (a hit on the entry for the old default)
 
 
-def test_BUG_kwdefaults_removed_call_must_raise_not_hit_stale_default():
+def test_regression_kwdefaults_removed_call_must_raise_not_hit_stale_default():
     def f(a, *, k=2):
         return dict(locals())
 
@@ -354,14 +360,14 @@ def test_BUG_kwdefaults_removed_call_must_raise_not_hit_stale_default():
     with pytest.raises(TypeError):
         f(0)
     with pytest.raises(TypeError):
-        s(0)  # actual: returns {'a': 0, 'k': 2}
+        s(0)  # was: returns {'a': 0, 'k': 2}
 
 
-# BUG (fails at the time of writing): once fn.__code__ is replaced every call is bound in Python
+# Regression, fixed in 7c3326c: once fn.__code__ is replaced every call is bound in Python
 # with the inspect.Signature computed at the first call after the replacement; a later
 # reassignment of fn.__defaults__ is not seen, so the call is bound with the old default and hits
 # the entry compiled for it: a false hit on a valid call.
-def test_BUG_code_replaced_then_defaults_reassigned_false_hit():
+def test_regression_code_replaced_then_defaults_reassigned_false_hit():
     def f(a, b=1):
         return dict(locals())
 
@@ -373,14 +379,14 @@ def test_BUG_code_replaced_then_defaults_reassigned_false_hit():
     assert s(0) == {"a": 0, "b": 1}
     f.__defaults__ = (2,)
     assert f(0) == {"a": 0, "b": 2}
-    assert s(0) == {"a": 0, "b": 2}  # actual: {'a': 0, 'b': 1} (false hit on the b=1 entry)
+    assert s(0) == {"a": 0, "b": 2}  # was: {'a': 0, 'b': 1} (false hit on the b=1 entry)
 
 
-# BUG (fails at the time of writing): calls bound in Python (a callable that is not a Python
+# Regression, fixed in 7c3326c: calls bound in Python (a callable that is not a Python
 # function, or any call after fn.__code__ was replaced) use inspect.Signature.bind, which in
 # Python 3.11 rejects a keyword naming a positional-only parameter even when **kwargs takes it.
 # The interpreter accepts such a call; the specialized function raises TypeError.
-def test_BUG_python_path_keyword_named_like_positional_only_goes_to_kwargs():
+def test_regression_python_path_keyword_named_like_positional_only_goes_to_kwargs():
     class C:
         def __call__(self, a=0, /, **kw):
             return (a, kw)
@@ -388,10 +394,10 @@ def test_BUG_python_path_keyword_named_like_positional_only_goes_to_kwargs():
     obj = C()
     s = specialize(obj)
     assert obj(a=5) == (0, {"a": 5})
-    assert s(a=5) == (0, {"a": 5})  # actual: TypeError 'a' parameter is positional only, ...
+    assert s(a=5) == (0, {"a": 5})  # was: TypeError 'a' parameter is positional only, ...
 
 
-def test_BUG_code_replaced_keyword_named_like_positional_only_goes_to_kwargs():
+def test_regression_code_replaced_keyword_named_like_positional_only_goes_to_kwargs():
     def f(a=0, /, **kw):
         return (a, kw)
 
@@ -402,14 +408,14 @@ def test_BUG_code_replaced_keyword_named_like_positional_only_goes_to_kwargs():
     assert s(a=5) == (0, {"a": 5})  # bound in C++: fine
     f.__code__ = g.__code__
     assert f(a=5) == ("g", 0, {"a": 5})
-    assert s(a=5) == ("g", 0, {"a": 5})  # actual: TypeError 'a' parameter is positional only, ...
+    assert s(a=5) == ("g", 0, {"a": 5})  # was: TypeError 'a' parameter is positional only, ...
 
 
-# BUG (fails at the time of writing): the C++ binder only checks fn.__code__ against the code it
+# Regression, fixed in 7c3326c: the C++ binder only checks fn.__code__ against the code it
 # read at decoration. Replacing __code__ (A -> B) sends calls to Python, which empties the cache
 # and compiles for B; restoring the original code (B -> A) makes the C++ path bind again, and it
 # hits the entry compiled for B: the code compiled for B runs for a function whose code is A.
-def test_BUG_code_restored_after_replacement_hits_the_entry_of_the_other_code():
+def test_regression_code_restored_after_replacement_hits_the_entry_of_the_other_code():
     def compiler(fn, example_args, builder):
         code = fn.__code__
         return lambda *a, **k: code.co_consts[1]  # "compiled code": stands for the code it was built for
@@ -427,25 +433,25 @@ def test_BUG_code_restored_after_replacement_hits_the_entry_of_the_other_code():
     assert s(1) == f(1) == "B"
     f.__code__ = code_a
     assert f(1) == "A"
-    assert s(1) == "A"  # actual: "B" (a hit on the entry compiled while __code__ was B)
+    assert s(1) == "A"  # was: "B" (a hit on the entry compiled while __code__ was B)
 
 
-# BUG (fails at the time of writing): the slow path is Specialized._call_python(self, *args,
+# Regression, fixed in 7c3326c: the slow path is Specialized._call_python(self, *args,
 # **kwargs), reached through an ordinary Python call; a keyword argument named "self" collides
 # with its own first parameter, so a valid call of a callable that is bound in Python (not a
 # Python function, or after fn.__code__ was replaced) raises
 # "Specialized._call_python() got multiple values for argument 'self'".
-def test_BUG_python_path_keyword_named_self():
+def test_regression_python_path_keyword_named_self():
     def h(**kw):
         return kw
 
     p = functools.partial(h)
     s = specialize(p)
     assert p(self=1) == {"self": 1}
-    assert s(self=1) == {"self": 1}  # actual: TypeError from _call_python's own signature
+    assert s(self=1) == {"self": 1}  # was: TypeError from _call_python's own signature
 
 
-def test_BUG_code_replaced_keyword_named_self():
+def test_regression_code_replaced_keyword_named_self():
     def f(**kw):
         return kw
 
@@ -455,7 +461,7 @@ def test_BUG_code_replaced_keyword_named_self():
     s = specialize(f)
     assert s(self=1) == {"self": 1}  # bound in C++: fine
     f.__code__ = g.__code__
-    assert s(self=1) == ("g", {"self": 1})  # actual: TypeError from _call_python's signature
+    assert s(self=1) == ("g", {"self": 1})  # was: TypeError from _call_python's signature
 
 
 def test_defaults_longer_than_parameters_all_filled_from_the_right():
@@ -524,22 +530,22 @@ class NeverEq(str):
     __hash__ = str.__hash__
 
 
-# BUG (minor, fails at the time of writing): CPython matches a keyword to a parameter by identity,
+# Regression (minor), fixed in 7c3326c: CPython matches a keyword to a parameter by identity,
 # then with PyObject_RichCompareBool(keyword, name) -- a str subclass's own __eq__ runs. The C++
 # binder compares str values (PyUnicode_Compare) instead, so for a keyword whose type overrides
 # __eq__ it binds the argument to another parameter than the interpreter does, and the guards
 # check values the function does not receive (a false hit with a compiler that specialises).
-def test_BUG_keyword_str_subclass_with_own_eq_binds_like_the_interpreter():
+def test_regression_keyword_str_subclass_with_own_eq_binds_like_the_interpreter():
     def f(a=0, b=0, **kw):
         return dict(locals())
 
     s, record = recording_specialize(f)
     kw = {AlwaysEq("zz"): 1}
     assert f(**kw) == {"a": 1, "b": 0, "kw": {}}  # the interpreter: AlwaysEq('zz') == 'a'
-    assert s(**kw) == f(**kw)  # actual: {'a': 0, 'b': 0, 'kw': {'zz': 1}}
+    assert s(**kw) == f(**kw)  # was: {'a': 0, 'b': 0, 'kw': {'zz': 1}}
 
 
-def test_BUG_keyword_str_subclass_never_equal_is_not_a_parameter():
+def test_regression_keyword_str_subclass_never_equal_is_not_a_parameter():
     def g(a=0, b=0):
         return dict(locals())
 
@@ -548,7 +554,27 @@ def test_BUG_keyword_str_subclass_never_equal_is_not_a_parameter():
     with pytest.raises(TypeError):
         g(**{NeverEq("a"): 1})  # the interpreter: unexpected keyword argument 'a'
     with pytest.raises(TypeError):
-        s(**{NeverEq("a"): 1})  # actual: returns {'a': 1, 'b': 0} (a hit on the a=1 entry)
+        s(**{NeverEq("a"): 1})  # was: returns {'a': 1, 'b': 0} (a hit on the a=1 entry)
+
+
+# The same on the Python-bound path (bind_call), after fn.__code__ was replaced.
+def test_code_replaced_keyword_str_subclass_with_own_eq_binds_like_the_interpreter():
+    def f(a=0, b=0, **kw):
+        return dict(locals())
+
+    def g(a=0, b=0, **kw):
+        return dict(locals())
+
+    s, record = recording_specialize(f)
+    f.__code__ = g.__code__
+    kw = {AlwaysEq("zz"): 1}
+    assert f(**kw) == {"a": 1, "b": 0, "kw": {}}
+    assert s(**kw) == f(**kw)
+    assert s(**kw) == f(**kw)
+    with pytest.raises(TypeError):
+        s(1, **kw)  # AlwaysEq('zz') is 'a', given twice
+    with pytest.raises(TypeError):
+        f(1, **kw)
 
 
 def test_str_subclass_keyword_reaches_kwargs_with_its_type():
@@ -647,18 +673,17 @@ def test_via_functools_partial():
         return dict(locals())
 
     s, record = recording_specialize(f)
-    model = Model()
     p = functools.partial(s, 1, k=5)
     pf = functools.partial(f, 1, k=5)
-    for i, (args, kwargs) in enumerate([((), {}), ((2,), {}), ((2, 3), {"z": 1}), ((), {"b": 2}), ((), {})] * 2):
+    calls = [((), {}), ((2,), {}), ((2, 3), {"z": 1}), ((), {"b": 2}), ((), {})]
+    for i, (args, kwargs) in enumerate(calls * 2):
         got = p(*args, **kwargs)
         assert typed_locals(got) == typed_locals(pf(*args, **kwargs)), i
     with pytest.raises(TypeError):
         p(2, b=3)
     with pytest.raises(TypeError):
         pf(2, b=3)
-    assert len(s.cache) == 3 and s.cache.stats["hits"] == 7
-    del model
+    assert len(s.cache) == len(record) == 3 and s.cache.stats["hits"] == 7
 
 
 def test_via_bound_method_descriptor():
