@@ -122,18 +122,13 @@ void register_cache(nb::module_& m) {
             nb::arg("fn"), nb::arg("name"))
         .def(
             "_insert",
-            [](CacheCore& c, nb::handle guards, nb::handle payload, nb::handle name, nb::handle globals) {
-                if (!globals.is_none() && !PyDict_Check(globals.ptr()))
-                    throw nb::type_error("Cache._insert: globals must be a dict or None");
+            [](CacheCore& c, nb::handle guards, nb::handle payload, nb::handle name) {
                 runtime::InsertResult r = runtime::InsertResult::Inserted;
-                PyObject* g = globals.is_none() ? nullptr : globals.ptr();
-                if (!c.get().insert(guards.ptr(), payload.ptr(), name.ptr(), r, g)) throw nb::python_error();
+                if (!c.get().insert(guards.ptr(), payload.ptr(), name.ptr(), r)) throw nb::python_error();
                 return static_cast<int>(r);
             },
             nb::arg("guards"), nb::arg("payload").none(), nb::arg("name").none(),
-            nb::arg("globals").none() = nb::none(),
-            "0 inserted, 1 recompile_limit hit, 2 accumulated_limit hit (nothing inserted). `globals`: "
-            "the dict the set's G[...] sources read (lets them serve as the dispatch index).")
+            "0 inserted, 1 recompile_limit hit, 2 accumulated_limit hit (nothing inserted).")
         .def(
             "lookup",
             [](CacheCore& c, nb::handle f_locals, nb::handle default_) {

@@ -19,10 +19,10 @@ namespace {
 
 struct FastDispatch {
     PyObject_HEAD vectorcallfunc vectorcall;
-    PyObject* cache;  // the tripwire.Cache (a CacheCore), or null before _fast_setup
-    PyObject* fn;     // the original function
-    PyObject* slow;   // slow(self, args: tuple, kwargs: dict | None)
-    PyObject* miss;   // miss(self, args: tuple, kwargs: dict | None, f_locals: dict)
+    PyObject* cache;              // the tripwire.Cache (a CacheCore), or null before _fast_setup
+    PyObject* fn;                 // the original function
+    PyObject* slow;               // slow(self, args: tuple, kwargs: dict | None)
+    PyObject* miss;               // miss(self, args: tuple, kwargs: dict | None, f_locals: dict)
     runtime::CallSignature* sig;  // owned; invalid when fn is not a Python function
     int off;                      // set by _fast_disable: every call takes the slow path
 };
@@ -66,8 +66,8 @@ PyObject* call_slow(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_
 }
 
 // miss(self, args, kwargs, f_locals) with the call's arguments as a tuple and a dict (or None).
-PyObject* call_miss(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_ssize_t n,
-                    PyObject* kwnames, const runtime::BoundCall& bound) {
+PyObject* call_miss(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_ssize_t n, PyObject* kwnames,
+                    const runtime::BoundCall& bound) {
     runtime::Ref f_locals = bound.frame().as_mapping();
     if (!f_locals) return nullptr;
     runtime::Ref tup, kwargs;

@@ -494,8 +494,7 @@ void Cache::record_hit(const EntryPtr& e, bool count) {
     ++stats_.hits;
 }
 
-bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result,
-                   PyObject* globals) {
+bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result) {
     std::shared_ptr<GuardSet> gs = resolver_(guards);
     if (!gs) {
         PyErr_SetString(PyExc_TypeError, "Cache.insert: guards must be a tripwire.GuardSet");
@@ -527,7 +526,7 @@ bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertRe
     e->payload = Ref::borrow(payload);
     e->name = Ref::borrow(name);
     e->snapshot = snapshot;
-    if (globals != nullptr && PyDict_Check(globals)) e->globals = Ref::borrow(globals);
+    if (PyObject* g = gs->globals(); g != nullptr && PyDict_Check(g)) e->globals = Ref::borrow(g);
     describe_entry(*e);
 
     const core::InsertPlan plan = policy_.plan_insert(e->group);

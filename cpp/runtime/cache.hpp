@@ -100,11 +100,10 @@ class Cache {
 
     /// Insert an entry (front of the MRU order). On a limit, applies the policy: Evict drops the
     /// least recently used entry of the group concerned and inserts; Raise and Fallback insert
-    /// nothing and report which limit was hit. `globals` (a dict or null) is the dict the set's
-    /// G[...] sources read; given, those sources may serve as the dispatch index. Returns false
-    /// with a Python error set if a probe raised or `guards` is not a GuardSet.
-    bool insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result,
-                PyObject* globals = nullptr);
+    /// nothing and report which limit was hit. The set's globals dict (GuardSet::globals) lets
+    /// its G[...] sources serve as the dispatch index. Returns false with a Python error set if a
+    /// probe raised or `guards` is not a GuardSet.
+    bool insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result);
 
     /// The first entry, most recently used first, whose probes snapshot and guards hold; null
     /// on a miss. Returns false with a Python error set when a probe or a guard raised an error

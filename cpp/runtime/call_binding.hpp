@@ -37,11 +37,11 @@ class CallSignature {
     friend class BoundCall;
     Ref code_, names_;
     Py_ssize_t n_names_ = 0;
-    Py_ssize_t argcount_ = 0;    // positional parameters (positional-only included)
-    Py_ssize_t posonly_ = 0;     // positional-only among them
-    Py_ssize_t kwonly_ = 0;      // keyword-only parameters
-    Py_ssize_t varargs_ = -1;    // index of the *args name in names_, or -1
-    Py_ssize_t varkw_ = -1;      // index of the **kwargs name, or -1
+    Py_ssize_t argcount_ = 0;  // positional parameters (positional-only included)
+    Py_ssize_t posonly_ = 0;   // positional-only among them
+    Py_ssize_t kwonly_ = 0;    // keyword-only parameters
+    Py_ssize_t varargs_ = -1;  // index of the *args name in names_, or -1
+    Py_ssize_t varkw_ = -1;    // index of the **kwargs name, or -1
 };
 
 /// One call bound to a CallSignature. Owns the *args tuple, the **kwargs dict and a reference to

@@ -146,6 +146,13 @@ inline int dict_keys_identical(PyObject* d, PyObject* keys) {
     }
     return j == n ? 1 : -1;
 }
+/// Whether dict `d` (any dict, incl. subclasses) holds only exact str keys (CPython's unicode and
+/// split key tables), so that looking up an exact str key compares strings only and runs no user
+/// code. False when that cannot be known (hints off).
+inline bool dict_has_only_str_keys(PyObject* d) {
+    if (!g_dict_hints_enabled) return false;
+    return reinterpret_cast<layout311::Dict*>(d)->ma_keys->dk_kind != 0;
+}
 /// Whether instance_attr_hinted reads the object's whole own storage (so "not found" there
 /// means "not an instance attribute").
 inline bool instance_hints_complete() { return g_dict_hints_enabled; }
@@ -154,6 +161,7 @@ inline PyObject* dict_get_hinted(PyObject*, PyObject*, Py_ssize_t*) { return nul
 inline PyObject* instance_attr_hinted(PyObject*, PyObject*, Py_ssize_t*) { return nullptr; }
 inline bool instance_hints_complete() { return false; }
 inline int dict_keys_identical(PyObject*, PyObject*) { return -1; }
+inline bool dict_has_only_str_keys(PyObject*) { return false; }
 #endif
 
 }  // namespace tripwire::runtime

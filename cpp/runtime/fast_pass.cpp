@@ -44,6 +44,12 @@ bool exact_builtin_length(PyObject* v, Py_ssize_t& n) {
         return true;
     }
     if (t == &PyUnicode_Type) {
+#if PY_VERSION_HEX < 0x030C0000
+        if (PyUnicode_READY(v) < 0) {  // legacy (deprecated) strings only; never user code
+            PyErr_Clear();
+            return false;
+        }
+#endif
         n = PyUnicode_GET_LENGTH(v);
         return true;
     }
@@ -113,6 +119,15 @@ void GuardSet::build_fast_pass() {
                 case core::GuardKind::False: g.code = FastOp::Code::IsFalse; break;
                 case core::GuardKind::EqualsMatch: g.code = FastOp::Code::Equals; break;
                 case core::GuardKind::DictKeys: g.code = FastOp::Code::DictKeys; break;
+                case core::GuardKind::DictContains:
+                    // Only str keys have a form without user code (see the op).
+                    if (!PyUnicode_CheckExact(guards_[gi].a)) {
+                        fast_enabled_ = false;
+                        fast_ops_.clear();
+                        return;
+                    }
+                    g.code = FastOp::Code::DictContains;
+                    break;
                 case core::GuardKind::Length: g.code = FastOp::Code::LengthExact; break;
                 case core::GuardKind::DictVersion: g.code = FastOp::Code::DictVersion; break;
                 case core::GuardKind::WeakrefAlive: g.code = FastOp::Code::WeakrefAlive; break;
@@ -270,6 +285,18 @@ int GuardSet::fast_pass(const Frame& frame) {
                 PyObject* keys = guards_[op.guard].b;
                 if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) return 0;
                 if (dict_keys_identical(v, keys) != 1) return 0;  // may need key __eq__: the walk decides
+                break;
+            }
+            case FastOp::Code::DictContains: {
+                // An exact str key in a table of exact str keys: string comparisons only.
+                PyObject* v = r[op.node];
+                if (!PyDict_Check(v) || !dict_has_only_str_keys(v)) return 0;
+                const int m = PyDict_Contains(v, op.a);
+                if (m < 0) {
+                    PyErr_Clear();
+                    return 0;
+                }
+                if ((m == 1) != guards_[op.guard].flag) return 0;
                 break;
             }
             case FastOp::Code::LengthExact: {

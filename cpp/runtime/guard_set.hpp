@@ -87,6 +87,8 @@ class GuardSet {
     const std::string& invalid_reason() const { return state_->why; }
 
     const core::Program& program() const { return program_; }
+    /// The globals dict G[...] sources read (borrowed), or null.
+    PyObject* globals() const { return globals_.get(); }
     /// Whether check() tries the straight-line fast pass first (every guard and step of the set
     /// has a form decided without user code).
     bool uses_fast_pass() const { return fast_enabled_; }
@@ -120,10 +122,25 @@ class GuardSet {
     /// One instruction of the straight-line fast pass (fast_pass.cpp).
     struct FastOp {
         enum class Code : std::uint8_t {
-            LoadLocal, LoadGlobal, LoadClosure,                // regs[node] = root value
-            FetchAttr, FetchItem, FetchDictItem, FetchPure,    // regs[node] = step(regs[parent])
-            TypeIs, IdIs, IsNone, IsNotNone, IsTrue, IsFalse,  // guards on regs[node]
-            Equals, DictKeys, LengthExact, DictVersion, WeakrefAlive,
+            LoadLocal,
+            LoadGlobal,
+            LoadClosure,  // regs[node] = root value
+            FetchAttr,
+            FetchItem,
+            FetchDictItem,
+            FetchPure,  // regs[node] = step(regs[parent])
+            TypeIs,
+            IdIs,
+            IsNone,
+            IsNotNone,
+            IsTrue,
+            IsFalse,  // guards on regs[node]
+            Equals,
+            DictKeys,
+            DictContains,
+            LengthExact,
+            DictVersion,
+            WeakrefAlive,
         };
         Code code = Code::LoadLocal;
         std::uint32_t node = 0;
@@ -158,7 +175,7 @@ class GuardSet {
     bool ambient_reads_locals_ = false;  // an ambient guard (a LAMBDA) takes f_locals itself
     std::vector<FastOp> fast_ops_;
     bool fast_enabled_ = false;
-    std::uint64_t order_changes_ = 0;   // bumped whenever the tree walk reorders anything
+    std::uint64_t order_changes_ = 0;                  // bumped whenever the tree walk reorders anything
     std::uint64_t fast_built_at_ = ~std::uint64_t{0};  // order_changes_ when fast_ops_ was built
     Ref globals_, closure_, eval_error_type_;
     bool strict_ = false;

@@ -80,8 +80,7 @@ class Cache(_core.CacheCore):
         limit was hit under ``on_limit="fallback"``. Under ``"raise"`` a limit raises
         RecompileLimitExceeded; its ``reasons`` are why the existing entries failed on
         ``f_locals`` when given (the locals that caused this compile)."""
-        # The dict G[...] sources read, so that a global can serve as the dispatch index.
-        code = self._insert(guards, payload, name, getattr(guards, "_f_globals", None))
+        code = self._insert(guards, payload, name)
         if code == 0:
             return True
         if self.on_limit == "raise":

@@ -134,9 +134,6 @@ class GuardSet(_core.GuardSetCore):
         self._specs: tuple[GuardSpec, ...] = tuple(s.weakened() for s in sorted(specs, key=lambda s: s.index))
         self._by_id = {s.index: s for s in self._specs}
         self.strict = strict
-        # The dict G[...] sources read (also held by the C++ set): Cache.insert passes it on so
-        # that a global can serve as its dispatch index.
-        self._f_globals = f_globals
 
     # -- introspection ------------------------------------------------------------------------------
     @property
