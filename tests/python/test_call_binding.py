@@ -668,6 +668,25 @@ def test_parameters_captured_by_closures_generators_and_lambdas():
     assert sg.cache.stats["hits"] == 1
 
 
+def test_non_ascii_parameter_names():
+    ns = {}
+    exec("def f(\u00e9, /, \u00fc=1, *\u00df, \u540d\u524d=2, **\u03c9):\n    return dict(locals())\n", ns)
+    f = ns["f"]
+    s, record = recording_specialize(f)
+    model = Model()
+    calls = [
+        ((1,), {}),
+        ((1,), {"\u00fc": 1}),
+        ((1, 1), {"\u540d\u524d": 2}),
+        ((1,), {"\u00e9": 3}),  # positional-only name: into **
+        ((1,), {"\u540d\u524d": 3}),
+        ((1,), {"\ufb01": 1}),  # the ligature, not NFKC-normalised at run time: into **
+    ]
+    for i, (args, kwargs) in enumerate(calls * 2):
+        run_call(s, f, model, record, args, list(kwargs.items()), i)
+    assert len(s.cache) == 4 and s.cache.stats["hits"] == 8
+
+
 def test_via_functools_partial():
     def f(a, b=1, *args, k=2, **kw):
         return dict(locals())
