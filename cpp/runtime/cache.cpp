@@ -192,6 +192,7 @@ void Cache::purge_invalid(std::vector<EntryPtr>& graveyard) {
 
 void Cache::touch(const EntryPtr& e) {
     if (!e->in_cache) return;  // removed by another thread while it was being checked
+    if (front_.get() == e.get()) return;  // already the most recently used: nothing changes
     e->stamp = policy_.touch(e->id);
     front_ = e;
 }
@@ -448,8 +449,10 @@ int Cache::try_entry(const EntryPtr& c, const Frame& frame, PyObject* current, S
 
 bool Cache::lookup(const Frame& frame, EntryPtr& out, bool count) {
     out.reset();
-    std::vector<EntryPtr> graveyard;  // released last, after the structures are consistent
-    purge_invalid(graveyard);
+    if (invalidation_epoch() != seen_epoch_) {
+        std::vector<EntryPtr> graveyard;  // released at the end of this block, once consistent
+        purge_invalid(graveyard);
+    }
     if (index_dirty_) rebuild_index();
     Ref current;
     if (!probes_.empty()) {

@@ -63,6 +63,13 @@ int BoundCall::bind(const CallSignature& sig, PyObject* fn, PyObject* const* arg
     if (!sig.valid() || !PyFunction_Check(fn) || PyFunction_GET_CODE(fn) != sig.code()) return 0;
     sig_ = &sig;
     const Py_ssize_t n = sig.n_names_;
+    const Py_ssize_t argcount = sig.argcount_;
+    if (kwnames == nullptr && nargs == argcount && n == argcount) {
+        // The common call: one positional argument per parameter and nothing else. The caller's
+        // argument vector is the frame (it outlives the call).
+        values_ = args;
+        return 1;
+    }
     if (n > kInline) {
         heap_.assign(static_cast<std::size_t>(n), nullptr);
         slots_ = heap_.data();
@@ -70,7 +77,7 @@ int BoundCall::bind(const CallSignature& sig, PyObject* fn, PyObject* const* arg
         std::fill(inline_, inline_ + n, nullptr);
         slots_ = inline_;
     }
-    const Py_ssize_t argcount = sig.argcount_;
+    values_ = slots_;
     const Py_ssize_t npos = std::min(nargs, argcount);
     for (Py_ssize_t i = 0; i < npos; ++i) slots_[i] = args[i];
     if (nargs > argcount) {
@@ -141,7 +148,7 @@ int BoundCall::bind(const CallSignature& sig, PyObject* fn, PyObject* const* arg
 
 Frame BoundCall::frame() const {
     Frame f;
-    f.values = slots_;
+    f.values = values_;
     f.names = sig_->names();
     f.count = sig_->size();
     return f;

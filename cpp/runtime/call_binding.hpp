@@ -65,7 +65,8 @@ class BoundCall {
     static constexpr Py_ssize_t kInline = 8;
     PyObject* inline_[kInline];  // the first size() entries are set by bind()
     std::vector<PyObject*> heap_;
-    PyObject** slots_ = inline_;
+    PyObject** slots_ = inline_;        // where bind() writes the values it gathers
+    PyObject* const* values_ = inline_;  // the bound values: slots_, or the caller's arguments
     const CallSignature* sig_ = nullptr;
     Ref defaults_, kwdefaults_, varargs_, varkw_;
 };
