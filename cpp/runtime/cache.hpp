@@ -114,6 +114,11 @@ class Cache {
     bool lookup(PyObject* f_locals, EntryPtr& out, bool count = true) {
         return lookup(Frame::of_mapping(f_locals), out, count);
     }
+    /// The shortcut of a repeated hit: when nothing died since the last operation and there is
+    /// no index and no probe, the most recently used entry is what lookup() would try first; if
+    /// its guard set's fast pass (no user code) holds, that is a hit: `payload` is set and the
+    /// hit counted, and 1 returned. 0 otherwise (nothing counted): call lookup().
+    int lookup_most_recent(const Frame& frame, Ref& payload);
 
     /// Current probe values as a tuple (new reference), or null with an error set.
     Ref probe_values();

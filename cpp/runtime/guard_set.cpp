@@ -375,6 +375,15 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
     return 1;
 }
 
+int GuardSet::check_without_user_code(const Frame& frame) {
+    if (state_->invalid || !fast_enabled_) return 0;
+    if (fast_built_at_ != order_changes_) build_fast_pass();
+    if (!fast_enabled_ || fast_pass(frame) != 1) return 0;
+    ++stats_.checks;
+    ++stats_.passes;
+    return 1;
+}
+
 int GuardSet::check(const Frame& frame) {
     if (state_->invalid) return 0;
     ++stats_.checks;

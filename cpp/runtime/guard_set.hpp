@@ -77,6 +77,10 @@ class GuardSet {
     /// BaseException that is not an Exception, such as KeyboardInterrupt, which is never hidden).
     int check(const Frame& frame);
     int check(PyObject* f_locals) { return check(Frame::of_mapping(f_locals)); }
+    /// 1 when the straight-line fast pass alone shows every guard holds (counted as a passing
+    /// check); 0 when it cannot tell, and then check() must decide. Runs no user code, so a
+    /// caller may hold borrowed pointers across it.
+    int check_without_user_code(const Frame& frame);
 
     /// Every failing guard (full walk, installation order). Returns false with a Python error
     /// set only for errors that check() would also propagate.

@@ -630,3 +630,32 @@ def test_fast_path_reentrant_payload_and_methods():
     assert m.scale(2) == 6
     assert m.scale(2) == 6
     assert M.scale(m, 4) == 12
+
+
+def test_hit_counted_once_on_every_lookup_path():
+    """A hit is counted exactly once whether it takes the most-recent-entry shortcut (fast pass),
+    the full lookup (several entries: dispatch index), or a guard set the fast pass cannot take
+    (a predicate: the tree walk)."""
+
+    def with_predicate(fn, example_args, builder):
+        builder.predicate(lambda v: v >= 0, source="L['x']")
+        return fn
+
+    for compiler, xs in [(None, [1]), (None, [1, 2, 3]), (with_predicate, [1]), (with_predicate, [1, 2])]:
+
+        def f(x):
+            return x * 2
+
+        s = specialize(f) if compiler is None else specialize(f, compiler=compiler)
+        for x in xs:
+            assert s(x) == 2 * x  # compile
+        entry_sets = [e.guards for e in s.cache]
+        assert all(g._uses_fast_pass == (compiler is None) for g in entry_sets)
+        before = s.cache.stats["hits"]
+        checks_before = sum(g.pass_count for g in entry_sets)
+        for _ in range(5):
+            for x in xs:
+                assert s(x) == 2 * x
+        assert s.cache.stats["hits"] == before + 5 * len(xs)
+        assert s.cache.stats["misses"] == len(xs)  # one per compile, never re-counted
+        assert sum(g.pass_count for g in entry_sets) == checks_before + 5 * len(xs)
