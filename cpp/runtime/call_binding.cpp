@@ -127,23 +127,33 @@ int BoundCall::bind(const CallSignature& sig, PyObject* fn, PyObject* const* arg
         if (!defaults_) defaults_ = Ref::borrow(defaults);
         slots_[i] = PyTuple_GET_ITEM(defaults, d);
     }
-    // Keyword-only defaults live in a mutable dict: keep our own copy of it so that a guard
-    // mutating fn.__kwdefaults__ cannot free a value we hand out.
+    // Keyword-only defaults live in a mutable dict: hold a reference to each value used so that
+    // a guard mutating fn.__kwdefaults__ cannot free a value we hand out.
     for (Py_ssize_t i = argcount; i < kw_end; ++i) {
         if (slots_[i] != nullptr) continue;
         PyObject* kwd = PyFunction_GET_KW_DEFAULTS(fn);
         if (kwd == nullptr || !PyDict_Check(kwd)) return 0;
-        if (!kwdefaults_) {
-            kwdefaults_ = Ref::steal(PyDict_Copy(kwd));
-            if (!kwdefaults_) return -1;
-        }
-        PyObject* v = PyDict_GetItemWithError(kwdefaults_.get(), PyTuple_GET_ITEM(sig.names(), i));
+        PyObject* v = PyDict_GetItemWithError(kwd, PyTuple_GET_ITEM(sig.names(), i));
         if (v == nullptr) return PyErr_Occurred() ? -1 : 0;
+        hold(v);
         slots_[i] = v;
     }
     if (sig.varargs_ >= 0) slots_[sig.varargs_] = varargs_.get();
     if (sig.varkw_ >= 0) slots_[sig.varkw_] = varkw_.get();
     return 1;
+}
+
+BoundCall::~BoundCall() {
+    for (Py_ssize_t i = 0; i < n_held_; ++i) Py_DECREF(held_[i]);
+}
+
+void BoundCall::hold(PyObject* v) {
+    if (n_held_ < kInline) {
+        Py_INCREF(v);
+        held_[n_held_++] = v;
+    } else {
+        held_more_.push_back(Ref::borrow(v));
+    }
 }
 
 Frame BoundCall::frame() const {

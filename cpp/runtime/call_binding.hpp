@@ -50,6 +50,7 @@ class CallSignature {
 class BoundCall {
   public:
     BoundCall() = default;
+    ~BoundCall();
     BoundCall(const BoundCall&) = delete;
     BoundCall& operator=(const BoundCall&) = delete;
 
@@ -65,10 +66,15 @@ class BoundCall {
     static constexpr Py_ssize_t kInline = 8;
     PyObject* inline_[kInline];  // the first size() entries are set by bind()
     std::vector<PyObject*> heap_;
-    PyObject** slots_ = inline_;        // where bind() writes the values it gathers
+    PyObject** slots_ = inline_;         // where bind() writes the values it gathers
     PyObject* const* values_ = inline_;  // the bound values: slots_, or the caller's arguments
     const CallSignature* sig_ = nullptr;
-    Ref defaults_, kwdefaults_, varargs_, varkw_;
+    /// Keep `v` alive until this BoundCall is destroyed.
+    void hold(PyObject* v);
+    PyObject* held_[kInline];  // the first n_held_ are owned references
+    Py_ssize_t n_held_ = 0;
+    std::vector<Ref> held_more_;
+    Ref defaults_, varargs_, varkw_;
 };
 
 }  // namespace tripwire::runtime
