@@ -190,6 +190,9 @@ void register_guard_set(nb::module_& m) {
             .def_prop_ro(
                 "_uses_fast_pass", [](GuardSetCore& s) { return s.get().uses_fast_pass(); },
                 "Whether check() tries the straight-line fast pass first.")
+            .def_prop_ro(
+                "_fast_pass_count", [](GuardSetCore& s) { return s.get().stats().fast_passes; },
+                "How many passing checks the straight-line fast pass decided alone.")
             .def_prop_ro("check_count", [](GuardSetCore& s) { return s.get().stats().checks; })
             .def_prop_ro("pass_count", [](GuardSetCore& s) { return s.get().stats().passes; })
             .def("__len__", [](GuardSetCore& s) { return s.get().size(); });

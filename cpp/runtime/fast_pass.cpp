@@ -60,6 +60,17 @@ bool exact_builtin_length(PyObject* v, Py_ssize_t& n) {
     return false;
 }
 
+// dict[key] without user code: the hinted entry (keys compared by identity), or else a real
+// lookup when both the key and every key of the table are exact str (string comparisons only).
+// Null when absent or when it cannot be decided that way.
+inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
+    if (PyObject* v = dict_get_hinted(d, key, hint)) return v;
+    if (!PyUnicode_CheckExact(key) || !dict_has_only_str_keys(d)) return nullptr;
+    PyObject* v = PyDict_GetItemWithError(d, key);
+    if (v == nullptr) PyErr_Clear();  // cannot raise for str keys; be safe
+    return v;
+}
+
 }  // namespace
 
 void set_fast_pass_enabled(bool on) { g_fast_pass_enabled = on; }
@@ -168,7 +179,7 @@ int GuardSet::fast_pass(const Frame& frame) {
                     v = frame.argument(n.root_name, &n.slot);
                 } else {
                     if (!PyDict_Check(frame.locals)) return 0;
-                    v = dict_get_hinted(frame.locals, n.root_name, &n.hint);
+                    v = pure_dict_get(frame.locals, n.root_name, &n.hint);
                 }
                 if (v == nullptr) return 0;
                 r[op.node] = v;
@@ -177,7 +188,7 @@ int GuardSet::fast_pass(const Frame& frame) {
             case FastOp::Code::LoadGlobal: {
                 NodeRt& n = nodes_[op.node];
                 if (!globals_) return 0;
-                PyObject* v = dict_get_hinted(globals_.get(), n.root_name, &n.hint);
+                PyObject* v = pure_dict_get(globals_.get(), n.root_name, &n.hint);
                 if (v == nullptr) return 0;
                 r[op.node] = v;
                 break;
@@ -200,7 +211,7 @@ int GuardSet::fast_pass(const Frame& frame) {
                 if (ic.mode == AttrCache::Mode::InstanceDict) {
                     v = instance_attr_hinted(p, n.step.operand, &ic.hint);
                 } else if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p)) {
-                    v = dict_get_hinted(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                    v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
                 }
                 if (v == nullptr) return 0;
                 r[op.node] = v;
@@ -213,7 +224,7 @@ int GuardSet::fast_pass(const Frame& frame) {
                 PyObject* v = nullptr;
                 if (PyDict_CheckExact(p)) {
                     // The hint matches keys by identity: no __eq__ of any key runs.
-                    v = dict_get_hinted(p, key, &n.step.cache.hint);
+                    v = pure_dict_get(p, key, &n.step.cache.hint);
                 } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && PyLong_CheckExact(key)) {
                     Py_ssize_t i = PyLong_AsSsize_t(key);
                     if (i == -1 && PyErr_Occurred()) {
@@ -233,7 +244,7 @@ int GuardSet::fast_pass(const Frame& frame) {
                 NodeRt& n = nodes_[op.node];
                 PyObject* p = r[op.parent];
                 if (!PyDict_Check(p)) return 0;
-                PyObject* v = dict_get_hinted(p, n.step.operand, &n.step.cache.hint);
+                PyObject* v = pure_dict_get(p, n.step.operand, &n.step.cache.hint);
                 if (v == nullptr) return 0;
                 r[op.node] = v;
                 break;

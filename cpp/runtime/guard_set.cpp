@@ -381,6 +381,7 @@ int GuardSet::check_without_user_code(const Frame& frame) {
     if (!fast_enabled_ || fast_pass(frame) != 1) return 0;
     ++stats_.checks;
     ++stats_.passes;
+    ++stats_.fast_passes;
     return 1;
 }
 
@@ -392,6 +393,7 @@ int GuardSet::check(const Frame& frame) {
         if (fast_built_at_ != order_changes_) build_fast_pass();
         if (fast_enabled_ && fast_pass(frame) == 1) {
             ++stats_.passes;
+            ++stats_.fast_passes;
             return 1;
         }
     }

@@ -52,6 +52,7 @@ struct GuardSetInputs {
 struct GuardSetStats {
     std::uint64_t checks = 0;
     std::uint64_t passes = 0;
+    std::uint64_t fast_passes = 0;  ///< passes decided by the straight-line fast pass alone
 };
 
 /// Incremented each time any GuardSet becomes invalid (an identity-held object died). Holders of

@@ -202,3 +202,33 @@ def test_fast_pass_with_bound_arguments_frame() -> None:
     assert entry.guards.pass_count == passes + 2
     cfg["a"] = 2
     assert f(1, cfg) == 1 and len(f.cache) == 2
+
+
+def test_fast_pass_reads_str_keyed_dicts_by_value_and_leaves_mixed_keys_to_the_walk() -> None:
+    """A key stored as an equal but different str object (built at run time): the fast pass finds
+    it with string comparisons only. A dict that also holds a non-str key may compare with user
+    __eq__: the fast pass leaves it to the walk, which still passes."""
+    calls = []
+
+    class Key:
+        def __hash__(self) -> int:
+            return hash("layer0")  # collides with the str key on purpose
+
+        def __eq__(self, other: object) -> bool:
+            calls.append(other)
+            return False
+
+    name = "".join(["layer", "0"])  # not the interned 'layer0' of the source text
+    mods = {name: 1}
+    b = tw.GuardBuilder({"m": mods})
+    b.equals("L['m']['layer0']", 1)
+    gs = b.build()
+    assert gs._uses_fast_pass
+    before = gs._fast_pass_count
+    assert gs.check({"m": mods}) and gs.check({"m": mods})
+    assert gs._fast_pass_count == before + 2
+    mixed = {name: 1, Key(): 2}
+    before = gs._fast_pass_count
+    assert gs.check({"m": mixed})
+    assert gs._fast_pass_count == before  # decided by the walk
+    assert not gs.check({"m": {name: 2}})
