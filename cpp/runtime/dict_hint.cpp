@@ -37,10 +37,12 @@ void verify_dict_hints() {
     bool ok = r != nullptr;
     Py_XDECREF(r);
     g_dict_hints_enabled = true;  // provisionally, for the probes below
-    auto probe = [&](const char* var, const char* key, bool attr) {
+    // `interned`: the key object is the interned one (found by identity) or a fresh equal str
+    // (found by value). `hinted`: whether the hint path must find it (general tables never are).
+    auto probe = [&](const char* var, const char* key, bool attr, bool interned = true, bool hinted = true) {
         if (!ok) return;
         PyObject* obj = PyDict_GetItemString(ns, var);
-        PyObject* k = PyUnicode_InternFromString(key);
+        PyObject* k = interned ? PyUnicode_InternFromString(key) : PyUnicode_FromString(key);
         if (obj == nullptr || k == nullptr) {
             ok = false;
             Py_XDECREF(k);
@@ -51,13 +53,19 @@ void verify_dict_hints() {
         Py_ssize_t hint = kHintUnknown;
         PyObject* got = attr ? instance_attr_hinted(obj, k, &hint) : dict_get_hinted(obj, k, &hint);
         PyObject* again = attr ? instance_attr_hinted(obj, k, &hint) : dict_get_hinted(obj, k, &hint);
-        ok = expected != nullptr && got == expected && again == expected && hint >= 0;
+        if (hinted) {
+            ok = expected != nullptr && got == expected && again == expected && hint >= 0;
+        } else {
+            ok = expected != nullptr && got == nullptr && again == nullptr;
+        }
         Py_DECREF(k);
     };
     probe("inline", "beta", true);
     probe("materialised", "gamma", true);
     probe("combined", "k7", false);
-    probe("general", "key", false);
+    probe("general", "key", false, true, false);
+    probe("combined", "k3", false, false);
+    probe("inline", "gamma", true, false);
     probe("split", "alpha", false);
     g_dict_hints_enabled = ok;
     PyErr_Clear();

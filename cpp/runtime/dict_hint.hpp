@@ -6,8 +6,13 @@
 // read its value, with no hashing or probing. Any doubt returns null and the caller takes the
 // ordinary, always-correct path. Nothing here sets a Python error or runs user code.
 //
-// Soundness: 3.11 clears the key of a deleted entry, and a dict never holds two equal keys, so an
-// entry (below dk_nentries) whose key *is* our key is the dict's one entry for it.
+// Soundness: hints apply only to tables of exact str keys (CPython's unicode and split kinds),
+// where a lookup compares strings and nothing else. 3.11 clears the key of a deleted entry, and
+// such a table never holds two equal keys, so an entry (below dk_nentries) whose key is our key,
+// or an exact str equal to it, is the dict's one entry for it. A general table is never hinted: a
+// user key there may decide equality with its own __eq__, which may even change its answer over
+// time (two "equal" keys can then coexist, and only CPython's probe order says which one a lookup
+// finds).
 //
 // The key-table layout is private to CPython (Include/internal/pycore_dict.h, which does not
 // compile outside the interpreter). We mirror the few fields we read for 3.11 only and verify the
@@ -16,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "py.hpp"
 
@@ -75,9 +81,25 @@ inline PyObject* entry_value(Keys* dk, Py_ssize_t ix) {
 /// Largest table scanned to learn a hint.
 inline constexpr Py_ssize_t kScanLimit = 256;
 
+/// Whether stored key `k` (an exact str, or null for a deleted entry) is the exact str `key`:
+/// the same object, or equal characters (hash, length, kind, bytes). Runs no user code.
+inline bool same_str(PyObject* k, PyObject* key) {
+    if (k == key) return true;
+    if (k == nullptr || !PyUnicode_CheckExact(key)) return false;
+    if (!PyUnicode_IS_READY(k) || !PyUnicode_IS_READY(key)) return false;  // legacy strings: no hint
+    const Py_hash_t hk = reinterpret_cast<PyASCIIObject*>(k)->hash;
+    const Py_hash_t hq = reinterpret_cast<PyASCIIObject*>(key)->hash;
+    if (hk != -1 && hq != -1 && hk != hq) return false;
+    const Py_ssize_t len = PyUnicode_GET_LENGTH(k);
+    if (len != PyUnicode_GET_LENGTH(key) || PyUnicode_KIND(k) != PyUnicode_KIND(key)) return false;
+    return std::memcmp(PyUnicode_DATA(k), PyUnicode_DATA(key),
+                       static_cast<std::size_t>(len) * PyUnicode_KIND(k)) == 0;
+}
+
 inline PyObject* lookup(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hint) {
+    if (dk->dk_kind == 0) return nullptr;  // a general table: see "Soundness" above
     Py_ssize_t ix = *hint;
-    if (ix >= 0 && ix < dk->dk_nentries && entry_key(dk, ix) == key) {
+    if (ix >= 0 && ix < dk->dk_nentries && same_str(entry_key(dk, ix), key)) {
         return values != nullptr ? values[ix] : entry_value(dk, ix);
     }
     if (ix == kHintAbsent) return nullptr;
@@ -89,6 +111,9 @@ inline PyObject* lookup(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* 
                 ix = i;
                 break;
             }
+        }
+        for (Py_ssize_t i = 0; ix == kHintAbsent && i < n; ++i) {
+            if (same_str(entry_key(dk, i), key)) ix = i;
         }
     }
     *hint = ix;

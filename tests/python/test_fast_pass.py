@@ -232,3 +232,35 @@ def test_fast_pass_reads_str_keyed_dicts_by_value_and_leaves_mixed_keys_to_the_w
     assert gs.check({"m": mixed})
     assert gs._fast_pass_count == before  # decided by the walk
     assert not gs.check({"m": {name: 2}})
+
+
+def test_lying_key_in_a_general_table_no_false_pass() -> None:
+    """A user key whose __eq__ changes its answer lets a dict hold it and an "equal" str key at
+    once; CPython's d['k'] then returns whichever comes first in the probe sequence. Entry hints
+    are never used on such (general) tables, so the guard sees what d['k'] sees."""
+
+    class Liar:
+        equal = False
+
+        def __hash__(self) -> int:
+            return hash("k")
+
+        def __eq__(self, other: object) -> bool:
+            return Liar.equal
+
+    d: dict[Any, str] = {}
+    d[Liar()] = "A"
+    d["k"] = "B"  # Liar says "not equal" now: a second key
+    assert d["k"] == "B"
+    b = tw.GuardBuilder({"d": d})
+    b.equals("L['d']['k']", "B")
+    gs = b.build()
+    for _ in range(3):
+        assert gs.check({"d": d})
+    Liar.equal = True
+    try:
+        assert d["k"] == "A"  # the probe sequence meets the Liar first
+        assert not gs.check({"d": d})
+        assert gs.why_not({"d": d}) is not None
+    finally:
+        Liar.equal = False
