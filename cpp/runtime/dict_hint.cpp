@@ -1,6 +1,8 @@
 // tripwire/cpp/runtime/dict_hint.cpp -- start-up verification of the 3.11 dict layout mirror.
 #include "dict_hint.hpp"
 
+#include <cstring>
+
 namespace tripwire::runtime {
 
 bool g_dict_hints_enabled = false;
@@ -72,5 +74,43 @@ void verify_dict_hints() {
     Py_DECREF(ns);
 #endif
 }
+
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+namespace layout311 {
+
+bool equal_str(PyObject* k, PyObject* key) {
+    if (k == nullptr || k == key || !PyUnicode_CheckExact(key)) return false;
+    if (!PyUnicode_IS_READY(k) || !PyUnicode_IS_READY(key)) return false;  // legacy strings: no hint
+    const Py_hash_t hk = reinterpret_cast<PyASCIIObject*>(k)->hash;
+    const Py_hash_t hq = reinterpret_cast<PyASCIIObject*>(key)->hash;
+    if (hk != -1 && hq != -1 && hk != hq) return false;
+    const Py_ssize_t len = PyUnicode_GET_LENGTH(k);
+    if (len != PyUnicode_GET_LENGTH(key) || PyUnicode_KIND(k) != PyUnicode_KIND(key)) return false;
+    return std::memcmp(PyUnicode_DATA(k), PyUnicode_DATA(key),
+                       static_cast<std::size_t>(len) * PyUnicode_KIND(k)) == 0;
+}
+
+PyObject* lookup_slow(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hint) {
+    if (dk->dk_kind == 0) return nullptr;  // a general table: never hinted
+    auto* ents = reinterpret_cast<UnicodeEntry*>(entries(dk));
+    const Py_ssize_t n = dk->dk_nentries;
+    Py_ssize_t ix = *hint;
+    if (ix >= 0 && ix < n && equal_str(ents[ix].me_key, key))
+        return values != nullptr ? values[ix] : ents[ix].me_value;
+    if (ix == kHintAbsent) return nullptr;
+    ix = kHintAbsent;
+    if (n <= kScanLimit) {
+        for (Py_ssize_t i = 0; i < n && ix == kHintAbsent; ++i)
+            if (ents[i].me_key == key) ix = i;
+        for (Py_ssize_t i = 0; i < n && ix == kHintAbsent; ++i)
+            if (equal_str(ents[i].me_key, key)) ix = i;
+    }
+    *hint = ix;
+    if (ix < 0) return nullptr;
+    return values != nullptr ? values[ix] : ents[ix].me_value;
+}
+
+}  // namespace layout311
+#endif
 
 }  // namespace tripwire::runtime

@@ -21,7 +21,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "py.hpp"
 
@@ -81,44 +80,25 @@ inline PyObject* entry_value(Keys* dk, Py_ssize_t ix) {
 /// Largest table scanned to learn a hint.
 inline constexpr Py_ssize_t kScanLimit = 256;
 
-/// Whether stored key `k` (an exact str, or null for a deleted entry) is the exact str `key`:
-/// the same object, or equal characters (hash, length, kind, bytes). Runs no user code.
-inline bool same_str(PyObject* k, PyObject* key) {
-    if (k == key) return true;
-    if (k == nullptr || !PyUnicode_CheckExact(key)) return false;
-    if (!PyUnicode_IS_READY(k) || !PyUnicode_IS_READY(key)) return false;  // legacy strings: no hint
-    const Py_hash_t hk = reinterpret_cast<PyASCIIObject*>(k)->hash;
-    const Py_hash_t hq = reinterpret_cast<PyASCIIObject*>(key)->hash;
-    if (hk != -1 && hq != -1 && hk != hq) return false;
-    const Py_ssize_t len = PyUnicode_GET_LENGTH(k);
-    if (len != PyUnicode_GET_LENGTH(key) || PyUnicode_KIND(k) != PyUnicode_KIND(key)) return false;
-    return std::memcmp(PyUnicode_DATA(k), PyUnicode_DATA(key),
-                       static_cast<std::size_t>(len) * PyUnicode_KIND(k)) == 0;
-}
+/// Whether stored key `k` (an exact str, or null for a deleted entry) equals the exact str `key`
+/// character for character (hash, length, kind, bytes), `k` not being `key` itself. Runs no user
+/// code. Out of line: the hot path is the identity match.
+bool equal_str(PyObject* k, PyObject* key);
 
-inline PyObject* lookup(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hint) {
-    if (dk->dk_kind == 0) return nullptr;  // a general table: see "Soundness" above
-    Py_ssize_t ix = *hint;
-    if (ix >= 0 && ix < dk->dk_nentries && same_str(entry_key(dk, ix), key)) {
-        return values != nullptr ? values[ix] : entry_value(dk, ix);
+/// Everything but lookup's identity hit: refuse a general table, match the hinted entry by
+/// characters, or learn the hint by scanning the table (identity first, then equal characters),
+/// or give up for good (kHintAbsent).
+PyObject* lookup_slow(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hint);
+
+/// The value of `key` in a table of exact str keys, through `*hint` (see "Soundness" above).
+/// Inlined: the identity hit is a handful of instructions on the hottest path of every check.
+[[gnu::always_inline]] inline PyObject* lookup(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hint) {
+    const Py_ssize_t ix = *hint;
+    if (dk->dk_kind != 0 && ix >= 0 && ix < dk->dk_nentries) {
+        auto* ents = reinterpret_cast<UnicodeEntry*>(entries(dk));
+        if (ents[ix].me_key == key) return values != nullptr ? values[ix] : ents[ix].me_value;
     }
-    if (ix == kHintAbsent) return nullptr;
-    const Py_ssize_t n = dk->dk_nentries;
-    ix = kHintAbsent;
-    if (n <= kScanLimit) {
-        for (Py_ssize_t i = 0; i < n; ++i) {
-            if (entry_key(dk, i) == key) {
-                ix = i;
-                break;
-            }
-        }
-        for (Py_ssize_t i = 0; ix == kHintAbsent && i < n; ++i) {
-            if (same_str(entry_key(dk, i), key)) ix = i;
-        }
-    }
-    *hint = ix;
-    if (ix < 0) return nullptr;
-    return values != nullptr ? values[ix] : entry_value(dk, ix);
+    return lookup_slow(dk, values, key, hint);
 }
 }  // namespace layout311
 
