@@ -756,7 +756,11 @@ def test_memory_flat_over_insert_evict_invalidate_cycles() -> None:
     assert stats1["evictions"] - stats0["evictions"] >= CYCLES // 2
     # 1M cycles: a leak of even one byte per cycle would show as ~1 MB traced.
     assert traced1 - traced0 < 256 * 1024, traced1 - traced0
-    assert rss1 - rss0 < 16 * 1024 * 1024, rss1 - rss0
+    # Under AddressSanitizer (scripts/asan-tests preloads libasan) freed blocks sit in ASan's
+    # quarantine (256 MiB by default) before reuse, so RSS grows by up to that much with no leak;
+    # the tracemalloc bound above is unaffected.
+    slack = 256 * 1024 * 1024 if "libasan" in os.environ.get("LD_PRELOAD", "") else 0
+    assert rss1 - rss0 < 16 * 1024 * 1024 + slack, rss1 - rss0
 
 
 # -- faults: objects freed during lookup, entry views outliving the cache, interpreter shutdown --------
