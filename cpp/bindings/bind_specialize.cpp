@@ -9,6 +9,9 @@
 #include <nanobind/nanobind.h>
 #include <structmember.h>
 
+#include <exception>
+#include <new>
+
 #include "../runtime/dispatch.hpp"
 #include "register.hpp"
 
@@ -89,7 +92,17 @@ PyObject* fd_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
     runtime::Ref fn = runtime::Ref::borrow(fd->fn);
     runtime::BoundCall bound;
     runtime::Ref payload;
-    switch (runtime::dispatch(*cache, *fd->sig, fn.get(), args, n, kwnames, bound, payload)) {
+    runtime::DispatchOutcome outcome;
+    // This is a C slot: no C++ exception may leave it (the runtime allocates with std::vector).
+    try {
+        outcome = runtime::dispatch(*cache, *fd->sig, fn.get(), args, n, kwnames, bound, payload);
+    } catch (const std::bad_alloc&) {
+        return PyErr_NoMemory();
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+    switch (outcome) {
         case runtime::DispatchOutcome::Hit:
             return PyObject_Vectorcall(payload.get(), args, static_cast<size_t>(n), kwnames);
         case runtime::DispatchOutcome::Miss: return call_miss(fd, self, args, n, kwnames, bound);
