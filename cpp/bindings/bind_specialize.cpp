@@ -179,7 +179,8 @@ PyObject* fd_setup(PyObject* self, PyObject* const* args, Py_ssize_t n) {
         PyErr_SetString(PyExc_RuntimeError, "_fast_setup: already set up");
         return nullptr;
     }
-    auto* sig = new runtime::CallSignature();
+    auto* sig = new (std::nothrow) runtime::CallSignature();
+    if (sig == nullptr) return PyErr_NoMemory();
     sig->init(args[1]);  // not a Python function: stays invalid, every call takes the slow path
     fd->sig = sig;
     Py_INCREF(args[0]);
