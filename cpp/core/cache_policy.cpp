@@ -2,6 +2,7 @@
 #include "cache_policy.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <utility>
 
 namespace tripwire::core {
@@ -44,6 +45,8 @@ InsertPlan CachePolicy::plan_insert(const std::string& group) const {
 }
 
 std::uint64_t CachePolicy::insert(CacheEntryId id, std::string group) {
+    if (entries_.count(id) != 0)
+        throw std::invalid_argument("CachePolicy::insert: the id is already present");
     order_.push_front(id);
     Slot& s = entries_[id];
     s.pos = order_.begin();

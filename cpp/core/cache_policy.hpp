@@ -37,6 +37,9 @@ class CachePolicy {
   public:
     /// Both limits must be at least 1.
     CachePolicy(std::size_t recompile_limit, std::size_t accumulated_limit, OnLimit on_limit);
+    // Entries hold iterators into this object's own list: a copy would point into the original.
+    CachePolicy(const CachePolicy&) = delete;
+    CachePolicy& operator=(const CachePolicy&) = delete;
 
     /// What inserting an entry of `group` requires. recompile_limit counts the entries of the same
     /// group; accumulated_limit counts all entries. Under Evict the victims are the least recently
@@ -46,7 +49,7 @@ class CachePolicy {
     InsertPlan plan_insert(const std::string& group) const;
 
     /// Add an entry at the front of the recency order. Returns its recency stamp (larger is more
-    /// recent). The id must not be present.
+    /// recent). The id must not be present (std::invalid_argument otherwise).
     std::uint64_t insert(CacheEntryId id, std::string group);
     /// Move an entry to the front (a hit). Returns its new stamp, 0 if the id is unknown.
     std::uint64_t touch(CacheEntryId id);

@@ -2,6 +2,7 @@
 // accumulated_limit, the raise/fallback/evict policies and removal bookkeeping.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,14 @@ TEST(CachePolicy, LimitsBelowOneAreRaisedToOne) {
     EXPECT_EQ(p.accumulated_limit(), 1U);
     EXPECT_EQ(p.on_limit(), OnLimit::Raise);
     EXPECT_EQ(p.plan_insert("").result, InsertResult::Inserted);
+}
+
+TEST(CachePolicy, InsertingAPresentIdIsRefused) {
+    CachePolicy p(4, 4, OnLimit::Evict);
+    p.insert(7, "g");
+    EXPECT_THROW(p.insert(7, "g"), std::invalid_argument);
+    EXPECT_EQ(p.size(), 1U);
+    EXPECT_EQ(p.group_size("g"), 1U);
 }
 
 }  // namespace
