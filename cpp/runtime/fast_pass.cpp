@@ -324,6 +324,7 @@ int GuardSet::fast_pass(const Frame& frame) {
                 }
                 break;
             }
+            default: __builtin_unreachable();  // every code is handled above: no range check
         }
     }
     return 1;
