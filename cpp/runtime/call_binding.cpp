@@ -44,20 +44,6 @@ bool CallSignature::init(PyObject* fn) {
     return true;
 }
 
-namespace {
-
-// Index of keyword `key` among the parameters that may be passed by keyword, or -1. Positional-
-// only names are excluded: such a keyword goes to **kwargs (or is an error), as in CPython.
-Py_ssize_t keyword_slot(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyObject* key) {
-    for (Py_ssize_t i = begin; i < end; ++i)
-        if (PyTuple_GET_ITEM(names, i) == key) return i;
-    for (Py_ssize_t i = begin; i < end; ++i)
-        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, i), key) == 0) return i;  // exact str: no user code
-    return -1;
-}
-
-}  // namespace
-
 int BoundCall::bind(const CallSignature& sig, PyObject* fn, PyObject* const* args, Py_ssize_t nargs,
                     PyObject* kwnames) {
     if (!sig.valid() || !PyFunction_Check(fn) || PyFunction_GET_CODE(fn) != sig.code()) return 0;
@@ -105,7 +91,9 @@ int BoundCall::bind(const CallSignature& sig, PyObject* fn, PyObject* const* arg
         // A str subclass may define __eq__, which the interpreter calls to match parameter
         // names: leave such calls to the interpreter.
         if (!PyUnicode_CheckExact(key)) return 0;
-        const Py_ssize_t i = keyword_slot(sig.names(), sig.posonly_, kw_end, key);
+        // Among the parameters that may be passed by keyword: a keyword named like a
+        // positional-only parameter goes to **kwargs (or is an error), as in CPython.
+        const Py_ssize_t i = index_of_name(sig.names(), sig.posonly_, kw_end, key);
         if (i >= 0) {
             if (slots_[i] != nullptr) return 0;  // given twice
             slots_[i] = value;

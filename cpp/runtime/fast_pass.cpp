@@ -79,10 +79,13 @@ bool fast_pass_enabled() { return g_fast_pass_enabled; }
 void GuardSet::build_fast_pass() {
     fast_ops_.clear();
     fast_built_at_ = order_changes_;
-    if (!program_.ambient.empty()) {
+    // A kind without a form free of user code: this set always takes the walk (for good: the
+    // kinds never change).
+    auto give_up = [this] {
         fast_enabled_ = false;
-        return;
-    }
+        fast_ops_.clear();
+    };
+    if (!program_.ambient.empty()) return give_up();
     // Depth first in the current order: a node's guards, then its children, as the walk does.
     struct Item {
         std::uint32_t node, parent;
@@ -108,11 +111,7 @@ void GuardSet::build_fast_pass() {
                 case core::StepKind::Item: op.code = FastOp::Code::FetchItem; break;
                 case core::StepKind::DictItem: op.code = FastOp::Code::FetchDictItem; break;
                 default:
-                    if (core::step_runs_user_code(n.step.kind)) {
-                        fast_enabled_ = false;
-                        fast_ops_.clear();
-                        return;
-                    }
+                    if (core::step_runs_user_code(n.step.kind)) return give_up();
                     op.code = FastOp::Code::FetchPure;
                     break;
             }
@@ -132,20 +131,13 @@ void GuardSet::build_fast_pass() {
                 case core::GuardKind::DictKeys: g.code = FastOp::Code::DictKeys; break;
                 case core::GuardKind::DictContains:
                     // Only str keys have a form without user code (see the op).
-                    if (!PyUnicode_CheckExact(guards_[gi].a)) {
-                        fast_enabled_ = false;
-                        fast_ops_.clear();
-                        return;
-                    }
+                    if (!PyUnicode_CheckExact(guards_[gi].a)) return give_up();
                     g.code = FastOp::Code::DictContains;
                     break;
                 case core::GuardKind::Length: g.code = FastOp::Code::LengthExact; break;
                 case core::GuardKind::DictVersion: g.code = FastOp::Code::DictVersion; break;
                 case core::GuardKind::WeakrefAlive: g.code = FastOp::Code::WeakrefAlive; break;
-                default:  // runs user code or is rare: this set always takes the walk
-                    fast_enabled_ = false;
-                    fast_ops_.clear();
-                    return;
+                default: return give_up();  // runs user code, or is rare
             }
             g.node = item.node;
             g.guard = gi;

@@ -3,23 +3,21 @@
 
 namespace tripwire::runtime {
 
+Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyObject* name) {
+    for (Py_ssize_t i = begin; i < end; ++i)
+        if (PyTuple_GET_ITEM(names, i) == name) return i;
+    // A name that is not interned (built at run time): compare by value, str against str.
+    if (!PyUnicode_CheckExact(name)) return -1;
+    for (Py_ssize_t i = begin; i < end; ++i)
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, i), name) == 0) return i;
+    return -1;
+}
+
 PyObject* Frame::argument_slow(PyObject* name, Py_ssize_t* hint) const {
-    for (Py_ssize_t i = 0; i < count; ++i) {
-        if (PyTuple_GET_ITEM(names, i) == name) {
-            *hint = i;
-            return values[i];
-        }
-    }
-    // A name that is not interned (built at run time): compare by value. Both are exact str
-    // (the pool and the binder only hold those), so no user __eq__ runs.
-    for (Py_ssize_t i = 0; i < count; ++i) {
-        PyObject* n = PyTuple_GET_ITEM(names, i);
-        if (PyUnicode_CheckExact(name) && PyUnicode_Compare(n, name) == 0) {
-            *hint = i;
-            return values[i];
-        }
-    }
-    return nullptr;
+    const Py_ssize_t i = index_of_name(names, 0, count, name);
+    if (i < 0) return nullptr;
+    *hint = i;
+    return values[i];
 }
 
 Ref Frame::as_mapping() const {

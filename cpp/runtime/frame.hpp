@@ -9,6 +9,11 @@
 
 namespace tripwire::runtime {
 
+/// Index of `name` in `names[begin, end)` (a tuple of exact str), or -1: by identity first (both
+/// sides interned, the common case), then by value when `name` is an exact str too, so no user
+/// __eq__ ever runs.
+Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyObject* name);
+
 /// The locals a guard set is checked against. Cheap to copy; it owns nothing.
 struct Frame {
     /// Mapping mode: f_locals (a dict on the fast path, any mapping otherwise). Null in argument

@@ -377,6 +377,7 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
 
 int GuardSet::check_without_user_code(const Frame& frame) {
     if (state_->invalid || !fast_enabled_) return 0;
+    // Rebuilt after the tree walk reordered, so that its fail-fast order carries over.
     if (fast_built_at_ != order_changes_) build_fast_pass();
     if (!fast_enabled_ || fast_pass(frame) != 1) return 0;
     ++stats_.checks;
@@ -386,17 +387,9 @@ int GuardSet::check_without_user_code(const Frame& frame) {
 }
 
 int GuardSet::check(const Frame& frame) {
+    if (check_without_user_code(frame) == 1) return 1;
     if (state_->invalid) return 0;
     ++stats_.checks;
-    if (fast_enabled_) {
-        // Rebuilt after the tree walk reordered, so that its fail-fast order carries over.
-        if (fast_built_at_ != order_changes_) build_fast_pass();
-        if (fast_enabled_ && fast_pass(frame) == 1) {
-            ++stats_.passes;
-            ++stats_.fast_passes;
-            return 1;
-        }
-    }
     ++active_;
     int result = 1;
     if (!program_.ambient.empty()) {

@@ -103,9 +103,8 @@ class Specialized(FastDispatch):
         self._fn = fn
         self._accumulated_limit = accumulated_limit
         self._globals = getattr(fn, "__globals__", None)
-        self._sig = inspect.signature(fn)
-        self._code = getattr(fn, "__code__", None)
-        self._fast_code = self._code  # the code whose layout the C++ binder uses
+        inspect.signature(fn)  # a callable without a signature fails here, not at its first call
+        self._code = getattr(fn, "__code__", None)  # the code the cache's entries were compiled for
         self._lock = threading.Lock()
         self._local = threading.local()
         self._compiles = 0
@@ -121,10 +120,9 @@ class Specialized(FastDispatch):
         code = getattr(self._fn, "__code__", None)
         if code is not self._code:
             # fn.__code__ was replaced: a different function. Dynamo keeps its cache on the code
-            # object, so a new code starts empty; the C++ binder keeps the old layout and sends
-            # every call here from now on.
-            # Once replaced, the C++ path is off for good: the layout it binds with may match
-            # again later (the old code restored) while the cache holds the other code's entries.
+            # object, so a new code starts empty. The C++ path is switched off for good: the
+            # layout it binds with may match again later (the old code restored) while the cache
+            # holds the other code's entries; every call is bound here from now on.
             with self._lock:
                 if code is not self._code:
                     self._fast_disable()
@@ -138,8 +136,8 @@ class Specialized(FastDispatch):
         if it does not, it simply runs, uncompiled). Otherwise (other callables, a replaced
         ``__code__``) bind in Python, look up and dispatch."""
         kwargs = kwargs or {}
-        code = getattr(self._fn, "__code__", None)
-        if code is not None and code is self._fast_code and self._bindable():
+        # Bindable (a Python function, the C++ path still on) with the same code: invalid call.
+        if self._bindable() and getattr(self._fn, "__code__", None) is self._code:
             return self._fn(*args, **kwargs)
         f_locals = self._bind(args, kwargs)
         compiled = self.cache.lookup(f_locals)
@@ -258,8 +256,6 @@ def bind_call(sig: inspect.Signature, args: tuple, kwargs: Mapping[str, Any], na
     if var_kw is not None:
         bound[var_kw.name] = extra
     return {p.name: bound[p.name] for p in params}
-
-
 
 
 def specialize(
