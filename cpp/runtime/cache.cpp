@@ -53,24 +53,6 @@ bool value_key(PyObject* o, DispatchKey& out) {
     return true;
 }
 
-// The length of `o` when reading it runs no user code (exact containers and strings): these
-// lengths are what LENGTH sees, deterministically. False for every other type.
-bool plain_length(PyObject* o, Py_ssize_t& n) {
-    if (PyList_CheckExact(o) || PyTuple_CheckExact(o) || PyBytes_CheckExact(o)) {
-        n = Py_SIZE(o);
-        return true;
-    }
-    if (PyDict_CheckExact(o)) {
-        n = PyDict_GET_SIZE(o);
-        return true;
-    }
-    if (PyUnicode_CheckExact(o)) {
-        n = PyUnicode_GET_LENGTH(o);
-        return true;
-    }
-    return false;
-}
-
 // Whether getattr(obj, name) reads only the instance dict, a plain class attribute, a __slots__
 // member or a module's dict: no property, no __getattr__, no __getattribute__, no descriptor.
 bool plain_attribute(PyObject* obj, PyObject* name) {
@@ -417,7 +399,7 @@ void Cache::collect_candidates(const Frame& frame, std::vector<EntryPtr>& out) {
     if (index_kinds_ & 8U) {
         // A LENGTH guard on a type whose __len__ is user code may pass at any length: scan.
         Py_ssize_t n = 0;
-        if (!plain_length(o, n)) {
+        if (!builtin_length(o, n)) {
             all_entries(out);
             return;
         }

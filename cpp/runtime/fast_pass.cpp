@@ -21,6 +21,7 @@
 
 #include "dict_hint.hpp"
 #include "guard_set.hpp"
+#include "predicates.hpp"
 
 namespace tripwire::runtime {
 
@@ -31,34 +32,6 @@ bool g_fast_pass_enabled = true;
 // Registers for one pass. Thread-local: the pass runs no user code, so it cannot re-enter
 // itself on this thread, and other threads have their own.
 thread_local std::vector<PyObject*> t_regs;
-
-// len(v) for the exact built-in containers whose length is a field (no __len__ call).
-bool exact_builtin_length(PyObject* v, Py_ssize_t& n) {
-    PyTypeObject* t = Py_TYPE(v);
-    if (t == &PyList_Type || t == &PyTuple_Type || t == &PyBytes_Type || t == &PyByteArray_Type) {
-        n = Py_SIZE(v);
-        return true;
-    }
-    if (t == &PyDict_Type) {
-        n = PyDict_GET_SIZE(v);
-        return true;
-    }
-    if (t == &PyUnicode_Type) {
-#if PY_VERSION_HEX < 0x030C0000
-        if (PyUnicode_READY(v) < 0) {  // legacy (deprecated) strings only; never user code
-            PyErr_Clear();
-            return false;
-        }
-#endif
-        n = PyUnicode_GET_LENGTH(v);
-        return true;
-    }
-    if (t == &PySet_Type || t == &PyFrozenSet_Type) {
-        n = PySet_GET_SIZE(v);
-        return true;
-    }
-    return false;
-}
 
 // dict[key] without user code: the hinted entry (keys compared by identity), or else a real
 // lookup when both the key and every key of the table are exact str (string comparisons only).
@@ -304,7 +277,7 @@ int GuardSet::fast_pass(const Frame& frame) {
             }
             case FastOp::Code::LengthExact: {
                 Py_ssize_t n = 0;
-                if (!exact_builtin_length(r[op.node], n) || n != guards_[op.guard].n) return 0;
+                if (!builtin_length(r[op.node], n) || n != guards_[op.guard].n) return 0;
                 break;
             }
             case FastOp::Code::DictVersion:

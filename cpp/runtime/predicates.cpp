@@ -6,19 +6,40 @@
 #include <unordered_map>
 
 namespace tripwire::runtime {
+
+bool builtin_length(PyObject* v, Py_ssize_t& n) {
+    PyTypeObject* t = Py_TYPE(v);
+    if (t == &PyList_Type || t == &PyTuple_Type || t == &PyBytes_Type || t == &PyByteArray_Type) {
+        n = Py_SIZE(v);
+        return true;
+    }
+    if (t == &PyDict_Type) {
+        n = PyDict_GET_SIZE(v);
+        return true;
+    }
+    if (t == &PyUnicode_Type) {
+#if PY_VERSION_HEX < 0x030C0000
+        if (PyUnicode_READY(v) < 0) {  // legacy (deprecated) strings only; never user code
+            PyErr_Clear();
+            return false;
+        }
+#endif
+        n = PyUnicode_GET_LENGTH(v);
+        return true;
+    }
+    if (t == &PySet_Type || t == &PyFrozenSet_Type) {
+        n = PySet_GET_SIZE(v);
+        return true;
+    }
+    return false;
+}
+
 namespace {
 
 using core::GuardKind;
 
 int length_of(PyObject* v, Py_ssize_t* out) {
-    if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
-        *out = Py_SIZE(v);
-        return 1;
-    }
-    if (PyDict_CheckExact(v)) {
-        *out = PyDict_GET_SIZE(v);
-        return 1;
-    }
+    if (builtin_length(v, *out)) return 1;
     const Py_ssize_t n = PyObject_Size(v);  // user __len__ may run, lie or raise
     if (n < 0) return -1;
     *out = n;

@@ -27,6 +27,10 @@ int eval_guard(const RuntimeGuard& g, PyObject* v);
 /// members (and other non-builtin constants) by identity. Calls no user __eq__. 1/0/-1.
 int equals_match(PyObject* v, PyObject* c);
 
+/// len(v) for the exact built-in containers whose length is a field (list, tuple, bytes,
+/// bytearray, dict, str, set, frozenset): no __len__ runs. False for anything else.
+bool builtin_length(PyObject* v, Py_ssize_t& n);
+
 /// Whether `v` is a value an EQUALS_MATCH constant may hold (built-in constant types, enum
 /// members, and containers of these), so comparing against it runs no user code. 1/0/-1.
 int is_constant(PyObject* v);
