@@ -58,6 +58,7 @@ void register_util(nb::module_& m) {
         "Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns "
         "the previous setting. Off, every check takes the tree walk.");
     m.attr("MAX_SOURCE_DEPTH") = core::kMaxSourceDepth;
+    m.attr("MAX_CONSTANT_DEPTH") = core::kMaxConstantDepth;
 }
 
 }  // namespace tripwire::bindings

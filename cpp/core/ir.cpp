@@ -47,7 +47,8 @@ std::string_view step_kind_name(StepKind k) {
 
 bool guard_runs_user_code(GuardKind k) {
     switch (k) {
-        // Identity, exact-type and structural comparisons of built-in constants only.
+        // Identity, exact-type and structural comparisons of built-in constants only, none of
+        // which allocates a Python object (EQUALS_MATCH and DICT_KEYS walk containers in place).
         case GuardKind::TypeMatch:
         case GuardKind::IdMatch:
         case GuardKind::None:
@@ -55,16 +56,18 @@ bool guard_runs_user_code(GuardKind k) {
         case GuardKind::True:
         case GuardKind::False:
         case GuardKind::EqualsMatch:
+        case GuardKind::DictKeys:
         case GuardKind::DictVersion:
-        case GuardKind::TupleIteratorLen:
-        case GuardKind::RangeIterator:
         case GuardKind::WeakrefAlive: return false;
         // len() of a user type, key lookups that may meet a user key's __eq__, getattr,
-        // `v.__code__` on a non-function, Python probes and predicates.
+        // `v.__code__` on a non-function, Python probes and predicates; and the iterator kinds,
+        // which read the iterator through a method call (a bound method and a result tuple are
+        // allocated, and an allocation can start a collection that runs finalizers).
         case GuardKind::Length:
-        case GuardKind::DictKeys:
         case GuardKind::DictContains:
         case GuardKind::HasAttr:
+        case GuardKind::TupleIteratorLen:
+        case GuardKind::RangeIterator:
         case GuardKind::CodeMatch:
         case GuardKind::GlobalState:
         case GuardKind::Lambda: return true;
@@ -75,15 +78,17 @@ bool guard_runs_user_code(GuardKind k) {
 bool step_runs_user_code(StepKind k) {
     switch (k) {
         case StepKind::Type:
-        case StepKind::Dict:
         case StepKind::WeakrefCall:
         case StepKind::DictKey:
         case StepKind::DictValue: return false;
         // Attribute lookups, generic __getitem__, and dict lookups (a stored key of a user
-        // type whose hash collides gets its __eq__ called) can all run arbitrary code.
+        // type whose hash collides gets its __eq__ called) can all run arbitrary code. The
+        // instance __dict__ may have to be created (CPython keeps attributes inline until the
+        // dict is asked for): an allocation, so a collection and its finalizers may run.
         case StepKind::Attr:
         case StepKind::Item:
         case StepKind::DictItem:
+        case StepKind::Dict:
         case StepKind::Defaults:
         case StepKind::KwDefaults:
         case StepKind::Code:

@@ -13,6 +13,11 @@
 
 namespace tripwire::core {
 
+/// Deepest nesting of containers in a constant (EQUALS_MATCH, DICT_KEYS keys, GLOBAL_STATE
+/// snapshots). Bounds the recursion of constant comparisons by construction; a value nested deeper
+/// than this never matches a constant.
+inline constexpr int kMaxConstantDepth = 100;
+
 /// Index into the runtime's constant pool.
 using ConstId = std::uint32_t;
 /// "No constant" marker for operands a kind does not use.
@@ -102,12 +107,15 @@ struct GuardDecl {
 std::string_view guard_kind_name(GuardKind k);
 std::string_view step_kind_name(StepKind k);
 
-/// Whether evaluating the guard can run Python code that is not the interpreter's own
-/// (a user __eq__, __len__, __getattr__, a predicate). Pure guards let the engine borrow the
-/// value they read instead of holding a reference.
+/// Whether evaluating the guard can run Python code that is not the interpreter's own (a user
+/// __eq__, __len__, __getattr__, a predicate), directly or by allocating a Python object: on
+/// CPython an allocation can start a garbage collection, which runs finalizers and weakref
+/// callbacks. A subtree of guards and steps for which both are false runs no user code at all,
+/// so the engine may borrow the values it reads instead of holding references (docs/cpp.md,
+/// "Regions without user code").
 bool guard_runs_user_code(GuardKind k);
-/// Whether fetching this step can run user code (properties, __getattr__, __getitem__, a dict
-/// lookup that compares against a user key's __eq__).
+/// The same for fetching a step: properties, __getattr__, __getitem__, a dict lookup that
+/// compares against a user key's __eq__, creating an instance __dict__.
 bool step_runs_user_code(StepKind k);
 
 /// The operand slots a kind uses; validate() checks declarations against this table.

@@ -89,6 +89,10 @@ bool pure_step(const RuntimeStep& step, PyObject* parent) {
         case StepKind::KwDefaults:
         case StepKind::Code:
         case StepKind::ClosureCell: return PyFunction_Check(parent) != 0;
+        // The interpreter's own getter; it may create the dict (an allocation), which is safe
+        // here: the index fetch holds a reference to every value on its path, and the caller
+        // checks that the cache was not changed meanwhile.
+        case StepKind::Dict: return true;
         default: return false;
     }
 }
@@ -255,15 +259,13 @@ void Cache::describe_entry(CacheEntry& e) const {
 
 void Cache::rebuild_index() {
     index_dirty_ = false;
-    buckets_.clear();
+    buckets_.clear();  // every entry is still owned by by_id_: nothing is released here
     unindexed_.clear();
     index_text_.clear();
     index_signature_.clear();
-    index_name_ = Ref();
-    index_globals_ = Ref();
-    index_steps_.clear();
-    index_operands_.clear();
-    index_slot_ = -1;
+    // Released when this function returns, once the new index is consistent: dropping the last
+    // reference to a globals dict or a key can run finalizers, which may use this cache.
+    const std::shared_ptr<IndexPath> old_path = std::move(index_path_);
     index_kinds_ = 0;
     if (policy_.size() < 2) return;
     // The source on which the most entries carry an indexable guard (ties: the first to get
@@ -294,8 +296,7 @@ void Cache::rebuild_index() {
     while (!p.nodes[root].is_root) root = p.nodes[root].parent;
     PyObject* name = gs.constant(p.nodes[root].root_name);
     if (name == nullptr || !PyUnicode_CheckExact(name)) return;
-    std::vector<RuntimeStep> steps;
-    std::vector<Ref> operands;
+    auto fetch = std::make_shared<IndexPath>();
     for (auto it = path.rbegin(); it != path.rend(); ++it) {
         const core::Step& st = p.nodes[*it].step;
         RuntimeStep rs;
@@ -304,20 +305,19 @@ void Cache::rebuild_index() {
         if (st.operand != core::kNoConst) {
             rs.operand = gs.constant(st.operand);
             if (rs.operand == nullptr) return;  // a dead weakly held key: the set is invalid anyway
-            operands.push_back(Ref::borrow(rs.operand));
+            fetch->operands.push_back(Ref::borrow(rs.operand));
         }
-        steps.push_back(rs);
+        fetch->steps.push_back(rs);
     }
-    index_root_ = p.nodes[root].root;
-    if (index_root_ == core::RootKind::Global) {
+    fetch->root = p.nodes[root].root;
+    if (fetch->root == core::RootKind::Global) {
         if (!best_entry->globals || !PyDict_Check(best_entry->globals.get())) return;
-        index_globals_ = best_entry->globals;
+        fetch->globals = best_entry->globals;
     }
+    fetch->name = Ref::borrow(name);
     index_signature_ = best->signature;
     index_text_ = p.nodes[best->node].text;
-    index_name_ = Ref::borrow(name);
-    index_steps_ = std::move(steps);
-    index_operands_ = std::move(operands);
+    index_path_ = std::move(fetch);
     for (core::CacheEntryId id : policy_.order()) {
         const EntryPtr& e = by_id_.at(id);
         const EntryIndexKey* k = nullptr;
@@ -339,13 +339,16 @@ const std::string& Cache::index_source() {
 }
 
 Ref Cache::fetch_index_value(const Frame& frame) {
+    // Our own reference: a step may run user code that rebuilds the index (see IndexPath).
+    const std::shared_ptr<IndexPath> path = index_path_;
+    if (!path) return Ref();
     PyObject* root = nullptr;
-    if (index_root_ == core::RootKind::Global) {
-        root = PyDict_GetItemWithError(index_globals_.get(), index_name_.get());
+    if (path->root == core::RootKind::Global) {
+        root = PyDict_GetItemWithError(path->globals.get(), path->name.get());
     } else if (frame.is_arguments()) {
-        root = frame.argument(index_name_.get(), &index_slot_);  // the caller keeps it alive
+        root = frame.argument(path->name.get(), &path->slot);  // the caller keeps it alive
     } else if (PyDict_CheckExact(frame.locals)) {
-        root = PyDict_GetItemWithError(frame.locals, index_name_.get());
+        root = PyDict_GetItemWithError(frame.locals, path->name.get());
     }
     if (root == nullptr) {
         PyErr_Clear();  // missing or raised: the ordered scan decides
@@ -353,7 +356,7 @@ Ref Cache::fetch_index_value(const Frame& frame) {
     }
     // Our own reference to every value on the path: nothing below may be freed under us.
     Ref v = Ref::borrow(root);
-    for (RuntimeStep& step : index_steps_) {
+    for (RuntimeStep& step : path->steps) {
         if (!pure_step(step, v.get())) return Ref();
         const Fetched f = fetch_step(step, v.get());
         if (f.status != FetchStatus::Ok) {
@@ -374,7 +377,7 @@ void Cache::all_entries(std::vector<EntryPtr>& out) const {
 void Cache::collect_candidates(const Frame& frame, std::vector<EntryPtr>& out) {
     out.clear();
     Ref v;
-    if (!index_text_.empty()) {
+    if (index_path_) {
         const std::uint64_t before = mutations_;
         v = fetch_index_value(frame);
         // A dict lookup met a user key's __eq__ that changed this cache: the buckets are gone.
@@ -417,10 +420,10 @@ int Cache::try_entry(const EntryPtr& c, const Frame& frame, PyObject* current, S
     if (!c->in_cache) return 0;  // removed by another thread while we were checking
     if (current != nullptr) {
         // Entries inserted under the same ambient state share one snapshot object.
-        if (memo.owner == nullptr || memo.owner->snapshot.get() != c->snapshot.get()) {
+        if (!memo.snapshot || memo.snapshot.get() != c->snapshot.get()) {
             memo.ok = snapshot_matches(*c, current);
             if (memo.ok < 0) return -1;
-            memo.owner = c.get();
+            memo.snapshot = c->snapshot;
         }
         if (memo.ok == 0) return 0;
     }
@@ -430,10 +433,10 @@ int Cache::try_entry(const EntryPtr& c, const Frame& frame, PyObject* current, S
 }
 
 int Cache::lookup_most_recent(const Frame& frame, Ref& payload) {
-    if (!front_ || invalidation_epoch() != seen_epoch_ || index_dirty_ || !index_text_.empty() ||
-        !probes_.empty())
+    if (!front_ || invalidation_epoch() != seen_epoch_ || index_dirty_ || index_path_ || !probes_.empty())
         return 0;
-    // Borrowed: the fast pass runs no user code, so nothing can remove the entry meanwhile.
+    // Borrowed: the fast pass runs no user code and allocates nothing, so no finalizer can run
+    // and remove the entry meanwhile (docs/cpp.md, "Regions without user code").
     CacheEntry* e = front_.get();
     if (e->gs->check_without_user_code(frame) != 1) return 0;
     ++e->hits;
@@ -455,11 +458,14 @@ bool Cache::lookup(const Frame& frame, EntryPtr& out, bool count) {
         if (!current) return false;
     }
     SnapshotMemo memo;
+    // Our own reference for the whole lookup: a guard may run user code that removes the entry,
+    // and `tried` is compared with the candidates below.
+    EntryPtr front;
     const CacheEntry* tried = nullptr;
-    if (index_text_.empty() && front_) {
+    if (!index_path_ && front_) {
         // Without an index the scan tries the most recently used entry first; trying it before
         // copying the candidate list makes the common repeated hit allocation-free.
-        EntryPtr front = front_;  // our own reference: a guard may run user code
+        front = front_;
         const int r = try_entry(front, frame, current.get(), memo);
         if (r < 0) return false;
         if (r == 1) {
@@ -576,10 +582,7 @@ void Cache::clear() {
     std::vector<EntryPtr> old_unindexed;
     old_unindexed.swap(unindexed_);
     // The index source holds the globals dict: the cycle collector's tp_clear must drop it too.
-    Ref old_globals = std::move(index_globals_);
-    std::vector<Ref> old_operands;
-    old_operands.swap(index_operands_);
-    index_steps_.clear();
+    const std::shared_ptr<IndexPath> old_path = std::move(index_path_);
     index_text_.clear();
     index_signature_.clear();
     index_dirty_ = true;
@@ -594,7 +597,7 @@ int Cache::traverse(visitproc visit, void* arg) const {
         Py_VISIT(e->globals.get());
     }
     for (const Ref& p : probes_) Py_VISIT(p.get());
-    Py_VISIT(index_globals_.get());
+    if (index_path_) Py_VISIT(index_path_->globals.get());
     return 0;
 }
 

@@ -166,8 +166,9 @@ class Cache {
     void touch(const EntryPtr& e);
     void record_hit(const EntryPtr& e, bool count);
     /// The probe snapshot last compared, shared by consecutive entries with the same snapshot.
+    /// Holds the snapshot itself, not the entry: a check may remove (and free) the entry.
     struct SnapshotMemo {
-        const CacheEntry* owner = nullptr;
+        Ref snapshot;
         int ok = 0;
     };
     /// Whether entry `c` matches (1/0, -1 with a Python error set).
@@ -184,17 +185,24 @@ class Cache {
     std::vector<std::string> probe_names_;
     CacheStats stats_;
 
+    /// How to fetch the index source from a frame. Shared with every lookup in flight: a fetch
+    /// can run user code (a colliding dict key's __eq__) that inserts entries and so rebuilds
+    /// the index; the lookup's own reference keeps the steps and their operands alive.
+    struct IndexPath {
+        core::RootKind root = core::RootKind::Local;
+        Ref name;                        ///< the root's name (interned str)
+        Ref globals;                     ///< the globals dict, for a G[...] root
+        std::vector<RuntimeStep> steps;  ///< root to source; operands held by `operands`
+        std::vector<Ref> operands;
+        Py_ssize_t slot = -1;  ///< argument-index hint for Frame::argument
+    };
+
     // Dispatch index, rebuilt lazily after any insert or removal.
     bool index_dirty_ = true;
-    std::string index_text_;       // "L['x']", "L['self'].mode", "G['flag']"; empty: no index
-    std::string index_signature_;  // EntryIndexKey::signature of the source
-    core::RootKind index_root_ = core::RootKind::Local;
-    Ref index_name_;                        // the root's name (interned str)
-    Ref index_globals_;                     // the globals dict, for a G[...] root
-    std::vector<RuntimeStep> index_steps_;  // root to source; operands held by index_operands_
-    std::vector<Ref> index_operands_;
-    Py_ssize_t index_slot_ = -1;    // argument-index hint for Frame::argument
-    std::uint8_t index_kinds_ = 0;  // bit per DispatchKey::kind present
+    std::string index_text_;                 // "L['x']", "L['self'].mode", "G['flag']"; empty: no index
+    std::string index_signature_;            // EntryIndexKey::signature of the source
+    std::shared_ptr<IndexPath> index_path_;  // null: no index
+    std::uint8_t index_kinds_ = 0;           // bit per DispatchKey::kind present
     std::unordered_map<DispatchKey, std::vector<EntryPtr>, KeyHash> buckets_;
     std::vector<EntryPtr> unindexed_;
 };

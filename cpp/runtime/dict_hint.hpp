@@ -132,6 +132,14 @@ inline PyObject* instance_attr_hinted(PyObject* obj, PyObject* name, Py_ssize_t*
     if (dict == nullptr || !PyDict_Check(dict)) return nullptr;
     return dict_get_hinted(dict, name, hint);
 }
+/// The managed instance dict of `obj` (a type with Py_TPFLAGS_MANAGED_DICT) if it has been
+/// created, else null (attributes still inline, or hints off). Reads two slots; allocates nothing.
+inline PyObject* materialised_managed_dict(PyObject* obj) {
+    if (!g_dict_hints_enabled) return nullptr;
+    // 3.11 managed-dict slots sit before the object header: values at -4 words, dict at -3.
+    if (reinterpret_cast<PyObject***>(obj)[-4] != nullptr) return nullptr;
+    return reinterpret_cast<PyObject**>(obj)[-3];
+}
 /// DICT_KEYS fast path: 1 when dict `d`'s keys, in storage order, are exactly the objects of
 /// tuple `keys` (pointer identity, which implies type-exact equality), -1 when that cannot be
 /// decided this way (a key is another object, a split table, hints off); never 0. The caller
@@ -164,6 +172,7 @@ inline bool instance_hints_complete() { return g_dict_hints_enabled; }
 #else
 inline PyObject* dict_get_hinted(PyObject*, PyObject*, Py_ssize_t*) { return nullptr; }
 inline PyObject* instance_attr_hinted(PyObject*, PyObject*, Py_ssize_t*) { return nullptr; }
+inline PyObject* materialised_managed_dict(PyObject*) { return nullptr; }
 inline bool instance_hints_complete() { return false; }
 inline int dict_keys_identical(PyObject*, PyObject*) { return -1; }
 inline bool dict_has_only_str_keys(PyObject*) { return false; }

@@ -3,24 +3,26 @@
 // Python's own `v == c` on containers would call __eq__ of whatever the user put inside them.
 // We compare element by element and require exact types first, so only the interpreter's own
 // comparisons of int/float/str/... ever run: a check cannot call user code through EQUALS_MATCH.
+//
+// Nothing here allocates a Python object either (docs/cpp.md, "Regions without user code"): on
+// CPython 3.11 allocating a GC-tracked object (a list, a set iterator) can start a collection,
+// which runs finalizers and weakref callbacks, i.e. user code, while the fast pass and the tree
+// walk hold borrowed references. Sets are read straight from their table and dicts with
+// PyDict_Next; the only scratch memory is a C++ bitmap.
+//
+// Unordered containers are matched one to one. equals_match is an equivalence relation on
+// constants (NaN matches NaN, so it is not Python's ==, under which distinct NaNs are unequal and
+// may all sit in one set), and for an equivalence relation a greedy matching that pairs each
+// expected element with any unused equivalent actual element finds a perfect matching whenever
+// one exists: only the number of elements per class matters.
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "predicates.hpp"
 
 namespace tripwire::runtime {
 namespace {
-
-PyObject* enum_base() {
-    // Borrowed for the life of the interpreter: the enum module is never unloaded.
-    static PyObject* base = [] {
-        PyObject* mod = PyImport_ImportModule("enum");
-        if (mod == nullptr) return static_cast<PyObject*>(nullptr);
-        PyObject* e = PyObject_GetAttrString(mod, "Enum");
-        Py_DECREF(mod);
-        return e;
-    }();
-    return base;
-}
 
 bool is_scalar_type(PyTypeObject* t) {
     return t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type || t == &PyUnicode_Type ||
@@ -30,151 +32,137 @@ bool is_scalar_type(PyTypeObject* t) {
 
 bool nan_equal(double x, double y) { return x == y || (std::isnan(x) && std::isnan(y)); }
 
-// Each element of `cs` has an equals_match partner among `vs` (sizes already equal).
-int partner_match(PyObject* vs_list, PyObject* cs_list) {
-    const Py_ssize_t n = PyList_GET_SIZE(cs_list);
-    for (Py_ssize_t i = 0; i < n; ++i) {
+int match(PyObject* v, PyObject* c, int depth);
+
+/// "Used" flags for the actual side of a one-to-one matching: a word on the stack for the common
+/// small container, C++ heap memory (never a Python object) beyond 64 elements.
+class UsedSet {
+  public:
+    explicit UsedSet(Py_ssize_t n) {
+        if (n > 64) big_.assign(static_cast<std::size_t>(n), 0);
+    }
+    bool test(Py_ssize_t i) const {
+        return big_.empty() ? ((small_ >> i) & 1U) != 0 : big_[static_cast<std::size_t>(i)] != 0;
+    }
+    void set(Py_ssize_t i) {
+        if (big_.empty()) {
+            small_ |= std::uint64_t{1} << i;
+        } else {
+            big_[static_cast<std::size_t>(i)] = 1;
+        }
+    }
+
+  private:
+    std::uint64_t small_ = 0;
+    std::vector<unsigned char> big_;
+};
+
+/// Whether every element of set `c` has its own equivalent element in set `v` (same sizes): a
+/// perfect one-to-one matching. Tried in table order first (sets built from the same elements
+/// usually share their layout), then greedily.
+int set_match(PyObject* v, PyObject* c, int depth) {
+    const Py_ssize_t n = PySet_GET_SIZE(c);
+    if (PySet_GET_SIZE(v) != n) return 0;
+    Py_ssize_t pv = 0, pc = 0;
+    PyObject *x, *y;
+    bool in_order = true;
+    while (set_next(c, &pc, &y)) {
+        if (!set_next(v, &pv, &x)) return 0;  // cannot happen with equal sizes; stay safe
+        const int r = match(x, y, depth);
+        if (r < 0) return -1;
+        if (r == 0) {
+            in_order = false;
+            break;
+        }
+    }
+    if (in_order) return 1;
+    UsedSet used(n);
+    pc = 0;
+    while (set_next(c, &pc, &y)) {
+        Py_ssize_t i = 0;
         bool found = false;
-        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(vs_list) && !found; ++j) {
-            const int r = equals_match(PyList_GET_ITEM(vs_list, j), PyList_GET_ITEM(cs_list, i));
+        for (pv = 0; !found && set_next(v, &pv, &x); ++i) {
+            if (used.test(i)) continue;
+            const int r = match(x, y, depth);
             if (r < 0) return -1;
-            found = r == 1;
+            if (r == 1) {
+                used.set(i);
+                found = true;
+            }
         }
         if (!found) return 0;
     }
     return 1;
 }
 
-int all_constant(PyObject* iterable_list) {
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(iterable_list); ++i) {
-        const int r = is_constant(PyList_GET_ITEM(iterable_list, i));
-        if (r != 1) return r;
-    }
-    return 1;
-}
-
-int set_match(PyObject* v, PyObject* c) {
-    if (PySet_GET_SIZE(v) != PySet_GET_SIZE(c)) return 0;
-    PyObject* vs = PySequence_List(v);
-    if (vs == nullptr) return -1;
-    PyObject* cs = PySequence_List(c);
-    if (cs == nullptr) {
-        Py_DECREF(vs);
-        return -1;
-    }
-    int r = all_constant(vs);
-    if (r == 1) r = partner_match(vs, cs);
-    Py_DECREF(vs);
-    Py_DECREF(cs);
-    return r;
-}
-
-int dict_match(PyObject* v, PyObject* c) {
-    if (PyDict_GET_SIZE(v) != PyDict_GET_SIZE(c)) return 0;
-    // Fast path: same keys in the same order (the common case for configs).
+/// Whether every (key, value) item of dict `c` has its own item in dict `v` whose key and value
+/// both match (same sizes): one-to-one on items, as Python's dict equality is for keys that are
+/// equal to themselves. Tried in storage order first (the common case for configs), then
+/// greedily. Keys are paired by walking `v`, never by hashing: a constant key may be an enum
+/// member whose class defines __hash__/__eq__ in Python.
+int dict_match(PyObject* v, PyObject* c, int depth) {
+    const Py_ssize_t n = PyDict_GET_SIZE(c);
+    if (PyDict_GET_SIZE(v) != n) return 0;
     Py_ssize_t pv = 0, pc = 0;
     PyObject *kv, *vv, *kc, *vc;
     bool in_order = true;
-    while (PyDict_Next(v, &pv, &kv, &vv) && PyDict_Next(c, &pc, &kc, &vc)) {
-        int r = equals_match(kv, kc);
+    while (PyDict_Next(c, &pc, &kc, &vc)) {
+        if (!PyDict_Next(v, &pv, &kv, &vv)) return 0;  // cannot happen with equal sizes
+        int r = match(kv, kc, depth);
         if (r < 0) return -1;
         if (r == 0) {
             in_order = false;
             break;
         }
-        r = equals_match(vv, vc);
-        if (r != 1) return r;
+        r = match(vv, vc, depth);
+        if (r < 0) return -1;
+        if (r == 0) {
+            // Another key of the same class (several NaNs, say) may carry the right value.
+            in_order = false;
+            break;
+        }
     }
     if (in_order) return 1;
-    // Keys in another order: every key of v must be a constant, and each key of c is paired with
-    // its exact (equals_match) partner among v's keys by walking v, never by hashing: a constant
-    // key may be an enum member whose class defines __hash__/__eq__ in Python, and a lookup would
-    // call them. O(n^2), only for dicts whose keys are out of order.
-    PyObject* vkeys = PyDict_Keys(v);
-    if (vkeys == nullptr) return -1;
-    int r = all_constant(vkeys);
-    Py_DECREF(vkeys);
-    Py_ssize_t qc = 0;
-    while (r == 1 && PyDict_Next(c, &qc, &kc, &vc)) {
-        Py_ssize_t qv = 0;
+    UsedSet used(n);
+    pc = 0;
+    while (PyDict_Next(c, &pc, &kc, &vc)) {
+        Py_ssize_t i = 0;
         bool found = false;
-        while (!found && PyDict_Next(v, &qv, &kv, &vv)) {
-            const int q = equals_match(kv, kc);
-            if (q < 0) return -1;
-            found = q == 1;
+        for (pv = 0; !found && PyDict_Next(v, &pv, &kv, &vv); ++i) {
+            if (used.test(i)) continue;
+            int r = match(kv, kc, depth);
+            if (r == 1) r = match(vv, vc, depth);
+            if (r < 0) return -1;
+            if (r == 1) {
+                used.set(i);
+                found = true;
+            }
         }
-        r = found ? equals_match(vv, vc) : 0;
+        if (!found) return 0;
     }
-    return r;
+    return 1;
 }
 
-}  // namespace
-
-namespace {
-int is_constant_container(PyObject* v, PyTypeObject* t);
-}  // namespace
-
-int is_constant(PyObject* v) {
-    PyTypeObject* t = Py_TYPE(v);
-    if (is_scalar_type(t)) return 1;
-    // Values checked here come from user input (a set's elements, a dict's keys) and may nest
-    // arbitrarily deep: a RecursionError (guard fails) instead of overflowing the C stack.
-    if (Py_EnterRecursiveCall(" in tripwire's constant check")) return -1;
-    const int r = is_constant_container(v, t);
-    Py_LeaveRecursiveCall();
-    return r;
+// The fields of a range (not its items: range(0) == range(5, 5) in Python, but code specialised
+// for one may read .stop and must not be reused for the other). The member getters return the
+// stored ints; no object is allocated.
+int range_match(PyObject* v, PyObject* c) {
+    static PyObject* const names[3] = {PyUnicode_InternFromString("start"),
+                                       PyUnicode_InternFromString("stop"),
+                                       PyUnicode_InternFromString("step")};
+    for (PyObject* field : names) {
+        if (field == nullptr) return -1;
+        PyObject* a = PyObject_GetAttr(v, field);
+        PyObject* b = a ? PyObject_GetAttr(c, field) : nullptr;
+        const int r = b ? PyObject_RichCompareBool(a, b, Py_EQ) : -1;
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        if (r != 1) return r;
+    }
+    return 1;
 }
 
-namespace {
-int is_constant_container(PyObject* v, PyTypeObject* t) {
-    if (t == &PyTuple_Type || t == &PyList_Type) {
-        for (Py_ssize_t i = 0; i < Py_SIZE(v); ++i) {
-            PyObject* item = t == &PyTuple_Type ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i);
-            Py_INCREF(item);  // a list can shrink under us only through user code; stay safe anyway
-            const int r = is_constant(item);
-            Py_DECREF(item);
-            if (r != 1) return r;
-            if (t == &PyList_Type && i + 1 > PyList_GET_SIZE(v)) break;
-        }
-        return 1;
-    }
-    if (t == &PySlice_Type) {
-        auto* s = reinterpret_cast<PySliceObject*>(v);
-        for (PyObject* part : {s->start, s->stop, s->step}) {
-            const int r = is_constant(part);
-            if (r != 1) return r;
-        }
-        return 1;
-    }
-    if (t == &PySet_Type || t == &PyFrozenSet_Type) {
-        Py_ssize_t pos = 0;
-        PyObject* key;
-        Py_hash_t hash;
-        while (_PySet_NextEntry(v, &pos, &key, &hash)) {
-            const int r = is_constant(key);
-            if (r != 1) return r;
-        }
-        return 1;
-    }
-    if (t == &PyDict_Type) {
-        Py_ssize_t pos = 0;
-        PyObject *k, *x;
-        while (PyDict_Next(v, &pos, &k, &x)) {
-            int r = is_constant(k);
-            if (r == 1) r = is_constant(x);
-            if (r != 1) return r;
-        }
-        return 1;
-    }
-    PyObject* base = enum_base();
-    if (base == nullptr) return -1;
-    // An exact-type check against Enum's metaclass machinery would run user code; instead ask
-    // the type's MRO, which is a plain tuple walk.
-    return PyType_IsSubtype(t, reinterpret_cast<PyTypeObject*>(base)) ? 1 : 0;
-}
-}  // namespace
-
-int equals_match(PyObject* v, PyObject* c) {
+int match(PyObject* v, PyObject* c, int depth) {
     PyTypeObject* t = Py_TYPE(c);
     if (Py_TYPE(v) != t) return 0;
     if (v == c) return 1;  // same object of the same type (constants are private copies)
@@ -183,30 +171,19 @@ int equals_match(PyObject* v, PyObject* c) {
         const Py_complex x = PyComplex_AsCComplex(v), y = PyComplex_AsCComplex(c);
         return nan_equal(x.real, y.real) && nan_equal(x.imag, y.imag) ? 1 : 0;
     }
-    if (t == &PyRange_Type) {
-        // start, stop and step, not the items: range(0) == range(5, 5) in Python, but code
-        // specialised for one may read .stop and must not be reused for the other.
-        for (const char* field : {"start", "stop", "step"}) {
-            PyObject* a = PyObject_GetAttrString(v, field);
-            PyObject* b = a ? PyObject_GetAttrString(c, field) : nullptr;
-            const int r = b ? PyObject_RichCompareBool(a, b, Py_EQ) : -1;
-            Py_XDECREF(a);
-            Py_XDECREF(b);
-            if (r != 1) return r;
-        }
-        return 1;
-    }
+    if (t == &PyRange_Type) return range_match(v, c);
     if (is_scalar_type(t)) return PyObject_RichCompareBool(v, c, Py_EQ);
+    // Containers. The recursion follows the constant, whose depth the builder bounds; a value
+    // nested deeper than that (or a constant that is not, such as a probe's snapshot) does not
+    // match rather than overflowing the C stack.
+    if (depth >= core::kMaxConstantDepth) return 0;
     if (t == &PyTuple_Type || t == &PyList_Type) {
         const Py_ssize_t n = Py_SIZE(c);
         if (Py_SIZE(v) != n) return 0;
         for (Py_ssize_t i = 0; i < n; ++i) {
-            if (t == &PyList_Type && (i >= PyList_GET_SIZE(v) || i >= PyList_GET_SIZE(c))) return 0;
             PyObject* x = t == &PyTuple_Type ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i);
             PyObject* y = t == &PyTuple_Type ? PyTuple_GET_ITEM(c, i) : PyList_GET_ITEM(c, i);
-            Py_INCREF(x);
-            const int r = equals_match(x, y);
-            Py_DECREF(x);
+            const int r = match(x, y, depth + 1);
             if (r != 1) return r;
         }
         return 1;
@@ -214,14 +191,51 @@ int equals_match(PyObject* v, PyObject* c) {
     if (t == &PySlice_Type) {
         auto* a = reinterpret_cast<PySliceObject*>(v);
         auto* b = reinterpret_cast<PySliceObject*>(c);
-        int r = equals_match(a->start, b->start);
-        if (r == 1) r = equals_match(a->stop, b->stop);
-        if (r == 1) r = equals_match(a->step, b->step);
+        int r = match(a->start, b->start, depth + 1);
+        if (r == 1) r = match(a->stop, b->stop, depth + 1);
+        if (r == 1) r = match(a->step, b->step, depth + 1);
         return r;
     }
-    if (t == &PySet_Type || t == &PyFrozenSet_Type) return set_match(v, c);
-    if (t == &PyDict_Type) return dict_match(v, c);
+    if (t == &PySet_Type || t == &PyFrozenSet_Type) return set_match(v, c, depth + 1);
+    if (t == &PyDict_Type) return dict_match(v, c, depth + 1);
     return 0;  // enum members and other identity constants: v is c was checked above
 }
+
+// Whether `c` nests at most kMaxConstantDepth - depth levels of containers.
+bool depth_within(PyObject* c, int depth) {
+    PyTypeObject* t = Py_TYPE(c);
+    const bool container = t == &PyTuple_Type || t == &PyList_Type || t == &PySlice_Type ||
+                           t == &PySet_Type || t == &PyFrozenSet_Type || t == &PyDict_Type;
+    if (!container) return true;
+    if (depth >= core::kMaxConstantDepth) return false;
+    if (t == &PyTuple_Type || t == &PyList_Type) {
+        for (Py_ssize_t i = 0; i < Py_SIZE(c); ++i) {
+            PyObject* x = t == &PyTuple_Type ? PyTuple_GET_ITEM(c, i) : PyList_GET_ITEM(c, i);
+            if (!depth_within(x, depth + 1)) return false;
+        }
+        return true;
+    }
+    if (t == &PySlice_Type) {
+        auto* s = reinterpret_cast<PySliceObject*>(c);
+        return depth_within(s->start, depth + 1) && depth_within(s->stop, depth + 1) &&
+               depth_within(s->step, depth + 1);
+    }
+    Py_ssize_t pos = 0;
+    PyObject *k, *x;
+    if (t == &PyDict_Type) {
+        while (PyDict_Next(c, &pos, &k, &x))
+            if (!depth_within(k, depth + 1) || !depth_within(x, depth + 1)) return false;
+        return true;
+    }
+    while (set_next(c, &pos, &k))
+        if (!depth_within(k, depth + 1)) return false;
+    return true;
+}
+
+}  // namespace
+
+int equals_match(PyObject* v, PyObject* c) { return match(v, c, 0); }
+
+bool constant_depth_ok(PyObject* c) { return depth_within(c, 0); }
 
 }  // namespace tripwire::runtime

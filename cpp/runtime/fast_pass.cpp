@@ -83,6 +83,8 @@ void GuardSet::build_fast_pass() {
                 case core::StepKind::Attr: op.code = FastOp::Code::FetchAttr; break;
                 case core::StepKind::Item: op.code = FastOp::Code::FetchItem; break;
                 case core::StepKind::DictItem: op.code = FastOp::Code::FetchDictItem; break;
+                // Only an instance dict that already exists (creating one allocates).
+                case core::StepKind::Dict: op.code = FastOp::Code::FetchDict; break;
                 default:
                     if (core::step_runs_user_code(n.step.kind)) return give_up();
                     op.code = FastOp::Code::FetchPure;
@@ -214,9 +216,17 @@ int GuardSet::fast_pass(const Frame& frame) {
                 r[op.node] = v;
                 break;
             }
+            case FastOp::Code::FetchDict: {
+                PyObject* p = r[op.parent];
+                if (PyType_Check(p)) return 0;  // `__dict__` of a class is not an instance dict
+                PyObject* d = existing_instance_dict(p);
+                if (d == nullptr || !PyDict_CheckExact(d)) return 0;
+                r[op.node] = d;
+                break;
+            }
             case FastOp::Code::FetchPure: {
-                // Steps that never run user code (type, __dict__, weakref target, dict key or
-                // value by position). An owned result would need a reference we do not keep.
+                // Steps that never run user code nor allocate (type, weakref target, dict key
+                // or value by position). An owned result would need a reference we do not keep.
                 Fetched f = fetch_step(nodes_[op.node].step, r[op.parent]);
                 if (f.status != FetchStatus::Ok || f.owned) {
                     if (f.owned) Py_DECREF(f.value);

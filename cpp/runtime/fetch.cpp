@@ -124,6 +124,16 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
     return generic_getattr(obj, name);
 }
 
+PyObject* existing_instance_dict(PyObject* obj) {
+    PyTypeObject* tp = Py_TYPE(obj);
+    // _PyObject_GetDictPtr would create a managed dict from the inline values: read the slot.
+    if (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) return materialised_managed_dict(obj);
+    if (tp->tp_dictoffset == 0) return nullptr;
+    // Without a managed dict it only computes the slot's address (and never raises).
+    PyObject** dictptr = _PyObject_GetDictPtr(obj);
+    return dictptr != nullptr ? *dictptr : nullptr;
+}
+
 Fetched fetch_step(RuntimeStep& s, PyObject* v) {
     using core::StepKind;
     switch (s.kind) {

@@ -57,6 +57,13 @@ Fetched fetch_step(RuntimeStep& step, PyObject* parent);
 /// getattr(obj, name) with the step's inline cache.
 Fetched fetch_attr(AttrCache& cache, PyObject* obj, PyObject* name);
 
+/// The instance dict of `obj` if it already exists (borrowed), without creating it: null when it
+/// does not exist yet (CPython keeps attributes inline until the dict is asked for), when the
+/// object has none, or when it cannot be read without allocating (a managed dict on an
+/// interpreter whose layout mirror is not verified, dict_hint.hpp). Allocates nothing and sets
+/// no error, so it may run where references are borrowed.
+PyObject* existing_instance_dict(PyObject* obj);
+
 /// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
 std::string describe_missing(const RuntimeStep& step, PyObject* parent);
 

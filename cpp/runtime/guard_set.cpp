@@ -152,6 +152,15 @@ GuardSet::GuardSet(GuardSetInputs in)
         if (d.kind == core::GuardKind::TypeMatch && !PyType_Check(g.a)) {
             throw core::InvalidProgram("TYPE_MATCH needs a type");
         }
+        // Constants are compared recursively: their depth bounds that recursion (and refuses a
+        // cyclic container, which deepcopy would preserve).
+        const bool compared = d.kind == core::GuardKind::EqualsMatch || d.kind == core::GuardKind::DictKeys ||
+                              (d.kind == core::GuardKind::GlobalState && g.b != nullptr);
+        PyObject* constant = d.kind == core::GuardKind::EqualsMatch ? g.a : g.b;
+        if (compared && !constant_depth_ok(constant)) {
+            throw core::InvalidProgram("a constant nests containers deeper than " +
+                                       std::to_string(core::kMaxConstantDepth) + " levels");
+        }
     }
 
     nodes_.resize(program_.nodes.size());
@@ -380,6 +389,9 @@ int GuardSet::check_without_user_code(const Frame& frame) {
     // Rebuilt after the tree walk reordered, so that its fail-fast order carries over.
     if (fast_built_at_ != order_changes_) build_fast_pass();
     if (!fast_enabled_ || fast_pass(frame) != 1) return 0;
+    // The pass runs no user code, so no guarded object can have died during it; re-reading the
+    // flag keeps that a checked fact rather than an assumption (docs/cpp.md).
+    if (state_->invalid) return 0;
     ++stats_.checks;
     ++stats_.passes;
     ++stats_.fast_passes;
@@ -481,27 +493,29 @@ void GuardSet::walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureR
     }
 }
 
-bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, bool first_only) {
-    ++active_;
-    bool fatal = false;
-    if (state_->invalid) {
-        // Report the first guard that names a dead object.
-        for (std::size_t gi = 0; gi < program_.guards.size(); ++gi) {
-            const core::GuardDecl& d = program_.guards[gi];
-            for (core::ConstId c : {d.operand, d.operand2}) {
-                if (c != core::kNoConst && holders_[c].get() != objs_[c] && constant(c) == nullptr) {
-                    out.push_back({d.id, Ref(), state_->why});
-                    break;
-                }
+void GuardSet::report_invalid(std::vector<FailureRecord>& out) const {
+    out.clear();
+    // The first guard that names a dead object.
+    for (std::size_t gi = 0; gi < program_.guards.size() && out.empty(); ++gi) {
+        const core::GuardDecl& d = program_.guards[gi];
+        for (core::ConstId c : {d.operand, d.operand2}) {
+            if (c != core::kNoConst && holders_[c].get() != objs_[c] && constant(c) == nullptr) {
+                out.push_back({d.id, Ref(), state_->why});
+                break;
             }
-            if (!out.empty()) break;
         }
-        if (out.empty())
-            out.push_back({program_.guards.empty() ? 0 : program_.guards[0].id, Ref(), state_->why});
+    }
+    if (out.empty()) out.push_back({program_.guards.empty() ? 0 : program_.guards[0].id, Ref(), state_->why});
+}
+
+bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, bool first_only) {
+    if (state_->invalid) {
         // The set can never pass again, and walking it would compare against freed constants.
-        --active_;
+        report_invalid(out);
         return true;
     }
+    ++active_;
+    bool fatal = false;
     for (std::uint32_t gi : program_.ambient) {
         if (fatal) break;
         const int r = eval_guard(guards_[gi], f_locals);
@@ -546,6 +560,17 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
     }
     --active_;
     if (fatal) return false;
+    // User code run by the walk may have killed a guarded object (and put a new one at its
+    // address before a later identity comparison passed): check() fails such a set, so the
+    // dead object is always among the failures, besides the guards that really failed.
+    if (state_->invalid) {
+        std::vector<FailureRecord> dead;
+        report_invalid(dead);
+        const bool listed = std::any_of(out.begin(), out.end(), [&](const FailureRecord& r) {
+            return r.guard_id == dead.front().guard_id;
+        });
+        if (!listed) out.push_back(std::move(dead.front()));
+    }
     std::stable_sort(out.begin(), out.end(),
                      [](const FailureRecord& a, const FailureRecord& b) { return a.guard_id < b.guard_id; });
     if (first_only && out.size() > 1) out.resize(1);

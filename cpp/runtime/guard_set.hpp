@@ -133,6 +133,7 @@ class GuardSet {
             FetchAttr,
             FetchItem,
             FetchDictItem,
+            FetchDict,
             FetchPure,  // regs[node] = step(regs[parent])
             TypeIs,
             IdIs,
@@ -167,6 +168,8 @@ class GuardSet {
     Fetched fetch_node(std::uint32_t ni, PyObject* parent);
     int on_error(std::uint32_t ni);
     void walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out, bool& fatal);
+    /// Replace `out` with the one failure of an invalid set: the first guard naming a dead object.
+    void report_invalid(std::vector<FailureRecord>& out) const;
 
     core::Program program_;
     std::vector<Ref> holders_;     // strong refs: the constant itself or its weak reference

@@ -1,9 +1,10 @@
 // tripwire/cpp/runtime/predicates.cpp -- the guard kinds of the catalogue, on live objects.
 #include "predicates.hpp"
 
-#include "dict_hint.hpp"
-
 #include <unordered_map>
+#include <vector>
+
+#include "dict_hint.hpp"
 
 namespace tripwire::runtime {
 
@@ -51,44 +52,36 @@ int dict_keys_match(PyObject* v, PyObject* keys, bool ordered) {
     const Py_ssize_t n = PyTuple_GET_SIZE(keys);
     if (PyDict_GET_SIZE(v) != n) return 0;
     if (dict_keys_identical(v, keys) == 1) return 1;
-    // Walk the dict's own storage: an overridden keys() is never called.
+    // Walk the dict's own storage: an overridden keys() is never called, and nothing is
+    // allocated (docs/cpp.md, "Regions without user code").
     Py_ssize_t pos = 0, i = 0;
     PyObject *k, *x;
-    bool in_order = true;
     while (i < n && PyDict_Next(v, &pos, &k, &x)) {
-        Py_INCREF(k);
         const int r = equals_match(k, PyTuple_GET_ITEM(keys, i));
-        Py_DECREF(k);
         if (r < 0) return -1;
-        if (r == 0) {
-            in_order = false;
-            break;
-        }
+        if (r == 0) break;
         ++i;
     }
-    if (in_order) return i == n ? 1 : 0;
+    if (i == n) return 1;
     if (ordered) return 0;
-    // Set-equal: every actual key is a constant and each expected key has an exact partner.
-    PyObject* actual = PyDict_Keys(v);
-    if (actual == nullptr) return -1;
-    int r = 1;
-    const Py_ssize_t m = PyList_GET_SIZE(actual);
-    if (m != n) r = 0;
-    for (Py_ssize_t j = 0; r == 1 && j < m; ++j) r = is_constant(PyList_GET_ITEM(actual, j));
-    for (Py_ssize_t e = 0; r == 1 && e < n; ++e) {
+    // Set-equal: a one-to-one matching of expected keys to actual keys (several NaN keys are
+    // several keys; equals_match is an equivalence, so greedy pairing finds a matching if any).
+    std::vector<unsigned char> used(static_cast<std::size_t>(n), 0);
+    for (Py_ssize_t e = 0; e < n; ++e) {
         bool found = false;
-        for (Py_ssize_t j = 0; j < m && !found; ++j) {
-            const int q = equals_match(PyList_GET_ITEM(actual, j), PyTuple_GET_ITEM(keys, e));
-            if (q < 0) {
-                r = -1;
-                break;
+        pos = 0;
+        for (Py_ssize_t j = 0; !found && PyDict_Next(v, &pos, &k, &x); ++j) {
+            if (used[static_cast<std::size_t>(j)]) continue;
+            const int q = equals_match(k, PyTuple_GET_ITEM(keys, e));
+            if (q < 0) return -1;
+            if (q == 1) {
+                used[static_cast<std::size_t>(j)] = 1;
+                found = true;
             }
-            found = q == 1;
         }
-        if (r == 1 && !found) r = 0;
+        if (!found) return 0;
     }
-    Py_DECREF(actual);
-    return r;
+    return 1;
 }
 
 int range_iterator_match(PyObject* v, PyObject* expected) {

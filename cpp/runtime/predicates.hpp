@@ -24,16 +24,19 @@ struct RuntimeGuard {
 int eval_guard(const RuntimeGuard& g, PyObject* v);
 
 /// EQUALS_MATCH: `type(v) is type(c) and v == c`, recursively type-exact, NaN equal to NaN, enum
-/// members (and other non-builtin constants) by identity. Calls no user __eq__. 1/0/-1.
+/// members (and other non-builtin constants) by identity, unordered containers matched one to
+/// one. Calls no user __eq__ and allocates no Python object, so it may run where references are
+/// borrowed (docs/cpp.md). A value nested deeper than core::kMaxConstantDepth does not match.
+/// 1/0/-1.
 int equals_match(PyObject* v, PyObject* c);
+
+/// Whether constant `c` nests at most core::kMaxConstantDepth levels of containers (a cyclic
+/// list does not). Runs no user code.
+bool constant_depth_ok(PyObject* c);
 
 /// len(v) for the exact built-in containers whose length is a field (list, tuple, bytes,
 /// bytearray, dict, str, set, frozenset): no __len__ runs. False for anything else.
 bool builtin_length(PyObject* v, Py_ssize_t& n);
-
-/// Whether `v` is a value an EQUALS_MATCH constant may hold (built-in constant types, enum
-/// members, and containers of these), so comparing against it runs no user code. 1/0/-1.
-int is_constant(PyObject* v);
 
 /// The engine's version stamp of dict `d`: `ma_version_tag` before 3.12, a watcher-maintained
 /// stamp on 3.12+. Stamps are unique across dicts and change on every mutation.

@@ -43,4 +43,24 @@ class Ref {
 /// "TypeName: message" for the exception currently set, which is cleared. Never raises.
 std::string take_error_text();
 
+/// The next element of set or frozenset `s` (borrowed) from position `*pos` (start at 0), read
+/// straight from the table: no iterator object is allocated and nothing runs, so a caller may
+/// hold borrowed references across the loop (a collection cannot start; see docs/cpp.md).
+/// `_PySet_NextEntry` did the same but left the public headers in 3.13; the table layout and its
+/// documented invariant (a dummy entry has hash -1, a real key never has) are in
+/// Include/cpython/setobject.h on every supported version.
+inline bool set_next(PyObject* s, Py_ssize_t* pos, PyObject** key) {
+    auto* so = reinterpret_cast<PySetObject*>(s);
+    for (Py_ssize_t i = *pos; i <= so->mask; ++i) {
+        const setentry& e = so->table[i];
+        if (e.key != nullptr && e.hash != -1) {
+            *pos = i + 1;
+            *key = e.key;
+            return true;
+        }
+    }
+    *pos = so->mask + 1;
+    return false;
+}
+
 }  // namespace tripwire::runtime

@@ -156,7 +156,8 @@ class GuardBuilder:
             raise GuardBuildError(
                 f"EQUALS_MATCH on {Source.parse(source)}: {builtins_type(c).__name__} is not a "
                 "constant type (int, float, complex, str, bytes, bool, None, range, slice, "
-                "Ellipsis, enum members, and tuples/lists/sets/frozensets/dicts of these)"
+                "Ellipsis, enum members, and tuples/lists/sets/frozensets/dicts of these, nested "
+                f"at most {reference.MAX_CONSTANT_DEPTH} deep)"
             )
         return self.add(GuardKind.EQUALS_MATCH, source, (_private_copy(c),))
 
@@ -180,7 +181,8 @@ class GuardBuilder:
             keys = list(dict.keys(v))
         keys = tuple(keys)
         for k in keys:
-            if not reference.is_constant(k):
+            # Depth 1: the engine holds the keys in a tuple, one level of nesting.
+            if not reference.is_constant(k, 1):
                 raise GuardBuildError(f"DICT_KEYS on {Source.parse(source)}: key {k!r} is not a constant")
         return self.add(GuardKind.DICT_KEYS, source, (keys, bool(ordered)))
 

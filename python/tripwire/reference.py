@@ -16,7 +16,7 @@ Rules shared with the engine:
 
 from __future__ import annotations
 
-import cmath
+import collections
 import enum
 import gc
 import math
@@ -169,86 +169,100 @@ def fetch(
 
 
 # -- EQUALS_MATCH semantics -----------------------------------------------------------------------
-def is_constant(c: Any) -> bool:
-    """Whether ``c`` may be the constant of an EQUALS_MATCH (recursively)."""
+# Written independently of the engine's algorithm (cpp/runtime/equals.cpp pairs elements greedily,
+# in place): here every value is turned into a hashable *canonical form*, and two values match when
+# their forms are equal. Unordered containers become multisets (Counters) of their elements' forms,
+# so matching is one to one by construction: {nan1, nan2, 1} is two NaNs and a one, and does not
+# match {nan3, 1, 2}.
+
+MAX_CONSTANT_DEPTH = 100  # core::kMaxConstantDepth; a test pins the two together
+_CONTAINERS = (tuple, list, slice, set, frozenset, dict)
+_NAN = ("nan",)
+
+
+class _TooDeep(Exception):
+    """A value nests containers deeper than MAX_CONSTANT_DEPTH: it matches no constant."""
+
+
+def _float_form(x: float) -> Any:
+    return _NAN if x != x else x  # every NaN alike; 0.0 and -0.0 alike (0.0 == -0.0)
+
+
+def _is_enum_member(x: Any) -> bool:
+    # issubclass on the exact type walks the MRO; isinstance could call a user __class__.
+    return issubclass(type(x), enum.Enum)
+
+
+def _form(x: Any, depth: int) -> Any:
+    """The canonical form of ``x``. Only built-in operations on exact built-in types run."""
+    t = type(x)
+    if t is float:
+        return (float, _float_form(x))
+    if t is complex:
+        return (complex, _float_form(x.real), _float_form(x.imag))
+    if t in (int, str, bytes, bool, type(None), type(Ellipsis)):
+        return (t, x)
+    if t is range:  # the fields, not the items: range(0) == range(5, 5) in Python
+        return (range, x.start, x.stop, x.step)
+    if t in _CONTAINERS:
+        if depth >= MAX_CONSTANT_DEPTH:
+            raise _TooDeep
+        d = depth + 1
+        if t is tuple or t is list:
+            return (t, tuple(_form(e, d) for e in x))
+        if t is slice:
+            return (slice, _form(x.start, d), _form(x.stop, d), _form(x.step, d))
+        if t is dict:
+            return (dict, _multiset((_form(k, d), _form(v, d)) for k, v in dict.items(x)))
+        return (t, _multiset(_form(e, d) for e in x))  # set, frozenset
+    # Enum members, and any other object, by identity.
+    return ("identity", id(x))
+
+
+def _multiset(forms: Iterable[Any]) -> frozenset:
+    return frozenset(collections.Counter(forms).items())
+
+
+def is_constant(c: Any, _depth: int = 0) -> bool:
+    """Whether ``c`` may be the constant of an EQUALS_MATCH: built-in scalars, enum members and
+    containers of these, nested at most MAX_CONSTANT_DEPTH deep."""
     t = type(c)
-    if t in _EQ_SCALARS or isinstance(c, enum.Enum):
+    if t in _EQ_SCALARS or t is range or _is_enum_member(c):
         return True
-    if t is range:
-        return True
+    if t not in _CONTAINERS or _depth >= MAX_CONSTANT_DEPTH:
+        return False
     if t is slice:
-        return all(is_constant(x) for x in (c.start, c.stop, c.step))
-    if t in (tuple, list, frozenset, set):
-        return all(is_constant(x) for x in c)
+        return all(is_constant(x, _depth + 1) for x in (c.start, c.stop, c.step))
     if t is dict:
-        return all(is_constant(k) and is_constant(x) for k, x in c.items())
-    return False
+        return all(is_constant(k, _depth + 1) and is_constant(x, _depth + 1) for k, x in dict.items(c))
+    return all(is_constant(x, _depth + 1) for x in c)
 
 
 def equals_match(v: Any, c: Any) -> bool:
-    """``type(v) is type(c) and v == c``, recursively type-exact, with NaN equal to NaN.
-
-    Enum members compare by identity. Containers are compared element by element, so no
-    ``__eq__`` of a user type is ever called.
-    """
-    t = type(c)
-    if type(v) is not t:
+    """``type(v) is type(c) and v == c``, recursively type-exact, with NaN equal to NaN, enum
+    members by identity and unordered containers compared as multisets. No ``__eq__`` of a user
+    type is ever called."""
+    if type(v) is not type(c):
         return False
-    if isinstance(c, enum.Enum):
-        return v is c
-    if t is float:
-        return v == c or (math.isnan(v) and math.isnan(c))
-    if t is complex:
-        return v == c or (cmath.isnan(v) and cmath.isnan(c) and _complex_nan_eq(v, c))
-    if t is range:  # the fields, not the items: range(0) == range(5, 5) in Python
-        return (v.start, v.stop, v.step) == (c.start, c.stop, c.step)
-    if t in _EQ_SCALARS:
-        return v == c
-    if t is slice:
-        return all(equals_match(x, y) for x, y in ((v.start, c.start), (v.stop, c.stop), (v.step, c.step)))
-    if t in (tuple, list):
-        return len(v) == len(c) and all(equals_match(x, y) for x, y in zip(v, c))
-    if t in (set, frozenset):
-        if len(v) != len(c) or not all(is_constant(x) for x in v):
-            return False
-        return _set_match(v, c)
-    if t is dict:
-        if len(v) != len(c) or not all(is_constant(k) for k in v):
-            return False
-        items = list(v.items())
-        # Keys in the same order: compare position by position.
-        for (vk, vx), (ck, cx) in zip(items, c.items()):
-            if not equals_match(vk, ck):
-                break
-            if not equals_match(vx, cx):
-                return False
-        else:
-            return True
-        # Otherwise pair each expected key with its first equals_match partner among v's keys
-        # (not by hashing: a NaN key has no hash partner, yet matches NaN) and compare values.
-        for ck, cx in c.items():
-            partner = next((vx for vk, vx in items if equals_match(vk, ck)), _NO_PARTNER)
-            if partner is _NO_PARTNER or not equals_match(partner, cx):
-                return False
-        return True
-    return False
+    try:
+        return _form(v, 0) == _form(c, 0)
+    except _TooDeep:
+        return False
 
 
-_NO_PARTNER = object()
-
-
-def _complex_nan_eq(v: complex, c: complex) -> bool:
-    # Components compare one by one, each NaN matching NaN.
-    return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in ((v.real, c.real), (v.imag, c.imag)))
-
-
-def _set_match(vs: Iterable[Any], cs: Iterable[Any]) -> bool:
-    """Each element of cs has an equals_match partner in vs (sizes already equal)."""
-    vs = list(vs)
-    for c in cs:
-        if not any(equals_match(x, c) for x in vs):
-            return False
-    return True
+def _keys_match(actual: list, expected: Iterable[Any], ordered: bool) -> bool:
+    """DICT_KEYS: the keys in order, or as multisets of canonical forms when not ordered."""
+    expected = list(expected)
+    if len(actual) != len(expected):
+        return False
+    try:
+        if ordered:
+            return all(type(a) is type(e) and _form(a, 0) == _form(e, 0) for a, e in zip(actual, expected))
+        return _multiset((type(a), _form(a, 0)) for a in actual) == _multiset(
+            (type(e), _form(e, 0)) for e in expected
+        )
+    except _TooDeep:
+        return False
 
 
 # -- guard predicates ----------------------------------------------------------------------------
@@ -280,12 +294,7 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
         if k is GuardKind.DICT_KEYS:
             if not isinstance(v, dict):
                 return False
-            keys = list(dict.keys(v))
-            if len(keys) != len(a[0]):
-                return False
-            if a[1]:
-                return all(equals_match(x, y) for x, y in zip(keys, a[0]))
-            return all(is_constant(x) for x in keys) and _set_match(keys, a[0])
+            return _keys_match(list(dict.keys(v)), a[0], a[1])
         if k is GuardKind.DICT_CONTAINS:
             if not isinstance(v, dict):
                 return False
