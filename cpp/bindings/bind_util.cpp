@@ -5,6 +5,7 @@
 #include "../core/program.hpp"
 #include "../runtime/dict_hint.hpp"
 #include "../runtime/guard_set.hpp"
+#include "../runtime/no_user_code.hpp"
 #include "../runtime/predicates.hpp"
 #include "register.hpp"
 
@@ -59,6 +60,8 @@ void register_util(nb::module_& m) {
         "the previous setting. Off, every check takes the tree walk.");
     m.attr("MAX_SOURCE_DEPTH") = core::kMaxSourceDepth;
     m.attr("MAX_CONSTANT_DEPTH") = core::kMaxConstantDepth;
+    // Debug builds abort when user code runs inside a region that promises none (no_user_code.hpp).
+    m.attr("_CHECKS_REGIONS") = runtime::kChecksRegions;
 }
 
 }  // namespace tripwire::bindings

@@ -21,6 +21,7 @@
 
 #include "dict_hint.hpp"
 #include "guard_set.hpp"
+#include "no_user_code.hpp"
 #include "predicates.hpp"
 
 namespace tripwire::runtime {
@@ -128,6 +129,7 @@ void GuardSet::build_fast_pass() {
 
 int GuardSet::fast_pass(const Frame& frame) {
     if (!g_fast_pass_enabled) return 0;
+    const NoUserCodeRegion region("the fast pass");
     // Small sets (the common case) keep their registers on the stack.
     constexpr std::size_t kStackRegs = 64;
     PyObject* stack_regs[kStackRegs];

@@ -6,6 +6,7 @@
 
 #include "../core/fail_order.hpp"
 #include "dict_hint.hpp"
+#include "no_user_code.hpp"
 
 namespace tripwire::runtime {
 namespace {
@@ -24,6 +25,7 @@ struct DeathWatch {
 // Called by CPython when a weakly held object dies (inside its deallocation, before its memory
 // can be reused). Runs with the GIL held; must not raise.
 PyObject* on_guarded_object_death(PyObject* capsule, PyObject* /*weakref*/) {
+    assert_outside_region("a weakref callback (an object a guard set names died)");
     auto* w = static_cast<DeathWatch*>(PyCapsule_GetPointer(capsule, kCapsuleName));
     if (w == nullptr) {
         PyErr_Clear();
@@ -82,7 +84,7 @@ GuardSet::GuardSet(GuardSetInputs in)
     const std::size_t n_consts = in.consts.size();
     if (in.hold_weakly.size() != n_consts) throw core::InvalidProgram("hold_weakly must match consts");
     core::validate(program_, n_consts);
-    if (!init_dict_stamps()) throw_python_error();
+    if (!init_dict_stamps() || !install_region_checks()) throw_python_error();
     verify_dict_hints();
 
     holders_.reserve(n_consts);
@@ -370,8 +372,13 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
                 Py_INCREF(f.value);
                 f.owned = true;
             }
-            r = c.child_begin == c.child_end ? eval_guards(ci, f.value) : eval_node(ci, f.value);
-            if (f.owned) Py_DECREF(f.value);
+            if (f.owned) {
+                r = c.child_begin == c.child_end ? eval_guards(ci, f.value) : eval_node(ci, f.value);
+                Py_DECREF(f.value);
+            } else {
+                const NoUserCodeRegion region("a borrowed subtree of the tree walk");
+                r = c.child_begin == c.child_end ? eval_guards(ci, f.value) : eval_node(ci, f.value);
+            }
         } else if (f.status == FetchStatus::Error) {
             r = on_error(ci);
         }
@@ -426,8 +433,13 @@ int GuardSet::check(const Frame& frame) {
                 Py_INCREF(f.value);
                 f.owned = true;
             }
-            r = eval_node(ni, f.value);
-            if (f.owned) Py_DECREF(f.value);
+            if (f.owned) {
+                r = eval_node(ni, f.value);
+                Py_DECREF(f.value);
+            } else {
+                const NoUserCodeRegion region("a borrowed subtree of the tree walk");
+                r = eval_node(ni, f.value);
+            }
         } else if (f.status == FetchStatus::Error) {
             r = on_error(ni);
         }

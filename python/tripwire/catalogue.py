@@ -31,6 +31,7 @@ LAMBDA                (fn, text: str)                            optional (None:
 from __future__ import annotations
 
 import enum
+import reprlib
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,9 +235,21 @@ def _name(t: Any) -> str:
         return "<type>"
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxstring = 60
+_REPR.maxother = 60
+for _attr in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+    setattr(_REPR, _attr, 8)
+
+
 def _short(v: Any, limit: int = 80) -> str:
+    """A one-line repr for messages: reprlib-style limits on sizes and nesting (a big container is
+    never printed whole), every run of whitespace (a multi-line tensor repr) made one space, and
+    at most ``limit`` characters. Never raises."""
     try:
-        r = repr(v)
+        r = _REPR.repr(v)
     except Exception as e:  # noqa: BLE001 - repr of user objects may raise anything
         r = f"<repr failed: {type(e).__name__}>"
+    r = " ".join(r.split())
     return r if len(r) <= limit else r[: limit - 3] + "..."

@@ -1,10 +1,68 @@
-"""Shared fixtures for the Python test suite."""
+"""Shared fixtures for the Python test suite, and the ``--gc-stress`` mode (gc_stress.py)."""
 
 from __future__ import annotations
 
 import gc
 
 import pytest
+
+from gc_stress import SuiteStress
+
+_STRESS = pytest.StashKey[SuiteStress]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--gc-stress",
+        action="store_true",
+        default=False,
+        help="run every test with gc.set_threshold(1) and a self-re-arming finalizer in a reference "
+        "cycle that mutates state on every collection (tests/python/gc_stress.py)",
+    )
+
+
+@pytest.fixture(scope="session")
+def _suite_stress(request: pytest.FixtureRequest):
+    if not request.config.getoption("--gc-stress"):
+        yield None
+        return
+    import tripwire as tw
+
+    stress = SuiteStress()
+    request.config.stash[_STRESS] = stress
+    original_init = tw.Cache.__init__
+
+    def registering_init(self, *args, **kwargs):  # every Cache the tests make is purged mid-check
+        original_init(self, *args, **kwargs)
+        stress.caches.add(self)
+
+    tw.Cache.__init__ = registering_init
+    try:
+        yield stress
+    finally:
+        tw.Cache.__init__ = original_init
+
+
+@pytest.fixture(autouse=True)
+def _gc_stress(_suite_stress):
+    """In --gc-stress mode, each test runs under SuiteStress (collections everywhere)."""
+    if _suite_stress is None:
+        yield
+        return
+    _suite_stress.start()
+    try:
+        yield
+    finally:
+        _suite_stress.stop()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    stress = config.stash.get(_STRESS, None)
+    if stress is not None:
+        terminalreporter.write_line(
+            f"gc-stress: {stress.collections} collections ran the mutating finalizer "
+            f"(gc.set_threshold(1) in every test)"
+        )
 
 
 @pytest.fixture
