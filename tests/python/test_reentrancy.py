@@ -340,9 +340,9 @@ def test_constant_depth_is_bounded_and_agreed():
 class _CollidingKey:
     """A dict key whose hash collides with a str key; its __eq__ runs an action once armed."""
 
-    def __init__(self, text, action):
+    def __init__(self, text):
         self.h = hash(text)
-        self.action = action
+        self.action = None  # armed after the dict holding it is built (building compares keys)
 
     def __hash__(self):
         return self.h
@@ -372,8 +372,11 @@ def test_index_fetch_survives_an_index_rebuild_from_user_code():
             entry(f"z{i}", f"p{i}")
         assert cache.lookup({"o": {"cfg": {"mode": "zz"}}}) is None  # rebuilds the index
 
-    o = {_CollidingKey("cfg", rebuild): 1, "cfg": {"mode": "b"}}
+    key = _CollidingKey("cfg")
+    o = {key: 1, "cfg": {"mode": "b"}}
+    key.action = rebuild
     assert cache.lookup({"o": o}) == "b"
+    assert key.action is None  # the rebuild ran inside the index fetch
     assert len(cache) == 6
     assert cache.lookup({"o": {"cfg": {"mode": "z1"}}}) == "p1"
 
