@@ -6,9 +6,15 @@ import gc
 
 import pytest
 
+import gc_stress
 from gc_stress import SuiteStress
 
 _STRESS = pytest.StashKey[SuiteStress]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before test modules are imported: they scale long loops with gc_stress.scaled().
+    gc_stress.ACTIVE = bool(config.getoption("--gc-stress"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -74,13 +74,11 @@ _drained: list = []
 
 
 def drain_free_lists() -> None:
-    """Empty the free lists of dicts, lists and small tuples (kept until the next drain), so the
-    next such allocation comes from the allocator and counts towards a collection."""
+    """Empty the free lists of dicts and lists (80 each on 3.11; kept until the next drain), so
+    the next such allocation comes from the allocator and counts towards a collection."""
     _drained.clear()
-    _drained.extend({} for _ in range(100))
-    _drained.extend([] for _ in range(100))
-    _drained.extend((i,) for i in range(100))
-    _drained.extend((i, i) for i in range(100))
+    _drained.extend([{} for _ in range(80)])
+    _drained.extend([[] for _ in range(80)])
 
 
 @contextmanager
@@ -128,6 +126,25 @@ def hit_every_allocation(
             yield result, fin.fired > fired
 
 
+ACTIVE = False  # set by conftest.py in --gc-stress mode
+# The finalizer's heavier mutations (purging caches, re-entering the engine, draining free lists)
+# run on every HEAVY_EVERY-th collection: each allocates, and the allocations a finalizer makes
+# all but guarantee that the very next allocation starts another collection.
+HEAVY_EVERY = 8
+
+
+def scaled(n: int, divisor: int = 50) -> int:
+    """``n`` iterations normally; ``n // divisor`` (at least 1) in --gc-stress mode, where every
+    second allocation runs a collection and a finalizer, so long loops would take hours."""
+    return max(1, n // divisor) if ACTIVE else n
+
+
+def examples(n: int) -> int:
+    """A hypothesis example count: ``n`` normally, ``n // 10`` under --gc-stress (generating
+    examples is allocation-heavy Python, where the mode costs the most and tests the least)."""
+    return scaled(n, 10)
+
+
 class SuiteStress:
     """The ``--gc-stress`` mode of the test suite (see the module docstring)."""
 
@@ -145,9 +162,13 @@ class SuiteStress:
         gc.set_threshold(1)
 
     def stop(self) -> None:
+        global _throwaway
         gc.set_threshold(*self._old_threshold)
         self._active = False
         gc.collect()  # run the pending finalizer once more, inactive
+        _throwaway = None  # no guard set outlives the session (nanobind reports leaks at exit)
+        self._ring = [None] * len(self._ring)
+        _drained.clear()
 
     def _collected(self) -> None:
         if not self._active:
@@ -156,14 +177,16 @@ class SuiteStress:
         # Objects of common sizes, freed soon: a new object often lands at a dead one's address.
         i = self.collections % len(self._ring)
         self._ring[i] = (object(), {"k": i}, [i], _Blob())
-        # Caches drop entries whose guarded objects died (the cache changed mid-check). A lookup
-        # or insert would change what the tests observe (hits, recency); purging does not.
-        for cache in list(self.caches):
-            len(cache)
-        # The engine re-entered from inside whatever allocated.
-        _throwaway_check(self.collections)
-        # Empty free lists: the next allocations start collections again.
-        drain_free_lists()
+        if self.collections % HEAVY_EVERY == 0:
+            # Caches drop entries whose guarded objects died (the cache changed mid-check). A
+            # lookup or insert would change what the tests observe (hits, recency); purging
+            # does not.
+            for cache in list(self.caches):
+                len(cache)
+            # The engine re-entered from inside whatever allocated.
+            _throwaway_check(self.collections)
+            # Empty free lists: the next allocations start collections again.
+            drain_free_lists()
         _Cycle(self)  # re-arm for the next collection
 
 

@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gc_stress import examples, scaled
+
 import tripwire as tw
 
 MISS = object()
@@ -193,7 +195,7 @@ ops_st = st.lists(st.one_of(st.tuples(st.just("insert"), entry_st), st.tuples(st
 INDEX_EXAMPLES = int(os.environ.get("TRIPWIRE_HYPOTHESIS_EXAMPLES", "300"))
 
 
-@settings(max_examples=INDEX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(INDEX_EXAMPLES), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops_st)
 def test_index_matches_plain_mru_scan(ops: list) -> None:
     """Whatever the entries (guards on locals, below locals, on a global, on floats including
@@ -697,7 +699,7 @@ def test_lookups_during_inserts_from_another_thread() -> None:
     assert all(e.guards.check({"x": e.payload}) for e in c)
 
 
-CYCLES = 1_000_000
+CYCLES = scaled(1_000_000)  # 20,000 under --gc-stress
 
 
 def test_memory_flat_over_insert_evict_invalidate_cycles() -> None:
@@ -735,7 +737,7 @@ def test_memory_flat_over_insert_evict_invalidate_cycles() -> None:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096
 
-    run(20_000, 0)  # warm up: allocator pools, interned strings
+    run(scaled(20_000), 0)  # warm up: allocator pools, interned strings
     gc.collect()
     stats0 = c.stats
     hits[0] = 0
@@ -743,7 +745,7 @@ def test_memory_flat_over_insert_evict_invalidate_cycles() -> None:
     try:
         traced0 = tracemalloc.get_traced_memory()[0]
         rss0 = rss()
-        run(CYCLES, 20_000)
+        run(CYCLES, scaled(20_000))
         gc.collect()
         traced1 = tracemalloc.get_traced_memory()[0]
         rss1 = rss()

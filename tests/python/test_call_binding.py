@@ -31,6 +31,8 @@ from hypothesis import event as _event
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
+from gc_stress import examples
+
 from tripwire.specialize import specialize
 
 
@@ -266,7 +268,7 @@ def run_call(s, f, model, record, args, kw_items, where):
 
 
 @settings(
-    max_examples=EXAMPLES,
+    max_examples=examples(EXAMPLES),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

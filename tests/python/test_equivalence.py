@@ -23,6 +23,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from gc_stress import examples
+
 import tripwire as tw
 from tripwire import reference
 
@@ -136,20 +138,20 @@ def run_case(data: st.DataObject, mutations: int) -> None:
             assert_agree(gs, example, m)
 
 
-@settings(max_examples=400, **_SETTINGS)
+@settings(max_examples=examples(400), **_SETTINGS)
 @given(st.data())
 def test_engine_matches_reference(data: st.DataObject) -> None:
     run_case(data, mutations=6)
 
 
 @pytest.mark.slow
-@settings(max_examples=1000, **_SETTINGS)
+@settings(max_examples=examples(1000), **_SETTINGS)
 @given(st.data())
 def test_engine_matches_reference_long(data: st.DataObject) -> None:
     run_case(data, mutations=10)
 
 
-@settings(max_examples=100, **_SETTINGS)
+@settings(max_examples=examples(100), **_SETTINGS)
 @given(st.data())
 def test_equal_frames_after_mutation_roundtrip(data: st.DataObject) -> None:
     """A guard set built on a frame passes on an equal copy built independently, unless it holds
@@ -216,7 +218,7 @@ _ATTR_OPS = st.sampled_from(
 )
 
 
-@settings(max_examples=150, **_SETTINGS)
+@settings(max_examples=examples(150), **_SETTINGS)
 @given(st.data())
 def test_attribute_cache_matches_reference_under_mutation(data: st.DataObject) -> None:
     """Instances and their classes change between checks; the engine's inline attribute cache

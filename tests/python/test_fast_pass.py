@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gc_stress import examples
+
 import tripwire as tw
 from tripwire import _core
 
@@ -30,7 +32,7 @@ def fast_pass_off() -> Iterator[None]:
         _core._set_fast_pass(was)
 
 
-@settings(max_examples=300, **_SETTINGS)
+@settings(max_examples=examples(300), **_SETTINGS)
 @given(st.data())
 def test_tree_walk_alone_matches_reference(data: st.DataObject) -> None:
     was = _core._set_fast_pass(False)

@@ -14,6 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gc_stress import examples
+
 import tripwire as tw
 from tripwire import GuardKind as K
 from tripwire import reference
@@ -748,7 +750,7 @@ _policies = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(example=_frames, other=_frames, policy=_policies)
 def test_engine_and_reference_agree_on_inferred_guards(example, other, policy):
     gs = tw.guards_for(example, policy=policy)

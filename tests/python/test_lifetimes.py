@@ -17,6 +17,8 @@ import weakref
 
 import pytest
 
+from gc_stress import scaled
+
 import tripwire as tw
 from tripwire import _core
 from tripwire import guard_set as _gs_mod
@@ -604,7 +606,7 @@ def test_many_sets_built_checked_and_dropped_do_not_grow():
     try:
         collect()
         base = tracemalloc.get_traced_memory()[0]
-        for i in range(20_000):
+        for i in range(scaled(20_000, 10)):
             core_cycle()
             if i % 20 == 0:
                 cycle(i % 40 == 0)

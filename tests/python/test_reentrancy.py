@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tripwire as tw
-from gc_stress import Finalizer, collecting_often, drain_free_lists, hit_every_allocation
+from gc_stress import Finalizer, collecting_often, drain_free_lists, examples, hit_every_allocation
 from tripwire import _core, reference
 
 # -- 1. a collection inside a region that claims "no user code" ----------------------------------
@@ -289,7 +289,7 @@ def _multiset(xs):
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_atoms, max_size=8), st.lists(_atoms, max_size=8), st.sampled_from([set, frozenset, dict, "keys"]))
 def test_containers_with_several_nans_match_as_multisets(cs, vs, kind):
     c_elems = [_realise(a) for a in cs]

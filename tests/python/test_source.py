@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gc_stress import examples
+
 import tripwire as tw
 from tripwire.source import RootKind, Source, SourceParseError, Step, StepKind
 
@@ -205,7 +207,7 @@ def test_parent_and_prefixes() -> None:
     assert [str(p) for p in s.prefixes()] == ["L['a']", "L['a'].b", "L['a'].b[0]"]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(sources())
 def test_round_trip_generated_sources(s: Source) -> None:
     text = str(s)
@@ -215,7 +217,7 @@ def test_round_trip_generated_sources(s: Source) -> None:
     assert str(parsed) == text
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(sources(max_steps=3), sources(max_steps=3))
 def test_distinct_sources_print_differently(a: Source, b: Source) -> None:
     if a != b:
@@ -224,7 +226,7 @@ def test_distinct_sources_print_differently(a: Source, b: Source) -> None:
         assert str(a) == str(b) or a.steps  # equal sources: only -0.0/0.0 keys print apart
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=30))
 def test_parse_of_arbitrary_text_returns_a_source_or_raises_source_parse_error(text: str) -> None:
     try:
@@ -234,7 +236,7 @@ def test_parse_of_arbitrary_text_returns_a_source_or_raises_source_parse_error(t
     assert Source.parse(str(s)) == s
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(sources(max_steps=4), st.integers(min_value=0, max_value=200))
 def test_truncated_printed_sources_never_raise_anything_else(s: Source, cut: int) -> None:
     text = str(s)[:cut]
@@ -246,7 +248,7 @@ def test_truncated_printed_sources_never_raise_anything_else(s: Source, cut: int
 
 
 @given(steps())
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 def test_steps_render_on_any_base(step: Step) -> None:
     s = Source(RootKind.GLOBAL, "g", (step,))
     assert Source.parse(str(s)).steps == (step,)

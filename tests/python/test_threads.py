@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+from gc_stress import scaled
+
 import tripwire as tw
 from tripwire import reference
 
@@ -134,7 +136,7 @@ def test_concurrent_checks_while_a_shared_input_is_mutated_in_place(fast_switchi
 
     def mutator():
         rng = random.Random(2)
-        for _ in range(20_000):
+        for _ in range(scaled(20_000)):
             op = rng.randrange(6)
             if op == 0:
                 shared["cfg"]["mode"] = rng.choice(["fast", "slow"])
