@@ -87,14 +87,16 @@ int dict_keys_match(PyObject* v, PyObject* keys, bool ordered) {
 int range_iterator_match(PyObject* v, PyObject* expected) {
     if (Py_TYPE(v) != &PyRangeIter_Type) return 0;
     // range_iterator's fields are private; its __reduce__ is the interpreter's own C code and
-    // gives (iter, (range,), position) on every supported version.
+    // gives (iter, (range,), position): the whole range and the position on 3.11, the remaining
+    // range and None on 3.12+.
     PyObject* red = PyObject_CallMethod(v, "__reduce__", nullptr);
     if (red == nullptr) return -1;
     int r = 0;
     if (PyTuple_Check(red) && PyTuple_GET_SIZE(red) == 3 && PyTuple_Check(PyTuple_GET_ITEM(red, 1)) &&
         PyTuple_GET_SIZE(PyTuple_GET_ITEM(red, 1)) == 1) {
         PyObject* rng = PyTuple_GET_ITEM(PyTuple_GET_ITEM(red, 1), 0);
-        const Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(red, 2));
+        PyObject* position = PyTuple_GET_ITEM(red, 2);
+        const Py_ssize_t pos = position == Py_None ? 0 : PyLong_AsSsize_t(position);
         if (pos == -1 && PyErr_Occurred()) {
             r = -1;
         } else {
