@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "../runtime/cache.hpp"
 #include "register.hpp"
+#include "runtime/cache/cache.hpp"
 
 namespace nb = nanobind;
 

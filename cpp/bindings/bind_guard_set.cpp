@@ -8,9 +8,9 @@
 
 #include <memory>
 
-#include "../core/program.hpp"
-#include "../runtime/guard_set.hpp"
+#include "core/program.hpp"
 #include "register.hpp"
+#include "runtime/eval/guard_set.hpp"
 
 namespace nb = nanobind;
 

@@ -12,8 +12,8 @@
 #include <exception>
 #include <new>
 
-#include "../runtime/dispatch.hpp"
 #include "register.hpp"
+#include "runtime/cache/dispatch.hpp"
 
 namespace nb = nanobind;
 
@@ -71,7 +71,7 @@ PyObject* call_slow(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_
 // miss(self, args, kwargs, f_locals) with the call's arguments as a tuple and a dict (or None).
 PyObject* call_miss(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_ssize_t n, PyObject* kwnames,
                     const runtime::BoundCall& bound) {
-    runtime::Ref f_locals = bound.frame().as_mapping();
+    runtime::Ref f_locals = bound.locals().as_mapping();
     if (!f_locals) return nullptr;
     runtime::Ref tup, kwargs;
     if (!pack_arguments(args, n, kwnames, tup, kwargs)) return nullptr;

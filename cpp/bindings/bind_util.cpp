@@ -2,12 +2,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
-#include "../core/program.hpp"
-#include "../runtime/dict_hint.hpp"
-#include "../runtime/guard_set.hpp"
-#include "../runtime/no_user_code.hpp"
-#include "../runtime/predicates.hpp"
+#include "core/program.hpp"
 #include "register.hpp"
+#include "runtime/eval/dict_hint.hpp"
+#include "runtime/eval/guard_kinds.hpp"
+#include "runtime/eval/guard_set.hpp"
+#include "runtime/eval/no_user_code.hpp"
 
 namespace nb = nanobind;
 

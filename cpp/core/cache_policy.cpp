@@ -1,5 +1,5 @@
 // tripwire/cpp/core/cache_policy.cpp -- CachePolicy: recency order, groups, limits, victims.
-#include "cache_policy.hpp"
+#include "core/cache_policy.hpp"
 
 #include <algorithm>
 #include <stdexcept>

@@ -1,5 +1,5 @@
 // tripwire/cpp/core/ir.cpp -- names and static properties of steps and guard kinds.
-#include "ir.hpp"
+#include "core/ir.hpp"
 
 namespace tripwire::core {
 

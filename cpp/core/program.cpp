@@ -1,5 +1,5 @@
 // tripwire/cpp/core/program.cpp -- building and validating the guard tree.
-#include "program.hpp"
+#include "core/program.hpp"
 
 #include <algorithm>
 #include <map>

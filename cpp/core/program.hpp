@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ir.hpp"
+#include "core/ir.hpp"
 
 namespace tripwire::core {
 

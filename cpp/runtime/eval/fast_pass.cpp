@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/fast_pass.cpp -- the straight-line fast pass of GuardSet::check.
+// tripwire/cpp/runtime/eval/fast_pass.cpp -- the straight-line fast pass of GuardSet::check.
 //
 // The tree walk (guard_set.cpp) is the authority: it handles user code, errors, borrowed-value
 // safety, failure statistics and adaptive reordering. Most checks of a warm guard set pass,
@@ -19,10 +19,10 @@
 // __len__, generic getattr, ...) never uses the fast pass.
 #include <vector>
 
-#include "dict_hint.hpp"
-#include "guard_set.hpp"
-#include "no_user_code.hpp"
-#include "predicates.hpp"
+#include "runtime/eval/dict_hint.hpp"
+#include "runtime/eval/guard_kinds.hpp"
+#include "runtime/eval/guard_set.hpp"
+#include "runtime/eval/no_user_code.hpp"
 
 namespace tripwire::runtime {
 
@@ -127,7 +127,7 @@ void GuardSet::build_fast_pass() {
     fast_enabled_ = true;
 }
 
-int GuardSet::fast_pass(const Frame& frame) {
+int GuardSet::fast_pass(const Locals& locals) {
     if (!g_fast_pass_enabled) return 0;
     const NoUserCodeRegion region("the fast pass");
     // Small sets (the common case) keep their registers on the stack.
@@ -144,11 +144,11 @@ int GuardSet::fast_pass(const Frame& frame) {
             case FastOp::Code::LoadLocal: {
                 NodeRt& n = nodes_[op.node];
                 PyObject* v;
-                if (frame.is_arguments()) {
-                    v = frame.argument(n.root_name, &n.slot);
+                if (locals.is_arguments()) {
+                    v = locals.argument(n.root_name, &n.slot);
                 } else {
-                    if (!PyDict_Check(frame.locals)) return 0;
-                    v = pure_dict_get(frame.locals, n.root_name, &n.hint);
+                    if (!PyDict_Check(locals.mapping)) return 0;
+                    v = pure_dict_get(locals.mapping, n.root_name, &n.hint);
                 }
                 if (v == nullptr) return 0;
                 r[op.node] = v;

@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/cache.cpp -- Cache: entries, dispatch index, probes; policy in core.
+// tripwire/cpp/runtime/cache/cache.cpp -- Cache: entries, dispatch index, probes; policy in core.
 //
 // See cache.hpp for the design. The invariant that keeps the index correct: an entry is put in
 // the bucket of key K only if every value that passes its guards on the index source has key K
@@ -10,13 +10,13 @@
 // and only along steps that run no user code for the values met, so it is the value the guards
 // see. Every candidate is still checked in full, so a hash collision costs time, never a false
 // hit.
-#include "cache.hpp"
+#include "runtime/cache/cache.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-#include "predicates.hpp"
+#include "runtime/eval/guard_kinds.hpp"
 
 namespace tripwire::runtime {
 namespace {
@@ -338,17 +338,17 @@ const std::string& Cache::index_source() {
     return index_text_;
 }
 
-Ref Cache::fetch_index_value(const Frame& frame) {
+Ref Cache::fetch_index_value(const Locals& locals) {
     // Our own reference: a step may run user code that rebuilds the index (see IndexPath).
     const std::shared_ptr<IndexPath> path = index_path_;
     if (!path) return Ref();
     PyObject* root = nullptr;
     if (path->root == core::RootKind::Global) {
         root = PyDict_GetItemWithError(path->globals.get(), path->name.get());
-    } else if (frame.is_arguments()) {
-        root = frame.argument(path->name.get(), &path->slot);  // the caller keeps it alive
-    } else if (PyDict_CheckExact(frame.locals)) {
-        root = PyDict_GetItemWithError(frame.locals, path->name.get());
+    } else if (locals.is_arguments()) {
+        root = locals.argument(path->name.get(), &path->slot);  // the caller keeps it alive
+    } else if (PyDict_CheckExact(locals.mapping)) {
+        root = PyDict_GetItemWithError(locals.mapping, path->name.get());
     }
     if (root == nullptr) {
         PyErr_Clear();  // missing or raised: the ordered scan decides
@@ -374,12 +374,12 @@ void Cache::all_entries(std::vector<EntryPtr>& out) const {
     for (core::CacheEntryId id : policy_.order()) out.push_back(by_id_.at(id));
 }
 
-void Cache::collect_candidates(const Frame& frame, std::vector<EntryPtr>& out) {
+void Cache::collect_candidates(const Locals& locals, std::vector<EntryPtr>& out) {
     out.clear();
     Ref v;
     if (index_path_) {
         const std::uint64_t before = mutations_;
-        v = fetch_index_value(frame);
+        v = fetch_index_value(locals);
         // A dict lookup met a user key's __eq__ that changed this cache: the buckets are gone.
         if (mutations_ != before || index_dirty_) v = Ref();
     }
@@ -416,7 +416,7 @@ void Cache::collect_candidates(const Frame& frame, std::vector<EntryPtr>& out) {
     }
 }
 
-int Cache::try_entry(const EntryPtr& c, const Frame& frame, PyObject* current, SnapshotMemo& memo) {
+int Cache::try_entry(const EntryPtr& c, const Locals& locals, PyObject* current, SnapshotMemo& memo) {
     if (!c->in_cache) return 0;  // removed by another thread while we were checking
     if (current != nullptr) {
         // Entries inserted under the same ambient state share one snapshot object.
@@ -429,23 +429,23 @@ int Cache::try_entry(const EntryPtr& c, const Frame& frame, PyObject* current, S
     }
     GuardSet* gs = c->gs.get();
     if (gs->invalid()) return 0;
-    return gs->check(frame);
+    return gs->check(locals);
 }
 
-int Cache::lookup_most_recent(const Frame& frame, Ref& payload) {
+int Cache::lookup_most_recent(const Locals& locals, Ref& payload) {
     if (!front_ || invalidation_epoch() != seen_epoch_ || index_dirty_ || index_path_ || !probes_.empty())
         return 0;
     // Borrowed: the fast pass runs no user code and allocates nothing, so no finalizer can run
     // and remove the entry meanwhile (docs/cpp.md, "Regions without user code").
     CacheEntry* e = front_.get();
-    if (e->gs->check_without_user_code(frame) != 1) return 0;
+    if (e->gs->check_without_user_code(locals) != 1) return 0;
     ++e->hits;
     ++stats_.hits;
     payload = e->payload;  // our own reference: calling the payload may evict the entry
     return 1;
 }
 
-bool Cache::lookup(const Frame& frame, EntryPtr& out, bool count) {
+bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
     out.reset();
     if (invalidation_epoch() != seen_epoch_) {
         std::vector<EntryPtr> graveyard;  // released at the end of this block, once consistent
@@ -466,7 +466,7 @@ bool Cache::lookup(const Frame& frame, EntryPtr& out, bool count) {
         // Without an index the scan tries the most recently used entry first; trying it before
         // copying the candidate list makes the common repeated hit allocation-free.
         front = front_;
-        const int r = try_entry(front, frame, current.get(), memo);
+        const int r = try_entry(front, locals, current.get(), memo);
         if (r < 0) return false;
         if (r == 1) {
             record_hit(front, count);
@@ -476,10 +476,10 @@ bool Cache::lookup(const Frame& frame, EntryPtr& out, bool count) {
         tried = front.get();
     }
     std::vector<EntryPtr> candidates;
-    collect_candidates(frame, candidates);
+    collect_candidates(locals, candidates);
     for (const EntryPtr& c : candidates) {
         if (c.get() == tried) continue;
-        const int r = try_entry(c, frame, current.get(), memo);
+        const int r = try_entry(c, locals, current.get(), memo);
         if (r < 0) return false;
         if (r == 1) {
             record_hit(c, count);

@@ -1,11 +1,11 @@
-// tripwire/cpp/runtime/frame.hpp -- where the L[...] roots of a check come from.
+// tripwire/cpp/runtime/calls/locals.hpp -- where the L[...] roots of a check come from.
 //
 // A check reads its local roots either from a mapping (the f_locals dict a caller built) or
 // straight from the arguments of a call bound to the function's parameters (runtime::BoundCall).
 // The second form is what @specialize's C++ hit path uses: no dict is built on a hit.
 #pragma once
 
-#include "py.hpp"
+#include "runtime/py.hpp"
 
 namespace tripwire::runtime {
 
@@ -14,21 +14,22 @@ namespace tripwire::runtime {
 /// __eq__ ever runs.
 Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyObject* name);
 
-/// The locals a guard set is checked against. Cheap to copy; it owns nothing.
-struct Frame {
+/// The locals a guard set is checked against. Cheap to copy; it owns nothing. ("Frame" is kept
+/// for the PEP 523 runtime's interpreter frames, DESIGN.md.)
+struct Locals {
     /// Mapping mode: f_locals (a dict on the fast path, any mapping otherwise). Null in argument
     /// mode.
-    PyObject* locals = nullptr;
+    PyObject* mapping = nullptr;
     /// Argument mode: `values[i]` is the value of local `names[i]` (borrowed; whoever built the
-    /// frame keeps them alive until the check returns, whatever user code a guard runs).
+    /// Locals keeps them alive until the check returns, whatever user code a guard runs).
     PyObject* const* values = nullptr;
     PyObject* names = nullptr;  ///< tuple of interned str, or null in mapping mode
     Py_ssize_t count = 0;
 
-    static Frame of_mapping(PyObject* f_locals) {
-        Frame f;
-        f.locals = f_locals;
-        return f;
+    static Locals of_mapping(PyObject* f_locals) {
+        Locals l;
+        l.mapping = f_locals;
+        return l;
     }
     bool is_arguments() const { return names != nullptr; }
 
@@ -41,7 +42,7 @@ struct Frame {
         return argument_slow(name, hint);
     }
 
-    /// The locals as a mapping (new reference): `locals` itself, or a new dict of the arguments.
+    /// The locals as a mapping (new reference): `mapping` itself, or a new dict of the arguments.
     /// Null with a Python error set on failure.
     Ref as_mapping() const;
 

@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/equals.cpp -- EQUALS_MATCH: structural, type-exact constant comparison.
+// tripwire/cpp/runtime/eval/equals.cpp -- EQUALS_MATCH: structural, type-exact constant comparison.
 //
 // Python's own `v == c` on containers would call __eq__ of whatever the user put inside them.
 // We compare element by element and require exact types first, so only the interpreter's own
@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "predicates.hpp"
+#include "runtime/eval/guard_kinds.hpp"
 
 namespace tripwire::runtime {
 namespace {

@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/cache.hpp -- the per-function cache of compiled entries (issue 3).
+// tripwire/cpp/runtime/cache/cache.hpp -- the per-function cache of compiled entries (issue 3).
 //
 // A Cache holds (GuardSet, payload) entries for one (function, backend) pair. lookup() checks the
 // global-state probes once, narrows the entries with a dispatch index on one discriminating
@@ -26,10 +26,10 @@
 #include <utility>
 #include <vector>
 
-#include "../core/cache_policy.hpp"
-#include "fetch.hpp"
-#include "guard_set.hpp"
-#include "py.hpp"
+#include "core/cache_policy.hpp"
+#include "runtime/eval/fetch.hpp"
+#include "runtime/eval/guard_set.hpp"
+#include "runtime/py.hpp"
 
 namespace tripwire::runtime {
 
@@ -53,7 +53,7 @@ struct DispatchKey {
 /// One source on which an entry's guards impose a dispatch key.
 struct EntryIndexKey {
     /// The source's identity across entries: printed text, step kinds and, for G[...], the
-    /// globals dict. Equal signatures fetch the same value from the same frame.
+    /// globals dict. Equal signatures fetch the same value from the same locals.
     std::string signature;
     DispatchKey key;
     std::uint32_t node = 0;  ///< the source's node in the entry's program
@@ -110,15 +110,15 @@ class Cache {
     /// that check() propagates.
     /// With `count` false the lookup is a probe: no hit or miss is counted (a caller looking up
     /// again under its own lock after a counted miss).
-    bool lookup(const Frame& frame, EntryPtr& out, bool count = true);
+    bool lookup(const Locals& locals, EntryPtr& out, bool count = true);
     bool lookup(PyObject* f_locals, EntryPtr& out, bool count = true) {
-        return lookup(Frame::of_mapping(f_locals), out, count);
+        return lookup(Locals::of_mapping(f_locals), out, count);
     }
     /// The shortcut of a repeated hit: when nothing died since the last operation and there is
     /// no index and no probe, the most recently used entry is what lookup() would try first; if
     /// its guard set's fast pass (no user code) holds, that is a hit: `payload` is set and the
     /// hit counted, and 1 returned. 0 otherwise (nothing counted): call lookup().
-    int lookup_most_recent(const Frame& frame, Ref& payload);
+    int lookup_most_recent(const Locals& locals, Ref& payload);
 
     /// Current probe values as a tuple (new reference), or null with an error set.
     Ref probe_values();
@@ -160,9 +160,9 @@ class Cache {
     void describe_entry(CacheEntry& e) const;
     /// The index source's current value (new reference), or null when it is missing, fetching
     /// it failed, or a step could run user code: the caller then scans every entry.
-    Ref fetch_index_value(const Frame& frame);
+    Ref fetch_index_value(const Locals& locals);
     void all_entries(std::vector<EntryPtr>& out) const;
-    void collect_candidates(const Frame& frame, std::vector<EntryPtr>& out);
+    void collect_candidates(const Locals& locals, std::vector<EntryPtr>& out);
     void touch(const EntryPtr& e);
     void record_hit(const EntryPtr& e, bool count);
     /// The probe snapshot last compared, shared by consecutive entries with the same snapshot.
@@ -172,7 +172,7 @@ class Cache {
         int ok = 0;
     };
     /// Whether entry `c` matches (1/0, -1 with a Python error set).
-    int try_entry(const EntryPtr& c, const Frame& frame, PyObject* current, SnapshotMemo& memo);
+    int try_entry(const EntryPtr& c, const Locals& locals, PyObject* current, SnapshotMemo& memo);
 
     core::CachePolicy policy_;  // recency order, groups, limits (by entry id)
     std::unordered_map<core::CacheEntryId, EntryPtr> by_id_;
@@ -185,7 +185,7 @@ class Cache {
     std::vector<std::string> probe_names_;
     CacheStats stats_;
 
-    /// How to fetch the index source from a frame. Shared with every lookup in flight: a fetch
+    /// How to fetch the index source from a locals. Shared with every lookup in flight: a fetch
     /// can run user code (a colliding dict key's __eq__) that inserts entries and so rebuilds
     /// the index; the lookup's own reference keeps the steps and their operands alive.
     struct IndexPath {
@@ -194,7 +194,7 @@ class Cache {
         Ref globals;                     ///< the globals dict, for a G[...] root
         std::vector<RuntimeStep> steps;  ///< root to source; operands held by `operands`
         std::vector<Ref> operands;
-        Py_ssize_t slot = -1;  ///< argument-index hint for Frame::argument
+        Py_ssize_t slot = -1;  ///< argument-index hint for Locals::argument
     };
 
     // Dispatch index, rebuilt lazily after any insert or removal.

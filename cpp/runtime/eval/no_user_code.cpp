@@ -1,5 +1,5 @@
-// tripwire/cpp/runtime/no_user_code.cpp -- debug-build checks of regions without user code.
-#include "no_user_code.hpp"
+// tripwire/cpp/runtime/eval/no_user_code.cpp -- debug-build checks of regions without user code.
+#include "runtime/eval/no_user_code.hpp"
 
 #ifdef TRIPWIRE_CHECK_REGIONS
 #include <cstdio>
@@ -27,8 +27,9 @@ PyObject* on_gc(PyObject*, PyObject* const*, Py_ssize_t) {
     Py_RETURN_NONE;
 }
 
-PyMethodDef g_on_gc_def = {"_tripwire_region_check", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(on_gc)),
-                           METH_FASTCALL, nullptr};
+PyMethodDef g_on_gc_def = {"_tripwire_region_check",
+                           reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(on_gc)), METH_FASTCALL,
+                           nullptr};
 
 }  // namespace
 

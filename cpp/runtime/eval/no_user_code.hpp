@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/no_user_code.hpp -- marking regions that must run no user code.
+// tripwire/cpp/runtime/eval/no_user_code.hpp -- marking regions that must run no user code.
 //
 // The fast pass and the tree walk's borrowed subtrees hold borrowed references and raw pointers
 // on the promise that no user code runs until they end (docs/cpp.md, "Regions without user
@@ -11,7 +11,7 @@
 // Release builds compile the markers to nothing.
 #pragma once
 
-#include "py.hpp"
+#include "runtime/py.hpp"
 
 namespace tripwire::runtime {
 

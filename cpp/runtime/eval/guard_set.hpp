@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/guard_set.hpp -- a built guard set evaluated on live Python objects.
+// tripwire/cpp/runtime/eval/guard_set.hpp -- a built guard set evaluated on live Python objects.
 //
 // GuardSet binds a core::Program to objects: the constant pool (types, constants, names, keys),
 // the globals dict and closure cells given at build time. check() walks the program's flat
@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "../core/program.hpp"
-#include "fetch.hpp"
-#include "frame.hpp"
-#include "predicates.hpp"
-#include "py.hpp"
+#include "core/program.hpp"
+#include "runtime/calls/locals.hpp"
+#include "runtime/eval/fetch.hpp"
+#include "runtime/eval/guard_kinds.hpp"
+#include "runtime/py.hpp"
 
 namespace tripwire::runtime {
 
@@ -76,12 +76,12 @@ class GuardSet {
 
     /// 1 if every guard holds, 0 if not, -1 with a Python error set (strict mode, or a
     /// BaseException that is not an Exception, such as KeyboardInterrupt, which is never hidden).
-    int check(const Frame& frame);
-    int check(PyObject* f_locals) { return check(Frame::of_mapping(f_locals)); }
+    int check(const Locals& locals);
+    int check(PyObject* f_locals) { return check(Locals::of_mapping(f_locals)); }
     /// 1 when the straight-line fast pass alone shows every guard holds (counted as a passing
     /// check); 0 when it cannot tell, and then check() must decide. Runs no user code, so a
     /// caller may hold borrowed pointers across it.
-    int check_without_user_code(const Frame& frame);
+    int check_without_user_code(const Locals& locals);
 
     /// Every failing guard (full walk, installation order). Returns false with a Python error
     /// set only for errors that check() would also propagate.
@@ -160,11 +160,11 @@ class GuardSet {
     /// 1 when every guard holds, decided without running any user code and without side effects
     /// other than inline-cache hints; 0 when undecided (a guard failed, or a fast form did not
     /// apply to these objects): the tree walk then decides, from the start.
-    int fast_pass(const Frame& frame);
+    int fast_pass(const Locals& locals);
 
     int eval_node(std::uint32_t ni, PyObject* v);
     int eval_guards(std::uint32_t ni, PyObject* v);
-    Fetched fetch_root(std::uint32_t ni, const Frame& frame);
+    Fetched fetch_root(std::uint32_t ni, const Locals& locals);
     Fetched fetch_node(std::uint32_t ni, PyObject* parent);
     int on_error(std::uint32_t ni);
     void walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out, bool& fatal);

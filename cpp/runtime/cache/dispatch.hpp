@@ -1,13 +1,13 @@
-// tripwire/cpp/runtime/dispatch.hpp -- one call of a @specialize'd function, hit path in C++.
+// tripwire/cpp/runtime/cache/dispatch.hpp -- one call of a @specialize'd function, hit path in C++.
 //
 // dispatch() binds the call's vectorcall arguments to the function's parameters (BoundCall, no
-// dict built) and looks the function's Cache up with the bound arguments as the frame. The
+// dict built) and looks the function's Cache up with the bound arguments as the locals. The
 // caller (the FastDispatch type in the bindings) then vectorcalls the payload with the original
 // arguments on a hit, or hands the call to Python on a miss or when the call cannot be bound.
 #pragma once
 
-#include "cache.hpp"
-#include "call_binding.hpp"
+#include "runtime/cache/cache.hpp"
+#include "runtime/calls/call_binding.hpp"
 
 namespace tripwire::runtime {
 

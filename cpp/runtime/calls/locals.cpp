@@ -1,5 +1,5 @@
-// tripwire/cpp/runtime/frame.cpp -- Frame's out-of-line parts.
-#include "frame.hpp"
+// tripwire/cpp/runtime/calls/locals.cpp -- Locals's out-of-line parts.
+#include "runtime/calls/locals.hpp"
 
 namespace tripwire::runtime {
 
@@ -13,15 +13,15 @@ Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyOb
     return -1;
 }
 
-PyObject* Frame::argument_slow(PyObject* name, Py_ssize_t* hint) const {
+PyObject* Locals::argument_slow(PyObject* name, Py_ssize_t* hint) const {
     const Py_ssize_t i = index_of_name(names, 0, count, name);
     if (i < 0) return nullptr;
     *hint = i;
     return values[i];
 }
 
-Ref Frame::as_mapping() const {
-    if (!is_arguments()) return Ref::borrow(locals);
+Ref Locals::as_mapping() const {
+    if (!is_arguments()) return Ref::borrow(mapping);
     Ref d = Ref::steal(PyDict_New());
     if (!d) return d;
     for (Py_ssize_t i = 0; i < count; ++i) {

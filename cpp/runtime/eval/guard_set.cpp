@@ -1,12 +1,12 @@
-// tripwire/cpp/runtime/guard_set.cpp -- the evaluator: check(), the why_not walk, invalidation.
-#include "guard_set.hpp"
+// tripwire/cpp/runtime/eval/guard_set.cpp -- the evaluator: check(), the why_not walk, invalidation.
+#include "runtime/eval/guard_set.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "../core/fail_order.hpp"
-#include "dict_hint.hpp"
-#include "no_user_code.hpp"
+#include "core/fail_order.hpp"
+#include "runtime/eval/dict_hint.hpp"
+#include "runtime/eval/no_user_code.hpp"
 
 namespace tripwire::runtime {
 namespace {
@@ -58,27 +58,6 @@ std::string describe_object(PyObject* o) {
 
 std::uint64_t invalidation_epoch() { return g_invalidation_epoch; }
 
-std::string take_error_text() {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    if (type == nullptr) return "";
-    PyErr_NormalizeException(&type, &value, &tb);
-    std::string out = reinterpret_cast<PyTypeObject*>(type)->tp_name;
-    if (value != nullptr) {
-        PyObject* s = PyObject_Str(value);
-        if (s != nullptr) {
-            const char* c = PyUnicode_AsUTF8(s);
-            if (c != nullptr && *c) out += std::string(": ") + c;
-            Py_DECREF(s);
-        }
-        PyErr_Clear();  // str() of a hostile exception may itself raise
-    }
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    return out;
-}
-
 GuardSet::GuardSet(GuardSetInputs in)
     : program_(std::move(in.program)), strict_(in.strict), state_(std::make_shared<InvalidationState>()) {
     const std::size_t n_consts = in.consts.size();
@@ -110,7 +89,7 @@ GuardSet::GuardSet(GuardSetInputs in)
             holders_.push_back(Ref::borrow(o));
         }
     }
-    // Root names are compared by identity with interned parameter names (Frame::argument):
+    // Root names are compared by identity with interned parameter names (Locals::argument):
     // intern them here, before anything else copies the raw pointers.
     for (const core::Node& n : program_.nodes) {
         if (!n.is_root || n.root_name >= n_consts) continue;
@@ -255,17 +234,17 @@ int GuardSet::on_error(std::uint32_t ni) {
     return -1;
 }
 
-Fetched GuardSet::fetch_root(std::uint32_t ni, const Frame& frame) {
+Fetched GuardSet::fetch_root(std::uint32_t ni, const Locals& locals) {
     const core::Node& n = program_.nodes[ni];
     const NodeRt& r = nodes_[ni];
     switch (n.root) {
         case core::RootKind::Local: {
-            if (frame.is_arguments()) {
+            if (locals.is_arguments()) {
                 // The caller keeps the arguments alive for the whole check: borrowing is safe.
-                PyObject* v = frame.argument(r.root_name, &nodes_[ni].slot);
+                PyObject* v = locals.argument(r.root_name, &nodes_[ni].slot);
                 return {v, false, v ? FetchStatus::Ok : FetchStatus::Missing};
             }
-            PyObject* f_locals = frame.locals;
+            PyObject* f_locals = locals.mapping;
             if (PyDict_Check(f_locals)) {
                 if (PyObject* hv = dict_get_hinted(f_locals, r.root_name, &nodes_[ni].hint)) {
                     return {hv, false, FetchStatus::Ok};
@@ -391,11 +370,11 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
     return 1;
 }
 
-int GuardSet::check_without_user_code(const Frame& frame) {
+int GuardSet::check_without_user_code(const Locals& locals) {
     if (state_->invalid || !fast_enabled_) return 0;
     // Rebuilt after the tree walk reordered, so that its fail-fast order carries over.
     if (fast_built_at_ != order_changes_) build_fast_pass();
-    if (!fast_enabled_ || fast_pass(frame) != 1) return 0;
+    if (!fast_enabled_ || fast_pass(locals) != 1) return 0;
     // The pass runs no user code, so no guarded object can have died during it; re-reading the
     // flag keeps that a checked fact rather than an assumption (docs/cpp.md).
     if (state_->invalid) return 0;
@@ -405,28 +384,28 @@ int GuardSet::check_without_user_code(const Frame& frame) {
     return 1;
 }
 
-int GuardSet::check(const Frame& frame) {
-    if (check_without_user_code(frame) == 1) return 1;
+int GuardSet::check(const Locals& locals) {
+    if (check_without_user_code(locals) == 1) return 1;
     if (state_->invalid) return 0;
     ++stats_.checks;
     ++active_;
     int result = 1;
     if (!program_.ambient.empty()) {
         // A LAMBDA on f_locals needs a mapping: build one from bound arguments only then.
-        Ref locals;
+        Ref mapping;
         if (ambient_reads_locals_) {
-            locals = frame.as_mapping();
-            if (!locals) result = on_error(core::kNoNode);
+            mapping = locals.as_mapping();
+            if (!mapping) result = on_error(core::kNoNode);
         }
         for (std::size_t k = 0; result == 1 && k < program_.ambient.size(); ++k) {
-            int r = eval_guard(guards_[program_.ambient[k]], locals ? locals.get() : Py_None);
+            int r = eval_guard(guards_[program_.ambient[k]], mapping ? mapping.get() : Py_None);
             if (r == 1) continue;
             result = r < 0 ? on_error(core::kNoNode) : 0;
         }
     }
     for (std::size_t k = 0; result == 1 && k < root_order_.size(); ++k) {
         const std::uint32_t ni = root_order_[k];
-        Fetched f = fetch_root(ni, frame);
+        Fetched f = fetch_root(ni, locals);
         int r = 0;
         if (f.status == FetchStatus::Ok) {
             if (!f.owned && !nodes_[ni].borrow_ok) {
@@ -551,7 +530,7 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             for (const auto& rec : out) best = std::min(best, rec.guard_id);
             if (program_.nodes[ni].min_guard_id > best) continue;
         }
-        Fetched f = fetch_root(ni, Frame::of_mapping(f_locals));
+        Fetched f = fetch_root(ni, Locals::of_mapping(f_locals));
         if (f.status == FetchStatus::Ok) {
             Ref hold = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
             walk_failures(ni, hold.get(), out, fatal);

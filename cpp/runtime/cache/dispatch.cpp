@@ -1,5 +1,5 @@
-// tripwire/cpp/runtime/dispatch.cpp -- dispatch().
-#include "dispatch.hpp"
+// tripwire/cpp/runtime/cache/dispatch.cpp -- dispatch().
+#include "runtime/cache/dispatch.hpp"
 
 namespace tripwire::runtime {
 
@@ -8,14 +8,14 @@ DispatchOutcome dispatch(Cache& cache, const CallSignature& sig, PyObject* fn, P
     const int b = bound.bind(sig, fn, args, nargs, kwnames);
     if (b < 0) return DispatchOutcome::Error;
     if (b == 0) return DispatchOutcome::NotBound;
-    const Frame frame = bound.frame();
-    if (cache.lookup_most_recent(frame, payload) == 1) {
+    const Locals locals = bound.locals();
+    if (cache.lookup_most_recent(locals, payload) == 1) {
         if (payload.get() != Py_None) return DispatchOutcome::Hit;
         payload = Ref();
         return DispatchOutcome::Miss;
     }
     EntryPtr e;
-    if (!cache.lookup(frame, e)) return DispatchOutcome::Error;
+    if (!cache.lookup(locals, e)) return DispatchOutcome::Error;
     if (!e || e->payload.get() == Py_None) return DispatchOutcome::Miss;
     payload = e->payload;  // our own reference: the entry may be evicted by the payload itself
     return DispatchOutcome::Hit;

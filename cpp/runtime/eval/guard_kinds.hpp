@@ -1,10 +1,10 @@
-// tripwire/cpp/runtime/predicates.hpp -- evaluating one guard on a fetched value.
+// tripwire/cpp/runtime/eval/guard_kinds.hpp -- evaluating one guard on a fetched value.
 #pragma once
 
 #include <cstdint>
 
-#include "../core/ir.hpp"
-#include "py.hpp"
+#include "core/ir.hpp"
+#include "runtime/py.hpp"
 
 namespace tripwire::runtime {
 

@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/dict_hint.hpp -- dict lookups by cached entry index (CPython 3.11).
+// tripwire/cpp/runtime/eval/dict_hint.hpp -- dict lookups by cached entry index (CPython 3.11).
 //
 // CPython's specialising interpreter reads an attribute by remembering *where* in a dict's entry
 // table the name was last found (LOAD_ATTR_WITH_HINT, LOAD_ATTR_INSTANCE_VALUE). We do the same:
@@ -22,7 +22,7 @@
 
 #include <cstdint>
 
-#include "py.hpp"
+#include "runtime/py.hpp"
 
 namespace tripwire::runtime {
 

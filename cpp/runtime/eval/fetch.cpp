@@ -1,9 +1,9 @@
-// tripwire/cpp/runtime/fetch.cpp -- step fetches and the attribute inline cache.
-#include "fetch.hpp"
+// tripwire/cpp/runtime/eval/fetch.cpp -- step fetches and the attribute inline cache.
+#include "runtime/eval/fetch.hpp"
 
 #include <string>
 
-#include "dict_hint.hpp"
+#include "runtime/eval/dict_hint.hpp"
 
 namespace tripwire::runtime {
 namespace {

@@ -1,5 +1,5 @@
-// tripwire/cpp/runtime/call_binding.cpp -- CallSignature and BoundCall.
-#include "call_binding.hpp"
+// tripwire/cpp/runtime/calls/call_binding.cpp -- CallSignature and BoundCall.
+#include "runtime/calls/call_binding.hpp"
 
 #include <algorithm>
 
@@ -52,7 +52,7 @@ int BoundCall::bind(const CallSignature& sig, PyObject* fn, PyObject* const* arg
     const Py_ssize_t argcount = sig.argcount_;
     if (kwnames == nullptr && nargs == argcount && n == argcount) {
         // The common call: one positional argument per parameter and nothing else. The caller's
-        // argument vector is the frame (it outlives the call).
+        // argument vector is the locals (it outlives the call).
         values_ = args;
         return 1;
     }
@@ -144,8 +144,8 @@ void BoundCall::hold(PyObject* v) {
     }
 }
 
-Frame BoundCall::frame() const {
-    Frame f;
+Locals BoundCall::locals() const {
+    Locals f;
     f.values = values_;
     f.names = sig_->names();
     f.count = sig_->size();

@@ -1,5 +1,5 @@
-// tripwire/cpp/runtime/dict_hint.cpp -- start-up verification of the 3.11 dict layout mirror.
-#include "dict_hint.hpp"
+// tripwire/cpp/runtime/eval/dict_hint.cpp -- start-up verification of the 3.11 dict layout mirror.
+#include "runtime/eval/dict_hint.hpp"
 
 #include <cstring>
 

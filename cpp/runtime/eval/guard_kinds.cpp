@@ -1,10 +1,10 @@
-// tripwire/cpp/runtime/predicates.cpp -- the guard kinds of the catalogue, on live objects.
-#include "predicates.hpp"
+// tripwire/cpp/runtime/eval/guard_kinds.cpp -- the guard kinds of the catalogue, on live objects.
+#include "runtime/eval/guard_kinds.hpp"
 
 #include <unordered_map>
 #include <vector>
 
-#include "dict_hint.hpp"
+#include "runtime/eval/dict_hint.hpp"
 
 namespace tripwire::runtime {
 

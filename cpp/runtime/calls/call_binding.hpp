@@ -1,10 +1,10 @@
-// tripwire/cpp/runtime/call_binding.hpp -- binding a vectorcall to a Python function's parameters.
+// tripwire/cpp/runtime/calls/call_binding.hpp -- binding a vectorcall to a Python function's parameters.
 //
 // CallSignature reads a function's parameter layout from its code object once; BoundCall binds
 // one call's (args, nargs, kwnames) to it without running Python code, the way the interpreter
 // does before a frame starts: positional arguments, keywords by name, defaults and keyword-only
 // defaults read from the function at call time, extra positionals into a *args tuple and extra
-// keywords into a **kwargs dict. The result is a Frame in argument mode, so a guard set reads
+// keywords into a **kwargs dict. The result is a Locals in argument mode, so a guard set reads
 // L['x'] from the argument vector directly.
 //
 // A call the interpreter would reject (missing or duplicate arguments, unknown keywords) is not
@@ -13,8 +13,8 @@
 
 #include <vector>
 
-#include "frame.hpp"
-#include "py.hpp"
+#include "runtime/calls/locals.hpp"
+#include "runtime/py.hpp"
 
 namespace tripwire::runtime {
 
@@ -60,7 +60,7 @@ class BoundCall {
              PyObject* kwnames);
 
     /// The bound locals in argument mode. Valid while this BoundCall and the call's arguments live.
-    Frame frame() const;
+    Locals locals() const;
 
   private:
     static constexpr Py_ssize_t kInline = 8;

@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/fetch.hpp -- evaluating one source step on a live object.
+// tripwire/cpp/runtime/eval/fetch.hpp -- evaluating one source step on a live object.
 //
 // A fetch returns the child value either borrowed (owned by the parent: a dict entry, a list
 // slot, an object's type) or as a new reference. The evaluator decides whether a borrowed value
@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "../core/ir.hpp"
-#include "py.hpp"
+#include "core/ir.hpp"
+#include "runtime/py.hpp"
 
 namespace tripwire::runtime {
 
