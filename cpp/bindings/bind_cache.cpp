@@ -18,9 +18,6 @@ namespace nb = nanobind;
 namespace tripwire::bindings {
 namespace {
 
-// The runtime guard set behind a GuardSetCore instance (bind_guard_set.cpp owns that layout).
-std::shared_ptr<runtime::GuardSet> resolve_guard_set(PyObject* o) { return shared_guard_set_of(o); }
-
 struct CacheCore {
     std::unique_ptr<runtime::Cache> impl;
 
@@ -65,11 +62,6 @@ const char* on_limit_name(runtime::OnLimit p) {
     return "raise";
 }
 
-bool entry_valid(const runtime::CacheEntry& e) {
-    if (!e.in_cache) return false;
-    return e.gs && !e.gs->invalid();
-}
-
 PyTypeObject* g_cache_type = nullptr;
 
 }  // namespace
@@ -90,13 +82,13 @@ void register_cache(nb::module_& m) {
                          return e.snapshot ? nb::borrow(e.snapshot.get()) : nb::none();
                      })
         .def_prop_ro(
-            "valid", &entry_valid,
+            "valid", &runtime::CacheEntry::valid,
             "True while the entry is in its cache and no object its guards name by identity has died.")
         .def("__repr__", [](const runtime::CacheEntry& e) {
             std::string s = "<tripwire.CacheEntry ";
             s += nb::cast<std::string>(nb::repr(nb::borrow(e.name.get())));
             s += " hits=" + std::to_string(e.hits);
-            if (!entry_valid(e)) s += " INVALID";
+            if (!e.valid()) s += " INVALID";
             return s + ">";
         });
 
@@ -110,7 +102,7 @@ void register_cache(nb::module_& m) {
                     throw nb::value_error("recompile_limit and accumulated_limit must be at least 1");
                 new (self) CacheCore{std::make_unique<runtime::Cache>(
                     static_cast<std::size_t>(recompile_limit), static_cast<std::size_t>(accumulated_limit),
-                    parse_on_limit(on_limit), &resolve_guard_set)};
+                    parse_on_limit(on_limit))};
             },
             nb::arg("recompile_limit"), nb::arg("accumulated_limit"), nb::arg("on_limit"))
         .def(
@@ -123,8 +115,11 @@ void register_cache(nb::module_& m) {
         .def(
             "_insert",
             [](CacheCore& c, nb::handle guards, nb::handle payload, nb::handle name) {
+                std::shared_ptr<runtime::GuardSet> gs = shared_guard_set_of(guards.ptr());
+                if (!gs) throw nb::type_error("Cache.insert: guards must be a tripwire.GuardSet");
                 runtime::InsertResult r = runtime::InsertResult::Inserted;
-                if (!c.get().insert(guards.ptr(), payload.ptr(), name.ptr(), r)) throw nb::python_error();
+                if (!c.get().insert(guards.ptr(), std::move(gs), payload.ptr(), name.ptr(), r))
+                    throw nb::python_error();
                 return static_cast<int>(r);
             },
             nb::arg("guards"), nb::arg("payload").none(), nb::arg("name").none(),

@@ -8,7 +8,7 @@
 
 #include <memory>
 
-#include "core/program.hpp"
+#include "core/ir.hpp"
 #include "register.hpp"
 #include "runtime/eval/guard_set.hpp"
 
@@ -104,9 +104,8 @@ void register_guard_set(nb::module_& m) {
                 [](GuardSetCore* self, nb::list decls, nb::list consts, nb::list hold_weakly,
                    nb::object globals, nb::object closure, bool strict, nb::object eval_error_type) {
                     runtime::GuardSetInputs in;
-                    std::vector<core::GuardDecl> ds;
-                    ds.reserve(decls.size());
-                    for (nb::handle h : decls) ds.push_back(to_decl(h));
+                    in.decls.reserve(decls.size());
+                    for (nb::handle h : decls) in.decls.push_back(to_decl(h));
                     for (nb::handle c : consts) in.consts.push_back(c.ptr());
                     for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));
                     if (!globals.is_none() && !PyDict_Check(globals.ptr()))
@@ -117,7 +116,6 @@ void register_guard_set(nb::module_& m) {
                     in.closure = closure.is_none() ? nullptr : closure.ptr();
                     in.strict = strict;
                     in.eval_error_type = eval_error_type.is_none() ? nullptr : eval_error_type.ptr();
-                    in.program = core::compile(std::move(ds), in.consts.size());
                     new (self) GuardSetCore{std::make_shared<runtime::GuardSet>(std::move(in))};
                 },
                 nb::arg("decls"), nb::arg("consts"), nb::arg("hold_weakly"), nb::arg("globals").none(),
@@ -151,35 +149,16 @@ void register_guard_set(nb::module_& m) {
             .def(
                 "_tree",
                 [](GuardSetCore& s) {
-                    // Preorder: (depth, text, [guard ids in current order], node fails, [guard fails]).
-                    const runtime::GuardSet& g = s.get();
-                    const core::Program& p = g.program();
                     nb::list out;
-                    std::vector<std::uint32_t> stack(p.roots.rbegin(), p.roots.rend());
-                    while (!stack.empty()) {
-                        const std::uint32_t ni = stack.back();
-                        stack.pop_back();
-                        const core::Node& n = p.nodes[ni];
-                        nb::list ids, fails;
-                        for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
-                            const std::uint32_t gi = g.guard_order()[k];
-                            ids.append(p.guards[gi].id);
-                            fails.append(g.guard_fail_count(gi));
-                        }
-                        out.append(nb::make_tuple(n.depth, n.text, ids, g.node_fail_count(ni), fails));
-                        for (std::uint32_t k = n.child_end; k-- > n.child_begin;)
-                            stack.push_back(g.child_order()[k]);
+                    for (const runtime::TreeRow& r : s.get().tree()) {
+                        out.append(nb::make_tuple(r.depth, r.text, nb::cast(r.guard_ids), r.node_fails,
+                                                  nb::cast(r.guard_fails)));
                     }
                     return out;
                 },
-                "The guard tree, preorder, for explain().")
-            .def_prop_ro("_ambient_ids",
-                         [](GuardSetCore& s) {
-                             nb::list ids;
-                             for (std::uint32_t gi : s.get().program().ambient)
-                                 ids.append(s.get().program().guards[gi].id);
-                             return ids;
-                         })
+                "The guard tree, preorder: (depth, text, [guard ids in current order], node fails, "
+                "[guard fails]), for explain().")
+            .def_prop_ro("_ambient_ids", [](GuardSetCore& s) { return s.get().ambient_ids(); })
             .def_prop_ro(
                 "invalid", [](GuardSetCore& s) { return s.get().invalid(); },
                 "True once an object the guards name by identity has died: the set never passes again.")

@@ -1,259 +1,39 @@
-// tripwire/cpp/bindings/bind_specialize.cpp -- FastDispatch: the vectorcall type of @tw.specialize.
-//
-// A base type (plain CPython, no nanobind on the call path) that python/tripwire/specialize.py's
-// Specialized subclasses. Every call goes through fd_vectorcall: runtime::dispatch binds the
-// arguments to the function's parameters and looks the cache up without building a dict; a hit
-// vectorcalls the payload with the original arguments. A miss calls
-// `miss(self, args, kwargs, f_locals)`; a call that cannot be bound in C++ (an invalid call, a
-// callable that is not a Python function) calls `slow(self, args, kwargs)`.
+// tripwire/cpp/bindings/bind_specialize.cpp -- registers FastDispatch, the callable type of
+// @tw.specialize (cpp/runtime/calls/fast_dispatch.hpp), and converts its set-up arguments.
 #include <nanobind/nanobind.h>
-#include <structmember.h>
-
-#include <exception>
-#include <new>
 
 #include "register.hpp"
-#include "runtime/cache/dispatch.hpp"
+#include "runtime/calls/fast_dispatch.hpp"
 
 namespace nb = nanobind;
 
 namespace tripwire::bindings {
-namespace {
-
-struct FastDispatch {
-    PyObject_HEAD vectorcallfunc vectorcall;
-    PyObject* cache;              // the tripwire.Cache (a CacheCore), or null before _fast_setup
-    PyObject* fn;                 // the original function
-    PyObject* slow;               // slow(self, args: tuple, kwargs: dict | None)
-    PyObject* miss;               // miss(self, args: tuple, kwargs: dict | None, f_locals: dict)
-    runtime::CallSignature* sig;  // owned; invalid when fn is not a Python function
-    int off;                      // set by _fast_disable: every call takes the slow path
-};
-
-PyTypeObject* g_fast_type = nullptr;
-
-FastDispatch* as_fd(PyObject* o) { return reinterpret_cast<FastDispatch*>(o); }
-
-// The call's arguments as a tuple and a dict (None without keywords). Null with an error set.
-bool pack_arguments(PyObject* const* args, Py_ssize_t n, PyObject* kwnames, runtime::Ref& tup,
-                    runtime::Ref& kwargs) {
-    tup = runtime::Ref::steal(PyTuple_New(n));
-    if (!tup) return false;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        Py_INCREF(args[i]);
-        PyTuple_SET_ITEM(tup.get(), i, args[i]);
-    }
-    kwargs = runtime::Ref::borrow(Py_None);
-    if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) {
-        kwargs = runtime::Ref::steal(PyDict_New());
-        if (!kwargs) return false;
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(kwnames); ++j)
-            if (PyDict_SetItem(kwargs.get(), PyTuple_GET_ITEM(kwnames, j), args[n + j]) < 0) return false;
-    }
-    return true;
-}
-
-// slow(self, args, kwargs). Packed rather than passed through: a keyword that is a str subclass
-// with its own __eq__ must not be matched against slow's own parameter names.
-PyObject* call_slow(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_ssize_t n,
-                    PyObject* kwnames) {
-    if (fd->slow == nullptr) {
-        PyErr_SetString(PyExc_TypeError, "this specialized function is not set up");
-        return nullptr;
-    }
-    runtime::Ref tup, kwargs;
-    if (!pack_arguments(args, n, kwnames, tup, kwargs)) return nullptr;
-    runtime::Ref slow = runtime::Ref::borrow(fd->slow);  // the call may replace fd's fields
-    PyObject* sargs[3] = {self, tup.get(), kwargs.get()};
-    return PyObject_Vectorcall(slow.get(), sargs, 3, nullptr);
-}
-
-// miss(self, args, kwargs, f_locals) with the call's arguments as a tuple and a dict (or None).
-PyObject* call_miss(FastDispatch* fd, PyObject* self, PyObject* const* args, Py_ssize_t n, PyObject* kwnames,
-                    const runtime::BoundCall& bound) {
-    runtime::Ref f_locals = bound.locals().as_mapping();
-    if (!f_locals) return nullptr;
-    runtime::Ref tup, kwargs;
-    if (!pack_arguments(args, n, kwnames, tup, kwargs)) return nullptr;
-    runtime::Ref miss = runtime::Ref::borrow(fd->miss);  // the call may replace fd's fields
-    PyObject* margs[4] = {self, tup.get(), kwargs.get(), f_locals.get()};
-    return PyObject_Vectorcall(miss.get(), margs, 4, nullptr);
-}
-
-PyObject* fd_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-    FastDispatch* fd = as_fd(self);
-    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (fd->cache == nullptr || fd->sig == nullptr || fd->off || !fd->sig->valid())
-        return call_slow(fd, self, args, n, kwnames);
-    runtime::Cache* cache = cache_of(fd->cache);
-    if (cache == nullptr) return call_slow(fd, self, args, n, kwnames);  // cleared: the slow path raises
-    // Our own references: a guard or the payload may replace fd's fields meanwhile.
-    runtime::Ref cache_obj = runtime::Ref::borrow(fd->cache);
-    runtime::Ref fn = runtime::Ref::borrow(fd->fn);
-    runtime::BoundCall bound;
-    runtime::Ref payload;
-    runtime::DispatchOutcome outcome;
-    // This is a C slot: no C++ exception may leave it (the runtime allocates with std::vector).
-    try {
-        outcome = runtime::dispatch(*cache, *fd->sig, fn.get(), args, n, kwnames, bound, payload);
-    } catch (const std::bad_alloc&) {
-        return PyErr_NoMemory();
-    } catch (const std::exception& e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-        return nullptr;
-    }
-    switch (outcome) {
-        case runtime::DispatchOutcome::Hit:
-            return PyObject_Vectorcall(payload.get(), args, static_cast<size_t>(n), kwnames);
-        case runtime::DispatchOutcome::Miss: return call_miss(fd, self, args, n, kwnames, bound);
-        case runtime::DispatchOutcome::NotBound: return call_slow(fd, self, args, n, kwnames);
-        case runtime::DispatchOutcome::Error: break;
-    }
-    return nullptr;
-}
-
-// Detach the signature (deleted by the caller). The struct is plain C memory: no destructor runs.
-runtime::CallSignature* fd_sig_release(PyObject* self) {
-    FastDispatch* fd = as_fd(self);
-    runtime::CallSignature* s = fd->sig;
-    fd->sig = nullptr;
-    return s;
-}
-
-PyObject* fd_new(PyTypeObject* type, PyObject*, PyObject*) {
-    PyObject* self = type->tp_alloc(type, 0);
-    if (self == nullptr) return nullptr;
-    FastDispatch* fd = as_fd(self);
-    fd->vectorcall = fd_vectorcall;
-    fd->cache = fd->fn = fd->slow = fd->miss = nullptr;
-    fd->sig = nullptr;
-    fd->off = 0;
-    return self;
-}
-
-int fd_traverse(PyObject* self, visitproc visit, void* arg) {
-    FastDispatch* fd = as_fd(self);
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(fd->cache);
-    Py_VISIT(fd->fn);
-    Py_VISIT(fd->slow);
-    Py_VISIT(fd->miss);
-    return 0;
-}
-
-int fd_clear(PyObject* self) {
-    FastDispatch* fd = as_fd(self);
-    Py_CLEAR(fd->cache);
-    Py_CLEAR(fd->fn);
-    Py_CLEAR(fd->slow);
-    Py_CLEAR(fd->miss);
-    return 0;
-}
-
-void fd_dealloc(PyObject* self) {
-    PyTypeObject* tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    fd_clear(self);
-    delete fd_sig_release(self);
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
-PyObject* fd_setup(PyObject* self, PyObject* const* args, Py_ssize_t n) {
-    if (n != 4) {
-        PyErr_SetString(PyExc_TypeError, "_fast_setup(cache, fn, slow, miss)");
-        return nullptr;
-    }
-    if (cache_of(args[0]) == nullptr) {
-        PyErr_SetString(PyExc_TypeError, "_fast_setup: cache must be a tripwire.Cache");
-        return nullptr;
-    }
-    if (!PyCallable_Check(args[1]) || !PyCallable_Check(args[2]) || !PyCallable_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "_fast_setup: fn, slow and miss must be callable");
-        return nullptr;
-    }
-    FastDispatch* fd = as_fd(self);
-    if (fd->sig != nullptr) {
-        // A call in progress may be using the signature (a guard can run user code): never
-        // replace it.
-        PyErr_SetString(PyExc_RuntimeError, "_fast_setup: already set up");
-        return nullptr;
-    }
-    auto* sig = new (std::nothrow) runtime::CallSignature();
-    if (sig == nullptr) return PyErr_NoMemory();
-    sig->init(args[1]);  // not a Python function: stays invalid, every call takes the slow path
-    fd->sig = sig;
-    Py_INCREF(args[0]);
-    Py_INCREF(args[1]);
-    Py_INCREF(args[2]);
-    Py_INCREF(args[3]);
-    Py_XSETREF(fd->cache, args[0]);
-    Py_XSETREF(fd->fn, args[1]);
-    Py_XSETREF(fd->slow, args[2]);
-    Py_XSETREF(fd->miss, args[3]);
-    Py_RETURN_NONE;
-}
-
-PyObject* fd_bindable(PyObject* self, PyObject*) {
-    FastDispatch* fd = as_fd(self);
-    return PyBool_FromLong(fd->sig != nullptr && !fd->off && fd->sig->valid());
-}
-
-PyObject* fd_disable(PyObject* self, PyObject*) {
-    as_fd(self)->off = 1;
-    Py_RETURN_NONE;
-}
-
-PyMethodDef g_fd_methods[] = {
-    {"_fast_setup", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(fd_setup)), METH_FASTCALL,
-     "_fast_setup(cache, fn, slow, miss): enable the C++ hit path."},
-    {"_bindable", fd_bindable, METH_NOARGS, "Whether calls are bound in C++ (fn is a Python function)."},
-    {"_fast_disable", fd_disable, METH_NOARGS,
-     "Send every call to the slow path from now on (fn's code was replaced)."},
-    {nullptr, nullptr, 0, nullptr}};
-
-PyMemberDef g_fd_members[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(FastDispatch, vectorcall), READONLY, nullptr},
-    {nullptr, 0, 0, 0, nullptr}};
-
-PyType_Slot g_fd_slots[] = {
-    {Py_tp_new, reinterpret_cast<void*>(fd_new)},
-    {Py_tp_dealloc, reinterpret_cast<void*>(fd_dealloc)},
-    {Py_tp_traverse, reinterpret_cast<void*>(fd_traverse)},
-    {Py_tp_clear, reinterpret_cast<void*>(fd_clear)},
-    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
-    {Py_tp_methods, g_fd_methods},
-    {Py_tp_members, g_fd_members},
-    {Py_tp_doc, const_cast<char*>("The C++ hit path of tripwire.specialize (private).")},
-    {0, nullptr}};
-
-PyType_Spec g_fd_spec = {
-    "tripwire._core.FastDispatch", sizeof(FastDispatch), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL, g_fd_slots};
-
-}  // namespace
 
 void register_specialize(nb::module_& m) {
-    PyObject* t = PyType_FromSpec(&g_fd_spec);
+    PyTypeObject* t = runtime::fast_dispatch_type();
     if (t == nullptr) throw nb::python_error();
-    g_fast_type = reinterpret_cast<PyTypeObject*>(t);
-    m.attr("FastDispatch") = nb::steal(t);
-    // CPython 3.11 does not pass Py_TPFLAGS_HAVE_VECTORCALL on to Python subclasses; this sets it
-    // on one that keeps FastDispatch's call (no __call__ of its own).
+    m.attr("FastDispatch") = nb::steal(reinterpret_cast<PyObject*>(t));
+    m.def(
+        "_fast_setup",
+        [](nb::handle self, nb::handle cache, nb::handle fn, nb::handle slow, nb::handle miss) {
+            runtime::Cache* impl = cache_of(cache.ptr());
+            if (impl == nullptr) throw nb::type_error("_fast_setup: cache must be a tripwire.Cache");
+            if (!runtime::fast_dispatch_setup(self.ptr(), cache.ptr(), impl, fn.ptr(), slow.ptr(),
+                                              miss.ptr()))
+                throw nb::python_error();
+        },
+        nb::arg("self"), nb::arg("cache"), nb::arg("fn"), nb::arg("slow"), nb::arg("miss"),
+        "Enable the C++ hit path of a FastDispatch: look `cache` up, fall back to slow(self, args, kwargs) "
+        "and miss(self, args, kwargs, f_locals).");
     m.def(
         "_enable_vectorcall",
         [](nb::handle cls) {
-            if (!PyType_Check(cls.ptr()) ||
-                !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls.ptr()), g_fast_type))
-                throw nb::type_error("_enable_vectorcall needs a subclass of FastDispatch");
-            auto* tp = reinterpret_cast<PyTypeObject*>(cls.ptr());
-            if (tp->tp_call != PyVectorcall_Call ||
-                tp->tp_vectorcall_offset != g_fast_type->tp_vectorcall_offset)
-                return false;
-            tp->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
-            return true;
+            if (!PyType_Check(cls.ptr())) throw nb::type_error("_enable_vectorcall needs a class");
+            return runtime::enable_vectorcall(reinterpret_cast<PyTypeObject*>(cls.ptr()));
         },
-        nb::arg("cls"));
+        nb::arg("cls"),
+        "Give a subclass of FastDispatch the vectorcall protocol (3.11 does not inherit it); False when "
+        "it defines a __call__ of its own.");
 }
 
 }  // namespace tripwire::bindings

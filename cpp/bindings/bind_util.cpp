@@ -23,31 +23,12 @@ void register_util(nb::module_& m) {
         nb::arg("d"), nb::sig("def _dict_version(d: dict, /) -> int"),
         "The engine's version stamp of dict d (changes on every mutation; unique across dicts).");
     m.def(
-        "_guard_kind_name",
-        [](int k) { return std::string(core::guard_kind_name(static_cast<core::GuardKind>(k))); },
-        nb::arg("kind"), "The catalogue name of a guard kind number.");
-    m.def(
         "_dict_hints_enabled",
         [] {
             runtime::verify_dict_hints();
             return runtime::g_dict_hints_enabled;
         },
         "Whether dict entry hints (CPython 3.11 layout, verified at start-up) are in use.");
-    m.def(
-        "_attr_hint_probe",
-        [](nb::handle obj, nb::str name) {
-            // Test hook: what the hinted instance-attribute read sees (value or None, hint).
-            runtime::verify_dict_hints();
-            PyObject* interned = name.ptr();
-            Py_INCREF(interned);
-            PyUnicode_InternInPlace(&interned);
-            Py_ssize_t hint = runtime::kHintUnknown;
-            PyObject* v = runtime::instance_attr_hinted(obj.ptr(), interned, &hint);
-            nb::object out = v ? nb::borrow(v) : nb::none();
-            Py_DECREF(interned);
-            return nb::make_tuple(out, hint);
-        },
-        nb::arg("obj"), nb::arg("name"));
     m.def(
         "_set_fast_pass",
         [](bool on) {
@@ -58,7 +39,6 @@ void register_util(nb::module_& m) {
         nb::arg("on"),
         "Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns "
         "the previous setting. Off, every check takes the tree walk.");
-    m.attr("MAX_SOURCE_DEPTH") = core::kMaxSourceDepth;
     m.attr("MAX_CONSTANT_DEPTH") = core::kMaxConstantDepth;
     // Debug builds abort when user code runs inside a region that promises none (no_user_code.hpp).
     m.attr("_CHECKS_REGIONS") = runtime::kChecksRegions;

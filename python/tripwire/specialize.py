@@ -35,7 +35,7 @@ import threading
 import types
 from typing import Any, Callable, Mapping
 
-from ._core import FastDispatch, _enable_vectorcall
+from ._core import FastDispatch, _enable_vectorcall, _fast_setup
 from .builder import GuardBuilder
 from .cache import Cache
 from .infer import Policy, infer_into
@@ -110,7 +110,7 @@ class Specialized(FastDispatch):
         self._compiles = 0
         # The C++ call path: binds and looks up in C++; unbindable calls go to _call_python,
         # misses to _fast_miss.
-        self._fast_setup(self.cache, fn, Specialized._call_python, Specialized._fast_miss)
+        _fast_setup(self, self.cache, fn, Specialized._call_python, Specialized._fast_miss)
 
     # -- calling (the call itself is FastDispatch's vectorcall; no __call__ here) ------------------
     def _bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:

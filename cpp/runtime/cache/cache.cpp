@@ -102,11 +102,8 @@ constexpr int kKindRank[] = {0, 2, 3, 1};
 
 }  // namespace
 
-Cache::Cache(std::size_t recompile_limit, std::size_t accumulated_limit, OnLimit on_limit,
-             GuardSetResolver resolver)
-    : policy_(recompile_limit, accumulated_limit, on_limit),
-      resolver_(resolver),
-      seen_epoch_(invalidation_epoch()) {}
+Cache::Cache(std::size_t recompile_limit, std::size_t accumulated_limit, OnLimit on_limit)
+    : policy_(recompile_limit, accumulated_limit, on_limit), seen_epoch_(invalidation_epoch()) {}
 
 Cache::~Cache() { clear(); }
 
@@ -138,11 +135,6 @@ int Cache::snapshot_matches(const CacheEntry& e, PyObject* current) {
     return equals_match(current, e.snapshot.get());
 }
 
-bool Cache::entry_valid(const CacheEntry& e) const {
-    if (!e.in_cache) return false;
-    return e.gs && !e.gs->invalid();
-}
-
 void Cache::drop_index() {
     // Drop the index now, not at the next lookup: its buckets would otherwise keep a removed
     // entry's payload alive (and hidden from the cycle collector, which sees only by_id_).
@@ -169,7 +161,7 @@ void Cache::purge_invalid(std::vector<EntryPtr>& graveyard) {
     seen_epoch_ = epoch;
     std::vector<EntryPtr> dead;
     for (const auto& [id, e] : by_id_)
-        if (!entry_valid(*e)) dead.push_back(e);
+        if (!e->valid()) dead.push_back(e);
     for (const EntryPtr& e : dead) {
         remove(e, graveyard);
         ++stats_.invalidations;
@@ -498,12 +490,8 @@ void Cache::record_hit(const EntryPtr& e, bool count) {
     ++stats_.hits;
 }
 
-bool Cache::insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result) {
-    std::shared_ptr<GuardSet> gs = resolver_(guards);
-    if (!gs) {
-        PyErr_SetString(PyExc_TypeError, "Cache.insert: guards must be a tripwire.GuardSet");
-        return false;
-    }
+bool Cache::insert(PyObject* guards, std::shared_ptr<GuardSet> gs, PyObject* payload, PyObject* name,
+                   InsertResult& result) {
     if (gs->invalid()) {
         PyErr_Format(PyExc_ValueError, "Cache.insert: the guard set is already invalid (%s)",
                      gs->invalid_reason().c_str());

@@ -33,10 +33,6 @@
 
 namespace tripwire::runtime {
 
-/// Maps a Python guard-set object (tripwire.GuardSet) to its runtime set; null if it is not one
-/// or was cleared by the garbage collector. Installed by the bindings; used once per insert.
-using GuardSetResolver = std::shared_ptr<GuardSet> (*)(PyObject*);
-
 /// What happens when an insert would exceed a limit (core::CachePolicy decides).
 using OnLimit = core::OnLimit;
 /// Result of Cache::insert.
@@ -79,6 +75,9 @@ struct CacheEntry {
     std::string group;
     /// Every indexable source of the entry with its most selective key.
     std::vector<EntryIndexKey> index_keys;
+
+    /// Whether the entry can still hit: in its cache, and no object its guards name died.
+    bool valid() const { return in_cache && gs && !gs->invalid(); }
 };
 
 /// Counters readable from Python.
@@ -88,8 +87,7 @@ struct CacheStats {
 
 class Cache {
   public:
-    Cache(std::size_t recompile_limit, std::size_t accumulated_limit, OnLimit on_limit,
-          GuardSetResolver resolver);
+    Cache(std::size_t recompile_limit, std::size_t accumulated_limit, OnLimit on_limit);
     ~Cache();
     Cache(const Cache&) = delete;
     Cache& operator=(const Cache&) = delete;
@@ -98,12 +96,14 @@ class Cache {
     /// existing entries have no snapshot value for it. Returns false if not empty.
     bool add_probe(PyObject* fn, std::string name);
 
-    /// Insert an entry (front of the MRU order). On a limit, applies the policy: Evict drops the
-    /// least recently used entry of the group concerned and inserts; Raise and Fallback insert
-    /// nothing and report which limit was hit. The set's globals dict (GuardSet::globals) lets
-    /// its G[...] sources serve as the dispatch index. Returns false with a Python error set if a
-    /// probe raised or `guards` is not a GuardSet.
-    bool insert(PyObject* guards, PyObject* payload, PyObject* name, InsertResult& result);
+    /// Insert an entry (front of the MRU order): `gs` is the runtime set of the Python guard-set
+    /// object `guards` (kept for the entry's view). On a limit, applies the policy: Evict drops
+    /// the least recently used entry of the group concerned and inserts; Raise and Fallback
+    /// insert nothing and report which limit was hit. The set's globals dict (GuardSet::globals)
+    /// lets its G[...] sources serve as the dispatch index. Returns false with a Python error set
+    /// if a probe raised or the set is already invalid.
+    bool insert(PyObject* guards, std::shared_ptr<GuardSet> gs, PyObject* payload, PyObject* name,
+                InsertResult& result);
 
     /// The first entry, most recently used first, whose probes snapshot and guards hold; null
     /// on a miss. Returns false with a Python error set when a probe or a guard raised an error
@@ -131,8 +131,6 @@ class Cache {
     std::size_t size();
     /// Drop every entry.
     void clear();
-    /// Whether an entry can still hit (in the cache and its guard set is valid).
-    bool entry_valid(const CacheEntry& e) const;
 
     const CacheStats& stats() const { return stats_; }
     /// The printed source the dispatch index uses, empty when there is none (after a rebuild).
@@ -178,7 +176,6 @@ class Cache {
     std::unordered_map<core::CacheEntryId, EntryPtr> by_id_;
     EntryPtr front_;  // the most recently used entry (policy_.order().front()), null when empty
     core::CacheEntryId next_id_ = 1;
-    GuardSetResolver resolver_;
     std::uint64_t seen_epoch_ = 0;
     std::uint64_t mutations_ = 0;  // bumped by every insert and removal
     std::vector<Ref> probes_;

@@ -59,7 +59,9 @@ std::string describe_object(PyObject* o) {
 std::uint64_t invalidation_epoch() { return g_invalidation_epoch; }
 
 GuardSet::GuardSet(GuardSetInputs in)
-    : program_(std::move(in.program)), strict_(in.strict), state_(std::make_shared<InvalidationState>()) {
+    : program_(core::compile(std::move(in.decls), in.consts.size())),
+      strict_(in.strict),
+      state_(std::make_shared<InvalidationState>()) {
     const std::size_t n_consts = in.consts.size();
     if (in.hold_weakly.size() != n_consts) throw core::InvalidProgram("hold_weakly must match consts");
     core::validate(program_, n_consts);
@@ -185,6 +187,35 @@ GuardSet::GuardSet(GuardSetInputs in)
 }
 
 GuardSet::~GuardSet() = default;
+
+std::vector<TreeRow> GuardSet::tree() const {
+    std::vector<TreeRow> out;
+    out.reserve(program_.nodes.size());
+    std::vector<std::uint32_t> stack(root_order_.rbegin(), root_order_.rend());
+    while (!stack.empty()) {
+        const std::uint32_t ni = stack.back();
+        stack.pop_back();
+        const core::Node& n = program_.nodes[ni];
+        TreeRow row;
+        row.depth = n.depth;
+        row.text = n.text;
+        row.node_fails = node_fails_[ni];
+        for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+            const std::uint32_t gi = guard_order_[k];
+            row.guard_ids.push_back(program_.guards[gi].id);
+            row.guard_fails.push_back(guard_fails_[gi]);
+        }
+        out.push_back(std::move(row));
+        for (std::uint32_t k = n.child_end; k-- > n.child_begin;) stack.push_back(child_order_[k]);
+    }
+    return out;
+}
+
+std::vector<std::uint32_t> GuardSet::ambient_ids() const {
+    std::vector<std::uint32_t> ids;
+    for (std::uint32_t gi : program_.ambient) ids.push_back(program_.guards[gi].id);
+    return ids;
+}
 
 PyObject* GuardSet::constant(core::ConstId c) const {
     if (c >= holders_.size()) return nullptr;

@@ -39,13 +39,22 @@ struct FailureRecord {
 
 /// Everything a GuardSet is built from, already converted to objects.
 struct GuardSetInputs {
-    core::Program program;
-    std::vector<PyObject*> consts;  ///< borrowed; the GuardSet takes its own references
-    std::vector<bool> hold_weakly;  ///< per constant: hold by weak reference if possible
-    PyObject* globals = nullptr;    ///< dict or null
-    PyObject* closure = nullptr;    ///< dict name -> cell, or null
-    bool strict = false;            ///< re-raise guard exceptions as `eval_error_type`
+    std::vector<core::GuardDecl> decls;  ///< compiled by the constructor (core::compile)
+    std::vector<PyObject*> consts;       ///< borrowed; the GuardSet takes its own references
+    std::vector<bool> hold_weakly;       ///< per constant: hold by weak reference if possible
+    PyObject* globals = nullptr;         ///< dict or null
+    PyObject* closure = nullptr;         ///< dict name -> cell, or null
+    bool strict = false;                 ///< re-raise guard exceptions as `eval_error_type`
     PyObject* eval_error_type = nullptr;
+};
+
+/// One node of the guard tree as explain() prints it (GuardSet::tree).
+struct TreeRow {
+    std::uint32_t depth = 0;
+    std::string text;                      ///< the printed source
+    std::vector<std::uint32_t> guard_ids;  ///< its guards' ids, in the current (adaptive) order
+    std::vector<std::uint32_t> guard_fails;
+    std::uint32_t node_fails = 0;  ///< failed fetches or subtrees
 };
 
 /// Statistics readable from Python.
@@ -67,8 +76,9 @@ bool fast_pass_enabled();
 
 class GuardSet {
   public:
-    /// Builds the runtime form. Raises (C++ exceptions) on an invalid program; a Python error
-    /// from creating weak references becomes std::runtime_error with its text.
+    /// Compiles the declarations and builds the runtime form. Raises (C++ exceptions)
+    /// core::InvalidProgram on invalid declarations; a Python error from creating weak
+    /// references becomes std::runtime_error with its text.
     explicit GuardSet(GuardSetInputs in);
     ~GuardSet();
     GuardSet(const GuardSet&) = delete;
@@ -105,6 +115,10 @@ class GuardSet {
     /// The current evaluation order of a node's guards and children (adaptive).
     const std::vector<std::uint32_t>& guard_order() const { return guard_order_; }
     const std::vector<std::uint32_t>& child_order() const { return child_order_; }
+    /// The tree in preorder, children and guards in their current evaluation order.
+    std::vector<TreeRow> tree() const;
+    /// Ids of the guards checked once per check, before any source (GLOBAL_STATE, sourceless LAMBDA).
+    std::vector<std::uint32_t> ambient_ids() const;
     /// The object behind constant `c`, or null if it was held weakly and died. Borrowed.
     PyObject* constant(core::ConstId c) const;
     /// Visit every strong reference (for tp_traverse of the owning Python object).

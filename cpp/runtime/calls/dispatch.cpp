@@ -1,5 +1,5 @@
-// tripwire/cpp/runtime/cache/dispatch.cpp -- dispatch().
-#include "runtime/cache/dispatch.hpp"
+// tripwire/cpp/runtime/calls/dispatch.cpp -- dispatch().
+#include "runtime/calls/dispatch.hpp"
 
 namespace tripwire::runtime {
 

@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/cache/dispatch.hpp -- one call of a @specialize'd function, hit path in C++.
+// tripwire/cpp/runtime/calls/dispatch.hpp -- one call of a @specialize'd function, hit path in C++.
 //
 // dispatch() binds the call's vectorcall arguments to the function's parameters (BoundCall, no
 // dict built) and looks the function's Cache up with the bound arguments as the locals. The
