@@ -6,7 +6,7 @@
  * references, no protection against user code -- just a straight walk that fetches each value
  * once into a local (a register here) and compares it.
  *
- * A Plan is built in Python (tripwire.bench.floor_plan) from the very same GuardSpec list the
+ * A Plan is built in Python (guard_eval.floor_plan) from the very same GuardSpec list the
  * GuardSet was built from: a flat list of instructions
  *
  *     (op, dst, src, arg, n)
@@ -311,7 +311,7 @@ static PyGetSetDef plan_getset[] = {
 
 static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tripwire._floor.Plan",
+    .tp_name = "_floor.Plan",
     .tp_basicsize = sizeof(Plan),
     .tp_dealloc = (destructor)plan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -389,7 +389,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef floor_module = {
-    PyModuleDef_HEAD_INIT, "tripwire._floor",
+    PyModuleDef_HEAD_INIT, "_floor",
     "Benchmark floor: hand-written C guard checks (see bench/floor.c). Not part of the engine.", -1,
     module_methods,
 };

@@ -28,42 +28,6 @@ struct GuardSetCore {
     }
 };
 
-core::ConstId const_id(nb::handle h) {
-    const long long v = nb::cast<long long>(h);
-    return v < 0 ? core::kNoConst : static_cast<core::ConstId>(v);
-}
-
-// decl = (kind, source | None, operand, operand2, n, n2, n3, flag, id)
-// source = (root, name, [(step_kind, operand, index), ...], [text, ...])
-core::GuardDecl to_decl(nb::handle item) {
-    nb::tuple t = nb::cast<nb::tuple>(item);
-    if (t.size() != 9) throw core::InvalidProgram("a guard declaration is a 9-tuple");
-    core::GuardDecl d;
-    d.kind = static_cast<core::GuardKind>(nb::cast<int>(t[0]));
-    d.has_source = !t[1].is_none();
-    if (d.has_source) {
-        nb::tuple src = nb::cast<nb::tuple>(t[1]);
-        if (src.size() != 4) throw core::InvalidProgram("a source is a 4-tuple");
-        d.source.root = static_cast<core::RootKind>(nb::cast<int>(src[0]));
-        d.source.name = const_id(src[1]);
-        for (nb::handle s : nb::cast<nb::list>(src[2])) {
-            nb::tuple st = nb::cast<nb::tuple>(s);
-            if (st.size() != 3) throw core::InvalidProgram("a step is a 3-tuple");
-            d.source.steps.push_back({static_cast<core::StepKind>(nb::cast<int>(st[0])), const_id(st[1]),
-                                      nb::cast<std::int64_t>(st[2])});
-        }
-        d.source.texts = nb::cast<std::vector<std::string>>(src[3]);
-    }
-    d.operand = const_id(t[2]);
-    d.operand2 = const_id(t[3]);
-    d.n = nb::cast<std::int64_t>(t[4]);
-    d.n2 = nb::cast<std::int64_t>(t[5]);
-    d.n3 = nb::cast<std::int64_t>(t[6]);
-    d.flag = nb::cast<bool>(t[7]);
-    d.id = nb::cast<std::uint32_t>(t[8]);
-    return d;
-}
-
 int core_traverse(PyObject* self, visitproc visit, void* arg) {
     Py_VISIT(Py_TYPE(self));
     if (!nb::inst_ready(self)) return 0;
@@ -101,11 +65,11 @@ void register_guard_set(nb::module_& m) {
                                  "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")
             .def(
                 "__init__",
-                [](GuardSetCore* self, nb::list decls, nb::list consts, nb::list hold_weakly,
-                   nb::object globals, nb::object closure, bool strict, nb::object eval_error_type) {
+                [](GuardSetCore* self, std::vector<core::GuardDecl> decls, nb::list consts,
+                   nb::list hold_weakly, nb::object globals, nb::object closure, bool strict,
+                   nb::object eval_error_type) {
                     runtime::GuardSetInputs in;
-                    in.decls.reserve(decls.size());
-                    for (nb::handle h : decls) in.decls.push_back(to_decl(h));
+                    in.decls = std::move(decls);
                     for (nb::handle c : consts) in.consts.push_back(c.ptr());
                     for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));
                     if (!globals.is_none() && !PyDict_Check(globals.ptr()))

@@ -7,8 +7,10 @@
 
 NB_MODULE(_core, m) {
     m.doc() = "tripwire's compiled engine (private: use the tripwire package).";
+    tripwire::bindings::register_ir(m);
     tripwire::bindings::register_guard_set(m);
     tripwire::bindings::register_cache(m);
     tripwire::bindings::register_specialize(m);
-    tripwire::bindings::register_util(m);
+    tripwire::bindings::register_values(m);
+    tripwire::bindings::register_diagnostics(m);
 }

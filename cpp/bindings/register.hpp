@@ -22,13 +22,18 @@ std::shared_ptr<runtime::GuardSet> shared_guard_set_of(PyObject* o);
 /// other object or a cache cleared by the garbage collector. Borrowed: valid while `o` is.
 runtime::Cache* cache_of(PyObject* o);
 
+/// The IR: RootKind, StepKind, GuardKind, and the typed declarations (bind_ir.cpp). First.
+void register_ir(nanobind::module_& m);
 /// GuardSetCore: the compiled guard set (bind_guard_set.cpp).
 void register_guard_set(nanobind::module_& m);
 /// CacheCore and CacheEntry: the per-function entry cache (bind_cache.cpp). After register_guard_set.
 void register_cache(nanobind::module_& m);
 /// FastDispatch: the C++ hit path of tripwire.specialize (bind_specialize.cpp). After register_cache.
 void register_specialize(nanobind::module_& m);
-/// Small helpers used by the Python package and tests (bind_util.cpp).
-void register_util(nanobind::module_& m);
+/// read_source, is_constant, equals_match, probes, dict versions: the engine's reading of
+/// values, for the builder (bind_values.cpp).
+void register_values(nanobind::module_& m);
+/// Switches and facts for tests and benchmarks (bind_diagnostics.cpp).
+void register_diagnostics(nanobind::module_& m);
 
 }  // namespace tripwire::bindings

@@ -27,6 +27,23 @@ std::string_view guard_kind_name(GuardKind k) {
     return "UNKNOWN";
 }
 
+std::string_view root_kind_name(RootKind k) {
+    switch (k) {
+        case RootKind::Local: return "LOCAL";
+        case RootKind::Global: return "GLOBAL";
+        case RootKind::Closure: return "CLOSURE";
+    }
+    return "UNKNOWN";
+}
+
+std::string_view builtin_probe_name(BuiltinProbe p) {
+    switch (p) {
+        case BuiltinProbe::RecursionLimit: return "recursion_limit";
+        case BuiltinProbe::GcEnabled: return "gc_enabled";
+    }
+    return "unknown";
+}
+
 std::string_view step_kind_name(StepKind k) {
     switch (k) {
         case StepKind::Attr: return "ATTR";

@@ -23,14 +23,16 @@ using ConstId = std::uint32_t;
 /// "No constant" marker for operands a kind does not use.
 inline constexpr ConstId kNoConst = 0xFFFFFFFFu;
 
-/// Where a source's first value is read. Values match python/tripwire/source.py.
+/// Where a source's first value is read. The Python package uses these enums as they are bound
+/// (tripwire._core.RootKind, StepKind, GuardKind): one definition, named by the tables below.
 enum class RootKind : std::uint8_t {
     Local = 0,    ///< L['x']: the locals mapping passed to check()
     Global = 1,   ///< G['x']: the globals dict given at build time
     Closure = 2,  ///< C['x']: a closure cell given at build time
 };
+inline constexpr int kRootKindCount = 3;
 
-/// One step from a value to a child value. Values match python/tripwire/source.py.
+/// One step from a value to a child value.
 enum class StepKind : std::uint8_t {
     Attr = 0,         ///< getattr(v, name)                    operand = name
     Item = 1,         ///< v[key]                              operand = key
@@ -47,7 +49,7 @@ enum class StepKind : std::uint8_t {
 };
 inline constexpr int kStepKindCount = 12;
 
-/// Guard kinds of the catalogue (docs/guards.md). Values match python/tripwire/catalogue.py.
+/// Guard kinds of the catalogue (docs/guards.md).
 enum class GuardKind : std::uint8_t {
     TypeMatch = 0,
     IdMatch = 1,
@@ -106,6 +108,7 @@ struct GuardDecl {
 /// Printable names, as the catalogue spells them ("TYPE_MATCH").
 std::string_view guard_kind_name(GuardKind k);
 std::string_view step_kind_name(StepKind k);
+std::string_view root_kind_name(RootKind k);
 
 /// Whether evaluating the guard can run Python code that is not the interpreter's own (a user
 /// __eq__, __len__, __getattr__, a predicate), directly or by allocating a Python object: on
@@ -132,5 +135,8 @@ enum class BuiltinProbe : std::int64_t {
     RecursionLimit = 0,
     GcEnabled = 1,
 };
+inline constexpr int kBuiltinProbeCount = 2;
+/// The name users give a built-in probe ("recursion_limit", "gc_enabled").
+std::string_view builtin_probe_name(BuiltinProbe p);
 
 }  // namespace tripwire::core

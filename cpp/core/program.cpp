@@ -79,8 +79,7 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
             break;
         case GuardKind::GlobalState:
             if (d.operand == kNoConst) {  // built-in probe
-                if (d.n != static_cast<std::int64_t>(BuiltinProbe::RecursionLimit) &&
-                    d.n != static_cast<std::int64_t>(BuiltinProbe::GcEnabled)) {
+                if (d.n < 0 || d.n >= kBuiltinProbeCount) {
                     fail("unknown built-in probe " + std::to_string(d.n));
                 }
             } else if (d.operand2 == kNoConst) {

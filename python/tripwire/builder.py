@@ -14,7 +14,7 @@ import sys
 import types
 from typing import Any, Callable, Mapping
 
-from . import reference
+from . import _core
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError
 from .source import Source, SourceLike
@@ -26,10 +26,14 @@ _UNSET: Any = object()
 _STACK_DEPTH = 8
 
 
-# Modules whose frames are tripwire's own machinery, never the place a guard "was installed".
-_INTERNAL_FILES = frozenset(
-    os.path.join(_PKG_DIR, f) for f in ("builder.py", "infer.py", "guard_set.py", "catalogue.py", "reference.py")
-)
+def _is_machinery(filename: str) -> bool:
+    """Whether a frame of this file is tripwire's own machinery (never the place a guard "was
+    installed"): every module of the package, except the demo, which plays the user; and frozen
+    importlib frames."""
+    if filename.startswith("<frozen "):
+        return True
+    path = os.path.abspath(filename)
+    return os.path.dirname(path) == _PKG_DIR and os.path.basename(path) != "demo.py"
 
 
 def _user_stack() -> tuple[str, ...]:
@@ -38,7 +42,7 @@ def _user_stack() -> tuple[str, ...]:
     f = sys._getframe(1)
     while f is not None and len(out) < _STACK_DEPTH:
         fn = f.f_code.co_filename
-        if os.path.abspath(fn) not in _INTERNAL_FILES and not fn.startswith("<frozen "):
+        if not _is_machinery(fn):
             out.append(f"{fn}:{f.f_lineno} in {f.f_code.co_name}")
         f = f.f_back
     return tuple(reversed(out))
@@ -107,12 +111,14 @@ class GuardBuilder:
         del self._specs[cp._count :]
 
     def value(self, source: SourceLike) -> Any:
-        """The example value at ``source``; raises GuardBuildError when it cannot be fetched."""
+        """The example value at ``source``, read by the engine exactly as a check will read it;
+        raises GuardBuildError when it cannot be fetched."""
         src = Source.parse(source)
+        steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in src.steps]
         try:
-            return reference.fetch(src, self.f_locals, self.f_globals, self.f_closure)
-        except reference.FetchError as e:
-            raise GuardBuildError(f"cannot read {src} from the example: {e}") from None
+            return _core.read_source(src.root, src.name, steps, self.f_locals, self.f_globals, self.f_closure)
+        except Exception as e:  # noqa: BLE001 - whatever user code raised while reading
+            raise GuardBuildError(f"cannot read {src} from the example: {_exc_text(e)}") from None
 
     def add(self, kind: GuardKind, source: SourceLike | None, args: tuple = ()) -> GuardSpec:
         """Declare a guard directly (the typed methods below are the usual way)."""
@@ -152,12 +158,12 @@ class GuardBuilder:
     def equals(self, source: SourceLike, value: Any = _UNSET) -> GuardSpec:
         """``type(v) is type(c) and v == c`` (recursively type-exact, NaN matches NaN)."""
         c = self.value(source) if value is _UNSET else value
-        if not reference.is_constant(c):
+        if not _core.is_constant(c):
             raise GuardBuildError(
                 f"EQUALS_MATCH on {Source.parse(source)}: {builtins_type(c).__name__} is not a "
                 "constant type (int, float, complex, str, bytes, bool, None, range, slice, "
                 "Ellipsis, enum members, and tuples/lists/sets/frozensets/dicts of these, nested "
-                f"at most {reference.MAX_CONSTANT_DEPTH} deep)"
+                f"at most {_core.MAX_CONSTANT_DEPTH} deep)"
             )
         return self.add(GuardKind.EQUALS_MATCH, source, (_private_copy(c),))
 
@@ -182,7 +188,7 @@ class GuardBuilder:
         keys = tuple(keys)
         for k in keys:
             # Depth 1: the engine holds the keys in a tuple, one level of nesting.
-            if not reference.is_constant(k, 1):
+            if not _core.is_constant(k, 1):
                 raise GuardBuildError(f"DICT_KEYS on {Source.parse(source)}: key {k!r} is not a constant")
         return self.add(GuardKind.DICT_KEYS, source, (keys, bool(ordered)))
 
@@ -204,7 +210,7 @@ class GuardBuilder:
         v = self.value(source)
         if builtins_type(v) is not dict:
             raise GuardBuildError(f"DICT_VERSION on {Source.parse(source)}: needs an exact dict")
-        return self.add(GuardKind.DICT_VERSION, source, (reference.dict_version(v),))
+        return self.add(GuardKind.DICT_VERSION, source, (_core.dict_version(v),))
 
     def tuple_iterator_len(self, source: SourceLike, n: int = _UNSET) -> GuardSpec:
         """A tuple iterator with n items left."""
@@ -237,16 +243,16 @@ class GuardBuilder:
         a Python callable of no arguments returning a constant (see ``equals``).
         """
         if isinstance(probe, str):
-            if probe not in reference.BUILTIN_PROBES:
-                raise GuardBuildError(f"unknown built-in probe {probe!r}; known: {sorted(reference.BUILTIN_PROBES)}")
-            snapshot = reference.BUILTIN_PROBES[probe]()
+            if probe not in _core.builtin_probes():
+                raise GuardBuildError(f"unknown built-in probe {probe!r}; known: {sorted(_core.builtin_probes())}")
+            snapshot = _core.read_builtin_probe(probe)
             label = name or probe
         else:
             if not callable(probe):
                 raise TypeError("probe must be a built-in probe name or a callable")
             snapshot = probe()
             label = name or getattr(probe, "__qualname__", repr(probe))
-            if not reference.is_constant(snapshot):
+            if not _core.is_constant(snapshot):
                 raise GuardBuildError(f"probe {label!r} returned a non-constant {snapshot!r}")
             snapshot = _private_copy(snapshot)
         return self.add(GuardKind.GLOBAL_STATE, None, (probe, snapshot, label))
@@ -283,6 +289,15 @@ class GuardBuilder:
 
 builtins_type = type
 builtins_hasattr = hasattr
+
+
+def _exc_text(e: BaseException) -> str:
+    """``"TypeName: message"``; the message is dropped when str() of a hostile exception raises."""
+    try:
+        msg = str(e)
+    except Exception:  # noqa: BLE001
+        msg = ""
+    return f"{builtins_type(e).__name__}: {msg}" if msg else builtins_type(e).__name__
 
 
 def _private_copy(c: Any) -> Any:

@@ -8,6 +8,7 @@ the limit exception with reasons, ``why_not`` and ``stats``. See docs/cache.md.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from . import _core
@@ -15,7 +16,6 @@ from .catalogue import GuardKind, GuardSpec
 from .errors import RecompileLimitExceeded
 from .failure import Failure
 from .guard_set import GuardSet
-from .reference import BUILTIN_PROBES, equals_match
 
 __all__ = ["Cache", "CacheEntry"]
 
@@ -58,9 +58,9 @@ class Cache(_core.CacheCore):
         """Add a global-state probe. Only on an empty cache: existing entries hold no snapshot
         of it (raises ValueError otherwise)."""
         if isinstance(probe, str):
-            if probe not in BUILTIN_PROBES:
-                raise ValueError(f"unknown built-in probe {probe!r}; known: {sorted(BUILTIN_PROBES)}")
-            fn, label = BUILTIN_PROBES[probe], name or probe
+            if probe not in _core.builtin_probes():
+                raise ValueError(f"unknown built-in probe {probe!r}; known: {sorted(_core.builtin_probes())}")
+            fn, label = functools.partial(_core.read_builtin_probe, probe), name or probe
         else:
             if not callable(probe):
                 raise TypeError("a probe must be a built-in probe name or a callable")
@@ -117,7 +117,7 @@ class Cache(_core.CacheCore):
     def _probe_failure(self, snapshot: tuple, current: tuple) -> Failure | None:
         for name, fn_value, (then, now) in zip(self.probe_names, current, zip(snapshot, current)):
             del fn_value
-            if not equals_match(now, then):
+            if not _core.equals_match(now, then):
                 spec = GuardSpec(GuardKind.GLOBAL_STATE, None, (name, then, name), -1)
                 reason = f"global state {name!r} changed: expected {then!r}, got {now!r}"
                 return Failure(None, "GLOBAL_STATE", then, now, reason, spec)

@@ -36,32 +36,14 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _core
 from .source import Source
 
-__all__ = ["GuardKind", "GuardSpec", "CONSTANT_TYPES", "Weak", "resolve"]
+__all__ = ["GuardKind", "GuardSpec", "CONSTANT_TYPES", "Weak", "resolve", "short_repr"]
 
 
-class GuardKind(enum.IntEnum):
-    """Guard kinds. Values match ``cpp/core`` ``GuardKind``."""
-
-    TYPE_MATCH = 0
-    ID_MATCH = 1
-    NONE = 2
-    NOT_NONE = 3
-    TRUE = 4
-    FALSE = 5
-    EQUALS_MATCH = 6
-    LENGTH = 7
-    DICT_KEYS = 8
-    DICT_CONTAINS = 9
-    HASATTR = 10
-    DICT_VERSION = 11
-    TUPLE_ITERATOR_LEN = 12
-    RANGE_ITERATOR = 13
-    CODE_MATCH = 14
-    WEAKREF_ALIVE = 15
-    GLOBAL_STATE = 16
-    LAMBDA = 17
+# The engine's own enum (cpp/core/ir.hpp, bound by cpp/bindings/bind_ir.cpp): one definition.
+GuardKind = _core.GuardKind
 
 
 class Weak:
@@ -156,7 +138,7 @@ class GuardSpec:
         if k is GuardKind.DICT_KEYS:
             return list(a[0])
         if k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
-            return ("has " if a[1] else "lacks ") + _short(a[0])
+            return ("has " if a[1] else "lacks ") + short_repr(a[0])
         if k is GuardKind.DICT_VERSION:
             return f"dict version {a[0]}"
         if k is GuardKind.RANGE_ITERATOR:
@@ -193,14 +175,14 @@ class GuardSpec:
         if k is GuardKind.FALSE:
             return f"{s} is False"
         if k is GuardKind.EQUALS_MATCH:
-            return f"{s} == {_short(a[0])}"
+            return f"{s} == {short_repr(a[0])}"
         if k is GuardKind.LENGTH:
             return f"len({s}) == {a[0]}"
         if k is GuardKind.DICT_KEYS:
             rel = "==" if a[1] else "set-equal"
-            return f"list(dict.keys({s})) {rel} {_short(list(a[0]))}"
+            return f"list(dict.keys({s})) {rel} {short_repr(list(a[0]))}"
         if k is GuardKind.DICT_CONTAINS:
-            return f"({_short(a[0])} in {s}) is {a[1]}"
+            return f"({short_repr(a[0])} in {s}) is {a[1]}"
         if k is GuardKind.HASATTR:
             return f"hasattr({s}, {a[0]!r}) is {a[1]}"
         if k is GuardKind.DICT_VERSION:
@@ -214,7 +196,7 @@ class GuardSpec:
         if k is GuardKind.WEAKREF_ALIVE:
             return f"{s}() is not None"
         if k is GuardKind.GLOBAL_STATE:
-            return f"global_state {a[2]!r} == {_short(a[1])}"
+            return f"global_state {a[2]!r} == {short_repr(a[1])}"
         return f"lambda: {a[1]}"  # LAMBDA
 
 
@@ -243,7 +225,7 @@ for _attr in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozen
     setattr(_REPR, _attr, 8)
 
 
-def _short(v: Any, limit: int = 80) -> str:
+def short_repr(v: Any, limit: int = 80) -> str:
     """A one-line repr for messages: reprlib-style limits on sizes and nesting (a big container is
     never printed whole), every run of whitespace (a multi-line tensor repr) made one space, and
     at most ``limit`` characters. Never raises."""

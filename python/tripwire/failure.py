@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .catalogue import GuardKind, GuardSpec, _short
+from .catalogue import GuardKind, GuardSpec, short_repr
 
 __all__ = ["Failure", "make_failure"]
 
@@ -62,7 +62,7 @@ def make_failure(spec: GuardSpec, value: Any, error: str | None, fetch_failed: b
     kind = spec.kind.name
     expected = spec.expected
     if fetch_failed:
-        reason = f"{where}: cannot be read ({error}); {kind} expected {_short(expected)}"
+        reason = f"{where}: cannot be read ({error}); {kind} expected {short_repr(expected)}"
         return Failure(src, kind, expected, None, reason, spec)
     if error is not None and "has died" in error and value is None:
         return Failure(src, kind, expected, None, f"{where}: {kind} can never pass: {error}", spec)
@@ -70,7 +70,7 @@ def make_failure(spec: GuardSpec, value: Any, error: str | None, fetch_failed: b
     if error is not None:
         reason = f"{where}: {kind} raised {error}"
     elif spec.kind is GuardKind.GLOBAL_STATE:
-        reason = f"global state {spec.args[2]!r} changed: expected {_short(expected)}"
+        reason = f"global state {spec.args[2]!r} changed: expected {short_repr(expected)}"
     else:
-        reason = f"{where}: {kind} expected {_short(expected)}, got {_short(actual)} ({spec.describe()} is false)"
+        reason = f"{where}: {kind} expected {short_repr(expected)}, got {short_repr(actual)} ({spec.describe()} is false)"
     return Failure(src, kind, expected, actual, reason, spec)

@@ -16,14 +16,11 @@ from . import _core
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
-from .reference import BUILTIN_PROBES
-from .source import StepKind
+from .source import Source, StepKind
 
 __all__ = ["GuardSet", "build_guard_set"]
 
-_PROBE_IDS = {name: i for i, name in enumerate(BUILTIN_PROBES)}  # matches core::BuiltinProbe
-_NAME_STEPS = (StepKind.ATTR, StepKind.KWDEFAULTS)
-_KEY_STEPS = (StepKind.ITEM, StepKind.DICT_ITEM)
+_PROBE_IDS = {name: i for i, name in enumerate(_core.builtin_probes())}  # core::BuiltinProbe
 _WEAK_KINDS = (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH)
 
 
@@ -57,24 +54,23 @@ def _private_constant(c: Any) -> Any:
     return c
 
 
-def _encode(specs: list[GuardSpec], pool: _Pool) -> list[tuple]:
+def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
+    steps = [
+        _core.Step(st.kind, operand=pool.intern(st.arg)) if st.has_operand else _core.Step(st.kind, index=st.index)
+        for st in src.steps
+    ]
+    return _core.SourcePath(src.root, pool.intern(src.name), steps, [str(p) for p in src.prefixes()])
+
+
+def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
+    """The specs as the engine's typed declarations, their objects in ``pool``. Which slot holds
+    what per kind is the catalogue's table (catalogue.py); the engine checks the slots a kind
+    uses against its own (core::guard_shape) when it compiles."""
     decls = []
     for s in specs:
-        src = None
-        if s.source is not None:
-            steps = []
-            for st in s.source.steps:
-                if st.kind in _NAME_STEPS or st.kind in _KEY_STEPS:
-                    steps.append((int(st.kind), pool.intern(st.arg), 0))
-                elif st.arg is None:
-                    steps.append((int(st.kind), -1, 0))
-                else:
-                    steps.append((int(st.kind), -1, int(st.arg)))
-            texts = [str(p) for p in s.source.prefixes()]
-            src = (int(s.source.root), pool.intern(s.source.name), steps, texts)
         k, a = s.kind, s.args
-        op = op2 = -1
-        n = n2 = n3 = 0
+        op = op2 = None
+        n = n2 = 0
         flag = False
         if k in _WEAK_KINDS:
             if k is GuardKind.TYPE_MATCH and not isinstance(a[0], type):
@@ -82,7 +78,7 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[tuple]:
             op = pool.add(a[0], weak=True)
         elif k is GuardKind.EQUALS_MATCH:
             op = pool.add(_private_constant(a[0]), weak=isinstance(a[0], enum.Enum))
-        elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN):
+        elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN, GuardKind.DICT_VERSION):
             n = a[0]
         elif k is GuardKind.DICT_KEYS:
             op2 = pool.add(tuple(_private_constant(x) for x in a[0]))
@@ -91,8 +87,6 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[tuple]:
             op, flag = pool.add(a[0]), a[1]
         elif k is GuardKind.HASATTR:
             op, flag = pool.intern(a[0]), a[1]
-        elif k is GuardKind.DICT_VERSION:
-            n = a[0]
         elif k is GuardKind.RANGE_ITERATOR:
             op = pool.add(range(*a))
         elif k is GuardKind.GLOBAL_STATE:
@@ -103,7 +97,8 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[tuple]:
                 op, op2 = pool.add(probe), pool.add(_private_constant(snapshot))
         elif k is GuardKind.LAMBDA:
             op = pool.add(a[0])
-        decls.append((int(k), src, op, op2, n, n2, n3, bool(flag), s.index))
+        source = None if s.source is None else _source_decl(s.source, pool)
+        decls.append(_core.GuardDecl(k, source, op, op2, n=n, n2=n2, flag=bool(flag), id=s.index))
     return decls
 
 

@@ -22,7 +22,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from . import reference
+from . import _core
 from .builder import GuardBuilder
 from .catalogue import GuardSpec
 from .source import Source, StepKind
@@ -276,7 +276,7 @@ class _Walker:
         elif issubclass(t, enum.Enum):
             self._add(b.equals(src, value=v))
         elif t is slice:
-            if reference.is_constant(v):
+            if _core.is_constant(v):
                 self._add(b.equals(src, value=v))
             else:
                 self.type_match(src, v)
@@ -314,7 +314,7 @@ class _Walker:
     def _set(self, src: Source, v: Any) -> None:
         p = self.policy
         small = p.max_items is None or len(v) <= p.max_items
-        if small and reference.is_constant(v):
+        if small and _core.is_constant(v):
             self._add(self.b.equals(src, value=v))
         else:
             self.type_match(src, v)
@@ -341,7 +341,7 @@ class _Walker:
         n = len(keys)
         expand = self._expand(depth, n)
         ordered = self.policy.dict_keys_ordered
-        if expand and all(reference.is_constant(k) for k in keys):
+        if expand and all(_core.is_constant(k) for k in keys):
             self._add(self.b.dict_keys(src, keys, ordered=ordered))
             for i, k in enumerate(keys):
                 if _step_key(k):

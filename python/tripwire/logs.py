@@ -24,6 +24,7 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
+from .catalogue import short_repr
 from .errors import RecompileError
 from .failure import Failure
 
@@ -42,10 +43,7 @@ RECOMPILES = logging.getLogger("tripwire.recompiles")
 # Names accepted in TRIPWIRE_LOGS / set_logs, mapped to their logger.
 LOG_NAMES = {"recompiles": RECOMPILES}
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _HANDLER_MARK = "_tripwire_logs_handler"
-# tripwire's frames between a user's call and the builder: never "where a guard was installed".
-_MACHINERY = frozenset(os.path.join(_PKG_DIR, f) for f in ("specialize.py", "logs.py"))
 
 
 def parse_logs(spec: str | Iterable[str] | None) -> frozenset[str]:
@@ -115,28 +113,6 @@ def _where(fn: Callable) -> tuple[str, str]:
     return name, f"{code.co_filename}:{code.co_firstlineno}"
 
 
-def _user_frames(stack: Sequence[str]) -> list[str]:
-    """The install stack without the frames of tripwire's specialize machinery: the guard was
-    installed by the user's call (inferred guards) or the user's compiler."""
-    out = []
-    for site in stack:
-        # "file:line in func": split the line number off the file name
-        head = site.split(" in ", 1)[0]
-        path = head.rsplit(":", 1)[0]
-        if os.path.abspath(path) in _MACHINERY:
-            continue
-        out.append(site)
-    return out or list(stack)
-
-
-def _short(v: Any, limit: int = 120) -> str:
-    try:
-        r = repr(v)
-    except Exception as e:  # noqa: BLE001 - diagnostics must not raise
-        r = f"<repr failed: {type(e).__name__}>"
-    return r if len(r) <= limit else r[: limit - 3] + "..."
-
-
 def format_recompile(fn: Callable, failures: Sequence[Failure | None], names: Sequence[str | None] | None = None) -> str:
     """The recompile reason for ``fn`` given one :class:`Failure` per cached entry (most recently
     used first, as ``Cache.why_not`` returns them); ``names`` optionally names the entries.
@@ -164,9 +140,9 @@ def format_recompile(fn: Callable, failures: Sequence[Failure | None], names: Se
         lines.append(f"    - {label}: {f.reason}")
         lines.append(
             f"        source: {f.source if f.source is not None else 'global state'}  kind: {f.kind}"
-            f"  expected: {_short(f.expected)}  actual: {_short(f.actual)}"
+            f"  expected: {short_repr(f.expected, 120)}  actual: {short_repr(f.actual, 120)}"
         )
-        stack = _user_frames(getattr(f.guard, "stack", ()) or ())
+        stack = getattr(f.guard, "stack", ()) or ()  # the builder keeps only the user's frames
         if stack:
             lines.append("        guard installed at (innermost last):")
             lines.extend(f"          {site}" for site in stack)

@@ -69,7 +69,7 @@ def dict_version(d: dict) -> int:
     """The engine's version stamp of dict ``d`` (``ma_version_tag`` on 3.11)."""
     from . import _core  # the stamp is read by C; nothing else exposes it
 
-    return _core._dict_version(d)
+    return _core.dict_version(d)
 
 
 # -- fetching -----------------------------------------------------------------------------------

@@ -29,12 +29,13 @@ DICT_VALUE(i)      ``X[list(dict.keys(X))[i]]``                 value at inserti
 from __future__ import annotations
 
 import ast
-import enum
 import keyword
 import math
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, Union
+
+from . import _core
 
 __all__ = ["RootKind", "StepKind", "Step", "Source", "SourceLike", "SourceParseError"]
 
@@ -43,29 +44,11 @@ class SourceParseError(ValueError):
     """A source string is not one of the printed forms tripwire understands."""
 
 
-class RootKind(enum.IntEnum):
-    """Where the first value of a source is read. Values match ``cpp/core`` ``RootKind``."""
-
-    LOCAL = 0  # L['x']: the f_locals mapping passed to check()
-    GLOBAL = 1  # G['x']: the globals dict given at build time
-    CLOSURE = 2  # C['x']: a closure cell given at build time (read live at check time)
-
-
-class StepKind(enum.IntEnum):
-    """One step from a value to a child value. Values match ``cpp/core`` ``StepKind``."""
-
-    ATTR = 0
-    ITEM = 1
-    DICT_ITEM = 2
-    TYPE = 3
-    DICT = 4
-    DEFAULTS = 5
-    KWDEFAULTS = 6
-    CODE = 7
-    CLOSURE_CELL = 8
-    WEAKREF_CALL = 9
-    DICT_KEY = 10
-    DICT_VALUE = 11
+# The engine's own enums (cpp/core/ir.hpp, bound by cpp/bindings/bind_ir.cpp): one definition.
+# RootKind: LOCAL (L['x'], the f_locals mapping passed to check()), GLOBAL (G['x'], the globals
+# dict given at build time), CLOSURE (C['x'], a closure cell given at build time, read live).
+RootKind = _core.RootKind
+StepKind = _core.StepKind
 
 
 _ROOT_LETTER = {RootKind.LOCAL: "L", RootKind.GLOBAL: "G", RootKind.CLOSURE: "C"}
@@ -122,6 +105,17 @@ class Step:
 
     def __hash__(self) -> int:
         return hash((self.kind, type(self.arg), self.arg))
+
+    @property
+    def has_operand(self) -> bool:
+        """Whether the argument is an object the engine compares with (a name or a key), rather
+        than a position (``index``) or nothing."""
+        return self.kind not in _INDEX_STEPS and self.kind not in _NO_ARG_STEPS
+
+    @property
+    def index(self) -> int:
+        """The position of a positional step (DEFAULTS, CLOSURE_CELL, DICT_KEY, DICT_VALUE), else 0."""
+        return self.arg if self.kind in _INDEX_STEPS else 0
 
     def render(self, base: str) -> str:
         """Print this step applied to the printed base source ``base``."""

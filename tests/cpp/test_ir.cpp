@@ -61,6 +61,18 @@ TEST(IrNames, StepKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(step_kind_name(StepKind::DictValue), "DICT_VALUE");
 }
 
+TEST(IrNames, RootKindsAndBuiltinProbesAreNamed) {
+    EXPECT_EQ(root_kind_name(RootKind::Local), "LOCAL");
+    EXPECT_EQ(root_kind_name(RootKind::Global), "GLOBAL");
+    EXPECT_EQ(root_kind_name(RootKind::Closure), "CLOSURE");
+    EXPECT_EQ(root_kind_name(static_cast<RootKind>(kRootKindCount)), "UNKNOWN");
+    EXPECT_EQ(static_cast<int>(RootKind::Closure) + 1, kRootKindCount);
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::RecursionLimit), "recursion_limit");
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::GcEnabled), "gc_enabled");
+    EXPECT_EQ(builtin_probe_name(static_cast<BuiltinProbe>(kBuiltinProbeCount)), "unknown");
+    EXPECT_EQ(static_cast<int>(BuiltinProbe::GcEnabled) + 1, kBuiltinProbeCount);
+}
+
 TEST(IrNames, OutOfRangeKindsAreUnknown) {
     EXPECT_EQ(guard_kind_name(guard_kind(kGuardKindCount)), "UNKNOWN");
     EXPECT_EQ(guard_kind_name(guard_kind(255)), "UNKNOWN");

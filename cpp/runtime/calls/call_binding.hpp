@@ -13,7 +13,7 @@
 
 #include <vector>
 
-#include "runtime/calls/locals.hpp"
+#include "runtime/eval/locals.hpp"
 #include "runtime/py.hpp"
 
 namespace tripwire::runtime {

@@ -232,9 +232,68 @@ bool depth_within(PyObject* c, int depth) {
     return true;
 }
 
+PyTypeObject* enum_type() {
+    // Held for the life of the interpreter: the enum module is never unloaded.
+    static PyObject* cls = [] {
+        PyObject* mod = PyImport_ImportModule("enum");
+        if (mod == nullptr) return static_cast<PyObject*>(nullptr);
+        PyObject* e = PyObject_GetAttrString(mod, "Enum");
+        Py_DECREF(mod);
+        return e;
+    }();
+    return reinterpret_cast<PyTypeObject*>(cls);
+}
+
 }  // namespace
 
 int equals_match(PyObject* v, PyObject* c) { return match(v, c, 0); }
+
+int is_constant(PyObject* v, int depth) {
+    // First, so that enum's first import (Python code) never runs in the middle of a walk.
+    PyTypeObject* e = enum_type();
+    if (e == nullptr) return -1;
+    PyTypeObject* t = Py_TYPE(v);
+    if (is_scalar_type(t)) return 1;
+    if (t == &PyTuple_Type || t == &PyList_Type) {
+        if (depth >= core::kMaxConstantDepth) return 0;
+        for (Py_ssize_t i = 0; i < Py_SIZE(v); ++i) {
+            const int r =
+                is_constant(t == &PyTuple_Type ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i), depth + 1);
+            if (r != 1) return r;
+        }
+        return 1;
+    }
+    if (t == &PySlice_Type) {
+        if (depth >= core::kMaxConstantDepth) return 0;
+        auto* s = reinterpret_cast<PySliceObject*>(v);
+        for (PyObject* x : {s->start, s->stop, s->step}) {
+            const int r = is_constant(x, depth + 1);
+            if (r != 1) return r;
+        }
+        return 1;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *k, *x;
+    if (t == &PyDict_Type) {
+        if (depth >= core::kMaxConstantDepth) return 0;
+        while (PyDict_Next(v, &pos, &k, &x)) {
+            int r = is_constant(k, depth + 1);
+            if (r == 1) r = is_constant(x, depth + 1);
+            if (r != 1) return r;
+        }
+        return 1;
+    }
+    if (t == &PySet_Type || t == &PyFrozenSet_Type) {
+        if (depth >= core::kMaxConstantDepth) return 0;
+        while (set_next(v, &pos, &k)) {
+            const int r = is_constant(k, depth + 1);
+            if (r != 1) return r;
+        }
+        return 1;
+    }
+    // An enum member: the MRO, not isinstance (which could call a user __class__).
+    return PyType_IsSubtype(t, e) ? 1 : 0;
+}
 
 bool constant_depth_ok(PyObject* c) { return depth_within(c, 0); }
 

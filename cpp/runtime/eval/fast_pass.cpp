@@ -145,10 +145,10 @@ int GuardSet::fast_pass(const Locals& locals) {
                 NodeRt& n = nodes_[op.node];
                 PyObject* v;
                 if (locals.is_arguments()) {
-                    v = locals.argument(n.root_name, &n.slot);
+                    v = locals.argument(n.root.name, &n.root.slot);
                 } else {
                     if (!PyDict_Check(locals.mapping)) return 0;
-                    v = pure_dict_get(locals.mapping, n.root_name, &n.hint);
+                    v = pure_dict_get(locals.mapping, n.root.name, &n.root.hint);
                 }
                 if (v == nullptr) return 0;
                 r[op.node] = v;
@@ -157,15 +157,15 @@ int GuardSet::fast_pass(const Locals& locals) {
             case FastOp::Code::LoadGlobal: {
                 NodeRt& n = nodes_[op.node];
                 if (!globals_) return 0;
-                PyObject* v = pure_dict_get(globals_.get(), n.root_name, &n.hint);
+                PyObject* v = pure_dict_get(globals_.get(), n.root.name, &n.root.hint);
                 if (v == nullptr) return 0;
                 r[op.node] = v;
                 break;
             }
             case FastOp::Code::LoadClosure: {
                 const NodeRt& n = nodes_[op.node];
-                if (n.cell == nullptr || PyCell_GET(n.cell) == nullptr) return 0;
-                r[op.node] = PyCell_GET(n.cell);
+                if (n.root.cell == nullptr || PyCell_GET(n.root.cell) == nullptr) return 0;
+                r[op.node] = PyCell_GET(n.root.cell);
                 break;
             }
             case FastOp::Code::FetchAttr: {

@@ -124,6 +124,58 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
     return generic_getattr(obj, name);
 }
 
+Fetched fetch_root(RuntimeRoot& root, const Locals& locals, PyObject* globals) {
+    switch (root.kind) {
+        case core::RootKind::Local: {
+            if (locals.is_arguments()) {
+                // The caller keeps the arguments alive for the whole check: borrowing is safe.
+                PyObject* v = locals.argument(root.name, &root.slot);
+                return v ? ok_borrowed(v) : missing();
+            }
+            PyObject* f_locals = locals.mapping;
+            if (PyDict_Check(f_locals)) {
+                if (PyObject* hv = dict_get_hinted(f_locals, root.name, &root.hint)) return ok_borrowed(hv);
+                return dict_lookup(f_locals, root.name);
+            }
+            PyObject* v = PyObject_GetItem(f_locals, root.name);
+            if (v) return ok_owned(v);
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) return error();
+            PyErr_Clear();
+            return missing();
+        }
+        case core::RootKind::Global: {
+            if (globals == nullptr) return missing();
+            if (PyObject* hv = dict_get_hinted(globals, root.name, &root.hint)) return ok_borrowed(hv);
+            return dict_lookup(globals, root.name);
+        }
+        case core::RootKind::Closure:
+            if (root.cell == nullptr || PyCell_GET(root.cell) == nullptr) return missing();
+            return ok_borrowed(PyCell_GET(root.cell));
+    }
+    return missing();
+}
+
+Ref read_source(RuntimeRoot& root, std::vector<RuntimeStep>& steps, const Locals& locals, PyObject* globals) {
+    Fetched f = fetch_root(root, locals, globals);
+    if (f.status == FetchStatus::Error) return Ref();
+    if (f.status == FetchStatus::Missing) {
+        PyErr_Format(PyExc_LookupError, "%U is not set", root.name);
+        return Ref();
+    }
+    // Our own reference to every value: a step may run user code.
+    Ref v = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
+    for (RuntimeStep& step : steps) {
+        f = fetch_step(step, v.get());
+        if (f.status == FetchStatus::Error) return Ref();
+        if (f.status == FetchStatus::Missing) {
+            PyErr_SetString(PyExc_LookupError, describe_missing(step, v.get()).c_str());
+            return Ref();
+        }
+        v = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
+    }
+    return v;
+}
+
 PyObject* existing_instance_dict(PyObject* obj) {
     PyTypeObject* tp = Py_TYPE(obj);
     // _PyObject_GetDictPtr would create a managed dict from the inline values: read the slot.

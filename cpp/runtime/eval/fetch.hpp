@@ -7,7 +7,10 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include "core/ir.hpp"
+#include "runtime/eval/locals.hpp"
 #include "runtime/py.hpp"
 
 namespace tripwire::runtime {
@@ -51,8 +54,28 @@ struct RuntimeStep {
     AttrCache cache;
 };
 
+/// A source's root as the evaluator reads it, with its per-caller lookup hints.
+struct RuntimeRoot {
+    core::RootKind kind = core::RootKind::Local;
+    PyObject* name = nullptr;  ///< interned str (borrowed)
+    PyObject* cell = nullptr;  ///< the closure cell of a C[...] root (borrowed), or null
+    Py_ssize_t hint = -1;      ///< dict entry hint for L[...] and G[...] lookups (dict_hint.hpp)
+    Py_ssize_t slot = -1;      ///< argument index hint for L[...] read from a bound call
+};
+
+/// The root's value: L[...] from `locals` (a dict, incl. subclasses, read from its storage;
+/// another mapping through __getitem__, KeyError meaning missing), G[...] from `globals` (a dict
+/// or null), C[...] from its cell. Never leaves an error set unless status is Error.
+Fetched fetch_root(RuntimeRoot& root, const Locals& locals, PyObject* globals);
+
 /// Fetch the child of `parent` along `step`. Never leaves an error set unless status is Error.
 Fetched fetch_step(RuntimeStep& step, PyObject* parent);
+
+/// The value at a source (a root, then steps) exactly as a guard set's check reads it: a new
+/// reference, or null with a Python error set (LookupError naming what is missing, or the
+/// exception a step raised). Holds every value on the way. The builder reads examples with it,
+/// so a guard is built on what the engine will see.
+Ref read_source(RuntimeRoot& root, std::vector<RuntimeStep>& steps, const Locals& locals, PyObject* globals);
 
 /// getattr(obj, name) with the step's inline cache.
 Fetched fetch_attr(AttrCache& cache, PyObject* obj, PyObject* name);

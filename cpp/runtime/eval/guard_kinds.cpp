@@ -128,13 +128,7 @@ int call_predicate(PyObject* fn, PyObject* v) {
 }
 
 int global_state(const RuntimeGuard& g) {
-    if (g.a == nullptr) {
-        switch (static_cast<core::BuiltinProbe>(g.n)) {
-            case core::BuiltinProbe::RecursionLimit: return Py_GetRecursionLimit() == g.n2 ? 1 : 0;
-            case core::BuiltinProbe::GcEnabled: return PyGC_IsEnabled() == static_cast<int>(g.n2) ? 1 : 0;
-        }
-        return 0;
-    }
+    if (g.a == nullptr) return builtin_probe(static_cast<core::BuiltinProbe>(g.n)) == g.n2 ? 1 : 0;
     PyObject* now = PyObject_CallNoArgs(g.a);
     if (now == nullptr) return -1;
     const int r = equals_match(now, g.b);
@@ -143,6 +137,20 @@ int global_state(const RuntimeGuard& g) {
 }
 
 }  // namespace
+
+std::int64_t builtin_probe(core::BuiltinProbe p) {
+    switch (p) {
+        case core::BuiltinProbe::RecursionLimit: return Py_GetRecursionLimit();
+        case core::BuiltinProbe::GcEnabled: return PyGC_IsEnabled();
+    }
+    return -1;
+}
+
+Ref builtin_probe_value(core::BuiltinProbe p) {
+    const std::int64_t v = builtin_probe(p);
+    if (p == core::BuiltinProbe::GcEnabled) return Ref::borrow(v ? Py_True : Py_False);
+    return Ref::steal(PyLong_FromLongLong(v));
+}
 
 int eval_guard(const RuntimeGuard& g, PyObject* v) {
     switch (g.kind) {
@@ -239,5 +247,11 @@ std::uint64_t dict_stamp(PyObject* d) {
     return reinterpret_cast<PyDictObject*>(d)->ma_version_tag;
 }
 #endif
+
+bool dict_version(PyObject* d, std::uint64_t& out) {
+    if (!init_dict_stamps()) return false;
+    out = dict_stamp(d);
+    return true;
+}
 
 }  // namespace tripwire::runtime

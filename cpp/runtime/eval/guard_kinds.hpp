@@ -34,6 +34,17 @@ int equals_match(PyObject* v, PyObject* c);
 /// list does not). Runs no user code.
 bool constant_depth_ok(PyObject* c);
 
+/// Whether `v` may be an EQUALS_MATCH constant: an exact int, float, complex, str, bytes, bool,
+/// None, Ellipsis or range, an enum member, or a tuple, list, set, frozenset, dict or slice of
+/// these, nested at most core::kMaxConstantDepth - `depth` deep. 1/0, -1 with an error set (the
+/// enum module could not be imported). For the builder: it imports enum on first use.
+int is_constant(PyObject* v, int depth = 0);
+
+/// The current value of a built-in global-state probe, as GLOBAL_STATE compares it.
+std::int64_t builtin_probe(core::BuiltinProbe p);
+/// The same as the Python value users see (an int; a bool for gc_enabled). Never null.
+Ref builtin_probe_value(core::BuiltinProbe p);
+
 /// len(v) for the exact built-in containers whose length is a field (list, tuple, bytes,
 /// bytearray, dict, str, set, frozenset): no __len__ runs. False for anything else.
 bool builtin_length(PyObject* v, Py_ssize_t& n);
@@ -45,5 +56,9 @@ std::uint64_t dict_stamp(PyObject* d);
 /// Must be called once with the GIL held before dict_stamp (installs the 3.12+ dict watcher).
 /// Returns false with a Python error set on failure.
 bool init_dict_stamps();
+
+/// dict_stamp after init_dict_stamps (a DICT_VERSION guard's expected value). False with a Python
+/// error set when the watcher cannot be installed.
+bool dict_version(PyObject* d, std::uint64_t& out);
 
 }  // namespace tripwire::runtime

@@ -156,12 +156,13 @@ GuardSet::GuardSet(GuardSetInputs in)
         r.child_end = n.child_end;
         r.borrow_ok = !n.subtree_runs_user_code;
         if (n.is_root) {
-            r.root_name = objs_[n.root_name];
-            if (!PyUnicode_Check(r.root_name)) throw core::InvalidProgram("root names must be str");
+            r.root.kind = n.root;
+            r.root.name = objs_[n.root_name];
+            if (!PyUnicode_Check(r.root.name)) throw core::InvalidProgram("root names must be str");
             if (n.root == core::RootKind::Closure && closure_) {
-                PyObject* cell = PyDict_GetItemWithError(closure_.get(), r.root_name);
+                PyObject* cell = PyDict_GetItemWithError(closure_.get(), r.root.name);
                 if (cell == nullptr && PyErr_Occurred()) throw_python_error();
-                r.cell = (cell != nullptr && PyCell_Check(cell)) ? cell : nullptr;
+                r.root.cell = (cell != nullptr && PyCell_Check(cell)) ? cell : nullptr;
             }
         } else {
             r.step.kind = n.step.kind;
@@ -266,48 +267,7 @@ int GuardSet::on_error(std::uint32_t ni) {
 }
 
 Fetched GuardSet::fetch_root(std::uint32_t ni, const Locals& locals) {
-    const core::Node& n = program_.nodes[ni];
-    const NodeRt& r = nodes_[ni];
-    switch (n.root) {
-        case core::RootKind::Local: {
-            if (locals.is_arguments()) {
-                // The caller keeps the arguments alive for the whole check: borrowing is safe.
-                PyObject* v = locals.argument(r.root_name, &nodes_[ni].slot);
-                return {v, false, v ? FetchStatus::Ok : FetchStatus::Missing};
-            }
-            PyObject* f_locals = locals.mapping;
-            if (PyDict_Check(f_locals)) {
-                if (PyObject* hv = dict_get_hinted(f_locals, r.root_name, &nodes_[ni].hint)) {
-                    return {hv, false, FetchStatus::Ok};
-                }
-                PyObject* v = PyDict_GetItemWithError(f_locals, r.root_name);
-                if (v) return {v, false, FetchStatus::Ok};
-                return {nullptr, false, PyErr_Occurred() ? FetchStatus::Error : FetchStatus::Missing};
-            }
-            PyObject* v = PyObject_GetItem(f_locals, r.root_name);
-            if (v) return {v, true, FetchStatus::Ok};
-            if (PyErr_ExceptionMatches(PyExc_KeyError)) {
-                PyErr_Clear();
-                return {nullptr, false, FetchStatus::Missing};
-            }
-            return {nullptr, false, FetchStatus::Error};
-        }
-        case core::RootKind::Global: {
-            if (!globals_) return {nullptr, false, FetchStatus::Missing};
-            if (PyObject* hv = dict_get_hinted(globals_.get(), r.root_name, &nodes_[ni].hint)) {
-                return {hv, false, FetchStatus::Ok};
-            }
-            PyObject* v = PyDict_GetItemWithError(globals_.get(), r.root_name);
-            if (v) return {v, false, FetchStatus::Ok};
-            return {nullptr, false, PyErr_Occurred() ? FetchStatus::Error : FetchStatus::Missing};
-        }
-        case core::RootKind::Closure: {
-            if (r.cell == nullptr || PyCell_GET(r.cell) == nullptr)
-                return {nullptr, false, FetchStatus::Missing};
-            return {PyCell_GET(r.cell), false, FetchStatus::Ok};
-        }
-    }
-    return {nullptr, false, FetchStatus::Missing};
+    return runtime::fetch_root(nodes_[ni].root, locals, globals_.get());
 }
 
 Fetched GuardSet::fetch_node(std::uint32_t ni, PyObject* parent) {

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "core/program.hpp"
-#include "runtime/calls/locals.hpp"
 #include "runtime/eval/fetch.hpp"
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/py.hpp"
@@ -130,12 +129,9 @@ class GuardSet {
     struct NodeRt {
         std::uint32_t guard_begin = 0, guard_end = 0;  ///< copied from core::Node
         std::uint32_t child_begin = 0, child_end = 0;
-        RuntimeStep step;
-        PyObject* root_name = nullptr;  ///< borrowed from the pool, for roots
-        PyObject* cell = nullptr;       ///< borrowed closure cell for C[...] roots
-        bool borrow_ok = false;         ///< the subtree runs no user code: borrowed values are safe
-        Py_ssize_t hint = -1;           ///< dict entry hint for root lookups (dict_hint.h)
-        Py_ssize_t slot = -1;           ///< argument index hint for roots read from a bound call
+        RuntimeStep step;        ///< for steps
+        RuntimeRoot root;        ///< for roots (names and cells borrowed from the pool)
+        bool borrow_ok = false;  ///< the subtree runs no user code: borrowed values are safe
     };
 
     /// One instruction of the straight-line fast pass (fast_pass.cpp).

@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/calls/locals.hpp -- where the L[...] roots of a check come from.
+// tripwire/cpp/runtime/eval/locals.hpp -- where the L[...] roots of a check come from.
 //
 // A check reads its local roots either from a mapping (the f_locals dict a caller built) or
 // straight from the arguments of a call bound to the function's parameters (runtime::BoundCall).

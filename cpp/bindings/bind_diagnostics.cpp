@@ -1,4 +1,4 @@
-// tripwire/cpp/bindings/bind_util.cpp -- helpers: dict stamps, IR metadata.
+// tripwire/cpp/bindings/bind_diagnostics.cpp -- switches and facts for tests and benchmarks.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -13,22 +13,14 @@ namespace nb = nanobind;
 
 namespace tripwire::bindings {
 
-void register_util(nb::module_& m) {
-    m.def(
-        "_dict_version",
-        [](nb::dict d) -> std::uint64_t {
-            if (!runtime::init_dict_stamps()) throw nb::python_error();
-            return runtime::dict_stamp(d.ptr());
-        },
-        nb::arg("d"), nb::sig("def _dict_version(d: dict, /) -> int"),
-        "The engine's version stamp of dict d (changes on every mutation; unique across dicts).");
+void register_diagnostics(nb::module_& m) {
     m.def(
         "_dict_hints_enabled",
         [] {
             runtime::verify_dict_hints();
             return runtime::g_dict_hints_enabled;
         },
-        "Whether dict entry hints (CPython 3.11 layout, verified at start-up) are in use.");
+        "Whether dict entry hints (the interpreter's dict layout, verified at start-up) are in use.");
     m.def(
         "_set_fast_pass",
         [](bool on) {
@@ -39,7 +31,6 @@ void register_util(nb::module_& m) {
         nb::arg("on"),
         "Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns "
         "the previous setting. Off, every check takes the tree walk.");
-    m.attr("MAX_CONSTANT_DEPTH") = core::kMaxConstantDepth;
     // Debug builds abort when user code runs inside a region that promises none (no_user_code.hpp).
     m.attr("_CHECKS_REGIONS") = runtime::kChecksRegions;
 }

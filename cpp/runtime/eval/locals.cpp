@@ -1,5 +1,5 @@
-// tripwire/cpp/runtime/calls/locals.cpp -- Locals's out-of-line parts.
-#include "runtime/calls/locals.hpp"
+// tripwire/cpp/runtime/eval/locals.cpp -- Locals's out-of-line parts.
+#include "runtime/eval/locals.hpp"
 
 namespace tripwire::runtime {
 

@@ -1,0 +1,126 @@
+// tripwire/cpp/bindings/bind_ir.cpp -- the guard IR in Python: kinds and declarations.
+//
+// The enums are the core's own (cpp/core/ir.hpp), named by its tables, so Python and C++ share one
+// definition: tripwire.GuardKind is tripwire._core.GuardKind. A guard crosses into C++ as a typed
+// GuardDecl (with its SourcePath and Steps), not as a positional tuple.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+
+#include "core/ir.hpp"
+#include "core/program.hpp"
+#include "register.hpp"
+
+namespace nb = nanobind;
+
+namespace tripwire::bindings {
+namespace {
+
+// A constant-pool index, or None for "no constant" (core::kNoConst).
+std::optional<core::ConstId> optional_id(core::ConstId c) {
+    return c == core::kNoConst ? std::nullopt : std::optional<core::ConstId>(c);
+}
+core::ConstId id_or_none(std::optional<core::ConstId> c) { return c.value_or(core::kNoConst); }
+
+template <typename E, typename Name>
+void bind_enum(nb::module_& m, const char* py_name, int count, Name name, const char* doc) {
+    nb::enum_<E> e(m, py_name, nb::is_arithmetic(), doc);
+    for (int i = 0; i < count; ++i) e.value(name(static_cast<E>(i)).data(), static_cast<E>(i));
+}
+
+}  // namespace
+
+void register_ir(nb::module_& m) {
+    bind_enum<core::RootKind>(m, "RootKind", core::kRootKindCount, core::root_kind_name,
+                              "Where a source's first value is read: L['x'], G['x'], C['x'].");
+    bind_enum<core::StepKind>(m, "StepKind", core::kStepKindCount, core::step_kind_name,
+                              "One step from a value to a child value (docs/guards.md, Sources).");
+    bind_enum<core::GuardKind>(m, "GuardKind", core::kGuardKindCount, core::guard_kind_name,
+                               "The guard kinds of the catalogue (docs/guards.md).");
+
+    nb::class_<core::Step>(m, "Step", "One step of a source as the engine reads it.")
+        .def(
+            "__init__",
+            [](core::Step* s, core::StepKind kind, std::optional<core::ConstId> operand, std::int64_t index) {
+                new (s) core::Step{kind, id_or_none(operand), index};
+            },
+            nb::arg("kind"), nb::arg("operand").none() = nb::none(), nb::arg("index") = 0)
+        .def_rw("kind", &core::Step::kind)
+        .def_prop_ro(
+            "operand", [](const core::Step& s) { return optional_id(s.operand); },
+            "Constant-pool index of the attribute name or key, or None.")
+        .def_rw("index", &core::Step::index, "Position, for positional steps.");
+
+    nb::class_<core::SourcePath>(m, "SourcePath", "A root and its steps, with the printed prefixes.")
+        .def(
+            "__init__",
+            [](core::SourcePath* p, core::RootKind root, core::ConstId name, std::vector<core::Step> steps,
+               std::vector<std::string> texts) {
+                new (p) core::SourcePath{root, name, std::move(steps), std::move(texts)};
+            },
+            nb::arg("root"), nb::arg("name"), nb::arg("steps"), nb::arg("texts"))
+        .def_rw("root", &core::SourcePath::root)
+        .def_rw("name", &core::SourcePath::name, "Constant-pool index of the root's name.")
+        .def_rw("steps", &core::SourcePath::steps)
+        .def_rw("texts", &core::SourcePath::texts, "The printed prefixes: len(steps) + 1 of them.");
+
+    nb::class_<core::GuardDecl>(m, "GuardDecl",
+                                "One declared guard as the engine compiles it; operands are constant-pool "
+                                "indices (validated against guard_shape by the compiler).")
+        .def(
+            "__init__",
+            [](core::GuardDecl* d, core::GuardKind kind, std::optional<core::SourcePath> source,
+               std::optional<core::ConstId> operand, std::optional<core::ConstId> operand2, std::int64_t n,
+               std::int64_t n2, std::int64_t n3, bool flag, std::uint32_t id) {
+                new (d) core::GuardDecl();
+                d->kind = kind;
+                d->has_source = source.has_value();
+                if (source) d->source = std::move(*source);
+                d->operand = id_or_none(operand);
+                d->operand2 = id_or_none(operand2);
+                d->n = n;
+                d->n2 = n2;
+                d->n3 = n3;
+                d->flag = flag;
+                d->id = id;
+            },
+            nb::arg("kind"), nb::arg("source").none(), nb::arg("operand").none() = nb::none(),
+            nb::arg("operand2").none() = nb::none(), nb::arg("n") = 0, nb::arg("n2") = 0, nb::arg("n3") = 0,
+            nb::arg("flag") = false, nb::arg("id") = 0)
+        .def_rw("kind", &core::GuardDecl::kind)
+        .def_prop_ro("source",
+                     [](const core::GuardDecl& d) {
+                         return d.has_source ? std::optional<core::SourcePath>(d.source) : std::nullopt;
+                     })
+        .def_prop_ro("operand", [](const core::GuardDecl& d) { return optional_id(d.operand); })
+        .def_prop_ro("operand2", [](const core::GuardDecl& d) { return optional_id(d.operand2); })
+        .def_rw("n", &core::GuardDecl::n)
+        .def_rw("n2", &core::GuardDecl::n2)
+        .def_rw("n3", &core::GuardDecl::n3)
+        .def_rw("flag", &core::GuardDecl::flag)
+        .def_rw("id", &core::GuardDecl::id);
+
+    m.def(
+        "guard_shape",
+        [](core::GuardKind k) {
+            const core::GuardShape s = core::guard_shape(k);
+            return nb::make_tuple(s.needs_source, s.allows_source, s.operand, s.operand2);
+        },
+        nb::arg("kind"),
+        "(needs_source, allows_source, uses operand, uses operand2): the slots a kind's declaration uses.");
+    m.def(
+        "builtin_probes",
+        [] {
+            std::vector<std::string> names;
+            for (int i = 0; i < core::kBuiltinProbeCount; ++i)
+                names.emplace_back(core::builtin_probe_name(static_cast<core::BuiltinProbe>(i)));
+            return names;
+        },
+        "The built-in global-state probes by id (GuardDecl.n of a GLOBAL_STATE without operand).");
+    m.attr("MAX_CONSTANT_DEPTH") = core::kMaxConstantDepth;
+}
+
+}  // namespace tripwire::bindings

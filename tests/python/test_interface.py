@@ -1,0 +1,192 @@
+"""The joins between the package, the engine and the oracle.
+
+* One definition of the IR: the enums the package uses are the engine's own.
+* The typed declarations carry each kind's operands in the slots the engine's table says.
+* The oracle (tripwire.reference) is independent: no production module imports it, and where the
+  engine and the oracle each implement a rule (what a constant is, the built-in probes), they
+  agree on generated inputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import math
+import pathlib
+
+import pytest
+from gc_stress import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tripwire as tw
+from tripwire import _core, reference
+from tripwire.catalogue import GuardSpec
+from tripwire.guard_set import _encode, _Pool
+from tripwire.source import Source
+
+PACKAGE = pathlib.Path(tw.__file__).parent
+
+
+def test_enums_are_the_engines_own():
+    assert tw.GuardKind is _core.GuardKind
+    assert tw.StepKind is _core.StepKind and tw.RootKind is _core.RootKind
+    assert issubclass(tw.GuardKind, enum.IntEnum)
+    assert [k.name for k in tw.RootKind] == ["LOCAL", "GLOBAL", "CLOSURE"]
+    assert tw.GuardKind(6) is tw.GuardKind.EQUALS_MATCH
+    # Every kind the catalogue page documents exists, and every kind is documented.
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "guards.md").read_text()
+    for k in tw.GuardKind:
+        assert k.name in text, f"{k.name} is not documented in docs/guards.md"
+
+
+def _one_spec_per_kind():
+    class O:
+        pass
+
+    o = O()
+    ex = {"x": 3, "d": {"k": 1}, "o": o, "f": _one_spec_per_kind, "w": __import__("weakref").ref(o)}
+    ex["it"] = iter((1, 2))
+    ex["r"] = iter(range(3))
+    b = tw.GuardBuilder(ex)
+    b.type_match("L['x']")
+    b.id_match("L['o']")
+    b.not_none("L['x']")
+    b.equals("L['x']")
+    b.length("L['d']")
+    b.dict_keys("L['d']")
+    b.dict_contains("L['d']", "k")
+    b.hasattr("L['o']", "zz")
+    b.dict_version("L['d']")
+    b.tuple_iterator_len("L['it']")
+    b.range_iterator("L['r']")
+    b.code_match("L['f']")
+    b.weakref_alive("L['w']")
+    b.global_state("recursion_limit")
+    b.global_state(lambda: 1, name="one")
+    b.predicate(lambda v: True, "always", source="L['x']")
+    b.predicate(lambda loc: True, "always")
+    specs = list(b.guards)
+    specs.append(GuardSpec(tw.GuardKind.NONE, Source.parse("L['n']"), (), 100))
+    specs.append(GuardSpec(tw.GuardKind.TRUE, Source.parse("L['t']"), (), 101))
+    specs.append(GuardSpec(tw.GuardKind.FALSE, Source.parse("L['f2']"), (), 102))
+    return specs
+
+
+def test_each_kinds_operands_sit_in_the_slots_the_engine_expects():
+    # The catalogue's args table (catalogue.py), the encoder (guard_set._encode) and the engine's
+    # guard_shape are three statements of one layout: pin them together for every kind.
+    specs = _one_spec_per_kind()
+    assert {s.kind for s in specs} == set(tw.GuardKind)
+    for spec, decl in zip(specs, _encode(specs, _Pool())):
+        needs_source, allows_source, operand, operand2 = _core.guard_shape(spec.kind)
+        assert decl.kind is spec.kind
+        has_source = decl.source is not None
+        assert (not needs_source or has_source) and (allows_source or not has_source), spec.kind
+        if spec.kind is tw.GuardKind.GLOBAL_STATE:
+            # Two forms (core::validate_decl): a built-in probe's id in n, or a Python probe and
+            # its snapshot in both operands.
+            builtin = isinstance(spec.args[0], str)
+            assert (decl.operand is None and decl.operand2 is None) == builtin
+            assert (decl.operand is not None and decl.operand2 is not None) == (not builtin)
+        else:
+            assert (decl.operand is not None) == operand, spec.kind
+            assert (decl.operand2 is not None) == operand2, spec.kind
+
+
+def test_no_production_module_imports_the_oracle():
+    for path in sorted(PACKAGE.glob("*.py")):
+        if path.name == "reference.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = {a.name for a in node.names}
+                assert not (node.module == "reference" or (node.level and "reference" in names)), path.name
+                assert node.module not in ("tripwire.reference",), path.name
+            elif isinstance(node, ast.Import):
+                assert all(a.name != "tripwire.reference" for a in node.names), path.name
+
+
+def test_builtin_probes_agree():
+    assert _core.builtin_probes() == list(reference.BUILTIN_PROBES)
+    for name, read in reference.BUILTIN_PROBES.items():
+        assert _core.read_builtin_probe(name) == read()
+        assert type(_core.read_builtin_probe(name)) is type(read())
+
+
+def test_constant_depth_bounds_agree():
+    assert reference.MAX_CONSTANT_DEPTH == _core.MAX_CONSTANT_DEPTH
+
+
+class Color(enum.Enum):
+    RED = 1
+
+
+class Loud(int):
+    pass
+
+
+_scalars = st.one_of(
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.complex_numbers(),
+    st.text(max_size=3),
+    st.binary(max_size=3),
+    st.booleans(),
+    st.none(),
+    st.just(Ellipsis),
+    st.builds(range, st.integers(-3, 3), st.integers(-3, 3)),
+    st.just(Color.RED),
+    st.builds(Loud, st.integers()),  # an int subclass: not a constant
+    st.builds(object),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.tuples(inner, inner),
+        st.frozensets(st.one_of(st.integers(), st.text(max_size=2)), max_size=3),
+        st.dictionaries(st.one_of(st.integers(), st.text(max_size=2)), inner, max_size=3),
+        st.builds(slice, inner, inner),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(_values)
+def test_engine_and_oracle_agree_on_what_a_constant_is(v):
+    assert _core.is_constant(v) == reference.is_constant(v)
+
+
+@pytest.mark.parametrize("depth", [0, 1, _core.MAX_CONSTANT_DEPTH - 1, _core.MAX_CONSTANT_DEPTH])
+def test_constant_depth_agrees_at_the_bound(depth):
+    v = 0
+    for _ in range(depth):
+        v = [v]
+    for start in (0, 1):
+        assert _core.is_constant(v, start) == reference.is_constant(v, start)
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(_values, _values)
+def test_engine_and_oracle_agree_on_equals_match(v, c):
+    if not reference.is_constant(c):
+        return
+    assert _core.equals_match(v, c) == reference.equals_match(v, c)
+    assert _core.equals_match(c, c) and reference.equals_match(c, c)
+
+
+def test_read_source_is_what_the_builder_sees():
+    class O:
+        def __init__(self):
+            self.a = {"k": [10, 20]}
+
+    b = tw.GuardBuilder({"o": O()})
+    assert b.value("L['o'].a['k'][1]") == 20
+    with pytest.raises(tw.GuardBuildError, match=r"cannot read L\['o'\]\.b from the example: .*has no attribute"):
+        b.value("L['o'].b")
+    with pytest.raises(tw.GuardBuildError, match="is not set"):
+        b.value("L['nope']")
+    assert math.isnan(_core.read_source(tw.RootKind.LOCAL, "x", [], {"x": float("nan")}, None, None))
