@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tripwire as tw
 
@@ -91,7 +92,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--number", type=int, default=2000, help="lookups per timing run")
     args = ap.parse_args()
-    print(f"{'kind':<9}{'N':>6}  {'cache min':>10} {'median':>8} {'xN=1':>6}  {'scan min':>10} {'median':>10} {'xN=1':>7}")
+    print(
+        f"{'kind':<9}{'N':>6}  {'cache min':>10} {'median':>8} {'xN=1':>6}  {'scan min':>10} {'median':>10} {'xN=1':>7}"
+    )
     for kind in ("constant", "type", "float", "nested"):
         base: dict[str, float] = {}
         for n in SIZES:

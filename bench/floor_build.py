@@ -17,7 +17,9 @@ from types import ModuleType
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "floor.c")
-OUT_DIR = os.path.join(os.path.dirname(HERE), "build", "bench", f"py{sys.version_info[0]}{sys.version_info[1]}")
+OUT_DIR = os.path.join(
+    os.path.dirname(HERE), "build", "bench", f"py{sys.version_info[0]}{sys.version_info[1]}"
+)
 
 
 def build() -> str:

@@ -36,8 +36,9 @@ import textwrap
 import time
 import timeit
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import floor_build
 from tripwire import reference
@@ -46,12 +47,12 @@ from tripwire.catalogue import GuardKind, GuardSpec, resolve
 from tripwire.source import RootKind, Source, StepKind
 
 __all__ = [
-    "main",
     "Workload",
     "build_workloads",
-    "python_guard_source",
-    "python_guard_fn",
     "floor_plan",
+    "main",
+    "python_guard_fn",
+    "python_guard_source",
 ]
 
 WORKLOAD_NAMES = ("W1", "W2", "W3")
@@ -70,7 +71,9 @@ class Workload:
     builder: GuardBuilder
     f_locals: dict  # passing input (the example the guards were built from)
     f_locals_fail: dict  # one value changed near the end of the guard order
-    torch_factory: Callable[..., Any] | None = None  # (filtered: bool) -> (check, f_locals, f_locals_fail, gm)
+    torch_factory: Callable[..., Any] | None = (
+        None  # (filtered: bool) -> (check, f_locals, f_locals_fail, gm)
+    )
     extra: dict = field(default_factory=dict)
 
 
@@ -441,7 +444,9 @@ def _uses_of(spec: GuardSpec) -> int:
     return 1
 
 
-def python_guard_source(specs: list[GuardSpec], *, cse: bool = False, c_helpers: bool = False) -> tuple[str, dict]:
+def python_guard_source(
+    specs: list[GuardSpec], *, cse: bool = False, c_helpers: bool = False
+) -> tuple[str, dict]:
     """Source text of a Dynamo-2024-style guard function for ``specs`` and its closure values.
 
     ``cse=True`` hoists every source prefix spelled more than once into a local (``_var0 = ...``),
@@ -496,11 +501,13 @@ def python_guard_source(specs: list[GuardSpec], *, cse: bool = False, c_helpers:
     return src, gen.closure
 
 
-def python_guard_fn(specs: list[GuardSpec], *, cse: bool = False, c_helpers: bool = False) -> Callable[[dict], bool]:
+def python_guard_fn(
+    specs: list[GuardSpec], *, cse: bool = False, c_helpers: bool = False
+) -> Callable[[dict], bool]:
     """The generated guard function itself (``guard(L) -> bool``); ``.source`` holds its text."""
     src, closure = python_guard_source(specs, cse=cse, c_helpers=c_helpers)
     ns: dict[str, Any] = {}
-    exec(compile(src, "<tripwire-bench-guard>", "exec"), ns)  # noqa: S102 - our own generated code
+    exec(compile(src, "<tripwire-bench-guard>", "exec"), ns)
     fn = ns["___make_guard_fn"](**closure)
     fn.source = src
     fn.guard_count = len(specs)
@@ -599,7 +606,7 @@ def _torch_exec(src: str, name: str, extra: dict | None = None) -> Any:
     mod = types.ModuleType(modname)
     mod.__dict__.update(extra or {})
     sys.modules[modname] = mod
-    exec(compile(src, f"<{modname}>", "exec"), mod.__dict__)  # noqa: S102 - our own source
+    exec(compile(src, f"<{modname}>", "exec"), mod.__dict__)
     return mod.__dict__[name]
 
 
@@ -656,7 +663,7 @@ def _torch_w1(filtered: bool):
     return gm, {"x": x, "m": m}, {"x": x, "m": m_fail}
 
 
-_TORCH_W2_SRC = '''
+_TORCH_W2_SRC = """
 import torch
 from torch import nn
 
@@ -722,7 +729,7 @@ class Net(nn.Module):
             x = x + 1
 __CALLS__
         return x
-'''
+"""
 
 
 def _torch_w2(filtered: bool):
@@ -772,7 +779,15 @@ def torch_guard_count(gm) -> dict[str, int]:
     """Leaf guards in a torch guard manager, by walking the tree (``get_leaf_guards`` per manager,
     ``get_child_managers`` for accessors, plus epilogue lambda guards). ``code_parts`` counts the
     printed lines (one leaf guard object can print several, e.g. DIMENSION_DYNAMIC_MARKING)."""
-    out = {"leaf": 0, "ambient": 0, "global": 0, "local": 0, "code_parts": 0, "managers": 0, "dict_managers": 0}
+    out = {
+        "leaf": 0,
+        "ambient": 0,
+        "global": 0,
+        "local": 0,
+        "code_parts": 0,
+        "managers": 0,
+        "dict_managers": 0,
+    }
 
     def walk(mgr, where: str) -> None:
         out["managers"] += 1
@@ -875,7 +890,9 @@ def _noop(L):
 def _correctness(name: str, check: Callable, ok_locals: Any, bad_locals: Any) -> None:
     got_ok, got_bad = check(ok_locals), check(bad_locals)
     if got_ok is not True or got_bad is not False:
-        raise AssertionError(f"{name}: passing input -> {got_ok!r}, failing input -> {got_bad!r} (want True, False)")
+        raise AssertionError(
+            f"{name}: passing input -> {got_ok!r}, failing input -> {got_bad!r} (want True, False)"
+        )
 
 
 def prepare(w: Workload, *, torch_ok: bool, log, only: set[str] | None = None) -> dict:
@@ -887,7 +904,10 @@ def prepare(w: Workload, *, torch_ok: bool, log, only: set[str] | None = None) -
     gs_probe = w.builder.build()  # used for the pass/fail assertions (keeps `gs`'s fail counters clean)
     specs = list(gs.guards)
     assert len(specs) == len(gs) == len(specs_built)
-    if reference.check(specs_built, w.f_locals) is not True or reference.check(specs_built, w.f_locals_fail) is not False:
+    if (
+        reference.check(specs_built, w.f_locals) is not True
+        or reference.check(specs_built, w.f_locals_fail) is not False
+    ):
         raise AssertionError(f"{w.name}: the reference evaluator disagrees with the workload's inputs")
     _correctness(f"{w.name} tripwire", gs_probe.check, w.f_locals, w.f_locals_fail)
 
@@ -904,7 +924,9 @@ def prepare(w: Workload, *, torch_ok: bool, log, only: set[str] | None = None) -
     plan = floor_plan(specs, w.f_locals)
     _correctness(f"{w.name} C floor", floor_plan(specs, w.f_locals).check, w.f_locals, w.f_locals_fail)
     if want("C floor"):
-        contenders.append(Contender("C floor", plan.check, w.f_locals, plan.check_count, f"{plan.insn_count} insns"))
+        contenders.append(
+            Contender("C floor", plan.check, w.f_locals, plan.check_count, f"{plan.insn_count} insns")
+        )
     torch_info: dict[str, Any] = {}
     if torch_ok and w.torch_factory is not None:
         for filtered, label in ((False, "torch"), (True, "torch-same")):
@@ -979,8 +1001,14 @@ def callgrind_count(workload: str, contender: str, n: int, torch_ok: bool, out_d
         f"_callgrind_child({workload!r}, {contender!r}, {n}, {torch_ok!r})"
     )
     cmd = [
-        "valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=tw_bench_repeat_call",
-        f"--callgrind-out-file={out}", sys.executable, "-c", code,
+        "valgrind",
+        "--tool=callgrind",
+        "--collect-atstart=no",
+        "--toggle-collect=tw_bench_repeat_call",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        "-c",
+        code,
     ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0 or not os.path.exists(out):
@@ -989,7 +1017,7 @@ def callgrind_count(workload: str, contender: str, n: int, torch_ok: bool, out_d
     total = None
     with open(out) as f:
         for line in f:
-            if line.startswith("summary:") or line.startswith("totals:"):
+            if line.startswith(("summary:", "totals:")):
                 total = int(line.split()[1])
     return None if total is None else total / n
 
@@ -1002,9 +1030,13 @@ def _fmt_ns(x: float) -> str:
 
 
 def _table(rows: list[list[str]], header: list[str], right: set[int]) -> str:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
     def line(r):
-        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        return "  ".join(
+            str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        )
+
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(header), sep] + [line(r) for r in rows])
 
@@ -1040,7 +1072,10 @@ def report(results: list[dict], *, repeat: int) -> str:
             ]
             if with_ir:
                 ok = c.instructions and tw.instructions
-                row += [f"{c.instructions:,.0f}" if c.instructions else "-", f"{tw.instructions / c.instructions:.3f}" if ok else "-"]
+                row += [
+                    f"{c.instructions:,.0f}" if c.instructions else "-",
+                    f"{tw.instructions / c.instructions:.3f}" if ok else "-",
+                ]
             row.append(c.note)
             rows.append(row)
         rows.append([""] * len(header))
@@ -1048,7 +1083,11 @@ def report(results: list[dict], *, repeat: int) -> str:
     out.append(
         f"ns per check on a passing input; min and median over {repeat} repeats (round-robin), "
         "tw/x = tripwire's time / contender's time (below 1: tripwire is faster)"
-        + ("; instr/check = instructions per check counted by callgrind (includes the call from C)" if with_ir else "")
+        + (
+            "; instr/check = instructions per check counted by callgrind (includes the call from C)"
+            if with_ir
+            else ""
+        )
     )
     out.append(_table(rows, header, right={2, 3, 4, 5, 6, 7, 8} if with_ir else {2, 3, 4, 5, 6}))
     out.append("")
@@ -1061,7 +1100,11 @@ def report(results: list[dict], *, repeat: int) -> str:
         tw = by["tripwire"]
         out.append("Targets on W2 (issue 2):")
         for name, (bound, text) in TARGETS.items():
-            names = [name] + ([f"{name}-same"] if name == "torch" else []) + (["py-fn+"] if name == "py-fn" else [])
+            names = (
+                [name]
+                + ([f"{name}-same"] if name == "torch" else [])
+                + (["py-fn+"] if name == "py-fn" else [])
+            )
             for nm in names:
                 if nm not in by:
                     out.append(f"  {text} [{nm}]: not measured")
@@ -1102,7 +1145,7 @@ def environment() -> str:
     except Exception:  # noqa: BLE001
         pass
     try:
-        import torch  # noqa: F401
+        import torch
 
         bits.append(f"torch {torch.__version__}")
     except Exception:  # noqa: BLE001
@@ -1122,18 +1165,33 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         description="Guard evaluation benchmark: tripwire vs a generated Python guard function, a "
         "hand-written C floor, torch's C++ guard manager and a no-op call (see bench/README.md).",
     )
-    p.add_argument("--workload", "-w", action="append", choices=WORKLOAD_NAMES,
-                   help="run only this workload (repeatable); default: all")
+    p.add_argument(
+        "--workload",
+        "-w",
+        action="append",
+        choices=WORKLOAD_NAMES,
+        help="run only this workload (repeatable); default: all",
+    )
     p.add_argument("--repeat", "-r", type=int, default=15, help="repeats per contender (default 15)")
-    p.add_argument("--time", type=float, default=0.02,
-                   help="target seconds per repeat per contender (default 0.02)")
+    p.add_argument(
+        "--time", type=float, default=0.02, help="target seconds per repeat per contender (default 0.02)"
+    )
     p.add_argument("--quick", action="store_true", help="5 repeats of ~5 ms: a smoke run")
     p.add_argument("--no-torch", action="store_true", help="skip the torch columns even if torch imports")
     p.add_argument("--json", metavar="PATH", help="also write the raw samples as JSON")
-    p.add_argument("--show-python", action="store_true", help="print the generated py-fn/py-fn+ source of each workload")
-    p.add_argument("--instructions", type=int, nargs="?", const=2000, default=0, metavar="N",
-                   help="also count instructions per check with valgrind's callgrind (N checks per "
-                   "contender, default 2000): a noise-free second opinion; slow, torch under valgrind slower")
+    p.add_argument(
+        "--show-python", action="store_true", help="print the generated py-fn/py-fn+ source of each workload"
+    )
+    p.add_argument(
+        "--instructions",
+        type=int,
+        nargs="?",
+        const=2000,
+        default=0,
+        metavar="N",
+        help="also count instructions per check with valgrind's callgrind (N checks per "
+        "contender, default 2000): a noise-free second opinion; slow, torch under valgrind slower",
+    )
     return p.parse_args(argv)
 
 
@@ -1186,8 +1244,12 @@ def main(argv: list[str] | None = None) -> int:
             for res in results:
                 for c in res["contenders"]:
                     is_torch = c.name.startswith("torch")
-                    c.instructions = callgrind_count(res["workload"].name, c.name, args.instructions, is_torch, out_dir)
-                    log(f"  {res['workload'].name} {c.name}: {c.instructions and round(c.instructions)} instructions/check")
+                    c.instructions = callgrind_count(
+                        res["workload"].name, c.name, args.instructions, is_torch, out_dir
+                    )
+                    log(
+                        f"  {res['workload'].name} {c.name}: {c.instructions and round(c.instructions)} instructions/check"
+                    )
     print(f"tripwire guard benchmark -- {environment()}")
     print(describe(results))
     print()
@@ -1202,7 +1264,13 @@ def main(argv: list[str] | None = None) -> int:
                     "guards": len(r["gs"]),
                     "sources": r["gs"].node_count,
                     "contenders": [
-                        {"name": c.name, "guards": c.guards, "number": c.number, "ns": c.samples, "note": c.note}
+                        {
+                            "name": c.name,
+                            "guards": c.guards,
+                            "number": c.number,
+                            "ns": c.samples,
+                            "note": c.note,
+                        }
                         for c in r["contenders"]
                     ],
                     "torch_counts": {k: v["counts"] for k, v in r["torch"].items()},

@@ -27,7 +27,8 @@ import argparse
 import functools
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def body(x, n, cfg):
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = {"mode": "fast", "unroll": 4}
     args = (3, 4, cfg)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def cached(x, n, cfg_items):
         return x + n
 
@@ -98,11 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         ("tw.specialize hit", spec, args, {}),
     ]
     try:
-        import torch  # noqa: F401
+        import torch
     except Exception as e:  # noqa: BLE001 - optional
         print(f"(torch not available: {type(e).__name__}: {e})")
     else:
-        import torch
 
         def tbody(x, n, cfg):
             return x + n

@@ -73,14 +73,22 @@ runtime::Cache* cache_of(PyObject* o) {
 
 void register_cache(nb::module_& m) {
     nb::class_<runtime::CacheEntry>(m, "CacheEntry", "One entry of a tripwire.Cache (a view; read-only).")
-        .def_prop_ro("guards", [](const runtime::CacheEntry& e) { return nb::borrow(e.guards.get()); })
-        .def_prop_ro("payload", [](const runtime::CacheEntry& e) { return nb::borrow(e.payload.get()); })
-        .def_prop_ro("name", [](const runtime::CacheEntry& e) { return nb::borrow(e.name.get()); })
+        .def_prop_ro(
+            "guards", [](const runtime::CacheEntry& e) { return nb::borrow(e.guards.get()); },
+            nb::for_getter(nb::sig("def guards(self, /) -> GuardSetCore")), "The entry's tripwire.GuardSet.")
+        .def_prop_ro(
+            "payload", [](const runtime::CacheEntry& e) { return nb::borrow(e.payload.get()); },
+            nb::for_getter(nb::sig("def payload(self, /) -> typing.Any")))
+        .def_prop_ro(
+            "name", [](const runtime::CacheEntry& e) { return nb::borrow(e.name.get()); },
+            nb::for_getter(nb::sig("def name(self, /) -> str | None")))
         .def_prop_ro("hits", [](const runtime::CacheEntry& e) { return e.hits; })
-        .def_prop_ro("_snapshot",
-                     [](const runtime::CacheEntry& e) {
-                         return e.snapshot ? nb::borrow(e.snapshot.get()) : nb::none();
-                     })
+        .def_prop_ro(
+            "_snapshot",
+            [](const runtime::CacheEntry& e) {
+                return e.snapshot ? nb::borrow(e.snapshot.get()) : nb::none();
+            },
+            nb::for_getter(nb::sig("def _snapshot(self, /) -> tuple[typing.Any, ...] | None")))
         .def_prop_ro(
             "valid", &runtime::CacheEntry::valid,
             "True while the entry is in its cache and no object its guards name by identity has died.")
@@ -145,7 +153,10 @@ void register_cache(nb::module_& m) {
                 if (!e) return nb::none();
                 return nb::cast(e);
             },
-            nb::arg("f_locals").none(), "The matching entry (counted as a hit), or None on a miss.")
+            nb::arg("f_locals").none(),
+            nb::sig("def lookup_entry(self, f_locals: typing.Mapping[str, typing.Any] | None) -> CacheEntry "
+                    "| None"),
+            "The matching entry (counted as a hit), or None on a miss.")
         .def(
             "_lookup_uncounted",
             [](CacheCore& c, nb::handle f_locals) -> nb::object {
@@ -155,14 +166,19 @@ void register_cache(nb::module_& m) {
                 return nb::cast(e);
             },
             nb::arg("f_locals").none(),
+            nb::sig("def _lookup_uncounted(self, f_locals: typing.Mapping[str, typing.Any] | None) -> "
+                    "CacheEntry | None"),
             "lookup_entry without counting a hit or a miss (a second look after a counted miss).")
-        .def("_probe_values",
-             [](CacheCore& c) -> nb::object {
-                 if (c.get().probe_names().empty()) return nb::none();
-                 runtime::Ref v = c.get().probe_values();
-                 if (!v) throw nb::python_error();
-                 return nb::steal(v.release());
-             })
+        .def(
+            "_probe_values",
+            [](CacheCore& c) -> nb::object {
+                if (c.get().probe_names().empty()) return nb::none();
+                runtime::Ref v = c.get().probe_values();
+                if (!v) throw nb::python_error();
+                return nb::steal(v.release());
+            },
+            nb::sig("def _probe_values(self) -> tuple[typing.Any, ...] | None"),
+            "The probes' current values, or None without probes.")
         .def("_snapshot_matches",
              [](CacheCore&, const runtime::CacheEntry& e, nb::handle current) {
                  const int r = runtime::Cache::snapshot_matches(e, current.ptr());

@@ -115,6 +115,7 @@ void register_ir(nb::module_& m) {
         "builtin_probes",
         [] {
             std::vector<std::string> names;
+            names.reserve(core::kBuiltinProbeCount);
             for (int i = 0; i < core::kBuiltinProbeCount; ++i)
                 names.emplace_back(core::builtin_probe_name(static_cast<core::BuiltinProbe>(i)));
             return names;

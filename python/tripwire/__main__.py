@@ -12,7 +12,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tripwire", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="build guards for a small example: a pass, a failure with its reason, the tree")
+    sub.add_parser(
+        "demo", help="build guards for a small example: a pass, a failure with its reason, the tree"
+    )
     parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     from .demo import run
 

@@ -8,18 +8,21 @@ the user stack that installed it, so a failure can say why the guard exists.
 from __future__ import annotations
 
 import copy
-import enum
 import os
 import sys
 import types
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from . import _core
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError
 from .source import Source, SourceLike
 
-__all__ = ["GuardBuilder", "Checkpoint"]
+if TYPE_CHECKING:
+    from .guard_set import GuardSet
+
+__all__ = ["Checkpoint", "GuardBuilder"]
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _UNSET: Any = object()
@@ -38,8 +41,8 @@ def _is_machinery(filename: str) -> bool:
 
 def _user_stack() -> tuple[str, ...]:
     """The caller's stack outside tripwire's machinery, innermost last, as 'file:line in func'."""
-    out = []
-    f = sys._getframe(1)
+    out: list[str] = []
+    f: types.FrameType | None = sys._getframe(1)
     while f is not None and len(out) < _STACK_DEPTH:
         fn = f.f_code.co_filename
         if not _is_machinery(fn):
@@ -218,7 +221,9 @@ class GuardBuilder:
             n = self.value(source).__length_hint__()
         return self.add(GuardKind.TUPLE_ITERATOR_LEN, source, (int(n),))
 
-    def range_iterator(self, source: SourceLike, start=_UNSET, stop=_UNSET, step=_UNSET) -> GuardSpec:
+    def range_iterator(
+        self, source: SourceLike, start: int = _UNSET, stop: int = _UNSET, step: int = _UNSET
+    ) -> GuardSpec:
         """A range iterator whose remaining items are ``range(start, stop, step)``."""
         if start is _UNSET:
             it = self.value(source)
@@ -244,20 +249,24 @@ class GuardBuilder:
         """
         if isinstance(probe, str):
             if probe not in _core.builtin_probes():
-                raise GuardBuildError(f"unknown built-in probe {probe!r}; known: {sorted(_core.builtin_probes())}")
+                raise GuardBuildError(
+                    f"unknown built-in probe {probe!r}; known: {sorted(_core.builtin_probes())}"
+                )
             snapshot = _core.read_builtin_probe(probe)
             label = name or probe
         else:
             if not callable(probe):
                 raise TypeError("probe must be a built-in probe name or a callable")
             snapshot = probe()
-            label = name or getattr(probe, "__qualname__", repr(probe))
+            label = name or str(getattr(probe, "__qualname__", None) or repr(probe))
             if not _core.is_constant(snapshot):
                 raise GuardBuildError(f"probe {label!r} returned a non-constant {snapshot!r}")
             snapshot = _private_copy(snapshot)
         return self.add(GuardKind.GLOBAL_STATE, None, (probe, snapshot, label))
 
-    def predicate(self, fn: Callable[[Any], Any], text: str | None = None, *, source: SourceLike | None = None) -> GuardSpec:
+    def predicate(
+        self, fn: Callable[[Any], Any], text: str | None = None, *, source: SourceLike | None = None
+    ) -> GuardSpec:
         """LAMBDA: the slow escape hatch. Holds when ``fn(v)`` is truthy (``fn(f_locals)`` when no
         source is given). Exceptions make it fail."""
         if not callable(fn):
@@ -268,7 +277,7 @@ class GuardBuilder:
     lambda_ = predicate
 
     # -- build --------------------------------------------------------------------------------------
-    def build(self, *, strict: bool = False):
+    def build(self, *, strict: bool = False) -> GuardSet:
         """Compile the guards into a GuardSet.
 
         Raises GuardBuildError if the set does not pass on the example it was built from (a guard
@@ -283,7 +292,7 @@ class GuardBuilder:
             keep = list(self.guard_filter(list(specs)))
             if len(keep) != len(specs):
                 raise GuardBuildError("guard_filter must return one bool per guard")
-            specs = [s for s, k in zip(specs, keep) if k]
+            specs = [s for s, k in zip(specs, keep, strict=True) if k]
         return build_guard_set(specs, self.f_locals, self.f_globals, self.f_closure, strict=strict)
 
 
@@ -314,7 +323,7 @@ def _closure_cells(f_closure: Any) -> dict[str, Any] | None:
     if isinstance(f_closure, types.FunctionType):
         names = f_closure.__code__.co_freevars
         cells = f_closure.__closure__ or ()
-        return dict(zip(names, cells))
+        return dict(zip(names, cells, strict=True))
     if isinstance(f_closure, Mapping):
         out = {}
         for k, c in f_closure.items():

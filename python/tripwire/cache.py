@@ -9,10 +9,11 @@ the limit exception with reasons, ``why_not`` and ``stats``. See docs/cache.md.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, cast
 
 from . import _core
-from .catalogue import GuardKind, GuardSpec
+from .catalogue import GuardKind, GuardSpec, short_repr
 from .errors import RecompileLimitExceeded
 from .failure import Failure
 from .guard_set import GuardSet
@@ -57,6 +58,8 @@ class Cache(_core.CacheCore):
     def add_probe(self, probe: str | Callable[[], Any], *, name: str | None = None) -> None:
         """Add a global-state probe. Only on an empty cache: existing entries hold no snapshot
         of it (raises ValueError otherwise)."""
+        fn: Callable[[], Any]
+        label: str
         if isinstance(probe, str):
             if probe not in _core.builtin_probes():
                 raise ValueError(f"unknown built-in probe {probe!r}; known: {sorted(_core.builtin_probes())}")
@@ -64,7 +67,7 @@ class Cache(_core.CacheCore):
         else:
             if not callable(probe):
                 raise TypeError("a probe must be a built-in probe name or a callable")
-            fn, label = probe, name or getattr(probe, "__qualname__", repr(probe))
+            fn, label = probe, name or str(getattr(probe, "__qualname__", None) or repr(probe))
         if not self._add_probe(fn, label):
             raise ValueError("add_probe needs an empty cache: existing entries have no snapshot of the probe")
 
@@ -85,7 +88,9 @@ class Cache(_core.CacheCore):
             return True
         if self.on_limit == "raise":
             limit = _LIMIT_NAMES[code]
-            reasons = [str(f) for f in self.why_not(f_locals) if f is not None] if f_locals is not None else []
+            reasons = (
+                [str(f) for f in self.why_not(f_locals) if f is not None] if f_locals is not None else []
+            )
             raise RecompileLimitExceeded(limit, getattr(self, limit), reasons)
         return False
 
@@ -107,19 +112,19 @@ class Cache(_core.CacheCore):
         out: list[Failure | None] = []
         for e in entries:
             f = None
-            if current is not None and not self._snapshot_matches(e, current):
-                f = self._probe_failure(e._snapshot, current)
+            snapshot = e._snapshot
+            if current is not None and snapshot is not None and not self._snapshot_matches(e, current):
+                f = self._probe_failure(snapshot, current)
             if f is None:
-                f = e.guards.why_not(f_locals)
+                f = cast(GuardSet, e.guards).why_not(f_locals)
             out.append(f)
         return out
 
     def _probe_failure(self, snapshot: tuple, current: tuple) -> Failure | None:
-        for name, fn_value, (then, now) in zip(self.probe_names, current, zip(snapshot, current)):
-            del fn_value
+        for name, then, now in zip(self.probe_names, snapshot, current, strict=True):
             if not _core.equals_match(now, then):
                 spec = GuardSpec(GuardKind.GLOBAL_STATE, None, (name, then, name), -1)
-                reason = f"global state {name!r} changed: expected {then!r}, got {now!r}"
+                reason = f"global state {name!r} changed: expected {short_repr(then)}, got {short_repr(now)}"
                 return Failure(None, "GLOBAL_STATE", then, now, reason, spec)
         return None
 
@@ -139,4 +144,6 @@ class Cache(_core.CacheCore):
         }
 
     def __repr__(self) -> str:
-        return f"<tripwire.Cache {len(self)} entries, on_limit={self.on_limit!r}, index={self.index_source!r}>"
+        return (
+            f"<tripwire.Cache {len(self)} entries, on_limit={self.on_limit!r}, index={self.index_source!r}>"
+        )

@@ -39,7 +39,7 @@ from typing import Any
 from . import _core
 from .source import Source
 
-__all__ = ["GuardKind", "GuardSpec", "CONSTANT_TYPES", "Weak", "resolve", "short_repr"]
+__all__ = ["CONSTANT_TYPES", "GuardKind", "GuardSpec", "Weak", "resolve", "short_repr"]
 
 
 # The engine's own enum (cpp/core/ir.hpp, bound by cpp/bindings/bind_ir.cpp): one definition.
@@ -50,7 +50,7 @@ class Weak:
     """An argument held by weak reference: a built GuardSet keeps no strong reference to the
     objects it names by identity (types, ID_MATCH objects, code objects, enum members)."""
 
-    __slots__ = ("ref", "type_name", "address")
+    __slots__ = ("address", "ref", "type_name")
 
     def __init__(self, obj: Any) -> None:
         self.ref = weakref.ref(obj)
@@ -213,7 +213,7 @@ def _name(t: Any) -> str:
         mod = getattr(t, "__module__", "")
         qn = getattr(t, "__qualname__", None) or repr(t)
         return qn if mod in ("builtins", None, "") else f"{mod}.{qn}"
-    except Exception:  # a hostile metaclass; messages must not raise
+    except Exception:  # noqa: BLE001 - a hostile metaclass; messages must not raise
         return "<type>"
 
 

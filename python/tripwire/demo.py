@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import gc
 import time
+from typing import Any
 
-from . import GuardBuilder, guards_for
+from . import GuardBuilder, GuardSet, guards_for
 
 
 class Layer:
@@ -27,7 +28,7 @@ class Model:
         self.scale = 0.5
 
 
-def _ns_per_check(gs, f_locals, n: int = 20000) -> float:
+def _ns_per_check(gs: GuardSet, f_locals: dict[str, Any], n: int = 20000) -> float:
     check = gs.check
     best = float("inf")
     for _ in range(5):
@@ -67,7 +68,8 @@ def run() -> int:
     print("\n== 3. Calls that do not match fail, with the reason")
     model.layers[1].act = "silu"
     print(f"   after model.layers[1].act = 'silu': check -> {gs.check(same)}")
-    print(f"   why_not: {gs.why_not(same).reason}")
+    failure = gs.why_not(same)
+    print(f"   why_not: {failure.reason if failure else None}")
     model.layers[1].act = "gelu"
     other = {"self": model, "cfg": {"mode": "fast"}, "n": 3.0}
     for f in gs.failures(other):
@@ -83,7 +85,7 @@ def run() -> int:
 
     print("\n== 6. Invalidation: the guarded object dies")
     del example, same, other, b
-    model = None
+    del model
     gc.collect()
     print(f"   {gs!r}; check -> {gs.check({'self': Model(), 'cfg': cfg, 'n': 3})}")
     print(f"   reason: {gs.invalid_reason}")
@@ -128,7 +130,9 @@ def _jit_demo() -> None:
         cfg = {"mode": "fast"}
         fwd(model, cfg, 3)
         fwd(model, cfg, 3)
-        print(f"   two calls f(model, cfg, 3): compiled {len(compiles)} time(s), {fwd.cache.stats['hits']} hit(s)")
+        print(
+            f"   two calls f(model, cfg, 3): compiled {len(compiles)} time(s), {fwd.cache.stats['hits']} hit(s)"
+        )
 
         print("\n== 8. A recompile, with its reason (TRIPWIRE_LOGS=recompiles)")
         fwd(model, {"mode": "slow"}, 3)
@@ -144,11 +148,13 @@ def _jit_demo() -> None:
 
         print("\n== 10. Invalidation: the model dies, its entries can never hit again")
         before = len(compiles)
-        model = None
+        del model
         gc.collect()
         fwd(Model(), cfg, 3)
-        print(f"   a new Model at f(new, cfg, 3): compiled again ({len(compiles) - before} compile); "
-              f"stats {dict((k, v) for k, v in fwd.cache.stats.items() if k != 'entries')}")
+        print(
+            f"   a new Model at f(new, cfg, 3): compiled again ({len(compiles) - before} compile); "
+            f"stats {dict((k, v) for k, v in fwd.cache.stats.items() if k != 'entries')}"
+        )
     finally:
         RECOMPILES.propagate = propagate
         set_logs("")

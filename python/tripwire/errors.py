@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["TripwireError", "GuardBuildError", "GuardEvalError", "SourceParseError", "RecompileError", "RecompileLimitExceeded"]
+__all__ = [
+    "GuardBuildError",
+    "GuardEvalError",
+    "RecompileError",
+    "RecompileLimitExceeded",
+    "SourceParseError",
+    "TripwireError",
+]
 
 from .source import SourceParseError
 

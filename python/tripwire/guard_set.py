@@ -7,16 +7,17 @@ run only when asked, never on the hot path.
 from __future__ import annotations
 
 import copy
-import os
 import enum
+import os
 import sys
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from . import _core
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
-from .source import Source, StepKind
+from .source import Source
 
 __all__ = ["GuardSet", "build_guard_set"]
 
@@ -56,7 +57,9 @@ def _private_constant(c: Any) -> Any:
 
 def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
     steps = [
-        _core.Step(st.kind, operand=pool.intern(st.arg)) if st.has_operand else _core.Step(st.kind, index=st.index)
+        _core.Step(st.kind, operand=pool.intern(st.arg))
+        if st.has_operand
+        else _core.Step(st.kind, index=st.index)
         for st in src.steps
     ]
     return _core.SourcePath(src.root, pool.intern(src.name), steps, [str(p) for p in src.prefixes()])
@@ -175,7 +178,7 @@ class GuardSet(_core.GuardSetCore):
         for depth, text, ids, node_fails, guard_fails in self._tree():
             pad = "  " * depth
             lines.append(f"{pad}{text}" + (f"   [fetch/subtree failed {node_fails}x]" if node_fails else ""))
-            for gid, fails in zip(ids, guard_fails):
+            for gid, fails in zip(ids, guard_fails, strict=True):
                 lines.append(pad + "  " + self._guard_line(self._by_id[gid], fails))
         return "\n".join(lines)
 

@@ -19,13 +19,17 @@ import enum
 import functools
 import math
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import _core
 from .builder import GuardBuilder
 from .catalogue import GuardSpec
 from .source import Source, StepKind
+
+if TYPE_CHECKING:
+    from .guard_set import GuardSet
 
 __all__ = ["Policy", "guards_for", "infer_into"]
 
@@ -104,7 +108,7 @@ def guards_for(
     *,
     f_closure: Any = None,
     builder: GuardBuilder | None = None,
-):
+) -> GuardSet:
     """Infer the guards Dynamo would install for the input values ``f_locals`` and build them.
 
     Only ``f_locals`` are guarded; ``f_globals`` and ``f_closure`` are handed to the builder so
@@ -271,9 +275,7 @@ class _Walker:
                 self.type_match(src, v)
             else:
                 self._add(b.equals(src, value=v))
-        elif t in (str, bytes, range) or v is Ellipsis:
-            self._add(b.equals(src, value=v))
-        elif issubclass(t, enum.Enum):
+        elif t in (str, bytes, range) or v is Ellipsis or issubclass(t, enum.Enum):
             self._add(b.equals(src, value=v))
         elif t is slice:
             if _core.is_constant(v):
@@ -295,9 +297,12 @@ class _Walker:
             self._partial(src, v, depth, mode)
         elif t in (types.BuiltinFunctionType, types.MethodWrapperType):
             self._builtin(src, v, depth, mode)
-        elif t in _UNBOUND_BUILTINS or t is types.CodeType or v is NotImplemented:
-            self._add(b.id_match(src, obj=v))
-        elif issubclass(t, (type, types.ModuleType)):
+        elif (
+            t in _UNBOUND_BUILTINS
+            or t is types.CodeType
+            or v is NotImplemented
+            or issubclass(t, (type, types.ModuleType))
+        ):
             self._add(b.id_match(src, obj=v))
         elif t is _tuple_iterator:
             self.type_match(src, v)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from .catalogue import short_repr
 from .errors import RecompileError
@@ -113,7 +114,9 @@ def _where(fn: Callable) -> tuple[str, str]:
     return name, f"{code.co_filename}:{code.co_firstlineno}"
 
 
-def format_recompile(fn: Callable, failures: Sequence[Failure | None], names: Sequence[str | None] | None = None) -> str:
+def format_recompile(
+    fn: Callable, failures: Sequence[Failure | None], names: Sequence[str | None] | None = None
+) -> str:
     """The recompile reason for ``fn`` given one :class:`Failure` per cached entry (most recently
     used first, as ``Cache.why_not`` returns them); ``names`` optionally names the entries.
 
@@ -127,7 +130,10 @@ def format_recompile(fn: Callable, failures: Sequence[Failure | None], names: Se
                   /app/model.py:40 in main
     """
     qualname, where = _where(fn)
-    lines = [f"Recompiling function {qualname} in {where}", "    triggered by the following guard failure(s):"]
+    lines = [
+        f"Recompiling function {qualname} in {where}",
+        "    triggered by the following guard failure(s):",
+    ]
     if not failures:
         lines.append("    - (no cached entry)")
     for i, f in enumerate(failures):

@@ -19,26 +19,27 @@ from __future__ import annotations
 import collections
 import enum
 import gc
-import math
+import operator
 import sys
 import weakref
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
 
 from .catalogue import GuardKind, GuardSpec, resolve
 from .source import RootKind, Source, Step, StepKind
 
 __all__ = [
+    "BUILTIN_PROBES",
     "MISSING",
     "FetchError",
+    "check",
+    "dict_version",
+    "equals_match",
+    "evaluate",
     "fetch",
     "fetch_step",
-    "evaluate",
-    "check",
     "first_failure",
-    "equals_match",
     "is_constant",
-    "BUILTIN_PROBES",
-    "dict_version",
 ]
 
 _tuple_iterator = type(iter(()))
@@ -257,7 +258,10 @@ def _keys_match(actual: list, expected: Iterable[Any], ordered: bool) -> bool:
         return False
     try:
         if ordered:
-            return all(type(a) is type(e) and _form(a, 0) == _form(e, 0) for a, e in zip(actual, expected))
+            return all(
+                type(a) is type(e) and _form(a, 0) == _form(e, 0)
+                for a, e in zip(actual, expected, strict=True)
+            )
         return _multiset((type(a), _form(a, 0)) for a in actual) == _multiset(
             (type(e), _form(e, 0)) for e in expected
         )
@@ -304,14 +308,14 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
         if k is GuardKind.DICT_VERSION:
             return type(v) is dict and dict_version(v) == a[0]
         if k is GuardKind.TUPLE_ITERATOR_LEN:
-            return type(v) is _tuple_iterator and v.__length_hint__() == a[0]
+            return type(v) is _tuple_iterator and operator.length_hint(v, -1) == a[0]
         if k is GuardKind.RANGE_ITERATOR:
             if type(v) is not _range_iterator:
                 return False
-            _, (r,), pos = v.__reduce__()
+            _, (r,), pos = cast(Any, v).__reduce__()  # (iter, (range,), position or None on 3.12+)
             return r[pos:] == range(*a)
         if k is GuardKind.CODE_MATCH:
-            return getattr(v, "__code__") is a[0]
+            return v.__code__ is a[0]
         if k is GuardKind.WEAKREF_ALIVE:
             return isinstance(v, weakref.ref) and weakref.ref.__call__(v) is not None
         if k is GuardKind.GLOBAL_STATE:

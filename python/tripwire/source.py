@@ -33,11 +33,11 @@ import keyword
 import math
 import unicodedata
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, cast
 
 from . import _core
 
-__all__ = ["RootKind", "StepKind", "Step", "Source", "SourceLike", "SourceParseError"]
+__all__ = ["RootKind", "Source", "SourceLike", "SourceParseError", "Step", "StepKind"]
 
 
 class SourceParseError(ValueError):
@@ -182,7 +182,7 @@ class Source:
 
     def step(self, kind: StepKind, arg: Any = None) -> Source:
         """This source extended by one step."""
-        return Source(self.root, self.name, self.steps + (Step(kind, arg),))
+        return Source(self.root, self.name, (*self.steps, Step(kind, arg)))
 
     def attr(self, name: str) -> Source:
         return self.step(StepKind.ATTR, name)
@@ -218,7 +218,7 @@ class Source:
         return f"Source({str(self)!r})"
 
     @staticmethod
-    def parse(text: str) -> Source:
+    def parse(text: SourceLike) -> Source:
         """Parse a printed source such as ``"L['self'].layers[0].weight"``.
 
         Raises :class:`SourceParseError` for anything that is not a printed form listed in
@@ -240,7 +240,7 @@ class Source:
             raise SourceParseError(f"cannot parse source {text!r}: {e}") from None
 
 
-SourceLike = Union[Source, str]
+SourceLike = Source | str
 
 
 class _Parser:
@@ -261,7 +261,7 @@ class _Parser:
             and isinstance(node.operand, ast.Constant)
             and type(node.operand.value) in (int, float)
         ):
-            return -node.operand.value
+            return -cast(float, node.operand.value)
         raise self.fail("keys must be str, int, bytes, float, bool or None literals")
 
     def index(self, node: ast.AST) -> int:
@@ -307,9 +307,7 @@ class _Parser:
                 and isinstance(n.value.value, ast.Attribute)
                 and n.value.value.attr == "__closure__"
             ):
-                return self.node(n.value.value.value).step(
-                    StepKind.CLOSURE_CELL, self.index(n.value.slice)
-                )
+                return self.node(n.value.value.value).step(StepKind.CLOSURE_CELL, self.index(n.value.slice))
             if n.attr == "__dict__":
                 return self.node(n.value).step(StepKind.DICT)
             if n.attr == "__code__":

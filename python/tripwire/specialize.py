@@ -33,7 +33,8 @@ import functools
 import inspect
 import threading
 import types
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ._core import FastDispatch, _enable_vectorcall, _fast_setup
 from .builder import GuardBuilder
@@ -42,6 +43,7 @@ from .infer import Policy, infer_into
 from .logs import recompile_logging_enabled, report_recompile
 
 __all__ = ["Specialized", "specialize"]
+
 
 def _identity_compiler(fn: Callable, example_args: Mapping[str, Any], builder: GuardBuilder) -> Callable:
     """The default compiler: the function itself (the cache then only records the specialisations
@@ -95,11 +97,15 @@ class Specialized(FastDispatch):
         # A callable object has no __qualname__ of its own: name it after its type.
         self._label = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         self.compiler = _identity_compiler if compiler is None else compiler
-        self.backend = backend if backend is not None else getattr(self.compiler, "__name__", repr(self.compiler))
+        self.backend = (
+            backend if backend is not None else getattr(self.compiler, "__name__", repr(self.compiler))
+        )
         self.policy = policy
         self.error_on_recompile = bool(error_on_recompile)
         self.on_limit = on_limit
-        self.cache = Cache(recompile_limit=recompile_limit, accumulated_limit=accumulated_limit, on_limit=on_limit)
+        self.cache = Cache(
+            recompile_limit=recompile_limit, accumulated_limit=accumulated_limit, on_limit=on_limit
+        )
         self._fn = fn
         self._accumulated_limit = accumulated_limit
         self._globals = getattr(fn, "__globals__", None)
@@ -187,7 +193,9 @@ class Specialized(FastDispatch):
             compiled = self.compiler(self._fn, f_locals, builder)
         except BaseException as e:
             if isinstance(e, Exception):
-                e.add_note(f"while compiling {self._where()} with tripwire.specialize (backend {self.backend!r})")
+                e.add_note(
+                    f"while compiling {self._where()} with tripwire.specialize (backend {self.backend!r})"
+                )
             raise
         finally:
             self._local.compiling = False
@@ -232,7 +240,7 @@ def bind_call(sig: inspect.Signature, args: tuple, kwargs: Mapping[str, Any], na
     by_keyword = {p.name: p for p in params if p.kind in (_P.POSITIONAL_OR_KEYWORD, _P.KEYWORD_ONLY)}
     if len(args) > len(positional) and var_pos is None:
         raise TypeError(f"{name}() takes {len(positional)} positional arguments but {len(args)} were given")
-    bound: dict[str, Any] = {p.name: v for p, v in zip(positional, args)}
+    bound: dict[str, Any] = {p.name: v for p, v in zip(positional, args, strict=False)}  # extra args: *args
     extra: dict[str, Any] = {}
     for key, value in kwargs.items():
         if type(key) is not str:
@@ -294,7 +302,8 @@ def specialize(
         error_on_recompile: raise :class:`tripwire.RecompileError` (with the reasons) instead of
             recompiling when the cache already has entries.
     """
-    kw = dict(
+    make = functools.partial(
+        Specialized,
         compiler=compiler,
         backend=backend,
         recompile_limit=recompile_limit,
@@ -303,6 +312,4 @@ def specialize(
         policy=policy,
         error_on_recompile=error_on_recompile,
     )
-    if fn is None:
-        return lambda f: Specialized(f, **kw)
-    return Specialized(fn, **kw)
+    return make if fn is None else make(fn)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 
 class _Cycle:

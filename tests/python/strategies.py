@@ -22,8 +22,9 @@ import gc
 import math
 import types
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -121,7 +122,7 @@ class Slotted:
             setattr(self, k, v)
 
     def __repr__(self) -> str:
-        return f"Slotted({ {k: getattr(self, k) for k in self.__slots__ if hasattr(self, k)} !r})"
+        return f"Slotted({ {k: getattr(self, k) for k in self.__slots__ if hasattr(self, k)}!r})"
 
 
 ATTR_NAMES = ("a", "b", "c", "mode")
@@ -358,7 +359,9 @@ def guard_calls_for(draw: st.DrawFn, src: Source, v: Any) -> list[tuple[str, tup
         options.append(("false", (s,), {}))
     if reference.is_constant(v):
         options.append(("equals", (s,), {}))
-    if t in (Obj, Obj2, Slotted, type, types.FunctionType, types.CodeType, weakref.ref) or isinstance(v, enum.Enum):
+    if t in (Obj, Obj2, Slotted, type, types.FunctionType, types.CodeType, weakref.ref) or isinstance(
+        v, enum.Enum
+    ):
         options.append(("id_match", (s,), {}))
     elif draw(st.integers(0, 9)) == 0:
         options.append(("id_match", (s,), {}))
@@ -497,7 +500,7 @@ def related_values(v: Any) -> st.SearchStrategy[Any]:
         rest = tuple(copy.copy(v))
         near += [iter(rest), iter(rest + (1,)), iter(list(rest))]
     elif t is _range_iterator:
-        near += [copy.copy(v), iter(range(0, 3)), iter(range(1, 9))]
+        near += [copy.copy(v), iter(range(3)), iter(range(1, 9))]
     if not near:
         return leaves
     return st.one_of(st.sampled_from(near), leaves)
@@ -570,9 +573,9 @@ def _replace_at(frame: Frame, src: Source, fn: Callable[[Any], Any]) -> Frame:
 def _writable(src: Source, v: Any) -> bool:
     """Whether the value at ``src`` can be replaced by path copying (no TYPE/DICT_KEY/DICT steps,
     and the values along the way are containers we know how to copy)."""
-    return all(s.kind in (StepKind.ITEM, StepKind.DICT_ITEM, StepKind.DICT_VALUE, StepKind.ATTR) for s in src.steps) and not any(
-        s.kind is StepKind.ATTR and s.arg in ("value", "name", "real") for s in src.steps
-    )
+    return all(
+        s.kind in (StepKind.ITEM, StepKind.DICT_ITEM, StepKind.DICT_VALUE, StepKind.ATTR) for s in src.steps
+    ) and not any(s.kind is StepKind.ATTR and s.arg in ("value", "name", "real") for s in src.steps)
 
 
 @dataclass

@@ -15,9 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gc_stress import examples, scaled
-
 import tripwire as tw
+from gc_stress import examples, scaled
 
 MISS = object()
 
@@ -128,12 +127,37 @@ class _Obj:
 
 NAN = float("nan")
 POOL: list[Any] = [
-    0, 1, 2, True, False, "s", "t", b"s", None, 1.5, (1, 2), (1,), [1, 2, 3], _Obj(0), _Obj(1),
-    NAN, float("nan"), 0.0, -0.0, 2.0,  # two NaN objects: EQUALS_MATCH matches any NaN with any NaN
+    0,
+    1,
+    2,
+    True,
+    False,
+    "s",
+    "t",
+    b"s",
+    None,
+    1.5,
+    (1, 2),
+    (1,),
+    [1, 2, 3],
+    _Obj(0),
+    _Obj(1),
+    NAN,
+    float("nan"),
+    0.0,
+    -0.0,
+    2.0,  # two NaN objects: EQUALS_MATCH matches any NaN with any NaN
 ]
 # Roots, a dict item and an attribute below roots, and a global: every kind of index source.
 SOURCES = ("a", "b", "c", "d.k", "o.m", "g")
-SOURCE_TEXT = {"a": "L['a']", "b": "L['b']", "c": "L['c']", "d.k": "L['d']['k']", "o.m": "L['o'].m", "g": "G['g']"}
+SOURCE_TEXT = {
+    "a": "L['a']",
+    "b": "L['b']",
+    "c": "L['c']",
+    "d.k": "L['d']['k']",
+    "o.m": "L['o'].m",
+    "g": "G['g']",
+}
 GLOBALS: dict[str, Any] = {}
 
 
@@ -189,8 +213,12 @@ entry_st = st.dictionaries(
     min_size=0,
     max_size=3,
 )
-input_st = st.tuples(st.dictionaries(st.sampled_from(SOURCES), st.integers(0, len(POOL) - 1), max_size=6), st.booleans())
-ops_st = st.lists(st.one_of(st.tuples(st.just("insert"), entry_st), st.tuples(st.just("lookup"), input_st)), max_size=60)
+input_st = st.tuples(
+    st.dictionaries(st.sampled_from(SOURCES), st.integers(0, len(POOL) - 1), max_size=6), st.booleans()
+)
+ops_st = st.lists(
+    st.one_of(st.tuples(st.just("insert"), entry_st), st.tuples(st.just("lookup"), input_st)), max_size=60
+)
 # The suite runs a modest number of examples; TRIPWIRE_HYPOTHESIS_EXAMPLES=4000 for a long run.
 INDEX_EXAMPLES = int(os.environ.get("TRIPWIRE_HYPOTHESIS_EXAMPLES", "300"))
 
@@ -675,7 +703,7 @@ def test_lookups_during_inserts_from_another_thread() -> None:
             for r in range(30):
                 for i, gs in enumerate(sets):
                     c.insert(gs, i)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+        except BaseException as e:
             errors.append(e)
         finally:
             done.set()

@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from gc_stress import examples
-
 from tripwire.specialize import specialize
 
 
@@ -655,7 +654,7 @@ def test_parameters_captured_by_closures_generators_and_lambdas():
     def gen(a, *args, k=1, **kw):
         yield dict(locals())
 
-    lam = lambda a, /, b=2, *r, k, **kw: dict(locals())  # noqa: E731
+    lam = lambda a, /, b=2, *r, k, **kw: dict(locals())
     for fn, calls in [
         (f, [((0,), {}), ((0, 1, 2, 3), {"k": 4, "z": 5}), ((0,), {"c": 1, "a": 9})]),
         (lam, [((0,), {"k": 1}), ((0, 1, 2), {"k": 1, "a": 2}), ((0,), {"b": 3, "k": 1})]),
@@ -743,7 +742,7 @@ def test_reentrant_compiler_with_other_keyword_shapes():
         inner.append(s(1))
         inner.append(s(a=2, b=3, k=4, zz=5))
         inner.append(s(3, 4, 5, 6, k=7, yy=8))
-        inner.append(s(**{"a": 9}))
+        inner.append(s(a=9))
         with pytest.raises(TypeError):
             s(1, a=1)
         snap = dict(example_args)

@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gc_stress import examples
-
 import tripwire as tw
-from tripwire import reference
-
+from gc_stress import examples
 from strategies import Frame, Mutation, frames, guard_plans, mutated_frames
+from tripwire import reference
 
 _SETTINGS = dict(
     deadline=None,
@@ -59,7 +58,9 @@ def installed(example: Frame, m: Mutation) -> Iterator[None]:
             c.cell_contents = saved_cells[k]
 
 
-def reference_failing(specs: tuple[tw.GuardSpec, ...], example: Frame, f_locals: dict) -> tuple[set[int], set[int]]:
+def reference_failing(
+    specs: tuple[tw.GuardSpec, ...], example: Frame, f_locals: dict
+) -> tuple[set[int], set[int]]:
     """(every failing guard index, failing indices whose source could be fetched)."""
     failing, fetched = set(), set()
     for spec in specs:
@@ -196,6 +197,7 @@ def _getattr_returning(v: Any, names: tuple[str, ...]) -> Any:
         raise AttributeError(name)
 
     return __getattr__
+
 
 _ATTR_OPS = st.sampled_from(
     [

@@ -9,18 +9,17 @@ off (the equivalence suite runs with it on).
 from __future__ import annotations
 
 import types
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gc_stress import examples
-
 import tripwire as tw
-from tripwire import _core
-
+from gc_stress import examples
 from test_equivalence import _SETTINGS, run_case
+from tripwire import _core
 
 
 @pytest.fixture

@@ -1545,7 +1545,7 @@ def test_attribute_and_key_storage_transitions_under_the_fast_paths():
             self.b = 2
 
     class Slotted:
-        __slots__ = ("a", "__dict__")
+        __slots__ = ("__dict__", "a")
 
     b = tw.GuardBuilder({"o": C(), "g": 1})
     b.equals("L['o'].a")

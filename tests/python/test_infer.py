@@ -14,9 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gc_stress import examples
-
 import tripwire as tw
+from gc_stress import examples
 from tripwire import GuardKind as K
 from tripwire import reference
 from tripwire.infer import infer_into

@@ -15,11 +15,11 @@ import math
 import pathlib
 
 import pytest
-from gc_stress import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tripwire as tw
+from gc_stress import examples
 from tripwire import _core, reference
 from tripwire.catalogue import GuardSpec
 from tripwire.guard_set import _encode, _Pool
@@ -185,7 +185,9 @@ def test_read_source_is_what_the_builder_sees():
 
     b = tw.GuardBuilder({"o": O()})
     assert b.value("L['o'].a['k'][1]") == 20
-    with pytest.raises(tw.GuardBuildError, match=r"cannot read L\['o'\]\.b from the example: .*has no attribute"):
+    with pytest.raises(
+        tw.GuardBuildError, match=r"cannot read L\['o'\]\.b from the example: .*has no attribute"
+    ):
         b.value("L['o'].b")
     with pytest.raises(tw.GuardBuildError, match="is not set"):
         b.value("L['nope']")

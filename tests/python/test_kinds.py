@@ -148,10 +148,24 @@ EQUALS_CASES = [
     (b"ab", [b"ab"], ["ab", bytearray(b"ab")]),
     (None, [None], [0, False]),
     (Ellipsis, [Ellipsis], [None, "..."]),
-    ((1, nan, (nan, "x")), [(1, float("nan"), (float("nan"), "x"))], [(1, nan, [nan, "x"]), (True, nan, (nan, "x")), (1, nan)]),
+    (
+        (1, nan, (nan, "x")),
+        [(1, float("nan"), (float("nan"), "x"))],
+        [(1, nan, [nan, "x"]), (True, nan, (nan, "x")), (1, nan)],
+    ),
     ([1, "a"], [[1, "a"]], [(1, "a"), [1.0, "a"], [True, "a"], [1, "a", None], [1]]),
     ([[1], [2.0]], [[[1], [2.0]]], [[[1], [2]], [[1], (2.0,)]]),
-    ({"a": 1, "b": [1, 2]}, [{"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}], [{"a": True, "b": [1, 2]}, {"a": 1, "b": (1, 2)}, {"a": 1}, {"a": 1, "b": [1, 2], "c": 3}, {"a": 1, "c": [1, 2]}]),
+    (
+        {"a": 1, "b": [1, 2]},
+        [{"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}],
+        [
+            {"a": True, "b": [1, 2]},
+            {"a": 1, "b": (1, 2)},
+            {"a": 1},
+            {"a": 1, "b": [1, 2], "c": 3},
+            {"a": 1, "c": [1, 2]},
+        ],
+    ),
     ({1: "x"}, [{1: "x"}], [{True: "x"}, {1.0: "x"}]),
     ({"n": nan}, [{"n": float("nan")}], [{"n": 1.0}]),
     ({1, 2}, [{2, 1}, {1, 2}], [frozenset({1, 2}), {1, 2.0}, {True, 2}, {1}, {1, 2, 3}]),
@@ -228,7 +242,11 @@ def test_constants_are_private_copies() -> None:
     b.equals("L['cfg']")
     b.dict_keys("L['keys']")
     gs = b.build()
-    snapshot = {"xs": [1, [2, 3], {"k": [4]}], "cfg": {"mode": "fast", "sizes": [1, 2]}, "keys": {"a": 1, "b": 2}}
+    snapshot = {
+        "xs": [1, [2, 3], {"k": [4]}],
+        "cfg": {"mode": "fast", "sizes": [1, 2]},
+        "keys": {"a": 1, "b": 2},
+    }
     xs.append(5)
     xs[1].append(9)
     xs[2]["k"].clear()
@@ -667,7 +685,12 @@ class CustomGetitem:
 
 
 def test_item_kinds() -> None:
-    f_locals = {"d": {"k": 1, 2: "two", b"b": 3, None: 4, 1.5: 5}, "l": [10, 20, 30], "t": (1, (2, 3)), "c": CustomGetitem()}
+    f_locals = {
+        "d": {"k": 1, 2: "two", b"b": 3, None: 4, 1.5: 5},
+        "l": [10, 20, 30],
+        "t": (1, (2, 3)),
+        "c": CustomGetitem(),
+    }
     gs = build(
         f_locals,
         ("equals", "L['d']['k']"),
@@ -766,7 +789,11 @@ def _plain() -> None:
     pass
 
 
-@pytest.mark.parametrize("make", [ListSub, lambda: IntSub(3), ExcSub, lambda: (lambda: None)], ids=["list-sub", "int-sub", "exception", "function"])
+@pytest.mark.parametrize(
+    "make",
+    [ListSub, lambda: IntSub(3), ExcSub, lambda: lambda: None],
+    ids=["list-sub", "int-sub", "exception", "function"],
+)
 def test_dict_step_on_lazily_created_instance_dict(make) -> None:
     """Objects whose instance dict is created on first access: ``x.__dict__`` is ``{}``."""
     gs = build({"x": make()}, ("dict_keys", "L['x'].__dict__"), ("length", "L['x'].__dict__"))
@@ -780,7 +807,7 @@ def test_dict_step_on_lazily_created_instance_dict(make) -> None:
     passes(gs2, {"x": y})
 
 
-def _fn_with_defaults(a, b=10, *, k="kw"):  # noqa: ANN001, ANN202
+def _fn_with_defaults(a, b=10, *, k="kw"):
     return a
 
 
@@ -789,29 +816,34 @@ def test_defaults_and_kwdefaults() -> None:
     gs = build({"f": f}, ("equals", "L['f'].__defaults__[0]"), ("equals", "L['f'].__kwdefaults__['k']"))
     passes(gs, {"f": f})
 
-    def g(a, b=10, *, k="kw"):  # noqa: ANN001, ANN202
+    def g(a, b=10, *, k="kw"):
         return a
 
     passes(gs, {"f": g})
 
-    def h(a, b=11, *, k="kw"):  # noqa: ANN001, ANN202
+    def h(a, b=11, *, k="kw"):
         return a
 
     fails(gs, {"f": h}, "L['f'].__defaults__[0]", "EQUALS_MATCH")
 
-    def i(a, b=10):  # noqa: ANN001, ANN202
+    def i(a, b=10):
         return a
 
     fails(gs, {"f": i}, "L['f'].__kwdefaults__['k']", "EQUALS_MATCH")
 
-    def j(a, b, *, k="kw"):  # noqa: ANN001, ANN202
+    def j(a, b, *, k="kw"):
         return a
 
     fails(gs, {"f": j}, "L['f'].__defaults__[0]", "EQUALS_MATCH")
     # a non-function object with the attributes
     fake = types.SimpleNamespace(__defaults__=(10,), __kwdefaults__={"k": "kw"})
     passes(gs, {"f": fake})
-    fails(gs, {"f": types.SimpleNamespace(__defaults__=None, __kwdefaults__=None)}, "L['f'].__defaults__[0]", "EQUALS_MATCH")
+    fails(
+        gs,
+        {"f": types.SimpleNamespace(__defaults__=None, __kwdefaults__=None)},
+        "L['f'].__defaults__[0]",
+        "EQUALS_MATCH",
+    )
     # defaults changed in place
     g.__defaults__ = (12,)
     fails(gs, {"f": g}, "L['f'].__defaults__[0]", "EQUALS_MATCH")
@@ -840,10 +872,10 @@ def test_closure_cell_step() -> None:
 
     def make_empty():
         def inner():
-            return later  # noqa: F821
+            return later
 
         return inner
-        later = 1  # noqa: F841
+        later = 1
 
     fails(gs, {"f": make_empty()}, "L['f'].__closure__[0].cell_contents", "EQUALS_MATCH")  # empty cell
 
@@ -1201,7 +1233,7 @@ def test_inline_cache_module_attribute() -> None:
 
 def test_inline_cache_slots_and_dict_side_by_side() -> None:
     class S:
-        __slots__ = ("a", "__dict__")
+        __slots__ = ("__dict__", "a")
 
     s = S()
     s.a = 1
@@ -1362,10 +1394,23 @@ def test_explain_len_and_iteration() -> None:
     gs = b.build()
     assert len(gs) == 4
     assert [g.index for g in gs] == [0, 1, 2, 3]
-    assert [g.kind for g in gs] == [GuardKind.TYPE_MATCH, GuardKind.EQUALS_MATCH, GuardKind.DICT_KEYS, GuardKind.GLOBAL_STATE]
+    assert [g.kind for g in gs] == [
+        GuardKind.TYPE_MATCH,
+        GuardKind.EQUALS_MATCH,
+        GuardKind.DICT_KEYS,
+        GuardKind.GLOBAL_STATE,
+    ]
     assert list(gs) == list(gs.guards)
     text = gs.explain()
-    for piece in ("L['x']", "L['cfg']['mode']", "L['cfg']", "TYPE_MATCH", "EQUALS_MATCH", "DICT_KEYS", "GLOBAL_STATE"):
+    for piece in (
+        "L['x']",
+        "L['cfg']['mode']",
+        "L['cfg']",
+        "TYPE_MATCH",
+        "EQUALS_MATCH",
+        "DICT_KEYS",
+        "GLOBAL_STATE",
+    ):
         assert piece in text
     site = f"test_kinds.py:{line_a} in test_explain_len_and_iteration"
     assert site in text
@@ -1441,15 +1486,41 @@ class RaisesOther:
     [
         ({"c": {"k": 1}}, RaisesLookup(), "L['c']['k']"),
         ({"c": ListSub([1])}, ListSub(), "L['c'][0]"),
-        ({"c": types.SimpleNamespace(__defaults__=(1,))}, types.SimpleNamespace(__defaults__=()), "L['c'].__defaults__[0]"),
-        ({"c": types.SimpleNamespace(__kwdefaults__={"k": 1})}, types.SimpleNamespace(__kwdefaults__={}), "L['c'].__kwdefaults__['k']"),
-        ({"c": types.SimpleNamespace(__closure__=(types.CellType(1),))}, types.SimpleNamespace(__closure__=()), "L['c'].__closure__[0].cell_contents"),
-        ({"c": types.SimpleNamespace(__closure__=(types.CellType(1),))}, types.SimpleNamespace(__closure__=(types.CellType(),)), "L['c'].__closure__[0].cell_contents"),
+        (
+            {"c": types.SimpleNamespace(__defaults__=(1,))},
+            types.SimpleNamespace(__defaults__=()),
+            "L['c'].__defaults__[0]",
+        ),
+        (
+            {"c": types.SimpleNamespace(__kwdefaults__={"k": 1})},
+            types.SimpleNamespace(__kwdefaults__={}),
+            "L['c'].__kwdefaults__['k']",
+        ),
+        (
+            {"c": types.SimpleNamespace(__closure__=(types.CellType(1),))},
+            types.SimpleNamespace(__closure__=()),
+            "L['c'].__closure__[0].cell_contents",
+        ),
+        (
+            {"c": types.SimpleNamespace(__closure__=(types.CellType(1),))},
+            types.SimpleNamespace(__closure__=(types.CellType(),)),
+            "L['c'].__closure__[0].cell_contents",
+        ),
         ({"c": Obj(a=1)}, Obj(), "L['c'].a"),
     ],
-    ids=["getitem-keyerror", "list-subclass-index", "defaults", "kwdefaults", "closure-index", "empty-cell", "attr"],
+    ids=[
+        "getitem-keyerror",
+        "list-subclass-index",
+        "defaults",
+        "kwdefaults",
+        "closure-index",
+        "empty-cell",
+        "attr",
+    ],
 )
-def test_strict_mode_missing_key_index_or_attr_is_a_plain_failure(example: dict, absent: Any, src: str) -> None:
+def test_strict_mode_missing_key_index_or_attr_is_a_plain_failure(
+    example: dict, absent: Any, src: str
+) -> None:
     """A missing key, index, attribute or cell content fails the guard without raising, also in
     strict mode and also when user code (a __getitem__) reports it, as for dicts and lists."""
     b = tw.GuardBuilder(example)

@@ -15,11 +15,8 @@ import sys
 import tracemalloc
 import weakref
 
-import pytest
-
-from gc_stress import scaled
-
 import tripwire as tw
+from gc_stress import scaled
 from tripwire import _core
 from tripwire import guard_set as _gs_mod
 
@@ -350,7 +347,7 @@ def test_guard_set_dies_before_the_guarded_objects():
     # The objects die after their guard sets: the weak-reference callbacks are gone with the
     # sets and must not run on freed memory.
     wobjs = [weakref.ref(o) for o in objs]
-    del objs
+    objs.clear()
     collect()
     assert all(w() is None for w in wobjs)
 
@@ -541,7 +538,18 @@ def _malloc_in_use() -> int | None:
     class MallInfo2(ctypes.Structure):
         _fields_ = [
             (f, ctypes.c_size_t)
-            for f in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+            for f in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
         ]
 
     libc.mallinfo2.restype = MallInfo2

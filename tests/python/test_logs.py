@@ -151,7 +151,9 @@ def _child(env_value):
     env.pop("TRIPWIRE_LOGS", None)
     if env_value is not None:
         env["TRIPWIRE_LOGS"] = env_value
-    return subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_env_var_enables_recompiles_on_stderr():

@@ -232,7 +232,11 @@ def test_dict_keys_unordered_matches_nans_one_to_one(fast):
         b = tw.GuardBuilder({"x": {n1: 1, n2: 2, 1: 3}})
         b.dict_keys("L['x']", ordered=False)
         gs = b.build()
-        for v, expected in [({n3: 1, 1: 3, "z": 2}, False), ({n3: 1, 1: 3, n4: 2}, True), ({1: 0, n3: 0, 2: 0}, False)]:
+        for v, expected in [
+            ({n3: 1, 1: 3, "z": 2}, False),
+            ({n3: 1, 1: 3, n4: 2}, True),
+            ({1: 0, n3: 0, 2: 0}, False),
+        ]:
             assert gs.check({"x": v}) is expected
             assert reference.check(gs.guards, {"x": v}) is expected
     finally:
@@ -290,7 +294,11 @@ def _multiset(xs):
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(st.lists(_atoms, max_size=8), st.lists(_atoms, max_size=8), st.sampled_from([set, frozenset, dict, "keys"]))
+@given(
+    st.lists(_atoms, max_size=8),
+    st.lists(_atoms, max_size=8),
+    st.sampled_from([set, frozenset, dict, "keys"]),
+)
 def test_containers_with_several_nans_match_as_multisets(cs, vs, kind):
     c_elems = [_realise(a) for a in cs]
     v_elems = [_realise(a) for a in vs]

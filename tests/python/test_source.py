@@ -6,12 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gc_stress import examples
-
 import tripwire as tw
-from tripwire.source import RootKind, Source, SourceParseError, Step, StepKind
-
+from gc_stress import examples
 from strategies import sources, steps
+from tripwire.source import RootKind, Source, SourceParseError, Step, StepKind
 
 L = Source.local
 
@@ -39,12 +37,15 @@ PRINTED = [
     (L("d").item(True), "L['d'][True]"),
     (L("d").item(1.5), "L['d'][1.5]"),
     (L("d").item(-0.0), "L['d'][-0.0]"),
-    (L("d").item("it's"), 'L[\'d\']["it\'s"]'),
+    (L("d").item("it's"), "L['d'][\"it's\"]"),
     (L("o").attr("not an identifier"), "getattr(L['o'], 'not an identifier')"),
     (L("o").attr("class"), "getattr(L['o'], 'class')"),  # a keyword
     (L("o").attr("__dict__"), "getattr(L['o'], '__dict__')"),  # not the DICT step
     (L("o").attr("__code__"), "getattr(L['o'], '__code__')"),  # not the CODE step
-    (L("o").attr("__closure__").item(0).attr("cell_contents"), "getattr(L['o'], '__closure__')[0].cell_contents"),
+    (
+        L("o").attr("__closure__").item(0).attr("cell_contents"),
+        "getattr(L['o'], '__closure__')[0].cell_contents",
+    ),
     (L("o").attr("__defaults__").item(0), "getattr(L['o'], '__defaults__')[0]"),
     (L("o").attr("__kwdefaults__").item("k"), "getattr(L['o'], '__kwdefaults__')['k']"),
     (L("o").attr("__len__"), "L['o'].__len__"),

@@ -202,7 +202,7 @@ def test_threads_calling_concurrently():
                 n = i % 5
                 r = f(k, n)
                 assert r[0] == "compiled" and r[2] == k + n
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]

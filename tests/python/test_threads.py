@@ -18,9 +18,8 @@ import time
 
 import pytest
 
-from gc_stress import scaled
-
 import tripwire as tw
+from gc_stress import scaled
 from tripwire import reference
 
 
@@ -45,7 +44,7 @@ def run_threads(targets) -> None:
             try:
                 start.wait()
                 fn()
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 errors.append(e)
 
         return run
@@ -72,7 +71,9 @@ def _variant(rng: random.Random) -> dict:
     return {
         "x": rng.choice([1, 2, "1", 1.0]),
         "n": rng.choice([3, 3, -1, 3.0]),
-        "cfg": rng.choice([{"mode": "fast", "k": 1}, {"mode": "slow", "k": 1}, {"k": 1, "mode": "fast"}, {"mode": "fast"}]),
+        "cfg": rng.choice(
+            [{"mode": "fast", "k": 1}, {"mode": "slow", "k": 1}, {"k": 1, "mode": "fast"}, {"mode": "fast"}]
+        ),
         "xs": rng.choice([[1, 2, 3], [1, 2], (1, 2, 3), [3, 2, 1]]),
         "t": rng.choice([(1, "a"), (1, "b"), [1, "a"], (True, "a")]),
     }

@@ -32,8 +32,8 @@ import enum
 import math
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pytest
 
@@ -230,7 +230,7 @@ class S(str):
     pass
 
 
-class I(int):  # noqa: E742
+class I(int):
     pass
 
 
@@ -781,43 +781,106 @@ class Difference:
 DIFFERENCES = [
     # tripwire has no TENSOR_MATCH yet: a tensor argument is guarded by type only, Dynamo also
     # guards dtype, device, requires_grad, sizes and strides (dynamic=False: static shapes).
-    Difference("scalars", "tensor shape changed", _inferred, lambda e: _with(e, x=torch.ones(4)),
-               True, False, "no TENSOR_MATCH in tripwire yet"),
-    Difference("scalars", "tensor dtype changed", _inferred, lambda e: _with(e, x=torch.ones(3).long()),
-               True, False, "no TENSOR_MATCH in tripwire yet"),
+    Difference(
+        "scalars",
+        "tensor shape changed",
+        _inferred,
+        lambda e: _with(e, x=torch.ones(4)),
+        True,
+        False,
+        "no TENSOR_MATCH in tripwire yet",
+    ),
+    Difference(
+        "scalars",
+        "tensor dtype changed",
+        _inferred,
+        lambda e: _with(e, x=torch.ones(3).long()),
+        True,
+        False,
+        "no TENSOR_MATCH in tripwire yet",
+    ),
     # guards_for guards every input fully; Dynamo guards only what the function reads. f_len reads
     # len(xs) and never reads `unused`. (The explicit mirror _tw_len agrees with Dynamo on these.)
-    Difference("len only", "element changed, guards_for", _inferred, lambda e: _with(e, xs=[7, 8, 9]),
-               False, True, "guards_for pins list elements; Dynamo only len(xs)"),
-    Difference("len only", "unread argument changed, guards_for", _inferred, lambda e: _with(e, unused=6),
-               False, True, "guards_for guards every argument; Dynamo only those read"),
+    Difference(
+        "len only",
+        "element changed, guards_for",
+        _inferred,
+        lambda e: _with(e, xs=[7, 8, 9]),
+        False,
+        True,
+        "guards_for pins list elements; Dynamo only len(xs)",
+    ),
+    Difference(
+        "len only",
+        "unread argument changed, guards_for",
+        _inferred,
+        lambda e: _with(e, unused=6),
+        False,
+        True,
+        "guards_for guards every argument; Dynamo only those read",
+    ),
     # Policy(per_arg={"unused": "skip"}) removes the second difference (test_policy_skip_...)
     # but not the first.
-    Difference("len only", "element changed, guards_for skip unused",
-               lambda e: _inferred(e, per_arg={"unused": "skip"}), lambda e: _with(e, xs=[7, 8, 9]),
-               False, True, "guards_for pins list elements; Dynamo only len(xs)"),
+    Difference(
+        "len only",
+        "element changed, guards_for skip unused",
+        lambda e: _inferred(e, per_arg={"unused": "skip"}),
+        lambda e: _with(e, xs=[7, 8, 9]),
+        False,
+        True,
+        "guards_for pins list elements; Dynamo only len(xs)",
+    ),
     # A dict read by constant keys: Dynamo guards the keys read, guards_for the whole key list
     # (DICT_KEYS, ordered by default, as Dynamo's DictGuardManager does for an iterated dict).
-    Difference("dict read by key", "unread key added, guards_for", _inferred,
-               lambda e: _with(e, cfg={"mode": "fast", "scale": 2, "bias": True, "extra": 0}),
-               False, True, "guards_for DICT_KEYS; Dynamo has no key-set guard for keyed reads"),
-    Difference("dict read by key", "keys reordered, guards_for", _inferred,
-               lambda e: _with(e, cfg={"bias": True, "scale": 2, "mode": "fast"}),
-               False, True, "guards_for DICT_KEYS is ordered by default"),
-    Difference("dict read by key", "unread key added, guards_for unordered",
-               lambda e: _inferred(e, dict_keys_ordered=False),
-               lambda e: _with(e, cfg={"mode": "fast", "scale": 2, "bias": True, "extra": 0}),
-               False, True, "an unordered DICT_KEYS still pins the key set"),
-    Difference("nested containers", "unread key added", _inferred,
-               lambda e: _with(e, spec={**e["spec"], "extra": 1}),
-               False, True, "guards_for DICT_KEYS; Dynamo reads 'layers' and 'alpha' by name"),
+    Difference(
+        "dict read by key",
+        "unread key added, guards_for",
+        _inferred,
+        lambda e: _with(e, cfg={"mode": "fast", "scale": 2, "bias": True, "extra": 0}),
+        False,
+        True,
+        "guards_for DICT_KEYS; Dynamo has no key-set guard for keyed reads",
+    ),
+    Difference(
+        "dict read by key",
+        "keys reordered, guards_for",
+        _inferred,
+        lambda e: _with(e, cfg={"bias": True, "scale": 2, "mode": "fast"}),
+        False,
+        True,
+        "guards_for DICT_KEYS is ordered by default",
+    ),
+    Difference(
+        "dict read by key",
+        "unread key added, guards_for unordered",
+        lambda e: _inferred(e, dict_keys_ordered=False),
+        lambda e: _with(e, cfg={"mode": "fast", "scale": 2, "bias": True, "extra": 0}),
+        False,
+        True,
+        "an unordered DICT_KEYS still pins the key set",
+    ),
+    Difference(
+        "nested containers",
+        "unread key added",
+        _inferred,
+        lambda e: _with(e, spec={**e["spec"], "extra": 1}),
+        False,
+        True,
+        "guards_for DICT_KEYS; Dynamo reads 'layers' and 'alpha' by name",
+    ),
     # An nn.Module's attributes: Dynamo reads them from the instance __dict__. A plain getattr
     # (the f_obj mirror style, L['m'].depth in tripwire) also accepts a value that comes from the
     # class, which Dynamo's __dict__ accessor rejects; the _tw_module mirror uses __dict__ and
     # agrees (see the "attribute missing" variant of the nn.Module case).
-    Difference("nn.Module attributes", "attribute moved to the class, getattr mirror", _tw_obj,
-               lambda e: _with(e, m=_block_without("depth")),  # Block.depth == 2 remains
-               True, False, "getattr finds a class attribute; Dynamo reads m.__dict__"),
+    Difference(
+        "nn.Module attributes",
+        "attribute moved to the class, getattr mirror",
+        _tw_obj,
+        lambda e: _with(e, m=_block_without("depth")),  # Block.depth == 2 remains
+        True,
+        False,
+        "getattr finds a class attribute; Dynamo reads m.__dict__",
+    ),
 ]
 
 

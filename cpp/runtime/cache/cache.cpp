@@ -492,15 +492,16 @@ void Cache::record_hit(const EntryPtr& e, bool count) {
 
 bool Cache::insert(PyObject* guards, std::shared_ptr<GuardSet> gs, PyObject* payload, PyObject* name,
                    InsertResult& result) {
-    if (gs->invalid()) {
-        PyErr_Format(PyExc_ValueError, "Cache.insert: the guard set is already invalid (%s)",
-                     gs->invalid_reason().c_str());
-        return false;
-    }
     Ref snapshot;
     if (!probes_.empty()) {
         snapshot = probe_values();
         if (!snapshot) return false;
+    }
+    // After the probes, which are user code and may have killed an object the set names.
+    if (gs->invalid()) {
+        PyErr_Format(PyExc_ValueError, "Cache.insert: the guard set is already invalid (%s)",
+                     gs->invalid_reason().c_str());
+        return false;
     }
     std::vector<EntryPtr> graveyard;
     purge_invalid(graveyard);
@@ -514,11 +515,11 @@ bool Cache::insert(PyObject* guards, std::shared_ptr<GuardSet> gs, PyObject* pay
 
     auto e = std::make_shared<CacheEntry>();
     e->guards = Ref::borrow(guards);
-    e->gs = gs;
+    e->gs = std::move(gs);
     e->payload = Ref::borrow(payload);
     e->name = Ref::borrow(name);
     e->snapshot = snapshot;
-    if (PyObject* g = gs->globals(); g != nullptr && PyDict_Check(g)) e->globals = Ref::borrow(g);
+    if (PyObject* g = e->gs->globals(); g != nullptr && PyDict_Check(g)) e->globals = Ref::borrow(g);
     describe_entry(*e);
 
     const core::InsertPlan plan = policy_.plan_insert(e->group);

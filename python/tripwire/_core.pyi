@@ -1,0 +1,392 @@
+"""tripwire's compiled engine (private: use the tripwire package)."""
+
+from collections.abc import Mapping, Sequence
+import enum
+import types
+from typing import Any
+
+
+class RootKind(enum.IntEnum):
+    """Where a source's first value is read: L['x'], G['x'], C['x']."""
+
+    LOCAL = 0
+
+    GLOBAL = 1
+
+    CLOSURE = 2
+
+class StepKind(enum.IntEnum):
+    """One step from a value to a child value (docs/guards.md, Sources)."""
+
+    ATTR = 0
+
+    ITEM = 1
+
+    DICT_ITEM = 2
+
+    TYPE = 3
+
+    DICT = 4
+
+    DEFAULTS = 5
+
+    KWDEFAULTS = 6
+
+    CODE = 7
+
+    CLOSURE_CELL = 8
+
+    WEAKREF_CALL = 9
+
+    DICT_KEY = 10
+
+    DICT_VALUE = 11
+
+class GuardKind(enum.IntEnum):
+    """The guard kinds of the catalogue (docs/guards.md)."""
+
+    TYPE_MATCH = 0
+
+    ID_MATCH = 1
+
+    NONE = 2
+
+    NOT_NONE = 3
+
+    TRUE = 4
+
+    FALSE = 5
+
+    EQUALS_MATCH = 6
+
+    LENGTH = 7
+
+    DICT_KEYS = 8
+
+    DICT_CONTAINS = 9
+
+    HASATTR = 10
+
+    DICT_VERSION = 11
+
+    TUPLE_ITERATOR_LEN = 12
+
+    RANGE_ITERATOR = 13
+
+    CODE_MATCH = 14
+
+    WEAKREF_ALIVE = 15
+
+    GLOBAL_STATE = 16
+
+    LAMBDA = 17
+
+class Step:
+    """One step of a source as the engine reads it."""
+
+    def __init__(self, kind: StepKind, operand: int | None = None, index: int = 0) -> None: ...
+
+    @property
+    def kind(self) -> StepKind: ...
+
+    @kind.setter
+    def kind(self, arg: StepKind, /) -> None: ...
+
+    @property
+    def operand(self) -> int | None:
+        """Constant-pool index of the attribute name or key, or None."""
+
+    @property
+    def index(self) -> int:
+        """Position, for positional steps."""
+
+    @index.setter
+    def index(self, arg: int, /) -> None: ...
+
+class SourcePath:
+    """A root and its steps, with the printed prefixes."""
+
+    def __init__(self, root: RootKind, name: int, steps: Sequence[Step], texts: Sequence[str]) -> None: ...
+
+    @property
+    def root(self) -> RootKind: ...
+
+    @root.setter
+    def root(self, arg: RootKind, /) -> None: ...
+
+    @property
+    def name(self) -> int:
+        """Constant-pool index of the root's name."""
+
+    @name.setter
+    def name(self, arg: int, /) -> None: ...
+
+    @property
+    def steps(self) -> list[Step]: ...
+
+    @steps.setter
+    def steps(self, arg: Sequence[Step], /) -> None: ...
+
+    @property
+    def texts(self) -> list[str]:
+        """The printed prefixes: len(steps) + 1 of them."""
+
+    @texts.setter
+    def texts(self, arg: Sequence[str], /) -> None: ...
+
+class GuardDecl:
+    """
+    One declared guard as the engine compiles it; operands are constant-pool indices (validated against guard_shape by the compiler).
+    """
+
+    def __init__(self, kind: GuardKind, source: SourcePath | None, operand: int | None = None, operand2: int | None = None, n: int = 0, n2: int = 0, n3: int = 0, flag: bool = False, id: int = 0) -> None: ...
+
+    @property
+    def kind(self) -> GuardKind: ...
+
+    @kind.setter
+    def kind(self, arg: GuardKind, /) -> None: ...
+
+    @property
+    def source(self) -> SourcePath | None: ...
+
+    @property
+    def operand(self) -> int | None: ...
+
+    @property
+    def operand2(self) -> int | None: ...
+
+    @property
+    def n(self) -> int: ...
+
+    @n.setter
+    def n(self, arg: int, /) -> None: ...
+
+    @property
+    def n2(self) -> int: ...
+
+    @n2.setter
+    def n2(self, arg: int, /) -> None: ...
+
+    @property
+    def n3(self) -> int: ...
+
+    @n3.setter
+    def n3(self, arg: int, /) -> None: ...
+
+    @property
+    def flag(self) -> bool: ...
+
+    @flag.setter
+    def flag(self, arg: bool, /) -> None: ...
+
+    @property
+    def id(self) -> int: ...
+
+    @id.setter
+    def id(self, arg: int, /) -> None: ...
+
+def guard_shape(kind: GuardKind) -> tuple:
+    """
+    (needs_source, allows_source, uses operand, uses operand2): the slots a kind's declaration uses.
+    """
+
+def builtin_probes() -> list[str]:
+    """
+    The built-in global-state probes by id (GuardDecl.n of a GLOBAL_STATE without operand).
+    """
+
+MAX_CONSTANT_DEPTH: int = 100
+
+class GuardSetCore:
+    """The compiled guard set. Use tripwire.GuardSet, which subclasses it."""
+
+    def __init__(self, decls: Sequence[GuardDecl], consts: list, hold_weakly: list, globals: object | None, closure: object | None, strict: bool, eval_error_type: object | None) -> None: ...
+
+    def check(self, f_locals: Mapping[str, Any], /) -> bool:
+        """
+        True when every guard holds for these locals. Never raises for a failing guard (only in strict mode, or for KeyboardInterrupt and other non-Exception errors).
+        """
+
+    def _failures(self, f_locals: object | None, first_only: bool) -> list:
+        """
+        [(guard_id, value, reason, fetch_failed)] for failing guards, by installation order.
+        """
+
+    def _tree(self) -> list:
+        """
+        The guard tree, preorder: (depth, text, [guard ids in current order], node fails, [guard fails]), for explain().
+        """
+
+    @property
+    def _ambient_ids(self) -> list[int]: ...
+
+    @property
+    def invalid(self) -> bool:
+        """
+        True once an object the guards name by identity has died: the set never passes again.
+        """
+
+    @property
+    def invalid_reason(self) -> str: ...
+
+    @property
+    def node_count(self) -> int:
+        """Distinct sources (one fetch each)."""
+
+    @property
+    def _uses_fast_pass(self) -> bool:
+        """Whether check() tries the straight-line fast pass first."""
+
+    @property
+    def _fast_pass_count(self) -> int:
+        """How many passing checks the straight-line fast pass decided alone."""
+
+    @property
+    def check_count(self) -> int: ...
+
+    @property
+    def pass_count(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+class CacheEntry:
+    """One entry of a tripwire.Cache (a view; read-only)."""
+
+    @property
+    def guards(self, /) -> GuardSetCore:
+        """The entry's tripwire.GuardSet."""
+
+    @property
+    def payload(self, /) -> Any: ...
+
+    @property
+    def name(self, /) -> str | None: ...
+
+    @property
+    def hits(self) -> int: ...
+
+    @property
+    def _snapshot(self, /) -> tuple[Any, ...] | None: ...
+
+    @property
+    def valid(self) -> bool:
+        """
+        True while the entry is in its cache and no object its guards name by identity has died.
+        """
+
+    def __repr__(self) -> str: ...
+
+class CacheCore:
+    """The compiled-entry cache. Use tripwire.Cache, which subclasses it."""
+
+    def __init__(self, recompile_limit: int, accumulated_limit: int, on_limit: str) -> None: ...
+
+    def _add_probe(self, fn: object, name: str) -> bool: ...
+
+    def _insert(self, guards: object, payload: object | None, name: object | None) -> int:
+        """
+        0 inserted, 1 recompile_limit hit, 2 accumulated_limit hit (nothing inserted).
+        """
+
+    def lookup(self, f_locals: Mapping[str, Any], /, default: Any = None) -> Any:
+        """
+        The payload of the first matching entry, most recently used first, or `default` on a miss. A payload may be None: use lookup_entry (or a sentinel default) to tell a hit from a miss.
+        """
+
+    def lookup_entry(self, f_locals: Mapping[str, Any] | None) -> CacheEntry | None:
+        """The matching entry (counted as a hit), or None on a miss."""
+
+    def _lookup_uncounted(self, f_locals: Mapping[str, Any] | None) -> CacheEntry | None:
+        """
+        lookup_entry without counting a hit or a miss (a second look after a counted miss).
+        """
+
+    def _probe_values(self) -> tuple[Any, ...] | None:
+        """The probes' current values, or None without probes."""
+
+    def _snapshot_matches(self, arg0: CacheEntry, arg1: object, /) -> bool: ...
+
+    @property
+    def probe_names(self) -> list[str]: ...
+
+    def _entries(self) -> list[CacheEntry]:
+        """Entries, most recently used first."""
+
+    def __len__(self) -> int: ...
+
+    def clear(self) -> None:
+        """Drop every entry."""
+
+    @property
+    def index_source(self) -> object:
+        """
+        The source the dispatch index hashes (e.g. "L['x']"), or None (ordered scan).
+        """
+
+    @property
+    def recompile_limit(self) -> int: ...
+
+    @property
+    def accumulated_limit(self) -> int: ...
+
+    @property
+    def on_limit(self) -> str: ...
+
+    @property
+    def _counters(self) -> tuple: ...
+
+class FastDispatch:
+    """The C++ hit path of tripwire.specialize (private)."""
+
+    def __call__(self, /, *args, **kwargs):
+        """Call self as a function."""
+
+    _bindable: types.MethodDescriptorType = ...
+
+    _fast_disable: types.MethodDescriptorType = ...
+
+    __vectorcalloffset__: types.MemberDescriptorType = ...
+
+def _fast_setup(self: object, cache: object, fn: object, slow: object, miss: object) -> None:
+    """
+    Enable the C++ hit path of a FastDispatch: look `cache` up, fall back to slow(self, args, kwargs) and miss(self, args, kwargs, f_locals).
+    """
+
+def _enable_vectorcall(cls: object) -> bool:
+    """
+    Give a subclass of FastDispatch the vectorcall protocol (3.11 does not inherit it); False when it defines a __call__ of its own.
+    """
+
+def read_source(root: RootKind, name: str, steps: Sequence[tuple], f_locals: object, f_globals: object | None, f_closure: object | None) -> object:
+    """
+    The value at a source, read as a check reads it: steps are (kind, operand, index). Raises LookupError for a missing value, or what a step raised.
+    """
+
+def is_constant(value: object | None, depth: int = 0) -> bool:
+    """
+    Whether value may be an EQUALS_MATCH constant, nested within MAX_CONSTANT_DEPTH - depth.
+    """
+
+def equals_match(value: object | None, constant: object | None) -> bool:
+    """EQUALS_MATCH of value against constant, as a check decides it."""
+
+def read_builtin_probe(name: str) -> object:
+    """The current value of a built-in global-state probe."""
+
+def dict_version(d: dict) -> int:
+    """
+    The engine's version stamp of dict d (changes on every mutation; unique across dicts).
+    """
+
+def _dict_hints_enabled() -> bool:
+    """
+    Whether dict entry hints (the interpreter's dict layout, verified at start-up) are in use.
+    """
+
+def _set_fast_pass(on: bool) -> bool:
+    """
+    Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns the previous setting. Off, every check takes the tree walk.
+    """
+
+_CHECKS_REGIONS: bool = False
