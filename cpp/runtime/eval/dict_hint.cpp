@@ -1,4 +1,4 @@
-// tripwire/cpp/runtime/eval/dict_hint.cpp -- start-up verification of the 3.11 dict layout mirror.
+// tripwire/cpp/runtime/eval/dict_hint.cpp -- start-up verification of the dict layout mirror.
 #include "runtime/eval/dict_hint.hpp"
 
 #include <cstring>
@@ -8,7 +8,7 @@ namespace tripwire::runtime {
 bool g_dict_hints_enabled = false;
 
 void verify_dict_hints() {
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#ifdef TRIPWIRE_DICT_LAYOUT
     static bool done = false;
     if (done) return;
     done = true;
@@ -34,7 +34,10 @@ void verify_dict_hints() {
         "materialised = _TwProbe(); materialised.__dict__\n"
         "combined = dict(k0=0, k1=1, k2=2, k3=3, k4=4, k5=5, k6=6, k7=7, k8=8, k9=9)\n"
         "general = {1: 'one', 'key': 'v', (2,): 3}\n"
-        "split = _TwProbe().__dict__\n";
+        "split = _TwProbe().__dict__\n"
+        "deleted = _TwProbe(); del deleted.alpha\n"
+        "replaced = _TwProbe(); replaced.__dict__ = {'alpha': 5, 'beta': 'r', 'gamma': None}\n"
+        "grown = _TwProbe(); grown.delta = 4; grown.epsilon = 5\n";
     PyObject* r = PyRun_String(code, Py_file_input, ns, ns);
     bool ok = r != nullptr;
     Py_XDECREF(r);
@@ -69,14 +72,42 @@ void verify_dict_hints() {
     probe("combined", "k3", false, false);
     probe("inline", "gamma", true, false);
     probe("split", "alpha", false);
+    probe("deleted", "beta", true);
+    probe("replaced", "beta", true);
+    probe("grown", "epsilon", true);
+    // A deleted attribute is not found, and the managed dict is seen exactly when it exists.
+    if (ok) {
+        PyObject* deleted = PyDict_GetItemString(ns, "deleted");
+        PyObject* alpha = PyUnicode_InternFromString("alpha");
+        Py_ssize_t hint = kHintUnknown;
+        ok = deleted != nullptr && alpha != nullptr && instance_attr_hinted(deleted, alpha, &hint) == nullptr;
+        Py_XDECREF(alpha);
+    }
+    for (const char* var : {"inline", "materialised", "replaced"}) {
+        if (!ok) break;
+        PyObject* obj = PyDict_GetItemString(ns, var);
+        if (obj == nullptr) {
+            ok = false;
+            break;
+        }
+        const bool has_dict = std::strcmp(var, "inline") != 0;
+        PyObject* seen = materialised_managed_dict(obj);
+        if (!has_dict) {
+            ok = seen == nullptr;
+        } else {
+            PyObject* d = PyObject_GenericGetDict(obj, nullptr);  // exists already: no new dict
+            ok = d != nullptr && seen == d;
+            Py_XDECREF(d);
+        }
+    }
     g_dict_hints_enabled = ok;
     PyErr_Clear();
     Py_DECREF(ns);
 #endif
 }
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-namespace layout311 {
+#ifdef TRIPWIRE_DICT_LAYOUT
+namespace layout {
 
 bool equal_str(PyObject* k, PyObject* key) {
     if (k == nullptr || k == key || !PyUnicode_CheckExact(key)) return false;
@@ -110,7 +141,7 @@ PyObject* lookup_slow(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hi
     return values != nullptr ? values[ix] : ents[ix].me_value;
 }
 
-}  // namespace layout311
+}  // namespace layout
 #endif
 
 }  // namespace tripwire::runtime

@@ -1,23 +1,33 @@
-// tripwire/cpp/runtime/eval/dict_hint.hpp -- dict lookups by cached entry index (CPython 3.11).
+// tripwire/cpp/runtime/eval/dict_hint.hpp -- dict lookups by cached entry index (CPython 3.11-3.13).
 //
 // CPython's specialising interpreter reads an attribute by remembering *where* in a dict's entry
 // table the name was last found (LOAD_ATTR_WITH_HINT, LOAD_ATTR_INSTANCE_VALUE). We do the same:
 // check that entry `hint` of the dict's current key table holds exactly our interned key and
 // read its value, with no hashing or probing. Any doubt returns null and the caller takes the
-// ordinary, always-correct path. Nothing here sets a Python error or runs user code.
+// ordinary, always-correct path. Nothing here sets a Python error, allocates or runs user code.
 //
 // Soundness: hints apply only to tables of exact str keys (CPython's unicode and split kinds),
-// where a lookup compares strings and nothing else. 3.11 clears the key of a deleted entry, and
-// such a table never holds two equal keys, so an entry (below dk_nentries) whose key is our key,
-// or an exact str equal to it, is the dict's one entry for it. A general table is never hinted: a
-// user key there may decide equality with its own __eq__, which may even change its answer over
-// time (two "equal" keys can then coexist, and only CPython's probe order says which one a lookup
-// finds).
+// where a lookup compares strings and nothing else. CPython 3.11-3.13 clear the key of a deleted
+// entry in such a table (a split table clears the value instead, and a null value reads as "not
+// found"), and such a table never holds two equal keys, so an entry (below dk_nentries) whose key
+// is our key, or an exact str equal to it, is the dict's one entry for it. A general table is
+// never hinted: a user key there may decide equality with its own __eq__, which may even change
+// its answer over time (two "equal" keys can then coexist, and only CPython's probe order says
+// which one a lookup finds).
 //
-// The key-table layout is private to CPython (Include/internal/pycore_dict.h, which does not
-// compile outside the interpreter). We mirror the few fields we read for 3.11 only and verify the
-// mirror against real dicts at start-up (verify_dict_hints); on any mismatch, or on another
-// version, hints are off and every lookup takes the ordinary path.
+// The layouts are private to CPython (Include/internal/pycore_dict.h and pycore_object.h, which do
+// not compile outside the interpreter). We mirror the few fields we read, per version:
+//   key table     3.11-3.13 alike (dk_kind, dk_log2_index_bytes, dk_nentries, then the indices and
+//                 the entries);
+//   split values  3.11/3.12: the values array itself; 3.13: a 4-byte header (capacity, size,
+//                 embedded, valid), the array at offset 8;
+//   managed dict  3.11: inline values pointer at obj[-4], dict at obj[-3]; 3.12: obj[-3] holds
+//                 the dict, or the values pointer - 1 (tagged by its low bit); 3.13: obj[-3]
+//                 holds the dict, the values sit inline after the object header (types with
+//                 Py_TPFLAGS_INLINE_VALUES) and count only while their `valid` byte is set.
+// verify_dict_hints() checks the mirror against real dicts and objects at start-up; on any
+// mismatch (or a free-threaded or other build) hints stay off and every lookup takes the ordinary
+// path. tripwire._core._dict_hints_enabled() reports which.
 #pragma once
 
 #include <cstdint>
@@ -38,8 +48,9 @@ extern bool g_dict_hints_enabled;
 /// Call once with the GIL held.
 void verify_dict_hints();
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-namespace layout311 {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#define TRIPWIRE_DICT_LAYOUT 1
+namespace layout {
 struct Keys {  // struct _dictkeysobject
     Py_ssize_t dk_refcnt;
     std::uint8_t dk_log2_size;
@@ -63,8 +74,43 @@ struct Dict {  // PyDictObject
     PyObject_HEAD Py_ssize_t ma_used;
     std::uint64_t ma_version_tag;
     Keys* ma_keys;
-    PyObject** ma_values;  // PyDictValues*: values[] starts at the pointer
+    void* ma_values;  // PyDictValues*: see values_of
 };
+
+/// The values array of a PyDictValues.
+inline PyObject** values_of(void* dict_values) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return reinterpret_cast<PyObject**>(static_cast<char*>(dict_values) + sizeof(PyObject*));
+#else
+    return static_cast<PyObject**>(dict_values);
+#endif
+}
+
+/// The inline values array of an object of a managed-dict type, or null when its attributes
+/// live in a dict (or the type keeps none inline).
+inline PyObject** inline_values(PyObject* obj) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (!(tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) || tp->tp_basicsize != sizeof(PyObject)) return nullptr;
+    char* values = reinterpret_cast<char*>(obj) + sizeof(PyObject);
+    return values[3] != 0 ? values_of(values) : nullptr;  // the `valid` byte
+#elif PY_VERSION_HEX >= 0x030C0000
+    const auto tagged = reinterpret_cast<std::uintptr_t*>(obj)[-3];
+    return (tagged & 1U) != 0 ? reinterpret_cast<PyObject**>(tagged + 1) : nullptr;
+#else
+    return reinterpret_cast<PyObject***>(obj)[-4];
+#endif
+}
+
+/// The managed instance dict of an object of a managed-dict type, or null when not created.
+inline PyObject* managed_dict(PyObject* obj) {
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+    const auto tagged = reinterpret_cast<std::uintptr_t*>(obj)[-3];
+    return (tagged & 1U) != 0 ? nullptr : reinterpret_cast<PyObject*>(tagged);
+#else
+    return reinterpret_cast<PyObject**>(obj)[-3];
+#endif
+}
 
 inline char* entries(Keys* dk) {
     return dk->dk_indices + (static_cast<std::size_t>(1) << dk->dk_log2_index_bytes);
@@ -72,10 +118,6 @@ inline char* entries(Keys* dk) {
 inline PyObject* entry_key(Keys* dk, Py_ssize_t ix) {
     return dk->dk_kind != 0 ? reinterpret_cast<UnicodeEntry*>(entries(dk))[ix].me_key
                             : reinterpret_cast<Entry*>(entries(dk))[ix].me_key;
-}
-inline PyObject* entry_value(Keys* dk, Py_ssize_t ix) {
-    return dk->dk_kind != 0 ? reinterpret_cast<UnicodeEntry*>(entries(dk))[ix].me_value
-                            : reinterpret_cast<Entry*>(entries(dk))[ix].me_value;
 }
 /// Largest table scanned to learn a hint.
 inline constexpr Py_ssize_t kScanLimit = 256;
@@ -90,7 +132,8 @@ bool equal_str(PyObject* k, PyObject* key);
 /// or give up for good (kHintAbsent).
 PyObject* lookup_slow(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hint);
 
-/// The value of `key` in a table of exact str keys, through `*hint` (see "Soundness" above).
+/// The value of `key` in a table of exact str keys, through `*hint` (see "Soundness" above);
+/// `values` is the split values array, or null for a combined table.
 /// Inlined: the identity hit is a handful of instructions on the hottest path of every check.
 [[gnu::always_inline]] inline PyObject* lookup(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hint) {
     const Py_ssize_t ix = *hint;
@@ -100,14 +143,14 @@ PyObject* lookup_slow(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hi
     }
     return lookup_slow(dk, values, key, hint);
 }
-}  // namespace layout311
+}  // namespace layout
 
 /// Borrowed value of interned str `key` in dict `d` (any dict, incl. subclasses) through
 /// `*hint`, or null when the hint path does not apply.
 inline PyObject* dict_get_hinted(PyObject* d, PyObject* key, Py_ssize_t* hint) {
     if (!g_dict_hints_enabled) return nullptr;
-    auto* mp = reinterpret_cast<layout311::Dict*>(d);
-    return layout311::lookup(mp->ma_keys, mp->ma_values, key, hint);
+    auto* mp = reinterpret_cast<layout::Dict*>(d);
+    return layout::lookup(mp->ma_keys, mp->ma_values ? layout::values_of(mp->ma_values) : nullptr, key, hint);
 }
 
 /// Borrowed value of attribute `name` from `obj`'s own storage (inline values or instance dict,
@@ -117,14 +160,12 @@ inline PyObject* instance_attr_hinted(PyObject* obj, PyObject* name, Py_ssize_t*
     if (!g_dict_hints_enabled) return nullptr;
     PyTypeObject* tp = Py_TYPE(obj);
     if (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
-        // 3.11 managed-dict slots sit before the object header: values at -4 words, dict at -3.
-        PyObject** values = reinterpret_cast<PyObject***>(obj)[-4];
-        if (values != nullptr) {
+        if (PyObject** values = layout::inline_values(obj)) {
             auto* keys =
-                reinterpret_cast<layout311::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);
-            return keys != nullptr ? layout311::lookup(keys, values, name, hint) : nullptr;
+                reinterpret_cast<layout::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);
+            return keys != nullptr ? layout::lookup(keys, values, name, hint) : nullptr;
         }
-        PyObject* dict = reinterpret_cast<PyObject**>(obj)[-3];
+        PyObject* dict = layout::managed_dict(obj);
         return dict != nullptr ? dict_get_hinted(dict, name, hint) : nullptr;
     }
     if (tp->tp_dictoffset <= 0) return nullptr;  // variable-sized objects: ordinary path
@@ -133,12 +174,10 @@ inline PyObject* instance_attr_hinted(PyObject* obj, PyObject* name, Py_ssize_t*
     return dict_get_hinted(dict, name, hint);
 }
 /// The managed instance dict of `obj` (a type with Py_TPFLAGS_MANAGED_DICT) if it has been
-/// created, else null (attributes still inline, or hints off). Reads two slots; allocates nothing.
+/// created, else null (attributes still inline, or hints off). Reads a slot; allocates nothing.
 inline PyObject* materialised_managed_dict(PyObject* obj) {
     if (!g_dict_hints_enabled) return nullptr;
-    // 3.11 managed-dict slots sit before the object header: values at -4 words, dict at -3.
-    if (reinterpret_cast<PyObject***>(obj)[-4] != nullptr) return nullptr;
-    return reinterpret_cast<PyObject**>(obj)[-3];
+    return layout::managed_dict(obj);
 }
 /// DICT_KEYS fast path: 1 when dict `d`'s keys, in storage order, are exactly the objects of
 /// tuple `keys` (pointer identity, which implies type-exact equality), -1 when that cannot be
@@ -146,13 +185,13 @@ inline PyObject* materialised_managed_dict(PyObject* obj) {
 /// has already checked the sizes match.
 inline int dict_keys_identical(PyObject* d, PyObject* keys) {
     if (!g_dict_hints_enabled) return -1;
-    auto* mp = reinterpret_cast<layout311::Dict*>(d);
+    auto* mp = reinterpret_cast<layout::Dict*>(d);
     if (mp->ma_values != nullptr) return -1;
-    layout311::Keys* dk = mp->ma_keys;
+    layout::Keys* dk = mp->ma_keys;
     const Py_ssize_t n = PyTuple_GET_SIZE(keys);
     Py_ssize_t j = 0;
     for (Py_ssize_t i = 0; i < dk->dk_nentries; ++i) {
-        PyObject* k = layout311::entry_key(dk, i);
+        PyObject* k = layout::entry_key(dk, i);
         if (k == nullptr) continue;  // deleted entry
         if (j >= n || k != PyTuple_GET_ITEM(keys, j)) return -1;
         ++j;
@@ -164,7 +203,7 @@ inline int dict_keys_identical(PyObject* d, PyObject* keys) {
 /// code. False when that cannot be known (hints off).
 inline bool dict_has_only_str_keys(PyObject* d) {
     if (!g_dict_hints_enabled) return false;
-    return reinterpret_cast<layout311::Dict*>(d)->ma_keys->dk_kind != 0;
+    return reinterpret_cast<layout::Dict*>(d)->ma_keys->dk_kind != 0;
 }
 /// Whether instance_attr_hinted reads the object's whole own storage (so "not found" there
 /// means "not an instance attribute").
