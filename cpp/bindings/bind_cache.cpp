@@ -3,7 +3,6 @@
 // python/tripwire/cache.py subclasses CacheCore as tripwire.Cache (probe names, the limit
 // exception, why_not, stats as a dict); lookup() stays a direct C++ call.
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -64,6 +63,43 @@ const char* on_limit_name(runtime::OnLimit p) {
 
 PyTypeObject* g_cache_type = nullptr;
 
+// A Python view of one entry. It shares the entry with the cache; once the cache has dropped it,
+// the view may be its only owner, and a payload that refers to its own view then forms a cycle
+// (payload -> view -> entry -> payload) that the collector must see to free it.
+struct EntryView {
+    runtime::EntryPtr entry;
+
+    const runtime::CacheEntry& get() const {
+        if (!entry) throw std::runtime_error("this CacheEntry view was cleared by the garbage collector");
+        return *entry;
+    }
+};
+
+int view_traverse(PyObject* self, visitproc visit, void* arg) {
+    Py_VISIT(Py_TYPE(self));
+    if (!nb::inst_ready(self)) return 0;
+    const runtime::EntryPtr& e = nb::inst_ptr<EntryView>(self)->entry;
+    // Report the entry's references only while this view owns it alone: otherwise the cache (or
+    // another view) owns them too, and reporting them here as well would count them twice.
+    if (e && e.use_count() == 1) return runtime::Cache::traverse_entry(*e, visit, arg);
+    return 0;
+}
+
+int view_clear(PyObject* self) {
+    if (!nb::inst_ready(self)) return 0;
+    runtime::EntryPtr dropped = std::move(nb::inst_ptr<EntryView>(self)->entry);
+    return 0;  // `dropped` releases the entry (and its payload) here, the view already cleared
+}
+
+PyType_Slot g_view_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(view_traverse)},
+                              {Py_tp_clear, reinterpret_cast<void*>(view_clear)},
+                              {0, nullptr}};
+
+nb::object view_of(runtime::EntryPtr e) {
+    if (!e) return nb::none();
+    return nb::cast(EntryView{std::move(e)});
+}
+
 }  // namespace
 
 runtime::Cache* cache_of(PyObject* o) {
@@ -72,27 +108,30 @@ runtime::Cache* cache_of(PyObject* o) {
 }
 
 void register_cache(nb::module_& m) {
-    nb::class_<runtime::CacheEntry>(m, "CacheEntry", "One entry of a tripwire.Cache (a view; read-only).")
+    nb::class_<EntryView>(m, "CacheEntry", nb::type_slots(g_view_slots),
+                          "One entry of a tripwire.Cache (a view; read-only).")
         .def_prop_ro(
-            "guards", [](const runtime::CacheEntry& e) { return nb::borrow(e.guards.get()); },
+            "guards", [](const EntryView& v) { return nb::borrow(v.get().guards.get()); },
             nb::for_getter(nb::sig("def guards(self, /) -> GuardSetCore")), "The entry's tripwire.GuardSet.")
         .def_prop_ro(
-            "payload", [](const runtime::CacheEntry& e) { return nb::borrow(e.payload.get()); },
+            "payload", [](const EntryView& v) { return nb::borrow(v.get().payload.get()); },
             nb::for_getter(nb::sig("def payload(self, /) -> typing.Any")))
         .def_prop_ro(
-            "name", [](const runtime::CacheEntry& e) { return nb::borrow(e.name.get()); },
+            "name", [](const EntryView& v) { return nb::borrow(v.get().name.get()); },
             nb::for_getter(nb::sig("def name(self, /) -> str | None")))
-        .def_prop_ro("hits", [](const runtime::CacheEntry& e) { return e.hits; })
+        .def_prop_ro("hits", [](const EntryView& v) { return v.get().hits; })
         .def_prop_ro(
             "_snapshot",
-            [](const runtime::CacheEntry& e) {
+            [](const EntryView& v) {
+                const runtime::CacheEntry& e = v.get();
                 return e.snapshot ? nb::borrow(e.snapshot.get()) : nb::none();
             },
             nb::for_getter(nb::sig("def _snapshot(self, /) -> tuple[typing.Any, ...] | None")))
         .def_prop_ro(
-            "valid", &runtime::CacheEntry::valid,
+            "valid", [](const EntryView& v) { return v.entry && v.entry->valid(); },
             "True while the entry is in its cache and no object its guards name by identity has died.")
-        .def("__repr__", [](const runtime::CacheEntry& e) {
+        .def("__repr__", [](const EntryView& v) {
+            const runtime::CacheEntry& e = v.get();
             std::string s = "<tripwire.CacheEntry ";
             s += nb::cast<std::string>(nb::repr(nb::borrow(e.name.get())));
             s += " hits=" + std::to_string(e.hits);
@@ -150,8 +189,7 @@ void register_cache(nb::module_& m) {
             [](CacheCore& c, nb::handle f_locals) -> nb::object {
                 runtime::EntryPtr e;
                 if (!c.get().lookup(f_locals.ptr(), e)) throw nb::python_error();
-                if (!e) return nb::none();
-                return nb::cast(e);
+                return view_of(std::move(e));
             },
             nb::arg("f_locals").none(),
             nb::sig("def lookup_entry(self, f_locals: typing.Mapping[str, typing.Any] | None) -> CacheEntry "
@@ -162,8 +200,7 @@ void register_cache(nb::module_& m) {
             [](CacheCore& c, nb::handle f_locals) -> nb::object {
                 runtime::EntryPtr e;
                 if (!c.get().lookup(f_locals.ptr(), e, /*count=*/false)) throw nb::python_error();
-                if (!e) return nb::none();
-                return nb::cast(e);
+                return view_of(std::move(e));
             },
             nb::arg("f_locals").none(),
             nb::sig("def _lookup_uncounted(self, f_locals: typing.Mapping[str, typing.Any] | None) -> "
@@ -180,14 +217,20 @@ void register_cache(nb::module_& m) {
             nb::sig("def _probe_values(self) -> tuple[typing.Any, ...] | None"),
             "The probes' current values, or None without probes.")
         .def("_snapshot_matches",
-             [](CacheCore&, const runtime::CacheEntry& e, nb::handle current) {
-                 const int r = runtime::Cache::snapshot_matches(e, current.ptr());
+             [](CacheCore&, const EntryView& v, nb::handle current) {
+                 const int r = runtime::Cache::snapshot_matches(v.get(), current.ptr());
                  if (r < 0) throw nb::python_error();
                  return r == 1;
              })
         .def_prop_ro("probe_names", [](CacheCore& c) { return c.get().probe_names(); })
         .def(
-            "_entries", [](CacheCore& c) { return c.get().entries(); }, "Entries, most recently used first.")
+            "_entries",
+            [](CacheCore& c) {
+                nb::list out;
+                for (runtime::EntryPtr& e : c.get().entries()) out.append(view_of(std::move(e)));
+                return out;
+            },
+            nb::sig("def _entries(self) -> list[CacheEntry]"), "Entries, most recently used first.")
         .def("__len__", [](CacheCore& c) { return c.get().size(); })
         .def(
             "clear", [](CacheCore& c) { c.get().clear(); }, "Drop every entry.")

@@ -17,7 +17,7 @@ from . import _core
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
-from .source import Source
+from .source import Source, key_identity
 
 __all__ = ["GuardSet", "build_guard_set"]
 
@@ -31,12 +31,12 @@ class _Pool:
     def __init__(self) -> None:
         self.consts: list[Any] = []
         self.weak: list[bool] = []
-        self._interned: dict[tuple[type, Any], int] = {}
+        self._interned: dict[tuple, int] = {}
 
     def intern(self, value: Any) -> int:
         if type(value) is str:
             value = sys.intern(value)
-        key = (type(value), value)
+        key = key_identity(value)
         i = self._interned.get(key)
         if i is None:
             i = self._interned[key] = self.add(value)

@@ -21,6 +21,7 @@ import enum
 import gc
 import operator
 import sys
+import types
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
@@ -83,6 +84,20 @@ def _exc_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
+_NOT_FOUND = object()
+_namespace = type.__dict__["__dict__"].__get__  # a class's own namespace, past any metaclass
+_mro = type.__dict__["__mro__"].__get__
+
+
+def _class_attribute(cls: type, name: str) -> Any:
+    """The first ``name`` in the own namespaces of ``cls``'s MRO, or a sentinel."""
+    for base in _mro(cls):
+        ns = _namespace(base)
+        if name in ns:
+            return ns[name]
+    return _NOT_FOUND
+
+
 def fetch_step(v: Any, step: Step) -> Any:
     """Apply one step to value ``v``. Raises FetchError (with the cause's text) on failure."""
     k, a = step.kind, step.arg
@@ -100,9 +115,15 @@ def fetch_step(v: Any, step: Step) -> Any:
         if k is StepKind.TYPE:
             return type(v)
         if k is StepKind.DICT:
-            if isinstance(v, type):
+            cls = type(v)
+            if issubclass(cls, type):
                 raise TypeError("__dict__ step does not apply to types")
-            d = object.__getattribute__(v, "__dict__")
+            # The instance's own dict, through the first `__dict__` its classes define: only the
+            # interpreter's own descriptor kinds read it; a class-defined __dict__ fails the step.
+            descr = _class_attribute(cls, "__dict__")
+            if type(descr) not in (types.GetSetDescriptorType, types.MemberDescriptorType):
+                raise TypeError(f"{cls.__name__} has no instance __dict__ of its own")
+            d = descr.__get__(v, cls)
             if type(d) is not dict:
                 raise TypeError("object has no instance dict")
             return d

@@ -63,6 +63,15 @@ _KEY_TYPES = (str, int, bytes, float, bool, type(None))
 _RESERVED_ATTRS = frozenset({"__dict__", "__code__", "__defaults__", "__kwdefaults__", "__closure__"})
 
 
+def key_identity(arg: Any) -> tuple:
+    """What makes two step arguments the same argument: the exact type and the value, and for a
+    float also its sign (``0.0 == -0.0``, but a ``__getitem__`` may tell them apart). Step keys
+    are finite (Step refuses NaN), so equal values are otherwise interchangeable."""
+    if type(arg) is float:
+        return (float, arg, math.copysign(1.0, arg))
+    return (type(arg), arg)
+
+
 @dataclass(frozen=True, eq=False)
 class Step:
     """One step of a source path: ``kind`` and its argument (a name, key or position).
@@ -101,10 +110,10 @@ class Step:
     def __eq__(self, other: object) -> bool:
         if type(other) is not Step:
             return NotImplemented
-        return self.kind is other.kind and type(self.arg) is type(other.arg) and self.arg == other.arg
+        return self.kind is other.kind and key_identity(self.arg) == key_identity(other.arg)
 
     def __hash__(self) -> int:
-        return hash((self.kind, type(self.arg), self.arg))
+        return hash((self.kind, key_identity(self.arg)))
 
     @property
     def has_operand(self) -> bool:

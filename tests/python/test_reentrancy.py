@@ -8,6 +8,7 @@ The rule they enforce is in docs/cpp.md ("Regions without user code").
 
 from __future__ import annotations
 
+import enum
 import gc
 import math
 import pathlib
@@ -488,3 +489,288 @@ def test_the_harness_really_collects_inside_allocating_calls():
         [[] for _ in range(10)]  # GC allocations
     fin.disarm()
     assert fired == [True]
+
+
+# -- found by the adversarial review of this change (docs/sanitizers.md) --------------------------
+
+
+def _new_class_at(addr, tries=200_000):
+    keep = []
+    for i in range(tries):
+
+        class N:
+            pass
+
+        if id(N) == addr:
+            return N, keep
+        if i % 2:
+            keep.append(N)
+    return None, keep
+
+
+def test_set_collected_with_its_guarded_class_and_resurrected_is_invalid():
+    # The set and the class it names die in one collection; a finalizer resurrects the set. The
+    # weak reference was reported to the collector as the set's, so the collector cleared it
+    # without its callback: the set stayed valid and a new class at the old address passed.
+    saved = []
+
+    def make():
+        class T:
+            pass
+
+        b = tw.GuardBuilder({"x": T()})
+        b.type_match("L['x']")
+        gs = b.build()
+
+        class Keeper:
+            def __del__(self):
+                saved.append(self.gs)  # resurrect the guard set
+
+        k = Keeper()
+        k.gs = gs
+        T.k = k  # T -> k -> gs, and gs -> T only weakly
+        return id(T)
+
+    addr = make()
+    gc.collect()
+    gs = saved[0]
+    assert gs.invalid
+    N, _keep = _new_class_at(addr)
+    if N is not None:
+        assert gs.check({"x": N()}) is False
+        assert gs.why_not({"x": N()}) is not None
+
+
+def test_specialize_resurrected_with_its_guarded_class_never_hits_a_new_class():
+    saved = []
+    compiled_for = []
+
+    def make():
+        class Old:
+            pass
+
+        def compiler(fn, example_args, builder):
+            compiled_for.append(type(example_args["obj"]).__name__)
+            return lambda obj: "compiled"
+
+        @tw.specialize(compiler=compiler)
+        def f(obj):
+            return "uncompiled"
+
+        f(Old())
+
+        class Keeper:
+            def __del__(self):
+                saved.append(self.f)
+
+        k = Keeper()
+        k.f = f
+        Old.k = k
+        return id(Old)
+
+    addr = make()
+    gc.collect()
+    f = saved[0]
+    assert [e.valid for e in f.cache] in ([], [False])
+    New, _keep = _new_class_at(addr)
+    if New is not None:
+        f(New())
+        assert compiled_for == ["Old", "N"]  # a miss and a compile for the new class, not a hit
+
+
+def test_enum_constant_collected_with_a_resurrected_set_is_never_read():
+    saved = []
+
+    def make():
+        class Color(enum.Enum):
+            RED = 1
+
+        b = tw.GuardBuilder({"x": Color.RED})
+        b.equals("L['x']")
+        gs = b.build()
+
+        class Keeper:
+            def __del__(self):
+                saved.append(self.gs)
+
+        k = Keeper()
+        k.gs = gs
+        Color.k = k
+
+    make()
+    gc.collect()
+    gs = saved[0]
+    assert gs.invalid  # so check() never touches the freed member (ASan read it before)
+    junk = [object() for _ in range(1000)]
+    assert gs.check({"x": 1}) is False
+    assert "died" in gs.why_not({"x": 1}).reason
+    del junk
+
+
+class _KeyCollidingWith:
+    """A class-namespace key that collides with a name and, once armed, changes a class."""
+
+    def __init__(self, text, action):
+        self.h = hash(text)
+        self.action = action
+        self.armed = False
+
+    def __hash__(self):
+        return self.h
+
+    def __eq__(self, other):
+        if self.armed:
+            self.armed = False
+            self.action()
+        return False
+
+
+def test_inline_cache_is_not_filled_from_a_lookup_that_ran_user_code():
+    # A colliding key in the class namespace ran user code during the attribute cache's type
+    # lookups and added a property for the name: the cache read the instance dict under the new
+    # version, which the property now shadows.
+    def add_property():
+        C.x = property(lambda self: 2)
+
+    key = _KeyCollidingWith("__getattribute__", add_property)
+
+    class C:
+        locals()[key] = None
+
+        def __getattr__(self, name):
+            raise AttributeError(name)
+
+    o = C()
+    o.x = 1
+    b = tw.GuardBuilder({"o": o})
+    b.equals("L['o'].x")
+    gs = b.build()
+    assert gs.check({"o": o})
+    C.unrelated = 0  # a new version: the next check refills the cache
+    key.armed = True
+    r = gs.check({"o": o})
+    assert o.x == 2
+    assert r is False and reference.check(gs.guards, {"o": o}) is False
+
+
+def test_inline_cache_does_not_keep_a_stale_type_cache_answer():
+    # User code run inside a base class's namespace during the lookup of `x` itself: CPython's
+    # type cache keeps "no x" under the class's new version until that entry is evicted; the
+    # inline cache must not make that answer permanent.
+    def add_property():
+        C.x = property(lambda self: 2)
+
+    key = _KeyCollidingWith("x", add_property)
+
+    class B:
+        locals()[key] = None
+
+    class C(B):
+        pass
+
+    o = C()
+    o.x = 1
+    b = tw.GuardBuilder({"o": o})
+    b.equals("L['o'].x")
+    gs = b.build()
+    assert gs.check({"o": o})
+    C.unrelated = 0
+    key.armed = True
+    gs.check({"o": o})  # refills; CPython's own answer may still be stale here
+    sys._clear_type_cache()
+    assert o.x == 2
+    for _ in range(3):
+        assert gs.check({"o": o}) is False
+        assert reference.check(gs.guards, {"o": o}) is False
+
+
+def test_cache_probe_values_are_snapshotted_not_shared():
+    config = {"mode": "fast", "flags": [1]}
+    cache = tw.Cache(probes=[lambda: config])
+    b = tw.GuardBuilder({"x": 1})
+    b.equals("L['x']")
+    cache.insert(b.build(), "compiled-for-fast", name="e0")
+    assert cache.lookup({"x": 1}) == "compiled-for-fast"
+    config["mode"] = "slow"
+    config["flags"].append(2)
+    assert cache.lookup({"x": 1}) is None
+    (f,) = cache.why_not({"x": 1})
+    assert f is not None and f.kind == "GLOBAL_STATE"
+
+
+def test_cache_probe_must_return_a_constant():
+    class Config:
+        mode = "fast"
+
+    cache = tw.Cache(probes=[lambda: Config()])
+    b = tw.GuardBuilder({"x": 1})
+    b.equals("L['x']")
+    with pytest.raises(TypeError, match="not a constant"):
+        cache.insert(b.build(), "p")
+    assert len(cache) == 0
+
+
+def test_signed_zero_keys_are_different_sources():
+    class SignedMap:
+        def __init__(self, pos, neg):
+            self.pos, self.neg = pos, neg
+
+        def __getitem__(self, k):
+            return self.neg if math.copysign(1.0, k) < 0 else self.pos
+
+    b = tw.GuardBuilder({"m": SignedMap("a", "a")})
+    b.equals("L['m'][0.0]")
+    b.equals("L['m'][-0.0]")
+    gs = b.build()
+    assert gs.node_count == 3  # L['m'], and one node per key
+    f_locals = {"m": SignedMap("a", "b")}
+    assert gs.check(f_locals) is False
+    assert reference.check(gs.guards, f_locals) is False
+    assert gs.why_not(f_locals).source == "L['m'][-0.0]"
+    assert tw.Source.parse("L['m'][0.0]") != tw.Source.parse("L['m'][-0.0]")
+
+
+def test_dict_step_on_a_class_that_defines_dict_fails_in_both_evaluators():
+    class A:
+        __dict__ = property(lambda self: {"fake": 1})
+
+    a = A()
+    a.x = 1
+    b = tw.GuardBuilder({"a": a, "o": NSLike()})
+    b.dict_keys("L['o'].__dict__")
+    b.dict_keys("L['a'].__dict__", keys=["x"])
+    gs = tw.GuardSet(b.guards)
+    for fast in (True, False):
+        was = _core._set_fast_pass(fast)
+        try:
+            assert gs.check({"a": a, "o": NSLike()}) is False
+            assert reference.check(gs.guards, {"a": a, "o": NSLike()}) is False
+            assert gs.why_not({"a": a, "o": NSLike()}).source == "L['a'].__dict__"
+        finally:
+            _core._set_fast_pass(was)
+
+
+class NSLike:
+    def __init__(self):
+        self.k = 1
+
+
+def test_a_payload_holding_its_own_entry_view_is_collected():
+    import weakref
+
+    class Payload:
+        pass
+
+    def make():
+        c = tw.Cache()
+        b = tw.GuardBuilder({"x": 1})
+        b.equals("L['x']")
+        p = Payload()
+        c.insert(b.build(), p, name="e")
+        p.entry = c.lookup_entry({"x": 1})  # payload -> view -> entry -> payload
+        return weakref.ref(p), weakref.ref(c)
+
+    wp, wc = make()
+    for _ in range(3):
+        gc.collect()
+    assert wc() is None and wp() is None

@@ -127,6 +127,33 @@ Ref Cache::probe_values() {
     return t;
 }
 
+Ref Cache::snapshot_of(PyObject* values) const {
+    // A probe returning a mutable object (a config dict) would otherwise share it with the
+    // snapshot, which would then change with it and match forever. Probe values must be
+    // constants, as a GLOBAL_STATE probe's must, and are deep-copied like EQUALS constants.
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); ++i) {
+        PyObject* v = PyTuple_GET_ITEM(values, i);
+        const int r = is_constant(v);
+        if (r < 0) return Ref();
+        if (r == 0) {
+            const std::size_t k = static_cast<std::size_t>(i);
+            PyErr_Format(PyExc_TypeError,
+                         "Cache probe %s returned %R, which is not a constant (int, float, complex, str, "
+                         "bytes, bool, None, range, slice, Ellipsis, enum members, and containers of these)",
+                         k < probe_names_.size() ? probe_names_[k].c_str() : "?", v);
+            return Ref();
+        }
+    }
+    static PyObject* deepcopy = [] {
+        PyObject* copy = PyImport_ImportModule("copy");
+        PyObject* fn = copy != nullptr ? PyObject_GetAttrString(copy, "deepcopy") : nullptr;
+        Py_XDECREF(copy);
+        return fn;  // held for the life of the interpreter
+    }();
+    if (deepcopy == nullptr) return Ref();
+    return Ref::steal(PyObject_CallOneArg(deepcopy, values));
+}
+
 int Cache::snapshot_matches(const CacheEntry& e, PyObject* current) {
     if (!e.snapshot) return 1;
     if (e.snapshot.get() == current) return 1;
@@ -495,6 +522,7 @@ bool Cache::insert(PyObject* guards, std::shared_ptr<GuardSet> gs, PyObject* pay
     Ref snapshot;
     if (!probes_.empty()) {
         snapshot = probe_values();
+        if (snapshot) snapshot = snapshot_of(snapshot.get());
         if (!snapshot) return false;
     }
     // After the probes, which are user code and may have killed an object the set names.
@@ -577,13 +605,18 @@ void Cache::clear() {
     index_dirty_ = true;
 }
 
+int Cache::traverse_entry(const CacheEntry& e, visitproc visit, void* arg) {
+    Py_VISIT(e.guards.get());
+    Py_VISIT(e.payload.get());
+    Py_VISIT(e.name.get());
+    Py_VISIT(e.snapshot.get());
+    Py_VISIT(e.globals.get());
+    return 0;
+}
+
 int Cache::traverse(visitproc visit, void* arg) const {
     for (const auto& [id, e] : by_id_) {
-        Py_VISIT(e->guards.get());
-        Py_VISIT(e->payload.get());
-        Py_VISIT(e->name.get());
-        Py_VISIT(e->snapshot.get());
-        Py_VISIT(e->globals.get());
+        if (const int r = traverse_entry(*e, visit, arg)) return r;
     }
     for (const Ref& p : probes_) Py_VISIT(p.get());
     if (index_path_) Py_VISIT(index_path_->globals.get());

@@ -122,6 +122,9 @@ class Cache {
 
     /// Current probe values as a tuple (new reference), or null with an error set.
     Ref probe_values();
+    /// An entry's snapshot of probe values: checked to be constants and deep-copied (new
+    /// reference), or null with a TypeError naming the probe.
+    Ref snapshot_of(PyObject* values) const;
     /// Whether an entry's snapshot matches `current` (1/0, -1 on error).
     static int snapshot_matches(const CacheEntry& e, PyObject* current);
     const std::vector<std::string>& probe_names() const { return probe_names_; }
@@ -141,6 +144,8 @@ class Cache {
 
     /// Visit every strong reference (tp_traverse of the owning Python object).
     int traverse(visitproc visit, void* arg) const;
+    /// Visit the strong references one entry holds (for an owner of the entry alone).
+    static int traverse_entry(const CacheEntry& e, visitproc visit, void* arg);
 
   private:
     struct KeyHash {

@@ -220,7 +220,12 @@ int GuardSet::fast_pass(const Locals& locals) {
             }
             case FastOp::Code::FetchDict: {
                 PyObject* p = r[op.parent];
-                if (PyType_Check(p)) return 0;  // `__dict__` of a class is not an instance dict
+                // Only a type the walk has seen with the standard `__dict__` (and not a class,
+                // whose `__dict__` is not an instance dict).
+                const AttrCache& ic = nodes_[op.node].step.cache;
+                if (!attr_cache_valid(ic, Py_TYPE(p)) || ic.mode != AttrCache::Mode::InstanceDict ||
+                    PyType_Check(p))
+                    return 0;
                 PyObject* d = existing_instance_dict(p);
                 if (d == nullptr || !PyDict_CheckExact(d)) return 0;
                 r[op.node] = d;

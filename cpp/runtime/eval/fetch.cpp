@@ -44,54 +44,122 @@ Fetched generic_getattr(PyObject* obj, PyObject* name) {
     return r == 0 ? missing() : error();
 }
 
+// A class's own namespace (borrowed: the class keeps it alive).
+PyObject* class_dict(PyTypeObject* t) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject* d = PyType_GetDict(t);  // static builtin types keep theirs in the interpreter
+    Py_XDECREF(d);
+    return d;
+#else
+    return t->tp_dict;
+#endif
+}
+
+// The class attribute `name` as tp's MRO defines it (borrowed; null when absent), read from the
+// class dicts themselves, not from CPython's type cache, which user code run during an earlier
+// lookup can leave stale under a new version tag. False when that cannot be done without user
+// code: a class dict that may hold a non-str key, whose __eq__ a lookup could call (or hints off,
+// when that cannot be known).
+bool mro_lookup(PyTypeObject* tp, PyObject* name, PyObject** out) {
+    *out = nullptr;
+    PyObject* mro = tp->tp_mro;
+    if (mro == nullptr || !PyTuple_Check(mro)) return false;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i) {
+        PyObject* base = PyTuple_GET_ITEM(mro, i);
+        if (!PyType_Check(base)) return false;
+        PyObject* dict = class_dict(reinterpret_cast<PyTypeObject*>(base));
+        if (dict == nullptr || !PyDict_Check(dict) || !dict_has_only_str_keys(dict)) return false;
+        PyObject* v = PyDict_GetItemWithError(dict, name);  // str against str keys: no user code
+        if (v != nullptr) {
+            *out = v;
+            return true;
+        }
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return false;
+        }
+    }
+    return true;
+}
+
 // Whether getattr on instances of tp finds instance-dict entries exactly as
 // object.__getattribute__ does. True for PyObject_GenericGetAttr, and for heap types whose only
 // override is __getattr__ (nn.Module-style): CPython then installs a hook that calls
 // object.__getattribute__ first and __getattr__ only when that raises AttributeError, which never
-// happens for an attribute found in the instance dict. Checked under the type's version tag.
+// happens for an attribute found in the instance dict. Decided under the type's version tag.
 bool uses_generic_getattribute(PyTypeObject* tp) {
     if (tp->tp_getattro == PyObject_GenericGetAttr) return true;
     if (!PyType_HasFeature(tp, Py_TPFLAGS_HEAPTYPE)) return false;
     static PyObject* name = PyUnicode_InternFromString("__getattribute__");
-    static PyObject* object_getattribute = _PyType_Lookup(&PyBaseObject_Type, name);  // immortal in practice
-    return object_getattribute != nullptr && _PyType_Lookup(tp, name) == object_getattribute;
+    PyObject* base = nullptr;
+    PyObject* own = nullptr;
+    return mro_lookup(&PyBaseObject_Type, name, &base) && base != nullptr && mro_lookup(tp, name, &own) &&
+           own == base;
 }
 
-// Fill the inline cache for (type of obj, name).
-void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name) {
-    c.type = tp;
-    c.mode = AttrCache::Mode::Generic;
-    c.hint = kHintUnknown;
-    // _PyType_Lookup assigns a version tag when it can; read the tag after it.
-    PyObject* descr = _PyType_Lookup(tp, name);
-    c.version = (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
-    if (c.version == 0) return;  // unversioned type: no cache, always generic
+// How getattr(instance of tp, name) may be read, decided without running user code.
+AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name) {
     if (tp == &PyModule_Type) {
         // Module attributes live in the module dict; ModuleType's own data descriptors are all
         // dunder names, which we leave to the generic path.
-        if (PyUnicode_READ_CHAR(name, 0) != '_') c.mode = AttrCache::Mode::Module;
-        return;
+        return PyUnicode_READ_CHAR(name, 0) != '_' ? AttrCache::Mode::Module : AttrCache::Mode::Generic;
     }
-    if (!uses_generic_getattribute(tp) || tp->tp_dictoffset == 0) return;
+    PyObject* descr = nullptr;
+    if (!uses_generic_getattribute(tp) || tp->tp_dictoffset == 0 || !mro_lookup(tp, name, &descr))
+        return AttrCache::Mode::Generic;
     // A data descriptor (property, slot, __dict__) on the type wins over the instance dict.
-    if (descr != nullptr && Py_TYPE(descr)->tp_descr_set != nullptr) return;
+    if (descr != nullptr && Py_TYPE(descr)->tp_descr_set != nullptr) return AttrCache::Mode::Generic;
     // Any other class attribute of that name loses to the instance dict only while its own type
     // has no __set__/__delete__, and a mutable class can gain them without changing `tp`'s
     // version tag (the cache would then keep reading the instance dict: a false pass). Only an
     // immutable type (int, str, None, function, ...) is known to stay a non-data descriptor.
     // CPython's LOAD_ATTR specialisation likewise refuses names the type defines.
-    if (descr != nullptr && !(Py_TYPE(descr)->tp_flags & Py_TPFLAGS_IMMUTABLETYPE)) return;
-    c.mode = AttrCache::Mode::InstanceDict;
+    if (descr != nullptr && !(Py_TYPE(descr)->tp_flags & Py_TPFLAGS_IMMUTABLETYPE))
+        return AttrCache::Mode::Generic;
+    return AttrCache::Mode::InstanceDict;
+}
+
+// Whether `X.__dict__` of instances of tp is their own instance dict: the name resolves through
+// the MRO to one of the interpreter's own descriptors (the getset of a class's instance dict, or
+// a member such as a module's). A class that defines `__dict__` otherwise (a property) shows
+// something else under that name, and the step fails rather than pick one of the two.
+// Unset when that cannot be decided without user code (mro_lookup refused).
+bool own_dict_descriptor(PyObject* descr) {
+    return descr != nullptr &&
+           (Py_TYPE(descr) == &PyGetSetDescr_Type || Py_TYPE(descr) == &PyMemberDescr_Type);
+}
+
+AttrCache::Mode dict_mode(PyTypeObject* tp, PyObject* name) {
+    PyObject* descr = nullptr;
+    if (!mro_lookup(tp, name, &descr)) return AttrCache::Mode::Unset;
+    return own_dict_descriptor(descr) ? AttrCache::Mode::InstanceDict : AttrCache::Mode::Generic;
+}
+
+// Fill cache `c` for (tp, name) with `decide`, under tp's version tag.
+template <typename Decide>
+void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name, Decide decide) {
+    c.type = tp;
+    c.mode = AttrCache::Mode::Generic;
+    c.hint = kHintUnknown;
+    c.version = 0;
+    // _PyType_Lookup assigns a version tag when the type can have one. It may run user code (a
+    // colliding key in a class dict); what it finds is not used (see mro_lookup).
+    (void)_PyType_Lookup(tp, name);
+    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || tp->tp_version_tag == 0) return;  // unversioned
+    const unsigned int version = tp->tp_version_tag;
+    const AttrCache::Mode mode = decide();
+    if (mode == AttrCache::Mode::Unset) return;  // undecided without user code: not cached
+    // `decide` runs no user code; a changed tag would mean the class changed meanwhile anyway.
+    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || tp->tp_version_tag != version) return;
+    c.version = version;
+    c.mode = mode;
 }
 
 }  // namespace
 
 Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);
-    if (c.type != tp || c.version == 0 || tp->tp_version_tag != c.version ||
-        !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        fill_cache(c, tp, name);
-    }
+    if (!attr_cache_valid(c, tp)) fill_cache(c, tp, name, [&] { return attr_mode(tp, name); });
     switch (c.mode) {
         case AttrCache::Mode::InstanceDict: {
             // The type has no data descriptor for `name` (checked under this version tag), so
@@ -176,6 +244,15 @@ Ref read_source(RuntimeRoot& root, std::vector<RuntimeStep>& steps, const Locals
     return v;
 }
 
+bool standard_instance_dict(AttrCache& c, PyTypeObject* tp) {
+    static PyObject* name = PyUnicode_InternFromString("__dict__");
+    if (!attr_cache_valid(c, tp)) fill_cache(c, tp, name, [&] { return dict_mode(tp, name); });
+    if (c.version != 0) return c.mode == AttrCache::Mode::InstanceDict;
+    // Not cached (an unversioned type, or a class dict with a non-str key): CPython's own lookup
+    // decides, comparing keys as Python would (this step is classed as running user code).
+    return own_dict_descriptor(_PyType_Lookup(tp, name));
+}
+
 PyObject* existing_instance_dict(PyObject* obj) {
     PyTypeObject* tp = Py_TYPE(obj);
     // _PyObject_GetDictPtr would create a managed dict from the inline values: read the slot.
@@ -216,6 +293,7 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
         case StepKind::Type: return ok_borrowed(reinterpret_cast<PyObject*>(Py_TYPE(v)));
         case StepKind::Dict: {
             if (PyType_Check(v)) return missing();
+            if (!standard_instance_dict(s.cache, Py_TYPE(v))) return missing();
             PyObject** dictptr = _PyObject_GetDictPtr(v);
             if (dictptr == nullptr) return PyErr_Occurred() ? error() : missing();
             if (*dictptr == nullptr) {

@@ -34,7 +34,7 @@ struct Fetched {
 /// the value of an instance attribute.
 struct AttrCache {
     enum class Mode : std::uint8_t {
-        Unset,         ///< not filled yet (or invalidated)
+        Unset,         ///< not filled yet (or invalidated; or undecidable without user code)
         InstanceDict,  ///< generic getattr, no data descriptor: look in the instance dict first
         Module,        ///< exact module: look in the module dict first
         Generic,       ///< anything else: PyObject_GetAttr
@@ -79,6 +79,16 @@ Ref read_source(RuntimeRoot& root, std::vector<RuntimeStep>& steps, const Locals
 
 /// getattr(obj, name) with the step's inline cache.
 Fetched fetch_attr(AttrCache& cache, PyObject* obj, PyObject* name);
+
+/// Whether `X.__dict__` of instances of `tp` is their own instance dict (the name resolves to
+/// the interpreter's own getset or member descriptor, not a class-defined `__dict__`), cached in
+/// `c` under the type's version tag. Runs no user code once cached for the type.
+bool standard_instance_dict(AttrCache& c, PyTypeObject* tp);
+/// Whether `c` was filled for `tp` under its current version tag.
+inline bool attr_cache_valid(const AttrCache& c, PyTypeObject* tp) {
+    return c.type == tp && c.version != 0 && tp->tp_version_tag == c.version &&
+           (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG);
+}
 
 /// The instance dict of `obj` if it already exists (borrowed), without creating it: null when it
 /// does not exist yet (CPython keeps attributes inline until the dict is asked for), when the

@@ -229,7 +229,14 @@ PyObject* GuardSet::constant(core::ConstId c) const {
 }
 
 int GuardSet::traverse(visitproc visit, void* arg) const {
-    for (const Ref& h : holders_) Py_VISIT(h.get());
+    // Strongly held constants only. The weak references must not be reported: a weak reference
+    // the collector finds inside the garbage is cleared *without* its callback, so if this set
+    // were collected together with an object it names and then resurrected by a finalizer, the
+    // object would die unnoticed and a new object at its address would pass. Unreported, the
+    // weak references count as reachable and their callbacks run. They cannot be part of a
+    // cycle: each refers only to its callback, which refers only to a capsule of C++ state.
+    for (std::size_t c = 0; c < holders_.size(); ++c)
+        if (holders_[c].get() == objs_[c]) Py_VISIT(holders_[c].get());
     Py_VISIT(globals_.get());
     Py_VISIT(closure_.get());
     return 0;
