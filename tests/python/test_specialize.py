@@ -491,7 +491,8 @@ def test_fast_path_hit_runs_no_python_code_but_the_payload():
     seen: list[str] = []
 
     def profile(frame, event, arg):
-        if event == "call":
+        # A collection may run finalizers anywhere (the --gc-stress mode has one): not ours.
+        if event == "call" and not frame.f_code.co_filename.endswith("gc_stress.py"):
             seen.append(frame.f_code.co_name)
 
     for args, kwargs in calls:
