@@ -28,7 +28,7 @@ from .guard_set import GuardSet
 from .infer import Policy, guards_for, infer_into
 from .logs import format_recompile, set_logs
 from .source import RootKind, Source, Step, StepKind
-from .specialize import Specialized, specialize
+from .specialized import Specialized, specialize
 
 __version__ = "0.1.0"
 

@@ -102,7 +102,7 @@ def _jit_demo() -> None:
 
     from . import RecompileLimitExceeded
     from .logs import RECOMPILES, set_logs
-    from .specialize import specialize
+    from .specialized import specialize
 
     compiles: list[str] = []
 

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from gc_stress import examples
-from tripwire.specialize import specialize
+from tripwire.specialized import specialize
 
 
 def event(text):

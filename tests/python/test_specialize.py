@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import tripwire as tw
-from tripwire.specialize import Specialized, specialize
+from tripwire.specialized import Specialized, specialize
 
 
 class Recorder:
@@ -95,7 +95,7 @@ def test_recompile_reason_logged(caplog):
     sites = [ln.strip() for ln in msg.splitlines() if ln.startswith("          ")]
     # the guard was installed by the first call, from this test; tripwire's frames are omitted
     assert sites[-1].startswith(f"{__file__}:") and sites[-1].endswith("in test_recompile_reason_logged")
-    assert not any("tripwire/specialize.py" in s for s in sites)
+    assert not any("tripwire/specialized.py" in s for s in sites)
 
 
 def test_no_why_not_when_logging_disabled(caplog, monkeypatch):

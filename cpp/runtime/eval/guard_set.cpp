@@ -437,49 +437,55 @@ int GuardSet::check(const Locals& locals) {
     return result;
 }
 
-void GuardSet::walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out, bool& fatal) {
+bool GuardSet::record_guard_failure(std::uint32_t gi, int r, PyObject* v, std::vector<FailureRecord>& out) {
+    FailureRecord rec;
+    rec.guard_id = guards_[gi].id;
+    rec.value = Ref::borrow(v);
+    if (r < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return false;  // KeyboardInterrupt & co.
+        rec.reason = take_error_text();
+    }
+    out.push_back(std::move(rec));
+    return true;
+}
+
+bool GuardSet::visit_failures(std::uint32_t ni, Fetched f, PyObject* parent,
+                              std::vector<FailureRecord>& out) {
+    if (f.status == FetchStatus::Ok) {
+        const Ref hold = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
+        return walk_failures(ni, hold.get(), out);
+    }
+    // The source could not be read: reported once, under the first-installed guard on or below it.
+    FailureRecord rec;
+    rec.guard_id = program_.nodes[ni].min_guard_id;
+    if (f.status == FetchStatus::Error) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return false;
+        rec.reason = take_error_text();
+    } else if (program_.nodes[ni].is_root) {
+        rec.reason = "KeyError: " + program_.nodes[ni].text + " is not set";
+    } else {
+        rec.reason = describe_missing(nodes_[ni].step, parent);
+    }
+    out.push_back(std::move(rec));
+    return true;
+}
+
+bool GuardSet::walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out) {
     const core::Node& n = program_.nodes[ni];
-    for (std::uint32_t k = n.guard_begin; k < n.guard_end && !fatal; ++k) {
+    for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
         const std::uint32_t gi = program_.node_guards[k];  // installation order, not adaptive order
         if (guards_[gi].kind == core::GuardKind::EqualsMatch && state_->invalid) {
             out.push_back({guards_[gi].id, Ref(), state_->why});  // never dereference a dead constant
             continue;
         }
         const int r = eval_guard(guards_[gi], v);
-        if (r == 1) continue;
-        FailureRecord rec;
-        rec.guard_id = guards_[gi].id;
-        rec.value = Ref::borrow(v);
-        if (r < 0) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                fatal = true;
-                return;
-            }
-            rec.reason = take_error_text();
-        }
-        out.push_back(std::move(rec));
+        if (r != 1 && !record_guard_failure(gi, r, v, out)) return false;
     }
-    for (std::uint32_t k = n.child_begin; k < n.child_end && !fatal; ++k) {
+    for (std::uint32_t k = n.child_begin; k < n.child_end; ++k) {
         const std::uint32_t ci = program_.children[k];
-        Fetched f = fetch_node(ci, v);
-        if (f.status == FetchStatus::Ok) {
-            Ref hold = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
-            walk_failures(ci, hold.get(), out, fatal);
-            continue;
-        }
-        FailureRecord rec;
-        rec.guard_id = program_.nodes[ci].min_guard_id;
-        if (f.status == FetchStatus::Error) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                fatal = true;
-                return;
-            }
-            rec.reason = take_error_text();
-        } else {
-            rec.reason = describe_missing(nodes_[ci].step, v);
-        }
-        out.push_back(std::move(rec));
+        if (!visit_failures(ci, fetch_node(ci, v), v, out)) return false;
     }
+    return true;
 }
 
 void GuardSet::report_invalid(std::vector<FailureRecord>& out) const {
@@ -508,17 +514,7 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
     for (std::uint32_t gi : program_.ambient) {
         if (fatal) break;
         const int r = eval_guard(guards_[gi], f_locals);
-        if (r == 1) continue;
-        FailureRecord rec;
-        rec.guard_id = guards_[gi].id;
-        if (r < 0) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                fatal = true;
-                break;
-            }
-            rec.reason = take_error_text();
-        }
-        out.push_back(std::move(rec));
+        if (r != 1 && !record_guard_failure(gi, r, nullptr, out)) fatal = true;  // no value: not a source
     }
     for (std::uint32_t ni : program_.roots) {
         if (fatal) break;
@@ -528,24 +524,7 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             for (const auto& rec : out) best = std::min(best, rec.guard_id);
             if (program_.nodes[ni].min_guard_id > best) continue;
         }
-        Fetched f = fetch_root(ni, Locals::of_mapping(f_locals));
-        if (f.status == FetchStatus::Ok) {
-            Ref hold = f.owned ? Ref::steal(f.value) : Ref::borrow(f.value);
-            walk_failures(ni, hold.get(), out, fatal);
-            continue;
-        }
-        FailureRecord rec;
-        rec.guard_id = program_.nodes[ni].min_guard_id;
-        if (f.status == FetchStatus::Error) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                fatal = true;
-                break;
-            }
-            rec.reason = take_error_text();
-        } else {
-            rec.reason = "KeyError: " + program_.nodes[ni].text + " is not set";
-        }
-        out.push_back(std::move(rec));
+        if (!visit_failures(ni, fetch_root(ni, Locals::of_mapping(f_locals)), f_locals, out)) fatal = true;
     }
     --active_;
     if (fatal) return false;

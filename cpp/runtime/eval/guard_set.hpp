@@ -177,7 +177,13 @@ class GuardSet {
     Fetched fetch_root(std::uint32_t ni, const Locals& locals);
     Fetched fetch_node(std::uint32_t ni, PyObject* parent);
     int on_error(std::uint32_t ni);
-    void walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out, bool& fatal);
+    /// why_not's walk below node `ni` (value `v`), in installation order; false when an error
+    /// must propagate (a BaseException that is not an Exception).
+    bool walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out);
+    /// Walk node `ni` if its fetch `f` (from `parent`) succeeded, else record why it failed.
+    bool visit_failures(std::uint32_t ni, Fetched f, PyObject* parent, std::vector<FailureRecord>& out);
+    /// Record guard `gi` failing (r == 0) or raising (r < 0) on `v` (null for an ambient guard).
+    bool record_guard_failure(std::uint32_t gi, int r, PyObject* v, std::vector<FailureRecord>& out);
     /// Replace `out` with the one failure of an invalid set: the first guard naming a dead object.
     void report_invalid(std::vector<FailureRecord>& out) const;
 

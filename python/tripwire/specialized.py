@@ -1,4 +1,4 @@
-"""``@tripwire.specialize``: a JIT-style decorator on top of :class:`tripwire.Cache`.
+"""The `Specialized` callable behind ``@tripwire.specialize``: a JIT-style decorator on top of :class:`tripwire.Cache`.
 
 ::
 
