@@ -192,3 +192,12 @@ def test_read_source_is_what_the_builder_sees():
     with pytest.raises(tw.GuardBuildError, match="is not set"):
         b.value("L['nope']")
     assert math.isnan(_core.read_source(tw.RootKind.LOCAL, "x", [], {"x": float("nan")}, None, None))
+
+
+def test_dict_hints_are_on_for_every_supported_version():
+    # The fast paths (dict entry hints, inline attribute reads, str-keyed dict reads in the fast
+    # pass) have a verified layout mirror for each supported CPython: on, not merely correct off.
+    import sys
+
+    assert sys.version_info[:2] in ((3, 11), (3, 12), (3, 13))
+    assert _core._dict_hints_enabled()

@@ -15,6 +15,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 from hypothesis import given, settings
@@ -634,11 +635,14 @@ def test_inline_cache_is_not_filled_from_a_lookup_that_ran_user_code():
 
     key = _KeyCollidingWith("__getattribute__", add_property)
 
-    class C:
-        locals()[key] = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # 3.13: "non-string key in the __dict__"
 
-        def __getattr__(self, name):
-            raise AttributeError(name)
+        class C:
+            locals()[key] = None
+
+            def __getattr__(self, name):
+                raise AttributeError(name)
 
     o = C()
     o.x = 1
@@ -662,8 +666,11 @@ def test_inline_cache_does_not_keep_a_stale_type_cache_answer():
 
     key = _KeyCollidingWith("x", add_property)
 
-    class B:
-        locals()[key] = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # 3.13: "non-string key in the __dict__"
+
+        class B:
+            locals()[key] = None
 
     class C(B):
         pass
