@@ -86,6 +86,16 @@ inline PyObject** values_of(void* dict_values) {
 #endif
 }
 
+/// The values array of a dict's `ma_values` (null for a combined table). Before 3.13 the
+/// pointer is the array itself: no test on the hot path.
+inline PyObject** split_values(void* ma_values) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return ma_values != nullptr ? values_of(ma_values) : nullptr;
+#else
+    return static_cast<PyObject**>(ma_values);
+#endif
+}
+
 /// The inline values array of an object of a managed-dict type, or null when its attributes
 /// live in a dict (or the type keeps none inline).
 inline PyObject** inline_values(PyObject* obj) {
@@ -150,7 +160,7 @@ PyObject* lookup_slow(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hi
 inline PyObject* dict_get_hinted(PyObject* d, PyObject* key, Py_ssize_t* hint) {
     if (!g_dict_hints_enabled) return nullptr;
     auto* mp = reinterpret_cast<layout::Dict*>(d);
-    return layout::lookup(mp->ma_keys, mp->ma_values ? layout::values_of(mp->ma_values) : nullptr, key, hint);
+    return layout::lookup(mp->ma_keys, layout::split_values(mp->ma_values), key, hint);
 }
 
 /// Borrowed value of attribute `name` from `obj`'s own storage (inline values or instance dict,

@@ -32,7 +32,12 @@ bool is_scalar_type(PyTypeObject* t) {
 
 bool nan_equal(double x, double y) { return x == y || (std::isnan(x) && std::isnan(y)); }
 
-int match(PyObject* v, PyObject* c, int depth);
+}  // namespace
+
+/// equals_match at container depth `depth` (the recursion).
+int match_at(PyObject* v, PyObject* c, int depth);
+
+namespace {
 
 /// "Used" flags for the actual side of a one-to-one matching: a word on the stack for the common
 /// small container, C++ heap memory (never a Python object) beyond 64 elements.
@@ -60,7 +65,7 @@ class UsedSet {
 /// Whether every element of set `c` has its own equivalent element in set `v` (same sizes): a
 /// perfect one-to-one matching. Tried in table order first (sets built from the same elements
 /// usually share their layout), then greedily.
-int set_match(PyObject* v, PyObject* c, int depth) {
+[[gnu::noinline]] int set_match(PyObject* v, PyObject* c, int depth) {
     const Py_ssize_t n = PySet_GET_SIZE(c);
     if (PySet_GET_SIZE(v) != n) return 0;
     Py_ssize_t pv = 0, pc = 0;
@@ -68,7 +73,7 @@ int set_match(PyObject* v, PyObject* c, int depth) {
     bool in_order = true;
     while (set_next(c, &pc, &y)) {
         if (!set_next(v, &pv, &x)) return 0;  // cannot happen with equal sizes; stay safe
-        const int r = match(x, y, depth);
+        const int r = match_at(x, y, depth);
         if (r < 0) return -1;
         if (r == 0) {
             in_order = false;
@@ -83,7 +88,7 @@ int set_match(PyObject* v, PyObject* c, int depth) {
         bool found = false;
         for (pv = 0; !found && set_next(v, &pv, &x); ++i) {
             if (used.test(i)) continue;
-            const int r = match(x, y, depth);
+            const int r = match_at(x, y, depth);
             if (r < 0) return -1;
             if (r == 1) {
                 used.set(i);
@@ -100,7 +105,7 @@ int set_match(PyObject* v, PyObject* c, int depth) {
 /// equal to themselves. Tried in storage order first (the common case for configs), then
 /// greedily. Keys are paired by walking `v`, never by hashing: a constant key may be an enum
 /// member whose class defines __hash__/__eq__ in Python.
-int dict_match(PyObject* v, PyObject* c, int depth) {
+[[gnu::noinline]] int dict_match(PyObject* v, PyObject* c, int depth) {
     const Py_ssize_t n = PyDict_GET_SIZE(c);
     if (PyDict_GET_SIZE(v) != n) return 0;
     Py_ssize_t pv = 0, pc = 0;
@@ -108,13 +113,13 @@ int dict_match(PyObject* v, PyObject* c, int depth) {
     bool in_order = true;
     while (PyDict_Next(c, &pc, &kc, &vc)) {
         if (!PyDict_Next(v, &pv, &kv, &vv)) return 0;  // cannot happen with equal sizes
-        int r = match(kv, kc, depth);
+        int r = match_at(kv, kc, depth);
         if (r < 0) return -1;
         if (r == 0) {
             in_order = false;
             break;
         }
-        r = match(vv, vc, depth);
+        r = match_at(vv, vc, depth);
         if (r < 0) return -1;
         if (r == 0) {
             // Another key of the same class (several NaNs, say) may carry the right value.
@@ -130,8 +135,8 @@ int dict_match(PyObject* v, PyObject* c, int depth) {
         bool found = false;
         for (pv = 0; !found && PyDict_Next(v, &pv, &kv, &vv); ++i) {
             if (used.test(i)) continue;
-            int r = match(kv, kc, depth);
-            if (r == 1) r = match(vv, vc, depth);
+            int r = match_at(kv, kc, depth);
+            if (r == 1) r = match_at(vv, vc, depth);
             if (r < 0) return -1;
             if (r == 1) {
                 used.set(i);
@@ -146,7 +151,7 @@ int dict_match(PyObject* v, PyObject* c, int depth) {
 // The fields of a range (not its items: range(0) == range(5, 5) in Python, but code specialised
 // for one may read .stop and must not be reused for the other). The member getters return the
 // stored ints; no object is allocated.
-int range_match(PyObject* v, PyObject* c) {
+[[gnu::noinline]] int range_match(PyObject* v, PyObject* c) {
     static PyObject* const names[3] = {PyUnicode_InternFromString("start"),
                                        PyUnicode_InternFromString("stop"),
                                        PyUnicode_InternFromString("step")};
@@ -160,45 +165,6 @@ int range_match(PyObject* v, PyObject* c) {
         if (r != 1) return r;
     }
     return 1;
-}
-
-int match(PyObject* v, PyObject* c, int depth) {
-    PyTypeObject* t = Py_TYPE(c);
-    if (Py_TYPE(v) != t) return 0;
-    if (v == c) return 1;  // same object of the same type (constants are private copies)
-    if (t == &PyFloat_Type) return nan_equal(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(c)) ? 1 : 0;
-    if (t == &PyComplex_Type) {
-        const Py_complex x = PyComplex_AsCComplex(v), y = PyComplex_AsCComplex(c);
-        return nan_equal(x.real, y.real) && nan_equal(x.imag, y.imag) ? 1 : 0;
-    }
-    if (t == &PyRange_Type) return range_match(v, c);
-    if (is_scalar_type(t)) return PyObject_RichCompareBool(v, c, Py_EQ);
-    // Containers. The recursion follows the constant, whose depth the builder bounds; a value
-    // nested deeper than that (or a constant that is not, such as a probe's snapshot) does not
-    // match rather than overflowing the C stack.
-    if (depth >= core::kMaxConstantDepth) return 0;
-    if (t == &PyTuple_Type || t == &PyList_Type) {
-        const Py_ssize_t n = Py_SIZE(c);
-        if (Py_SIZE(v) != n) return 0;
-        for (Py_ssize_t i = 0; i < n; ++i) {
-            PyObject* x = t == &PyTuple_Type ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i);
-            PyObject* y = t == &PyTuple_Type ? PyTuple_GET_ITEM(c, i) : PyList_GET_ITEM(c, i);
-            const int r = match(x, y, depth + 1);
-            if (r != 1) return r;
-        }
-        return 1;
-    }
-    if (t == &PySlice_Type) {
-        auto* a = reinterpret_cast<PySliceObject*>(v);
-        auto* b = reinterpret_cast<PySliceObject*>(c);
-        int r = match(a->start, b->start, depth + 1);
-        if (r == 1) r = match(a->stop, b->stop, depth + 1);
-        if (r == 1) r = match(a->step, b->step, depth + 1);
-        return r;
-    }
-    if (t == &PySet_Type || t == &PyFrozenSet_Type) return set_match(v, c, depth + 1);
-    if (t == &PyDict_Type) return dict_match(v, c, depth + 1);
-    return 0;  // enum members and other identity constants: v is c was checked above
 }
 
 // Whether `c` nests at most kMaxConstantDepth - depth levels of containers.
@@ -246,7 +212,55 @@ PyTypeObject* enum_type() {
 
 }  // namespace
 
-int equals_match(PyObject* v, PyObject* c) { return match(v, c, 0); }
+int match_at(PyObject* v, PyObject* c, int depth) {
+    PyTypeObject* t = Py_TYPE(c);
+    if (Py_TYPE(v) != t) return 0;
+    if (v == c) return 1;  // same object of the same type (constants are private copies)
+    if (t == &PyFloat_Type) return nan_equal(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(c)) ? 1 : 0;
+    if (t == &PyComplex_Type) {
+        const Py_complex x = PyComplex_AsCComplex(v), y = PyComplex_AsCComplex(c);
+        return nan_equal(x.real, y.real) && nan_equal(x.imag, y.imag) ? 1 : 0;
+    }
+    if (t == &PyRange_Type) return range_match(v, c);
+    if (is_scalar_type(t)) return PyObject_RichCompareBool(v, c, Py_EQ);
+    // Containers. The recursion follows the constant, whose depth the builder bounds; a value
+    // nested deeper than that (or a constant that is not, such as a probe's snapshot) does not
+    // match rather than overflowing the C stack.
+    if (depth >= core::kMaxConstantDepth) return 0;
+    if (t == &PyTuple_Type || t == &PyList_Type) {
+        const Py_ssize_t n = Py_SIZE(c);
+        if (Py_SIZE(v) != n) return 0;
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            PyObject* x = t == &PyTuple_Type ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i);
+            PyObject* y = t == &PyTuple_Type ? PyTuple_GET_ITEM(c, i) : PyList_GET_ITEM(c, i);
+            const int r = match_at(x, y, depth + 1);
+            if (r != 1) return r;
+        }
+        return 1;
+    }
+    if (t == &PySlice_Type) {
+        auto* a = reinterpret_cast<PySliceObject*>(v);
+        auto* b = reinterpret_cast<PySliceObject*>(c);
+        int r = match_at(a->start, b->start, depth + 1);
+        if (r == 1) r = match_at(a->stop, b->stop, depth + 1);
+        if (r == 1) r = match_at(a->step, b->step, depth + 1);
+        return r;
+    }
+    if (t == &PySet_Type || t == &PyFrozenSet_Type) return set_match(v, c, depth + 1);
+    if (t == &PyDict_Type) return dict_match(v, c, depth + 1);
+    return 0;  // enum members and other identity constants: v is c was checked above
+}
+
+int equals_match(PyObject* v, PyObject* c) {
+    // The common scalar cases first, without the recursion's depth bookkeeping: most guards
+    // compare one int, str or float.
+    PyTypeObject* t = Py_TYPE(c);
+    if (Py_TYPE(v) != t) return 0;
+    if (v == c) return 1;
+    if (t == &PyLong_Type || t == &PyUnicode_Type) return PyObject_RichCompareBool(v, c, Py_EQ);
+    if (t == &PyFloat_Type) return nan_equal(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(c)) ? 1 : 0;
+    return match_at(v, c, 0);
+}
 
 int is_constant(PyObject* v, int depth) {
     // First, so that enum's first import (Python code) never runs in the middle of a walk.

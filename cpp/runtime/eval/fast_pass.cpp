@@ -194,12 +194,8 @@ int GuardSet::fast_pass(const Locals& locals) {
                 if (PyDict_CheckExact(p)) {
                     // The hint matches keys by identity: no __eq__ of any key runs.
                     v = pure_dict_get(p, key, &n.step.cache.hint);
-                } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && PyLong_CheckExact(key)) {
-                    Py_ssize_t i = PyLong_AsSsize_t(key);
-                    if (i == -1 && PyErr_Occurred()) {
-                        PyErr_Clear();
-                        return 0;
-                    }
+                } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
+                    Py_ssize_t i = n.step.index;  // the key, converted once at build
                     const Py_ssize_t size = Py_SIZE(p);
                     if (i < 0) i += size;
                     if (i < 0 || i >= size) return 0;

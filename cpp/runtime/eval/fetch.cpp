@@ -253,6 +253,19 @@ bool standard_instance_dict(AttrCache& c, PyTypeObject* tp) {
     return own_dict_descriptor(_PyType_Lookup(tp, name));
 }
 
+void prepare_int_key(RuntimeStep& step) {
+    step.int_key = false;
+    if (step.kind != core::StepKind::Item || step.operand == nullptr || !PyLong_CheckExact(step.operand))
+        return;
+    const Py_ssize_t i = PyLong_AsSsize_t(step.operand);
+    if (i == -1 && PyErr_Occurred()) {
+        PyErr_Clear();  // too big for any list: converted (and found missing) at each fetch
+        return;
+    }
+    step.index = i;
+    step.int_key = true;
+}
+
 PyObject* existing_instance_dict(PyObject* obj) {
     PyTypeObject* tp = Py_TYPE(obj);
     // _PyObject_GetDictPtr would create a managed dict from the inline values: read the slot.
@@ -275,10 +288,13 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
                 return dict_lookup(v, s.operand);
             }
             if ((PyList_CheckExact(v) || PyTuple_CheckExact(v)) && PyLong_CheckExact(s.operand)) {
-                Py_ssize_t i = PyLong_AsSsize_t(s.operand);
-                if (i == -1 && PyErr_Occurred()) {
-                    PyErr_Clear();
-                    return missing();
+                Py_ssize_t i = s.index;
+                if (!s.int_key) {
+                    i = PyLong_AsSsize_t(s.operand);
+                    if (i == -1 && PyErr_Occurred()) {
+                        PyErr_Clear();
+                        return missing();
+                    }
                 }
                 const Py_ssize_t n = Py_SIZE(v);
                 if (i < 0) i += n;

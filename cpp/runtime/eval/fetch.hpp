@@ -50,9 +50,13 @@ struct AttrCache {
 struct RuntimeStep {
     core::StepKind kind = core::StepKind::Attr;
     PyObject* operand = nullptr;  ///< borrowed from the constant pool (interned str for names)
-    Py_ssize_t index = 0;
+    Py_ssize_t index = 0;         ///< the position; for an Item step with `int_key`, the key's value
+    bool int_key = false;         ///< Item with an exact int key that fits a Py_ssize_t (list/tuple slots)
     AttrCache cache;
 };
+
+/// Set `step.int_key` and `step.index` when an Item step's key is an exact int that fits.
+void prepare_int_key(RuntimeStep& step);
 
 /// A source's root as the evaluator reads it, with its per-caller lookup hints.
 struct RuntimeRoot {

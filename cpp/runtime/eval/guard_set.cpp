@@ -168,6 +168,7 @@ GuardSet::GuardSet(GuardSetInputs in)
             r.step.kind = n.step.kind;
             r.step.index = static_cast<Py_ssize_t>(n.step.index);
             r.step.operand = n.step.operand == core::kNoConst ? nullptr : objs_[n.step.operand];
+            prepare_int_key(r.step);
             const bool needs_str =
                 n.step.kind == core::StepKind::Attr || n.step.kind == core::StepKind::KwDefaults;
             if (needs_str &&
