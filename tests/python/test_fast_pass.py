@@ -265,3 +265,55 @@ def test_lying_key_in_a_general_table_no_false_pass() -> None:
         assert gs.why_not({"d": d}) is not None
     finally:
         Liar.equal = False
+
+
+class _Plain:
+    def __init__(self) -> None:
+        self.a = 1
+        self.s = "x"
+
+
+class _ModuleLike:
+    def __init__(self) -> None:
+        self.training = True
+        self._modules = {"l0": _Plain()}
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(name)
+
+
+def _materialised() -> _Plain:
+    p = _Plain()
+    p.__dict__  # the instance dict now exists
+    return p
+
+
+@pytest.mark.parametrize(
+    "source,example,kind",
+    [
+        ("L['p'].a", {"p": _Plain()}, "equals"),
+        ("L['m'].training", {"m": _ModuleLike()}, "equals"),
+        ("L['m']._modules['l0'].s", {"m": _ModuleLike()}, "equals"),
+        ("L['p'].__dict__", {"p": _materialised()}, "dict_keys"),
+        ("L['d']['k']", {"d": {"k": 3}}, "equals"),
+        ("L['xs'][1]", {"xs": [1, 2.5]}, "equals"),
+        ("L['t'][-1]", {"t": (1, "z")}, "equals"),
+        ("L['d']", {"d": {"k": 3, "j": 4}}, "dict_keys"),
+        ("L['xs']", {"xs": [1, 2]}, "length"),
+        ("L['s']", {"s": {1, 2, 3}}, "equals"),
+        ("type(L['p'])", {"p": _Plain()}, "id_match"),
+    ],
+)
+def test_fast_pass_decides_passing_checks(source: str, example: dict, kind: str) -> None:
+    # Not only correct with the fast pass on: passing checks are decided by it, on every supported
+    # CPython (a layout or version-tag detail that made every check fall back to the walk would
+    # be a silent performance cliff: CPython 3.13 stopped setting Py_TPFLAGS_VALID_VERSION_TAG).
+    b = tw.GuardBuilder(example)
+    getattr(b, kind)(source)
+    gs = b.build()
+    assert gs._uses_fast_pass
+    for _ in range(2):
+        assert gs.check(example)
+    before = gs._fast_pass_count
+    assert gs.check(example)
+    assert gs._fast_pass_count == before + 1, f"{source}: the check fell back to the tree walk"

@@ -173,9 +173,7 @@ int GuardSet::fast_pass(const Locals& locals) {
                 PyObject* p = r[op.parent];
                 PyTypeObject* tp = Py_TYPE(p);
                 AttrCache& ic = n.step.cache;
-                if (ic.type != tp || ic.version != tp->tp_version_tag || ic.version == 0 ||
-                    !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
-                    return 0;
+                if (!attr_cache_valid(ic, tp)) return 0;
                 PyObject* v = nullptr;
                 if (ic.mode == AttrCache::Mode::InstanceDict) {
                     v = instance_attr_hinted(p, n.step.operand, &ic.hint);
@@ -273,7 +271,14 @@ int GuardSet::fast_pass(const Locals& locals) {
                 PyObject* v = r[op.node];
                 PyObject* keys = guards_[op.guard].b;
                 if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) return 0;
-                if (dict_keys_identical(v, keys) != 1) return 0;  // may need key __eq__: the walk decides
+                if (dict_keys_identical(v, keys) == 1) break;  // the same key objects, in order
+                // Otherwise compare in place (split tables, equal but distinct keys): DICT_KEYS
+                // walks the dict with PyDict_Next and compares constants, no user code, no allocation.
+                const int m = eval_guard(guards_[op.guard], v);
+                if (m != 1) {
+                    if (m < 0) PyErr_Clear();
+                    return 0;
+                }
                 break;
             }
             case FastOp::Code::DictContains: {

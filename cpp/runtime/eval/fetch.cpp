@@ -145,12 +145,12 @@ void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name, Decide decide) {
     // _PyType_Lookup assigns a version tag when the type can have one. It may run user code (a
     // colliding key in a class dict); what it finds is not used (see mro_lookup).
     (void)_PyType_Lookup(tp, name);
-    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || tp->tp_version_tag == 0) return;  // unversioned
-    const unsigned int version = tp->tp_version_tag;
+    const unsigned int version = type_version(tp);
+    if (version == 0) return;  // unversioned: no cache, always generic
     const AttrCache::Mode mode = decide();
     if (mode == AttrCache::Mode::Unset) return;  // undecided without user code: not cached
     // `decide` runs no user code; a changed tag would mean the class changed meanwhile anyway.
-    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || tp->tp_version_tag != version) return;
+    if (type_version(tp) != version) return;
     c.version = version;
     c.mode = mode;
 }

@@ -88,10 +88,20 @@ Fetched fetch_attr(AttrCache& cache, PyObject* obj, PyObject* name);
 /// the interpreter's own getset or member descriptor, not a class-defined `__dict__`), cached in
 /// `c` under the type's version tag. Runs no user code once cached for the type.
 bool standard_instance_dict(AttrCache& c, PyTypeObject* tp);
+/// The type's version tag, or 0 when it has none (it then changes on every modification, and
+/// equal tags mean an unchanged type). Before 3.13 a tag counts only while
+/// Py_TPFLAGS_VALID_VERSION_TAG is set; 3.13 no longer sets that flag and resets the tag to 0.
+inline unsigned int type_version(PyTypeObject* tp) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return tp->tp_version_tag;
+#else
+    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+#endif
+}
+
 /// Whether `c` was filled for `tp` under its current version tag.
 inline bool attr_cache_valid(const AttrCache& c, PyTypeObject* tp) {
-    return c.type == tp && c.version != 0 && tp->tp_version_tag == c.version &&
-           (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG);
+    return c.type == tp && c.version != 0 && type_version(tp) == c.version;
 }
 
 /// The instance dict of `obj` if it already exists (borrowed), without creating it: null when it

@@ -333,8 +333,7 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
         AttrCache& ic = c.step.cache;
         PyObject* hv = nullptr;
         if (c.step.kind == core::StepKind::Attr && ic.mode == AttrCache::Mode::InstanceDict &&
-            ic.type == Py_TYPE(v) && ic.version == Py_TYPE(v)->tp_version_tag &&
-            (Py_TYPE(v)->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+            attr_cache_valid(ic, Py_TYPE(v))) {
             hv = instance_attr_hinted(v, c.step.operand, &ic.hint);
         }
         if (hv != nullptr) {
