@@ -60,7 +60,7 @@ class _Missing:
 MISSING = _Missing()
 
 
-# -- global-state probes built into the engine (C++ twins in cpp/runtime/probes.cpp) -------------
+# -- global-state probes (the engine reads its own in C++: builtin_probe in cpp/runtime/eval/guard_kinds.cpp)
 BUILTIN_PROBES: dict[str, Callable[[], Any]] = {
     "recursion_limit": sys.getrecursionlimit,
     "gc_enabled": gc.isenabled,

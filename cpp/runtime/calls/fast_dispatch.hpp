@@ -1,6 +1,6 @@
 // tripwire/cpp/runtime/calls/fast_dispatch.hpp -- FastDispatch: the callable type of @specialize.
 //
-// A plain CPython type (no nanobind on the call path) that python/tripwire/specialize.py's
+// A plain CPython type (no nanobind on the call path) that python/tripwire/specialized.py's
 // Specialized subclasses. Every call goes through its vectorcall slot: dispatch() binds the
 // arguments to the function's parameters and looks the cache up without building a dict; a hit
 // vectorcalls the payload with the original arguments. A miss calls

@@ -42,7 +42,7 @@ struct AttrCache {
     PyTypeObject* type = nullptr;
     unsigned int version = 0;
     Mode mode = Mode::Unset;
-    /// Entry index where the name was last found (dict_hint.h); also used by Item steps.
+    /// Entry index where the name was last found (dict_hint.hpp); also used by Item steps.
     Py_ssize_t hint = -1;
 };
 
