@@ -23,6 +23,7 @@ std::string_view guard_kind_name(GuardKind k) {
         case GuardKind::WeakrefAlive: return "WEAKREF_ALIVE";
         case GuardKind::GlobalState: return "GLOBAL_STATE";
         case GuardKind::Lambda: return "LAMBDA";
+        case GuardKind::Shape: return "SHAPE";
     }
     return "UNKNOWN";
 }
@@ -58,6 +59,9 @@ std::string_view step_kind_name(StepKind k) {
         case StepKind::WeakrefCall: return "WEAKREF_CALL";
         case StepKind::DictKey: return "DICT_KEY";
         case StepKind::DictValue: return "DICT_VALUE";
+        case StepKind::Size: return "SIZE";
+        case StepKind::Stride: return "STRIDE";
+        case StepKind::StorageOffset: return "STORAGE_OFFSET";
     }
     return "UNKNOWN";
 }
@@ -75,7 +79,9 @@ bool guard_runs_user_code(GuardKind k) {
         case GuardKind::EqualsMatch:
         case GuardKind::DictKeys:
         case GuardKind::DictVersion:
-        case GuardKind::WeakrefAlive: return false;
+        case GuardKind::WeakrefAlive:
+        // Relations among numbers read into C++ registers; a big int is converted in place.
+        case GuardKind::Shape: return false;
         // len() of a user type, key lookups that may meet a user key's __eq__, getattr,
         // `v.__code__` on a non-function, Python probes and predicates; and the iterator kinds,
         // which read the iterator through a method call (a bound method and a result tuple are
@@ -109,7 +115,13 @@ bool step_runs_user_code(StepKind k) {
         case StepKind::Defaults:
         case StepKind::KwDefaults:
         case StepKind::Code:
-        case StepKind::ClosureCell: return true;
+        case StepKind::ClosureCell:
+        // Tensor and array properties are read by calling the object's own methods
+        // (v.size(), v.stride(), v.storage_offset(), v.shape, v.strides) until a C-level reader
+        // of tensor fields is wired in (runtime/eval/tensor_props.hpp).
+        case StepKind::Size:
+        case StepKind::Stride:
+        case StepKind::StorageOffset: return true;
     }
     return true;
 }
@@ -136,6 +148,8 @@ GuardShape guard_shape(GuardKind k) {
         case GuardKind::GlobalState:
             return {false, false, false, true};  // operand = Python probe (optional), operand2 = snapshot
         case GuardKind::Lambda: return {false, true, true, false};
+        // Its sources are its symbols (GuardDecl::symbols), not a single source.
+        case GuardKind::Shape: return {false, false, false, false};
     }
     return {false, false, false, false};
 }

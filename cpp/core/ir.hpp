@@ -46,8 +46,14 @@ enum class StepKind : std::uint8_t {
     WeakrefCall = 9,  ///< v() for a weak reference
     DictKey = 10,     ///< list(dict.keys(v))[index]
     DictValue = 11,   ///< v[list(dict.keys(v))[index]]
+    // Tensor and array properties (docs/guards.md, Sources). Read by a Python-level call today;
+    // the runtime has one place where a C-level reader of tensor fields plugs in
+    // (runtime/eval/tensor_props.hpp).
+    Size = 12,           ///< v.size()[index] (numpy arrays: v.shape[index])
+    Stride = 13,         ///< v.stride()[index] (numpy arrays: v.strides[index], in bytes)
+    StorageOffset = 14,  ///< v.storage_offset() (numpy arrays have none: missing)
 };
-inline constexpr int kStepKindCount = 12;
+inline constexpr int kStepKindCount = 15;
 
 /// Guard kinds of the catalogue (docs/guards.md).
 enum class GuardKind : std::uint8_t {
@@ -69,8 +75,9 @@ enum class GuardKind : std::uint8_t {
     WeakrefAlive = 15,
     GlobalState = 16,
     Lambda = 17,
+    Shape = 18,
 };
-inline constexpr int kGuardKindCount = 18;
+inline constexpr int kGuardKindCount = 19;
 
 /// One step of a source path.
 struct Step {
@@ -103,6 +110,10 @@ struct GuardDecl {
     std::int64_t n3 = 0;          ///< range step
     bool flag = false;            ///< present (DictContains/HasAttr), ordered (DictKeys)
     std::uint32_t id = 0;         ///< installation order; why_not reports the smallest failing id
+    /// SHAPE only: one relation among symbols (docs/guards.md, SHAPE).
+    std::string relation;                     ///< its text, in the syntax of core/shape/parser.hpp
+    std::vector<SourcePath> symbols;          ///< each distinct symbol's source, in the order the text names them
+    std::vector<std::uint8_t> symbol_types;   ///< per symbol: 0 int, 1 float (shape::ValueType)
 };
 
 /// Printable names, as the catalogue spells them ("TYPE_MATCH").

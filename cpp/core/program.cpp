@@ -24,7 +24,7 @@ bool step_has_operand(StepKind k) {
 }
 bool step_has_index(StepKind k) {
     return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-           k == StepKind::DictValue;
+           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride;
 }
 
 void validate_step(const Step& s, std::size_t n_consts) {
@@ -40,9 +40,27 @@ void validate_step(const Step& s, std::size_t n_consts) {
     }
 }
 
+void validate_source(const SourcePath& src, std::size_t n_consts) {
+    if (static_cast<int>(src.root) > 2) fail("unknown root kind");
+    if (src.name == kNoConst) fail("root needs a name");
+    check_const(src.name, n_consts, "root");
+    if (src.steps.size() > kMaxSourceDepth) fail("source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
+    if (src.texts.size() != src.steps.size() + 1) fail("source texts do not match steps");
+    for (const Step& s : src.steps) validate_step(s, n_consts);
+}
+
 // Key identifying a node among its siblings.
 using RootKey = std::pair<int, ConstId>;
 using StepKey = std::tuple<std::uint32_t, int, ConstId, std::int64_t>;
+// Key identifying a whole source (a shape symbol).
+using PathKey = std::tuple<int, ConstId, std::vector<std::tuple<int, ConstId, std::int64_t>>>;
+
+PathKey path_key(const SourcePath& src) {
+    std::vector<std::tuple<int, ConstId, std::int64_t>> steps;
+    steps.reserve(src.steps.size());
+    for (const Step& s : src.steps) steps.emplace_back(static_cast<int>(s.kind), s.operand, s.index);
+    return {static_cast<int>(src.root), src.name, std::move(steps)};
+}
 
 }  // namespace
 
@@ -52,15 +70,16 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
     const std::string name(guard_kind_name(d.kind));
     if (d.has_source && !shape.allows_source) fail(name + " takes no source");
     if (!d.has_source && shape.needs_source) fail(name + " needs a source");
-    if (d.has_source) {
-        if (static_cast<int>(d.source.root) > 2) fail("unknown root kind");
-        if (d.source.name == kNoConst) fail("root needs a name");
-        check_const(d.source.name, n_consts, "root");
-        if (d.source.steps.size() > kMaxSourceDepth) {
-            fail("source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
+    if (d.has_source) validate_source(d.source, n_consts);
+    if (d.kind == GuardKind::Shape) {
+        if (d.relation.empty()) fail("SHAPE needs a relation");
+        if (d.symbols.size() != d.symbol_types.size()) fail("SHAPE needs one type per symbol");
+        for (const SourcePath& sym : d.symbols) validate_source(sym, n_consts);
+        for (std::uint8_t t : d.symbol_types) {
+            if (t > 1) fail("a SHAPE symbol is an int (0) or a float (1)");
         }
-        if (d.source.texts.size() != d.source.steps.size() + 1) fail("source texts do not match steps");
-        for (const Step& s : d.source.steps) validate_step(s, n_consts);
+    } else if (!d.relation.empty() || !d.symbols.empty() || !d.symbol_types.empty()) {
+        fail(name + " takes no relation");
     }
     if (shape.operand && d.operand == kNoConst) fail(name + " needs an operand");
     if (!shape.operand && d.operand != kNoConst && d.kind != GuardKind::GlobalState) {
@@ -112,29 +131,25 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
         return static_cast<std::uint32_t>(p.nodes.size() - 1);
     };
 
-    for (std::uint32_t gi = 0; gi < decls.size(); ++gi) {
-        const GuardDecl& d = decls[gi];
-        if (!d.has_source) {
-            p.ambient.push_back(gi);
-            continue;
-        }
-        RootKey rk{static_cast<int>(d.source.root), d.source.name};
+    // The node of a source, created (with its missing prefixes) on first use.
+    auto intern_path = [&](const SourcePath& src) {
+        RootKey rk{static_cast<int>(src.root), src.name};
         auto it = root_index.find(rk);
         std::uint32_t cur;
         if (it == root_index.end()) {
             Node n;
             n.is_root = true;
-            n.root = d.source.root;
-            n.root_name = d.source.name;
-            n.text = d.source.texts[0];
+            n.root = src.root;
+            n.root_name = src.name;
+            n.text = src.texts[0];
             cur = new_node(std::move(n));
             root_index.emplace(rk, cur);
             p.roots.push_back(cur);
         } else {
             cur = it->second;
         }
-        for (std::size_t si = 0; si < d.source.steps.size(); ++si) {
-            const Step& s = d.source.steps[si];
+        for (std::size_t si = 0; si < src.steps.size(); ++si) {
+            const Step& s = src.steps[si];
             StepKey sk{cur, static_cast<int>(s.kind), s.operand, s.index};
             auto jt = step_index.find(sk);
             if (jt == step_index.end()) {
@@ -142,7 +157,7 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
                 n.step = s;
                 n.parent = cur;
                 n.depth = p.nodes[cur].depth + 1;
-                n.text = d.source.texts[si + 1];
+                n.text = src.texts[si + 1];
                 const std::uint32_t child = new_node(std::move(n));
                 kids[cur].push_back(child);
                 step_index.emplace(sk, child);
@@ -151,7 +166,50 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
                 cur = jt->second;
             }
         }
-        guards[cur].push_back(gi);
+        return cur;
+    };
+
+    // Shape symbols: one per distinct source, numbered in order of first use.
+    std::map<PathKey, std::uint32_t> symbol_index;
+    std::vector<shape::ValueType> symbol_types;
+    std::vector<shape::RelationInput> relations;
+    for (std::uint32_t gi = 0; gi < decls.size(); ++gi) {
+        const GuardDecl& d = decls[gi];
+        if (d.kind == GuardKind::Shape) {
+            shape::RelationInput rel;
+            rel.id = d.id;
+            rel.text = d.relation;
+            for (std::size_t k = 0; k < d.symbols.size(); ++k) {
+                const auto type = static_cast<shape::ValueType>(d.symbol_types[k]);
+                auto [it, fresh] = symbol_index.emplace(path_key(d.symbols[k]), symbol_types.size());
+                if (fresh) {
+                    symbol_types.push_back(type);
+                    const std::uint32_t node = intern_path(d.symbols[k]);
+                    if (p.nodes[node].symbol != kNoSymbol) fail("two symbols on one node");
+                    p.nodes[node].symbol = it->second;
+                    p.symbol_nodes.push_back(node);
+                    p.symbol_min_id.push_back(d.id);
+                } else if (symbol_types[it->second] != type) {
+                    fail("symbol " + d.symbols[k].texts.back() + " is declared both an int and a float");
+                }
+                rel.symbols.push_back(it->second);
+            }
+            relations.push_back(std::move(rel));
+            p.shape_guards.push_back(gi);
+            continue;
+        }
+        if (!d.has_source) {
+            p.ambient.push_back(gi);
+            continue;
+        }
+        guards[intern_path(d.source)].push_back(gi);
+    }
+    try {
+        p.shape = shape::compile_relations(std::move(relations), std::move(symbol_types));
+    } catch (const shape::ShapeSyntaxError&) {
+        throw;  // the caller reports text errors with their offset
+    } catch (const std::invalid_argument& e) {
+        fail(e.what());
     }
 
     // Flatten into contiguous ranges.
@@ -175,6 +233,7 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
             min_id = std::min(min_id, d.id);
             user = user || guard_runs_user_code(d.kind);
         }
+        if (n.symbol != kNoSymbol) min_id = std::min(min_id, p.symbol_min_id[n.symbol]);
         for (std::uint32_t c = n.child_begin; c < n.child_end; ++c) {
             const Node& child = p.nodes[p.children[c]];
             min_id = std::min(min_id, child.min_guard_id);
@@ -195,8 +254,46 @@ void validate(const Program& p, std::size_t n_consts) {
     std::vector<std::uint8_t> node_seen(n_nodes, 0);
     for (const GuardDecl& d : p.guards) validate_decl(d, n_consts);
     for (std::uint32_t g : p.ambient) {
-        if (g >= n_guards || p.guards[g].has_source) fail("bad ambient guard");
+        if (g >= n_guards || p.guards[g].has_source || p.guards[g].kind == GuardKind::Shape) fail("bad ambient guard");
         if (guard_seen[g]++) fail("guard listed twice");
+    }
+    // Shape: the program, its relations one per SHAPE guard (same ids, same order), each
+    // symbol on the node of its own source, and the symbols' smallest relation ids.
+    validate_shape(p.shape);
+    const std::size_t n_sym = p.shape.n_symbols();
+    if (p.shape_guards.size() != p.shape.relations.size()) fail("shape relations do not match SHAPE guards");
+    if (p.symbol_nodes.size() != n_sym || p.symbol_min_id.size() != n_sym) fail("bad shape symbol table");
+    std::vector<std::uint32_t> min_ids(n_sym, 0xFFFFFFFFu);
+    for (std::size_t k = 0; k < p.shape_guards.size(); ++k) {
+        const std::uint32_t g = p.shape_guards[k];
+        if (g >= n_guards || p.guards[g].kind != GuardKind::Shape) fail("bad shape guard");
+        if (guard_seen[g]++) fail("guard listed twice");
+        const GuardDecl& d = p.guards[g];
+        const shape::ShapeRelation& rel = p.shape.relations[k];
+        if (rel.id != d.id || rel.symbols.size() != d.symbols.size()) fail("shape relation does not match its guard");
+        for (std::size_t j = 0; j < rel.symbols.size(); ++j) {
+            const std::uint32_t sym = rel.symbols[j];
+            if (sym >= n_sym || p.symbol_nodes[sym] >= n_nodes) fail("bad shape symbol");
+            if (static_cast<std::uint8_t>(p.shape.symbol_types[sym]) != d.symbol_types[j]) fail("shape symbol type mismatch");
+            min_ids[sym] = std::min(min_ids[sym], d.id);
+            // The symbol's node is the symbol's source.
+            std::uint32_t at = p.symbol_nodes[sym];
+            const SourcePath& src = d.symbols[j];
+            if (p.nodes[at].depth != src.steps.size()) fail("shape symbol on the wrong node");
+            for (std::size_t s = src.steps.size(); s-- > 0; at = p.nodes[at].parent) {
+                if (at >= n_nodes || !(p.nodes[at].step == src.steps[s])) fail("shape symbol on the wrong node");
+            }
+            if (at >= n_nodes || !p.nodes[at].is_root || p.nodes[at].root != src.root || p.nodes[at].root_name != src.name)
+                fail("shape symbol on the wrong node");
+        }
+    }
+    for (std::uint32_t s = 0; s < n_sym; ++s) {
+        if (p.symbol_min_id[s] != min_ids[s]) fail("stale shape symbol facts");
+        if (p.nodes[p.symbol_nodes[s]].symbol != s) fail("shape symbol node mismatch");
+    }
+    for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
+        const std::uint32_t sym = p.nodes[ni].symbol;
+        if (sym != kNoSymbol && (sym >= n_sym || p.symbol_nodes[sym] != ni)) fail("bad node symbol");
     }
     for (std::uint32_t r : p.roots) {
         if (r >= n_nodes || !p.nodes[r].is_root) fail("bad root index");
@@ -207,6 +304,7 @@ void validate(const Program& p, std::size_t n_consts) {
         if (n.guard_begin > n.guard_end || n.guard_end > p.node_guards.size()) fail("bad guard range");
         if (n.child_begin > n.child_end || n.child_end > p.children.size()) fail("bad child range");
         if (n.depth > kMaxSourceDepth) fail("node too deep");
+        if (n.parent != kNoNode && n.parent >= ni) fail("node before its parent");
         if (n.is_root) {
             if (n.parent != kNoNode || n.depth != 0) fail("root with a parent");
             check_const(n.root_name, n_consts, "root");
@@ -255,6 +353,7 @@ void validate(const Program& p, std::size_t n_consts) {
                 fail("guard attached to the wrong node");
             }
         }
+        if (n.symbol != kNoSymbol) min_id = std::min(min_id, p.symbol_min_id[n.symbol]);
         for (std::uint32_t c = n.child_begin; c < n.child_end; ++c) {
             const Node& child = p.nodes[p.children[c]];
             min_id = std::min(min_id, child.min_guard_id);
@@ -263,6 +362,75 @@ void validate(const Program& p, std::size_t n_consts) {
         if (n.min_guard_id != min_id || n.subtree_runs_user_code != user) fail("stale subtree facts");
     }
     if (p.max_depth != max_depth) fail("bad max depth");
+}
+
+}  // namespace tripwire::core
+
+namespace tripwire::core {
+
+void validate_shape(const shape::ShapeProgram& p) {
+    using shape::Code;
+    const std::size_t n = p.nodes.size();
+    const std::size_t n_sym = p.n_symbols();
+    if (n < n_sym || p.const_regs.size() < n_sym || p.const_regs.size() > n) fail("bad shape register layout");
+    for (std::size_t k = 0; k < n; ++k) {
+        const shape::ShapeNode& node = p.nodes[k];
+        if (static_cast<int>(node.type) > 2) fail("bad shape value type");
+        if (k < n_sym) {
+            if (node.code != Code::Symbol || node.a != k || node.type != p.symbol_types[k]) fail("bad shape symbol node");
+            continue;
+        }
+        if (k < p.const_regs.size()) {
+            if (node.code != Code::Const) fail("bad shape constant node");
+            continue;
+        }
+        if (node.code == Code::Symbol || node.code == Code::Const || node.code == Code::Check ||
+            static_cast<int>(node.code) > static_cast<int>(Code::Check))
+            fail("bad shape operation");
+        // Operands come first: evaluation in index order sees each operand computed.
+        if (node.a >= k || node.b >= k || node.c >= k) fail("shape operand after its user");
+    }
+    for (const auto& [at, value] : p.big_consts) {
+        (void)value;
+        if (at < n_sym || at >= p.const_regs.size() || p.nodes[at].type != shape::ValueType::Int) fail("bad big constant");
+    }
+    if (!p.big_consts.empty() && p.fast_ok) fail("a program with big constants has no fast path");
+    for (std::size_t k = 1; k < p.big_consts.size(); ++k) {
+        if (p.big_consts[k].first <= p.big_consts[k - 1].first) fail("big constants out of order");
+    }
+    std::vector<std::uint8_t> computed(n, 0);
+    for (std::size_t k = 0; k < p.const_regs.size(); ++k) computed[k] = 1;
+    for (const shape::ShapeInstr& in : p.code) {
+        if (in.code == Code::Check) {
+            if (in.a >= n || !computed[in.a] || in.c >= p.relations.size()) fail("bad shape check");
+            continue;
+        }
+        if (in.dst >= n || in.dst < p.const_regs.size() || computed[in.dst]) fail("bad shape instruction");
+        const shape::ShapeNode& node = p.nodes[in.dst];
+        if (in.code != node.code || in.a != node.a || in.b != node.b || in.c != node.c) fail("bad shape instruction");
+        if (!computed[node.a] || !computed[node.b] || !computed[node.c]) fail("shape instruction before its operands");
+        computed[in.dst] = 1;
+    }
+    std::uint32_t prev = 0;
+    for (std::size_t k = 0; k < p.kept.size(); ++k) {
+        const std::uint32_t r = p.kept[k];
+        if (r >= p.relations.size() || (k > 0 && r <= prev)) fail("bad kept relation");
+        prev = r;
+        const shape::ShapeRelation& rel = p.relations[r];
+        if (rel.status != shape::RelationStatus::Kept || rel.root >= n || p.nodes[rel.root].type != shape::ValueType::Bool)
+            fail("bad kept relation");
+    }
+    for (std::size_t r = 0; r < p.relations.size(); ++r) {
+        const shape::ShapeRelation& rel = p.relations[r];
+        if (r > 0 && rel.id <= p.relations[r - 1].id) fail("shape relations not sorted by unique id");
+        if (static_cast<int>(rel.status) > 2) fail("bad relation status");
+        for (std::uint32_t s : rel.symbols) {
+            if (s >= n_sym) fail("bad relation symbol");
+        }
+    }
+    std::size_t n_kept = 0;
+    for (const shape::ShapeRelation& rel : p.relations) n_kept += rel.status == shape::RelationStatus::Kept;
+    if (n_kept != p.kept.size()) fail("kept relations do not match");
 }
 
 }  // namespace tripwire::core

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/ir.hpp"
+#include "core/shape/program.hpp"
 
 namespace tripwire::core {
 
@@ -27,6 +28,8 @@ class InvalidProgram : public std::invalid_argument {
 inline constexpr std::size_t kMaxSourceDepth = 64;
 /// Index value meaning "none" for node parents.
 inline constexpr std::uint32_t kNoNode = 0xFFFFFFFFu;
+/// Node::symbol of a node that is no shape symbol.
+inline constexpr std::uint32_t kNoSymbol = 0xFFFFFFFFu;
 
 /// One distinct source: how its value is fetched and what is checked on it.
 struct Node {
@@ -38,7 +41,8 @@ struct Node {
     std::uint32_t depth = 0;                       ///< 0 for roots
     std::uint32_t guard_begin = 0, guard_end = 0;  ///< range in Program::node_guards
     std::uint32_t child_begin = 0, child_end = 0;  ///< range in Program::children
-    std::uint32_t min_guard_id = 0;                ///< smallest guard id in this subtree
+    std::uint32_t min_guard_id = 0;                ///< smallest guard id in this subtree (SHAPE: of relations reading a symbol here)
+    std::uint32_t symbol = kNoSymbol;              ///< the shape symbol whose value this source is, if any
     bool subtree_runs_user_code = false;           ///< any fetch or guard below (or here) may run user code
     std::string text;                              ///< the printed source
 };
@@ -52,6 +56,13 @@ struct Program {
     std::vector<std::uint32_t> roots;        ///< root node indices
     std::vector<std::uint32_t> ambient;      ///< guards without a source (GlobalState, Lambda on f_locals)
     std::uint32_t max_depth = 0;
+    /// SHAPE guards: their relations compiled into one program, evaluated after every source was
+    /// read. `symbol_nodes[s]` is the node whose value symbol `s` is; `shape_guards` the SHAPE
+    /// guards' indices into `guards` (each relation's id is its guard's id).
+    shape::ShapeProgram shape;
+    std::vector<std::uint32_t> symbol_nodes;
+    std::vector<std::uint32_t> shape_guards;
+    std::vector<std::uint32_t> symbol_min_id;  ///< per symbol: the smallest id of a relation reading it
 };
 
 /// Build the tree. Guards are sorted by id; ids must be unique. Throws InvalidProgram.
@@ -63,5 +74,9 @@ void validate(const Program& p, std::size_t n_consts);
 
 /// Check one declaration against the catalogue's operand shapes. Throws InvalidProgram.
 void validate_decl(const GuardDecl& d, std::size_t n_consts);
+
+/// Check a shape program's internal consistency (operands before their users, registers and
+/// relation indices in range), which run_fast and run_exact rely on. Throws InvalidProgram.
+void validate_shape(const shape::ShapeProgram& p);
 
 }  // namespace tripwire::core

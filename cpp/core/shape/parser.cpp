@@ -1,0 +1,582 @@
+// tripwire/cpp/core/shape/parser.cpp -- recursive-descent parser of shape relations.
+//
+// Precedence and associativity are Python's (lowest first): `x if c else y`, `or`, `and`, `not`,
+// comparisons (chained: `a <= b <= c` is `a <= b and b <= c` with `b` evaluated once), `+ -`,
+// `* / // %`, unary `- +`, `**` (right-associative, binding tighter than a unary minus on its
+// left: `-a ** 2` is `-(a ** 2)`).
+#include "core/shape/parser.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+namespace tripwire::core::shape {
+namespace {
+
+bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+bool is_ident_char(char c) { return is_ident_start(c) || (c >= '0' && c <= '9'); }
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+struct Function {
+    std::string_view name;
+    Op op;
+    int min_args, max_args;  // max_args < 0: no limit (up to kMaxArgs)
+    bool int_only;           // IntTrueDiv: both operands must be ints
+};
+
+// Calls the syntax knows. Python spellings (what torch's printer emits) and sympy names.
+constexpr Function kFunctions[] = {
+    {"abs", Op::Abs, 1, 1, false},
+    {"Abs", Op::Abs, 1, 1, false},
+    {"float", Op::ToFloat, 1, 1, false},
+    {"torch.sym_float", Op::ToFloat, 1, 1, false},
+    {"ToFloat", Op::ToFloat, 1, 1, false},
+    {"int", Op::Trunc, 1, 1, false},
+    {"math.trunc", Op::Trunc, 1, 1, false},
+    {"TruncToInt", Op::Trunc, 1, 1, false},
+    {"math.floor", Op::Floor, 1, 1, false},
+    {"FloorToInt", Op::Floor, 1, 1, false},
+    {"floor", Op::Floor, 1, 1, false},
+    {"math.ceil", Op::Ceil, 1, 1, false},
+    {"CeilToInt", Op::Ceil, 1, 1, false},
+    {"ceiling", Op::Ceil, 1, 1, false},
+    {"round", Op::Round, 1, 1, false},
+    {"RoundToInt", Op::Round, 1, 1, false},
+    {"math.isnan", Op::IsNan, 1, 1, false},
+    {"Not", Op::Not, 1, 1, false},
+    {"Eq", Op::Eq, 2, 2, false},
+    {"Ne", Op::Ne, 2, 2, false},
+    {"Lt", Op::Lt, 2, 2, false},
+    {"Le", Op::Le, 2, 2, false},
+    {"Gt", Op::Gt, 2, 2, false},
+    {"Ge", Op::Ge, 2, 2, false},
+    {"Mod", Op::Mod, 2, 2, false},
+    {"PythonMod", Op::Mod, 2, 2, false},
+    {"FloorDiv", Op::FloorDiv, 2, 2, false},
+    {"CleanDiv", Op::FloorDiv, 2, 2, false},
+    {"PowByNatural", Op::Pow, 2, 2, false},
+    {"Pow", Op::Pow, 2, 2, false},
+    {"IntTrueDiv", Op::TrueDiv, 2, 2, true},
+    {"FloatTrueDiv", Op::TrueDiv, 2, 2, false},
+    {"min", Op::Min, 2, -1, false},
+    {"max", Op::Max, 2, -1, false},
+    {"Min", Op::Min, 2, -1, false},
+    {"Max", Op::Max, 2, -1, false},
+    {"And", Op::And, 1, -1, false},
+    {"Or", Op::Or, 1, -1, false},
+    {"Add", Op::Add, 1, -1, false},
+    {"Mul", Op::Mul, 1, -1, false},
+};
+
+// Most operands a variadic call takes: keeps every chain built from it short.
+constexpr int kMaxArgs = 64;
+
+class Parser {
+  public:
+    explicit Parser(std::string_view text) : s_(text) {}
+
+    ParsedRelation run() {
+        skip_space();
+        if (at_end()) fail(pos_, "empty relation");
+        out_.root = expr();
+        skip_space();
+        if (!at_end()) fail(pos_, "unexpected " + describe_here());
+        // The code ends before the comment and the blanks in front of it.
+        std::size_t end = pos_;
+        while (end > 0 && is_space(s_[end - 1])) --end;
+        out_.code_end = end;
+        return std::move(out_);
+    }
+
+  private:
+    [[noreturn]] static void fail(std::size_t at, const std::string& why) { throw ShapeSyntaxError(at, why); }
+
+    // "end of the text" also at a '#': what follows is a comment.
+    bool at_end() const { return pos_ >= s_.size() || s_[pos_] == '#'; }
+    char peek(std::size_t k = 0) const { return pos_ + k < s_.size() ? s_[pos_ + k] : '\0'; }
+    void skip_space() {
+        while (pos_ < s_.size() && is_space(s_[pos_])) ++pos_;
+    }
+
+    std::string describe_here() const {
+        if (pos_ >= s_.size()) return "end of text";
+        const char c = s_[pos_];
+        if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F)
+            return "byte 0x" + std::string(1, "0123456789abcdef"[(static_cast<unsigned char>(c) >> 4) & 0xF]) +
+                   std::string(1, "0123456789abcdef"[static_cast<unsigned char>(c) & 0xF]);
+        if (is_ident_start(c)) {
+            std::size_t e = pos_;
+            while (e < s_.size() && is_ident_char(s_[e])) ++e;
+            return "'" + std::string(s_.substr(pos_, e - pos_)) + "'";
+        }
+        return "'" + std::string(1, c) + "'";
+    }
+
+    // Nesting guard: every recursion of the grammar goes through one of these.
+    struct Nest {
+        Parser& p;
+        Nest(Parser& parser, std::size_t at) : p(parser) {
+            if (++p.depth_ > kMaxNesting)
+                fail(at, "expression nested more than " + std::to_string(kMaxNesting) + " levels deep");
+        }
+        ~Nest() { --p.depth_; }
+        Nest(const Nest&) = delete;
+        Nest& operator=(const Nest&) = delete;
+    };
+
+    std::uint32_t add(AstNode n) {
+        out_.nodes.push_back(std::move(n));
+        return static_cast<std::uint32_t>(out_.nodes.size() - 1);
+    }
+    std::uint32_t node(Op op, std::size_t at, std::vector<std::uint32_t> args) {
+        AstNode n;
+        n.op = op;
+        n.offset = static_cast<std::uint32_t>(at);
+        n.args = std::move(args);
+        return add(std::move(n));
+    }
+
+    // A keyword (not followed by an identifier character) at the current position.
+    bool at_keyword(std::string_view kw) const {
+        if (s_.compare(pos_, kw.size(), kw) != 0) return false;
+        const std::size_t e = pos_ + kw.size();
+        return e >= s_.size() || !is_ident_char(s_[e]);
+    }
+    bool eat_keyword(std::string_view kw) {
+        skip_space();
+        if (!at_keyword(kw)) return false;
+        pos_ += kw.size();
+        return true;
+    }
+    bool eat(std::string_view tok) {
+        skip_space();
+        if (s_.compare(pos_, tok.size(), tok) != 0) return false;
+        pos_ += tok.size();
+        return true;
+    }
+    void expect(char c, std::size_t opened_at) {
+        skip_space();
+        if (peek() != c) {
+            fail(pos_, std::string("expected '") + c + "' (opened at offset " + std::to_string(opened_at) +
+                           "), found " + describe_here());
+        }
+        ++pos_;
+    }
+
+    // expr := or_expr ['if' or_expr 'else' expr]
+    std::uint32_t expr() {
+        const Nest nest(*this, pos_);
+        skip_space();
+        const std::size_t at = pos_;
+        const std::uint32_t then = or_expr();
+        if (!eat_keyword("if")) return then;
+        const std::uint32_t cond = or_expr();
+        if (!eat_keyword("else")) fail(pos_, "expected 'else' after 'if', found " + describe_here());
+        const std::uint32_t otherwise = expr();
+        return node(Op::Select, at, {cond, then, otherwise});
+    }
+
+    std::uint32_t or_expr() {
+        skip_space();
+        const std::size_t at = pos_;
+        std::uint32_t left = and_expr();
+        while (eat_keyword("or")) left = node(Op::Or, at, {left, and_expr()});
+        return left;
+    }
+
+    std::uint32_t and_expr() {
+        skip_space();
+        const std::size_t at = pos_;
+        std::uint32_t left = not_expr();
+        while (eat_keyword("and")) left = node(Op::And, at, {left, not_expr()});
+        return left;
+    }
+
+    std::uint32_t not_expr() {
+        skip_space();
+        const std::size_t at = pos_;
+        if (eat_keyword("not")) {
+            const Nest nest(*this, at);
+            return node(Op::Not, at, {not_expr()});
+        }
+        return comparison();
+    }
+
+    // Comparison operator at the current position, or none.
+    bool comparison_op(Op& op) {
+        skip_space();
+        const char c = peek(), d = peek(1);
+        if (c == '=' && d == '=') op = Op::Eq, pos_ += 2;
+        else if (c == '!' && d == '=') op = Op::Ne, pos_ += 2;
+        else if (c == '<' && d == '=') op = Op::Le, pos_ += 2;
+        else if (c == '>' && d == '=') op = Op::Ge, pos_ += 2;
+        else if (c == '<' && d != '<') op = Op::Lt, pos_ += 1;
+        else if (c == '>' && d != '>') op = Op::Gt, pos_ += 1;
+        else return false;
+        return true;
+    }
+
+    std::uint32_t comparison() {
+        skip_space();
+        const std::size_t at = pos_;
+        std::uint32_t left = arith();
+        std::uint32_t result = 0;
+        bool any = false;
+        Op op;
+        int count = 0;
+        while (comparison_op(op)) {
+            if (++count > kMaxArgs) fail(at, "comparison chain longer than " + std::to_string(kMaxArgs));
+            const std::uint32_t right = arith();
+            const std::uint32_t cmp = node(op, at, {left, right});
+            result = any ? node(Op::And, at, {result, cmp}) : cmp;
+            any = true;
+            left = right;  // shared: evaluated once, as in Python
+        }
+        return any ? result : left;
+    }
+
+    std::uint32_t arith() {
+        skip_space();
+        const std::size_t at = pos_;
+        std::uint32_t left = term();
+        for (;;) {
+            skip_space();
+            if (peek() == '+') {
+                ++pos_;
+                left = node(Op::Add, at, {left, term()});
+            } else if (peek() == '-') {
+                ++pos_;
+                left = node(Op::Sub, at, {left, term()});
+            } else {
+                return left;
+            }
+        }
+    }
+
+    std::uint32_t term() {
+        skip_space();
+        const std::size_t at = pos_;
+        std::uint32_t left = unary();
+        for (;;) {
+            skip_space();
+            const char c = peek(), d = peek(1);
+            Op op;
+            if (c == '*' && d != '*') op = Op::Mul, pos_ += 1;
+            else if (c == '/' && d == '/') op = Op::FloorDiv, pos_ += 2;
+            else if (c == '/') op = Op::TrueDiv, pos_ += 1;
+            else if (c == '%') op = Op::Mod, pos_ += 1;
+            else return left;
+            left = node(op, at, {left, unary()});
+        }
+    }
+
+    std::uint32_t unary() {
+        skip_space();
+        const std::size_t at = pos_;
+        const Nest nest(*this, at);
+        if (peek() == '-') {
+            ++pos_;
+            return node(Op::Neg, at, {unary()});
+        }
+        if (peek() == '+') {
+            ++pos_;
+            return unary();  // +x is x for ints and floats
+        }
+        return power();
+    }
+
+    std::uint32_t power() {
+        skip_space();
+        const std::size_t at = pos_;
+        const std::uint32_t base = atom();
+        skip_space();
+        if (peek() == '*' && peek(1) == '*') {
+            pos_ += 2;
+            return node(Op::Pow, at, {base, unary()});  // right operand: a unary (Python's grammar)
+        }
+        return base;
+    }
+
+    // A dotted name (`math.floor`) at the current position; empty when there is none.
+    std::string_view dotted_name() {
+        std::size_t e = pos_;
+        while (e < s_.size() && is_ident_char(s_[e])) ++e;
+        while (e + 1 < s_.size() && s_[e] == '.' && is_ident_start(s_[e + 1])) {
+            ++e;
+            while (e < s_.size() && is_ident_char(s_[e])) ++e;
+        }
+        return s_.substr(pos_, e - pos_);
+    }
+
+    // Skip a quoted string starting at `i` (a quote); returns the index after its closing quote.
+    std::size_t skip_string(std::size_t i) const {
+        const char q = s_[i];
+        for (std::size_t j = i + 1; j < s_.size(); ++j) {
+            if (s_[j] == '\\') {
+                ++j;
+                continue;
+            }
+            if (s_[j] == q) return j + 1;
+            if (s_[j] == '\n') break;
+        }
+        fail(i, "unterminated string");
+    }
+
+    // A balanced bracket group opening at `i`; returns the index after its closer.
+    std::size_t skip_group(std::size_t i) const {
+        std::string closers;
+        for (std::size_t j = i; j < s_.size();) {
+            const char c = s_[j];
+            if (c == '\'' || c == '"') {
+                j = skip_string(j);
+                continue;
+            }
+            if (c == '(' || c == '[' || c == '{') {
+                if (closers.size() >= static_cast<std::size_t>(kMaxNesting))
+                    fail(j, "source nested more than " + std::to_string(kMaxNesting) + " levels deep");
+                closers.push_back(c == '(' ? ')' : c == '[' ? ']' : '}');
+            } else if (c == ')' || c == ']' || c == '}') {
+                if (closers.empty() || closers.back() != c) fail(j, std::string("unmatched '") + c + "'");
+                closers.pop_back();
+                if (closers.empty()) return j + 1;
+            } else if (c == '#') {
+                fail(j, "'#' inside a source");
+            }
+            ++j;
+        }
+        fail(i, std::string("unclosed '") + s_[i] + "'");
+    }
+
+    // A source: a root (`L[...]`, `G[...]`, `C[...]`, or a call such as `getattr(...)` that the
+    // source syntax starts with) followed by any chain of `.name`, `[...]` and `(...)`.
+    std::uint32_t source(std::size_t begin, std::size_t root_end) {
+        std::size_t end = root_end;
+        for (;;) {
+            std::size_t j = end;
+            while (j < s_.size() && is_space(s_[j])) ++j;
+            if (j < s_.size() && s_[j] == '.' && j + 1 < s_.size() && is_ident_start(s_[j + 1])) {
+                j += 2;
+                while (j < s_.size() && is_ident_char(s_[j])) ++j;
+                end = j;
+            } else if (j < s_.size() && (s_[j] == '[' || s_[j] == '(')) {
+                end = skip_group(j);
+            } else {
+                break;
+            }
+        }
+        pos_ = end;
+        const std::string_view text = s_.substr(begin, end - begin);
+        std::uint32_t sym = 0;
+        while (sym < out_.symbols.size() && out_.symbols[sym] != text) ++sym;
+        if (sym == out_.symbols.size()) out_.symbols.emplace_back(text);
+        out_.spans.push_back({static_cast<std::uint32_t>(begin), static_cast<std::uint32_t>(end), sym});
+        AstNode n;
+        n.op = Op::Symbol;
+        n.offset = static_cast<std::uint32_t>(begin);
+        n.symbol = sym;
+        return add(std::move(n));
+    }
+
+    std::uint32_t number() {
+        const std::size_t at = pos_;
+        std::size_t e = pos_;
+        bool is_float = false;
+        while (e < s_.size() && is_digit(s_[e])) ++e;
+        if (e < s_.size() && s_[e] == '.') {
+            is_float = true;
+            ++e;
+            while (e < s_.size() && is_digit(s_[e])) ++e;
+        }
+        if (e < s_.size() && (s_[e] == 'e' || s_[e] == 'E')) {
+            std::size_t k = e + 1;
+            if (k < s_.size() && (s_[k] == '+' || s_[k] == '-')) ++k;
+            if (k >= s_.size() || !is_digit(s_[k])) fail(e, "malformed exponent");
+            while (k < s_.size() && is_digit(s_[k])) ++k;
+            e = k;
+            is_float = true;
+        }
+        if (e < s_.size() && (is_ident_char(s_[e]) || s_[e] == '.'))
+            fail(e, "malformed number (tripwire reads decimal ints and floats only)");
+        const std::string_view lit = s_.substr(at, e - at);
+        if (lit == ".") fail(at, "unexpected '.'");
+        pos_ = e;
+        AstNode n;
+        n.offset = static_cast<std::uint32_t>(at);
+        if (!is_float) {
+            // Python refuses leading zeros in a non-zero decimal literal.
+            if (lit.size() > 1 && lit[0] == '0' && lit.find_first_not_of('0') != std::string_view::npos)
+                fail(at, "leading zeros in an int literal");
+            n.op = Op::IntConst;
+            if (!BigInt::from_decimal(lit, n.int_value)) fail(at, "malformed int literal");
+            return add(std::move(n));
+        }
+        n.op = Op::FloatConst;
+        double v = 0;
+        const auto r = std::from_chars(lit.data(), lit.data() + lit.size(), v, std::chars_format::general);
+        if (r.ec == std::errc::result_out_of_range) {
+            // Python rounds an overflowing literal to inf and an underflowing one to 0.0.
+            const std::size_t epos = lit.find_first_of("eE");
+            const bool neg_exp = epos != std::string_view::npos && epos + 1 < lit.size() && lit[epos + 1] == '-';
+            v = neg_exp ? 0.0 : std::numeric_limits<double>::infinity();
+        } else if (r.ec != std::errc() || r.ptr != lit.data() + lit.size()) {
+            fail(at, "malformed float literal");
+        }
+        n.float_value = v;
+        return add(std::move(n));
+    }
+
+    std::uint32_t call(const Function& f, std::size_t at) {
+        const std::size_t open = pos_;
+        ++pos_;  // '('
+        std::vector<std::uint32_t> args;
+        skip_space();
+        if (peek() != ')') {
+            for (;;) {
+                if (static_cast<int>(args.size()) >= kMaxArgs)
+                    fail(pos_, std::string(f.name) + "() takes at most " + std::to_string(kMaxArgs) + " arguments");
+                args.push_back(expr());
+                skip_space();
+                if (peek() == ',') {
+                    ++pos_;
+                    skip_space();
+                    if (peek() == ')') break;  // trailing comma
+                    continue;
+                }
+                break;
+            }
+        }
+        expect(')', open);
+        const int n = static_cast<int>(args.size());
+        if (n < f.min_args || (f.max_args >= 0 && n > f.max_args)) {
+            std::string want = std::to_string(f.min_args);
+            if (f.max_args < 0) want = "at least " + want;
+            else if (f.max_args != f.min_args) want += " to " + std::to_string(f.max_args);
+            fail(at, std::string(f.name) + "() takes " + want + " argument" + (f.min_args == 1 && f.max_args == 1 ? "" : "s") +
+                         ", got " + std::to_string(n));
+        }
+        if (n == 1 && (f.op == Op::And || f.op == Op::Or || f.op == Op::Add || f.op == Op::Mul)) return args[0];
+        // Variadic operations become left-to-right chains of binary ones, as Python evaluates
+        // min/max (the first of equal values wins) and sympy's Add/Mul/And/Or.
+        if (n > 2 || ((f.op == Op::Min || f.op == Op::Max || f.op == Op::And || f.op == Op::Or ||
+                       f.op == Op::Add || f.op == Op::Mul) &&
+                      n == 2)) {
+            std::uint32_t left = args[0];
+            for (int k = 1; k < n; ++k) left = node(f.op, at, {left, args[static_cast<std::size_t>(k)]});
+            return left;
+        }
+        AstNode nd;
+        nd.op = f.op;
+        nd.offset = static_cast<std::uint32_t>(at);
+        nd.args = std::move(args);
+        nd.bool_value = f.int_only;  // IntTrueDiv: the type checker insists on ints
+        return add(std::move(nd));
+    }
+
+    std::uint32_t atom() {
+        skip_space();
+        const std::size_t at = pos_;
+        if (at_end()) fail(pos_, "expected an operand, found " + std::string(pos_ >= s_.size() ? "end of text" : "a comment"));
+        const char c = peek();
+        if (c == '(') {
+            ++pos_;
+            const std::uint32_t inner = expr();
+            expect(')', at);
+            return inner;
+        }
+        if (is_digit(c) || (c == '.' && is_digit(peek(1)))) return number();
+        if (!is_ident_start(c)) fail(pos_, "unexpected " + describe_here());
+        // Source roots: L[...], G[...], C[...].
+        if ((c == 'L' || c == 'G' || c == 'C') && !is_ident_char(peek(1))) {
+            std::size_t j = pos_ + 1;
+            while (j < s_.size() && is_space(s_[j])) ++j;
+            if (j < s_.size() && s_[j] == '[') return source(at, skip_group(j));
+        }
+        const std::string_view name = dotted_name();
+        std::size_t after = pos_ + name.size();
+        while (after < s_.size() && is_space(s_[after])) ++after;
+        const bool called = after < s_.size() && s_[after] == '(';
+        if (called) {
+            // Sources that start with a call (docs/guards.md, Sources).
+            if (name == "getattr" || name == "type" || name == "list" || name == "dict.__getitem__")
+                return source(at, skip_group(after));
+            for (const Function& f : kFunctions) {
+                if (f.name == name) {
+                    pos_ = after;
+                    return call(f, at);
+                }
+            }
+            fail(at, "unknown function '" + std::string(name) + "'");
+        }
+        if (name == "True" || name == "False") {
+            pos_ += name.size();
+            AstNode n;
+            n.op = Op::BoolConst;
+            n.offset = static_cast<std::uint32_t>(at);
+            n.bool_value = name == "True";
+            return add(std::move(n));
+        }
+        if (name == "math.inf" || name == "math.nan") {
+            pos_ += name.size();
+            AstNode n;
+            n.op = Op::FloatConst;
+            n.offset = static_cast<std::uint32_t>(at);
+            n.float_value = name == "math.inf" ? std::numeric_limits<double>::infinity()
+                                               : std::numeric_limits<double>::quiet_NaN();
+            return add(std::move(n));
+        }
+        if (name == "and" || name == "or" || name == "not" || name == "if" || name == "else")
+            fail(at, "expected an operand, found '" + std::string(name) + "'");
+        fail(at, "unknown name '" + std::string(name) +
+                     "' (a symbol is a source such as L['x'].size()[0] or L['n'])");
+    }
+
+    std::string_view s_;
+    std::size_t pos_ = 0;
+    int depth_ = 0;
+    ParsedRelation out_;
+};
+
+}  // namespace
+
+ParsedRelation parse_relation(std::string_view text) { return Parser(text).run(); }
+
+std::string_view op_name(Op op) {
+    switch (op) {
+        case Op::IntConst: return "int";
+        case Op::FloatConst: return "float";
+        case Op::BoolConst: return "bool";
+        case Op::Symbol: return "symbol";
+        case Op::Neg: return "unary -";
+        case Op::Add: return "+";
+        case Op::Sub: return "-";
+        case Op::Mul: return "*";
+        case Op::TrueDiv: return "/";
+        case Op::FloorDiv: return "//";
+        case Op::Mod: return "%";
+        case Op::Pow: return "**";
+        case Op::Abs: return "abs";
+        case Op::Min: return "min";
+        case Op::Max: return "max";
+        case Op::ToFloat: return "float";
+        case Op::Trunc: return "math.trunc";
+        case Op::Floor: return "math.floor";
+        case Op::Ceil: return "math.ceil";
+        case Op::Round: return "round";
+        case Op::IsNan: return "math.isnan";
+        case Op::Eq: return "==";
+        case Op::Ne: return "!=";
+        case Op::Lt: return "<";
+        case Op::Le: return "<=";
+        case Op::Gt: return ">";
+        case Op::Ge: return ">=";
+        case Op::And: return "and";
+        case Op::Or: return "or";
+        case Op::Not: return "not";
+        case Op::Select: return "if-else";
+    }
+    return "?";
+}
+
+}  // namespace tripwire::core::shape

@@ -1,0 +1,107 @@
+// tripwire/cpp/core/shape/parser.hpp -- the text syntax of shape relations.
+//
+// The syntax is the subset of Python expressions that torch's shape-environment printer emits for
+// its guards (torch/utils/_sympy/printers.py PythonPrinter), plus sympy-style calls
+// (`Eq(a, b)`, `Mod(a, b)`, ...). docs/guards.md has the grammar. Symbols are sources
+// (`L['x'].size()[0]`, `L['n']`, `G['cfg'].k`): the parser finds their extent and leaves their
+// meaning to the caller, which binds each distinct symbol text to a source. A trailing
+// `# comment` (torch appends one to each verbose code part) is ignored.
+//
+// parse_relation never crashes on any input: it returns a tree or throws ShapeSyntaxError with the
+// offset of the problem (tests/fuzz/fuzz_shape.cpp).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/shape/bigint.hpp"
+
+namespace tripwire::core::shape {
+
+/// Text the shape engine cannot use: a syntax error, an unknown function, a type error (a float
+/// `**`, arithmetic on a comparison), nesting over the limit. `offset` is a byte offset into the
+/// text. Maps to tripwire.ShapeSyntaxError (a ValueError) in Python.
+class ShapeSyntaxError : public std::invalid_argument {
+  public:
+    ShapeSyntaxError(std::size_t offset, const std::string& what)
+        : std::invalid_argument(what), offset_(offset) {}
+    std::size_t offset() const { return offset_; }
+
+  private:
+    std::size_t offset_;
+};
+
+/// Deepest nesting of sub-expressions the parser accepts (bounds every recursion on the tree).
+inline constexpr int kMaxNesting = 200;
+
+/// Operations of the expression tree. The same enum names the typed operations of a compiled
+/// program (program.hpp), where the operand types select the arithmetic.
+enum class Op : std::uint8_t {
+    IntConst,    ///< integer literal (any size)
+    FloatConst,  ///< float literal, math.inf, math.nan
+    BoolConst,   ///< True / False
+    Symbol,      ///< a source
+    Neg,         ///< -a
+    Add,         ///< a + b
+    Sub,         ///< a - b
+    Mul,         ///< a * b
+    TrueDiv,     ///< a / b
+    FloorDiv,    ///< a // b (floor); FloorDiv, CleanDiv
+    Mod,         ///< a % b (sign of the divisor); Mod, PythonMod
+    Pow,         ///< a ** b (ints, natural exponent); PowByNatural
+    Abs,         ///< abs(a)
+    Min,         ///< min(a, b, ...)
+    Max,         ///< max(a, b, ...)
+    ToFloat,     ///< float(a), torch.sym_float(a), ToFloat(a)
+    Trunc,       ///< int(a), math.trunc(a), TruncToInt(a)
+    Floor,       ///< math.floor(a), FloorToInt(a)
+    Ceil,        ///< math.ceil(a), CeilToInt(a)
+    Round,       ///< round(a), RoundToInt(a)
+    IsNan,       ///< math.isnan(a)
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    And,     ///< a and b (short-circuit)
+    Or,      ///< a or b (short-circuit)
+    Not,     ///< not a
+    Select,  ///< a if cond else b: args (cond, a, b), only the chosen branch is evaluated
+};
+
+/// One node of a parsed expression.
+struct AstNode {
+    Op op = Op::IntConst;
+    std::uint32_t offset = 0;          ///< where it starts in the text
+    std::vector<std::uint32_t> args;   ///< operand node indices
+    BigInt int_value;                  ///< IntConst
+    double float_value = 0.0;          ///< FloatConst
+    bool bool_value = false;           ///< BoolConst
+    std::uint32_t symbol = 0;          ///< Symbol: index into ParsedRelation::symbols
+};
+
+/// One occurrence of a symbol in the text.
+struct SymbolSpan {
+    std::uint32_t begin = 0, end = 0;  ///< byte range of the source text
+    std::uint32_t symbol = 0;          ///< index into ParsedRelation::symbols
+};
+
+struct ParsedRelation {
+    std::vector<AstNode> nodes;
+    std::uint32_t root = 0;
+    std::vector<std::string> symbols;  ///< distinct symbol texts, in order of first appearance
+    std::vector<SymbolSpan> spans;     ///< every occurrence, in text order
+    std::size_t code_end = 0;          ///< where the expression ends (before a comment and blanks)
+};
+
+/// Parse one relation. Throws ShapeSyntaxError.
+ParsedRelation parse_relation(std::string_view text);
+
+/// The printed name of an operation, for messages ("//", "max", "math.isnan").
+std::string_view op_name(Op op);
+
+}  // namespace tripwire::core::shape
