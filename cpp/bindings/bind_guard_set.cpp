@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/ir.hpp"
+#include "core/shape/program.hpp"
 #include "register.hpp"
 #include "runtime/eval/guard_set.hpp"
 
@@ -116,12 +117,34 @@ void register_guard_set(nb::module_& m) {
                     nb::list out;
                     for (const runtime::TreeRow& r : s.get().tree()) {
                         out.append(nb::make_tuple(r.depth, r.text, nb::cast(r.guard_ids), r.node_fails,
-                                                  nb::cast(r.guard_fails)));
+                                                  nb::cast(r.guard_fails), r.symbol));
                     }
                     return out;
                 },
                 "The guard tree, preorder: (depth, text, [guard ids in current order], node fails, "
-                "[guard fails]), for explain().")
+                "[guard fails], SHAPE symbol index or -1), for explain().")
+            .def_prop_ro(
+                "_shape_info",
+                [](GuardSetCore& s) {
+                    const core::shape::ShapeProgram& sp = s.get().program().shape;
+                    nb::list relations;
+                    static const char* const status[] = {"kept", "merged", "implied"};
+                    for (std::size_t r = 0; r < sp.relations.size(); ++r) {
+                        const core::shape::ShapeRelation& rel = sp.relations[r];
+                        relations.append(nb::make_tuple(rel.id, status[static_cast<int>(rel.status)], rel.by,
+                                                        s.get().relation_fail_counts()[r]));
+                    }
+                    std::size_t computed = 0;
+                    for (const core::shape::ShapeInstr& in : sp.code) computed += in.code != core::shape::Code::Check;
+                    nb::dict out;
+                    out["relations"] = relations;
+                    out["symbols"] = sp.n_symbols();
+                    out["operations"] = computed;
+                    out["fast_path"] = sp.fast_ok;
+                    return out;
+                },
+                "SHAPE relations: {'relations': [(id, 'kept'|'merged'|'implied', by id, failures)], 'symbols', "
+                "'operations' (distinct computed sub-expressions), 'fast_path'}.")
             .def_prop_ro("_ambient_ids", [](GuardSetCore& s) { return s.get().ambient_ids(); })
             .def_prop_ro(
                 "invalid", [](GuardSetCore& s) { return s.get().invalid(); },

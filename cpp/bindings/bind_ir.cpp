@@ -74,7 +74,8 @@ void register_ir(nb::module_& m) {
             "__init__",
             [](core::GuardDecl* d, core::GuardKind kind, std::optional<core::SourcePath> source,
                std::optional<core::ConstId> operand, std::optional<core::ConstId> operand2, std::int64_t n,
-               std::int64_t n2, std::int64_t n3, bool flag, std::uint32_t id) {
+               std::int64_t n2, std::int64_t n3, bool flag, std::uint32_t id, std::string relation,
+               std::vector<core::SourcePath> symbols, std::vector<std::uint8_t> symbol_types) {
                 new (d) core::GuardDecl();
                 d->kind = kind;
                 d->has_source = source.has_value();
@@ -86,10 +87,14 @@ void register_ir(nb::module_& m) {
                 d->n3 = n3;
                 d->flag = flag;
                 d->id = id;
+                d->relation = std::move(relation);
+                d->symbols = std::move(symbols);
+                d->symbol_types = std::move(symbol_types);
             },
             nb::arg("kind"), nb::arg("source").none(), nb::arg("operand").none() = nb::none(),
             nb::arg("operand2").none() = nb::none(), nb::arg("n") = 0, nb::arg("n2") = 0, nb::arg("n3") = 0,
-            nb::arg("flag") = false, nb::arg("id") = 0)
+            nb::arg("flag") = false, nb::arg("id") = 0, nb::arg("relation") = "",
+            nb::arg("symbols") = std::vector<core::SourcePath>(), nb::arg("symbol_types") = std::vector<std::uint8_t>())
         .def_rw("kind", &core::GuardDecl::kind)
         .def_prop_ro("source",
                      [](const core::GuardDecl& d) {
@@ -101,7 +106,10 @@ void register_ir(nb::module_& m) {
         .def_rw("n2", &core::GuardDecl::n2)
         .def_rw("n3", &core::GuardDecl::n3)
         .def_rw("flag", &core::GuardDecl::flag)
-        .def_rw("id", &core::GuardDecl::id);
+        .def_rw("id", &core::GuardDecl::id)
+        .def_rw("relation", &core::GuardDecl::relation, "SHAPE: the relation's text.")
+        .def_rw("symbols", &core::GuardDecl::symbols, "SHAPE: each distinct symbol's source, in order of first use.")
+        .def_rw("symbol_types", &core::GuardDecl::symbol_types, "SHAPE: per symbol, 0 for int, 1 for float.");
 
     m.def(
         "guard_shape",

@@ -33,6 +33,8 @@ void register_specialize(nanobind::module_& m);
 /// read_source, is_constant, equals_match, probes, dict versions: the engine's reading of
 /// values, for the builder (bind_values.cpp).
 void register_values(nanobind::module_& m);
+/// parse_relation, evaluate_relation: the shape-relation syntax and evaluator (bind_shape.cpp).
+void register_shape(nanobind::module_& m);
 /// Switches and facts for tests and benchmarks (bind_diagnostics.cpp).
 void register_diagnostics(nanobind::module_& m);
 

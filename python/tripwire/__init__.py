@@ -20,12 +20,14 @@ from .errors import (
     GuardEvalError,
     RecompileError,
     RecompileLimitExceeded,
+    ShapeSyntaxError,
     SourceParseError,
     TripwireError,
 )
 from .failure import Failure
 from .guard_set import GuardSet
 from .infer import Policy, guards_for, infer_into
+from . import shapes
 from .logs import format_recompile, set_logs
 from .source import RootKind, Source, Step, StepKind
 from .specialized import Specialized, specialize
@@ -47,6 +49,7 @@ __all__ = [
     "RecompileError",
     "RecompileLimitExceeded",
     "RootKind",
+    "ShapeSyntaxError",
     "Source",
     "SourceParseError",
     "Specialized",
@@ -57,5 +60,6 @@ __all__ = [
     "guards_for",
     "infer_into",
     "set_logs",
+    "shapes",
     "specialize",
 ]

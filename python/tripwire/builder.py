@@ -276,6 +276,35 @@ class GuardBuilder:
 
     lambda_ = predicate
 
+    def shape(self, relation: Any) -> GuardSpec:
+        """SHAPE: a relation among symbols that must hold, e.g.
+        ``"((6*L['x'].size()[0]) % 4) == 0"`` or ``"2 <= L['n'] <= 1024"``.
+
+        ``relation`` is text in the syntax of docs/guards.md (SHAPE; what torch's shape
+        environment prints, with or without its ``# ...`` comment), or a structured expression
+        from :mod:`tripwire.shapes` (``sym("L['x'].size()[0]") // 2 <= sym("L['y'].size()[0]")``).
+        Every source in it is a symbol: its value is read once per check, and must be an exact
+        int or float as on the example. Raises :class:`tripwire.ShapeSyntaxError` (with the offset)
+        for text tripwire cannot use, and GuardBuildError when the relation does not hold on the
+        example (naming the values).
+        """
+        from . import shapes
+
+        rel = shapes.parse(relation)
+        values = [self.value(src) for src in rel.symbols]
+        types = []
+        for src, v in zip(rel.symbols, values, strict=True):
+            t = builtins_type(v)
+            if t is not int and t is not float:
+                raise GuardBuildError(
+                    f"shape symbol {src} is a {t.__name__} on the example; a symbol is an int or a float"
+                )
+            types.append(t.__name__)
+        holds, error = rel.evaluate(values)
+        if not holds:
+            raise GuardBuildError(f"shape relation does not hold on the example: {rel.reason(values, error)}")
+        return self.add(GuardKind.SHAPE, None, (rel.text, rel.symbols, tuple(types)))
+
     # -- build --------------------------------------------------------------------------------------
     def build(self, *, strict: bool = False) -> GuardSet:
         """Compile the guards into a GuardSet.

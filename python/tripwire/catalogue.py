@@ -25,6 +25,8 @@ CODE_MATCH            (code,)                                    required
 WEAKREF_ALIVE         ()                                         required
 GLOBAL_STATE          (probe, snapshot, name: str)               None (ambient state)
 LAMBDA                (fn, text: str)                            optional (None: fn(f_locals))
+SHAPE                 (relation: str, symbols: tuple[Source],    None (its symbols are its
+                      types: tuple["int" | "float"])             sources)
 ====================  =========================================  ==========================
 """
 
@@ -147,7 +149,7 @@ class GuardSpec:
             return a[1]
         if k is GuardKind.LAMBDA:
             return a[1]
-        return a[0]
+        return a[0]  # SHAPE: the relation's text
 
     def weakened(self) -> GuardSpec:
         """This spec with identity-held arguments replaced by :class:`Weak` where possible."""
@@ -197,6 +199,8 @@ class GuardSpec:
             return f"{s}() is not None"
         if k is GuardKind.GLOBAL_STATE:
             return f"global_state {a[2]!r} == {short_repr(a[1])}"
+        if k is GuardKind.SHAPE:
+            return a[0]
         return f"lambda: {a[1]}"  # LAMBDA
 
 

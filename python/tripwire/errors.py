@@ -7,10 +7,12 @@ __all__ = [
     "GuardEvalError",
     "RecompileError",
     "RecompileLimitExceeded",
+    "ShapeSyntaxError",
     "SourceParseError",
     "TripwireError",
 ]
 
+from . import _core
 from .source import SourceParseError
 
 
@@ -21,6 +23,29 @@ class TripwireError(Exception):
 class GuardBuildError(TripwireError, ValueError):
     """A guard cannot be built: its source cannot be read from the example, its constant is not
     a constant type, or the built set does not pass on the example it was built from."""
+
+
+class ShapeSyntaxError(GuardBuildError):
+    """Text of a shape relation that tripwire cannot use: a syntax error, an unknown function or
+    name, a source it cannot parse, a type error (a float ``**``, arithmetic on a comparison, ``min``
+    of an int and a float), or nesting over the limit. ``offset`` is the index in ``text`` (a str
+    index) where the problem is; ``text`` the relation as given (None when not known)."""
+
+    def __init__(self, message: str, offset: int, text: str | None = None) -> None:
+        self.message = message
+        self.offset = offset
+        self.text = text
+        where = f"at offset {offset}"
+        if text is not None:
+            where += f" of {text!r}"
+        super().__init__(f"{message} ({where})")
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.message, self.offset, self.text))
+
+
+# The engine raises this class for text errors found in C++ (with the offset it found).
+_core._set_shape_syntax_error(ShapeSyntaxError)
 
 
 class GuardEvalError(TripwireError, RuntimeError):

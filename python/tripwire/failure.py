@@ -55,8 +55,21 @@ def _actual(spec: GuardSpec, v: Any) -> Any:
     return v
 
 
+def _shape_failure(spec: GuardSpec, value: Any, error: str | None) -> Failure:
+    """A SHAPE relation: ``expected`` is the relation, ``actual`` {symbol: value} (None when a
+    symbol could not be read), ``source`` its symbols."""
+    text, symbols = spec.args[0], spec.args[1]
+    src = ", ".join(str(s) for s in symbols) or None
+    if type(value) is dict:
+        # The engine's reason: "<relation> is false with L['x'].size()[0] = 9".
+        return Failure(src, "SHAPE", text, value, error or f"{text} is false", spec)
+    return Failure(src, "SHAPE", text, None, f"{text}: {error}", spec)
+
+
 def make_failure(spec: GuardSpec, value: Any, error: str | None, fetch_failed: bool) -> Failure:
     """Build the Failure for guard ``spec`` that saw ``value`` (or could not fetch it)."""
+    if spec.kind is GuardKind.SHAPE and not (error is not None and "has died" in error and value is None):
+        return _shape_failure(spec, value, error)
     src = str(spec.source) if spec.source is not None else None
     where = src or "global state"
     kind = spec.kind.name

@@ -23,6 +23,7 @@ __all__ = ["GuardSet", "build_guard_set"]
 
 _PROBE_IDS = {name: i for i, name in enumerate(_core.builtin_probes())}  # core::BuiltinProbe
 _WEAK_KINDS = (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH)
+_SYMBOL_TYPES = {"int": 0, "float": 1}  # core::shape::ValueType
 
 
 class _Pool:
@@ -100,6 +101,19 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
                 op, op2 = pool.add(probe), pool.add(_private_constant(snapshot))
         elif k is GuardKind.LAMBDA:
             op = pool.add(a[0])
+        elif k is GuardKind.SHAPE:
+            text, symbols, types = a
+            decls.append(
+                _core.GuardDecl(
+                    k,
+                    None,
+                    id=s.index,
+                    relation=text,
+                    symbols=[_source_decl(sym, pool) for sym in symbols],
+                    symbol_types=[_SYMBOL_TYPES[t] for t in types],
+                )
+            )
+            continue
         source = None if s.source is None else _source_decl(s.source, pool)
         decls.append(_core.GuardDecl(k, source, op, op2, n=n, n2=n2, flag=bool(flag), id=s.index))
     return decls
@@ -125,6 +139,8 @@ class GuardSet(_core.GuardSetCore):
         closure = dict(f_closure) if f_closure is not None else None
         try:
             super().__init__(decls, pool.consts, pool.weak, f_globals, closure, strict, GuardEvalError)
+        except GuardBuildError:
+            raise
         except ValueError as e:
             raise GuardBuildError(str(e)) from None
         # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
@@ -175,12 +191,40 @@ class GuardSet(_core.GuardSetCore):
             lines.append("ambient (checked once, before any source)")
             for gid in ambient:
                 lines.append("  " + self._guard_line(self._by_id[gid], None))
-        for depth, text, ids, node_fails, guard_fails in self._tree():
+        for depth, text, ids, node_fails, guard_fails, symbol in self._tree():
             pad = "  " * depth
-            lines.append(f"{pad}{text}" + (f"   [fetch/subtree failed {node_fails}x]" if node_fails else ""))
+            mark = f"   [shape symbol s{symbol}]" if symbol >= 0 else ""
+            lines.append(
+                f"{pad}{text}{mark}" + (f"   [fetch/subtree failed {node_fails}x]" if node_fails else "")
+            )
             for gid, fails in zip(ids, guard_fails, strict=True):
                 lines.append(pad + "  " + self._guard_line(self._by_id[gid], fails))
+        lines.extend(self._explain_shape())
         return "\n".join(lines)
+
+    def _explain_shape(self) -> list[str]:
+        """The SHAPE section of explain(): counts before and after merging, then each relation."""
+        info = self._shape_info
+        relations = info["relations"]
+        if not relations:
+            return []
+        kept = sum(1 for _, status, _, _ in relations if status == "kept")
+        merged = sum(1 for _, status, _, _ in relations if status == "merged")
+        implied = sum(1 for _, status, _, _ in relations if status == "implied")
+        path = "int64 fast path with exact fallback" if info["fast_path"] else "exact integers (a constant exceeds int64)"
+        lines = [
+            f"shape relations (checked after every source): {len(relations)} declared, {kept} evaluated "
+            f"({merged} merged as duplicates, {implied} implied by earlier ones); {info['symbols']} symbols, "
+            f"{info['operations']} operations, {path}"
+        ]
+        for gid, status, by, fails in relations:
+            line = "  " + self._guard_line(self._by_id[gid], fails)
+            if status == "merged":
+                line += f"   [merged: the same relation as #{by}]"
+            elif status == "implied":
+                line += f"   [dropped: implied by #{by}]"
+            lines.append(line)
+        return lines
 
     @staticmethod
     def _guard_line(spec: GuardSpec, fails: int | None) -> str:

@@ -16,9 +16,12 @@ Rules shared with the engine:
 
 from __future__ import annotations
 
+import ast
 import collections
 import enum
+import functools
 import gc
+import math
 import operator
 import sys
 import types
@@ -41,6 +44,7 @@ __all__ = [
     "fetch_step",
     "first_failure",
     "is_constant",
+    "shape_holds",
 ]
 
 _tuple_iterator = type(iter(()))
@@ -98,6 +102,24 @@ def _class_attribute(cls: type, name: str) -> Any:
     return _NOT_FOUND
 
 
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
+
+
+def _tp_name(t: type) -> str:
+    """The C-level tp_name of a class: 'module.name' for static types, the name for heap types."""
+    name = type.__dict__["__name__"].__get__(t)
+    if type.__dict__["__flags__"].__get__(t) & _HEAPTYPE:
+        return name
+    module = type.__dict__["__module__"].__get__(t)
+    return name if module == "builtins" else f"{module}.{name}"
+
+
+def _is_ndarray(v: Any) -> bool:
+    """Whether numpy.ndarray is among the classes of ``v`` (read from the type objects, as the
+    engine does, without importing numpy)."""
+    return any(_tp_name(t) == "numpy.ndarray" for t in _mro(type(v)))
+
+
 def fetch_step(v: Any, step: Step) -> Any:
     """Apply one step to value ``v``. Raises FetchError (with the cause's text) on failure."""
     k, a = step.kind, step.arg
@@ -143,6 +165,16 @@ def fetch_step(v: Any, step: Step) -> Any:
                 raise TypeError(f"{type(v).__name__} is not a weak reference")
             # The referent, as the engine reads it: a subclass's __call__ (WeakMethod) is not run.
             return weakref.ref.__call__(v)
+        if k in (StepKind.SIZE, StepKind.STRIDE):
+            if _is_ndarray(v):
+                seq = v.shape if k is StepKind.SIZE else v.strides
+            else:
+                seq = v.size() if k is StepKind.SIZE else v.stride()
+            return seq[a]
+        if k is StepKind.STORAGE_OFFSET:
+            if _is_ndarray(v):
+                raise AttributeError("a numpy array has no storage offset")
+            return v.storage_offset()
         if k in (StepKind.DICT_KEY, StepKind.DICT_VALUE):
             if not isinstance(v, dict):
                 raise TypeError(f"dict position needs a dict, not {type(v).__name__}")
@@ -345,22 +377,36 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
             return equals_match(current, a[1])
         if k is GuardKind.LAMBDA:
             return bool(a[0](v))
+        if k is GuardKind.SHAPE:
+            return shape_holds(a[0], a[1], a[2], v)
     except Exception:  # noqa: BLE001 - a raising guard fails
         return False
     raise AssertionError(f"unknown guard kind {k!r}")
 
 
+def _fetch_memo(source, f_locals, f_globals, f_closure, cache):
+    """The value at ``source`` (a FetchError if it cannot be read), memoised per source."""
+    if source not in cache:
+        try:
+            cache[source] = fetch(source, f_locals, f_globals, f_closure)
+        except FetchError as e:
+            cache[source] = e
+    return cache[source]
+
+
 def _value_for(spec, f_locals, f_globals, f_closure, cache):
     """Fetch the value a guard reads, memoised per source (one fetch per source, as the engine)."""
+    if spec.kind is GuardKind.SHAPE:
+        values = {}
+        for src in spec.args[1]:
+            v = _fetch_memo(src, f_locals, f_globals, f_closure, cache)
+            if type(v) is FetchError:
+                return v
+            values[str(src)] = v
+        return values
     if spec.source is None:
         return f_locals
-    key = spec.source
-    if key not in cache:
-        try:
-            cache[key] = fetch(spec.source, f_locals, f_globals, f_closure)
-        except FetchError as e:
-            cache[key] = e
-    return cache[key]
+    return _fetch_memo(spec.source, f_locals, f_globals, f_closure, cache)
 
 
 def first_failure(
@@ -388,3 +434,220 @@ def check(
 ) -> bool:
     """True when every guard holds."""
     return first_failure(specs, f_locals, f_globals, f_closure) is None
+
+
+# -- SHAPE -----------------------------------------------------------------------------------------
+# Written independently of the engine (cpp/core/shape/): the relation's text is parsed by Python's
+# own parser, and evaluated by a small interpreter over Python ints and floats with Python's
+# operators, plus the three limits docs/guards.md states: every int is at most MAX_INT_BITS bits,
+# `**` takes a natural exponent, and a symbol must have the exact type of its example.
+
+MAX_INT_BITS = 65536  # core::shape::kMaxIntBits; a test pins the two together
+
+
+class _ShapeError(Exception):
+    """The relation raised (what Python would raise, or one of tripwire's limits)."""
+
+
+def shape_holds(text: str, symbols: Iterable[Source], types_: Iterable[str], values: Mapping[str, Any]) -> bool:
+    """Whether relation ``text`` holds with ``values`` ({printed symbol: value}). A symbol whose
+    value is not an exact int / float (as declared in ``types_``) makes it fail; so does any
+    exception the evaluation raises."""
+    for src, t in zip(symbols, types_, strict=True):
+        if type(values[str(src)]) is not {"int": int, "float": float}[t]:
+            return False
+    try:
+        result = _ShapeInterpreter(text, values).run()
+    except (_ShapeError, ArithmeticError, ValueError, TypeError):
+        return False
+    return result is True
+
+
+def _int(v: Any) -> Any:
+    if type(v) is int and v.bit_length() > MAX_INT_BITS:
+        raise _ShapeError("integer over the bit limit")
+    return v
+
+
+def _pow(a: Any, b: Any) -> Any:
+    if type(a) is not int or type(b) is not int:
+        raise _ShapeError("** takes ints")
+    if b < 0:
+        raise _ShapeError("** takes a natural exponent")
+    if abs(a) > 1 and (b > MAX_INT_BITS or (a.bit_length() - 1) * b + 1 > MAX_INT_BITS):
+        raise _ShapeError("integer over the bit limit")
+    return _int(a**b)
+
+
+def _minmax(pick: Any, *args: Any) -> Any:
+    if len({type(x) for x in args}) != 1:
+        raise _ShapeError("min/max of mixed types")
+    return pick(args)
+
+
+def _int_true_div(a: Any, b: Any) -> Any:
+    if type(a) is not int or type(b) is not int:
+        raise _ShapeError("IntTrueDiv takes ints")
+    return a / b
+
+
+def _to_int(fn: Any) -> Any:
+    def convert(x: Any) -> Any:
+        return _int(x) if type(x) is int else _int(fn(x))
+
+    return convert
+
+
+_FUNCTIONS: dict[str, Any] = {
+    "abs": abs,
+    "Abs": abs,
+    "float": float,
+    "torch.sym_float": float,
+    "ToFloat": float,
+    "int": _to_int(math.trunc),
+    "math.trunc": _to_int(math.trunc),
+    "TruncToInt": _to_int(math.trunc),
+    "math.floor": _to_int(math.floor),
+    "FloorToInt": _to_int(math.floor),
+    "floor": _to_int(math.floor),
+    "math.ceil": _to_int(math.ceil),
+    "CeilToInt": _to_int(math.ceil),
+    "ceiling": _to_int(math.ceil),
+    "round": _to_int(round),
+    "RoundToInt": _to_int(round),
+    "math.isnan": math.isnan,
+    "Eq": operator.eq,
+    "Ne": operator.ne,
+    "Lt": operator.lt,
+    "Le": operator.le,
+    "Gt": operator.gt,
+    "Ge": operator.ge,
+    "Mod": lambda a, b: _int(a % b),
+    "PythonMod": lambda a, b: _int(a % b),
+    "FloorDiv": lambda a, b: _int(a // b),
+    "CleanDiv": lambda a, b: _int(a // b),
+    "PowByNatural": _pow,
+    "Pow": _pow,
+    "IntTrueDiv": _int_true_div,
+    "FloatTrueDiv": operator.truediv,
+    "min": lambda *a: _minmax(min, *a),
+    "Min": lambda *a: _minmax(min, *a),
+    "max": lambda *a: _minmax(max, *a),
+    "Max": lambda *a: _minmax(max, *a),
+    "Add": lambda *a: _int(functools.reduce(operator.add, a)),
+    "Mul": lambda *a: _int(functools.reduce(operator.mul, a)),
+}
+_BINOPS: dict[type, Any] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Div: operator.truediv,
+}
+_COMPARE: dict[type, Any] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
+
+
+def _dotted(n: ast.AST) -> str | None:
+    if isinstance(n, ast.Name):
+        return n.id
+    if isinstance(n, ast.Attribute):
+        base = _dotted(n.value)
+        return None if base is None else f"{base}.{n.attr}"
+    return None
+
+
+def _is_symbol(n: ast.AST) -> bool:
+    """Whether ``n`` is a source: a chain of attributes, subscripts and calls ending at L[...],
+    G[...], C[...], or at a call of getattr/type/list/dict.__getitem__."""
+    while True:
+        if isinstance(n, ast.Subscript):
+            if isinstance(n.value, ast.Name) and n.value.id in ("L", "G", "C"):
+                return True
+            n = n.value
+        elif isinstance(n, ast.Attribute):
+            n = n.value
+        elif isinstance(n, ast.Call):
+            if _dotted(n.func) in ("getattr", "type", "list", "dict.__getitem__"):
+                return True
+            n = n.func
+        else:
+            return False
+
+
+class _ShapeInterpreter:
+    def __init__(self, text: str, values: Mapping[str, Any]) -> None:
+        self.text = text
+        self.values = values
+
+    def run(self) -> Any:
+        return self.eval(ast.parse(self.text.strip(), mode="eval").body)
+
+    def symbol(self, n: ast.AST) -> Any:
+        segment = ast.get_source_segment(self.text.strip(), n)
+        if segment is None:
+            raise _ShapeError("no source text")
+        key = str(Source.parse(segment, shape_is_size=True))
+        return _int(self.values[key])
+
+    def eval(self, n: ast.AST) -> Any:
+        if _is_symbol(n):
+            return self.symbol(n)
+        if isinstance(n, ast.Constant) and type(n.value) in (int, float, bool):
+            return _int(n.value)
+        if isinstance(n, ast.BoolOp):
+            is_and = isinstance(n.op, ast.And)
+            result: Any = None
+            for value in n.values:
+                result = self.eval(value)
+                if type(result) is not bool:
+                    raise _ShapeError("and/or of a non-comparison")
+                if result is not is_and:
+                    return result
+            return result
+        if isinstance(n, ast.UnaryOp):
+            v = self.eval(n.operand)
+            if isinstance(n.op, ast.Not):
+                return not v
+            if type(v) is bool:
+                raise _ShapeError("arithmetic on a comparison")
+            return _int(-v) if isinstance(n.op, ast.USub) else v
+        if isinstance(n, ast.BinOp):
+            a, b = self.eval(n.left), self.eval(n.right)
+            if isinstance(n.op, ast.Pow):
+                return _pow(a, b)
+            return _int(_BINOPS[type(n.op)](a, b))
+        if isinstance(n, ast.Compare):
+            left = self.eval(n.left)
+            for op, comparator in zip(n.ops, n.comparators, strict=True):
+                right = self.eval(comparator)
+                if not _COMPARE[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(n, ast.IfExp):
+            return self.eval(n.body) if self.eval(n.test) else self.eval(n.orelse)
+        name = _dotted(n)
+        if name in ("math.inf", "math.nan", "True", "False"):
+            return {"math.inf": math.inf, "math.nan": math.nan, "True": True, "False": False}[name]
+        if isinstance(n, ast.Call) and not n.keywords:
+            fn = _dotted(n.func)
+            if fn in ("And", "Or"):
+                is_and = fn == "And"
+                for value in n.args:
+                    result = self.eval(value)
+                    if result is not is_and:
+                        return result
+                return is_and
+            if fn == "Not":
+                return not self.eval(n.args[0])
+            if fn in _FUNCTIONS:
+                return _FUNCTIONS[fn](*(self.eval(a) for a in n.args))
+        raise _ShapeError(f"unsupported {ast.dump(n)[:40]}")

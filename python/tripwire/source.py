@@ -23,7 +23,18 @@ WEAKREF_CALL       ``X()``                                      the referent of 
                                                                WeakMethod's, is not run)
 DICT_KEY(i)        ``list(dict.keys(X))[i]``                    key at insertion position i
 DICT_VALUE(i)      ``X[list(dict.keys(X))[i]]``                 value at insertion position i
+SIZE(i)            ``X.size()[i]``                             size i of a tensor (``X.shape[i]``
+                                                               for a numpy array); also parsed
+                                                               from ``X.size(i)``
+STRIDE(i)          ``X.stride()[i]``                           stride i of a tensor (numpy:
+                                                               ``X.strides[i]``, in bytes); also
+                                                               parsed from ``X.stride(i)``
+STORAGE_OFFSET     ``X.storage_offset()``                      a tensor's storage offset (numpy
+                                                               arrays have none: missing)
 =================  ==========================================  =================================
+
+In shape relations (``GuardBuilder.shape``), ``X.shape[i]`` is read as ``X.size()[i]`` too
+(``Source.parse(text, shape_is_size=True)``), since torch prints either.
 """
 
 from __future__ import annotations
@@ -54,8 +65,18 @@ StepKind = _core.StepKind
 _ROOT_LETTER = {RootKind.LOCAL: "L", RootKind.GLOBAL: "G", RootKind.CLOSURE: "C"}
 _LETTER_ROOT = {v: k for k, v in _ROOT_LETTER.items()}
 # Steps whose argument is an integer position rather than a name or key.
-_INDEX_STEPS = (StepKind.DEFAULTS, StepKind.CLOSURE_CELL, StepKind.DICT_KEY, StepKind.DICT_VALUE)
-_NO_ARG_STEPS = (StepKind.TYPE, StepKind.DICT, StepKind.CODE, StepKind.WEAKREF_CALL)
+_INDEX_STEPS = (
+    StepKind.DEFAULTS,
+    StepKind.CLOSURE_CELL,
+    StepKind.DICT_KEY,
+    StepKind.DICT_VALUE,
+    StepKind.SIZE,
+    StepKind.STRIDE,
+)
+_NO_ARG_STEPS = (StepKind.TYPE, StepKind.DICT, StepKind.CODE, StepKind.WEAKREF_CALL, StepKind.STORAGE_OFFSET)
+# Methods whose call prints like a tensor property step: ``X.size`` followed by a call prints as
+# ``getattr(X, 'size')()`` so that it does not read back as SIZE.
+_PROPERTY_METHODS = frozenset({"size", "stride", "storage_offset"})
 # Key types accepted in ITEM / DICT_ITEM / KWDEFAULTS steps: literals that round-trip through repr.
 _KEY_TYPES = (str, int, bytes, float, bool, type(None))
 # Attribute names that print as another step kind (or not as Python at all) as ``X.name``; an ATTR
@@ -159,6 +180,12 @@ class Step:
             return f"{base}()"
         if k is StepKind.DICT_KEY:
             return f"list(dict.keys({base}))[{a}]"
+        if k is StepKind.SIZE:
+            return f"{base}.size()[{a}]"
+        if k is StepKind.STRIDE:
+            return f"{base}.stride()[{a}]"
+        if k is StepKind.STORAGE_OFFSET:
+            return f"{base}.storage_offset()"
         return f"{base}[list(dict.keys({base}))[{a}]]"  # DICT_VALUE
 
 
@@ -219,19 +246,29 @@ class Source:
     # -- printing and parsing -----------------------------------------------------------------
     def __str__(self) -> str:
         text = f"{_ROOT_LETTER[self.root]}[{self.name!r}]"
-        for s in self.steps:
-            text = s.render(text)
+        for i, s in enumerate(self.steps):
+            if (
+                s.kind is StepKind.ATTR
+                and s.arg in _PROPERTY_METHODS
+                and i + 1 < len(self.steps)
+                and self.steps[i + 1].kind is StepKind.WEAKREF_CALL
+            ):
+                # `X.size()` would read back as a tensor property step.
+                text = f"getattr({text}, {s.arg!r})"
+            else:
+                text = s.render(text)
         return text
 
     def __repr__(self) -> str:
         return f"Source({str(self)!r})"
 
     @staticmethod
-    def parse(text: SourceLike) -> Source:
+    def parse(text: SourceLike, *, shape_is_size: bool = False) -> Source:
         """Parse a printed source such as ``"L['self'].layers[0].weight"``.
 
         Raises :class:`SourceParseError` for anything that is not a printed form listed in
-        this module's docstring.
+        this module's docstring. With ``shape_is_size``, ``X.shape[i]`` is the SIZE step (as in
+        shape relations); otherwise it is the attribute ``shape`` and its item ``i``.
         """
         if isinstance(text, Source):
             return text
@@ -242,7 +279,7 @@ class Source:
         except SyntaxError as e:
             raise SourceParseError(f"cannot parse source {text!r}: {e.msg}") from None
         try:
-            return _Parser(text).node(tree)
+            return _Parser(text, shape_is_size).node(tree)
         except SourceParseError:
             raise
         except (ValueError, RecursionError) as e:  # a Step/Source rejected a parsed argument
@@ -255,8 +292,9 @@ SourceLike = Source | str
 class _Parser:
     """Turns the ast of a printed source back into a Source; rejects everything else."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, shape_is_size: bool = False) -> None:
         self.text = text
+        self.shape_is_size = shape_is_size
 
     def fail(self, why: str) -> SourceParseError:
         return SourceParseError(f"cannot parse source {self.text!r}: {why}")
@@ -326,6 +364,18 @@ class _Parser:
             return self.node(n.value).attr(n.attr)
         if isinstance(n, ast.Subscript):
             base = n.value
+            # X.size()[i], X.stride()[i]; X.shape[i] in shape relations.
+            if (
+                isinstance(base, ast.Call)
+                and isinstance(base.func, ast.Attribute)
+                and base.func.attr in ("size", "stride")
+                and not base.args
+                and not base.keywords
+            ):
+                kind = StepKind.SIZE if base.func.attr == "size" else StepKind.STRIDE
+                return self.node(base.func.value).step(kind, self.index(n.slice))
+            if self.shape_is_size and isinstance(base, ast.Attribute) and base.attr == "shape":
+                return self.node(base.value).step(StepKind.SIZE, self.index(n.slice))
             if isinstance(base, ast.Attribute) and base.attr == "__defaults__":
                 return self.node(base.value).step(StepKind.DEFAULTS, self.index(n.slice))
             if isinstance(base, ast.Attribute) and base.attr == "__kwdefaults__":
@@ -346,6 +396,12 @@ class _Parser:
             return self.node(base).item(self.const(n.slice))
         if isinstance(n, ast.Call) and not n.keywords:
             f = n.func
+            # X.size(i), X.stride(i), X.storage_offset()
+            if isinstance(f, ast.Attribute) and f.attr in ("size", "stride") and len(n.args) == 1:
+                kind = StepKind.SIZE if f.attr == "size" else StepKind.STRIDE
+                return self.node(f.value).step(kind, self.index(n.args[0]))
+            if isinstance(f, ast.Attribute) and f.attr == "storage_offset" and not n.args:
+                return self.node(f.value).step(StepKind.STORAGE_OFFSET)
             if isinstance(f, ast.Name) and f.id == "type" and len(n.args) == 1:
                 return self.node(n.args[0]).type()
             if isinstance(f, ast.Name) and f.id == "getattr" and len(n.args) == 2:

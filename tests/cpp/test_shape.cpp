@@ -396,12 +396,13 @@ TEST(ShapeEval, TypeErrorsHaveOffsets) {
             EXPECT_EQ(e.offset(), offset) << text << ": " << e.what();
         }
     };
-    type_error_at("L['s'] ** 2 > 1", {ValueType::Float}, 0);
-    type_error_at("L['n'] + 1", {ValueType::Int}, 0);
-    type_error_at("(L['n'] < 1) + 1 > 0", {ValueType::Int}, 0);
+    // Operations point at their operator, calls at their name.
+    type_error_at("L['s'] ** 2 > 1", {ValueType::Float}, 7);
+    type_error_at("L['n'] + 1", {ValueType::Int}, 7);
+    type_error_at("(L['n'] < 1) + 1 > 0", {ValueType::Int}, 13);
     type_error_at("max(L['n'], L['s']) > 0", {ValueType::Int, ValueType::Float}, 0);
-    type_error_at("L['n'] > 0 and L['n']", {ValueType::Int}, 0);
-    type_error_at("1 < 2 < (L['n'] < 3)", {ValueType::Int}, 0);
+    type_error_at("L['n'] > 0 and L['n']", {ValueType::Int}, 11);
+    type_error_at("1 < 2 < (L['n'] < 3)", {ValueType::Int}, 6);
     type_error_at("IntTrueDiv(L['s'], 2) > 0", {ValueType::Float}, 0);
 }
 

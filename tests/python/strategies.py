@@ -66,6 +66,9 @@ def steps() -> st.SearchStrategy[Step]:
         st.just(Step(StepKind.WEAKREF_CALL)),
         _positions.map(lambda i: Step(StepKind.DICT_KEY, i)),
         _positions.map(lambda i: Step(StepKind.DICT_VALUE, i)),
+        _positions.map(lambda i: Step(StepKind.SIZE, i)),
+        _positions.map(lambda i: Step(StepKind.STRIDE, i)),
+        st.just(Step(StepKind.STORAGE_OFFSET)),
     )
 
 

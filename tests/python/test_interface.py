@@ -66,6 +66,7 @@ def _one_spec_per_kind():
     b.global_state(lambda: 1, name="one")
     b.predicate(lambda v: True, "always", source="L['x']")
     b.predicate(lambda loc: True, "always")
+    b.shape("L['x'] > 0")
     specs = list(b.guards)
     specs.append(GuardSpec(tw.GuardKind.NONE, Source.parse("L['n']"), (), 100))
     specs.append(GuardSpec(tw.GuardKind.TRUE, Source.parse("L['t']"), (), 101))

@@ -65,6 +65,15 @@ PRINTED = [
         L("mods").item(0).step(StepKind.WEAKREF_CALL).attr("training"),
         "L['mods'][0]().training",
     ),
+    # Tensor and array properties, as Dynamo's TensorPropertySource prints them.
+    (L("x").step(StepKind.SIZE, 0), "L['x'].size()[0]"),
+    (L("x").step(StepKind.STRIDE, 1), "L['x'].stride()[1]"),
+    (L("x").step(StepKind.STORAGE_OFFSET), "L['x'].storage_offset()"),
+    (L("self").attr("w").step(StepKind.SIZE, 2), "L['self'].w.size()[2]"),
+    # The method called by hand is not the property step.
+    (L("x").attr("size").step(StepKind.WEAKREF_CALL).item(0), "getattr(L['x'], 'size')()[0]"),
+    (L("x").attr("storage_offset").step(StepKind.WEAKREF_CALL), "getattr(L['x'], 'storage_offset')()"),
+    (L("x").attr("shape").item(0), "L['x'].shape[0]"),  # an attribute outside shape relations
 ]
 
 
@@ -91,10 +100,20 @@ def test_every_step_kind_and_root_is_covered() -> None:
         ('L["x"]', "L['x']"),
         ("  L['x']  ", "L['x']"),
         ("L['x'][0x10]", "L['x'][16]"),
+        ("L['x'].size(0)", "L['x'].size()[0]"),
+        ("L['x'].stride(2)", "L['x'].stride()[2]"),
+        ("L['x'] . size ( ) [ 1 ]", "L['x'].size()[1]"),
     ],
 )
 def test_alternative_spellings_parse_to_the_canonical_source(alternative: str, canonical: str) -> None:
     assert str(Source.parse(alternative)) == canonical
+
+
+def test_shape_is_size_only_in_shape_relations() -> None:
+    assert Source.parse("L['x'].shape[1]").steps == (Step(StepKind.ATTR, "shape"), Step(StepKind.ITEM, 1))
+    assert str(Source.parse("L['x'].shape[1]", shape_is_size=True)) == "L['x'].size()[1]"
+    with pytest.raises(SourceParseError):
+        Source.parse("L['x'].size()[-1]")  # dimensions are non-negative, as Dynamo prints them
 
 
 def test_parse_accepts_a_source_and_rejects_other_types() -> None:

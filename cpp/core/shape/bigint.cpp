@@ -100,6 +100,24 @@ bool BigInt::from_integral_double(double d, BigInt& out) {
     return true;
 }
 
+BigInt BigInt::from_signed_le_bytes(const unsigned char* bytes, std::size_t n) {
+    BigInt out;
+    if (n == 0) return out;
+    const bool negative = (bytes[n - 1] & 0x80U) != 0;
+    // The magnitude of a negative value is the two's complement: invert and add one.
+    out.mag_.assign((n + 3) / 4, 0);
+    unsigned carry = negative ? 1U : 0U;
+    for (std::size_t i = 0; i < n; ++i) {
+        unsigned byte = negative ? (~bytes[i] & 0xFFU) : bytes[i];
+        byte += carry;
+        carry = byte >> 8;
+        out.mag_[i / 4] |= static_cast<std::uint32_t>(byte & 0xFFU) << (8 * (i % 4));
+    }
+    out.neg_ = negative;
+    out.trim();
+    return out;
+}
+
 std::uint64_t BigInt::bit_length() const { return limb_bits(mag_); }
 
 bool BigInt::to_int64(std::int64_t& out) const {

@@ -23,6 +23,9 @@ class BigInt {
     static bool from_decimal(std::string_view digits, BigInt& out);
     /// The integer value of a finite double with no fractional part (false otherwise).
     static bool from_integral_double(double d, BigInt& out);
+    /// A two's-complement integer of `n` bytes, least significant first (what CPython's
+    /// _PyLong_AsByteArray / PyLong_AsNativeBytes write with little_endian and signed).
+    static BigInt from_signed_le_bytes(const unsigned char* bytes, std::size_t n);
 
     bool is_zero() const { return mag_.empty(); }
     bool negative() const { return neg_; }

@@ -178,20 +178,25 @@ class Parser {
         return node(Op::Select, at, {cond, then, otherwise});
     }
 
+    // Binary operations carry the offset of their operator (where a type error points).
     std::uint32_t or_expr() {
-        skip_space();
-        const std::size_t at = pos_;
         std::uint32_t left = and_expr();
-        while (eat_keyword("or")) left = node(Op::Or, at, {left, and_expr()});
-        return left;
+        for (;;) {
+            skip_space();
+            const std::size_t at = pos_;
+            if (!eat_keyword("or")) return left;
+            left = node(Op::Or, at, {left, and_expr()});
+        }
     }
 
     std::uint32_t and_expr() {
-        skip_space();
-        const std::size_t at = pos_;
         std::uint32_t left = not_expr();
-        while (eat_keyword("and")) left = node(Op::And, at, {left, not_expr()});
-        return left;
+        for (;;) {
+            skip_space();
+            const std::size_t at = pos_;
+            if (!eat_keyword("and")) return left;
+            left = node(Op::And, at, {left, not_expr()});
+        }
     }
 
     std::uint32_t not_expr() {
@@ -219,14 +224,15 @@ class Parser {
     }
 
     std::uint32_t comparison() {
-        skip_space();
-        const std::size_t at = pos_;
         std::uint32_t left = arith();
         std::uint32_t result = 0;
         bool any = false;
         Op op;
         int count = 0;
-        while (comparison_op(op)) {
+        for (;;) {
+            skip_space();
+            const std::size_t at = pos_;
+            if (!comparison_op(op)) break;
             if (++count > kMaxArgs) fail(at, "comparison chain longer than " + std::to_string(kMaxArgs));
             const std::uint32_t right = arith();
             const std::uint32_t cmp = node(op, at, {left, right});
@@ -238,11 +244,10 @@ class Parser {
     }
 
     std::uint32_t arith() {
-        skip_space();
-        const std::size_t at = pos_;
         std::uint32_t left = term();
         for (;;) {
             skip_space();
+            const std::size_t at = pos_;
             if (peek() == '+') {
                 ++pos_;
                 left = node(Op::Add, at, {left, term()});
@@ -256,11 +261,10 @@ class Parser {
     }
 
     std::uint32_t term() {
-        skip_space();
-        const std::size_t at = pos_;
         std::uint32_t left = unary();
         for (;;) {
             skip_space();
+            const std::size_t at = pos_;
             const char c = peek(), d = peek(1);
             Op op;
             if (c == '*' && d != '*') op = Op::Mul, pos_ += 1;
@@ -288,10 +292,9 @@ class Parser {
     }
 
     std::uint32_t power() {
-        skip_space();
-        const std::size_t at = pos_;
         const std::uint32_t base = atom();
         skip_space();
+        const std::size_t at = pos_;
         if (peek() == '*' && peek(1) == '*') {
             pos_ += 2;
             return node(Op::Pow, at, {base, unary()});  // right operand: a unary (Python's grammar)

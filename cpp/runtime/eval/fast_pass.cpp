@@ -17,12 +17,14 @@
 //   parents hold. No reference is taken, so none can leak.
 // A set with a guard or step kind that has no such form at all (predicates, HASATTR, user
 // __len__, generic getattr, ...) never uses the fast pass.
+#include <optional>
 #include <vector>
 
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/eval/guard_set.hpp"
 #include "runtime/eval/no_user_code.hpp"
+#include "runtime/eval/shape_symbols.hpp"
 
 namespace tripwire::runtime {
 
@@ -102,6 +104,13 @@ void GuardSet::build_fast_pass() {
             }
         }
         fast_ops_.push_back(op);
+        if (n.symbol != core::kNoSymbol) {
+            FastOp sym;
+            sym.code = FastOp::Code::Symbol;
+            sym.node = item.node;
+            sym.guard = n.symbol;
+            fast_ops_.push_back(sym);
+        }
         for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
             const std::uint32_t gi = guard_order_[k];
             FastOp g;
@@ -148,6 +157,11 @@ int GuardSet::fast_pass(const Locals& locals) {
         if (regs.size() < nodes_.size()) regs.resize(nodes_.size());
         r = regs.data();
     }
+    // SHAPE symbols go into a frame of this pass (on the stack for small programs); the
+    // relations run on it at the end, on the fast path only: anything it cannot decide (an
+    // overflow, an int beyond int64, a failing relation) hands the check to the walk.
+    std::optional<core::shape::ShapeFrame> frame;
+    if (!program_.shape.empty()) frame.emplace(program_.shape);
     for (const FastOp& op : fast_ops_) {
         switch (op.code) {
             case FastOp::Code::LoadLocal: {
@@ -312,9 +326,13 @@ int GuardSet::fast_pass(const Locals& locals) {
                 }
                 break;
             }
+            case FastOp::Code::Symbol:
+                if (!store_symbol(*frame, op.guard, nodes_[op.node].symbol_type, r[op.node])) return 0;
+                break;
             default: __builtin_unreachable();  // every code is handled above: no range check
         }
     }
+    if (frame && core::shape::run_fast(program_.shape, *frame) != core::shape::kShapePass) return 0;
     return 1;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "runtime/eval/dict_hint.hpp"
+#include "runtime/eval/tensor_props.hpp"
 
 namespace tripwire::runtime {
 namespace {
@@ -408,6 +409,9 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
             }
             return ok_borrowed(s.kind == StepKind::DictKey ? key : value);
         }
+        case StepKind::Size:
+        case StepKind::Stride:
+        case StepKind::StorageOffset: return fetch_tensor_property(s, v);
     }
     return missing();
 }
@@ -446,6 +450,12 @@ std::string describe_missing(const RuntimeStep& s, PyObject* parent) {
             return PyDict_Check(parent)
                        ? "IndexError: dict position " + std::to_string(s.index) + " out of range"
                        : "TypeError: " + tname + " is not a dict";
+        case StepKind::Size:
+            return "IndexError: " + tname + " has no size " + std::to_string(s.index) + " (or no size() / shape)";
+        case StepKind::Stride:
+            return "IndexError: " + tname + " has no stride " + std::to_string(s.index) + " (or no stride() / strides)";
+        case StepKind::StorageOffset:
+            return "AttributeError: " + tname + " has no storage_offset()";
         default: return "missing";
     }
 }

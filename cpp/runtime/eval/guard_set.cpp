@@ -2,11 +2,13 @@
 #include "runtime/eval/guard_set.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "core/fail_order.hpp"
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/no_user_code.hpp"
+#include "runtime/eval/shape_symbols.hpp"
 
 namespace tripwire::runtime {
 namespace {
@@ -155,6 +157,8 @@ GuardSet::GuardSet(GuardSetInputs in)
         r.child_begin = n.child_begin;
         r.child_end = n.child_end;
         r.borrow_ok = !n.subtree_runs_user_code;
+        r.symbol = n.symbol;
+        if (n.symbol != core::kNoSymbol) r.symbol_type = program_.shape.symbol_types[n.symbol];
         if (n.is_root) {
             r.root.kind = n.root;
             r.root.name = objs_[n.root_name];
@@ -184,6 +188,8 @@ GuardSet::GuardSet(GuardSetInputs in)
     root_order_ = program_.roots;
     guard_fails_.assign(program_.guards.size(), 0);
     node_fails_.assign(program_.nodes.size(), 0);
+    relation_fails_.assign(program_.shape.relations.size(), 0);
+    for (std::uint32_t node : program_.symbol_nodes) symbol_texts_.push_back(program_.nodes[node].text);
     fast_enabled_ = true;
     build_fast_pass();
 }
@@ -201,6 +207,7 @@ std::vector<TreeRow> GuardSet::tree() const {
         TreeRow row;
         row.depth = n.depth;
         row.text = n.text;
+        row.symbol = n.symbol == core::kNoSymbol ? -1 : static_cast<std::int64_t>(n.symbol);
         row.node_fails = node_fails_[ni];
         for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
             const std::uint32_t gi = guard_order_[k];
@@ -286,6 +293,11 @@ Fetched GuardSet::fetch_node(std::uint32_t ni, PyObject* parent) {
 // through eval_guard.
 inline int GuardSet::eval_guards(std::uint32_t ni, PyObject* v) {
     const NodeRt& n = nodes_[ni];
+    // A SHAPE symbol: its value goes into this check's frame (check() set the scope); a value of
+    // another type fails the relations that read it, so the check.
+    if (n.symbol != core::kNoSymbol &&
+        !store_symbol(*ShapeScope::current()->frame, n.symbol, n.symbol_type, v))
+        return 0;
     for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
         const std::uint32_t gi = guard_order_[k];
         const RuntimeGuard& g = guards_[gi];
@@ -388,6 +400,14 @@ int GuardSet::check(const Locals& locals) {
     ++stats_.checks;
     ++active_;
     int result = 1;
+    // SHAPE symbols are stored by the walk into this check's own frame (see ShapeScope).
+    const bool has_shape = !program_.shape.empty();
+    std::optional<core::shape::ShapeFrame> frame;
+    std::optional<ShapeScope> scope;
+    if (has_shape) {
+        frame.emplace(program_.shape);
+        scope.emplace(&*frame);
+    }
     if (!program_.ambient.empty()) {
         // A LAMBDA on f_locals needs a mapping: build one from bound arguments only then.
         Ref mapping;
@@ -429,6 +449,15 @@ int GuardSet::check(const Locals& locals) {
             result = r;
         }
     }
+    // Every source was read and every symbol stored: the relations, once, after the walk.
+    if (result == 1 && has_shape) {
+        const std::int32_t failing = core::shape::first_failing(program_.shape, *frame);
+        if (failing >= 0) {
+            result = 0;
+            std::uint32_t& fails = relation_fails_[static_cast<std::uint32_t>(failing)];
+            if (fails != 0xFFFFFFFFu) ++fails;
+        }
+    }
     --active_;
     // User code run by this check may have killed a guarded object and put a new one at its
     // address before a later identity comparison: never report a pass in that case.
@@ -466,12 +495,25 @@ bool GuardSet::visit_failures(std::uint32_t ni, Fetched f, PyObject* parent,
     } else {
         rec.reason = describe_missing(nodes_[ni].step, parent);
     }
+    // A SHAPE relation has no single source: name the one that could not be read.
+    if (program_.guards[guard_index(rec.guard_id)].kind == core::GuardKind::Shape)
+        rec.reason = program_.nodes[ni].text + " cannot be read (" + rec.reason + ")";
     out.push_back(std::move(rec));
     return true;
 }
 
 bool GuardSet::walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out) {
     const core::Node& n = program_.nodes[ni];
+    if (n.symbol != core::kNoSymbol) {
+        ShapeScope* scope = ShapeScope::current();
+        (*scope->values)[n.symbol] = Ref::borrow(v);
+        if (!store_symbol(*scope->frame, n.symbol, nodes_[ni].symbol_type, v)) {
+            // Reported under the first relation that reads it; the relations reading it are
+            // not evaluated (their symbol stays unread).
+            out.push_back({program_.symbol_min_id[n.symbol], Ref(),
+                           symbol_type_error(n.text, nodes_[ni].symbol_type, v)});
+        }
+    }
     for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
         const std::uint32_t gi = program_.node_guards[k];  // installation order, not adaptive order
         if (guards_[gi].kind == core::GuardKind::EqualsMatch && state_->invalid) {
@@ -503,6 +545,40 @@ void GuardSet::report_invalid(std::vector<FailureRecord>& out) const {
     if (out.empty()) out.push_back({program_.guards.empty() ? 0 : program_.guards[0].id, Ref(), state_->why});
 }
 
+std::uint32_t GuardSet::guard_index(std::uint32_t id) const {
+    const auto it = std::lower_bound(program_.guards.begin(), program_.guards.end(), id,
+                                     [](const core::GuardDecl& d, std::uint32_t x) { return d.id < x; });
+    return static_cast<std::uint32_t>(it - program_.guards.begin());
+}
+
+void GuardSet::shape_failures(const core::shape::ShapeFrame& frame, const std::vector<Ref>& values,
+                              std::vector<FailureRecord>& out) {
+    const core::shape::ShapeProgram& sp = program_.shape;
+    const std::vector<core::shape::ExactResult> results = core::shape::run_exact(sp, frame);
+    for (std::uint32_t r : sp.kept) {
+        // A relation with a symbol that could not be read (or had the wrong type) was reported
+        // by the walk, under the first relation reading that symbol.
+        if (!core::shape::relation_readable(sp, frame, r) || results[r].holds) continue;
+        FailureRecord rec;
+        rec.guard_id = sp.relations[r].id;
+        rec.reason = relation_reason(sp, r, results[r].error, values, symbol_texts_);
+        // The value is {symbol: value} for every symbol of the relation.
+        PyObject* d = PyDict_New();
+        if (d == nullptr) {
+            PyErr_Clear();
+        } else {
+            for (std::uint32_t s : sp.relations[r].symbols) {
+                PyObject* key = PyUnicode_FromStringAndSize(symbol_texts_[s].data(),
+                                                            static_cast<Py_ssize_t>(symbol_texts_[s].size()));
+                if (key == nullptr || PyDict_SetItem(d, key, values[s].get()) < 0) PyErr_Clear();
+                Py_XDECREF(key);
+            }
+            rec.value = Ref::steal(d);
+        }
+        out.push_back(std::move(rec));
+    }
+}
+
 bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, bool first_only) {
     if (state_->invalid) {
         // The set can never pass again, and walking it would compare against freed constants.
@@ -511,6 +587,14 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
     }
     ++active_;
     bool fatal = false;
+    const bool has_shape = !program_.shape.empty();
+    std::optional<core::shape::ShapeFrame> frame;
+    std::vector<Ref> symbol_values(program_.shape.n_symbols());
+    std::optional<ShapeScope> scope;
+    if (has_shape) {
+        frame.emplace(program_.shape);
+        scope.emplace(&*frame, &symbol_values);
+    }
     for (std::uint32_t gi : program_.ambient) {
         if (fatal) break;
         const int r = eval_guard(guards_[gi], f_locals);
@@ -526,6 +610,7 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
         }
         if (!visit_failures(ni, fetch_root(ni, Locals::of_mapping(f_locals)), f_locals, out)) fatal = true;
     }
+    if (!fatal && has_shape) shape_failures(*frame, symbol_values, out);
     --active_;
     if (fatal) return false;
     // User code run by the walk may have killed a guarded object (and put a new one at its

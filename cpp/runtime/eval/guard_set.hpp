@@ -51,6 +51,7 @@ struct GuardSetInputs {
 struct TreeRow {
     std::uint32_t depth = 0;
     std::string text;                      ///< the printed source
+    std::int64_t symbol = -1;              ///< the SHAPE symbol this source is, or -1
     std::vector<std::uint32_t> guard_ids;  ///< its guards' ids, in the current (adaptive) order
     std::vector<std::uint32_t> guard_fails;
     std::uint32_t node_fails = 0;  ///< failed fetches or subtrees
@@ -118,6 +119,8 @@ class GuardSet {
     std::vector<TreeRow> tree() const;
     /// Ids of the guards checked once per check, before any source (GLOBAL_STATE, sourceless LAMBDA).
     std::vector<std::uint32_t> ambient_ids() const;
+    /// How often each SHAPE relation (index into program().shape.relations) failed a check.
+    const std::vector<std::uint32_t>& relation_fail_counts() const { return relation_fails_; }
     /// The object behind constant `c`, or null if it was held weakly and died. Borrowed.
     PyObject* constant(core::ConstId c) const;
     /// Visit every strong reference (for tp_traverse of the owning Python object).
@@ -132,6 +135,8 @@ class GuardSet {
         RuntimeStep step;        ///< for steps
         RuntimeRoot root;        ///< for roots (names and cells borrowed from the pool)
         bool borrow_ok = false;  ///< the subtree runs no user code: borrowed values are safe
+        core::shape::ValueType symbol_type = core::shape::ValueType::Int;
+        std::uint32_t symbol = core::kNoSymbol;  ///< the SHAPE symbol this value is, if any
     };
 
     /// One instruction of the straight-line fast pass (fast_pass.cpp).
@@ -157,6 +162,7 @@ class GuardSet {
             LengthExact,
             DictVersion,
             WeakrefAlive,
+            Symbol,  // store regs[node] as SHAPE symbol `guard`
         };
         Code code = Code::LoadLocal;
         std::uint32_t node = 0;
@@ -180,6 +186,11 @@ class GuardSet {
     /// why_not's walk below node `ni` (value `v`), in installation order; false when an error
     /// must propagate (a BaseException that is not an Exception).
     bool walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureRecord>& out);
+    /// why_not's record of the SHAPE relations that fail on the symbols the walk read.
+    void shape_failures(const core::shape::ShapeFrame& frame, const std::vector<Ref>& values,
+                        std::vector<FailureRecord>& out);
+    /// The guard index of guard id `id` (program_.guards is sorted by id).
+    std::uint32_t guard_index(std::uint32_t id) const;
     /// Walk node `ni` if its fetch `f` (from `parent`) succeeded, else record why it failed.
     bool visit_failures(std::uint32_t ni, Fetched f, PyObject* parent, std::vector<FailureRecord>& out);
     /// Record guard `gi` failing (r == 0) or raising (r < 0) on `v` (null for an ambient guard).
@@ -196,6 +207,8 @@ class GuardSet {
     std::vector<std::uint32_t> child_order_;  // permutation of program_.children ranges
     std::vector<std::uint32_t> root_order_;
     std::vector<std::uint32_t> guard_fails_, node_fails_;
+    std::vector<std::uint32_t> relation_fails_;  // per SHAPE relation
+    std::vector<std::string> symbol_texts_;      // per SHAPE symbol, its printed source
     bool ambient_reads_locals_ = false;  // an ambient guard (a LAMBDA) takes f_locals itself
     std::vector<FastOp> fast_ops_;
     bool fast_enabled_ = false;

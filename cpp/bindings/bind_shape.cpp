@@ -1,0 +1,122 @@
+// tripwire/cpp/bindings/bind_shape.cpp -- the shape-relation parser and evaluator, for the builder.
+//
+// The builder parses a relation through the core (to find its symbols and give errors with
+// offsets) and checks it on the example before declaring it. Offsets cross into Python as
+// code-point indices into the str (the core counts UTF-8 bytes).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/shape/parser.hpp"
+#include "core/shape/program.hpp"
+#include "register.hpp"
+#include "runtime/eval/shape_symbols.hpp"
+
+namespace nb = nanobind;
+
+namespace tripwire::bindings {
+namespace {
+
+// Set by tripwire.errors when the package loads: the class ShapeSyntaxError is raised as.
+PyObject* g_syntax_error_type = nullptr;
+
+// The code-point index of byte offset `byte` in UTF-8 `text`.
+std::size_t code_points(const std::string& text, std::size_t byte) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < byte && i < text.size(); ++i)
+        if ((static_cast<unsigned char>(text[i]) & 0xC0U) != 0x80U) ++n;
+    return n;
+}
+
+[[noreturn]] void raise_syntax_error(const std::string& message, std::size_t offset) {
+    PyObject* type = g_syntax_error_type != nullptr ? g_syntax_error_type : PyExc_ValueError;
+    PyObject* exc = PyObject_CallFunction(type, "sn", message.c_str(), static_cast<Py_ssize_t>(offset));
+    if (exc != nullptr) {
+        PyErr_SetObject(type, exc);
+        Py_DECREF(exc);
+    }
+    throw nb::python_error();
+}
+
+// Run `f`, turning the core's ShapeSyntaxError into the Python class with a code-point offset.
+template <typename F>
+auto translating(const std::string& text, F&& f) {
+    try {
+        return f();
+    } catch (const core::shape::ShapeSyntaxError& e) {
+        raise_syntax_error(e.what(), code_points(text, e.offset()));
+    }
+}
+
+std::vector<core::shape::ValueType> value_types(const std::vector<int>& types) {
+    std::vector<core::shape::ValueType> out;
+    for (int t : types) {
+        if (t != 0 && t != 1) throw nb::value_error("a symbol type is 0 (int) or 1 (float)");
+        out.push_back(static_cast<core::shape::ValueType>(t));
+    }
+    return out;
+}
+
+}  // namespace
+
+void register_shape(nb::module_& m) {
+    m.def(
+        "_set_shape_syntax_error",
+        [](nb::handle type) {
+            if (!PyType_Check(type.ptr()) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type.ptr()),
+                                                               reinterpret_cast<PyTypeObject*>(PyExc_ValueError)))
+                throw nb::type_error("needs a ValueError subclass");
+            Py_XDECREF(g_syntax_error_type);
+            g_syntax_error_type = type.ptr();
+            Py_INCREF(g_syntax_error_type);  // kept for the life of the process
+        },
+        nb::arg("type"), "The class (a ValueError subclass taking (message, offset)) shape text errors raise.");
+    m.def(
+        "parse_relation",
+        [](const std::string& text) {
+            return translating(text, [&] {
+                const core::shape::ParsedRelation r = core::shape::parse_relation(text);
+                nb::list spans;
+                for (const core::shape::SymbolSpan& s : r.spans)
+                    spans.append(nb::make_tuple(code_points(text, s.begin), code_points(text, s.end), s.symbol));
+                return nb::make_tuple(code_points(text, r.code_end), spans, nb::cast(r.symbols));
+            });
+        },
+        nb::arg("text"),
+        "(code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), "
+        "every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape "
+        "syntax error with the offset of the problem.");
+    m.def(
+        "evaluate_relation",
+        [](const std::string& text, const std::vector<int>& types, nb::list values) {
+            return translating(text, [&] {
+                if (values.size() != types.size()) throw nb::value_error("one value per symbol");
+                core::shape::RelationInput in;
+                in.text = text;
+                for (std::uint32_t k = 0; k < types.size(); ++k) in.symbols.push_back(k);
+                const core::shape::ShapeProgram p = core::shape::compile_relations({in}, value_types(types));
+                core::shape::ShapeFrame frame(p);
+                for (std::uint32_t k = 0; k < types.size(); ++k) {
+                    if (!runtime::store_symbol(frame, k, p.symbol_types[k], values[k].ptr()))
+                        throw nb::type_error(("symbol " + std::to_string(k) + " is not of its declared type").c_str());
+                }
+                const std::int32_t fast = core::shape::run_fast(p, frame);
+                const std::vector<core::shape::ExactResult> exact = core::shape::run_exact(p, frame);
+                nb::object error = exact[0].error.empty() ? nb::none() : nb::cast(exact[0].error);
+                const char* path = fast == core::shape::kShapeUndecided ? "exact" : "fast";
+                // The two paths must agree whenever the fast one decides.
+                if (fast != core::shape::kShapeUndecided && (fast == core::shape::kShapePass) != exact[0].holds)
+                    throw std::logic_error("shape fast path disagrees with the exact path on " + text);
+                return nb::make_tuple(exact[0].holds, error, path);
+            });
+        },
+        nb::arg("text"), nb::arg("types"), nb::arg("values"),
+        "(holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first "
+        "use (types: 0 int, 1 float), as a check evaluates it.");
+}
+
+}  // namespace tripwire::bindings
