@@ -19,11 +19,11 @@ import enum
 import functools
 import math
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _core
+from . import _core, shapes
 from .builder import GuardBuilder
 from .catalogue import GuardSpec
 from .source import Source, StepKind
@@ -78,6 +78,14 @@ class Policy:
         dict_keys_ordered: DICT_KEYS compares key order too (Dynamo's behaviour). With False the
             keys are compared as sets, and dict values are reached by key only (a value whose key
             cannot be written as a source step then gets no guard).
+        dynamic: dimensions of tensors and arrays that are dynamic, per top-level local name (an
+            iterable of ints, or ``"all"``): each gets SHAPE relations as Dynamo declares them
+            (:func:`tripwire.shapes.dynamic_relations`): ``2 <= L['x'].size()[d]``, sizes 0 and 1
+            specialised, equal sizes duck-sized into equalities.
+        duck_shape: with False, equal sizes of dynamic dimensions stay independent (Dynamo's
+            ``use_duck_shape``).
+        specialize_zero_one: with False, a dynamic size of 0 or 1 is not specialised and the
+            lower bound is 0 (Dynamo's ``specialize_zero_one``).
     """
 
     scalars: ScalarMode = "value"
@@ -86,6 +94,9 @@ class Policy:
     max_items: int | None = 64
     max_guards: int = 4096
     dict_keys_ordered: bool = True
+    dynamic: Mapping[str, Any] = field(default_factory=dict)
+    duck_shape: bool = True
+    specialize_zero_one: bool = True
 
     def __post_init__(self) -> None:
         if self.scalars not in ("value", "type"):
@@ -99,6 +110,9 @@ class Policy:
             raise ValueError("Policy.max_items must be an int >= 0 or None")
         if type(self.max_guards) is not int or self.max_guards < 0:
             raise ValueError("Policy.max_guards must be an int >= 0")
+        for name, dims in dict(self.dynamic).items():
+            if dims != "all" and not (type(dims) is int or all(type(d) is int for d in dims)):
+                raise ValueError(f"Policy.dynamic[{name!r}] must be 'all' or dimension indices, not {dims!r}")
 
 
 def guards_for(
@@ -108,8 +122,12 @@ def guards_for(
     *,
     f_closure: Any = None,
     builder: GuardBuilder | None = None,
+    relations: Iterable[Any] = (),
 ) -> GuardSet:
     """Infer the guards Dynamo would install for the input values ``f_locals`` and build them.
+
+    ``relations`` are SHAPE relations declared by the caller (text or :mod:`tripwire.shapes`
+    expressions), added after the inferred guards; ``Policy.dynamic`` marks dimensions dynamic.
 
     Only ``f_locals`` are guarded; ``f_globals`` and ``f_closure`` are handed to the builder so
     guards a caller adds on ``G[...]`` / ``C[...]`` sources can read them. With ``builder``, the
@@ -168,7 +186,7 @@ def guards_for(
         builder = GuardBuilder(f_locals, f_globals, f_closure)
     elif f_globals is not None or f_closure is not None:
         raise TypeError("pass f_globals and f_closure to the GuardBuilder, not with builder=")
-    infer_into(builder, f_locals, policy)
+    infer_into(builder, f_locals, policy, relations=relations)
     return builder.build()
 
 
@@ -178,12 +196,14 @@ def infer_into(
     policy: Policy | None = None,
     *,
     names: Any = None,
+    relations: Iterable[Any] = (),
 ) -> list[GuardSpec]:
     """Add the inferred guards for ``f_locals`` (default: the builder's) to ``builder``.
 
     ``names`` restricts inference to those local names (default: all, in mapping order).
     Returns the guards added. If inference raises, the builder is rolled back to where it was,
-    so a caller never sees half of an argument's guards. The rules are :func:`guards_for`'s.
+    so a caller never sees half of an argument's guards. The rules are :func:`guards_for`'s;
+    then the SHAPE relations of ``policy.dynamic`` (for the names inferred), then ``relations``.
     """
     policy = Policy() if policy is None else policy
     if not isinstance(policy, Policy):
@@ -207,6 +227,13 @@ def infer_into(
                 walker.type_match(src, value)
             else:
                 walker.visit(src, value, 0, mode)
+        dynamic = {k: v for k, v in dict(policy.dynamic).items() if names is None or k in names}
+        for text in shapes.dynamic_relations(
+            f_locals, dynamic, duck=policy.duck_shape, specialize_zero_one=policy.specialize_zero_one
+        ):
+            builder.shape(text)
+        for rel in relations:
+            builder.shape(rel)
     except BaseException:
         builder.restore(cp)
         raise

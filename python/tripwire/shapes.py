@@ -595,13 +595,18 @@ def _dims(dims: Any) -> list[int]:
 
 
 def _shape_of(value: Any) -> tuple | None:
-    """The shape of a tensor or array (or anything with an int-tuple ``shape``), else None."""
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        return None
+    """The sizes of a tensor or array, read as the SIZE step reads them (``v.shape`` for a numpy
+    array, ``v.size()`` otherwise); None when it has none."""
     try:
-        t = tuple(shape)
-    except TypeError:
+        if any(f"{t.__module__}.{t.__name__}" == "numpy.ndarray" for t in type(value).__mro__):
+            sizes = value.shape
+        else:
+            size = getattr(value, "size", None)
+            if not callable(size):
+                return None
+            sizes = size()
+        t = tuple(sizes)
+    except Exception:  # noqa: BLE001 - not a tensor or array
         return None
-    return t if all(isinstance(n, int) or hasattr(n, "__index__") for n in t) else None
+    return t if all(type(n) is int for n in t) else None
 

@@ -60,7 +60,7 @@ def run_threads(targets) -> None:
 
 def node_guard_sets(gs: tw.GuardSet) -> dict[str, list[int]]:
     """Each source's guard ids in their current (adaptive) order."""
-    return {text: sorted(ids) for _, text, ids, _, _ in gs._tree()}
+    return {text: sorted(ids) for _, text, ids, _, _, _ in gs._tree()}
 
 
 # -- snapshots published while other threads check ------------------------------------------

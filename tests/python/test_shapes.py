@@ -1,0 +1,487 @@
+"""SHAPE guards: the engine against the reference on generated relations, the text syntax and its
+errors, the structured form, explain(), failures, inference, and hostile objects."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import shape_cases
+import tripwire as tw
+from gc_stress import examples, scaled
+from tripwire import _core, reference
+from tripwire.shapes import Range, sym
+
+X0 = "L['x'].size()[0]"
+
+
+class T:
+    """A tensor-like object: size(), stride(), storage_offset() as torch has them."""
+
+    def __init__(self, *sizes: int, strides: tuple | None = None, offset: int = 0) -> None:
+        self._sizes = tuple(sizes)
+        self._strides = strides if strides is not None else tuple(1 for _ in sizes)
+        self._offset = offset
+
+    def size(self) -> tuple:
+        return self._sizes
+
+    def stride(self) -> tuple:
+        return self._strides
+
+    def storage_offset(self) -> int:
+        return self._offset
+
+
+# -- the engine against the reference ------------------------------------------------------------
+def test_generated_relation_sets_match_the_reference() -> None:
+    # Bounded here; `python tests/python/shape_cases.py --pairs 100000` is the long run.
+    stats = shape_cases.run_pairs(scaled(2000, 200), seed=20240611)
+    assert stats["passed"] > 0 and stats["failed"] > 0
+    assert stats["merged_or_implied"] > 0
+
+
+def test_generated_single_relations_match_the_reference_on_both_paths() -> None:
+    stats = shape_cases.run_relations(scaled(2000, 200), seed=7)
+    assert stats["fast"] > 0 and stats["exact"] > 0
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_relation_sets_match_the_reference_for_any_seed(seed: int) -> None:
+    shape_cases.run_pairs(8, seed)
+
+
+@pytest.mark.parametrize(
+    "text,values,holds",
+    [
+        ("L['a'] // L['b'] == -4", [-7, 2], True),
+        ("L['a'] % L['b'] == -1", [7, -2], True),
+        ("L['a'] * L['a'] > 2**125", [2**63 - 1], True),  # overflows int64: exact integers
+        ("L['a'] - 1 == 2**64 - 1", [2**64], True),  # an input beyond int64
+        ("L['a'] // L['b'] == 0", [1, 0], False),  # ZeroDivisionError: the relation fails
+        ("L['b'] != 0 and L['a'] // L['b'] == 0", [1, 0], False),  # short-circuit: no error
+        ("L['b'] == 0 or L['a'] % L['b'] == 1", [1, 0], True),
+        ("L['a'] ** 70 > 0", [2], True),
+        ("L['a'] ** L['b'] == 1", [2, -1], False),  # a natural exponent only
+        ("float(L['a']) > 0", [10**400], False),  # OverflowError, as Python
+        ("L['a'] > 9007199254740992.0", [2**53 + 1], True),  # exact int/float comparison
+        ("L['a'] / L['b'] == 0.5", [1, 2], True),
+        ("(10**30) / L['a'] == 3.333333333333333e+29", [3], True),
+    ],
+)
+def test_int_semantics_are_pythons(text: str, values: list, holds: bool) -> None:
+    rel = tw.shapes.parse(text)
+    ordered = dict(zip(["L['a']", "L['b']"], values))
+    vals = [ordered[str(s)] for s in rel.symbols]
+    assert rel.evaluate(vals)[0] is holds
+    assert reference.shape_holds(rel.text, rel.symbols, ["int"] * len(vals), dict(zip(map(str, rel.symbols), vals))) is holds
+
+
+@pytest.mark.parametrize("s", [math.nan, math.inf, -math.inf, 0.0, -0.0, 5e-324, 1e308])
+def test_float_semantics_and_nan(s: float) -> None:
+    for text in ["not math.isnan(L['s'])", "L['s'] == L['s']", "L['s'] != L['s']", "L['s'] < 1 or L['s'] >= 1",
+                 "L['s'] // 0.5 >= 0", "L['s'] % -2.0 <= 0", "math.floor(L['s']) >= 0"]:  # fmt: skip
+        rel = tw.shapes.parse(text)
+        want = reference.shape_holds(rel.text, rel.symbols, ["float"], {"L['s']": s})
+        assert rel.evaluate([s])[0] is want, (text, s)
+
+
+def test_bit_limit_is_the_references() -> None:
+    assert reference.MAX_INT_BITS == 65536
+    rel = tw.shapes.parse("L['a'] ** 65535 > 0")
+    assert rel.evaluate([2])[0] is True
+    holds, error = tw.shapes.parse("L['a'] ** 65536 > 0").evaluate([2])
+    assert not holds and "65536 bits" in error
+    assert not reference.shape_holds("L['a'] ** 65536 > 0", tw.shapes.parse("L['a'] > 0").symbols, ["int"], {"L['a']": 2})
+
+
+# -- the text syntax -----------------------------------------------------------------------------
+TORCH_PARTS = [
+    "((6*L['x'].size()[0]) % 4) == 0  # z = x.reshape(-1, 4)  # t.py:4 in f (_prims_common/__init__.py:1118 in infer_size)",
+    "(6*L['x'].size()[0]) == (4*((3*L['x'].size()[0]) // 2))  # z = x.reshape(-1, 4)",
+    "((3*L['x'].size()[0]) // 2) != L['x'].size()[0]",
+    "(L['x'].size()[0] % ((3*L['x'].size()[0]) // 2)) != 0",
+    "((6*L['x'].size()[0]) // ((3*L['x'].size()[0]) // 2)) == 4",
+    "(L['x'].size()[0] // 2) <= L['y'].size()[0]  # return z.sum() + y[: x.shape[0] // 2].sum()",
+    "4 <= L['x'].size()[0]",
+    "2 <= L['y'].size()[0]  # user code shown is first use of this value--the guard itself is not due user code but due to 0/1 specialization in the framework; to avoid specialization try torch._dynamo.decorators.mark_unbacked(tensor, dim)",
+    "not math.isnan(L['s'])  # implicit guard for float input due to NaN specialization in the framework",
+    "L['x'].stride()[0] == L['x'].size()[1]  # (unknown source L['x'].stride()[0], please file a bug)",
+    "2 <= L['x'].size()[0] <= 1024  # a and b",
+    "2 <= L['x'].size()[0] and L['x'].size()[0] <= 1024",
+    "Eq(Mod(L['x'].size()[0], 8), 0)",
+    "L['x'].shape[0] == L['y'].size(0)",
+]
+
+
+@pytest.mark.parametrize("part", TORCH_PARTS)
+def test_torch_code_parts_parse(part: str) -> None:
+    rels = tw.shapes.relations_from_torch(part)
+    assert rels
+    for rel in rels:
+        assert "#" not in rel.text
+        assert all(str(s).startswith("L[") for s in rel.symbols)
+        assert ".shape[" not in rel.text and ".size(0)" not in rel.text
+    if "#" in part:
+        assert rels[0].comment == part.split("#", 1)[1].strip()
+
+
+def test_top_level_conjunctions_split_and_chains_do_not() -> None:
+    assert [r.text for r in tw.shapes.relations_from_torch("2 <= L['x'].size()[0] and L['x'].size()[0] <= 1024")] == [
+        "2 <= L['x'].size()[0]",
+        "L['x'].size()[0] <= 1024",
+    ]
+    assert len(tw.shapes.relations_from_torch("2 <= L['x'].size()[0] <= 1024")) == 1
+
+
+def test_symbols_are_canonical_and_distinct() -> None:
+    rel = tw.shapes.parse("  L['x'].shape[0] + L['x'].size(0) == 2 * L['x'].size()[0]  # same symbol thrice")
+    assert rel.text == "L['x'].size()[0] + L['x'].size()[0] == 2 * L['x'].size()[0]"
+    assert [str(s) for s in rel.symbols] == [X0]
+    assert rel.comment == "same symbol thrice"
+
+
+@pytest.mark.parametrize(
+    "text,offset,fragment",
+    [
+        ("", 0, "empty"),
+        ("L['x'] >", 8, "expected an operand"),
+        ("L['x'].size()[0] > (1 + 2", 25, "expected ')'"),
+        ("foo(L['x']) > 1", 0, "unknown function"),
+        ("L['x'] @ 1", 7, "unexpected '@'"),
+        ("L['x'].size()[-1] > 0", 0, "non-negative"),  # a source Source.parse refuses: at the source
+        ("1 < L['é'] + ", 13, "expected an operand"),  # offsets count characters, not bytes
+        ("(" * 300 + "1" + ")" * 300 + " == 1", 100, "nested"),
+    ],
+)
+def test_syntax_errors_have_offsets(text: str, offset: int, fragment: str) -> None:
+    with pytest.raises(tw.ShapeSyntaxError) as info:
+        tw.shapes.parse(text)
+    assert info.value.offset == offset
+    assert fragment in info.value.message
+    assert isinstance(info.value, ValueError) and isinstance(info.value, tw.GuardBuildError)
+    assert info.value.text == text
+
+
+@pytest.mark.parametrize(
+    "text,offset",
+    [
+        ("L['s'] ** 2 > 1", 7),
+        ("  L['x'].shape[0] + 1", 18),  # offsets in the text as given, not the canonical one
+        ("L['x'].shape[0] + (L['n'] < 1) > 0", 16),
+        ("max(L['n'], L['s']) > 0", 0),
+    ],
+)
+def test_type_errors_have_offsets_into_the_original_text(text: str, offset: int) -> None:
+    b = tw.GuardBuilder({"x": T(4), "n": 3, "s": 0.5})
+    with pytest.raises(tw.ShapeSyntaxError) as info:
+        b.shape(text)
+    assert info.value.offset == offset, info.value
+
+
+_ALPHABET = st.sampled_from(list("L['x'].size()[0] +-*/%<>=!() 0123456789.,#\"\\éG_mathisnaorndif\t\n") + [
+    "L['x']", "L['s']", ".size()", "[0]", "math.isnan(", "max(", "Eq(", " and ", " or ", " not ", " if ", " else ",
+    "**", "//", "<=", "==", "1e400", "True", "getattr(", "'", ")", "(",
+])  # fmt: skip
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(st.lists(_ALPHABET, max_size=40).map("".join))
+def test_malformed_text_gives_one_clear_error(text: str) -> None:
+    # Any text: a Relation, or a ShapeSyntaxError inside the text; nothing else, never a crash.
+    try:
+        rel = tw.shapes.parse(text)
+    except tw.ShapeSyntaxError as e:
+        assert 0 <= e.offset <= len(text)
+        assert e.message
+        return
+    assert rel.text == rel.text.strip()
+    # Parsing the canonical text again gives the same relation.
+    again = tw.shapes.parse(rel.text)
+    assert again.text == rel.text and again.symbols == rel.symbols
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.integers(0, 2**32), st.data())
+def test_mutated_relations_give_one_clear_error(seed: int, data: st.DataObject) -> None:
+    text = shape_cases.relation(random.Random(seed))
+    pos = data.draw(st.integers(0, len(text)))
+    op = data.draw(st.sampled_from(["delete", "insert", "swap"]))
+    ch = data.draw(st.sampled_from(list("()[]'\",.+-*/%<>=!# 0aL")))
+    if op == "delete" and pos < len(text):
+        text = text[:pos] + text[pos + 1 :]
+    elif op == "insert":
+        text = text[:pos] + ch + text[pos:]
+    elif pos < len(text):
+        text = text[:pos] + ch + text[pos + 1 :]
+    try:
+        rel = tw.shapes.parse(text)
+    except tw.ShapeSyntaxError as e:
+        assert 0 <= e.offset <= len(text)
+        return
+    types = [shape_cases._symbol_type(s) for s in rel.symbols]
+    values = [1 if t == "int" else 1.0 for t in types]
+    try:
+        rel.evaluate(values)
+    except tw.ShapeSyntaxError as e:  # a type error, also with its offset in the text as given
+        assert 0 <= e.offset <= len(text)
+
+
+# -- the builder ---------------------------------------------------------------------------------
+def test_relation_must_hold_on_the_example() -> None:
+    b = tw.GuardBuilder({"x": T(9)})
+    with pytest.raises(tw.GuardBuildError, match=r"\(\(6\*L\['x'\]\.size\(\)\[0\]\) % 4\) == 0 is false with L\['x'\]\.size\(\)\[0\] = 9"):
+        b.shape("((6*L['x'].size()[0]) % 4) == 0")
+    with pytest.raises(tw.GuardBuildError, match="raised ZeroDivisionError"):
+        b.shape("L['x'].size()[0] // 0 == 1")
+    with pytest.raises(tw.GuardBuildError, match="is a str"):
+        tw.GuardBuilder({"n": "3"}).shape("L['n'] > 0")
+    with pytest.raises(tw.GuardBuildError, match="cannot read"):
+        tw.GuardBuilder({}).shape("L['n'] > 0")
+    assert len(b) == 0
+
+
+def test_failure_names_the_relation_and_every_symbol() -> None:
+    ex = {"x": T(8, 3), "y": T(10), "s": 0.5}
+    b = tw.GuardBuilder(ex)
+    b.shape("((L['x'].size()[1]*L['x'].size()[0]) % 4) == 0  # z = x.reshape(-1, 4)")
+    b.shape("(L['x'].size()[0] // 2) <= L['y'].size()[0]")
+    b.shape("not math.isnan(L['s'])")
+    gs = b.build()
+    f = gs.why_not({**ex, "x": T(9, 3)})
+    assert f is not None and f.kind == "SHAPE"
+    assert f.reason == (
+        "((L['x'].size()[1]*L['x'].size()[0]) % 4) == 0 is false with L['x'].size()[1] = 3, L['x'].size()[0] = 9"
+    )
+    assert f.expected == "((L['x'].size()[1]*L['x'].size()[0]) % 4) == 0"
+    assert f.actual == {"L['x'].size()[1]": 3, "L['x'].size()[0]": 9}
+    assert f.source == "L['x'].size()[1], L['x'].size()[0]"
+    assert f.guard.index == 0
+    f = gs.why_not({**ex, "s": math.nan})
+    assert f.reason == "not math.isnan(L['s']) is false with L['s'] = nan"
+    f = gs.why_not({**ex, "y": [1, 2]})
+    assert f.reason.startswith("(L['x'].size()[0] // 2) <= L['y'].size()[0]: L['y'].size()[0] cannot be read (")
+    assert f.actual is None
+    f = gs.why_not({**ex, "s": 1})
+    assert f.reason == "not math.isnan(L['s']): L['s'] is a int, not a float (a shape symbol keeps the exact type of its example)"
+    assert [x.guard.index for x in gs.failures({**ex, "x": T(30, 3), "s": math.nan})] == [0, 1, 2]
+
+
+def test_explain_reports_relations_before_and_after() -> None:
+    b = tw.GuardBuilder({"x": T(8), "n": 5})
+    b.shape(f"4 <= {X0}")
+    b.shape(f"2 <= {X0}")  # implied by #0
+    b.shape(f"4 <= {X0}  # a duplicate")  # merged into #0
+    b.shape(f"{X0} % 2 == 0")
+    b.shape("L['n'] * 2 < 100")
+    gs = b.build()
+    text = gs.explain()
+    assert "shape relations (checked after every source): 5 declared, 3 evaluated (1 merged as duplicates, 1 implied by earlier ones); 2 symbols" in text
+    assert "[dropped: implied by #0]" in text and "[merged: the same relation as #0]" in text
+    assert f"{X0}   [shape symbol s0]" in text
+    assert gs.check({"x": T(6), "n": 5})
+    assert not gs.check({"x": T(3), "n": 5})
+    assert "failed 1x" in gs.explain()
+
+
+def test_structured_form_prints_the_text_syntax() -> None:
+    x0, y0, n = sym("L['x'].shape[0]"), sym("L['y'].size(0)"), sym("L['n']")
+    assert str(x0 // 2 <= y0) == "(L['x'].size()[0] // 2) <= L['y'].size()[0]"
+    assert str(Range(2, x0, 1024)) == "2 <= L['x'].size()[0] <= 1024"
+    assert str(Range(2, x0)) == "2 <= L['x'].size()[0]"
+    assert str(tw.shapes.Eq(tw.shapes.Mod(6 * x0, 4), 0)) == "((6 * L['x'].size()[0]) % 4) == 0"
+    assert str((x0 > 1) & ~(n == -3) | tw.shapes.IsNan(sym("L['s']"))) == (
+        "((L['x'].size()[0] > 1) and (not (L['n'] == (-3)))) or math.isnan(L['s'])"
+    )
+    assert str(tw.shapes.Max(x0, y0, 3) - tw.shapes.Min(n, 2)) == "max(L['x'].size()[0], L['y'].size()[0], 3) - min(L['n'], 2)"
+    assert str(tw.shapes.Pow(n, 2) + tw.shapes.IntTrueDiv(n, 3) > math.inf) == "((L['n'] ** 2) + IntTrueDiv(L['n'], 3)) > math.inf"
+    with pytest.raises(TypeError, match="truth value"):
+        bool(x0 < 3)
+    with pytest.raises(TypeError, match="sym"):
+        x0 + "L['n']"
+    ex = {"x": T(8), "y": T(4), "n": 5, "s": 0.5}
+    b = tw.GuardBuilder(ex)
+    b.shape(x0 // 2 <= y0)
+    b.shape(Range(2, x0, 1024))
+    b.shape(tw.shapes.Ne(n * n % 7, 0))
+    gs = b.build()
+    assert gs.check(ex) and not gs.check({**ex, "y": T(3)})
+
+
+def test_relation_whose_texts_differ_only_in_spelling_merge() -> None:
+    b = tw.GuardBuilder({"x": T(8)})
+    b.shape("L['x'].shape[0] >= 4")
+    b.shape("4 <= L['x'].size(0)")
+    relations = b.build()._shape_info["relations"]
+    assert [status for _, status, _, _ in relations] == ["kept", "merged"]
+
+
+# -- symbols -------------------------------------------------------------------------------------
+def test_symbol_is_read_once_per_check() -> None:
+    calls = []
+
+    class Counting(T):
+        def size(self) -> tuple:
+            calls.append(1)
+            return super().size()
+
+    x = Counting(8, 4)
+    b = tw.GuardBuilder({"x": x})
+    for text in [f"{X0} % 4 == 0", f"{X0} >= 2", f"{X0} // 2 != 3", "L['x'].size()[1] * 2 == 8"]:
+        b.shape(text)
+    gs = b.build()
+    calls.clear()
+    assert gs.check({"x": x})
+    assert len(calls) == 2  # size()[0] and size()[1]: one call per symbol, not per relation
+
+
+def test_int_inputs_and_attributes_take_the_fast_pass() -> None:
+    class Cfg:
+        def __init__(self) -> None:
+            self.k = 4
+
+    ex = {"n": 12, "cfg": Cfg()}
+    b = tw.GuardBuilder(ex)
+    b.type_match("L['cfg']")
+    b.shape("L['n'] % L['cfg'].k == 0")
+    b.shape("2 <= L['n'] <= 1024")
+    gs = b.build()
+    assert gs._uses_fast_pass
+    for _ in range(3):
+        assert gs.check(ex)
+    assert gs._fast_pass_count >= 2
+    assert not gs.check({**ex, "n": 13})
+    assert not gs.check({**ex, "n": 2**80})  # beyond int64: decided exactly, false
+    assert gs.check({**ex, "n": 1024})
+    assert not gs.check({**ex, "n": True})  # not an int: fails closed
+
+
+def test_numpy_arrays_read_shape_and_byte_strides() -> None:
+    np = pytest.importorskip("numpy")
+    a = np.zeros((6, 4), dtype=np.float32)
+    b = tw.GuardBuilder({"a": a})
+    b.shape("L['a'].size()[0] * L['a'].size()[1] == 24")
+    b.shape("L['a'].stride()[0] == 16")  # bytes, as numpy counts them
+    gs = b.build()
+    assert gs.check({"a": np.zeros((3, 8), dtype=np.float32)}) is False  # stride 32
+    assert gs.check({"a": np.zeros((12, 4), dtype=np.float32)[::2]}) is False  # stride 32
+    assert gs.check({"a": np.ones((6, 4), dtype=np.float32)})
+    with pytest.raises(tw.GuardBuildError, match="storage_offset"):
+        tw.GuardBuilder({"a": a}).shape("L['a'].storage_offset() == 0")
+    assert reference.fetch(tw.Source.parse("L['a'].stride()[1]"), {"a": a}) == 4
+
+
+def test_hostile_size_methods() -> None:
+    state = {"mode": "ok", "gs": None}
+
+    class Hostile(T):
+        def size(self) -> tuple:
+            mode = state["mode"]
+            if mode == "raise":
+                raise RuntimeError("boom")
+            if mode == "float":
+                return (8.0,)
+            if mode == "bigint":
+                return (2**100,)
+            if mode == "reenter":
+                state["mode"] = "ok"
+                # A check of the same set from inside its own check: it has its own frame.
+                assert state["gs"].check({"x": Hostile(3)}) is False
+                state["mode"] = "reenter"
+                return (8,)
+            if mode == "mutate":
+                self._sizes = (3,)
+                return (8,)
+            return self._sizes
+
+    x = Hostile(8)
+    b = tw.GuardBuilder({"x": x})
+    b.shape(f"{X0} % 4 == 0")
+    b.shape(f"{X0} >= 4")
+    gs = b.build()
+    state["gs"] = gs
+    for mode, want in [("raise", False), ("float", False), ("bigint", True), ("reenter", True), ("mutate", True)]:
+        state["mode"] = mode
+        assert gs.check({"x": x}) is want, mode
+        assert (gs.why_not({"x": x}) is None) is want, mode
+    state["mode"] = "raise"
+    assert "RuntimeError: boom" in gs.why_not({"x": x}).reason
+    strict = tw.GuardSet(list(b.guards), strict=True)
+    with pytest.raises(tw.GuardEvalError):
+        strict.check({"x": x})
+
+
+def test_threads_checking_one_set() -> None:
+    # Symbols go to a frame per check: threads (size() may release the GIL) never mix values.
+    b = tw.GuardBuilder({"x": T(8, 4), "n": 4})
+    b.shape("L['x'].size()[0] == 2 * L['n']")
+    b.shape("L['x'].size()[1] == L['n']")
+    gs = b.build()
+    errors = []
+
+    def run(k: int) -> None:
+        for i in range(scaled(300, 30)):
+            n = 1 + (i + k) % 9
+            good = {"x": T(2 * n, n), "n": n}
+            bad = {"x": T(2 * n + 1, n), "n": n}
+            if not gs.check(good) or gs.check(bad):
+                errors.append((k, i))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors
+
+
+# -- inference -----------------------------------------------------------------------------------
+def test_dynamic_dimensions_as_dynamo_declares_them() -> None:
+    ex = {"x": T(8, 4, 1), "y": T(4)}
+    rels = tw.shapes.dynamic_relations(ex, {"x": "all", "y": [0]})
+    assert rels == [
+        "2 <= L['x'].size()[0]",
+        "2 <= L['x'].size()[1]",
+        "L['x'].size()[2] == 1",  # 0/1 specialisation
+        "L['y'].size()[0] == L['x'].size()[1]",  # duck sizing
+    ]
+    assert tw.shapes.dynamic_relations(ex, {"y": [0]}, duck=False, specialize_zero_one=False) == ["0 <= L['y'].size()[0]"]
+    with pytest.raises(tw.GuardBuildError, match="no dimension 3"):
+        tw.shapes.dynamic_relations(ex, {"x": [3]})
+
+
+def test_guards_for_takes_relations_and_dynamic_dimensions() -> None:
+    ex = {"x": T(8, 4), "y": T(4), "n": 3}
+    gs = tw.guards_for(
+        ex,
+        policy=tw.Policy(dynamic={"x": [0, 1], "y": [0]}, per_arg={"n": "type"}),
+        relations=["L['x'].size()[0] % 4 == 0", sym("L['n']") < 10],
+    )
+    kinds = [g.kind for g in gs.guards]
+    assert kinds.count(tw.GuardKind.SHAPE) == 5
+    assert gs.check(ex)
+    assert gs.check({"x": T(12, 5), "y": T(5), "n": 9})
+    f = gs.why_not({"x": T(12, 5), "y": T(6), "n": 3})
+    assert f.kind == "SHAPE" and "L['y'].size()[0] == L['x'].size()[1]" in f.reason
+    assert not gs.check({"x": T(10, 5), "y": T(5), "n": 3})
+    assert not gs.check({"x": T(12, 5), "y": T(5), "n": 10})
+    assert not gs.check({"x": T(12, 1), "y": T(1), "n": 3})  # 2 <= size
+
+
+def test_core_parse_relation_reports_symbol_spans() -> None:
+    code_end, spans, symbols = _core.parse_relation("L['é'] + L['x'].size(0) > L['é']  # c")
+    assert symbols == ["L['é']", "L['x'].size(0)"]
+    assert spans == [(0, 6, 0), (9, 23, 1), (26, 32, 0)]
+    assert code_end == 32
