@@ -7,6 +7,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,6 +119,53 @@ void register_shape(nb::module_& m) {
         nb::arg("text"), nb::arg("types"), nb::arg("values"),
         "(holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first "
         "use (types: 0 int, 1 float), as a check evaluates it.");
+    m.def(
+        "_shape_time",
+        [](const std::vector<std::string>& texts, nb::dict values, long iterations) {
+            // Symbols are numbered across the relations by their text; values by the same text.
+            std::map<std::string, std::uint32_t> index;
+            std::vector<core::shape::ValueType> types;
+            std::vector<nb::handle> vals;
+            std::vector<core::shape::RelationInput> inputs;
+            for (std::uint32_t k = 0; k < texts.size(); ++k) {
+                const core::shape::ParsedRelation r =
+                    translating(texts[k], [&] { return core::shape::parse_relation(texts[k]); });
+                core::shape::RelationInput in;
+                in.id = k;
+                in.text = texts[k];
+                for (const std::string& s : r.symbols) {
+                    auto [it, fresh] = index.emplace(s, static_cast<std::uint32_t>(types.size()));
+                    if (fresh) {
+                        nb::handle v = values[nb::str(s.c_str())];
+                        types.push_back(PyFloat_CheckExact(v.ptr()) ? core::shape::ValueType::Float
+                                                                    : core::shape::ValueType::Int);
+                        vals.push_back(v);
+                    }
+                    in.symbols.push_back(it->second);
+                }
+                inputs.push_back(std::move(in));
+            }
+            const core::shape::ShapeProgram p =
+                translating(texts.empty() ? std::string() : texts[0], [&] { return core::shape::compile_relations(inputs, types); });
+            // What a check does once its symbols are read: a frame, the stores, the relations.
+            std::int32_t result = 0;
+            const auto t0 = std::chrono::steady_clock::now();
+            for (long i = 0; i < iterations; ++i) {
+                core::shape::ShapeFrame frame(p);
+                for (std::uint32_t s = 0; s < vals.size(); ++s)
+                    runtime::store_symbol(frame, s, types[s], vals[s].ptr());
+                result = core::shape::first_failing(p, frame);
+            }
+            const auto t1 = std::chrono::steady_clock::now();
+            const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(iterations);
+            std::size_t ops = 0;
+            for (const core::shape::ShapeInstr& in : p.code) ops += in.code != core::shape::Code::Check;
+            return nb::make_tuple(ns, result, p.kept.size(), types.size(), ops);
+        },
+        nb::arg("relations"), nb::arg("values"), nb::arg("iterations"),
+        "Benchmark hook: (ns per evaluation, first failing relation or -1, kept relations, symbols, "
+        "operations) for relations over symbols whose values are given by printed source: the frame, the "
+        "symbol stores and the relations, in a C++ loop (no Python call per iteration).");
 }
 
 }  // namespace tripwire::bindings

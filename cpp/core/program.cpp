@@ -52,16 +52,6 @@ void validate_source(const SourcePath& src, std::size_t n_consts) {
 // Key identifying a node among its siblings.
 using RootKey = std::pair<int, ConstId>;
 using StepKey = std::tuple<std::uint32_t, int, ConstId, std::int64_t>;
-// Key identifying a whole source (a shape symbol).
-using PathKey = std::tuple<int, ConstId, std::vector<std::tuple<int, ConstId, std::int64_t>>>;
-
-PathKey path_key(const SourcePath& src) {
-    std::vector<std::tuple<int, ConstId, std::int64_t>> steps;
-    steps.reserve(src.steps.size());
-    for (const Step& s : src.steps) steps.emplace_back(static_cast<int>(s.kind), s.operand, s.index);
-    return {static_cast<int>(src.root), src.name, std::move(steps)};
-}
-
 }  // namespace
 
 void validate_decl(const GuardDecl& d, std::size_t n_consts) {
@@ -169,8 +159,7 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
         return cur;
     };
 
-    // Shape symbols: one per distinct source, numbered in order of first use.
-    std::map<PathKey, std::uint32_t> symbol_index;
+    // Shape symbols: one per distinct source (so per node), numbered in order of first use.
     std::vector<shape::ValueType> symbol_types;
     std::vector<shape::RelationInput> relations;
     for (std::uint32_t gi = 0; gi < decls.size(); ++gi) {
@@ -181,18 +170,18 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
             rel.text = d.relation;
             for (std::size_t k = 0; k < d.symbols.size(); ++k) {
                 const auto type = static_cast<shape::ValueType>(d.symbol_types[k]);
-                auto [it, fresh] = symbol_index.emplace(path_key(d.symbols[k]), symbol_types.size());
-                if (fresh) {
+                const std::uint32_t node = intern_path(d.symbols[k]);
+                std::uint32_t sym = p.nodes[node].symbol;
+                if (sym == kNoSymbol) {
+                    sym = static_cast<std::uint32_t>(symbol_types.size());
                     symbol_types.push_back(type);
-                    const std::uint32_t node = intern_path(d.symbols[k]);
-                    if (p.nodes[node].symbol != kNoSymbol) fail("two symbols on one node");
-                    p.nodes[node].symbol = it->second;
+                    p.nodes[node].symbol = sym;
                     p.symbol_nodes.push_back(node);
                     p.symbol_min_id.push_back(d.id);
-                } else if (symbol_types[it->second] != type) {
+                } else if (symbol_types[sym] != type) {
                     fail("symbol " + d.symbols[k].texts.back() + " is declared both an int and a float");
                 }
-                rel.symbols.push_back(it->second);
+                rel.symbols.push_back(sym);
             }
             relations.push_back(std::move(rel));
             p.shape_guards.push_back(gi);

@@ -8,6 +8,7 @@ the user stack that installed it, so a failure can say why the guard exists.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import sys
 import types
@@ -29,6 +30,7 @@ _UNSET: Any = object()
 _STACK_DEPTH = 8
 
 
+@functools.lru_cache(maxsize=1024)
 def _is_machinery(filename: str) -> bool:
     """Whether a frame of this file is tripwire's own machinery (never the place a guard "was
     installed"): every module of the package, except the demo, which plays the user; and frozen

@@ -46,6 +46,9 @@ __all__ = ["CONSTANT_TYPES", "GuardKind", "GuardSpec", "Weak", "resolve", "short
 
 # The engine's own enum (cpp/core/ir.hpp, bound by cpp/bindings/bind_ir.cpp): one definition.
 GuardKind = _core.GuardKind
+# Read once: an enum member lookup is a Python-level attribute access.
+_IDENTITY_KINDS = frozenset({GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH})
+_EQUALS_MATCH = GuardKind.EQUALS_MATCH
 
 
 class Weak:
@@ -153,9 +156,7 @@ class GuardSpec:
 
     def weakened(self) -> GuardSpec:
         """This spec with identity-held arguments replaced by :class:`Weak` where possible."""
-        if self.kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH) or (
-            self.kind is GuardKind.EQUALS_MATCH and isinstance(self.args[0], enum.Enum)
-        ):
+        if self.kind in _IDENTITY_KINDS or (self.kind is _EQUALS_MATCH and isinstance(self.args[0], enum.Enum)):
             return GuardSpec(self.kind, self.source, (weaken(self.args[0]),), self.index, self.stack)
         return self
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -24,6 +25,7 @@ __all__ = ["GuardSet", "build_guard_set"]
 _PROBE_IDS = {name: i for i, name in enumerate(_core.builtin_probes())}  # core::BuiltinProbe
 _WEAK_KINDS = (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH)
 _SYMBOL_TYPES = {"int": 0, "float": 1}  # core::shape::ValueType
+_SHAPE = GuardKind.SHAPE
 
 
 class _Pool:
@@ -33,6 +35,7 @@ class _Pool:
         self.consts: list[Any] = []
         self.weak: list[bool] = []
         self._interned: dict[tuple, int] = {}
+        self.sources: dict[int, _core.SourcePath] = {}
 
     def intern(self, value: Any) -> int:
         if type(value) is str:
@@ -56,14 +59,26 @@ def _private_constant(c: Any) -> Any:
     return c
 
 
+@functools.lru_cache(maxsize=4096)
+def _prefix_texts(src: Source) -> list[str]:
+    """The printed prefixes of a source (root first): computed once per distinct source."""
+    return [str(p) for p in src.prefixes()]
+
+
 def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
-    steps = [
-        _core.Step(st.kind, operand=pool.intern(st.arg))
-        if st.has_operand
-        else _core.Step(st.kind, index=st.index)
-        for st in src.steps
-    ]
-    return _core.SourcePath(src.root, pool.intern(src.name), steps, [str(p) for p in src.prefixes()])
+    # One declaration per source object and pool (the specs keep the objects alive): guards and
+    # shape symbols share sources. Equal sources that are distinct objects get equal
+    # declarations, which the engine merges into one node.
+    decl = pool.sources.get(id(src))
+    if decl is None:
+        steps = [
+            _core.Step(st.kind, operand=pool.intern(st.arg))
+            if st.has_operand
+            else _core.Step(st.kind, index=st.index)
+            for st in src.steps
+        ]
+        decl = pool.sources[id(src)] = _core.SourcePath(src.root, pool.intern(src.name), steps, _prefix_texts(src))
+    return decl
 
 
 def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
@@ -73,6 +88,19 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
     decls = []
     for s in specs:
         k, a = s.kind, s.args
+        if k is _SHAPE:
+            text, symbols, types = a
+            decls.append(
+                _core.GuardDecl(
+                    k,
+                    None,
+                    id=s.index,
+                    relation=text,
+                    symbols=[_source_decl(sym, pool) for sym in symbols],
+                    symbol_types=[_SYMBOL_TYPES[t] for t in types],
+                )
+            )
+            continue
         op = op2 = None
         n = n2 = 0
         flag = False
@@ -101,19 +129,6 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
                 op, op2 = pool.add(probe), pool.add(_private_constant(snapshot))
         elif k is GuardKind.LAMBDA:
             op = pool.add(a[0])
-        elif k is GuardKind.SHAPE:
-            text, symbols, types = a
-            decls.append(
-                _core.GuardDecl(
-                    k,
-                    None,
-                    id=s.index,
-                    relation=text,
-                    symbols=[_source_decl(sym, pool) for sym in symbols],
-                    symbol_types=[_SYMBOL_TYPES[t] for t in types],
-                )
-            )
-            continue
         source = None if s.source is None else _source_decl(s.source, pool)
         decls.append(_core.GuardDecl(k, source, op, op2, n=n, n2=n2, flag=bool(flag), id=s.index))
     return decls

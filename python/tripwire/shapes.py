@@ -150,7 +150,13 @@ def parse(relation: str | Expr | Relation) -> Relation:
         relation = relation.relation_text()
     if not isinstance(relation, str):
         raise TypeError(f"a relation is a str or a tripwire.shapes.Expr, not {type(relation).__name__}")
-    text = relation
+    return _parse_text(str(relation))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Relation:
+    """parse() of an exact str, memoised: a JIT that recompiles a function sees the same texts
+    again (a Relation is immutable; errors are not cached)."""
     try:
         code_end, spans, raw_symbols = _core.parse_relation(text)
     except ShapeSyntaxError as e:
@@ -201,6 +207,8 @@ def relations_from_torch(code_part: str) -> list[Relation]:
     relation keeps the part's comment. Raises ShapeSyntaxError for text tripwire cannot use.
     """
     rel = parse(code_part)
+    if " and " not in rel.text and "And(" not in rel.text:
+        return [rel]
     try:
         tree = ast.parse(rel.text, mode="eval").body
     except SyntaxError:

@@ -40,6 +40,7 @@ In shape relations (``GuardBuilder.shape``), ``X.shape[i]`` is read as ``X.size(
 from __future__ import annotations
 
 import ast
+import functools
 import keyword
 import math
 import unicodedata
@@ -203,6 +204,14 @@ class Source:
         if type(self.name) is not str:
             raise ValueError("root name must be a str")
 
+    def __hash__(self) -> int:
+        # Computed once: sources key the builder's and the encoder's tables.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.root, self.name, self.steps))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     # -- construction -------------------------------------------------------------------------
     @staticmethod
     def local(name: str) -> Source:
@@ -272,18 +281,26 @@ class Source:
         """
         if isinstance(text, Source):
             return text
-        if not isinstance(text, str):
-            raise TypeError(f"a source is a str or Source, not {type(text).__name__}")
-        try:
-            tree = ast.parse(text.strip(), mode="eval").body
-        except SyntaxError as e:
-            raise SourceParseError(f"cannot parse source {text!r}: {e.msg}") from None
-        try:
-            return _Parser(text, shape_is_size).node(tree)
-        except SourceParseError:
-            raise
-        except (ValueError, RecursionError) as e:  # a Step/Source rejected a parsed argument
-            raise SourceParseError(f"cannot parse source {text!r}: {e}") from None
+        if type(text) is not str:
+            if not isinstance(text, str):
+                raise TypeError(f"a source is a str or Source, not {type(text).__name__}")
+            text = str(text)
+        return _parse_text(text, shape_is_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(text: str, shape_is_size: bool) -> Source:
+    """Source.parse of an exact str, memoised (a Source is immutable; errors are not cached)."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as e:
+        raise SourceParseError(f"cannot parse source {text!r}: {e.msg}") from None
+    try:
+        return _Parser(text, shape_is_size).node(tree)
+    except SourceParseError:
+        raise
+    except (ValueError, RecursionError) as e:  # a Step/Source rejected a parsed argument
+        raise SourceParseError(f"cannot parse source {text!r}: {e}") from None
 
 
 SourceLike = Source | str

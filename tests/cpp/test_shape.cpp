@@ -2,8 +2,12 @@
 // program, its fast and exact evaluators, and SHAPE guards in the tree compiler.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <limits>
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +17,19 @@
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
 #include "testing.hpp"
+
+// Every heap allocation of this test binary is counted (ShapeFrame.FastPathAllocatesNothing).
+namespace {
+std::atomic<long> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+    if (void* p = std::malloc(n != 0 ? n : 1)) return p;
+    throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace tripwire::core::shape {
 namespace {
@@ -180,7 +197,7 @@ TEST(ShapeParser, SourcesAreWholePostfixChains) {
     const ParsedRelation r = parse_relation(
         "L['x'].size(0) + L['self'].layers[0].n + getattr(L['o'], 'a-b') + dict.__getitem__(L['d'], 'k') "
         "+ L['x'].stride()[1] + L['x'].storage_offset() + L['x'].shape[2] + G['g'] > 0");
-    const std::vector<std::string> want = {"L['x'].size(0)", "L['self'].layers[0].n", "getattr(L['o'], 'a-b')",
+    const std::vector<std::string_view> want = {"L['x'].size(0)", "L['self'].layers[0].n", "getattr(L['o'], 'a-b')",
                                            "dict.__getitem__(L['d'], 'k')", "L['x'].stride()[1]",
                                            "L['x'].storage_offset()", "L['x'].shape[2]", "G['g']"};
     EXPECT_EQ(r.symbols, want);
@@ -236,7 +253,10 @@ TEST(ShapeParser, ErrorsHaveOffsets) {
 
 TEST(ShapeParser, Literals) {
     ParsedRelation r = parse_relation("L['x'] < 123456789012345678901234567890");
-    EXPECT_EQ(r.nodes[r.nodes[r.root].args[1]].int_value.to_string(), "123456789012345678901234567890");
+    EXPECT_EQ(r.nodes[r.nodes[r.root].args[1]].int_literal().to_string(), "123456789012345678901234567890");
+    r = parse_relation("L['x'] < 9223372036854775807");
+    EXPECT_FALSE(r.nodes[r.nodes[r.root].args[1]].int_big);
+    EXPECT_EQ(r.nodes[r.nodes[r.root].args[1]].int_small, INT64_MAX);
     r = parse_relation("L['x'] < 1e400");
     EXPECT_TRUE(std::isinf(r.nodes[r.nodes[r.root].args[1]].float_value));
     r = parse_relation("L['x'] < 1e-400");
@@ -496,6 +516,39 @@ TEST(ShapeProgram, ValidateRejectsCorruption) {
         }
         EXPECT_THROW(validate_shape(bad), InvalidProgram) << k;
     }
+}
+
+TEST(ShapeFrame, FastPathAllocatesNothing) {
+    // A check stores its symbols and runs the relations without touching the heap: the frame
+    // is inline (up to 96 registers and 32 symbols), int64 and float values go into registers.
+    std::vector<RelationInput> rels;
+    const char* texts[] = {"((6*L['a']) % 4) == 0", "(L['a'] // 2) <= L['c']", "(L['a']*L['b']) != ((L['a']*L['b']) // 4)",
+                           "2 <= L['d']", "not math.isnan(L['s'])", "L['s'] * 2 < L['a']"};
+    for (std::uint32_t k = 0; k < 6; ++k) {
+        const ParsedRelation r = parse_relation(texts[k]);
+        RelationInput in{k, texts[k], {}};
+        for (std::string_view sym : r.symbols) {
+            static const std::vector<std::string_view> names = {"L['a']", "L['b']", "L['c']", "L['d']", "L['s']"};
+            in.symbols.push_back(static_cast<std::uint32_t>(std::find(names.begin(), names.end(), sym) - names.begin()));
+        }
+        rels.push_back(in);
+    }
+    const long compiling = g_allocations.load();
+    const ShapeProgram p = compile_relations(rels, {ValueType::Int, ValueType::Int, ValueType::Int, ValueType::Int, ValueType::Float});
+    EXPECT_GT(g_allocations.load() - compiling, 0);  // the counter counts (compiling allocates)
+    const long before = g_allocations.load();
+    std::int32_t result = 0;
+    for (int i = 0; i < 1000; ++i) {
+        ShapeFrame f(p);
+        f.set_int(0, 24);
+        f.set_int(1, 3);
+        f.set_int(2, 40);
+        f.set_int(3, 17);
+        f.set_float(4, 0.5);
+        result = first_failing(p, f);
+    }
+    EXPECT_EQ(result, -1);
+    EXPECT_EQ(g_allocations.load() - before, 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ class Bytes {
 const char* const kIntSymbols[] = {"L['a']", "L['b']", "L['x'].size()[0]", "G['g']"};
 const char* const kFloatSymbols[] = {"L['s']", "L['t']"};
 
-bool is_float_symbol(const std::string& s) { return s == "L['s']" || s == "L['t']"; }
+bool is_float_symbol(std::string_view s) { return s == "L['s']" || s == "L['t']"; }
 
 // Well-typed relations from bytes (the engine's typing: ints, floats, comparisons).
 class Gen {
@@ -181,7 +181,7 @@ void set_value(ShapeFrame& f, std::uint32_t sym, ValueType t, Bytes& b) {
 // error there is a bug; raw text may have one (with an offset inside the text).
 void exercise(const std::vector<std::string>& texts, Bytes& b, bool generated) {
     // Symbols across the set: one index per distinct text, typed by its name.
-    std::vector<std::string> names;
+    std::vector<std::string_view> names;
     std::vector<ValueType> types;
     std::vector<RelationInput> inputs;
     for (std::uint32_t k = 0; k < texts.size(); ++k) {
@@ -197,7 +197,7 @@ void exercise(const std::vector<std::string>& texts, Bytes& b, bool generated) {
         RelationInput in;
         in.id = k * 2 + 1;
         in.text = texts[k];
-        for (const std::string& s : parsed.symbols) {
+        for (std::string_view s : parsed.symbols) {
             std::uint32_t i = 0;
             while (i < names.size() && names[i] != s) ++i;
             if (i == names.size()) {

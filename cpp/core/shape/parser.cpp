@@ -8,6 +8,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -75,7 +76,10 @@ constexpr int kMaxArgs = 64;
 
 class Parser {
   public:
-    explicit Parser(std::string_view text) : s_(text) {}
+    explicit Parser(std::string_view text) : s_(text) {
+        out_.nodes.reserve(text.size() / 4 + 4);
+        out_.spans.reserve(8);
+    }
 
     ParsedRelation run() {
         skip_space();
@@ -130,11 +134,11 @@ class Parser {
         out_.nodes.push_back(std::move(n));
         return static_cast<std::uint32_t>(out_.nodes.size() - 1);
     }
-    std::uint32_t node(Op op, std::size_t at, std::vector<std::uint32_t> args) {
+    std::uint32_t node(Op op, std::size_t at, std::initializer_list<std::uint32_t> args) {
         AstNode n;
         n.op = op;
         n.offset = static_cast<std::uint32_t>(at);
-        n.args = std::move(args);
+        for (std::uint32_t a : args) n.args.v[n.args.n++] = a;
         return add(std::move(n));
     }
 
@@ -373,8 +377,9 @@ class Parser {
         const std::string_view text = s_.substr(begin, end - begin);
         std::uint32_t sym = 0;
         while (sym < out_.symbols.size() && out_.symbols[sym] != text) ++sym;
-        if (sym == out_.symbols.size()) out_.symbols.emplace_back(text);
+        if (sym == out_.symbols.size()) out_.symbols.push_back(text);
         out_.spans.push_back({static_cast<std::uint32_t>(begin), static_cast<std::uint32_t>(end), sym});
+
         AstNode n;
         n.op = Op::Symbol;
         n.offset = static_cast<std::uint32_t>(begin);
@@ -412,7 +417,12 @@ class Parser {
             if (lit.size() > 1 && lit[0] == '0' && lit.find_first_not_of('0') != std::string_view::npos)
                 fail(at, "leading zeros in an int literal");
             n.op = Op::IntConst;
-            if (!BigInt::from_decimal(lit, n.int_value)) fail(at, "malformed int literal");
+            const auto r = std::from_chars(lit.data(), lit.data() + lit.size(), n.int_small);
+            if (r.ec != std::errc() || r.ptr != lit.data() + lit.size()) {
+                // Beyond int64: an exact big literal.
+                n.int_big = true;
+                if (!BigInt::from_decimal(lit, n.int_value)) fail(at, "malformed int literal");
+            }
             return add(std::move(n));
         }
         n.op = Op::FloatConst;
@@ -472,7 +482,7 @@ class Parser {
         AstNode nd;
         nd.op = f.op;
         nd.offset = static_cast<std::uint32_t>(at);
-        nd.args = std::move(args);
+        for (std::uint32_t a : args) nd.args.v[nd.args.n++] = a;  // at most 2 here
         nd.bool_value = f.int_only;  // IntTrueDiv: the type checker insists on ints
         return add(std::move(nd));
     }

@@ -73,15 +73,31 @@ enum class Op : std::uint8_t {
     Select,  ///< a if cond else b: args (cond, a, b), only the chosen branch is evaluated
 };
 
+/// The operands of a node: at most three (variadic calls become chains of binary nodes).
+struct ArgList {
+    std::uint32_t v[3] = {0, 0, 0};
+    std::uint8_t n = 0;
+
+    std::size_t size() const { return n; }
+    std::uint32_t operator[](std::size_t k) const { return v[k]; }
+    const std::uint32_t* begin() const { return v; }
+    const std::uint32_t* end() const { return v + n; }
+};
+
 /// One node of a parsed expression.
 struct AstNode {
     Op op = Op::IntConst;
-    std::uint32_t offset = 0;          ///< where it starts in the text
-    std::vector<std::uint32_t> args;   ///< operand node indices
-    BigInt int_value;                  ///< IntConst
-    double float_value = 0.0;          ///< FloatConst
-    bool bool_value = false;           ///< BoolConst
-    std::uint32_t symbol = 0;          ///< Symbol: index into ParsedRelation::symbols
+    std::uint32_t offset = 0;   ///< where it starts (an operation: where its operator is)
+    ArgList args;               ///< operand node indices, all smaller than this node's
+    std::int64_t int_small = 0; ///< IntConst that fits int64
+    bool int_big = false;       ///< IntConst that does not: in int_value
+    BigInt int_value;           ///< IntConst beyond int64
+    double float_value = 0.0;  ///< FloatConst
+    bool bool_value = false;    ///< BoolConst; for TrueDiv, "IntTrueDiv" (both operands must be ints)
+    std::uint32_t symbol = 0;   ///< Symbol: index into ParsedRelation::symbols
+
+    /// The value of an IntConst.
+    BigInt int_literal() const { return int_big ? int_value : BigInt(int_small); }
 };
 
 /// One occurrence of a symbol in the text.
@@ -90,12 +106,14 @@ struct SymbolSpan {
     std::uint32_t symbol = 0;          ///< index into ParsedRelation::symbols
 };
 
+/// A parsed relation. Its symbol texts are views into the text given to parse_relation, which
+/// must outlive it.
 struct ParsedRelation {
     std::vector<AstNode> nodes;
     std::uint32_t root = 0;
-    std::vector<std::string> symbols;  ///< distinct symbol texts, in order of first appearance
-    std::vector<SymbolSpan> spans;     ///< every occurrence, in text order
-    std::size_t code_end = 0;          ///< where the expression ends (before a comment and blanks)
+    std::vector<std::string_view> symbols;  ///< distinct symbol texts, in order of first appearance
+    std::vector<SymbolSpan> spans;          ///< every occurrence, in text order
+    std::size_t code_end = 0;               ///< where the expression ends (before a comment and blanks)
 };
 
 /// Parse one relation. Throws ShapeSyntaxError.

@@ -37,8 +37,73 @@ bool commutative(Code code) {
     }
 }
 
-// Key of a node for sharing equal sub-expressions.
-using NodeKey = std::tuple<int, int, std::uint32_t, std::uint32_t, std::uint32_t, std::int64_t, std::string>;
+// A constant's value, compactly (no allocation unless it is an int beyond int64).
+struct ConstInfo {
+    bool is_const = false;
+    ValueType type = ValueType::Int;
+    std::int64_t bits = 0;   ///< an int64, a bool (0/1), or a double's bits
+    std::int32_t big = -1;   ///< index into Compiler::bigs_ for an int beyond int64
+};
+
+// Key of a node for sharing equal sub-expressions: the operation, its type, its operands and, for
+// a constant, its value's bits.
+struct NodeKey {
+    std::uint8_t code = 0, type = 0;
+    std::uint32_t a = 0, b = 0, c = 0;
+    std::int64_t bits = 0;
+    bool operator==(const NodeKey& o) const {
+        return code == o.code && type == o.type && a == o.a && b == o.b && c == o.c && bits == o.bits;
+    }
+    std::uint64_t hash() const {
+        std::uint64_t h = 1469598103934665603ULL;
+        for (std::uint64_t x : {std::uint64_t{code} | (std::uint64_t{type} << 8), std::uint64_t{a},
+                                std::uint64_t{b}, std::uint64_t{c}, static_cast<std::uint64_t>(bits)}) {
+            h ^= x;
+            h *= 1099511628211ULL;
+            h ^= h >> 29;
+        }
+        return h;
+    }
+};
+
+// Open addressing (linear probing) over one vector: interning allocates only when it grows.
+class NodeTable {
+  public:
+    NodeTable() : slots_(64) {}
+    // The node stored under `k`, or kNone.
+    static constexpr std::uint32_t kNone = 0xFFFFFFFFu;
+    std::uint32_t find(const NodeKey& k) const {
+        for (std::size_t i = k.hash() & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
+            const Slot& s = slots_[i];
+            if (s.node == kNone) return kNone;
+            if (s.key == k) return s.node;
+        }
+    }
+    void insert(const NodeKey& k, std::uint32_t node) {
+        if (2 * (used_ + 1) > slots_.size()) grow();
+        place(k, node);
+        ++used_;
+    }
+
+  private:
+    struct Slot {
+        NodeKey key;
+        std::uint32_t node = kNone;
+    };
+    void place(const NodeKey& k, std::uint32_t node) {
+        std::size_t i = k.hash() & (slots_.size() - 1);
+        while (slots_[i].node != kNone) i = (i + 1) & (slots_.size() - 1);
+        slots_[i] = {k, node};
+    }
+    void grow() {
+        std::vector<Slot> old(slots_.size() * 2);
+        old.swap(slots_);
+        for (const Slot& s : old)
+            if (s.node != kNone) place(s.key, s.node);
+    }
+    std::vector<Slot> slots_;
+    std::size_t used_ = 0;
+};
 
 class Compiler {
   public:
@@ -54,28 +119,67 @@ class Compiler {
     }
 
     ValueType type(std::uint32_t n) const { return p_.nodes[n].type; }
+    const ConstInfo& const_info(std::uint32_t n) const { return consts_[n]; }
+    const BigInt& big(std::int32_t k) const { return bigs_[static_cast<std::size_t>(k)]; }
 
-    std::uint32_t constant(const ExactValue& v) {
+    // A constant node (shared with any equal constant: ints and bools by value, floats by bits,
+    // so -0.0 and 0.0 stay apart).
+    std::uint32_t constant(ValueType t, std::int64_t bits, const BigInt* big_value = nullptr) {
+        ConstInfo info;
+        info.is_const = true;
+        info.type = t;
+        info.bits = bits;
+        NodeKey key;
+        key.code = static_cast<std::uint8_t>(Code::Const);
+        key.type = static_cast<std::uint8_t>(t);
+        key.bits = bits;
+        if (big_value != nullptr) {
+            // Ints beyond int64 are rare: found by value among the others.
+            for (std::size_t k = 0; k < bigs_.size(); ++k)
+                if (bigs_[k] == *big_value) return big_nodes_[k];
+            info.big = static_cast<std::int32_t>(bigs_.size());
+            bigs_.push_back(*big_value);
+        } else {
+            const std::uint32_t found = table_.find(key);
+            if (found != NodeTable::kNone) return found;
+        }
         ShapeNode n;
         n.code = Code::Const;
-        n.type = v.type;
-        std::int64_t small = 0;
-        std::string big;
-        if (v.type == ValueType::Int) {
-            if (!v.i.to_int64(small)) big = v.i.to_string();
-        } else if (v.type == ValueType::Float) {
-            std::memcpy(&small, &v.f, sizeof small);  // by bits: -0.0 and 0.0 stay apart
-        } else {
-            small = v.b ? 1 : 0;
-        }
-        const NodeKey key{static_cast<int>(Code::Const), static_cast<int>(v.type), 0, 0, 0, small, big};
-        auto it = interned_.find(key);
-        if (it != interned_.end()) return it->second;
+        n.type = t;
         p_.nodes.push_back(n);
-        consts_.emplace_back(v);
+        consts_.push_back(info);
         const auto id = static_cast<std::uint32_t>(p_.nodes.size() - 1);
-        interned_.emplace(key, id);
+        if (big_value != nullptr) {
+            big_nodes_.push_back(id);
+        } else {
+            table_.insert(key, id);
+        }
         return id;
+    }
+
+    std::uint32_t constant(const ExactValue& v) {
+        if (v.type == ValueType::Int) {
+            std::int64_t small = 0;
+            return v.i.to_int64(small) ? constant(ValueType::Int, small) : constant(ValueType::Int, 0, &v.i);
+        }
+        if (v.type == ValueType::Float) {
+            std::int64_t bits = 0;
+            std::memcpy(&bits, &v.f, sizeof bits);
+            return constant(ValueType::Float, bits);
+        }
+        return constant(ValueType::Bool, v.b ? 1 : 0);
+    }
+
+    // The exact value of a constant node (for folding).
+    ExactValue exact(std::uint32_t n) const {
+        const ConstInfo& c = consts_[n];
+        if (c.type == ValueType::Int) return ExactValue::of_int(c.big >= 0 ? big(c.big) : BigInt(c.bits));
+        if (c.type == ValueType::Float) {
+            double f = 0;
+            std::memcpy(&f, &c.bits, sizeof f);
+            return ExactValue::of_float(f);
+        }
+        return ExactValue::of_bool(c.bits != 0);
     }
 
     std::uint32_t make(Code code, ValueType t, std::uint32_t a, std::uint32_t b = 0, std::uint32_t c = 0) {
@@ -91,18 +195,23 @@ class Compiler {
         const int n_ops = arity(code);
         const std::uint32_t ops[3] = {a, b, c};
         bool all_const = true;
-        for (int k = 0; k < n_ops; ++k) all_const = all_const && consts_[ops[k]].has_value();
+        for (int k = 0; k < n_ops; ++k) all_const = all_const && consts_[ops[k]].is_const;
         if (all_const) {
             // Fold, unless Python would raise: then the relation keeps the operation and fails
             // when evaluated, exactly as at run time.
-            const ExactValue* v[3] = {nullptr, nullptr, nullptr};
-            for (int k = 0; k < n_ops; ++k) v[k] = &*consts_[ops[k]];
-            ExactValue r = apply(code, v[0], v[1], v[2]);
+            ExactValue v[3];
+            for (int k = 0; k < n_ops; ++k) v[k] = exact(ops[k]);
+            const ExactValue r = apply(code, &v[0], n_ops >= 2 ? &v[1] : nullptr, n_ops >= 3 ? &v[2] : nullptr);
             if (!r.is_error) return constant(r);
         }
-        const NodeKey key{static_cast<int>(code), static_cast<int>(t), a, b, c, 0, std::string()};
-        auto it = interned_.find(key);
-        if (it != interned_.end()) return it->second;
+        NodeKey key;
+        key.code = static_cast<std::uint8_t>(code);
+        key.type = static_cast<std::uint8_t>(t);
+        key.a = a;
+        key.b = b;
+        key.c = c;
+        const std::uint32_t found = table_.find(key);
+        if (found != NodeTable::kNone) return found;
         ShapeNode n;
         n.code = code;
         n.type = t;
@@ -112,7 +221,7 @@ class Compiler {
         p_.nodes.push_back(n);
         consts_.emplace_back();
         const auto id = static_cast<std::uint32_t>(p_.nodes.size() - 1);
-        interned_.emplace(key, id);
+        table_.insert(key, id);
         return id;
     }
 
@@ -133,7 +242,6 @@ class Compiler {
         return root;
     }
 
-    std::vector<std::optional<ExactValue>>& consts() { return consts_; }
 
   private:
     [[noreturn]] static void type_error(const AstNode& n, const std::string& why) {
@@ -158,9 +266,13 @@ class Compiler {
             return x;
         };
         switch (n.op) {
-            case Op::IntConst: return constant(ExactValue::of_int(n.int_value));
+            case Op::IntConst:
+                if (!n.int_big) return constant(ValueType::Int, n.int_small);
+                if (n.int_value.bit_length() > kMaxIntBits)
+                    type_error(n, "int literal over " + std::to_string(kMaxIntBits) + " bits");
+                return constant(ValueType::Int, 0, &n.int_value);
             case Op::FloatConst: return constant(ExactValue::of_float(n.float_value));
-            case Op::BoolConst: return constant(ExactValue::of_bool(n.bool_value));
+            case Op::BoolConst: return constant(ValueType::Bool, n.bool_value ? 1 : 0);
             case Op::Symbol:
                 if (n.symbol >= symbols.size()) type_error(n, "symbol without a binding");
                 return symbols[n.symbol];
@@ -178,11 +290,16 @@ class Compiler {
             case Op::FloorDiv:
             case Op::Mod: {
                 const std::uint32_t a = number(arg(0)), b = number(arg(1));
-                static const std::map<Op, std::pair<Code, Code>> codes = {
-                    {Op::Add, {Code::IAdd, Code::FAdd}}, {Op::Sub, {Code::ISub, Code::FSub}},
-                    {Op::Mul, {Code::IMul, Code::FMul}}, {Op::FloorDiv, {Code::IFloorDiv, Code::FFloorDiv}},
-                    {Op::Mod, {Code::IMod, Code::FMod}}};
-                const auto& [ic, fc] = codes.at(n.op);
+                const Code ic = n.op == Op::Add        ? Code::IAdd
+                                : n.op == Op::Sub      ? Code::ISub
+                                : n.op == Op::Mul      ? Code::IMul
+                                : n.op == Op::FloorDiv ? Code::IFloorDiv
+                                                       : Code::IMod;
+                const Code fc = n.op == Op::Add        ? Code::FAdd
+                                : n.op == Op::Sub      ? Code::FSub
+                                : n.op == Op::Mul      ? Code::FMul
+                                : n.op == Op::FloorDiv ? Code::FFloorDiv
+                                                       : Code::FMod;
                 if (type(a) == ValueType::Int && type(b) == ValueType::Int) return make(ic, ValueType::Int, a, b);
                 const std::uint32_t fa = as_float(a);
                 return make(fc, ValueType::Float, fa, as_float(b));
@@ -267,8 +384,10 @@ class Compiler {
     }
 
     ShapeProgram& p_;
-    std::map<NodeKey, std::uint32_t> interned_;
-    std::vector<std::optional<ExactValue>> consts_;
+    NodeTable table_;
+    std::vector<ConstInfo> consts_;  // per node
+    std::vector<BigInt> bigs_;       // constants beyond int64
+    std::vector<std::uint32_t> big_nodes_;
 };
 
 // A bound on one int symbol implied by a relation: lower <= s <= upper.
@@ -279,8 +398,7 @@ struct Bound {
 
 // The bounds a relation is made of, when it is a conjunction of comparisons of one int symbol
 // with an int64 constant; nullopt otherwise.
-std::optional<std::vector<Bound>> bounds_of(const ShapeProgram& p, const std::vector<std::optional<ExactValue>>& consts,
-                                            std::uint32_t root) {
+std::optional<std::vector<Bound>> bounds_of(const ShapeProgram& p, const Compiler& comp, std::uint32_t root) {
     std::vector<Bound> out;
     std::vector<std::uint32_t> todo{root};
     while (!todo.empty()) {
@@ -295,9 +413,15 @@ std::optional<std::vector<Bound>> bounds_of(const ShapeProgram& p, const std::ve
         if (node.code != Code::ILe && node.code != Code::ILt && node.code != Code::IEq) return std::nullopt;
         const ShapeNode& x = p.nodes[node.a];
         const ShapeNode& y = p.nodes[node.b];
+        // An int64 constant (bigger ones are never bounds here).
+        auto small = [&](std::uint32_t n, std::int64_t& out) {
+            const ConstInfo& ci = comp.const_info(n);
+            out = ci.bits;
+            return ci.type == ValueType::Int && ci.big < 0;
+        };
         std::int64_t c = 0;
         Bound b;
-        if (x.code == Code::Symbol && y.code == Code::Const && consts[node.b]->i.to_int64(c)) {
+        if (x.code == Code::Symbol && y.code == Code::Const && small(node.b, c)) {
             b.symbol = x.a;  // s <= c, s < c, s == c
             if (node.code == Code::ILt) {
                 if (c == INT64_MIN) return std::nullopt;
@@ -306,7 +430,7 @@ std::optional<std::vector<Bound>> bounds_of(const ShapeProgram& p, const std::ve
                 b.upper = c;
                 if (node.code == Code::IEq) b.lower = c;
             }
-        } else if (y.code == Code::Symbol && x.code == Code::Const && consts[node.a]->i.to_int64(c)) {
+        } else if (y.code == Code::Symbol && x.code == Code::Const && small(node.a, c)) {
             b.symbol = y.a;  // c <= s, c < s, c == s
             if (node.code == Code::ILt) {
                 if (c == INT64_MAX) return std::nullopt;
@@ -340,6 +464,8 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
         if (t != ValueType::Int && t != ValueType::Float) throw std::invalid_argument("a symbol is an int or a float");
     }
     p.symbol_types = std::move(symbol_types);
+    p.nodes.reserve(p.symbol_types.size() + 8 * relations.size());
+    p.relations.reserve(relations.size());
     std::sort(relations.begin(), relations.end(),
               [](const RelationInput& a, const RelationInput& b) { return a.id < b.id; });
     Compiler comp(p);
@@ -377,7 +503,7 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
             rel.by = dup->second;
             continue;
         }
-        const auto bounds = bounds_of(p, comp.consts(), rel.root);
+        const auto bounds = bounds_of(p, comp, rel.root);
         if (bounds) {
             bool implied = true;
             std::uint32_t by = 0;
@@ -441,17 +567,13 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
     for (std::uint32_t k = 0; k < order.size(); ++k) {
         ShapeNode n = p.nodes[order[k]];
         if (n.code == Code::Const) {
-            const ExactValue& v = *comp.consts()[order[k]];
+            const ConstInfo& ci = comp.const_info(order[k]);
             ShapeReg reg{0};
-            if (v.type == ValueType::Int) {
-                if (!v.i.to_int64(reg.i)) {
-                    p.big_consts.emplace_back(k, v.i);
-                    p.fast_ok = false;
-                }
-            } else if (v.type == ValueType::Float) {
-                reg.f = v.f;
-            } else {
-                reg.i = v.b ? 1 : 0;
+            std::memcpy(&reg, &ci.bits, sizeof reg);  // an int64, a bool, or a double's bits
+            if (ci.big >= 0) {
+                reg.i = 0;
+                p.big_consts.emplace_back(k, comp.big(ci.big));
+                p.fast_ok = false;
             }
             p.const_regs[k] = reg;
         } else if (n.code != Code::Symbol) {

@@ -66,7 +66,7 @@ GuardSet::GuardSet(GuardSetInputs in)
       state_(std::make_shared<InvalidationState>()) {
     const std::size_t n_consts = in.consts.size();
     if (in.hold_weakly.size() != n_consts) throw core::InvalidProgram("hold_weakly must match consts");
-    core::validate(program_, n_consts);
+    // core::compile validated the program it returned.
     if (!init_dict_stamps() || !install_region_checks()) throw_python_error();
     verify_dict_hints();
 

@@ -1,0 +1,364 @@
+#!/usr/bin/env python
+"""SHAPE benchmark: ``python bench/shape_eval.py`` (bench/README.md, "Shape relations").
+
+Three measurements, ratios taken in one run:
+
+1. **Building 20 relations** (the code parts torch 2.13 prints for a function over three dynamic
+   tensors): tripwire's whole builder path (``GuardBuilder.shape`` x 20 + ``build()``: parse,
+   canonical sources, example check, compile, verification on the example) and the engine alone
+   (``GuardSet(specs)``: parse, type-check, CSE, merge, validate in C++); against torch's Python
+   path (``build_guard_function`` + ``exec`` + ``___make_guard_fn``, as
+   ``add_python_lambda_leaf_guard_to_root`` does) and its C++ path
+   (``enable_cpp_symbolic_shape_guards``: the extra wall time of the first compile, which runs a
+   C++ compiler; measured once, in a fresh inductor cache).
+2. **Checking the relations of a reshape over two dynamic tensors** (``x.reshape(-1, 4)`` and a
+   slice by ``x.shape[0] // 2`` of ``y``): torch's Python path (the epilogue lambda that holds the
+   relations, called on the locals), torch's whole guard check on the Python and on the C++ path
+   (their difference is what the C++ shape guard saves), tripwire's SHAPE set on the tensors (sizes
+   read through the generic path: a Python call of ``x.size()`` / ``x.stride()`` per symbol, until
+   the tensor fast reader is wired), the same relations over int locals (what the relations cost
+   when a symbol read is a dict lookup, which is what a C-level size reader costs), and the
+   relation evaluation alone in a C++ loop (``_core._shape_time``: frame, symbol stores,
+   relations; no Python call).
+3. **Per relation**: programs of 1 to 256 relations of the reshape kind over 4 symbols, evaluated
+   in the C++ loop: ns per program, per relation (the slope), and per symbol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import tripwire as tw
+from tripwire import _core
+
+
+# -- timing ---------------------------------------------------------------------------------------
+def _per_call(fn: Callable[[], Any], target_s: float) -> tuple[int, Callable[[], float]]:
+    timer = timeit.Timer(fn)
+    n = 1
+    while True:
+        t = timer.timeit(n)
+        if t >= target_s / 4 or n >= 1 << 24:
+            break
+        n *= 2
+    n = max(1, int(n * target_s / max(t, 1e-9)))
+    return n, lambda: timer.timeit(n) / n * 1e9
+
+
+def measure(contenders: dict[str, Callable[[], Any]], repeat: int, target_s: float) -> dict[str, list[float]]:
+    """ns per call of each contender: `repeat` round-robin repeats (rotating order), GC off."""
+    runners = {name: _per_call(fn, target_s)[1] for name, fn in contenders.items()}
+    out: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for k in range(repeat):
+        for name in names[k % len(names) :] + names[: k % len(names)]:
+            out[name].append(runners[name]())
+    return out
+
+
+def _fmt(ns: float) -> str:
+    if ns >= 1e6:
+        return f"{ns / 1e6:,.1f} ms"
+    if ns >= 1e4:
+        return f"{ns / 1e3:,.1f} us"
+    return f"{ns:,.0f} ns"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+# -- the functions torch compiles ------------------------------------------------------------------
+def f_reshape(x, y):
+    z = x.reshape(-1, 4)
+    return z.sum() + y[: x.shape[0] // 2].sum()
+
+
+def f_twenty(x, y, w):
+    a = x.reshape(-1, 4)
+    b = w.view(-1, 6)
+    return a.sum() + b.sum() + y[: x.shape[0] // 2].sum() + w[: y.shape[0] - 1].sum()
+
+
+def _torch_entry(fn, example: dict, *, cpp: bool = False):
+    import torch
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    torch._dynamo.reset()
+    torch._dynamo.config.enable_cpp_symbolic_shape_guards = cpp
+    try:
+        t0 = time.perf_counter()
+        torch.compile(fn, backend="eager", dynamic=True)(**example)
+        compile_s = time.perf_counter() - t0
+    finally:
+        torch._dynamo.config.enable_cpp_symbolic_shape_guards = False
+    gm = _debug_get_cache_entry_list(fn.__code__)[0].guard_manager
+    lambdas = gm.root.get_epilogue_lambda_guards()
+    return gm, (lambdas[0] if lambdas else None), compile_s
+
+
+def _tripwire_set(parts: list[str], example: dict) -> tuple[tw.GuardSet, tw.GuardBuilder]:
+    b = tw.GuardBuilder(example)
+    for part in parts:
+        for rel in tw.shapes.relations_from_torch(part):
+            b.shape(rel)
+    return b.build(), b
+
+
+# -- 1. building -----------------------------------------------------------------------------------
+def bench_build(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:
+    import torch
+    import torch._dynamo.guards as dg
+
+    example = {"x": torch.randn(8, 3), "y": torch.randn(10), "w": torch.randn(4, 9)}
+    _gm, lam, _ = _torch_entry(f_twenty, example)
+    parts = list(lam.verbose_code_parts())[:20]
+    code_parts = [p.split("  #")[0] for p in parts]
+    assert len(parts) == 20, len(parts)
+
+    def tw_builder() -> tw.GuardSet:
+        return _tripwire_set(parts, example)[0]
+
+    gs, b = _tripwire_set(parts, example)
+    specs = list(b.guards)
+
+    def tw_engine() -> tw.GuardSet:
+        return tw.GuardSet(specs)
+
+    closure_vars = {**dg.SYMPY_INTERP, **dg._get_closure_vars()}
+
+    def torch_python() -> Any:
+        _body, pycode = dg.build_guard_function(code_parts, ", ".join(closure_vars))
+        out: dict[str, Any] = {}
+        exec(pycode, {"G": {}}, out)
+        return out["___make_guard_fn"](*closure_vars.values())
+
+    fn = torch_python()
+    assert fn(example) and gs.check(example)
+    samples = measure({"tw_builder": tw_builder, "tw_engine": tw_engine, "torch_python": torch_python},
+                      args.repeat, args.time)  # fmt: skip
+    cpp_s = None
+    if args.cpp_path:
+        log("  torch's C++ path: compiling with enable_cpp_symbolic_shape_guards (runs a C++ compiler)...")
+        _, _, plain_s = _torch_entry(f_twenty, example)
+        _, _, cpp_total = _torch_entry(f_twenty, example, cpp=True)
+        cpp_s = cpp_total - plain_s
+    rows = []
+    tw_min = min(samples["tw_builder"])
+    for name, label in [("tw_builder", "tripwire: GuardBuilder.shape x20 + build()"),
+                        ("tw_engine", "tripwire: engine only, GuardSet(specs)"),
+                        ("torch_python", "torch Python path: build_guard_function + exec")]:  # fmt: skip
+        s = samples[name]
+        rows.append([label, _fmt(min(s)), _fmt(statistics.median(s)), f"{tw_min / min(s):.2g}"])
+    if cpp_s is not None:
+        rows.append(["torch C++ path: extra first-compile wall time (gcc)", _fmt(cpp_s * 1e9), "(one run)",
+                     f"{tw_min / (cpp_s * 1e9):.1g}"])  # fmt: skip
+    out = [
+        f"### Building 20 relations ({len(gs._shape_info['relations'])} SHAPE guards on "
+        f"{gs._shape_info['symbols']} symbols, {gs._shape_info['operations']} operations after CSE)",
+        "",
+        _table(rows, ["what", "min", "median", "tw builder / x"]),
+        "",
+        f"target: building 20 relations in at most 100 us -- tripwire builder {_fmt(tw_min)} (min), engine "
+        f"{_fmt(min(samples['tw_engine']))}: {'MET' if tw_min <= 100_000 else 'missed'} by the builder, "
+        f"{'MET' if min(samples['tw_engine']) <= 100_000 else 'missed'} by the engine",
+    ]
+    return out
+
+
+# -- 2. checking -----------------------------------------------------------------------------------
+def _int_locals(parts: list[str], example: dict) -> tuple[list[str], dict]:
+    """The relations with every tensor-property symbol replaced by an int local of its value."""
+    texts: list[str] = []
+    values: dict[str, int] = {}
+    names: dict[str, str] = {}
+    for part in parts:
+        for rel in tw.shapes.relations_from_torch(part):
+            text = rel.text
+            for s in sorted(rel.symbols, key=lambda s: -len(str(s))):
+                if str(s) not in names:
+                    names[str(s)] = f"s{len(names)}"
+                    values[names[str(s)]] = tw.GuardBuilder(example).value(s)
+                text = text.replace(str(s), f"L['{names[str(s)]}']")
+            texts.append(text)
+    return texts, values
+
+
+def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:
+    import torch
+
+    example = {"x": torch.randn(8, 3), "y": torch.randn(10)}
+    gm_py, lam, _ = _torch_entry(f_reshape, example)
+    parts = list(lam.verbose_code_parts())
+    gs, _ = _tripwire_set(parts, example)
+    texts, int_values = _int_locals(parts, example)
+    b = tw.GuardBuilder(int_values)
+    for t in texts:
+        b.shape(t)
+    gs_int = b.build()
+    symbol_values = {str(s): tw.GuardBuilder(example).value(s) for g in gs.guards for s in g.args[1]}
+    relation_texts = [g.args[0] for g in gs.guards]
+    for check in (gm_py.check, lam, gs.check):
+        assert check(example)
+    assert gs_int.check(int_values) and gs_int._uses_fast_pass
+    bad = {"x": torch.randn(9, 3), "y": torch.randn(10)}
+    assert not lam(bad) and not gs.check(bad) and not gm_py.check(bad)
+    contenders: dict[str, Callable[[], Any]] = {
+        "torch_lambda": lambda: lam(example),
+        "torch_gm_py": lambda: gm_py.check(example),
+        "tw": lambda: gs.check(example),
+        "tw_int": lambda: gs_int.check(int_values),
+        "noop": lambda: None,
+    }
+    gm_cpp = None
+    if args.cpp_path:
+        log("  torch's C++ path for the reshape function (runs a C++ compiler)...")
+        gm_cpp, _, _ = _torch_entry(f_reshape, example, cpp=True)
+        assert gm_cpp.check(example) and not gm_cpp.check(bad)
+        contenders["torch_gm_cpp"] = lambda: gm_cpp.check(example)
+    samples = measure(contenders, args.repeat, args.time)
+    core_ns = [_core._shape_time(relation_texts, symbol_values, args.iterations)[0] for _ in range(args.repeat)]
+    info = gs._shape_info
+    lam_min = min(samples["torch_lambda"])
+    rows = []
+
+    def row(label: str, s: list[float]) -> None:
+        rows.append([label, _fmt(min(s)), _fmt(statistics.median(s)), f"{min(s) / lam_min:.2f}"])
+
+    row("torch Python path: the shape lambda alone (epilogue LAMBDA_GUARD)", samples["torch_lambda"])
+    row("torch whole guard check, Python path (gm.check)", samples["torch_gm_py"])
+    if gm_cpp is not None:
+        row("torch whole guard check, C++ path (gm.check)", samples["torch_gm_cpp"])
+        cpp_shape = [c - (p - lam_s) for c, p, lam_s in zip(samples["torch_gm_cpp"], samples["torch_gm_py"], samples["torch_lambda"])]
+        row("torch C++ shape guard (estimate: C++ gm - (Python gm - lambda))", cpp_shape)
+    row("tripwire SHAPE set, sizes by x.size() calls (generic path)", samples["tw"])
+    row("tripwire SHAPE set, symbols as int locals (fast pass)", samples["tw_int"])
+    row("tripwire relations alone, C++ loop (_core._shape_time)", core_ns)
+    row("no-op Python call", samples["noop"])
+    tw_min, tw_int_min = min(samples["tw"]), min(samples["tw_int"])
+    lines = [
+        f"### Checking the relations of a reshape over two dynamic tensors ({len(parts)} code parts, "
+        f"{len(info['relations'])} relations, {sum(1 for r in info['relations'] if r[1] == 'kept')} after "
+        f"merging, {info['symbols']} symbols, {info['operations']} operations)",
+        "",
+        _table(rows, ["what", "min", "median", "x / torch lambda"]),
+        "",
+        f"target >= 3x faster than torch's Python path: whole check {lam_min / tw_min:.1f}x "
+        f"({'MET' if lam_min >= 3 * tw_min else 'missed'}), relations over int locals "
+        f"{lam_min / tw_int_min:.1f}x ({'MET' if lam_min >= 3 * tw_int_min else 'missed'})",
+    ]
+    if gm_cpp is not None:
+        cpp_min = min(cpp_shape)
+        lines.append(
+            f"target faster than torch's C++ path (estimated {_fmt(cpp_min)}): whole check "
+            f"{'MET' if tw_min < cpp_min else 'missed'} ({cpp_min / tw_min:.1f}x), relations over int locals "
+            f"{'MET' if tw_int_min < cpp_min else 'missed'} ({cpp_min / tw_int_min:.1f}x)"
+        )
+        nan_lines = bench_nan(log)
+        lines += ["", *nan_lines]
+    return lines
+
+
+def bench_nan(log: Callable[[str], None]) -> list[str]:
+    """The NaN case of issue 11: torch's C++ path accepts NaN, its Python path does not."""
+    import math
+
+    import torch
+
+    def f(x, s):
+        return x * s
+
+    torch._dynamo.config.specialize_float = False
+    try:
+        example = {"x": torch.randn(8, 3), "s": 0.5}
+        gm_py, lam, _ = _torch_entry(f, example)
+        gm_cpp, _, _ = _torch_entry(f, example, cpp=True)
+    finally:
+        torch._dynamo.config.specialize_float = True
+    gs, _ = _tripwire_set(list(lam.verbose_code_parts()), example)
+    nan = {"x": torch.randn(8, 3), "s": math.nan}
+    return [
+        "NaN float input (`specialize_float=False`, `f(x, s) = x * s`), check(s=nan): "
+        f"torch Python path {gm_py.check(nan)}, torch C++ path {gm_cpp.check(nan)}, tripwire {gs.check(nan)}"
+    ]
+
+
+# -- 3. per relation -------------------------------------------------------------------------------
+def bench_scaling(args: argparse.Namespace) -> list[str]:
+    symbols = {"L['a']": 24, "L['b']": 3, "L['c']": 40, "L['d']": 17}
+    forms = [
+        "((6*L['a']) % 4) == 0",
+        "(L['a'] // 2) <= L['c']",
+        "(L['a']*L['b']) != ((L['a']*L['b']) // 4)",
+        "2 <= L['d']",
+        "(L['c'] % ((L['a']*L['b']) // 4)) != 0",
+        "L['b']*((L['a']*L['b']) // L['c']) >= 0",
+    ]
+    rows = []
+    points = []
+    for n in (1, 4, 16, 64, 256):
+        # Distinct relations (none merged or implied), all true: the six forms torch prints for a
+        # reshape, then copies made distinct by a disjunct that is never needed.
+        texts = [form if k < len(forms) else f"({form}) or L['d'] == {1000 + k}"
+                 for k, form in ((k, forms[k % len(forms)]) for k in range(n))]  # fmt: skip
+        ns = min(_core._shape_time(texts, symbols, args.iterations)[0] for _ in range(args.repeat))
+        _, result, kept, nsym, ops = _core._shape_time(texts, symbols, 10)
+        assert result == -1, (n, result)
+        points.append((kept, ns))
+        rows.append([str(n), str(kept), str(ops), _fmt(ns), f"{ns / kept:.1f}"])
+    # The slope between the largest programs: ns per additional relation.
+    (k1, t1), (k2, t2) = points[-2], points[-1]
+    slope = (t2 - t1) / (k2 - k1)
+    return [
+        "### Per relation (C++ loop: a frame, 4 symbol stores, the relations; fast path)",
+        "",
+        _table(rows, ["relations declared", "kept", "operations", "ns per check (min)", "ns per kept relation"]),
+        "",
+        f"slope between {k1} and {k2} kept relations: {slope:.1f} ns per relation (target: about 5 ns); "
+        "no allocation per symbol (tests/cpp/test_shape.cpp ShapeFrame.FastPathAllocatesNothing)",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=15)
+    p.add_argument("--time", type=float, default=0.05, help="target seconds per repeat per contender")
+    p.add_argument("--iterations", type=int, default=200_000, help="C++ loop iterations per sample")
+    p.add_argument("--no-cpp-path", dest="cpp_path", action="store_false",
+                   help="skip torch's C++ path (it runs a C++ compiler: tens of seconds)")  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="5 short repeats, no C++ path")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeat, args.time, args.iterations, args.cpp_path = 5, 0.01, 20_000, False
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="tw-shape-bench-"))
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    env = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+    lines = [
+        f"tripwire SHAPE benchmark: Python {sys.version.split()[0]}, torch {env.stdout.strip() or 'n/a'}, "
+        f"{os.cpu_count()} CPUs, {args.repeat} repeats",
+        "",
+    ]
+    log("building...")
+    lines += bench_build(args, log) + [""]
+    log("checking...")
+    lines += bench_check(args, log) + [""]
+    log("per relation...")
+    lines += bench_scaling(args)
+    print(textwrap.dedent("\n".join(lines)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""SHAPE against torch 2.13: the relations Dynamo's shape environment prints for functions compiled
+with ``dynamic=True``, parsed with tripwire's syntax, decide exactly as torch's default (Python)
+path decides on mutated inputs.
+
+For each function, torch compiles it once (``backend="eager"``) and the cache entry's epilogue
+lambda guard, which holds every shape relation as one Python function, is the oracle: it is
+callable on the frame's locals, and its ``verbose_code_parts()`` are the relations with the
+comments torch appends. tripwire imports each code part with ``tripwire.shapes.relations_from_torch``
+(what ``tripwire.torch.guards_of`` will call) into a GuardSet of SHAPE guards only, and on every
+mutated input ``gs.check(v) == torch_lambda(v)``.
+
+The inputs keep every dynamic tensor's dtype, rank and contiguity (TENSOR_MATCH's part, which is
+not the shape guard's) and draw sizes from 0, 1, 2, small, odd, even and large values, and float
+inputs from NaN, infinities, -0.0 and ordinary values: the NaN case is where torch's optional C++
+path (``enable_cpp_symbolic_shape_guards``) is wrong (``~std::isnan`` is always true) and the
+Python path, which tripwire follows, is right.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+import tripwire as tw
+from gc_stress import scaled
+
+torch = pytest.importorskip("torch")
+
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def f_reshape(x, y):
+    z = x.reshape(-1, 4)
+    return z.sum() + y[: x.shape[0] // 2].sum()
+
+
+def f_reshape2(x, y):
+    return x.reshape(y.shape[0], -1) + 1
+
+
+def f_slice(x, y):
+    return x[: y.shape[0] - 1] * 2
+
+
+def f_broadcast(a, b):
+    return a + b
+
+
+def f_branch(x):
+    if x.shape[0] > 3:
+        return x * 2
+    return x + 1
+
+
+def f_float(x, s):
+    return x * s
+
+
+def f_view_mod(x):
+    return x.view(-1, 6).sum(1)
+
+
+def _compile(fn, example: dict, *, specialize_float: bool = True):
+    torch._dynamo.reset()
+    old = torch._dynamo.config.specialize_float
+    torch._dynamo.config.specialize_float = specialize_float
+    try:
+        torch.compile(fn, backend="eager", dynamic=True)(**example)
+    finally:
+        torch._dynamo.config.specialize_float = old
+    entries = _debug_get_cache_entry_list(fn.__code__)
+    assert len(entries) == 1
+    lambdas = entries[0].guard_manager.root.get_epilogue_lambda_guards()
+    assert len(lambdas) == 1, "one epilogue lambda holds the shape guards"
+    return lambdas[0]
+
+
+def _tripwire_set(torch_lambda, example: dict) -> tuple[tw.GuardSet, list]:
+    b = tw.GuardBuilder(example)
+    parts = torch_lambda.verbose_code_parts()
+    for part in parts:
+        for rel in tw.shapes.relations_from_torch(part):
+            b.shape(rel)
+    return b.build(), parts
+
+
+def _sizes(r: random.Random) -> int:
+    return r.choice([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 17, 24, 31, 32, 100, 128, 1000])
+
+
+def _torch_decides(torch_lambda, f_locals: dict) -> bool:
+    try:
+        return bool(torch_lambda(f_locals))
+    except Exception:  # noqa: BLE001 - a raising guard fails, as in torch's guard manager
+        return False
+
+
+CASES = {
+    "reshape": (f_reshape, lambda r: {"x": torch.randn(_sizes(r), _sizes(r)), "y": torch.randn(_sizes(r))},
+                {"x": torch.randn(8, 3), "y": torch.randn(10)}),
+    "reshape2": (f_reshape2, lambda r: {"x": torch.randn(_sizes(r), _sizes(r)), "y": torch.randn(_sizes(r))},
+                 {"x": torch.randn(6, 4), "y": torch.randn(8)}),
+    "slice": (f_slice, lambda r: {"x": torch.randn(_sizes(r), 3), "y": torch.randn(_sizes(r))},
+              {"x": torch.randn(9, 3), "y": torch.randn(5)}),
+    "broadcast": (f_broadcast, lambda r: {"a": torch.randn(_sizes(r), _sizes(r)), "b": torch.randn(_sizes(r))},
+                  {"a": torch.randn(6, 4), "b": torch.randn(4)}),
+    "branch": (f_branch, lambda r: {"x": torch.randn(_sizes(r), _sizes(r))}, {"x": torch.randn(5, 2)}),
+    "view": (f_view_mod, lambda r: {"x": torch.randn(_sizes(r), _sizes(r))}, {"x": torch.randn(4, 9)}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_relations_decide_as_torchs_python_path(name: str) -> None:
+    fn, draw, example = CASES[name]
+    torch_lambda = _compile(fn, example)
+    gs, parts = _tripwire_set(torch_lambda, example)
+    assert len(gs) >= len(parts)  # conjunctions split, nothing dropped on import
+    assert gs.check(example) and _torch_decides(torch_lambda, example)
+    r = random.Random(hash(name) & 0xFFFF)
+    outcomes = {True: 0, False: 0}
+    for _ in range(scaled(300, 40)):
+        v = draw(r)
+        want = _torch_decides(torch_lambda, v)
+        assert gs.check(v) == want, (name, {k: tuple(t.shape) for k, t in v.items()}, parts)
+        assert (gs.why_not(v) is None) == want
+        outcomes[want] += 1
+    assert outcomes[True] and outcomes[False], outcomes  # both decisions exercised
+
+
+def test_reshape_relations_are_the_ones_torch_prints() -> None:
+    torch_lambda = _compile(f_reshape, CASES["reshape"][2])
+    gs, parts = _tripwire_set(torch_lambda, CASES["reshape"][2])
+    texts = [g.args[0] for g in gs.guards]
+    assert "((L['x'].size()[1]*L['x'].size()[0]) % 4) == 0" in texts
+    assert "(L['x'].size()[0] // 2) <= L['y'].size()[0]" in texts
+    assert 11 <= len(parts) <= 18
+    v = {"x": torch.randn(9, 3), "y": torch.randn(10)}
+    f = gs.why_not(v)
+    assert f.kind == "SHAPE"
+    assert f.reason == "((L['x'].size()[1]*L['x'].size()[0]) % 4) == 0 is false with L['x'].size()[1] = 3, L['x'].size()[0] = 9"
+    assert "shape relations" in gs.explain()
+
+
+def test_float_input_and_nan_agree_with_the_python_path() -> None:
+    example = {"x": torch.randn(8, 3), "s": 0.5}
+    torch_lambda = _compile(f_float, example, specialize_float=False)
+    gs, parts = _tripwire_set(torch_lambda, example)
+    assert any("math.isnan(L['s'])" in p for p in parts)
+    r = random.Random(5)
+    for s in [math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, 5e-324, 1e308, 0.25, -3.0]:
+        v = {"x": torch.randn(r.choice([2, 3, 8]), r.choice([2, 5])), "s": s}
+        want = _torch_decides(torch_lambda, v)
+        assert gs.check(v) == want, s
+    nan = {"x": torch.randn(8, 3), "s": math.nan}
+    assert _torch_decides(torch_lambda, nan) is False  # torch's Python path refuses NaN...
+    assert gs.check(nan) is False  # ...and so does tripwire (torch's C++ path would accept it)
+    assert gs.why_not(nan).reason == "not math.isnan(L['s']) is false with L['s'] = nan"
+
+
+def test_torch_size_reads_are_one_call_per_symbol() -> None:
+    # The generic path calls x.size() once per SIZE symbol (a fast C-level reader replaces it).
+    example = CASES["reshape"][2]
+    gs, _ = _tripwire_set(_compile(f_reshape, example), example)
+    symbols = gs._shape_info["symbols"]
+    assert symbols == len({str(s) for g in gs.guards for s in g.args[1]})
