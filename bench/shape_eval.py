@@ -76,7 +76,9 @@ def _fmt(ns: float) -> str:
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |"  # noqa: E731
+    line = lambda r: (
+        "| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |"
+    )
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
@@ -229,7 +231,9 @@ def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
         assert gm_cpp.check(example) and not gm_cpp.check(bad)
         contenders["torch_gm_cpp"] = lambda: gm_cpp.check(example)
     samples = measure(contenders, args.repeat, args.time)
-    core_ns = [_core._shape_time(relation_texts, symbol_values, args.iterations)[0] for _ in range(args.repeat)]
+    core_ns = [
+        _core._shape_time(relation_texts, symbol_values, args.iterations)[0] for _ in range(args.repeat)
+    ]
     info = gs._shape_info
     lam_min = min(samples["torch_lambda"])
     rows = []
@@ -241,7 +245,10 @@ def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
     row("torch whole guard check, Python path (gm.check)", samples["torch_gm_py"])
     if gm_cpp is not None:
         row("torch whole guard check, C++ path (gm.check)", samples["torch_gm_cpp"])
-        cpp_shape = [c - (p - lam_s) for c, p, lam_s in zip(samples["torch_gm_cpp"], samples["torch_gm_py"], samples["torch_lambda"])]
+        cpp_shape = [
+            c - (p - lam_s)
+            for c, p, lam_s in zip(samples["torch_gm_cpp"], samples["torch_gm_py"], samples["torch_lambda"])
+        ]
         row("torch C++ shape guard (estimate: C++ gm - (Python gm - lambda))", cpp_shape)
     row("tripwire SHAPE set, sizes by x.size() calls (generic path)", samples["tw"])
     row("tripwire SHAPE set, symbols as int locals (fast pass)", samples["tw_int"])
@@ -314,7 +321,7 @@ def bench_scaling(args: argparse.Namespace) -> list[str]:
         texts = [form if k < len(forms) else f"({form}) or L['d'] == {1000 + k}"
                  for k, form in ((k, forms[k % len(forms)]) for k in range(n))]  # fmt: skip
         ns = min(_core._shape_time(texts, symbols, args.iterations)[0] for _ in range(args.repeat))
-        _, result, kept, nsym, ops = _core._shape_time(texts, symbols, 10)
+        _, result, kept, _nsym, ops = _core._shape_time(texts, symbols, 10)
         assert result == -1, (n, result)
         points.append((kept, ns))
         rows.append([str(n), str(kept), str(ops), _fmt(ns), f"{ns / kept:.1f}"])
@@ -324,7 +331,9 @@ def bench_scaling(args: argparse.Namespace) -> list[str]:
     return [
         "### Per relation (C++ loop: a frame, 4 symbol stores, the relations; fast path)",
         "",
-        _table(rows, ["relations declared", "kept", "operations", "ns per check (min)", "ns per kept relation"]),
+        _table(
+            rows, ["relations declared", "kept", "operations", "ns per check (min)", "ns per kept relation"]
+        ),
         "",
         f"slope between {k1} and {k2} kept relations: {slope:.1f} ns per relation (target: about 5 ns); "
         "no allocation per symbol (tests/cpp/test_shape.cpp ShapeFrame.FastPathAllocatesNothing)",
@@ -343,17 +352,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.repeat, args.time, args.iterations, args.cpp_path = 5, 0.01, 20_000, False
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="tw-shape-bench-"))
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    env = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+    log = lambda m: print(m, file=sys.stderr, flush=True)
+    env = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+    )
     lines = [
         f"tripwire SHAPE benchmark: Python {sys.version.split()[0]}, torch {env.stdout.strip() or 'n/a'}, "
         f"{os.cpu_count()} CPUs, {args.repeat} repeats",
         "",
     ]
     log("building...")
-    lines += bench_build(args, log) + [""]
+    lines += [*bench_build(args, log), ""]
     log("checking...")
-    lines += bench_check(args, log) + [""]
+    lines += [*bench_check(args, log), ""]
     log("per relation...")
     lines += bench_scaling(args)
     print(textwrap.dedent("\n".join(lines)))

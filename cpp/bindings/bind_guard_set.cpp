@@ -135,7 +135,8 @@ void register_guard_set(nb::module_& m) {
                                                         s.get().relation_fail_counts()[r]));
                     }
                     std::size_t computed = 0;
-                    for (const core::shape::ShapeInstr& in : sp.code) computed += in.code != core::shape::Code::Check;
+                    for (const core::shape::ShapeInstr& in : sp.code)
+                        computed += in.code != core::shape::Code::Check;
                     nb::dict out;
                     out["relations"] = relations;
                     out["symbols"] = sp.n_symbols();
@@ -143,7 +144,8 @@ void register_guard_set(nb::module_& m) {
                     out["fast_path"] = sp.fast_ok;
                     return out;
                 },
-                "SHAPE relations: {'relations': [(id, 'kept'|'merged'|'implied', by id, failures)], 'symbols', "
+                "SHAPE relations: {'relations': [(id, 'kept'|'merged'|'implied', by id, failures)], "
+                "'symbols', "
                 "'operations' (distinct computed sub-expressions), 'fast_path'}.")
             .def_prop_ro("_ambient_ids", [](GuardSetCore& s) { return s.get().ambient_ids(); })
             .def_prop_ro(

@@ -94,7 +94,8 @@ void register_ir(nb::module_& m) {
             nb::arg("kind"), nb::arg("source").none(), nb::arg("operand").none() = nb::none(),
             nb::arg("operand2").none() = nb::none(), nb::arg("n") = 0, nb::arg("n2") = 0, nb::arg("n3") = 0,
             nb::arg("flag") = false, nb::arg("id") = 0, nb::arg("relation") = "",
-            nb::arg("symbols") = std::vector<core::SourcePath>(), nb::arg("symbol_types") = std::vector<std::uint8_t>())
+            nb::arg("symbols") = std::vector<core::SourcePath>(),
+            nb::arg("symbol_types") = std::vector<std::uint8_t>())
         .def_rw("kind", &core::GuardDecl::kind)
         .def_prop_ro("source",
                      [](const core::GuardDecl& d) {
@@ -108,7 +109,8 @@ void register_ir(nb::module_& m) {
         .def_rw("flag", &core::GuardDecl::flag)
         .def_rw("id", &core::GuardDecl::id)
         .def_rw("relation", &core::GuardDecl::relation, "SHAPE: the relation's text.")
-        .def_rw("symbols", &core::GuardDecl::symbols, "SHAPE: each distinct symbol's source, in order of first use.")
+        .def_rw("symbols", &core::GuardDecl::symbols,
+                "SHAPE: each distinct symbol's source, in order of first use.")
         .def_rw("symbol_types", &core::GuardDecl::symbol_types, "SHAPE: per symbol, 0 for int, 1 for float.");
 
     m.def(

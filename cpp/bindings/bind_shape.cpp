@@ -69,14 +69,16 @@ void register_shape(nb::module_& m) {
     m.def(
         "_set_shape_syntax_error",
         [](nb::handle type) {
-            if (!PyType_Check(type.ptr()) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type.ptr()),
-                                                               reinterpret_cast<PyTypeObject*>(PyExc_ValueError)))
+            if (!PyType_Check(type.ptr()) ||
+                !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type.ptr()),
+                                  reinterpret_cast<PyTypeObject*>(PyExc_ValueError)))
                 throw nb::type_error("needs a ValueError subclass");
             Py_XDECREF(g_syntax_error_type);
             g_syntax_error_type = type.ptr();
             Py_INCREF(g_syntax_error_type);  // kept for the life of the process
         },
-        nb::arg("type"), "The class (a ValueError subclass taking (message, offset)) shape text errors raise.");
+        nb::arg("type"),
+        "The class (a ValueError subclass taking (message, offset)) shape text errors raise.");
     m.def(
         "parse_relation",
         [](const std::string& text) {
@@ -84,7 +86,8 @@ void register_shape(nb::module_& m) {
                 const core::shape::ParsedRelation r = core::shape::parse_relation(text);
                 nb::list spans;
                 for (const core::shape::SymbolSpan& s : r.spans)
-                    spans.append(nb::make_tuple(code_points(text, s.begin), code_points(text, s.end), s.symbol));
+                    spans.append(
+                        nb::make_tuple(code_points(text, s.begin), code_points(text, s.end), s.symbol));
                 return nb::make_tuple(code_points(text, r.code_end), spans, nb::cast(r.symbols));
             });
         },
@@ -104,14 +107,16 @@ void register_shape(nb::module_& m) {
                 core::shape::ShapeFrame frame(p);
                 for (std::uint32_t k = 0; k < types.size(); ++k) {
                     if (!runtime::store_symbol(frame, k, p.symbol_types[k], values[k].ptr()))
-                        throw nb::type_error(("symbol " + std::to_string(k) + " is not of its declared type").c_str());
+                        throw nb::type_error(
+                            ("symbol " + std::to_string(k) + " is not of its declared type").c_str());
                 }
                 const std::int32_t fast = core::shape::run_fast(p, frame);
                 const std::vector<core::shape::ExactResult> exact = core::shape::run_exact(p, frame);
                 nb::object error = exact[0].error.empty() ? nb::none() : nb::cast(exact[0].error);
                 const char* path = fast == core::shape::kShapeUndecided ? "exact" : "fast";
                 // The two paths must agree whenever the fast one decides.
-                if (fast != core::shape::kShapeUndecided && (fast == core::shape::kShapePass) != exact[0].holds)
+                if (fast != core::shape::kShapeUndecided &&
+                    (fast == core::shape::kShapePass) != exact[0].holds)
                     throw std::logic_error("shape fast path disagrees with the exact path on " + text);
                 return nb::make_tuple(exact[0].holds, error, path);
             });
@@ -145,8 +150,9 @@ void register_shape(nb::module_& m) {
                 }
                 inputs.push_back(std::move(in));
             }
-            const core::shape::ShapeProgram p =
-                translating(texts.empty() ? std::string() : texts[0], [&] { return core::shape::compile_relations(inputs, types); });
+            const core::shape::ShapeProgram p = translating(texts.empty() ? std::string() : texts[0], [&] {
+                return core::shape::compile_relations(inputs, types);
+            });
             // What a check does once its symbols are read: a frame, the stores, the relations.
             std::int32_t result = 0;
             const auto t0 = std::chrono::steady_clock::now();
@@ -157,7 +163,8 @@ void register_shape(nb::module_& m) {
                 result = core::shape::first_failing(p, frame);
             }
             const auto t1 = std::chrono::steady_clock::now();
-            const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(iterations);
+            const double ns =
+                std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(iterations);
             std::size_t ops = 0;
             for (const core::shape::ShapeInstr& in : p.code) ops += in.code != core::shape::Code::Check;
             return nb::make_tuple(ns, result, p.kept.size(), types.size(), ops);

@@ -111,9 +111,9 @@ struct GuardDecl {
     bool flag = false;            ///< present (DictContains/HasAttr), ordered (DictKeys)
     std::uint32_t id = 0;         ///< installation order; why_not reports the smallest failing id
     /// SHAPE only: one relation among symbols (docs/guards.md, SHAPE).
-    std::string relation;                     ///< its text, in the syntax of core/shape/parser.hpp
-    std::vector<SourcePath> symbols;          ///< each distinct symbol's source, in the order the text names them
-    std::vector<std::uint8_t> symbol_types;   ///< per symbol: 0 int, 1 float (shape::ValueType)
+    std::string relation;             ///< its text, in the syntax of core/shape/parser.hpp
+    std::vector<SourcePath> symbols;  ///< each distinct symbol's source, in the order the text names them
+    std::vector<std::uint8_t> symbol_types;  ///< per symbol: 0 int, 1 float (shape::ValueType)
 };
 
 /// Printable names, as the catalogue spells them ("TYPE_MATCH").

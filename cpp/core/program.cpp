@@ -44,7 +44,8 @@ void validate_source(const SourcePath& src, std::size_t n_consts) {
     if (static_cast<int>(src.root) > 2) fail("unknown root kind");
     if (src.name == kNoConst) fail("root needs a name");
     check_const(src.name, n_consts, "root");
-    if (src.steps.size() > kMaxSourceDepth) fail("source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
+    if (src.steps.size() > kMaxSourceDepth)
+        fail("source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
     if (src.texts.size() != src.steps.size() + 1) fail("source texts do not match steps");
     for (const Step& s : src.steps) validate_step(s, n_consts);
 }
@@ -243,7 +244,8 @@ void validate(const Program& p, std::size_t n_consts) {
     std::vector<std::uint8_t> node_seen(n_nodes, 0);
     for (const GuardDecl& d : p.guards) validate_decl(d, n_consts);
     for (std::uint32_t g : p.ambient) {
-        if (g >= n_guards || p.guards[g].has_source || p.guards[g].kind == GuardKind::Shape) fail("bad ambient guard");
+        if (g >= n_guards || p.guards[g].has_source || p.guards[g].kind == GuardKind::Shape)
+            fail("bad ambient guard");
         if (guard_seen[g]++) fail("guard listed twice");
     }
     // Shape: the program, its relations one per SHAPE guard (same ids, same order), each
@@ -259,20 +261,24 @@ void validate(const Program& p, std::size_t n_consts) {
         if (guard_seen[g]++) fail("guard listed twice");
         const GuardDecl& d = p.guards[g];
         const shape::ShapeRelation& rel = p.shape.relations[k];
-        if (rel.id != d.id || rel.symbols.size() != d.symbols.size()) fail("shape relation does not match its guard");
+        if (rel.id != d.id || rel.symbols.size() != d.symbols.size())
+            fail("shape relation does not match its guard");
         for (std::size_t j = 0; j < rel.symbols.size(); ++j) {
             const std::uint32_t sym = rel.symbols[j];
             if (sym >= n_sym || p.symbol_nodes[sym] >= n_nodes) fail("bad shape symbol");
-            if (static_cast<std::uint8_t>(p.shape.symbol_types[sym]) != d.symbol_types[j]) fail("shape symbol type mismatch");
+            if (static_cast<std::uint8_t>(p.shape.symbol_types[sym]) != d.symbol_types[j])
+                fail("shape symbol type mismatch");
             min_ids[sym] = std::min(min_ids[sym], d.id);
             // The symbol's node is the symbol's source.
             std::uint32_t at = p.symbol_nodes[sym];
             const SourcePath& src = d.symbols[j];
             if (p.nodes[at].depth != src.steps.size()) fail("shape symbol on the wrong node");
             for (std::size_t s = src.steps.size(); s-- > 0; at = p.nodes[at].parent) {
-                if (at >= n_nodes || !(p.nodes[at].step == src.steps[s])) fail("shape symbol on the wrong node");
+                if (at >= n_nodes || !(p.nodes[at].step == src.steps[s]))
+                    fail("shape symbol on the wrong node");
             }
-            if (at >= n_nodes || !p.nodes[at].is_root || p.nodes[at].root != src.root || p.nodes[at].root_name != src.name)
+            if (at >= n_nodes || !p.nodes[at].is_root || p.nodes[at].root != src.root ||
+                p.nodes[at].root_name != src.name)
                 fail("shape symbol on the wrong node");
         }
     }
@@ -361,12 +367,14 @@ void validate_shape(const shape::ShapeProgram& p) {
     using shape::Code;
     const std::size_t n = p.nodes.size();
     const std::size_t n_sym = p.n_symbols();
-    if (n < n_sym || p.const_regs.size() < n_sym || p.const_regs.size() > n) fail("bad shape register layout");
+    if (n < n_sym || p.const_regs.size() < n_sym || p.const_regs.size() > n)
+        fail("bad shape register layout");
     for (std::size_t k = 0; k < n; ++k) {
         const shape::ShapeNode& node = p.nodes[k];
         if (static_cast<int>(node.type) > 2) fail("bad shape value type");
         if (k < n_sym) {
-            if (node.code != Code::Symbol || node.a != k || node.type != p.symbol_types[k]) fail("bad shape symbol node");
+            if (node.code != Code::Symbol || node.a != k || node.type != p.symbol_types[k])
+                fail("bad shape symbol node");
             continue;
         }
         if (k < p.const_regs.size()) {
@@ -381,7 +389,8 @@ void validate_shape(const shape::ShapeProgram& p) {
     }
     for (const auto& [at, value] : p.big_consts) {
         (void)value;
-        if (at < n_sym || at >= p.const_regs.size() || p.nodes[at].type != shape::ValueType::Int) fail("bad big constant");
+        if (at < n_sym || at >= p.const_regs.size() || p.nodes[at].type != shape::ValueType::Int)
+            fail("bad big constant");
     }
     if (!p.big_consts.empty() && p.fast_ok) fail("a program with big constants has no fast path");
     for (std::size_t k = 1; k < p.big_consts.size(); ++k) {
@@ -396,8 +405,10 @@ void validate_shape(const shape::ShapeProgram& p) {
         }
         if (in.dst >= n || in.dst < p.const_regs.size() || computed[in.dst]) fail("bad shape instruction");
         const shape::ShapeNode& node = p.nodes[in.dst];
-        if (in.code != node.code || in.a != node.a || in.b != node.b || in.c != node.c) fail("bad shape instruction");
-        if (!computed[node.a] || !computed[node.b] || !computed[node.c]) fail("shape instruction before its operands");
+        if (in.code != node.code || in.a != node.a || in.b != node.b || in.c != node.c)
+            fail("bad shape instruction");
+        if (!computed[node.a] || !computed[node.b] || !computed[node.c])
+            fail("shape instruction before its operands");
         computed[in.dst] = 1;
     }
     std::uint32_t prev = 0;
@@ -406,7 +417,8 @@ void validate_shape(const shape::ShapeProgram& p) {
         if (r >= p.relations.size() || (k > 0 && r <= prev)) fail("bad kept relation");
         prev = r;
         const shape::ShapeRelation& rel = p.relations[r];
-        if (rel.status != shape::RelationStatus::Kept || rel.root >= n || p.nodes[rel.root].type != shape::ValueType::Bool)
+        if (rel.status != shape::RelationStatus::Kept || rel.root >= n ||
+            p.nodes[rel.root].type != shape::ValueType::Bool)
             fail("bad kept relation");
     }
     for (std::size_t r = 0; r < p.relations.size(); ++r) {

@@ -41,10 +41,11 @@ struct Node {
     std::uint32_t depth = 0;                       ///< 0 for roots
     std::uint32_t guard_begin = 0, guard_end = 0;  ///< range in Program::node_guards
     std::uint32_t child_begin = 0, child_end = 0;  ///< range in Program::children
-    std::uint32_t min_guard_id = 0;                ///< smallest guard id in this subtree (SHAPE: of relations reading a symbol here)
-    std::uint32_t symbol = kNoSymbol;              ///< the shape symbol whose value this source is, if any
-    bool subtree_runs_user_code = false;           ///< any fetch or guard below (or here) may run user code
-    std::string text;                              ///< the printed source
+    std::uint32_t min_guard_id =
+        0;  ///< smallest guard id in this subtree (SHAPE: of relations reading a symbol here)
+    std::uint32_t symbol = kNoSymbol;     ///< the shape symbol whose value this source is, if any
+    bool subtree_runs_user_code = false;  ///< any fetch or guard below (or here) may run user code
+    std::string text;                     ///< the printed source
 };
 
 /// The compiled form of a guard set.

@@ -12,6 +12,7 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
+from . import shapes
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec
@@ -27,7 +28,6 @@ from .errors import (
 from .failure import Failure
 from .guard_set import GuardSet
 from .infer import Policy, guards_for, infer_into
-from . import shapes
 from .logs import format_recompile, set_logs
 from .source import RootKind, Source, Step, StepKind
 from .specialized import Specialized, specialize

@@ -42,6 +42,12 @@ class StepKind(enum.IntEnum):
 
     DICT_VALUE = 11
 
+    SIZE = 12
+
+    STRIDE = 13
+
+    STORAGE_OFFSET = 14
+
 class GuardKind(enum.IntEnum):
     """The guard kinds of the catalogue (docs/guards.md)."""
 
@@ -80,6 +86,8 @@ class GuardKind(enum.IntEnum):
     GLOBAL_STATE = 16
 
     LAMBDA = 17
+
+    SHAPE = 18
 
 class Step:
     """One step of a source as the engine reads it."""
@@ -139,7 +147,7 @@ class GuardDecl:
     One declared guard as the engine compiles it; operands are constant-pool indices (validated against guard_shape by the compiler).
     """
 
-    def __init__(self, kind: GuardKind, source: SourcePath | None, operand: int | None = None, operand2: int | None = None, n: int = 0, n2: int = 0, n3: int = 0, flag: bool = False, id: int = 0) -> None: ...
+    def __init__(self, kind: GuardKind, source: SourcePath | None, operand: int | None = None, operand2: int | None = None, n: int = 0, n2: int = 0, n3: int = 0, flag: bool = False, id: int = 0, relation: str = '', symbols: Sequence[SourcePath] = [], symbol_types: Sequence[int] = []) -> None: ...
 
     @property
     def kind(self) -> GuardKind: ...
@@ -186,6 +194,27 @@ class GuardDecl:
     @id.setter
     def id(self, arg: int, /) -> None: ...
 
+    @property
+    def relation(self) -> str:
+        """SHAPE: the relation's text."""
+
+    @relation.setter
+    def relation(self, arg: str, /) -> None: ...
+
+    @property
+    def symbols(self) -> list[SourcePath]:
+        """SHAPE: each distinct symbol's source, in order of first use."""
+
+    @symbols.setter
+    def symbols(self, arg: Sequence[SourcePath], /) -> None: ...
+
+    @property
+    def symbol_types(self) -> list[int]:
+        """SHAPE: per symbol, 0 for int, 1 for float."""
+
+    @symbol_types.setter
+    def symbol_types(self, arg: Sequence[int], /) -> None: ...
+
 def guard_shape(kind: GuardKind) -> tuple:
     """
     (needs_source, allows_source, uses operand, uses operand2): the slots a kind's declaration uses.
@@ -215,7 +244,13 @@ class GuardSetCore:
 
     def _tree(self) -> list:
         """
-        The guard tree, preorder: (depth, text, [guard ids in current order], node fails, [guard fails]), for explain().
+        The guard tree, preorder: (depth, text, [guard ids in current order], node fails, [guard fails], SHAPE symbol index or -1), for explain().
+        """
+
+    @property
+    def _shape_info(self) -> dict:
+        """
+        SHAPE relations: {'relations': [(id, 'kept'|'merged'|'implied', by id, failures)], 'symbols', 'operations' (distinct computed sub-expressions), 'fast_path'}.
         """
 
     @property
@@ -377,6 +412,26 @@ def read_builtin_probe(name: str) -> object:
 def dict_version(d: dict) -> int:
     """
     The engine's version stamp of dict d (changes on every mutation; unique across dicts).
+    """
+
+def _set_shape_syntax_error(type: object) -> None:
+    """
+    The class (a ValueError subclass taking (message, offset)) shape text errors raise.
+    """
+
+def parse_relation(text: str) -> tuple:
+    """
+    (code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape syntax error with the offset of the problem.
+    """
+
+def evaluate_relation(text: str, types: Sequence[int], values: list) -> tuple:
+    """
+    (holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first use (types: 0 int, 1 float), as a check evaluates it.
+    """
+
+def _shape_time(relations: Sequence[str], values: dict, iterations: int) -> tuple:
+    """
+    Benchmark hook: (ns per evaluation, first failing relation or -1, kept relations, symbols, operations) for relations over symbols whose values are given by printed source: the frame, the symbol stores and the relations, in a C++ loop (no Python call per iteration).
     """
 
 def _dict_hints_enabled() -> bool:

@@ -156,7 +156,9 @@ class GuardSpec:
 
     def weakened(self) -> GuardSpec:
         """This spec with identity-held arguments replaced by :class:`Weak` where possible."""
-        if self.kind in _IDENTITY_KINDS or (self.kind is _EQUALS_MATCH and isinstance(self.args[0], enum.Enum)):
+        if self.kind in _IDENTITY_KINDS or (
+            self.kind is _EQUALS_MATCH and isinstance(self.args[0], enum.Enum)
+        ):
             return GuardSpec(self.kind, self.source, (weaken(self.args[0]),), self.index, self.stack)
         return self
 

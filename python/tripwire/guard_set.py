@@ -77,7 +77,9 @@ def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
             else _core.Step(st.kind, index=st.index)
             for st in src.steps
         ]
-        decl = pool.sources[id(src)] = _core.SourcePath(src.root, pool.intern(src.name), steps, _prefix_texts(src))
+        decl = pool.sources[id(src)] = _core.SourcePath(
+            src.root, pool.intern(src.name), steps, _prefix_texts(src)
+        )
     return decl
 
 
@@ -226,7 +228,11 @@ class GuardSet(_core.GuardSetCore):
         kept = sum(1 for _, status, _, _ in relations if status == "kept")
         merged = sum(1 for _, status, _, _ in relations if status == "merged")
         implied = sum(1 for _, status, _, _ in relations if status == "implied")
-        path = "int64 fast path with exact fallback" if info["fast_path"] else "exact integers (a constant exceeds int64)"
+        path = (
+            "int64 fast path with exact fallback"
+            if info["fast_path"]
+            else "exact integers (a constant exceeds int64)"
+        )
         lines = [
             f"shape relations (checked after every source): {len(relations)} declared, {kept} evaluated "
             f"({merged} merged as duplicates, {implied} implied by earlier ones); {info['symbols']} symbols, "

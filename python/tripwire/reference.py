@@ -449,7 +449,9 @@ class _ShapeError(Exception):
     """The relation raised (what Python would raise, or one of tripwire's limits)."""
 
 
-def shape_holds(text: str, symbols: Iterable[Source], types_: Iterable[str], values: Mapping[str, Any]) -> bool:
+def shape_holds(
+    text: str, symbols: Iterable[Source], types_: Iterable[str], values: Mapping[str, Any]
+) -> bool:
     """Whether relation ``text`` holds with ``values`` ({printed symbol: value}). A symbol whose
     value is not an exact int / float (as declared in ``types_``) makes it fail; so does any
     exception the evaluation raises."""

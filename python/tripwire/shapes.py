@@ -161,7 +161,7 @@ def _parse_text(text: str) -> Relation:
         code_end, spans, raw_symbols = _core.parse_relation(text)
     except ShapeSyntaxError as e:
         raise ShapeSyntaxError(e.message, e.offset, text) from None
-    first_at = {}
+    first_at: dict[int, int] = {}
     for begin, _end, k in spans:
         first_at.setdefault(k, begin)
     canonical: list[Source] = []
@@ -617,4 +617,3 @@ def _shape_of(value: Any) -> tuple | None:
     except Exception:  # noqa: BLE001 - not a tensor or array
         return None
     return t if all(type(n) is int for n in t) else None
-

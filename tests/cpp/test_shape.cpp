@@ -2,12 +2,12 @@
 // program, its fast and exact evaluators, and SHAPE guards in the tree compiler.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <new>
 #include <limits>
-#include <algorithm>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,8 +45,9 @@ BigInt big(const std::string& s) {
 // BigInt
 
 TEST(BigInt, DecimalRoundTrip) {
-    for (const char* s : {"0", "1", "-1", "9223372036854775807", "-9223372036854775808", "18446744073709551616",
-                          "-340282366920938463463374607431768211457", "100000000000000000000000000000"}) {
+    for (const char* s :
+         {"0", "1", "-1", "9223372036854775807", "-9223372036854775808", "18446744073709551616",
+          "-340282366920938463463374607431768211457", "100000000000000000000000000000"}) {
         EXPECT_EQ(big(s).to_string(), s);
     }
     BigInt out;
@@ -84,7 +85,8 @@ TEST(BigInt, ArithmeticMatchesPython) {
     EXPECT_EQ(q.to_string(), "3");
     EXPECT_EQ(r.to_string(), "-1");
     // Multi-limb division (Knuth D, including the add-back step on some of these).
-    BigInt::floor_divmod(big("1000000000000000000000000000000000000000"), big("-12345678901234567890123"), &q, &r);
+    BigInt::floor_divmod(big("1000000000000000000000000000000000000000"), big("-12345678901234567890123"), &q,
+                         &r);
     EXPECT_EQ(q.to_string(), "-81000000729000007");
     EXPECT_EQ(r.to_string(), "-4519715300541642230861");
     BigInt::floor_divmod(big("340282366920938463463374607431768211455"), big("18446744073709551617"), &q, &r);
@@ -103,8 +105,10 @@ TEST(BigInt, DivisionAgainstMultiplication) {
     };
     for (int trial = 0; trial < 2000; ++trial) {
         BigInt a(static_cast<std::int64_t>(next())), b(static_cast<std::int64_t>(next() >> (next() % 63)));
-        for (int k = static_cast<int>(next() % 4); k > 0; --k) a = a * BigInt(static_cast<std::int64_t>(next() | 1));
-        for (int k = static_cast<int>(next() % 3); k > 0; --k) b = b * BigInt(static_cast<std::int64_t>(next() | 1));
+        for (int k = static_cast<int>(next() % 4); k > 0; --k)
+            a = a * BigInt(static_cast<std::int64_t>(next() | 1));
+        for (int k = static_cast<int>(next() % 3); k > 0; --k)
+            b = b * BigInt(static_cast<std::int64_t>(next() | 1));
         if (b.is_zero()) continue;
         BigInt q, r;
         BigInt::floor_divmod(a, b, &q, &r);
@@ -161,7 +165,7 @@ TEST(BigInt, TrueDivideIsCorrectlyRounded) {
 }
 
 TEST(BigInt, CompareWithDoubleIsExact) {
-    const BigInt p53 = big("9007199254740993");  // 2**53 + 1
+    const BigInt p53 = big("9007199254740993");            // 2**53 + 1
     EXPECT_EQ(p53.compare_double(9007199254740992.0), 1);  // a rounding comparison would say equal
     EXPECT_EQ(big("5").compare_double(5.5), -1);
     EXPECT_EQ(big("-5").compare_double(-5.5), 1);
@@ -197,9 +201,10 @@ TEST(ShapeParser, SourcesAreWholePostfixChains) {
     const ParsedRelation r = parse_relation(
         "L['x'].size(0) + L['self'].layers[0].n + getattr(L['o'], 'a-b') + dict.__getitem__(L['d'], 'k') "
         "+ L['x'].stride()[1] + L['x'].storage_offset() + L['x'].shape[2] + G['g'] > 0");
-    const std::vector<std::string_view> want = {"L['x'].size(0)", "L['self'].layers[0].n", "getattr(L['o'], 'a-b')",
-                                           "dict.__getitem__(L['d'], 'k')", "L['x'].stride()[1]",
-                                           "L['x'].storage_offset()", "L['x'].shape[2]", "G['g']"};
+    const std::vector<std::string_view> want = {"L['x'].size(0)",         "L['self'].layers[0].n",
+                                                "getattr(L['o'], 'a-b')", "dict.__getitem__(L['d'], 'k')",
+                                                "L['x'].stride()[1]",     "L['x'].storage_offset()",
+                                                "L['x'].shape[2]",        "G['g']"};
     EXPECT_EQ(r.symbols, want);
     // A '#' inside a string key is not a comment; one outside is.
     const ParsedRelation key = parse_relation("L['a#b'] > 0 # note");
@@ -248,7 +253,8 @@ TEST(ShapeParser, ErrorsHaveOffsets) {
     expect_error("1.5.2 < L['x']", 3, "malformed number");
     expect_error("L['x'] if 1 > 0 L['y']", 16, "expected 'else'");
     expect_error(std::string(300, '(') + "1" + std::string(300, ')') + " == 1", 100, "nested more than");
-    expect_error("L[" + std::string(300, '[') + "'x'" + std::string(300, ']') + "] > 1", 201, "nested more than");
+    expect_error("L[" + std::string(300, '[') + "'x'" + std::string(300, ']') + "] > 1", 201,
+                 "nested more than");
 }
 
 TEST(ShapeParser, Literals) {
@@ -385,7 +391,8 @@ TEST(ShapeEval, Floats) {
     EXPECT_FALSE(eval("L['s'] < 1 or L['s'] >= 1", {F(nan)}).holds);
     EXPECT_TRUE(eval("L['s'] // 0.5 == 5.0", {F(2.75)}).holds);
     EXPECT_TRUE(eval("L['s'] % -2.0 == -1.0", {F(5.0)}).holds);
-    EXPECT_TRUE(eval("math.floor(L['s']) == -3 and math.ceil(L['s']) == -2 and int(L['s']) == -2", {F(-2.5)}).holds);
+    EXPECT_TRUE(
+        eval("math.floor(L['s']) == -3 and math.ceil(L['s']) == -2 and int(L['s']) == -2", {F(-2.5)}).holds);
     EXPECT_TRUE(eval("round(L['s']) == 2", {F(2.5)}).holds);
     EXPECT_TRUE(eval("round(L['s']) == 4", {F(3.5)}).holds);
     EXPECT_FALSE(eval("math.floor(L['s']) > 0", {F(inf)}).holds);
@@ -405,7 +412,8 @@ TEST(ShapeEval, Floats) {
 }
 
 TEST(ShapeEval, TypeErrorsHaveOffsets) {
-    auto type_error_at = [](const std::string& text, std::vector<ValueType> types, std::size_t offset) {
+    auto type_error_at = [](const std::string& text, const std::vector<ValueType>& types,
+                            std::size_t offset) {
         RelationInput in;
         in.text = text;
         for (std::uint32_t k = 0; k < types.size(); ++k) in.symbols.push_back(k);
@@ -444,14 +452,14 @@ TEST(ShapeProgram, SharesSubexpressionsAcrossRelations) {
 
 TEST(ShapeProgram, MergesDuplicatesAndDropsImpliedBounds) {
     std::vector<RelationInput> rels = {
-        {0, "4 <= L['x']", {0}},          // kept
-        {1, "2 <= L['x']", {0}},          // implied by #0
-        {2, "4 <= L['x']  # again", {0}}, // merged into #0
-        {3, "L['x'] >= 4", {0}},          // the same node as #0 after operand ordering: merged
-        {4, "3 < L['x'] <= 10", {0}},     // 4 <= x is known, x <= 10 is new: kept
-        {5, "L['x'] < 20", {0}},          // x <= 19 implied by x <= 10
-        {6, "L['x'] % 2 == 0", {0}},      // not a bound: kept
-        {7, "L['x'] == 7", {0}},          // tighter than both bounds: kept
+        {0, "4 <= L['x']", {0}},           // kept
+        {1, "2 <= L['x']", {0}},           // implied by #0
+        {2, "4 <= L['x']  # again", {0}},  // merged into #0
+        {3, "L['x'] >= 4", {0}},           // the same node as #0 after operand ordering: merged
+        {4, "3 < L['x'] <= 10", {0}},      // 4 <= x is known, x <= 10 is new: kept
+        {5, "L['x'] < 20", {0}},           // x <= 19 implied by x <= 10
+        {6, "L['x'] % 2 == 0", {0}},       // not a bound: kept
+        {7, "L['x'] == 7", {0}},           // tighter than both bounds: kept
     };
     const ShapeProgram p = compile_relations(rels, {ValueType::Int});
     auto status = [&](std::uint32_t id) { return p.relations[id].status; };
@@ -522,19 +530,23 @@ TEST(ShapeFrame, FastPathAllocatesNothing) {
     // A check stores its symbols and runs the relations without touching the heap: the frame
     // is inline (up to 96 registers and 32 symbols), int64 and float values go into registers.
     std::vector<RelationInput> rels;
-    const char* texts[] = {"((6*L['a']) % 4) == 0", "(L['a'] // 2) <= L['c']", "(L['a']*L['b']) != ((L['a']*L['b']) // 4)",
-                           "2 <= L['d']", "not math.isnan(L['s'])", "L['s'] * 2 < L['a']"};
+    const char* texts[] = {
+        "((6*L['a']) % 4) == 0", "(L['a'] // 2) <= L['c']", "(L['a']*L['b']) != ((L['a']*L['b']) // 4)",
+        "2 <= L['d']",           "not math.isnan(L['s'])",  "L['s'] * 2 < L['a']"};
     for (std::uint32_t k = 0; k < 6; ++k) {
         const ParsedRelation r = parse_relation(texts[k]);
         RelationInput in{k, texts[k], {}};
         for (std::string_view sym : r.symbols) {
-            static const std::vector<std::string_view> names = {"L['a']", "L['b']", "L['c']", "L['d']", "L['s']"};
-            in.symbols.push_back(static_cast<std::uint32_t>(std::find(names.begin(), names.end(), sym) - names.begin()));
+            static const std::vector<std::string_view> names = {"L['a']", "L['b']", "L['c']", "L['d']",
+                                                                "L['s']"};
+            in.symbols.push_back(
+                static_cast<std::uint32_t>(std::find(names.begin(), names.end(), sym) - names.begin()));
         }
         rels.push_back(in);
     }
     const long compiling = g_allocations.load();
-    const ShapeProgram p = compile_relations(rels, {ValueType::Int, ValueType::Int, ValueType::Int, ValueType::Int, ValueType::Float});
+    const ShapeProgram p = compile_relations(
+        rels, {ValueType::Int, ValueType::Int, ValueType::Int, ValueType::Int, ValueType::Float});
     EXPECT_GT(g_allocations.load() - compiling, 0);  // the counter counts (compiling allocates)
     const long before = g_allocations.load();
     std::int32_t result = 0;
@@ -608,8 +620,9 @@ TEST(ShapeGuards, DeclarationsAreChecked) {
     // Symbol count mismatch between the text and the bindings.
     EXPECT_THROW(compile({shape_guard(0, "L['c0'] > L['c1']", {n}, {0})}, 2), InvalidProgram);
     // One source, two types.
-    EXPECT_THROW(compile({shape_guard(0, "L['c0'] > 1", {n}, {0}), shape_guard(1, "L['c0'] > 1.5", {n}, {1})}, 2),
-                 InvalidProgram);
+    EXPECT_THROW(
+        compile({shape_guard(0, "L['c0'] > 1", {n}, {0}), shape_guard(1, "L['c0'] > 1.5", {n}, {1})}, 2),
+        InvalidProgram);
     // Text errors keep their type (the caller reports the offset).
     EXPECT_THROW(compile({shape_guard(0, "L['c0'] >", {n}, {0})}, 2), ShapeSyntaxError);
     // Other kinds take no relation.

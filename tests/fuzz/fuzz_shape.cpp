@@ -66,8 +66,18 @@ class Gen {
     std::string int_(int d) {
         if (d <= 0 || b_.below(4) == 0) {
             if (b_.below(3) != 0) return kIntSymbols[b_.below(4)];
-            static const char* const consts[] = {"0", "1", "2", "3", "4", "7", "16", "9223372036854775807",
-                                                 "9223372036854775808", "18446744073709551616", "-1", "(-5)"};
+            static const char* const consts[] = {"0",
+                                                 "1",
+                                                 "2",
+                                                 "3",
+                                                 "4",
+                                                 "7",
+                                                 "16",
+                                                 "9223372036854775807",
+                                                 "9223372036854775808",
+                                                 "18446744073709551616",
+                                                 "-1",
+                                                 "(-5)"};
             return consts[b_.below(12)];
         }
         switch (b_.below(11)) {
@@ -77,7 +87,8 @@ class Gen {
             case 3: return "(" + int_(d - 1) + " // " + int_(d - 1) + ")";
             case 4: return "(" + int_(d - 1) + " % " + int_(d - 1) + ")";
             case 5: return "(" + int_(d - 1) + " ** " + (b_.below(2) ? std::string("3") : int_(d - 1)) + ")";
-            case 6: return std::string(b_.below(2) ? "max(" : "min(") + int_(d - 1) + ", " + int_(d - 1) + ")";
+            case 6:
+                return std::string(b_.below(2) ? "max(" : "min(") + int_(d - 1) + ", " + int_(d - 1) + ")";
             case 7: return "abs(-" + int_(d - 1) + ")";
             case 8: {
                 static const char* const fns[] = {"math.floor(", "math.ceil(", "int(", "round("};
@@ -91,7 +102,8 @@ class Gen {
     std::string float_(int d) {
         if (d <= 0 || b_.below(4) == 0) {
             if (b_.below(3) != 0) return kFloatSymbols[b_.below(2)];
-            static const char* const consts[] = {"0.5", "0.0", "1e308", "math.inf", "math.nan", "2.5", "5e-324"};
+            static const char* const consts[] = {"0.5",      "0.0", "1e308", "math.inf",
+                                                 "math.nan", "2.5", "5e-324"};
             return consts[b_.below(7)];
         }
         switch (b_.below(8)) {
@@ -101,7 +113,9 @@ class Gen {
             case 3: return "(" + float_(d - 1) + " // " + float_(d - 1) + ")";
             case 4: return "(" + float_(d - 1) + " % " + int_(d - 1) + ")";
             case 5: return "float(" + int_(d - 1) + ")";
-            case 6: return std::string(b_.below(2) ? "max(" : "min(") + float_(d - 1) + ", " + float_(d - 1) + ")";
+            case 6:
+                return std::string(b_.below(2) ? "max(" : "min(") + float_(d - 1) + ", " + float_(d - 1) +
+                       ")";
             default: return "(" + float_(d - 1) + " * " + float_(d - 1) + ")";
         }
     }
@@ -112,7 +126,9 @@ class Gen {
         static const char* const ops[] = {" == ", " != ", " < ", " <= ", " > ", " >= "};
         switch (d <= 0 ? b_.below(2) : b_.below(7)) {
             case 0: return "(" + int_(d - 1) + ops[b_.below(6)] + int_(d - 1) + ")";
-            case 1: return "(" + number(d - 1) + ops[b_.below(6)] + number(d - 1) + ops[b_.below(6)] + number(d - 1) + ")";
+            case 1:
+                return "(" + number(d - 1) + ops[b_.below(6)] + number(d - 1) + ops[b_.below(6)] +
+                       number(d - 1) + ")";
             case 2: return "(not math.isnan(" + number(d - 1) + "))";
             case 3: return "(" + bool_(d - 1) + (b_.below(2) ? " and " : " or ") + bool_(d - 1) + ")";
             case 4: return "Eq(Mod(" + int_(d - 1) + ", " + int_(d - 1) + "), 0)";
@@ -151,10 +167,18 @@ void check_parse_tree(const std::string& text, const ParsedRelation& r) {
 // A symbol value drawn from the input.
 void set_value(ShapeFrame& f, std::uint32_t sym, ValueType t, Bytes& b) {
     if (t == ValueType::Float) {
-        static const double values[] = {0.0, -0.0, 0.5, -1.5, 3.0, 1e308, -1e308, 5e-324,
+        static const double values[] = {0.0,
+                                        -0.0,
+                                        0.5,
+                                        -1.5,
+                                        3.0,
+                                        1e308,
+                                        -1e308,
+                                        5e-324,
                                         std::numeric_limits<double>::infinity(),
                                         -std::numeric_limits<double>::infinity(),
-                                        std::numeric_limits<double>::quiet_NaN(), 9007199254740992.0};
+                                        std::numeric_limits<double>::quiet_NaN(),
+                                        9007199254740992.0};
         f.set_float(sym, values[b.below(12)]);
         return;
     }
@@ -265,7 +289,13 @@ void exercise(const std::vector<std::string>& texts, Bytes& b, bool generated) {
 }  // namespace tripwire::core::shape
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-    using namespace tripwire::core::shape;
+    using tripwire::core::shape::Bytes;
+    using tripwire::core::shape::check_parse_tree;
+    using tripwire::core::shape::exercise;
+    using tripwire::core::shape::Gen;
+    using tripwire::core::shape::parse_relation;
+    using tripwire::core::shape::ParsedRelation;
+    using tripwire::core::shape::ShapeSyntaxError;
     if (size == 0) return 0;
     const std::uint8_t mode = data[0];
     if (mode & 1) {
@@ -273,7 +303,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::size_t n = size > 2048 ? 2048 : size;
         std::string text(reinterpret_cast<const char*>(data + 1), n - 1);
         std::size_t cut = text.find('\x01');  // a separator: the bytes after it draw values
-        Bytes values(data + 1 + (cut == std::string::npos ? n - 1 : cut), cut == std::string::npos ? 0 : n - 1 - cut);
+        Bytes values(data + 1 + (cut == std::string::npos ? n - 1 : cut),
+                     cut == std::string::npos ? 0 : n - 1 - cut);
         if (cut != std::string::npos) text.resize(cut);
         try {
             const ParsedRelation r = parse_relation(text);
@@ -294,8 +325,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (!texts.empty() && b.below(5) == 0) {
             texts.push_back(texts[b.below(static_cast<std::uint32_t>(texts.size()))]);  // a duplicate
         } else if (b.below(4) == 0) {
-            static const char* const bounds[] = {"2 <= L['a']", "4 <= L['a']", "L['a'] <= 10", "3 < L['a'] <= 8",
-                                                 "L['a'] == 5", "L['a'] >= 1", "L['b'] < 100"};
+            static const char* const bounds[] = {"2 <= L['a']",     "4 <= L['a']", "L['a'] <= 10",
+                                                 "3 < L['a'] <= 8", "L['a'] == 5", "L['a'] >= 1",
+                                                 "L['b'] < 100"};
             texts.emplace_back(bounds[b.below(7)]);  // bounds, to be merged or dropped
         } else {
             texts.push_back(gen.bool_(1 + static_cast<int>(b.below(4))));

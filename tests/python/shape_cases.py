@@ -62,7 +62,9 @@ INT_SYMBOLS = [
 FLOAT_SYMBOLS = ["L['s']", "L['t']"]
 
 _BIG = [2**31, 2**53 - 1, 2**53 + 1, 2**62, 2**63 - 1, 2**63, 2**64, 3 * 2**70, 10**30, 2**100]
-INT_VALUES = [0, 1, -1, 2, -2, 3, 4, 7, 8, 9, 16, -9, 1000] + _BIG + [-v for v in _BIG] + [-(2**63), -(2**63) - 1]
+INT_VALUES = (
+    [0, 1, -1, 2, -2, 3, 4, 7, 8, 9, 16, -9, 1000] + _BIG + [-v for v in _BIG] + [-(2**63), -(2**63) - 1]
+)
 FLOAT_VALUES = [
     0.0,
     -0.0,
@@ -126,7 +128,7 @@ class Gen:
         if d <= 0 or r.random() < 0.3:
             return r.choice(INT_SYMBOLS) if r.random() < 0.7 else _int_const(r)
         k = r.randrange(14)
-        a = lambda: self.int_(d - 1)  # noqa: E731
+        a = lambda: self.int_(d - 1)
         if k == 0:
             return f"({a()} {self.pick('+', '-', '*')} {a()})"
         if k == 1:
@@ -158,8 +160,8 @@ class Gen:
         if d <= 0 or r.random() < 0.3:
             return r.choice(FLOAT_SYMBOLS) if r.random() < 0.7 else _float_const(r)
         k = r.randrange(11)
-        f = lambda: self.float_(d - 1)  # noqa: E731
-        i = lambda: self.int_(d - 1)  # noqa: E731
+        f = lambda: self.float_(d - 1)
+        i = lambda: self.int_(d - 1)
         if k == 0:
             return f"({f()} {self.pick('+', '-', '*', '/')} {f()})"
         if k == 1:
@@ -237,7 +239,9 @@ def _unparenthesise(text: str, r: random.Random) -> str:
     for open_, close in pairs:
         # Keep call parentheses: a name (not a keyword) or a closing bracket right before.
         before = text[:open_].rstrip()
-        word = before[len(before.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")) :]
+        word = before[
+            len(before.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")) :
+        ]
         if (word and word not in ("and", "or", "not", "if", "else")) or (before and before[-1] in ")]"):
             continue
         trial = removed | {open_, close}
@@ -273,7 +277,9 @@ def relation_set(r: random.Random) -> Case:
     index = 0
     for _ in range(r.randint(1, 4)):
         if r.random() < 0.15:  # a plain guard in between, on a symbol's root
-            specs.append(GuardSpec(tw.GuardKind.NOT_NONE, tw.Source.parse(r.choice(["L['x']", "L['a']"])), (), index))
+            specs.append(
+                GuardSpec(tw.GuardKind.NOT_NONE, tw.Source.parse(r.choice(["L['x']", "L['a']"])), (), index)
+            )
             index += 1
         text = relation(r)
         if r.random() < 0.1 and texts:
@@ -324,7 +330,9 @@ def run_pairs(n_pairs: int, seed: int, inputs_per_set: int = 4) -> dict[str, int
         gs = tw.GuardSet(case.specs, f_globals)
         stats["sets"] += 1
         stats["relations"] += len(case.texts)
-        stats["merged_or_implied"] += sum(1 for _id, status, _by, _n in gs._shape_info["relations"] if status != "kept")
+        stats["merged_or_implied"] += sum(
+            1 for _id, status, _by, _n in gs._shape_info["relations"] if status != "kept"
+        )
         for _ in range(inputs_per_set):
             f_locals, g = frame(r)
             f_globals.clear()
@@ -352,8 +360,12 @@ def run_relations(n: int, seed: int) -> dict[str, int]:
         rel = tw.shapes.parse(relation(r))
         types = [_symbol_type(s) for s in rel.symbols]
         values = [int_value(r) if t == "int" else float_value(r) for t in types]
-        holds, _error, path = _core.evaluate_relation(rel.text, [0 if t == "int" else 1 for t in types], values)
-        want = reference.shape_holds(rel.text, rel.symbols, types, {str(s): v for s, v in zip(rel.symbols, values)})
+        holds, _error, path = _core.evaluate_relation(
+            rel.text, [0 if t == "int" else 1 for t in types], values
+        )
+        want = reference.shape_holds(
+            rel.text, rel.symbols, types, {str(s): v for s, v in zip(rel.symbols, values)}
+        )
         assert holds == want, f"{rel.text} with {values}: engine {holds}, reference {want}"
         stats["relations"] += 1
         stats[path] += 1

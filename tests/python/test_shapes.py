@@ -81,7 +81,12 @@ def test_int_semantics_are_pythons(text: str, values: list, holds: bool) -> None
     ordered = dict(zip(["L['a']", "L['b']"], values))
     vals = [ordered[str(s)] for s in rel.symbols]
     assert rel.evaluate(vals)[0] is holds
-    assert reference.shape_holds(rel.text, rel.symbols, ["int"] * len(vals), dict(zip(map(str, rel.symbols), vals))) is holds
+    assert (
+        reference.shape_holds(
+            rel.text, rel.symbols, ["int"] * len(vals), dict(zip(map(str, rel.symbols), vals))
+        )
+        is holds
+    )
 
 
 @pytest.mark.parametrize("s", [math.nan, math.inf, -math.inf, 0.0, -0.0, 5e-324, 1e308])
@@ -99,7 +104,9 @@ def test_bit_limit_is_the_references() -> None:
     assert rel.evaluate([2])[0] is True
     holds, error = tw.shapes.parse("L['a'] ** 65536 > 0").evaluate([2])
     assert not holds and "65536 bits" in error
-    assert not reference.shape_holds("L['a'] ** 65536 > 0", tw.shapes.parse("L['a'] > 0").symbols, ["int"], {"L['a']": 2})
+    assert not reference.shape_holds(
+        "L['a'] ** 65536 > 0", tw.shapes.parse("L['a'] > 0").symbols, ["int"], {"L['a']": 2}
+    )
 
 
 # -- the text syntax -----------------------------------------------------------------------------
@@ -134,7 +141,9 @@ def test_torch_code_parts_parse(part: str) -> None:
 
 
 def test_top_level_conjunctions_split_and_chains_do_not() -> None:
-    assert [r.text for r in tw.shapes.relations_from_torch("2 <= L['x'].size()[0] and L['x'].size()[0] <= 1024")] == [
+    assert [
+        r.text for r in tw.shapes.relations_from_torch("2 <= L['x'].size()[0] and L['x'].size()[0] <= 1024")
+    ] == [
         "2 <= L['x'].size()[0]",
         "L['x'].size()[0] <= 1024",
     ]
@@ -237,7 +246,10 @@ def test_mutated_relations_give_one_clear_error(seed: int, data: st.DataObject) 
 # -- the builder ---------------------------------------------------------------------------------
 def test_relation_must_hold_on_the_example() -> None:
     b = tw.GuardBuilder({"x": T(9)})
-    with pytest.raises(tw.GuardBuildError, match=r"\(\(6\*L\['x'\]\.size\(\)\[0\]\) % 4\) == 0 is false with L\['x'\]\.size\(\)\[0\] = 9"):
+    with pytest.raises(
+        tw.GuardBuildError,
+        match=r"\(\(6\*L\['x'\]\.size\(\)\[0\]\) % 4\) == 0 is false with L\['x'\]\.size\(\)\[0\] = 9",
+    ):
         b.shape("((6*L['x'].size()[0]) % 4) == 0")
     with pytest.raises(tw.GuardBuildError, match="raised ZeroDivisionError"):
         b.shape("L['x'].size()[0] // 0 == 1")
@@ -267,10 +279,15 @@ def test_failure_names_the_relation_and_every_symbol() -> None:
     f = gs.why_not({**ex, "s": math.nan})
     assert f.reason == "not math.isnan(L['s']) is false with L['s'] = nan"
     f = gs.why_not({**ex, "y": [1, 2]})
-    assert f.reason.startswith("(L['x'].size()[0] // 2) <= L['y'].size()[0]: L['y'].size()[0] cannot be read (")
+    assert f.reason.startswith(
+        "(L['x'].size()[0] // 2) <= L['y'].size()[0]: L['y'].size()[0] cannot be read ("
+    )
     assert f.actual is None
     f = gs.why_not({**ex, "s": 1})
-    assert f.reason == "not math.isnan(L['s']): L['s'] is a int, not a float (a shape symbol keeps the exact type of its example)"
+    assert (
+        f.reason
+        == "not math.isnan(L['s']): L['s'] is a int, not a float (a shape symbol keeps the exact type of its example)"
+    )
     assert [x.guard.index for x in gs.failures({**ex, "x": T(30, 3), "s": math.nan})] == [0, 1, 2]
 
 
@@ -283,7 +300,10 @@ def test_explain_reports_relations_before_and_after() -> None:
     b.shape("L['n'] * 2 < 100")
     gs = b.build()
     text = gs.explain()
-    assert "shape relations (checked after every source): 5 declared, 3 evaluated (1 merged as duplicates, 1 implied by earlier ones); 2 symbols" in text
+    assert (
+        "shape relations (checked after every source): 5 declared, 3 evaluated (1 merged as duplicates, 1 implied by earlier ones); 2 symbols"
+        in text
+    )
     assert "[dropped: implied by #0]" in text and "[merged: the same relation as #0]" in text
     assert f"{X0}   [shape symbol s0]" in text
     assert gs.check({"x": T(6), "n": 5})
@@ -300,8 +320,14 @@ def test_structured_form_prints_the_text_syntax() -> None:
     assert str((x0 > 1) & ~(n == -3) | tw.shapes.IsNan(sym("L['s']"))) == (
         "((L['x'].size()[0] > 1) and (not (L['n'] == (-3)))) or math.isnan(L['s'])"
     )
-    assert str(tw.shapes.Max(x0, y0, 3) - tw.shapes.Min(n, 2)) == "max(L['x'].size()[0], L['y'].size()[0], 3) - min(L['n'], 2)"
-    assert str(tw.shapes.Pow(n, 2) + tw.shapes.IntTrueDiv(n, 3) > math.inf) == "((L['n'] ** 2) + IntTrueDiv(L['n'], 3)) > math.inf"
+    assert (
+        str(tw.shapes.Max(x0, y0, 3) - tw.shapes.Min(n, 2))
+        == "max(L['x'].size()[0], L['y'].size()[0], 3) - min(L['n'], 2)"
+    )
+    assert (
+        str(tw.shapes.Pow(n, 2) + tw.shapes.IntTrueDiv(n, 3) > math.inf)
+        == "((L['n'] ** 2) + IntTrueDiv(L['n'], 3)) > math.inf"
+    )
     with pytest.raises(TypeError, match="truth value"):
         bool(x0 < 3)
     with pytest.raises(TypeError, match="sym"):
@@ -407,7 +433,13 @@ def test_hostile_size_methods() -> None:
     b.shape(f"{X0} >= 4")
     gs = b.build()
     state["gs"] = gs
-    for mode, want in [("raise", False), ("float", False), ("bigint", True), ("reenter", True), ("mutate", True)]:
+    for mode, want in [
+        ("raise", False),
+        ("float", False),
+        ("bigint", True),
+        ("reenter", True),
+        ("mutate", True),
+    ]:
         state["mode"] = mode
         assert gs.check({"x": x}) is want, mode
         assert (gs.why_not({"x": x}) is None) is want, mode
@@ -416,6 +448,62 @@ def test_hostile_size_methods() -> None:
     strict = tw.GuardSet(list(b.guards), strict=True)
     with pytest.raises(tw.GuardEvalError):
         strict.check({"x": x})
+
+
+def test_lying_ints_and_interrupts() -> None:
+    class MyInt(int):  # an int subclass: not the example's type, whatever it claims
+        def __index__(self) -> int:
+            return 4
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = int.__hash__
+
+    b = tw.GuardBuilder({"n": 4})
+    b.shape("L['n'] % 4 == 0")
+    gs = b.build()
+    assert gs.check({"n": 8}) and not gs.check({"n": MyInt(5)})
+    assert "is a MyInt, not an int" in gs.why_not({"n": MyInt(5)}).reason
+
+    class Interrupting(T):
+        def size(self) -> tuple:
+            raise KeyboardInterrupt
+
+    b = tw.GuardBuilder({"x": T(4)})
+    b.shape(f"{X0} >= 2")
+    gs = b.build()
+    with pytest.raises(KeyboardInterrupt):  # never turned into a failed guard
+        gs.check({"x": Interrupting(4)})
+    with pytest.raises(KeyboardInterrupt):
+        gs.why_not({"x": Interrupting(4)})
+
+
+def test_locals_mutated_by_a_size_call() -> None:
+    # size() of the first tensor replaces the second one in the locals mid-check: the walk holds
+    # what it read, and the relation is decided on the values read (as Python's lambda would).
+    class Mutating(T):
+        def __init__(self, f_locals: dict, *sizes: int) -> None:
+            super().__init__(*sizes)
+            self.f_locals = f_locals
+
+        def size(self) -> tuple:
+            self.f_locals["y"] = T(1)
+            self.f_locals.pop("z", None)
+            return super().size()
+
+    ex = {"x": T(8), "y": T(4), "z": 3}
+    b = tw.GuardBuilder(ex)
+    b.shape("L['x'].size()[0] // 2 == L['y'].size()[0]")
+    b.shape("L['z'] < L['x'].size()[0]")
+    gs = b.build()
+    for _ in range(scaled(50, 10)):
+        f_locals: dict = {"y": T(4), "z": 3}
+        f_locals["x"] = Mutating(f_locals, 8)
+        # Whichever root the (adaptive) walk reads first, size() has replaced y or removed z
+        # before it is read: False, never a crash or a stale pass.
+        assert gs.check(f_locals) is False
+        assert gs.why_not(f_locals) is not None
 
 
 def test_threads_checking_one_set() -> None:
@@ -457,7 +545,9 @@ def test_dynamic_dimensions_as_dynamo_declares_them() -> None:
         "L['x'].size()[2] == 1",  # 0/1 specialisation
         "L['y'].size()[0] == L['x'].size()[1]",  # duck sizing
     ]
-    assert tw.shapes.dynamic_relations(ex, {"y": [0]}, duck=False, specialize_zero_one=False) == ["0 <= L['y'].size()[0]"]
+    assert tw.shapes.dynamic_relations(ex, {"y": [0]}, duck=False, specialize_zero_one=False) == [
+        "0 <= L['y'].size()[0]"
+    ]
     with pytest.raises(tw.GuardBuildError, match="no dimension 3"):
         tw.shapes.dynamic_relations(ex, {"x": [3]})
 

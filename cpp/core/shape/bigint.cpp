@@ -242,8 +242,8 @@ int BigInt::compare_double(double d) const {
     BigInt f;
     from_integral_double(fl, f);
     const int c = compare(*this, f);
-    if (c != 0) return c;             // self != floor(d): the integer order decides
-    return d > fl ? -1 : 0;           // self == floor(d) < d, or equal
+    if (c != 0) return c;    // self != floor(d): the integer order decides
+    return d > fl ? -1 : 0;  // self == floor(d) < d, or equal
 }
 
 int BigInt::compare_magnitude(const Limbs& a, const Limbs& b) {
@@ -266,7 +266,8 @@ Limbs BigInt::add_magnitude(const Limbs& a, const Limbs& b) {
     Limbs out(big.size() + 1, 0);
     std::uint64_t carry = 0;
     for (std::size_t i = 0; i < big.size(); ++i) {
-        const std::uint64_t t = static_cast<std::uint64_t>(big[i]) + (i < small.size() ? small[i] : 0) + carry;
+        const std::uint64_t t =
+            static_cast<std::uint64_t>(big[i]) + (i < small.size() ? small[i] : 0) + carry;
         out[i] = static_cast<std::uint32_t>(t);
         carry = t >> 32;
     }
@@ -403,8 +404,7 @@ void BigInt::divmod_magnitude(const Limbs& a, const Limbs& b, Limbs& q, Limbs& r
     const std::size_t n = b.size();
     const std::size_t m = a.size() - n;
     Limbs v(n), u(a.size() + 1);
-    for (std::size_t i = n; i-- > 0;)
-        v[i] = (b[i] << s) | (s != 0 && i > 0 ? b[i - 1] >> (32 - s) : 0);
+    for (std::size_t i = n; i-- > 0;) v[i] = (b[i] << s) | (s != 0 && i > 0 ? b[i - 1] >> (32 - s) : 0);
     u[a.size()] = s != 0 ? a.back() >> (32 - s) : 0;
     for (std::size_t i = a.size(); i-- > 0;)
         u[i] = (a[i] << s) | (s != 0 && i > 0 ? a[i - 1] >> (32 - s) : 0);
@@ -425,11 +425,13 @@ void BigInt::divmod_magnitude(const Limbs& a, const Limbs& b, Limbs& q, Limbs& r
         for (std::size_t i = 0; i < n; ++i) {
             const std::uint64_t p = qhat * v[i] + carry;
             carry = p >> 32;
-            const std::int64_t t = static_cast<std::int64_t>(u[i + j]) - borrow - static_cast<std::int64_t>(p & 0xFFFFFFFFU);
+            const std::int64_t t =
+                static_cast<std::int64_t>(u[i + j]) - borrow - static_cast<std::int64_t>(p & 0xFFFFFFFFU);
             u[i + j] = static_cast<std::uint32_t>(t);
             borrow = t < 0 ? 1 : 0;
         }
-        const std::int64_t t = static_cast<std::int64_t>(u[j + n]) - borrow - static_cast<std::int64_t>(carry);
+        const std::int64_t t =
+            static_cast<std::int64_t>(u[j + n]) - borrow - static_cast<std::int64_t>(carry);
         u[j + n] = static_cast<std::uint32_t>(t);
         if (t < 0) {
             // qhat was one too large: add the divisor back.
@@ -447,8 +449,10 @@ void BigInt::divmod_magnitude(const Limbs& a, const Limbs& b, Limbs& q, Limbs& r
     trim_limbs(q);
     // Unnormalise the remainder.
     r.assign(n, 0);
-    for (std::size_t i = 0; i < n; ++i)
-        r[i] = (u[i] >> s) | (s != 0 ? static_cast<std::uint32_t>(static_cast<std::uint64_t>(u[i + 1]) << (32 - s)) : 0);
+    for (std::size_t i = 0; i < n; ++i) {
+        r[i] = (u[i] >> s) |
+               (s != 0 ? static_cast<std::uint32_t>(static_cast<std::uint64_t>(u[i + 1]) << (32 - s)) : 0);
+    }
     trim_limbs(r);
 }
 

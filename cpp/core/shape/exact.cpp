@@ -60,23 +60,36 @@ int compare_values(const ExactValue& a, const ExactValue& b) {
 bool compare_holds(Code code, int c) {
     if (c == 2) return code == Code::INe || code == Code::FNe || code == Code::MNe;
     switch (code) {
-        case Code::IEq: case Code::FEq: case Code::MEq: return c == 0;
-        case Code::INe: case Code::FNe: case Code::MNe: return c != 0;
-        case Code::ILt: case Code::FLt: case Code::MLt: return c < 0;
-        case Code::ILe: case Code::FLe: case Code::MLe: return c <= 0;
-        case Code::IGt: case Code::FGt: case Code::MGt: return c > 0;
+        case Code::IEq:
+        case Code::FEq:
+        case Code::MEq: return c == 0;
+        case Code::INe:
+        case Code::FNe:
+        case Code::MNe: return c != 0;
+        case Code::ILt:
+        case Code::FLt:
+        case Code::MLt: return c < 0;
+        case Code::ILe:
+        case Code::FLe:
+        case Code::MLe: return c <= 0;
+        case Code::IGt:
+        case Code::FGt:
+        case Code::MGt: return c > 0;
         default: return c >= 0;  // *Ge
     }
 }
 
 ExactValue int_pow(const BigInt& base, const BigInt& exp) {
-    if (exp.negative())
-        return ExactValue::fail("ValueError: ** takes a natural exponent in shape guards (got " + exp.to_string() + ")");
+    if (exp.negative()) {
+        return ExactValue::fail("ValueError: ** takes a natural exponent in shape guards (got " +
+                                exp.to_string() + ")");
+    }
     if (exp.is_zero()) return ExactValue::of_int(BigInt(1));
     const std::uint64_t bl = base.bit_length();
     // 0, 1 and -1 to any power stay small.
     if (bl <= 1) {
-        if (base.is_zero() || !base.negative() || !exp.is_odd()) return ExactValue::of_int(base.is_zero() ? BigInt(0) : BigInt(1));
+        if (base.is_zero() || !base.negative() || !exp.is_odd())
+            return ExactValue::of_int(base.is_zero() ? BigInt(0) : BigInt(1));
         return ExactValue::of_int(BigInt(-1));
     }
     std::int64_t e = 0;
@@ -148,7 +161,8 @@ ExactValue apply(Code code, const ExactValue* a, const ExactValue* b, const Exac
             return checked_int(a->i * b->i);
         case Code::IFloorDiv:
         case Code::IMod: {
-            if (b->i.is_zero()) return ExactValue::fail("ZeroDivisionError: integer division or modulo by zero");
+            if (b->i.is_zero())
+                return ExactValue::fail("ZeroDivisionError: integer division or modulo by zero");
             BigInt q, r;
             BigInt::floor_divmod(a->i, b->i, &q, &r);
             return ExactValue::of_int(code == Code::IFloorDiv ? std::move(q) : std::move(r));
@@ -197,10 +211,24 @@ ExactValue apply(Code code, const ExactValue* a, const ExactValue* b, const Exac
         case Code::FCeil:
         case Code::FRound: return float_to_int(code, a->f);
         case Code::FIsNan: return ExactValue::of_bool(std::isnan(a->f));
-        case Code::IEq: case Code::INe: case Code::ILt: case Code::ILe: case Code::IGt: case Code::IGe:
-        case Code::FEq: case Code::FNe: case Code::FLt: case Code::FLe: case Code::FGt: case Code::FGe:
-        case Code::MEq: case Code::MNe: case Code::MLt: case Code::MLe: case Code::MGt: case Code::MGe:
-            return ExactValue::of_bool(compare_holds(code, compare_values(*a, *b)));
+        case Code::IEq:
+        case Code::INe:
+        case Code::ILt:
+        case Code::ILe:
+        case Code::IGt:
+        case Code::IGe:
+        case Code::FEq:
+        case Code::FNe:
+        case Code::FLt:
+        case Code::FLe:
+        case Code::FGt:
+        case Code::FGe:
+        case Code::MEq:
+        case Code::MNe:
+        case Code::MLt:
+        case Code::MLe:
+        case Code::MGt:
+        case Code::MGe: return ExactValue::of_bool(compare_holds(code, compare_values(*a, *b)));
         case Code::BEq: return ExactValue::of_bool(a->b == b->b);
         case Code::BNe: return ExactValue::of_bool(a->b != b->b);
         default: break;

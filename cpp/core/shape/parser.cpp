@@ -107,9 +107,11 @@ class Parser {
     std::string describe_here() const {
         if (pos_ >= s_.size()) return "end of text";
         const char c = s_[pos_];
-        if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F)
-            return "byte 0x" + std::string(1, "0123456789abcdef"[(static_cast<unsigned char>(c) >> 4) & 0xF]) +
+        if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F) {
+            return "byte 0x" +
+                   std::string(1, "0123456789abcdef"[(static_cast<unsigned char>(c) >> 4) & 0xF]) +
                    std::string(1, "0123456789abcdef"[static_cast<unsigned char>(c) & 0xF]);
+        }
         if (is_ident_start(c)) {
             std::size_t e = pos_;
             while (e < s_.size() && is_ident_char(s_[e])) ++e;
@@ -217,14 +219,21 @@ class Parser {
     bool comparison_op(Op& op) {
         skip_space();
         const char c = peek(), d = peek(1);
-        if (c == '=' && d == '=') op = Op::Eq, pos_ += 2;
-        else if (c == '!' && d == '=') op = Op::Ne, pos_ += 2;
-        else if (c == '<' && d == '=') op = Op::Le, pos_ += 2;
-        else if (c == '>' && d == '=') op = Op::Ge, pos_ += 2;
-        else if (c == '<' && d != '<') op = Op::Lt, pos_ += 1;
-        else if (c == '>' && d != '>') op = Op::Gt, pos_ += 1;
-        else return false;
-        return true;
+        // Two-character operators first; `<<` and `>>` are not comparisons.
+        struct Candidate {
+            char first, second;  // second: '\0' for a one-character operator
+            Op op;
+        };
+        static constexpr Candidate kOps[] = {{'=', '=', Op::Eq}, {'!', '=', Op::Ne},  {'<', '=', Op::Le},
+                                             {'>', '=', Op::Ge}, {'<', '\0', Op::Lt}, {'>', '\0', Op::Gt}};
+        for (const Candidate& k : kOps) {
+            if (c != k.first) continue;
+            if (k.second != '\0' ? d != k.second : d == c) continue;
+            op = k.op;
+            pos_ += k.second != '\0' ? 2 : 1;
+            return true;
+        }
+        return false;
     }
 
     std::uint32_t comparison() {
@@ -270,12 +279,21 @@ class Parser {
             skip_space();
             const std::size_t at = pos_;
             const char c = peek(), d = peek(1);
-            Op op;
-            if (c == '*' && d != '*') op = Op::Mul, pos_ += 1;
-            else if (c == '/' && d == '/') op = Op::FloorDiv, pos_ += 2;
-            else if (c == '/') op = Op::TrueDiv, pos_ += 1;
-            else if (c == '%') op = Op::Mod, pos_ += 1;
-            else return left;
+            Op op = Op::Mul;
+            std::size_t width = 1;
+            if (c == '*' && d != '*') {
+                op = Op::Mul;
+            } else if (c == '/' && d == '/') {
+                op = Op::FloorDiv;
+                width = 2;
+            } else if (c == '/') {
+                op = Op::TrueDiv;
+            } else if (c == '%') {
+                op = Op::Mod;
+            } else {
+                return left;
+            }
+            pos_ += width;
             left = node(op, at, {left, unary()});
         }
     }
@@ -431,7 +449,8 @@ class Parser {
         if (r.ec == std::errc::result_out_of_range) {
             // Python rounds an overflowing literal to inf and an underflowing one to 0.0.
             const std::size_t epos = lit.find_first_of("eE");
-            const bool neg_exp = epos != std::string_view::npos && epos + 1 < lit.size() && lit[epos + 1] == '-';
+            const bool neg_exp =
+                epos != std::string_view::npos && epos + 1 < lit.size() && lit[epos + 1] == '-';
             v = neg_exp ? 0.0 : std::numeric_limits<double>::infinity();
         } else if (r.ec != std::errc() || r.ptr != lit.data() + lit.size()) {
             fail(at, "malformed float literal");
@@ -447,8 +466,10 @@ class Parser {
         skip_space();
         if (peek() != ')') {
             for (;;) {
-                if (static_cast<int>(args.size()) >= kMaxArgs)
-                    fail(pos_, std::string(f.name) + "() takes at most " + std::to_string(kMaxArgs) + " arguments");
+                if (static_cast<int>(args.size()) >= kMaxArgs) {
+                    fail(pos_,
+                         std::string(f.name) + "() takes at most " + std::to_string(kMaxArgs) + " arguments");
+                }
                 args.push_back(expr());
                 skip_space();
                 if (peek() == ',') {
@@ -464,12 +485,16 @@ class Parser {
         const int n = static_cast<int>(args.size());
         if (n < f.min_args || (f.max_args >= 0 && n > f.max_args)) {
             std::string want = std::to_string(f.min_args);
-            if (f.max_args < 0) want = "at least " + want;
-            else if (f.max_args != f.min_args) want += " to " + std::to_string(f.max_args);
-            fail(at, std::string(f.name) + "() takes " + want + " argument" + (f.min_args == 1 && f.max_args == 1 ? "" : "s") +
-                         ", got " + std::to_string(n));
+            if (f.max_args < 0) {
+                want = "at least " + want;
+            } else if (f.max_args != f.min_args) {
+                want += " to " + std::to_string(f.max_args);
+            }
+            fail(at, std::string(f.name) + "() takes " + want + " argument" +
+                         (f.min_args == 1 && f.max_args == 1 ? "" : "s") + ", got " + std::to_string(n));
         }
-        if (n == 1 && (f.op == Op::And || f.op == Op::Or || f.op == Op::Add || f.op == Op::Mul)) return args[0];
+        if (n == 1 && (f.op == Op::And || f.op == Op::Or || f.op == Op::Add || f.op == Op::Mul))
+            return args[0];
         // Variadic operations become left-to-right chains of binary ones, as Python evaluates
         // min/max (the first of equal values wins) and sympy's Add/Mul/And/Or.
         if (n > 2 || ((f.op == Op::Min || f.op == Op::Max || f.op == Op::And || f.op == Op::Or ||
@@ -490,7 +515,10 @@ class Parser {
     std::uint32_t atom() {
         skip_space();
         const std::size_t at = pos_;
-        if (at_end()) fail(pos_, "expected an operand, found " + std::string(pos_ >= s_.size() ? "end of text" : "a comment"));
+        if (at_end()) {
+            fail(pos_, "expected an operand, found " +
+                           std::string(pos_ >= s_.size() ? "end of text" : "a comment"));
+        }
         const char c = peek();
         if (c == '(') {
             ++pos_;

@@ -87,14 +87,14 @@ struct ArgList {
 /// One node of a parsed expression.
 struct AstNode {
     Op op = Op::IntConst;
-    std::uint32_t offset = 0;   ///< where it starts (an operation: where its operator is)
-    ArgList args;               ///< operand node indices, all smaller than this node's
-    std::int64_t int_small = 0; ///< IntConst that fits int64
-    bool int_big = false;       ///< IntConst that does not: in int_value
-    BigInt int_value;           ///< IntConst beyond int64
-    double float_value = 0.0;  ///< FloatConst
-    bool bool_value = false;    ///< BoolConst; for TrueDiv, "IntTrueDiv" (both operands must be ints)
-    std::uint32_t symbol = 0;   ///< Symbol: index into ParsedRelation::symbols
+    std::uint32_t offset = 0;    ///< where it starts (an operation: where its operator is)
+    ArgList args;                ///< operand node indices, all smaller than this node's
+    std::int64_t int_small = 0;  ///< IntConst that fits int64
+    bool int_big = false;        ///< IntConst that does not: in int_value
+    BigInt int_value;            ///< IntConst beyond int64
+    double float_value = 0.0;    ///< FloatConst
+    bool bool_value = false;     ///< BoolConst; for TrueDiv, "IntTrueDiv" (both operands must be ints)
+    std::uint32_t symbol = 0;    ///< Symbol: index into ParsedRelation::symbols
 
     /// The value of an IntConst.
     BigInt int_literal() const { return int_big ? int_value : BigInt(int_small); }

@@ -19,8 +19,16 @@ int arity(Code code) {
     switch (code) {
         case Code::Symbol:
         case Code::Const: return 0;
-        case Code::INeg: case Code::IAbs: case Code::FNeg: case Code::FAbs: case Code::IToF:
-        case Code::FTrunc: case Code::FFloor: case Code::FCeil: case Code::FRound: case Code::FIsNan:
+        case Code::INeg:
+        case Code::IAbs:
+        case Code::FNeg:
+        case Code::FAbs:
+        case Code::IToF:
+        case Code::FTrunc:
+        case Code::FFloor:
+        case Code::FCeil:
+        case Code::FRound:
+        case Code::FIsNan:
         case Code::Not: return 1;
         case Code::Select: return 3;
         default: return 2;
@@ -31,8 +39,18 @@ bool commutative(Code code) {
     switch (code) {
         // Exact for ints; IEEE + and * are commutative, and == / != are symmetric. Not min/max of
         // floats (max(nan, 1.0) is nan, max(1.0, nan) is 1.0), nor and/or (short-circuit order).
-        case Code::IAdd: case Code::IMul: case Code::IMin: case Code::IMax: case Code::FAdd: case Code::FMul:
-        case Code::IEq: case Code::INe: case Code::FEq: case Code::FNe: case Code::BEq: case Code::BNe: return true;
+        case Code::IAdd:
+        case Code::IMul:
+        case Code::IMin:
+        case Code::IMax:
+        case Code::FAdd:
+        case Code::FMul:
+        case Code::IEq:
+        case Code::INe:
+        case Code::FEq:
+        case Code::FNe:
+        case Code::BEq:
+        case Code::BNe: return true;
         default: return false;
     }
 }
@@ -41,8 +59,8 @@ bool commutative(Code code) {
 struct ConstInfo {
     bool is_const = false;
     ValueType type = ValueType::Int;
-    std::int64_t bits = 0;   ///< an int64, a bool (0/1), or a double's bits
-    std::int32_t big = -1;   ///< index into Compiler::bigs_ for an int beyond int64
+    std::int64_t bits = 0;  ///< an int64, a bool (0/1), or a double's bits
+    std::int32_t big = -1;  ///< index into Compiler::bigs_ for an int beyond int64
 };
 
 // Key of a node for sharing equal sub-expressions: the operation, its type, its operands and, for
@@ -201,7 +219,8 @@ class Compiler {
             // when evaluated, exactly as at run time.
             ExactValue v[3];
             for (int k = 0; k < n_ops; ++k) v[k] = exact(ops[k]);
-            const ExactValue r = apply(code, &v[0], n_ops >= 2 ? &v[1] : nullptr, n_ops >= 3 ? &v[2] : nullptr);
+            const ExactValue r =
+                apply(code, &v[0], n_ops >= 2 ? &v[1] : nullptr, n_ops >= 3 ? &v[2] : nullptr);
             if (!r.is_error) return constant(r);
         }
         NodeKey key;
@@ -225,7 +244,9 @@ class Compiler {
         return id;
     }
 
-    std::uint32_t as_float(std::uint32_t n) { return type(n) == ValueType::Float ? n : make(Code::IToF, ValueType::Float, n); }
+    std::uint32_t as_float(std::uint32_t n) {
+        return type(n) == ValueType::Float ? n : make(Code::IToF, ValueType::Float, n);
+    }
 
     // The typed DAG of one parsed relation; its root.
     std::uint32_t lower(const ParsedRelation& r, const std::vector<std::uint32_t>& symbols) {
@@ -242,7 +263,6 @@ class Compiler {
         return root;
     }
 
-
   private:
     [[noreturn]] static void type_error(const AstNode& n, const std::string& why) {
         throw ShapeSyntaxError(n.offset, why);
@@ -256,13 +276,17 @@ class Compiler {
                              const std::vector<std::uint32_t>& symbols) {
         auto arg = [&](std::size_t k) { return dag[n.args[k]]; };
         auto number = [&](std::uint32_t x) {
-            if (type(x) == ValueType::Bool)
-                type_error(n, std::string("'") + std::string(op_name(n.op)) + "' takes numbers, not " + tname(ValueType::Bool));
+            if (type(x) == ValueType::Bool) {
+                type_error(n, std::string("'") + std::string(op_name(n.op)) + "' takes numbers, not " +
+                                  tname(ValueType::Bool));
+            }
             return x;
         };
         auto logical = [&](std::uint32_t x) {
-            if (type(x) != ValueType::Bool)
-                type_error(n, std::string("'") + std::string(op_name(n.op)) + "' takes comparisons, not " + tname(type(x)));
+            if (type(x) != ValueType::Bool) {
+                type_error(n, std::string("'") + std::string(op_name(n.op)) + "' takes comparisons, not " +
+                                  tname(type(x)));
+            }
             return x;
         };
         switch (n.op) {
@@ -278,11 +302,13 @@ class Compiler {
                 return symbols[n.symbol];
             case Op::Neg: {
                 const std::uint32_t a = number(arg(0));
-                return type(a) == ValueType::Int ? make(Code::INeg, ValueType::Int, a) : make(Code::FNeg, ValueType::Float, a);
+                return type(a) == ValueType::Int ? make(Code::INeg, ValueType::Int, a)
+                                                 : make(Code::FNeg, ValueType::Float, a);
             }
             case Op::Abs: {
                 const std::uint32_t a = number(arg(0));
-                return type(a) == ValueType::Int ? make(Code::IAbs, ValueType::Int, a) : make(Code::FAbs, ValueType::Float, a);
+                return type(a) == ValueType::Int ? make(Code::IAbs, ValueType::Int, a)
+                                                 : make(Code::FAbs, ValueType::Float, a);
             }
             case Op::Add:
             case Op::Sub:
@@ -300,13 +326,15 @@ class Compiler {
                                 : n.op == Op::Mul      ? Code::FMul
                                 : n.op == Op::FloorDiv ? Code::FFloorDiv
                                                        : Code::FMod;
-                if (type(a) == ValueType::Int && type(b) == ValueType::Int) return make(ic, ValueType::Int, a, b);
+                if (type(a) == ValueType::Int && type(b) == ValueType::Int)
+                    return make(ic, ValueType::Int, a, b);
                 const std::uint32_t fa = as_float(a);
                 return make(fc, ValueType::Float, fa, as_float(b));
             }
             case Op::TrueDiv: {
                 const std::uint32_t a = number(arg(0)), b = number(arg(1));
-                if (type(a) == ValueType::Int && type(b) == ValueType::Int) return make(Code::IDiv, ValueType::Float, a, b);
+                if (type(a) == ValueType::Int && type(b) == ValueType::Int)
+                    return make(Code::IDiv, ValueType::Float, a, b);
                 if (n.bool_value) type_error(n, "IntTrueDiv takes ints");
                 const std::uint32_t fa = as_float(a);
                 return make(Code::FDiv, ValueType::Float, fa, as_float(b));
@@ -320,11 +348,14 @@ class Compiler {
             case Op::Min:
             case Op::Max: {
                 const std::uint32_t a = number(arg(0)), b = number(arg(1));
-                if (type(a) != type(b))
-                    type_error(n, std::string(op_name(n.op)) + "() of an int and a float is not supported "
-                                                               "(Python's result type would depend on the values)");
+                if (type(a) != type(b)) {
+                    type_error(n, std::string(op_name(n.op)) +
+                                      "() of an int and a float is not supported "
+                                      "(Python's result type would depend on the values)");
+                }
                 const bool is_int = type(a) == ValueType::Int;
-                const Code code = n.op == Op::Min ? (is_int ? Code::IMin : Code::FMin) : (is_int ? Code::IMax : Code::FMax);
+                const Code code =
+                    n.op == Op::Min ? (is_int ? Code::IMin : Code::FMin) : (is_int ? Code::IMax : Code::FMax);
                 return make(code, type(a), a, b);
             }
             case Op::ToFloat: return as_float(number(arg(0)));
@@ -334,7 +365,7 @@ class Compiler {
             case Op::Round: {
                 const std::uint32_t a = number(arg(0));
                 if (type(a) == ValueType::Int) return a;  // math.floor(int) is the int itself
-                const Code code = n.op == Op::Trunc ? Code::FTrunc
+                const Code code = n.op == Op::Trunc   ? Code::FTrunc
                                   : n.op == Op::Floor ? Code::FFloor
                                   : n.op == Op::Ceil  ? Code::FCeil
                                                       : Code::FRound;
@@ -355,8 +386,10 @@ class Compiler {
             case Op::Not: return make(Code::Not, ValueType::Bool, logical(arg(0)));
             case Op::Select: {
                 const std::uint32_t cond = logical(arg(0)), a = arg(1), b = arg(2);
-                if (type(a) != type(b))
-                    type_error(n, std::string("the branches of 'if-else' are ") + tname(type(a)) + " and " + tname(type(b)));
+                if (type(a) != type(b)) {
+                    type_error(n, std::string("the branches of 'if-else' are ") + tname(type(a)) + " and " +
+                                      tname(type(b)));
+                }
                 return make(Code::Select, type(a), a, b, cond);
             }
         }
@@ -377,7 +410,8 @@ class Compiler {
         // Mirror of each comparison when its operands swap places.
         static const int mirrored[] = {0, 1, 4, 5, 2, 3};
         if (ta == ValueType::Int && tb == ValueType::Int) return make(int_codes[k], ValueType::Bool, a, b);
-        if (ta == ValueType::Float && tb == ValueType::Float) return make(float_codes[k], ValueType::Bool, a, b);
+        if (ta == ValueType::Float && tb == ValueType::Float)
+            return make(float_codes[k], ValueType::Bool, a, b);
         // An int and a float compare exactly (Python never rounds the int): the int goes first.
         if (ta == ValueType::Int) return make(mixed_codes[k], ValueType::Bool, a, b);
         return make(mixed_codes[mirrored[k]], ValueType::Bool, b, a);
@@ -461,7 +495,8 @@ std::string_view value_type_name(ValueType t) {
 ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector<ValueType> symbol_types) {
     ShapeProgram p;
     for (ValueType t : symbol_types) {
-        if (t != ValueType::Int && t != ValueType::Float) throw std::invalid_argument("a symbol is an int or a float");
+        if (t != ValueType::Int && t != ValueType::Float)
+            throw std::invalid_argument("a symbol is an int or a float");
     }
     p.symbol_types = std::move(symbol_types);
     p.nodes.reserve(p.symbol_types.size() + 8 * relations.size());
@@ -473,10 +508,11 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
         RelationInput& in = relations[k];
         if (k > 0 && in.id == relations[k - 1].id) throw std::invalid_argument("duplicate relation id");
         const ParsedRelation parsed = parse_relation(in.text);
-        if (parsed.symbols.size() != in.symbols.size())
+        if (parsed.symbols.size() != in.symbols.size()) {
             throw std::invalid_argument("relation " + std::to_string(in.id) + " names " +
                                         std::to_string(parsed.symbols.size()) + " symbols but binds " +
                                         std::to_string(in.symbols.size()));
+        }
         for (std::uint32_t s : in.symbols) {
             if (s >= p.n_symbols()) throw std::invalid_argument("relation symbol out of range");
         }
@@ -584,7 +620,8 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
         nodes.push_back(n);
     }
     p.nodes = std::move(nodes);
-    for (ShapeRelation& rel : p.relations) rel.root = rel.status == RelationStatus::Kept ? new_id[rel.root] : 0;
+    for (ShapeRelation& rel : p.relations)
+        rel.root = rel.status == RelationStatus::Kept ? new_id[rel.root] : 0;
 
     // Code: per kept relation in id order, the nodes it needs that are not computed yet
     // (post-order), then its check.
@@ -716,7 +753,8 @@ std::int32_t run_fast(const ShapeProgram& p, ShapeFrame& f) {
             case Code::IDiv: {
                 // Exact operands below 2**53: one IEEE division is correctly rounded.
                 constexpr std::int64_t kExact = std::int64_t{1} << 53;
-                if (b.i == 0 || a.i > kExact || a.i < -kExact || b.i > kExact || b.i < -kExact) return kShapeUndecided;
+                if (b.i == 0 || a.i > kExact || a.i < -kExact || b.i > kExact || b.i < -kExact)
+                    return kShapeUndecided;
                 d.f = static_cast<double>(a.i) / static_cast<double>(b.i);
                 break;
             }
@@ -726,7 +764,7 @@ std::int32_t run_fast(const ShapeProgram& p, ShapeFrame& f) {
             case Code::FCeil:
             case Code::FRound: {
                 if (!std::isfinite(a.f)) return kShapeUndecided;
-                const double x = in.code == Code::FTrunc ? std::trunc(a.f)
+                const double x = in.code == Code::FTrunc   ? std::trunc(a.f)
                                  : in.code == Code::FFloor ? std::floor(a.f)
                                  : in.code == Code::FCeil  ? std::ceil(a.f)
                                                            : arith::round_half_even(a.f);
@@ -792,12 +830,15 @@ std::vector<ExactResult> run_exact(const ShapeProgram& p, const ShapeFrame& f) {
                     case SymbolState::Big: {
                         const BigInt* b = f.big(node.a);
                         v[n] = b != nullptr ? ExactValue::of_int(*b) : ExactValue::fail("unread symbol");
-                        if (b != nullptr && b->bit_length() > kMaxIntBits)
-                            v[n] = ExactValue::fail("OverflowError: integer over 65536 bits (tripwire's limit for shape guards)");
+                        if (b != nullptr && b->bit_length() > kMaxIntBits) {
+                            v[n] = ExactValue::fail(
+                                "OverflowError: integer over 65536 bits (tripwire's limit for shape guards)");
+                        }
                         break;
                     }
                     case SymbolState::TooBig:
-                        v[n] = ExactValue::fail("OverflowError: integer over 65536 bits (tripwire's limit for shape guards)");
+                        v[n] = ExactValue::fail(
+                            "OverflowError: integer over 65536 bits (tripwire's limit for shape guards)");
                         break;
                     case SymbolState::Unread: v[n] = ExactValue::fail("unread symbol"); break;
                 }
@@ -817,7 +858,8 @@ std::vector<ExactResult> run_exact(const ShapeProgram& p, const ShapeFrame& f) {
                 break;
             default: {
                 const int k = arity(node.code);
-                v[n] = apply(node.code, &v[node.a], k >= 2 ? &v[node.b] : nullptr, k >= 3 ? &v[node.c] : nullptr);
+                v[n] = apply(node.code, &v[node.a], k >= 2 ? &v[node.b] : nullptr,
+                             k >= 3 ? &v[node.c] : nullptr);
                 break;
             }
         }

@@ -39,27 +39,63 @@ enum class Code : std::uint8_t {
     Symbol,  ///< a symbol's register (filled by the runtime)
     Const,   ///< a constant's register (filled from the program)
     // int64 (checked) -> int
-    IAdd, ISub, IMul, IFloorDiv, IMod, INeg, IAbs, IPow, IMin, IMax,
+    IAdd,
+    ISub,
+    IMul,
+    IFloorDiv,
+    IMod,
+    INeg,
+    IAbs,
+    IPow,
+    IMin,
+    IMax,
     // double -> double
-    FAdd, FSub, FMul, FDiv, FFloorDiv, FMod, FNeg, FAbs, FMin, FMax,
+    FAdd,
+    FSub,
+    FMul,
+    FDiv,
+    FFloorDiv,
+    FMod,
+    FNeg,
+    FAbs,
+    FMin,
+    FMax,
     // conversions
-    IDiv,     ///< int / int -> float (correctly rounded)
-    IToF,     ///< float(int) (OverflowError when too large)
-    FTrunc,   ///< float -> int: math.trunc
-    FFloor,   ///< float -> int: math.floor
-    FCeil,    ///< float -> int: math.ceil
-    FRound,   ///< float -> int: round (half to even)
-    FIsNan,   ///< math.isnan(float)
+    IDiv,    ///< int / int -> float (correctly rounded)
+    IToF,    ///< float(int) (OverflowError when too large)
+    FTrunc,  ///< float -> int: math.trunc
+    FFloor,  ///< float -> int: math.floor
+    FCeil,   ///< float -> int: math.ceil
+    FRound,  ///< float -> int: round (half to even)
+    FIsNan,  ///< math.isnan(float)
     // comparisons -> bool
-    IEq, INe, ILt, ILe, IGt, IGe,  ///< int, int
-    FEq, FNe, FLt, FLe, FGt, FGe,  ///< float, float (IEEE: NaN compares false, != true)
-    MEq, MNe, MLt, MLe, MGt, MGe,  ///< int (a), float (b): exact, as Python compares them
-    BEq, BNe,                      ///< bool, bool
+    IEq,
+    INe,
+    ILt,
+    ILe,
+    IGt,
+    IGe,  ///< int, int
+    FEq,
+    FNe,
+    FLt,
+    FLe,
+    FGt,
+    FGe,  ///< float, float (IEEE: NaN compares false, != true)
+    MEq,
+    MNe,
+    MLt,
+    MLe,
+    MGt,
+    MGe,  ///< int (a), float (b): exact, as Python compares them
+    BEq,
+    BNe,  ///< bool, bool
     // logic
-    And, Or, Not,
+    And,
+    Or,
+    Not,
     Select,  ///< c ? a : b (a, b of one type)
     // code only
-    Check,   ///< relation `c` fails unless register `a` is true
+    Check,  ///< relation `c` fails unless register `a` is true
 };
 
 /// One node of the DAG; its value lives in the register of the same index.
@@ -92,10 +128,10 @@ enum class RelationStatus : std::uint8_t {
 struct ShapeRelation {
     std::uint32_t id = 0;
     std::string text;
-    std::uint32_t root = 0;               ///< DAG node of its value (a bool)
-    std::vector<std::uint32_t> symbols;   ///< program symbol indices it reads, in first-use order
+    std::uint32_t root = 0;              ///< DAG node of its value (a bool)
+    std::vector<std::uint32_t> symbols;  ///< program symbol indices it reads, in first-use order
     RelationStatus status = RelationStatus::Kept;
-    std::uint32_t by = 0;                 ///< Merged/Implied: the id of the relation that covers it
+    std::uint32_t by = 0;  ///< Merged/Implied: the id of the relation that covers it
 };
 
 /// A relation to compile: its text and, per distinct symbol text (ParsedRelation::symbols
@@ -107,14 +143,14 @@ struct RelationInput {
 };
 
 struct ShapeProgram {
-    std::vector<ValueType> symbol_types;     ///< per symbol (int or float)
-    std::vector<ShapeNode> nodes;            ///< the DAG; nodes [0, n_symbols) are the symbols
-    std::vector<ShapeReg> const_regs;        ///< initial register values (constants; 0 elsewhere)
+    std::vector<ValueType> symbol_types;  ///< per symbol (int or float)
+    std::vector<ShapeNode> nodes;         ///< the DAG; nodes [0, n_symbols) are the symbols
+    std::vector<ShapeReg> const_regs;     ///< initial register values (constants; 0 elsewhere)
     std::vector<std::pair<std::uint32_t, BigInt>> big_consts;  ///< constants that do not fit int64
-    std::vector<ShapeInstr> code;            ///< fast path: computes, then checks, relation by relation
-    std::vector<ShapeRelation> relations;    ///< every declared relation, in id order
-    std::vector<std::uint32_t> kept;         ///< indices into `relations` of the kept ones, in id order
-    bool fast_ok = true;                     ///< false when a constant does not fit int64
+    std::vector<ShapeInstr> code;          ///< fast path: computes, then checks, relation by relation
+    std::vector<ShapeRelation> relations;  ///< every declared relation, in id order
+    std::vector<std::uint32_t> kept;       ///< indices into `relations` of the kept ones, in id order
+    bool fast_ok = true;                   ///< false when a constant does not fit int64
 
     std::size_t n_symbols() const { return symbol_types.size(); }
     bool empty() const { return relations.empty(); }

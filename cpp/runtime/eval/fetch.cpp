@@ -451,11 +451,12 @@ std::string describe_missing(const RuntimeStep& s, PyObject* parent) {
                        ? "IndexError: dict position " + std::to_string(s.index) + " out of range"
                        : "TypeError: " + tname + " is not a dict";
         case StepKind::Size:
-            return "IndexError: " + tname + " has no size " + std::to_string(s.index) + " (or no size() / shape)";
+            return "IndexError: " + tname + " has no size " + std::to_string(s.index) +
+                   " (or no size() / shape)";
         case StepKind::Stride:
-            return "IndexError: " + tname + " has no stride " + std::to_string(s.index) + " (or no stride() / strides)";
-        case StepKind::StorageOffset:
-            return "AttributeError: " + tname + " has no storage_offset()";
+            return "IndexError: " + tname + " has no stride " + std::to_string(s.index) +
+                   " (or no stride() / strides)";
+        case StepKind::StorageOffset: return "AttributeError: " + tname + " has no storage_offset()";
         default: return "missing";
     }
 }

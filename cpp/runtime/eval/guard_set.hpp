@@ -209,7 +209,7 @@ class GuardSet {
     std::vector<std::uint32_t> guard_fails_, node_fails_;
     std::vector<std::uint32_t> relation_fails_;  // per SHAPE relation
     std::vector<std::string> symbol_texts_;      // per SHAPE symbol, its printed source
-    bool ambient_reads_locals_ = false;  // an ambient guard (a LAMBDA) takes f_locals itself
+    bool ambient_reads_locals_ = false;          // an ambient guard (a LAMBDA) takes f_locals itself
     std::vector<FastOp> fast_ops_;
     bool fast_enabled_ = false;
     std::uint64_t order_changes_ = 0;                  // bumped whenever the tree walk reorders anything

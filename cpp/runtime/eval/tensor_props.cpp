@@ -83,7 +83,8 @@ Fetched fetch_tensor_property(const RuntimeStep& step, PyObject* v) {
         case core::StepKind::Size:
         case core::StepKind::Stride: {
             const bool size = step.kind == core::StepKind::Size;
-            Fetched seq = array ? get_attr(v, size ? shape_name : strides_name) : call_method(v, size ? size_name : stride_name);
+            Fetched seq = array ? get_attr(v, size ? shape_name : strides_name)
+                                : call_method(v, size ? size_name : stride_name);
             if (seq.status != FetchStatus::Ok) return seq;
             Fetched item = item_of(seq.value, step.index);
             Py_DECREF(seq.value);
