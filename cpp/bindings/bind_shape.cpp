@@ -85,10 +85,13 @@ void register_shape(nb::module_& m) {
             return translating(text, [&] {
                 const core::shape::ParsedRelation r = core::shape::parse_relation(text);
                 nb::list spans;
-                for (const core::shape::SymbolSpan& s : r.spans)
+                for (const core::shape::SymbolSpan& s : r.spans) {
                     spans.append(
                         nb::make_tuple(code_points(text, s.begin), code_points(text, s.end), s.symbol));
-                return nb::make_tuple(code_points(text, r.code_end), spans, nb::cast(r.symbols));
+                }
+                nb::list symbols;
+                for (std::string_view s : r.symbols) symbols.append(nb::str(s.data(), s.size()));
+                return nb::make_tuple(code_points(text, r.code_end), spans, symbols);
             });
         },
         nb::arg("text"),
@@ -106,9 +109,10 @@ void register_shape(nb::module_& m) {
                 const core::shape::ShapeProgram p = core::shape::compile_relations({in}, value_types(types));
                 core::shape::ShapeFrame frame(p);
                 for (std::uint32_t k = 0; k < types.size(); ++k) {
-                    if (!runtime::store_symbol(frame, k, p.symbol_types[k], values[k].ptr()))
+                    if (!runtime::store_symbol(frame, k, p.symbol_types[k], values[k].ptr())) {
                         throw nb::type_error(
                             ("symbol " + std::to_string(k) + " is not of its declared type").c_str());
+                    }
                 }
                 const std::int32_t fast = core::shape::run_fast(p, frame);
                 const std::vector<core::shape::ExactResult> exact = core::shape::run_exact(p, frame);
@@ -138,10 +142,11 @@ void register_shape(nb::module_& m) {
                 core::shape::RelationInput in;
                 in.id = k;
                 in.text = texts[k];
-                for (const std::string& s : r.symbols) {
-                    auto [it, fresh] = index.emplace(s, static_cast<std::uint32_t>(types.size()));
+                for (std::string_view s : r.symbols) {
+                    auto [it, fresh] =
+                        index.emplace(std::string(s), static_cast<std::uint32_t>(types.size()));
                     if (fresh) {
-                        nb::handle v = values[nb::str(s.c_str())];
+                        nb::handle v = values[nb::str(s.data(), s.size())];
                         types.push_back(PyFloat_CheckExact(v.ptr()) ? core::shape::ValueType::Float
                                                                     : core::shape::ValueType::Int);
                         vals.push_back(v);
