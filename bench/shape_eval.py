@@ -120,7 +120,8 @@ def _tripwire_set(parts: list[str], example: dict) -> tuple[tw.GuardSet, tw.Guar
 
 
 # -- 1. building -----------------------------------------------------------------------------------
-def bench_build(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:
+def build_contenders() -> tuple[dict[str, Callable[[], Any]], tw.GuardSet]:
+    """What building the 20 relations costs, per contender (each call builds once)."""
     import torch
     import torch._dynamo.guards as dg
 
@@ -149,11 +150,18 @@ def bench_build(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
 
     fn = torch_python()
     assert fn(example) and gs.check(example)
-    samples = measure({"tw_builder": tw_builder, "tw_engine": tw_engine, "torch_python": torch_python},
-                      args.repeat, args.time)  # fmt: skip
+    return {"tw_builder": tw_builder, "tw_engine": tw_engine, "torch_python": torch_python}, gs
+
+
+def bench_build(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:
+    contenders, gs = build_contenders()
+    samples = measure(contenders, args.repeat, args.time)
     cpp_s = None
     if args.cpp_path:
+        import torch
+
         log("  torch's C++ path: compiling with enable_cpp_symbolic_shape_guards (runs a C++ compiler)...")
+        example = {"x": torch.randn(8, 3), "y": torch.randn(10), "w": torch.randn(4, 9)}
         _, _, plain_s = _torch_entry(f_twenty, example)
         _, _, cpp_total = _torch_entry(f_twenty, example, cpp=True)
         cpp_s = cpp_total - plain_s
@@ -198,7 +206,8 @@ def _int_locals(parts: list[str], example: dict) -> tuple[list[str], dict]:
     return texts, values
 
 
-def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:
+def check_contenders(cpp_path: bool) -> tuple[dict[str, tuple[Callable[[Any], Any], Any]], dict]:
+    """Each contender's check function and its argument (asserted right on a pass and a fail)."""
     import torch
 
     example = {"x": torch.randn(8, 3), "y": torch.randn(10)}
@@ -210,26 +219,39 @@ def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
     for t in texts:
         b.shape(t)
     gs_int = b.build()
-    symbol_values = {str(s): tw.GuardBuilder(example).value(s) for g in gs.guards for s in g.args[1]}
-    relation_texts = [g.args[0] for g in gs.guards]
     for check in (gm_py.check, lam, gs.check):
         assert check(example)
     assert gs_int.check(int_values) and gs_int._uses_fast_pass
     bad = {"x": torch.randn(9, 3), "y": torch.randn(10)}
     assert not lam(bad) and not gs.check(bad) and not gm_py.check(bad)
-    contenders: dict[str, Callable[[], Any]] = {
-        "torch_lambda": lambda: lam(example),
-        "torch_gm_py": lambda: gm_py.check(example),
-        "tw": lambda: gs.check(example),
-        "tw_int": lambda: gs_int.check(int_values),
-        "noop": lambda: None,
+    contenders: dict[str, tuple[Callable[[Any], Any], Any]] = {
+        "torch_lambda": (lam, example),
+        "torch_gm_py": (gm_py.check, example),
+        "tw": (gs.check, example),
+        "tw_int": (gs_int.check, int_values),
+        "noop": (lambda _: None, None),
     }
-    gm_cpp = None
-    if args.cpp_path:
-        log("  torch's C++ path for the reshape function (runs a C++ compiler)...")
+    if cpp_path:
         gm_cpp, _, _ = _torch_entry(f_reshape, example, cpp=True)
         assert gm_cpp.check(example) and not gm_cpp.check(bad)
-        contenders["torch_gm_cpp"] = lambda: gm_cpp.check(example)
+        contenders["torch_gm_cpp"] = (gm_cpp.check, example)
+    info = {
+        "parts": parts,
+        "gs": gs,
+        "symbol_values": {str(s): tw.GuardBuilder(example).value(s) for g in gs.guards for s in g.args[1]},
+        "relation_texts": [g.args[0] for g in gs.guards],
+    }
+    return contenders, info
+
+
+def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:
+    if args.cpp_path:
+        log("  torch's C++ path for the reshape function (runs a C++ compiler)...")
+    pairs, info = check_contenders(args.cpp_path)
+    parts, gs = info["parts"], info["gs"]
+    symbol_values, relation_texts = info["symbol_values"], info["relation_texts"]
+    contenders = {name: (lambda f=f, a=a: f(a)) for name, (f, a) in pairs.items()}
+    gm_cpp = "torch_gm_cpp" in pairs
     samples = measure(contenders, args.repeat, args.time)
     core_ns = [
         _core._shape_time(relation_texts, symbol_values, args.iterations)[0] for _ in range(args.repeat)
@@ -243,13 +265,12 @@ def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
 
     row("torch Python path: the shape lambda alone (epilogue LAMBDA_GUARD)", samples["torch_lambda"])
     row("torch whole guard check, Python path (gm.check)", samples["torch_gm_py"])
-    if gm_cpp is not None:
+    if gm_cpp:
         row("torch whole guard check, C++ path (gm.check)", samples["torch_gm_cpp"])
-        cpp_shape = [
-            c - (p - lam_s)
-            for c, p, lam_s in zip(samples["torch_gm_cpp"], samples["torch_gm_py"], samples["torch_lambda"])
-        ]
-        row("torch C++ shape guard (estimate: C++ gm - (Python gm - lambda))", cpp_shape)
+        # The C++ path's shape cost, estimated from medians (differences of minima are noise).
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        cpp_shape = [med["torch_gm_cpp"] - (med["torch_gm_py"] - med["torch_lambda"])]
+        row("torch C++ shape guard (estimate, medians: C++ gm - (Python gm - lambda))", cpp_shape)
     row("tripwire SHAPE set, sizes by x.size() calls (generic path)", samples["tw"])
     row("tripwire SHAPE set, symbols as int locals (fast pass)", samples["tw_int"])
     row("tripwire relations alone, C++ loop (_core._shape_time)", core_ns)
@@ -266,10 +287,10 @@ def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
         f"({'MET' if lam_min >= 3 * tw_min else 'missed'}), relations over int locals "
         f"{lam_min / tw_int_min:.1f}x ({'MET' if lam_min >= 3 * tw_int_min else 'missed'})",
     ]
-    if gm_cpp is not None:
-        cpp_min = min(cpp_shape)
+    if gm_cpp:
+        cpp_min = cpp_shape[0]
         lines.append(
-            f"target faster than torch's C++ path (estimated {_fmt(cpp_min)}): whole check "
+            f"target faster than torch's C++ path (estimated {_fmt(cpp_min)}, medians): whole check "
             f"{'MET' if tw_min < cpp_min else 'missed'} ({cpp_min / tw_min:.1f}x), relations over int locals "
             f"{'MET' if tw_int_min < cpp_min else 'missed'} ({cpp_min / tw_int_min:.1f}x)"
         )
@@ -340,6 +361,68 @@ def bench_scaling(args: argparse.Namespace) -> list[str]:
     ]
 
 
+# -- instruction counts ----------------------------------------------------------------------------
+def _callgrind_child(section: str, contender: str, n: int) -> None:
+    """Inside valgrind: build one contender, warm it up, run it n times inside
+    ``_floor.repeat_call`` (the only function whose cost callgrind collects)."""
+    import gc
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import floor_build
+
+    _floor = floor_build.load()
+    if section == "build":
+        fn0 = build_contenders()[0][contender]
+        fn, arg = (lambda _: fn0()), None
+    else:
+        fn, arg = check_contenders(contender == "torch_gm_cpp")[0][contender]
+    for _ in range(20):
+        fn(arg)
+    gc.collect()
+    gc.disable()
+    _floor.repeat_call(fn, arg, n)
+
+
+def callgrind_count(section: str, contender: str, n: int) -> float | None:
+    """Instructions per call of one contender, counted by callgrind (None if it failed)."""
+    out = os.path.join(tempfile.mkdtemp(prefix="tw-shape-cg-"), f"callgrind.{section}.{contender}.out")
+    code = (
+        f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+        f"from shape_eval import _callgrind_child; _callgrind_child({section!r}, {contender!r}, {n})"
+    )
+    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=tw_bench_repeat_call",
+           f"--callgrind-out-file={out}", sys.executable, "-c", code]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 or not os.path.exists(out):
+        sys.stderr.write(r.stderr[-2000:])
+        return None
+    with open(out) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1]) / n
+    return None
+
+
+def bench_instructions(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:
+    rows = []
+    sections = [
+        ("build", ["tw_builder", "tw_engine", "torch_python"], 20),
+        ("check", ["torch_lambda", "torch_gm_py", "torch_gm_cpp", "tw", "tw_int", "noop"], 2000),
+    ]
+    for section, names, n in sections:
+        for name in names:
+            if name == "torch_gm_cpp" and not args.cpp_path:
+                continue
+            log(f"  callgrind: {section} {name}...")
+            count = callgrind_count(section, name, n)
+            rows.append([section, name, "failed" if count is None else f"{count:,.0f}"])
+    return [
+        "### Instructions per call (callgrind, deterministic)",
+        "",
+        _table(rows, ["section", "contender", "instructions"]),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=15)
@@ -348,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cpp-path", dest="cpp_path", action="store_false",
                    help="skip torch's C++ path (it runs a C++ compiler: tens of seconds)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="5 short repeats, no C++ path")
+    p.add_argument(
+        "--instructions", action="store_true", help="also count instructions with callgrind (slow)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.repeat, args.time, args.iterations, args.cpp_path = 5, 0.01, 20_000, False
@@ -367,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     lines += [*bench_check(args, log), ""]
     log("per relation...")
     lines += bench_scaling(args)
+    if args.instructions:
+        log("instructions...")
+        lines += ["", *bench_instructions(args, log)]
     print(textwrap.dedent("\n".join(lines)))
     return 0
 

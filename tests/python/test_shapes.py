@@ -286,7 +286,7 @@ def test_failure_names_the_relation_and_every_symbol() -> None:
     f = gs.why_not({**ex, "s": 1})
     assert (
         f.reason
-        == "not math.isnan(L['s']): L['s'] is a int, not a float (a shape symbol keeps the exact type of its example)"
+        == "not math.isnan(L['s']): L['s'] has type int, not float (a shape symbol keeps the exact type of its example)"
     )
     assert [x.guard.index for x in gs.failures({**ex, "x": T(30, 3), "s": math.nan})] == [0, 1, 2]
 
@@ -464,7 +464,7 @@ def test_lying_ints_and_interrupts() -> None:
     b.shape("L['n'] % 4 == 0")
     gs = b.build()
     assert gs.check({"n": 8}) and not gs.check({"n": MyInt(5)})
-    assert "is a MyInt, not an int" in gs.why_not({"n": MyInt(5)}).reason
+    assert "has type MyInt, not int" in gs.why_not({"n": MyInt(5)}).reason
 
     class Interrupting(T):
         def size(self) -> tuple:

@@ -96,10 +96,9 @@ bool store_symbol(core::shape::ShapeFrame& f, std::uint32_t sym, ValueType type,
 }
 
 std::string symbol_type_error(const std::string& source, ValueType type, PyObject* v) {
-    const char* want = type == ValueType::Float ? "a float" : "an int";
-    return source + " is " +
-           (v != nullptr ? std::string("a ") + Py_TYPE(v)->tp_name : std::string("missing")) + ", not " +
-           want + " (a shape symbol keeps the exact type of its example)";
+    const char* want = type == ValueType::Float ? "float" : "int";
+    return source + " has type " + (v != nullptr ? std::string(Py_TYPE(v)->tp_name) : std::string("?")) +
+           ", not " + want + " (a shape symbol keeps the exact type of its example)";
 }
 
 std::string relation_reason(const core::shape::ShapeProgram& p, std::uint32_t r, const std::string& error,
