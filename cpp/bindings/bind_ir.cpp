@@ -28,7 +28,11 @@ core::ConstId id_or_none(std::optional<core::ConstId> c) { return c.value_or(cor
 template <typename E, typename Name>
 void bind_enum(nb::module_& m, const char* py_name, int count, Name name, const char* doc) {
     nb::enum_<E> e(m, py_name, nb::is_arithmetic(), doc);
-    for (int i = 0; i < count; ++i) e.value(name(static_cast<E>(i)).data(), static_cast<E>(i));
+    // Reserved values (a kind another branch owns) have no name and no member.
+    for (int i = 0; i < count; ++i) {
+        const std::string_view n = name(static_cast<E>(i));
+        if (n != "UNKNOWN" && n != "unknown") e.value(n.data(), static_cast<E>(i));
+    }
 }
 
 }  // namespace

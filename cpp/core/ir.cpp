@@ -28,6 +28,8 @@ std::string_view guard_kind_name(GuardKind k) {
     return "UNKNOWN";
 }
 
+bool guard_kind_known(GuardKind k) { return guard_kind_name(k) != "UNKNOWN"; }
+
 std::string_view root_kind_name(RootKind k) {
     switch (k) {
         case RootKind::Local: return "LOCAL";

@@ -56,7 +56,7 @@ using StepKey = std::tuple<std::uint32_t, int, ConstId, std::int64_t>;
 }  // namespace
 
 void validate_decl(const GuardDecl& d, std::size_t n_consts) {
-    if (static_cast<int>(d.kind) >= kGuardKindCount) fail("unknown guard kind");
+    if (!guard_kind_known(d.kind)) fail("unknown guard kind");
     const GuardShape shape = guard_shape(d.kind);
     const std::string name(guard_kind_name(d.kind));
     if (d.has_source && !shape.allows_source) fail(name + " takes no source");

@@ -87,7 +87,7 @@ class GuardKind(enum.IntEnum):
 
     LAMBDA = 17
 
-    SHAPE = 18
+    SHAPE = 23
 
 class Step:
     """One step of a source as the engine reads it."""
