@@ -16,8 +16,10 @@ from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec
 from .errors import (
+    FrameError,
     GuardBuildError,
     GuardEvalError,
+    IncompatibleCodeError,
     RecompileError,
     RecompileLimitExceeded,
     SourceParseError,
@@ -30,6 +32,8 @@ from .logs import format_recompile, set_logs
 from .source import RootKind, Source, Step, StepKind
 from .specialized import Specialized, specialize
 
+from . import frame  # noqa: E402  (tripwire.frame, the PEP 523 runtime; needs the names above)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -37,12 +41,14 @@ __all__ = [
     "CacheEntry",
     "Checkpoint",
     "Failure",
+    "FrameError",
     "GuardBuildError",
     "GuardBuilder",
     "GuardEvalError",
     "GuardKind",
     "GuardSet",
     "GuardSpec",
+    "IncompatibleCodeError",
     "Policy",
     "RecompileError",
     "RecompileLimitExceeded",
@@ -54,6 +60,7 @@ __all__ = [
     "StepKind",
     "TripwireError",
     "format_recompile",
+    "frame",
     "guards_for",
     "infer_into",
     "set_logs",

@@ -1,0 +1,358 @@
+// tripwire/cpp/runtime/frame/hook.cpp -- the eval-frame function, per-thread hooks (see the header).
+#include "runtime/frame/hook.hpp"
+
+#include <exception>
+#include <new>
+
+#include "runtime/cache/cache.hpp"
+#include "runtime/eval/locals.hpp"
+#include "runtime/frame/code_state.hpp"
+#include "runtime/frame/replacement.hpp"
+
+namespace tripwire::runtime::frame {
+namespace {
+
+constexpr int kGeneratorFlags = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE;
+constexpr const char* kCapsuleName = "tripwire.frame.thread";
+constexpr const char* kThreadKey = "tripwire.frame.thread";
+
+/// One thread's hook. Reached through t_hook on the owning thread, and through the capsule in
+/// its thread-state dict when that dict is cleared (possibly by another thread at shutdown).
+struct ThreadHook {
+    PyThreadState* tstate = nullptr;  ///< the thread state it belongs to; null once released
+    PyObject* handler = nullptr;      ///< strong; null: no hook
+    PyObject* backend = nullptr;      ///< strong
+    int busy = 0;                     ///< inside the frame runtime: frames are let through
+    bool intercepting = false;        ///< handler set and not busy: what the eval function tests
+
+    void refresh() { intercepting = handler != nullptr && busy == 0; }
+};
+
+// The hot path reads this once per Python call: initial-exec TLS is one segment-relative load
+// (the default model in a shared object calls __tls_get_addr).
+__attribute__((tls_model("initial-exec"))) thread_local ThreadHook* t_hook = nullptr;
+
+int g_active = 0;               // threads with a hook
+bool g_installed = false;       // we set our eval function and have not restored the previous one
+bool g_layout_checked = false;  // verify_frame_layout ran
+bool g_layout_ok = false;
+std::string g_layout_error;
+PyObject* g_error_type = nullptr;  // strong, for the life of the process
+
+PyObject* error_type() { return g_error_type != nullptr ? g_error_type : PyExc_RuntimeError; }
+
+/// Frames run while this is alive on a thread are let through (the handler, a lookup's user code).
+class Busy {
+  public:
+    explicit Busy(ThreadHook* h) : h_(h) {
+        ++h_->busy;
+        h_->refresh();
+    }
+    ~Busy() {
+        --h_->busy;
+        h_->refresh();
+    }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+
+  private:
+    ThreadHook* h_;
+};
+
+PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag);
+
+PyObject* let_through(PyThreadState* ts, RawFrame* f) { return _PyEval_EvalFrameDefault(ts, f, 0); }
+
+// Run the Replacement `payload` (held by the caller until this returns) in frame `f` of `co`.
+PyObject* run_payload(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* payload) {
+    PyCodeObject* code = replacement_code_for(payload, co);
+    if (code == nullptr) {
+        PyErr_Format(PyExc_TypeError,
+                     "a tripwire.frame cache entry of %U must hold a tripwire.frame.Replacement made for "
+                     "that code object, not %R",
+                     co->co_qualname, payload);
+        return fail_frame(ts, f);
+    }
+    return run_code_in_frame(ts, f, code);
+}
+
+// A miss: ask the handler what to do with this frame.
+PyObject* miss(PyThreadState* ts, RawFrame* f, ThreadHook* h, PyCodeObject* co, PyObject* fn) {
+    // Our own references: the handler may replace or clear this thread's hook.
+    const Ref handler = Ref::borrow(h->handler);
+    const Ref backend = Ref::borrow(h->backend);
+    Ref result;
+    {
+        const Busy busy(h);
+        const Locals locals =
+            Locals::of_frame(frame_localsplus(f), co, PyFunction_GET_CLOSURE(fn), frame_globals(f));
+        const Ref f_locals = locals.as_mapping();
+        if (!f_locals) return fail_frame(ts, f);
+        PyObject* args[5] = {reinterpret_cast<PyObject*>(co), f_locals.get(), frame_globals(f),
+                             frame_builtins(f), fn};
+        result = Ref::steal(PyObject_Vectorcall(handler.get(), args, 5, nullptr));
+    }
+    if (!result) return fail_frame(ts, f);
+    if (result.get() == Py_None) return let_through(ts, f);
+    if (PyLong_CheckExact(result.get())) {
+        const long s = PyLong_AsLong(result.get());
+        if (s == static_cast<long>(Strategy::Skip) || s == static_cast<long>(Strategy::RunOnly)) {
+            if (!set_strategy(co, backend.get(), static_cast<Strategy>(s))) return fail_frame(ts, f);
+            return let_through(ts, f);
+        }
+        PyErr_Clear();
+    }
+    if (replacement_code_for(result.get(), co) != nullptr) return run_payload(ts, f, co, result.get());
+    PyErr_Format(PyExc_TypeError,
+                 "the tripwire.frame handler returned %R for %U; expected None, 1 (SKIP), 2 (RUN_ONLY) or a "
+                 "Replacement made for that code object",
+                 result.get(), co->co_qualname);
+    return fail_frame(ts, f);
+}
+
+// Everything after the eval function's first test: out of line, so that the let-through path of
+// every Python call stays a few instructions.
+[[gnu::noinline]] PyObject* intercept(PyThreadState* ts, RawFrame* f, ThreadHook* h) {
+    PyCodeObject* co = frame_code(f);
+    if ((co->co_flags & CO_OPTIMIZED) == 0 || (co->co_flags & kGeneratorFlags) != 0) return let_through(ts, f);
+    BackendSlot* slot = nullptr;
+    if (CodeState* st = code_state(co)) slot = st->find(h->backend);
+    if (slot != nullptr && slot->strategy == Strategy::Skip) return let_through(ts, f);
+    PyObject* fn = frame_function(f);
+    if (!PyFunction_Check(fn) || !frame_fresh(f)) return let_through(ts, f);
+    if (slot != nullptr && slot->cache != nullptr) {
+        Cache* cache = slot->cache;
+        const Locals locals =
+            Locals::of_frame(frame_localsplus(f), co, PyFunction_GET_CLOSURE(fn), frame_globals(f));
+        Ref payload;
+        // The repeated hit: the most recently used entry's fast pass, which runs no user code and
+        // allocates nothing (so the borrowed slot and cache stay valid across it).
+        if (cache->lookup_most_recent(locals, payload) == 1) return run_payload(ts, f, co, payload.get());
+        // The full lookup may run user code: the cache object is held (it owns `cache`), and the
+        // frames that code runs are let through.
+        const Ref cache_object = slot->cache_object;
+        EntryPtr entry;
+        bool ok = false;
+        try {
+            const Busy busy(h);
+            ok = cache->lookup(locals, entry);
+        } catch (const std::bad_alloc&) {
+            PyErr_NoMemory();
+        } catch (const std::exception& e) {
+            PyErr_SetString(PyExc_RuntimeError, e.what());
+        }
+        if (!ok) return fail_frame(ts, f);
+        if (entry) {
+            payload = entry->payload;  // our own reference: running it may evict the entry
+            entry.reset();
+            return run_payload(ts, f, co, payload.get());
+        }
+    }
+    if (slot != nullptr && slot->strategy != Strategy::Default) return let_through(ts, f);
+    // An interpreter shutting down runs no new compiles (the handler's module may be torn down).
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_IsFinalizing()) return let_through(ts, f);
+#else
+    if (_Py_IsFinalizing()) return let_through(ts, f);
+#endif
+    return miss(ts, f, h, co, fn);
+}
+
+PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag) {
+    ThreadHook* h = t_hook;
+    if (h == nullptr || !h->intercepting || throw_flag != 0 || h->tstate != ts) [[likely]]
+        return _PyEval_EvalFrameDefault(ts, f, throw_flag);
+    return intercept(ts, f, h);
+}
+
+const char* describe_eval(_PyFrameEvalFunction fn) {
+    if (fn == eval_frame) return "tripwire";
+    if (fn == _PyEval_EvalFrameDefault) return "default";
+    return "foreign";
+}
+
+bool ensure_layout() {
+    if (!g_layout_checked) {
+        g_layout_checked = true;
+        g_layout_ok = verify_frame_layout(g_layout_error);
+    }
+    if (!g_layout_ok) {
+        PyErr_Format(error_type(), "tripwire.frame cannot run on this interpreter: its frame layout check failed (%s)",
+                     g_layout_error.c_str());
+        return false;
+    }
+    return true;
+}
+
+// Our eval function, installed when not yet. False with an error set, nothing changed.
+bool ensure_installed(PyThreadState* ts) {
+    PyInterpreterState* interp = PyThreadState_GetInterpreter(ts);
+    const _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (cur == eval_frame) {
+        g_installed = true;
+        return true;
+    }
+    if (cur != _PyEval_EvalFrameDefault) {
+        PyErr_Format(error_type(),
+                     "another PEP 523 eval-frame function is installed (%p)%s; tripwire.frame does not stack on "
+                     "another frame hook (uninstall it first)",
+                     reinterpret_cast<void*>(cur), g_active > 0 ? ", over tripwire's own" : "");
+        return false;
+    }
+    if (!ensure_layout() || !init_code_states()) return false;
+    _PyInterpreterState_SetEvalFrameFunc(interp, eval_frame);
+    g_installed = true;
+    return true;
+}
+
+// Restore CPython's eval function when ours is the interpreter's. A foreign one installed over
+// ours stays (it may call ours as its previous function: ours lets everything through now).
+// Returns false when that happened (the caller may warn).
+bool uninstall(PyThreadState* ts) {
+    g_installed = false;
+    PyInterpreterState* interp = PyThreadState_GetInterpreter(ts);
+    if (_PyInterpreterState_GetEvalFrameFunc(interp) == eval_frame) {
+        _PyInterpreterState_SetEvalFrameFunc(interp, _PyEval_EvalFrameDefault);
+        return true;
+    }
+    return false;
+}
+
+// The capsule destructor: the thread state is being cleared (thread exit, or shutdown, possibly
+// on another thread). Clears the hook, counts the thread out, frees the record when on its own
+// thread (another thread's thread-local pointer may still point at it otherwise: it is leaked,
+// released, and ignored from then on since its tstate no longer matches).
+void release_thread(PyObject* capsule) {
+    auto* h = static_cast<ThreadHook*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    if (h == nullptr) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject* handler = h->handler;
+    PyObject* backend = h->backend;
+    PyThreadState* ts = h->tstate;
+    h->handler = h->backend = nullptr;
+    h->tstate = nullptr;
+    h->refresh();
+    if (handler != nullptr && --g_active == 0 && ts != nullptr) uninstall(ts);
+    const bool own = t_hook == h;
+    if (own) t_hook = nullptr;
+    Py_XDECREF(handler);
+    Py_XDECREF(backend);
+    if (own) delete h;
+}
+
+// This thread's record, created (with its capsule) when missing. Null with an error set.
+ThreadHook* own_record(PyThreadState* ts) {
+    ThreadHook* h = t_hook;
+    if (h != nullptr && h->tstate == ts) return h;
+    // None yet, or a record of an earlier thread state of this OS thread that was never released
+    // (another interpreter's): start afresh.
+    auto* fresh = new (std::nothrow) ThreadHook();
+    if (fresh == nullptr) {
+        PyErr_NoMemory();
+        return nullptr;
+    }
+    fresh->tstate = ts;
+    PyObject* dict = PyThreadState_GetDict();  // borrowed
+    PyObject* capsule = dict != nullptr ? PyCapsule_New(fresh, kCapsuleName, release_thread) : nullptr;
+    if (capsule == nullptr || PyDict_SetItemString(dict, kThreadKey, capsule) < 0) {
+        if (capsule != nullptr) {
+            PyCapsule_SetDestructor(capsule, nullptr);
+            Py_DECREF(capsule);
+        }
+        delete fresh;
+        if (!PyErr_Occurred()) PyErr_SetString(error_type(), "tripwire.frame: no thread-state dict");
+        return nullptr;
+    }
+    Py_DECREF(capsule);  // the dict owns it
+    t_hook = fresh;
+    return fresh;
+}
+
+}  // namespace
+
+void set_frame_error_type(PyObject* type) {
+    Py_XINCREF(type);
+    Py_XSETREF(g_error_type, type);
+}
+
+bool set_thread_hook(PyObject* handler, PyObject* backend, Ref& prev_handler, Ref& prev_backend) {
+    if ((handler == nullptr) != (backend == nullptr)) {
+        PyErr_SetString(PyExc_ValueError, "a frame hook needs both a handler and a backend");
+        return false;
+    }
+    PyThreadState* ts = PyThreadState_Get();
+    ThreadHook* h = t_hook;
+    if (h != nullptr && h->tstate != ts) h = nullptr;
+    const bool had = h != nullptr && h->handler != nullptr;
+    if (handler != nullptr) {
+        // Setting or replacing: our eval function must be (or become) the interpreter's.
+        if (!ensure_installed(ts)) return false;
+        if (h == nullptr) {
+            h = own_record(ts);
+            if (h == nullptr) {
+                if (g_active == 0) uninstall(ts);
+                return false;
+            }
+        }
+    }
+    if (h == nullptr) {  // clearing a hook that was never set
+        prev_handler = Ref();
+        prev_backend = Ref();
+        return true;
+    }
+    prev_handler = Ref::steal(h->handler);
+    prev_backend = Ref::steal(h->backend);
+    h->handler = handler;
+    h->backend = backend;
+    Py_XINCREF(handler);
+    Py_XINCREF(backend);
+    h->refresh();
+    if (handler != nullptr && !had) ++g_active;
+    if (handler == nullptr && had && --g_active == 0 && !uninstall(ts)) {
+        return PyErr_WarnEx(PyExc_RuntimeWarning,
+                            "tripwire.frame: another eval-frame function was installed over tripwire's; it is "
+                            "left in place (tripwire's now lets every frame through)",
+                            1) == 0;
+    }
+    return true;
+}
+
+void thread_hook(Ref& handler, Ref& backend) {
+    ThreadHook* h = t_hook;
+    if (h == nullptr || h->tstate != PyThreadState_Get()) {
+        handler = Ref();
+        backend = Ref();
+        return;
+    }
+    handler = Ref::borrow(h->handler);
+    backend = Ref::borrow(h->backend);
+}
+
+HookStatus hook_status() {
+    HookStatus s;
+    const _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get());
+    s.installed = cur == eval_frame;
+    s.active_threads = g_active;
+    s.layout_verified = g_layout_checked && g_layout_ok;
+    s.layout_error = g_layout_error;
+    s.current_eval = describe_eval(cur);
+    return s;
+}
+
+bool verify_layout_now(std::string& why) {
+    if (_PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get()) != _PyEval_EvalFrameDefault &&
+        !g_layout_checked) {
+        why = "another eval-frame function is installed";
+        return false;
+    }
+    if (!g_layout_checked) {
+        g_layout_checked = true;
+        g_layout_ok = verify_frame_layout(g_layout_error);
+    }
+    why = g_layout_error;
+    return g_layout_ok;
+}
+
+}  // namespace tripwire::runtime::frame
