@@ -29,9 +29,9 @@ using layout::Frame;
 // The instruction pointer of a frame about to run `co` from its start.
 void set_start(Frame* f, PyCodeObject* co) {
 #if PY_VERSION_HEX >= 0x030D0000
-    f->instr_ptr = _PyCode_CODE(co);
+    f->instr_ptr = layout::code_start(co);
 #else
-    f->prev_instr = _PyCode_CODE(co) - 1;
+    f->prev_instr = layout::code_start(co) - 1;
 #endif
 }
 
@@ -48,9 +48,9 @@ int frame_size(PyCodeObject* co) {
 
 bool at_start(Frame* f, PyCodeObject* co) {
 #if PY_VERSION_HEX >= 0x030D0000
-    return f->instr_ptr == _PyCode_CODE(co);
+    return f->instr_ptr == layout::code_start(co);
 #else
-    return f->prev_instr == _PyCode_CODE(co) - 1;
+    return f->prev_instr == layout::code_start(co) - 1;
 #endif
 }
 

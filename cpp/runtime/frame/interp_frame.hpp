@@ -52,6 +52,11 @@ constexpr bool kHasFrameLayout =
 
 #ifdef TRIPWIRE_FRAME_LAYOUT
 namespace layout {
+/// `_Py_CODEUNIT` (a 16-bit instruction word; private in 3.13).
+using CodeUnit = std::uint16_t;
+/// `_PyCode_CODE(co)`: the first instruction word (the adaptive bytecode the frame runs).
+inline CodeUnit* code_start(PyCodeObject* co) { return reinterpret_cast<CodeUnit*>(co->co_code_adaptive); }
+
 #if PY_VERSION_HEX >= 0x030D0000
 struct Frame {  // 3.13 struct _PyInterpreterFrame
     PyObject* f_executable;
@@ -61,7 +66,7 @@ struct Frame {  // 3.13 struct _PyInterpreterFrame
     PyObject* f_builtins;
     PyObject* f_locals;
     PyObject* frame_obj;
-    _Py_CODEUNIT* instr_ptr;
+    CodeUnit* instr_ptr;
     int stacktop;
     std::uint16_t return_offset;
     char owner;
@@ -76,7 +81,7 @@ struct Frame {  // 3.12
     PyObject* f_builtins;
     PyObject* f_locals;
     PyObject* frame_obj;
-    _Py_CODEUNIT* prev_instr;
+    CodeUnit* prev_instr;
     int stacktop;
     std::uint16_t return_offset;
     char owner;
@@ -91,7 +96,7 @@ struct Frame {  // 3.11
     PyObject* f_code;
     PyObject* frame_obj;
     Frame* previous;
-    _Py_CODEUNIT* prev_instr;
+    CodeUnit* prev_instr;
     int stacktop;
     bool is_entry;
     char owner;
