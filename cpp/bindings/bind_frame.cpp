@@ -166,6 +166,9 @@ void register_frame(nb::module_& m) {
             return was;
         },
         nb::arg("on"), "Test hook: run every replacement in a shadow frame; returns the previous setting.");
+    m.def("_frame_floor_eval", &runtime::frame::set_floor_eval, nb::arg("on"),
+          "Benchmark floor: install (True) or remove (False) a pass-through PEP 523 eval-frame function; "
+          "False when the interpreter's eval function is not the expected one.");
     m.def(
         "_frame_run_stats",
         [] {

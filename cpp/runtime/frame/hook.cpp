@@ -110,14 +110,10 @@ PyObject* miss(PyThreadState* ts, RawFrame* f, ThreadHook* h, PyCodeObject* co, 
     return fail_frame(ts, f);
 }
 
-// Everything after the eval function's first test: out of line, so that the let-through path of
-// every Python call stays a few instructions.
-[[gnu::noinline]] PyObject* intercept(PyThreadState* ts, RawFrame* f, ThreadHook* h) {
-    PyCodeObject* co = frame_code(f);
-    if ((co->co_flags & CO_OPTIMIZED) == 0 || (co->co_flags & kGeneratorFlags) != 0) return let_through(ts, f);
-    BackendSlot* slot = nullptr;
-    if (CodeState* st = code_state(co)) slot = st->find(h->backend);
-    if (slot != nullptr && slot->strategy == Strategy::Skip) return let_through(ts, f);
+// Everything after the eval function's tests: out of line, so that letting a frame through
+// (no hook on this thread, a skipped code) pays no prologue for the registers this needs.
+[[gnu::noinline]] PyObject* intercept(PyThreadState* ts, RawFrame* f, ThreadHook* h, PyCodeObject* co,
+                                      BackendSlot* slot) {
     PyObject* fn = frame_function(f);
     if (!PyFunction_Check(fn) || !frame_fresh(f)) return let_through(ts, f);
     if (slot != nullptr && slot->cache != nullptr) {
@@ -162,7 +158,15 @@ PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag) {
     ThreadHook* h = t_hook;
     if (h == nullptr || !h->intercepting || throw_flag != 0 || h->tstate != ts) [[likely]]
         return _PyEval_EvalFrameDefault(ts, f, throw_flag);
-    return intercept(ts, f, h);
+    // Function bodies only (not module or class bodies), never generators or coroutines.
+    PyCodeObject* co = frame_code(f);
+    if ((co->co_flags & (CO_OPTIMIZED | kGeneratorFlags)) != CO_OPTIMIZED) return _PyEval_EvalFrameDefault(ts, f, 0);
+    BackendSlot* slot = nullptr;
+    if (CodeState* st = code_state(co)) {
+        slot = st->find(h->backend);
+        if (slot != nullptr && slot->strategy == Strategy::Skip) return _PyEval_EvalFrameDefault(ts, f, 0);
+    }
+    return intercept(ts, f, h, co, slot);
 }
 
 const char* describe_eval(_PyFrameEvalFunction fn) {
@@ -339,6 +343,20 @@ HookStatus hook_status() {
     s.layout_error = g_layout_error;
     s.current_eval = describe_eval(cur);
     return s;
+}
+
+namespace {
+PyObject* floor_eval(PyThreadState* ts, RawFrame* f, int throw_flag) {
+    return _PyEval_EvalFrameDefault(ts, f, throw_flag);
+}
+}  // namespace
+
+bool set_floor_eval(bool on) {
+    PyInterpreterState* interp = PyInterpreterState_Get();
+    const _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (on ? cur != _PyEval_EvalFrameDefault : cur != floor_eval) return false;
+    _PyInterpreterState_SetEvalFrameFunc(interp, on ? floor_eval : _PyEval_EvalFrameDefault);
+    return true;
 }
 
 bool verify_layout_now(std::string& why) {
