@@ -349,13 +349,21 @@ namespace {
 PyObject* floor_eval(PyThreadState* ts, RawFrame* f, int throw_flag) {
     return _PyEval_EvalFrameDefault(ts, f, throw_flag);
 }
+_PyFrameEvalFunction g_before_floor = nullptr;
 }  // namespace
 
 bool set_floor_eval(bool on) {
     PyInterpreterState* interp = PyInterpreterState_Get();
     const _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
-    if (on ? cur != _PyEval_EvalFrameDefault : cur != floor_eval) return false;
-    _PyInterpreterState_SetEvalFrameFunc(interp, on ? floor_eval : _PyEval_EvalFrameDefault);
+    if (on) {
+        // Over CPython's own or over ours (a foreign hook installed on top, for the tests).
+        if (cur != _PyEval_EvalFrameDefault && cur != eval_frame) return false;
+        g_before_floor = cur;
+        _PyInterpreterState_SetEvalFrameFunc(interp, floor_eval);
+        return true;
+    }
+    if (cur != floor_eval) return false;
+    _PyInterpreterState_SetEvalFrameFunc(interp, g_before_floor != nullptr ? g_before_floor : _PyEval_EvalFrameDefault);
     return true;
 }
 

@@ -57,8 +57,9 @@ HookStatus hook_status();
 
 /// Benchmark floor: install (or remove) a PEP 523 eval-frame function that only calls CPython's
 /// own, so that the cost of PEP 523 itself (CPython stops inlining Python-to-Python calls while
-/// any eval-frame function is set) can be told apart from tripwire's. Only while no hook is set
-/// and CPython's own function is installed (on) / the floor is (off); false otherwise.
+/// any eval-frame function is set) can be told apart from tripwire's; the tests use it as a
+/// foreign hook. On: over CPython's own function or over tripwire's (which it then hides); off:
+/// restores the function it replaced. False when the current function is not the expected one.
 bool set_floor_eval(bool on);
 
 /// Check the frame layout now (it is otherwise checked when the first hook is set). Needs the
