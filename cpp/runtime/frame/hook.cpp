@@ -22,7 +22,8 @@ struct ThreadHook {
     PyThreadState* tstate = nullptr;  ///< the thread state it belongs to; null once released
     PyObject* handler = nullptr;      ///< strong; null: no hook
     PyObject* backend = nullptr;      ///< strong
-    int busy = 0;                     ///< inside the frame runtime: frames are let through
+    int busy = 0;                     ///< inside the frame runtime (the handler, a full lookup): frames
+                                      ///< are let through
     bool intercepting = false;        ///< handler set and not busy: what the eval function tests
 
     void refresh() { intercepting = handler != nullptr && busy == 0; }
@@ -41,108 +42,133 @@ PyObject* g_error_type = nullptr;  // strong, for the life of the process
 
 PyObject* error_type() { return g_error_type != nullptr ? g_error_type : PyExc_RuntimeError; }
 
-/// Frames run while this is alive on a thread are let through (the handler, a lookup's user code).
-class Busy {
-  public:
-    explicit Busy(ThreadHook* h) : h_(h) {
-        ++h_->busy;
-        h_->refresh();
-    }
-    ~Busy() {
-        --h_->busy;
-        h_->refresh();
-    }
-    Busy(const Busy&) = delete;
-    Busy& operator=(const Busy&) = delete;
-
-  private:
-    ThreadHook* h_;
-};
-
 PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag);
 
 PyObject* let_through(PyThreadState* ts, RawFrame* f) { return _PyEval_EvalFrameDefault(ts, f, 0); }
 
-// Run the Replacement `payload` (held by the caller until this returns) in frame `f` of `co`.
-PyObject* run_payload(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* payload) {
+// Why no RAII object holding a Python reference is alive while a frame runs (below): a daemon
+// thread still running Python when the interpreter finalizes is ended with pthread_exit the next
+// time it asks for the GIL, which unwinds the C stack as a forced exception, running the C++
+// destructors of every frame on it, without the GIL, after finalization freed objects. CPython's
+// own C frames have none; ours must not either across _PyEval_EvalFrameDefault. So the decisions
+// are taken in helpers whose RAII objects die before they return, and the references that must
+// live across the run are raw, released after it (leaked if the thread is ended meanwhile).
+
+// Run the Replacement `payload` (a reference we own, released after the run) in frame `f` of `co`.
+PyObject* run_owned_payload(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* payload) {
     PyCodeObject* code = replacement_code_for(payload, co);
+    PyObject* r;
     if (code == nullptr) {
         PyErr_Format(PyExc_TypeError,
                      "a tripwire.frame cache entry of %U must hold a tripwire.frame.Replacement made for "
                      "that code object, not %R",
                      co->co_qualname, payload);
-        return fail_frame(ts, f);
+        r = fail_frame(ts, f);
+    } else {
+        r = run_code_in_frame(ts, f, code);
     }
-    return run_code_in_frame(ts, f, code);
+    Py_DECREF(payload);
+    return r;
 }
 
-// A miss: ask the handler what to do with this frame.
-PyObject* miss(PyThreadState* ts, RawFrame* f, ThreadHook* h, PyCodeObject* co, PyObject* fn) {
-    // Our own references: the handler may replace or clear this thread's hook.
-    const Ref handler = Ref::borrow(h->handler);
-    const Ref backend = Ref::borrow(h->backend);
-    Ref result;
-    {
-        const Busy busy(h);
-        const Locals locals =
-            Locals::of_frame(frame_localsplus(f), co, PyFunction_GET_CLOSURE(fn), frame_globals(f));
-        const Ref f_locals = locals.as_mapping();
-        if (!f_locals) return fail_frame(ts, f);
-        PyObject* args[5] = {reinterpret_cast<PyObject*>(co), f_locals.get(), frame_globals(f),
-                             frame_builtins(f), fn};
-        result = Ref::steal(PyObject_Vectorcall(handler.get(), args, 5, nullptr));
+// Look the frame up in `slot`'s cache: 1 with `*payload` (a new reference) on a hit, 0 on a miss,
+// -1 with a Python error set.
+int look_up(ThreadHook* h, BackendSlot* slot, const Locals& locals, PyObject** payload) {
+    Cache* cache = slot->cache;
+    Ref hit;
+    // The repeated hit: the most recently used entry's fast pass, which runs no user code and
+    // allocates nothing (so the borrowed slot and cache stay valid across it).
+    if (cache->lookup_most_recent(locals, hit) == 1) {
+        *payload = hit.release();
+        return 1;
     }
-    if (!result) return fail_frame(ts, f);
-    if (result.get() == Py_None) return let_through(ts, f);
-    if (PyLong_CheckExact(result.get())) {
-        const long s = PyLong_AsLong(result.get());
-        if (s == static_cast<long>(Strategy::Skip) || s == static_cast<long>(Strategy::RunOnly)) {
-            if (!set_strategy(co, backend.get(), static_cast<Strategy>(s))) return fail_frame(ts, f);
-            return let_through(ts, f);
+    // The full lookup may run user code: the cache object is held (it owns `cache`; raw, see
+    // above: user code may release the GIL), and the frames that code runs are let through.
+    PyObject* cache_object = Py_NewRef(slot->cache_object.get());
+    EntryPtr entry;
+    bool ok = false;
+    ++h->busy;
+    h->refresh();
+    try {
+        ok = cache->lookup(locals, entry);
+    } catch (const std::bad_alloc&) {
+        PyErr_NoMemory();
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    --h->busy;
+    h->refresh();
+    if (ok && entry) *payload = Py_NewRef(entry->payload.get());  // ours: running it may evict the entry
+    entry.reset();
+    Py_DECREF(cache_object);
+    if (!ok) return -1;
+    return *payload != nullptr ? 1 : 0;
+}
+
+// A miss: call the handler. Returns its result (a new reference) or null with an error set;
+// `backend` receives the hook's backend (a new reference) for a strategy to be set under.
+PyObject* ask_handler(RawFrame* f, ThreadHook* h, PyCodeObject* co, PyObject* fn, PyObject** backend) {
+    // Our own references (raw, see above): the handler may replace or clear this thread's hook.
+    PyObject* handler = Py_NewRef(h->handler);
+    *backend = Py_NewRef(h->backend);
+    ++h->busy;
+    h->refresh();
+    const Locals locals = Locals::of_frame(frame_localsplus(f), co, PyFunction_GET_CLOSURE(fn), frame_globals(f));
+    PyObject* f_locals = locals.as_mapping().release();
+    PyObject* result = nullptr;
+    if (f_locals != nullptr) {
+        PyObject* args[5] = {reinterpret_cast<PyObject*>(co), f_locals, frame_globals(f), frame_builtins(f), fn};
+        result = PyObject_Vectorcall(handler, args, 5, nullptr);
+        Py_DECREF(f_locals);
+    }
+    --h->busy;
+    h->refresh();
+    Py_DECREF(handler);
+    return result;
+}
+
+// Act on the handler's `result` (owned; null: it raised): run, let through, or fail the frame.
+PyObject* act_on(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* result, PyObject* backend) {
+    bool fail = result == nullptr;
+    bool run = false;
+    if (!fail && result != Py_None) {
+        long s = -1;
+        if (PyLong_CheckExact(result)) {
+            s = PyLong_AsLong(result);
+            if (s == -1) PyErr_Clear();
         }
-        PyErr_Clear();
+        if (s == static_cast<long>(Strategy::Skip) || s == static_cast<long>(Strategy::RunOnly)) {
+            fail = !set_strategy(co, backend, static_cast<Strategy>(s));
+        } else if (replacement_code_for(result, co) != nullptr) {
+            run = true;
+        } else {
+            PyErr_Format(PyExc_TypeError,
+                         "the tripwire.frame handler returned %R for %U; expected None, 1 (SKIP), 2 (RUN_ONLY) or "
+                         "a Replacement made for that code object",
+                         result, co->co_qualname);
+            fail = true;
+        }
     }
-    if (replacement_code_for(result.get(), co) != nullptr) return run_payload(ts, f, co, result.get());
-    PyErr_Format(PyExc_TypeError,
-                 "the tripwire.frame handler returned %R for %U; expected None, 1 (SKIP), 2 (RUN_ONLY) or a "
-                 "Replacement made for that code object",
-                 result.get(), co->co_qualname);
-    return fail_frame(ts, f);
+    Py_DECREF(backend);
+    if (run) return run_owned_payload(ts, f, co, result);
+    Py_XDECREF(result);
+    return fail ? fail_frame(ts, f) : let_through(ts, f);
 }
 
 // Everything after the eval function's tests: out of line, so that letting a frame through
 // (no hook on this thread, a skipped code) pays no prologue for the registers this needs.
+// No RAII object with a Python reference lives in this frame (see above).
 [[gnu::noinline]] PyObject* intercept(PyThreadState* ts, RawFrame* f, ThreadHook* h, PyCodeObject* co,
                                       BackendSlot* slot) {
     PyObject* fn = frame_function(f);
     if (!PyFunction_Check(fn) || !frame_fresh(f)) return let_through(ts, f);
     if (slot != nullptr && slot->cache != nullptr) {
-        Cache* cache = slot->cache;
         const Locals locals =
             Locals::of_frame(frame_localsplus(f), co, PyFunction_GET_CLOSURE(fn), frame_globals(f));
-        Ref payload;
-        // The repeated hit: the most recently used entry's fast pass, which runs no user code and
-        // allocates nothing (so the borrowed slot and cache stay valid across it).
-        if (cache->lookup_most_recent(locals, payload) == 1) return run_payload(ts, f, co, payload.get());
-        // The full lookup may run user code: the cache object is held (it owns `cache`), and the
-        // frames that code runs are let through.
-        const Ref cache_object = slot->cache_object;
-        EntryPtr entry;
-        bool ok = false;
-        try {
-            const Busy busy(h);
-            ok = cache->lookup(locals, entry);
-        } catch (const std::bad_alloc&) {
-            PyErr_NoMemory();
-        } catch (const std::exception& e) {
-            PyErr_SetString(PyExc_RuntimeError, e.what());
-        }
-        if (!ok) return fail_frame(ts, f);
-        if (entry) {
-            payload = entry->payload;  // our own reference: running it may evict the entry
-            entry.reset();
-            return run_payload(ts, f, co, payload.get());
-        }
+        PyObject* payload = nullptr;
+        const int r = look_up(h, slot, locals, &payload);
+        if (r < 0) return fail_frame(ts, f);
+        if (r > 0) return run_owned_payload(ts, f, co, payload);
     }
     if (slot != nullptr && slot->strategy != Strategy::Default) return let_through(ts, f);
     // An interpreter shutting down runs no new compiles (the handler's module may be torn down).
@@ -151,7 +177,9 @@ PyObject* miss(PyThreadState* ts, RawFrame* f, ThreadHook* h, PyCodeObject* co, 
 #else
     if (_Py_IsFinalizing()) return let_through(ts, f);
 #endif
-    return miss(ts, f, h, co, fn);
+    PyObject* backend = nullptr;
+    PyObject* result = ask_handler(f, h, co, fn, &backend);
+    return act_on(ts, f, co, result, backend);
 }
 
 PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag) {

@@ -118,6 +118,76 @@ void clear_frame(Frame* f) {
     Py_CLEAR(layout::code_slot(f));
 }
 
+#if PY_VERSION_HEX < 0x030C0000
+// 3.11's struct _frame (the PyFrameObject), for take_ownership below.
+struct FrameObject {
+    PyObject_HEAD FrameObject* f_back;
+    Frame* f_frame;
+    PyObject* f_trace;
+    int f_lineno;
+    char f_trace_lines;
+    char f_trace_opcodes;
+    char f_fast_as_locals;
+    PyObject* _f_frame_data[1];
+};
+
+constexpr char kOwnedByFrameObject = 2;  // FRAME_OWNED_BY_FRAME_OBJECT
+
+bool incomplete(Frame* f) {  // _PyFrame_IsIncomplete (3.11)
+    auto* co = reinterpret_cast<PyCodeObject*>(f->f_code);
+    return f->owner != 1 /* FRAME_OWNED_BY_GENERATOR */ &&
+           f->prev_instr < layout::code_start(co) + co->_co_firsttraceable;
+}
+
+// Python/frame.c's take_ownership (3.11): the frame object outlives the frame (a traceback, a
+// sys._getframe() result), so it takes a copy of the frame's data and its references.
+void take_ownership(FrameObject* fo, Frame* frame) {
+    const std::size_t size = static_cast<std::size_t>(reinterpret_cast<char*>(&frame->localsplus[frame->stacktop]) -
+                                                      reinterpret_cast<char*>(frame));
+    std::memcpy(fo->_f_frame_data, frame, size);
+    frame = reinterpret_cast<Frame*>(fo->_f_frame_data);
+    fo->f_frame = frame;
+    frame->owner = kOwnedByFrameObject;
+    if (incomplete(frame)) {
+        auto* co = reinterpret_cast<PyCodeObject*>(frame->f_code);
+        frame->prev_instr = layout::code_start(co) + co->_co_firsttraceable;
+    }
+    Frame* prev = frame->previous;
+    while (prev != nullptr && incomplete(prev)) prev = prev->previous;
+    if (prev != nullptr) {
+        // _PyFrame_GetFrameObject(prev) is internal; the previous frame is the thread's current
+        // one again (the caller of the call we intercepted), whose frame object PyEval_GetFrame
+        // gives (creating it). Linked only when it is that very frame.
+        // The frame's own exception (it may be unwinding) is kept across it.
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyFrameObject* back = PyEval_GetFrame();
+        if (back != nullptr && reinterpret_cast<FrameObject*>(back)->f_frame == prev)
+            fo->f_back = reinterpret_cast<FrameObject*>(Py_NewRef(reinterpret_cast<PyObject*>(back)));
+        PyErr_Clear();  // a memory error making `back`: nothing to do about it (CPython's choice too)
+        PyErr_Restore(type, value, tb);
+        frame->previous = nullptr;
+    }
+    if (!PyObject_GC_IsTracked(reinterpret_cast<PyObject*>(fo))) PyObject_GC_Track(fo);
+}
+
+// Python/frame.c's _PyFrame_Clear (3.11) for a frame that ran: its frame object, if anything
+// else holds it, takes the frame's data over.
+void clear_ran_frame(Frame* f) {
+    if (f->frame_obj != nullptr) {
+        auto* fo = reinterpret_cast<FrameObject*>(f->frame_obj);
+        f->frame_obj = nullptr;
+        if (Py_REFCNT(fo) > 1) {
+            take_ownership(fo, f);
+            Py_DECREF(fo);
+            return;
+        }
+        Py_DECREF(fo);
+    }
+    clear_frame(f);
+}
+#endif
+
 // The shadow frame: `code` run in a frame of its own in a new chunk, the arguments moved there
 // from `f` (which keeps the null slots), then `f` disposed of as the version requires.
 PyObject* run_in_shadow_frame(PyThreadState* ts, Frame* f, PyCodeObject* code, int nargs) {
@@ -157,7 +227,7 @@ PyObject* run_in_shadow_frame(PyThreadState* ts, Frame* f, PyCodeObject* code, i
 #else
     // On 3.11 the evaluator leaves an entry frame to its caller: the shadow frame is ours, the
     // original (its arguments moved out) goes back to _PyEval_Vector, which clears and pops it.
-    clear_frame(s);
+    clear_ran_frame(s);
     pop_frame(ts, s);
 #endif
     return r;
@@ -275,6 +345,8 @@ PyObject* probe_eval(PyThreadState* ts, RawFrame* raw, int throw_flag) {
 }
 
 const char* kProbeSource =
+    "import sys\n"
+    "frames = []\n"
     "def _outer():\n"
     "    captured = 'cap'\n"
     "    def probe(a, b, *rest, k, **kw):\n"
@@ -286,6 +358,7 @@ const char* kProbeSource =
     "    def replacement(a, b, *rest, k, **kw):\n"
     "        x = 10; y = 20; z = [x, y, [x] * 3]\n"
     "        inner = lambda: (b, captured)\n"
+    "        frames.append(sys._getframe())\n"  // outlives the frame: its data is taken over
     "        return ('replaced', a, b, rest, k, kw, inner(), x + y, len(z))\n"
     "    return replacement\n"
     "probe = _outer()\n"
@@ -358,6 +431,18 @@ bool verify_frame_layout(std::string& why) {
             why = "a replacement run in place (not counted)";
         } else if (run == 2 && g_stats.shadow != before.shadow + 1) {
             why = "a shadow frame (not counted)";
+        } else if (run > 0) {
+            // The replacement's frame object, kept past the frame: it must still read the frame's
+            // code and locals (taken over when the frame was cleared).
+            PyObject* check = PyRun_String(
+                "fo = frames.pop()\n"
+                "ok = fo.f_code is replacement.__code__ and fo.f_locals['a'] == 1 and fo.f_locals['x'] == 10 "
+                "and fo.f_lineno > 0\n",
+                Py_file_input, ns, ns);
+            Py_XDECREF(check);
+            PyObject* ok = check ? PyDict_GetItemString(ns, "ok") : nullptr;
+            if (ok != Py_True) why = run == 1 ? "a replaced frame's frame object" : "a shadow frame's frame object";
+            PyErr_Clear();
         }
     }
     Py_DECREF(ns);
