@@ -118,6 +118,12 @@ GuardSet::GuardSet(GuardSetInputs in)
         g.n2 = d.n2;
         g.n3 = d.n3;
         g.id = d.id;
+#if PY_VERSION_HEX >= 0x030C0000
+        if (d.kind == core::GuardKind::DictVersion) {
+            watches_.push_back(std::make_unique<DictWatch>());
+            g.watch = watches_.back().get();
+        }
+#endif
         // Operands the evaluator relies on having a given type; a mismatch is a malformed set.
         if (d.kind == core::GuardKind::DictKeys && !PyTuple_Check(g.b)) {
             throw core::InvalidProgram("DICT_KEYS keys must be a tuple");
@@ -190,7 +196,10 @@ GuardSet::GuardSet(GuardSetInputs in)
     build_fast_pass();
 }
 
-GuardSet::~GuardSet() = default;
+GuardSet::~GuardSet() {
+    // The watcher must not set a flag that is freed (GIL held: the owners drop sets under it).
+    for (const auto& w : watches_) release_dict_watch(w.get());
+}
 
 std::vector<TreeRow> GuardSet::tree() const {
     std::vector<TreeRow> out;

@@ -203,6 +203,7 @@ class GuardSet {
     std::vector<PyObject*> objs_;  // raw constant pointers used for comparisons
     std::vector<NodeRt> nodes_;
     std::vector<RuntimeGuard> guards_;
+    std::vector<std::unique_ptr<DictWatch>> watches_;  // DICT_VERSION change flags (3.12+)
     std::vector<std::uint32_t> guard_order_;  // permutation of program_.node_guards ranges
     std::vector<std::uint32_t> child_order_;  // permutation of program_.children ranges
     std::vector<std::uint32_t> root_order_;
