@@ -77,8 +77,9 @@ int look_up(ThreadHook* h, BackendSlot* slot, const Locals& locals, PyObject** p
     Cache* cache = slot->cache;
     Ref hit;
     // The repeated hit: the most recently used entry's fast pass, which runs no user code and
-    // allocates nothing (so the borrowed slot and cache stay valid across it).
-    if (cache->lookup_most_recent(locals, hit) == 1) {
+    // allocates nothing (so the borrowed slot and cache stay valid across it). Tried even when
+    // the cache has an index: a frame's calls mostly repeat, and this path allocates nothing.
+    if (cache->lookup_most_recent(locals, hit, /*with_index=*/true) == 1) {
         *payload = hit.release();
         return 1;
     }
