@@ -135,7 +135,9 @@ def specialise(fn: types.FunctionType, constants: dict[str, Any]) -> types.CodeT
     ast.fix_missing_locations(tree)
     module = compile(tree, fn.__code__.co_filename, "exec")
     code = next(c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == fdef.name)
-    return code.replace(co_qualname=f"{fn.__code__.co_qualname}[{', '.join(f'{k}={v!r}' for k, v in folded.items())}]")
+    return code.replace(
+        co_qualname=f"{fn.__code__.co_qualname}[{', '.join(f'{k}={v!r}' for k, v in folded.items())}]"
+    )
 
 
 # -- the frame callback ----------------------------------------------------------------------------
@@ -152,7 +154,7 @@ def compile_frame(frame: twf.Frame) -> Any:
             print(f"    {entry.name} does not apply: {failure.reason if failure else 'it would'}")
     constants = {k: v for k, v in frame.f_locals.items() if type(v) in _CONSTANT_TYPES}
     b = tw.GuardBuilder(frame.f_locals, f_globals=frame.f_globals)
-    for name, value in frame.f_locals.items():
+    for name in frame.f_locals:
         if name in constants:
             b.equals(f"L[{name!r}]")  # the specialisation is for this value
         else:
@@ -192,7 +194,9 @@ def main() -> None:
         assert poly(2.0, 4, "closed") == 15.0
         cache = twf.cache_of(poly, hook.backend)
         entry = next(e for e in cache.entries if "closed" in e.payload.code.co_qualname)
-        print(f"== the folded bytecode of {entry.name}, {entry.payload.code.co_qualname} (no test of `mode` left)")
+        print(
+            f"== the folded bytecode of {entry.name}, {entry.payload.code.co_qualname} (no test of `mode` left)"
+        )
         for ins in dis.get_instructions(entry.payload.code):
             if ins.opname in ("LOAD_CONST", "LOAD_FAST", "COMPARE_OP", "POP_JUMP_IF_FALSE", "RETURN_VALUE"):
                 print(f"    {ins.opname:<20} {ins.argrepr}")
@@ -213,7 +217,9 @@ def main() -> None:
     print("== cache:", cache)
     for e in cache.entries:
         print(f"    {e.name} {e.payload.code.co_qualname}: {e.hits} hits")
-    print(f"== poly(1.5, 3, 'horner'): {hooked:.0f} ns a call specialised (guards checked), {plain:.0f} ns plain")
+    print(
+        f"== poly(1.5, 3, 'horner'): {hooked:.0f} ns a call specialised (guards checked), {plain:.0f} ns plain"
+    )
 
 
 if __name__ == "__main__":

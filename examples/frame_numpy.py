@@ -98,11 +98,11 @@ def compile_frame(frame: twf.Frame) -> Any:
         # version for contiguous ones (the most recently used entry that passes wins).
         b.equals("L['x'].flags.c_contiguous")
         kind = "2d" if x.flags.c_contiguous else None
-    if kind is None:
-        code = frame.code  # the generic code, for this (dtype, ndim)
-    else:
-        code = _code_from(_TEMPLATES[kind + ("_half" if half else "")])
-    print(f"  compile: x {x.dtype.str} ndim {x.ndim} -> {kind or 'generic'}{' (f32 accumulation)' if half else ''}")
+    # The generic code, for this (dtype, ndim), when no template fits.
+    code = frame.code if kind is None else _code_from(_TEMPLATES[kind + ("_half" if half else "")])
+    print(
+        f"  compile: x {x.dtype.str} ndim {x.ndim} -> {kind or 'generic'}{' (f32 accumulation)' if half else ''}"
+    )
     return code, b.build()
 
 
@@ -140,7 +140,9 @@ def main() -> None:
             assert np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol), label
         print("== a non-contiguous 2-D input misses the 2-D version (its C-order guard) and compiles again")
         xt = cases[0][1][:, ::2]
-        assert np.allclose(rms_norm(xt, np.ones(xt.shape[1], np.float32), 1e-6), generic(xt, 1.0, 1e-6), atol=1e-4)
+        assert np.allclose(
+            rms_norm(xt, np.ones(xt.shape[1], np.float32), 1e-6), generic(xt, 1.0, 1e-6), atol=1e-4
+        )
         hooked = [_time(rms_norm, x, w, 1e-6, n=n) for (_, x, _), w in zip(cases, weights, strict=True)]
         cache = twf.cache_of(rms_norm, hook.backend)
     plain = [_time(generic, x, w, 1e-6, n=n) for (_, x, _), w in zip(cases, weights, strict=True)]

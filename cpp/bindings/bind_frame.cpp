@@ -30,7 +30,26 @@ nb::object hook_tuple(runtime::Ref& handler, runtime::Ref& backend) {
 void register_frame(nb::module_& m) {
     PyTypeObject* t = runtime::frame::replacement_type();
     if (t == nullptr) throw nb::python_error();
-    m.attr("Replacement") = nb::steal(reinterpret_cast<PyObject*>(t));
+    nb::object repl = nb::steal(reinterpret_cast<PyObject*>(t));
+    auto check = [t](nb::handle self) {
+        if (Py_TYPE(self.ptr()) != t) throw nb::type_error("expected a Replacement");
+    };
+    nb::object property = nb::module_::import_("builtins").attr("property");
+    repl.attr("original") = property(nb::cpp_function(
+        [check](nb::handle self) -> nb::object {
+            check(self);
+            PyObject* o = runtime::frame::replacement_original(self.ptr());
+            return o != nullptr ? nb::borrow(o) : nb::none();
+        },
+        nb::is_method(), nb::sig("def original(self) -> types.CodeType | None"),
+        "The code object this replacement was checked against (None once it died)."));
+    repl.attr("code") = property(nb::cpp_function(
+        [check](nb::handle self) {
+            check(self);
+            return nb::borrow(runtime::frame::replacement_code(self.ptr()));
+        },
+        nb::is_method(), nb::sig("def code(self) -> types.CodeType"), "The replacement code object."));
+    m.attr("Replacement") = repl;
     m.def(
         "_frame_setup", [](nb::handle error_type) { runtime::frame::set_frame_error_type(error_type.ptr()); },
         nb::arg("error_type"), "Set the exception type of frame-hook conflicts (tripwire.FrameError).");
@@ -38,17 +57,20 @@ void register_frame(nb::module_& m) {
         "_frame_set_hook",
         [](nb::handle handler, nb::handle backend) {
             const bool clear = handler.is_none();
-            if (clear != backend.is_none()) throw nb::value_error("handler and backend are both None or neither");
+            if (clear != backend.is_none())
+                throw nb::value_error("handler and backend are both None or neither");
             runtime::Ref prev_handler, prev_backend;
-            if (!runtime::frame::set_thread_hook(clear ? nullptr : handler.ptr(), clear ? nullptr : backend.ptr(),
-                                                 prev_handler, prev_backend))
+            if (!runtime::frame::set_thread_hook(clear ? nullptr : handler.ptr(),
+                                                 clear ? nullptr : backend.ptr(), prev_handler, prev_backend))
                 throw nb::python_error();
             return hook_tuple(prev_handler, prev_backend);
         },
         nb::arg("handler").none(), nb::arg("backend").none(),
-        nb::sig("def _frame_set_hook(handler: typing.Callable[..., typing.Any] | None, backend: typing.Any, /) -> "
+        nb::sig("def _frame_set_hook(handler: typing.Callable[..., typing.Any] | None, backend: typing.Any, "
+                "/) -> "
                 "tuple[typing.Any, typing.Any] | None"),
-        "Set (or clear, with None, None) this thread's frame hook; returns the previous (handler, backend) or None.");
+        "Set (or clear, with None, None) this thread's frame hook; returns the previous (handler, backend) "
+        "or None.");
     m.def(
         "_frame_get_hook",
         [] {
@@ -71,7 +93,8 @@ void register_frame(nb::module_& m) {
             return d;
         },
         nb::sig("def _frame_status() -> dict[str, typing.Any]"),
-        "installed, active_threads, layout_verified, layout_error, eval_frame ('default', 'tripwire', 'foreign').");
+        "installed, active_threads, layout_verified, layout_error, eval_frame ('default', 'tripwire', "
+        "'foreign').");
     m.def(
         "_frame_verify_layout",
         [] {
@@ -93,7 +116,8 @@ void register_frame(nb::module_& m) {
     m.def(
         "_frame_cache",
         [](nb::handle code, nb::handle backend) -> nb::object {
-            runtime::frame::BackendSlot* s = runtime::frame::backend_slot(as_code(code), backend.ptr(), false);
+            runtime::frame::BackendSlot* s =
+                runtime::frame::backend_slot(as_code(code), backend.ptr(), false);
             if (s == nullptr || !s->cache_object) return nb::none();
             return nb::borrow(s->cache_object.get());
         },
@@ -109,12 +133,14 @@ void register_frame(nb::module_& m) {
                 throw nb::python_error();
         },
         nb::arg("code"), nb::arg("backend").none(), nb::arg("cache"),
-        nb::sig("def _frame_attach_cache(code: types.CodeType, backend: typing.Any, cache: CacheCore) -> None"),
+        nb::sig(
+            "def _frame_attach_cache(code: types.CodeType, backend: typing.Any, cache: CacheCore) -> None"),
         "Make `cache` the cache of `code` for `backend`.");
     m.def(
         "_frame_strategy",
         [](nb::handle code, nb::handle backend) {
-            runtime::frame::BackendSlot* s = runtime::frame::backend_slot(as_code(code), backend.ptr(), false);
+            runtime::frame::BackendSlot* s =
+                runtime::frame::backend_slot(as_code(code), backend.ptr(), false);
             return static_cast<int>(s == nullptr ? runtime::frame::Strategy::Default : s->strategy);
         },
         nb::arg("code"), nb::arg("backend").none(),
@@ -145,7 +171,8 @@ void register_frame(nb::module_& m) {
             return out;
         },
         nb::arg("code"),
-        nb::sig("def _frame_backends(code: types.CodeType) -> list[tuple[typing.Any, CacheCore | None, int]]"),
+        nb::sig(
+            "def _frame_backends(code: types.CodeType) -> list[tuple[typing.Any, CacheCore | None, int]]"),
         "(backend, cache, strategy) for each backend that has seen `code`.");
     m.def(
         "_frame_reset",

@@ -12,6 +12,7 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
+from . import frame
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec
@@ -31,8 +32,6 @@ from .infer import Policy, guards_for, infer_into
 from .logs import format_recompile, set_logs
 from .source import RootKind, Source, Step, StepKind
 from .specialized import Specialized, specialize
-
-from . import frame  # noqa: E402  (tripwire.frame, the PEP 523 runtime; needs the names above)
 
 __version__ = "0.1.0"
 

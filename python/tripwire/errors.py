@@ -5,8 +5,8 @@ from __future__ import annotations
 __all__ = [
     "FrameError",
     "GuardBuildError",
-    "IncompatibleCodeError",
     "GuardEvalError",
+    "IncompatibleCodeError",
     "RecompileError",
     "RecompileLimitExceeded",
     "SourceParseError",

@@ -80,7 +80,8 @@ __all__ = [
 
 LOG = logging.getLogger("tripwire.frame")
 
-Replacement = _core.Replacement
+# The C type (runtime/frame/replacement.hpp): made only through the layout check.
+Replacement: Any = _core.Replacement
 _core._frame_setup(FrameError)
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -89,7 +90,7 @@ _ON_LIMIT = ("run_only", "raise", "fallback", "evict")
 
 
 class _Marker:
-    __slots__ = ("_name", "_code")
+    __slots__ = ("_code", "_name")
 
     def __init__(self, name: str, code: int) -> None:
         self._name = name
@@ -205,15 +206,17 @@ class Hook:
     ) -> Any:
         if os.path.dirname(code.co_filename) == _PKG_DIR:
             return 1  # tripwire's own machinery (this module, the cache, the builder): skip
-        cache = _core._frame_cache(code, self.backend)
-        if cache is None:
+        cache: Any = _core._frame_cache(code, self.backend)
+        if not isinstance(cache, Cache):  # none yet (or a bare CacheCore attached by hand)
             cache = Cache(
                 self.recompile_limit,
                 self.accumulated_limit,
                 on_limit="fallback" if self.on_limit == "run_only" else self.on_limit,
             )
             _core._frame_attach_cache(code, self.backend, cache)
-        frame = Frame(code, types.MappingProxyType(f_locals), f_globals, f_builtins, function, cache, self.backend)
+        frame = Frame(
+            code, types.MappingProxyType(f_locals), f_globals, f_builtins, function, cache, self.backend
+        )
         if len(cache) and recompile_logging_enabled():
             report_recompile(function, cache.why_not(f_locals), [e.name for e in cache])
         try:
@@ -242,9 +245,13 @@ class Hook:
             )
         code, guards = result
         if not isinstance(code, types.CodeType):
-            raise TypeError(f"a frame callback's replacement must be a code object, not {type(code).__name__}")
+            raise TypeError(
+                f"a frame callback's replacement must be a code object, not {type(code).__name__}"
+            )
         if not isinstance(guards, GuardSet):
-            raise TypeError(f"a frame callback's guards must be a tripwire.GuardSet, not {type(guards).__name__}")
+            raise TypeError(
+                f"a frame callback's guards must be a tripwire.GuardSet, not {type(guards).__name__}"
+            )
         reads_globals, reads_closure = guards._root_kinds
         if reads_closure:
             raise ValueError(
@@ -261,7 +268,9 @@ class Hook:
         replacement = Replacement(frame.code, code)
         cache = frame.cache
         n = getattr(cache, "_frame_compiles", 0)
-        inserted = cache.insert(guards, replacement, name=f"{frame.code.co_qualname}#{n}", f_locals=frame.f_locals)
+        inserted = cache.insert(
+            guards, replacement, name=f"{frame.code.co_qualname}#{n}", f_locals=frame.f_locals
+        )
         if not inserted:  # a limit, under "run_only" or "fallback"
             if self.on_limit == "run_only":
                 RECOMPILES.warning(
@@ -290,12 +299,20 @@ def _code_of(obj: Any) -> types.CodeType:
     return code
 
 
+def _hook_of(callback: Callable[[Frame], Any] | Hook, options: dict[str, Any]) -> Hook:
+    if isinstance(callback, Hook):
+        if options:
+            raise TypeError("options are Hook(...)'s: pass them there, not with a Hook")
+        return callback
+    return Hook(callback, **options)
+
+
 def install(callback: Callable[[Frame], Any] | Hook, **options: Any) -> Hook:
     """Set this thread's frame hook (replacing any), installing the eval-frame function
     interpreter-wide if needed. ``options`` are :class:`Hook`'s. Returns the hook. Raises
     :class:`tripwire.FrameError` when another PEP 523 hook is installed or the interpreter is not
     supported."""
-    hook = callback if isinstance(callback, Hook) and not options else Hook(callback, **options)
+    hook = _hook_of(callback, options)
     _core._frame_set_hook(hook, hook.backend)
     return hook
 
@@ -316,7 +333,7 @@ def current() -> Hook | None:
 def hooked(callback: Callable[[Frame], Any] | Hook, **options: Any) -> Iterator[Hook]:
     """Run the block with ``callback`` as this thread's frame hook; restore the previous hook
     (or none) afterwards, even on an exception."""
-    hook = callback if isinstance(callback, Hook) and not options else Hook(callback, **options)
+    hook = _hook_of(callback, options)
     previous = _core._frame_set_hook(hook, hook.backend)
     try:
         yield hook

@@ -9,9 +9,9 @@ import sys
 import textwrap
 
 import pytest
-from frame_helpers import Compiler, tagged
 
 import tripwire as tw
+from frame_helpers import Compiler, tagged
 from tripwire import _core
 from tripwire import frame as twf
 

@@ -12,9 +12,9 @@ import sys
 import types
 
 import pytest
-from frame_helpers import Compiler, guards, tagged
 
 import tripwire as tw
+from frame_helpers import Compiler, guards, tagged
 from tripwire import _core
 from tripwire import frame as twf
 
@@ -184,7 +184,10 @@ def test_callback_error_reraised_with_raise_errors():
     def plan(frame):
         raise ValueError("compiler bug")
 
-    with twf.hooked(Compiler(add, plan=plan), raise_errors=True), pytest.raises(ValueError, match="compiler bug"):
+    with (
+        twf.hooked(Compiler(add, plan=plan), raise_errors=True),
+        pytest.raises(ValueError, match="compiler bug"),
+    ):
         add(1, 2)
     # The frame was disposed of properly: the same function still works.
     assert add(1, 2) == ("orig", 3)
@@ -269,11 +272,11 @@ def test_replacement_made_for_another_code_is_refused_at_the_hit():
         b = tw.GuardBuilder({"x": 1, "n": 2})
         b.type_match("L['x']")
         cache.insert(b.build(), "not a Replacement")
-        with pytest.raises(TypeError, match="must hold a tripwire.frame.Replacement"):
+        with pytest.raises(TypeError, match=r"must hold a tripwire\.frame\.Replacement"):
             add(1, 2)
         cache.clear()
         cache.insert(b.build(), twf.Replacement(recurse.__code__, recurse.__code__))
-        with pytest.raises(TypeError, match="must hold a tripwire.frame.Replacement"):
+        with pytest.raises(TypeError, match=r"must hold a tripwire\.frame\.Replacement"):
             add(1, 2)
 
 
@@ -284,7 +287,10 @@ def test_defaults_keyword_only_star_args(run_mode):
     repl = tagged(kinds, "new")
     comp = Compiler(
         kinds,
-        plan=lambda fr: (repl, guards(fr, equals=["L['b']", "L['d']", "L['args']", "L['kw']"], types_=["L['a']"])),
+        plan=lambda fr: (
+            repl,
+            guards(fr, equals=["L['b']", "L['d']", "L['args']", "L['kw']"], types_=["L['a']"]),
+        ),
     )
     with twf.hooked(comp):
         assert kinds(1, c=3) == ("new", 1, 2, (), 3, 4, {})
@@ -464,7 +470,10 @@ def test_guards_for_frames_reject_closure_roots_and_foreign_globals():
         b.equals("C['k']")
         return frame.code, b.build()
 
-    with twf.hooked(Compiler(add, plan=closure_plan), raise_errors=True), pytest.raises(ValueError, match=r"C\[\.\.\.\]"):
+    with (
+        twf.hooked(Compiler(add, plan=closure_plan), raise_errors=True),
+        pytest.raises(ValueError, match=r"C\[\.\.\.\]"),
+    ):
         add(1, 2)
 
     def foreign_plan(frame):
@@ -472,7 +481,10 @@ def test_guards_for_frames_reject_closure_roots_and_foreign_globals():
         b.equals("G['K']")
         return frame.code, b.build()
 
-    with twf.hooked(Compiler(add, plan=foreign_plan), raise_errors=True), pytest.raises(ValueError, match="f_globals"):
+    with (
+        twf.hooked(Compiler(add, plan=foreign_plan), raise_errors=True),
+        pytest.raises(ValueError, match="f_globals"),
+    ):
         add(1, 2)
 
 
@@ -485,7 +497,10 @@ def _every_n_compiles(frame):
 
 def test_limit_switches_to_run_only(caplog):
     comp = Compiler(add, plan=_every_n_compiles)
-    with caplog.at_level(logging.WARNING, logger="tripwire.recompiles"), twf.hooked(comp, recompile_limit=2, accumulated_limit=2) as hook:
+    with (
+        caplog.at_level(logging.WARNING, logger="tripwire.recompiles"),
+        twf.hooked(comp, recompile_limit=2, accumulated_limit=2) as hook,
+    ):
         assert add(1, 1) == ("new", 2)
         assert add(1, 2) == ("new", 3)
         assert add(1, 3) == ("orig", 4)  # refused: RUN_ONLY from now on
@@ -524,7 +539,10 @@ def test_limit_fallback_and_evict():
 def test_recompile_reasons_are_logged(caplog):
     tw.set_logs("recompiles")
     try:
-        with caplog.at_level(logging.INFO, logger="tripwire.recompiles"), twf.hooked(Compiler(add, plan=_every_n_compiles)):
+        with (
+            caplog.at_level(logging.INFO, logger="tripwire.recompiles"),
+            twf.hooked(Compiler(add, plan=_every_n_compiles)),
+        ):
             add(1, 1)
             add(1, 2)
     finally:

@@ -11,11 +11,10 @@ import sys
 import textwrap
 import threading
 
-import gc_stress
 import pytest
-from frame_helpers import Compiler, guards, tagged
 
-import tripwire as tw
+import gc_stress
+from frame_helpers import Compiler, guards, tagged
 from tripwire import _core
 from tripwire import frame as twf
 
@@ -230,7 +229,7 @@ def test_threads_share_caches_and_hit_concurrently(run_mode):
                         errors.append(r)
                     if k % 97 == 0:
                         sys.setswitchinterval(1e-6)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(e)
 
     old = sys.getswitchinterval()

@@ -317,7 +317,8 @@ void Cache::rebuild_index() {
         if (sc.keys.size() < 2) continue;
         if (best_score == nullptr || sc.keys.size() > best_score->keys.size() ||
             (sc.keys.size() == best_score->keys.size() &&
-             (sc.entries > best_score->entries || (sc.entries == best_score->entries && sc.rank < best_score->rank))))
+             (sc.entries > best_score->entries ||
+              (sc.entries == best_score->entries && sc.rank < best_score->rank))))
             best_score = &sc;
     }
     if (best_score == nullptr) return;

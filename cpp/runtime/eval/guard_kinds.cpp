@@ -182,7 +182,8 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
             Py_XDECREF(found);
             return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
         }
-        case GuardKind::DictVersion: return dict_version_match(v, static_cast<std::uint64_t>(g.n), g.watch) ? 1 : 0;
+        case GuardKind::DictVersion:
+            return dict_version_match(v, static_cast<std::uint64_t>(g.n), g.watch) ? 1 : 0;
         case GuardKind::TupleIteratorLen: {
             if (Py_TYPE(v) != &PyTupleIter_Type) return 0;
             const Py_ssize_t n = PyObject_LengthHint(v, -1);

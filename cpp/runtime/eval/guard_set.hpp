@@ -112,7 +112,8 @@ class GuardSet {
     /// Whether the set can never pass on these locals whatever their values (frame mode: see
     /// check()).
     bool foreign_to(const Locals& locals) const {
-        return locals.is_frame() && (reads_closure_ || (reads_globals_ && locals.frame_globals != globals_.get()));
+        return locals.is_frame() &&
+               (reads_closure_ || (reads_globals_ && locals.frame_globals != globals_.get()));
     }
     /// Whether check() tries the straight-line fast pass first (every guard and step of the set
     /// has a form decided without user code).
@@ -204,8 +205,8 @@ class GuardSet {
     std::vector<NodeRt> nodes_;
     std::vector<RuntimeGuard> guards_;
     std::vector<std::unique_ptr<DictWatch>> watches_;  // DICT_VERSION change flags (3.12+)
-    std::vector<std::uint32_t> guard_order_;  // permutation of program_.node_guards ranges
-    std::vector<std::uint32_t> child_order_;  // permutation of program_.children ranges
+    std::vector<std::uint32_t> guard_order_;           // permutation of program_.node_guards ranges
+    std::vector<std::uint32_t> child_order_;           // permutation of program_.children ranges
     std::vector<std::uint32_t> root_order_;
     std::vector<std::uint32_t> guard_fails_, node_fails_;
     bool ambient_reads_locals_ = false;  // an ambient guard (a LAMBDA) takes f_locals itself

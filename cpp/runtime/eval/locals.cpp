@@ -19,7 +19,8 @@ namespace {
 constexpr unsigned char kFastHidden = 0x10;
 }  // namespace
 
-Locals Locals::of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObject* closure, PyObject* globals) {
+Locals Locals::of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObject* closure,
+                        PyObject* globals) {
     Locals l;
     l.values = localsplus;
     l.names = code->co_localsplusnames;

@@ -50,7 +50,8 @@ struct Locals {
     }
     /// The fast locals of a frame of `code` at entry (see above); `closure` is the frame's
     /// function's closure (a tuple of cells, or null).
-    static Locals of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObject* closure, PyObject* globals);
+    static Locals of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObject* closure,
+                           PyObject* globals);
     bool is_arguments() const { return names != nullptr; }
     bool is_frame() const { return kinds != nullptr; }
 

@@ -59,7 +59,8 @@ bool init_code_states() {
     }
     const Py_ssize_t index = request_index();
     if (index < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "no co_extra index left for tripwire.frame");
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "no co_extra index left for tripwire.frame");
         return false;
     }
     g_code_extra_index = index;
@@ -77,8 +78,10 @@ bool init_code_states() {
     Py_DECREF(code);  // frees `st` through destroy_code_state when it was stored
     if (!ok) {
         g_code_extra_index = -1;
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_RuntimeError, "tripwire.frame: the co_extra layout of this interpreter is unknown");
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError,
+                            "tripwire.frame: the co_extra layout of this interpreter is unknown");
+        }
         return false;
     }
     return true;

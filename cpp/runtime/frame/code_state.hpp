@@ -36,8 +36,8 @@ enum class Strategy : std::uint8_t {
 
 /// One backend's state for one code object.
 struct BackendSlot {
-    Ref backend;          ///< the backend key (compared by identity)
-    Ref cache_object;     ///< the tripwire.Cache, or null before the first attach
+    Ref backend;             ///< the backend key (compared by identity)
+    Ref cache_object;        ///< the tripwire.Cache, or null before the first attach
     Cache* cache = nullptr;  ///< its runtime cache (owned by cache_object)
     Strategy strategy = Strategy::Default;
 };

@@ -114,11 +114,13 @@ PyObject* ask_handler(RawFrame* f, ThreadHook* h, PyCodeObject* co, PyObject* fn
     *backend = Py_NewRef(h->backend);
     ++h->busy;
     h->refresh();
-    const Locals locals = Locals::of_frame(frame_localsplus(f), co, PyFunction_GET_CLOSURE(fn), frame_globals(f));
+    const Locals locals =
+        Locals::of_frame(frame_localsplus(f), co, PyFunction_GET_CLOSURE(fn), frame_globals(f));
     PyObject* f_locals = locals.as_mapping().release();
     PyObject* result = nullptr;
     if (f_locals != nullptr) {
-        PyObject* args[5] = {reinterpret_cast<PyObject*>(co), f_locals, frame_globals(f), frame_builtins(f), fn};
+        PyObject* args[5] = {reinterpret_cast<PyObject*>(co), f_locals, frame_globals(f), frame_builtins(f),
+                             fn};
         result = PyObject_Vectorcall(handler, args, 5, nullptr);
         Py_DECREF(f_locals);
     }
@@ -143,10 +145,11 @@ PyObject* act_on(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* res
         } else if (replacement_code_for(result, co) != nullptr) {
             run = true;
         } else {
-            PyErr_Format(PyExc_TypeError,
-                         "the tripwire.frame handler returned %R for %U; expected None, 1 (SKIP), 2 (RUN_ONLY) or "
-                         "a Replacement made for that code object",
-                         result, co->co_qualname);
+            PyErr_Format(
+                PyExc_TypeError,
+                "the tripwire.frame handler returned %R for %U; expected None, 1 (SKIP), 2 (RUN_ONLY) or "
+                "a Replacement made for that code object",
+                result, co->co_qualname);
             fail = true;
         }
     }
@@ -172,7 +175,7 @@ PyObject* act_on(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* res
         if (r > 0) return run_owned_payload(ts, f, co, payload);
     }
     if (slot != nullptr && slot->strategy != Strategy::Default) return let_through(ts, f);
-    // An interpreter shutting down runs no new compiles (the handler's module may be torn down).
+        // An interpreter shutting down runs no new compiles (the handler's module may be torn down).
 #if PY_VERSION_HEX >= 0x030D0000
     if (Py_IsFinalizing()) return let_through(ts, f);
 #else
@@ -189,7 +192,8 @@ PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag) {
         return _PyEval_EvalFrameDefault(ts, f, throw_flag);
     // Function bodies only (not module or class bodies), never generators or coroutines.
     PyCodeObject* co = frame_code(f);
-    if ((co->co_flags & (CO_OPTIMIZED | kGeneratorFlags)) != CO_OPTIMIZED) return _PyEval_EvalFrameDefault(ts, f, 0);
+    if ((co->co_flags & (CO_OPTIMIZED | kGeneratorFlags)) != CO_OPTIMIZED)
+        return _PyEval_EvalFrameDefault(ts, f, 0);
     BackendSlot* slot = nullptr;
     if (CodeState* st = code_state(co)) {
         slot = st->find(h->backend);
@@ -210,7 +214,8 @@ bool ensure_layout() {
         g_layout_ok = verify_frame_layout(g_layout_error);
     }
     if (!g_layout_ok) {
-        PyErr_Format(error_type(), "tripwire.frame cannot run on this interpreter: its frame layout check failed (%s)",
+        PyErr_Format(error_type(),
+                     "tripwire.frame cannot run on this interpreter: its frame layout check failed (%s)",
                      g_layout_error.c_str());
         return false;
     }
@@ -226,10 +231,11 @@ bool ensure_installed(PyThreadState* ts) {
         return true;
     }
     if (cur != _PyEval_EvalFrameDefault) {
-        PyErr_Format(error_type(),
-                     "another PEP 523 eval-frame function is installed (%p)%s; tripwire.frame does not stack on "
-                     "another frame hook (uninstall it first)",
-                     reinterpret_cast<void*>(cur), g_active > 0 ? ", over tripwire's own" : "");
+        PyErr_Format(
+            error_type(),
+            "another PEP 523 eval-frame function is installed (%p)%s; tripwire.frame does not stack on "
+            "another frame hook (uninstall it first)",
+            reinterpret_cast<void*>(cur), g_active > 0 ? ", over tripwire's own" : "");
         return false;
     }
     if (!ensure_layout() || !init_code_states()) return false;
@@ -344,10 +350,11 @@ bool set_thread_hook(PyObject* handler, PyObject* backend, Ref& prev_handler, Re
     h->refresh();
     if (handler != nullptr && !had) ++g_active;
     if (handler == nullptr && had && --g_active == 0 && !uninstall(ts)) {
-        return PyErr_WarnEx(PyExc_RuntimeWarning,
-                            "tripwire.frame: another eval-frame function was installed over tripwire's; it is "
-                            "left in place (tripwire's now lets every frame through)",
-                            1) == 0;
+        return PyErr_WarnEx(
+                   PyExc_RuntimeWarning,
+                   "tripwire.frame: another eval-frame function was installed over tripwire's; it is "
+                   "left in place (tripwire's now lets every frame through)",
+                   1) == 0;
     }
     return true;
 }
@@ -392,7 +399,8 @@ bool set_floor_eval(bool on) {
         return true;
     }
     if (cur != floor_eval) return false;
-    _PyInterpreterState_SetEvalFrameFunc(interp, g_before_floor != nullptr ? g_before_floor : _PyEval_EvalFrameDefault);
+    _PyInterpreterState_SetEvalFrameFunc(
+        interp, g_before_floor != nullptr ? g_before_floor : _PyEval_EvalFrameDefault);
     return true;
 }
 

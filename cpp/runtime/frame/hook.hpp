@@ -47,11 +47,11 @@ void thread_hook(Ref& handler, Ref& backend);
 
 /// Interpreter-wide facts for tests and diagnostics.
 struct HookStatus {
-    bool installed = false;     ///< our eval-frame function is the interpreter's now
-    int active_threads = 0;     ///< threads with a hook
+    bool installed = false;  ///< our eval-frame function is the interpreter's now
+    int active_threads = 0;  ///< threads with a hook
     bool layout_verified = false;
-    std::string layout_error;   ///< why the frame layout did not verify (empty when it did or was not tried)
-    std::string current_eval;   ///< "default", "tripwire" or "foreign"
+    std::string layout_error;  ///< why the frame layout did not verify (empty when it did or was not tried)
+    std::string current_eval;  ///< "default", "tripwire" or "foreign"
 };
 HookStatus hook_status();
 

@@ -41,7 +41,8 @@ int frame_size(PyCodeObject* co) {
 #if PY_VERSION_HEX >= 0x030C0000
     return co->co_framesize;
 #else
-    constexpr int kSpecials = static_cast<int>((sizeof(Frame) - 1) / sizeof(PyObject*));  // FRAME_SPECIALS_SIZE
+    constexpr int kSpecials =
+        static_cast<int>((sizeof(Frame) - 1) / sizeof(PyObject*));  // FRAME_SPECIALS_SIZE
     return co->co_nlocalsplus + co->co_stacksize + kSpecials;
 #endif
 }
@@ -72,17 +73,20 @@ void virtual_free(void* p, std::size_t size) {
 // `size` words (and room for the calls it makes); the frame is at the chunk's start. Null on
 // failure (no error set).
 PyObject** push_chunk(PyThreadState* ts, int size) {
-    constexpr int kChunkSize = 16 * 1024;  // DATA_STACK_CHUNK_SIZE
+    constexpr int kChunkSize = 16 * 1024;   // DATA_STACK_CHUNK_SIZE
     constexpr int kMinimumOverhead = 1000;  // MINIMUM_OVERHEAD
     int allocate_size = kChunkSize;
-    while (allocate_size < static_cast<int>(sizeof(PyObject*)) * (size + kMinimumOverhead)) allocate_size *= 2;
+    while (allocate_size < static_cast<int>(sizeof(PyObject*)) * (size + kMinimumOverhead))
+        allocate_size *= 2;
     auto* chunk = static_cast<_PyStackChunk*>(virtual_alloc(static_cast<std::size_t>(allocate_size)));
     if (chunk == nullptr) return nullptr;
     chunk->previous = ts->datastack_chunk;
     chunk->size = static_cast<std::size_t>(allocate_size);
     chunk->top = 0;
-    if (ts->datastack_chunk != nullptr)
-        ts->datastack_chunk->top = static_cast<std::size_t>(ts->datastack_top - &ts->datastack_chunk->data[0]);
+    if (ts->datastack_chunk != nullptr) {
+        ts->datastack_chunk->top =
+            static_cast<std::size_t>(ts->datastack_top - &ts->datastack_chunk->data[0]);
+    }
     ts->datastack_chunk = chunk;
     ts->datastack_limit = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(chunk) + allocate_size);
     // A root chunk's first word is skipped so that popping never frees it; ours always has a
@@ -101,7 +105,8 @@ void pop_frame(PyThreadState* ts, Frame* f) {
         ts->datastack_top = &previous->data[previous->top];
         ts->datastack_chunk = previous;
         virtual_free(chunk, chunk->size);
-        ts->datastack_limit = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(previous) + previous->size);
+        ts->datastack_limit =
+            reinterpret_cast<PyObject**>(reinterpret_cast<char*>(previous) + previous->size);
     } else {
         ts->datastack_top = base;
     }
@@ -142,8 +147,8 @@ bool incomplete(Frame* f) {  // _PyFrame_IsIncomplete (3.11)
 // Python/frame.c's take_ownership (3.11): the frame object outlives the frame (a traceback, a
 // sys._getframe() result), so it takes a copy of the frame's data and its references.
 void take_ownership(FrameObject* fo, Frame* frame) {
-    const std::size_t size = static_cast<std::size_t>(reinterpret_cast<char*>(&frame->localsplus[frame->stacktop]) -
-                                                      reinterpret_cast<char*>(frame));
+    const std::size_t size = static_cast<std::size_t>(
+        reinterpret_cast<char*>(&frame->localsplus[frame->stacktop]) - reinterpret_cast<char*>(frame));
     std::memcpy(fo->_f_frame_data, frame, size);
     frame = reinterpret_cast<Frame*>(fo->_f_frame_data);
     fo->f_frame = frame;
@@ -388,8 +393,8 @@ bool verify_frame_layout(std::string& why) {
     PyObject* slots = PyDict_GetItemString(ns, "slots");
     PyObject* call_args = PyDict_GetItemString(ns, "call_args");
     PyObject* call_kwargs = PyDict_GetItemString(ns, "call_kwargs");
-    if (r == nullptr || probe_fn == nullptr || repl_fn == nullptr || slots == nullptr || call_args == nullptr ||
-        call_kwargs == nullptr) {
+    if (r == nullptr || probe_fn == nullptr || repl_fn == nullptr || slots == nullptr ||
+        call_args == nullptr || call_kwargs == nullptr) {
         PyErr_Clear();
         Py_DECREF(ns);
         why = "the probe source did not run";
@@ -426,7 +431,8 @@ bool verify_frame_layout(std::string& why) {
         } else if (!p.why.empty()) {
             why = p.why;
         } else if (same != 1) {
-            why = run == 0 ? "the probe's result" : (run == 1 ? "a replacement run in place" : "a shadow frame");
+            why = run == 0 ? "the probe's result"
+                           : (run == 1 ? "a replacement run in place" : "a shadow frame");
         } else if (run == 1 && g_stats.in_place != before.in_place + 1) {
             why = "a replacement run in place (not counted)";
         } else if (run == 2 && g_stats.shadow != before.shadow + 1) {
@@ -441,7 +447,8 @@ bool verify_frame_layout(std::string& why) {
                 Py_file_input, ns, ns);
             Py_XDECREF(check);
             PyObject* ok = check ? PyDict_GetItemString(ns, "ok") : nullptr;
-            if (ok != Py_True) why = run == 1 ? "a replaced frame's frame object" : "a shadow frame's frame object";
+            if (ok != Py_True)
+                why = run == 1 ? "a replaced frame's frame object" : "a shadow frame's frame object";
             PyErr_Clear();
         }
     }
@@ -458,7 +465,9 @@ PyObject* run_code_in_frame(PyThreadState*, RawFrame*, PyCodeObject*) {
 }
 PyObject* fail_frame(PyThreadState*, RawFrame*) { return nullptr; }
 bool verify_frame_layout(std::string& why) {
-    why = "no frame layout mirror for this Python version or build (supported: CPython 3.11-3.13, with the GIL)";
+    why =
+        "no frame layout mirror for this Python version or build (supported: CPython 3.11-3.13, with the "
+        "GIL)";
     return false;
 }
 

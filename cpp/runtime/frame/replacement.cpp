@@ -58,42 +58,32 @@ int repl_traverse(PyObject* self, visitproc visit, void* arg) {
 PyObject* repl_new(PyTypeObject*, PyObject* args, PyObject* kwargs) {
     PyObject *original = nullptr, *code = nullptr;
     static const char* kw[] = {"original", "code", nullptr};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:Replacement", const_cast<char**>(kw), &original, &code))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:Replacement", const_cast<char**>(kw), &original,
+                                     &code))
         return nullptr;
     return make_replacement(original, code);
 }
 
-PyObject* repl_get_original(PyObject* self, void*) {
-    PyObject* o = replacement_original(self);
-    return Py_NewRef(o != nullptr ? o : Py_None);
-}
-PyObject* repl_get_code(PyObject* self, void*) { return Py_NewRef(replacement_code(self)); }
-
 PyObject* repl_repr(PyObject* self) {
     auto* code = reinterpret_cast<PyCodeObject*>(as_repl(self)->code);
-    return PyUnicode_FromFormat("<tripwire.frame.Replacement %U (%U:%d)>", code->co_qualname, code->co_filename,
-                                code->co_firstlineno);
+    return PyUnicode_FromFormat("<tripwire.frame.Replacement %U (%U:%d)>", code->co_qualname,
+                                code->co_filename, code->co_firstlineno);
 }
-
-PyGetSetDef g_getset[] = {
-    {"original", repl_get_original, nullptr,
-     const_cast<char*>("The code object this replacement was checked against (None once it died)."), nullptr},
-    {"code", repl_get_code, nullptr, const_cast<char*>("The replacement code object."), nullptr},
-    {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyType_Slot g_slots[] = {
     {Py_tp_new, reinterpret_cast<void*>(repl_new)},
     {Py_tp_dealloc, reinterpret_cast<void*>(repl_dealloc)},
     {Py_tp_traverse, reinterpret_cast<void*>(repl_traverse)},
-    {Py_tp_getset, g_getset},
     {Py_tp_repr, reinterpret_cast<void*>(repl_repr)},
-    {Py_tp_doc,
-     const_cast<char*>("Replacement(original, code): `code` checked to run in frames of `original` (the payload of "
-                       "a tripwire.frame cache entry). Raises TypeError when the layouts differ.")},
+    {Py_tp_doc, const_cast<char*>(
+                    "Replacement(original, code)\n--\n\n`code` checked to run in frames of `original` (the "
+                    "payload of a tripwire.frame cache entry). Raises TypeError when the layouts differ.")},
     {0, nullptr}};
 
-PyType_Spec g_spec = {"tripwire.frame.Replacement", sizeof(Replacement), 0,
-                      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE, g_slots};
+// Not Py_TPFLAGS_IMMUTABLETYPE: the bindings add the `original` and `code` properties (typed, for
+// the stub). The hit path trusts only the C fields, which nothing but make_replacement sets.
+PyType_Spec g_spec = {"tripwire._core.Replacement", sizeof(Replacement), 0,
+                      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, g_slots};
 
 }  // namespace
 
@@ -111,12 +101,13 @@ std::string incompatibility(PyCodeObject* o, PyCodeObject* r) {
         return count_mismatch("positional parameters", o->co_argcount, r->co_argcount);
     if (r->co_kwonlyargcount != o->co_kwonlyargcount)
         return count_mismatch("keyword-only parameters", o->co_kwonlyargcount, r->co_kwonlyargcount);
-    if ((r->co_flags & CO_VARARGS) != (o->co_flags & CO_VARARGS))
-        return std::string("*args: the original ") + ((o->co_flags & CO_VARARGS) ? "has it" : "has none") +
-               ", the replacement " + ((r->co_flags & CO_VARARGS) ? "has it" : "has none");
+    auto presence = [&](const char* what, int flag) {
+        return std::string(what) + ": the original " + ((o->co_flags & flag) ? "has it" : "has none") +
+               ", the replacement " + ((r->co_flags & flag) ? "has it" : "has none");
+    };
+    if ((r->co_flags & CO_VARARGS) != (o->co_flags & CO_VARARGS)) return presence("*args", CO_VARARGS);
     if ((r->co_flags & CO_VARKEYWORDS) != (o->co_flags & CO_VARKEYWORDS))
-        return std::string("**kwargs: the original ") + ((o->co_flags & CO_VARKEYWORDS) ? "has it" : "has none") +
-               ", the replacement " + ((r->co_flags & CO_VARKEYWORDS) ? "has it" : "has none");
+        return presence("**kwargs", CO_VARKEYWORDS);
     if (r->co_nfreevars != o->co_nfreevars)
         return count_mismatch("free variables (the function's closure)", o->co_nfreevars, r->co_nfreevars);
     const int of = o->co_nlocalsplus - o->co_nfreevars;
@@ -127,7 +118,8 @@ std::string incompatibility(PyCodeObject* o, PyCodeObject* r) {
         if (a != b && PyUnicode_Compare(a, b) != 0) {
             PyErr_Clear();
             return "free variable " + std::to_string(i) + ": the original's is '" + slot_name(o, of + i) +
-                   "', the replacement's '" + slot_name(r, rf + i) + "' (closure cells are matched by position)";
+                   "', the replacement's '" + slot_name(r, rf + i) +
+                   "' (closure cells are matched by position)";
         }
     }
     return "";
@@ -172,7 +164,8 @@ PyCodeObject* replacement_code_for(PyObject* payload, PyCodeObject* original) {
     // The weak reference's target field, compared with a code object the caller holds alive: a
     // dead reference holds None (or, inside a trashcan-delayed deallocation, the dying object),
     // never a live object, so equality means "made for this very code object".
-    if (reinterpret_cast<PyWeakReference*>(r->original_ref)->wr_object != reinterpret_cast<PyObject*>(original))
+    if (reinterpret_cast<PyWeakReference*>(r->original_ref)->wr_object !=
+        reinterpret_cast<PyObject*>(original))
         return nullptr;
     return reinterpret_cast<PyCodeObject*>(r->code);
 }
