@@ -14,6 +14,7 @@ import threading
 import pytest
 
 import gc_stress
+import tripwire as tw
 from frame_helpers import Compiler, guards, tagged
 from tripwire import _core
 from tripwire import frame as twf
@@ -483,3 +484,68 @@ def test_settrace_and_setprofile_see_the_replacement(run_mode):
         finally:
             sys.settrace(None)
     assert seen.count(repl) == 2
+
+
+# -- adversarial guards: user code inside a full lookup ------------------------------------------
+
+
+def _predicate_plan(action):
+    """Entries whose guards include a predicate on f_locals that runs ``action`` (user code inside
+    the full lookup: the fast pass cannot decide a LAMBDA)."""
+
+    def plan(frame):
+        b = tw.GuardBuilder(frame.f_locals, f_globals=frame.f_globals)
+        b.type_match("L['x']")
+        b.predicate(lambda f_locals: action() or True, "acts")
+        return tagged(add, "new"), b.build()
+
+    return plan
+
+
+@pytest.mark.parametrize("what", ["reset", "uninstall", "clear", "recode", "reenter"])
+def test_guards_that_change_the_runtime_during_the_lookup(run_mode, what):
+    state = {"armed": False}
+    original = add.__code__
+
+    def action():
+        if not state["armed"]:
+            return
+        state["armed"] = False
+        if what == "reset":
+            twf.reset(add)
+        elif what == "uninstall":
+            twf.uninstall()
+        elif what == "clear":
+            twf.cache_of(add, comp).clear()
+        elif what == "recode":
+            add.__code__ = recurse.__code__.replace(co_name="add")  # another function's body
+        elif what == "reenter":
+            assert add(10, 1) == ("orig", 11)  # inside the lookup: let through
+
+    comp = Compiler(add, plan=_predicate_plan(action))
+    twf.install(comp)
+    try:
+        assert add(1, 2) == ("new", 3)  # compiled
+        state["armed"] = True
+        # The lookup runs the action, and the entry still passes: this call runs the replacement.
+        assert add(1, 2) == ("new", 3)
+        assert add(1, 2)[1] == 3 if what != "recode" else True
+    finally:
+        twf.uninstall()
+        add.__code__ = original
+
+
+def test_a_keyboard_interrupt_in_a_guard_propagates_from_the_call(run_mode):
+    state = {"armed": False}
+
+    def action():
+        if state["armed"]:
+            state["armed"] = False
+            raise KeyboardInterrupt
+
+    with twf.hooked(Compiler(add, plan=_predicate_plan(action))):
+        assert add(1, 2) == ("new", 3)
+        state["armed"] = True
+        with pytest.raises(KeyboardInterrupt):
+            add(1, 2)
+        assert add(1, 2) == ("new", 3)
