@@ -101,7 +101,26 @@ bool pure_step(const RuntimeStep& step, PyObject* parent) {
 // How selective a key kind is (higher: fewer entries share a key): value, identity, length, type.
 constexpr int kKindRank[] = {0, 2, 3, 1};
 
+// Candidate lists reused across lookups on this thread, one per nesting level (a guard's user
+// code may look a cache up again, and releasing a candidate may run a finalizer that does).
+// Each level is its own heap object, so a nested lookup growing the pool moves no list in use.
+thread_local std::vector<std::unique_ptr<std::vector<EntryPtr>>> t_candidate_pool;
+thread_local std::size_t t_candidate_depth = 0;
+
 }  // namespace
+
+Cache::CandidateList::CandidateList() : level_(t_candidate_depth++) {
+    if (t_candidate_pool.size() <= level_) t_candidate_pool.push_back(std::make_unique<std::vector<EntryPtr>>());
+}
+
+Cache::CandidateList::~CandidateList() {
+    // Released while this level is still taken: a finalizer run by the last reference to an
+    // entry may look a cache up, and uses the next level.
+    t_candidate_pool[level_]->clear();
+    --t_candidate_depth;
+}
+
+std::vector<EntryPtr>& Cache::CandidateList::get() const { return *t_candidate_pool[level_]; }
 
 Cache::Cache(std::size_t recompile_limit, std::size_t accumulated_limit, OnLimit on_limit)
     : policy_(recompile_limit, accumulated_limit, on_limit), seen_epoch_(invalidation_epoch()) {}
@@ -514,7 +533,8 @@ bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
         }
         tried = front.get();
     }
-    std::vector<EntryPtr> candidates;
+    const CandidateList list;  // reused storage: no allocation per lookup once warm
+    std::vector<EntryPtr>& candidates = list.get();
     collect_candidates(locals, candidates);
     for (const EntryPtr& c : candidates) {
         if (c.get() == tried) continue;

@@ -178,6 +178,19 @@ class Cache {
     };
     /// Whether entry `c` matches (1/0, -1 with a Python error set).
     int try_entry(const EntryPtr& c, const Locals& locals, PyObject* current, SnapshotMemo& memo);
+    /// The candidate list of one lookup: storage reused per thread and nesting level, so that a
+    /// lookup allocates nothing once warm. Emptied (the entries released) when it goes.
+    class CandidateList {
+      public:
+        CandidateList();
+        ~CandidateList();
+        CandidateList(const CandidateList&) = delete;
+        CandidateList& operator=(const CandidateList&) = delete;
+        std::vector<EntryPtr>& get() const;
+
+      private:
+        std::size_t level_;
+    };
 
     core::CachePolicy policy_;  // recency order, groups, limits (by entry id)
     std::unordered_map<core::CacheEntryId, EntryPtr> by_id_;
