@@ -110,7 +110,8 @@ thread_local std::size_t t_candidate_depth = 0;
 }  // namespace
 
 Cache::CandidateList::CandidateList() : level_(t_candidate_depth++) {
-    if (t_candidate_pool.size() <= level_) t_candidate_pool.push_back(std::make_unique<std::vector<EntryPtr>>());
+    if (t_candidate_pool.size() <= level_)
+        t_candidate_pool.push_back(std::make_unique<std::vector<EntryPtr>>());
 }
 
 Cache::CandidateList::~CandidateList() {
