@@ -10,8 +10,10 @@ Three parts (bench/README.md, "Frame runtime"):
   against calling the transformed code directly (a function object of the replacement code, no
   hook), with ``floor`` (the same direct call under a pass-through PEP 523 function: what PEP 523
   itself costs, since CPython stops inlining Python-to-Python calls while any eval-frame function
-  is set). With torch (3.11 here): the same 3-argument function on a small tensor, hooked against
-  direct, and ``torch.compile(backend="eager")`` against the eager call.
+  is set), and the hit with every replacement forced into a shadow frame (what the frame costs when
+  its data-stack chunk is full: a new chunk per call). With torch (3.11 here): the same 3-argument
+  function on a small tensor, hooked against direct, and ``torch.compile(backend="eager")`` against
+  the eager call.
 * ``unrelated``: a plain 2-argument call made while the hook is installed, against the same call
   without it: the hook on this thread with the function SKIPped, the hook on another thread only,
   and the PEP 523 floor. ``--instructions`` adds callgrind instruction counts per call (stable
@@ -160,10 +162,14 @@ def with_floor(fn: Callable, args: tuple) -> Callable[[int], float]:
     return run
 
 
-def hooked(fn: Callable, args: tuple, hook: twf.Hook) -> Callable[[int], float]:
+def hooked(fn: Callable, args: tuple, hook: twf.Hook, *, shadow: bool = False) -> Callable[[int], float]:
     def run(number: int) -> float:
-        with twf.hooked(hook):
-            return _loop(fn, args, number)
+        was = _core._frame_force_shadow(shadow)
+        try:
+            with twf.hooked(hook):
+                return _loop(fn, args, number)
+        finally:
+            _core._frame_force_shadow(was)
 
     return run
 
@@ -191,16 +197,19 @@ def part_hit(number: int, repeat: int, torch_ok: bool) -> None:
                 Row("transformed code called directly (no hook)", lambda n, d=direct, a=args: _loop(d, a, n)),
                 Row("same, under a pass-through PEP 523 (floor)", with_floor(direct, args)),
                 Row("tripwire.frame hit", hooked(fn, args, hook)),
+                Row("tripwire.frame hit, shadow frame forced", hooked(fn, args, hook, shadow=True)),
             ],
             number,
             repeat,
         )
         lo, med = _diff(rows, "tripwire.frame hit", "transformed code called directly (no hook)")
+        slo, smed = _diff(rows, "tripwire.frame hit, shadow frame forced", "tripwire.frame hit")
         flo, fmed = _diff(rows, "tripwire.frame hit", "same, under a pass-through PEP 523 (floor)")
         print(
             f"  hit overhead: {lo:.0f} ns (difference of mins), {med:.0f} ns (median difference); "
             f"over the floor: {flo:.0f} / {fmed:.0f}"
         )
+        print(f"  a shadow frame (a new chunk per call) instead of retargeting: +{slo:.0f} / +{smed:.0f} ns")
     cache = twf.cache_of(f5, hook.backend)
     print(f"  (f5's cache: {cache.stats['hits']} hits, {cache.stats['misses']} misses)")
     if torch_ok:
