@@ -12,12 +12,15 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
+from . import frame
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec
 from .errors import (
+    FrameError,
     GuardBuildError,
     GuardEvalError,
+    IncompatibleCodeError,
     RecompileError,
     RecompileLimitExceeded,
     SourceParseError,
@@ -37,12 +40,14 @@ __all__ = [
     "CacheEntry",
     "Checkpoint",
     "Failure",
+    "FrameError",
     "GuardBuildError",
     "GuardBuilder",
     "GuardEvalError",
     "GuardKind",
     "GuardSet",
     "GuardSpec",
+    "IncompatibleCodeError",
     "Policy",
     "RecompileError",
     "RecompileLimitExceeded",
@@ -54,6 +59,7 @@ __all__ = [
     "StepKind",
     "TripwireError",
     "format_recompile",
+    "frame",
     "guards_for",
     "infer_into",
     "set_logs",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 __all__ = [
+    "FrameError",
     "GuardBuildError",
     "GuardEvalError",
+    "IncompatibleCodeError",
     "RecompileError",
     "RecompileLimitExceeded",
     "SourceParseError",
@@ -51,3 +53,15 @@ class RecompileLimitExceeded(TripwireError):
         if self.reasons:
             msg += ": " + "; ".join(self.reasons)
         super().__init__(msg)
+
+
+class FrameError(TripwireError, RuntimeError):
+    """The frame runtime (:mod:`tripwire.frame`) cannot hook this interpreter: another PEP 523
+    eval-frame function is installed, or the interpreter's frame layout did not verify (an
+    unsupported version or build)."""
+
+
+class IncompatibleCodeError(TripwireError, TypeError):
+    """A frame callback returned a replacement code object that cannot run in the frame's
+    layout (different argument slots or free variables, or a generator); the message says
+    which."""
