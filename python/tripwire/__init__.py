@@ -16,8 +16,10 @@ from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec
 from .errors import (
+    FormatError,
     GuardBuildError,
     GuardEvalError,
+    NotSerializable,
     RecompileError,
     RecompileLimitExceeded,
     SourceParseError,
@@ -37,12 +39,14 @@ __all__ = [
     "CacheEntry",
     "Checkpoint",
     "Failure",
+    "FormatError",
     "GuardBuildError",
     "GuardBuilder",
     "GuardEvalError",
     "GuardKind",
     "GuardSet",
     "GuardSpec",
+    "NotSerializable",
     "Policy",
     "RecompileError",
     "RecompileLimitExceeded",

@@ -171,11 +171,13 @@ class Decoder {
         const std::size_t n = r.count("constant count", 2);
         doc.constants.reserve(n);
         doc.const_flags.reserve(n);
+        doc.const_offsets.reserve(n);
         for (std::size_t i = 0; i < n; ++i) {
             const std::size_t at = r.offset();
             const std::uint8_t flags = r.u8("constant flags");
             if (flags > 1) r.fail_at(at, "unknown constant flags " + std::to_string(flags));
             doc.const_flags.push_back(flags);
+            doc.const_offsets.push_back(at);
             doc.constants.push_back(value(r, 0));
         }
     }

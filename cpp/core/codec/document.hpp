@@ -127,6 +127,7 @@ struct Document {
     std::vector<Reference> references;
     std::vector<Value> constants;
     std::vector<std::uint8_t> const_flags;  ///< per constant: bit 0 = held by weak reference
+    std::vector<std::size_t> const_offsets; ///< where decode() found each constant (for messages)
     std::vector<GuardRecord> guards;        ///< sorted by decl.id, ids unique
     bool has_globals_module = false;
     std::string globals_module;  ///< the module whose __dict__ G[...] roots read
