@@ -185,6 +185,9 @@ def _check_round_trip(kind: RefKind, module: str, qualname: str, obj: Any) -> Re
     return (kind, module, qualname)
 
 
+_TYPE_ALIAS_MODULES = ("types", "_collections_abc")
+
+
 def name_of(
     obj: Any, *, global_name: tuple[str, str] | None = None, files: Callable[[], dict[str, list[str]]]
 ) -> Reference:
@@ -204,7 +207,17 @@ def name_of(
         module = _type_attr(obj, "__module__", None)
         if type(qualname) is not str or "<locals>" in qualname:
             raise Unnamed(f"class {qualname!r} is defined inside a function: no name leads to it")
-        return _check_round_trip(RefKind.TYPE, module, qualname, obj)
+        try:
+            return _check_round_trip(RefKind.TYPE, module, qualname, obj)
+        except Unnamed:
+            # Interpreter types that builtins does not export (function, NoneType, dict_keys,
+            # list_iterator...) are named by the stdlib modules that do.
+            for alias_module in _TYPE_ALIAS_MODULES:
+                mod = sys.modules.get(alias_module)
+                for name, value in (vars(mod) if mod is not None else {}).items():
+                    if value is obj and not name.startswith("__"):
+                        return _check_round_trip(RefKind.TYPE, alias_module, name, obj)
+            raise
     if issubclass(t, enum.Enum):
         cls_ref = name_of(t, files=files)
         member = obj._name_
@@ -220,6 +233,12 @@ def name_of(
                 raise Unnamed(f"built-in {qualname!r} is bound to an object")
             return _check_round_trip(RefKind.FUNCTION, module, qualname, obj)
         except Unnamed:
+            # A functools.wraps wrapper carries the wrapped function's name; the module attribute
+            # that holds it is its name.
+            mod = sys.modules.get(module) if type(module) is str else None
+            for name, value in (vars(mod) if isinstance(mod, types.ModuleType) else {}).items():
+                if value is obj and type(name) is str and name.isidentifier():
+                    return _check_round_trip(RefKind.FUNCTION, module, name, obj)
             if global_name is None:
                 raise
     if global_name is not None:

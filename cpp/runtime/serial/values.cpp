@@ -11,6 +11,16 @@ using core::codec::ValueTag;
 
 constexpr int kMaxDepth = 128;
 
+/// `owner.method(a, b, signed=True)`: int.to_bytes and int.from_bytes take `signed` by keyword only.
+PyObject* call_signed(PyObject* owner, const char* method, PyObject* a, const char* byteorder) {
+    Ref fn = Ref::steal(PyObject_GetAttrString(owner, method));
+    if (!fn) return nullptr;
+    Ref args = Ref::steal(Py_BuildValue("(Os)", a, byteorder));
+    Ref kwargs = Ref::steal(Py_BuildValue("{s:O}", "signed", Py_True));
+    if (!args || !kwargs) return nullptr;
+    return PyObject_Call(fn.get(), args.get(), kwargs.get());
+}
+
 bool fail(PyObject* type, const char* msg) {
     PyErr_SetString(type, msg);
     return false;
@@ -36,7 +46,9 @@ bool int_value(PyObject* o, Value& out) {
     if (static_cast<std::size_t>(n_bytes) > core::codec::kMaxBigInt) {
         return fail(PyExc_OverflowError, "an integer constant is too large to store");
     }
-    Ref b = Ref::steal(PyObject_CallMethod(o, "to_bytes", "nsO", n_bytes, "little", Py_True));
+    Ref n = Ref::steal(PyLong_FromSsize_t(n_bytes));
+    if (!n) return false;
+    Ref b = Ref::steal(call_signed(o, "to_bytes", n.get(), "little"));
     if (!b) return false;
     out.tag = ValueTag::BigInt;
     out.bytes.assign(PyBytes_AS_STRING(b.get()), static_cast<std::size_t>(PyBytes_GET_SIZE(b.get())));
@@ -140,8 +152,7 @@ PyObject* from_value(const Value& v, const std::vector<PyObject*>& refs) {
         case ValueTag::BigInt: {
             Ref b = Ref::steal(PyBytes_FromStringAndSize(v.bytes.data(), static_cast<Py_ssize_t>(v.bytes.size())));
             if (!b) return nullptr;
-            return PyObject_CallMethod(reinterpret_cast<PyObject*>(&PyLong_Type), "from_bytes", "OsO", b.get(),
-                                       "little", Py_True);
+            return call_signed(reinterpret_cast<PyObject*>(&PyLong_Type), "from_bytes", b.get(), "little");
         }
         case ValueTag::Float: return PyFloat_FromDouble(v.re);
         case ValueTag::Complex: return PyComplex_FromDoubles(v.re, v.im);
