@@ -32,6 +32,8 @@ from .logs import format_recompile, set_logs
 from .source import RootKind, Source, Step, StepKind
 from .specialized import Specialized, specialize
 
+from . import store  # noqa: E402  (tripwire.store.Directory / Redis)
+
 __version__ = "0.1.0"
 
 __all__ = [
