@@ -341,7 +341,10 @@ def _load(
         raise _format_error(e) from None
     decls = doc.decls()
     info = doc.guard_info()
-    specs = [_spec(d, consts, label, stack, offset) for d, (label, stack, offset) in zip(decls, info, strict=True)]
+    memo: dict[str, Source] = {}
+    specs = [
+        _spec(d, consts, label, stack, offset, memo) for d, (label, stack, offset) in zip(decls, info, strict=True)
+    ]
     # Root names and step keys are compared by identity with interned strings.
     for d in decls:
         if d.source is not None:
@@ -371,7 +374,9 @@ _INDEX_STEPS = (StepKind.DEFAULTS, StepKind.CLOSURE_CELL, StepKind.DICT_KEY, Ste
 _PROBES = _core.builtin_probes()
 
 
-def _spec(d: _core.GuardDecl, consts: list, label: str, stack: list[str], offset: int) -> GuardSpec:
+def _spec(
+    d: _core.GuardDecl, consts: list, label: str, stack: list[str], offset: int, memo: dict | None = None
+) -> GuardSpec:
     """The GuardSpec of a decoded declaration (the inverse of guard_set._encode); FormatError when
     an operand has a type its kind cannot take."""
     k = GuardKind(d.kind)
@@ -417,26 +422,53 @@ def _spec(d: _core.GuardDecl, consts: list, label: str, stack: list[str], offset
         args = ()
     source = None
     if d.source is not None:
-        source = _source(d.source, consts, bad)
+        source = _source(d.source, consts, bad, memo)
     return GuardSpec(k, source, args, d.id, tuple(stack))
 
 
-def _source(path: _core.SourcePath, consts: list, bad: Callable[[str], FormatError]) -> Source:
-    name = consts[path.name]
+def _source(
+    path: _core.SourcePath, consts: list, bad: Callable[[str], FormatError], memo: dict | None = None
+) -> Source:
+    """The Source of a decoded path, checked against its printed prefixes (the engine's tree
+    prints those). ``memo`` maps a path (root, name and steps by constant id) to its checked
+    Source and texts, so that each distinct source is built and printed once for the whole set,
+    extending its parent's."""
+    memo = {} if memo is None else memo
+    root, name_id = int(path.root), path.name
+    steps = [(int(st.kind), st.operand, st.index) for st in path.steps]
+    texts = path.texts
+    key = (root, name_id, tuple(steps))
+    hit = memo.get(key)
+    if hit is not None:
+        if hit[1] != texts[-1]:
+            raise bad(f"the source texts do not match its steps ({texts[-1]!r} is {hit[1]!r})")
+        return hit[0]
+    name = consts[name_id]
     if type(name) is not str:
         raise bad("a root name must be a str")
-    try:
-        steps = tuple(
-            Step(st.kind, st.index if st.kind in _INDEX_STEPS else (None if st.operand is None else consts[st.operand]))
-            for st in path.steps
-        )
-        src = Source(RootKind(path.root), name, steps)
-    except ValueError as e:
-        raise bad(f"bad source: {e}") from None
-    texts = path.texts
-    if texts[-1] != str(src) or [str(p) for p in src.prefixes()] != texts:
-        raise bad(f"the source texts do not match its steps ({texts[-1]!r} is {str(src)!r})")
-    return src
+    k0 = (root, name_id, ())
+    cur = memo.get(k0)
+    if cur is None:
+        src = Source(RootKind(root), name)
+        cur = memo[k0] = (src, str(src))
+    if cur[1] != texts[0]:
+        raise bad(f"the source texts do not match its steps ({texts[0]!r} is {cur[1]!r})")
+    for i, (kind, operand, index) in enumerate(steps):
+        ki = (root, name_id, tuple(steps[: i + 1]))
+        nxt = memo.get(ki)
+        if nxt is None:
+            kind_e = StepKind(kind)
+            arg = index if kind_e in _INDEX_STEPS else (None if operand is None else consts[operand])
+            try:
+                step = Step(kind_e, arg)
+            except ValueError as e:
+                raise bad(f"bad source: {e}") from None
+            src = cur[0]
+            nxt = memo[ki] = (Source(src.root, src.name, (*src.steps, step)), step.render(cur[1]))
+        if nxt[1] != texts[i + 1]:
+            raise bad(f"the source texts do not match its steps ({texts[i + 1]!r} is {nxt[1]!r})")
+        cur = nxt
+    return cur[0]
 
 
 # -- inspection (no reference is resolved, nothing is imported) ------------------------------------

@@ -353,3 +353,40 @@ def test_redis_unreachable_from_the_start(tmp_path: Path) -> None:
     assert len([x for x in w if issubclass(x.category, StoreWarning)]) == 1
 
 
+
+
+# -- the CLI ------------------------------------------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tripwire", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_inspect_and_diff(tmp_path: Path) -> None:
+    a = tw.guards_for(fx.frames()[1], fx.__dict__)
+    (tmp_path / "a.twg").write_bytes(a.to_bytes())
+    frame = dict(fx.frames()[1], c=fx.Color.GREEN, extra=3)
+    (tmp_path / "b.twe").write_bytes(encode_entry(tw.guards_for(frame, fx.__dict__).to_bytes(), "bytes", b"xyz"))
+    out = cli("inspect", str(tmp_path / "a.twg"))
+    assert out.returncode == 0, out.stderr
+    assert "format version: 1" in out.stdout and "enum_member serial_fixtures:Color.RED" in out.stdout
+    assert "EQUALS_MATCH: L['cfg']['mode'] == 'fast'" in out.stdout
+    out = cli("inspect", str(tmp_path / "b.twe"))
+    assert "store entry: codec 'bytes', payload 3 bytes" in out.stdout
+    out = cli("diff", str(tmp_path / "a.twg"), str(tmp_path / "b.twe"))
+    assert out.returncode == 1
+    assert "-EQUALS_MATCH: L['c'] == <enum_member serial_fixtures:Color.RED>" in out.stdout
+    assert "+EQUALS_MATCH: L['c'] == <enum_member serial_fixtures:Color.GREEN>" in out.stdout
+    assert "+EQUALS_MATCH: L['extra'] == 3" in out.stdout
+    assert cli("diff", str(tmp_path / "a.twg"), str(tmp_path / "a.twg")).returncode == 0
+    (tmp_path / "bad").write_bytes(b"\x89TWG\r\n\x1a\n\x07\x00")
+    out = cli("inspect", str(tmp_path / "bad"))
+    assert out.returncode == 1 and ("format version 7" in out.stderr or "truncated" in out.stderr)
+
+
+def test_cli_inspect_from_redis(redis_server: RedisServer) -> None:
+    r = tw.store.Redis(redis_server.url)
+    r.save("ns", "k", a_blob(5))
+    out = cli("inspect", f"redis://127.0.0.1:{redis_server.port}/{r.entry_key('ns', 'k')}")
+    assert out.returncode == 0, out.stderr
+    assert "EQUALS_MATCH: L['x'] == 5" in out.stdout and "payload 9 bytes" in out.stdout
