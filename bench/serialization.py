@@ -100,7 +100,10 @@ def _plain_arg(a: Any) -> Any:
 
 def plain(gs: tw.GuardSet) -> list[tuple]:
     """The guards as plain data for pickle: (kind, source text, arguments, index, install stack)."""
-    return [(s.kind.name, str(s.source), tuple(_plain_arg(a) for a in s.args), s.index, s.stack) for s in gs.guards]
+    return [
+        (s.kind.name, str(s.source), tuple(_plain_arg(a) for a in s.args), s.index, s.stack)
+        for s in gs.guards
+    ]
 
 
 def torch_numbers(repeat: int) -> dict[str, Any] | None:
@@ -189,15 +192,28 @@ def main() -> None:
 
     def encode_only() -> None:
         _core.encode_guard_set(
-            decls, pool.consts, weak, labels, stacks, saver.references, saver.ref_of, None, [], [], False,
-            "0", sys.version_info[:2],
+            decls,
+            pool.consts,
+            weak,
+            labels,
+            stacks,
+            saver.references,
+            saver.ref_of,
+            None,
+            [],
+            [],
+            False,
+            "0",
+            sys.version_info[:2],
         )
 
     structure = plain(gs)
     pickled = pickle.dumps(structure)
     print(f"guard set: {n} guards on {gs.node_count} sources, {len(refs)} references")
-    print(f"bytes: {len(data)} total, {len(data) / n:.1f} per guard (pickle of the plain structure: "
-          f"{len(pickled)}, {len(pickled) / n:.1f} per guard)")
+    print(
+        f"bytes: {len(data)} total, {len(data) / n:.1f} per guard (pickle of the plain structure: "
+        f"{len(pickled)}, {len(pickled) / n:.1f} per guard)"
+    )
     rows = [
         ("to_bytes", lambda: gs.to_bytes()),
         ("encode only", encode_only),
@@ -205,22 +221,26 @@ def main() -> None:
         ("decode+resolve", decode_resolve),
         ("from_bytes", lambda: tw.GuardSet.from_bytes(data)),
         ("pickle.dumps", lambda: pickle.dumps(structure)),
-        ("pickle.loads", lambda: pickle.loads(pickled)),  # noqa: S301 - our own bytes
+        ("pickle.loads", lambda: pickle.loads(pickled)),
     ]
     results = {}
     print(f"{'':16} {'min us/set':>11} {'median':>9} {'ns/guard (min)':>15} {'per 1,000 guards (min)':>23}")
     for name, fn in rows:
         lo, med = timed(fn, args.number, args.repeat)
         results[name] = lo
-        print(f"{name:16} {lo * 1e6:11.1f} {med * 1e6:9.1f} {lo / n * 1e9:15.0f} {lo / n * 1000 * 1e3:20.3f} ms")
+        print(
+            f"{name:16} {lo * 1e6:11.1f} {med * 1e6:9.1f} {lo / n * 1e9:15.0f} {lo / n * 1000 * 1e3:20.3f} ms"
+        )
     print(
         f"ratios (min): from_bytes / pickle.loads = {results['from_bytes'] / results['pickle.loads']:.1f}, "
         f"decode+resolve / pickle.loads = {results['decode+resolve'] / results['pickle.loads']:.2f}, "
         f"to_bytes / pickle.dumps = {results['to_bytes'] / results['pickle.dumps']:.1f}"
     )
     target = results["decode+resolve"] / n * 1000 * 1e3
-    print(f"target (load at most 1 ms per 1,000 guards): decode+resolve {target:.3f} ms, "
-          f"from_bytes {results['from_bytes'] / n * 1e6:.3f} ms")
+    print(
+        f"target (load at most 1 ms per 1,000 guards): decode+resolve {target:.3f} ms, "
+        f"from_bytes {results['from_bytes'] / n * 1e6:.3f} ms"
+    )
     if not args.no_torch and os.environ.get("TRIPWIRE_BENCH_TORCH", "1") != "0":
         t = torch_numbers(args.repeat)
         if t is not None:

@@ -40,15 +40,15 @@ struct Decoded {
 
 void register_serial(nb::module_& m) {
     // The core's FormatError; tripwire.serialization re-raises it as tripwire.FormatError.
-    nb::exception<core::codec::FormatError>(m, "_CodecError", PyExc_ValueError);
+    static const nb::exception<core::codec::FormatError> codec_error(m, "_CodecError", PyExc_ValueError);
 
     m.def(
         "encode_guard_set",
         [](std::vector<core::GuardDecl> decls, nb::list consts, std::vector<std::uint8_t> const_flags,
            std::vector<std::string> labels, std::vector<std::vector<std::string>> stacks, nb::list references,
            nb::callable ref_of, std::optional<std::string> globals_module,
-           std::vector<std::pair<std::string, core::ConstId>> baselines,
-           std::vector<std::tuple<std::string, std::string, std::string>> dropped, bool strict,
+           const std::vector<std::pair<std::string, core::ConstId>>& baselines,
+           const std::vector<std::tuple<std::string, std::string, std::string>>& dropped, bool strict,
            std::string version, std::pair<int, int> python) {
             Document doc;
             doc.tripwire_version = std::move(version);
@@ -64,8 +64,10 @@ void register_serial(nb::module_& m) {
             }
             doc.const_flags = std::move(const_flags);
             for (nb::handle r : references) {
-                auto [kind, module, qualname, fp] = nb::cast<std::tuple<int, std::string, std::string, nb::bytes>>(r);
-                if (kind < 0 || kind >= core::codec::kRefKindCount) throw nb::value_error("bad reference kind");
+                auto [kind, module, qualname, fp] =
+                    nb::cast<std::tuple<int, std::string, std::string, nb::bytes>>(r);
+                if (kind < 0 || kind >= core::codec::kRefKindCount)
+                    throw nb::value_error("bad reference kind");
                 doc.references.push_back({static_cast<core::codec::RefKind>(kind), std::move(module),
                                           std::move(qualname), std::string(fp.c_str(), fp.size()), 0});
             }
@@ -78,8 +80,8 @@ void register_serial(nb::module_& m) {
             }
             doc.has_globals_module = globals_module.has_value();
             if (globals_module) doc.globals_module = *globals_module;
-            for (auto& [name, c] : baselines) doc.baselines.push_back({name, c});
-            for (auto& [k, s, d] : dropped) doc.dropped.push_back({k, s, d});
+            for (const auto& [name, c] : baselines) doc.baselines.push_back({name, c});
+            for (const auto& [k, s, d] : dropped) doc.dropped.push_back({k, s, d});
             doc.strict = strict;
             return as_bytes(core::codec::encode(doc));
         },
@@ -92,24 +94,26 @@ void register_serial(nb::module_& m) {
 
     nb::class_<Decoded>(m, "Decoded", "A decoded, validated guard-set document (tripwire.serialization).")
         .def_prop_ro("tripwire_version", [](const Decoded& d) { return d.doc.tripwire_version; })
-        .def_prop_ro("python_version",
-                     [](const Decoded& d) { return std::make_pair(int{d.doc.python_major}, int{d.doc.python_minor}); })
+        .def_prop_ro(
+            "python_version",
+            [](const Decoded& d) { return std::make_pair(int{d.doc.python_major}, int{d.doc.python_minor}); })
         .def_prop_ro("strict", [](const Decoded& d) { return d.doc.strict; })
         .def_prop_ro("globals_module",
                      [](const Decoded& d) {
                          return d.doc.has_globals_module ? std::optional<std::string>(d.doc.globals_module)
                                                          : std::nullopt;
                      })
-        .def_prop_ro("references",
-                     [](const Decoded& d) {
-                         nb::list out;
-                         for (const auto& r : d.doc.references) {
-                             out.append(nb::make_tuple(static_cast<int>(r.kind), r.module, r.qualname,
-                                                       as_bytes(r.fingerprint), r.offset));
-                         }
-                         return out;
-                     },
-                     "[(kind, module, qualname, fingerprint, byte offset)]")
+        .def_prop_ro(
+            "references",
+            [](const Decoded& d) {
+                nb::list out;
+                for (const auto& r : d.doc.references) {
+                    out.append(nb::make_tuple(static_cast<int>(r.kind), r.module, r.qualname,
+                                              as_bytes(r.fingerprint), r.offset));
+                }
+                return out;
+            },
+            "[(kind, module, qualname, fingerprint, byte offset)]")
         .def_prop_ro("baselines",
                      [](const Decoded& d) {
                          std::vector<std::pair<std::string, core::ConstId>> out;
@@ -119,7 +123,8 @@ void register_serial(nb::module_& m) {
         .def_prop_ro("dropped",
                      [](const Decoded& d) {
                          std::vector<std::tuple<std::string, std::string, std::string>> out;
-                         for (const auto& x : d.doc.dropped) out.emplace_back(x.kind, x.source, x.description);
+                         for (const auto& x : d.doc.dropped)
+                             out.emplace_back(x.kind, x.source, x.description);
                          return out;
                      })
         .def_prop_ro("const_flags", [](const Decoded& d) { return d.doc.const_flags; })
@@ -137,7 +142,8 @@ void register_serial(nb::module_& m) {
             "guard_info",
             [](const Decoded& d) {
                 nb::list out;
-                for (const auto& g : d.doc.guards) out.append(nb::make_tuple(g.label, nb::cast(g.stack), g.offset));
+                for (const auto& g : d.doc.guards)
+                    out.append(nb::make_tuple(g.label, nb::cast(g.stack), g.offset));
                 return out;
             },
             "[(label, install stack, byte offset)] per guard.")
@@ -153,8 +159,8 @@ void register_serial(nb::module_& m) {
                     PyObject* o = runtime::serial::from_value(d.doc.constants[i], refs);
                     if (o == nullptr) {
                         const std::string why = runtime::take_error_text();
-                        throw core::codec::FormatError(d.const_offsets[i],
-                                                       "constant " + std::to_string(i) + " cannot be built: " + why);
+                        throw core::codec::FormatError(
+                            d.const_offsets[i], "constant " + std::to_string(i) + " cannot be built: " + why);
                     }
                     out.append(nb::steal(o));
                 }
@@ -166,8 +172,8 @@ void register_serial(nb::module_& m) {
     m.def(
         "decode_guard_set",
         [](nb::bytes data) {
-            auto* d = new Decoded{core::codec::decode(reinterpret_cast<const std::uint8_t*>(data.c_str()), data.size()),
-                                  {}};
+            auto* d = new Decoded{
+                core::codec::decode(reinterpret_cast<const std::uint8_t*>(data.c_str()), data.size()), {}};
             d->const_offsets = d->doc.const_offsets;  // kept beside the document for messages
             return d;
         },

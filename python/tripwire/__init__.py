@@ -12,6 +12,7 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
+from . import store
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec
@@ -31,8 +32,6 @@ from .infer import Policy, guards_for, infer_into
 from .logs import format_recompile, set_logs
 from .source import RootKind, Source, Step, StepKind
 from .specialized import Specialized, specialize
-
-from . import store  # noqa: E402  (tripwire.store.Directory / Redis)
 
 __version__ = "0.1.0"
 
@@ -64,4 +63,5 @@ __all__ = [
     "infer_into",
     "set_logs",
     "specialize",
+    "store",
 ]

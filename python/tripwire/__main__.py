@@ -26,7 +26,9 @@ def read_target(target: str) -> bytes:
             db, key = "0", path
         if not key:
             raise SystemExit(f"no key in {target!r} (redis://host:port/KEY or redis://host:port/DB/KEY)")
-        client = redis.Redis(host=parts.hostname or "127.0.0.1", port=parts.port or 6379, db=int(db), socket_timeout=5)
+        client = redis.Redis(
+            host=parts.hostname or "127.0.0.1", port=parts.port or 6379, db=int(db), socket_timeout=5
+        )
         data = client.get(key)
         if data is None:
             raise SystemExit(f"{target}: no such key")
@@ -41,7 +43,10 @@ def split(data: bytes) -> tuple[bytes, str | None]:
 
     if data[:8] == ENTRY_MAGIC:
         e = decode_entry(data)
-        return e.guards, f"store entry: codec {e.codec!r}, payload {len(e.payload)} bytes, guards {len(e.guards)} bytes"
+        return (
+            e.guards,
+            f"store entry: codec {e.codec!r}, payload {len(e.payload)} bytes, guards {len(e.guards)} bytes",
+        )
     return data, None
 
 

@@ -27,7 +27,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["Reference", "RefKind", "Unnamed", "fingerprint", "name_of", "resolve_name"]
+__all__ = ["RefKind", "Reference", "Unnamed", "fingerprint", "name_of", "resolve_name"]
 
 
 class RefKind(enum.IntEnum):

@@ -10,6 +10,7 @@ eval, and a module that is not imported yet is imported only when the caller all
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import types
@@ -293,7 +294,9 @@ def _importer(resolve: Resolver | None, allow_modules: Sequence[str] | None) -> 
                 try:
                     obj = resolve_name(kind, import_module(module), qualname)
                 except ImportError as e:
-                    raise FormatError(f"{where}: module {module!r} cannot be imported ({e})", offset) from None
+                    raise FormatError(
+                        f"{where}: module {module!r} cannot be imported ({e})", offset
+                    ) from None
             elif resolve is not None:
                 obj = resolve(module, qualname)
             else:
@@ -343,7 +346,8 @@ def _load(
     info = doc.guard_info()
     memo: dict[str, Source] = {}
     specs = [
-        _spec(d, consts, label, stack, offset, memo) for d, (label, stack, offset) in zip(decls, info, strict=True)
+        _spec(d, consts, label, stack, offset, memo)
+        for d, (label, stack, offset) in zip(decls, info, strict=True)
     ]
     # Root names and step keys are compared by identity with interned strings.
     for d in decls:
@@ -356,7 +360,9 @@ def _load(
     if f_globals is None and reads_globals and use_module_globals:
         module = doc.globals_module
         if module is None:
-            raise FormatError("this set reads G[...] from a globals dict that is not a module's: pass f_globals=")
+            raise FormatError(
+                "this set reads G[...] from a globals dict that is not a module's: pass f_globals="
+            )
         mod = lookup(-1, (int(RefKind.MODULE), module, "", fingerprint(RefKind.MODULE, None), 0))
         f_globals = mod.__dict__
     weak = [bool(f & 1) for f in doc.const_flags]
@@ -372,6 +378,11 @@ def _load(
 
 _INDEX_STEPS = (StepKind.DEFAULTS, StepKind.CLOSURE_CELL, StepKind.DICT_KEY, StepKind.DICT_VALUE)
 _PROBES = _core.builtin_probes()
+
+
+def _builtin_snapshot(probe: str, n: int) -> Any:
+    """A built-in probe's snapshot as the probe returns it (a bool for gc_enabled): stored as an int."""
+    return bool(n) if type(_core.read_builtin_probe(probe)) is bool else n
 
 
 def _spec(
@@ -412,8 +423,7 @@ def _spec(
     elif k is GuardKind.GLOBAL_STATE:
         if op is None:
             probe = _PROBES[d.n]
-            snapshot = type(_core.read_builtin_probe(probe))(d.n2)
-            args = (probe, snapshot, label or probe)
+            args = (probe, _builtin_snapshot(probe, d.n2), label or probe)
         else:
             if not _core.is_constant(op2):
                 raise bad("the snapshot is not a constant")
@@ -507,7 +517,7 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
         if k is GuardKind.GLOBAL_STATE:
             if op is None:
                 probe = _PROBES[d.n]
-                args: tuple = (probe, type(_core.read_builtin_probe(probe))(d.n2), label or probe)
+                args: tuple = (probe, _builtin_snapshot(probe, d.n2), label or probe)
             else:
                 args = (op, op2, label)
         elif k is GuardKind.DICT_KEYS:
@@ -520,14 +530,20 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
             args = (op.start, op.stop, op.step) if type(op) is range else (op,)
         else:
             args = (op,) if op is not None else ()
-        source = None if d.source is None else _source(d.source, consts, lambda why: FormatError(why, offset))
+        source = (
+            None
+            if d.source is None
+            else _source(d.source, consts, functools.partial(FormatError, offset=offset))
+        )
         specs.append(GuardSpec(k, source, args, d.id, tuple(stack)))
     meta = {
         "format version": 1,
         "tripwire version": doc.tripwire_version,
-        "python": "%d.%d" % doc.python_version,
+        "python": "{}.{}".format(*doc.python_version),
         "guards": doc.guard_count,
-        "references": [f"{RefKind(k).name.lower()} {m}:{q}" if q else f"module {m}" for k, m, q, _, _ in doc.references],
+        "references": [
+            f"{RefKind(k).name.lower()} {m}:{q}" if q else f"module {m}" for k, m, q, _, _ in doc.references
+        ],
         "globals module": doc.globals_module,
         "strict": doc.strict,
         "baselines": {name: consts[c] for name, c in doc.baselines},

@@ -47,7 +47,16 @@ from .guard_set import GuardSet
 from .infer import Policy, infer_into
 from .logs import recompile_logging_enabled, report_recompile
 from .references import RefKind, fingerprint
-from .store import Codec, ReferenceCodec, Store, StoreWarning, decode_entry, encode_entry, entry_key, namespace_of
+from .store import (
+    Codec,
+    ReferenceCodec,
+    Store,
+    StoreWarning,
+    decode_entry,
+    encode_entry,
+    entry_key,
+    namespace_of,
+)
 
 _store_log = logging.getLogger("tripwire.store")
 # The codec name of an entry whose payload is the specialised function itself (empty payload).
@@ -250,7 +259,7 @@ class Specialized(FastDispatch):
             digest,
             str(self.backend),
             self.codec.name,
-            "py%d.%d" % sys.version_info[:2],
+            "py{}.{}".format(*sys.version_info[:2]),
             "format1",
         ]
         return namespace_of(parts)
@@ -285,7 +294,9 @@ class Specialized(FastDispatch):
                     inserted = True
                     continue
                 if entry.codec != self.codec.name:
-                    raise FormatError(f"entry stored with codec {entry.codec!r}, this function uses {self.codec.name!r}")
+                    raise FormatError(
+                        f"entry stored with codec {entry.codec!r}, this function uses {self.codec.name!r}"
+                    )
                 gs = GuardSet.from_bytes(entry.guards, f_globals=self._globals)
                 payload = self.codec.decode(entry.payload)
             except (FormatError, NotSerializable) as e:

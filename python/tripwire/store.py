@@ -29,6 +29,7 @@ Layout of an entry (all integers little-endian; docs/store.md)::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -148,12 +149,19 @@ class ReferenceCodec:
         except Unnamed as e:
             raise NotSerializable([("payload", None, str(e))]) from None
         fp = fingerprint(kind, payload).hex()
-        return json.dumps({"kind": int(kind), "module": module, "qualname": qualname, "fingerprint": fp}).encode()
+        return json.dumps(
+            {"kind": int(kind), "module": module, "qualname": qualname, "fingerprint": fp}
+        ).encode()
 
     def decode(self, data: bytes) -> Any:
         try:
             ref = json.loads(data)
-            kind, module, qualname, fp = RefKind(ref["kind"]), ref["module"], ref["qualname"], ref["fingerprint"]
+            kind, module, qualname, fp = (
+                RefKind(ref["kind"]),
+                ref["module"],
+                ref["qualname"],
+                ref["fingerprint"],
+            )
         except (ValueError, KeyError, TypeError) as e:
             raise FormatError(f"not a reference payload: {e}") from None
         mod = sys.modules.get(module)
@@ -164,7 +172,9 @@ class ReferenceCodec:
         except LookupError as e:
             raise FormatError(f"payload {module}:{qualname} does not resolve: {e}") from None
         if fingerprint(kind, obj).hex() != fp:
-            raise FormatError(f"payload {module}:{qualname} differs from the one saved (its fingerprint changed)")
+            raise FormatError(
+                f"payload {module}:{qualname} differs from the one saved (its fingerprint changed)"
+            )
         return obj
 
 
@@ -175,7 +185,9 @@ class BytesCodec:
 
     def encode(self, payload: Any) -> bytes:
         if type(payload) is not bytes:
-            raise NotSerializable([("payload", None, f"BytesCodec stores bytes, not {type(payload).__name__}")])
+            raise NotSerializable(
+                [("payload", None, f"BytesCodec stores bytes, not {type(payload).__name__}")]
+            )
         return payload
 
     def decode(self, data: bytes) -> Any:
@@ -300,10 +312,8 @@ class Directory:
                 os.fsync(f.fileno())
             os.replace(tmp, final)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise
         dir_fd = os.open(d, os.O_RDONLY)
         try:
@@ -391,7 +401,9 @@ class Redis:
         self.ttl = ttl
         self.pending_limit = pending_limit
         self._errors = (redis.exceptions.RedisError, OSError)
-        self._client = client or redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._client = client or redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
         self._warn = _OneWarning()
         self._pending: list[tuple[str, str, bytes]] = []
         self._lock = threading.Lock()
@@ -443,7 +455,10 @@ class Redis:
     def load(self, namespace: str) -> list[bytes]:
         try:
             self._flush()
-            keys = sorted(k.decode() if isinstance(k, bytes) else k for k in self._client.smembers(self._set_key(namespace)))
+            keys = sorted(
+                k.decode() if isinstance(k, bytes) else k
+                for k in self._client.smembers(self._set_key(namespace))
+            )
             if not keys:
                 self._warn.ok()
                 return []

@@ -69,7 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (mode == 0) {
             doc = decode(rest, n);
         } else if (mode == 1) {
-            const std::string wrapped = wrap_body(std::string(reinterpret_cast<const char*>(rest), n), "fuzz");
+            const std::string wrapped =
+                wrap_body(std::string(reinterpret_cast<const char*>(rest), n), "fuzz");
             doc = decode(reinterpret_cast<const std::uint8_t*>(wrapped.data()), wrapped.size());
         } else {
             doc = decode_body(rest, n);

@@ -83,7 +83,24 @@ def frames() -> list[dict[str, Any]]:
 def variants(frame: dict[str, Any]) -> list[dict[str, Any]]:
     """Inputs close to ``frame``: itself, each value replaced by nearby ones, each key removed."""
     out = [dict(frame)]
-    swaps = [0, 1, -1, 2.5, "hello", "x", None, True, False, (), [], {}, Color.GREEN, Mode.TRAIN, helper, other_helper]
+    swaps = [
+        0,
+        1,
+        -1,
+        2.5,
+        "hello",
+        "x",
+        None,
+        True,
+        False,
+        (),
+        [],
+        {},
+        Color.GREEN,
+        Mode.TRAIN,
+        helper,
+        other_helper,
+    ]
     for k, v in frame.items():
         for s in swaps:
             if s is not v:

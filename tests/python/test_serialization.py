@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 import serial_fixtures as fx
 import tripwire as tw
-from tripwire.catalogue import resolve
 from gc_stress import examples
 from strategies import frames, guard_plans, mutated_frames
+from tripwire.catalogue import resolve
 
 HERE = Path(__file__).parent
 _SETTINGS = dict(
@@ -153,7 +153,9 @@ def test_guards_for_sets_load_in_a_fresh_process(tmp_path: Path) -> None:
     assert sum(1 for ok, _ in expected if ok) >= len(sets)  # each set passes at least its example
     assert sum(1 for ok, _ in expected if not ok) > len(expected) // 2
     child = _CHILD.format(here=str(HERE), paths=paths)
-    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, check=True, timeout=120
+    )
     assert json.loads(out.stdout) == json.loads(json.dumps(expected))
 
 
@@ -176,7 +178,9 @@ fx.CONFIG.mode = "slow"; r.append(gs.why_not({{}}).source)
 fx.CONFIG.mode = "fast"; fx.helper = fx.other_helper; r.append(gs.why_not({{}}).source)
 print(r)
 """
-    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, check=True, timeout=60
+    )
     assert out.stdout.strip() == "[True, \"G['CONFIG'].mode\", \"G['helper']\"]"
 
 
@@ -329,7 +333,9 @@ def test_references_are_revalidated_on_load() -> None:
         sys.modules.pop("tw_serial_tmp_mod", None)
 
 
-def test_allow_modules_imports_only_admitted_prefixes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_allow_modules_imports_only_admitted_prefixes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pkg = tmp_path / "twpkg_serial"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -389,7 +395,7 @@ def test_a_set_that_can_never_pass_again_is_refused(collect: Any) -> None:
     del mod
     collect()
     assert gs.invalid
-    with pytest.raises(tw.NotSerializable, match="has died|never pass"):
+    with pytest.raises(tw.NotSerializable, match=r"has died|never pass"):
         gs.to_bytes()
 
 
@@ -427,7 +433,7 @@ def test_header_layout_matches_the_documented_format() -> None:
     version, flags, writer, length = struct.unpack("<HH16sI", blob[8:32])
     assert (version, flags, writer.rstrip(b"\0").decode(), length) == (1, 0, tw.__version__, len(blob) - 64)
     assert blob[32:64] == hashlib.sha256(blob[64:]).digest()
-    assert rewrap(blob[64:]) [64:] == blob[64:]
+    assert rewrap(blob[64:])[64:] == blob[64:]
     assert tw.GuardSet.from_bytes(rewrap(blob[64:])).check(fx.frames()[1])
 
 
@@ -581,4 +587,4 @@ if __name__ == "__main__":
         (out / f"guards_for_{i}").write_bytes(b"\x00" + blob)
         (out / f"guards_for_{i}_body").write_bytes(b"\x01" + blob[64:])
     print(f"wrote {2 * len(_FUZZ_SEEDS)} seeds to {out}")
-    _ = os  # noqa
+    _ = os

@@ -42,7 +42,9 @@ def a_blob(value: Any = 1) -> bytes:
 def test_entry_round_trip_and_bad_entries() -> None:
     data = a_blob()
     e = decode_entry(data)
-    assert e.codec == "bytes" and e.payload == b"payload-1" and tw.GuardSet.from_bytes(e.guards).check({"x": 1})
+    assert (
+        e.codec == "bytes" and e.payload == b"payload-1" and tw.GuardSet.from_bytes(e.guards).check({"x": 1})
+    )
     for bad, msg in [
         (data[:30], "truncated"),
         (b"X" + data[1:], "wrong magic"),
@@ -145,7 +147,9 @@ Slow({root!r}).save("ns", "torn", a_blob(2))
 
 def test_a_writer_killed_mid_write_leaves_no_corrupt_entry(tmp_path: Path) -> None:
     with subprocess.Popen(
-        [sys.executable, "-c", _KILLED.format(here=str(HERE), root=str(tmp_path))], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _KILLED.format(here=str(HERE), root=str(tmp_path))],
+        stdout=subprocess.PIPE,
+        text=True,
     ) as p:
         assert p.stdout is not None
         assert p.stdout.readline().strip() == "paused"
@@ -174,7 +178,7 @@ def test_codecs() -> None:
 
 # -- @specialize(store=...) across real processes ------------------------------------------------------
 
-_APP = '''
+_APP = """
 import json, os, sys
 import tripwire as tw
 from tripwire.store import {store_expr_import}
@@ -195,7 +199,7 @@ def add(x, y):
 if __name__ == "__main__":
     out = [add(1, 2), add(3, 4), add("a", "b"), add(1.5, 2)]
     print(json.dumps({{"results": out, "compiles": COMPILES, "loaded": add.store_loads}}))
-'''
+"""
 
 
 def run_app(tmp_path: Path, store_import: str, store_expr: str) -> dict:
@@ -268,8 +272,19 @@ class RedisServer:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -319,7 +334,9 @@ def test_redis_store_round_trip_and_two_processes(redis_server: RedisServer, tmp
     assert second["results"] == first["results"]
 
 
-def test_redis_down_falls_back_to_compiling_and_loses_nothing(redis_server: RedisServer, tmp_path: Path) -> None:
+def test_redis_down_falls_back_to_compiling_and_loses_nothing(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
     store = tw.store.Redis(redis_server.url, timeout=0.3)
     calls: list[Any] = []
 
@@ -353,20 +370,22 @@ def test_redis_unreachable_from_the_start(tmp_path: Path) -> None:
     assert len([x for x in w if issubclass(x.category, StoreWarning)]) == 1
 
 
-
-
 # -- the CLI ------------------------------------------------------------------------------------------
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tripwire", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "tripwire", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cli_inspect_and_diff(tmp_path: Path) -> None:
     a = tw.guards_for(fx.frames()[1], fx.__dict__)
     (tmp_path / "a.twg").write_bytes(a.to_bytes())
     frame = dict(fx.frames()[1], c=fx.Color.GREEN, extra=3)
-    (tmp_path / "b.twe").write_bytes(encode_entry(tw.guards_for(frame, fx.__dict__).to_bytes(), "bytes", b"xyz"))
+    (tmp_path / "b.twe").write_bytes(
+        encode_entry(tw.guards_for(frame, fx.__dict__).to_bytes(), "bytes", b"xyz")
+    )
     out = cli("inspect", str(tmp_path / "a.twg"))
     assert out.returncode == 0, out.stderr
     assert "format version: 1" in out.stdout and "enum_member serial_fixtures:Color.RED" in out.stdout

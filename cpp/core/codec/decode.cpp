@@ -88,7 +88,8 @@ class Decoder {
             Reference ref;
             ref.offset = r.offset();
             const std::uint8_t kind = r.u8("reference kind");
-            if (kind >= kRefKindCount) r.fail_at(ref.offset, "unknown reference kind " + std::to_string(kind));
+            if (kind >= kRefKindCount)
+                r.fail_at(ref.offset, "unknown reference kind " + std::to_string(kind));
             ref.kind = static_cast<RefKind>(kind);
             ref.module = str(r, "reference module string");
             ref.qualname = str(r, "reference qualname string");
@@ -220,7 +221,8 @@ class Decoder {
             try {
                 validate_decl(d, n_consts);
             } catch (const InvalidProgram& e) {
-                r.fail_at(g.offset, std::string("invalid ") + std::string(guard_kind_name(d.kind)) + " guard: " + e.what());
+                r.fail_at(g.offset, std::string("invalid ") + std::string(guard_kind_name(d.kind)) +
+                                        " guard: " + e.what());
             }
             doc.guards.push_back(std::move(g));
         }
@@ -314,8 +316,8 @@ Document decode_body(const std::uint8_t* body, std::size_t size) {
         const std::size_t at = r.offset();
         const std::uint8_t got = r.u8("section tag");
         if (got != tag) {
-            r.fail_at(at, std::string("expected the ") + kNames[tag] + " section (tag " + std::to_string(tag) +
-                              "), found tag " + std::to_string(got));
+            r.fail_at(at, std::string("expected the ") + kNames[tag] + " section (tag " +
+                              std::to_string(tag) + "), found tag " + std::to_string(got));
         }
         const std::size_t len_at = r.offset();
         const std::uint64_t len = r.varint("section length");
@@ -364,7 +366,8 @@ Document decode(const std::uint8_t* data, std::size_t size) {
     }
     const std::uint32_t body_len = h.u32("body length");
     const std::string_view digest = h.raw(32, "content hash");
-    if (body_len > kMaxBody) throw FormatError(28, "body length " + std::to_string(body_len) + " is over the limit");
+    if (body_len > kMaxBody)
+        throw FormatError(28, "body length " + std::to_string(body_len) + " is over the limit");
     if (h.remaining() != body_len) {
         throw FormatError(28, (h.remaining() < body_len ? std::string("truncated: ") : std::string()) +
                                   "the header declares a body of " + std::to_string(body_len) + " bytes, " +

@@ -73,11 +73,11 @@ inline constexpr int kValueTagCount = 18;
 /// "surrogatepass" writes them); Bytes and BigInt hold raw bytes.
 struct Value {
     ValueTag tag = ValueTag::None;
-    std::int64_t i = 0;            ///< Int
-    double re = 0, im = 0;         ///< Float (re), Complex
-    std::uint32_t index = 0;       ///< Ref
-    std::string bytes;             ///< Str, Bytes, BigInt
-    std::vector<Value> items;      ///< containers, Range, Slice
+    std::int64_t i = 0;        ///< Int
+    double re = 0, im = 0;     ///< Float (re), Complex
+    std::uint32_t index = 0;   ///< Ref
+    std::string bytes;         ///< Str, Bytes, BigInt
+    std::vector<Value> items;  ///< containers, Range, Slice
 };
 
 /// What a reference names; the loader resolves each kind its own way (docs/format.md).
@@ -126,9 +126,9 @@ struct Document {
     std::uint8_t python_major = 0, python_minor = 0;  ///< the writer's CPython
     std::vector<Reference> references;
     std::vector<Value> constants;
-    std::vector<std::uint8_t> const_flags;  ///< per constant: bit 0 = held by weak reference
-    std::vector<std::size_t> const_offsets; ///< where decode() found each constant (for messages)
-    std::vector<GuardRecord> guards;        ///< sorted by decl.id, ids unique
+    std::vector<std::uint8_t> const_flags;   ///< per constant: bit 0 = held by weak reference
+    std::vector<std::size_t> const_offsets;  ///< where decode() found each constant (for messages)
+    std::vector<GuardRecord> guards;         ///< sorted by decl.id, ids unique
     bool has_globals_module = false;
     std::string globals_module;  ///< the module whose __dict__ G[...] roots read
     std::vector<Baseline> baselines;

@@ -36,7 +36,8 @@ class Encoder {
             case ValueTag::Ellipsis: break;
             case ValueTag::Int: w.zigzag(v.i); break;
             case ValueTag::BigInt:
-                if (v.bytes.size() > kMaxBigInt) throw FormatError(0, "an integer constant is too large to store");
+                if (v.bytes.size() > kMaxBigInt)
+                    throw FormatError(0, "an integer constant is too large to store");
                 w.bytes(v.bytes);
                 break;
             case ValueTag::Float: w.u64(bits(v.re)); break;

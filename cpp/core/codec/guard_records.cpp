@@ -52,8 +52,8 @@ void write_payload(const GuardDecl& d, Writer& w) {
             break;
         case GuardKind::DictVersion:
         case GuardKind::Lambda:
-            throw FormatError(w.out.size(), std::string(guard_kind_name(d.kind)) + " guards are never stored: " +
-                                                never_stored_reason(d.kind));
+            throw FormatError(w.out.size(), std::string(guard_kind_name(d.kind)) +
+                                                " guards are never stored: " + never_stored_reason(d.kind));
     }
 }
 

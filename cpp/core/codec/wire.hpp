@@ -133,8 +133,8 @@ class Reader {
         const std::size_t at = offset();
         const std::uint64_t len = varint(what);
         if (len > remaining()) {
-            fail_at(at, std::string("truncated: ") + what + " declares " + std::to_string(len) + " bytes but only " +
-                            std::to_string(remaining()) + " follow");
+            fail_at(at, std::string("truncated: ") + what + " declares " + std::to_string(len) +
+                            " bytes but only " + std::to_string(remaining()) + " follow");
         }
         if (len > max) fail_at(at, std::string(what) + " is longer than " + std::to_string(max) + " bytes");
         return raw(static_cast<std::size_t>(len), what);

@@ -68,7 +68,8 @@ bool items(PyObject* seq, PyObject* ref_of, Value& out, int depth) {
     out.items.resize(static_cast<std::size_t>(n));
     for (Py_ssize_t i = 0; i < n; ++i) {
         // A list may be mutated by ref_of (user code): re-check the size on every step.
-        if (i >= PySequence_Fast_GET_SIZE(seq)) return fail(PyExc_RuntimeError, "a list changed while being stored");
+        if (i >= PySequence_Fast_GET_SIZE(seq))
+            return fail(PyExc_RuntimeError, "a list changed while being stored");
         Ref item = Ref::borrow(PySequence_Fast_GET_ITEM(seq, i));
         if (!to_value(item.get(), ref_of, out.items[static_cast<std::size_t>(i)], depth + 1)) return false;
     }
@@ -119,7 +120,8 @@ bool to_value(PyObject* o, PyObject* ref_of, Value& out, int depth) {
         for (Py_ssize_t i = 0; i < n; ++i) {
             PyObject* kv = PyList_GET_ITEM(pairs.get(), i);
             for (int k = 0; k < 2; ++k) {
-                if (!to_value(PyTuple_GET_ITEM(kv, k), ref_of, out.items[static_cast<std::size_t>(2 * i + k)], depth + 1))
+                if (!to_value(PyTuple_GET_ITEM(kv, k), ref_of, out.items[static_cast<std::size_t>(2 * i + k)],
+                              depth + 1))
                     return false;
             }
         }
@@ -129,13 +131,15 @@ bool to_value(PyObject* o, PyObject* ref_of, Value& out, int depth) {
         static const char* const kParts[3] = {"start", "stop", "step"};
         for (int k = 0; k < 3; ++k) {
             Ref part = Ref::steal(PyObject_GetAttrString(o, kParts[k]));
-            if (!part || !to_value(part.get(), ref_of, out.items[static_cast<std::size_t>(k)], depth + 1)) return false;
+            if (!part || !to_value(part.get(), ref_of, out.items[static_cast<std::size_t>(k)], depth + 1))
+                return false;
         }
     } else {
         Ref index = Ref::steal(PyObject_CallOneArg(ref_of, o));
         if (!index) return false;
         const Py_ssize_t i = PyLong_AsSsize_t(index.get());
-        if (i < 0) return PyErr_Occurred() ? false : fail(PyExc_ValueError, "ref_of returned a negative index");
+        if (i < 0)
+            return PyErr_Occurred() ? false : fail(PyExc_ValueError, "ref_of returned a negative index");
         out.tag = ValueTag::Ref;
         out.index = static_cast<std::uint32_t>(i);
     }
@@ -150,15 +154,18 @@ PyObject* from_value(const Value& v, const std::vector<PyObject*>& refs) {
         case ValueTag::Ellipsis: return Py_NewRef(Py_Ellipsis);
         case ValueTag::Int: return PyLong_FromLongLong(v.i);
         case ValueTag::BigInt: {
-            Ref b = Ref::steal(PyBytes_FromStringAndSize(v.bytes.data(), static_cast<Py_ssize_t>(v.bytes.size())));
+            Ref b = Ref::steal(
+                PyBytes_FromStringAndSize(v.bytes.data(), static_cast<Py_ssize_t>(v.bytes.size())));
             if (!b) return nullptr;
             return call_signed(reinterpret_cast<PyObject*>(&PyLong_Type), "from_bytes", b.get(), "little");
         }
         case ValueTag::Float: return PyFloat_FromDouble(v.re);
         case ValueTag::Complex: return PyComplex_FromDoubles(v.re, v.im);
         case ValueTag::Str:
-            return PyUnicode_DecodeUTF8(v.bytes.data(), static_cast<Py_ssize_t>(v.bytes.size()), "surrogatepass");
-        case ValueTag::Bytes: return PyBytes_FromStringAndSize(v.bytes.data(), static_cast<Py_ssize_t>(v.bytes.size()));
+            return PyUnicode_DecodeUTF8(v.bytes.data(), static_cast<Py_ssize_t>(v.bytes.size()),
+                                        "surrogatepass");
+        case ValueTag::Bytes:
+            return PyBytes_FromStringAndSize(v.bytes.data(), static_cast<Py_ssize_t>(v.bytes.size()));
         case ValueTag::Ref:
             if (v.index >= refs.size() || refs[v.index] == nullptr) {
                 PyErr_SetString(PyExc_ValueError, "reference out of range");
