@@ -287,8 +287,20 @@ def _code_digest(code: types.CodeType) -> bytes:
 
 
 def _type_text(t: type) -> str:
+    """A class by its MRO's names and, for each class of it written in Python, the code of the
+    functions it defines (an edited method makes another class; C types contribute names only)."""
     mro: Iterable[type] = _type_attr(t, "__mro__", ())
-    return "|".join(f"{_type_attr(k, '__module__', '?')}.{_type_attr(k, '__qualname__', '?')}" for k in mro)
+    parts = []
+    for k in mro:
+        parts.append(f"{_type_attr(k, '__module__', '?')}.{_type_attr(k, '__qualname__', '?')}")
+        d = _type_attr(k, "__dict__", {})
+        for name in sorted(n for n in d if type(n) is str):
+            v = d[name]
+            if isinstance(v, staticmethod | classmethod):
+                v = v.__func__
+            if type(v) is types.FunctionType:
+                parts.append(f"{name}={_code_digest(v.__code__).hex()[:16]}")
+    return "|".join(parts)
 
 
 def fingerprint(kind: RefKind, obj: Any) -> bytes:

@@ -274,6 +274,16 @@ def _decode(data: bytes | bytearray | memoryview) -> Any:
         raise _format_error(e) from None
 
 
+# What each kind of reference must resolve to (checked before its fingerprint is computed, so that
+# no attribute of an arbitrary object is read). OBJECT and ENUM_MEMBER are checked by their lookup.
+_REF_TYPES: dict[RefKind, type | tuple[type, ...]] = {
+    RefKind.TYPE: type,
+    RefKind.FUNCTION: (types.FunctionType, types.BuiltinFunctionType),
+    RefKind.CODE: types.CodeType,
+    RefKind.MODULE: types.ModuleType,
+}
+
+
 def _admitted(module: str, allow: Sequence[str] | None) -> bool:
     return bool(allow) and any(module == p or module.startswith(p + ".") for p in allow or ())
 
@@ -307,6 +317,11 @@ def _importer(resolve: Resolver | None, allow_modules: Sequence[str] | None) -> 
                 )
         except LookupError as e:
             raise FormatError(f"{where} does not resolve: {e}", offset) from None
+        expected = _REF_TYPES.get(kind)
+        if expected is not None and not isinstance(obj, expected):
+            raise FormatError(
+                f"{where} resolves to a {type(obj).__name__}, not a {kind.name.lower()}", offset
+            )
         if fingerprint(kind, obj) != fp:
             raise FormatError(
                 f"{where} resolves to an object that differs from the one saved (its fingerprint "

@@ -253,11 +253,13 @@ class Specialized(FastDispatch):
         fn = self._fn
         code = getattr(fn, "__code__", None)
         digest = fingerprint(RefKind.CODE, code).hex() if code is not None else ""
+        compiler = self.compiler
         parts = [
             str(getattr(fn, "__module__", "")),
             self._label,
             digest,
             str(self.backend),
+            f"{getattr(compiler, '__module__', '')}:{getattr(compiler, '__qualname__', type(compiler).__qualname__)}",
             self.codec.name,
             "py{}.{}".format(*sys.version_info[:2]),
             "format1",
@@ -274,9 +276,27 @@ class Specialized(FastDispatch):
         _store_log.warning("%s", message)
         warnings.warn(message, StoreWarning, stacklevel=5)
 
+    def _shareable(self) -> bool:
+        """Whether entries of this function may be shared through a store: only a function that
+        a name leads to and that captures nothing. Two closures of one code (made in a loop, say)
+        share module, qualname and code but not their cells, and a payload compiled for one must
+        never be found by the other; their guards cannot tell them apart."""
+        fn = self._fn
+        qualname = getattr(fn, "__qualname__", "")
+        if getattr(fn, "__closure__", None) or "<locals>" in qualname or "<lambda>" in qualname:
+            self._store_problem(
+                "store not used",
+                "a closure or lambda shares its name and code with others of its kind; "
+                "specialize a module-level function to share entries between processes",
+            )
+            return False
+        return True
+
     def _load_store(self) -> bool:
         """Insert the store's entries this process has not seen; True if any was inserted."""
         assert self.store is not None
+        if not self._shareable():
+            return False
         inserted = False
         for data in self.store.load(self._namespace()):
             key = entry_key(data)
@@ -313,6 +333,8 @@ class Specialized(FastDispatch):
 
     def _save_entry(self, gs: GuardSet, compiled: Any) -> None:
         assert self.store is not None
+        if not self._shareable():
+            return
         try:
             if compiled is self._fn:  # the function itself: the loader has it
                 data = encode_entry(gs.to_bytes(), _SELF_CODEC, b"")

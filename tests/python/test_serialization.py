@@ -333,6 +333,70 @@ def test_references_are_revalidated_on_load() -> None:
         sys.modules.pop("tw_serial_tmp_mod", None)
 
 
+def crafted(kind: int, module: str, qualname: str, guard: tw.GuardKind = tw.GuardKind.TYPE_MATCH) -> bytes:
+    """Bytes with one guard on L['v'] whose operand is the reference given (the encoder does not
+    check what a reference names: a hostile writer would not either)."""
+    from tripwire import _core
+
+    marker = object()
+    decl = _core.GuardDecl(guard, _core.SourcePath(tw.RootKind.LOCAL, 0, [], ["L['v']"]), 1, id=0)
+    return _core.encode_guard_set(
+        [decl],
+        ["v", marker],
+        [0, 1],
+        [""],
+        [[]],
+        [(kind, module, qualname, b"x" * 16)],
+        lambda o: 0,
+        None,
+        [],
+        [],
+        False,
+        "test",
+        (3, 11),
+    )
+
+
+def test_a_reference_of_the_wrong_kind_is_refused_before_its_fingerprint() -> None:
+    """A reference naming a function as a type (or a class as a function...) fails on its kind,
+    before any attribute of the object is read for the fingerprint."""
+    for kind, qualname, what in [
+        (0, "helper", "function, not a type"),
+        (1, "Point", "type, not a function"),
+        (2, "CONFIG", "Config, not a function"),
+    ]:
+        with pytest.raises(tw.FormatError, match=what):
+            tw.GuardSet.from_bytes(crafted(kind, "serial_fixtures", qualname))
+    with pytest.raises(tw.FormatError, match="fingerprint"):  # the right kind, a made-up fingerprint
+        tw.GuardSet.from_bytes(crafted(0, "serial_fixtures", "Point"))
+
+
+def test_an_edited_method_changes_the_class_fingerprint() -> None:
+    mod = make_module("tw_serial_edit", "class K:\n    def m(self):\n        return 1\n")
+    try:
+        blob = one_guard("type_match", mod.K()).to_bytes()
+        exec("class K:\n    def m(self):\n        return 2\n", mod.__dict__)
+        with pytest.raises(tw.FormatError, match="fingerprint"):
+            tw.GuardSet.from_bytes(blob)
+    finally:
+        sys.modules.pop("tw_serial_edit", None)
+
+
+def test_only_enum_members_may_stand_inside_containers() -> None:
+    """A reference nested in a constant is hashed when the set or dict is built: only enum
+    members may be there (the decoder refuses any other kind, naming the offset)."""
+    blob = one_guard("equals", (fx.Color.RED,)).to_bytes()
+    body = bytearray(blob[64:])
+    # Turn the enum-member reference (kind 3) into an object reference (kind 4).
+    refs_at = body.index(b"\x02", 2 + body[3] + 2)  # after the strings section
+    assert body[refs_at] == 2
+    i = refs_at + 3  # tag, section length (1 byte), count (1 byte): the first reference's kind
+    assert body[i] == 3
+    body[i] = 4
+    with pytest.raises(tw.FormatError, match="object reference inside a container"):
+        tw.GuardSet.from_bytes(rewrap(bytes(body)))
+
+
 def test_allow_modules_imports_only_admitted_prefixes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -228,16 +228,32 @@ def test_the_store_never_widens_what_hits(tmp_path: Path) -> None:
         calls.append(dict(args))
         return fn
 
-    def f(x: Any) -> Any:
-        return x
-
-    a = tw.specialize(f, compiler=compiler, store=store)
+    a = tw.specialize(fx.helper, compiler=compiler, store=store)
     a(1)
-    b = tw.specialize(f, compiler=compiler, store=store)  # another "process": a fresh cache
-    b(1)
+    b = tw.specialize(fx.helper, compiler=compiler, store=store)  # another "process": a fresh cache
+    assert b(1) == 2
     assert len(calls) == 1 and b.store_loads == 1
     b(2)  # the stored entry guards x == 1: 2 compiles
     assert len(calls) == 2
+
+
+def test_closures_do_not_share_entries(tmp_path: Path) -> None:
+    """Two closures of one code share module, qualname and code, not their cells: a payload
+    compiled for one must never be served to the other."""
+    store = Directory(tmp_path)
+
+    def compiler(fn: Any, args: Any, b: Any) -> Any:
+        k = fn.__closure__[0].cell_contents
+        return lambda x: ("compiled for", k)
+
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        one = tw.specialize(fx.make_closure(1), compiler=compiler, store=store)
+        two = tw.specialize(fx.make_closure(2), compiler=compiler, store=store)
+        assert one(5) == ("compiled for", 1)
+        assert two(5) == ("compiled for", 2)
+    assert any("store not used" in str(x.message) for x in w)
+    assert Directory(tmp_path).entries() == []
 
 
 def test_entries_that_cannot_be_stored_stay_in_memory_with_one_warning(tmp_path: Path) -> None:
@@ -246,7 +262,7 @@ def test_entries_that_cannot_be_stored_stay_in_memory_with_one_warning(tmp_path:
     def compiler(fn: Any, args: Any, b: Any) -> Any:
         return lambda *a: "compiled"  # a closure: the reference codec cannot store it
 
-    f = tw.specialize(lambda x: x, compiler=compiler, store=store)
+    f = tw.specialize(fx.other_helper, compiler=compiler, store=store)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         assert f(1) == "compiled" and f(2) == "compiled" and f(1) == "compiled"

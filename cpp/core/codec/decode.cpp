@@ -136,7 +136,15 @@ class Decoder {
                 break;
             case ValueTag::Str: v.bytes = str(r, "string"); break;
             case ValueTag::Bytes: v.bytes = std::string(r.bytes("bytes")); break;
-            case ValueTag::Ref: v.index = r.index("reference", doc.references.size()); break;
+            case ValueTag::Ref:
+                v.index = r.index("reference", doc.references.size());
+                // Inside a container only enum members may stand: building a set or dict hashes
+                // its elements, and no other referenced object is a constant.
+                if (depth > 0 && doc.references[v.index].kind != RefKind::EnumMember) {
+                    r.fail_at(at, "a " + std::string(ref_kind_name(doc.references[v.index].kind)) +
+                                      " reference inside a container (only enum members may be)");
+                }
+                break;
             case ValueTag::Tuple:
             case ValueTag::List:
             case ValueTag::Set:
