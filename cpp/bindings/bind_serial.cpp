@@ -128,6 +128,23 @@ void register_serial(nb::module_& m) {
                          return out;
                      })
         .def_prop_ro("const_flags", [](const Decoded& d) { return d.doc.const_flags; })
+        .def_prop_ro(
+            "probe_references",
+            [](const Decoded& d) {
+                // The references the engine will call (GLOBAL_STATE's Python probes): a probe must
+                // be a reference, so that the loader can apply its stricter policy to it.
+                std::vector<std::uint32_t> out;
+                for (const auto& g : d.doc.guards) {
+                    if (g.decl.kind != core::GuardKind::GlobalState || g.decl.operand == core::kNoConst)
+                        continue;
+                    const core::codec::Value& v = d.doc.constants[g.decl.operand];
+                    if (v.tag != core::codec::ValueTag::Ref)
+                        throw core::codec::FormatError(g.offset, "a GLOBAL_STATE probe must be a reference");
+                    out.push_back(v.index);
+                }
+                return out;
+            },
+            "Indices of the references that GLOBAL_STATE guards call as probes.")
         .def_prop_ro("guard_count", [](const Decoded& d) { return d.doc.guards.size(); })
         .def(
             "decls",

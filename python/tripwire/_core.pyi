@@ -416,6 +416,10 @@ class Decoded:
     def const_flags(self) -> list[int]: ...
 
     @property
+    def probe_references(self) -> list[int]:
+        """Indices of the references that GLOBAL_STATE guards call as probes."""
+
+    @property
     def guard_count(self) -> int: ...
 
     def decls(self) -> list[GuardDecl]:

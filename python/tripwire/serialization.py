@@ -223,7 +223,7 @@ def _prove(gs: GuardSet, kept: list[GuardSpec], dropped: list, data: bytes, obje
     """The bytes rebuild the same guards (decoded and compiled by the engine, with the saved
     objects for the references): what was kept and nothing else, with the same sources,
     operands, install stacks and dropped list."""
-    loaded = _load(data, lambda i, ref: objects[i], gs._f_globals)
+    loaded = _load(data, lambda i, ref, called=False: objects[i], gs._f_globals)
     problems = []
     if len(loaded.guards) != len(kept):
         problems.append(f"{len(loaded.guards)} guards rebuilt, {len(kept)} kept")
@@ -288,14 +288,27 @@ def _admitted(module: str, allow: Sequence[str] | None) -> bool:
     return bool(allow) and any(module == p or module.startswith(p + ".") for p in allow or ())
 
 
-def _importer(resolve: Resolver | None, allow_modules: Sequence[str] | None) -> Callable[[int, tuple], Any]:
+def _importer(
+    resolve: Resolver | None, allow_modules: Sequence[str] | None, call_modules: Sequence[str] = ()
+) -> Callable[[int, tuple, bool], Any]:
+    """Resolves references by the loading rules. A reference the engine will *call* (a
+    GLOBAL_STATE probe, run by every check) resolves only in a module that ``allow_modules``
+    admits or that is in ``call_modules`` (the module of the ``f_globals`` the caller passed), or
+    through ``resolve``: the data must not choose which imported function runs (``os.abort`` is
+    always imported)."""
     if isinstance(allow_modules, str):
         allow_modules = (allow_modules,)
 
-    def lookup(i: int, ref: tuple) -> Any:
+    def lookup(i: int, ref: tuple, called: bool = False) -> Any:
         kind_n, module, qualname, fp, offset = ref
         kind = RefKind(kind_n)
         where = f"reference {module}:{qualname} ({kind.name.lower()}, at byte {offset})"
+        if called and resolve is None and not _admitted(module, allow_modules) and module not in call_modules:
+            raise FormatError(
+                f"{where} refused: it is called by every check (a GLOBAL_STATE probe), and its module "
+                f"{module!r} is neither admitted by allow_modules= nor the module of the f_globals given",
+                offset,
+            )
         mod = sys.modules.get(module)
         try:
             if isinstance(mod, types.ModuleType):
@@ -342,17 +355,24 @@ def loads(
     """``GuardSet.from_bytes``: see there."""
     if f_globals is not None and type(f_globals) is not dict:
         raise TypeError("f_globals must be a dict")
-    return _load(data, _importer(resolve, allow_modules), f_globals, use_module_globals=True)
+    own = _module_of_globals(f_globals)
+    return _load(
+        data, _importer(resolve, allow_modules, (own,) if own else ()), f_globals, use_module_globals=True
+    )
 
 
 def _load(
-    data: bytes, lookup: Callable[[int, tuple], Any], f_globals: dict | None, use_module_globals: bool = False
+    data: bytes, lookup: Callable[..., Any], f_globals: dict | None, use_module_globals: bool = False
 ) -> GuardSet:
     from .guard_set import GuardSet
 
     doc = _decode(data)
     refs = doc.references
-    objects = [lookup(i, r) for i, r in enumerate(refs)]
+    try:
+        called = set(doc.probe_references)
+    except _core._CodecError as e:
+        raise _format_error(e) from None
+    objects = [lookup(i, r, i in called) for i, r in enumerate(refs)]
     try:
         consts = doc.constants(objects)
     except _core._CodecError as e:
@@ -378,7 +398,7 @@ def _load(
             raise FormatError(
                 "this set reads G[...] from a globals dict that is not a module's: pass f_globals="
             )
-        mod = lookup(-1, (int(RefKind.MODULE), module, "", fingerprint(RefKind.MODULE, None), 0))
+        mod = lookup(-1, (int(RefKind.MODULE), module, "", fingerprint(RefKind.MODULE, None), 0), False)
         f_globals = mod.__dict__
     weak = [bool(f & 1) for f in doc.const_flags]
     baselines = {name: consts[c] for name, c in doc.baselines}

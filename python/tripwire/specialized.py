@@ -137,7 +137,14 @@ class Specialized(FastDispatch):
         self._local = threading.local()
         self._compiles = 0
         self.store = store
-        self.codec: Codec = ReferenceCodec() if codec is None else codec
+        if codec is None:
+            # Payloads are called on every hit: loaded by name only from the function's own
+            # module and the compiler's (store.ReferenceCodec).
+            own = [
+                m for m in (getattr(fn, "__module__", None), getattr(self.compiler, "__module__", None)) if m
+            ]
+            codec = ReferenceCodec(modules=[m for m in own if isinstance(m, str)])
+        self.codec: Codec = codec
         self._store_keys: set[str] = set()  # entries of the store this process has in its cache
         self._store_warned: set[str] = set()
         self.store_loads = 0  # entries loaded from the store into the cache

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -136,16 +137,39 @@ class Codec(Protocol):
 
 class ReferenceCodec:
     """The default codec: a payload that a module attribute holds (a module-level function, a
-    class, a built-in, a module) is stored as its reference, ``module:qualname`` plus
-    fingerprint, and loaded by looking the name up in an imported module and comparing the
-    fingerprint. Closures, lambdas and instances are refused (NotSerializable): give
-    ``@specialize`` a codec of your own for them."""
+    class, a module) is stored as its reference, ``module:qualname`` plus fingerprint, and loaded
+    by looking the name up in an imported module and comparing the fingerprint. Closures,
+    lambdas, built-ins and instances are refused (NotSerializable): give ``@specialize`` a codec
+    of your own for them.
+
+    A payload is *called* on every hit, with the caller's arguments: the bytes must not choose
+    which imported function that is (``subprocess.getoutput`` is a module-level function too).
+    ``modules`` are the module-name prefixes payloads may come from (``"pkg"`` admits ``pkg``
+    and ``pkg.sub``); ``@specialize`` gives its default codec the specialised function's module
+    and the compiler's. With no modules, nothing loads.
+    """
 
     name = "reference"
+
+    def __init__(self, modules: Iterable[str] = ()) -> None:
+        self.modules = tuple(modules)
+
+    def _admits(self, module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in self.modules)
 
     def encode(self, payload: Any) -> bytes:
         try:
             kind, module, qualname = name_of(payload, files=dict)
+            if (
+                kind not in (RefKind.FUNCTION, RefKind.TYPE)
+                or (type(payload) is not types.FunctionType
+                and kind is RefKind.FUNCTION)
+            ):
+                raise Unnamed(
+                    f"a {type(payload).__name__} payload: only Python functions and classes are stored by name"
+                )
+            if not self._admits(module):
+                raise Unnamed(f"{module}:{qualname} is not in the codec's modules {list(self.modules)}")
         except Unnamed as e:
             raise NotSerializable([("payload", None, str(e))]) from None
         fp = fingerprint(kind, payload).hex()
@@ -164,6 +188,15 @@ class ReferenceCodec:
             )
         except (ValueError, KeyError, TypeError) as e:
             raise FormatError(f"not a reference payload: {e}") from None
+        if (
+            kind not in (RefKind.FUNCTION, RefKind.TYPE)
+            or not isinstance(module, str)
+            or not self._admits(module)
+        ):
+            raise FormatError(
+                f"payload {module}:{qualname} refused: a payload is called on every hit, and only "
+                f"functions and classes of the codec's modules {list(self.modules)} are loaded"
+            )
         mod = sys.modules.get(module)
         if mod is None:
             raise FormatError(f"payload {module}:{qualname}: module {module!r} is not imported")
@@ -171,6 +204,10 @@ class ReferenceCodec:
             obj = resolve_name(kind, mod, qualname)
         except LookupError as e:
             raise FormatError(f"payload {module}:{qualname} does not resolve: {e}") from None
+        if not isinstance(obj, types.FunctionType if kind is RefKind.FUNCTION else type):
+            raise FormatError(
+                f"payload {module}:{qualname} is a {type(obj).__name__}, not a {kind.name.lower()}"
+            )
         if fingerprint(kind, obj).hex() != fp:
             raise FormatError(
                 f"payload {module}:{qualname} differs from the one saved (its fingerprint changed)"

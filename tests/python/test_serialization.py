@@ -92,7 +92,7 @@ def roundtrip_against_live(data: Any, kind: str | None) -> None:
     plan.apply(b)
     gs = b.build()
     blob, drop = save_what_can_be_saved(gs)
-    loaded = tw.GuardSet.from_bytes(blob, f_globals=example.f_globals)
+    loaded = tw.GuardSet.from_bytes(blob, f_globals=example.f_globals, allow_modules=["strategies"])
     live = tw.GuardSet(kept_specs(gs, drop), example.f_globals, example.f_closure)
     assert len(loaded) == len(live)
     assert {d[1] or d[0] for d in loaded.dropped} == drop
@@ -172,7 +172,7 @@ def test_globals_are_the_recorded_modules_in_a_fresh_process(tmp_path: Path) -> 
 import sys
 sys.path.insert(0, {str(HERE)!r})
 import serial_fixtures as fx, tripwire as tw
-gs = tw.GuardSet.from_bytes(open({str(p)!r}, "rb").read())
+gs = tw.GuardSet.from_bytes(open({str(p)!r}, "rb").read(), allow_modules=["serial_fixtures"])
 r = [gs.check({{}})]
 fx.CONFIG.mode = "slow"; r.append(gs.why_not({{}}).source)
 fx.CONFIG.mode = "fast"; fx.helper = fx.other_helper; r.append(gs.why_not({{}}).source)
@@ -369,6 +369,43 @@ def test_a_reference_of_the_wrong_kind_is_refused_before_its_fingerprint() -> No
             tw.GuardSet.from_bytes(crafted(kind, "serial_fixtures", qualname))
     with pytest.raises(tw.FormatError, match="fingerprint"):  # the right kind, a made-up fingerprint
         tw.GuardSet.from_bytes(crafted(0, "serial_fixtures", "Point"))
+
+
+def test_a_probe_reference_cannot_choose_what_every_check_runs() -> None:
+    """A GLOBAL_STATE probe is called by every check. os.abort takes no argument and os is
+    always imported: bytes naming it as a probe (with its true fingerprint) must not load unless
+    the caller admits the module."""
+    from tripwire import _core
+    from tripwire.references import RefKind, fingerprint
+
+    decl = _core.GuardDecl(tw.GuardKind.GLOBAL_STATE, None, 0, 1, id=0)
+    data = _core.encode_guard_set(
+        [decl],
+        [os.abort, 0],
+        [0, 0],
+        ["probe"],
+        [[]],
+        [(int(RefKind.FUNCTION), "posix", "abort", fingerprint(RefKind.FUNCTION, os.abort))],
+        lambda o: 0,
+        None,
+        [],
+        [],
+        False,
+        "test",
+        (3, 11),
+    )
+    with pytest.raises(tw.FormatError, match="called by every check"):
+        tw.GuardSet.from_bytes(data)
+    with pytest.raises(tw.FormatError, match="called by every check"):
+        tw.GuardSet.from_bytes(data, f_globals=fx.__dict__)  # the caller's module is not posix
+    # A probe of the caller's own module loads (the f_globals given), and runs.
+    b = tw.GuardBuilder({}, fx.__dict__)
+    b.global_state(fx.probe_mode)
+    blob = b.build().to_bytes()
+    with pytest.raises(tw.FormatError, match="called by every check"):
+        tw.GuardSet.from_bytes(blob)
+    assert tw.GuardSet.from_bytes(blob, f_globals=fx.__dict__).check({})
+    assert tw.GuardSet.from_bytes(blob, allow_modules=["serial_fixtures"]).check({})
 
 
 def test_an_edited_method_changes_the_class_fingerprint() -> None:

@@ -164,13 +164,44 @@ def test_a_writer_killed_mid_write_leaves_no_corrupt_entry(tmp_path: Path) -> No
 
 
 def test_codecs() -> None:
-    r = ReferenceCodec()
+    r = ReferenceCodec(modules=["serial_fixtures"])
     assert r.decode(r.encode(fx.helper)) is fx.helper
     assert r.decode(r.encode(fx.Point)) is fx.Point
     with pytest.raises(tw.NotSerializable, match="closure or lambda"):
         r.encode(fx.make_closure(1))
+    with pytest.raises(tw.NotSerializable, match="not in the codec's modules"):
+        r.encode(json.dumps)
+    with pytest.raises(tw.NotSerializable, match="only Python functions and classes"):
+        r.encode(len)
     with pytest.raises(tw.FormatError, match="not a reference payload"):
         r.decode(b"\x80\x04cos\nsystem\n")  # a pickle is just bad data here
+
+
+def test_a_payload_reference_cannot_choose_what_runs() -> None:
+    """A payload is called with the caller's arguments on every hit: a stored reference to any
+    imported function outside the codec's modules (subprocess.getoutput, os.system) is refused,
+    whatever its fingerprint."""
+    import subprocess as sp
+
+    from tripwire.references import RefKind, fingerprint
+
+    r = ReferenceCodec(modules=["serial_fixtures"])
+    for target, kind in [(sp.getoutput, RefKind.FUNCTION), (os.system, RefKind.FUNCTION)]:
+        forged = json.dumps(
+            {
+                "kind": int(kind),
+                "module": target.__module__,
+                "qualname": target.__qualname__,
+                "fingerprint": fingerprint(kind, target).hex(),
+            }
+        ).encode()
+        with pytest.raises(tw.FormatError, match="refused"):
+            r.decode(forged)
+    forged = json.dumps(
+        {"kind": int(RefKind.OBJECT), "module": "serial_fixtures", "qualname": "CONFIG", "fingerprint": ""}
+    ).encode()
+    with pytest.raises(tw.FormatError, match="refused"):
+        r.decode(forged)
     assert BytesCodec().decode(BytesCodec().encode(b"abc")) == b"abc"
     with pytest.raises(tw.NotSerializable):
         BytesCodec().encode("abc")
