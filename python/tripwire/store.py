@@ -160,11 +160,8 @@ class ReferenceCodec:
     def encode(self, payload: Any) -> bytes:
         try:
             kind, module, qualname = name_of(payload, files=dict)
-            if (
-                kind not in (RefKind.FUNCTION, RefKind.TYPE)
-                or (type(payload) is not types.FunctionType
-                and kind is RefKind.FUNCTION)
-            ):
+            python_function = kind is RefKind.FUNCTION and type(payload) is types.FunctionType
+            if not (python_function or kind is RefKind.TYPE):
                 raise Unnamed(
                     f"a {type(payload).__name__} payload: only Python functions and classes are stored by name"
                 )
