@@ -51,11 +51,22 @@ class Unnamed(Exception):
 _MISSING: Any = object()
 
 
+# type's own descriptors for the attributes read from classes: a metaclass may define a property
+# named __mro__ or __qualname__, which type.__getattribute__ would run (a data descriptor of the
+# metatype wins). The getters of `type` itself run no user code.
+_TYPE_GETTERS = {
+    name: type.__dict__[name] for name in ("__mro__", "__qualname__", "__module__", "__dict__", "__name__")
+}
+
+
 def _type_attr(t: type, name: str, default: Any = _MISSING) -> Any:
-    """``type.__getattribute__(t, name)``: no metaclass hook runs."""
+    """``t.name`` through type's own descriptor (no metaclass hook or property runs)."""
     try:
+        getter = _TYPE_GETTERS.get(name)
+        if getter is not None:
+            return getter.__get__(t, type)
         return type.__getattribute__(t, name)
-    except AttributeError:
+    except (AttributeError, TypeError):
         if default is _MISSING:
             raise
         return default
@@ -64,17 +75,17 @@ def _type_attr(t: type, name: str, default: Any = _MISSING) -> Any:
 def _static_attr(obj: Any, name: str) -> Any:
     """``obj.name`` read from ``__dict__`` entries only: a module's dict, or the dicts of a class's
     MRO; staticmethod and classmethod wrappers are unwrapped. Raises LookupError."""
-    if isinstance(obj, types.ModuleType):
+    if issubclass(type(obj), types.ModuleType):
         d = obj.__dict__
         if name in d:
             return d[name]
         raise LookupError(f"module {obj.__name__!r} has no attribute {name!r}")
-    if isinstance(obj, type):
+    if issubclass(type(obj), type):
         for klass in _type_attr(obj, "__mro__"):
             d = _type_attr(klass, "__dict__")
             if name in d:
                 v = d[name]
-                if isinstance(v, staticmethod | classmethod):
+                if type(v) in (staticmethod, classmethod):
                     v = v.__func__
                 return v
         raise LookupError(f"class {_type_attr(obj, '__qualname__', '?')!r} has no attribute {name!r}")
@@ -82,9 +93,10 @@ def _static_attr(obj: Any, name: str) -> Any:
 
 
 def _code_of(obj: Any) -> types.CodeType | None:
-    if isinstance(obj, types.CodeType):
+    # type(), not isinstance(): isinstance may read a user's __class__.
+    if type(obj) is types.CodeType:
         return obj
-    if isinstance(obj, types.FunctionType):
+    if type(obj) is types.FunctionType:
         return obj.__code__
     return None
 
@@ -102,7 +114,7 @@ def _walk(module: types.ModuleType, qualname: str) -> Any:
             if code is None:
                 raise LookupError(f"'<locals>' follows a {type(obj).__name__} in {qualname!r}")
             obj = code
-        elif isinstance(obj, types.CodeType):
+        elif type(obj) is types.CodeType:
             want = ".".join(parts[: i + 1])
             found = [c for c in obj.co_consts if isinstance(c, types.CodeType) and c.co_qualname == want]
             if len(found) != 1:
@@ -121,7 +133,7 @@ def resolve_name(kind: RefKind, module: types.ModuleType, qualname: str) -> Any:
     if kind is RefKind.ENUM_MEMBER:
         cls_name, _, member = qualname.rpartition(".")
         cls = _walk(module, cls_name)
-        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+        if not (issubclass(type(cls), type) and issubclass(cls, enum.Enum)):
             raise LookupError(f"{cls_name!r} is not an enum class")
         members = _type_attr(cls, "_member_map_")
         if type(members) is not dict or member not in members:
@@ -196,13 +208,13 @@ def name_of(
     ``global_name`` is ``(module, name)`` when the object was read from a module's globals as
     ``G['name']``: any object a module attribute holds can be named that way.
     """
-    t = type(obj)
-    if isinstance(obj, types.ModuleType):
+    t = type(obj)  # type(), not isinstance(): isinstance may read a user's __class__
+    if issubclass(t, types.ModuleType):
         name = obj.__name__
         if sys.modules.get(name) is not obj:
             raise Unnamed(f"module {name!r} is not the one imported under that name")
         return (RefKind.MODULE, name, "")
-    if isinstance(obj, type):
+    if issubclass(t, type):
         qualname = _type_attr(obj, "__qualname__", None)
         module = _type_attr(obj, "__module__", None)
         if type(qualname) is not str or "<locals>" in qualname:
@@ -296,7 +308,7 @@ def _type_text(t: type) -> str:
         d = _type_attr(k, "__dict__", {})
         for name in sorted(n for n in d if type(n) is str):
             v = d[name]
-            if isinstance(v, staticmethod | classmethod):
+            if type(v) in (staticmethod, classmethod):
                 v = v.__func__
             if type(v) is types.FunctionType:
                 parts.append(f"{name}={_code_digest(v.__code__).hex()[:16]}")

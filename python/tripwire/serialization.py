@@ -127,7 +127,7 @@ class _Saver:
                 self.reference(obj, global_name)
         elif k in (GuardKind.TYPE_MATCH, GuardKind.CODE_MATCH):
             self.reference(args[0])
-        elif k is GuardKind.GLOBAL_STATE and not isinstance(args[0], str):
+        elif k is GuardKind.GLOBAL_STATE and type(args[0]) is not str:
             self.reference(args[0])
             self._constant(args[1])
         elif k in (GuardKind.EQUALS_MATCH, GuardKind.DICT_KEYS, GuardKind.DICT_CONTAINS):
@@ -331,7 +331,7 @@ def _importer(
         except LookupError as e:
             raise FormatError(f"{where} does not resolve: {e}", offset) from None
         expected = _REF_TYPES.get(kind)
-        if expected is not None and not isinstance(obj, expected):
+        if expected is not None and not issubclass(type(obj), expected):
             raise FormatError(
                 f"{where} resolves to a {type(obj).__name__}, not a {kind.name.lower()}", offset
             )

@@ -408,6 +408,38 @@ def test_a_probe_reference_cannot_choose_what_every_check_runs() -> None:
     assert tw.GuardSet.from_bytes(blob, allow_modules=["serial_fixtures"]).check({})
 
 
+def test_no_metaclass_hook_runs_while_saving_or_loading() -> None:
+    """References are named and resolved through type's own descriptors and __dict__ entries: a
+    metaclass __getattribute__ or a property named __mro__ never runs (it could lie, or mutate)."""
+    calls: list[str] = []
+
+    class Meta(type):
+        @property
+        def __mro__(cls) -> Any:  # type: ignore[override]
+            calls.append("__mro__ property")
+            return (cls, object)
+
+        def __getattribute__(cls, name: str) -> Any:
+            calls.append(name)
+            return type.__getattribute__(cls, name)
+
+    mod = make_module("tw_serial_meta", "")
+    try:
+        K = Meta("K", (), {"__module__": "tw_serial_meta", "__qualname__": "K"})
+        mod.K = K
+        b = tw.GuardBuilder({"v": K(), "k": K})
+        b.type_match("L['v']")
+        b.id_match("L['k']")
+        gs = b.build()
+        calls.clear()
+        data = gs.to_bytes()
+        loaded = tw.GuardSet.from_bytes(data)
+        assert calls == []
+        assert loaded.check({"v": K(), "k": K})
+    finally:
+        sys.modules.pop("tw_serial_meta", None)
+
+
 def test_an_edited_method_changes_the_class_fingerprint() -> None:
     mod = make_module("tw_serial_edit", "class K:\n    def m(self):\n        return 1\n")
     try:
