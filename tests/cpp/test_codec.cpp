@@ -151,6 +151,29 @@ TEST(Codec, RoundTripsEveryStoredKind) {
     EXPECT_NO_THROW(compile(decls, e.constants.size()));
 }
 
+/// A kind relating several sources (as ALIAS will) writes its others with write_source.
+TEST(Codec, PayloadsCanCarryExtraSources) {
+    struct Table : StringTable {
+        std::vector<std::string> all;
+        std::uint32_t index(const std::string& s) override {
+            all.push_back(s);
+            return static_cast<std::uint32_t>(all.size() - 1);
+        }
+    } table;
+    Writer w;
+    const SourcePath src = source(RootKind::Global, 1, {attr(0), test_util::defaults(2)});
+    write_source(src, w, table);
+    Reader r(reinterpret_cast<const std::uint8_t*>(w.out.data()), w.out.size(), 0);
+    SourcePath back;
+    read_source(r, back, PayloadContext{table.all, 2});
+    EXPECT_TRUE(r.at_end());
+    EXPECT_EQ(back.root, RootKind::Global);
+    EXPECT_EQ(back.steps, src.steps);
+    EXPECT_EQ(back.texts, src.texts);
+    Reader bad(reinterpret_cast<const std::uint8_t*>(w.out.data()), w.out.size(), 0);
+    EXPECT_THROW(read_source(bad, back, PayloadContext{table.all, 1}), FormatError);  // constant 1 of 1
+}
+
 TEST(Codec, NeverStoredKindsAreRefused) {
     for (GuardKind k : {GuardKind::DictVersion, GuardKind::Lambda}) {
         EXPECT_EQ(record_version(k), 0);

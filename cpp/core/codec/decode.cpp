@@ -56,14 +56,6 @@ bool valid_utf8(std::string_view s) {
     return true;
 }
 
-bool step_has_operand(StepKind k) {
-    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem || k == StepKind::KwDefaults;
-}
-bool step_has_index(StepKind k) {
-    return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-           k == StepKind::DictValue;
-}
-
 class Decoder {
   public:
     Document doc;
@@ -214,12 +206,13 @@ class Decoder {
                 r.fail_at(g.offset, "guards are not in increasing id order (duplicate or unsorted id " +
                                         std::to_string(d.id) + ")");
             }
+            const PayloadContext ctx{strings_, n_consts};
             d.has_source = r.flag("source flag");
-            if (d.has_source) source(r, d.source, n_consts);
+            if (d.has_source) read_source(r, d.source, ctx);
             std::string_view payload = r.bytes("payload");
             Reader pr(reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size(),
                       r.offset() - payload.size());
-            read_payload(d, version, pr, n_consts);
+            read_payload(d, version, pr, ctx);
             const std::uint64_t label = r.varint("label");
             if (label > strings_.size()) r.fail("label string out of range");
             if (label != 0) g.label = strings_[label - 1];
@@ -234,36 +227,6 @@ class Decoder {
             }
             doc.guards.push_back(std::move(g));
         }
-    }
-
-    void source(Reader& r, SourcePath& s, std::size_t n_consts) {
-        const std::size_t at = r.offset();
-        const std::uint8_t root = r.u8("root kind");
-        if (root >= kRootKindCount) r.fail_at(at, "unknown root kind " + std::to_string(root));
-        s.root = static_cast<RootKind>(root);
-        s.name = r.index("root name constant", n_consts);
-        const std::size_t depth_at = r.offset();
-        const std::size_t n = r.count("source depth");
-        if (n > kMaxSourceDepth) {
-            r.fail_at(depth_at, "source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
-        }
-        s.steps.reserve(n);
-        for (std::size_t k = 0; k < n; ++k) {
-            const std::size_t step_at = r.offset();
-            const std::uint8_t kind = r.u8("step kind");
-            if (kind >= kStepKindCount) r.fail_at(step_at, "unknown step kind " + std::to_string(kind));
-            Step st;
-            st.kind = static_cast<StepKind>(kind);
-            if (step_has_operand(st.kind)) st.operand = r.index("step operand constant", n_consts);
-            if (step_has_index(st.kind)) {
-                const std::uint64_t i = r.varint("step index");
-                if (i > 0x7FFFFFFFu) r.fail_at(step_at, "step index out of range");
-                st.index = static_cast<std::int64_t>(i);
-            }
-            s.steps.push_back(st);
-        }
-        s.texts.reserve(n + 1);
-        for (std::size_t k = 0; k <= n; ++k) s.texts.push_back(str(r, "source text"));
     }
 
     void meta(Reader& r) {

@@ -15,8 +15,10 @@ namespace {
 
 enum Section : std::uint8_t { kStrings = 1, kReferences = 2, kConstants = 3, kGuards = 4, kMeta = 5 };
 
-class Encoder {
+class Encoder : public StringTable {
   public:
+    std::uint32_t index(const std::string& s) override { return str(s); }
+
     std::uint32_t str(const std::string& s) {
         auto it = index_.find(s);
         if (it != index_.end()) return it->second;
@@ -86,19 +88,9 @@ class Encoder {
         w.u8(record_version(d.kind));
         w.varint(d.id);
         w.u8(d.has_source ? 1 : 0);
-        if (d.has_source) {
-            w.u8(static_cast<std::uint8_t>(d.source.root));
-            w.varint(d.source.name);
-            w.varint(d.source.steps.size());
-            for (const Step& s : d.source.steps) {
-                w.u8(static_cast<std::uint8_t>(s.kind));
-                if (s.operand != kNoConst) w.varint(s.operand);
-                if (step_has_index(s.kind)) w.varint(static_cast<std::uint64_t>(s.index));
-            }
-            for (const std::string& t : d.source.texts) w.varint(str(t));
-        }
+        if (d.has_source) write_source(d.source, w, *this);
         Writer payload;
-        write_payload(d, payload);
+        write_payload(d, payload, *this);
         w.bytes(payload.out);
         w.varint(g.label.empty() ? 0 : std::uint64_t{str(g.label)} + 1);
         w.varint(g.stack.size());
@@ -113,11 +105,6 @@ class Encoder {
     }
 
     static constexpr int kMaxValueDepth = 128;
-
-    static bool step_has_index(StepKind k) {
-        return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-               k == StepKind::DictValue;
-    }
 
   private:
     static std::uint64_t bits(double d) {

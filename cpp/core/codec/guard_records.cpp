@@ -3,7 +3,65 @@
 
 #include <string>
 
+#include "core/program.hpp"
+
 namespace tripwire::core::codec {
+namespace {
+
+bool step_has_operand(StepKind k) {
+    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem || k == StepKind::KwDefaults;
+}
+bool step_has_index(StepKind k) {
+    return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
+           k == StepKind::DictValue;
+}
+
+}  // namespace
+
+void write_source(const SourcePath& s, Writer& w, StringTable& strings) {
+    w.u8(static_cast<std::uint8_t>(s.root));
+    w.varint(s.name);
+    w.varint(s.steps.size());
+    for (const Step& st : s.steps) {
+        w.u8(static_cast<std::uint8_t>(st.kind));
+        if (step_has_operand(st.kind)) w.varint(st.operand);
+        if (step_has_index(st.kind)) w.varint(static_cast<std::uint64_t>(st.index));
+    }
+    for (const std::string& t : s.texts) w.varint(strings.index(t));
+}
+
+void read_source(Reader& r, SourcePath& s, const PayloadContext& ctx) {
+    const std::size_t at = r.offset();
+    const std::uint8_t root = r.u8("root kind");
+    if (root >= kRootKindCount) r.fail_at(at, "unknown root kind " + std::to_string(root));
+    s.root = static_cast<RootKind>(root);
+    s.name = r.index("root name constant", ctx.n_consts);
+    const std::size_t depth_at = r.offset();
+    const std::size_t n = r.count("source depth");
+    if (n > kMaxSourceDepth) {
+        r.fail_at(depth_at, "source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
+    }
+    s.steps.clear();
+    s.steps.reserve(n);
+    for (std::size_t k = 0; k < n; ++k) {
+        const std::size_t step_at = r.offset();
+        const std::uint8_t kind = r.u8("step kind");
+        if (kind >= kStepKindCount) r.fail_at(step_at, "unknown step kind " + std::to_string(kind));
+        Step st;
+        st.kind = static_cast<StepKind>(kind);
+        if (step_has_operand(st.kind)) st.operand = r.index("step operand constant", ctx.n_consts);
+        if (step_has_index(st.kind)) {
+            const std::uint64_t i = r.varint("step index");
+            if (i > 0x7FFFFFFFu) r.fail_at(step_at, "step index out of range");
+            st.index = static_cast<std::int64_t>(i);
+        }
+        s.steps.push_back(st);
+    }
+    s.texts.clear();
+    s.texts.reserve(n + 1);
+    for (std::size_t k = 0; k <= n; ++k)
+        s.texts.push_back(ctx.strings[r.index("source text", ctx.strings.size())]);
+}
 
 std::uint8_t record_version(GuardKind k) { return never_stored_reason(k) == nullptr ? 1 : 0; }
 
@@ -16,7 +74,7 @@ const char* never_stored_reason(GuardKind k) {
     }
 }
 
-void write_payload(const GuardDecl& d, Writer& w) {
+void write_payload(const GuardDecl& d, Writer& w, StringTable& /*strings*/) {
     switch (d.kind) {
         case GuardKind::TypeMatch:
         case GuardKind::IdMatch:
@@ -57,7 +115,8 @@ void write_payload(const GuardDecl& d, Writer& w) {
     }
 }
 
-void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, std::size_t n_consts) {
+void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadContext& ctx) {
+    const std::size_t n_consts = ctx.n_consts;
     const std::string name(guard_kind_name(d.kind));
     if (const char* why = never_stored_reason(d.kind)) r.fail(name + " guards are never stored: " + why);
     if (version != 1) {
