@@ -12,15 +12,17 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
-from . import frame
+from . import frame, store
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec
 from .errors import (
+    FormatError,
     FrameError,
     GuardBuildError,
     GuardEvalError,
     IncompatibleCodeError,
+    NotSerializable,
     RecompileError,
     RecompileLimitExceeded,
     SourceParseError,
@@ -40,6 +42,7 @@ __all__ = [
     "CacheEntry",
     "Checkpoint",
     "Failure",
+    "FormatError",
     "FrameError",
     "GuardBuildError",
     "GuardBuilder",
@@ -48,6 +51,7 @@ __all__ = [
     "GuardSet",
     "GuardSpec",
     "IncompatibleCodeError",
+    "NotSerializable",
     "Policy",
     "RecompileError",
     "RecompileLimitExceeded",
@@ -64,4 +68,5 @@ __all__ = [
     "infer_into",
     "set_logs",
     "specialize",
+    "store",
 ]

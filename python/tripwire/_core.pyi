@@ -462,6 +462,63 @@ def dict_version(d: dict) -> int:
     The engine's version stamp of dict d (changes on every mutation; unique across dicts).
     """
 
+class _CodecError(ValueError):
+    pass
+
+def encode_guard_set(decls: Sequence[GuardDecl], consts: list, const_flags: Sequence[int], labels: Sequence[str], stacks: Sequence[Sequence[str]], references: list, ref_of: Callable, globals_module: str | None, baselines: Sequence[tuple[str, int]], dropped: Sequence[tuple[str, str, str]], strict: bool, version: str, python: tuple[int, int]) -> bytes:
+    """
+    The bytes of a guard set (docs/format.md). Constants that are not plain values go through ref_of(obj) -> reference index, which appends (kind, module, qualname, fingerprint) to `references` or raises.
+    """
+
+class Decoded:
+    """A decoded, validated guard-set document (tripwire.serialization)."""
+
+    @property
+    def tripwire_version(self) -> str: ...
+
+    @property
+    def python_version(self) -> tuple[int, int]: ...
+
+    @property
+    def strict(self) -> bool: ...
+
+    @property
+    def globals_module(self) -> str | None: ...
+
+    @property
+    def references(self) -> list:
+        """[(kind, module, qualname, fingerprint, byte offset)]"""
+
+    @property
+    def baselines(self) -> list[tuple[str, int]]: ...
+
+    @property
+    def dropped(self) -> list[tuple[str, str, str]]: ...
+
+    @property
+    def const_flags(self) -> list[int]: ...
+
+    @property
+    def probe_references(self) -> list[int]:
+        """Indices of the references that GLOBAL_STATE guards call as probes."""
+
+    @property
+    def guard_count(self) -> int: ...
+
+    def decls(self) -> list[GuardDecl]:
+        """The guard declarations (operands index constants())."""
+
+    def guard_info(self) -> list:
+        """[(label, install stack, byte offset)] per guard."""
+
+    def constants(self, resolved: list) -> list:
+        """
+        The constants as objects, references replaced by `resolved` (one object per reference).
+        """
+
+def decode_guard_set(data: bytes) -> Decoded:
+    """Decode and validate bytes (raises _CodecError naming the byte offset)."""
+
 def _dict_hints_enabled() -> bool:
     """
     Whether dict entry hints (the interpreter's dict layout, verified at start-up) are in use.
