@@ -32,7 +32,9 @@ def read_target(target: str) -> bytes:
         data = client.get(key)
         if data is None:
             raise SystemExit(f"{target}: no such key")
-        return bytes(data)
+        if not isinstance(data, bytes):  # a client made with decode_responses=True
+            raise SystemExit(f"{target}: the client returned {type(data).__name__}, not bytes")
+        return data
     with open(target, "rb") as f:
         return f.read()
 
