@@ -5,9 +5,11 @@ from __future__ import annotations
 __all__ = [
     "GuardBuildError",
     "GuardEvalError",
+    "GuardsNotImportable",
     "RecompileError",
     "RecompileLimitExceeded",
     "SourceParseError",
+    "TorchImportError",
     "TripwireError",
 ]
 
@@ -51,3 +53,18 @@ class RecompileLimitExceeded(TripwireError):
         if self.reasons:
             msg += ": " + "; ".join(self.reasons)
         super().__init__(msg)
+
+
+class TorchImportError(TripwireError):
+    """``tripwire.torch.guards_of`` cannot import a torch cache entry: the object has no compiled
+    entry, the entry index is out of range, or the entry was invalidated."""
+
+
+class GuardsNotImportable(TorchImportError):
+    """Guards of a torch cache entry that ``guards_of`` cannot import exactly and the caller did not
+    name in ``drop=``. ``guards`` lists each one (a ``tripwire.torch.TorchGuard``: ``.source``,
+    ``.kind``, ``.code``, ``.why``); nothing was imported."""
+
+    def __init__(self, message: str, guards: tuple = ()) -> None:
+        super().__init__(message)
+        self.guards = tuple(guards)
