@@ -18,9 +18,11 @@ from .catalogue import GuardKind, GuardSpec
 from .errors import (
     GuardBuildError,
     GuardEvalError,
+    GuardsNotImportable,
     RecompileError,
     RecompileLimitExceeded,
     SourceParseError,
+    TorchImportError,
     TripwireError,
 )
 from .failure import Failure
@@ -43,6 +45,7 @@ __all__ = [
     "GuardKind",
     "GuardSet",
     "GuardSpec",
+    "GuardsNotImportable",
     "Policy",
     "RecompileError",
     "RecompileLimitExceeded",
@@ -52,6 +55,7 @@ __all__ = [
     "Specialized",
     "Step",
     "StepKind",
+    "TorchImportError",
     "TripwireError",
     "format_recompile",
     "guards_for",

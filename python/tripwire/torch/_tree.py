@@ -86,7 +86,7 @@ def resolve_target(obj: Any) -> Target:
 def find_entry(target: Target, entry: int) -> Any:
     """The ``GuardManagerWrapper`` of cache entry ``entry`` (0 = the most recently used)."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    from torch._dynamo.guards import GuardManagerWrapper
+    from torch._dynamo.guards import DeletedGuardManagerWrapper, GuardManagerWrapper
 
     code = target.code
     where = f"{target.described} ({code.co_filename}:{code.co_firstlineno})"
@@ -104,7 +104,7 @@ def find_entry(target: Target, entry: int) -> Any:
             f"entr{'y' if len(entries) == 1 else 'ies'} for {where}"
         )
     gm = entries[entry].guard_manager
-    if not isinstance(gm, GuardManagerWrapper):
+    if isinstance(gm, DeletedGuardManagerWrapper) or not isinstance(gm, GuardManagerWrapper):
         reason = getattr(gm, "invalidation_reason", None) or type(gm).__name__
         raise TorchImportError(f"guards_of: cache entry {entry} of {where} is invalidated: {reason}")
     return gm
