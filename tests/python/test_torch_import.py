@@ -20,6 +20,7 @@ Counts are bounded for CI (``TRIALS`` per case, ``gc_stress.scaled``); the long 
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -280,10 +281,23 @@ class Holder:
 # =================================================================================================
 # Compiling and importing
 # =================================================================================================
+@contextlib.contextmanager
+def torch_compiling():
+    """Normal collection thresholds while torch compiles: --gc-stress is for tripwire's engine
+    (importing and checking stay under it), and tracing under it takes minutes."""
+    old = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def compile_and_call(fn: Any, *args: Any) -> Any:
     """torch.compile fn, call it once; returns the guard manager of its (single) cache entry."""
     torch._dynamo.reset()
-    torch.compile(fn, backend="eager", dynamic=False)(*args)
+    with torch_compiling():
+        torch.compile(fn, backend="eager", dynamic=False)(*args)
     gm = _tree.find_entry(_tree.resolve_target(fn), 0)
     assert len(_debug_get_cache_entry_list(_tree.resolve_target(fn).code)) == 1
     return gm
@@ -1021,8 +1035,9 @@ def test_entries_in_lru_order_and_invalidated_entries():
     cfn = torch.compile(config_fn, backend="eager", dynamic=False)
     a, b = config_base(), config_base()
     b["depth"] = 7
-    cfn(torch.ones(3), a)
-    cfn(torch.ones(3), b)  # a second entry (depth is specialised)
+    with torch_compiling():
+        cfn(torch.ones(3), a)
+        cfn(torch.ones(3), b)  # a second entry (depth is specialised)
     newest = twt.guards_of(cfn, entry=0, drop=twt.PENDING_KINDS)
     oldest = twt.guards_of(config_fn, entry=1, drop=twt.PENDING_KINDS)
     assert newest.check({"x": torch.ones(3), "cfg": b}) and not newest.check({"x": torch.ones(3), "cfg": a})
@@ -1042,7 +1057,8 @@ def test_entries_in_lru_order_and_invalidated_entries():
 
     o = make()
     torch._dynamo.reset()
-    torch.compile(call_it, backend="eager", dynamic=False)(torch.ones(1), o)
+    with torch_compiling():
+        torch.compile(call_it, backend="eager", dynamic=False)(torch.ones(1), o)
     gs = twt.guards_of(call_it, drop=twt.PENDING_KINDS)
     assert gs.check({"x": torch.ones(1), "o": o})
     del o

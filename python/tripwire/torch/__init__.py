@@ -162,7 +162,10 @@ def guards_of(
         exemptions=_exemptions(gm, conv),
         options={"drop": drops, "equals": equals, "fallback": fallback},
     )
-    return ImportedGuardSet(specs, f_globals, record, keep_alive=gm, strict=strict)
+    # A guard evaluated by torch's own leaf object calls into torch's tree (the binding hands out
+    # borrowed pointers to its leaves): keep that tree alive exactly as long as the set.
+    calls_torch = any(g.outcome == "torch" for g in records)
+    return ImportedGuardSet(specs, f_globals, record, keep_alive=gm if calls_torch else None, strict=strict)
 
 
 def _any_node_source(root: Any, s: str) -> bool:
