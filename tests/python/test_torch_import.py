@@ -149,7 +149,11 @@ class Res(nn.Module):
     def __init__(self, c: int) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+            nn.Conv2d(c, c, 3, padding=1),
+            nn.BatchNorm2d(c),
+            nn.ReLU(),
+            nn.Conv2d(c, c, 3, padding=1),
+            nn.BatchNorm2d(c),
         )
 
     def forward(self, x):
@@ -259,6 +263,8 @@ class Mode(enum.Enum):
 
 
 GCFG = {"depth": 2}
+
+
 def _scale_by(k: int) -> Callable:
     def clo(t):
         return t * k
@@ -346,7 +352,9 @@ class Differential:
                 f"after {what}: torch {want}, tripwire {got}\n torch: {why_torch}\n tripwire: {why_tw}"
             )
 
-    def run(self, mutations: list[Callable[[random.Random], Callable[[], None]]], trials: int, seed: int) -> None:
+    def run(
+        self, mutations: list[Callable[[random.Random], Callable[[], None]]], trials: int, seed: int
+    ) -> None:
         rng = random.Random(seed)
         self.compare("nothing")
         for t in range(trials):
@@ -440,17 +448,34 @@ def test_differential_gpt():
     gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS | {"OBJECT_ALIASING"})
     rec = gs.torch_import
     assert {e.kind for e in rec.exemptions} == {"NO_TENSOR_ALIASING", "NN_MODULE_HOOKS", "DICT_TAG_SKIP"}
-    assert "NO_TENSOR_ALIASING" in gs.explain() and "skip_no_tensor_aliasing_guards_on_parameters" in gs.explain()
+    assert (
+        "NO_TENSOR_ALIASING" in gs.explain()
+        and "skip_no_tensor_aliasing_guards_on_parameters" in gs.explain()
+    )
 
     def cfg_field(rng):
-        name, values = one_of(rng, [("heads", (2, 8, 4.0, "4", 4)), ("causal", (False, 1, None, True)),
-                                    ("d", (8, 16)), ("dropout", (0.1, 0.0))])
+        name, values = one_of(
+            rng,
+            [
+                ("heads", (2, 8, 4.0, "4", 4)),
+                ("causal", (False, 1, None, True)),
+                ("d", (8, 16)),
+                ("dropout", (0.1, 0.0)),
+            ],
+        )
         return set_attr(cfg, name, one_of(rng, values))
 
     def block_cfg(rng):
         b = one_of(rng, model.blocks)
-        new = one_of(rng, [dataclasses.replace(cfg), dataclasses.replace(cfg, causal=not cfg.causal), cfg,
-                           types.SimpleNamespace(**dataclasses.asdict(cfg))])
+        new = one_of(
+            rng,
+            [
+                dataclasses.replace(cfg),
+                dataclasses.replace(cfg, causal=not cfg.causal),
+                cfg,
+                types.SimpleNamespace(**dataclasses.asdict(cfg)),
+            ],
+        )
         return set_attr(b.attn, "cfg", new)
 
     def training(rng):
@@ -463,8 +488,13 @@ def test_differential_gpt():
 
     def layernorm(rng):
         m = one_of(rng, submodules(model, nn.LayerNorm))
-        name, values = one_of(rng, [("eps", (1e-6, float("1e-05"), 1)),
-                                    ("normalized_shape", ((16,), (16.0,), [16], (17,), (16, 1), (True * 16,)))])
+        name, values = one_of(
+            rng,
+            [
+                ("eps", (1e-6, float("1e-05"), 1)),
+                ("normalized_shape", ((16,), (16.0,), [16], (17,), (16, 1), (True * 16,))),
+            ],
+        )
         return set_attr(m, name, one_of(rng, values))
 
     def forward_attr(rng):
@@ -511,8 +541,22 @@ def test_differential_gpt():
         return undo
 
     Differential(gm, gs, lambda: {"self": model, "idx": idx}).run(
-        [cfg_field, block_cfg, training, dropout_p, layernorm, forward_attr, hook, swap_blocks, reorder_blocks,
-         grow_blocks, fresh_submodule, other_type, rebind_act, delete_attr],
+        [
+            cfg_field,
+            block_cfg,
+            training,
+            dropout_p,
+            layernorm,
+            forward_attr,
+            hook,
+            swap_blocks,
+            reorder_blocks,
+            grow_blocks,
+            fresh_submodule,
+            other_type,
+            rebind_act,
+            delete_attr,
+        ],
         TRIALS,
         seed=1,
     )
@@ -538,8 +582,15 @@ def test_differential_cnn():
 
     def batchnorm(rng):
         m = one_of(rng, submodules(model, nn.BatchNorm2d))
-        name, values = one_of(rng, [("momentum", (0.1, None, 0.2)), ("eps", (1e-5, 1e-3)),
-                                    ("training", (True, False)), ("track_running_stats", (True, False))])
+        name, values = one_of(
+            rng,
+            [
+                ("momentum", (0.1, None, 0.2)),
+                ("eps", (1e-5, 1e-3)),
+                ("training", (True, False)),
+                ("track_running_stats", (True, False)),
+            ],
+        )
         return set_attr(m, name, one_of(rng, values))
 
     def relu(rng):
@@ -588,8 +639,19 @@ def test_differential_cnn():
         return set_attr(m, "forward", m.forward)
 
     Differential(gm, gs, lambda: {"self": model, "x": x}).run(
-        [conv_field, conv_other, batchnorm, relu, swap_res, reorder_res, seq_change, fresh_res, training, hook,
-         forward_attr],
+        [
+            conv_field,
+            conv_other,
+            batchnorm,
+            relu,
+            swap_res,
+            reorder_res,
+            seq_change,
+            fresh_res,
+            training,
+            hook,
+            forward_attr,
+        ],
         TRIALS,
         seed=2,
     )
@@ -642,8 +704,15 @@ def test_differential_config_function():
 
     def opt(rng):
         cfg = state["cfg"]
-        field, values = one_of(rng, [("scale", (2.0, 2, 3.0)), ("use_bias", (True, False, 1)),
-                                     ("mode", ("sum", "max")), ("sizes", ((1, 2), (1, 2, 3), [1, 2], (1, 2.0)))])
+        field, values = one_of(
+            rng,
+            [
+                ("scale", (2.0, 2, 3.0)),
+                ("use_bias", (True, False, 1)),
+                ("mode", ("sum", "max")),
+                ("sizes", ((1, 2), (1, 2, 3), [1, 2], (1, 2.0))),
+            ],
+        )
         cur = cfg["opt"] if isinstance(cfg["opt"], Opt) else Opt()
         return set_item(cfg, "opt", dataclasses.replace(cur, **{field: one_of(rng, values)}))
 
@@ -734,14 +803,34 @@ def test_differential_dicts_and_tuples():
         state[name] = one_of(
             rng,
             {
-                "d": [{"ab": 1, "c": 2.0}, {"c": 2.0, "ab": 1}, {"ab": 1}, {"ab": 1, "c": 2}, MyDict(ab=1, c=2.0),
-                      {"ab": 1, "c": 2.0, "e": 0}],
+                "d": [
+                    {"ab": 1, "c": 2.0},
+                    {"c": 2.0, "ab": 1},
+                    {"ab": 1},
+                    {"ab": 1, "c": 2},
+                    MyDict(ab=1, c=2.0),
+                    {"ab": 1, "c": 2.0, "e": 0},
+                ],
                 "t": [(2, (3, 4)), (2, [3, 4]), [2, (3, 4)], (2, (3, 4), 5), (2.0, (3, 4)), (2, (3, 5))],
-                "od": [collections.OrderedDict(p=1), {"p": 1}, collections.OrderedDict(p=1, q=2),
-                       collections.OrderedDict(p=2)],
-                "dd": [collections.defaultdict(int, z=3), {"z": 3}, collections.defaultdict(float, z=3),
-                       collections.defaultdict(int, z=4)],
-                "md": [MyDict(u=1, w=2), MyDict(w=2, u=1), {"u": 1, "w": 2}, MyDict(u=1), MyDict(u=1, w=2, v=3)],
+                "od": [
+                    collections.OrderedDict(p=1),
+                    {"p": 1},
+                    collections.OrderedDict(p=1, q=2),
+                    collections.OrderedDict(p=2),
+                ],
+                "dd": [
+                    collections.defaultdict(int, z=3),
+                    {"z": 3},
+                    collections.defaultdict(float, z=3),
+                    collections.defaultdict(int, z=4),
+                ],
+                "md": [
+                    MyDict(u=1, w=2),
+                    MyDict(w=2, u=1),
+                    {"u": 1, "w": 2},
+                    MyDict(u=1),
+                    MyDict(u=1, w=2, v=3),
+                ],
             }[name],
         )
 
@@ -784,12 +873,19 @@ def test_differential_globals_closures_defaults():
         return undo
 
     def rebind(rng):
-        name, values = one_of(rng, [("SCALE", (2.0, 2, 3.0)),
-                                    ("helper", (helper, helper_twin, types.FunctionType(helper.__code__, globals())))])
+        name, values = one_of(
+            rng,
+            [
+                ("SCALE", (2.0, 2, 3.0)),
+                ("helper", (helper, helper_twin, types.FunctionType(helper.__code__, globals()))),
+            ],
+        )
         return set_global(name, one_of(rng, values))
 
     def fn_defaults(rng):
-        fn = types.FunctionType(with_defaults.__code__, globals(), "with_defaults", with_defaults.__defaults__)
+        fn = types.FunctionType(
+            with_defaults.__code__, globals(), "with_defaults", with_defaults.__defaults__
+        )
         fn.__kwdefaults__ = dict(with_defaults.__kwdefaults__)
         which = rng.randrange(3)
         if which == 0:
@@ -813,7 +909,9 @@ def test_differential_globals_closures_defaults():
 
         return undo
 
-    Differential(gm, gs, lambda: {"x": x, **state}).run([closure_value, rebind, fn_defaults, args], TRIALS, seed=6)
+    Differential(gm, gs, lambda: {"x": x, **state}).run(
+        [closure_value, rebind, fn_defaults, args], TRIALS, seed=6
+    )
 
 
 def test_differential_bound_method_and_code_object():
@@ -857,7 +955,9 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
     torch_evaluated = exact.torch_import.by_outcome("torch")
     assert torch_evaluated and all(g.kind == "EQUALS_MATCH" for g in torch_evaluated)
     assert "torch's own guard" in exact.explain()
-    assert all("stricter (equals='strict')" in g.why for g in strict.torch_import.guards if "stride ==" in g.code)
+    assert all(
+        "stricter (equals='strict')" in g.why for g in strict.torch_import.guards if "stride ==" in g.code
+    )
 
 
 def test_fallback_refuse_reports_what_needs_torch():
@@ -887,8 +987,15 @@ def test_not_importable_lists_each_guard_with_source_and_kind():
         twt.guards_of(model, drop=("TENSOR_MATCH",))
     assert "TENSOR_MATCH" not in {g.kind for g in e2.value.guards}
     # A source drops the guards on it and below it.
-    gs = twt.guards_of(model, drop=(*sorted(TENSOR_KINDS - {"TENSOR_MATCH", "DIMENSION_DYNAMIC_MARKING_GUARD"}),
-                                    "OBJECT_ALIASING", "L['self']", "L['x']"))
+    gs = twt.guards_of(
+        model,
+        drop=(
+            *sorted(TENSOR_KINDS - {"TENSOR_MATCH", "DIMENSION_DYNAMIC_MARKING_GUARD"}),
+            "OBJECT_ALIASING",
+            "L['self']",
+            "L['x']",
+        ),
+    )
     assert all(g.outcome == "dropped" for g in gs.torch_import.guards if g.source.startswith("L['self']"))
 
 
@@ -915,8 +1022,14 @@ def test_dict_guard_manager_length_and_empty_dict():
     dict_checks = {g.source: g for g in gs.torch_import.guards if g.kind == "DictGuardManager"}
     assert dict_checks["L['d']"].code.endswith("len(L['d']) == 2")
     assert dict_checks["L['e']"].code.endswith("len(L['e']) == 0")
-    for d, e in [({"a": 1, "b": 2}, {}), ({"a": 1}, {}), ({"a": 1, "b": 2}, {"z": 1}), ({"a": 1, "b": 2, "c": 3}, {}),
-                 ({"a": 1, "b": 2}, MyDict()), (collections.OrderedDict(a=1, b=2), {})]:
+    for d, e in [
+        ({"a": 1, "b": 2}, {}),
+        ({"a": 1}, {}),
+        ({"a": 1, "b": 2}, {"z": 1}),
+        ({"a": 1, "b": 2, "c": 3}, {}),
+        ({"a": 1, "b": 2}, MyDict()),
+        (collections.OrderedDict(a=1, b=2), {}),
+    ]:
         L = {"x": torch.ones(1), "d": d, "e": e}
         assert gs.check(L) == gm.check(L), (d, e)
 
@@ -944,17 +1057,41 @@ def test_every_leaf_kind_of_a_mixed_function():
         return CLO(y).to(dt)
 
     h = Holder()
-    args = (torch.ones(2), 1.5, float("nan"), 1 + 2j, b"ab", None, weakref.ref(h), {1, 3}, iter((1, 2, 3)),
-            iter(range(5)), Holder(), torch.float32, Mode.A)
+    args = (
+        torch.ones(2),
+        1.5,
+        float("nan"),
+        1 + 2j,
+        b"ab",
+        None,
+        weakref.ref(h),
+        {1, 3},
+        iter((1, 2, 3)),
+        iter(range(5)),
+        Holder(),
+        torch.float32,
+        Mode.A,
+    )
     gm = compile_and_call(f, *args)
     with pytest.raises(tw.GuardsNotImportable, match="TupleIteratorGetItemAccessor"):
         twt.guards_of(f, drop=twt.PENDING_KINDS)
     # tripwire has no step for a tuple iterator's next item: the EQUALS below it is dropped by name
     # (and the variants below never change the iterator's items, only how many are left).
-    gs = import_checked(f, (*twt.PENDING_KINDS, "TupleIteratorGetItemAccessor"), TENSOR_KINDS | {"EQUALS_MATCH"})
-    assert [g.via for g in gs.torch_import.dropped if g.kind == "EQUALS_MATCH"] == ["TupleIteratorGetItemAccessor"]
+    gs = import_checked(
+        f, (*twt.PENDING_KINDS, "TupleIteratorGetItemAccessor"), TENSOR_KINDS | {"EQUALS_MATCH"}
+    )
+    assert [g.via for g in gs.torch_import.dropped if g.kind == "EQUALS_MATCH"] == [
+        "TupleIteratorGetItemAccessor"
+    ]
     cov = gs.torch_import.coverage()
-    for kind in ("FLOAT_IS_NAN", "TUPLE_ITERATOR_LEN", "RANGE_ITERATOR_MATCH", "ID_MATCH", "DICT_CONTAINS", "NONE_MATCH"):
+    for kind in (
+        "FLOAT_IS_NAN",
+        "TUPLE_ITERATOR_LEN",
+        "RANGE_ITERATOR_MATCH",
+        "ID_MATCH",
+        "DICT_CONTAINS",
+        "NONE_MATCH",
+    ):
         assert cov[kind]["native"] >= 1, (kind, cov)
     for kind in ("NO_HASATTR", "SET_CONTAINS"):
         assert cov[kind]["torch"] == 1, (kind, cov)
@@ -974,7 +1111,12 @@ def test_every_leaf_kind_of_a_mixed_function():
         "w": [weakref.ref(h), weakref.ref(Holder()), lambda: h],
         "s": [{1, 3}, {3, 1}, {1, 3, 4}, frozenset({1, 3}), {1.0, 3}],
         "it": [(1, 2, 3), (1, 2), (1, 2, 3, 4)],
-        "rit": [lambda: iter(range(5)), lambda: iter(range(0, 6)), lambda: iter(range(1, 5)), lambda: iter([0, 1])],
+        "rit": [
+            lambda: iter(range(5)),
+            lambda: iter(range(6)),
+            lambda: iter(range(1, 5)),
+            lambda: iter([0, 1]),
+        ],
         "o": [Holder(), types.SimpleNamespace(missing=1)],
         "dt": [torch.float32, torch.float64],
         "mode": [Mode.A, Mode.B, 1],
@@ -986,11 +1128,13 @@ def test_every_leaf_kind_of_a_mixed_function():
             i = rng.randrange(1, len(names))
             vals[i] = one_of(rng, variants[names[i]])
         vals[8] = iter(vals[8]) if isinstance(vals[8], tuple) else iter((1, 2, 3))
-        vals[9] = vals[9]() if callable(vals[9]) and not isinstance(vals[9], type(iter(range(1)))) else iter(range(5))
+        vals[9] = (
+            vals[9]()
+            if callable(vals[9]) and not isinstance(vals[9], type(iter(range(1))))
+            else iter(range(5))
+        )
         L = dict(zip(names, vals))
         assert gs.check(L) == gm.check(L), {k: v for k, v in L.items() if k != "x"}
-
-
 
 
 def test_code_accessor_precondition_is_stricter_only_for_methods():
@@ -1091,12 +1235,24 @@ def test_split_site_and_literals():
     from tripwire.torch._rules import _literal, _parse
     from tripwire.torch._tree import split_site
 
-    assert split_site("L['x'] == 3" + " " * 50 + "  # y = x + n  # f.py:12 in f") == ("L['x'] == 3", "f.py:12 in f")
+    assert split_site("L['x'] == 3" + " " * 50 + "  # y = x + n  # f.py:12 in f") == (
+        "L['x'] == 3",
+        "f.py:12 in f",
+    )
     assert split_site("L['s'] == 'a  # b'  # y  # g.py:1 in g") == ("L['s'] == 'a  # b'", "g.py:1 in g")
-    code, site = split_site("___check_type_id(L['t'], 1), type=<class 'tuple'>  # y  # g.py:3 in h (HINT: type tuple)")
+    code, site = split_site(
+        "___check_type_id(L['t'], 1), type=<class 'tuple'>  # y  # g.py:3 in h (HINT: type tuple)"
+    )
     assert code == "___check_type_id(L['t'], 1), type=<class 'tuple'>" and site == "g.py:3 in h"
     assert _literal(_parse("(1, -2.5, inf, 1+2j, b'x', None, frozenset({1}), {2: [3]})")) == (
-        1, -2.5, float("inf"), 1 + 2j, b"x", None, frozenset({1}), {2: [3]},
+        1,
+        -2.5,
+        float("inf"),
+        1 + 2j,
+        b"x",
+        None,
+        frozenset({1}),
+        {2: [3]},
     )
     with pytest.raises(ValueError):
         _literal(_parse("torch.float32"))

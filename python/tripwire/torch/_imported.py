@@ -155,6 +155,7 @@ class ImportedGuardSet(GuardSet):
     ) -> None:
         super().__init__(specs, f_globals, None, strict=strict)
         self.torch_import = record
+        self.f_globals = f_globals  # what G[...] sources read (the frame's globals)
         # Guards evaluated by torch's own leaf objects call into torch's tree: keep it alive.
         self._keep_alive = keep_alive
 
