@@ -1256,3 +1256,206 @@ def test_split_site_and_literals():
     )
     with pytest.raises(ValueError):
         _literal(_parse("torch.float32"))
+
+
+# =================================================================================================
+# Adversarial
+# =================================================================================================
+def test_without_torchs_identity_records_every_guard_still_decides_exactly(monkeypatch):
+    """If the objects behind torch's ids cannot be found, TYPE_MATCH and ID_MATCH fall back to
+    calling torch's own leaf: slower, never different."""
+    torch.manual_seed(0)
+    model = CNN()
+    x = torch.randn(1, 3, 8, 8)
+    gm = compile_and_call(model, x)
+    monkeypatch.setattr(_tree, "identity_objects", lambda gm: {})
+    gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS | {"OBJECT_ALIASING"})
+    cov = gs.torch_import.coverage()
+    assert cov["TYPE_MATCH"]["torch"] == cov["TYPE_MATCH"]["total"] and cov["ID_MATCH"]["native"] == 0
+    assert all(
+        "no live object" in g.why or "not reachable" in g.why
+        for g in gs.torch_import.by_outcome("torch")
+        if g.kind in ("TYPE_MATCH", "ID_MATCH")
+    )
+
+    def swap(rng):
+        mods = model.res._modules
+        return replace_dict(
+            mods,
+            one_of(rng, [[("0", mods["1"]), ("1", mods["0"])], [("0", nn.Identity()), ("1", mods["1"])]]),
+        )
+
+    def conv(rng):
+        return set_attr(one_of(rng, submodules(model, nn.Conv2d)), "stride", one_of(rng, ((1, 1), (2, 2))))
+
+    Differential(gm, gs, lambda: {"self": model, "x": x}).run([swap, conv], TRIALS // 4, seed=11)
+
+
+def test_unreadable_dict_manager_length_is_reported_not_guessed(monkeypatch):
+    from tripwire.torch import _rules
+    from tripwire.torch._layout import LayoutUnknown
+
+    def unreadable(mgr):
+        raise LayoutUnknown("a torch whose DictGuardManager layout is unknown")
+
+    compile_and_call(
+        dicts_fn,
+        torch.ones(2),
+        {"ab": 1, "c": 2.0},
+        (2, (3, 4)),
+        collections.OrderedDict(p=1),
+        collections.defaultdict(int, z=3),
+        MyDict(u=1, w=2),
+    )
+    monkeypatch.setattr(_rules, "dict_manager_length", unreadable)
+    with pytest.raises(tw.GuardsNotImportable) as e:
+        twt.guards_of(dicts_fn, drop=twt.PENDING_KINDS)
+    assert {g.kind for g in e.value.guards} == {"DictGuardManager"}
+    assert all("not readable" in g.why and g.code.endswith("== ?") for g in e.value.guards)
+    gs = twt.guards_of(dicts_fn, drop=(*twt.PENDING_KINDS, "DictGuardManager"))
+    assert {g.source for g in gs.torch_import.dropped if g.kind == "DictGuardManager"} == {
+        "L['d']",
+        "L['md']",
+    }
+
+
+def test_lying_eq_inside_a_tuple_decides_as_torch():
+    """torch's EQUALS on a tuple runs the elements' __eq__; equals='exact' calls torch's own guard,
+    so a lying element decides as in torch; equals='strict' (type-exact) refuses it."""
+
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    model = CNN()
+    x = torch.randn(1, 3, 8, 8)
+    gm = compile_and_call(model, x)
+    exact = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    strict = twt.guards_of(model, drop=twt.PENDING_KINDS, equals="strict")
+    L = {"self": model, "x": x}
+    for value in [(Liar(5), 1), (1, Liar(9)), (Liar(1), Liar(1))]:
+        undo = set_attr(model.stem[0], "padding", value)
+        try:
+            assert exact.check(L) == gm.check(L), value
+            assert strict.check(L) is False
+        finally:
+            undo()
+
+
+def test_hostile_attributes_fail_both_sides():
+    """A config whose attribute raises, or whose __getattr__ answers anything: tripwire reads it
+    as torch does (getattr), and an exception fails the guard on both sides."""
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = GPT(cfg)
+    idx = torch.randint(0, cfg.vocab, (1, 4))
+    gm = compile_and_call(model, idx)
+    gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    lam = root_aliasing_lambdas(gm)
+
+    class Raising:
+        causal = True
+
+        @property
+        def heads(self):
+            raise RuntimeError("no heads today")
+
+    class Anything:
+        def __getattr__(self, name):
+            return getattr(cfg, name)
+
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(cfg, name)
+
+    for hostile in (Raising(), Anything(), Counting(), dataclasses.replace(cfg)):
+        for b in model.blocks:
+            undo = set_attr(b.attn, "cfg", hostile)
+            try:
+                L = {"self": model, "idx": idx}
+                assert gm.check(L) == (gs.check(L) and all(f(L) for f in lam)), hostile
+            finally:
+                undo()
+
+
+def test_odd_keys_and_strings_in_printed_code():
+    """Keys and constants that look like the printed code's own syntax (a comment marker, quotes,
+    parentheses, `, type=`) are read from torch's objects or checked against torch's guard."""
+    weird = {"a  # b": 1, "x') == 1 or ('": 2, ", type=<class 'int'>": 3, "(HINT: no)": 4}
+
+    def f(x, d, s):
+        for k, v in d.items():
+            x = x + v
+        if s == "  # not a comment":
+            x = x + 1
+        return x + d["a  # b"]
+
+    gm = compile_and_call(f, torch.ones(1), dict(weird), "  # not a comment")
+    gs = import_checked(f, twt.PENDING_KINDS, TENSOR_KINDS)
+    assert not gs.torch_import.by_outcome("torch")
+    for d, s in [
+        (dict(weird), "  # not a comment"),
+        ({**weird, "x') == 1 or ('": 5}, "  # not a comment"),
+        (dict(weird), "not a comment"),
+        (dict(reversed(list(weird.items()))), "  # not a comment"),
+    ]:
+        L = {"x": torch.ones(1), "d": d, "s": s}
+        assert gs.check(L) == gm.check(L), (d, s)
+
+
+def test_threads_share_an_imported_set_that_calls_torch():
+    import threading
+
+    model = CNN()
+    x = torch.randn(1, 3, 8, 8)
+    gm = compile_and_call(model, x)
+    gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    assert gs.torch_import.by_outcome("torch")
+    L_ok = {"self": model, "x": x}
+    other = copy.deepcopy(model)
+    other.stem[0].stride = (2, 2)
+    L_bad = {"self": other, "x": x}
+    errors = []
+
+    def run():
+        try:
+            for i in range(gc_stress.scaled(300, 10)):
+                assert gs.check(L_ok) is True
+                assert gs.check(L_bad) is False
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert gm.check(L_ok) and not gm.check(L_bad)
+
+
+def test_imported_set_outlives_torchs_cache():
+    """An imported set that calls torch's leaf guards keeps torch's tree alive: after
+    torch._dynamo.reset() (which also deletes the globals Dynamo installed, so the guards on those
+    now fail) every guard still evaluates, and torch's own guards answer as before."""
+    model = CNN()
+    x = torch.randn(1, 3, 8, 8)
+    compile_and_call(model, x)
+    gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    other = copy.deepcopy(model)
+    other.stem[0].dilation = (2, 2)
+    assert gs.check({"self": model, "x": x}) and not gs.check({"self": other, "x": x})
+    torch._dynamo.reset()
+    gc.collect()
+    assert _debug_get_cache_entry_list(CNN.forward.__code__) == []
+    ok = gs.failures({"self": model, "x": x})
+    bad = gs.failures({"self": other, "x": x})
+    installed = ("G['__import_torch_dot_nn_dot", "dict.__getitem__(G['__builtins_dict___")
+    assert ok and all(f.source.startswith(installed) for f in ok), ok
+    extra = [f for f in bad if not f.source.startswith(installed)]
+    assert [(f.kind, "'dilation'" in f.source) for f in extra] == [("LAMBDA", True)], extra

@@ -155,13 +155,26 @@ def _call_args(code: str, names: tuple[str, ...]) -> list[ast.expr]:
     return list(tree.args)
 
 
-def _id_in(code: str, names: tuple[str, ...]) -> int:
-    """The integer id in ``___check_type_id(X, 1234)`` (torch appends ``, type=<...>``)."""
-    alternatives = "|".join(re.escape(n) for n in names)
-    m = re.match(rf"^\s*(?:{alternatives})\((.*), (\d+)\)", code, re.S)
-    if not m:
-        raise ValueError(f"no id in {code}")
-    return int(m.group(2))
+def _id_in(code: str, names: tuple[str, ...], source: str) -> int:
+    """The integer id in ``___check_type_id(<ref>, 1234), type=<class ...>``. torch appends the
+    ``, type=...`` repr, which is not Python: the id is read from the longest prefix that parses
+    as exactly such a call, so nothing in the reference or in the type's name is taken for it."""
+    cuts = [m.start() for m in re.finditer(r", type=", code)] + [len(code)]
+    for cut in cuts:
+        try:
+            tree = _parse(code[:cut])
+        except SyntaxError:
+            continue
+        if (
+            isinstance(tree, ast.Call)
+            and isinstance(tree.func, ast.Name)
+            and tree.func.id in names
+            and len(tree.args) == 2
+            and isinstance(tree.args[1], ast.Constant)
+            and type(tree.args[1].value) is int
+        ):
+            return tree.args[1].value
+    raise ValueError(f"no id in {code} (source {source})")
 
 
 def _n_from_len(code: str) -> int:
@@ -308,11 +321,11 @@ class Converter:
             try:
                 code = split_site(leaf.verbose_code_parts()[0])[0]
                 if name == "TYPE_MATCH":
-                    obj = self.ids[_id_in(code, ("___check_type_id",))]
+                    obj = self.ids[_id_in(code, ("___check_type_id",), node.torch.source)]
                     if isinstance(obj, type):
                         node.exact_type = obj
                 else:
-                    obj = self.ids[_id_in(code, ("___check_obj_id", "__check_obj_id"))]
+                    obj = self.ids[_id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)]
                     node.exact_type = type(obj)
             except (KeyError, ValueError, IndexError):
                 continue
@@ -692,13 +705,13 @@ class Converter:
         return node.src
 
     def leaf_type_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
-        t = self.ids.get(_id_in(code, ("___check_type_id",)))
+        t = self.ids.get(_id_in(code, ("___check_type_id",), node.torch.source))
         if not isinstance(t, type):
             raise _Fallback("torch's expected type is not reachable (no live object for its id)")
         return [self.spec(GuardKind.TYPE_MATCH, self._src(node), (t,), site)], ""
 
     def leaf_id_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
-        i = _id_in(code, ("___check_obj_id", "__check_obj_id"))
+        i = _id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)
         if i not in self.ids:
             raise _Fallback(
                 "torch's object is not reachable (not weakly referenceable, so torch keeps no record of it)"
