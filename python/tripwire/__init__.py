@@ -34,6 +34,16 @@ from .specialized import Specialized, specialize
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # ``tripwire.torch`` (guards_of) on first use; it imports torch only when called.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'tripwire' has no attribute {name!r}")
+
+
 __all__ = [
     "Cache",
     "CacheEntry",

@@ -1459,3 +1459,29 @@ def test_imported_set_outlives_torchs_cache():
     assert ok and all(f.source.startswith(installed) for f in ok), ok
     extra = [f for f in bad if not f.source.startswith(installed)]
     assert [(f.kind, "'dilation'" in f.source) for f in extra] == [("LAMBDA", True)], extra
+
+
+def test_torchs_laxness_is_inherited_and_recorded():
+    """torch 2.13 guards no hook dict (skip_nnmodule_hook_guards) and exempts parameters from its
+    no-aliasing check: the imported set decides as torch (a hook passes) and says so."""
+    torch.manual_seed(0)
+    model = CNN()
+    x = torch.randn(1, 3, 8, 8)
+    gm = compile_and_call(model, x)
+    gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    L = {"self": model, "x": x}
+    handles = [
+        model.stem[0].register_forward_hook(lambda *a: None),
+        nn.modules.module.register_module_forward_pre_hook(lambda *a: None),
+    ]
+    try:
+        assert gm.check(L) is True and gs.check(L) is True
+    finally:
+        for h in handles:
+            h.remove()
+    ex = {e.kind: e for e in gs.torch_import.exemptions}
+    assert "L['self']" in ex["NN_MODULE_HOOKS"].sources
+    params = ex["NO_TENSOR_ALIASING"].sources
+    assert params and all("_parameters[" in s for s in params)
+    text = gs.explain()
+    assert "skip_nnmodule_hook_guards" in text and "skip_no_tensor_aliasing_guards_on_parameters" in text

@@ -91,6 +91,11 @@ class _Node:
     exact_type: Any = None  # type(value) is exact_type for every value that reaches the children
     is_dict: bool = False  # every value that reaches the children is a dict (or dict subclass)
     dead: bool = False  # torch never evaluates what is below (empty DictGuardManager)
+    # A DictGuardManager whose every position has a constant key guard: the keys in order, and the
+    # DICT_KEYS guard that checks them all (values are then read by key, not by position).
+    keys: tuple | None = None
+    keys_guard: int = -1
+    covered_by: int = -1  # a key manager whose EQUALS the parent's DICT_KEYS guard implements
 
 
 # -- parsing what torch printed -------------------------------------------------------------------
@@ -579,11 +584,17 @@ class Converter:
 
     def acc_dict_key(self, parent: _Node, node: _Node) -> None:
         node.src = self._need_parent_src(parent, "DictGuardManager").step(StepKind.DICT_KEY, node.torch.index)
+        if parent.keys is not None:
+            node.covered_by = parent.keys_guard
 
     def acc_dict_value(self, parent: _Node, node: _Node) -> None:
-        node.src = self._need_parent_src(parent, "DictGuardManager").step(
-            StepKind.DICT_VALUE, node.torch.index
-        )
+        src = self._need_parent_src(parent, "DictGuardManager")
+        if parent.keys is not None:
+            # The keys are checked in order (DICT_KEYS): the value at position i is the value of
+            # key i, found by a storage lookup of that exact str/int key.
+            node.src = src.dict_item(parent.keys[node.torch.index])
+            return
+        node.src = src.step(StepKind.DICT_VALUE, node.torch.index)
 
     # -- DictGuardManager's own checks ----------------------------------------------------------
     def dict_manager(self, node: _Node) -> None:
@@ -623,7 +634,16 @@ class Converter:
             return
         ids = [self.spec(GuardKind.TYPE_MATCH, node.src, (t,), None)]
         why = ""
-        if n == 0:
+        keys = self._all_keys(node, n)
+        if keys is not None:
+            # Every position 0..n-1 has a key manager whose only guard is an EQUALS on a str or int
+            # constant: DICT_KEYS(keys, ordered) decides exactly those n key guards and torch's
+            # storage-size check at once, in one walk of the dict (PyDict_Size == n, then key i
+            # type-exactly equal to keys[i]).
+            node.keys = keys
+            node.keys_guard = self.spec(GuardKind.DICT_KEYS, node.src, (keys, True), None)
+            ids.append(node.keys_guard)
+        elif n == 0:
             ids.append(self.spec(GuardKind.DICT_KEYS, node.src, ((), True), None))
         elif t in _DICT_LEN_TYPES:
             ids.append(self.spec(GuardKind.LENGTH, node.src, (n,), None))
@@ -634,6 +654,29 @@ class Converter:
             )
             why = "its size is read by dict.__len__ (a Python-level predicate): the type may override __len__"
         self.record(tn, "DictGuardManager", code, "native", tuple(ids), why=why)
+
+    def _all_keys(self, node: _Node, n: int) -> tuple | None:
+        """The dict's keys in order when torch guards every position with an EQUALS on a str or int
+        constant key and nothing else, else None."""
+        if n == 0:
+            return None
+        keys: dict[int, Any] = {}
+        for child in node.torch.children:
+            if child.accessor != "key":
+                continue
+            if child.children or len(child.leaves) != 1 or type(child.leaves[0]).__name__ != "EQUALS_MATCH":
+                return None
+            leaf = child.leaves[0]
+            try:
+                k = _rhs_literal(split_site(leaf.verbose_code_parts()[0])[0])
+            except (ValueError, SyntaxError):
+                return None
+            if type(k) not in (str, int) or leaf(k) is not True:
+                return None
+            keys[child.index] = k
+        if sorted(keys) != list(range(n)):
+            return None
+        return tuple(keys[i] for i in range(n))
 
     # -- leaf guards -----------------------------------------------------------------------------
     def leaf(self, node: _Node, leaf: Any, epilogue: bool = False) -> None:
@@ -669,6 +712,10 @@ class Converter:
         if node.blocked is not None:
             b = node.blocked
             self.record(tn, kind, code, b.outcome, site=site, why=b.why, via=b.via)
+            return
+        if node.covered_by >= 0 and kind == "EQUALS_MATCH":
+            # Decided by the parent's DICT_KEYS guard (every key, in order).
+            self.record(tn, kind, code, "native", (node.covered_by,), site=site)
             return
         rule = LEAF_RULES.get(kind)
         try:
