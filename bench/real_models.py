@@ -406,48 +406,70 @@ def _fast_path(gs) -> dict[str, Any]:
 # =================================================================================================
 # Instruction counts
 # =================================================================================================
-def _callgrind_child(workload: str, contender: str, n: int) -> None:
+def _callgrind_child(workload: str, contenders: list[str], n: int) -> None:
+    """Run inside valgrind: compile and import once, then for each contender in order, n checks
+    inside ``_floor.repeat_call`` (the one function callgrind collects; one dump after each)."""
     import floor_build
 
     _floor = floor_build.load()
     w = build(workload)
-    cs = prepare(w, lambda m: None, only={contender})
-    c = cs[0]
-    for _ in range(50):
-        c.check(c.f_locals)
+    by = {c.name: c for c in prepare(w, lambda m: None, only=set(contenders))}
+    for name in contenders:
+        c = by[name]
+        for _ in range(50):
+            c.check(c.f_locals)
     gc.collect()
     gc.disable()
-    _floor.repeat_call(c.check, c.f_locals, n)
+    for name in contenders:
+        c = by[name]
+        _floor.repeat_call(c.check, c.f_locals, n)
 
 
-def callgrind_count(workload: str, contender: str, n: int, out_dir: str) -> float | None:
+def callgrind_counts(workload: str, contenders: list[str], n: int, out_dir: str) -> dict[str, float | None]:
+    """Instructions per check of each contender, from one valgrind run of the workload (torch
+    compiles once under valgrind, which is the slow part): ``--dump-after`` writes one part per
+    ``repeat_call``, in the order the contenders ran."""
+    import glob
     import subprocess
 
-    out = os.path.join(out_dir, f"callgrind.real.{workload}.{contender}.out")
+    base = os.path.join(out_dir, f"callgrind.real.{workload}.out")
     code = (
         f"import sys; sys.path.insert(0, {HERE!r}); import warnings; warnings.filterwarnings('ignore'); "
-        f"from real_models import _callgrind_child; _callgrind_child({workload!r}, {contender!r}, {n})"
+        f"from real_models import _callgrind_child; _callgrind_child({workload!r}, {contenders!r}, {n})"
     )
     cmd = [
         "valgrind",
         "--tool=callgrind",
         "--collect-atstart=no",
         "--toggle-collect=tw_bench_repeat_call",
-        f"--callgrind-out-file={out}",
+        "--dump-after=tw_bench_repeat_call",
+        f"--callgrind-out-file={base}",
         sys.executable,
         "-c",
         code,
     ]
     env = dict(os.environ, PYTHONHASHSEED="0")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode != 0 or not os.path.exists(out):
+    out: dict[str, float | None] = dict.fromkeys(contenders)
+    if r.returncode != 0:
         sys.stderr.write(r.stderr[-2000:])
-        return None
-    with open(out) as f:
-        for line in f:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1]) / n
-    return None
+        return out
+    parts = sorted(
+        glob.glob(base + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]) if p.rsplit(".", 1)[1].isdigit() else 0
+    )
+    totals = []
+    for part in parts:
+        with open(part) as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    totals.append(int(line.split()[1]))
+                    break
+    totals = [t for t in totals if t > 0]
+    if len(totals) == len(contenders):
+        out = {name: t / n for name, t in zip(contenders, totals, strict=True)}
+    else:
+        sys.stderr.write(f"callgrind: {len(totals)} dumps for {len(contenders)} contenders in {base}.*\n")
+    return out
 
 
 # =================================================================================================
@@ -547,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         const=2000,
         default=0,
         metavar="N",
-        help="also count instructions per check of the tripwire columns with callgrind (N checks)",
+        help="also count instructions per check with callgrind (N checks; the tripwire columns and no-op, "
+        "one valgrind run per workload, a few minutes each)",
     )
     p.add_argument("--instructions-torch", action="store_true", help="count the torch columns too (slow)")
     p.add_argument("--explain", action="store_true", help="print each imported set's explain()")
@@ -579,11 +602,18 @@ def main(argv: list[str] | None = None) -> int:
             out_dir = tempfile.mkdtemp(prefix="tripwire-callgrind-")
             log(f"callgrind: {args.instructions} checks per contender, outputs in {out_dir}")
             for w in workloads:
+                names = [
+                    c.name
+                    for c in w.results["contenders"]
+                    if args.instructions_torch or not c.name.startswith("torch")
+                ]
+                counts = callgrind_counts(w.name, names, args.instructions, out_dir)
                 for c in w.results["contenders"]:
-                    if c.name.startswith("torch") and not args.instructions_torch:
-                        continue
-                    c.instructions = callgrind_count(w.name, c.name, args.instructions, out_dir)
-                    log(f"  {w.name} {c.name}: {c.instructions and round(c.instructions)} instructions/check")
+                    if c.name in counts:
+                        c.instructions = counts[c.name]
+                        log(
+                            f"  {w.name} {c.name}: {c.instructions and round(c.instructions)} instructions/check"
+                        )
     print(f"tripwire real-model guard benchmark -- {guard_eval.environment()}")
     for w in workloads:
         print(describe(w))

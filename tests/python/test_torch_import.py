@@ -1485,3 +1485,32 @@ def test_torchs_laxness_is_inherited_and_recorded():
     assert params and all("_parameters[" in s for s in params)
     text = gs.explain()
     assert "skip_nnmodule_hook_guards" in text and "skip_no_tensor_aliasing_guards_on_parameters" in text
+
+
+def test_dict_manager_length_is_read_and_verified():
+    from torch._C._dynamo.guards import RootGuardManager
+    from torch._dynamo.guards import GuardManagerType
+
+    from tripwire.torch._layout import LayoutUnknown, dict_manager_length
+
+    root = RootGuardManager()
+    kinds = (dict, collections.OrderedDict, MyDict, lambda items: collections.defaultdict(int, items))
+    for n in range(0, 40, 3):
+        for i, kind in enumerate(kinds):
+            example = kind({f"k{j}": j for j in range(n)})
+            mgr = root.framelocals_manager(
+                key=(f"d{n}_{i}", 0),
+                source=f"L['d{n}_{i}']",
+                example_value=example,
+                guard_manager_enum=GuardManagerType.DICT_GUARD_MANAGER,
+            )
+            assert dict_manager_length(mgr) == n
+    # Any other manager is refused before anything is read.
+    plain = root.framelocals_manager(
+        key=("plain", 0),
+        source="L['plain']",
+        example_value={"a": 1},
+        guard_manager_enum=GuardManagerType.GUARD_MANAGER,
+    )
+    with pytest.raises(LayoutUnknown):
+        dict_manager_length(plain)

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import GuardsNotImportable, TorchImportError
+from . import _rules
 from ._imported import OUTCOMES, Exemption, ImportedGuardSet, TorchGuard, TorchImport
 
 __all__ = [
@@ -37,24 +38,8 @@ __all__ = [
 ]
 
 # The torch kinds that wait for the tensor / framework-state engine (leaf kinds, pseudo-kinds and
-# accessors). ``drop=PENDING_KINDS`` imports everything else.
-PENDING_KINDS: tuple[str, ...] = (
-    "TENSOR_MATCH",
-    "DIMENSION_DYNAMIC_MARKING_GUARD",
-    "NO_TENSOR_ALIASING",
-    "OBJECT_ALIASING",
-    "STORAGE_OVERLAPPING",
-    "SYMBOLIC_SHAPE_GUARD",
-    "DISPATCH_KEY_SET_MATCH",
-    "GLOBAL_STATE",
-    "TORCH_FUNCTION_MODE_STACK",
-    "DEFAULT_DEVICE",
-    "DUAL_LEVEL_MATCH",
-    "AUTOGRAD_SAVED_TENSORS_HOOKS",
-    "TensorPropertyGuardAccessor",
-    "GradGuardAccessor",
-    "IndexedGuardAccessor",
-)
+# accessors; the tables in _rules say what each needs). ``drop=PENDING_KINDS`` imports the rest.
+PENDING_KINDS: tuple[str, ...] = (*_rules.PENDING_KINDS, *_rules.PENDING_ACCESSORS)
 
 
 def guards_of(
@@ -225,13 +210,14 @@ def _exemptions(gm: Any, conv: Any) -> list[Exemption]:
 
     cfg = torch._dynamo.config
     out: list[Exemption] = []
+    flag = lambda name: bool(getattr(cfg, name, False))  # noqa: E731 - torch 2.13's config names
     tensors = [(g, tn) for g, tn in conv.records if g.kind == "TENSOR_MATCH"]
     params = [
         g.source
         for g, tn in tensors
         if isinstance(tn.example_type, type) and issubclass(tn.example_type, torch.nn.Parameter)
     ]
-    if params and cfg.skip_no_tensor_aliasing_guards_on_parameters:
+    if params and flag("skip_no_tensor_aliasing_guards_on_parameters"):
         out.append(
             Exemption(
                 "NO_TENSOR_ALIASING",
@@ -248,7 +234,7 @@ def _exemptions(gm: Any, conv: Any) -> list[Exemption]:
             if isinstance(tn.example_type, type) and issubclass(tn.example_type, torch.nn.Module)
         }
     )
-    if modules and cfg.skip_nnmodule_hook_guards:
+    if modules and flag("skip_nnmodule_hook_guards"):
         out.append(
             Exemption(
                 "NN_MODULE_HOOKS",
@@ -258,7 +244,7 @@ def _exemptions(gm: Any, conv: Any) -> list[Exemption]:
             )
         )
     under_dicts = [g.source for g, tn in tensors if tn.accessor == "DictGetItemGuardAccessor"]
-    if under_dicts and cfg.skip_tensor_guards_with_matching_dict_tags:
+    if under_dicts and flag("skip_tensor_guards_with_matching_dict_tags"):
         out.append(
             Exemption(
                 "DICT_TAG_SKIP",

@@ -100,6 +100,8 @@ def _calibrate() -> int:
 def dict_manager_length(mgr: Any) -> int:
     """The length ``n`` a torch ``DictGuardManager`` requires of its dict."""
     global _offset, _failure
+    if type(mgr).__name__ != "DictGuardManager":  # never read past another object's members
+        raise LayoutUnknown(f"not a DictGuardManager: {type(mgr).__name__}")
     if _offset is None:
         if _failure is not None:
             raise LayoutUnknown(_failure)

@@ -673,7 +673,7 @@ class Converter:
                 return None
             if type(k) not in (str, int) or leaf(k) is not True:
                 return None
-            keys[child.index] = k
+            keys[child.index] = sys.intern(k) if type(k) is str else k
         if sorted(keys) != list(range(n)):
             return None
         return tuple(keys[i] for i in range(n))
@@ -778,7 +778,11 @@ class Converter:
             raise _Fallback(f"the printed constant {c!r} does not pass torch's own guard")
         if type(c) in _SCALARS and not _has_nan(c) and type(c) is not bool:
             # torch: v is c or (type(v) is type(c) and v == c). For these exact builtin types ==
-            # is value equality, so this is tripwire's EQUALS_MATCH (also type-exact).
+            # is value equality, so this is tripwire's EQUALS_MATCH (also type-exact). A parsed
+            # string is interned: the values it meets are often the interned literal itself, and
+            # identity is the comparison's fast path (torch holds the example's own object).
+            if type(c) is str:
+                c = sys.intern(c)
             return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], ""
         if type(c) in (tuple, list, set, frozenset, dict) and not _has_nan(c) and _core.is_constant(c):
             if self.equals == "strict":
