@@ -1232,7 +1232,8 @@ def test_frame_locals_matches_torchs_frame():
 
 
 def test_split_site_and_literals():
-    from tripwire.torch._rules import _literal, _parse
+    from tripwire.torch._printed import literal as _literal
+    from tripwire.torch._printed import parse as _parse
     from tripwire.torch._tree import split_site
 
     assert split_site("L['x'] == 3" + " " * 50 + "  # y = x + n  # f.py:12 in f") == (

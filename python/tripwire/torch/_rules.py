@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import collections
-import json
 import math
 import re
 import sys
@@ -31,6 +30,19 @@ from ..catalogue import GuardKind, GuardSpec
 from ..source import Source, StepKind
 from ._imported import TorchGuard
 from ._layout import LayoutUnknown, dict_manager_length
+from ._printed import (
+    NO_KEY,
+    call_args,
+    details,
+    has_nan,
+    id_in,
+    lambda_kind,
+    literal,
+    n_from_len,
+    parse,
+    rhs_literal,
+    subscript_key,
+)
 from ._tree import TorchNode, split_site
 
 __all__ = ["ACCESSOR_RULES", "LEAF_RULES", "PENDING_ACCESSORS", "PENDING_KINDS", "Converter", "known_kinds"]
@@ -68,7 +80,6 @@ UNSUPPORTED_ACCESSORS: dict[str, str] = {
 
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
 _DICT_LEN_TYPES = (dict, collections.OrderedDict, collections.defaultdict)  # len() is dict's own
-_HEAPTYPE = 1 << 9
 
 
 class _Blocked(Exception):
@@ -96,113 +107,6 @@ class _Node:
     keys: tuple | None = None
     keys_guard: int = -1
     covered_by: int = -1  # a key manager whose EQUALS the parent's DICT_KEYS guard implements
-
-
-# -- parsing what torch printed -------------------------------------------------------------------
-def _literal(node: ast.AST) -> Any:
-    """A Python literal as torch prints constants (``repr``), including ``inf`` and frozensets."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name) and node.id in ("inf", "nan"):
-        return float(node.id)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _literal(node.operand)
-        if type(v) not in (int, float, complex):
-            raise ValueError("not a number")
-        return -v if isinstance(node.op, ast.USub) else +v
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
-        a, b = _literal(node.left), _literal(node.right)
-        if type(a) not in (int, float) or type(b) is not complex:
-            raise ValueError("not a complex literal")
-        return a + b if isinstance(node.op, ast.Add) else a - b
-    if isinstance(node, ast.Tuple):
-        return tuple(_literal(e) for e in node.elts)
-    if isinstance(node, ast.List):
-        return [_literal(e) for e in node.elts]
-    if isinstance(node, ast.Set):
-        return {_literal(e) for e in node.elts}
-    if isinstance(node, ast.Dict):
-        if any(k is None for k in node.keys):
-            raise ValueError("dict unpacking")
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[arg-type]
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in ("frozenset", "set")
-        and not node.keywords
-        and len(node.args) <= 1
-    ):
-        items = _literal(node.args[0]) if node.args else ()
-        return frozenset(items) if node.func.id == "frozenset" else set(items)
-    raise ValueError(f"not a literal: {ast.dump(node)[:60]}")
-
-
-def _parse(expr: str) -> ast.expr:
-    return ast.parse(expr.strip(), mode="eval").body
-
-
-def _rhs_literal(code: str, op: type[ast.cmpop] = ast.Eq) -> Any:
-    """The literal right of ``X == <literal>``."""
-    tree = _parse(code)
-    if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], op)):
-        raise ValueError(f"not a comparison: {code}")
-    return _literal(tree.comparators[0])
-
-
-def _call_args(code: str, names: tuple[str, ...]) -> list[ast.expr]:
-    tree = _parse(code)
-    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.Not):
-        tree = tree.operand
-    if isinstance(tree, ast.Tuple) and tree.elts:  # "___check_type_id(X, 1), type=..." is not Python
-        tree = tree.elts[0]
-    if not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id in names):
-        raise ValueError(f"not a call of {names}: {code}")
-    return list(tree.args)
-
-
-def _id_in(code: str, names: tuple[str, ...], source: str) -> int:
-    """The integer id in ``___check_type_id(<ref>, 1234), type=<class ...>``. torch appends the
-    ``, type=...`` repr, which is not Python: the id is read from the longest prefix that parses
-    as exactly such a call, so nothing in the reference or in the type's name is taken for it."""
-    cuts = [m.start() for m in re.finditer(r", type=", code)] + [len(code)]
-    for cut in cuts:
-        try:
-            tree = _parse(code[:cut])
-        except SyntaxError:
-            continue
-        if (
-            isinstance(tree, ast.Call)
-            and isinstance(tree.func, ast.Name)
-            and tree.func.id in names
-            and len(tree.args) == 2
-            and isinstance(tree.args[1], ast.Constant)
-            and type(tree.args[1].value) is int
-        ):
-            return tree.args[1].value
-    raise ValueError(f"no id in {code} (source {source})")
-
-
-def _n_from_len(code: str) -> int:
-    """``len(X) == n`` or ``not X`` (n = 0)."""
-    tree = _parse(code)
-    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.Not):
-        return 0
-    n = _rhs_literal(code)
-    if type(n) is not int:
-        raise ValueError(code)
-    return n
-
-
-def _has_nan(c: Any) -> bool:
-    if type(c) is float:
-        return math.isnan(c)
-    if type(c) is complex:
-        return math.isnan(c.real) or math.isnan(c.imag)
-    if type(c) in (tuple, list, set, frozenset):
-        return any(_has_nan(x) for x in c)
-    if type(c) is dict:
-        return any(_has_nan(k) or _has_nan(v) for k, v in c.items())
-    return False
 
 
 def _type_name(t: Any) -> str:
@@ -260,7 +164,6 @@ class Converter:
         f_globals: dict | None,
         equals: str,
         fallback: str,
-        no_tensor_aliasing_sources: tuple[str, ...] = (),
     ) -> None:
         self.ids = ids
         self.f_globals = f_globals
@@ -270,7 +173,6 @@ class Converter:
         self.records: list[tuple[TorchGuard, TorchNode]] = []
         self.added: list[tuple[int, str, Source]] = []  # (spec index, why, the source it protects)
         self.nodes: dict[int, _Node] = {}
-        self.nta_sources = no_tensor_aliasing_sources
         self.stricter: list[tuple[str, str]] = []  # (torch source, how tripwire's step is stricter)
         self._preconditions: set[tuple] = set()
 
@@ -326,11 +228,11 @@ class Converter:
             try:
                 code = split_site(leaf.verbose_code_parts()[0])[0]
                 if name == "TYPE_MATCH":
-                    obj = self.ids[_id_in(code, ("___check_type_id",), node.torch.source)]
+                    obj = self.ids[id_in(code, ("___check_type_id",), node.torch.source)]
                     if isinstance(obj, type):
                         node.exact_type = obj
                 else:
-                    obj = self.ids[_id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)]
+                    obj = self.ids[id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)]
                     node.exact_type = type(obj)
             except (KeyError, ValueError, IndexError):
                 continue
@@ -465,9 +367,9 @@ class Converter:
 
     def acc_getitem(self, parent: _Node, node: _Node) -> None:
         src = self._need_parent_src(parent, "GetItemGuardAccessor")
-        key = _subscript_key(node.torch.source)
+        key = subscript_key(node.torch.source)
         shown = re.match(r"GetItemGuardAccessor\((.*)\)$", node.torch.accessor_obj.repr(), re.S)
-        if key is _NO_KEY or not shown or shown.group(1) != str(key):
+        if key is NO_KEY or not shown or shown.group(1) != str(key):
             raise _Blocked(
                 "unsupported", "a __getitem__ key tripwire's sources cannot name", "GetItemGuardAccessor"
             )
@@ -668,7 +570,7 @@ class Converter:
                 return None
             leaf = child.leaves[0]
             try:
-                k = _rhs_literal(split_site(leaf.verbose_code_parts()[0])[0])
+                k = rhs_literal(split_site(leaf.verbose_code_parts()[0])[0])
             except (ValueError, SyntaxError):
                 return None
             if type(k) not in (str, int) or leaf(k) is not True:
@@ -687,7 +589,7 @@ class Converter:
         code = "; ".join(c for c, _ in codes)
         site = next((s for _, s in codes if s), None)
         if kind == "LAMBDA_GUARD":
-            kind = _lambda_kind(code)
+            kind = lambda_kind(code)
         if node.dead:
             self.record(
                 tn,
@@ -706,7 +608,7 @@ class Converter:
                 "pending",
                 site=site,
                 why=f"waits for {PENDING_KINDS[kind]}",
-                details=_details(kind, leaf, code),
+                details=details(kind, code),
             )
             return
         if node.blocked is not None:
@@ -752,13 +654,13 @@ class Converter:
         return node.src
 
     def leaf_type_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
-        t = self.ids.get(_id_in(code, ("___check_type_id",), node.torch.source))
+        t = self.ids.get(id_in(code, ("___check_type_id",), node.torch.source))
         if not isinstance(t, type):
             raise _Fallback("torch's expected type is not reachable (no live object for its id)")
         return [self.spec(GuardKind.TYPE_MATCH, self._src(node), (t,), site)], ""
 
     def leaf_id_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
-        i = _id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)
+        i = id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)
         if i not in self.ids:
             raise _Fallback(
                 "torch's object is not reachable (not weakly referenceable, so torch keeps no record of it)"
@@ -772,11 +674,11 @@ class Converter:
 
     def leaf_equals(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
         src = self._src(node)
-        c = _rhs_literal(code)
+        c = rhs_literal(code)
         # The parsed constant must be one torch's own guard accepts (type-exact and ==).
         if leaf(c) is not True:
             raise _Fallback(f"the printed constant {c!r} does not pass torch's own guard")
-        if type(c) in _SCALARS and not _has_nan(c) and type(c) is not bool:
+        if type(c) in _SCALARS and not has_nan(c) and type(c) is not bool:
             # torch: v is c or (type(v) is type(c) and v == c). For these exact builtin types ==
             # is value equality, so this is tripwire's EQUALS_MATCH (also type-exact). A parsed
             # string is interned: the values it meets are often the interned literal itself, and
@@ -784,7 +686,7 @@ class Converter:
             if type(c) is str:
                 c = sys.intern(c)
             return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], ""
-        if type(c) in (tuple, list, set, frozenset, dict) and not _has_nan(c) and _core.is_constant(c):
+        if type(c) in (tuple, list, set, frozenset, dict) and not has_nan(c) and _core.is_constant(c):
             if self.equals == "strict":
                 return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], (
                     "stricter (equals='strict'): tripwire compares the elements type-exactly, torch with "
@@ -800,7 +702,7 @@ class Converter:
         return [self.spec(GuardKind.EQUALS_MATCH, self._src(node), (float("nan"),), site)], ""
 
     def leaf_length(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
-        n = _n_from_len(code)
+        n = n_from_len(code)
         t = node.exact_type
         # torch: PySequence_Length(v) == n (sq_length only). tripwire's LENGTH reads list/tuple
         # sizes and otherwise calls len(), which tries sq_length first: the same for sequences.
@@ -811,7 +713,7 @@ class Converter:
         return [self.spec(GuardKind.LENGTH, self._src(node), (n,), site)], ""
 
     def leaf_dict_length(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
-        n = _n_from_len(code)
+        n = n_from_len(code)
         src = self._src(node)
         if n == 0:
             # torch: isinstance(v, dict) and PyDict_Size(v) == 0; DICT_KEYS(()) reads the storage.
@@ -823,10 +725,10 @@ class Converter:
     def leaf_dict_contains(
         self, node: _Node, leaf: Any, code: str, site: str | None
     ) -> tuple[list[int], str]:
-        tree = _parse(code)
+        tree = parse(code)
         present = not (isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.Not))
-        args = _call_args(code, ("___dict_contains",))
-        key = _literal(args[0])
+        args = call_args(code, ("___dict_contains",))
+        key = literal(args[0])
         # Check the parsed key and sense against torch's own guard.
         if leaf({key: None}) is not present or leaf({}) is present:
             raise _Fallback("the printed key does not reproduce torch's guard")
@@ -840,7 +742,7 @@ class Converter:
             raise _Fallback("torch's dict versions on 3.12+ come from its own watcher")
         if node.torch.example_type is not dict:
             raise _Fallback("tripwire's DICT_VERSION needs an exact dict")
-        tag = _rhs_literal(code)
+        tag = rhs_literal(code)
         if type(tag) is not int:
             raise ValueError(code)
         # 3.11: both read ma_version_tag (PEP 509, a global counter): equal tags, same dict, unchanged.
@@ -849,7 +751,7 @@ class Converter:
     def leaf_tuple_iterator_len(
         self, node: _Node, leaf: Any, code: str, site: str | None
     ) -> tuple[list[int], str]:
-        n = _rhs_literal(code)
+        n = rhs_literal(code)
         if type(n) is not int:
             raise ValueError(code)
         return [self.spec(GuardKind.TUPLE_ITERATOR_LEN, self._src(node), (n,), site)], ""
@@ -857,7 +759,7 @@ class Converter:
     def leaf_range_iterator(
         self, node: _Node, leaf: Any, code: str, site: str | None
     ) -> tuple[list[int], str]:
-        start, stop, step = _rhs_literal(code)
+        start, stop, step = rhs_literal(code)
         if len(range(start, stop, step)) < 2:
             # torch compares (start, stop, step) of the rest literally; range equality (tripwire)
             # ignores them for 0 or 1 items left.
@@ -895,92 +797,6 @@ def _standard_dict_type(t: type) -> bool:
         if d is not None:
             return type(d).__name__ == "getset_descriptor"
     return False
-
-
-_NO_KEY: Any = object()
-
-
-def _subscript_key(source: str) -> Any:
-    try:
-        tree = _parse(source)
-        if isinstance(tree, ast.Subscript):
-            key = _literal(tree.slice)
-            if type(key) in (str, int, bytes, float, bool, type(None)):
-                return key
-    except (SyntaxError, ValueError):
-        pass
-    return _NO_KEY
-
-
-def _lambda_kind(code: str) -> str:
-    if code.startswith("torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids =="):
-        return "AUTOGRAD_SAVED_TENSORS_HOOKS"
-    parts = [p.strip() for p in code.split(";")]
-    try:
-        if parts and all(_is_identity(p) for p in parts):
-            return "OBJECT_ALIASING"
-    except SyntaxError:
-        pass
-    return "LAMBDA_GUARD"
-
-
-def _is_identity(part: str) -> bool:
-    tree = _parse(part)
-    return isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], ast.Is)
-
-
-_TENSOR = re.compile(
-    r"^check_tensor\((?P<src>.*), (?P<pytype>[\w.]+), (?P<keys>DispatchKeySet\(.*?\)), (?P<dtype>torch\.\w+), "
-    r"device=(?P<device>[^,]+), requires_grad=(?P<rg>True|False), size=(?P<size>\[.*?\]), stride=(?P<stride>\[.*?\])\)$",
-    re.S,
-)
-
-
-def _details(kind: str, leaf: Any, code: str) -> dict[str, Any] | None:
-    """Parameters of a pending kind, parsed from torch's printed code (for the integration)."""
-    try:
-        if kind == "TENSOR_MATCH":
-            m = _TENSOR.match(code)
-            if not m:
-                return None
-            size = [
-                None if s.strip() == "None" else int(s) for s in m.group("size")[1:-1].split(",") if s.strip()
-            ]
-            stride = [
-                None if s.strip() == "None" else int(s)
-                for s in m.group("stride")[1:-1].split(",")
-                if s.strip()
-            ]
-            device = m.group("device")
-            return {
-                "pytype": m.group("pytype"),
-                "dispatch_keys": m.group("keys"),
-                "dtype": m.group("dtype"),
-                "device_index": None if device == "None" else int(device),
-                "requires_grad": m.group("rg") == "True",
-                "size": size,
-                "stride": stride,
-                "dynamic": tuple(i for i, s in enumerate(size) if s is None),
-            }
-        if kind == "DIMENSION_DYNAMIC_MARKING_GUARD":
-            absent = re.findall(r"hasattr\(.*, '(\w+)'\) == False", code)
-            return {"absent": absent}
-        if kind == "NO_TENSOR_ALIASING":
-            args = _call_args(code, ("check_no_aliasing",))
-            return {"sources": [ast.unparse(a) for a in args]}
-        if kind == "OBJECT_ALIASING":
-            pairs = []
-            for p in code.split(";"):
-                t = _parse(p)
-                assert isinstance(t, ast.Compare)
-                pairs.append((ast.unparse(t.left), ast.unparse(t.comparators[0])))
-            return {"pairs": pairs}
-        if kind == "GLOBAL_STATE":
-            m = re.search(r"against (\{.*\})$", code, re.S)
-            return {"snapshot": json.loads(m.group(1))} if m else None
-    except (ValueError, SyntaxError, AssertionError):
-        return None
-    return None
 
 
 LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
