@@ -1515,3 +1515,39 @@ def test_dict_manager_length_is_read_and_verified():
     )
     with pytest.raises(LayoutUnknown):
         dict_manager_length(plain)
+
+
+def test_pending_guards_carry_their_parameters_for_the_tensor_engine():
+    torch.manual_seed(0)
+    model = Shared()
+    x = torch.randn(2, 4)
+    compile_and_call(model, x)
+    gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    by = collections.defaultdict(list)
+    for g in gs.torch_import.dropped:
+        by[g.kind].append(g)
+    t = next(g for g in by["TENSOR_MATCH"] if g.source == "L['x']").details
+    assert t == {
+        "pytype": "Tensor",
+        "dispatch_keys": "DispatchKeySet(CPU, BackendSelect, ADInplaceOrView, AutogradCPU)",
+        "dtype": "torch.float32",
+        "device_index": None,
+        "requires_grad": False,
+        "size": [2, 4],
+        "stride": [4, 1],
+        "dynamic": (),
+    }
+    w = next(g for g in by["TENSOR_MATCH"] if g.source.endswith("_parameters['weight']")).details
+    assert w["pytype"] == "Parameter" and w["requires_grad"] is True and w["size"] == [4, 4]
+    marks = by["DIMENSION_DYNAMIC_MARKING_GUARD"][0].details["absent"]
+    assert marks == [
+        "_dynamo_dynamic_indices",
+        "_dynamo_weak_dynamic_indices",
+        "_dynamo_unbacked_indices",
+        "_dynamo_strict_unbacked_indices",
+        "_dynamo_static_indices",
+    ]
+    assert by["OBJECT_ALIASING"][0].details["pairs"] == [
+        ("L['self']._modules['b']", "L['self']._modules['a']")
+    ]
+    assert by["GLOBAL_STATE"][0].details["snapshot"]["grad_mode"] is True

@@ -151,10 +151,11 @@ def subscript_key(source: str) -> Any:
     return NO_KEY
 
 
-def lambda_kind(code: str) -> str:
-    if code.startswith("torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids =="):
+def lambda_kind(parts: list[str]) -> str:
+    """What a torch LAMBDA_GUARD is, from its code parts: the saved-tensor-hooks lambda, the
+    batched `a is b` aliasing lambda, or another lambda."""
+    if parts and parts[0].startswith("torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids =="):
         return "AUTOGRAD_SAVED_TENSORS_HOOKS"
-    parts = [p.strip() for p in code.split(";")]
     try:
         if parts and all(is_identity(p) for p in parts):
             return "OBJECT_ALIASING"
@@ -175,8 +176,9 @@ _TENSOR = re.compile(
 )
 
 
-def details(kind: str, code: str) -> dict[str, Any] | None:
-    """Parameters of a pending kind, parsed from torch's printed code (for the integration)."""
+def details(kind: str, parts: list[str]) -> dict[str, Any] | None:
+    """Parameters of a pending kind, parsed from torch's printed code parts (for the integration)."""
+    code = "; ".join(parts)
     try:
         if kind == "TENSOR_MATCH":
             m = _TENSOR.match(code)
@@ -202,14 +204,14 @@ def details(kind: str, code: str) -> dict[str, Any] | None:
                 "dynamic": tuple(i for i, s in enumerate(size) if s is None),
             }
         if kind == "DIMENSION_DYNAMIC_MARKING_GUARD":
-            absent = re.findall(r"hasattr\(.*, '(\w+)'\) == False", code)
+            absent = [m.group(1) for p in parts if (m := re.search(r", '(\w+)'\) == False$", p))]
             return {"absent": absent}
         if kind == "NO_TENSOR_ALIASING":
             args = call_args(code, ("check_no_aliasing",))
             return {"sources": [ast.unparse(a) for a in args]}
         if kind == "OBJECT_ALIASING":
             pairs = []
-            for p in code.split(";"):
+            for p in parts:
                 t = parse(p)
                 assert isinstance(t, ast.Compare)
                 pairs.append((ast.unparse(t.left), ast.unparse(t.comparators[0])))

@@ -589,7 +589,7 @@ class Converter:
         code = "; ".join(c for c, _ in codes)
         site = next((s for _, s in codes if s), None)
         if kind == "LAMBDA_GUARD":
-            kind = lambda_kind(code)
+            kind = lambda_kind([c for c, _ in codes])
         if node.dead:
             self.record(
                 tn,
@@ -608,7 +608,7 @@ class Converter:
                 "pending",
                 site=site,
                 why=f"waits for {PENDING_KINDS[kind]}",
-                details=details(kind, code),
+                details=details(kind, [c for c, _ in codes]),
             )
             return
         if node.blocked is not None:

@@ -30,7 +30,6 @@ from ..errors import TorchImportError
 __all__ = [
     "Target",
     "TorchNode",
-    "code_parts",
     "find_entry",
     "identity_objects",
     "resolve_target",
@@ -127,12 +126,6 @@ def identity_objects(gm: Any) -> dict[int, Any]:
 
 
 _SITE = re.compile(r"^(?P<code>.*?)\s{2,}#\s(?P<comment>.*)$", re.S)
-
-
-def code_parts(leaf: Any) -> list[str]:
-    """The code parts torch printed for a leaf guard, each without its trailing ``# ...``
-    comment (the user line and site)."""
-    return [split_site(p)[0] for p in leaf.verbose_code_parts()]
 
 
 def split_site(part: str) -> tuple[str, str | None]:
