@@ -311,7 +311,9 @@ def _guard_keys(gs) -> collections.Counter:
     )
 
 
-def prepare(w: Workload, log: Callable[[str], None], only: set[str] | None = None) -> list[Contender]:
+def prepare(
+    w: Workload, log: Callable[[str], None], only: set[str] | None = None, probe: bool = False
+) -> list[Contender]:
     """Compile, import, verify like for like, and build every contender (asserting each answers
     True on the passing locals and False on the failing ones)."""
     import torch
@@ -377,6 +379,15 @@ def prepare(w: Workload, log: Callable[[str], None], only: set[str] | None = Non
         out.append(Contender("tripwire", gs.check, L, len(gs), f"{gs.node_count} sources"))
     if want("tripwire-strict"):
         out.append(Contender("tripwire-strict", gs_strict.check, L, len(gs_strict), "equals='strict'"))
+    if probe or (only is not None and "strict-fast-probe" in only):
+        # Not like for like: the strict set without the guards that have no fast form on their own
+        # (Dynamo's `__code__` checks), to show what the fast pass gives once one guard without a
+        # fast form no longer sends the whole set to the tree walk.
+        slow = _functions_with_code_guards(gs_strict)
+        gs_probe = twt.guards_of(w.obj, drop=(*twt.PENDING_KINDS, *slow), equals="strict")
+        assert gs_probe.check(L) and not gs_probe.check(L_fail)
+        note = f"strict minus {len(gs_strict) - len(gs_probe)} guards on {len(slow)} functions' __code__ (not like for like)"
+        out.append(Contender("strict-fast-probe", gs_probe.check, L, len(gs_probe), note))
     if want("torch-same"):
         out.append(
             Contender("torch-same", gm_same.check, L, counts_same["leaf"], "guard_filter_fn: same guards")
@@ -386,6 +397,13 @@ def prepare(w: Workload, log: Callable[[str], None], only: set[str] | None = Non
     if want("no-op"):
         out.append(Contender("no-op", guard_eval._noop, L, 0, "def f(L): return True"))
     return out
+
+
+def _functions_with_code_guards(gs) -> list[str]:
+    """torch sources of the functions whose `__code__` torch guards (dropping one drops its guards)."""
+    return sorted(
+        {g.source.rsplit(".__code__", 1)[0] for g in gs.torch_import.guards if g.source.endswith(".__code__")}
+    )
 
 
 def _fast_path(gs) -> dict[str, Any]:
@@ -574,6 +592,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--instructions-torch", action="store_true", help="count the torch columns too (slow)")
     p.add_argument("--explain", action="store_true", help="print each imported set's explain()")
+    p.add_argument(
+        "--fast-pass-probe",
+        action="store_true",
+        help="add `strict-fast-probe`: the strict set without the guards that have no fast form (not "
+        "like for like; what the fast pass gives once it is not all or nothing)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.repeat, args.time = min(args.repeat, 5), min(args.time, 0.005)
@@ -588,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         w = build(name)
         log(f"{name}: compiling and importing ...")
-        w.results["contenders"] = prepare(w, log)
+        w.results["contenders"] = prepare(w, log, probe=args.fast_pass_probe)
         gc.collect()
         measure(w.results["contenders"], args.repeat, args.time)
         workloads.append(w)

@@ -113,7 +113,6 @@ class TorchImport:
             lines.append(f"  {kind}: {row['total']} = {row['native']} native{extra}")
         groups = (
             ("evaluated by calling torch's own guard (exact, slow)", "torch"),
-            ("dropped (named in drop=)", "dropped"),
             ("never evaluated by torch (not imported)", "unreachable"),
         )
         for title, outcome in groups:
@@ -121,6 +120,11 @@ class TorchImport:
             if items:
                 lines.append(f"{title}: {len(items)}")
                 lines += [f"  {g.line()}" for g in items]
+        dropped = Counter((g.kind, g.via, g.why.split(":", 1)[0]) for g in self.dropped)
+        if dropped:
+            lines.append(f"dropped (named in drop=; torch_import.dropped lists each): {len(self.dropped)}")
+            for (kind, via, was), n in sorted(dropped.items()):
+                lines.append(f"  {n} x {kind}" + (f" via {via}" if via else "") + f" ({was})")
         stricter = [g for g in self.guards if g.outcome == "native" and g.why]
         if stricter or self.added or self.stricter:
             lines.append(
