@@ -21,12 +21,14 @@ from .errors import (
     FrameError,
     GuardBuildError,
     GuardEvalError,
+    GuardsNotImportable,
     IncompatibleCodeError,
     NotSerializable,
     RecompileError,
     RecompileLimitExceeded,
     ShapeSyntaxError,
     SourceParseError,
+    TorchImportError,
     TripwireError,
 )
 from .failure import Failure
@@ -37,6 +39,16 @@ from .source import RootKind, Source, Step, StepKind
 from .specialized import Specialized, specialize
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # ``tripwire.torch`` (guards_of) on first use; it imports torch only when called.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'tripwire' has no attribute {name!r}")
+
 
 __all__ = [
     "Cache",
@@ -51,6 +63,7 @@ __all__ = [
     "GuardKind",
     "GuardSet",
     "GuardSpec",
+    "GuardsNotImportable",
     "IncompatibleCodeError",
     "NotSerializable",
     "Policy",
@@ -63,6 +76,7 @@ __all__ = [
     "Specialized",
     "Step",
     "StepKind",
+    "TorchImportError",
     "TripwireError",
     "format_recompile",
     "frame",

@@ -65,6 +65,8 @@ def f_view_mod(x):
 
 
 _COMPILED: dict = {}
+# (fn, specialize_float) -> (tripwire.torch.guards_of's import of the entry, torch's guard manager)
+_IMPORTED: dict = {}
 
 
 def _compile(fn, example: dict, *, specialize_float: bool = True):
@@ -85,6 +87,10 @@ def _compile_now(fn, example: dict, specialize_float: bool):
         torch._dynamo.config.specialize_float = old
     entries = _debug_get_cache_entry_list(fn.__code__)
     assert len(entries) == 1
+    # Imported now: the next compile's reset() drops this entry from the code's cache (the guard
+    # manager object stays usable through the reference kept here).
+    imported = tw.torch.guards_of(fn, drop=tw.torch.PENDING_KINDS)
+    _IMPORTED[(fn, specialize_float)] = (imported, entries[0].guard_manager)
     lambdas = entries[0].guard_manager.root.get_epilogue_lambda_guards()
     assert len(lambdas) == 1, "one epilogue lambda holds the shape guards"
     return lambdas[0]
@@ -181,3 +187,113 @@ def test_torch_size_reads_are_one_call_per_symbol() -> None:
     gs, _ = _tripwire_set(_compile(f_reshape, example), example)
     symbols = gs._shape_info["symbols"]
     assert symbols == len({str(s) for g in gs.guards for s in g.args[1]})
+
+
+# -- through tripwire.torch.guards_of ---------------------------------------------------------------
+
+
+def _imported(fn, example: dict, *, specialize_float: bool = True):
+    _compile(fn, example, specialize_float=specialize_float)
+    return _IMPORTED[(fn, specialize_float)]
+
+
+def _torch_checks(gm, f_locals: dict) -> bool:
+    try:
+        return bool(gm.check(f_locals))
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_guards_of_imports_the_shape_lambda_as_relations(name: str) -> None:
+    """guards_of turns torch's shape-environment lambda into SHAPE relations (no LAMBDA, no call
+    into torch), and the imported set decides as torch's whole guard tree (its default Python
+    path) on mutated inputs that keep what the dropped tensor kinds check (dtype, rank,
+    contiguity): every difference would be a shape decision."""
+    fn, draw, example = CASES[name]
+    imported, gm = _imported(fn, example)
+    torch_lambda = _compile(fn, example)
+    shape = [g for g in imported.torch_import.guards if g.kind == "SHAPE_ENV"]
+    assert len(shape) == 1 and shape[0].outcome == "native", imported.torch_import.guards
+    kinds = {g.kind.name for g in imported.guards}
+    assert "LAMBDA" not in kinds and "SHAPE" in kinds
+    n_parts = len(torch_lambda.verbose_code_parts())
+    assert len(shape[0].guards) >= n_parts  # one relation per part at least (conjunctions split)
+    assert imported.check(example) and _torch_checks(gm, example)
+    r = random.Random(hash(name) & 0xFFFF ^ 0x5A5A)
+    outcomes = {True: 0, False: 0}
+    for k in range(scaled(200, 30) + 1):
+        v = example if k == 0 else draw(r)
+        want = _torch_checks(gm, v)
+        assert _torch_decides(torch_lambda, v) == want or not want  # only the shape part differs
+        got = imported.check(v)
+        assert got == want, (name, {k: tuple(t.shape) for k, t in v.items()})
+        f = imported.why_not(v)
+        assert (f is None) == want
+        if f is not None:
+            assert f.kind == "SHAPE", f
+        outcomes[want] += 1
+    assert outcomes[True] and outcomes[False], outcomes
+
+
+def test_guards_of_reshape_failure_names_the_relation() -> None:
+    imported, _ = _imported(f_reshape, CASES["reshape"][2])
+    f = imported.why_not({"x": torch.randn(9, 3), "y": torch.randn(10)})
+    assert f.kind == "SHAPE"
+    assert f.reason == (
+        "((L['x'].size()[1]*L['x'].size()[0]) % 4) == 0 is false with L['x'].size()[1] = 3, L['x'].size()[0] = 9"
+    )
+    text = imported.explain()
+    assert "SHAPE_ENV: 1 = 1 native" in text and "shape relations" in text
+    # A saved import loads as the same relations (no torch object to call).
+    loaded = tw.GuardSet.from_bytes(imported.to_bytes())
+    for v in ({"x": torch.randn(8, 3), "y": torch.randn(10)}, {"x": torch.randn(9, 3), "y": torch.randn(10)}):
+        assert loaded.check(v) == imported.check(v)
+
+
+def test_guards_of_float_input_nan_follows_the_python_path() -> None:
+    """specialize_float=False: the float input is a symbol, typed float from torch's TYPE_MATCH;
+    NaN fails as in torch's Python path (its optional C++ path would pass it)."""
+    example = {"x": torch.randn(8, 3), "s": 0.5}
+    imported, gm = _imported(f_float, example, specialize_float=False)
+    rels = [g.args for g in imported.guards if g.kind.name == "SHAPE"]
+    assert any(text == "not math.isnan(L['s'])" and types == ("float",) for text, _, types in rels), rels
+    r = random.Random(7)
+    for s in [math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, 5e-324, 1e308, 0.25, -3.0]:
+        v = {"x": torch.randn(r.choice([2, 3, 8]), r.choice([2, 5])), "s": s}
+        assert imported.check(v) == _torch_checks(gm, v), s
+    nan = {"x": torch.randn(8, 3), "s": math.nan}
+    assert _torch_checks(gm, nan) is False and imported.check(nan) is False
+    assert imported.why_not(nan).reason == "not math.isnan(L['s']) is false with L['s'] = nan"
+
+
+def test_guards_of_shape_text_outside_the_syntax_falls_back_to_torch() -> None:
+    """A shape lambda with a part tripwire cannot parse is left whole to torch's own object
+    (fallback="torch": exact) or reported (fallback="refuse"): never partly imported."""
+    from tripwire.torch import _rules
+
+    real = tw.shapes.relations_from_torch
+
+    def refuse_one(part: str):
+        if "% 4" in part:
+            raise tw.ShapeSyntaxError("not in the syntax", 0, part)
+        return real(part)
+
+    fn, _, example = CASES["reshape"]
+    _compile(fn, example)
+    torch._dynamo.reset()
+    torch.compile(fn, backend="eager", dynamic=True)(**example)
+    try:
+        _rules.shapes.relations_from_torch = refuse_one
+        imported = tw.torch.guards_of(fn, drop=tw.torch.PENDING_KINDS)
+        with pytest.raises(tw.GuardsNotImportable, match="SHAPE_ENV"):
+            tw.torch.guards_of(fn, drop=tw.torch.PENDING_KINDS, fallback="refuse")
+    finally:
+        _rules.shapes.relations_from_torch = real
+    rec = [g for g in imported.torch_import.guards if g.kind == "SHAPE_ENV"]
+    assert rec[0].outcome == "torch" and "syntax" in rec[0].why
+    kinds = [g.kind.name for g in imported.guards]
+    assert kinds.count("LAMBDA") == 1 and "SHAPE" not in kinds
+    assert imported.check(example) and not imported.check({"x": torch.randn(9, 3), "y": torch.randn(10)})
+    imported2 = tw.torch.guards_of(fn, drop=[*tw.torch.PENDING_KINDS, "SHAPE_ENV"])
+    assert not {"LAMBDA", "SHAPE"} & {g.kind.name for g in imported2.guards}
