@@ -212,6 +212,10 @@ def check_contenders(cpp_path: bool) -> tuple[dict[str, tuple[Callable[[Any], An
 
     example = {"x": torch.randn(8, 3), "y": torch.randn(10)}
     gm_py, lam, _ = _torch_entry(f_reshape, example)
+    # What tripwire.torch.guards_of imports from this entry (the tensor kinds wait for the tensor
+    # engine on this branch: dropped, so the set is the shape lambda's relations and the entry's
+    # other native guards, a TYPE_MATCH here).
+    imported = tw.torch.guards_of(f_reshape, drop=tw.torch.PENDING_KINDS)
     parts = list(lam.verbose_code_parts())
     gs, _ = _tripwire_set(parts, example)
     texts, int_values = _int_locals(parts, example)
@@ -219,15 +223,19 @@ def check_contenders(cpp_path: bool) -> tuple[dict[str, tuple[Callable[[Any], An
     for t in texts:
         b.shape(t)
     gs_int = b.build()
-    for check in (gm_py.check, lam, gs.check):
+    for check in (gm_py.check, lam, gs.check, imported.check):
         assert check(example)
+    assert "SHAPE" in {g.kind.name for g in imported.guards} and "LAMBDA" not in {
+        g.kind.name for g in imported.guards
+    }
     assert gs_int.check(int_values) and gs_int._uses_fast_pass
     bad = {"x": torch.randn(9, 3), "y": torch.randn(10)}
-    assert not lam(bad) and not gs.check(bad) and not gm_py.check(bad)
+    assert not lam(bad) and not gs.check(bad) and not gm_py.check(bad) and not imported.check(bad)
     contenders: dict[str, tuple[Callable[[Any], Any], Any]] = {
         "torch_lambda": (lam, example),
         "torch_gm_py": (gm_py.check, example),
         "tw": (gs.check, example),
+        "tw_guards_of": (imported.check, example),
         "tw_int": (gs_int.check, int_values),
         "noop": (lambda _: None, None),
     }
@@ -272,6 +280,10 @@ def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
         cpp_shape = [med["torch_gm_cpp"] - (med["torch_gm_py"] - med["torch_lambda"])]
         row("torch C++ shape guard (estimate, medians: C++ gm - (Python gm - lambda))", cpp_shape)
     row("tripwire SHAPE set, sizes by x.size() calls (generic path)", samples["tw"])
+    row(
+        "tripwire: guards_of import of the entry (drop=PENDING_KINDS: SHAPE + TYPE_MATCH)",
+        samples["tw_guards_of"],
+    )
     row("tripwire SHAPE set, symbols as int locals (fast pass)", samples["tw_int"])
     row("tripwire relations alone, C++ loop (_core._shape_time)", core_ns)
     row("no-op Python call", samples["noop"])
