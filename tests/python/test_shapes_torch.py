@@ -297,3 +297,26 @@ def test_guards_of_shape_text_outside_the_syntax_falls_back_to_torch() -> None:
     assert imported.check(example) and not imported.check({"x": torch.randn(9, 3), "y": torch.randn(10)})
     imported2 = tw.torch.guards_of(fn, drop=[*tw.torch.PENDING_KINDS, "SHAPE_ENV"])
     assert not {"LAMBDA", "SHAPE"} & {g.kind.name for g in imported2.guards}
+
+
+def f_int_reshape(x, n):
+    return x.reshape(n, -1) * 2
+
+
+def test_guards_of_int_input_agrees_with_torch() -> None:
+    """An int input is a symbol typed from torch's TYPE_MATCH; values of another type, divisors
+    that do not divide, and ints beyond int64 decide as torch's whole guard check."""
+    example = {"x": torch.randn(6, 4), "n": 3}
+    imported, gm = _imported(f_int_reshape, example)
+    rels = [g.args for g in imported.guards if g.kind.name == "SHAPE"]
+    assert any(text == "L['n'] != 0" and types == ("int",) for text, _, types in rels), rels
+    r = random.Random(11)
+    cases = [example, {"x": torch.randn(6, 4), "n": 3.0}, {"x": torch.randn(6, 4), "n": True}]
+    for n in [-3, -1, 0, 1, 2, 4, 5, 6, 8, 12, 24, 2**63 - 1, 2**63, 2**64, -(2**64)]:
+        cases.append({"x": torch.randn(r.choice([2, 6, 12]), r.choice([2, 4])), "n": n})
+    decisions = {True: 0, False: 0}
+    for v in cases:
+        want = _torch_checks(gm, v)
+        assert imported.check(v) == want, v["n"]
+        decisions[want] += 1
+    assert decisions[True] >= 2 and decisions[False] >= 2, decisions
