@@ -120,6 +120,7 @@ class NotSerializable(TripwireError):
             "to_bytes(drop=[source or kind, ...]) to save the rest):\n" + "\n".join(lines)
         )
 
+
 class TorchImportError(TripwireError):
     """``tripwire.torch.guards_of`` cannot import a torch cache entry: the object has no compiled
     entry, the entry index is out of range, or the entry was invalidated."""
