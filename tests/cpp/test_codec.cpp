@@ -107,12 +107,16 @@ Document sample() {
     GuardDecl& builtin = add(GuardKind::GlobalState, false);
     builtin.n = 1;
     builtin.n2 = 1;
-    // SHAPE: the relation's text and its symbols (SIZE/STRIDE carry an index, STORAGE_OFFSET none).
+    // SHAPE: the relation's text and its symbols (SIZE/STRIDE carry an index, STORAGE_OFFSET none),
+    // each symbol's printed source as the text names it.
     GuardDecl& shape = add(GuardKind::Shape, false);
-    shape.relation = "L['x'].size()[1] + L['x'].stride()[0] >= L['x'].storage_offset()";
+    shape.relation = "L['c0'].size()[1] + L['c0'].stride()[0] >= L['c0'].storage_offset()";
     shape.symbols = {source(RootKind::Local, 0, {Step{StepKind::Size, kNoConst, 1}}),
                      source(RootKind::Local, 0, {Step{StepKind::Stride, kNoConst, 0}}),
                      source(RootKind::Local, 0, {Step{StepKind::StorageOffset, kNoConst, 0}})};
+    shape.symbols[0].texts[1] = "L['c0'].size()[1]";
+    shape.symbols[1].texts[1] = "L['c0'].stride()[0]";
+    shape.symbols[2].texts[1] = "L['c0'].storage_offset()";
     shape.symbol_types = {0, 0, 0};
     d.has_globals_module = true;
     d.globals_module = "mod";
@@ -230,21 +234,23 @@ TEST(Codec, BadShapeRecordsAreRefused) {
                   g.source = source(RootKind::Local, 0);
               }))),
               "");
-    // Decodes, but the text does not parse or names fewer symbols than are bound: compile refuses.
-    for (const char* text : {"L['x'].size()[1] +", "L['x'].size()[1] >= 0"}) {
-        const std::string bytes = encode(with_shape([&](GuardDecl& g) { g.relation = text; }));
-        const Document e = decode(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
-        std::vector<GuardDecl> decls;
-        for (const auto& g : e.guards) decls.push_back(g.decl);
-        bool refused = false;
-        try {
-            compile(decls, e.constants.size());
-        } catch (const InvalidProgram&) {
-            refused = true;
-        } catch (const shape::ShapeSyntaxError&) {
-            refused = true;
-        }
-        EXPECT_TRUE(refused) << text;
+    // Text that does not parse, names fewer symbols than are bound, names them in another order
+    // or names other ones, or does not type-check: refused by the decoder, never left to compile.
+    for (const char* text : {"L['c0'].size()[1] +", "L['c0'].size()[1] >= 0",
+                             "L['c0'].stride()[0] + L['c0'].size()[1] >= L['c0'].storage_offset()",
+                             "L['c0'].size()[1] + L['c0'].stride()[1] >= L['c0'].storage_offset()",
+                             "(L['c0'].size()[1] < 2) + L['c0'].stride()[0] >= L['c0'].storage_offset()"}) {
+        const std::string err = error_of(encode(with_shape([&](GuardDecl& g) { g.relation = text; })));
+        EXPECT_NE(err.find("SHAPE"), std::string::npos) << text << ": " << err;
+    }
+    // One source, two SHAPE records, two types: refused (compile would refuse the set).
+    {
+        Document d = sample();
+        GuardRecord g = d.guards.back();
+        g.decl.id += 1;
+        g.decl.symbol_types = {0, 0, 1};
+        d.guards.push_back(g);
+        EXPECT_NE(error_of(encode(d)).find("both an int and a float"), std::string::npos);
     }
 }
 

@@ -6,6 +6,7 @@
 // depth by a limit, every declaration by core::validate_decl. The caller builds objects only from
 // a Document that decode() returned.
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -225,6 +226,7 @@ class Decoder {
                 r.fail_at(g.offset, std::string("invalid ") + std::string(guard_kind_name(d.kind)) +
                                         " guard: " + e.what());
             }
+            if (d.kind == GuardKind::Shape) shape_symbol_types(d, r, g.offset);
             doc.guards.push_back(std::move(g));
         }
     }
@@ -254,6 +256,24 @@ class Decoder {
     }
 
   private:
+    // A source is one symbol for the whole set (core::compile): every SHAPE record that binds it
+    // must give it the same type, as compile requires.
+    std::map<std::string, std::uint8_t> symbol_types_;
+    void shape_symbol_types(const GuardDecl& d, Reader& r, std::size_t offset) {
+        for (std::size_t k = 0; k < d.symbols.size(); ++k) {
+            const SourcePath& p = d.symbols[k];
+            std::string key = std::to_string(static_cast<int>(p.root)) + ":" + std::to_string(p.name);
+            for (const Step& st : p.steps) {
+                key += "/" + std::to_string(static_cast<int>(st.kind)) + "," + std::to_string(st.operand) +
+                       "," + std::to_string(st.index);
+            }
+            const auto [it, fresh] = symbol_types_.emplace(key, d.symbol_types[k]);
+            if (!fresh && it->second != d.symbol_types[k]) {
+                r.fail_at(offset, "SHAPE symbol " + p.texts.back() + " is declared both an int and a float");
+            }
+        }
+    }
+
     static double from_bits(std::uint64_t u) {
         double d;
         std::memcpy(&d, &u, sizeof d);

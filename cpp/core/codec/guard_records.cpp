@@ -4,6 +4,8 @@
 #include <string>
 
 #include "core/program.hpp"
+#include "core/shape/parser.hpp"
+#include "core/shape/program.hpp"
 
 namespace tripwire::core::codec {
 namespace {
@@ -14,6 +16,35 @@ bool step_has_operand(StepKind k) {
 bool step_has_index(StepKind k) {
     return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
            k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride;
+}
+
+/// A SHAPE record's relation compiles on its own with its symbols bound in the text's order, and
+/// the text names exactly the stored symbols (each symbol's printed source is the text's symbol),
+/// so a record decode accepts is one core::compile accepts and one that reads what it says.
+void check_relation(const GuardDecl& d, Reader& r) {
+    try {
+        const shape::ParsedRelation parsed = shape::parse_relation(d.relation);
+        if (parsed.symbols.size() != d.symbols.size()) {
+            r.fail("SHAPE relation names " + std::to_string(parsed.symbols.size()) +
+                   " symbols but the record binds " + std::to_string(d.symbols.size()));
+        }
+        shape::RelationInput in;
+        for (std::size_t k = 0; k < d.symbols.size(); ++k) {
+            if (d.symbols[k].texts.back() != parsed.symbols[k]) {
+                r.fail("SHAPE symbol " + std::to_string(k) + " is " + d.symbols[k].texts.back() +
+                       " but the relation names " + std::string(parsed.symbols[k]));
+            }
+            in.symbols.push_back(static_cast<std::uint32_t>(k));
+        }
+        in.text = d.relation;
+        std::vector<shape::ValueType> types;
+        for (std::uint8_t t : d.symbol_types) types.push_back(static_cast<shape::ValueType>(t));
+        std::vector<shape::RelationInput> one;
+        one.push_back(std::move(in));
+        (void)shape::compile_relations(std::move(one), std::move(types));
+    } catch (const std::invalid_argument& e) {  // ShapeSyntaxError, or a binding the compiler refuses
+        r.fail(std::string("SHAPE relation is not valid: ") + e.what());
+    }
 }
 
 }  // namespace
@@ -194,6 +225,7 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
                     r.fail_at(at, "symbol type " + std::to_string(t) + " is neither int (0) nor float (1)");
                 d.symbol_types[k] = t;
             }
+            check_relation(d, r);
             break;
         }
         case GuardKind::DictVersion:
