@@ -12,5 +12,6 @@ NB_MODULE(_core, m) {
     tripwire::bindings::register_cache(m);
     tripwire::bindings::register_specialize(m);
     tripwire::bindings::register_values(m);
+    tripwire::bindings::register_tensors(m);
     tripwire::bindings::register_diagnostics(m);
 }

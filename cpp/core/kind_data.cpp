@@ -68,8 +68,9 @@ void validate_torch_state(const std::vector<std::int64_t>& d) {
     if (d[kNumThreads] < 0) fail("torch global state has a negative thread count");
     const std::int64_t n = d[kAutocastDevices];
     if (n < 0 || n > kMaxAutocastDevices) fail("torch global state has a bad autocast device count");
-    if (d.size() != kHeader + 2 * static_cast<std::size_t>(n)) fail("torch global state snapshot has a bad size");
-    for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) need_bool(d[kHeader + i], "autocast enabled");
+    const auto devices = static_cast<std::size_t>(n);
+    if (d.size() != kHeader + 3 * devices) fail("torch global state snapshot has a bad size");
+    for (std::size_t i = 0; i < devices; ++i) need_bool(d[kHeader + devices + i], "autocast enabled");
 }
 
 }  // namespace

@@ -63,7 +63,8 @@ inline constexpr std::string_view kUnbackedBoundsAttr = "_dynamo_unbacked_bounds
 }  // namespace marking_data
 
 /// GLOBAL_STATE with the TorchGlobalState probe: header fields, then for each of the
-/// kAutocastDevices autocast devices its enabled flag, then for each its dtype.
+/// kAutocastDevices autocast devices its c10::DeviceType, then for each its enabled flag, then for
+/// each its autocast dtype (compared only while enabled, as torch does).
 namespace torch_state {
 enum : std::size_t {
     kGradMode = 0,

@@ -8,14 +8,23 @@
 
 namespace tripwire::runtime {
 
+struct AttrCache;
+
 /// One guard with its operands resolved to objects (borrowed from the constant pool, which the
 /// GuardSet keeps alive for as long as the guard exists).
 struct RuntimeGuard {
     core::GuardKind kind = core::GuardKind::TypeMatch;
     bool flag = false;
-    PyObject* a = nullptr;  ///< operand
-    PyObject* b = nullptr;  ///< operand2
+    bool via_python = false;  ///< evaluated through a Python-level reader (GuardDecl::via_python)
+    PyObject* a = nullptr;    ///< operand
+    PyObject* b = nullptr;    ///< operand2
+    /// An object the GuardSet derived from the operands when it bound the guard and keeps alive
+    /// (ARRAY_MATCH: the expected numpy dtype; DIMENSION_MARKING: the built sets as frozensets).
+    PyObject* derived = nullptr;
     std::int64_t n = 0, n2 = 0, n3 = 0;
+    const std::int64_t* data = nullptr;  ///< GuardDecl::data (owned by the Program), data_size entries
+    std::uint32_t data_size = 0;
+    AttrCache* attr_cache = nullptr;  ///< DIMENSION_MARKING's inline cache (owned by the GuardSet)
     std::uint32_t id = 0;
 };
 
