@@ -95,7 +95,7 @@ GuardDecl torch_probe(BuiltinProbe p) {
 TEST(KindData, TorchProbesCarryTheirSnapshots) {
     GuardDecl state = torch_probe(BuiltinProbe::TorchGlobalState);
     EXPECT_THROW(validate_decl(state, kConsts), InvalidProgram);  // no snapshot
-    state.data = {1, 1, 0, 0, 0, 0, 0, 0, 2, 6, 1, 2, 0, 0, 15, 5};
+    state.data = {1, 1, 0, 0, 0, 0, 0, 0, 2, 6, 1, 2, 0, 1, 0, 0, 15, 5};
     EXPECT_NO_THROW(validate_decl(state, kConsts));
     state.data[torch_state::kGradMode] = 2;
     EXPECT_THROW(validate_decl(state, kConsts), InvalidProgram);
