@@ -130,7 +130,8 @@ void register_guard_set(nb::module_& m) {
                 [](GuardSetCore& s, std::uint32_t id) -> const char* {
                     const runtime::GuardSet& gs = s.get();
                     for (std::uint32_t gi = 0; gi < gs.program().guards.size(); ++gi) {
-                        if (gs.program().guards[gi].id == id) return gs.runtime_guard(gi).via_python ? "python" : "native";
+                        if (gs.program().guards[gi].id == id)
+                            return gs.runtime_guard(gi).python_reader ? "python" : "native";
                     }
                     throw nb::key_error("no guard with that id");
                 },

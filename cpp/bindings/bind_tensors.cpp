@@ -89,6 +89,29 @@ void register_tensors(nb::module_& m) {
         },
         nb::arg("dtype_type"), "Make simple numpy dtypes EQUALS_MATCH constants (after _enable_numpy_struct).");
     m.def(
+        "_numpy_struct_probe",
+        [](nb::handle array, nb::handle ndarray) -> nb::object {
+            if (!PyType_Check(ndarray.ptr())) throw nb::type_error("numpy.ndarray expected");
+            runtime::ArrayView a;
+            if (!runtime::read_array_struct_of(array.ptr(), reinterpret_cast<PyTypeObject*>(ndarray.ptr()), a))
+                return nb::none();
+            std::vector<std::int64_t> sizes(a.sizes, a.sizes + a.ndim), strides(a.strides, a.strides + a.ndim);
+            const int bits = runtime::array_required_bits(a.flags);
+            return nb::make_tuple(a.ndim, nb::tuple(nb::cast(sizes)), nb::tuple(nb::cast(strides)), (bits & 1) != 0,
+                                  (bits & 2) != 0, (bits & 4) != 0, runtime::array_writeable(a.flags),
+                                  nb::borrow(a.descr), a.itemsize);
+        },
+        nb::arg("array"), nb::arg("ndarray"),
+        "What the struct reader sees in `array` (the fields of read_array_fields, then the itemsize), "
+        "before it is enabled: the layout check.");
+    m.def(
+        "_numpy_dtype_fields",
+        [](nb::handle d) -> nb::object {
+            if (!runtime::is_numpy_dtype(d.ptr())) return nb::none();
+            return nb::make_tuple(runtime::numpy_dtype_is_simple(d.ptr()));
+        },
+        nb::arg("dtype"), "(simple,) for a numpy dtype once the struct is enabled, else None.");
+    m.def(
         "numpy_struct_enabled", [] { return runtime::numpy_ndarray_type() != nullptr; },
         "Whether arrays are read from their struct.");
     m.def(

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
-from .catalogue import GuardKind, GuardSpec
+from . import tensors
+from .catalogue import GuardKind, GuardSpec, register_constant_type
 from .errors import (
     GuardBuildError,
     GuardEvalError,
@@ -55,7 +56,9 @@ __all__ = [
     "TripwireError",
     "format_recompile",
     "guards_for",
+    "register_constant_type",
     "infer_into",
     "set_logs",
     "specialize",
+    "tensors",
 ]

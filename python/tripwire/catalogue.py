@@ -46,7 +46,7 @@ from typing import Any
 from . import _core
 from .source import Source
 
-__all__ = ["CONSTANT_TYPES", "GuardKind", "GuardSpec", "Weak", "resolve", "short_repr"]
+__all__ = ["CONSTANT_TYPES", "GuardKind", "GuardSpec", "Weak", "register_constant_type", "resolve", "short_repr"]
 
 
 # The engine's own enum (cpp/core/ir.hpp, bound by cpp/bindings/bind_ir.cpp): one definition.
@@ -110,6 +110,18 @@ CONSTANT_TYPES = (
     set,
     dict,
 )
+
+
+def register_constant_type(tp: type, compare: str) -> None:
+    """Make instances of ``tp`` EQUALS_MATCH constants (and so inferable by ``guards_for``).
+
+    ``compare`` says how two of them compare, after the exact type check: ``"identity"``
+    (singletons), ``"tuple"`` (a tuple subtype whose elements are compared as constants) or
+    ``"richcompare"`` (the type's own C comparison; static C types only, whose ``==`` runs no
+    Python code). A comparison never calls a Python ``__eq__``: EQUALS_MATCH runs no user code.
+    Adapters register C comparisons of their own (the torch adapter: ``torch.device``).
+    """
+    _core.register_constant_type(tp, compare)
 
 
 @dataclass(frozen=True, eq=False)

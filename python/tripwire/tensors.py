@@ -194,6 +194,19 @@ def is_array(value: Any) -> bool:
     return np is not None and issubclass(type(value), np.ndarray)
 
 
+def ndim_of(value: Any) -> int:
+    """The rank of a tensor or array as the engine reads it (0 when it cannot be read)."""
+    if is_tensor(value):
+        ensure_torch()
+        fields = _core.read_tensor_fields(value, _core.torch_adapter_installed())
+        return 0 if fields is None else len(fields[4])
+    if is_array(value):
+        ensure_numpy()
+        fields = _core.read_array_fields(value, _core.numpy_struct_enabled())
+        return 0 if fields is None else int(fields[0])
+    return 0
+
+
 # -- dtype codes and names -------------------------------------------------------------------------
 _dtype_codes: dict[Any, int] = {}
 

@@ -15,7 +15,8 @@ struct AttrCache;
 struct RuntimeGuard {
     core::GuardKind kind = core::GuardKind::TypeMatch;
     bool flag = false;
-    bool via_python = false;  ///< evaluated through a Python-level reader (GuardDecl::via_python)
+    bool via_python = false;     ///< may run Python code (GuardDecl::via_python)
+    bool python_reader = false;  ///< reads its value through a Python reader (tensors/readers.hpp)
     PyObject* a = nullptr;    ///< operand
     PyObject* b = nullptr;    ///< operand2
     /// An object the GuardSet derived from the operands when it bound the guard and keeps alive

@@ -72,7 +72,8 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
             case GuardKind::TensorMatch: {
                 PyObject* t = consts[d.operand];
                 if (!PyType_Check(t)) throw core::InvalidProgram("TENSOR_MATCH needs a type");
-                if (const TwTorchAdapter* a = torch_adapter()) {
+                const TwTorchAdapter* a = force_python_readers() ? nullptr : torch_adapter();
+                if (a != nullptr) {
                     // The adapter reads the tensor struct of any type deriving from TensorBase.
                     if (!PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), a->tensor_base_type))
                         throw core::InvalidProgram("TENSOR_MATCH needs a torch tensor type");
@@ -88,7 +89,10 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                 if (!PyType_Check(t)) throw core::InvalidProgram("ARRAY_MATCH needs a type");
                 Ref dtype = derive_array_dtype(consts[d.operand2]);
                 if (!dtype) throw_python_error();
-                PyTypeObject* ndarray = numpy_ndarray_type();
+                PyTypeObject* ndarray = force_python_readers() ? nullptr : numpy_ndarray_type();
+                if (numpy_ndarray_type() != nullptr &&
+                    !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), numpy_ndarray_type()))
+                    throw core::InvalidProgram("ARRAY_MATCH needs a numpy array type");
                 if (ndarray != nullptr) {
                     if (!PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), ndarray))
                         throw core::InvalidProgram("ARRAY_MATCH needs a numpy array type");
@@ -111,7 +115,7 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
             case GuardKind::GlobalState:
                 if (d.operand == core::kNoConst &&
                     core::builtin_probe_reads_framework(static_cast<core::BuiltinProbe>(d.n)) &&
-                    torch_adapter() == nullptr) {
+                    (torch_adapter() == nullptr || force_python_readers())) {
                     PythonReaders& r = python_readers();
                     if (!r.torch_state || !r.mode_stack || !r.default_device)
                         throw core::InvalidProgram("a torch probe needs torch support (tripwire.tensors)");
@@ -183,6 +187,9 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
         g.n3 = d.n3;
         g.id = d.id;
         g.via_python = d.via_python;
+        // Arrays may read from the struct yet compare a dtype through numpy (via_python).
+        g.python_reader = d.via_python && (d.kind != core::GuardKind::ArrayMatch || force_python_readers() ||
+                                           numpy_ndarray_type() == nullptr);
         g.data = d.data.data();
         g.data_size = static_cast<std::uint32_t>(d.data.size());
         if (d.kind == core::GuardKind::GlobalState && g.a == nullptr &&

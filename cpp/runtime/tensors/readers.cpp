@@ -82,6 +82,12 @@ bool mask_python_keys() {
     return v != Py_True;
 }
 
+namespace {
+bool g_force_python = false;
+}  // namespace
+void set_force_python_readers(bool on) { g_force_python = on; }
+bool force_python_readers() { return g_force_python; }
+
 PythonReaders& python_readers() {
     static PythonReaders* readers = new PythonReaders();  // lives until process exit
     return *readers;
@@ -118,8 +124,12 @@ bool enable_numpy_struct(PyObject* ndarray_type) {
     return true;
 }
 
-bool read_array_struct(PyObject* obj, ArrayView& out) {
-    if (g_ndarray == nullptr || !PyObject_TypeCheck(obj, g_ndarray)) return false;
+bool read_array_struct(PyObject* obj, ArrayView& out) { return read_array_struct_of(obj, g_ndarray, out); }
+
+bool read_array_struct_of(PyObject* obj, PyTypeObject* ndarray, ArrayView& out) {
+    if (ndarray == nullptr || ndarray->tp_basicsize < static_cast<Py_ssize_t>(sizeof(PyArrayObject_fields)) ||
+        !PyObject_TypeCheck(obj, ndarray))
+        return false;
     auto* a = reinterpret_cast<PyArrayObject_fields*>(obj);
     out.ndim = a->nd;
     out.sizes = reinterpret_cast<const std::int64_t*>(a->dimensions);
@@ -173,6 +183,7 @@ bool numpy_simple_dtypes_equal(PyObject* a, PyObject* b) {
 bool numpy_struct_compiled() { return false; }
 bool enable_numpy_struct(PyObject*) { return false; }
 bool read_array_struct(PyObject*, ArrayView&) { return false; }
+bool read_array_struct_of(PyObject*, PyTypeObject*, ArrayView&) { return false; }
 int array_required_bits(int) { return 0; }
 bool array_writeable(int) { return false; }
 bool is_numpy_dtype(PyObject*) { return false; }

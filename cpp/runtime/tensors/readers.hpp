@@ -46,6 +46,11 @@ struct PythonReaders {
     Ref default_device;  ///< () -> None or str(CURRENT_DEVICE)
 };
 PythonReaders& python_readers();
+/// Test switch: guard sets built while it is on read tensors, arrays and torch's state through
+/// the Python readers even when the adapter or the struct is available (both paths are tested
+/// in one process). Off by default.
+void set_force_python_readers(bool on);
+bool force_python_readers();
 
 // -- numpy -------------------------------------------------------------------------------------------
 
@@ -70,6 +75,9 @@ struct ArrayView {
 };
 /// Read an array whose type is (a subtype of) the enabled ndarray type. False for anything else.
 bool read_array_struct(PyObject* obj, ArrayView& out);
+/// The same against an explicit ndarray type, before enabling: the package compares what this
+/// reads with numpy's own attributes on probe arrays (the layout check), then enables.
+bool read_array_struct_of(PyObject* obj, PyTypeObject* ndarray, ArrayView& out);
 /// The numpy flag bits ARRAY_MATCH uses, as core::array_data bits (C, F, aligned), and writeable.
 int array_required_bits(int numpy_flags);
 bool array_writeable(int numpy_flags);

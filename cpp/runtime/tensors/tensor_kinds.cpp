@@ -379,7 +379,7 @@ bool array_match_pure(const RuntimeGuard& g, PyObject* v) {
 int array_match(const RuntimeGuard& g, PyObject* v) {
     if (reinterpret_cast<PyObject*>(Py_TYPE(v)) != g.a) return 0;
     ArrayFields f;
-    if (struct_fields(v, f)) return compare_array(g, f, nullptr);
+    if (!g.python_reader && struct_fields(v, f)) return compare_array(g, f, nullptr);
     PythonArray keep;
     const int r = python_array_fields(v, keep, f);
     if (r <= 0) return r;
@@ -393,7 +393,7 @@ bool array_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMisma
     }
     ArrayFields f;
     PythonArray keep;
-    if (!struct_fields(v, f)) {
+    if (g.python_reader || !struct_fields(v, f)) {
         const int r = python_array_fields(v, keep, f);
         if (r < 0) return false;
         if (r == 0) {
