@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .catalogue import GuardKind, GuardSpec, short_repr
+from .catalogue import GuardKind, GuardSpec, Weak, short_repr
 
 __all__ = ["Failure", "make_failure"]
 
@@ -62,7 +62,8 @@ def _field_text(kind: GuardKind, spec: GuardSpec, field: str, dim: int, expected
     from . import tensors
 
     if field == "type":
-        return f"type expected {_qualname(spec.args[0])}, got {_qualname(type(value))}"
+        want = spec.args[0].get() if type(spec.args[0]) is Weak else spec.args[0]
+        return f"type expected {_qualname(want)}, got {_qualname(type(value))}"
     if field == "unreadable":
         return "the fields could not be read"
     where = f"{field}[{dim}]" if dim >= 0 else field
