@@ -41,7 +41,8 @@ void register_diagnostics(nb::module_& m) {
         },
         nb::arg("on"),
         "Test hook: guard sets built while on read tensors, arrays and torch's state through the Python "
-        "readers even when the torch adapter or the numpy struct is available; returns the previous setting.");
+        "readers even when the torch adapter or the numpy struct is available; returns the previous "
+        "setting.");
     // Debug builds abort when user code runs inside a region that promises none (no_user_code.hpp).
     m.attr("_CHECKS_REGIONS") = runtime::kChecksRegions;
 }

@@ -135,8 +135,9 @@ void register_guard_set(nb::module_& m) {
                     }
                     throw nb::key_error("no guard with that id");
                 },
-                nb::arg("id"), "'native' or 'python': how guard `id` reads its value (the adapter, the numpy "
-                               "struct, a C++ probe; or a Python reader).")
+                nb::arg("id"),
+                "'native' or 'python': how guard `id` reads its value (the adapter, the numpy "
+                "struct, a C++ probe; or a Python reader).")
             .def(
                 "_field_mismatches",
                 [](GuardSetCore& s, std::uint32_t id, nb::handle value) {
@@ -156,7 +157,8 @@ void register_guard_set(nb::module_& m) {
                         }
                         if (!ok) throw nb::python_error();
                         for (const runtime::FieldMismatch& f : found) {
-                            out.append(nb::make_tuple(runtime::field_name(f.field), f.dim, f.expected, f.actual));
+                            out.append(
+                                nb::make_tuple(runtime::field_name(f.field), f.dim, f.expected, f.actual));
                         }
                         return out;
                     }

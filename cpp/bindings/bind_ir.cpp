@@ -108,14 +108,16 @@ void register_ir(nb::module_& m) {
         .def_rw("flag", &core::GuardDecl::flag)
         .def_rw("id", &core::GuardDecl::id)
         .def_rw("data", &core::GuardDecl::data, "Per-kind plain data (cpp/core/kind_data.hpp).")
-        .def_rw("more_sources", &core::GuardDecl::more_sources, "A relational guard's sources after the first.")
+        .def_rw("more_sources", &core::GuardDecl::more_sources,
+                "A relational guard's sources after the first.")
         .def_ro("via_python", &core::GuardDecl::via_python,
                 "Set by the engine when it binds the declaration: evaluated through a Python reader.");
     m.attr("ANY_DIM") = core::kAny;
     m.attr("MAX_DIMS") = core::kMaxDims;
     {
         nb::list attrs;
-        for (int i = 0; i < core::marking_data::kAttrCount; ++i) attrs.append(nb::str(core::marking_data::attr_name(i).data()));
+        for (int i = 0; i < core::marking_data::kAttrCount; ++i)
+            attrs.append(nb::str(core::marking_data::attr_name(i).data()));
         m.attr("MARKING_ATTRS") = nb::tuple(attrs);
         nb::list fields;
         for (std::size_t i = 0; i < core::torch_state::kHeader; ++i)

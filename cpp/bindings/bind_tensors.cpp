@@ -51,7 +51,8 @@ void register_tensors(nb::module_& m) {
     m.def(
         "_install_torch_adapter",
         [](nb::handle capsule, const std::string& torch_version) {
-            if (!runtime::install_torch_adapter(capsule.ptr(), torch_version.c_str())) throw nb::python_error();
+            if (!runtime::install_torch_adapter(capsule.ptr(), torch_version.c_str()))
+                throw nb::python_error();
         },
         nb::arg("table"), nb::arg("torch_version"),
         "Install the torch adapter's table (tripwire._torch_adapter.table). Once installed it stays.");
@@ -76,8 +77,8 @@ void register_tensors(nb::module_& m) {
           "Whether this build read numpy's headers (arrays can be read from their struct).");
     m.def(
         "_enable_numpy_struct",
-        [](nb::handle ndarray) { return runtime::enable_numpy_struct(ndarray.ptr()); },
-        nb::arg("ndarray"), "Read arrays of this type (numpy.ndarray) from their struct; verified by the caller.");
+        [](nb::handle ndarray) { return runtime::enable_numpy_struct(ndarray.ptr()); }, nb::arg("ndarray"),
+        "Read arrays of this type (numpy.ndarray) from their struct; verified by the caller.");
     m.def(
         "_register_numpy_dtype",
         [](nb::handle dtype_type) {
@@ -87,19 +88,22 @@ void register_tensors(nb::module_& m) {
                                                  runtime::numpy_dtype_is_simple))
                 throw nb::python_error();
         },
-        nb::arg("dtype_type"), "Make simple numpy dtypes EQUALS_MATCH constants (after _enable_numpy_struct).");
+        nb::arg("dtype_type"),
+        "Make simple numpy dtypes EQUALS_MATCH constants (after _enable_numpy_struct).");
     m.def(
         "_numpy_struct_probe",
         [](nb::handle array, nb::handle ndarray) -> nb::object {
             if (!PyType_Check(ndarray.ptr())) throw nb::type_error("numpy.ndarray expected");
             runtime::ArrayView a;
-            if (!runtime::read_array_struct_of(array.ptr(), reinterpret_cast<PyTypeObject*>(ndarray.ptr()), a))
+            if (!runtime::read_array_struct_of(array.ptr(), reinterpret_cast<PyTypeObject*>(ndarray.ptr()),
+                                               a))
                 return nb::none();
-            std::vector<std::int64_t> sizes(a.sizes, a.sizes + a.ndim), strides(a.strides, a.strides + a.ndim);
+            std::vector<std::int64_t> sizes(a.sizes, a.sizes + a.ndim),
+                strides(a.strides, a.strides + a.ndim);
             const int bits = runtime::array_required_bits(a.flags);
-            return nb::make_tuple(a.ndim, nb::tuple(nb::cast(sizes)), nb::tuple(nb::cast(strides)), (bits & 1) != 0,
-                                  (bits & 2) != 0, (bits & 4) != 0, runtime::array_writeable(a.flags),
-                                  nb::borrow(a.descr), a.itemsize);
+            return nb::make_tuple(a.ndim, nb::tuple(nb::cast(sizes)), nb::tuple(nb::cast(strides)),
+                                  (bits & 1) != 0, (bits & 2) != 0, (bits & 4) != 0,
+                                  runtime::array_writeable(a.flags), nb::borrow(a.descr), a.itemsize);
         },
         nb::arg("array"), nb::arg("ndarray"),
         "What the struct reader sees in `array` (the fields of read_array_fields, then the itemsize), "
@@ -116,9 +120,12 @@ void register_tensors(nb::module_& m) {
         "Whether arrays are read from their struct.");
     m.def(
         "read_tensor_fields",
-        [](nb::handle v, bool native) { return steal_or_throw(runtime::read_tensor_fields(v.ptr(), native)); },
+        [](nb::handle v, bool native) {
+            return steal_or_throw(runtime::read_tensor_fields(v.ptr(), native));
+        },
         nb::arg("value").none(), nb::arg("native"),
-        "(dispatch_keys, dtype, device_index, requires_grad, sizes, strides|None, storage_offset) as TENSOR_MATCH "
+        "(dispatch_keys, dtype, device_index, requires_grad, sizes, strides|None, storage_offset) as "
+        "TENSOR_MATCH "
         "reads them: through the adapter (native) or the Python reader. None for a value it cannot read.");
     m.def(
         "read_array_fields",
@@ -137,10 +144,11 @@ void register_tensors(nb::module_& m) {
             }
             std::vector<std::int64_t> sizes(s.sizes, s.sizes + s.ndim);
             nb::object strides = nb::none();
-            if (s.strides != nullptr) strides = nb::cast(std::vector<std::int64_t>(s.strides, s.strides + s.ndim));
+            if (s.strides != nullptr)
+                strides = nb::cast(std::vector<std::int64_t>(s.strides, s.strides + s.ndim));
             nb::object offset = s.has_storage_offset ? nb::cast(s.storage_offset) : nb::none();
-            return nb::make_tuple(s.ndim, nb::tuple(nb::cast(sizes)), strides.is_none() ? strides : nb::tuple(strides),
-                                  offset, s.stride_unit);
+            return nb::make_tuple(s.ndim, nb::tuple(nb::cast(sizes)),
+                                  strides.is_none() ? strides : nb::tuple(strides), offset, s.stride_unit);
         },
         nb::arg("value").none(),
         "The C++ shape reader (runtime/tensors/readers.hpp read_shape): (ndim, sizes, strides|None, "
@@ -154,7 +162,7 @@ void register_tensors(nb::module_& m) {
         nb::arg("dtype"), "The c10::ScalarType of a torch.dtype through the adapter (-1 without it).");
     m.def(
         "torch_state_differences",
-        [](std::vector<std::int64_t> want, std::vector<std::int64_t> now) {
+        [](const std::vector<std::int64_t>& want, const std::vector<std::int64_t>& now) {
             return runtime::torch_state_differences(want, now);
         },
         nb::arg("want"), nb::arg("now"),
@@ -163,12 +171,13 @@ void register_tensors(nb::module_& m) {
         "register_constant_type",
         [](nb::handle tp, const std::string& compare) {
             if (!PyType_Check(tp.ptr())) throw nb::type_error("register_constant_type needs a type");
-            if (!runtime::register_constant_type(reinterpret_cast<PyTypeObject*>(tp.ptr()), compare_named(compare),
-                                                 nullptr, false))
+            if (!runtime::register_constant_type(reinterpret_cast<PyTypeObject*>(tp.ptr()),
+                                                 compare_named(compare), nullptr, false))
                 throw nb::python_error();
         },
         nb::arg("type"), nb::arg("compare"),
-        "Make instances of `type` EQUALS_MATCH constants, compared by 'identity', as a 'tuple' of constants, or "
+        "Make instances of `type` EQUALS_MATCH constants, compared by 'identity', as a 'tuple' of constants, "
+        "or "
         "by the type's own C 'richcompare' (static C types only).");
     m.def(
         "constant_types",

@@ -15,7 +15,8 @@ void need_bool(std::int64_t v, const char* what) {
 }
 
 // ndim at data[at], then (size, stride) pairs from `header`.
-void validate_dims(const std::vector<std::int64_t>& data, std::size_t at, std::size_t header, const char* kind) {
+void validate_dims(const std::vector<std::int64_t>& data, std::size_t at, std::size_t header,
+                   const char* kind) {
     const std::int64_t ndim = data[at];
     if (ndim < 0 || ndim > kMaxDims) fail(std::string(kind) + " has a bad ndim");
     if (data.size() != header + 2 * static_cast<std::size_t>(ndim)) {
@@ -27,17 +28,20 @@ void validate_dims(const std::vector<std::int64_t>& data, std::size_t at, std::s
 }
 
 void validate_tensor(const std::vector<std::int64_t>& d) {
-    using namespace tensor_data;
+    using tensor_data::kDeviceIndex, tensor_data::kDtype, tensor_data::kHeader, tensor_data::kNdim,
+        tensor_data::kRequiresGrad, tensor_data::kStorageOffset;
     if (d.size() < kHeader) fail("TENSOR_MATCH data is too short");
     if (d[kDtype] < 0 || d[kDtype] > 255) fail("TENSOR_MATCH has a bad dtype");
     if (d[kDeviceIndex] < -1 || d[kDeviceIndex] > 0xFFFF) fail("TENSOR_MATCH has a bad device index");
     need_bool(d[kRequiresGrad], "TENSOR_MATCH requires_grad");
-    if (d[kStorageOffset] != kAny && d[kStorageOffset] < 0) fail("TENSOR_MATCH has a negative storage offset");
+    if (d[kStorageOffset] != kAny && d[kStorageOffset] < 0)
+        fail("TENSOR_MATCH has a negative storage offset");
     validate_dims(d, kNdim, kHeader, "TENSOR_MATCH");
 }
 
 void validate_array(const std::vector<std::int64_t>& d) {
-    using namespace array_data;
+    using array_data::kAllFlags, array_data::kHeader, array_data::kNdim, array_data::kRequiredFlags,
+        array_data::kWriteable;
     if (d.size() < kHeader) fail("ARRAY_MATCH data is too short");
     if (d[kRequiredFlags] < 0 || (d[kRequiredFlags] & ~kAllFlags) != 0) fail("ARRAY_MATCH has bad flags");
     need_bool(d[kWriteable], "ARRAY_MATCH writeable");
@@ -59,7 +63,10 @@ void validate_marking(const std::vector<std::int64_t>& d) {
 }
 
 void validate_torch_state(const std::vector<std::int64_t>& d) {
-    using namespace torch_state;
+    using torch_state::kAllowTf32, torch_state::kAutocastCacheEnabled, torch_state::kAutocastDevices,
+        torch_state::kDeterministicAlgorithms, torch_state::kDeterministicWarnOnly, torch_state::kGradMode,
+        torch_state::kHeader, torch_state::kMaxAutocastDevices, torch_state::kNumThreads,
+        torch_state::kTorchFunction, torch_state::kTorchFunctionAllDisabled;
     if (d.size() < kHeader) fail("torch global state snapshot is too short");
     for (std::size_t f : {kGradMode, kTorchFunction, kTorchFunctionAllDisabled, kDeterministicAlgorithms,
                           kDeterministicWarnOnly, kAllowTf32, kAutocastCacheEnabled}) {

@@ -85,7 +85,8 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
         fail(name + " takes no operand");
     }
     if (!shape.operand2 && d.operand2 != kNoConst) fail(name + " takes no operand2");
-    if (shape.operand2 && d.operand2 == kNoConst && d.kind != GuardKind::GlobalState) fail(name + " needs operand2");
+    if (shape.operand2 && d.operand2 == kNoConst && d.kind != GuardKind::GlobalState)
+        fail(name + " needs operand2");
     check_const(d.operand, n_consts, name.c_str());
     check_const(d.operand2, n_consts, name.c_str());
     switch (d.kind) {
@@ -264,8 +265,8 @@ void validate(const Program& p, std::size_t n_consts) {
         if (n.member_begin > n.member_end || n.member_end > p.node_members.size()) fail("bad member range");
         for (std::uint32_t m = n.member_begin; m < n.member_end; ++m) {
             const Member& mb = p.node_members[m];
-            if (mb.guard >= n_guards || !is_relational(p.guards[mb.guard].kind) || !p.guards[mb.guard].has_source ||
-                mb.slot > p.guards[mb.guard].more_sources.size()) {
+            if (mb.guard >= n_guards || !is_relational(p.guards[mb.guard].kind) ||
+                !p.guards[mb.guard].has_source || mb.slot > p.guards[mb.guard].more_sources.size()) {
                 fail("bad relational operand");
             }
             // A relational guard that is not in `relational` has slot_base 0 and is caught
@@ -332,7 +333,8 @@ void validate(const Program& p, std::size_t n_consts) {
         for (std::uint32_t m = n.member_begin; m < n.member_end; ++m) {
             const GuardDecl& d = p.guards[p.node_members[m].guard];
             min_id = std::min(min_id, d.id);
-            if (!is_node_of(source_at(d, p.node_members[m].slot))) fail("relational operand on the wrong node");
+            if (!is_node_of(source_at(d, p.node_members[m].slot)))
+                fail("relational operand on the wrong node");
         }
         for (std::uint32_t c = n.child_begin; c < n.child_end; ++c) {
             const Node& child = p.nodes[p.children[c]];

@@ -37,13 +37,13 @@ struct Node {
     ConstId root_name = kNoConst;     ///< for roots
     Step step;                        ///< for non-roots: how to fetch from the parent's value
     std::uint32_t parent = kNoNode;
-    std::uint32_t depth = 0;                       ///< 0 for roots
+    std::uint32_t depth = 0;                         ///< 0 for roots
     std::uint32_t guard_begin = 0, guard_end = 0;    ///< range in Program::node_guards
     std::uint32_t child_begin = 0, child_end = 0;    ///< range in Program::children
     std::uint32_t member_begin = 0, member_end = 0;  ///< range in Program::node_members
-    std::uint32_t min_guard_id = 0;  ///< smallest guard id in this subtree (relational members included)
-    bool subtree_runs_user_code = false;           ///< any fetch or guard below (or here) may run user code
-    std::string text;                              ///< the printed source
+    std::uint32_t min_guard_id = 0;       ///< smallest guard id in this subtree (relational members included)
+    bool subtree_runs_user_code = false;  ///< any fetch or guard below (or here) may run user code
+    std::string text;                     ///< the printed source
 };
 
 /// A node's value is one of a relational guard's operands: `slot` is the position of the node's
@@ -52,7 +52,9 @@ struct Member {
     std::uint32_t guard = 0;  ///< index into Program::guards
     std::uint32_t slot = 0;
 
-    friend bool operator==(const Member& a, const Member& b) { return a.guard == b.guard && a.slot == b.slot; }
+    friend bool operator==(const Member& a, const Member& b) {
+        return a.guard == b.guard && a.slot == b.slot;
+    }
 };
 
 /// The compiled form of a guard set.

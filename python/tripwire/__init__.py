@@ -12,9 +12,9 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
+from . import tensors
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
-from . import tensors
 from .catalogue import GuardKind, GuardSpec, register_constant_type
 from .errors import (
     GuardBuildError,
@@ -56,8 +56,8 @@ __all__ = [
     "TripwireError",
     "format_recompile",
     "guards_for",
-    "register_constant_type",
     "infer_into",
+    "register_constant_type",
     "set_logs",
     "specialize",
     "tensors",

@@ -11,10 +11,8 @@ import copy
 import os
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
-
-from collections.abc import Iterable
 
 from . import _core, tensors
 from .catalogue import GuardKind, GuardSpec
@@ -320,7 +318,9 @@ class GuardBuilder:
         if expected is None:
             v = self.value(source)
             if not tensors.is_tensor(v):
-                raise GuardBuildError(f"TENSOR_MATCH on {Source.parse(source)}: {_type_name(v)} is not a torch tensor")
+                raise GuardBuildError(
+                    f"TENSOR_MATCH on {Source.parse(source)}: {_type_name(v)} is not a torch tensor"
+                )
             expected = tensors.expect_tensor(v, dynamic=dynamic, storage_offset=storage_offset)
             t = builtins_type(v) if type is _UNSET else type
         else:
@@ -347,7 +347,9 @@ class GuardBuilder:
         if expected is None:
             v = self.value(source)
             if not tensors.is_array(v):
-                raise GuardBuildError(f"ARRAY_MATCH on {Source.parse(source)}: {_type_name(v)} is not a numpy array")
+                raise GuardBuildError(
+                    f"ARRAY_MATCH on {Source.parse(source)}: {_type_name(v)} is not a numpy array"
+                )
             expected = tensors.expect_array(v, dynamic=dynamic)
             t = builtins_type(v) if type is _UNSET else type
         else:
@@ -360,7 +362,9 @@ class GuardBuilder:
             raise TypeError("expected must be a tripwire.tensors.ArrayExpectation")
         return self.add(GuardKind.ARRAY_MATCH, source, (t, expected))
 
-    def dimension_marking(self, source: SourceLike, *, expected: DimensionMarkings | None = None) -> GuardSpec:
+    def dimension_marking(
+        self, source: SourceLike, *, expected: DimensionMarkings | None = None
+    ) -> GuardSpec:
         """DIMENSION_MARKING: torch's rule for ``mark_dynamic``-style markings (its
         DIMENSION_DYNAMIC_MARKING_GUARD). A tensor without ``_has_dynamo_dim_marking`` passes; one
         with it fails when none of the marking attributes was present at build time; each marking

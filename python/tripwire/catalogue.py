@@ -46,7 +46,15 @@ from typing import Any
 from . import _core
 from .source import Source
 
-__all__ = ["CONSTANT_TYPES", "GuardKind", "GuardSpec", "Weak", "register_constant_type", "resolve", "short_repr"]
+__all__ = [
+    "CONSTANT_TYPES",
+    "GuardKind",
+    "GuardSpec",
+    "Weak",
+    "register_constant_type",
+    "resolve",
+    "short_repr",
+]
 
 
 # The engine's own enum (cpp/core/ir.hpp, bound by cpp/bindings/bind_ir.cpp): one definition.
@@ -194,7 +202,9 @@ class GuardSpec:
             GuardKind.TENSOR_MATCH,
             GuardKind.ARRAY_MATCH,
         ) or (self.kind is GuardKind.EQUALS_MATCH and isinstance(self.args[0], enum.Enum)):
-            return GuardSpec(self.kind, self.source, (weaken(self.args[0]), *self.args[1:]), self.index, self.stack)
+            return GuardSpec(
+                self.kind, self.source, (weaken(self.args[0]), *self.args[1:]), self.index, self.stack
+            )
         return self
 
     def describe(self) -> str:

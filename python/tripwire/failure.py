@@ -57,7 +57,7 @@ def _actual(spec: GuardSpec, v: Any) -> Any:
     return v
 
 
-def _field_text(kind: GuardKind, spec: GuardSpec, field: str, dim: int, expected: int, actual: Any, value: Any) -> str:
+def _field_text(spec: GuardSpec, field: str, dim: int, expected: int, actual: Any, value: Any) -> str:
     """One differing field: ``size[0] expected 4, got 5``."""
     from . import tensors
 
@@ -70,7 +70,7 @@ def _field_text(kind: GuardKind, spec: GuardSpec, field: str, dim: int, expected
     if field == "stride" and actual == tensors.ANY_DIM:
         return f"{where} expected {expected}, got none (the layout has no strides)"
     if field == "dtype":
-        if kind is GuardKind.TENSOR_MATCH:
+        if spec.kind is GuardKind.TENSOR_MATCH:
             return f"dtype expected {tensors.dtype_name(expected)}, got {tensors.dtype_name(actual)}"
         return f"dtype expected {_dtype_text(spec.args[1].dtype)}, got {_array_dtype(value)}"
     if field == "dispatch_keys":
@@ -129,7 +129,9 @@ def _tensor_device(value: Any) -> str:
 def _relation_text(spec: GuardSpec, values: Any) -> str:
     srcs = spec.sources
     if spec.kind is GuardKind.ALIAS:
-        return f"ALIAS expected {srcs[0]} is {srcs[1]}, got two objects ({_obj(values[0])}, {_obj(values[1])})"
+        return (
+            f"ALIAS expected {srcs[0]} is {srcs[1]}, got two objects ({_obj(values[0])}, {_obj(values[1])})"
+        )
     for i in range(len(values)):
         for j in range(i):
             if values[i] is values[j]:
@@ -184,9 +186,11 @@ def _marking_text(spec: GuardSpec, value: Any) -> str:
             if not now.issubset(want):
                 return f"{name} {short_repr(now)} is not a subset of {short_repr(set(want))}"
         if built.dependent and hasattr(value, tensors._MARKING_GATE):
-            for name, want in zip(tensors._MARKING_DEPENDENT, (built.shape_ids, built.unbacked_bounds), strict=True):
+            for name, want in zip(
+                tensors._MARKING_DEPENDENT, (built.shape_ids, built.unbacked_bounds), strict=True
+            ):
                 now = getattr(value, name, None)
-                if not now == want:
+                if not now == want:  # noqa: SIM201 - torch's test is ==, which a value may define apart from !=
                     return f"{name} expected {short_repr(want)}, got {short_repr(now)}"
     except Exception as e:  # noqa: BLE001 - user attributes may raise
         return f"reading the markings raised {type(e).__name__}"
@@ -212,7 +216,7 @@ def make_failure(
     if error is not None:
         reason = f"{where}: {kind} raised {error}"
     elif fields:
-        details = "; ".join(_field_text(spec.kind, spec, *f, value) for f in fields)
+        details = "; ".join(_field_text(spec, f[0], f[1], f[2], f[3], value) for f in fields)
         reason = f"{where}: {kind} {details}"
     elif spec.kind is GuardKind.DIMENSION_MARKING:
         reason = f"{where}: {kind} {_marking_text(spec, value)}"

@@ -121,7 +121,9 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
             op = pool.add(a[0])
         source = None if s.source is None else _source_decl(s.source, pool)
         decls.append(
-            _core.GuardDecl(k, source, op, op2, n=n, n2=n2, flag=bool(flag), id=s.index, data=data, more_sources=more)
+            _core.GuardDecl(
+                k, source, op, op2, n=n, n2=n2, flag=bool(flag), id=s.index, data=data, more_sources=more
+            )
         )
     return decls
 
@@ -183,7 +185,11 @@ class GuardSet(_core.GuardSetCore):
         gid, value, reason, fetch_failed = rec
         spec = self._by_id[gid]
         fields = None
-        if spec.kind in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH) and not fetch_failed and reason is None:
+        if (
+            spec.kind in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH)
+            and not fetch_failed
+            and reason is None
+        ):
             # Every field that differs, as the engine read them (the reason names them all).
             try:
                 fields = self._field_mismatches(gid, value)

@@ -60,6 +60,15 @@ _DYNAMIC_MARKINGS = (
 )
 
 
+def _same_dtype(c: Any) -> Any:
+    """numpy's dtype equality with the exact dtype class, for dtypes that are not constants."""
+
+    def same(x: Any) -> bool:
+        return type(x) is type(c) and bool(x == c)
+
+    return same
+
+
 def _marking(v: Any, name: str) -> Any:
     """A marking attribute as torch sets it (an instance attribute), or ()."""
     try:
@@ -325,8 +334,7 @@ class _Walker:
             self._add(b.equals(src, value=v))
         elif self._numpy_dtype(v):
             self.type_match(src, v)
-            c = v
-            self._add(b.predicate(lambda x, c=c: type(x) is type(c) and x == c, f"== {c!r}", source=src))
+            self._add(b.predicate(_same_dtype(v), f"== {v!r}", source=src))
         elif t is slice:
             if _core.is_constant(v):
                 self._add(b.equals(src, value=v))
@@ -369,9 +377,9 @@ class _Walker:
     def _value_like(self, v: Any) -> bool:
         """A registered value type (torch.dtype, torch.device, torch.Size, simple numpy dtypes)."""
         tensors.ensure_for(v)
-        return any(type(v) is tp or (sub and issubclass(type(v), tp)) for tp, _, sub in _core.constant_types()) and bool(
-            _core.is_constant(v)
-        )
+        return any(
+            type(v) is tp or (sub and issubclass(type(v), tp)) for tp, _, sub in _core.constant_types()
+        ) and bool(_core.is_constant(v))
 
     @staticmethod
     def _numpy_dtype(v: Any) -> bool:

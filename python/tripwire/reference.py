@@ -123,7 +123,11 @@ def _torch_state_equal(want: tuple[int, ...], now: tuple[int, ...]) -> bool:
     if len(want) != len(now) or want[:header] != now[:header]:
         return False
     n = now[header - 1]
-    types, enabled, dtypes = slice(header, header + n), slice(header + n, header + 2 * n), slice(header + 2 * n, None)
+    types, enabled, dtypes = (
+        slice(header, header + n),
+        slice(header + n, header + 2 * n),
+        slice(header + 2 * n, None),
+    )
     if want[types] != now[types] or want[enabled] != now[enabled]:
         return False
     return all(not on or a == b for on, a, b in zip(want[enabled], want[dtypes], now[dtypes], strict=True))
@@ -551,9 +555,13 @@ def _array_matches(v: Any, t: type, e: Any) -> bool:
         return False
     np = sys.modules["numpy"]
     nd = np.ndarray
-    want = e.dtype if isinstance(e.dtype, np.dtype) else np.dtype(list(e.dtype) if isinstance(e.dtype, tuple) else e.dtype)
+    want = (
+        e.dtype
+        if isinstance(e.dtype, np.dtype)
+        else np.dtype(list(e.dtype) if isinstance(e.dtype, tuple) else e.dtype)
+    )
     dtype = nd.dtype.__get__(v)
-    if type(dtype) is not type(want) or not dtype == want:
+    if type(dtype) is not type(want) or not dtype == want:  # noqa: SIM201 - numpy's ==, as the engine
         return False
     flags = nd.flags.__get__(v)
     return (
@@ -584,8 +592,11 @@ def _markings_hold(v: Any, m: Any) -> bool:
         if built is None or not getattr(v, name).issubset(frozenset(built)):
             return False
     if m.dependent and hasattr(v, "_dynamo_unbacked_indices"):
-        for name, want in (("_dynamo_shape_ids", m.shape_ids), ("_dynamo_unbacked_bounds", m.unbacked_bounds)):
-            if not getattr(v, name, None) == want:
+        for name, want in (
+            ("_dynamo_shape_ids", m.shape_ids),
+            ("_dynamo_unbacked_bounds", m.unbacked_bounds),
+        ):
+            if not getattr(v, name, None) == want:  # noqa: SIM201 - torch's test is ==
                 return False
     return True
 

@@ -21,6 +21,7 @@ integers, tuples and strings; only the exact type is an object, referenced by id
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -103,7 +104,9 @@ def ensure_torch() -> bool:
     with _lock:
         if _torch_status is not None:
             return True
-        _core._set_python_readers(_read_tensor, None, _read_torch_state, _read_mode_stack, _read_default_device)
+        _core._set_python_readers(
+            _read_tensor, None, _read_torch_state, _read_mode_stack, _read_default_device
+        )
         status = "python readers (the torch adapter was not built: build with -DTRIPWIRE_TORCH_ADAPTER=ON)"
         try:
             from . import _torch_adapter  # type: ignore[attr-defined]
@@ -198,7 +201,7 @@ def ndim_of(value: Any) -> int:
     """The rank of a tensor or array as the engine reads it (0 when it cannot be read)."""
     if is_tensor(value):
         ensure_torch()
-        fields = _core.read_tensor_fields(value, _core.torch_adapter_installed())
+        fields: Any = _core.read_tensor_fields(value, _core.torch_adapter_installed())
         return 0 if fields is None else len(fields[4])
     if is_array(value):
         ensure_numpy()
@@ -221,10 +224,10 @@ def dtype_code(dtype: Any) -> int:
             d = getattr(torch, name, None)
             if type(d) is torch.dtype:
                 _dtype_codes[d] = code
-    code = _dtype_codes.get(dtype)
-    if code is None:
+    found = _dtype_codes.get(dtype)
+    if found is None:
         raise GuardBuildError(f"tripwire does not know the scalar type of {dtype!r}")
-    return code
+    return found
 
 
 def dtype_name(code: int) -> str:
@@ -258,9 +261,15 @@ def _read_tensor(t: Any) -> tuple | None:
     base = C.TensorBase
     try:
         with C.DisableTorchFunction():
-            keys = (C._dispatch_keys(t) | C._dispatch_tls_local_include_set()) - C._dispatch_tls_local_exclude_set()
+            keys = (
+                C._dispatch_keys(t) | C._dispatch_tls_local_include_set()
+            ) - C._dispatch_tls_local_exclude_set()
             if _mask_python_keys(torch):
-                for k in (C.DispatchKey.Python, C.DispatchKey.PythonTLSSnapshot, C.DispatchKey.PythonDispatcher):
+                for k in (
+                    C.DispatchKey.Python,
+                    C.DispatchKey.PythonTLSSnapshot,
+                    C.DispatchKey.PythonDispatcher,
+                ):
                     keys = keys.remove(k)
             dtype = base.dtype.__get__(t)
             device = base.device.__get__(t)
@@ -376,7 +385,7 @@ def _numpy_layout_matches(np: Any) -> bool:
         np.frombuffer(b"\x00" * 9, dtype=np.int32, count=2, offset=1),  # unaligned, read-only
     ]
     for a in probes:
-        got = _core._numpy_struct_probe(a, np.ndarray)
+        got: Any = _core._numpy_struct_probe(a, np.ndarray)
         fields = _read_array(a)
         if got is None or fields is None:
             return False
@@ -464,6 +473,7 @@ class TensorExpectation:
 
     def describe(self) -> str:
         """``float32[4, 8] stride=[8, 1] cpu requires_grad=False`` (None for a dynamic dim)."""
+
         def dims(xs: tuple[int | None, ...]) -> str:
             return "[" + ", ".join("*" if x is None else str(x) for x in xs) + "]"
 
@@ -476,14 +486,16 @@ class TensorExpectation:
         return out
 
 
-def expect_tensor(value: Any, *, dynamic: Iterable[int] | bool = (), storage_offset: bool = False) -> TensorExpectation:
+def expect_tensor(
+    value: Any, *, dynamic: Iterable[int] | bool = (), storage_offset: bool = False
+) -> TensorExpectation:
     """The expectation of TENSOR_MATCH for example tensor ``value``, read as the engine reads it.
 
     ``dynamic``: dimensions whose size is not checked (True: all); a stride is then unchecked when
     a dynamic dimension lies inside it (``_dependent_strides``). ``storage_offset``: check it.
     """
     ensure_torch()
-    fields = _core.read_tensor_fields(value, _core.torch_adapter_installed())
+    fields: Any = _core.read_tensor_fields(value, _core.torch_adapter_installed())
     if fields is None:
         raise GuardBuildError(f"TENSOR_MATCH: cannot read the tensor fields of a {type(value).__name__}")
     keys, dtype, index, requires_grad, sizes, strides, offset = fields
@@ -494,10 +506,8 @@ def expect_tensor(value: Any, *, dynamic: Iterable[int] | bool = (), storage_off
         dep = _dependent_strides(sizes, strides, dyn)
         exp_strides = tuple(None if j in dep else s for j, s in enumerate(strides))
     device = ""
-    try:
+    with contextlib.suppress(Exception):  # for messages only
         device = str(sys.modules["torch"]._C.TensorBase.device.__get__(value))
-    except Exception:  # noqa: BLE001 - for messages only
-        pass
     return TensorExpectation(
         keys,
         dtype,
@@ -568,9 +578,16 @@ class ArrayExpectation:
 
     def describe(self) -> str:
         def dims(xs: tuple[int | None, ...]) -> str:
-            return "(" + ", ".join("*" if x is None else str(x) for x in xs) + ("," if len(xs) == 1 else "") + ")"
+            return (
+                "("
+                + ", ".join("*" if x is None else str(x) for x in xs)
+                + ("," if len(xs) == 1 else "")
+                + ")"
+            )
 
-        flags = [n for n, f in (("C", self.c_contiguous), ("F", self.f_contiguous), ("aligned", self.aligned)) if f]
+        flags = [
+            n for n, f in (("C", self.c_contiguous), ("F", self.f_contiguous), ("aligned", self.aligned)) if f
+        ]
         flags.append("writeable" if self.writeable else "read-only")
         return f"{self.dtype}{dims(self.sizes)} strides={dims(self.strides)} {'+'.join(flags)}"
 
@@ -578,7 +595,7 @@ class ArrayExpectation:
 def expect_array(value: Any, *, dynamic: Iterable[int] | bool = ()) -> ArrayExpectation:
     """The expectation of ARRAY_MATCH for example array ``value``, read as the engine reads it."""
     ensure_numpy()
-    fields = _core.read_array_fields(value, _core.numpy_struct_enabled())
+    fields: Any = _core.read_array_fields(value, _core.numpy_struct_enabled())
     if fields is None:
         raise GuardBuildError(f"ARRAY_MATCH: cannot read the array fields of a {type(value).__name__}")
     ndim, sizes, strides, c, f, aligned, writeable, dtype = fields
@@ -628,9 +645,15 @@ class DimensionMarkings:
         return data
 
     def describe(self) -> str:
-        parts = [f"{n}={set(s) if s else '{}'}" for n, s in zip(_MARKING_ATTRS, self.attrs, strict=True) if s is not None]
+        parts = [
+            f"{n}={set(s) if s else '{}'}"
+            for n, s in zip(_MARKING_ATTRS, self.attrs, strict=True)
+            if s is not None
+        ]
         if self.dependent:
-            parts.append(f"_dynamo_shape_ids={self.shape_ids!r}, _dynamo_unbacked_bounds={self.unbacked_bounds!r}")
+            parts.append(
+                f"_dynamo_shape_ids={self.shape_ids!r}, _dynamo_unbacked_bounds={self.unbacked_bounds!r}"
+            )
         return "markings " + (", ".join(parts) if parts else "none")
 
 

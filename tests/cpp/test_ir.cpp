@@ -212,10 +212,9 @@ TEST(IrPurity, GuardKinds) {
     }
     // ...while len(), lookups, getattr, probes and predicates may, and the iterator kinds
     // allocate a bound method and a tuple.
-    for (GuardKind k :
-         {GuardKind::Length, GuardKind::DictContains, GuardKind::HasAttr, GuardKind::TupleIteratorLen,
-          GuardKind::RangeIterator, GuardKind::CodeMatch, GuardKind::GlobalState, GuardKind::Lambda,
-          GuardKind::DimensionMarking}) {
+    for (GuardKind k : {GuardKind::Length, GuardKind::DictContains, GuardKind::HasAttr,
+                        GuardKind::TupleIteratorLen, GuardKind::RangeIterator, GuardKind::CodeMatch,
+                        GuardKind::GlobalState, GuardKind::Lambda, GuardKind::DimensionMarking}) {
         EXPECT_TRUE(guard_runs_user_code(k)) << guard_kind_name(k);
     }
     // Unknown kinds are treated as impure (the safe answer).

@@ -14,7 +14,6 @@ namespace {
 
 using test_util::attr;
 using test_util::local;
-using test_util::minimal_data;
 using test_util::on;
 using test_util::relate;
 
@@ -36,7 +35,7 @@ TEST(KindData, TensorLayout) {
     dynamic[tensor_data::kHeader + 3] = kAny;
     EXPECT_NO_THROW(validate_decl(with_data(GuardKind::TensorMatch, dynamic), kConsts));
     // Too short, an ndim that does not match, a negative size, a bad flag or offset.
-    for (auto bad : std::vector<std::vector<std::int64_t>>{
+    for (const auto& bad : std::vector<std::vector<std::int64_t>>{
              {},
              {0, 6, -1, 0},
              {0, 6, -1, 0, 3, kAny, 4, 8, 8, 1},
@@ -54,8 +53,9 @@ TEST(KindData, TensorLayout) {
 
 TEST(KindData, ArrayLayout) {
     EXPECT_NO_THROW(validate_decl(with_data(GuardKind::ArrayMatch, {2, 5, 1, 3, 32, 4, 8}), kConsts));
-    EXPECT_NO_THROW(validate_decl(with_data(GuardKind::ArrayMatch, {1, 0, 0, kAny, -8}), kConsts));  // negative stride
-    for (auto bad : std::vector<std::vector<std::int64_t>>{
+    EXPECT_NO_THROW(
+        validate_decl(with_data(GuardKind::ArrayMatch, {1, 0, 0, kAny, -8}), kConsts));  // negative stride
+    for (const auto& bad : std::vector<std::vector<std::int64_t>>{
              {2, 5, 1, 3, 32},
              {0, 8, 1},
              {0, -1, 1},
@@ -67,8 +67,9 @@ TEST(KindData, ArrayLayout) {
 }
 
 TEST(KindData, MarkingLayout) {
-    EXPECT_NO_THROW(validate_decl(with_data(GuardKind::DimensionMarking, {2, 0, 1, -1, -1, 0, 1, 3}), kConsts));
-    for (auto bad : std::vector<std::vector<std::int64_t>>{
+    EXPECT_NO_THROW(
+        validate_decl(with_data(GuardKind::DimensionMarking, {2, 0, 1, -1, -1, 0, 1, 3}), kConsts));
+    for (const auto& bad : std::vector<std::vector<std::int64_t>>{
              {-1, -1, -1, -1},
              {-1, -1, -1, -1, -1, 7},
              {2, 0, -1, -1, -1, -1},
@@ -134,7 +135,8 @@ TEST(Relational, SourceCounts) {
 
 TEST(Relational, CompileAttachesOneOperandPerSource) {
     // L['c0'].c3 and L['c1'] related; a TYPE_MATCH shares the L['c0'] prefix.
-    std::vector<GuardDecl> decls{on(0, local(0)), relate(1, GuardKind::NoAlias, {local(0, {attr(3)}), local(1)}),
+    std::vector<GuardDecl> decls{on(0, local(0)),
+                                 relate(1, GuardKind::NoAlias, {local(0, {attr(3)}), local(1)}),
                                  relate(2, GuardKind::Alias, {local(1), local(0, {attr(3)})})};
     const Program p = compile(decls, kConsts);
     ASSERT_EQ(p.relational.size(), 2u);

@@ -265,9 +265,9 @@ void check_structure(const Program& p) {
         }
     }
     CHECK(max_depth == p.max_depth);
-    for (int s : guard_seen) CHECK(s == 1);  // every guard attached exactly once
+    for (int s : guard_seen) CHECK(s == 1);                  // every guard attached exactly once
     for (const auto& kv : slot_seen) CHECK(kv.second == 1);  // every relational operand observed once
-    for (int s : node_seen) CHECK(s == 1);   // every node reachable exactly once
+    for (int s : node_seen) CHECK(s == 1);                   // every node reachable exactly once
     for (std::size_t gi = 1; gi < n_guards; ++gi) CHECK(p.guards[gi - 1].id < p.guards[gi].id);
     // Each guard sits on the node of its source; derived facts match a brute-force recomputation.
     for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
@@ -290,7 +290,8 @@ void check_structure(const Program& p) {
                 if (s->steps.size() < n.depth || path_key(*s, n.depth) != key) continue;
                 min_id = std::min(min_id, d.id);
                 // The guard itself counts where it is attached: at the end of its own source.
-                if (!is_relational(d.kind) && s->steps.size() >= n.depth) user = user || guard_runs_user_code(d);
+                if (!is_relational(d.kind) && s->steps.size() >= n.depth)
+                    user = user || guard_runs_user_code(d);
                 for (std::size_t i = n.depth; i < s->steps.size(); ++i) {
                     user = user || step_runs_user_code(s->steps[i].kind);
                 }
@@ -364,7 +365,8 @@ void corrupt(Program& p, Reader& in) {
                 }
                 break;
             default:
-                if (!p.nodes.empty()) ((in.byte() & 1) ? pick(p.nodes).member_begin : pick(p.nodes).member_end) = v;
+                if (!p.nodes.empty())
+                    ((in.byte() & 1) ? pick(p.nodes).member_begin : pick(p.nodes).member_end) = v;
                 break;
         }
         return;

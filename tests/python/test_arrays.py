@@ -59,7 +59,9 @@ def arrays(draw: st.DrawFn) -> Any:
         a = np.empty(shape, dtype=object)
     else:
         a = np.zeros(shape, dtype=dtype)
-    view = draw(st.sampled_from(["plain", "transpose", "slice", "broadcast", "fortran", "readonly", "unaligned"]))
+    view = draw(
+        st.sampled_from(["plain", "transpose", "slice", "broadcast", "fortran", "readonly", "unaligned"])
+    )
     if view == "transpose":
         a = a.T
     elif view == "slice" and a.ndim:
@@ -111,7 +113,9 @@ def agree(gs: tw.GuardSet, L: dict, fast: bool) -> bool:
 @settings(max_examples=examples(250), **_SETTINGS)
 @given(arrays(), st.data())
 def test_array_match_matches_the_reference(a: Any, data: st.DataObject) -> None:
-    dynamic = data.draw(st.sets(st.integers(0, max(a.ndim - 1, 0)), max_size=a.ndim) if a.ndim else st.just(set()))
+    dynamic = data.draw(
+        st.sets(st.integers(0, max(a.ndim - 1, 0)), max_size=a.ndim) if a.ndim else st.just(set())
+    )
     others = data.draw(st.lists(arrays(), max_size=3))
     for python in (False, True):
         with switches(python=python):

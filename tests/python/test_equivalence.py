@@ -68,7 +68,9 @@ def reference_failing(
             v: Any = f_locals
         else:
             try:
-                values = [reference.fetch(s, f_locals, example.f_globals, example.f_closure) for s in spec.sources]
+                values = [
+                    reference.fetch(s, f_locals, example.f_globals, example.f_closure) for s in spec.sources
+                ]
             except reference.FetchError:
                 failing.add(spec.index)
                 continue

@@ -76,7 +76,9 @@ _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
     st.lists(st.integers(0, POOL_SIZE - 1), min_size=3, max_size=3),
     st.data(),
 )
-def test_relational_guards_match_the_reference(assign: list[int], nested: list[int], data: st.DataObject) -> None:
+def test_relational_guards_match_the_reference(
+    assign: list[int], nested: list[int], data: st.DataObject
+) -> None:
     pool = [Box(i=i) for i in range(POOL_SIZE)]
     example = make_frame(assign, nested, pool)
     values = {s: reference.fetch(tw.Source.parse(s), example) for s in SOURCES}
@@ -92,7 +94,9 @@ def test_relational_guards_match_the_reference(assign: list[int], nested: list[i
             for s in data.draw(st.permutations(SOURCES)):
                 by_obj.setdefault(id(values[s]), s)
             if len(by_obj) >= 2:
-                chosen = data.draw(st.lists(st.sampled_from(sorted(by_obj.values())), min_size=2, max_size=6, unique=True))
+                chosen = data.draw(
+                    st.lists(st.sampled_from(sorted(by_obj.values())), min_size=2, max_size=6, unique=True)
+                )
                 b.no_alias(*chosen)
         else:
             b.type_match(data.draw(st.sampled_from(SOURCES)))

@@ -43,7 +43,7 @@ constexpr int kGradMode = 0, kTorchFunction = 1, kTorchFunctionAllDisabled = 2, 
 // The Python keys torch's guards mask unless a dispatch mode without ignore_compile_internals is
 // active (torch/csrc/dynamo/guards.h, LocalState::apply).
 const c10::DispatchKeySet kPythonKeys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
-                                        c10::DispatchKey::PythonDispatcher});
+                                       c10::DispatchKey::PythonDispatcher});
 
 c10::DispatchKeySet apply_local(c10::DispatchKeySet ks, int mask_python_keys) {
     const c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
@@ -108,9 +108,10 @@ int read_global_state(int64_t* out, int capacity) noexcept {
         out[L::kTorchFunctionAllDisabled] = tf == at::impl::TorchFunctionDisabledState::ALL_DISABLED ? 1 : 0;
         out[L::kDeterministic] = ctx.deterministicAlgorithms() ? 1 : 0;
         out[L::kWarnOnly] = ctx.deterministicAlgorithmsWarnOnly() ? 1 : 0;
-        out[L::kAllowTf32] =
-            ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) == at::Float32Precision::TF32 ? 1
-                                                                                                                 : 0;
+        out[L::kAllowTf32] = ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+                                     at::Float32Precision::TF32
+                                 ? 1
+                                 : 0;
         out[L::kFp16] = static_cast<int64_t>(ctx.allowFP16ReductionCuBLAS());
         out[L::kBf16] = static_cast<int64_t>(ctx.allowBF16ReductionCuBLAS());
         out[L::kNumThreads] = at::get_num_threads();

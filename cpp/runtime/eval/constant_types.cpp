@@ -49,7 +49,8 @@ bool register_constant_type(PyTypeObject* t, ConstantCompare how, NativeEqual eq
             // A Python-level class's tp_richcompare calls its __eq__: user code.
             if (PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE) || t->tp_richcompare == nullptr) {
                 PyErr_Format(PyExc_TypeError,
-                             "%s: 'richcompare' is only for static C types with their own comparison", t->tp_name);
+                             "%s: 'richcompare' is only for static C types with their own comparison",
+                             t->tp_name);
                 return false;
             }
             break;

@@ -21,7 +21,8 @@ enum class ConstantCompare : std::uint8_t {
     Identity,     ///< `v is c` (singletons: torch.dtype, torch.layout)
     Tuple,        ///< a tuple subtype compared element-wise as constants (torch.Size)
     Native,       ///< a C function of the registrant's (torch.device through the adapter, numpy dtypes)
-    RichCompare,  ///< the type's own C tp_richcompare (a static, non-heap C type whose == the registrant vouches for)
+    RichCompare,  ///< the type's own C tp_richcompare (a static, non-heap C type whose == the registrant
+                  ///< vouches for)
 };
 
 /// 1 when equal, 0 when not; runs no user code, allocates nothing, never fails.

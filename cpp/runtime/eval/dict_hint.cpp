@@ -175,12 +175,13 @@ int instance_attr_absent(PyObject* obj, PyObject* name) {
         if ((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject)) return -1;
 #endif
         if (PyObject** values = layout::inline_values(obj)) {
-            auto* keys = reinterpret_cast<layout::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);
+            auto* keys =
+                reinterpret_cast<layout::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);
             return table_lacks(keys, values, name);
         }
         dict = layout::managed_dict(obj);
     } else {
-        if (tp->tp_dictoffset == 0) return 1;  // no instance dict at all
+        if (tp->tp_dictoffset == 0) return 1;         // no instance dict at all
         PyObject** slot = _PyObject_GetDictPtr(obj);  // not a managed dict: computes an address
         dict = slot != nullptr ? *slot : nullptr;
     }

@@ -56,8 +56,8 @@ bool probe_holds(const RuntimeGuard& g) {
 }
 
 // ALIAS / NO_ALIAS from the registers of the nodes behind its slots. Out of line and cold.
-[[gnu::noinline]] bool relation_in_registers(const RuntimeGuard& g, PyObject* const* regs, const std::uint32_t* nodes,
-                                             std::size_t n) {
+[[gnu::noinline]] bool relation_in_registers(const RuntimeGuard& g, PyObject* const* regs,
+                                             const std::uint32_t* nodes, std::size_t n) {
     thread_local std::vector<PyObject*> values, sorted;
     values.resize(n);
     for (std::size_t i = 0; i < n; ++i) values[i] = regs[nodes[i]];
@@ -153,7 +153,7 @@ void GuardSet::build_fast_pass() {
                 case core::GuardKind::ArrayMatch:
                     if (guards_[gi].via_python) return give_up();  // a Python reader
                     g.code = guards_[gi].kind == core::GuardKind::TensorMatch ? FastOp::Code::TensorMatch
-                                                                             : FastOp::Code::ArrayMatch;
+                                                                              : FastOp::Code::ArrayMatch;
                     break;
                 case core::GuardKind::DimensionMarking: g.code = FastOp::Code::DimensionMarking; break;
                 default: return give_up();  // runs user code, or is rare

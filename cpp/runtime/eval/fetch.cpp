@@ -198,7 +198,8 @@ bool attribute_certainly_absent(AttrCache& c, PyObject* obj, PyObject* name) {
         // InstanceDict here means "no class defines the name, and getattr is object's own".
         fill_cache(c, tp, name, [&] {
             PyObject* descr = nullptr;
-            if (tp->tp_getattro != PyObject_GenericGetAttr || !mro_lookup(tp, name, &descr) || descr != nullptr)
+            if (tp->tp_getattro != PyObject_GenericGetAttr || !mro_lookup(tp, name, &descr) ||
+                descr != nullptr)
                 return AttrCache::Mode::Generic;
             return AttrCache::Mode::InstanceDict;
         });

@@ -17,8 +17,8 @@ struct RuntimeGuard {
     bool flag = false;
     bool via_python = false;     ///< may run Python code (GuardDecl::via_python)
     bool python_reader = false;  ///< reads its value through a Python reader (tensors/readers.hpp)
-    PyObject* a = nullptr;    ///< operand
-    PyObject* b = nullptr;    ///< operand2
+    PyObject* a = nullptr;       ///< operand
+    PyObject* b = nullptr;       ///< operand2
     /// An object the GuardSet derived from the operands when it bound the guard and keeps alive
     /// (ARRAY_MATCH: the expected numpy dtype; DIMENSION_MARKING: the built sets as frozensets).
     PyObject* derived = nullptr;

@@ -66,7 +66,7 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                                  std::vector<std::pair<std::uint32_t, Ref>>& derived_by_id) {
     using core::GuardKind;
     for (core::GuardDecl& d : decls) {
-        d.via_python = false;  // decided here, never taken from the caller
+        d.via_python = false;                   // decided here, never taken from the caller
         core::validate_decl(d, consts.size());  // operand indices in range before reading them
         switch (d.kind) {
             case GuardKind::TensorMatch: {
@@ -194,11 +194,13 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
         g.data_size = static_cast<std::uint32_t>(d.data.size());
         if (d.kind == core::GuardKind::GlobalState && g.a == nullptr &&
             core::builtin_probe_reads_framework(static_cast<core::BuiltinProbe>(d.n))) {
-            if (d.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchFunctionModeStack) && !PyTuple_Check(g.b))
+            if (d.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchFunctionModeStack) &&
+                !PyTuple_Check(g.b))
                 throw core::InvalidProgram("a torch-function mode stack snapshot is a tuple of types");
             if (!bind_torch_probe(g, !d.via_python)) throw_python_error();
         }
-        if ((d.kind == core::GuardKind::TensorMatch || d.kind == core::GuardKind::ArrayMatch) && !PyType_Check(g.a))
+        if ((d.kind == core::GuardKind::TensorMatch || d.kind == core::GuardKind::ArrayMatch) &&
+            !PyType_Check(g.a))
             throw core::InvalidProgram("TENSOR_MATCH and ARRAY_MATCH need a type");
         // Operands the evaluator relies on having a given type; a mismatch is a malformed set.
         if (d.kind == core::GuardKind::DictKeys && !PyTuple_Check(g.b)) {
@@ -719,7 +721,8 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             fatal = true;
             break;
         }
-        for (std::size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(tuple.get(), static_cast<Py_ssize_t>(i), Py_NewRef(values[i]));
+        for (std::size_t i = 0; i < n; ++i)
+            PyTuple_SET_ITEM(tuple.get(), static_cast<Py_ssize_t>(i), Py_NewRef(values[i]));
         out.push_back({guards_[gi].id, std::move(tuple), std::string()});
     }
     --active_;

@@ -230,8 +230,8 @@ class GuardSet {
     std::vector<PyObject*> rel_slots_;
     std::vector<std::uint32_t> rel_nodes_;
     std::vector<PyObject*> rel_sort_;
-    PyObject** rel_scratch_ = nullptr;     // the slots the current walk records into
-    std::vector<Ref>* diag_slots_ = nullptr;  // why_not's slots while it walks
+    PyObject** rel_scratch_ = nullptr;                 // the slots the current walk records into
+    std::vector<Ref>* diag_slots_ = nullptr;           // why_not's slots while it walks
     std::uint64_t order_changes_ = 0;                  // bumped whenever the tree walk reorders anything
     std::uint64_t fast_built_at_ = ~std::uint64_t{0};  // order_changes_ when fast_ops_ was built
     Ref globals_, closure_, eval_error_type_;

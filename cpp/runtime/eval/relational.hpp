@@ -21,10 +21,12 @@ inline constexpr std::size_t kPairwiseLimit = 16;
 /// Whether ALIAS (values[0] is values[1]) or NO_ALIAS (all distinct) holds for `n` values.
 /// `scratch` is used for large NO_ALIAS and should be kept by the caller (no steady-state
 /// allocation once it has grown).
-bool relation_holds(core::GuardKind kind, PyObject* const* values, std::size_t n, std::vector<PyObject*>& scratch);
+bool relation_holds(core::GuardKind kind, PyObject* const* values, std::size_t n,
+                    std::vector<PyObject*>& scratch);
 
 /// For why_not: the positions (slots) of the first two values that break the relation, e.g. two
 /// sources holding one object for NO_ALIAS. (0, 1) for ALIAS.
-std::pair<std::size_t, std::size_t> relation_witness(core::GuardKind kind, PyObject* const* values, std::size_t n);
+std::pair<std::size_t, std::size_t> relation_witness(core::GuardKind kind, PyObject* const* values,
+                                                     std::size_t n);
 
 }  // namespace tripwire::runtime

@@ -37,20 +37,20 @@ typedef struct TwTensorMeta {
     int32_t device_index;       /* -1: none */
     int32_t layout;             /* c10::Layout (0: strided) */
     int32_t requires_grad;
-    int32_t has_strides;        /* 0 for layouts without strides (sparse, compressed) */
+    int32_t has_strides; /* 0 for layouts without strides (sparse, compressed) */
     int64_t ndim;
     const int64_t* sizes;
-    const int64_t* strides;     /* null when !has_strides */
-    int64_t storage_offset;     /* in elements */
-    const void* storage_data;   /* the storage's base address, null when unknown */
-    int64_t storage_nbytes;     /* the storage's size in bytes, -1 when unknown */
-    int64_t itemsize;           /* bytes per element */
+    const int64_t* strides;   /* null when !has_strides */
+    int64_t storage_offset;   /* in elements */
+    const void* storage_data; /* the storage's base address, null when unknown */
+    int64_t storage_nbytes;   /* the storage's size in bytes, -1 when unknown */
+    int64_t itemsize;         /* bytes per element */
 } TwTensorMeta;
 
 /* The adapter's table. Fields are only ever appended; struct_size says how many a build has. */
 typedef struct TwTorchAdapter {
-    uint32_t abi_version; /* TRIPWIRE_TORCH_ADAPTER_ABI */
-    uint32_t struct_size; /* sizeof(TwTorchAdapter) in the adapter's build */
+    uint32_t abi_version;      /* TRIPWIRE_TORCH_ADAPTER_ABI */
+    uint32_t struct_size;      /* sizeof(TwTorchAdapter) in the adapter's build */
     const char* torch_version; /* the torch version the adapter was compiled against */
 
     /* The Python types of torch's value-like objects (borrowed; torch keeps them alive). */

@@ -33,7 +33,8 @@ const TwTorchAdapter* torch_adapter() { return g_adapter; }
 
 bool install_torch_adapter(PyObject* capsule, const char* torch_version) {
     if (g_adapter != nullptr) return true;
-    auto* table = static_cast<const TwTorchAdapter*>(PyCapsule_GetPointer(capsule, TRIPWIRE_TORCH_ADAPTER_CAPSULE));
+    auto* table =
+        static_cast<const TwTorchAdapter*>(PyCapsule_GetPointer(capsule, TRIPWIRE_TORCH_ADAPTER_CAPSULE));
     if (table == nullptr) return false;
     if (table->abi_version != TRIPWIRE_TORCH_ADAPTER_ABI || table->struct_size < sizeof(TwTorchAdapter)) {
         PyErr_Format(PyExc_ImportError, "the torch adapter has ABI %u (size %u); this tripwire needs ABI %d",
@@ -154,8 +155,8 @@ bool is_numpy_dtype(PyObject* o) { return g_dtype_base != nullptr && PyObject_Ty
 
 namespace {
 bool simple_type_num(int n) {
-    return (n >= NPY_BOOL && n <= NPY_CLONGDOUBLE) || n == NPY_OBJECT || n == NPY_STRING || n == NPY_UNICODE ||
-           n == NPY_HALF;
+    return (n >= NPY_BOOL && n <= NPY_CLONGDOUBLE) || n == NPY_OBJECT || n == NPY_STRING ||
+           n == NPY_UNICODE || n == NPY_HALF;
 }
 char normalized_byteorder(char c) {
 #if PY_LITTLE_ENDIAN

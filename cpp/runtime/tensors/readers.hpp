@@ -39,10 +39,10 @@ bool mask_python_keys();
 
 /// The Python callables the package registers; each may be null.
 struct PythonReaders {
-    Ref tensor;        ///< tensor -> (keys, dtype, device_index, requires_grad, sizes, strides|None, offset) | None
-    Ref array;         ///< array -> (ndim, sizes, strides, flags, dtype) | None
-    Ref torch_state;   ///< () -> tuple of ints in the torch_state layout
-    Ref mode_stack;    ///< () -> tuple of the modes' types
+    Ref tensor;  ///< tensor -> (keys, dtype, device_index, requires_grad, sizes, strides|None, offset) | None
+    Ref array;   ///< array -> (ndim, sizes, strides, flags, dtype) | None
+    Ref torch_state;     ///< () -> tuple of ints in the torch_state layout
+    Ref mode_stack;      ///< () -> tuple of the modes' types
     Ref default_device;  ///< () -> None or str(CURRENT_DEVICE)
 };
 PythonReaders& python_readers();
@@ -100,12 +100,12 @@ struct ShapeView {
     const std::int64_t* strides = nullptr;  ///< null when the layout has none (sparse tensors)
     std::int64_t storage_offset = 0;        ///< tensors only (elements)
     bool has_storage_offset = false;
-    std::int64_t stride_unit = 1;           ///< 1: strides in elements (tensors); itemsize: bytes (arrays)
+    std::int64_t stride_unit = 1;  ///< 1: strides in elements (tensors); itemsize: bytes (arrays)
 };
 enum class ShapeRead : std::uint8_t {
-    Ok,            ///< `out` is filled; the pointers stay valid while the object is alive and no Python code ran
-    NotApplicable, ///< not a tensor or array this runtime knows
-    Unavailable,   ///< a tensor, but no adapter is installed (or torch refused to read it)
+    Ok,  ///< `out` is filled; the pointers stay valid while the object is alive and no Python code ran
+    NotApplicable,  ///< not a tensor or array this runtime knows
+    Unavailable,    ///< a tensor, but no adapter is installed (or torch refused to read it)
 };
 /// Read `obj`'s shape: torch tensors through the adapter, numpy arrays from the struct. Runs no
 /// user code and allocates nothing.

@@ -67,11 +67,14 @@ bool compare_dims(const std::int64_t* pairs, std::int64_t ndim, const std::int64
 // torch's TensorCheck order: dispatch keys, dtype, device index, requires_grad, then the rank,
 // then sizes and strides; the storage offset (off by default) last.
 bool compare_tensor(const std::int64_t* d, const TensorFields& f, std::vector<FieldMismatch>* out) {
-    using namespace core::tensor_data;
+    using core::tensor_data::kDeviceIndex, core::tensor_data::kDispatchKeys, core::tensor_data::kDtype,
+        core::tensor_data::kHeader, core::tensor_data::kNdim, core::tensor_data::kRequiresGrad,
+        core::tensor_data::kStorageOffset;
     bool ok = true;
     if (static_cast<std::uint64_t>(d[kDispatchKeys]) != f.keys) {
         ok = false;
-        if (!differs(out, Field::DispatchKeys, d[kDispatchKeys], static_cast<std::int64_t>(f.keys))) return false;
+        if (!differs(out, Field::DispatchKeys, d[kDispatchKeys], static_cast<std::int64_t>(f.keys)))
+            return false;
     }
     if (d[kDtype] != f.dtype) {
         ok = false;
@@ -160,7 +163,8 @@ int python_fields(PyObject* v, PythonTensor& keep, TensorFields& f) {
     PyObject* strides = PyTuple_GET_ITEM(t, 5);
     if (strides != Py_None) {
         if (!int_tuple(strides, keep.strides) || keep.strides.size() != keep.sizes.size()) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "the tensor reader returned malformed strides");
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "the tensor reader returned malformed strides");
             return -1;
         }
         f.strides = keep.strides.data();
@@ -200,7 +204,8 @@ int python_array_fields(PyObject* v, PythonArray& keep, ArrayFields& f) {
     PyObject* t = r.get();
     if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 8 || !int_tuple(PyTuple_GET_ITEM(t, 1), keep.sizes) ||
         !int_tuple(PyTuple_GET_ITEM(t, 2), keep.strides) || keep.sizes.size() != keep.strides.size()) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "the array reader returned a malformed tuple");
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "the array reader returned a malformed tuple");
         return -1;
     }
     int bits = 0;
@@ -235,7 +240,9 @@ int dtype_equal(const RuntimeGuard& g, PyObject* actual) {
 
 // dtype first (its comparison may fail), then the rank, sizes, strides and flags.
 int compare_array(const RuntimeGuard& g, const ArrayFields& f, std::vector<FieldMismatch>* out) {
-    using namespace core::array_data;
+    using core::array_data::kAligned, core::array_data::kCContiguous, core::array_data::kFContiguous,
+        core::array_data::kHeader, core::array_data::kNdim, core::array_data::kRequiredFlags,
+        core::array_data::kWriteable;
     const std::int64_t* d = g.data;
     bool ok = true;
     const int eq = dtype_equal(g, f.dtype);
@@ -253,8 +260,9 @@ int compare_array(const RuntimeGuard& g, const ArrayFields& f, std::vector<Field
         if (out == nullptr) return 0;
     }
     const std::int64_t missing = d[kRequiredFlags] & ~static_cast<std::int64_t>(f.required_bits);
-    for (auto [bit, field] : {std::pair{kCContiguous, Field::CContiguous}, std::pair{kFContiguous, Field::FContiguous},
-                              std::pair{kAligned, Field::Aligned}}) {
+    for (auto [bit, field] :
+         {std::pair{kCContiguous, Field::CContiguous}, std::pair{kFContiguous, Field::FContiguous},
+          std::pair{kAligned, Field::Aligned}}) {
         if (missing & bit) {
             ok = false;
             if (!differs(out, field, 1, 0)) return 0;
@@ -283,7 +291,8 @@ const MarkingNames& marking_names() {
             return PyUnicode_InternFromString(std::string(s).c_str());  // held for the process
         };
         n.flag = intern(core::marking_data::kFlagAttr);
-        for (int i = 0; i < core::marking_data::kAttrCount; ++i) n.attrs[i] = intern(core::marking_data::attr_name(i));
+        for (int i = 0; i < core::marking_data::kAttrCount; ++i)
+            n.attrs[i] = intern(core::marking_data::attr_name(i));
         n.shape_ids = intern(core::marking_data::kShapeIdsAttr);
         n.bounds = intern(core::marking_data::kUnbackedBoundsAttr);
         n.issubset = intern("issubset");
@@ -463,7 +472,8 @@ int dimension_marking(const RuntimeGuard& g, PyObject* v) {
     return 1;
 }
 
-// -- derived objects -----------------------------------------------------------------------------------------
+// -- derived objects
+// -----------------------------------------------------------------------------------------
 
 Ref derive_array_dtype(PyObject* description) {
     if (is_numpy_dtype(description)) return Ref::borrow(description);
@@ -500,7 +510,8 @@ Ref derive_marking_sets(const std::vector<std::int64_t>& data) {
     return out;
 }
 
-// -- diagnostics and builders: the fields as the engine reads them ---------------------------------------------
+// -- diagnostics and builders: the fields as the engine reads them
+// ---------------------------------------------
 
 namespace {
 Ref int_tuple_of(const std::int64_t* xs, std::int64_t n) {

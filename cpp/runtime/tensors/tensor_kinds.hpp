@@ -17,20 +17,20 @@ namespace tripwire::runtime {
 /// One field where a value differs from a tensor's or an array's expectation.
 struct FieldMismatch {
     enum class Field : std::uint8_t {
-        Type,           ///< not the exact type
-        Unreadable,     ///< the fields could not be read (torch refused, the reader returned None)
-        DispatchKeys,   ///< expected/actual: raw key-set bits
-        Dtype,          ///< tensors: c10::ScalarType; arrays: no values (compare the dtypes)
+        Type,          ///< not the exact type
+        Unreadable,    ///< the fields could not be read (torch refused, the reader returned None)
+        DispatchKeys,  ///< expected/actual: raw key-set bits
+        Dtype,         ///< tensors: c10::ScalarType; arrays: no values (compare the dtypes)
         DeviceIndex,
         RequiresGrad,
         Ndim,
-        Size,           ///< at `dim`
-        Stride,         ///< at `dim`; actual core::kAny when the layout has no strides
+        Size,    ///< at `dim`
+        Stride,  ///< at `dim`; actual core::kAny when the layout has no strides
         StorageOffset,
-        CContiguous,    ///< required, missing
+        CContiguous,  ///< required, missing
         FContiguous,
         Aligned,
-        Writeable,      ///< expected/actual: 0 or 1
+        Writeable,  ///< expected/actual: 0 or 1
     };
     Field field = Field::Type;
     std::int64_t dim = -1;

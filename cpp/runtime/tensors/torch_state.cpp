@@ -85,7 +85,9 @@ int native_match(const RuntimeGuard& g) {
             if (len != PyTuple_GET_SIZE(want)) return 0;
             for (std::int64_t i = 0; i < len; ++i) {
                 PyObject* mode = a->function_mode_at(i);
-                if (mode == nullptr || reinterpret_cast<PyObject*>(Py_TYPE(mode)) != PyTuple_GET_ITEM(want, i)) return 0;
+                if (mode == nullptr ||
+                    reinterpret_cast<PyObject*>(Py_TYPE(mode)) != PyTuple_GET_ITEM(want, i))
+                    return 0;
             }
             return 1;
         }
@@ -209,7 +211,8 @@ Ref torch_probe_value(BuiltinProbe p, bool native) {
         PythonReaders& r = python_readers();
         switch (p) {
             case BuiltinProbe::TorchGlobalState: return call_reader(r.torch_state, "torch's global state");
-            case BuiltinProbe::TorchFunctionModeStack: return call_reader(r.mode_stack, "the torch-function mode stack");
+            case BuiltinProbe::TorchFunctionModeStack:
+                return call_reader(r.mode_stack, "the torch-function mode stack");
             case BuiltinProbe::TorchDefaultDevice: return call_reader(r.default_device, "the default device");
             default: return Ref::borrow(Py_None);
         }
