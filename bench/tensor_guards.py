@@ -126,7 +126,7 @@ def bench_tensor_match(ks: list[int], repeat: int, target_s: float, log) -> list
 
     out = []
     for k in ks:
-        xs = {f"x{i}": torch.randn(4, 8) for i in range(k)}
+        xs = {sys.intern(f"x{i}"): torch.randn(4, 8) for i in range(k)}  # frame locals: interned names
         b = tw.GuardBuilder(xs)
         for name in xs:
             b.tensor_match(f"L['{name}']")
@@ -158,7 +158,7 @@ def bench_array_match(ks: list[int], repeat: int, target_s: float, log) -> list[
 
     out = []
     for k in ks:
-        arrays = {f"a{i}": np.zeros((4, 8), dtype=np.float32) for i in range(k)}
+        arrays = {sys.intern(f"a{i}"): np.zeros((4, 8), dtype=np.float32) for i in range(k)}
         b = tw.GuardBuilder(arrays)
         for name in arrays:
             b.array_match(f"L['{name}']")
@@ -234,7 +234,7 @@ def bench_global_state(repeat: int, target_s: float, log) -> list[str]:
 
 
 # -- D1: dynamo_guard_eval ------------------------------------------------------------------------------------
-ARGS = [f"x{i}" for i in range(100)]
+ARGS = [sys.intern(f"x{i}") for i in range(100)]  # frame locals are interned names
 FOO_SRC = (
     f"def foo({', '.join(ARGS)}):\n    n = {' + '.join(a + '.shape[0]' for a in ARGS)}\n    return x0 + n\n"
 )

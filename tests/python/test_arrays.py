@@ -263,3 +263,16 @@ def test_many_arrays_under_collections() -> None:
     g["a0"] = g["a1"]
     assert not gs.check(g)
     assert gs.why_not(g).kind in ("ARRAY_MATCH", "NO_ALIAS")
+
+
+def test_cache_index_dispatches_on_array_shapes() -> None:
+    cache = tw.Cache(recompile_limit=64)
+    for n in range(1, 7):
+        cache.insert(tw.guards_for({"a": np.zeros((n, 2))}), n)
+    if _core.numpy_struct_enabled():
+        assert cache.index_source == "L['a']"
+    for n in range(1, 7):
+        assert cache.lookup({"a": np.ones((n, 2))}) == n
+        assert cache.lookup({"a": np.ones((n, 2), dtype=np.float32)}) is None
+        assert cache.lookup({"a": np.ones((2, n)).T}) is None  # right sizes, wrong strides
+    assert cache.lookup({"a": [[0.0, 0.0]]}) is None

@@ -2,7 +2,7 @@
 
 The engine must answer as the reference on frames whose names share objects from a small pool (so
 that inputs change aliasing often), through the fast pass and through the tree walk, for nested
-sources that share prefixes, and for many sources (the sorted path above 16). Hostile cases: a
+sources that share prefixes, and for many sources (the hash-set path above 16). Hostile cases: a
 value freed and replaced at the same address by user code during the walk, the same object many
 times, re-entrant checks, collections everywhere.
 """

@@ -595,3 +595,33 @@ def test_guards_for_honours_mark_dynamic() -> None:
     assert not gs.check({"x": y})
     gs = tw.guards_for({"x": x}, policy=tw.Policy(mark_dynamic=False))
     assert not gs.check({"x": torch.zeros(9, 8)})
+
+
+# -- the cache's dispatch index on tensor shapes -------------------------------------------------------
+def test_cache_index_dispatches_on_tensor_shapes() -> None:
+    """Entries whose TENSOR_MATCH checks every size are indexed by (type, sizes): a lookup reads
+    the shape through the adapter and tries only the matching entry. Entries with a dynamic
+    dimension, values of another type, and tensors the runtime cannot read stay correct."""
+    cache = tw.Cache(recompile_limit=64)
+    made = {}
+    for n in range(1, 9):
+        x = torch.zeros(n, 3)
+        gs = tw.guards_for({"x": x})
+        cache.insert(gs, n)
+        made[n] = x
+    dyn = tw.guards_for({"x": torch.zeros(20, 5)}, policy=tw.Policy(dynamic={"x": (0,)}))
+    cache.insert(dyn, "dynamic")
+    if ADAPTER:
+        assert cache.index_source == "L['x']"
+    for n in range(1, 9):
+        assert cache.lookup({"x": torch.zeros(n, 3)}) == n
+        assert cache.lookup({"x": torch.zeros(n, 3, dtype=torch.float64)}) is None
+    assert cache.lookup({"x": torch.zeros(50, 5)}) == "dynamic"  # unindexed: always a candidate
+    assert cache.lookup({"x": torch.zeros(2, 5)}) == "dynamic"
+    assert cache.lookup({"x": torch.zeros(3).as_subclass(Sub)}) is None
+    assert cache.lookup({"x": [1, 2, 3]}) is None
+    assert cache.lookup({"x": torch.nn.Parameter(torch.zeros(2, 3))}) is None
+    for n in range(1, 9):  # the same answers as trying every entry
+        v = {"x": torch.zeros(n, 3).t().contiguous().t()}
+        want = next((e.payload for e in cache.entries if e.guards.check(v)), None)
+        assert cache.lookup(v) == want

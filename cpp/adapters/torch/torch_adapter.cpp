@@ -21,6 +21,7 @@
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <array>
 #include <cstring>
 #include <string>
 
@@ -91,11 +92,42 @@ int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept
     }
 }
 
+int tensor_fields(PyObject* obj, TwTensorFields* out) noexcept {
+    try {
+        const at::Tensor& t = THPVariable_Unpack(obj);
+        if (!t.defined()) return 0;
+        c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        out->dispatch_keys = apply_local(impl->key_set(), 0).raw_repr();
+        out->dtype = static_cast<int32_t>(impl->dtype().toScalarType());
+        out->device_index = impl->device().index();
+        out->requires_grad = impl->requires_grad() ? 1 : 0;
+        out->ndim = impl->dim();
+        out->sizes = impl->sizes().data();
+        if (impl->layout() == c10::kStrided) {
+            out->has_strides = 1;
+            out->strides = impl->strides().data();
+            out->storage_offset = impl->storage_offset();
+        } else {
+            out->has_strides = 0;
+            out->strides = nullptr;
+            out->storage_offset = 0;
+        }
+        return 1;
+    } catch (...) {
+        return 0;
+    }
+}
+
 uint64_t apply_local_keys(uint64_t raw, int mask_python_keys) noexcept {
     return apply_local(c10::DispatchKeySet(c10::DispatchKeySet::RAW, raw), mask_python_keys).raw_repr();
 }
 
-int read_global_state(int64_t* out, int capacity) noexcept {
+// The autocast dispatch key of each autocast device: autocast is enabled on a device exactly when
+// its key is not in the thread-local exclude set (at::autocast::is_autocast_enabled), so one read
+// of the thread-local key sets answers for every device.
+std::array<c10::DispatchKey, at::autocast::_AUTOCAST_SUPPORTED_DEVICES.size()> g_autocast_keys{};
+
+int read_global_state(int64_t* out, int capacity, int all_dtypes) noexcept {
     namespace L = ts_layout;
     const auto& devices = at::autocast::_AUTOCAST_SUPPORTED_DEVICES;
     const int n = static_cast<int>(devices.size());
@@ -118,14 +150,64 @@ int read_global_state(int64_t* out, int capacity) noexcept {
         out[L::kDefaultDtype] = static_cast<int64_t>(c10::get_default_dtype_as_scalartype());
         out[L::kCacheEnabled] = at::autocast::is_autocast_cache_enabled() ? 1 : 0;
         out[L::kDevices] = n;
+        const c10::DispatchKeySet excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
         for (int i = 0; i < n; ++i) {
+            const bool enabled = !excluded.has(g_autocast_keys[i]);
             out[L::kHeader + i] = static_cast<int64_t>(devices[i]);
-            out[L::kHeader + n + i] = at::autocast::is_autocast_enabled(devices[i]) ? 1 : 0;
-            out[L::kHeader + 2 * n + i] = static_cast<int64_t>(at::autocast::get_autocast_dtype(devices[i]));
+            out[L::kHeader + n + i] = enabled ? 1 : 0;
+            out[L::kHeader + 2 * n + i] =
+                enabled || all_dtypes ? static_cast<int64_t>(at::autocast::get_autocast_dtype(devices[i]))
+                                      : -1;
         }
         return L::kHeader + 3 * n;
     } catch (...) {
         return -1;
+    }
+}
+
+// The raw bits of the autocast keys of all autocast devices (every one excluded: all disabled).
+uint64_t g_all_autocast_bits = 0;
+
+int global_state_matches(const TwGlobalState* want) noexcept {
+    namespace L = ts_layout;
+    const auto& devices = at::autocast::_AUTOCAST_SUPPORTED_DEVICES;
+    const int n = static_cast<int>(devices.size());
+    if (want->n_devices != n || want->header[L::kDevices] != n) return 0;
+    try {
+        const int64_t* h = want->header;
+        // Thread-local state first (cheap), then the process-wide context.
+        if (h[L::kGradMode] != (c10::GradMode::is_enabled() ? 1 : 0)) return 0;
+        const auto tf = at::impl::PythonTorchFunctionTLS::get_disabled_state();
+        if (h[L::kTorchFunction] != (tf == at::impl::TorchFunctionDisabledState::ENABLED ? 1 : 0)) return 0;
+        if (h[L::kTorchFunctionAllDisabled] !=
+            (tf == at::impl::TorchFunctionDisabledState::ALL_DISABLED ? 1 : 0))
+            return 0;
+        if (h[L::kCacheEnabled] != (at::autocast::is_autocast_cache_enabled() ? 1 : 0)) return 0;
+        const c10::DispatchKeySet excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
+        uint64_t enabled = 0;
+        if ((excluded.raw_repr() & g_all_autocast_bits) != g_all_autocast_bits) {  // some device enabled
+            for (int i = 0; i < n; ++i) {
+                if (!excluded.has(g_autocast_keys[i])) enabled |= uint64_t{1} << i;
+            }
+        }
+        if (enabled != want->autocast_enabled_mask) return 0;
+        for (int i = 0; enabled != 0 && i < n; ++i) {
+            if (((enabled >> i) & 1) != 0 &&
+                want->dtypes[i] != static_cast<int32_t>(at::autocast::get_autocast_dtype(devices[i])))
+                return 0;
+        }
+        auto& ctx = at::globalContext();
+        if (h[L::kDeterministic] != (ctx.deterministicAlgorithms() ? 1 : 0)) return 0;
+        if (h[L::kWarnOnly] != (ctx.deterministicAlgorithmsWarnOnly() ? 1 : 0)) return 0;
+        if (h[L::kFp16] != static_cast<int64_t>(ctx.allowFP16ReductionCuBLAS())) return 0;
+        if (h[L::kBf16] != static_cast<int64_t>(ctx.allowBF16ReductionCuBLAS())) return 0;
+        if (h[L::kDefaultDtype] != static_cast<int64_t>(c10::get_default_dtype_as_scalartype())) return 0;
+        if (h[L::kNumThreads] != at::get_num_threads()) return 0;
+        const bool tf32 = ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+                          at::Float32Precision::TF32;
+        return h[L::kAllowTf32] == (tf32 ? 1 : 0) ? 1 : 0;
+    } catch (...) {
+        return 0;
     }
 }
 
@@ -197,7 +279,15 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.device_type = &THPDeviceType;
     g_table.size_type = &THPSizeType;
     g_table.read_tensor = read_tensor;
+    g_table.tensor_fields = tensor_fields;
+    g_table.python_keys_mask = kPythonKeys.raw_repr();
     g_table.apply_local_keys = apply_local_keys;
+    for (std::size_t i = 0; i < g_autocast_keys.size(); ++i) {
+        g_autocast_keys[i] = at::autocast::get_autocast_dispatch_key_from_device_type(
+            at::autocast::_AUTOCAST_SUPPORTED_DEVICES[i]);
+        g_all_autocast_bits |= c10::DispatchKeySet(g_autocast_keys[i]).raw_repr();
+    }
+    g_table.global_state_matches = global_state_matches;
     g_table.read_global_state = read_global_state;
     g_table.function_mode_stack_len = function_mode_stack_len;
     g_table.function_mode_at = function_mode_at;

@@ -197,7 +197,9 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
             if (d.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchFunctionModeStack) &&
                 !PyTuple_Check(g.b))
                 throw core::InvalidProgram("a torch-function mode stack snapshot is a tuple of types");
-            if (!bind_torch_probe(g, !d.via_python)) throw_python_error();
+            Ref keep;
+            if (!bind_torch_probe(g, !d.via_python, keep)) throw_python_error();
+            if (keep) derived_.push_back(std::move(keep));
         }
         if ((d.kind == core::GuardKind::TensorMatch || d.kind == core::GuardKind::ArrayMatch) &&
             !PyType_Check(g.a))

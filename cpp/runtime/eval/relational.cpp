@@ -1,7 +1,7 @@
 // tripwire/cpp/runtime/eval/relational.cpp -- ALIAS and NO_ALIAS decisions.
 #include "runtime/eval/relational.hpp"
 
-#include <algorithm>
+#include <cstdint>
 
 namespace tripwire::runtime {
 
@@ -16,9 +16,25 @@ bool relation_holds(core::GuardKind kind, PyObject* const* values, std::size_t n
         }
         return true;
     }
-    scratch.assign(values, values + n);
-    std::sort(scratch.begin(), scratch.end());
-    return std::adjacent_find(scratch.begin(), scratch.end()) == scratch.end();
+    // An open-addressing set of pointers, at most half full: one probe sequence per value.
+    std::size_t cap = 64;
+    int shift = 58;
+    while (cap < 2 * n) {
+        cap <<= 1;
+        --shift;
+    }
+    scratch.assign(cap, nullptr);
+    for (std::size_t i = 0; i < n; ++i) {
+        PyObject* v = values[i];
+        std::size_t h = static_cast<std::size_t>(
+            (reinterpret_cast<std::uintptr_t>(v) >> 4) * 0x9E3779B97F4A7C15ULL >> shift);
+        while (scratch[h] != nullptr) {
+            if (scratch[h] == v) return false;
+            h = (h + 1) & (cap - 1);
+        }
+        scratch[h] = v;
+    }
+    return true;
 }
 
 std::pair<std::size_t, std::size_t> relation_witness(core::GuardKind kind, PyObject* const* values,

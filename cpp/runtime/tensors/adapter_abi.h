@@ -19,7 +19,8 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define TRIPWIRE_TORCH_ADAPTER_ABI 1
+#define TRIPWIRE_TORCH_ADAPTER_ABI \
+    2 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes) */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -47,6 +48,31 @@ typedef struct TwTensorMeta {
     int64_t itemsize;         /* bytes per element */
 } TwTensorMeta;
 
+/* What TENSOR_MATCH compares, read by the lean per-check reader (tensor_fields). */
+typedef struct TwTensorFields {
+    uint64_t dispatch_keys; /* after the thread-local include/exclude sets; Python keys NOT masked */
+    int32_t dtype;
+    int32_t device_index;
+    int32_t requires_grad;
+    int32_t has_strides;
+    int64_t ndim;
+    const int64_t* sizes;
+    const int64_t* strides; /* null when !has_strides */
+    int64_t storage_offset;
+} TwTensorFields;
+
+/* A torch global-state snapshot (core/kind_data.hpp torch_state) compiled once for the per-check
+ * comparison: the header fields, and per autocast device its type, whether it is enabled (also as
+ * a bit mask) and its dtype. */
+#define TW_MAX_AUTOCAST_DEVICES 64
+typedef struct TwGlobalState {
+    int64_t header[12];
+    uint64_t autocast_enabled_mask; /* bit i: device i enabled */
+    int32_t n_devices;
+    int32_t device_types[TW_MAX_AUTOCAST_DEVICES];
+    int32_t dtypes[TW_MAX_AUTOCAST_DEVICES];
+} TwGlobalState;
+
 /* The adapter's table. Fields are only ever appended; struct_size says how many a build has. */
 typedef struct TwTorchAdapter {
     uint32_t abi_version;      /* TRIPWIRE_TORCH_ADAPTER_ABI */
@@ -67,14 +93,30 @@ typedef struct TwTorchAdapter {
      * ignore_compile_internals is active). */
     int (*read_tensor)(PyObject* obj, int mask_python_keys, TwTensorMeta* out);
 
+    /* The per-check reader of TENSOR_MATCH: `obj` must be an instance of a type deriving from
+     * tensor_base_type (the caller checked its exact type against one). 1 and `out` filled, or 0
+     * when torch refused (an undefined tensor, an exception). The Python keys are left in:
+     * the caller masks them (python_keys_mask) only when present, so the flag that decides it
+     * is read only then. */
+    int (*tensor_fields)(PyObject* obj, TwTensorFields* out);
+    /* The raw bits of DispatchKeySet{Python, PythonTLSSnapshot, PythonDispatcher}: functionality
+     * keys only, so removing them is a plain `keys & ~mask`. */
+    uint64_t python_keys_mask;
+
     /* Apply the current thread-local include/exclude sets (and the mask) to a raw key set, as
      * torch's guards do at build time. */
     uint64_t (*apply_local_keys)(uint64_t raw_keys, int mask_python_keys);
 
     /* torch's global state in the layout of core/kind_data.hpp torch_state (header, then per
-     * autocast device its enabled flag, then its dtype). Returns the number of entries written,
-     * or -1 when `capacity` is too small. */
-    int (*read_global_state)(int64_t* out, int capacity);
+     * autocast device its type, its enabled flag, its dtype). With `all_dtypes` 0, the dtype of a
+     * device whose autocast is disabled is not read (written as -1): torch compares it only while
+     * enabled. Returns the number of entries written, or -1 when `capacity` is too small. */
+    int (*read_global_state)(int64_t* out, int capacity, int all_dtypes);
+    /* 1 when torch's global state now equals `want` by GlobalStateGuard::check's rule (an
+     * autocast dtype counts only while enabled), else 0. Reads each field once, stops at the
+     * first difference, writes nothing. Devices are compared by position: the caller checked
+     * that `want` lists this torch's autocast devices in read_global_state's order. */
+    int (*global_state_matches)(const TwGlobalState* want);
 
     /* The torch-function mode stack: its length, and the mode at position i (borrowed, or null
      * when out of range). */

@@ -103,12 +103,35 @@ bool compare_tensor(const std::int64_t* d, const TensorFields& f, std::vector<Fi
     return ok;
 }
 
+// The check's comparison: the same fields and order as compare_tensor, without the bookkeeping
+// of listing differences (the diagnostics use compare_tensor; the tests hold them together).
+inline bool tensor_equal(const std::int64_t* d, const TensorFields& f) {
+    namespace td = core::tensor_data;
+    if (static_cast<std::uint64_t>(d[td::kDispatchKeys]) != f.keys || d[td::kDtype] != f.dtype ||
+        d[td::kDeviceIndex] != f.device_index ||
+        d[td::kRequiresGrad] != static_cast<std::int64_t>(f.requires_grad) || d[td::kNdim] != f.ndim) {
+        return false;
+    }
+    const std::int64_t* pairs = d + td::kHeader;
+    for (std::int64_t i = 0; i < f.ndim; ++i) {
+        const std::int64_t size = pairs[2 * i], stride = pairs[2 * i + 1];
+        if (size != kAny && size != f.sizes[i]) return false;
+        if (stride != kAny && (f.strides == nullptr || stride != f.strides[i])) return false;
+    }
+    return d[td::kStorageOffset] == kAny || d[td::kStorageOffset] == f.storage_offset;
+}
+
 // -- reading tensors --------------------------------------------------------------------------------------
 
-bool native_fields(PyObject* v, TwTensorMeta& m, TensorFields& f) {
+// `v` must be an instance of a type deriving from the adapter's TensorBase (callers checked its
+// exact type against a verified tensor type, or TypeCheck'd it).
+bool native_fields(PyObject* v, TwTensorFields& m, TensorFields& f) {
     const TwTorchAdapter* a = torch_adapter();
-    if (a == nullptr || a->read_tensor(v, mask_python_keys() ? 1 : 0, &m) != 1) return false;
+    if (a == nullptr || a->tensor_fields(v, &m) != 1) return false;
     f.keys = m.dispatch_keys;
+    // torch masks the Python keys unless a dispatch mode without ignore_compile_internals is
+    // active; the flag is read only when the tensor carries one of them (rarely).
+    if ((f.keys & a->python_keys_mask) != 0 && mask_python_keys()) f.keys &= ~a->python_keys_mask;
     f.dtype = m.dtype;
     f.device_index = m.device_index;
     f.requires_grad = m.requires_grad != 0;
@@ -310,6 +333,26 @@ int optional_attr(PyObject* v, PyObject* name, PyObject** out) {
 #endif
 }
 
+// The check's comparison for arrays read from the struct with a simple expected dtype: the same
+// fields as compare_array, without listing differences (the tests hold the two together).
+inline bool array_equal(const RuntimeGuard& g, const ArrayView& a) {
+    namespace ad = core::array_data;
+    const std::int64_t* d = g.data;
+    if (a.descr != g.derived && (Py_TYPE(a.descr) != Py_TYPE(g.derived) || !numpy_dtype_is_simple(a.descr) ||
+                                 !numpy_simple_dtypes_equal(a.descr, g.derived)))
+        return false;
+    if (d[ad::kNdim] != a.ndim) return false;
+    const std::int64_t* pairs = d + ad::kHeader;
+    for (std::int64_t i = 0; i < a.ndim; ++i) {
+        const std::int64_t size = pairs[2 * i], stride = pairs[2 * i + 1];
+        if (size != kAny && size != a.sizes[i]) return false;
+        if (stride != kAny && stride != a.strides[i]) return false;
+    }
+    const std::int64_t required = d[ad::kRequiredFlags];
+    return (array_required_bits(a.flags) & required) == required &&
+           d[ad::kWriteable] == static_cast<std::int64_t>(array_writeable(a.flags));
+}
+
 }  // namespace
 
 const char* field_name(Field f) {
@@ -336,9 +379,9 @@ const char* field_name(Field f) {
 
 bool tensor_match_pure(const RuntimeGuard& g, PyObject* v) {
     if (g.via_python || reinterpret_cast<PyObject*>(Py_TYPE(v)) != g.a) return false;
-    TwTensorMeta m;
+    TwTensorFields m;
     TensorFields f;
-    return native_fields(v, m, f) && compare_tensor(g.data, f, nullptr);
+    return native_fields(v, m, f) && tensor_equal(g.data, f);
 }
 
 int tensor_match(const RuntimeGuard& g, PyObject* v) {
@@ -357,7 +400,7 @@ bool tensor_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMism
         out.push_back({Field::Type, -1, 0, 0});
         return true;
     }
-    TwTensorMeta m;
+    TwTensorFields m;
     PythonTensor keep;
     TensorFields f;
     if (!g.via_python) {
@@ -381,12 +424,13 @@ bool tensor_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMism
 
 bool array_match_pure(const RuntimeGuard& g, PyObject* v) {
     if (g.via_python || reinterpret_cast<PyObject*>(Py_TYPE(v)) != g.a) return false;
-    ArrayFields f;
-    return struct_fields(v, f) && compare_array(g, f, nullptr) == 1;
+    ArrayView a;
+    return read_array_struct(v, a) && array_equal(g, a);
 }
 
 int array_match(const RuntimeGuard& g, PyObject* v) {
     if (reinterpret_cast<PyObject*>(Py_TYPE(v)) != g.a) return 0;
+    if (!g.via_python) return array_match_pure(g, v) ? 1 : 0;
     ArrayFields f;
     if (!g.python_reader && struct_fields(v, f)) return compare_array(g, f, nullptr);
     PythonArray keep;
@@ -527,7 +571,7 @@ Ref int_tuple_of(const std::int64_t* xs, std::int64_t n) {
 }  // namespace
 
 Ref read_tensor_fields(PyObject* v, bool native) {
-    TwTensorMeta m;
+    TwTensorFields m;
     TensorFields f;
     PythonTensor keep;
     if (native) {

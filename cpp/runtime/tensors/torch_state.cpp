@@ -1,6 +1,8 @@
 // tripwire/cpp/runtime/tensors/torch_state.cpp -- torch's global state, mode stack, default device.
 #include "runtime/tensors/torch_state.hpp"
 
+#include <cstring>
+
 #include "core/kind_data.hpp"
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/tensors/readers.hpp"
@@ -12,14 +14,15 @@ using core::BuiltinProbe;
 namespace ts = core::torch_state;
 
 constexpr int kStateCapacity = static_cast<int>(ts::kHeader + 3 * ts::kMaxAutocastDevices);
+static_assert(sizeof(TwGlobalState::header) == ts::kHeader * sizeof(std::int64_t),
+              "TwGlobalState mirrors the torch_state header");
+static_assert(TW_MAX_AUTOCAST_DEVICES == ts::kMaxAutocastDevices, "one device limit");
 
 // torch's rule (GlobalStateGuard::check): every field equal, an autocast device's dtype only while
 // it is enabled. `now` has `n` entries.
 bool state_equal(const std::int64_t* want, std::size_t want_n, const std::int64_t* now, std::size_t n) {
     if (want_n != n || n < ts::kHeader) return false;
-    for (std::size_t f = 0; f < ts::kHeader; ++f) {
-        if (want[f] != now[f]) return false;
-    }
+    if (std::memcmp(want, now, ts::kHeader * sizeof(std::int64_t)) != 0) return false;
     const auto devices = static_cast<std::size_t>(now[ts::kAutocastDevices]);
     const std::int64_t* w = want + ts::kHeader;
     const std::int64_t* c = now + ts::kHeader;
@@ -73,12 +76,12 @@ int native_match(const RuntimeGuard& g) {
     const TwTorchAdapter* a = torch_adapter();
     if (a == nullptr || g.via_python) return -1;
     switch (static_cast<BuiltinProbe>(g.n)) {
-        case BuiltinProbe::TorchGlobalState: {
-            std::int64_t now[kStateCapacity];
-            const int n = a->read_global_state(now, kStateCapacity);
-            if (n < 0) return 0;
-            return state_equal(g.data, g.data_size, now, static_cast<std::size_t>(n)) ? 1 : 0;
-        }
+        case BuiltinProbe::TorchGlobalState:
+            // Compiled when the guard was bound (bind_torch_probe); null: a snapshot the adapter
+            // cannot hold (more autocast devices than it knows), which never matches.
+            if (g.derived == nullptr) return 0;
+            return a->global_state_matches(
+                reinterpret_cast<const TwGlobalState*>(PyBytes_AS_STRING(g.derived)));
         case BuiltinProbe::TorchFunctionModeStack: {
             PyObject* want = g.b;  // a tuple of types
             const std::int64_t len = a->function_mode_stack_len();
@@ -183,8 +186,34 @@ int torch_probe_matches(const RuntimeGuard& g) {
     return python_match(g);
 }
 
-bool bind_torch_probe(RuntimeGuard& g, bool native) {
+bool bind_torch_probe(RuntimeGuard& g, bool native, Ref& keep) {
     g.via_python = !native;
+    if (native && static_cast<BuiltinProbe>(g.n) == BuiltinProbe::TorchGlobalState) {
+        const std::int64_t devices = g.data[ts::kAutocastDevices];
+        if (devices > TW_MAX_AUTOCAST_DEVICES) return true;  // g.derived stays null: never matches
+        // The adapter compares devices by position: the snapshot must list this torch's
+        // autocast devices in its order, else it can never match.
+        std::int64_t now[kStateCapacity];
+        const int n = torch_adapter()->read_global_state(now, kStateCapacity, 1);
+        if (n < 0 || now[ts::kAutocastDevices] != devices ||
+            std::memcmp(now + ts::kHeader, g.data + ts::kHeader,
+                        static_cast<std::size_t>(devices) * sizeof(std::int64_t)) != 0)
+            return true;
+        keep = Ref::steal(PyBytes_FromStringAndSize(nullptr, sizeof(TwGlobalState)));
+        if (!keep) return false;
+        auto* c = reinterpret_cast<TwGlobalState*>(PyBytes_AS_STRING(keep.get()));
+        std::memset(c, 0, sizeof(TwGlobalState));
+        std::memcpy(c->header, g.data, sizeof(c->header));
+        c->n_devices = static_cast<std::int32_t>(devices);
+        const std::int64_t* d = g.data + ts::kHeader;
+        for (std::int64_t i = 0; i < devices; ++i) {
+            c->device_types[i] = static_cast<std::int32_t>(d[i]);
+            if (d[devices + i] != 0) c->autocast_enabled_mask |= std::uint64_t{1} << i;
+            c->dtypes[i] = static_cast<std::int32_t>(d[2 * devices + i]);
+        }
+        g.derived = keep.get();
+        return true;
+    }
     if (static_cast<BuiltinProbe>(g.n) != BuiltinProbe::TorchDefaultDevice) return true;
     if (native && !ensure_device_module()) return false;
     if (g.b == Py_None) return true;
@@ -221,7 +250,7 @@ Ref torch_probe_value(BuiltinProbe p, bool native) {
     switch (p) {
         case BuiltinProbe::TorchGlobalState: {
             std::int64_t now[kStateCapacity];
-            const int n = a->read_global_state(now, kStateCapacity);
+            const int n = a->read_global_state(now, kStateCapacity, 1);
             if (n < 0) {
                 PyErr_SetString(PyExc_RuntimeError, "torch has more autocast devices than tripwire reads");
                 return Ref();

@@ -28,8 +28,10 @@ Ref torch_probe_value(core::BuiltinProbe p, bool native);
 /// core::torch_state (torch's names; autocast fields as "autocast(<device type>)_enabled").
 std::vector<std::string> torch_state_differences(const std::vector<std::int64_t>& want,
                                                  const std::vector<std::int64_t>& now);
-/// Bind a torch probe guard: parse a default-device snapshot into (n2, n3) = (type, index)
-/// through the adapter. False with an error set when the snapshot is malformed.
-bool bind_torch_probe(RuntimeGuard& g, bool native);
+/// Bind a torch probe guard: compile a global-state snapshot for the adapter's comparison (a
+/// TwGlobalState in a bytes object, returned in `keep` and set as g.derived), parse a
+/// default-device snapshot into (n2, n3) = (type, index). False with an error set when the
+/// snapshot is malformed.
+bool bind_torch_probe(RuntimeGuard& g, bool native, Ref& keep);
 
 }  // namespace tripwire::runtime
