@@ -180,6 +180,22 @@ void register_guard_set(nb::module_& m) {
             .def_prop_ro(
                 "_fast_pass_count", [](GuardSetCore& s) { return s.get().stats().fast_passes; },
                 "How many passing checks the straight-line fast pass decided alone.")
+            .def_prop_ro(
+                "_globals",
+                [](GuardSetCore& s) -> nb::object {
+                    PyObject* g = s.get().globals();
+                    return g != nullptr ? nb::borrow(g) : nb::none();
+                },
+                nb::for_getter(nb::sig("def _globals(self, /) -> dict[str, typing.Any] | None")),
+                "The globals dict G[...] sources read, or None.")
+            .def_prop_ro(
+                "_root_kinds",
+                [](GuardSetCore& s) {
+                    const runtime::GuardSet& g = s.get();
+                    return nb::make_tuple(g.reads_globals(), g.reads_closure());
+                },
+                nb::for_getter(nb::sig("def _root_kinds(self, /) -> tuple[bool, bool]")),
+                "(some source is rooted at G[...], some at C[...]).")
             .def_prop_ro("check_count", [](GuardSetCore& s) { return s.get().stats().checks; })
             .def_prop_ro("pass_count", [](GuardSetCore& s) { return s.get().stats().passes; })
             .def("__len__", [](GuardSetCore& s) { return s.get().size(); });

@@ -35,6 +35,11 @@ void register_specialize(nanobind::module_& m);
 void register_values(nanobind::module_& m);
 /// Tensors, arrays, torch's state, the torch adapter, constant types (bind_tensors.cpp).
 void register_tensors(nanobind::module_& m);
+/// The frame runtime: hooks, per-code caches and strategies, Replacement (bind_frame.cpp). After
+/// register_cache.
+void register_frame(nanobind::module_& m);
+/// The binary format: encode_guard_set, decode_guard_set, Decoded (bind_serial.cpp).
+void register_serial(nanobind::module_& m);
 /// Switches and facts for tests and benchmarks (bind_diagnostics.cpp).
 void register_diagnostics(nanobind::module_& m);
 

@@ -12,13 +12,17 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
-from . import tensors
+from . import frame, store, tensors
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec, register_constant_type
 from .errors import (
+    FormatError,
+    FrameError,
     GuardBuildError,
     GuardEvalError,
+    IncompatibleCodeError,
+    NotSerializable,
     RecompileError,
     RecompileLimitExceeded,
     SourceParseError,
@@ -38,12 +42,16 @@ __all__ = [
     "CacheEntry",
     "Checkpoint",
     "Failure",
+    "FormatError",
+    "FrameError",
     "GuardBuildError",
     "GuardBuilder",
     "GuardEvalError",
     "GuardKind",
     "GuardSet",
     "GuardSpec",
+    "IncompatibleCodeError",
+    "NotSerializable",
     "Policy",
     "RecompileError",
     "RecompileLimitExceeded",
@@ -55,10 +63,12 @@ __all__ = [
     "StepKind",
     "TripwireError",
     "format_recompile",
+    "frame",
     "guards_for",
     "infer_into",
     "register_constant_type",
     "set_logs",
     "specialize",
+    "store",
     "tensors",
 ]

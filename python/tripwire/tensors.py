@@ -26,8 +26,8 @@ import json
 import sys
 import threading
 import warnings
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import _core
@@ -444,7 +444,7 @@ class TensorExpectation:
     sizes: tuple[int | None, ...]
     strides: tuple[int | None, ...]
     storage_offset: int | None = None
-    device: str = ""
+    device: str = field(default="", compare=False)  # for messages only: not saved by to_bytes
 
     def __post_init__(self) -> None:
         if len(self.sizes) != len(self.strides):
@@ -470,6 +470,22 @@ class TensorExpectation:
         for size, stride in zip(self.sizes, self.strides, strict=True):
             data += [any_ if size is None else size, any_ if stride is None else stride]
         return data
+
+    @classmethod
+    def from_data(cls, data: Sequence[int]) -> TensorExpectation:
+        """The inverse of ``to_data`` (a loaded guard); ValueError on a malformed layout."""
+        if len(data) < 6 or data[4] < 0 or len(data) != 6 + 2 * data[4]:
+            raise ValueError("TENSOR_MATCH data does not have core::tensor_data's layout")
+        pairs = data[6:]
+        return cls(
+            data[0] & ((1 << 64) - 1),
+            data[1],
+            data[2],
+            bool(data[3]),
+            tuple(None if x == ANY_DIM else x for x in pairs[0::2]),
+            tuple(None if x == ANY_DIM else x for x in pairs[1::2]),
+            None if data[5] == ANY_DIM else data[5],
+        )
 
     def describe(self) -> str:
         """``float32[4, 8] stride=[8, 1] cpu requires_grad=False`` (None for a dynamic dim)."""
@@ -576,6 +592,22 @@ class ArrayExpectation:
             data += [ANY_DIM if size is None else size, ANY_DIM if stride is None else stride]
         return data
 
+    @classmethod
+    def from_data(cls, dtype: Any, data: Sequence[int]) -> ArrayExpectation:
+        """The inverse of ``to_data`` (a loaded guard); ValueError on a malformed layout."""
+        if len(data) < 3 or data[0] < 0 or len(data) != 3 + 2 * data[0] or not 0 <= data[1] <= 7:
+            raise ValueError("ARRAY_MATCH data does not have core::array_data's layout")
+        pairs = data[3:]
+        return cls(
+            dtype,
+            tuple(None if x == ANY_DIM else x for x in pairs[0::2]),
+            tuple(None if x == ANY_DIM else x for x in pairs[1::2]),
+            bool(data[1] & 1),
+            bool(data[1] & 2),
+            bool(data[1] & 4),
+            bool(data[2]),
+        )
+
     def describe(self) -> str:
         def dims(xs: tuple[int | None, ...]) -> str:
             return (
@@ -643,6 +675,25 @@ class DimensionMarkings:
                 dims = sorted(s)
                 data += [len(dims), *dims]
         return data
+
+    @classmethod
+    def from_data(
+        cls, data: Sequence[int], dependent: bool, shape_ids: Any, unbacked_bounds: Any
+    ) -> DimensionMarkings:
+        """The inverse of ``to_data`` (a loaded guard); ValueError on a malformed layout."""
+        attrs: list[frozenset[int] | None] = []
+        i = 0
+        for _ in _MARKING_ATTRS:
+            if i >= len(data) or data[i] < -1 or i + 1 + max(data[i], 0) > len(data):
+                raise ValueError("DIMENSION_MARKING data does not have core::marking_data's layout")
+            n = data[i]
+            attrs.append(None if n < 0 else frozenset(data[i + 1 : i + 1 + n]))
+            i += 1 + max(n, 0)
+        if i != len(data):
+            raise ValueError("DIMENSION_MARKING data has trailing entries")
+        if not dependent:
+            return cls(tuple(attrs))
+        return cls(tuple(attrs), True, shape_ids, unbacked_bounds)
 
     def describe(self) -> str:
         parts = [

@@ -204,6 +204,12 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
         if ((d.kind == core::GuardKind::TensorMatch || d.kind == core::GuardKind::ArrayMatch) &&
             !PyType_Check(g.a))
             throw core::InvalidProgram("TENSOR_MATCH and ARRAY_MATCH need a type");
+#if PY_VERSION_HEX >= 0x030C0000
+        if (d.kind == core::GuardKind::DictVersion) {
+            watches_.push_back(std::make_unique<DictWatch>());
+            g.watch = watches_.back().get();
+        }
+#endif
         // Operands the evaluator relies on having a given type; a mismatch is a malformed set.
         if (d.kind == core::GuardKind::DictKeys && !PyTuple_Check(g.b)) {
             throw core::InvalidProgram("DICT_KEYS keys must be a tuple");
@@ -260,6 +266,8 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
         r.borrow_ok = !n.subtree_runs_user_code;
         if (n.is_root) {
             r.root.kind = n.root;
+            if (n.root == core::RootKind::Global) reads_globals_ = true;
+            if (n.root == core::RootKind::Closure) reads_closure_ = true;
             r.root.name = objs_[n.root_name];
             if (!PyUnicode_Check(r.root.name)) throw core::InvalidProgram("root names must be str");
             if (n.root == core::RootKind::Closure && closure_) {
@@ -304,7 +312,10 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     build_fast_pass();
 }
 
-GuardSet::~GuardSet() = default;
+GuardSet::~GuardSet() {
+    // The watcher must not set a flag that is freed (GIL held: the owners drop sets under it).
+    for (const auto& w : watches_) release_dict_watch(w.get());
+}
 
 std::vector<TreeRow> GuardSet::tree() const {
     std::vector<TreeRow> out;
@@ -517,7 +528,7 @@ int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
 }
 
 int GuardSet::check_without_user_code(const Locals& locals) {
-    if (state_->invalid || !fast_enabled_) return 0;
+    if (state_->invalid || !fast_enabled_ || foreign_to(locals)) return 0;
     // Rebuilt after the tree walk reordered, so that its fail-fast order carries over.
     if (fast_built_at_ != order_changes_) build_fast_pass();
     if (!fast_enabled_ || fast_pass(locals) != 1) return 0;
@@ -534,6 +545,7 @@ int GuardSet::check(const Locals& locals) {
     if (check_without_user_code(locals) == 1) return 1;
     if (state_->invalid) return 0;
     ++stats_.checks;
+    if (foreign_to(locals)) return 0;
     ++active_;
     int result = 1;
     // The relational guards' slots: the set's own, or fresh ones for a check nested in user code

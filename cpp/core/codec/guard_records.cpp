@@ -1,0 +1,264 @@
+// tripwire/cpp/core/codec/guard_records.cpp -- the per-kind payloads (record version 1 of each).
+#include "core/codec/guard_records.hpp"
+
+#include <string>
+
+#include "core/kind_data.hpp"
+#include "core/program.hpp"
+
+namespace tripwire::core::codec {
+namespace {
+
+bool step_has_operand(StepKind k) {
+    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem || k == StepKind::KwDefaults;
+}
+bool step_has_index(StepKind k) {
+    return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
+           k == StepKind::DictValue;
+}
+
+// A kind's plain data (core/kind_data.hpp): a count, then each integer as a zigzag varint. The
+// layout itself is checked by validate_data when the program is compiled.
+void write_data(const std::vector<std::int64_t>& data, Writer& w) {
+    w.varint(data.size());
+    for (const std::int64_t x : data) w.zigzag(x);
+}
+void read_data(Reader& r, std::vector<std::int64_t>& data) {
+    const std::size_t n = r.count("data length");
+    data.clear();
+    data.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) data.push_back(r.zigzag("data"));
+}
+
+// An optional constant: 0 for none, else index + 1.
+void write_optional(ConstId c, Writer& w) { w.varint(c == kNoConst ? 0 : static_cast<std::uint64_t>(c) + 1); }
+ConstId read_optional(Reader& r, const char* what, std::size_t n_consts) {
+    const std::uint64_t v = r.varint(what);
+    if (v == 0) return kNoConst;
+    if (v - 1 >= n_consts) r.fail(std::string(what) + " out of range");
+    return static_cast<ConstId>(v - 1);
+}
+
+}  // namespace
+
+void write_source(const SourcePath& s, Writer& w, StringTable& strings) {
+    w.u8(static_cast<std::uint8_t>(s.root));
+    w.varint(s.name);
+    w.varint(s.steps.size());
+    for (const Step& st : s.steps) {
+        w.u8(static_cast<std::uint8_t>(st.kind));
+        if (step_has_operand(st.kind)) w.varint(st.operand);
+        if (step_has_index(st.kind)) w.varint(static_cast<std::uint64_t>(st.index));
+    }
+    for (const std::string& t : s.texts) w.varint(strings.index(t));
+}
+
+void read_source(Reader& r, SourcePath& s, const PayloadContext& ctx) {
+    const std::size_t at = r.offset();
+    const std::uint8_t root = r.u8("root kind");
+    if (root >= kRootKindCount) r.fail_at(at, "unknown root kind " + std::to_string(root));
+    s.root = static_cast<RootKind>(root);
+    s.name = r.index("root name constant", ctx.n_consts);
+    const std::size_t depth_at = r.offset();
+    const std::size_t n = r.count("source depth");
+    if (n > kMaxSourceDepth) {
+        r.fail_at(depth_at, "source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
+    }
+    s.steps.clear();
+    s.steps.reserve(n);
+    for (std::size_t k = 0; k < n; ++k) {
+        const std::size_t step_at = r.offset();
+        const std::uint8_t kind = r.u8("step kind");
+        if (kind >= kStepKindCount) r.fail_at(step_at, "unknown step kind " + std::to_string(kind));
+        Step st;
+        st.kind = static_cast<StepKind>(kind);
+        if (step_has_operand(st.kind)) st.operand = r.index("step operand constant", ctx.n_consts);
+        if (step_has_index(st.kind)) {
+            const std::uint64_t i = r.varint("step index");
+            if (i > 0x7FFFFFFFu) r.fail_at(step_at, "step index out of range");
+            st.index = static_cast<std::int64_t>(i);
+        }
+        s.steps.push_back(st);
+    }
+    s.texts.clear();
+    s.texts.reserve(n + 1);
+    for (std::size_t k = 0; k <= n; ++k)
+        s.texts.push_back(ctx.strings[r.index("source text", ctx.strings.size())]);
+}
+
+std::uint8_t record_version(GuardKind k) { return never_stored_reason(k) == nullptr ? 1 : 0; }
+
+const char* never_stored_reason(GuardKind k) {
+    switch (k) {
+        case GuardKind::DictVersion:
+            return "a dict version is a counter of this process: it cannot be compared in another one";
+        case GuardKind::Lambda: return "a predicate is code; the format never stores code";
+        default: return nullptr;
+    }
+}
+
+void write_payload(const GuardDecl& d, Writer& w, StringTable& strings) {
+    switch (d.kind) {
+        case GuardKind::TypeMatch:
+        case GuardKind::IdMatch:
+        case GuardKind::EqualsMatch:
+        case GuardKind::CodeMatch:
+        case GuardKind::RangeIterator: w.varint(d.operand); break;
+        case GuardKind::None:
+        case GuardKind::NotNone:
+        case GuardKind::True:
+        case GuardKind::False:
+        case GuardKind::WeakrefAlive: break;
+        case GuardKind::Length:
+        case GuardKind::TupleIteratorLen: w.varint(static_cast<std::uint64_t>(d.n)); break;
+        case GuardKind::DictKeys:
+            w.varint(d.operand2);
+            w.u8(d.flag ? 1 : 0);
+            break;
+        case GuardKind::DictContains:
+        case GuardKind::HasAttr:
+            w.varint(d.operand);
+            w.u8(d.flag ? 1 : 0);
+            break;
+        case GuardKind::GlobalState:
+            if (d.operand == kNoConst && builtin_probe_reads_framework(static_cast<BuiltinProbe>(d.n))) {
+                // a torch probe: its id, its snapshot constant (mode stack, default device) or
+                // its plain-data snapshot (torch's global state)
+                w.u8(2);
+                w.varint(static_cast<std::uint64_t>(d.n));
+                write_optional(d.operand2, w);
+                write_data(d.data, w);
+            } else if (d.operand == kNoConst) {  // built-in probe: its id and the int snapshot
+                w.u8(0);
+                w.varint(static_cast<std::uint64_t>(d.n));
+                w.zigzag(d.n2);
+            } else {  // a Python probe (a reference) and its snapshot (a constant)
+                w.u8(1);
+                w.varint(d.operand);
+                w.varint(d.operand2);
+            }
+            break;
+        case GuardKind::TensorMatch:
+            w.varint(d.operand);
+            write_data(d.data, w);
+            break;
+        case GuardKind::ArrayMatch:
+            w.varint(d.operand);
+            w.varint(d.operand2);
+            write_data(d.data, w);
+            break;
+        case GuardKind::DimensionMarking:
+            w.varint(d.operand);
+            w.varint(d.operand2);
+            w.u8(d.flag ? 1 : 0);
+            write_data(d.data, w);
+            break;
+        case GuardKind::Alias:
+        case GuardKind::NoAlias:
+            w.varint(d.more_sources.size());
+            for (const SourcePath& s : d.more_sources) write_source(s, w, strings);
+            break;
+        case GuardKind::DictVersion:
+        case GuardKind::Lambda:
+            throw FormatError(w.out.size(), std::string(guard_kind_name(d.kind)) +
+                                                " guards are never stored: " + never_stored_reason(d.kind));
+    }
+}
+
+void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadContext& ctx) {
+    const std::size_t n_consts = ctx.n_consts;
+    const std::string name(guard_kind_name(d.kind));
+    if (const char* why = never_stored_reason(d.kind)) r.fail(name + " guards are never stored: " + why);
+    if (version != 1) {
+        r.fail(name + " record version " + std::to_string(version) + " is not one this build reads (1)");
+    }
+    auto constant = [&](const char* what) { return static_cast<ConstId>(r.index(what, n_consts)); };
+    switch (d.kind) {
+        case GuardKind::TypeMatch:
+        case GuardKind::IdMatch:
+        case GuardKind::EqualsMatch:
+        case GuardKind::CodeMatch:
+        case GuardKind::RangeIterator: d.operand = constant("operand constant"); break;
+        case GuardKind::None:
+        case GuardKind::NotNone:
+        case GuardKind::True:
+        case GuardKind::False:
+        case GuardKind::WeakrefAlive: break;
+        case GuardKind::Length:
+        case GuardKind::TupleIteratorLen: {
+            const std::uint64_t n = r.varint("length");
+            if (n > static_cast<std::uint64_t>(INT64_MAX)) r.fail("length out of range");
+            d.n = static_cast<std::int64_t>(n);
+            break;
+        }
+        case GuardKind::DictKeys:
+            d.operand2 = constant("key tuple constant");
+            d.flag = r.flag("ordered flag");
+            break;
+        case GuardKind::DictContains:
+        case GuardKind::HasAttr:
+            d.operand = constant("operand constant");
+            d.flag = r.flag("present flag");
+            break;
+        case GuardKind::GlobalState: {
+            const std::size_t form_at = r.offset();
+            const std::uint8_t form = r.u8("probe form");
+            if (form == 1) {
+                d.operand = constant("probe constant");
+                d.operand2 = constant("snapshot constant");
+            } else if (form == 0 || form == 2) {
+                const std::uint64_t probe = r.varint("built-in probe id");
+                if (probe >= static_cast<std::uint64_t>(kBuiltinProbeCount)) {
+                    r.fail("unknown built-in probe " + std::to_string(probe));
+                }
+                d.n = static_cast<std::int64_t>(probe);
+                const bool torch = builtin_probe_reads_framework(static_cast<BuiltinProbe>(probe));
+                if (torch != (form == 2)) {
+                    r.fail_at(form_at,
+                              std::string("built-in probe ") + std::to_string(probe) +
+                                  (torch ? " is a torch probe: it needs form 2" : " is not a torch probe"));
+                }
+                if (form == 0) {
+                    d.n2 = r.zigzag("built-in probe snapshot");
+                } else {
+                    d.operand2 = read_optional(r, "snapshot constant", n_consts);
+                    read_data(r, d.data);
+                }
+            } else {
+                r.fail_at(form_at, "unknown probe form " + std::to_string(form));
+            }
+            break;
+        }
+        case GuardKind::TensorMatch:
+            d.operand = constant("type constant");
+            read_data(r, d.data);
+            break;
+        case GuardKind::ArrayMatch:
+            d.operand = constant("type constant");
+            d.operand2 = constant("dtype constant");
+            read_data(r, d.data);
+            break;
+        case GuardKind::DimensionMarking:
+            d.operand = constant("shape ids constant");
+            d.operand2 = constant("unbacked bounds constant");
+            d.flag = r.flag("dependent flag");
+            read_data(r, d.data);
+            break;
+        case GuardKind::Alias:
+        case GuardKind::NoAlias: {
+            const std::size_t count_at = r.offset();
+            const std::size_t n = r.count("other sources");
+            if (d.kind == GuardKind::Alias ? n != 1 : (n < 1 || n > kMaxRelationalSources)) {
+                r.fail_at(count_at, name + " with " + std::to_string(n) + " other sources");
+            }
+            d.more_sources.resize(n);
+            for (SourcePath& s : d.more_sources) read_source(r, s, ctx);
+            break;
+        }
+        case GuardKind::DictVersion:
+        case GuardKind::Lambda: break;  // refused above
+    }
+    if (!r.at_end()) r.fail(name + " payload has " + std::to_string(r.remaining()) + " unread bytes");
+}
+
+}  // namespace tripwire::core::codec
