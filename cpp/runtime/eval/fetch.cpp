@@ -99,12 +99,14 @@ bool uses_generic_getattribute(PyTypeObject* tp) {
 
 // How getattr(instance of tp, name) may be read, decided without running user code.
 AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name) {
-    if (tp == &PyModule_Type) {
-        // Module attributes live in the module dict; ModuleType's own data descriptors are all
-        // dunder names, which we leave to the generic path.
-        return PyUnicode_READ_CHAR(name, 0) != '_' ? AttrCache::Mode::Module : AttrCache::Mode::Generic;
-    }
     PyObject* descr = nullptr;
+    if (tp == &PyModule_Type) {
+        // Module attributes live in the module dict unless ModuleType (an immutable type) or
+        // object defines the name (__dict__, __class__, __doc__...): those take the generic path.
+        // Names such as torch's `_global_forward_hooks` are plain module-dict entries.
+        return mro_lookup(tp, name, &descr) && descr == nullptr ? AttrCache::Mode::Module
+                                                                : AttrCache::Mode::Generic;
+    }
     if (!uses_generic_getattribute(tp) || tp->tp_dictoffset == 0 || !mro_lookup(tp, name, &descr))
         return AttrCache::Mode::Generic;
     // A data descriptor (property, slot, __dict__) on the type wins over the instance dict.
