@@ -813,15 +813,27 @@ class Converter:
                 self.record(tn, kind, code, "unsupported", why=str(e), site=site)
 
     def _relational_source(self, printed: str) -> Source:
+        """The tripwire source of a source torch's lambda reads. A node of the walk gives it; else
+        it is built from the printed expression, only where a step reads exactly what Python's
+        evaluation of the lambda reads: a frame local ``L['name']``, a global ``G['name']``, ``.attr`` (getattr), and
+        ``[key]`` on a node known to hold exact dicts."""
         n = self.by_source.get(printed)
         if n is not None and n.src is not None:
             return n.src
-        # A frame local torch guards only through the lambda (a duplicate input): L['name'] reads
-        # the frame locals dict exactly as torch's FrameLocalsGuardAccessor does.
-        m = re.fullmatch(r"L\['([A-Za-z_]\w*)'\]", printed)
-        if m is None:
-            raise _Fallback(f"{printed} is not a source this import reads")
-        return Source.parse(printed)
+        tree = parse(printed)
+        if isinstance(tree, ast.Attribute):
+            return self._relational_source(ast.unparse(tree.value)).attr(tree.attr)
+        if isinstance(tree, ast.Subscript) and isinstance(tree.slice, ast.Constant):
+            base = ast.unparse(tree.value)
+            key = tree.slice.value
+            if base == "L" and type(key) is str:
+                return Source.parse(printed)
+            if base == "G" and type(key) is str and self.f_globals is not None:
+                return Source.global_(key)
+            parent = self.by_source.get(base)
+            if parent is not None and parent.src is not None and parent.exact_type is dict:
+                return parent.src.dict_item(key)
+        raise _Fallback(f"{printed} is not a source this import reads exactly")
 
     def leaf_tensor_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
         import torch
@@ -853,7 +865,9 @@ class Converter:
         )
         return [self.spec(GuardKind.TENSOR_MATCH, self._src(node), (t, exp), site)], ""
 
-    def leaf_dimension_marking(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+    def leaf_dimension_marking(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
         from ..tensors import DimensionMarkings
 
         src = node.torch.source
@@ -875,7 +889,9 @@ class Converter:
                 continue
             raise _Fallback(f"a marking check tripwire does not parse: {part}")
         names = _core.MARKING_ATTRS
-        if set(attrs) - set(names) or "_dynamo_unbacked_indices" in {k for k, v in attrs.items() if v is not None}:
+        if set(attrs) - set(names) or "_dynamo_unbacked_indices" in {
+            k for k, v in attrs.items() if v is not None
+        }:
             raise _Fallback("unbacked markings (their dependent attributes are not printed)")
         # torch prints a part for _dynamo_dynamic_indices and for each marking present at
         # compile time; its C++ leaf checks the others as absent (the differential tests mark
@@ -888,7 +904,9 @@ class Converter:
         from ..tensors import ensure_torch
 
         ensure_torch()
-        return [self.spec(GuardKind.GLOBAL_STATE, None, (probe, _torch_snapshot(probe, snapshot), probe), site)]
+        return [
+            self.spec(GuardKind.GLOBAL_STATE, None, (probe, _torch_snapshot(probe, snapshot), probe), site)
+        ]
 
     def leaf_global_state(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
         d = details("GLOBAL_STATE", [code])
@@ -904,15 +922,18 @@ class Converter:
         if not leaf({}):
             raise _Fallback("the mode stack differs now from the compiled one: its snapshot is unknown")
         stack = tuple(type(m) for m in _get_current_function_mode_stack())
-        return self._probe("torch_function_mode_stack", stack, site), "snapshot: the stack now (torch's leaf passes)"
+        return self._probe(
+            "torch_function_mode_stack", stack, site
+        ), "snapshot: the stack now (torch's leaf passes)"
 
-    def leaf_default_device(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+    def leaf_default_device(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
         import torch.utils._device as device_mod
 
         if not leaf({}):
             raise _Fallback("the default device differs now from the compiled one")
         return self._probe("torch_default_device", device_mod.CURRENT_DEVICE, site), ""
-
 
 
 class _Fallback(Exception):
