@@ -983,6 +983,42 @@ def test_differential_dicts_and_tuples():
     Differential(gm, gs, lambda: {"x": x, **state}).run([arg, mutate_md], TRIALS, seed=5)
 
 
+def many_tensors(x0, x1, x2, x3, x4, x5, x6, x7, d, t):
+    return x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7 + d["a"] + d["b"] + t[0] + t[1]
+
+
+def test_differential_many_tensors_dicts_and_tuples():
+    """Eight tensor arguments and tensors in a dict and a tuple: NO_TENSOR_ALIASING over all of
+    them (aliasing one input to another must fail both sides), TENSOR_MATCH on each."""
+    torch.manual_seed(0)
+    xs = {f"x{i}": torch.randn(2, 3) for i in range(8)}
+    d = {"a": torch.randn(2, 3), "b": torch.randn(2, 3)}
+    t = (torch.randn(2, 3), torch.randn(2, 3))
+    gm = compile_and_call(many_tensors, *xs.values(), d, t)
+    gs = import_checked(many_tensors, twt.PENDING_KINDS, TENSOR_KINDS)
+    cov = gs.torch_import.coverage()
+    assert cov["TENSOR_MATCH"]["native"] == 12 and cov["NO_TENSOR_ALIASING"]["native"] == 12, cov
+    state = {"d": dict(d), "t": t}
+
+    def alias_in_containers(rng):
+        old_d, old_t = state["d"], state["t"]
+        pick = one_of(rng, ("d", "t"))
+        if pick == "d":
+            state["d"] = {"a": xs["x0"], "b": d["b"]}
+        else:
+            state["t"] = (t[0], one_of(rng, (d["a"], t[0])))
+
+        def undo():
+            state["d"], state["t"] = old_d, old_t
+
+        return undo
+
+    diff = Differential(gm, gs, lambda: {**xs, **state})
+    diff.run([alias_in_containers], TRIALS, seed=12)
+    if TRIALS >= 200:
+        assert "NO_ALIAS" in diff.failed_kinds, diff.failed_kinds
+
+
 def test_differential_globals_closures_defaults():
     x = torch.ones(2)
     inner = make_closure(5)
