@@ -385,6 +385,22 @@ def test_torch_coded_guards_refuse_another_torch_build(monkeypatch: pytest.Monke
     assert tw.GuardSet.from_bytes(blob).check(frame)
 
 
+def test_a_tensor_kind_naming_a_non_tensor_type_is_refused_when_bound() -> None:
+    """What a crafted TENSOR_MATCH / ARRAY_MATCH record could name instead of a tensor or array
+    class: the engine refuses it before the adapter or the struct reader could read an arbitrary
+    object as a tensor (decoded sets are bound by the same code)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    frame, _ = _tensor_frame()
+    aframe, _ = _array_frame()
+    t = next(s for s in _tensor_set(frame).guards if s.kind is tw.GuardKind.TENSOR_MATCH)
+    a = next(s for s in _array_set(aframe).guards if s.kind is tw.GuardKind.ARRAY_MATCH)
+    for spec in (t, a):
+        bad = tw.GuardSpec(spec.kind, spec.source, (int, spec.args[1]), 0, ())
+        with pytest.raises(ValueError, match="needs a (torch tensor|numpy array) type"):
+            tw.GuardSet([bad])
+
+
 def test_what_tensor_kinds_cannot_store_is_refused() -> None:
     torch = pytest.importorskip("torch")
 
