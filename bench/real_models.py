@@ -49,11 +49,9 @@ sys.path.insert(0, HERE)
 import guard_eval  # noqa: E402
 from guard_eval import Contender, _fmt_ns, _table, measure  # noqa: E402
 
-# torch guard types (guard_filter_fn's GuardFilterEntry.guard_type) whose guards are the ones
-# guards_of drops with PENDING_KINDS: TENSOR_MATCH (its tree also holds the dimension-marking and
-# no-aliasing leaves), the ambient framework state, the saved-tensor-hooks lambda, `a is b` aliasing.
-# Torch guard types tripwire does not import (none since the tensor engine: the filter keeps
-# everything, so torch-same holds torch's whole set).
+# torch guard types (guard_filter_fn's GuardFilterEntry.guard_type) whose guards guards_of would
+# not import: none since the tensor engine (issue 9), so the filter keeps everything and
+# torch-same holds torch's whole set.
 TORCH_PENDING_GUARD_TYPES: frozenset[str] = frozenset()
 WORKLOAD_NAMES = ("gpt", "cnn", "config")
 

@@ -72,6 +72,8 @@ class GuardsNotImportable(TorchImportError):
     def __init__(self, message: str, guards: tuple = ()) -> None:
         super().__init__(message)
         self.guards = tuple(guards)
+
+
 class FrameError(TripwireError, RuntimeError):
     """The frame runtime (:mod:`tripwire.frame`) cannot hook this interpreter: another PEP 523
     eval-frame function is installed, or the interpreter's frame layout did not verify (an

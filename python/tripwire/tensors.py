@@ -22,6 +22,7 @@ integers, tuples and strings; only the exact type is an object, referenced by id
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import sys
 import threading
@@ -109,7 +110,8 @@ def ensure_torch() -> bool:
         )
         status = "python readers (the torch adapter was not built: build with -DTRIPWIRE_TORCH_ADAPTER=ON)"
         try:
-            from . import _torch_adapter  # type: ignore[attr-defined]
+            # By name: the module exists only in builds with the adapter (no stub to type it).
+            _torch_adapter: Any = importlib.import_module("._torch_adapter", __package__)
         except ImportError as e:
             if "No module named" not in str(e):
                 status = f"python readers (the torch adapter did not load: {e})"

@@ -397,7 +397,7 @@ def test_a_tensor_kind_naming_a_non_tensor_type_is_refused_when_bound() -> None:
     a = next(s for s in _array_set(aframe).guards if s.kind is tw.GuardKind.ARRAY_MATCH)
     for spec in (t, a):
         bad = tw.GuardSpec(spec.kind, spec.source, (int, spec.args[1]), 0, ())
-        with pytest.raises(ValueError, match="needs a (torch tensor|numpy array) type"):
+        with pytest.raises(ValueError, match=r"needs a (torch tensor|numpy array) type"):
             tw.GuardSet([bad])
 
 
