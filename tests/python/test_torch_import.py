@@ -1710,3 +1710,26 @@ def test_imported_tensor_guards_are_torchs_parameters():
     with torch.no_grad():
         assert gs.why_not({"self": model, "x": x}).kind == "GLOBAL_STATE"
     assert state.args[1][0] == 1  # grad mode at compile time
+
+
+def test_mode_stack_and_default_device_snapshots_only_when_torchs_leaf_passes():
+    """torch prints no snapshot of its mode stack: it is read at import only when torch's own leaf
+    passes then; imported elsewhere, torch's leaf decides (exact, recorded)."""
+
+    def f(x):
+        return x + 1
+
+    x = torch.ones(2)
+    with PassThroughMode():
+        gm = compile_and_call(f, x)
+        inside = twt.guards_of(f)
+    outside = twt.guards_of(f)
+    kinds = {g.kind: g.outcome for g in inside.torch_import.guards}
+    assert kinds["TORCH_FUNCTION_MODE_STACK"] == "native"
+    assert {g.kind: g.outcome for g in outside.torch_import.guards}["TORCH_FUNCTION_MODE_STACK"] == "torch"
+    L = {"x": x}
+    for gs in (inside, outside):
+        assert gm.check(L) is False and gs.check(L) is False
+        assert gs.why_not(L).kind in ("GLOBAL_STATE", "LAMBDA")
+        with PassThroughMode():
+            assert gm.check(L) is True and gs.check(L) is True
