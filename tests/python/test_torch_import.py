@@ -1733,3 +1733,31 @@ def test_mode_stack_and_default_device_snapshots_only_when_torchs_leaf_passes():
         assert gs.why_not(L).kind in ("GLOBAL_STATE", "LAMBDA")
         with PassThroughMode():
             assert gm.check(L) is True and gs.check(L) is True
+
+
+def duplicate_inputs(a, b, c):
+    return a * 2 + b + c
+
+
+def test_differential_duplicate_input():
+    """Compiled with the same tensor passed twice: torch's DUPLICATE_INPUT `a is b` lambda becomes
+    an ALIAS (NO_TENSOR_ALIASING then covers the distinct ones); un-aliasing fails both sides."""
+    a, c = torch.randn(3), torch.randn(3)
+    gm = compile_and_call(duplicate_inputs, a, a, c)
+    gs = import_checked(duplicate_inputs, twt.PENDING_KINDS, TENSOR_KINDS)
+    assert [s.kind for s in gs.guards if s.kind is tw.GuardKind.ALIAS]
+    state = {"a": a, "b": a, "c": c}
+
+    def unalias(rng):
+        old = state["b"]
+        state["b"] = one_of(rng, (a.clone(), c, a))
+
+        def undo():
+            state["b"] = old
+
+        return undo
+
+    diff = Differential(gm, gs, lambda: dict(state))
+    diff.run([unalias], TRIALS, seed=13)
+    if TRIALS >= 200:
+        assert "ALIAS" in diff.failed_kinds, diff.failed_kinds
