@@ -8,6 +8,7 @@
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/eval/guard_set.hpp"
 #include "runtime/eval/no_user_code.hpp"
+#include "runtime/tensors/readers.hpp"
 
 namespace nb = nanobind;
 
@@ -31,6 +32,17 @@ void register_diagnostics(nb::module_& m) {
         nb::arg("on"),
         "Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns "
         "the previous setting. Off, every check takes the tree walk.");
+    m.def(
+        "_force_python_readers",
+        [](bool on) {
+            const bool was = runtime::force_python_readers();
+            runtime::set_force_python_readers(on);
+            return was;
+        },
+        nb::arg("on"),
+        "Test hook: guard sets built while on read tensors, arrays and torch's state through the Python "
+        "readers even when the torch adapter or the numpy struct is available; returns the previous "
+        "setting.");
     m.def(
         "_dict_watch_counts",
         [] {

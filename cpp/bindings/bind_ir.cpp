@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "core/ir.hpp"
+#include "core/kind_data.hpp"
 #include "core/program.hpp"
 #include "register.hpp"
 
@@ -79,7 +80,8 @@ void register_ir(nb::module_& m) {
             [](core::GuardDecl* d, core::GuardKind kind, std::optional<core::SourcePath> source,
                std::optional<core::ConstId> operand, std::optional<core::ConstId> operand2, std::int64_t n,
                std::int64_t n2, std::int64_t n3, bool flag, std::uint32_t id, std::string relation,
-               std::vector<core::SourcePath> symbols, std::vector<std::uint8_t> symbol_types) {
+               std::vector<core::SourcePath> symbols, std::vector<std::uint8_t> symbol_types,
+               std::vector<std::int64_t> data, std::vector<core::SourcePath> more_sources) {
                 new (d) core::GuardDecl();
                 d->kind = kind;
                 d->has_source = source.has_value();
@@ -94,12 +96,16 @@ void register_ir(nb::module_& m) {
                 d->relation = std::move(relation);
                 d->symbols = std::move(symbols);
                 d->symbol_types = std::move(symbol_types);
+                d->data = std::move(data);
+                d->more_sources = std::move(more_sources);
             },
             nb::arg("kind"), nb::arg("source").none(), nb::arg("operand").none() = nb::none(),
             nb::arg("operand2").none() = nb::none(), nb::arg("n") = 0, nb::arg("n2") = 0, nb::arg("n3") = 0,
             nb::arg("flag") = false, nb::arg("id") = 0, nb::arg("relation") = "",
             nb::arg("symbols") = std::vector<core::SourcePath>(),
-            nb::arg("symbol_types") = std::vector<std::uint8_t>())
+            nb::arg("symbol_types") = std::vector<std::uint8_t>(),
+            nb::arg("data") = std::vector<std::int64_t>{},
+            nb::arg("more_sources") = std::vector<core::SourcePath>{})
         .def_rw("kind", &core::GuardDecl::kind)
         .def_prop_ro("source",
                      [](const core::GuardDecl& d) {
@@ -115,7 +121,24 @@ void register_ir(nb::module_& m) {
         .def_rw("relation", &core::GuardDecl::relation, "SHAPE: the relation's text.")
         .def_rw("symbols", &core::GuardDecl::symbols,
                 "SHAPE: each distinct symbol's source, in order of first use.")
-        .def_rw("symbol_types", &core::GuardDecl::symbol_types, "SHAPE: per symbol, 0 for int, 1 for float.");
+        .def_rw("symbol_types", &core::GuardDecl::symbol_types, "SHAPE: per symbol, 0 for int, 1 for float.")
+        .def_rw("data", &core::GuardDecl::data, "Per-kind plain data (cpp/core/kind_data.hpp).")
+        .def_rw("more_sources", &core::GuardDecl::more_sources,
+                "A relational guard's sources after the first.")
+        .def_ro("via_python", &core::GuardDecl::via_python,
+                "Set by the engine when it binds the declaration: evaluated through a Python reader.");
+    m.attr("ANY_DIM") = core::kAny;
+    m.attr("MAX_DIMS") = core::kMaxDims;
+    {
+        nb::list attrs;
+        for (int i = 0; i < core::marking_data::kAttrCount; ++i)
+            attrs.append(nb::str(core::marking_data::attr_name(i).data()));
+        m.attr("MARKING_ATTRS") = nb::tuple(attrs);
+        nb::list fields;
+        for (std::size_t i = 0; i < core::torch_state::kHeader; ++i)
+            fields.append(nb::str(core::torch_state::field_name(i).data()));
+        m.attr("TORCH_STATE_FIELDS") = nb::tuple(fields);
+    }
 
     m.def(
         "guard_shape",

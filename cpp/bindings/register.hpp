@@ -35,6 +35,8 @@ void register_specialize(nanobind::module_& m);
 void register_values(nanobind::module_& m);
 /// parse_relation, evaluate_relation: the shape-relation syntax and evaluator (bind_shape.cpp).
 void register_shape(nanobind::module_& m);
+/// Tensors, arrays, torch's state, the torch adapter, constant types (bind_tensors.cpp).
+void register_tensors(nanobind::module_& m);
 /// The frame runtime: hooks, per-code caches and strategies, Replacement (bind_frame.cpp). After
 /// register_cache.
 void register_frame(nanobind::module_& m);

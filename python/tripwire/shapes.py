@@ -27,13 +27,13 @@ from __future__ import annotations
 import ast
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import _core
 from .errors import GuardBuildError, ShapeSyntaxError
-from .source import Source, SourceParseError
+from .source import RootKind, Source, SourceParseError
 
 __all__ = [
     "Abs",
@@ -545,13 +545,19 @@ def Range(lo: Any, x: Any, hi: Any = None) -> Expr:
 
 # -- dynamic dimensions --------------------------------------------------------------------------
 def dynamic_relations(
-    f_locals: Any, dynamic: Any, *, duck: bool = True, specialize_zero_one: bool = True
+    f_locals: Any,
+    dynamic: Any,
+    *,
+    duck: bool = True,
+    specialize_zero_one: bool = True,
+    read: Callable[[Source], Any] | None = None,
 ) -> list[str]:
     """The relations Dynamo installs for dimensions marked dynamic, on the example ``f_locals``.
 
-    ``dynamic`` maps a local name to the dimensions of its tensor or array that are dynamic (an
-    iterable of ints, or ``"all"``). For each such dimension of size ``n`` on the example, in
-    order:
+    ``dynamic`` maps a local name (``"x"``) or a printed source (``"L['batch']['ids']"``, read
+    with ``read``; ``read`` is required for sources below a local) to the dimensions of its tensor
+    or array that are dynamic (an int, an iterable of ints, or ``"all"``/``True``). Keys naming
+    one source are merged. For each such dimension of size ``n`` on the example, in order:
 
     * with ``specialize_zero_one`` (Dynamo's default), a size 0 or 1 is specialised:
       ``L['x'].size()[d] == n``;
@@ -562,22 +568,46 @@ def dynamic_relations(
 
     Static dimensions are not covered here: TENSOR_MATCH / ARRAY_MATCH check them.
     """
+    if not isinstance(dynamic, dict):
+        raise TypeError("dynamic must map a local name or a printed source to its dynamic dimensions")
+    # One entry per source, in order of first mention; its dimensions in order, each once.
+    per_source: dict[Source, tuple[Any, list[int] | None]] = {}
+    for key, dims in dynamic.items():
+        if type(key) is not str:
+            raise TypeError(f"a dynamic key is a local name or a printed source, not {key!r}")
+        if key.isidentifier():
+            if key not in f_locals:
+                raise GuardBuildError(f"dynamic names {key!r}, which is not a local")
+            src, value = Source.local(key), f_locals[key]
+        else:
+            src = Source.parse(key)
+            if src.root is RootKind.LOCAL and not src.steps:
+                if src.name not in f_locals:
+                    raise GuardBuildError(f"dynamic names {key!r}, which is not a local")
+                value = f_locals[src.name]
+            elif read is None:
+                raise GuardBuildError(f"dynamic names {key!r}: a source below a local needs read=")
+            else:
+                value = read(src)
+        everything = dims is True or (type(dims) is str and dims == "all")
+        if src in per_source:
+            _, known = per_source[src]
+            if known is None or everything:
+                per_source[src] = (value, None)
+            else:
+                known.extend(d for d in _dims(dims) if d not in known)
+        else:
+            per_source[src] = (value, None if everything else list(dict.fromkeys(_dims(dims))))
     out: list[str] = []
     seen: dict[int, Source] = {}
-    if not isinstance(dynamic, dict):
-        raise TypeError("dynamic must map a local name to its dynamic dimensions")
-    for name, dims in dynamic.items():
-        if name not in f_locals:
-            raise GuardBuildError(f"dynamic names {name!r}, which is not a local")
-        value = f_locals[name]
+    for base, (value, dim_list) in per_source.items():
         shape = _shape_of(value)
         if shape is None:
-            raise GuardBuildError(f"dynamic names {name!r}, which has no shape (a {type(value).__name__})")
-        dim_list = range(len(shape)) if dims == "all" else _dims(dims)
-        for d in dim_list:
+            raise GuardBuildError(f"dynamic names {base}, which has no shape (a {type(value).__name__})")
+        for d in range(len(shape)) if dim_list is None else dim_list:
             if not 0 <= d < len(shape):
-                raise GuardBuildError(f"{name!r} has no dimension {d} (its rank is {len(shape)})")
-            src = Source.local(name).step(_core.StepKind.SIZE, d)
+                raise GuardBuildError(f"{base} has no dimension {d} (its rank is {len(shape)})")
+            src = base.step(_core.StepKind.SIZE, d)
             n = int(shape[d])
             if specialize_zero_one and n in (0, 1):
                 out.append(f"{src} == {n}")
@@ -593,7 +623,7 @@ def _dims(dims: Any) -> list[int]:
     if isinstance(dims, int):
         return [dims]
     if not isinstance(dims, Iterable):
-        raise TypeError("dynamic dimensions are an int, an iterable of ints, or 'all'")
+        raise TypeError("dynamic dimensions are an int, an iterable of ints, 'all' or True")
     out = []
     for d in dims:
         if type(d) is not int:

@@ -7,6 +7,7 @@
 #include "core/codec/document.hpp"
 #include "core/codec/guard_records.hpp"
 #include "core/codec/sha256.hpp"
+#include "core/kind_data.hpp"
 #include "core/program.hpp"
 #include "core/shape/parser.hpp"
 #include "testing.hpp"
@@ -107,8 +108,29 @@ Document sample() {
     GuardDecl& builtin = add(GuardKind::GlobalState, false);
     builtin.n = 1;
     builtin.n2 = 1;
-    // SHAPE: the relation's text and its symbols (SIZE/STRIDE carry an index, STORAGE_OFFSET none),
-    // each symbol's printed source as the text names it.
+    // The tensor kinds: plain data (core/kind_data.hpp) and, for the relational ones, more sources.
+    GuardDecl& tm = add(GuardKind::TensorMatch);
+    tm.operand = 2;
+    tm.data = {-9223372036854775807LL - 1 + 5, 6, -1, 1, 2, kAny, 4, 8, kAny, 1};
+    GuardDecl& am = add(GuardKind::ArrayMatch);
+    am.operand = 2;
+    am.operand2 = 1;
+    am.data = {1, 5, 1, 3, 8};
+    GuardDecl& dm = add(GuardKind::DimensionMarking);
+    dm.operand = 3;
+    dm.operand2 = 3;
+    dm.flag = true;
+    dm.data = {2, 0, 1, -1, 0, -1, 1, 7};
+    add(GuardKind::Alias).more_sources = {source(RootKind::Local, 0)};
+    add(GuardKind::NoAlias).more_sources = {source(RootKind::Local, 0), source(RootKind::Local, 1)};
+    GuardDecl& ts = add(GuardKind::GlobalState, false);
+    ts.n = static_cast<std::int64_t>(BuiltinProbe::TorchGlobalState);
+    ts.data = {1, 1, 0, 0, 0, 0, 0, 0, 4, 6, 1, 1, 0, 0, 15};
+    GuardDecl& dev = add(GuardKind::GlobalState, false);
+    dev.n = static_cast<std::int64_t>(BuiltinProbe::TorchDefaultDevice);
+    dev.operand2 = 1;
+    // SHAPE (last: BadShapeRecordsAreRefused edits d.guards.back()): the relation's text and its symbols
+    // (SIZE/STRIDE carry an index, STORAGE_OFFSET none), each symbol's printed source as the text names it.
     GuardDecl& shape = add(GuardKind::Shape, false);
     shape.relation = "L['c0'].size()[1] + L['c0'].stride()[0] >= L['c0'].storage_offset()";
     shape.symbols = {source(RootKind::Local, 0, {Step{StepKind::Size, kNoConst, 1}}),
@@ -152,6 +174,13 @@ TEST(Codec, RoundTripsEveryStoredKind) {
         for (std::size_t k = 0; k < a.symbols.size(); ++k) {
             EXPECT_EQ(a.symbols[k].steps, b.symbols[k].steps);
             EXPECT_EQ(a.symbols[k].texts, b.symbols[k].texts);
+        }
+        EXPECT_EQ(a.data, b.data) << guard_kind_name(a.kind);
+        ASSERT_EQ(a.more_sources.size(), b.more_sources.size()) << guard_kind_name(a.kind);
+        for (std::size_t j = 0; j < a.more_sources.size(); ++j) {
+            EXPECT_EQ(a.more_sources[j].root, b.more_sources[j].root);
+            EXPECT_EQ(a.more_sources[j].steps, b.more_sources[j].steps);
+            EXPECT_EQ(a.more_sources[j].texts, b.more_sources[j].texts);
         }
         EXPECT_EQ(d.guards[i].stack, e.guards[i].stack);
         EXPECT_EQ(d.guards[i].label, e.guards[i].label);
@@ -251,6 +280,47 @@ TEST(Codec, BadShapeRecordsAreRefused) {
         g.decl.symbol_types = {0, 0, 1};
         d.guards.push_back(g);
         EXPECT_NE(error_of(encode(d)).find("both an int and a float"), std::string::npos);
+    }
+}
+
+/// The tensor kinds' records refuse what their readers could misread.
+TEST(Codec, TensorKindRecordsAreChecked) {
+    // What encoding then decoding `d` reports ("" when both succeed).
+    auto outcome = [](const Document& d) -> std::string {
+        try {
+            return error_of(encode(d));
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+    };
+    {  // ALIAS with two other sources
+        Document d = sample();
+        for (auto& g : d.guards) {
+            if (g.decl.kind == GuardKind::Alias) g.decl.more_sources.push_back(source(RootKind::Local, 1));
+        }
+        EXPECT_NE(outcome(d).find("ALIAS with 2 other sources"), std::string::npos);
+    }
+    {  // NO_ALIAS with none
+        Document d = sample();
+        for (auto& g : d.guards) {
+            if (g.decl.kind == GuardKind::NoAlias) g.decl.more_sources.clear();
+        }
+        EXPECT_NE(outcome(d).find("NO_ALIAS with 0 other sources"), std::string::npos);
+    }
+    {  // a torch probe in the form of a plain built-in probe
+        Document d = sample();
+        // The default-device probe (the SHAPE record comes after it in sample()).
+        const auto dev = std::find_if(d.guards.begin(), d.guards.end(), [](const GuardRecord& g) {
+            return g.decl.kind == GuardKind::GlobalState &&
+                   g.decl.n == static_cast<std::int64_t>(BuiltinProbe::TorchDefaultDevice);
+        });
+        ASSERT_NE(dev, d.guards.end());
+        dev->decl.n = static_cast<std::int64_t>(BuiltinProbe::GcEnabled);
+        dev->decl.operand2 = kNoConst;
+        EXPECT_EQ(outcome(d), "");  // gc_enabled: form 0
+        dev->decl.n = static_cast<std::int64_t>(BuiltinProbe::TorchDefaultDevice);
+        dev->decl.operand2 = 40;  // out of range
+        EXPECT_NE(outcome(d).find("snapshot constant out of range"), std::string::npos);
     }
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/ir.hpp"
+#include "core/kind_data.hpp"
 #include "core/program.hpp"
 #include "testing.hpp"
 
@@ -33,6 +34,8 @@ GuardDecl minimal_decl(GuardKind k) {
         d.n = static_cast<std::int64_t>(BuiltinProbe::RecursionLimit);
     }
     if (k == GuardKind::Shape) d.relation = "1 < 2";  // a relation, with no symbols
+    if (is_relational(k)) d.more_sources.push_back(local(1));
+    d.data = test_util::minimal_data(k);
     return d;
 }
 
@@ -40,7 +43,7 @@ TEST(IrNames, GuardKindNamesAreDistinctAndKnown) {
     std::set<std::string> seen;
     int known = 0;
     for (int i = 0; i < kGuardKindCount; ++i) {
-        if (!guard_kind_known(guard_kind(i))) continue;  // reserved for another branch's kinds
+        EXPECT_TRUE(guard_kind_known(guard_kind(i))) << "kind " << i;
         ++known;
         const std::string name(guard_kind_name(guard_kind(i)));
         EXPECT_NE(name, "UNKNOWN") << "kind " << i;
@@ -53,13 +56,17 @@ TEST(IrNames, GuardKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(guard_kind_name(GuardKind::TupleIteratorLen), "TUPLE_ITERATOR_LEN");
     EXPECT_EQ(guard_kind_name(GuardKind::Lambda), "LAMBDA");
     EXPECT_EQ(guard_kind_name(GuardKind::Shape), "SHAPE");
-    // 0..17 and SHAPE; 18..22 are the tensor kinds of branch `tensors`.
-    EXPECT_EQ(known, 19);
+    EXPECT_EQ(guard_kind_name(GuardKind::TensorMatch), "TENSOR_MATCH");
+    EXPECT_EQ(guard_kind_name(GuardKind::NoAlias), "NO_ALIAS");
+    // Every value below kGuardKindCount is a kind: 0..17, the tensor kinds 18..22, SHAPE 23.
+    EXPECT_EQ(known, 24);
+    EXPECT_EQ(static_cast<int>(GuardKind::TensorMatch), 18);
+    EXPECT_EQ(static_cast<int>(GuardKind::NoAlias), 22);
     EXPECT_EQ(static_cast<int>(GuardKind::Shape), 23);
 }
 
-TEST(IrNames, ReservedKindsAreUnknownAndRefused) {
-    for (int i = 18; i <= 22; ++i) {
+TEST(IrNames, KindsPastTheCountAreUnknownAndRefused) {
+    for (int i : {kGuardKindCount, kGuardKindCount + 1, 255}) {
         EXPECT_FALSE(guard_kind_known(guard_kind(i))) << i;
         GuardDecl d;
         d.kind = guard_kind(i);
@@ -68,7 +75,6 @@ TEST(IrNames, ReservedKindsAreUnknownAndRefused) {
         d.source = local(0);
         EXPECT_THROW(validate_decl(d, kConsts), InvalidProgram) << i;
     }
-    EXPECT_FALSE(guard_kind_known(guard_kind(kGuardKindCount)));
 }
 
 TEST(IrNames, StepKindNamesAreDistinctAndKnown) {
@@ -92,8 +98,13 @@ TEST(IrNames, RootKindsAndBuiltinProbesAreNamed) {
     EXPECT_EQ(static_cast<int>(RootKind::Closure) + 1, kRootKindCount);
     EXPECT_EQ(builtin_probe_name(BuiltinProbe::RecursionLimit), "recursion_limit");
     EXPECT_EQ(builtin_probe_name(BuiltinProbe::GcEnabled), "gc_enabled");
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchGlobalState), "torch_global_state");
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchFunctionModeStack), "torch_function_mode_stack");
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchDefaultDevice), "torch_default_device");
     EXPECT_EQ(builtin_probe_name(static_cast<BuiltinProbe>(kBuiltinProbeCount)), "unknown");
-    EXPECT_EQ(static_cast<int>(BuiltinProbe::GcEnabled) + 1, kBuiltinProbeCount);
+    EXPECT_EQ(static_cast<int>(BuiltinProbe::TorchDefaultDevice) + 1, kBuiltinProbeCount);
+    EXPECT_FALSE(builtin_probe_reads_framework(BuiltinProbe::GcEnabled));
+    EXPECT_TRUE(builtin_probe_reads_framework(BuiltinProbe::TorchGlobalState));
 }
 
 TEST(IrNames, OutOfRangeKindsAreUnknown) {
@@ -110,7 +121,6 @@ TEST(IrNames, CountsMatchTheLastEnumerator) {
 
 TEST(IrShape, TableIsSelfConsistent) {
     for (int i = 0; i < kGuardKindCount; ++i) {
-        if (!guard_kind_known(guard_kind(i))) continue;
         const GuardShape s = guard_shape(guard_kind(i));
         // A kind that needs a source must allow one.
         EXPECT_TRUE(!s.needs_source || s.allows_source) << guard_kind_name(guard_kind(i));
@@ -134,7 +144,6 @@ TEST(IrShape, UnknownKindHasEmptyShape) {
 TEST(IrShape, ValidateDeclFollowsTheTable) {
     for (int i = 0; i < kGuardKindCount; ++i) {
         const GuardKind k = guard_kind(i);
-        if (!guard_kind_known(k)) continue;
         const GuardShape shape = guard_shape(k);
         SCOPED_TRACE(std::string(guard_kind_name(k)));
         const GuardDecl base = minimal_decl(k);
@@ -207,7 +216,7 @@ TEST(IrShape, BuiltinProbes) {
         d.n = static_cast<std::int64_t>(p);
         EXPECT_NO_THROW(validate_decl(d, kConsts));
     }
-    for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{2}, std::int64_t{1} << 40}) {
+    for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{kBuiltinProbeCount}, std::int64_t{1} << 40}) {
         d.n = bad;
         EXPECT_THROW(validate_decl(d, kConsts), InvalidProgram) << bad;
     }
@@ -218,14 +227,20 @@ TEST(IrPurity, GuardKinds) {
     // allocate (an allocation may start a collection that runs finalizers)...
     for (GuardKind k : {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone,
                         GuardKind::True, GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictKeys,
-                        GuardKind::DictVersion, GuardKind::WeakrefAlive, GuardKind::Shape}) {
+                        GuardKind::DictVersion, GuardKind::WeakrefAlive, GuardKind::TensorMatch,
+                        GuardKind::ArrayMatch, GuardKind::Alias, GuardKind::NoAlias, GuardKind::Shape}) {
         EXPECT_FALSE(guard_runs_user_code(k)) << guard_kind_name(k);
+        // ...unless the runtime evaluates the declaration through Python.
+        GuardDecl d = minimal_decl(k);
+        EXPECT_FALSE(guard_runs_user_code(d)) << guard_kind_name(k);
+        d.via_python = true;
+        EXPECT_TRUE(guard_runs_user_code(d)) << guard_kind_name(k);
     }
     // ...while len(), lookups, getattr, probes and predicates may, and the iterator kinds
     // allocate a bound method and a tuple.
-    for (GuardKind k :
-         {GuardKind::Length, GuardKind::DictContains, GuardKind::HasAttr, GuardKind::TupleIteratorLen,
-          GuardKind::RangeIterator, GuardKind::CodeMatch, GuardKind::GlobalState, GuardKind::Lambda}) {
+    for (GuardKind k : {GuardKind::Length, GuardKind::DictContains, GuardKind::HasAttr,
+                        GuardKind::TupleIteratorLen, GuardKind::RangeIterator, GuardKind::CodeMatch,
+                        GuardKind::GlobalState, GuardKind::Lambda, GuardKind::DimensionMarking}) {
         EXPECT_TRUE(guard_runs_user_code(k)) << guard_kind_name(k);
     }
     // Unknown kinds are treated as impure (the safe answer).
@@ -250,11 +265,9 @@ TEST(IrPurity, EveryKindIsClassified) {
     // Each kind appears in exactly one of the two lists above; this catches a new enumerator
     // that was added to the enum but not to the tests.
     int pure = 0, impure = 0;
-    for (int i = 0; i < kGuardKindCount; ++i) {
-        if (guard_kind_known(guard_kind(i))) (guard_runs_user_code(guard_kind(i)) ? impure : pure)++;
-    }
-    EXPECT_EQ(pure, 11);
-    EXPECT_EQ(impure, 8);
+    for (int i = 0; i < kGuardKindCount; ++i) (guard_runs_user_code(guard_kind(i)) ? impure : pure)++;
+    EXPECT_EQ(pure, 15);
+    EXPECT_EQ(impure, 9);
     pure = impure = 0;
     for (int i = 0; i < kStepKindCount; ++i) (step_runs_user_code(step_kind(i)) ? impure : pure)++;
     EXPECT_EQ(pure, 4);

@@ -90,9 +90,9 @@ def test_fast_pass_used_for_builtin_guards() -> None:
     [
         lambda b: b.predicate(lambda v: True, source="L['x']"),
         lambda b: b.hasattr("L['obj']", "a"),
-        lambda b: b.global_state("gc_enabled"),
+        lambda b: b.global_state(lambda: 1, name="one"),
     ],
-    ids=["lambda", "hasattr", "global_state"],
+    ids=["lambda", "hasattr", "python_probe"],
 )
 def test_fast_pass_not_used_when_a_guard_runs_user_code(add: Any) -> None:
     f_locals = {"x": 1, "obj": Obj(a=1)}
@@ -101,6 +101,30 @@ def test_fast_pass_not_used_when_a_guard_runs_user_code(add: Any) -> None:
     add(b)
     gs = b.build()
     assert not gs._uses_fast_pass
+    assert gs.check(f_locals)
+
+
+def test_builtin_probes_are_decided_by_the_fast_pass() -> None:
+    """A built-in C++ probe (here gc_enabled) has a form without user code: the set keeps the
+    fast pass, and a changed probe still fails (decided by the walk)."""
+    import gc
+
+    f_locals = {"x": 1}
+    b = tw.GuardBuilder(f_locals)
+    b.equals("L['x']", 1)
+    b.global_state("gc_enabled")
+    gs = b.build()
+    assert gs._uses_fast_pass
+    before = gs._fast_pass_count
+    assert gs.check(f_locals)
+    assert gs._fast_pass_count == before + 1
+    was = gc.isenabled()
+    try:
+        gc.disable() if was else gc.enable()
+        assert not gs.check(f_locals)
+        assert gs.why_not(f_locals).kind == "GLOBAL_STATE"
+    finally:
+        gc.enable() if was else gc.disable()
     assert gs.check(f_locals)
 
 

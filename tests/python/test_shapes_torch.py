@@ -90,7 +90,7 @@ def _compile_now(fn, example: dict, specialize_float: bool):
     assert len(entries) == 1
     # Imported now: the next compile's reset() drops this entry from the code's cache (the guard
     # manager object stays usable through the reference kept here).
-    imported = tw.torch.guards_of(fn, drop=tw.torch.PENDING_KINDS)
+    imported = tw.torch.guards_of(fn)  # everything: tensor kinds import too
     _IMPORTED[(fn, specialize_float)] = (imported, entries[0].guard_manager)
     lambdas = entries[0].guard_manager.root.get_epilogue_lambda_guards()
     assert len(lambdas) == 1, "one epilogue lambda holds the shape guards"
@@ -214,16 +214,20 @@ def _torch_checks(gm, f_locals: dict) -> bool:
 @pytest.mark.parametrize("name", list(CASES))
 def test_guards_of_imports_the_shape_lambda_as_relations(name: str) -> None:
     """guards_of turns torch's shape-environment lambda into SHAPE relations (no LAMBDA, no call
-    into torch), and the imported set decides as torch's whole guard tree (its default Python
-    path) on mutated inputs that keep what the dropped tensor kinds check (dtype, rank,
-    contiguity): every difference would be a shape decision."""
+    into torch), and the whole imported set (nothing dropped: TENSOR_MATCH and the other tensor
+    kinds import too) decides as torch's whole guard tree (its default Python path) on mutated
+    inputs that keep what TENSOR_MATCH checks beyond sizes (dtype, rank, contiguity): every
+    failure is a shape decision."""
     fn, draw, example = CASES[name]
     imported, gm = _imported(fn, example)
     torch_lambda = _compile(fn, example)
     shape = [g for g in imported.torch_import.guards if g.kind == "SHAPE_ENV"]
     assert len(shape) == 1 and shape[0].outcome == "native", imported.torch_import.guards
-    kinds = {g.kind.name for g in imported.guards}
-    assert "LAMBDA" not in kinds and "SHAPE" in kinds
+    by_index = {g.index: g for g in imported.guards}
+    assert {by_index[i].kind.name for i in shape[0].guards} == {"SHAPE"}
+    # The only torch lambda kept is the saved-tensor-hooks one (no tripwire probe of it yet).
+    lambdas = {r.kind for r in imported.torch_import.guards if any(by_index[i].kind.name == "LAMBDA" for i in r.guards)}
+    assert lambdas <= {"AUTOGRAD_SAVED_TENSORS_HOOKS"}, lambdas
     n_parts = len(torch_lambda.verbose_code_parts())
     assert len(shape[0].guards) >= n_parts  # one relation per part at least (conjunctions split)
     assert imported.check(example) and _torch_checks(gm, example)
@@ -252,8 +256,9 @@ def test_guards_of_reshape_failure_names_the_relation() -> None:
     )
     text = imported.explain()
     assert "SHAPE_ENV: 1 = 1 native" in text and "shape relations" in text
-    # A saved import loads as the same relations (no torch object to call).
-    loaded = tw.GuardSet.from_bytes(imported.to_bytes())
+    # A saved import loads as the same relations (no torch object to call; torch's saved-tensor-hooks
+    # lambda, code, is the one guard the format cannot store).
+    loaded = tw.GuardSet.from_bytes(imported.to_bytes(drop=["LAMBDA"]))
     for v in ({"x": torch.randn(8, 3), "y": torch.randn(10)}, {"x": torch.randn(9, 3), "y": torch.randn(10)}):
         assert loaded.check(v) == imported.check(v)
 
@@ -292,17 +297,19 @@ def test_guards_of_shape_text_outside_the_syntax_falls_back_to_torch() -> None:
     torch.compile(fn, backend="eager", dynamic=True)(**example)
     try:
         _rules.shapes.relations_from_torch = refuse_one
-        imported = tw.torch.guards_of(fn, drop=tw.torch.PENDING_KINDS)
+        imported = tw.torch.guards_of(fn)
         with pytest.raises(tw.GuardsNotImportable, match="SHAPE_ENV"):
-            tw.torch.guards_of(fn, drop=tw.torch.PENDING_KINDS, fallback="refuse")
+            # (torch's saved-tensor-hooks lambda, the entry's other torch-only guard, dropped)
+            tw.torch.guards_of(fn, fallback="refuse", drop=["AUTOGRAD_SAVED_TENSORS_HOOKS"])
     finally:
         _rules.shapes.relations_from_torch = real
     rec = [g for g in imported.torch_import.guards if g.kind == "SHAPE_ENV"]
     assert rec[0].outcome == "torch" and "syntax" in rec[0].why
-    kinds = [g.kind.name for g in imported.guards]
-    assert kinds.count("LAMBDA") == 1 and "SHAPE" not in kinds
+    by_index = {g.index: g for g in imported.guards}
+    assert [by_index[i].kind.name for i in rec[0].guards] == ["LAMBDA"]  # torch's whole lambda
+    assert "SHAPE" not in {g.kind.name for g in imported.guards}
     assert imported.check(example) and not imported.check({"x": torch.randn(9, 3), "y": torch.randn(10)})
-    imported2 = tw.torch.guards_of(fn, drop=[*tw.torch.PENDING_KINDS, "SHAPE_ENV"])
+    imported2 = tw.torch.guards_of(fn, drop=["SHAPE_ENV", "AUTOGRAD_SAVED_TENSORS_HOOKS"])
     assert not {"LAMBDA", "SHAPE"} & {g.kind.name for g in imported2.guards}
 
 

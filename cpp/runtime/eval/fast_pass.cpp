@@ -24,7 +24,10 @@
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/eval/guard_set.hpp"
 #include "runtime/eval/no_user_code.hpp"
+#include "runtime/eval/relational.hpp"
 #include "runtime/eval/shape_symbols.hpp"
+#include "runtime/tensors/tensor_kinds.hpp"
+#include "runtime/tensors/torch_state.hpp"
 
 namespace tripwire::runtime {
 
@@ -45,6 +48,22 @@ inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
     PyObject* v = PyDict_GetItemWithError(d, key);
     if (v == nullptr) PyErr_Clear();  // cannot raise for str keys; be safe
     return v;
+}
+
+// An ambient built-in probe decided natively (interpreter probes, torch's through the adapter).
+bool probe_holds(const RuntimeGuard& g) {
+    const auto p = static_cast<core::BuiltinProbe>(g.n);
+    if (core::builtin_probe_reads_framework(p)) return torch_probe_pure(g);
+    return builtin_probe(p) == g.n2;
+}
+
+// ALIAS / NO_ALIAS from the registers of the nodes behind its slots. Out of line and cold.
+[[gnu::noinline]] bool relation_in_registers(const RuntimeGuard& g, PyObject* const* regs,
+                                             const std::uint32_t* nodes, std::size_t n) {
+    thread_local std::vector<PyObject*> values, sorted;
+    values.resize(n);
+    for (std::size_t i = 0; i < n; ++i) values[i] = regs[nodes[i]];
+    return relation_holds(g.kind, values.data(), n, sorted);
 }
 
 // DICT_KEYS on a split table or equal-but-distinct keys: compared in place (PyDict_Next and
@@ -70,7 +89,15 @@ void GuardSet::build_fast_pass() {
         fast_enabled_ = false;
         fast_ops_.clear();
     };
-    if (!program_.ambient.empty()) return give_up();
+    // Ambient guards: only built-in probes decided natively have a form without user code.
+    for (std::uint32_t gi : program_.ambient) {
+        const RuntimeGuard& g = guards_[gi];
+        if (g.kind != core::GuardKind::GlobalState || g.a != nullptr || g.via_python) return give_up();
+        FastOp op;
+        op.code = FastOp::Code::Probe;
+        op.guard = gi;
+        fast_ops_.push_back(op);
+    }
     // Depth first in the current order: a node's guards, then its children, as the walk does.
     struct Item {
         std::uint32_t node, parent;
@@ -131,6 +158,13 @@ void GuardSet::build_fast_pass() {
                 case core::GuardKind::Length: g.code = FastOp::Code::LengthExact; break;
                 case core::GuardKind::DictVersion: g.code = FastOp::Code::DictVersion; break;
                 case core::GuardKind::WeakrefAlive: g.code = FastOp::Code::WeakrefAlive; break;
+                case core::GuardKind::TensorMatch:
+                case core::GuardKind::ArrayMatch:
+                    if (guards_[gi].via_python) return give_up();  // a Python reader
+                    g.code = guards_[gi].kind == core::GuardKind::TensorMatch ? FastOp::Code::TensorMatch
+                                                                              : FastOp::Code::ArrayMatch;
+                    break;
+                case core::GuardKind::DimensionMarking: g.code = FastOp::Code::DimensionMarking; break;
                 default: return give_up();  // runs user code, or is rare
             }
             g.node = item.node;
@@ -141,6 +175,13 @@ void GuardSet::build_fast_pass() {
         // Pushed in reverse so that they pop in evaluation order.
         for (std::uint32_t k = n.child_end; k > n.child_begin; --k)
             stack.push_back({child_order_[k - 1], item.node});
+    }
+    // Relational guards last: every node's register is filled by then.
+    for (std::uint32_t gi : program_.relational) {
+        FastOp op;
+        op.code = FastOp::Code::Relational;
+        op.guard = gi;
+        fast_ops_.push_back(op);
     }
     fast_enabled_ = true;
 }
@@ -329,6 +370,24 @@ int GuardSet::fast_pass(const Locals& locals) {
             case FastOp::Code::Symbol:
                 if (!store_symbol(*frame, op.guard, nodes_[op.node].symbol_type, r[op.node])) return 0;
                 break;
+            case FastOp::Code::TensorMatch:
+                if (!tensor_match_pure(guards_[op.guard], r[op.node])) return 0;
+                break;
+            case FastOp::Code::ArrayMatch:
+                if (!array_match_pure(guards_[op.guard], r[op.node])) return 0;
+                break;
+            case FastOp::Code::DimensionMarking:
+                if (!dimension_marking_pure(guards_[op.guard], r[op.node])) return 0;
+                break;
+            case FastOp::Code::Probe:
+                if (!probe_holds(guards_[op.guard])) return 0;
+                break;
+            case FastOp::Code::Relational: {
+                const std::uint32_t base = rel_base_[op.guard];
+                const std::size_t n = program_.guards[op.guard].more_sources.size() + 1;
+                if (!relation_in_registers(guards_[op.guard], r, rel_nodes_.data() + base, n)) return 0;
+                break;
+            }
             default: __builtin_unreachable();  // every code is handled above: no range check
         }
     }

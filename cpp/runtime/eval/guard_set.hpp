@@ -133,6 +133,11 @@ class GuardSet {
     std::vector<std::uint32_t> ambient_ids() const;
     /// How often each SHAPE relation (index into program().shape.relations) failed a check.
     const std::vector<std::uint32_t>& relation_fail_counts() const { return relation_fails_; }
+    /// Ids of the relational guards (ALIAS, NO_ALIAS), decided after every source was read.
+    std::vector<std::uint32_t> relational_ids() const;
+    /// Guard `gi` (index into program().guards) as bound: its path (via_python), its derived
+    /// objects. For diagnostics and explain().
+    const RuntimeGuard& runtime_guard(std::uint32_t gi) const { return guards_[gi]; }
     /// The object behind constant `c`, or null if it was held weakly and died. Borrowed.
     PyObject* constant(core::ConstId c) const;
     /// Visit every strong reference (for tp_traverse of the owning Python object).
@@ -148,7 +153,8 @@ class GuardSet {
         RuntimeRoot root;        ///< for roots (names and cells borrowed from the pool)
         bool borrow_ok = false;  ///< the subtree runs no user code: borrowed values are safe
         core::shape::ValueType symbol_type = core::shape::ValueType::Int;
-        std::uint32_t symbol = core::kNoSymbol;  ///< the SHAPE symbol this value is, if any
+        std::uint32_t symbol = core::kNoSymbol;          ///< the SHAPE symbol this value is, if any
+        std::uint32_t member_begin = 0, member_end = 0;  ///< relational operands (core::Node)
     };
 
     /// One instruction of the straight-line fast pass (fast_pass.cpp).
@@ -175,6 +181,11 @@ class GuardSet {
             DictVersion,
             WeakrefAlive,
             Symbol,  // store regs[node] as SHAPE symbol `guard`
+            TensorMatch,
+            ArrayMatch,
+            DimensionMarking,
+            Probe,       // an ambient built-in probe decided natively (regs unused)
+            Relational,  // ALIAS / NO_ALIAS on the registers of its sources' nodes
         };
         Code code = Code::LoadLocal;
         std::uint32_t node = 0;
@@ -192,6 +203,15 @@ class GuardSet {
 
     int eval_node(std::uint32_t ni, PyObject* v);
     int eval_guards(std::uint32_t ni, PyObject* v);
+    /// Hand node `ni`'s value to the relational guards that observe it (a strong reference in
+    /// the current check's slots, or in why_not's).
+    void record_members(std::uint32_t ni, PyObject* v);
+    /// Decide every relational guard from `slots` (1 holds, 0 not); counts failures.
+    int eval_relational(PyObject* const* slots);
+    /// Bind the operands of the declarations to the runtime (paths, derived objects) before they
+    /// are compiled: sets via_python and fills derived_by_id.
+    void bind_declarations(std::vector<core::GuardDecl>& decls, const std::vector<PyObject*>& consts,
+                           std::vector<std::pair<std::uint32_t, Ref>>& derived_by_id);
     Fetched fetch_root(std::uint32_t ni, const Locals& locals);
     Fetched fetch_node(std::uint32_t ni, PyObject* parent);
     int on_error(std::uint32_t ni);
@@ -227,6 +247,19 @@ class GuardSet {
     bool reads_closure_ = false;                 // some root is C[...]
     std::vector<FastOp> fast_ops_;
     bool fast_enabled_ = false;
+    // Objects derived when binding guards (ARRAY_MATCH dtypes, DIMENSION_MARKING sets) and the
+    // inline caches of DIMENSION_MARKING (sized once: RuntimeGuard points into it).
+    std::vector<Ref> derived_;
+    std::vector<AttrCache> attr_caches_;
+    // Relational guards: slot base per guard (index into program_.guards), the check's slots
+    // (strong references while a walk holds them), the nodes of each slot for the fast pass, and
+    // sort scratch for large NO_ALIAS.
+    std::vector<std::uint32_t> rel_base_;
+    std::vector<PyObject*> rel_slots_;
+    std::vector<std::uint32_t> rel_nodes_;
+    std::vector<PyObject*> rel_sort_;
+    PyObject** rel_scratch_ = nullptr;                 // the slots the current walk records into
+    std::vector<Ref>* diag_slots_ = nullptr;           // why_not's slots while it walks
     std::uint64_t order_changes_ = 0;                  // bumped whenever the tree walk reorders anything
     std::uint64_t fast_built_at_ = ~std::uint64_t{0};  // order_changes_ when fast_ops_ was built
     Ref globals_, closure_, eval_error_type_;
