@@ -14,6 +14,7 @@
 #include "core/ir.hpp"
 #include "register.hpp"
 #include "runtime/eval/constant_types.hpp"
+#include "runtime/tensors/property_reader.hpp"
 #include "runtime/tensors/readers.hpp"
 #include "runtime/tensors/tensor_kinds.hpp"
 #include "runtime/tensors/torch_state.hpp"
@@ -56,6 +57,30 @@ void register_tensors(nb::module_& m) {
         },
         nb::arg("table"), nb::arg("torch_version"),
         "Install the torch adapter's table (tripwire._torch_adapter.table). Once installed it stays.");
+    m.def(
+        "_set_plain_tensor_types",
+        [](const nb::tuple& types) {
+            std::vector<PyObject*> ptrs;
+            for (nb::handle t : types) ptrs.push_back(t.ptr());
+            return runtime::register_plain_tensor_types(ptrs.data(), static_cast<int>(ptrs.size()));
+        },
+        nb::arg("types"),
+        "Tensor types whose SIZE/STRIDE/STORAGE_OFFSET steps may be read by the adapter (exact type; "
+        "their size/stride/storage_offset must be TensorBase's): returns how many were kept.");
+    m.def(
+        "_read_tensor_property",
+        [](nb::handle v, core::StepKind kind, std::int64_t index) -> nb::object {
+            std::int64_t out = 0;
+            switch (runtime::read_tensor_property(v.ptr(), kind, index, &out)) {
+                case runtime::PropertyRead::Value: return nb::int_(out);
+                case runtime::PropertyRead::Missing: return nb::str("missing");
+                case runtime::PropertyRead::Unknown: break;
+            }
+            return nb::none();
+        },
+        nb::arg("value"), nb::arg("kind"), nb::arg("index"),
+        "The C-level reader of a SIZE/STRIDE/STORAGE_OFFSET step: the int, 'missing', or None when it "
+        "leaves the step to the generic (Python) path.");
     m.def(
         "torch_adapter_installed", [] { return runtime::torch_adapter() != nullptr; },
         "Whether tensors and torch's state are read through the compiled torch adapter.");

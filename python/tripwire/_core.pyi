@@ -573,6 +573,16 @@ def _install_torch_adapter(table: object, torch_version: str) -> None:
     Install the torch adapter's table (tripwire._torch_adapter.table). Once installed it stays.
     """
 
+def _set_plain_tensor_types(types: tuple) -> int:
+    """
+    Tensor types whose SIZE/STRIDE/STORAGE_OFFSET steps may be read by the adapter (exact type; their size/stride/storage_offset must be TensorBase's): returns how many were kept.
+    """
+
+def _read_tensor_property(value: object, kind: StepKind, index: int) -> object:
+    """
+    The C-level reader of a SIZE/STRIDE/STORAGE_OFFSET step: the int, 'missing', or None when it leaves the step to the generic (Python) path.
+    """
+
 def torch_adapter_installed() -> bool:
     """
     Whether tensors and torch's state are read through the compiled torch adapter.

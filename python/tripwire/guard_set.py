@@ -15,7 +15,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from . import _core
+from . import _core, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
@@ -90,9 +90,16 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
     what per kind is the catalogue's table (catalogue.py); the engine checks the slots a kind
     uses against its own (core::guard_shape) when it compiles."""
     decls = []
+    shape_support = False
     for s in specs:
         k, a = s.kind, s.args
         if k is _SHAPE:
+            if not shape_support:
+                # Sizes and strides read in C++ where exact (runtime/tensors/property_reader.hpp);
+                # neither call imports its framework.
+                tensors.ensure_torch()
+                tensors.ensure_numpy()
+                shape_support = True
             text, symbols, types = a
             decls.append(
                 _core.GuardDecl(

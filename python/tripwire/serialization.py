@@ -474,6 +474,9 @@ def _load(
         tensors.ensure_torch()
     if GuardKind.ARRAY_MATCH in kinds:
         tensors.ensure_numpy()
+    if GuardKind.SHAPE in kinds:  # sizes read in C++ where exact (runtime/tensors/property_reader.hpp)
+        tensors.ensure_torch()
+        tensors.ensure_numpy()
     gs = GuardSet.__new__(GuardSet)
     try:
         _core.GuardSetCore.__init__(gs, decls, consts, weak, f_globals, None, doc.strict, GuardEvalError)

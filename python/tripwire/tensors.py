@@ -130,6 +130,10 @@ def ensure_torch() -> bool:
             _core.register_constant_type(torch.dtype, "identity")
             _core.register_constant_type(torch.Size, "tuple")
             _core.register_constant_type(torch.device, "richcompare")
+        if _core.torch_adapter_installed():
+            # SHAPE symbols on sizes, strides and storage offsets of these exact types are read by
+            # the adapter (their methods checked to be torch's own; runtime/tensors/property_reader.hpp).
+            _core._set_plain_tensor_types((torch.Tensor, torch.nn.Parameter))
         _core.register_constant_type(torch.layout, "identity")
         _core.register_constant_type(torch.memory_format, "identity")
         _torch_status = status

@@ -252,7 +252,8 @@ TEST(IrPurity, StepKinds) {
         EXPECT_FALSE(step_runs_user_code(k)) << step_kind_name(k);
     }
     // __dict__ may have to create the instance dict: an allocation.
-    // Tensor and array properties call the object's methods (until a C-level reader is wired).
+    // Tensor and array properties call the object's methods unless the C-level reader answers
+    // (runtime/tensors/property_reader.hpp), which only the runtime can tell per value.
     for (StepKind k : {StepKind::Attr, StepKind::Item, StepKind::DictItem, StepKind::Dict, StepKind::Defaults,
                        StepKind::KwDefaults, StepKind::Code, StepKind::ClosureCell, StepKind::Size,
                        StepKind::Stride, StepKind::StorageOffset}) {

@@ -405,6 +405,193 @@ def test_numpy_arrays_read_shape_and_byte_strides() -> None:
     assert reference.fetch(tw.Source.parse("L['a'].stride()[1]"), {"a": a}) == 4
 
 
+# -- the C-level size reader (runtime/tensors/property_reader.hpp) ---------------------------------
+_PROPERTY_RELATIONS = [
+    f"{X0} % 4 == 0",
+    "2 <= L['x'].size()[1]",
+    "L['x'].stride()[0] == L['x'].size()[1] * L['x'].stride()[1]",
+    "L['x'].storage_offset() == 0",
+]
+
+
+def _reader_cases(torch):
+    """(label, value) pairs on which the reader must answer exactly as Python's x.size() etc."""
+
+    class Sub(torch.Tensor):
+        pass
+
+    class Lying(torch.Tensor):
+        def size(self, dim=None):  # what x.size() calls for this type
+            return torch.Size([12, 5])
+
+    shadowed = torch.zeros(8, 4)
+    shadowed.size = lambda: torch.Size([12, 4])  # an instance attribute: x.size() calls it
+    base = torch.zeros(20, 4)
+    return [
+        ("tensor", torch.zeros(8, 4)),
+        ("tensor 12x4", torch.ones(12, 4)),
+        ("tensor 9x4", torch.zeros(9, 4)),
+        ("tensor 8x1", torch.zeros(8, 1)),
+        ("transposed", torch.zeros(4, 8).t()),
+        ("offset view", base[4:12]),
+        ("parameter", torch.nn.Parameter(torch.zeros(8, 4))),
+        ("subclass", torch.zeros(8, 4).as_subclass(Sub)),
+        ("lying subclass", torch.zeros(8, 4).as_subclass(Lying)),
+        ("instance attribute", shadowed),
+        ("sparse", torch.zeros(8, 4).to_sparse()),
+        ("rank 1", torch.zeros(8)),
+    ]
+
+
+def _decisions_match_the_reference(gs, specs, values) -> None:
+    for label, v in values:
+        want = reference.first_failure(specs, {"x": v}) is None
+        assert gs.check({"x": v}) == want, label
+        f = gs.why_not({"x": v})
+        assert (f is None) == want, label
+
+
+def test_c_level_reader_reads_plain_tensors_and_arrays_only() -> None:
+    """The reader answers for exact torch.Tensor / Parameter and exact numpy.ndarray values and
+    leaves everything Python would resolve differently (a subclass, an overridden size(), an
+    instance attribute, a layout without strides) to the Python path."""
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    tw.tensors.ensure_torch()
+    tw.tensors.ensure_numpy()
+    if not _core.torch_adapter_installed():
+        pytest.skip("the torch adapter is not built")
+    K = tw.StepKind
+    read = _core._read_tensor_property
+    cases = dict(_reader_cases(torch))
+    t = torch.zeros(20, 4)[4:12].t()
+    assert [read(t, K.SIZE, 0), read(t, K.SIZE, 1), read(t, K.SIZE, 2)] == [4, 8, "missing"]
+    assert [read(t, K.STRIDE, 0), read(t, K.STRIDE, 1), read(t, K.STORAGE_OFFSET, 0)] == [1, 4, 16]
+    assert read(cases["parameter"], K.SIZE, 0) == 8
+    for label in ("subclass", "lying subclass", "instance attribute"):
+        assert read(cases[label], K.SIZE, 0) is None, label
+    sparse = cases["sparse"]
+    assert read(sparse, K.SIZE, 1) == 4 and read(sparse, K.STRIDE, 0) is None  # torch raises: Python's
+    assert read(sparse, K.STORAGE_OFFSET, 0) is None
+    a = np.zeros((6, 4), dtype=np.float32)[::2]
+    if tw.tensors.array_path().startswith("array struct"):
+        assert [read(a, K.SIZE, 0), read(a, K.STRIDE, 0), read(a, K.STORAGE_OFFSET, 0)] == [3, 32, "missing"]
+
+    class ArraySub(np.ndarray):
+        @property
+        def shape(self):
+            return (99, 99)
+
+    assert read(a.view(ArraySub), K.SIZE, 0) is None
+    assert read(3, K.SIZE, 0) is None and read(T(8, 4), K.SIZE, 0) is None
+
+    # Under a torch-function mode x.size() calls the mode: left to Python.
+    class PassThrough(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.zeros(8, 4)
+    with PassThrough():
+        assert read(x, K.SIZE, 0) is None
+    assert read(x, K.SIZE, 0) == 8
+
+
+def test_c_level_reader_decides_as_the_reference_on_both_paths() -> None:
+    """Relations over sizes, strides and the storage offset of real tensors: the fast pass stores
+    what the adapter reads, the walk (forced Python readers) calls the methods; both equal the
+    reference (which calls x.size() in Python) on every value, including the ones Python resolves
+    differently from the C accessors."""
+    torch = pytest.importorskip("torch")
+    values = _reader_cases(torch)
+    b = tw.GuardBuilder({"x": torch.zeros(8, 4)})
+    for text in _PROPERTY_RELATIONS:
+        b.shape(text)
+    gs = b.build()
+    specs = list(gs.guards)
+    if _core.torch_adapter_installed():
+        assert gs._uses_fast_pass
+        before = gs._fast_pass_count
+        assert gs.check({"x": torch.zeros(8, 4)}) and gs.check({"x": torch.nn.Parameter(torch.zeros(12, 4))})
+        assert gs._fast_pass_count == before + 2  # decided by the fast pass, no x.size() call
+    _decisions_match_the_reference(gs, specs, values)
+    _core._force_python_readers(True)
+    try:
+        _decisions_match_the_reference(gs, specs, values)
+    finally:
+        _core._force_python_readers(False)
+
+
+def test_c_level_reader_follows_patched_and_restored_methods() -> None:
+    """A size() assigned on torch.Tensor is what Python calls: the reader stands aside until it is
+    removed again (the type's version tag changes; the methods are looked up again)."""
+    torch = pytest.importorskip("torch")
+    b = tw.GuardBuilder({"x": torch.zeros(8, 4)})
+    b.shape(f"{X0} % 4 == 0")
+    gs = b.build()
+    x9 = torch.zeros(9, 4)
+    assert not gs.check({"x": x9})
+    torch.Tensor.size = lambda self, dim=None: torch.Size([12, 4])
+    try:
+        assert reference.first_failure(list(gs.guards), {"x": x9}) is None  # Python sees 12
+        assert gs.check({"x": x9})
+        assert _core._read_tensor_property(x9, tw.StepKind.SIZE, 0) is None
+    finally:
+        del torch.Tensor.size
+    assert not gs.check({"x": x9})
+    if _core.torch_adapter_installed():
+        assert _core._read_tensor_property(x9, tw.StepKind.SIZE, 0) == 9
+        before = gs._fast_pass_count
+        assert gs.check({"x": torch.zeros(12, 4)}) and gs._fast_pass_count == before + 1
+
+
+def test_c_level_reader_under_a_lying_torch_function_mode() -> None:
+    torch = pytest.importorskip("torch")
+
+    class LyingMode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") == "size":
+                return torch.Size([12, 4])
+            return func(*args, **(kwargs or {}))
+
+    b = tw.GuardBuilder({"x": torch.zeros(8, 4)})
+    b.shape(f"{X0} % 4 == 0")
+    gs = b.build()
+    x9 = torch.zeros(9, 4)
+    with LyingMode():
+        want = reference.first_failure(list(gs.guards), {"x": x9}) is None
+        assert want and gs.check({"x": x9})  # x.size() under the mode says 12, as Python sees it
+    assert not gs.check({"x": x9})
+
+
+def test_c_level_reader_on_numpy_arrays_matches_the_reference() -> None:
+    np = pytest.importorskip("numpy")
+
+    class ArraySub(np.ndarray):
+        @property
+        def shape(self):
+            return (12, 4)
+
+    b = tw.GuardBuilder({"x": np.zeros((8, 4), dtype=np.float32)})
+    b.shape(f"{X0} % 4 == 0")
+    b.shape("L['x'].stride()[0] == 4 * L['x'].size()[1]")
+    gs = b.build()
+    specs = list(gs.guards)
+    z = np.zeros((24, 4), dtype=np.float32)
+    values = [
+        ("array", np.zeros((8, 4), dtype=np.float32)),
+        ("9 rows", np.zeros((9, 4), dtype=np.float32)),
+        ("strided", z[::2]),
+        ("float64", np.zeros((8, 4))),
+        ("fortran", np.asfortranarray(np.zeros((8, 4), dtype=np.float32))),
+        ("subclass", np.zeros((9, 4), dtype=np.float32).view(ArraySub)),
+    ]
+    if tw.tensors.array_path().startswith("array struct"):
+        assert gs._uses_fast_pass
+        before = gs._fast_pass_count
+        assert gs.check({"x": values[0][1]}) and gs._fast_pass_count == before + 1
+    _decisions_match_the_reference(gs, specs, values)
+
+
 def test_hostile_size_methods() -> None:
     state = {"mode": "ok", "gs": None}
 

@@ -226,7 +226,11 @@ def test_guards_of_imports_the_shape_lambda_as_relations(name: str) -> None:
     by_index = {g.index: g for g in imported.guards}
     assert {by_index[i].kind.name for i in shape[0].guards} == {"SHAPE"}
     # The only torch lambda kept is the saved-tensor-hooks one (no tripwire probe of it yet).
-    lambdas = {r.kind for r in imported.torch_import.guards if any(by_index[i].kind.name == "LAMBDA" for i in r.guards)}
+    lambdas = {
+        r.kind
+        for r in imported.torch_import.guards
+        if any(by_index[i].kind.name == "LAMBDA" for i in r.guards)
+    }
     assert lambdas <= {"AUTOGRAD_SAVED_TENSORS_HOOKS"}, lambdas
     n_parts = len(torch_lambda.verbose_code_parts())
     assert len(shape[0].guards) >= n_parts  # one relation per part at least (conjunctions split)

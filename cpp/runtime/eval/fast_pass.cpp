@@ -26,6 +26,7 @@
 #include "runtime/eval/no_user_code.hpp"
 #include "runtime/eval/relational.hpp"
 #include "runtime/eval/shape_symbols.hpp"
+#include "runtime/eval/tensor_props.hpp"
 #include "runtime/tensors/tensor_kinds.hpp"
 #include "runtime/tensors/torch_state.hpp"
 
@@ -124,6 +125,21 @@ void GuardSet::build_fast_pass() {
                 case core::StepKind::DictItem: op.code = FastOp::Code::FetchDictItem; break;
                 // Only an instance dict that already exists (creating one allocates).
                 case core::StepKind::Dict: op.code = FastOp::Code::FetchDict; break;
+                case core::StepKind::Size:
+                case core::StepKind::Stride:
+                case core::StepKind::StorageOffset:
+                    // A SHAPE symbol and nothing else (no guard, child or relational operand, so
+                    // no register is needed): the property reader stores it straight into the
+                    // frame, or leaves the check to the walk (tensor_props.hpp).
+                    if (n.symbol == core::kNoSymbol ||
+                        nodes_[item.node].symbol_type != core::shape::ValueType::Int ||
+                        n.guard_begin != n.guard_end || n.child_begin != n.child_end ||
+                        n.member_begin != n.member_end)
+                        return give_up();
+                    op.code = FastOp::Code::TensorProp;
+                    op.guard = n.symbol;
+                    fast_ops_.push_back(op);
+                    continue;
                 default:
                     if (core::step_runs_user_code(n.step.kind)) return give_up();
                     op.code = FastOp::Code::FetchPure;
@@ -370,6 +386,18 @@ int GuardSet::fast_pass(const Locals& locals) {
             case FastOp::Code::Symbol:
                 if (!store_symbol(*frame, op.guard, nodes_[op.node].symbol_type, r[op.node])) return 0;
                 break;
+            case FastOp::Code::TensorProp: {
+                // Read without a Python call for the types the reader knows exactly; anything else
+                // (no reader, a subclass, an overridden size()) is decided by the walk.
+                const TensorPropertyReader read = tensor_property_reader();
+                const RuntimeStep& step = nodes_[op.node].step;
+                std::int64_t value = 0;
+                if (read == nullptr ||
+                    read(r[op.parent], step.kind, step.index, &value) != PropertyRead::Value)
+                    return 0;
+                frame->set_int(op.guard, value);
+                break;
+            }
             case FastOp::Code::TensorMatch:
                 if (!tensor_match_pure(guards_[op.guard], r[op.node])) return 0;
                 break;

@@ -180,7 +180,8 @@ class GuardSet {
             LengthExact,
             DictVersion,
             WeakrefAlive,
-            Symbol,  // store regs[node] as SHAPE symbol `guard`
+            Symbol,      // store regs[node] as SHAPE symbol `guard`
+            TensorProp,  // store SIZE/STRIDE/STORAGE_OFFSET of regs[parent] as int symbol `guard`
             TensorMatch,
             ArrayMatch,
             DimensionMarking,

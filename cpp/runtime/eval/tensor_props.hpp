@@ -1,17 +1,19 @@
 // tripwire/cpp/runtime/eval/tensor_props.hpp -- the SIZE, STRIDE and STORAGE_OFFSET steps.
 //
-// Today every read goes through the object's own Python methods (the generic path below), which
-// is correct for torch tensors, numpy arrays and anything that quacks like them, and costs a
-// Python call per read: the steps are classed as running user code (core::step_runs_user_code).
+// Every read first asks the process's C-level reader; what it does not answer goes through the
+// object's own Python methods (the generic path below), which is correct for torch tensors, numpy
+// arrays and anything that quacks like them, and costs a Python call per read. The steps stay
+// classed as running user code (core::step_runs_user_code): the walk holds references.
 //
 // ---- WHERE THE FAST READER PLUGS IN -----------------------------------------------------------
-// A C-level reader of tensor and array fields (cpp/runtime/tensors/: the torch adapter's
-// at::Tensor accessors, the numpy array struct) installs itself with
-// set_tensor_property_reader(). fetch_tensor_property() asks it first; it answers for the exact
-// types it knows without running any Python code, and says Unknown for anything else, which then
-// takes the generic path. Once it is wired, a SHAPE symbol on a size can be stored straight into
-// the shape frame from `read` (no PyLong), and the fast pass may treat these steps as pure for
-// the reader's types (see GuardSet::build_fast_pass).
+// The reader (cpp/runtime/tensors/property_reader.hpp: the torch adapter's at::Tensor accessors,
+// the numpy array struct) installs itself with set_tensor_property_reader() when the adapter or
+// the struct is enabled. It answers only for the exact types whose Python methods it provably
+// reproduces (torch.Tensor and torch.nn.Parameter with torch's own methods, no instance override
+// and no torch-function mode; exactly numpy.ndarray), without running any Python code, and says
+// Unknown for anything else, which then takes the generic path. The walk gets its answer here
+// (as a new int); the fast pass (GuardSet::build_fast_pass, FastOp::TensorProp) stores it
+// straight into the shape frame, and hands the check to the walk when the reader says Unknown.
 // ------------------------------------------------------------------------------------------------
 #pragma once
 

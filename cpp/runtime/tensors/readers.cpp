@@ -6,6 +6,7 @@
 
 #include "runtime/eval/constant_types.hpp"
 #include "runtime/eval/dict_hint.hpp"
+#include "runtime/tensors/property_reader.hpp"
 
 #ifdef TRIPWIRE_HAVE_NUMPY
 // Only the struct layouts and flag values: numpy's C-API table (import_array) is never used, so
@@ -70,6 +71,7 @@ bool install_torch_adapter(PyObject* capsule, const char* torch_version) {
     g_dispatch_ns = ns;
     g_mode_flag_name = name;
     g_adapter = table;
+    install_property_reader();  // SIZE/STRIDE/STORAGE_OFFSET of plain tensors (property_reader.hpp)
     return true;
 }
 
@@ -122,6 +124,7 @@ bool enable_numpy_struct(PyObject* ndarray_type) {
     Py_INCREF(ndarray_type);
     g_ndarray = t;  // both held for the process
     g_dtype_base = reinterpret_cast<PyTypeObject*>(dtype);
+    install_property_reader();  // SIZE/STRIDE of exact numpy.ndarray values (property_reader.hpp)
     return true;
 }
 
