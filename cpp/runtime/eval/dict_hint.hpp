@@ -215,6 +215,27 @@ inline bool dict_has_only_str_keys(PyObject* d) {
     if (!g_dict_hints_enabled) return false;
     return reinterpret_cast<layout::Dict*>(d)->ma_keys->dk_kind != 0;
 }
+/// Whether dict_tag's reading was verified at start-up (verify_dict_hints), and the skip is on.
+extern bool g_dict_tags_enabled;
+extern bool g_skip_enabled;
+
+/// The version tag of exact dict `d` as the skip of unchanged subtrees uses it (docs/cpp.md,
+/// "Skipping unchanged subtrees"), or 0 when it must not be used. CPython 3.11-3.13 give every
+/// dict a tag from one per-interpreter counter at creation and on every mutation (3.12+ keep
+/// watcher bits in the low bits, which may change on their own: a spurious mismatch only), so
+/// equal non-zero tags read from a live dict mean the same dict in the same state. Except on
+/// 3.13 for a dict *embedded* in an object (materialised over the object's inline values):
+/// attribute stores then write the values directly, bumping neither the tag nor dict watchers;
+/// such a dict has no usable tag.
+inline std::uint64_t dict_tag(PyObject* d) {
+    if (!g_skip_enabled) return 0;
+    auto* mp = reinterpret_cast<layout::Dict*>(d);
+#if PY_VERSION_HEX >= 0x030D0000
+    if (mp->ma_values != nullptr && static_cast<const std::uint8_t*>(mp->ma_values)[2] != 0) return 0;
+#endif
+    return mp->ma_version_tag;
+}
+
 /// Whether instance_attr_hinted reads the object's whole own storage (so "not found" there
 /// means "not an instance attribute").
 inline bool instance_hints_complete() { return g_dict_hints_enabled; }
@@ -225,6 +246,13 @@ inline PyObject* materialised_managed_dict(PyObject*) { return nullptr; }
 inline bool instance_hints_complete() { return false; }
 inline int dict_keys_identical(PyObject*, PyObject*) { return -1; }
 inline bool dict_has_only_str_keys(PyObject*) { return false; }
+inline constexpr bool g_skip_enabled = false;
+inline std::uint64_t dict_tag(PyObject*) { return 0; }
 #endif
+
+/// Switch the skip of unchanged subtrees on or off, process-wide (on by default where the tag
+/// reading was verified). Off, every check evaluates every guard: the tests compare both ways.
+/// Returns the previous setting.
+bool set_skip_enabled(bool on);
 
 }  // namespace tripwire::runtime

@@ -1,24 +1,43 @@
-// tripwire/cpp/runtime/eval/fast_pass.cpp -- the straight-line fast pass of GuardSet::check.
+// tripwire/cpp/runtime/eval/fast_pass.cpp -- the fast program of GuardSet::check.
 //
 // The tree walk (guard_set.cpp) is the authority: it handles user code, errors, borrowed-value
 // safety, failure statistics and adaptive reordering. Most checks of a warm guard set pass,
-// though, and on built-in objects they need none of that. The fast pass is the tree flattened
+// though, and on built-in objects they need none of that. The fast program is the tree flattened
 // into one array of instructions (loads, fetches and guards on "registers", one per node), in the
-// tree's current evaluation order, and run in one loop.
+// tree's current evaluation order, run in one loop.
 //
-// Its contract is narrow so that it cannot change any result:
-// - every instruction has a form that runs no user code (inline-cache hits, hinted dict reads,
-//   exact built-in containers, identity and structural comparisons of built-in constants);
-//   when that form does not apply to the objects at hand, the pass gives up;
-// - it only ever concludes "pass". A failing guard, a missing value or a form that does not
-//   apply ends it with "undecided", and check() runs the tree walk from the start. Since the
-//   fast pass ran no user code and changed nothing but hints, the walk sees the same objects;
-// - every value is borrowed: with no user code running, nothing can drop the references the
-//   parents hold. No reference is taken, so none can leak.
-// A set with a guard or step kind that has no such form at all (predicates, HASATTR, user
-// __len__, generic getattr, ...) never uses the fast pass.
+// Every instruction has a form that runs no user code and allocates no Python object
+// (inline-cache hits, hinted dict reads, exact built-in containers, identity and structural
+// comparisons of built-in constants); values are borrowed, since with no user code running
+// nothing can drop the parents' references. What has no such form is a *residue*, evaluated in
+// place by the walk's own code (eval_guard_at, eval_child, eval_root, eval_ambient: user code,
+// errors, strict mode, failure counts), so that it costs itself and not the whole set:
+// - a guard kind that always runs user code (LAMBDA, a Python GLOBAL_STATE probe, HASATTR, the
+//   iterator kinds) is a residue by kind (SlowGuard / SlowAmbient);
+// - a fetch or guard whose fast form does not apply to the objects at hand (a stale inline
+//   cache, a property, a dict holding a user-typed key, a non-function `__code__`) is a residue
+//   for this check: the walk evaluates that subtree or guard in place.
+// Evaluation order is the walk's: the program is the tree in its current order, residues
+// included, so a predicate that mutates what a later guard reads behaves as in the walk.
+//
+// The region rule (docs/cpp.md) around a residue: before it runs, the registers on the current
+// path (the only ones a later instruction reads: in depth-first order a fetch reads its parent,
+// a guard its node) are INCREF'd into `held`, so user code cannot free them; the region is opened
+// for the residue only (UserCodeWindow); after it `invalid` is re-read (user code may have killed
+// an identity-held object and put another at its address), and a set that became invalid fails at
+// once, before any later identity comparison. The references are dropped after the loop, outside
+// the region, and `invalid` is read once more. `active_` is held for the whole program, so neither
+// a nested check of this set nor another thread's can reorder the tree (and rebuild `fast_ops_`)
+// while the loop iterates it; the registers of a set too big for the stack come from a per-thread
+// pool indexed by nesting depth, so a nested check on this thread cannot overwrite them.
+//
+// Results: a guard that fails (or a value that is missing) before any residue ran leaves the
+// check undecided, and check() runs the walk from the start, which sees the same objects since
+// nothing ran. After a residue ran, the program decides the failure itself (running user code
+// twice would be observable) and counts it along the path as the walk's returns do.
 #include <vector>
 
+#include "core/fail_order.hpp"
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/eval/guard_set.hpp"
@@ -26,13 +45,53 @@
 
 namespace tripwire::runtime {
 
-namespace {
-
 bool g_fast_pass_enabled = true;
 
-// Registers for one pass. Thread-local: the pass runs no user code, so it cannot re-enter
-// itself on this thread, and other threads have their own.
-thread_local std::vector<PyObject*> t_regs;
+namespace {
+
+// Registers of one pass: a value per node, and a tag slot per node plus one for the globals
+// dict (the skip). Small sets (the common case) keep them on the stack; bigger ones use a file
+// per thread and per nesting depth (a residue may run a nested check on this thread: it gets the
+// next file, never ours).
+constexpr std::size_t kStackRegs = 64;
+struct RegisterSpace {
+    std::vector<PyObject*> values;
+    std::vector<std::uint64_t> tags;
+};
+thread_local std::vector<RegisterSpace> t_reg_files;
+thread_local std::size_t t_reg_depth = 0;
+
+class RegisterFile {
+  public:
+    explicit RegisterFile(std::size_t n) {
+        if (n <= kStackRegs) {
+            values_ = stack_values_;
+            tags_ = stack_tags_;
+            return;
+        }
+        pooled_ = true;
+        if (t_reg_files.size() <= t_reg_depth) t_reg_files.resize(t_reg_depth + 1);
+        RegisterSpace& file = t_reg_files[t_reg_depth++];
+        if (file.values.size() < n) file.values.resize(n);
+        if (file.tags.size() < n + 1) file.tags.resize(n + 1);
+        values_ = file.values.data();
+        tags_ = file.tags.data();
+    }
+    ~RegisterFile() {
+        if (pooled_) --t_reg_depth;
+    }
+    RegisterFile(const RegisterFile&) = delete;
+    RegisterFile& operator=(const RegisterFile&) = delete;
+    PyObject** values() const { return values_; }
+    std::uint64_t* tags() const { return tags_; }
+
+  private:
+    PyObject* stack_values_[kStackRegs];
+    std::uint64_t stack_tags_[kStackRegs + 1];
+    PyObject** values_ = nullptr;
+    std::uint64_t* tags_ = nullptr;
+    bool pooled_ = false;
+};
 
 // dict[key] without user code: the hinted entry (keys compared by identity), or else a real
 // lookup when both the key and every key of the table are exact str (string comparisons only).
@@ -43,6 +102,35 @@ inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
     PyObject* v = PyDict_GetItemWithError(d, key);
     if (v == nullptr) PyErr_Clear();  // cannot raise for str keys; be safe
     return v;
+}
+
+// Exact built-in types whose hash and equality are the interpreter's own and never call back
+// into Python code (a tuple's would call its elements').
+inline bool builtin_key(PyObject* k) {
+    PyTypeObject* t = Py_TYPE(k);
+    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyBool_Type || t == &PyFloat_Type ||
+           t == &PyBytes_Type || k == Py_None;
+}
+
+// `key in d` without user code: 1/0, or -1 when that cannot be decided (a key of a user type in
+// the table, or as the key). A str-keyed table compares only strings and answers "not equal" to
+// any other built-in key without calling anything; a general table is scanned (bounded) first.
+int pure_dict_contains(PyObject* d, PyObject* key) {
+    if (!builtin_key(key)) return -1;
+    if (!dict_has_only_str_keys(d)) {
+        constexpr Py_ssize_t kScanLimit = 64;
+        if (PyDict_GET_SIZE(d) > kScanLimit) return -1;
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(d, &pos, &k, &v))
+            if (!builtin_key(k)) return -1;
+    }
+    const int r = PyDict_Contains(d, key);
+    if (r < 0) {
+        PyErr_Clear();  // cannot raise for these keys; be safe
+        return -1;
+    }
+    return r;
 }
 
 // DICT_KEYS on a split table or equal-but-distinct keys: compared in place (PyDict_Next and
@@ -57,265 +145,758 @@ inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
 }  // namespace
 
 void set_fast_pass_enabled(bool on) { g_fast_pass_enabled = on; }
-bool fast_pass_enabled() { return g_fast_pass_enabled; }
+
+GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uint32_t pos) const {
+    using Code = FastOp::Code;
+    FastOp g;
+    g.node = ni;
+    g.guard = gi;
+    g.pos = pos;
+    g.a = guards_[gi].a;
+    switch (guards_[gi].kind) {
+        case core::GuardKind::TypeMatch: g.code = Code::TypeIs; break;
+        case core::GuardKind::IdMatch: g.code = Code::IdIs; break;
+        case core::GuardKind::None: g.code = Code::IsNone; break;
+        case core::GuardKind::NotNone: g.code = Code::IsNotNone; break;
+        case core::GuardKind::True: g.code = Code::IsTrue; break;
+        case core::GuardKind::False: g.code = Code::IsFalse; break;
+        case core::GuardKind::EqualsMatch: g.code = Code::Equals; break;
+        case core::GuardKind::DictKeys: g.code = Code::DictKeys; break;
+        case core::GuardKind::DictContains: g.code = Code::DictContains; break;
+        case core::GuardKind::Length: g.code = Code::LengthExact; break;
+        case core::GuardKind::DictVersion: g.code = Code::DictVersion; break;
+        case core::GuardKind::WeakrefAlive: g.code = Code::WeakrefAlive; break;
+        case core::GuardKind::CodeMatch: g.code = Code::CodeIs; break;
+        // No form free of user code: getattr, iterator methods, predicates, Python probes.
+        case core::GuardKind::HasAttr:
+        case core::GuardKind::TupleIteratorLen:
+        case core::GuardKind::RangeIterator:
+        case core::GuardKind::GlobalState:
+        case core::GuardKind::Lambda: g.code = Code::SlowGuard; break;
+    }
+    return g;
+}
+
+GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
+    switch (g.kind) {
+        // Identity: true of the same object forever.
+        case core::GuardKind::IdMatch:
+        case core::GuardKind::None:
+        case core::GuardKind::NotNone:
+        case core::GuardKind::True:
+        case core::GuardKind::False: return Implied::Identity;
+        case core::GuardKind::TypeMatch: {
+            // `__class__` assignment is refused when the object's class is immutable, except
+            // between module types. A mutable class (any class statement) may be swapped.
+            auto* t = reinterpret_cast<PyTypeObject*>(g.a);
+            const bool fixed = PyType_HasFeature(t, Py_TPFLAGS_IMMUTABLETYPE) && !PyType_IsSubtype(t, &PyModule_Type);
+            return fixed ? Implied::Identity : Implied::Never;
+        }
+        // The value matched type-exactly, so it is built of the same immutable objects.
+        case core::GuardKind::EqualsMatch: return immutable_constant(g.a) ? Implied::Identity : Implied::Never;
+        // Functions of the dict's state (a str-keyed or built-in-keyed lookup, its size, keys,
+        // stamp), when the node is a dict whose tag is unchanged. On any other value (a list,
+        // a user __len__) the stamp never hits and they are evaluated.
+        case core::GuardKind::Length:
+        case core::GuardKind::DictKeys:
+        case core::GuardKind::DictVersion: return Implied::State;
+        case core::GuardKind::DictContains: return Implied::State;
+        // The value may change behind the same object and the same dict state: a code object
+        // swapped in, a referent dying, iterators advancing, attributes computed by getattr,
+        // probes and predicates of anything.
+        case core::GuardKind::CodeMatch:
+        case core::GuardKind::WeakrefAlive:
+        case core::GuardKind::HasAttr:
+        case core::GuardKind::TupleIteratorLen:
+        case core::GuardKind::RangeIterator:
+        case core::GuardKind::GlobalState:
+        case core::GuardKind::Lambda: return Implied::Never;
+    }
+    return Implied::Never;
+}
+
+namespace {
+
+// Whether node `n` looks like a module (identity- or type-matched to one): its attribute
+// children may then be settled from the module dict's tag.
+bool module_like(const core::Program& p, const std::vector<RuntimeGuard>& guards, const core::Node& n) {
+    for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+        const RuntimeGuard& g = guards[p.node_guards[k]];
+        if (g.kind == core::GuardKind::IdMatch && g.a != nullptr && PyModule_Check(g.a)) return true;
+        if (g.kind == core::GuardKind::TypeMatch && g.a == reinterpret_cast<PyObject*>(&PyModule_Type)) return true;
+    }
+    return false;
+}
+
+}  // namespace
 
 void GuardSet::build_fast_pass() {
+    using Code = FastOp::Code;
     fast_ops_.clear();
     fast_built_at_ = order_changes_;
-    // A kind without a form free of user code: this set always takes the walk (for good: the
-    // kinds never change).
-    auto give_up = [this] {
-        fast_enabled_ = false;
-        fast_ops_.clear();
+    fast_guards_ = 0;
+    residue_guards_ = 0;
+    const auto n_nodes = static_cast<std::uint32_t>(program_.nodes.size());
+    // Ambient guards first, as the walk checks them: built-in probes are read in the pass, the
+    // rest (Python probes, predicates on f_locals) are residues.
+    for (std::uint32_t k = 0; k < program_.ambient.size(); ++k) {
+        const std::uint32_t gi = program_.ambient[k];
+        FastOp op;
+        op.guard = gi;
+        op.pos = k;
+        const RuntimeGuard& g = guards_[gi];
+        if (g.kind == core::GuardKind::GlobalState && g.a == nullptr) {
+            op.code = Code::BuiltinProbe;
+            ++fast_guards_;
+        } else {
+            op.code = Code::SlowAmbient;
+            ++residue_guards_;
+        }
+        fast_ops_.push_back(op);
+    }
+    // Which nodes get a stamp: dicts (by their guards or children) and modules with attribute
+    // children. Which fetches may be settled: a str-keyed item, a key or value by position, or
+    // an attribute of a module, under a stamped parent; G[...] roots under the globals dict.
+    auto settle_step = [&](const core::Node& c, bool parent_module) {
+        switch (c.step.kind) {
+            case core::StepKind::Item:
+            case core::StepKind::DictItem: return c.step.operand != core::kNoConst && PyUnicode_CheckExact(objs_[c.step.operand]);
+            case core::StepKind::DictKey:
+            case core::StepKind::DictValue: return true;
+            case core::StepKind::Attr: return parent_module;
+            default: return false;
+        }
     };
-    if (!program_.ambient.empty()) return give_up();
-    // Depth first in the current order: a node's guards, then its children, as the walk does.
+    std::vector<bool> stamped(n_nodes, false);
+    bool stamp_globals = false;
+    for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
+        const core::Node& n = program_.nodes[ni];
+        if (n.is_root && n.root == core::RootKind::Global) stamp_globals = static_cast<bool>(globals_);
+        bool dict_like = !n.is_root && n.step.kind == core::StepKind::Dict;
+        for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+            const RuntimeGuard& g = guards_[program_.node_guards[k]];
+            if (g.kind == core::GuardKind::DictKeys || g.kind == core::GuardKind::DictContains ||
+                g.kind == core::GuardKind::DictVersion ||
+                (g.kind == core::GuardKind::TypeMatch && g.a == reinterpret_cast<PyObject*>(&PyDict_Type)))
+                dict_like = true;
+        }
+        const bool module = module_like(program_, guards_, n);
+        bool settles_children = false;
+        for (std::uint32_t k = n.child_begin; k < n.child_end; ++k)
+            settles_children = settles_children || settle_step(program_.nodes[program_.children[k]], module);
+        stamped[ni] = dict_like || settles_children;
+    }
+    if (stamp_globals) {
+        FastOp op;
+        op.code = Code::StampGlobals;
+        fast_ops_.push_back(op);
+    }
+    // Depth first in the current order: a node's fetch, its guards, then its children, as the
+    // walk does. A node's guards are laid out in three blocks, each in the current order: those
+    // a settled value proves (a settled fetch jumps over them), then the stamp and those an
+    // unchanged dict proves (a hit jumps over them), then the others. Reordering a node's guards
+    // among themselves is the walk's own latitude (adaptive order), never across nodes.
     struct Item {
-        std::uint32_t node, parent;
+        std::uint32_t node, parent, pos;
     };
     std::vector<Item> stack;
-    for (auto it = root_order_.rbegin(); it != root_order_.rend(); ++it) stack.push_back({*it, *it});
+    for (std::uint32_t k = static_cast<std::uint32_t>(root_order_.size()); k-- > 0;)
+        stack.push_back({root_order_[k], root_order_[k], k});
+    // Fetch ops whose `skip` is set when their subtree is complete: (op index, node).
+    std::vector<std::pair<std::size_t, std::uint32_t>> open;
+    auto close_until = [&](std::uint32_t depth) {
+        while (!open.empty() && program_.nodes[open.back().second].depth >= depth) {
+            fast_ops_[open.back().first].skip = static_cast<std::uint32_t>(fast_ops_.size());
+            open.pop_back();
+        }
+    };
+    std::vector<FastOp> identity_ops, state_ops, other_ops;
     while (!stack.empty()) {
         const Item item = stack.back();
         stack.pop_back();
         const core::Node& n = program_.nodes[item.node];
+        close_until(n.depth);
         FastOp op;
         op.node = item.node;
         op.parent = item.parent;
+        op.pos = item.pos;
         if (n.is_root) {
             switch (n.root) {
-                case core::RootKind::Local: op.code = FastOp::Code::LoadLocal; break;
-                case core::RootKind::Global: op.code = FastOp::Code::LoadGlobal; break;
-                case core::RootKind::Closure: op.code = FastOp::Code::LoadClosure; break;
+                case core::RootKind::Local: op.code = Code::LoadLocal; break;
+                case core::RootKind::Global:
+                    op.code = Code::LoadGlobal;
+                    op.settle = stamp_globals;
+                    op.parent = n_nodes;  // the globals dict's tag slot
+                    break;
+                case core::RootKind::Closure: op.code = Code::LoadClosure; break;
             }
         } else {
             switch (n.step.kind) {
-                case core::StepKind::Attr: op.code = FastOp::Code::FetchAttr; break;
-                case core::StepKind::Item: op.code = FastOp::Code::FetchItem; break;
-                case core::StepKind::DictItem: op.code = FastOp::Code::FetchDictItem; break;
+                case core::StepKind::Attr: op.code = Code::FetchAttr; break;
+                case core::StepKind::Item: op.code = Code::FetchItem; break;
+                case core::StepKind::DictItem: op.code = Code::FetchDictItem; break;
                 // Only an instance dict that already exists (creating one allocates).
-                case core::StepKind::Dict: op.code = FastOp::Code::FetchDict; break;
-                default:
-                    if (core::step_runs_user_code(n.step.kind)) return give_up();
-                    op.code = FastOp::Code::FetchPure;
-                    break;
+                case core::StepKind::Dict: op.code = Code::FetchDict; break;
+                case core::StepKind::Code:
+                case core::StepKind::Defaults:
+                case core::StepKind::KwDefaults:
+                case core::StepKind::ClosureCell: op.code = Code::FetchFunction; break;
+                case core::StepKind::Type:
+                case core::StepKind::WeakrefCall:
+                case core::StepKind::DictKey:
+                case core::StepKind::DictValue: op.code = Code::FetchPure; break;
             }
+            const core::Node& parent = program_.nodes[item.parent];
+            op.settle = stamped[item.parent] && settle_step(n, module_like(program_, guards_, parent));
         }
+        const std::size_t fetch_at = fast_ops_.size();
+        open.emplace_back(fetch_at, item.node);
         fast_ops_.push_back(op);
+        identity_ops.clear();
+        state_ops.clear();
+        other_ops.clear();
         for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
-            const std::uint32_t gi = guard_order_[k];
-            FastOp g;
-            switch (guards_[gi].kind) {
-                case core::GuardKind::TypeMatch: g.code = FastOp::Code::TypeIs; break;
-                case core::GuardKind::IdMatch: g.code = FastOp::Code::IdIs; break;
-                case core::GuardKind::None: g.code = FastOp::Code::IsNone; break;
-                case core::GuardKind::NotNone: g.code = FastOp::Code::IsNotNone; break;
-                case core::GuardKind::True: g.code = FastOp::Code::IsTrue; break;
-                case core::GuardKind::False: g.code = FastOp::Code::IsFalse; break;
-                case core::GuardKind::EqualsMatch: g.code = FastOp::Code::Equals; break;
-                case core::GuardKind::DictKeys: g.code = FastOp::Code::DictKeys; break;
-                case core::GuardKind::DictContains:
-                    // Only str keys have a form without user code (see the op).
-                    if (!PyUnicode_CheckExact(guards_[gi].a)) return give_up();
-                    g.code = FastOp::Code::DictContains;
-                    break;
-                case core::GuardKind::Length: g.code = FastOp::Code::LengthExact; break;
-                case core::GuardKind::DictVersion: g.code = FastOp::Code::DictVersion; break;
-                case core::GuardKind::WeakrefAlive: g.code = FastOp::Code::WeakrefAlive; break;
-                default: return give_up();  // runs user code, or is rare
+            const FastOp g = guard_op(item.node, guard_order_[k], k);
+            if (g.code == Code::SlowGuard) {
+                ++residue_guards_;
+                other_ops.push_back(g);
+                continue;
             }
-            g.node = item.node;
-            g.guard = gi;
-            g.a = guards_[gi].a;
-            fast_ops_.push_back(g);
+            ++fast_guards_;
+            const Implied how = implied_by(guards_[g.guard]);
+            if (how == Implied::Identity && op.settle) {
+                identity_ops.push_back(g);
+            } else if (how != Implied::Never && stamped[item.node]) {
+                state_ops.push_back(g);
+            } else {
+                other_ops.push_back(g);
+            }
         }
+        fast_ops_.insert(fast_ops_.end(), identity_ops.begin(), identity_ops.end());
+        fast_ops_[fetch_at].jump = static_cast<std::uint32_t>(fast_ops_.size());
+        fast_ops_[fetch_at].jumped = static_cast<std::uint32_t>(identity_ops.size());
+        if (stamped[item.node]) {
+            FastOp st;
+            st.code = Code::Stamp;
+            st.node = item.node;
+            const std::size_t stamp_at = fast_ops_.size();
+            fast_ops_.push_back(st);
+            fast_ops_.insert(fast_ops_.end(), state_ops.begin(), state_ops.end());
+            fast_ops_[stamp_at].jump = static_cast<std::uint32_t>(fast_ops_.size());
+            fast_ops_[stamp_at].jumped = static_cast<std::uint32_t>(state_ops.size());
+        }
+        fast_ops_.insert(fast_ops_.end(), other_ops.begin(), other_ops.end());
         // Pushed in reverse so that they pop in evaluation order.
         for (std::uint32_t k = n.child_end; k > n.child_begin; --k)
-            stack.push_back({child_order_[k - 1], item.node});
+            stack.push_back({child_order_[k - 1], item.node, k - 1});
     }
+    close_until(0);
     fast_enabled_ = true;
 }
 
-int GuardSet::fast_pass(const Locals& locals) {
-    if (!g_fast_pass_enabled) return 0;
-    const NoUserCodeRegion region("the fast pass");
-    // Small sets (the common case) keep their registers on the stack.
-    constexpr std::size_t kStackRegs = 64;
-    PyObject* stack_regs[kStackRegs];
-    PyObject** r = stack_regs;
-    if (nodes_.size() > kStackRegs) {
-        std::vector<PyObject*>& regs = t_regs;
-        if (regs.size() < nodes_.size()) regs.resize(nodes_.size());
-        r = regs.data();
+void GuardSet::record_path_failure(std::uint32_t ni) {
+    if (active_ != 1) return;  // a nested check never reorders (the outer one iterates the order)
+    for (;;) {
+        const core::Node& n = program_.nodes[ni];
+        std::uint32_t* order;
+        std::uint32_t begin, end;
+        if (n.is_root) {
+            order = root_order_.data();
+            begin = 0;
+            end = static_cast<std::uint32_t>(root_order_.size());
+        } else {
+            const core::Node& p = program_.nodes[n.parent];
+            order = child_order_.data();
+            begin = p.child_begin;
+            end = p.child_end;
+        }
+        std::uint32_t k = begin;
+        while (k < end && order[k] != ni) ++k;
+        if (k < end && core::record_failure(order, node_fails_.data(), begin, k) != k) ++order_changes_;
+        if (n.is_root) return;
+        ni = n.parent;
     }
-    for (const FastOp& op : fast_ops_) {
-        switch (op.code) {
-            case FastOp::Code::LoadLocal: {
-                NodeRt& n = nodes_[op.node];
-                PyObject* v;
-                if (locals.is_arguments()) {
-                    v = locals.argument(n.root.name, &n.root.slot);
-                } else {
-                    if (!PyDict_Check(locals.mapping)) return 0;
-                    v = pure_dict_get(locals.mapping, n.root.name, &n.root.hint);
+}
+
+int GuardSet::fast_pass(const Locals& locals, bool allow_user_code) {
+    using Code = FastOp::Code;
+    const RegisterFile file(nodes_.size());
+    PyObject** const r = file.values();
+    // Version tags read by Stamp ops in this check, per node (slot n_nodes: the globals dict);
+    // 0: no usable tag. Cleared along the path whenever a residue runs (user code may mutate the
+    // dicts), so a claim is only made or used with no user code between the tag read and it.
+    std::uint64_t* const tags = file.tags();
+    const std::size_t globals_slot = nodes_.size();
+    std::vector<PyObject*> held;  // references taken before residues: dropped after the loop
+    bool ran_user_code = false;
+    std::uint32_t slow_guards = 0;  // guards evaluated as residues in this check
+    std::uint32_t skipped = 0;      // guards the skip proved without evaluating them
+    int result = 1;
+    ++active_;
+    {
+        const NoUserCodeRegion region("the fast pass");
+        const FastOp* const ops = fast_ops_.data();
+        const std::size_t n_ops = fast_ops_.size();
+        // Before a residue: hold the registers of node `ni` and its ancestors (the only ones read
+        // after it), and forget their tags (user code may mutate their dicts: no claim may be
+        // made or used under a tag read before it). ~0U: a root residue, no path.
+        auto hold_path = [&](std::uint32_t ni) {
+            tags[globals_slot] = 0;
+            while (ni != ~0U) {
+                Py_INCREF(r[ni]);
+                held.push_back(r[ni]);
+                tags[ni] = 0;
+                const core::Node& n = program_.nodes[ni];
+                ni = n.is_root ? ~0U : n.parent;
+            }
+        };
+        // A residue's outcome: go on (true), or end the program with `result` set (false).
+        auto after_residue = [&](int rr) {
+            ran_user_code = true;
+            if (rr != 1) {
+                result = rr;
+                return false;
+            }
+            if (state_->invalid) {  // before any later identity comparison
+                result = 0;
+                return false;
+            }
+            return true;
+        };
+        // A guard failed, or a value is missing, at node `ni` (`guard_pos`: the failing guard's
+        // position in its range, or ~0 for a missing value of `ni`).
+        auto fail = [&](std::uint32_t ni, std::uint32_t guard_pos) {
+            // A claim made optimistically at this node's fetch or stamp did not hold up.
+            nodes_[ni].memo_parent_tag = 0;
+            nodes_[ni].memo_tag = 0;
+            if (!ran_user_code) {
+                result = kUndecided;  // nothing ran: the walk decides, on the same objects
+                return;
+            }
+            result = 0;
+            if (guard_pos != ~0U) {
+                const NodeRt& n = nodes_[ni];
+                if (active_ == 1 &&
+                    core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, guard_pos) !=
+                        guard_pos)
+                    ++order_changes_;
+            }
+            record_path_failure(ni);
+        };
+        // The fast form of fetch `op` does not apply: the walk evaluates its subtree in place.
+        // Returns the index of the next op, or n_ops when the program ends.
+        auto slow_subtree = [&](const FastOp& op) -> std::size_t {
+            slow_guards += nodes_[op.node].subtree_guards;
+            if (!allow_user_code) {
+                result = kUndecided;
+                return n_ops;
+            }
+            int rr;
+            const bool is_root = program_.nodes[op.node].is_root;
+            hold_path(is_root ? ~0U : op.parent);
+            {
+                const UserCodeWindow window;
+                rr = is_root ? eval_root(op.pos, locals) : eval_child(op.parent, op.pos, r[op.parent]);
+            }
+            if (!after_residue(rr)) {
+                if (rr == 0 && !is_root) record_path_failure(op.parent);
+                return n_ops;
+            }
+            return op.skip;
+        };
+        // Guard `op` has no form free of user code here: the walk's code evaluates it in place.
+        auto slow_guard = [&](const FastOp& op) -> bool {
+            ++slow_guards;
+            if (!allow_user_code) {
+                result = kUndecided;
+                return false;
+            }
+            hold_path(op.node);
+            // Evaluated with user code: no claim on this node's state may stand on it.
+            nodes_[op.node].memo_tag = 0;
+            nodes_[op.node].memo_parent_tag = 0;
+            int rr;
+            {
+                const UserCodeWindow window;
+                rr = eval_guard_at(op.node, op.pos, r[op.node]);
+            }
+            if (!after_residue(rr)) {
+                if (rr == 0) record_path_failure(op.node);
+                return false;
+            }
+            return true;
+        };
+        // The skip (docs/cpp.md, "Skipping unchanged subtrees"). A fetch whose parent's dict is in
+        // the state of this node's claim reads the claimed value: the same live object (the dict
+        // holds it), on which the identity-implied guards that follow held.
+        auto settled = [&](const FastOp& op) {
+            if (!op.settle) return false;
+            const std::uint64_t t = tags[op.parent];
+            NodeRt& n = nodes_[op.node];
+            if (t == 0 || t != n.memo_parent_tag) return false;
+            r[op.node] = n.memo_value;
+            skipped += op.jumped;
+            return true;
+        };
+        // After a fetch from the dict the tag was read from, with no user code since: claim the
+        // value. Made before the identity-implied guards run; fail() withdraws it if one fails.
+        auto claim = [&](const FastOp& op, PyObject* v) {
+            if (!op.settle) return;
+            const std::uint64_t t = tags[op.parent];
+            if (t == 0) return;
+            NodeRt& n = nodes_[op.node];
+            n.memo_parent_tag = t;
+            n.memo_value = v;
+        };
+        std::size_t i = 0;
+        while (i < n_ops) {
+            const FastOp& op = ops[i];
+            std::size_t next = i + 1;
+            switch (op.code) {
+                case Code::LoadLocal: {
+                    NodeRt& n = nodes_[op.node];
+                    PyObject* v;
+                    if (locals.is_arguments()) {
+                        v = locals.argument(n.root.name, &n.root.slot);
+                    } else {
+                        if (!PyDict_Check(locals.mapping)) {
+                            next = slow_subtree(op);  // a mapping's __getitem__ is user code
+                            break;
+                        }
+                        v = pure_dict_get(locals.mapping, n.root.name, &n.root.hint);
+                    }
+                    if (v == nullptr) {
+                        fail(op.node, ~0U);
+                        next = n_ops;
+                        break;
+                    }
+                    r[op.node] = v;
+                    break;
                 }
-                if (v == nullptr) return 0;
-                r[op.node] = v;
-                break;
-            }
-            case FastOp::Code::LoadGlobal: {
-                NodeRt& n = nodes_[op.node];
-                if (!globals_) return 0;
-                PyObject* v = pure_dict_get(globals_.get(), n.root.name, &n.root.hint);
-                if (v == nullptr) return 0;
-                r[op.node] = v;
-                break;
-            }
-            case FastOp::Code::LoadClosure: {
-                const NodeRt& n = nodes_[op.node];
-                if (n.root.cell == nullptr || PyCell_GET(n.root.cell) == nullptr) return 0;
-                r[op.node] = PyCell_GET(n.root.cell);
-                break;
-            }
-            case FastOp::Code::FetchAttr: {
-                NodeRt& n = nodes_[op.node];
-                PyObject* p = r[op.parent];
-                PyTypeObject* tp = Py_TYPE(p);
-                AttrCache& ic = n.step.cache;
-                // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop into
-                // one that costs 2-12% more instructions per check on bench/ W1-W3 (callgrind).
-                if (ic.type != tp || ic.version == 0 || ic.version != type_version(tp)) return 0;
-                PyObject* v = nullptr;
-                if (ic.mode == AttrCache::Mode::InstanceDict) {
-                    v = instance_attr_hinted(p, n.step.operand, &ic.hint);
-                } else if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p)) {
-                    v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                case Code::LoadGlobal: {
+                    if (settled(op)) {
+                        next = op.jump;
+                        break;
+                    }
+                    NodeRt& n = nodes_[op.node];
+                    PyObject* v = globals_ ? pure_dict_get(globals_.get(), n.root.name, &n.root.hint) : nullptr;
+                    if (v == nullptr) {
+                        if (globals_ && !dict_has_only_str_keys(globals_.get())) {
+                            next = slow_subtree(op);  // a user-typed key in the globals: CPython's lookup
+                        } else {
+                            fail(op.node, ~0U);
+                            next = n_ops;
+                        }
+                        break;
+                    }
+                    r[op.node] = v;
+                    claim(op, v);
+                    break;
                 }
-                if (v == nullptr) return 0;
-                r[op.node] = v;
-                break;
-            }
-            case FastOp::Code::FetchItem: {
-                NodeRt& n = nodes_[op.node];
-                PyObject* p = r[op.parent];
-                PyObject* key = n.step.operand;
-                PyObject* v = nullptr;
-                if (PyDict_CheckExact(p)) {
-                    // The hint matches keys by identity: no __eq__ of any key runs.
-                    v = pure_dict_get(p, key, &n.step.cache.hint);
-                } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
-                    Py_ssize_t i = n.step.index;  // the key, converted once at build
-                    const Py_ssize_t size = Py_SIZE(p);
-                    if (i < 0) i += size;
-                    if (i < 0 || i >= size) return 0;
-                    v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, i) : PyTuple_GET_ITEM(p, i);
+                case Code::LoadClosure: {
+                    const NodeRt& n = nodes_[op.node];
+                    if (n.root.cell == nullptr || PyCell_GET(n.root.cell) == nullptr) {
+                        fail(op.node, ~0U);
+                        next = n_ops;
+                        break;
+                    }
+                    r[op.node] = PyCell_GET(n.root.cell);
+                    break;
                 }
-                if (v == nullptr) return 0;
-                r[op.node] = v;
-                break;
-            }
-            case FastOp::Code::FetchDictItem: {
-                NodeRt& n = nodes_[op.node];
-                PyObject* p = r[op.parent];
-                if (!PyDict_Check(p)) return 0;
-                PyObject* v = pure_dict_get(p, n.step.operand, &n.step.cache.hint);
-                if (v == nullptr) return 0;
-                r[op.node] = v;
-                break;
-            }
-            case FastOp::Code::FetchDict: {
-                PyObject* p = r[op.parent];
-                // Only a type the walk has seen with the standard `__dict__` (and not a class,
-                // whose `__dict__` is not an instance dict).
-                const AttrCache& ic = nodes_[op.node].step.cache;
-                if (!attr_cache_valid(ic, Py_TYPE(p)) || ic.mode != AttrCache::Mode::InstanceDict ||
-                    PyType_Check(p))
-                    return 0;
-                PyObject* d = existing_instance_dict(p);
-                if (d == nullptr || !PyDict_CheckExact(d)) return 0;
-                r[op.node] = d;
-                break;
-            }
-            case FastOp::Code::FetchPure: {
-                // Steps that never run user code nor allocate (type, weakref target, dict key
-                // or value by position). An owned result would need a reference we do not keep.
-                Fetched f = fetch_step(nodes_[op.node].step, r[op.parent]);
-                if (f.status != FetchStatus::Ok || f.owned) {
-                    if (f.owned) Py_DECREF(f.value);
-                    if (f.status == FetchStatus::Error) PyErr_Clear();
-                    return 0;
+                case Code::FetchAttr: {
+                    if (settled(op)) {
+                        next = op.jump;
+                        break;
+                    }
+                    NodeRt& n = nodes_[op.node];
+                    PyObject* p = r[op.parent];
+                    PyTypeObject* tp = Py_TYPE(p);
+                    AttrCache& ic = n.step.cache;
+                    // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop
+                    // into one that costs 2-12% more instructions per check (callgrind).
+                    PyObject* v = nullptr;
+                    if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
+                        if (ic.mode == AttrCache::Mode::InstanceDict) {
+                            v = instance_attr_hinted(p, n.step.operand, &ic.hint);
+                        } else if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p)) {
+                            v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                        } else if (ic.mode == AttrCache::Mode::FunctionField) {
+                            v = function_field(p, n.step.operand);
+                        }
+                    }
+                    if (v == nullptr) {
+                        // A stale cache, a class attribute, a property, __getattr__, a slot, or
+                        // missing: the walk's fetch decides (and refills the cache).
+                        next = slow_subtree(op);
+                        break;
+                    }
+                    r[op.node] = v;
+                    claim(op, v);
+                    break;
                 }
-                r[op.node] = f.value;
-                break;
-            }
-            case FastOp::Code::TypeIs:
-                if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) != op.a) return 0;
-                break;
-            case FastOp::Code::IdIs:
-                if (r[op.node] != op.a) return 0;
-                break;
-            case FastOp::Code::IsNone:
-                if (r[op.node] != Py_None) return 0;
-                break;
-            case FastOp::Code::IsNotNone:
-                if (r[op.node] == Py_None) return 0;
-                break;
-            case FastOp::Code::IsTrue:
-                if (r[op.node] != Py_True) return 0;
-                break;
-            case FastOp::Code::IsFalse:
-                if (r[op.node] != Py_False) return 0;
-                break;
-            case FastOp::Code::Equals: {
-                PyObject* v = r[op.node];
-                if (v == op.a) break;  // the constant itself (NaN included, by the catalogue's rule)
-                if (Py_TYPE(v) != Py_TYPE(op.a)) return 0;
-                // Structural and type-exact on built-in constants: no user __eq__ runs.
-                const int m = equals_match(v, op.a);
-                if (m != 1) {
-                    if (m < 0) PyErr_Clear();
-                    return 0;
+                case Code::FetchItem: {
+                    if (settled(op)) {
+                        next = op.jump;
+                        break;
+                    }
+                    NodeRt& n = nodes_[op.node];
+                    PyObject* p = r[op.parent];
+                    PyObject* key = n.step.operand;
+                    PyObject* v = nullptr;
+                    if (PyDict_CheckExact(p)) {
+                        // The hint matches keys by identity: no __eq__ of any key runs.
+                        v = pure_dict_get(p, key, &n.step.cache.hint);
+                        if (v == nullptr && (!PyUnicode_CheckExact(key) || !dict_has_only_str_keys(p))) {
+                            next = slow_subtree(op);  // a key or a table of a user type: CPython's lookup
+                            break;
+                        }
+                    } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
+                        Py_ssize_t k = n.step.index;  // the key, converted once at build
+                        const Py_ssize_t size = Py_SIZE(p);
+                        if (k < 0) k += size;
+                        if (k >= 0 && k < size) v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
+                    } else {
+                        next = slow_subtree(op);  // __getitem__ of another type
+                        break;
+                    }
+                    if (v == nullptr) {
+                        fail(op.node, ~0U);
+                        next = n_ops;
+                        break;
+                    }
+                    r[op.node] = v;
+                    claim(op, v);
+                    break;
                 }
-                break;
-            }
-            case FastOp::Code::DictKeys: {
-                PyObject* v = r[op.node];
-                PyObject* keys = guards_[op.guard].b;
-                if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) return 0;
-                if (dict_keys_identical(v, keys) == 1) break;  // the same key objects, in order
-                if (!dict_keys_in_place(guards_[op.guard], v)) return 0;
-                break;
-            }
-            case FastOp::Code::DictContains: {
-                // An exact str key in a table of exact str keys: string comparisons only.
-                PyObject* v = r[op.node];
-                if (!PyDict_Check(v) || !dict_has_only_str_keys(v)) return 0;
-                const int m = PyDict_Contains(v, op.a);
-                if (m < 0) {
-                    PyErr_Clear();
-                    return 0;
+                case Code::FetchDictItem: {
+                    if (settled(op)) {
+                        next = op.jump;
+                        break;
+                    }
+                    NodeRt& n = nodes_[op.node];
+                    PyObject* p = r[op.parent];
+                    PyObject* v = PyDict_Check(p) ? pure_dict_get(p, n.step.operand, &n.step.cache.hint) : nullptr;
+                    if (v == nullptr) {
+                        if (PyDict_Check(p) &&
+                            (!PyUnicode_CheckExact(n.step.operand) || !dict_has_only_str_keys(p))) {
+                            next = slow_subtree(op);
+                            break;
+                        }
+                        fail(op.node, ~0U);
+                        next = n_ops;
+                        break;
+                    }
+                    r[op.node] = v;
+                    claim(op, v);
+                    break;
                 }
-                if ((m == 1) != guards_[op.guard].flag) return 0;
-                break;
-            }
-            case FastOp::Code::LengthExact: {
-                Py_ssize_t n = 0;
-                if (!builtin_length(r[op.node], n) || n != guards_[op.guard].n) return 0;
-                break;
-            }
-            case FastOp::Code::DictVersion:
-            case FastOp::Code::WeakrefAlive: {
-                const int m = eval_guard(guards_[op.guard], r[op.node]);
-                if (m != 1) {
-                    if (m < 0) PyErr_Clear();
-                    return 0;
+                case Code::FetchDict: {
+                    PyObject* p = r[op.parent];
+                    // Only a type the walk has seen with the standard `__dict__` (and not a
+                    // class, whose `__dict__` is not an instance dict).
+                    const AttrCache& ic = nodes_[op.node].step.cache;
+                    PyObject* d = nullptr;
+                    if (attr_cache_valid(ic, Py_TYPE(p)) && ic.mode == AttrCache::Mode::InstanceDict &&
+                        !PyType_Check(p)) {
+                        d = existing_instance_dict(p);
+                    }
+                    if (d == nullptr || !PyDict_CheckExact(d)) {
+                        next = slow_subtree(op);  // not created yet, or an unusual type: the walk decides
+                        break;
+                    }
+                    r[op.node] = d;
+                    break;
                 }
-                break;
+                case Code::FetchFunction: {
+                    // A function's own fields (the interpreter's structure, borrowed); anything
+                    // else that answers to `__code__` & co. runs its own getattr.
+                    PyObject* p = r[op.parent];
+                    NodeRt& n = nodes_[op.node];
+                    PyObject* kw = PyFunction_Check(p) ? PyFunction_GET_KW_DEFAULTS(p) : nullptr;
+                    if (!PyFunction_Check(p) ||
+                        (n.step.kind == core::StepKind::KwDefaults &&
+                         (kw == nullptr || !PyDict_Check(kw) || !dict_has_only_str_keys(kw)))) {
+                        next = slow_subtree(op);
+                        break;
+                    }
+                    Fetched f = fetch_step(n.step, p);
+                    if (f.status != FetchStatus::Ok || f.owned) {
+                        if (f.owned) Py_DECREF(f.value);  // never for functions: borrowed fields
+                        if (f.status == FetchStatus::Error) PyErr_Clear();
+                        fail(op.node, ~0U);
+                        next = n_ops;
+                        break;
+                    }
+                    r[op.node] = f.value;
+                    break;
+                }
+                case Code::FetchPure: {
+                    // Steps that never run user code nor allocate (type, weakref target, dict key
+                    // or value by position). An owned result would need a reference we do not keep.
+                    if (settled(op)) {
+                        next = op.jump;
+                        break;
+                    }
+                    Fetched f = fetch_step(nodes_[op.node].step, r[op.parent]);
+                    if (f.status != FetchStatus::Ok || f.owned) {
+                        if (f.owned) Py_DECREF(f.value);
+                        if (f.status == FetchStatus::Error) PyErr_Clear();
+                        fail(op.node, ~0U);
+                        next = n_ops;
+                        break;
+                    }
+                    r[op.node] = f.value;
+                    claim(op, f.value);
+                    break;
+                }
+                case Code::TypeIs:
+                    if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) != op.a) goto failed;
+                    break;
+                case Code::IdIs:
+                    if (r[op.node] != op.a) goto failed;
+                    break;
+                case Code::IsNone:
+                    if (r[op.node] != Py_None) goto failed;
+                    break;
+                case Code::IsNotNone:
+                    if (r[op.node] == Py_None) goto failed;
+                    break;
+                case Code::IsTrue:
+                    if (r[op.node] != Py_True) goto failed;
+                    break;
+                case Code::IsFalse:
+                    if (r[op.node] != Py_False) goto failed;
+                    break;
+                case Code::Equals: {
+                    PyObject* v = r[op.node];
+                    if (v == op.a) break;  // the constant itself (NaN included, by the catalogue's rule)
+                    if (Py_TYPE(v) != Py_TYPE(op.a)) goto failed;
+                    // Structural and type-exact on built-in constants: no user __eq__ runs.
+                    const int m = equals_match(v, op.a);
+                    if (m != 1) {
+                        if (m < 0) PyErr_Clear();
+                        goto failed;
+                    }
+                    break;
+                }
+                case Code::DictKeys: {
+                    PyObject* v = r[op.node];
+                    PyObject* keys = guards_[op.guard].b;
+                    if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) goto failed;
+                    if (dict_keys_identical(v, keys) == 1) break;  // the same key objects, in order
+                    if (!dict_keys_in_place(guards_[op.guard], v)) goto failed;
+                    break;
+                }
+                case Code::DictContains: {
+                    PyObject* v = r[op.node];
+                    if (!PyDict_Check(v)) goto failed;
+                    const int m = pure_dict_contains(v, op.a);
+                    if (m < 0) {
+                        if (!slow_guard(op)) next = n_ops;  // a key of a user type: its __eq__/__hash__
+                        break;
+                    }
+                    if ((m == 1) != guards_[op.guard].flag) goto failed;
+                    break;
+                }
+                case Code::LengthExact: {
+                    Py_ssize_t n = 0;
+                    if (!builtin_length(r[op.node], n)) {
+                        if (!slow_guard(op)) next = n_ops;  // a user __len__
+                        break;
+                    }
+                    if (n != guards_[op.guard].n) goto failed;
+                    break;
+                }
+                case Code::CodeIs: {
+                    PyObject* v = r[op.node];
+                    if (!PyFunction_Check(v)) {
+                        if (!slow_guard(op)) next = n_ops;  // `__code__` of another type: its getattr
+                        break;
+                    }
+                    if (PyFunction_GET_CODE(v) != op.a) goto failed;
+                    break;
+                }
+                case Code::DictVersion:
+                case Code::WeakrefAlive: {
+                    const int m = eval_guard(guards_[op.guard], r[op.node]);
+                    if (m != 1) {
+                        if (m < 0) PyErr_Clear();
+                        goto failed;
+                    }
+                    break;
+                }
+                case Code::BuiltinProbe: {
+                    const RuntimeGuard& g = guards_[op.guard];
+                    if (builtin_probe(static_cast<core::BuiltinProbe>(g.n)) != g.n2) {
+                        if (ran_user_code) {
+                            result = 0;
+                        } else {
+                            result = kUndecided;
+                        }
+                        next = n_ops;
+                    }
+                    break;
+                }
+                case Code::Stamp: {
+                    PyObject* v = r[op.node];
+                    PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? PyModule_GetDict(v) : nullptr;
+                    const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
+                    tags[op.node] = t;
+                    if (t == 0) break;
+                    NodeRt& n = nodes_[op.node];
+                    if (t == n.memo_tag) {
+                        skipped += op.jumped;  // this state was proved: its state-implied guards hold
+                        next = op.jump;
+                        break;
+                    }
+                    // Claimed before the state-implied guards run; a failing one (fail()) or one
+                    // evaluated with user code (slow_guard) withdraws it.
+                    n.memo_tag = t;
+                    break;
+                }
+                case Code::StampGlobals: tags[globals_slot] = dict_tag(globals_.get()); break;
+                case Code::SlowGuard:
+                    if (!slow_guard(op)) next = n_ops;
+                    break;
+                case Code::SlowAmbient: {
+                    ++slow_guards;
+                    if (!allow_user_code) {
+                        result = kUndecided;
+                        next = n_ops;
+                        break;
+                    }
+                    hold_path(~0U);
+                    int rr;
+                    {
+                        const UserCodeWindow window;
+                        rr = eval_ambient(op.pos, op.pos + 1, locals);
+                    }
+                    if (!after_residue(rr)) next = n_ops;
+                    break;
+                }
+                default: __builtin_unreachable();  // every code is handled above: no range check
             }
-            default: __builtin_unreachable();  // every code is handled above: no range check
+            i = next;
+            continue;
+        failed:
+            fail(op.node, op.pos);
+            i = n_ops;
         }
     }
-    return 1;
+    --active_;
+    // Outside the region: dropping the references may run finalizers, which may kill an object
+    // the set names by identity.
+    for (PyObject* o : held) Py_DECREF(o);
+    if (result == 1 && state_->invalid) result = 0;
+    if (result == kUndecided) return result;
+    ++stats_.checks;
+    if (result == 1) {
+        ++stats_.passes;
+        ++(ran_user_code ? stats_.residue_passes : stats_.fast_passes);
+        stats_.last_fast_guards = fast_guards_ + residue_guards_ - slow_guards;
+        stats_.last_skipped_guards = skipped;
+    }
+    return result;
 }
 
 }  // namespace tripwire::runtime

@@ -37,6 +37,7 @@ struct AttrCache {
         Unset,         ///< not filled yet (or invalidated; or undecidable without user code)
         InstanceDict,  ///< generic getattr, no data descriptor: look in the instance dict first
         Module,        ///< exact module: look in the module dict first
+        FunctionField, ///< exact function, a field its type exposes (`__defaults__`, `__code__`, ...)
         Generic,       ///< anything else: PyObject_GetAttr
     };
     PyTypeObject* type = nullptr;
@@ -110,6 +111,11 @@ inline bool attr_cache_valid(const AttrCache& c, PyTypeObject* tp) {
 /// interpreter whose layout mirror is not verified, dict_hint.hpp). Allocates nothing and sets
 /// no error, so it may run where references are borrowed.
 PyObject* existing_instance_dict(PyObject* obj);
+
+/// The field `name` (`__code__`, `__defaults__`, `__kwdefaults__`, `__closure__`, `__globals__`,
+/// `__dict__`-free reads of the function object) of exact function `fn`, borrowed, as getattr
+/// returns it (None for an unset optional field); null for other names. No user code.
+PyObject* function_field(PyObject* fn, PyObject* name);
 
 /// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
 std::string describe_missing(const RuntimeStep& step, PyObject* parent);

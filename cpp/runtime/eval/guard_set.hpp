@@ -60,7 +60,13 @@ struct TreeRow {
 struct GuardSetStats {
     std::uint64_t checks = 0;
     std::uint64_t passes = 0;
-    std::uint64_t fast_passes = 0;  ///< passes decided by the straight-line fast pass alone
+    std::uint64_t fast_passes = 0;     ///< passes decided by the fast pass alone (no residue)
+    std::uint64_t residue_passes = 0;  ///< passes decided by the fast pass with residues in place
+    /// Guards decided by the fast pass without user code in the last check it completed (the
+    /// rest were residues: by kind, or because a fast form did not apply to the objects at hand).
+    std::uint32_t last_fast_guards = 0;
+    /// Guards the skip proved without evaluating them in the last check the fast pass completed.
+    std::uint32_t last_skipped_guards = 0;
 };
 
 /// Incremented each time any GuardSet becomes invalid (an identity-held object died). Holders of
@@ -71,7 +77,8 @@ std::uint64_t invalidation_epoch();
 /// Switch the straight-line fast pass of check() on or off, process-wide (on by default). Off,
 /// every check takes the tree walk: the tests run both ways to compare them.
 void set_fast_pass_enabled(bool on);
-bool fast_pass_enabled();
+extern bool g_fast_pass_enabled;
+inline bool fast_pass_enabled() { return g_fast_pass_enabled; }
 
 class GuardSet {
   public:
@@ -103,9 +110,13 @@ class GuardSet {
     const core::Program& program() const { return program_; }
     /// The globals dict G[...] sources read (borrowed), or null.
     PyObject* globals() const { return globals_.get(); }
-    /// Whether check() tries the straight-line fast pass first (every guard and step of the set
-    /// has a form decided without user code).
-    bool uses_fast_pass() const { return fast_enabled_; }
+    /// Whether every guard of the set has a form decided without user code (so the fast pass
+    /// alone can decide a passing check).
+    bool uses_fast_pass() const { return fast_enabled_ && residue_guards_ == 0; }
+    /// Guards of the fast program that are decided without user code (the others are residues:
+    /// LAMBDA, Python probes, ...). Steps whose fast form does not apply at run time defer
+    /// their subtree for that check only (see GuardSetStats::last_fast_guards).
+    std::uint32_t fast_guard_count() const { return fast_guards_; }
     std::size_t size() const { return program_.guards.size(); }
     const GuardSetStats& stats() const { return stats_; }
     /// Failure count of guard `id` (index into program().guards) and node `ni` so far.
@@ -132,45 +143,100 @@ class GuardSet {
         RuntimeStep step;        ///< for steps
         RuntimeRoot root;        ///< for roots (names and cells borrowed from the pool)
         bool borrow_ok = false;  ///< the subtree runs no user code: borrowed values are safe
+        std::uint32_t subtree_guards = 0;  ///< guards on this node and below
+        // The skip's claims (docs/cpp.md, "Skipping unchanged subtrees"). Each is a fact about
+        // one state of one dict, true forever once made, since tags never repeat:
+        PyObject* memo_value = nullptr;  ///< the value fetched from the parent's dict in state memo_parent_tag
+        std::uint64_t memo_parent_tag = 0;  ///< ...and its identity-implied guards held on it (0: no claim)
+        std::uint64_t memo_tag = 0;  ///< in this state of this node's dict, its state-implied guards held
     };
 
-    /// One instruction of the straight-line fast pass (fast_pass.cpp).
+    /// One instruction of the fast program (fast_pass.cpp). Adding a guard kind to the fast
+    /// path is local: a Code below, its case in GuardSet::guard_op (the builder) and its case in
+    /// GuardSet::fast_pass (docs/cpp.md, "Adding a guard kind to the fast path").
     struct FastOp {
         enum class Code : std::uint8_t {
+            // Loads and fetches: regs[node] = the value. `skip` is the first op after the node's
+            // subtree: when the fast form does not apply to the objects at hand, the walk
+            // evaluates the subtree in place (a residue) and the pass continues there.
             LoadLocal,
             LoadGlobal,
-            LoadClosure,  // regs[node] = root value
+            LoadClosure,
             FetchAttr,
             FetchItem,
             FetchDictItem,
             FetchDict,
-            FetchPure,  // regs[node] = step(regs[parent])
+            FetchFunction,  // __code__, __defaults__[i], __kwdefaults__[k], __closure__[i] of a function
+            FetchPure,      // type, weakref target, dict key/value by position
+            // Guards on regs[node]. A guard that fails ends the pass; one whose fast form does not
+            // apply to the value is evaluated by the walk's code in place (a residue).
             TypeIs,
             IdIs,
             IsNone,
             IsNotNone,
             IsTrue,
-            IsFalse,  // guards on regs[node]
+            IsFalse,
             Equals,
             DictKeys,
             DictContains,
             LengthExact,
             DictVersion,
             WeakrefAlive,
+            CodeIs,
+            BuiltinProbe,  // ambient GLOBAL_STATE on a built-in probe
+            // The skip: read the version tag of regs[node] (an exact dict, or an exact module's
+            // dict) into the node's tag slot; equal to its claim: jump over its state-implied
+            // guards. StampGlobals does the same for the globals dict G[...] roots read.
+            Stamp,
+            StampGlobals,
+            // Residues: kinds with no form free of user code, evaluated in place as the walk does,
+            // the current path's values held (SlowGuard on regs[node], SlowAmbient on the locals).
+            SlowGuard,
+            SlowAmbient,
         };
         Code code = Code::LoadLocal;
         std::uint32_t node = 0;
         std::uint32_t parent = 0;
-        std::uint32_t guard = 0;
+        std::uint32_t guard = 0;  ///< guard index (into guards_)
+        std::uint32_t pos = 0;    ///< guard: position in the node's guard range; fetch: in the parent's child range
+        std::uint32_t skip = 0;   ///< fetches: first op after the subtree
+        std::uint32_t jump = 0;   ///< settled fetch / stamp hit: first op after the guards it proves
+        std::uint32_t jumped = 0;  ///< how many guard ops that jump passes over
+        bool settle = false;      ///< fetches: the value may be settled by the parent's tag (a claim)
         PyObject* a = nullptr;
     };
-    /// Compile the fast pass from the tree in its current adaptive order; disables it when some
-    /// guard or step has no form that is decided without user code.
+    /// Compile the fast program from the tree in its current adaptive order.
     void build_fast_pass();
-    /// 1 when every guard holds, decided without running any user code and without side effects
-    /// other than inline-cache hints; 0 when undecided (a guard failed, or a fast form did not
-    /// apply to these objects): the tree walk then decides, from the start.
-    int fast_pass(const Locals& locals);
+    /// The fast op for guard `gi` at position `pos` of node `ni`'s range (a residue op when the
+    /// kind has no form free of user code).
+    FastOp guard_op(std::uint32_t ni, std::uint32_t gi, std::uint32_t pos) const;
+    /// fast_pass() could not decide: the tree walk decides, from the start (nothing ran).
+    static constexpr int kUndecided = 2;
+    /// The fast program on these locals (fast_pass.cpp). Values are borrowed while no user code
+    /// runs; a residue (a guard or subtree without a form free of user code, by kind or for the
+    /// objects at hand) is evaluated in place, as the walk would, with the current path's values
+    /// held. 1: every guard holds; 0: a guard failed after a residue ran (decided, failures
+    /// counted); -1: a residue raised (strict mode, KeyboardInterrupt); kUndecided: a guard
+    /// failed or a value was missing before any user code ran, or a residue was met while
+    /// `allow_user_code` is false.
+    int fast_pass(const Locals& locals, bool allow_user_code);
+    /// Which guards a claim covers (docs/cpp.md, "Skipping unchanged subtrees").
+    enum class Implied : std::uint8_t {
+        Never,     ///< evaluated on every check
+        Identity,  ///< holds forever on the same live object once it held
+        State,     ///< holds as long as the node's dict is unchanged (tag) once it held
+    };
+    Implied implied_by(const RuntimeGuard& g) const;
+    /// Count a failure of node `ni` (a guard on it failed) along its path, as the walk's returns do.
+    void record_path_failure(std::uint32_t ni);
+    /// One guard (position `pos` of node `ni`'s range) on `v`, as the walk evaluates it. 1/0/-1.
+    int eval_guard_at(std::uint32_t ni, std::uint32_t pos, PyObject* v);
+    /// Child at position `pos` of node `ni`'s child range, fetched from `v` and walked. 1/0/-1.
+    int eval_child(std::uint32_t ni, std::uint32_t pos, PyObject* v);
+    /// Root at position `pos` of root_order_, fetched from `locals` and walked. 1/0/-1.
+    int eval_root(std::uint32_t pos, const Locals& locals);
+    /// The ambient guards (index range [begin, end) of program_.ambient), as the walk does. 1/0/-1.
+    int eval_ambient(std::size_t begin, std::size_t end, const Locals& locals);
 
     int eval_node(std::uint32_t ni, PyObject* v);
     int eval_guards(std::uint32_t ni, PyObject* v);
@@ -199,6 +265,8 @@ class GuardSet {
     bool ambient_reads_locals_ = false;  // an ambient guard (a LAMBDA) takes f_locals itself
     std::vector<FastOp> fast_ops_;
     bool fast_enabled_ = false;
+    std::uint32_t fast_guards_ = 0;    // guards the fast program decides without user code
+    std::uint32_t residue_guards_ = 0;  // guards it leaves to the residue phase by kind
     std::uint64_t order_changes_ = 0;                  // bumped whenever the tree walk reorders anything
     std::uint64_t fast_built_at_ = ~std::uint64_t{0};  // order_changes_ when fast_ops_ was built
     Ref globals_, closure_, eval_error_type_;
