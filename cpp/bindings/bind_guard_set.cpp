@@ -145,7 +145,7 @@ void register_guard_set(nb::module_& m) {
                 "_fast_guard_count", [](GuardSetCore& s) { return s.get().fast_guard_count(); },
                 "Guards the fast pass decides without user code (by kind; the others are residues).")
             .def_prop_ro(
-                "_last_fast_guards", [](GuardSetCore& s) { return s.get().stats().last_fast_guards; },
+                "_last_fast_guards", [](GuardSetCore& s) { return s.get().last_fast_guards(); },
                 "Guards the fast pass decided in the last check it completed (fewer than "
                 "_fast_guard_count when a fast form did not apply to the objects at hand).")
             .def_prop_ro(

@@ -93,16 +93,7 @@ class RegisterFile {
     bool pooled_ = false;
 };
 
-// dict[key] without user code: the hinted entry (keys compared by identity), or else a real
-// lookup when both the key and every key of the table are exact str (string comparisons only).
-// Null when absent or when it cannot be decided that way.
-inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
-    if (PyObject* v = dict_get_hinted(d, key, hint)) return v;
-    if (!PyUnicode_CheckExact(key) || !dict_has_only_str_keys(d)) return nullptr;
-    PyObject* v = PyDict_GetItemWithError(d, key);
-    if (v == nullptr) PyErr_Clear();  // cannot raise for str keys; be safe
-    return v;
-}
+inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) { return dict_get_pure(d, key, hint); }
 
 // Exact built-in types whose hash and equality are the interpreter's own and never call back
 // into Python code (a tuple's would call its elements').
@@ -112,19 +103,40 @@ inline bool builtin_key(PyObject* k) {
            t == &PyBytes_Type || k == Py_None;
 }
 
-// `key in d` without user code: 1/0, or -1 when that cannot be decided (a key of a user type in
-// the table, or as the key). A str-keyed table compares only strings and answers "not equal" to
-// any other built-in key without calling anything; a general table is scanned (bounded) first.
-int pure_dict_contains(PyObject* d, PyObject* key) {
-    if (!builtin_key(key)) return -1;
-    if (!dict_has_only_str_keys(d)) {
-        constexpr Py_ssize_t kScanLimit = 64;
-        if (PyDict_GET_SIZE(d) > kScanLimit) return -1;
-        Py_ssize_t pos = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(d, &pos, &k, &v))
-            if (!builtin_key(k)) return -1;
+// Whether a lookup of a built-in key in `d` compares only built-in keys: a table of exact str
+// keys (any other built-in key answers "not equal" to a str without calling anything), or a small
+// general table scanned for keys of built-in types. False when a user key's __eq__ may run.
+bool builtin_lookup(PyObject* d, PyObject* key) {
+    if (!builtin_key(key)) return false;
+    if (dict_has_only_str_keys(d)) return true;
+    constexpr Py_ssize_t kScanLimit = 64;
+    if (PyDict_GET_SIZE(d) > kScanLimit) return false;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v))
+        if (!builtin_key(k)) return false;
+    return true;
+}
+
+// d[key] without user code: 1 found (*out borrowed), 0 absent, -1 undecidable that way (a key
+// of a user type in the table, or as the key: CPython's lookup, which may call its __eq__, must
+// decide).
+int pure_dict_find(PyObject* d, PyObject* key, Py_ssize_t* hint, PyObject** out) {
+    if ((*out = pure_dict_get(d, key, hint)) != nullptr) return 1;
+    if (PyUnicode_CheckExact(key) && dict_has_only_str_keys(d)) return 0;
+    if (!builtin_lookup(d, key)) return -1;
+    *out = PyDict_GetItemWithError(d, key);
+    if (*out != nullptr) return 1;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();  // cannot raise for these keys; be safe
+        return -1;
     }
+    return 0;
+}
+
+// `key in d` without user code: 1/0, or -1 when that cannot be decided that way.
+int pure_dict_contains(PyObject* d, PyObject* key) {
+    if (!builtin_lookup(d, key)) return -1;
     const int r = PyDict_Contains(d, key);
     if (r < 0) {
         PyErr_Clear();  // cannot raise for these keys; be safe
@@ -260,7 +272,7 @@ void GuardSet::build_fast_pass() {
     auto settle_step = [&](const core::Node& c, bool parent_module) {
         switch (c.step.kind) {
             case core::StepKind::Item:
-            case core::StepKind::DictItem: return c.step.operand != core::kNoConst && PyUnicode_CheckExact(objs_[c.step.operand]);
+            case core::StepKind::DictItem: return c.step.operand != core::kNoConst && builtin_key(objs_[c.step.operand]);
             case core::StepKind::DictKey:
             case core::StepKind::DictValue: return true;
             case core::StepKind::Attr: return parent_module;
@@ -391,6 +403,9 @@ void GuardSet::build_fast_pass() {
             stack.push_back({child_order_[k - 1], item.node, k - 1});
     }
     close_until(0);
+    FastOp end;
+    end.code = Code::End;
+    fast_ops_.push_back(end);
     fast_enabled_ = true;
 }
 
@@ -418,121 +433,138 @@ void GuardSet::record_path_failure(std::uint32_t ni) {
     }
 }
 
+void GuardSet::hold_path(Pass& p, std::uint32_t ni) {
+    p.tags[nodes_.size()] = 0;  // the globals dict's slot
+    while (ni != ~0U) {
+        Py_INCREF(p.r[ni]);
+        p.held.push_back(p.r[ni]);
+        p.tags[ni] = 0;
+        const core::Node& n = program_.nodes[ni];
+        ni = n.is_root ? ~0U : n.parent;
+    }
+}
+
+bool GuardSet::after_residue(Pass& p, int rr) {
+    p.ran_user_code = true;
+    if (rr != 1) {
+        p.result = rr;
+        return false;
+    }
+    if (state_->invalid) {  // before any later identity comparison
+        p.result = 0;
+        return false;
+    }
+    return true;
+}
+
+void GuardSet::fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos) {
+    // A claim made optimistically at this node's fetch or stamp did not hold up.
+    nodes_[ni].memo_parent_tag = 0;
+    nodes_[ni].memo_tag = 0;
+    if (!p.ran_user_code) {
+        p.result = kUndecided;  // nothing ran: the walk decides, on the same objects
+        return;
+    }
+    p.result = 0;
+    if (guard_pos != ~0U) {
+        const NodeRt& n = nodes_[ni];
+        if (active_ == 1 &&
+            core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, guard_pos) != guard_pos)
+            ++order_changes_;
+    }
+    record_path_failure(ni);
+}
+
+std::size_t GuardSet::slow_subtree(Pass& p, const FastOp& op) {
+    p.slow_guards += nodes_[op.node].subtree_guards;
+    if (!p.allow_user_code) {
+        p.result = kUndecided;
+        return fast_ops_.size() - 1;  // the End op
+    }
+    int rr;
+    const bool is_root = program_.nodes[op.node].is_root;
+    hold_path(p, is_root ? ~0U : op.parent);
+    {
+        const UserCodeWindow window;
+        rr = is_root ? eval_root(op.pos, p.locals) : eval_child(op.parent, op.pos, p.r[op.parent]);
+    }
+    if (!after_residue(p, rr)) {
+        if (rr == 0 && !is_root) record_path_failure(op.parent);
+        return fast_ops_.size() - 1;  // the End op
+    }
+    return op.skip;
+}
+
+bool GuardSet::slow_guard(Pass& p, const FastOp& op) {
+    ++p.slow_guards;
+    if (!p.allow_user_code) {
+        p.result = kUndecided;
+        return false;
+    }
+    hold_path(p, op.node);
+    // Evaluated with user code: no claim on this node's state may stand on it.
+    nodes_[op.node].memo_tag = 0;
+    nodes_[op.node].memo_parent_tag = 0;
+    int rr;
+    {
+        const UserCodeWindow window;
+        rr = eval_guard_at(op.node, op.pos, p.r[op.node]);
+    }
+    if (!after_residue(p, rr)) {
+        if (rr == 0) record_path_failure(op.node);
+        return false;
+    }
+    return true;
+}
+
+bool GuardSet::slow_ambient(Pass& p, const FastOp& op) {
+    ++p.slow_guards;
+    if (!p.allow_user_code) {
+        p.result = kUndecided;
+        return false;
+    }
+    hold_path(p, ~0U);
+    int rr;
+    {
+        const UserCodeWindow window;
+        rr = eval_ambient(op.pos, op.pos + 1, p.locals);
+    }
+    return after_residue(p, rr);
+}
+
 int GuardSet::fast_pass(const Locals& locals, bool allow_user_code) {
+    return allow_user_code ? run_program<true>(locals) : run_program<false>(locals);
+}
+
+// One instantiation per mode: without user code (check_without_user_code) no residue can run,
+// so the bookkeeping for residues (active_, held references) compiles away.
+template <bool kUserCode>
+int GuardSet::run_program(const Locals& locals) {
     using Code = FastOp::Code;
     const RegisterFile file(nodes_.size());
-    PyObject** const r = file.values();
     // Version tags read by Stamp ops in this check, per node (slot n_nodes: the globals dict);
     // 0: no usable tag. Cleared along the path whenever a residue runs (user code may mutate the
     // dicts), so a claim is only made or used with no user code between the tag read and it.
-    std::uint64_t* const tags = file.tags();
+    Pass ps{locals, file.values(), file.tags(), {}, kUserCode};
+    PyObject** const r = ps.r;
+    std::uint64_t* const tags = ps.tags;
     const std::size_t globals_slot = nodes_.size();
-    std::vector<PyObject*> held;  // references taken before residues: dropped after the loop
-    bool ran_user_code = false;
-    std::uint32_t slow_guards = 0;  // guards evaluated as residues in this check
-    std::uint32_t skipped = 0;      // guards the skip proved without evaluating them
-    int result = 1;
-    ++active_;
+    std::uint32_t skipped = 0;  // guards the skip proved without evaluating them
+    if constexpr (kUserCode) ++active_;
     {
         const NoUserCodeRegion region("the fast pass");
         const FastOp* const ops = fast_ops_.data();
-        const std::size_t n_ops = fast_ops_.size();
-        // Before a residue: hold the registers of node `ni` and its ancestors (the only ones read
-        // after it), and forget their tags (user code may mutate their dicts: no claim may be
-        // made or used under a tag read before it). ~0U: a root residue, no path.
-        auto hold_path = [&](std::uint32_t ni) {
-            tags[globals_slot] = 0;
-            while (ni != ~0U) {
-                Py_INCREF(r[ni]);
-                held.push_back(r[ni]);
-                tags[ni] = 0;
-                const core::Node& n = program_.nodes[ni];
-                ni = n.is_root ? ~0U : n.parent;
-            }
-        };
-        // A residue's outcome: go on (true), or end the program with `result` set (false).
-        auto after_residue = [&](int rr) {
-            ran_user_code = true;
-            if (rr != 1) {
-                result = rr;
-                return false;
-            }
-            if (state_->invalid) {  // before any later identity comparison
-                result = 0;
-                return false;
-            }
-            return true;
-        };
-        // A guard failed, or a value is missing, at node `ni` (`guard_pos`: the failing guard's
-        // position in its range, or ~0 for a missing value of `ni`).
-        auto fail = [&](std::uint32_t ni, std::uint32_t guard_pos) {
-            // A claim made optimistically at this node's fetch or stamp did not hold up.
-            nodes_[ni].memo_parent_tag = 0;
-            nodes_[ni].memo_tag = 0;
-            if (!ran_user_code) {
-                result = kUndecided;  // nothing ran: the walk decides, on the same objects
-                return;
-            }
-            result = 0;
-            if (guard_pos != ~0U) {
-                const NodeRt& n = nodes_[ni];
-                if (active_ == 1 &&
-                    core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, guard_pos) !=
-                        guard_pos)
-                    ++order_changes_;
-            }
-            record_path_failure(ni);
-        };
-        // The fast form of fetch `op` does not apply: the walk evaluates its subtree in place.
-        // Returns the index of the next op, or n_ops when the program ends.
-        auto slow_subtree = [&](const FastOp& op) -> std::size_t {
-            slow_guards += nodes_[op.node].subtree_guards;
-            if (!allow_user_code) {
-                result = kUndecided;
-                return n_ops;
-            }
-            int rr;
-            const bool is_root = program_.nodes[op.node].is_root;
-            hold_path(is_root ? ~0U : op.parent);
-            {
-                const UserCodeWindow window;
-                rr = is_root ? eval_root(op.pos, locals) : eval_child(op.parent, op.pos, r[op.parent]);
-            }
-            if (!after_residue(rr)) {
-                if (rr == 0 && !is_root) record_path_failure(op.parent);
-                return n_ops;
-            }
-            return op.skip;
-        };
-        // Guard `op` has no form free of user code here: the walk's code evaluates it in place.
-        auto slow_guard = [&](const FastOp& op) -> bool {
-            ++slow_guards;
-            if (!allow_user_code) {
-                result = kUndecided;
-                return false;
-            }
-            hold_path(op.node);
-            // Evaluated with user code: no claim on this node's state may stand on it.
-            nodes_[op.node].memo_tag = 0;
-            nodes_[op.node].memo_parent_tag = 0;
-            int rr;
-            {
-                const UserCodeWindow window;
-                rr = eval_guard_at(op.node, op.pos, r[op.node]);
-            }
-            if (!after_residue(rr)) {
-                if (rr == 0) record_path_failure(op.node);
-                return false;
-            }
-            return true;
-        };
+        // Local copies: stores through the registers could alias the members for the compiler.
+        NodeRt* const nodes = nodes_.data();
+        const RuntimeGuard* const guards = guards_.data();
+        const std::size_t n_ops = fast_ops_.size() - 1;  // without the End op
         // The skip (docs/cpp.md, "Skipping unchanged subtrees"). A fetch whose parent's dict is in
         // the state of this node's claim reads the claimed value: the same live object (the dict
         // holds it), on which the identity-implied guards that follow held.
-        auto settled = [&](const FastOp& op) {
+        auto settled = [nodes, r, tags, &skipped](const FastOp& op) {
             if (!op.settle) return false;
             const std::uint64_t t = tags[op.parent];
-            NodeRt& n = nodes_[op.node];
+            NodeRt& n = nodes[op.node];
             if (t == 0 || t != n.memo_parent_tag) return false;
             r[op.node] = n.memo_value;
             skipped += op.jumped;
@@ -540,75 +572,99 @@ int GuardSet::fast_pass(const Locals& locals, bool allow_user_code) {
         };
         // After a fetch from the dict the tag was read from, with no user code since: claim the
         // value. Made before the identity-implied guards run; fail() withdraws it if one fails.
-        auto claim = [&](const FastOp& op, PyObject* v) {
+        auto claim = [nodes, tags](const FastOp& op, PyObject* v) {
             if (!op.settle) return;
             const std::uint64_t t = tags[op.parent];
             if (t == 0) return;
-            NodeRt& n = nodes_[op.node];
+            NodeRt& n = nodes[op.node];
             n.memo_parent_tag = t;
             n.memo_value = v;
         };
-        std::size_t i = 0;
-        while (i < n_ops) {
-            const FastOp& op = ops[i];
-            std::size_t next = i + 1;
-            switch (op.code) {
-                case Code::LoadLocal: {
-                    NodeRt& n = nodes_[op.node];
+        // The program ends with an End op: no bounds check per op. `next` is the op to run next.
+        const FastOp* const end = ops + n_ops;
+        // Direct threading: each op's code ends by jumping straight to the next op's (one
+        // indirect jump per op, no loop counter); `break` inside an op's do/while leaves it.
+#define TW_DISPATCH() goto* kDispatch[static_cast<std::size_t>(opp->code)]
+        static void* const kDispatch[] = {&&op_LoadLocal, &&op_LoadGlobal, &&op_LoadClosure, &&op_FetchAttr, &&op_FetchItem, &&op_FetchDictItem, &&op_FetchDict, &&op_FetchFunction, &&op_FetchPure, &&op_TypeIs, &&op_IdIs, &&op_IsNone, &&op_IsNotNone, &&op_IsTrue, &&op_IsFalse, &&op_Equals, &&op_DictKeys, &&op_DictContains, &&op_LengthExact, &&op_DictVersion, &&op_WeakrefAlive, &&op_CodeIs, &&op_BuiltinProbe, &&op_Stamp, &&op_StampGlobals, &&op_SlowGuard, &&op_SlowAmbient, &&op_End};
+        static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
+                      "one entry per FastOp::Code, in order");
+        const FastOp* opp = ops;
+        const FastOp* next = ops;
+        TW_DISPATCH();
+            op_LoadLocal:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
+                    NodeRt& n = nodes[op.node];
                     PyObject* v;
                     if (locals.is_arguments()) {
                         v = locals.argument(n.root.name, &n.root.slot);
                     } else {
                         if (!PyDict_Check(locals.mapping)) {
-                            next = slow_subtree(op);  // a mapping's __getitem__ is user code
+                            next = ops + slow_subtree(ps, op);  // a mapping's __getitem__ is user code
                             break;
                         }
                         v = pure_dict_get(locals.mapping, n.root.name, &n.root.hint);
                     }
                     if (v == nullptr) {
-                        fail(op.node, ~0U);
-                        next = n_ops;
+                        fail(ps, op.node, ~0U);
+                        next = end;
                         break;
                     }
                     r[op.node] = v;
                     break;
-                }
-                case Code::LoadGlobal: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_LoadGlobal:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (settled(op)) {
-                        next = op.jump;
+                        next = ops + op.jump;
                         break;
                     }
-                    NodeRt& n = nodes_[op.node];
+                    NodeRt& n = nodes[op.node];
                     PyObject* v = globals_ ? pure_dict_get(globals_.get(), n.root.name, &n.root.hint) : nullptr;
                     if (v == nullptr) {
                         if (globals_ && !dict_has_only_str_keys(globals_.get())) {
-                            next = slow_subtree(op);  // a user-typed key in the globals: CPython's lookup
+                            next = ops + slow_subtree(ps, op);  // a user-typed key in the globals: CPython's lookup
                         } else {
-                            fail(op.node, ~0U);
-                            next = n_ops;
+                            fail(ps, op.node, ~0U);
+                            next = end;
                         }
                         break;
                     }
                     r[op.node] = v;
                     claim(op, v);
                     break;
-                }
-                case Code::LoadClosure: {
-                    const NodeRt& n = nodes_[op.node];
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_LoadClosure:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
+                    const NodeRt& n = nodes[op.node];
                     if (n.root.cell == nullptr || PyCell_GET(n.root.cell) == nullptr) {
-                        fail(op.node, ~0U);
-                        next = n_ops;
+                        fail(ps, op.node, ~0U);
+                        next = end;
                         break;
                     }
                     r[op.node] = PyCell_GET(n.root.cell);
                     break;
-                }
-                case Code::FetchAttr: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_FetchAttr:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (settled(op)) {
-                        next = op.jump;
+                        next = ops + op.jump;
                         break;
                     }
-                    NodeRt& n = nodes_[op.node];
+                    NodeRt& n = nodes[op.node];
                     PyObject* p = r[op.parent];
                     PyTypeObject* tp = Py_TYPE(p);
                     AttrCache& ic = n.step.cache;
@@ -627,27 +683,31 @@ int GuardSet::fast_pass(const Locals& locals, bool allow_user_code) {
                     if (v == nullptr) {
                         // A stale cache, a class attribute, a property, __getattr__, a slot, or
                         // missing: the walk's fetch decides (and refills the cache).
-                        next = slow_subtree(op);
+                        next = ops + slow_subtree(ps, op);
                         break;
                     }
                     r[op.node] = v;
                     claim(op, v);
                     break;
-                }
-                case Code::FetchItem: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_FetchItem:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (settled(op)) {
-                        next = op.jump;
+                        next = ops + op.jump;
                         break;
                     }
-                    NodeRt& n = nodes_[op.node];
+                    NodeRt& n = nodes[op.node];
                     PyObject* p = r[op.parent];
                     PyObject* key = n.step.operand;
                     PyObject* v = nullptr;
                     if (PyDict_CheckExact(p)) {
                         // The hint matches keys by identity: no __eq__ of any key runs.
-                        v = pure_dict_get(p, key, &n.step.cache.hint);
-                        if (v == nullptr && (!PyUnicode_CheckExact(key) || !dict_has_only_str_keys(p))) {
-                            next = slow_subtree(op);  // a key or a table of a user type: CPython's lookup
+                        if (pure_dict_find(p, key, &n.step.cache.hint, &v) < 0) {
+                            next = ops + slow_subtree(ps, op);  // a key or a table of a user type: CPython's lookup
                             break;
                         }
                     } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
@@ -656,118 +716,178 @@ int GuardSet::fast_pass(const Locals& locals, bool allow_user_code) {
                         if (k < 0) k += size;
                         if (k >= 0 && k < size) v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
                     } else {
-                        next = slow_subtree(op);  // __getitem__ of another type
+                        next = ops + slow_subtree(ps, op);  // __getitem__ of another type
                         break;
                     }
                     if (v == nullptr) {
-                        fail(op.node, ~0U);
-                        next = n_ops;
+                        fail(ps, op.node, ~0U);
+                        next = end;
                         break;
                     }
                     r[op.node] = v;
                     claim(op, v);
                     break;
-                }
-                case Code::FetchDictItem: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_FetchDictItem:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (settled(op)) {
-                        next = op.jump;
+                        next = ops + op.jump;
                         break;
                     }
-                    NodeRt& n = nodes_[op.node];
+                    NodeRt& n = nodes[op.node];
                     PyObject* p = r[op.parent];
-                    PyObject* v = PyDict_Check(p) ? pure_dict_get(p, n.step.operand, &n.step.cache.hint) : nullptr;
+                    PyObject* v = nullptr;
+                    if (PyDict_Check(p) && pure_dict_find(p, n.step.operand, &n.step.cache.hint, &v) < 0) {
+                        next = ops + slow_subtree(ps, op);
+                        break;
+                    }
                     if (v == nullptr) {
-                        if (PyDict_Check(p) &&
-                            (!PyUnicode_CheckExact(n.step.operand) || !dict_has_only_str_keys(p))) {
-                            next = slow_subtree(op);
-                            break;
-                        }
-                        fail(op.node, ~0U);
-                        next = n_ops;
+                        fail(ps, op.node, ~0U);
+                        next = end;
                         break;
                     }
                     r[op.node] = v;
                     claim(op, v);
                     break;
-                }
-                case Code::FetchDict: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_FetchDict:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     PyObject* p = r[op.parent];
                     // Only a type the walk has seen with the standard `__dict__` (and not a
                     // class, whose `__dict__` is not an instance dict).
-                    const AttrCache& ic = nodes_[op.node].step.cache;
+                    const AttrCache& ic = nodes[op.node].step.cache;
                     PyObject* d = nullptr;
                     if (attr_cache_valid(ic, Py_TYPE(p)) && ic.mode == AttrCache::Mode::InstanceDict &&
                         !PyType_Check(p)) {
                         d = existing_instance_dict(p);
                     }
                     if (d == nullptr || !PyDict_CheckExact(d)) {
-                        next = slow_subtree(op);  // not created yet, or an unusual type: the walk decides
+                        next = ops + slow_subtree(ps, op);  // not created yet, or an unusual type: the walk decides
                         break;
                     }
                     r[op.node] = d;
                     break;
-                }
-                case Code::FetchFunction: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_FetchFunction:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     // A function's own fields (the interpreter's structure, borrowed); anything
                     // else that answers to `__code__` & co. runs its own getattr.
                     PyObject* p = r[op.parent];
-                    NodeRt& n = nodes_[op.node];
+                    NodeRt& n = nodes[op.node];
                     PyObject* kw = PyFunction_Check(p) ? PyFunction_GET_KW_DEFAULTS(p) : nullptr;
                     if (!PyFunction_Check(p) ||
                         (n.step.kind == core::StepKind::KwDefaults &&
                          (kw == nullptr || !PyDict_Check(kw) || !dict_has_only_str_keys(kw)))) {
-                        next = slow_subtree(op);
+                        next = ops + slow_subtree(ps, op);
                         break;
                     }
                     Fetched f = fetch_step(n.step, p);
                     if (f.status != FetchStatus::Ok || f.owned) {
                         if (f.owned) Py_DECREF(f.value);  // never for functions: borrowed fields
                         if (f.status == FetchStatus::Error) PyErr_Clear();
-                        fail(op.node, ~0U);
-                        next = n_ops;
+                        fail(ps, op.node, ~0U);
+                        next = end;
                         break;
                     }
                     r[op.node] = f.value;
                     break;
-                }
-                case Code::FetchPure: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_FetchPure:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     // Steps that never run user code nor allocate (type, weakref target, dict key
                     // or value by position). An owned result would need a reference we do not keep.
                     if (settled(op)) {
-                        next = op.jump;
+                        next = ops + op.jump;
                         break;
                     }
-                    Fetched f = fetch_step(nodes_[op.node].step, r[op.parent]);
+                    Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
                     if (f.status != FetchStatus::Ok || f.owned) {
                         if (f.owned) Py_DECREF(f.value);
                         if (f.status == FetchStatus::Error) PyErr_Clear();
-                        fail(op.node, ~0U);
-                        next = n_ops;
+                        fail(ps, op.node, ~0U);
+                        next = end;
                         break;
                     }
                     r[op.node] = f.value;
                     claim(op, f.value);
                     break;
-                }
-                case Code::TypeIs:
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_TypeIs:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) != op.a) goto failed;
                     break;
-                case Code::IdIs:
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_IdIs:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (r[op.node] != op.a) goto failed;
                     break;
-                case Code::IsNone:
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_IsNone:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (r[op.node] != Py_None) goto failed;
                     break;
-                case Code::IsNotNone:
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_IsNotNone:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (r[op.node] == Py_None) goto failed;
                     break;
-                case Code::IsTrue:
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_IsTrue:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (r[op.node] != Py_True) goto failed;
                     break;
-                case Code::IsFalse:
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_IsFalse:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     if (r[op.node] != Py_False) goto failed;
                     break;
-                case Code::Equals: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_Equals:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     PyObject* v = r[op.node];
                     if (v == op.a) break;  // the constant itself (NaN included, by the catalogue's rule)
                     if (Py_TYPE(v) != Py_TYPE(op.a)) goto failed;
@@ -778,122 +898,161 @@ int GuardSet::fast_pass(const Locals& locals, bool allow_user_code) {
                         goto failed;
                     }
                     break;
-                }
-                case Code::DictKeys: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_DictKeys:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     PyObject* v = r[op.node];
-                    PyObject* keys = guards_[op.guard].b;
+                    PyObject* keys = guards[op.guard].b;
                     if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) goto failed;
                     if (dict_keys_identical(v, keys) == 1) break;  // the same key objects, in order
-                    if (!dict_keys_in_place(guards_[op.guard], v)) goto failed;
+                    if (!dict_keys_in_place(guards[op.guard], v)) goto failed;
                     break;
-                }
-                case Code::DictContains: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_DictContains:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     PyObject* v = r[op.node];
                     if (!PyDict_Check(v)) goto failed;
                     const int m = pure_dict_contains(v, op.a);
                     if (m < 0) {
-                        if (!slow_guard(op)) next = n_ops;  // a key of a user type: its __eq__/__hash__
+                        if (!slow_guard(ps, op)) next = end;  // a key of a user type: its __eq__/__hash__
                         break;
                     }
-                    if ((m == 1) != guards_[op.guard].flag) goto failed;
+                    if ((m == 1) != guards[op.guard].flag) goto failed;
                     break;
-                }
-                case Code::LengthExact: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_LengthExact:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     Py_ssize_t n = 0;
                     if (!builtin_length(r[op.node], n)) {
-                        if (!slow_guard(op)) next = n_ops;  // a user __len__
+                        if (!slow_guard(ps, op)) next = end;  // a user __len__
                         break;
                     }
-                    if (n != guards_[op.guard].n) goto failed;
+                    if (n != guards[op.guard].n) goto failed;
                     break;
-                }
-                case Code::CodeIs: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_CodeIs:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     PyObject* v = r[op.node];
                     if (!PyFunction_Check(v)) {
-                        if (!slow_guard(op)) next = n_ops;  // `__code__` of another type: its getattr
+                        if (!slow_guard(ps, op)) next = end;  // `__code__` of another type: its getattr
                         break;
                     }
                     if (PyFunction_GET_CODE(v) != op.a) goto failed;
                     break;
-                }
-                case Code::DictVersion:
-                case Code::WeakrefAlive: {
-                    const int m = eval_guard(guards_[op.guard], r[op.node]);
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_DictVersion: op_WeakrefAlive:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
+                    const int m = eval_guard(guards[op.guard], r[op.node]);
                     if (m != 1) {
                         if (m < 0) PyErr_Clear();
                         goto failed;
                     }
                     break;
-                }
-                case Code::BuiltinProbe: {
-                    const RuntimeGuard& g = guards_[op.guard];
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_BuiltinProbe:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
+                    const RuntimeGuard& g = guards[op.guard];
                     if (builtin_probe(static_cast<core::BuiltinProbe>(g.n)) != g.n2) {
-                        if (ran_user_code) {
-                            result = 0;
-                        } else {
-                            result = kUndecided;
-                        }
-                        next = n_ops;
+                        ps.result = ps.ran_user_code ? 0 : kUndecided;
+                        next = end;
                     }
                     break;
-                }
-                case Code::Stamp: {
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_Stamp:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
                     PyObject* v = r[op.node];
                     PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? PyModule_GetDict(v) : nullptr;
                     const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
                     tags[op.node] = t;
                     if (t == 0) break;
-                    NodeRt& n = nodes_[op.node];
+                    NodeRt& n = nodes[op.node];
                     if (t == n.memo_tag) {
                         skipped += op.jumped;  // this state was proved: its state-implied guards hold
-                        next = op.jump;
+                        next = ops + op.jump;
                         break;
                     }
                     // Claimed before the state-implied guards run; a failing one (fail()) or one
                     // evaluated with user code (slow_guard) withdraws it.
                     n.memo_tag = t;
                     break;
-                }
-                case Code::StampGlobals: tags[globals_slot] = dict_tag(globals_.get()); break;
-                case Code::SlowGuard:
-                    if (!slow_guard(op)) next = n_ops;
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_StampGlobals:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
+                    tags[globals_slot] = dict_tag(globals_.get()); break;
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_SlowGuard:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
+                    if (!slow_guard(ps, op)) next = end;
                     break;
-                case Code::SlowAmbient: {
-                    ++slow_guards;
-                    if (!allow_user_code) {
-                        result = kUndecided;
-                        next = n_ops;
-                        break;
-                    }
-                    hold_path(~0U);
-                    int rr;
-                    {
-                        const UserCodeWindow window;
-                        rr = eval_ambient(op.pos, op.pos + 1, locals);
-                    }
-                    if (!after_residue(rr)) next = n_ops;
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_SlowAmbient:
+            do {
+                const FastOp& op = *opp;
+                next = opp + 1;
+                    if (!slow_ambient(ps, op)) next = end;
                     break;
-                }
-                default: __builtin_unreachable();  // every code is handled above: no range check
-            }
-            i = next;
-            continue;
+            } while (false);
+            opp = next;
+            TW_DISPATCH();
+            op_End:
+            goto done;
         failed:
-            fail(op.node, op.pos);
-            i = n_ops;
-        }
+            fail(ps, opp->node, opp->pos);
+#undef TW_DISPATCH
+    done:;
     }
-    --active_;
-    // Outside the region: dropping the references may run finalizers, which may kill an object
-    // the set names by identity.
-    for (PyObject* o : held) Py_DECREF(o);
+    int result = ps.result;
+    if constexpr (kUserCode) {
+        --active_;
+        // Outside the region: dropping the references may run finalizers, which may kill an
+        // object the set names by identity.
+        for (PyObject* o : ps.held) Py_DECREF(o);
+    }
     if (result == 1 && state_->invalid) result = 0;
     if (result == kUndecided) return result;
     ++stats_.checks;
     if (result == 1) {
         ++stats_.passes;
-        ++(ran_user_code ? stats_.residue_passes : stats_.fast_passes);
-        stats_.last_fast_guards = fast_guards_ + residue_guards_ - slow_guards;
+        ++(ps.ran_user_code ? stats_.residue_passes : stats_.fast_passes);
+        stats_.last_slow_guards = ps.slow_guards;
         stats_.last_skipped_guards = skipped;
     }
     return result;

@@ -182,8 +182,12 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
             Py_XDECREF(found);
             return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
         }
-        case GuardKind::DictVersion:
-            return PyDict_CheckExact(v) && dict_stamp(v) == static_cast<std::uint64_t>(g.n) ? 1 : 0;
+        case GuardKind::DictVersion: {
+            // 0 is never a stamp (a dict that cannot be versioned): such a guard never holds.
+            if (!PyDict_CheckExact(v)) return 0;
+            const std::uint64_t stamp = dict_stamp(v);
+            return stamp != 0 && stamp == static_cast<std::uint64_t>(g.n) ? 1 : 0;
+        }
         case GuardKind::TupleIteratorLen: {
             if (Py_TYPE(v) != &PyTupleIter_Type) return 0;
             const Py_ssize_t n = PyObject_LengthHint(v, -1);
@@ -228,6 +232,9 @@ bool init_dict_stamps() {
 }
 
 std::uint64_t dict_stamp(PyObject* d) {
+    // 3.13: a dict embedded in its object (materialised over the inline values) sees attribute
+    // stores only through the values: no watcher event fires. It cannot be versioned.
+    if (dict_embedded(d)) return 0;
     auto it = g_stamps->find(d);
     if (it != g_stamps->end()) return it->second;
     if (PyDict_Watch(g_watcher_id, d) < 0) {
@@ -249,8 +256,17 @@ std::uint64_t dict_stamp(PyObject* d) {
 #endif
 
 bool dict_version(PyObject* d, std::uint64_t& out) {
+    verify_dict_hints();
     if (!init_dict_stamps()) return false;
     out = dict_stamp(d);
+    if (out == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        dict_embedded(d)
+                            ? "this instance dict is embedded in its object over the object's inline values "
+                              "(CPython 3.13): attribute stores bypass it, so it cannot be versioned"
+                            : "this dict cannot be versioned (no dict watcher could be installed)");
+        return false;
+    }
     return true;
 }
 

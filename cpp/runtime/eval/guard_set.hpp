@@ -62,9 +62,9 @@ struct GuardSetStats {
     std::uint64_t passes = 0;
     std::uint64_t fast_passes = 0;     ///< passes decided by the fast pass alone (no residue)
     std::uint64_t residue_passes = 0;  ///< passes decided by the fast pass with residues in place
-    /// Guards decided by the fast pass without user code in the last check it completed (the
-    /// rest were residues: by kind, or because a fast form did not apply to the objects at hand).
-    std::uint32_t last_fast_guards = 0;
+    /// Guards evaluated as residues in the last passing check the fast pass completed (by kind,
+    /// or because a fast form did not apply to the objects at hand).
+    std::uint32_t last_slow_guards = 0;
     /// Guards the skip proved without evaluating them in the last check the fast pass completed.
     std::uint32_t last_skipped_guards = 0;
 };
@@ -117,6 +117,8 @@ class GuardSet {
     /// LAMBDA, Python probes, ...). Steps whose fast form does not apply at run time defer
     /// their subtree for that check only (see GuardSetStats::last_fast_guards).
     std::uint32_t fast_guard_count() const { return fast_guards_; }
+    /// Guards decided without user code in the last passing check the fast pass completed.
+    std::uint32_t last_fast_guards() const { return fast_guards_ + residue_guards_ - stats_.last_slow_guards; }
     std::size_t size() const { return program_.guards.size(); }
     const GuardSetStats& stats() const { return stats_; }
     /// Failure count of guard `id` (index into program().guards) and node `ni` so far.
@@ -193,6 +195,7 @@ class GuardSet {
             // the current path's values held (SlowGuard on regs[node], SlowAmbient on the locals).
             SlowGuard,
             SlowAmbient,
+            End,  // the last op of every program
         };
         Code code = Code::LoadLocal;
         std::uint32_t node = 0;
@@ -220,6 +223,8 @@ class GuardSet {
     /// failed or a value was missing before any user code ran, or a residue was met while
     /// `allow_user_code` is false.
     int fast_pass(const Locals& locals, bool allow_user_code);
+    template <bool kUserCode>
+    int run_program(const Locals& locals);
     /// Which guards a claim covers (docs/cpp.md, "Skipping unchanged subtrees").
     enum class Implied : std::uint8_t {
         Never,     ///< evaluated on every check
@@ -227,6 +232,24 @@ class GuardSet {
         State,     ///< holds as long as the node's dict is unchanged (tag) once it held
     };
     Implied implied_by(const RuntimeGuard& g) const;
+    /// The state of one run of the fast program (fast_pass.cpp).
+    struct Pass {
+        const Locals& locals;
+        PyObject** r;                 ///< registers: a value per node
+        std::uint64_t* tags;          ///< the skip's tags read this check, per node (+1: the globals)
+        std::vector<PyObject*> held;  ///< references taken before residues, dropped after the loop
+        bool allow_user_code;
+        bool ran_user_code = false;
+        std::uint32_t slow_guards = 0;  ///< guards evaluated as residues
+        int result = 1;
+    };
+    // The fast program's rare paths, out of line (fast_pass.cpp).
+    void hold_path(Pass& p, std::uint32_t ni);
+    bool after_residue(Pass& p, int rr);
+    [[gnu::noinline, gnu::cold]] void fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos);
+    [[gnu::noinline]] std::size_t slow_subtree(Pass& p, const FastOp& op);
+    [[gnu::noinline]] bool slow_guard(Pass& p, const FastOp& op);
+    [[gnu::noinline]] bool slow_ambient(Pass& p, const FastOp& op);
     /// Count a failure of node `ni` (a guard on it failed) along its path, as the walk's returns do.
     void record_path_failure(std::uint32_t ni);
     /// One guard (position `pos` of node `ni`'s range) on `v`, as the walk evaluates it. 1/0/-1.
