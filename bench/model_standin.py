@@ -57,7 +57,7 @@ DESCRIPTIONS = {
     "global dict, a global closure with defaults",
 }
 
-_MODELS_SRC = '''
+_MODELS_SRC = """
 import torch
 from torch import nn
 from dataclasses import dataclass, field
@@ -215,7 +215,7 @@ def run_cfg(x, cfg, h):
     if h.flag:
         x = scale(x)
     return x
-'''
+"""
 
 _NS_COUNTER = [0]
 
@@ -329,7 +329,12 @@ def _accessor_step(parent: _Node, accessed_by: str) -> _Node:
         return _Node(d, f"L['{key.group(1)}']")
     if kind == "GlobalsGuardAccessor":
         return _Node(d, None, pending="globals")
-    if kind in ("DictGetItemGuardAccessor", "GetItemGuardAccessor", "TupleGetItemGuardAccessor", "ListGetItemGuardAccessor"):
+    if kind in (
+        "DictGetItemGuardAccessor",
+        "GetItemGuardAccessor",
+        "TupleGetItemGuardAccessor",
+        "ListGetItemGuardAccessor",
+    ):
         key = ast.literal_eval(arg)
         if parent.pending == "globals":
             return _Node(d, f"G[{key!r}]")
@@ -456,7 +461,11 @@ def convert_tree(text: str, b: GuardBuilder, f_globals: dict) -> _Conversion:
         if head in ("KeyManager", "ValueManager"):
             idx = int(parent.pending[2:])
             dsrc = parent.src
-            src = f"list(dict.keys({dsrc}))[{idx}]" if head == "KeyManager" else f"{dsrc}[list(dict.keys({dsrc}))[{idx}]]"
+            src = (
+                f"list(dict.keys({dsrc}))[{idx}]"
+                if head == "KeyManager"
+                else f"{dsrc}[list(dict.keys({dsrc}))[{idx}]]"
+            )
             stack.append(_Node(depth, src))
             continue
         kind, code = head, _COMMENT.sub("", rest)
@@ -523,7 +532,9 @@ def _cache_path(name: str, core: bool) -> str:
 
     import torch
 
-    key = hashlib.sha256(f"{_MODELS_SRC}{torch.__version__}{platform.python_version()}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{_MODELS_SRC}{torch.__version__}{platform.python_version()}".encode()).hexdigest()[
+        :12
+    ]
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "bench")
     return os.path.join(root, f"standin-{name}-{'core' if core else 'full'}-{key}.json")
 
@@ -564,7 +575,9 @@ def build_standin(name: str, core: bool = False, *, from_cache: bool = False) ->
         import builtins
 
         for k, recipe in data["globals"].items():
-            ns.__dict__[k] = builtins.__dict__ if recipe == "builtins" else importlib.import_module(recipe[7:])
+            ns.__dict__[k] = (
+                builtins.__dict__ if recipe == "builtins" else importlib.import_module(recipe[7:])
+            )
         f_globals = ns.__dict__
         b = GuardBuilder(ok, f_globals=f_globals)
         conv = convert_tree(data["tree"], b, f_globals)
@@ -575,8 +588,14 @@ def build_standin(name: str, core: bool = False, *, from_cache: bool = False) ->
     conv = convert_tree(text, b, f_globals)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        ns_names = set(compile(_MODELS_SRC, "<models>", "exec").co_names) | {"__builtins__", "__name__", "__doc__"}
-        ns_names |= {k for k in f_globals if not k.startswith("__import_") and not k.startswith("__builtins_dict")}
+        ns_names = set(compile(_MODELS_SRC, "<models>", "exec").co_names) | {
+            "__builtins__",
+            "__name__",
+            "__doc__",
+        }
+        ns_names |= {
+            k for k in f_globals if not k.startswith("__import_") and not k.startswith("__builtins_dict")
+        }
         with open(path, "w") as f:
             json.dump({"tree": text, "globals": _globals_recipe(f_globals, ns_names)}, f)
     except (OSError, ValueError):
@@ -587,4 +606,6 @@ def build_standin(name: str, core: bool = False, *, from_cache: bool = False) ->
 def conversion_counts(s: StandIn) -> str:
     """Per kind: torch's leaf guards (filtered compile) and the tripwire guards declared for them."""
     kinds = sorted(set(s.conversion.torch_counts) | set(s.conversion.tw_counts))
-    return ", ".join(f"{k} {s.conversion.torch_counts.get(k, 0)}/{s.conversion.tw_counts.get(k, 0)}" for k in kinds)
+    return ", ".join(
+        f"{k} {s.conversion.torch_counts.get(k, 0)}/{s.conversion.tw_counts.get(k, 0)}" for k in kinds
+    )

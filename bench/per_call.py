@@ -149,7 +149,11 @@ def instructions(group: str, which: str, calls: int, out_dir: str) -> float | No
                 total = int(line.split()[1])
     if total is None:
         return None
-    _, arg, kind = (None, [None] * (N_ENTRIES if which == "cycling" else 1), "each") if group == "cache" else (None, None, "vectorcall")
+    _, arg, kind = (
+        (None, [None] * (N_ENTRIES if which == "cycling" else 1), "each")
+        if group == "cache"
+        else (None, None, "vectorcall")
+    )
     n_calls = calls if kind == "vectorcall" else max(1, calls // len(arg)) * len(arg)
     return total / n_calls
 

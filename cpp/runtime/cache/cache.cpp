@@ -279,7 +279,7 @@ void Cache::describe_entry(CacheEntry& e) const {
 
 void Cache::rebuild_index() {
     index_dirty_ = false;
-    ++mutations_;  // the buckets move: pointers into them (lookup's few candidates) are stale
+    ++mutations_;      // the buckets move: pointers into them (lookup's few candidates) are stale
     buckets_.clear();  // every entry is still owned by by_id_: nothing is released here
     unindexed_.clear();
     index_text_.clear();
@@ -444,8 +444,11 @@ bool Cache::few_candidates(const Locals& locals, const EntryPtr** out, std::size
     });
     if (!scanned || !fits) return false;
     // Most recently used first, as the ordered scan would try them (insertion sort: few).
-    for (std::size_t i = 1; i < n; ++i)
-        for (std::size_t j = i; j > 0 && (*out[j - 1])->stamp < (*out[j])->stamp; --j) std::swap(out[j - 1], out[j]);
+    for (std::size_t i = 1; i < n; ++i) {
+        for (std::size_t j = i; j > 0 && (*out[j - 1])->stamp < (*out[j])->stamp; --j) {
+            std::swap(out[j - 1], out[j]);
+        }
+    }
     return true;
 }
 
@@ -564,7 +567,8 @@ bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
     std::vector<EntryPtr> candidates;
     collect_candidates(locals, candidates);
     for (const EntryPtr& c : candidates) {
-        if (c.get() == tried || std::find(tried_few, tried_few + n_tried, c.get()) != tried_few + n_tried) continue;
+        if (c.get() == tried || std::find(tried_few, tried_few + n_tried, c.get()) != tried_few + n_tried)
+            continue;
         const int r = try_entry(c, locals, current.get(), memo);
         if (r < 0) return false;
         if (r == 1) {

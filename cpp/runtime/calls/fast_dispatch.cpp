@@ -81,7 +81,8 @@ PyObject* fd_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, Py
     // call (no allocation either), so fd's fields, the cache and the arguments stay as they are
     // without our own references; after the payload call nothing of fd is used.
     const CallSignature& sig = *fd->sig;
-    if (sig.binds_as_is(n, kwnames) && PyFunction_Check(fd->fn) && PyFunction_GET_CODE(fd->fn) == sig.code()) {
+    if (sig.binds_as_is(n, kwnames) && PyFunction_Check(fd->fn) &&
+        PyFunction_GET_CODE(fd->fn) == sig.code()) {
         Locals locals;
         locals.values = args;
         locals.names = sig.names();

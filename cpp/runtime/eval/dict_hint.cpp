@@ -37,10 +37,18 @@ void verify_dict_tags() {
         const char* code;
     };
     const Step steps[] = {
-        {"d", "d['a'] = 1"},        {"d", "d['a'] = 2"},      {"d", "del d['a']"},
-        {"d", "d.update(b=1)"},     {"d", "d.setdefault('c', 3)"}, {"d", "d.pop('c')"},
-        {"d", "d.clear()"},         {"d", "d[1] = 'x'"},      {"od", "od['beta'] = 5"},
-        {"od", "o.alpha = 7"},      {"od", "o.new = 8"},      {"od", "del o.new"},
+        {"d", "d['a'] = 1"},
+        {"d", "d['a'] = 2"},
+        {"d", "del d['a']"},
+        {"d", "d.update(b=1)"},
+        {"d", "d.setdefault('c', 3)"},
+        {"d", "d.pop('c')"},
+        {"d", "d.clear()"},
+        {"d", "d[1] = 'x'"},
+        {"od", "od['beta'] = 5"},
+        {"od", "o.alpha = 7"},
+        {"od", "o.new = 8"},
+        {"od", "del o.new"},
         {"od", "object.__setattr__(o, 'alpha', 9)"},
     };
     const char* setup =

@@ -93,7 +93,9 @@ class RegisterFile {
     bool pooled_ = false;
 };
 
-inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) { return dict_get_pure(d, key, hint); }
+inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
+    return dict_get_pure(d, key, hint);
+}
 
 // Exact built-in types whose hash and equality are the interpreter's own and never call back
 // into Python code (a tuple's would call its elements').
@@ -201,11 +203,13 @@ GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
             // `__class__` assignment is refused when the object's class is immutable, except
             // between module types. A mutable class (any class statement) may be swapped.
             auto* t = reinterpret_cast<PyTypeObject*>(g.a);
-            const bool fixed = PyType_HasFeature(t, Py_TPFLAGS_IMMUTABLETYPE) && !PyType_IsSubtype(t, &PyModule_Type);
+            const bool fixed =
+                PyType_HasFeature(t, Py_TPFLAGS_IMMUTABLETYPE) && !PyType_IsSubtype(t, &PyModule_Type);
             return fixed ? Implied::Identity : Implied::Never;
         }
         // The value matched type-exactly, so it is built of the same immutable objects.
-        case core::GuardKind::EqualsMatch: return immutable_constant(g.a) ? Implied::Identity : Implied::Never;
+        case core::GuardKind::EqualsMatch:
+            return immutable_constant(g.a) ? Implied::Identity : Implied::Never;
         // Functions of the dict's state (a str-keyed or built-in-keyed lookup, its size, keys,
         // stamp), when the node is a dict whose tag is unchanged. On any other value (a list,
         // a user __len__) the stamp never hits and they are evaluated.
@@ -235,7 +239,8 @@ bool module_like(const core::Program& p, const std::vector<RuntimeGuard>& guards
     for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
         const RuntimeGuard& g = guards[p.node_guards[k]];
         if (g.kind == core::GuardKind::IdMatch && g.a != nullptr && PyModule_Check(g.a)) return true;
-        if (g.kind == core::GuardKind::TypeMatch && g.a == reinterpret_cast<PyObject*>(&PyModule_Type)) return true;
+        if (g.kind == core::GuardKind::TypeMatch && g.a == reinterpret_cast<PyObject*>(&PyModule_Type))
+            return true;
     }
     return false;
 }
@@ -272,7 +277,8 @@ void GuardSet::build_fast_pass() {
     auto settle_step = [&](const core::Node& c, bool parent_module) {
         switch (c.step.kind) {
             case core::StepKind::Item:
-            case core::StepKind::DictItem: return c.step.operand != core::kNoConst && builtin_key(objs_[c.step.operand]);
+            case core::StepKind::DictItem:
+                return c.step.operand != core::kNoConst && builtin_key(objs_[c.step.operand]);
             case core::StepKind::DictKey:
             case core::StepKind::DictValue: return true;
             case core::StepKind::Attr: return parent_module;
@@ -468,8 +474,8 @@ void GuardSet::fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos) {
     p.result = 0;
     if (guard_pos != ~0U) {
         const NodeRt& n = nodes_[ni];
-        if (active_ == 1 &&
-            core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, guard_pos) != guard_pos)
+        if (active_ == 1 && core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin,
+                                                 guard_pos) != guard_pos)
             ++order_changes_;
     }
     record_path_failure(ni);
@@ -584,458 +590,469 @@ int GuardSet::run_program(const Locals& locals) {
         const FastOp* const end = ops + n_ops;
         // Direct threading: each op's code ends by jumping straight to the next op's (one
         // indirect jump per op, no loop counter); `break` inside an op's do/while leaves it.
-#define TW_DISPATCH() goto* kDispatch[static_cast<std::size_t>(opp->code)]
-        static void* const kDispatch[] = {&&op_LoadLocal, &&op_LoadGlobal, &&op_LoadClosure, &&op_FetchAttr, &&op_FetchItem, &&op_FetchDictItem, &&op_FetchDict, &&op_FetchFunction, &&op_FetchPure, &&op_TypeIs, &&op_IdIs, &&op_IsNone, &&op_IsNotNone, &&op_IsTrue, &&op_IsFalse, &&op_Equals, &&op_DictKeys, &&op_DictContains, &&op_LengthExact, &&op_DictVersion, &&op_WeakrefAlive, &&op_CodeIs, &&op_BuiltinProbe, &&op_Stamp, &&op_StampGlobals, &&op_SlowGuard, &&op_SlowAmbient, &&op_End};
+#define TW_DISPATCH() \
+    goto* kDispatch[static_cast<std::size_t>(opp->code)]  // NOLINT(bugprone-macro-parentheses)
+        static void* const kDispatch[] = {
+            &&op_LoadLocal,    &&op_LoadGlobal,    &&op_LoadClosure,  &&op_FetchAttr,
+            &&op_FetchItem,    &&op_FetchDictItem, &&op_FetchDict,    &&op_FetchFunction,
+            &&op_FetchPure,    &&op_TypeIs,        &&op_IdIs,         &&op_IsNone,
+            &&op_IsNotNone,    &&op_IsTrue,        &&op_IsFalse,      &&op_Equals,
+            &&op_DictKeys,     &&op_DictContains,  &&op_LengthExact,  &&op_DictVersion,
+            &&op_WeakrefAlive, &&op_CodeIs,        &&op_BuiltinProbe, &&op_Stamp,
+            &&op_StampGlobals, &&op_SlowGuard,     &&op_SlowAmbient,  &&op_End};
         static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
                       "one entry per FastOp::Code, in order");
         const FastOp* opp = ops;
         const FastOp* next = ops;
         TW_DISPATCH();
-            op_LoadLocal:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    NodeRt& n = nodes[op.node];
-                    PyObject* v;
-                    if (locals.is_arguments()) {
-                        v = locals.argument(n.root.name, &n.root.slot);
-                    } else {
-                        if (!PyDict_Check(locals.mapping)) {
-                            next = ops + slow_subtree(ps, op);  // a mapping's __getitem__ is user code
-                            break;
-                        }
-                        v = pure_dict_get(locals.mapping, n.root.name, &n.root.hint);
-                    }
-                    if (v == nullptr) {
-                        fail(ps, op.node, ~0U);
-                        next = end;
-                        break;
-                    }
-                    r[op.node] = v;
+    op_LoadLocal:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            NodeRt& n = nodes[op.node];
+            PyObject* v;
+            if (locals.is_arguments()) {
+                v = locals.argument(n.root.name, &n.root.slot);
+            } else {
+                if (!PyDict_Check(locals.mapping)) {
+                    next = ops + slow_subtree(ps, op);  // a mapping's __getitem__ is user code
                     break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_LoadGlobal:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (settled(op)) {
-                        next = ops + op.jump;
-                        break;
-                    }
-                    NodeRt& n = nodes[op.node];
-                    PyObject* v = globals_ ? pure_dict_get(globals_.get(), n.root.name, &n.root.hint) : nullptr;
-                    if (v == nullptr) {
-                        if (globals_ && !dict_has_only_str_keys(globals_.get())) {
-                            next = ops + slow_subtree(ps, op);  // a user-typed key in the globals: CPython's lookup
-                        } else {
-                            fail(ps, op.node, ~0U);
-                            next = end;
-                        }
-                        break;
-                    }
-                    r[op.node] = v;
-                    claim(op, v);
+                }
+                v = pure_dict_get(locals.mapping, n.root.name, &n.root.hint);
+            }
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_LoadGlobal:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) {
+                next = ops + op.jump;
+                break;
+            }
+            NodeRt& n = nodes[op.node];
+            PyObject* v = globals_ ? pure_dict_get(globals_.get(), n.root.name, &n.root.hint) : nullptr;
+            if (v == nullptr) {
+                if (globals_ && !dict_has_only_str_keys(globals_.get())) {
+                    next = ops + slow_subtree(ps, op);  // a user-typed key in the globals: CPython's lookup
+                } else {
+                    fail(ps, op.node, ~0U);
+                    next = end;
+                }
+                break;
+            }
+            r[op.node] = v;
+            claim(op, v);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_LoadClosure:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            const NodeRt& n = nodes[op.node];
+            if (n.root.cell == nullptr || PyCell_GET(n.root.cell) == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = PyCell_GET(n.root.cell);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchAttr:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) {
+                next = ops + op.jump;
+                break;
+            }
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            PyTypeObject* tp = Py_TYPE(p);
+            AttrCache& ic = n.step.cache;
+            // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop
+            // into one that costs 2-12% more instructions per check (callgrind).
+            PyObject* v = nullptr;
+            if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
+                if (ic.mode == AttrCache::Mode::InstanceDict) {
+                    v = instance_attr_hinted(p, n.step.operand, &ic.hint);
+                } else if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p)) {
+                    v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                } else if (ic.mode == AttrCache::Mode::FunctionField) {
+                    v = function_field(p, n.step.operand);
+                }
+            }
+            if (v == nullptr) {
+                // A stale cache, a class attribute, a property, __getattr__, a slot, or
+                // missing: the walk's fetch decides (and refills the cache).
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            r[op.node] = v;
+            claim(op, v);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchItem:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) {
+                next = ops + op.jump;
+                break;
+            }
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            PyObject* key = n.step.operand;
+            PyObject* v = nullptr;
+            if (PyDict_CheckExact(p)) {
+                // The hint matches keys by identity: no __eq__ of any key runs.
+                if (pure_dict_find(p, key, &n.step.cache.hint, &v) < 0) {
+                    next = ops + slow_subtree(ps, op);  // a key or a table of a user type: CPython's lookup
                     break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_LoadClosure:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    const NodeRt& n = nodes[op.node];
-                    if (n.root.cell == nullptr || PyCell_GET(n.root.cell) == nullptr) {
-                        fail(ps, op.node, ~0U);
-                        next = end;
-                        break;
-                    }
-                    r[op.node] = PyCell_GET(n.root.cell);
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_FetchAttr:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (settled(op)) {
-                        next = ops + op.jump;
-                        break;
-                    }
-                    NodeRt& n = nodes[op.node];
-                    PyObject* p = r[op.parent];
-                    PyTypeObject* tp = Py_TYPE(p);
-                    AttrCache& ic = n.step.cache;
-                    // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop
-                    // into one that costs 2-12% more instructions per check (callgrind).
-                    PyObject* v = nullptr;
-                    if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
-                        if (ic.mode == AttrCache::Mode::InstanceDict) {
-                            v = instance_attr_hinted(p, n.step.operand, &ic.hint);
-                        } else if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p)) {
-                            v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
-                        } else if (ic.mode == AttrCache::Mode::FunctionField) {
-                            v = function_field(p, n.step.operand);
-                        }
-                    }
-                    if (v == nullptr) {
-                        // A stale cache, a class attribute, a property, __getattr__, a slot, or
-                        // missing: the walk's fetch decides (and refills the cache).
-                        next = ops + slow_subtree(ps, op);
-                        break;
-                    }
-                    r[op.node] = v;
-                    claim(op, v);
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_FetchItem:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (settled(op)) {
-                        next = ops + op.jump;
-                        break;
-                    }
-                    NodeRt& n = nodes[op.node];
-                    PyObject* p = r[op.parent];
-                    PyObject* key = n.step.operand;
-                    PyObject* v = nullptr;
-                    if (PyDict_CheckExact(p)) {
-                        // The hint matches keys by identity: no __eq__ of any key runs.
-                        if (pure_dict_find(p, key, &n.step.cache.hint, &v) < 0) {
-                            next = ops + slow_subtree(ps, op);  // a key or a table of a user type: CPython's lookup
-                            break;
-                        }
-                    } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
-                        Py_ssize_t k = n.step.index;  // the key, converted once at build
-                        const Py_ssize_t size = Py_SIZE(p);
-                        if (k < 0) k += size;
-                        if (k >= 0 && k < size) v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
-                    } else {
-                        next = ops + slow_subtree(ps, op);  // __getitem__ of another type
-                        break;
-                    }
-                    if (v == nullptr) {
-                        fail(ps, op.node, ~0U);
-                        next = end;
-                        break;
-                    }
-                    r[op.node] = v;
-                    claim(op, v);
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_FetchDictItem:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (settled(op)) {
-                        next = ops + op.jump;
-                        break;
-                    }
-                    NodeRt& n = nodes[op.node];
-                    PyObject* p = r[op.parent];
-                    PyObject* v = nullptr;
-                    if (PyDict_Check(p) && pure_dict_find(p, n.step.operand, &n.step.cache.hint, &v) < 0) {
-                        next = ops + slow_subtree(ps, op);
-                        break;
-                    }
-                    if (v == nullptr) {
-                        fail(ps, op.node, ~0U);
-                        next = end;
-                        break;
-                    }
-                    r[op.node] = v;
-                    claim(op, v);
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_FetchDict:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    PyObject* p = r[op.parent];
-                    // Only a type the walk has seen with the standard `__dict__` (and not a
-                    // class, whose `__dict__` is not an instance dict).
-                    const AttrCache& ic = nodes[op.node].step.cache;
-                    PyObject* d = nullptr;
-                    if (attr_cache_valid(ic, Py_TYPE(p)) && ic.mode == AttrCache::Mode::InstanceDict &&
-                        !PyType_Check(p)) {
-                        d = existing_instance_dict(p);
-                    }
-                    if (d == nullptr || !PyDict_CheckExact(d)) {
-                        next = ops + slow_subtree(ps, op);  // not created yet, or an unusual type: the walk decides
-                        break;
-                    }
-                    r[op.node] = d;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_FetchFunction:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    // A function's own fields (the interpreter's structure, borrowed); anything
-                    // else that answers to `__code__` & co. runs its own getattr.
-                    PyObject* p = r[op.parent];
-                    NodeRt& n = nodes[op.node];
-                    PyObject* kw = PyFunction_Check(p) ? PyFunction_GET_KW_DEFAULTS(p) : nullptr;
-                    if (!PyFunction_Check(p) ||
-                        (n.step.kind == core::StepKind::KwDefaults &&
-                         (kw == nullptr || !PyDict_Check(kw) || !dict_has_only_str_keys(kw)))) {
-                        next = ops + slow_subtree(ps, op);
-                        break;
-                    }
-                    Fetched f = fetch_step(n.step, p);
-                    if (f.status != FetchStatus::Ok || f.owned) {
-                        if (f.owned) Py_DECREF(f.value);  // never for functions: borrowed fields
-                        if (f.status == FetchStatus::Error) PyErr_Clear();
-                        fail(ps, op.node, ~0U);
-                        next = end;
-                        break;
-                    }
-                    r[op.node] = f.value;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_FetchPure:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    // Steps that never run user code nor allocate (type, weakref target, dict key
-                    // or value by position). An owned result would need a reference we do not keep.
-                    if (settled(op)) {
-                        next = ops + op.jump;
-                        break;
-                    }
-                    Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
-                    if (f.status != FetchStatus::Ok || f.owned) {
-                        if (f.owned) Py_DECREF(f.value);
-                        if (f.status == FetchStatus::Error) PyErr_Clear();
-                        fail(ps, op.node, ~0U);
-                        next = end;
-                        break;
-                    }
-                    r[op.node] = f.value;
-                    claim(op, f.value);
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_TypeIs:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) != op.a) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_IdIs:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (r[op.node] != op.a) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_IsNone:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (r[op.node] != Py_None) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_IsNotNone:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (r[op.node] == Py_None) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_IsTrue:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (r[op.node] != Py_True) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_IsFalse:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (r[op.node] != Py_False) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_Equals:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    PyObject* v = r[op.node];
-                    if (v == op.a) break;  // the constant itself (NaN included, by the catalogue's rule)
-                    if (Py_TYPE(v) != Py_TYPE(op.a)) goto failed;
-                    // Structural and type-exact on built-in constants: no user __eq__ runs.
-                    const int m = equals_match(v, op.a);
-                    if (m != 1) {
-                        if (m < 0) PyErr_Clear();
-                        goto failed;
-                    }
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_DictKeys:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    PyObject* v = r[op.node];
-                    PyObject* keys = guards[op.guard].b;
-                    if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) goto failed;
-                    if (dict_keys_identical(v, keys) == 1) break;  // the same key objects, in order
-                    if (!dict_keys_in_place(guards[op.guard], v)) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_DictContains:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    PyObject* v = r[op.node];
-                    if (!PyDict_Check(v)) goto failed;
-                    const int m = pure_dict_contains(v, op.a);
-                    if (m < 0) {
-                        if (!slow_guard(ps, op)) next = end;  // a key of a user type: its __eq__/__hash__
-                        break;
-                    }
-                    if ((m == 1) != guards[op.guard].flag) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_LengthExact:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    Py_ssize_t n = 0;
-                    if (!builtin_length(r[op.node], n)) {
-                        if (!slow_guard(ps, op)) next = end;  // a user __len__
-                        break;
-                    }
-                    if (n != guards[op.guard].n) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_CodeIs:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    PyObject* v = r[op.node];
-                    if (!PyFunction_Check(v)) {
-                        if (!slow_guard(ps, op)) next = end;  // `__code__` of another type: its getattr
-                        break;
-                    }
-                    if (PyFunction_GET_CODE(v) != op.a) goto failed;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_DictVersion: op_WeakrefAlive:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    const int m = eval_guard(guards[op.guard], r[op.node]);
-                    if (m != 1) {
-                        if (m < 0) PyErr_Clear();
-                        goto failed;
-                    }
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_BuiltinProbe:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    const RuntimeGuard& g = guards[op.guard];
-                    if (builtin_probe(static_cast<core::BuiltinProbe>(g.n)) != g.n2) {
-                        ps.result = ps.ran_user_code ? 0 : kUndecided;
-                        next = end;
-                    }
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_Stamp:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    PyObject* v = r[op.node];
-                    PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? PyModule_GetDict(v) : nullptr;
-                    const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
-                    tags[op.node] = t;
-                    if (t == 0) break;
-                    NodeRt& n = nodes[op.node];
-                    if (t == n.memo_tag) {
-                        skipped += op.jumped;  // this state was proved: its state-implied guards hold
-                        next = ops + op.jump;
-                        break;
-                    }
-                    // Claimed before the state-implied guards run; a failing one (fail()) or one
-                    // evaluated with user code (slow_guard) withdraws it.
-                    n.memo_tag = t;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_StampGlobals:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    tags[globals_slot] = dict_tag(globals_.get()); break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_SlowGuard:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (!slow_guard(ps, op)) next = end;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_SlowAmbient:
-            do {
-                const FastOp& op = *opp;
-                next = opp + 1;
-                    if (!slow_ambient(ps, op)) next = end;
-                    break;
-            } while (false);
-            opp = next;
-            TW_DISPATCH();
-            op_End:
-            goto done;
-        failed:
-            fail(ps, opp->node, opp->pos);
+                }
+            } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
+                Py_ssize_t k = n.step.index;  // the key, converted once at build
+                const Py_ssize_t size = Py_SIZE(p);
+                if (k < 0) k += size;
+                if (k >= 0 && k < size)
+                    v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
+            } else {
+                next = ops + slow_subtree(ps, op);  // __getitem__ of another type
+                break;
+            }
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            claim(op, v);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchDictItem:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) {
+                next = ops + op.jump;
+                break;
+            }
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            PyObject* v = nullptr;
+            if (PyDict_Check(p) && pure_dict_find(p, n.step.operand, &n.step.cache.hint, &v) < 0) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            claim(op, v);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchDict:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* p = r[op.parent];
+            // Only a type the walk has seen with the standard `__dict__` (and not a
+            // class, whose `__dict__` is not an instance dict).
+            const AttrCache& ic = nodes[op.node].step.cache;
+            PyObject* d = nullptr;
+            if (attr_cache_valid(ic, Py_TYPE(p)) && ic.mode == AttrCache::Mode::InstanceDict &&
+                !PyType_Check(p)) {
+                d = existing_instance_dict(p);
+            }
+            if (d == nullptr || !PyDict_CheckExact(d)) {
+                next = ops + slow_subtree(ps, op);  // not created yet, or an unusual type: the walk decides
+                break;
+            }
+            r[op.node] = d;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchFunction:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // A function's own fields (the interpreter's structure, borrowed); anything
+            // else that answers to `__code__` & co. runs its own getattr.
+            PyObject* p = r[op.parent];
+            NodeRt& n = nodes[op.node];
+            PyObject* kw = PyFunction_Check(p) ? PyFunction_GET_KW_DEFAULTS(p) : nullptr;
+            if (!PyFunction_Check(p) ||
+                (n.step.kind == core::StepKind::KwDefaults &&
+                 (kw == nullptr || !PyDict_Check(kw) || !dict_has_only_str_keys(kw)))) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            Fetched f = fetch_step(n.step, p);
+            if (f.status != FetchStatus::Ok || f.owned) {
+                if (f.owned) Py_DECREF(f.value);  // never for functions: borrowed fields
+                if (f.status == FetchStatus::Error) PyErr_Clear();
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = f.value;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchPure:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // Steps that never run user code nor allocate (type, weakref target, dict key
+            // or value by position). An owned result would need a reference we do not keep.
+            if (settled(op)) {
+                next = ops + op.jump;
+                break;
+            }
+            Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
+            if (f.status != FetchStatus::Ok || f.owned) {
+                if (f.owned) Py_DECREF(f.value);
+                if (f.status == FetchStatus::Error) PyErr_Clear();
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = f.value;
+            claim(op, f.value);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_TypeIs:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) != op.a) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IdIs:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] != op.a) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IsNone:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] != Py_None) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IsNotNone:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] == Py_None) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IsTrue:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] != Py_True) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IsFalse:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] != Py_False) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_Equals:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            if (v == op.a) break;  // the constant itself (NaN included, by the catalogue's rule)
+            if (Py_TYPE(v) != Py_TYPE(op.a)) goto failed;
+            // Structural and type-exact on built-in constants: no user __eq__ runs.
+            const int m = equals_match(v, op.a);
+            if (m != 1) {
+                if (m < 0) PyErr_Clear();
+                goto failed;
+            }
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_DictKeys:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            PyObject* keys = guards[op.guard].b;
+            if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) goto failed;
+            if (dict_keys_identical(v, keys) == 1) break;  // the same key objects, in order
+            if (!dict_keys_in_place(guards[op.guard], v)) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_DictContains:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            if (!PyDict_Check(v)) goto failed;
+            const int m = pure_dict_contains(v, op.a);
+            if (m < 0) {
+                if (!slow_guard(ps, op)) next = end;  // a key of a user type: its __eq__/__hash__
+                break;
+            }
+            if ((m == 1) != guards[op.guard].flag) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_LengthExact:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            Py_ssize_t n = 0;
+            if (!builtin_length(r[op.node], n)) {
+                if (!slow_guard(ps, op)) next = end;  // a user __len__
+                break;
+            }
+            if (n != guards[op.guard].n) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_CodeIs:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            if (!PyFunction_Check(v)) {
+                if (!slow_guard(ps, op)) next = end;  // `__code__` of another type: its getattr
+                break;
+            }
+            if (PyFunction_GET_CODE(v) != op.a) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_DictVersion:
+    op_WeakrefAlive:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            const int m = eval_guard(guards[op.guard], r[op.node]);
+            if (m != 1) {
+                if (m < 0) PyErr_Clear();
+                goto failed;
+            }
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_BuiltinProbe:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            const RuntimeGuard& g = guards[op.guard];
+            if (builtin_probe(static_cast<core::BuiltinProbe>(g.n)) != g.n2) {
+                ps.result = ps.ran_user_code ? 0 : kUndecided;
+                next = end;
+            }
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_Stamp:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? PyModule_GetDict(v) : nullptr;
+            const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
+            tags[op.node] = t;
+            if (t == 0) break;
+            NodeRt& n = nodes[op.node];
+            if (t == n.memo_tag) {
+                skipped += op.jumped;  // this state was proved: its state-implied guards hold
+                next = ops + op.jump;
+                break;
+            }
+            // Claimed before the state-implied guards run; a failing one (fail()) or one
+            // evaluated with user code (slow_guard) withdraws it.
+            n.memo_tag = t;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_StampGlobals:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            tags[globals_slot] = dict_tag(globals_.get());
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SlowGuard:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (!slow_guard(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SlowAmbient:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (!slow_ambient(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_End:
+        goto done;
+    failed:
+        fail(ps, opp->node, opp->pos);
 #undef TW_DISPATCH
     done:;
     }

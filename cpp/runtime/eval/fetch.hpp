@@ -34,11 +34,11 @@ struct Fetched {
 /// the value of an instance attribute.
 struct AttrCache {
     enum class Mode : std::uint8_t {
-        Unset,         ///< not filled yet (or invalidated; or undecidable without user code)
-        InstanceDict,  ///< generic getattr, no data descriptor: look in the instance dict first
-        Module,        ///< exact module: look in the module dict first
-        FunctionField, ///< exact function, a field its type exposes (`__defaults__`, `__code__`, ...)
-        Generic,       ///< anything else: PyObject_GetAttr
+        Unset,          ///< not filled yet (or invalidated; or undecidable without user code)
+        InstanceDict,   ///< generic getattr, no data descriptor: look in the instance dict first
+        Module,         ///< exact module: look in the module dict first
+        FunctionField,  ///< exact function, a field its type exposes (`__defaults__`, `__code__`, ...)
+        Generic,        ///< anything else: PyObject_GetAttr
     };
     PyTypeObject* type = nullptr;
     unsigned int version = 0;

@@ -402,8 +402,7 @@ int GuardSet::eval_root(std::uint32_t k, const Locals& locals) {
     } else if (f.status == FetchStatus::Error) {
         r = on_error(ni);
     }
-    if (r == 0 && active_ == 1 &&
-        core::record_failure(root_order_.data(), node_fails_.data(), 0, k) != k) {
+    if (r == 0 && active_ == 1 && core::record_failure(root_order_.data(), node_fails_.data(), 0, k) != k) {
         ++order_changes_;
     }
     return r;

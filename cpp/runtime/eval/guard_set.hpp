@@ -118,7 +118,9 @@ class GuardSet {
     /// their subtree for that check only (see GuardSetStats::last_fast_guards).
     std::uint32_t fast_guard_count() const { return fast_guards_; }
     /// Guards decided without user code in the last passing check the fast pass completed.
-    std::uint32_t last_fast_guards() const { return fast_guards_ + residue_guards_ - stats_.last_slow_guards; }
+    std::uint32_t last_fast_guards() const {
+        return fast_guards_ + residue_guards_ - stats_.last_slow_guards;
+    }
     std::size_t size() const { return program_.guards.size(); }
     const GuardSetStats& stats() const { return stats_; }
     /// Failure count of guard `id` (index into program().guards) and node `ni` so far.
@@ -142,13 +144,14 @@ class GuardSet {
     struct NodeRt {
         std::uint32_t guard_begin = 0, guard_end = 0;  ///< copied from core::Node
         std::uint32_t child_begin = 0, child_end = 0;
-        RuntimeStep step;        ///< for steps
-        RuntimeRoot root;        ///< for roots (names and cells borrowed from the pool)
-        bool borrow_ok = false;  ///< the subtree runs no user code: borrowed values are safe
+        RuntimeStep step;                  ///< for steps
+        RuntimeRoot root;                  ///< for roots (names and cells borrowed from the pool)
+        bool borrow_ok = false;            ///< the subtree runs no user code: borrowed values are safe
         std::uint32_t subtree_guards = 0;  ///< guards on this node and below
         // The skip's claims (docs/cpp.md, "Skipping unchanged subtrees"). Each is a fact about
         // one state of one dict, true forever once made, since tags never repeat:
-        PyObject* memo_value = nullptr;  ///< the value fetched from the parent's dict in state memo_parent_tag
+        PyObject* memo_value =
+            nullptr;  ///< the value fetched from the parent's dict in state memo_parent_tag
         std::uint64_t memo_parent_tag = 0;  ///< ...and its identity-implied guards held on it (0: no claim)
         std::uint64_t memo_tag = 0;  ///< in this state of this node's dict, its state-implied guards held
     };
@@ -201,11 +204,12 @@ class GuardSet {
         std::uint32_t node = 0;
         std::uint32_t parent = 0;
         std::uint32_t guard = 0;  ///< guard index (into guards_)
-        std::uint32_t pos = 0;    ///< guard: position in the node's guard range; fetch: in the parent's child range
-        std::uint32_t skip = 0;   ///< fetches: first op after the subtree
-        std::uint32_t jump = 0;   ///< settled fetch / stamp hit: first op after the guards it proves
+        std::uint32_t pos =
+            0;  ///< guard: position in the node's guard range; fetch: in the parent's child range
+        std::uint32_t skip = 0;    ///< fetches: first op after the subtree
+        std::uint32_t jump = 0;    ///< settled fetch / stamp hit: first op after the guards it proves
         std::uint32_t jumped = 0;  ///< how many guard ops that jump passes over
-        bool settle = false;      ///< fetches: the value may be settled by the parent's tag (a claim)
+        bool settle = false;       ///< fetches: the value may be settled by the parent's tag (a claim)
         PyObject* a = nullptr;
     };
     /// Compile the fast program from the tree in its current adaptive order.
@@ -288,8 +292,8 @@ class GuardSet {
     bool ambient_reads_locals_ = false;  // an ambient guard (a LAMBDA) takes f_locals itself
     std::vector<FastOp> fast_ops_;
     bool fast_enabled_ = false;
-    std::uint32_t fast_guards_ = 0;    // guards the fast program decides without user code
-    std::uint32_t residue_guards_ = 0;  // guards it leaves to the residue phase by kind
+    std::uint32_t fast_guards_ = 0;                    // guards the fast program decides without user code
+    std::uint32_t residue_guards_ = 0;                 // guards it leaves to the residue phase by kind
     std::uint64_t order_changes_ = 0;                  // bumped whenever the tree walk reorders anything
     std::uint64_t fast_built_at_ = ~std::uint64_t{0};  // order_changes_ when fast_ops_ was built
     Ref globals_, closure_, eval_error_type_;
