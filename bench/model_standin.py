@@ -257,6 +257,42 @@ def _inputs(name: str, ns: types.ModuleType) -> tuple[Any, dict, dict]:
     raise KeyError(name)
 
 
+def fresh_locals(name: str, w: Any) -> dict:
+    """A deep copy of workload `w`'s passing locals (the models and configs copied; torch's and
+    tripwire's ID_MATCH'd globals are shared)."""
+    return copy.deepcopy(w.f_locals)
+
+
+def mutations(name: str) -> list:
+    """Single mutations of a workload's locals, each breaking one guard torch installed."""
+    if name == "FNCFG":
+        return [
+            lambda L: setattr(L["cfg"], "mode", "eval"),
+            lambda L: setattr(L["cfg"].opt, "lr", 0.2),
+            lambda L: L["cfg"].layers.append(1),
+            lambda L: L["cfg"].opt.schedule.pop(3),
+            lambda L: setattr(L["h"], "flag", False),
+            lambda L: setattr(L["h"], "missing", 1),
+            lambda L: setattr(L["cfg"].opt, "betas", (0.8, 0.99)),
+            lambda L: None,
+        ]
+    if name == "CNN":
+        return [
+            lambda L: setattr(L["model"].layers[1].bn1, "eps", 1e-3),
+            lambda L: setattr(L["model"].layers[2], "training", True),
+            lambda L: L["model"].layers[0].__dict__.__setitem__("forward", None),
+            lambda L: setattr(L["model"].stem[1], "momentum", 0.2),
+            lambda L: None,
+        ]
+    if name == "GPT":
+        return [
+            lambda L: setattr(L["model"].blocks[2].attn.drop, "p", 0.3),
+            lambda L: setattr(L["model"].cfg, "n_head", 8),
+            lambda L: None,
+        ]
+    raise KeyError(name)
+
+
 _TENSOR_TYPES = frozenset({"TENSOR_MATCH"})
 # Framework state (torch's C++ probes; tripwire reaches it only through Python probes until a
 # torch adapter exists) and object aliasing (an epilogue Python lambda in torch; ALIAS in tripwire

@@ -333,3 +333,73 @@ def test_a_thread_mutating_the_tree_while_another_checks() -> None:
     assert results <= {True, False}
     m.k = 11
     assert _agree(gs, specs, f_locals)
+
+
+def test_a_lying_user_key_in_the_dict_is_never_claimed() -> None:
+    """A dict holding a key of a user type whose __eq__ and __hash__ collide with a str key: the
+    lookup may call that __eq__, whose answer can change with the dict unchanged. Such a lookup is
+    never the fast form, so nothing is claimed from it."""
+    state = {"lie": False}
+
+    class Liar:
+        def __hash__(self) -> int:
+            return hash("a")
+
+        def __eq__(self, other: object) -> bool:
+            return state["lie"]
+
+    d: dict[Any, Any] = {Liar(): "liar", "a": 1}
+    f_locals = {"d": d}
+    b = tw.GuardBuilder(f_locals)
+    b.type_match("L['d']")
+    b.equals("L['d']['a']", 1)
+    gs = b.build()
+    specs = list(gs.guards)
+    _warm(gs, f_locals)
+    for lie in (True, False, True, False):
+        state["lie"] = lie
+        _agree(gs, specs, f_locals)
+
+
+def test_a_predicate_that_checks_the_set_again_and_mutates() -> None:
+    """Re-entrancy: a residue (predicate) on an early node runs a nested check of the same set and
+    mutates the tree. The fast program evaluates in the walk's order, so the answers of a sequence
+    of checks are the walk's, and a big set's registers (a per-thread file per nesting depth) are
+    not overwritten by the nested check."""
+
+    def run(fast: bool) -> list[bool]:
+        root, f_locals = _tree()
+        for i in range(3, 30):  # over 64 sources: registers from the per-thread pool
+            m = Sub()
+            m.k = i
+            root._modules[f"m{i}"] = m
+        calls = {"n": 0}
+        holder: dict[str, Any] = {}
+
+        def predicate(v: Any) -> bool:
+            calls["n"] += 1
+            if calls["n"] % 3 == 0:
+                holder["gs"].check(f_locals)  # nested check of the same set
+            sub = root._modules["m1"]
+            sub.k = 11 if calls["n"] % 4 else 12  # every fourth call breaks a later guard
+            return True
+
+        b = tw.GuardBuilder(f_locals)
+        b.type_match("L['self']")
+        b.predicate(predicate, "mutates", source="L['self'].__dict__['_modules']")
+        for i in range(3):
+            b.equals(f"L['self'].__dict__['_modules']['m{i}'].__dict__['k']")
+        for i in range(3, 30):
+            b.equals(f"L['self'].__dict__['_modules']['m{i}'].__dict__['k']")
+        gs = b.build()
+        holder["gs"] = gs
+        was = _core._set_fast_pass(fast)
+        try:
+            out = [gs.check(f_locals) for _ in range(24)]
+        finally:
+            _core._set_fast_pass(was)
+        return out
+
+    fast = run(True)
+    assert fast == run(False)
+    assert True in fast and False in fast
