@@ -279,7 +279,7 @@ def mutations(name: str) -> list:
     if name == "CNN":
         return [
             lambda L: setattr(L["model"].layers[1].bn1, "eps", 1e-3),
-            lambda L: setattr(L["model"].layers[2], "training", True),
+            lambda L: setattr(L["model"].layers[2].bn1, "training", True),
             lambda L: L["model"].layers[0].__dict__.__setitem__("forward", None),
             lambda L: setattr(L["model"].stem[1], "momentum", 0.2),
             lambda L: None,

@@ -122,15 +122,26 @@ def test_model_standin_agrees_with_torch(name):
     bench._torch_available(lambda m: None)
     s = model_standin.build_standin(name, core=True)
     tw_kinds = {k: v for k, v in s.conversion.tw_counts.items() if "dict manager" not in k}
-    torch_kinds = {k: v for k, v in s.conversion.torch_counts.items() if k not in ("TENSOR_MATCH", "DIMENSION_DYNAMIC_MARKING_GUARD")}
+    torch_kinds = {
+        k: v
+        for k, v in s.conversion.torch_counts.items()
+        if k not in ("TENSOR_MATCH", "DIMENSION_DYNAMIC_MARKING_GUARD")
+    }
     assert tw_kinds == torch_kinds
     w = bench.build_model(name, True)
     res = bench.prepare(w, torch_ok=True, log=lambda m: None)  # asserts pass/fail for each contender
     gs = res["gs"]
     assert gs.fast_path_fraction >= 0.95, gs.explain()
     same = res["torch"]["torch-same"]["gm"]
+    answers = []
     for mutate in model_standin.mutations(name):
         f_locals = model_standin.fresh_locals(name, w)
         mutate(f_locals)
         want = same.check_verbose(f_locals).result
-        assert gs.check(f_locals) == want == bench.reference.check(w.builder.guards, f_locals, w.builder.f_globals)
+        assert (
+            gs.check(f_locals)
+            == want
+            == bench.reference.check(w.builder.guards, f_locals, w.builder.f_globals)
+        )
+        answers.append(want)
+    assert answers.count(False) == len(answers) - 1  # each mutation but the no-op breaks a guard
