@@ -1243,7 +1243,7 @@ def environment() -> str:
 # =================================================================================================
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m tripwire bench",
+        prog="python bench/guard_eval.py",
         description="Guard evaluation benchmark: tripwire vs a generated Python guard function, a "
         "hand-written C floor, torch's C++ guard manager and a no-op call (see bench/README.md).",
     )

@@ -48,6 +48,15 @@ void register_diagnostics(nb::module_& m) {
             return runtime::g_skip_enabled;
         },
         "Whether the skip of unchanged subtrees is in use (verified at start-up, not switched off).");
+    m.def(
+        "_dict_watch_counts",
+        [] {
+            std::size_t dicts = 0, armed = 0;
+            runtime::dict_watch_counts(dicts, armed);
+            return nb::make_tuple(dicts, armed);
+        },
+        "(dicts the 3.12+ dict watcher stamps, DICT_VERSION change flags armed on them); (0, 0) before "
+        "3.12.");
     // Debug builds abort when user code runs inside a region that promises none (no_user_code.hpp).
     m.attr("_CHECKS_REGIONS") = runtime::kChecksRegions;
 }

@@ -152,6 +152,22 @@ void register_guard_set(nb::module_& m) {
                 "_last_skipped_guards", [](GuardSetCore& s) { return s.get().stats().last_skipped_guards; },
                 "Guards the skip of unchanged subtrees proved without evaluating them in the last check "
                 "the fast pass completed.")
+            .def_prop_ro(
+                "_globals",
+                [](GuardSetCore& s) -> nb::object {
+                    PyObject* g = s.get().globals();
+                    return g != nullptr ? nb::borrow(g) : nb::none();
+                },
+                nb::for_getter(nb::sig("def _globals(self, /) -> dict[str, typing.Any] | None")),
+                "The globals dict G[...] sources read, or None.")
+            .def_prop_ro(
+                "_root_kinds",
+                [](GuardSetCore& s) {
+                    const runtime::GuardSet& g = s.get();
+                    return nb::make_tuple(g.reads_globals(), g.reads_closure());
+                },
+                nb::for_getter(nb::sig("def _root_kinds(self, /) -> tuple[bool, bool]")),
+                "(some source is rooted at G[...], some at C[...]).")
             .def_prop_ro("check_count", [](GuardSetCore& s) { return s.get().stats().checks; })
             .def_prop_ro("pass_count", [](GuardSetCore& s) { return s.get().stats().passes; })
             .def("__len__", [](GuardSetCore& s) { return s.get().size(); });

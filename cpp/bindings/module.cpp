@@ -11,6 +11,8 @@ NB_MODULE(_core, m) {
     tripwire::bindings::register_guard_set(m);
     tripwire::bindings::register_cache(m);
     tripwire::bindings::register_specialize(m);
+    tripwire::bindings::register_frame(m);
     tripwire::bindings::register_values(m);
+    tripwire::bindings::register_serial(m);
     tripwire::bindings::register_diagnostics(m);
 }

@@ -33,6 +33,11 @@ void register_specialize(nanobind::module_& m);
 /// read_source, is_constant, equals_match, probes, dict versions: the engine's reading of
 /// values, for the builder (bind_values.cpp).
 void register_values(nanobind::module_& m);
+/// The frame runtime: hooks, per-code caches and strategies, Replacement (bind_frame.cpp). After
+/// register_cache.
+void register_frame(nanobind::module_& m);
+/// The binary format: encode_guard_set, decode_guard_set, Decoded (bind_serial.cpp).
+void register_serial(nanobind::module_& m);
 /// Switches and facts for tests and benchmarks (bind_diagnostics.cpp).
 void register_diagnostics(nanobind::module_& m);
 

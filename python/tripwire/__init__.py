@@ -12,12 +12,17 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
+from . import frame, store
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
 from .catalogue import GuardKind, GuardSpec
 from .errors import (
+    FormatError,
+    FrameError,
     GuardBuildError,
     GuardEvalError,
+    IncompatibleCodeError,
+    NotSerializable,
     RecompileError,
     RecompileLimitExceeded,
     SourceParseError,
@@ -37,12 +42,16 @@ __all__ = [
     "CacheEntry",
     "Checkpoint",
     "Failure",
+    "FormatError",
+    "FrameError",
     "GuardBuildError",
     "GuardBuilder",
     "GuardEvalError",
     "GuardKind",
     "GuardSet",
     "GuardSpec",
+    "IncompatibleCodeError",
+    "NotSerializable",
     "Policy",
     "RecompileError",
     "RecompileLimitExceeded",
@@ -54,8 +63,10 @@ __all__ = [
     "StepKind",
     "TripwireError",
     "format_recompile",
+    "frame",
     "guards_for",
     "infer_into",
     "set_logs",
     "specialize",
+    "store",
 ]

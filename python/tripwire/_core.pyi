@@ -1,6 +1,6 @@
 """tripwire's compiled engine (private: use the tripwire package)."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import enum
 import types
 from typing import Any
@@ -269,6 +269,14 @@ class GuardSetCore:
         """
 
     @property
+    def _globals(self, /) -> dict[str, Any] | None:
+        """The globals dict G[...] sources read, or None."""
+
+    @property
+    def _root_kinds(self, /) -> tuple[bool, bool]:
+        """(some source is rooted at G[...], some at C[...])."""
+
+    @property
     def check_count(self) -> int: ...
 
     @property
@@ -384,6 +392,81 @@ def _enable_vectorcall(cls: object) -> bool:
     Give a subclass of FastDispatch the vectorcall protocol (3.11 does not inherit it); False when it defines a __call__ of its own.
     """
 
+class Replacement:
+    """
+    `code` checked to run in frames of `original` (the payload of a tripwire.frame cache entry). Raises TypeError when the layouts differ.
+    """
+
+    def __repr__(self, /):
+        """Return repr(self)."""
+
+    @property
+    def original(self) -> types.CodeType | None:
+        """
+        The code object this replacement was checked against (None once it died).
+        """
+
+    @property
+    def code(self) -> types.CodeType:
+        """The replacement code object."""
+
+def _frame_setup(error_type: object) -> None:
+    """Set the exception type of frame-hook conflicts (tripwire.FrameError)."""
+
+def _frame_set_hook(handler: Callable[..., Any] | None, backend: Any, /) -> tuple[Any, Any] | None:
+    """
+    Set (or clear, with None, None) this thread's frame hook; returns the previous (handler, backend) or None.
+    """
+
+def _frame_get_hook() -> tuple[Any, Any] | None:
+    """This thread's (handler, backend), or None."""
+
+def _frame_status() -> dict[str, Any]:
+    """
+    installed, active_threads, layout_verified, layout_error, eval_frame ('default', 'tripwire', 'foreign').
+    """
+
+def _frame_verify_layout() -> tuple[bool, str]:
+    """Check the interpreter-frame layout mirror now: (ok, why it failed)."""
+
+def _frame_incompatibility(original: types.CodeType, code: types.CodeType) -> str | None:
+    """Why `code` cannot run in frames of `original`, or None."""
+
+def _frame_cache(code: types.CodeType, backend: Any) -> CacheCore | None:
+    """The cache of `code` for `backend`, or None."""
+
+def _frame_attach_cache(code: types.CodeType, backend: Any, cache: CacheCore) -> None:
+    """Make `cache` the cache of `code` for `backend`."""
+
+def _frame_strategy(code: types.CodeType, backend: Any) -> int:
+    """0 default, 1 skip, 2 run-only."""
+
+def _frame_set_strategy(code: types.CodeType, backend: Any, strategy: int) -> None: ...
+
+def _frame_backends(code: types.CodeType) -> list[tuple[Any, CacheCore | None, int]]:
+    """(backend, cache, strategy) for each backend that has seen `code`."""
+
+def _frame_reset(code: types.CodeType, backend: Any = None) -> None:
+    """Clear the caches and strategies of `code` (for one backend, or all)."""
+
+def _frame_release_all() -> int:
+    """
+    Drop every frame cache of every code object (at exit); returns how many.
+    """
+
+def _frame_force_shadow(on: bool) -> bool:
+    """
+    Test hook: run every replacement in a shadow frame; returns the previous setting.
+    """
+
+def _frame_floor_eval(on: bool) -> bool:
+    """
+    Benchmark floor: install (True) or remove (False) a pass-through PEP 523 eval-frame function; False when the interpreter's eval function is not the expected one.
+    """
+
+def _frame_run_stats() -> tuple[int, int]:
+    """(replacements run in place, in shadow frames) so far."""
+
 def read_source(root: RootKind, name: str, steps: Sequence[tuple], f_locals: object, f_globals: object | None, f_closure: object | None) -> object:
     """
     The value at a source, read as a check reads it: steps are (kind, operand, index). Raises LookupError for a missing value, or what a step raised.
@@ -405,6 +488,63 @@ def dict_version(d: dict) -> int:
     The engine's version stamp of dict d (changes on every mutation; unique across dicts).
     """
 
+class _CodecError(ValueError):
+    pass
+
+def encode_guard_set(decls: Sequence[GuardDecl], consts: list, const_flags: Sequence[int], labels: Sequence[str], stacks: Sequence[Sequence[str]], references: list, ref_of: Callable, globals_module: str | None, baselines: Sequence[tuple[str, int]], dropped: Sequence[tuple[str, str, str]], strict: bool, version: str, python: tuple[int, int]) -> bytes:
+    """
+    The bytes of a guard set (docs/format.md). Constants that are not plain values go through ref_of(obj) -> reference index, which appends (kind, module, qualname, fingerprint) to `references` or raises.
+    """
+
+class Decoded:
+    """A decoded, validated guard-set document (tripwire.serialization)."""
+
+    @property
+    def tripwire_version(self) -> str: ...
+
+    @property
+    def python_version(self) -> tuple[int, int]: ...
+
+    @property
+    def strict(self) -> bool: ...
+
+    @property
+    def globals_module(self) -> str | None: ...
+
+    @property
+    def references(self) -> list:
+        """[(kind, module, qualname, fingerprint, byte offset)]"""
+
+    @property
+    def baselines(self) -> list[tuple[str, int]]: ...
+
+    @property
+    def dropped(self) -> list[tuple[str, str, str]]: ...
+
+    @property
+    def const_flags(self) -> list[int]: ...
+
+    @property
+    def probe_references(self) -> list[int]:
+        """Indices of the references that GLOBAL_STATE guards call as probes."""
+
+    @property
+    def guard_count(self) -> int: ...
+
+    def decls(self) -> list[GuardDecl]:
+        """The guard declarations (operands index constants())."""
+
+    def guard_info(self) -> list:
+        """[(label, install stack, byte offset)] per guard."""
+
+    def constants(self, resolved: list) -> list:
+        """
+        The constants as objects, references replaced by `resolved` (one object per reference).
+        """
+
+def decode_guard_set(data: bytes) -> Decoded:
+    """Decode and validate bytes (raises _CodecError naming the byte offset)."""
+
 def _dict_hints_enabled() -> bool:
     """
     Whether dict entry hints (the interpreter's dict layout, verified at start-up) are in use.
@@ -423,6 +563,11 @@ def _set_skip(on: bool) -> bool:
 def _skip_enabled() -> bool:
     """
     Whether the skip of unchanged subtrees is in use (verified at start-up, not switched off).
+    """
+
+def _dict_watch_counts() -> tuple:
+    """
+    (dicts the 3.12+ dict watcher stamps, DICT_VERSION change flags armed on them); (0, 0) before 3.12.
     """
 
 _CHECKS_REGIONS: bool = False

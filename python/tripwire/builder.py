@@ -91,6 +91,7 @@ class GuardBuilder:
         self.guard_filter = guard_filter
         self._specs: list[GuardSpec] = []
         self._next_index = 0
+        self._baselines: dict[str, Any] = {}
 
     # -- bookkeeping -----------------------------------------------------------------------------
     @property
@@ -280,6 +281,16 @@ class GuardBuilder:
 
     lambda_ = predicate
 
+    def baseline(self, name: str, value: Any) -> None:
+        """Record framework state the guards are built under (a constant, e.g. a dispatch-key
+        set or a mode): saved with the set, so that a kind whose meaning depends on it answers
+        in another process as it did here (GuardSet.baselines; docs/format.md, "Baselines")."""
+        if type(name) is not str:
+            raise TypeError("a baseline's name is a str")
+        if not _core.is_constant(value):
+            raise GuardBuildError(f"baseline {name!r}: {builtins_type(value).__name__} is not a constant")
+        self._baselines[name] = _private_copy(value)
+
     # -- build --------------------------------------------------------------------------------------
     def build(self, *, strict: bool = False) -> GuardSet:
         """Compile the guards into a GuardSet.
@@ -297,7 +308,9 @@ class GuardBuilder:
             if len(keep) != len(specs):
                 raise GuardBuildError("guard_filter must return one bool per guard")
             specs = [s for s, k in zip(specs, keep, strict=True) if k]
-        return build_guard_set(specs, self.f_locals, self.f_globals, self.f_closure, strict=strict)
+        return build_guard_set(
+            specs, self.f_locals, self.f_globals, self.f_closure, strict=strict, baselines=self._baselines
+        )
 
 
 builtins_type = type

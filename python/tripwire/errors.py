@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 __all__ = [
+    "FormatError",
+    "FrameError",
     "GuardBuildError",
     "GuardEvalError",
+    "IncompatibleCodeError",
+    "NotSerializable",
     "RecompileError",
     "RecompileLimitExceeded",
     "SourceParseError",
@@ -51,3 +55,40 @@ class RecompileLimitExceeded(TripwireError):
         if self.reasons:
             msg += ": " + "; ".join(self.reasons)
         super().__init__(msg)
+
+
+class FrameError(TripwireError, RuntimeError):
+    """The frame runtime (:mod:`tripwire.frame`) cannot hook this interpreter: another PEP 523
+    eval-frame function is installed, or the interpreter's frame layout did not verify (an
+    unsupported version or build)."""
+
+
+class IncompatibleCodeError(TripwireError, TypeError):
+    """A frame callback returned a replacement code object that cannot run in the frame's
+    layout (different argument slots or free variables, or a generator); the message says
+    which."""
+
+
+class FormatError(TripwireError, ValueError):
+    """Bytes that are not a guard set this build can load: wrong magic, a newer format version,
+    truncated or corrupt data (the content hash), an invalid record, or a reference that is
+    refused, missing, or resolves to an object other than the one saved. The message says what is
+    wrong and where; ``offset`` is the byte offset (None when the problem is not at one place)."""
+
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+class NotSerializable(TripwireError):
+    """``GuardSet.to_bytes()`` met guards whose meaning cannot survive the process (an identity
+    no name leads to, a dict version, a predicate, a closure cell...). ``guards`` lists every one
+    as ``(kind, source, reason)``; ``to_bytes(drop=[...])`` leaves out what the caller names."""
+
+    def __init__(self, guards: list[tuple[str, str | None, str]]) -> None:
+        self.guards = list(guards)
+        lines = [f"  {k} on {s or 'global state'}: {why}" for k, s, why in self.guards]
+        super().__init__(
+            f"{len(self.guards)} guard(s) cannot be serialized (drop them explicitly with "
+            "to_bytes(drop=[source or kind, ...]) to save the rest):\n" + "\n".join(lines)
+        )

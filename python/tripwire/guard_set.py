@@ -10,7 +10,8 @@ import copy
 import enum
 import os
 import sys
-from collections.abc import Iterator, Mapping
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from . import _core
@@ -119,6 +120,7 @@ class GuardSet(_core.GuardSetCore):
         f_closure: Mapping[str, Any] | None = None,
         *,
         strict: bool = False,
+        baselines: Mapping[str, Any] | None = None,
     ) -> None:
         pool = _Pool()
         decls = _encode(specs, pool)
@@ -127,11 +129,76 @@ class GuardSet(_core.GuardSetCore):
             super().__init__(decls, pool.consts, pool.weak, f_globals, closure, strict, GuardEvalError)
         except ValueError as e:
             raise GuardBuildError(str(e)) from None
+        self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
+
+    def _set_state(
+        self,
+        specs: list[GuardSpec],
+        f_globals: dict | None,
+        strict: bool,
+        dropped: tuple[tuple[str, str, str], ...],
+        baselines: dict[str, Any],
+    ) -> None:
         # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
         # strong reference to the objects it names by identity.
         self._specs: tuple[GuardSpec, ...] = tuple(s.weakened() for s in sorted(specs, key=lambda s: s.index))
         self._by_id = {s.index: s for s in self._specs}
         self.strict = strict
+        self._f_globals = f_globals  # the runtime set holds it too; kept for to_bytes
+        self._dropped = tuple(dropped)
+        self._baselines = baselines
+
+    # -- serialization -------------------------------------------------------------------------------
+    def to_bytes(self, *, drop: Iterable[str] = ()) -> bytes:
+        """The set in tripwire's binary format (docs/format.md), for another process.
+
+        Types, functions, code objects, enum members and module-level objects are written as
+        references (``module:qualname`` plus a fingerprint), never pickled. A guard that cannot
+        survive the process (an ID_MATCH on an object no module attribute holds, DICT_VERSION,
+        LAMBDA, a closure-cell source...) raises :class:`tripwire.NotSerializable` listing every
+        such guard; ``drop=`` leaves out guards by source (``"L['f']"``) or kind (``"ID_MATCH"``),
+        and the bytes record what was dropped (:attr:`dropped` of the loaded set). Before
+        returning, the bytes are decoded and rebuilt and compared with this set. This set is
+        never changed.
+        """
+        from .serialization import dumps
+
+        return dumps(self, drop)
+
+    @classmethod
+    def from_bytes(
+        cls,
+        data: bytes,
+        *,
+        resolve: Callable[[str, str], Any] | None = None,
+        allow_modules: Sequence[str] | None = None,
+        f_globals: dict | None = None,
+    ) -> GuardSet:
+        """Load a set written by :meth:`to_bytes`. No code from the data runs.
+
+        References resolve against modules already imported (``sys.modules``). A module that is
+        not imported yet is imported only when a prefix in ``allow_modules`` admits it (``"pkg"``
+        admits ``pkg`` and ``pkg.sub``), or else ``resolve(module, qualname)`` is asked for the
+        object; otherwise the load fails. Every resolved object must match the fingerprint saved
+        with its name. ``G[...]`` sources read ``f_globals`` when given, else the ``__dict__`` of
+        the module recorded at save. Raises :class:`tripwire.FormatError` (a ValueError) naming
+        what is wrong and the byte offset.
+        """
+        from .serialization import loads
+
+        return loads(data, resolve, allow_modules, f_globals)
+
+    @property
+    def dropped(self) -> tuple[tuple[str, str, str], ...]:
+        """Guards left out when this set was saved (``to_bytes(drop=...)``), as (kind, source,
+        description): the loaded set does NOT check them. Empty for a set built in this process."""
+        return self._dropped
+
+    @property
+    def baselines(self) -> Mapping[str, Any]:
+        """Framework state the guards were built under (name -> constant), saved with the set
+        (docs/format.md, "Baselines")."""
+        return types.MappingProxyType(self._baselines)
 
     # -- introspection ------------------------------------------------------------------------------
     @property
@@ -171,6 +238,9 @@ class GuardSet(_core.GuardSetCore):
             + (f"; INVALID: {self.invalid_reason}" if self.invalid else ""),
             self.fast_path_summary(),
         ]
+        if self._dropped:
+            lines.append(f"dropped at save ({len(self._dropped)}): NOT checked by this set")
+            lines += [f"  {kind} on {src or 'global state'}: {desc}" for kind, src, desc in self._dropped]
         ambient = self._ambient_ids
         if ambient:
             lines.append("ambient (checked once, before any source)")
@@ -224,9 +294,10 @@ def build_guard_set(
     f_closure: Mapping[str, Any] | None,
     *,
     strict: bool = False,
+    baselines: Mapping[str, Any] | None = None,
 ) -> GuardSet:
     """Compile specs and verify the set passes on the example it was built from."""
-    gs = GuardSet(specs, f_globals, f_closure, strict=strict)
+    gs = GuardSet(specs, f_globals, f_closure, strict=strict, baselines=baselines)
     try:
         ok = gs.check(f_locals)
     except GuardEvalError as e:

@@ -31,16 +31,36 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import sys
 import threading
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._core import FastDispatch, _enable_vectorcall, _fast_setup
 from .builder import GuardBuilder
 from .cache import Cache
+from .errors import FormatError, NotSerializable, RecompileLimitExceeded
+from .guard_set import GuardSet
 from .infer import Policy, infer_into
 from .logs import recompile_logging_enabled, report_recompile
+from .references import RefKind, fingerprint
+from .store import (
+    Codec,
+    ReferenceCodec,
+    Store,
+    StoreWarning,
+    decode_entry,
+    encode_entry,
+    entry_key,
+    namespace_of,
+)
+
+_store_log = logging.getLogger("tripwire.store")
+# The codec name of an entry whose payload is the specialised function itself (empty payload).
+_SELF_CODEC = "tripwire:function"
 
 __all__ = ["Specialized", "specialize"]
 
@@ -85,6 +105,8 @@ class Specialized(FastDispatch):
         on_limit: str = "raise",
         policy: Policy | None = None,
         error_on_recompile: bool = False,
+        store: Store | None = None,
+        codec: Codec | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"specialize needs a function, not {type(fn).__name__}")
@@ -114,6 +136,18 @@ class Specialized(FastDispatch):
         self._lock = threading.Lock()
         self._local = threading.local()
         self._compiles = 0
+        self.store = store
+        if codec is None:
+            # Payloads are called on every hit: loaded by name only from the function's own
+            # module and the compiler's (store.ReferenceCodec).
+            own = [
+                m for m in (getattr(fn, "__module__", None), getattr(self.compiler, "__module__", None)) if m
+            ]
+            codec = ReferenceCodec(modules=[m for m in own if isinstance(m, str)])
+        self.codec: Codec = codec
+        self._store_keys: set[str] = set()  # entries of the store this process has in its cache
+        self._store_warned: set[str] = set()
+        self.store_loads = 0  # entries loaded from the store into the cache
         # The C++ call path: binds and looks up in C++; unbindable calls go to _call_python,
         # misses to _fast_miss.
         _fast_setup(self, self.cache, fn, Specialized._call_python, Specialized._fast_miss)
@@ -170,6 +204,8 @@ class Specialized(FastDispatch):
         with self._lock:
             # Another thread may have compiled it meanwhile; this second look counts nothing.
             entry = self.cache._lookup_uncounted(f_locals)
+            if entry is None and self.store is not None and self._load_store():
+                entry = self.cache._lookup_uncounted(f_locals)  # another process compiled it
             compiled = None if entry is None else entry.payload
             if compiled is None:
                 compiled = self._compile(f_locals)
@@ -213,7 +249,110 @@ class Specialized(FastDispatch):
         if self.cache.insert(gs, compiled, name=name, f_locals=f_locals) is False:
             return None
         self._compiles += 1
+        if self.store is not None:
+            self._save_entry(gs, compiled)
         return compiled
+
+    # -- the store ---------------------------------------------------------------------------------
+    def _namespace(self) -> str:
+        """What must match for entries to be shared: the function (by name and code), the
+        backend, the codec, the Python version and the format."""
+        fn = self._fn
+        code = getattr(fn, "__code__", None)
+        digest = fingerprint(RefKind.CODE, code).hex() if code is not None else ""
+        compiler = self.compiler
+        parts = [
+            str(getattr(fn, "__module__", "")),
+            self._label,
+            digest,
+            str(self.backend),
+            f"{getattr(compiler, '__module__', '')}:{getattr(compiler, '__qualname__', type(compiler).__qualname__)}",
+            self.codec.name,
+            "py{}.{}".format(*sys.version_info[:2]),
+            "format1",
+        ]
+        return namespace_of(parts)
+
+    def _store_problem(self, what: str, why: str) -> None:
+        """One warning per kind of problem and function; debug logs after that."""
+        message = f"tripwire: {self._where()}: {what}: {why}"
+        if what in self._store_warned:
+            _store_log.debug("%s", message)
+            return
+        self._store_warned.add(what)
+        _store_log.warning("%s", message)
+        warnings.warn(message, StoreWarning, stacklevel=5)
+
+    def _shareable(self) -> bool:
+        """Whether entries of this function may be shared through a store: only a function that
+        a name leads to and that captures nothing. Two closures of one code (made in a loop, say)
+        share module, qualname and code but not their cells, and a payload compiled for one must
+        never be found by the other; their guards cannot tell them apart."""
+        fn = self._fn
+        qualname = getattr(fn, "__qualname__", "")
+        if getattr(fn, "__closure__", None) or "<locals>" in qualname or "<lambda>" in qualname:
+            self._store_problem(
+                "store not used",
+                "a closure or lambda shares its name and code with others of its kind; "
+                "specialize a module-level function to share entries between processes",
+            )
+            return False
+        return True
+
+    def _load_store(self) -> bool:
+        """Insert the store's entries this process has not seen; True if any was inserted."""
+        assert self.store is not None
+        if not self._shareable():
+            return False
+        inserted = False
+        for data in self.store.load(self._namespace()):
+            key = entry_key(data)
+            if key in self._store_keys:
+                continue
+            self._store_keys.add(key)
+            try:
+                entry = decode_entry(data)
+                if entry.codec == _SELF_CODEC:  # the function itself (the default compiler)
+                    gs = GuardSet.from_bytes(entry.guards, f_globals=self._globals)
+                    if entry.payload:
+                        raise FormatError("a stored 'the function itself' payload must be empty")
+                    self.cache.insert(gs, self._fn, name=f"{self._label}#stored-{key[:8]}")
+                    self.store_loads += 1
+                    inserted = True
+                    continue
+                if entry.codec != self.codec.name:
+                    raise FormatError(
+                        f"entry stored with codec {entry.codec!r}, this function uses {self.codec.name!r}"
+                    )
+                gs = GuardSet.from_bytes(entry.guards, f_globals=self._globals)
+                payload = self.codec.decode(entry.payload)
+            except (FormatError, NotSerializable) as e:
+                self._store_problem("skipped a stored entry", str(e))
+                continue
+            try:
+                if self.cache.insert(gs, payload, name=f"{self._label}#stored-{key[:8]}") is False:
+                    break
+            except RecompileLimitExceeded:
+                break
+            self.store_loads += 1
+            inserted = True
+        return inserted
+
+    def _save_entry(self, gs: GuardSet, compiled: Any) -> None:
+        assert self.store is not None
+        if not self._shareable():
+            return
+        try:
+            if compiled is self._fn:  # the function itself: the loader has it
+                data = encode_entry(gs.to_bytes(), _SELF_CODEC, b"")
+            else:
+                data = encode_entry(gs.to_bytes(), self.codec.name, self.codec.encode(compiled))
+        except NotSerializable as e:
+            self._store_problem("entry kept in memory only, not stored", str(e))
+            return
+        key = entry_key(data)
+        self._store_keys.add(key)
+        self.store.save(self._namespace(), key, data)
 
     def _where(self) -> str:
         code = getattr(self._fn, "__code__", None)
@@ -276,6 +415,8 @@ def specialize(
     on_limit: str = "raise",
     policy: Policy | None = None,
     error_on_recompile: bool = False,
+    store: Store | None = None,
+    codec: Codec | None = None,
 ) -> Any:
     """Specialise ``fn`` on its arguments: compile on a miss, cache with guards, dispatch on a hit.
 
@@ -301,6 +442,14 @@ def specialize(
             per argument).
         error_on_recompile: raise :class:`tripwire.RecompileError` (with the reasons) instead of
             recompiling when the cache already has entries.
+        store: where compiled entries persist (:class:`tripwire.store.Directory`, the default
+            kind, or :class:`tripwire.store.Redis`); None (default) keeps them in memory only. A
+            miss first loads the entries other processes stored (guards loaded with
+            ``GuardSet.from_bytes``: references resolve against imported modules only) and
+            compiles only when none matches; each new entry is stored. An entry whose guards or
+            payload cannot be stored stays in memory, with one :class:`StoreWarning`.
+        codec: turns payloads into bytes and back; default :class:`tripwire.store.ReferenceCodec`
+            (a module-level object by name; never runs code from the data).
     """
     make = functools.partial(
         Specialized,
@@ -311,5 +460,7 @@ def specialize(
         on_limit=on_limit,
         policy=policy,
         error_on_recompile=error_on_recompile,
+        store=store,
+        codec=codec,
     )
     return make if fn is None else make(fn)

@@ -138,6 +138,12 @@ class World:
     gs: Any
     undo: list[Callable[[], None]] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)
+    # A second set of DICT_VERSION guards on dicts the skip stamps (so that its state claims cover
+    # them) and their structural guards; rebuilt (new stamps, new 3.12+ change flags, the old ones
+    # released) now and then after it stopped holding, since a changed dict never gets its
+    # stamp back.
+    dv_specs: list = field(default_factory=list)
+    dv: Any = None
 
 
 def _linear(c: types.SimpleNamespace, i: int, cfg: Any) -> Any:
@@ -182,7 +188,36 @@ def build_world(seed: int, n_blocks: int = 3) -> World:
     b = tw.GuardBuilder(f_locals, f_globals)
     _declare(b, c, net, n_blocks)
     gs = b.build()
-    return World(rng, c, net, f_locals, f_globals, b.guards, gs)
+    w = World(rng, c, net, f_locals, f_globals, b.guards, gs)
+    build_dict_versions(w)
+    return w
+
+
+def build_dict_versions(w: World) -> None:
+    """(Re)build w.dv: DICT_VERSION on the root's `_modules`, a Linear's `_parameters`, the
+    int-keyed globals table and the shared config's instance dict (where the builder accepts them:
+    3.13 refuses an instance dict embedded in its object), with the guards that stamp them."""
+    b = tw.GuardBuilder(w.f_locals, w.f_globals)
+    d = "L['self'].__dict__"
+    b.type_match("L['self']")
+    fc = f"{d}['_modules']['b0'].__dict__['_modules']['fc'].__dict__"
+    for src, structural in (
+        (f"{d}['_modules']", "keys"),
+        (f"{fc}['_parameters']", "keys"),
+        ("G['TABLE']", "item"),
+        (f"{d}['cfg'].__dict__", "keys"),
+        (f"{fc}['table']", "item"),
+    ):
+        try:
+            b.dict_version(src)
+        except (tw.GuardBuildError, KeyError, AttributeError):
+            continue  # not a dict now, or one that cannot be versioned
+        if structural == "keys":
+            b.dict_keys(src)
+        else:
+            b.equals(f"{src}[2]")
+    w.dv_specs = b.guards
+    w.dv = b.build()
 
 
 def _declare(b: tw.GuardBuilder, c: types.SimpleNamespace, net: Any, n_blocks: int) -> None:
@@ -488,6 +523,7 @@ class RunStats:
     passes: int = 0
     skipped_guards: int = 0
     disturbed: int = 0  # checks during which a finalizer mutated the tree
+    dv_passes: int = 0  # passing checks of the DICT_VERSION set
     worlds: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
 
@@ -510,6 +546,23 @@ def answers(w: World, stats: RunStats | None = None) -> tuple[bool, bool, bool, 
         _core._set_fast_pass(fast_was)
     ref = reference.check(w.specs, w.f_locals, w.f_globals)
     return skip, noskip, walk, ref
+
+
+def dv_answers(w: World) -> tuple[bool, bool, bool, bool]:
+    """The same four answers for the DICT_VERSION set."""
+    fast_was = _core._set_fast_pass(True)
+    try:
+        skip = w.dv.check(w.f_locals)
+        skip_was = _core._set_skip(False)
+        try:
+            noskip = w.dv.check(w.f_locals)
+        finally:
+            _core._set_skip(skip_was)
+        _core._set_fast_pass(False)
+        walk = w.dv.check(w.f_locals)
+    finally:
+        _core._set_fast_pass(fast_was)
+    return skip, noskip, walk, reference.check(w.dv_specs, w.f_locals, w.f_globals)
 
 
 class _Disturber:
@@ -574,6 +627,7 @@ def run(seed: int, steps: int, *, gc_stress: bool = False, world_steps: int = 20
             gc.set_threshold(1)
             try:
                 w.gs.check(w.f_locals)
+                w.dv.check(w.f_locals)
             finally:
                 gc.set_threshold(*old)
                 disturber.armed = False
@@ -592,6 +646,22 @@ def run(seed: int, steps: int, *, gc_stress: bool = False, world_steps: int = 20
                 f"seed {seed}, step {stats.steps}, after {kind!r}: skip on {got[0]}, skip off {got[1]}, "
                 f"walk {got[2]}, reference {got[3]}; why_not: {w.gs.why_not(w.f_locals)}"
             )
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            got = dv_answers(w)
+        finally:
+            if gc_was:
+                gc.enable()
+        stats.checks += 4
+        stats.dv_passes += got[0]
+        if len(set(got)) != 1:
+            raise Disagreement(
+                f"seed {seed}, step {stats.steps}, after {kind!r}, DICT_VERSION set: skip on {got[0]}, "
+                f"skip off {got[1]}, walk {got[2]}, reference {got[3]}; why_not: {w.dv.why_not(w.f_locals)}"
+            )
+        if not got[0] and w.rng.random() < 0.5:
+            build_dict_versions(w)
         stats.steps += 1
         left -= 1
         if left == 0 and disturber is not None:
@@ -617,8 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     st = run(a.seed, a.steps, gc_stress=a.gc_stress, log=lambda m: print(m, flush=True))
     print(
         f"OK: {st.steps} steps ({st.checks} checks) on {st.worlds} worlds, Python {sys.version.split()[0]}, "
-        f"seed {a.seed}, gc_stress={a.gc_stress}: zero disagreements; {st.passes} passing steps, "
-        f"{st.skipped_guards} guards skipped in them, {st.disturbed} checks disturbed mid-check; "
+        f"seed {a.seed}, gc_stress={a.gc_stress}: zero disagreements; {st.passes} passing steps "
+        f"({st.dv_passes} of the DICT_VERSION set), {st.skipped_guards} guards skipped in them, {st.disturbed} checks disturbed mid-check; "
         f"{time.time() - t0:.0f}s"
     )
     print("mutations:", ", ".join(f"{k} {v}" for k, v in sorted(st.kinds.items())))

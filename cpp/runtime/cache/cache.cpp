@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <unordered_set>
 
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/guard_kinds.hpp"
@@ -101,7 +102,27 @@ bool pure_step(const RuntimeStep& step, PyObject* parent) {
 // How selective a key kind is (higher: fewer entries share a key): value, identity, length, type.
 constexpr int kKindRank[] = {0, 2, 3, 1};
 
+// Candidate lists reused across lookups on this thread, one per nesting level (a guard's user
+// code may look a cache up again, and releasing a candidate may run a finalizer that does).
+// Each level is its own heap object, so a nested lookup growing the pool moves no list in use.
+thread_local std::vector<std::unique_ptr<std::vector<EntryPtr>>> t_candidate_pool;
+thread_local std::size_t t_candidate_depth = 0;
+
 }  // namespace
+
+Cache::CandidateList::CandidateList() : level_(t_candidate_depth++) {
+    if (t_candidate_pool.size() <= level_)
+        t_candidate_pool.push_back(std::make_unique<std::vector<EntryPtr>>());
+}
+
+Cache::CandidateList::~CandidateList() {
+    // Released while this level is still taken: a finalizer run by the last reference to an
+    // entry may look a cache up, and uses the next level.
+    t_candidate_pool[level_]->clear();
+    --t_candidate_depth;
+}
+
+std::vector<EntryPtr>& Cache::CandidateList::get() const { return *t_candidate_pool[level_]; }
 
 Cache::Cache(std::size_t recompile_limit, std::size_t accumulated_limit, OnLimit on_limit)
     : policy_(recompile_limit, accumulated_limit, on_limit), seen_epoch_(invalidation_epoch()) {}
@@ -289,24 +310,42 @@ void Cache::rebuild_index() {
     const std::shared_ptr<IndexPath> old_path = std::move(index_path_);
     index_kinds_ = 0;
     if (policy_.size() < 2) return;
-    // The source on which the most entries carry an indexable guard (ties: the first to get
-    // there, in MRU order).
-    std::unordered_map<std::string, std::size_t> counts;
-    const EntryIndexKey* best = nullptr;
-    const CacheEntry* best_entry = nullptr;
-    std::size_t best_count = 0;
+    // The source whose keys tell the most entries apart: the most distinct keys, then the most
+    // entries keyed (ties: the first to get there, in MRU order). A source every entry keys
+    // alike (all TYPE_MATCH int, say) narrows nothing and is never chosen.
+    struct Score {
+        std::unordered_set<DispatchKey, KeyHash> keys;
+        std::size_t entries = 0;
+        const EntryIndexKey* first = nullptr;
+        const CacheEntry* first_entry = nullptr;
+        std::size_t rank = 0;  // order of first appearance
+    };
+    std::unordered_map<std::string, Score> scores;
     for (core::CacheEntryId id : policy_.order()) {
         const CacheEntry& e = *by_id_.at(id);
         for (const EntryIndexKey& k : e.index_keys) {
-            const std::size_t c = ++counts[k.signature];
-            if (c > best_count) {
-                best_count = c;
-                best = &k;
-                best_entry = &e;
+            Score& sc = scores[k.signature];
+            if (sc.first == nullptr) {
+                sc.first = &k;
+                sc.first_entry = &e;
+                sc.rank = scores.size();
             }
+            sc.keys.insert(k.key);
+            ++sc.entries;
         }
     }
-    if (best_count < 2) return;
+    const Score* best_score = nullptr;
+    for (const auto& [sig, sc] : scores) {
+        if (sc.keys.size() < 2) continue;
+        if (best_score == nullptr || sc.keys.size() > best_score->keys.size() ||
+            (sc.keys.size() == best_score->keys.size() &&
+             (sc.entries > best_score->entries ||
+              (sc.entries == best_score->entries && sc.rank < best_score->rank))))
+            best_score = &sc;
+    }
+    if (best_score == nullptr) return;
+    const EntryIndexKey* best = best_score->first;
+    const CacheEntry* best_entry = best_score->first_entry;
     // The fetch path from the root, with operands from one entry's pool (held here: the entry
     // may be removed while the index lives).
     const GuardSet& gs = *best_entry->gs;
@@ -493,8 +532,9 @@ int Cache::try_entry(const EntryPtr& c, const Locals& locals, PyObject* current,
     return gs->check(locals);
 }
 
-int Cache::lookup_most_recent(const Locals& locals, Ref& payload) {
-    if (!front_ || invalidation_epoch() != seen_epoch_ || index_dirty_ || index_path_ || !probes_.empty())
+int Cache::lookup_most_recent(const Locals& locals, Ref& payload, bool with_index) {
+    if (!front_ || invalidation_epoch() != seen_epoch_ || index_dirty_ || (index_path_ && !with_index) ||
+        !probes_.empty())
         return 0;
     // Borrowed: the fast pass runs no user code and allocates nothing, so no finalizer can run
     // and remove the entry meanwhile (docs/cpp.md, "Regions without user code").
@@ -564,7 +604,8 @@ bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
         }
         // A check changed the cache: collect again, skipping what was tried.
     }
-    std::vector<EntryPtr> candidates;
+    const CandidateList list;  // reused storage: no allocation per lookup once warm
+    std::vector<EntryPtr>& candidates = list.get();
     collect_candidates(locals, candidates);
     for (const EntryPtr& c : candidates) {
         if (c.get() == tried || std::find(tried_few, tried_few + n_tried, c.get()) != tried_few + n_tried)

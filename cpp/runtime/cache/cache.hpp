@@ -115,10 +115,12 @@ class Cache {
         return lookup(Locals::of_mapping(f_locals), out, count);
     }
     /// The shortcut of a repeated hit: when nothing died since the last operation and there is
-    /// no index and no probe, the most recently used entry is what lookup() would try first; if
-    /// its guard set's fast pass (no user code) holds, that is a hit: `payload` is set and the
-    /// hit counted, and 1 returned. 0 otherwise (nothing counted): call lookup().
-    int lookup_most_recent(const Locals& locals, Ref& payload);
+    /// no probe, the most recently used entry is the first entry of lookup()'s order (the index
+    /// only leaves out entries that cannot pass); if its guard set's fast pass (no user code)
+    /// holds, that is a hit: `payload` is set and the hit counted, and 1 returned. 0 otherwise
+    /// (nothing counted): call lookup(). With an index it is tried only when `with_index` (a
+    /// caller whose calls mostly repeat; otherwise the index is usually cheaper).
+    int lookup_most_recent(const Locals& locals, Ref& payload, bool with_index = false);
 
     /// Current probe values as a tuple (new reference), or null with an error set.
     Ref probe_values();
@@ -186,6 +188,19 @@ class Cache {
     };
     /// Whether entry `c` matches (1/0, -1 with a Python error set).
     int try_entry(const EntryPtr& c, const Locals& locals, PyObject* current, SnapshotMemo& memo);
+    /// The candidate list of one lookup: storage reused per thread and nesting level, so that a
+    /// lookup allocates nothing once warm. Emptied (the entries released) when it goes.
+    class CandidateList {
+      public:
+        CandidateList();
+        ~CandidateList();
+        CandidateList(const CandidateList&) = delete;
+        CandidateList& operator=(const CandidateList&) = delete;
+        std::vector<EntryPtr>& get() const;
+
+      private:
+        std::size_t level_;
+    };
 
     core::CachePolicy policy_;  // recency order, groups, limits (by entry id)
     std::unordered_map<core::CacheEntryId, EntryPtr> by_id_;

@@ -182,12 +182,9 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
             Py_XDECREF(found);
             return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
         }
-        case GuardKind::DictVersion: {
-            // 0 is never a stamp (a dict that cannot be versioned): such a guard never holds.
-            if (!PyDict_CheckExact(v)) return 0;
-            const std::uint64_t stamp = dict_stamp(v);
-            return stamp != 0 && stamp == static_cast<std::uint64_t>(g.n) ? 1 : 0;
-        }
+        case GuardKind::DictVersion:
+            // Stamp 0 (a dict that cannot be versioned) never matches: dict_version_match.
+            return dict_version_match(v, static_cast<std::uint64_t>(g.n), g.watch) ? 1 : 0;
         case GuardKind::TupleIteratorLen: {
             if (Py_TYPE(v) != &PyTupleIter_Type) return 0;
             const Py_ssize_t n = PyObject_LengthHint(v, -1);
@@ -206,27 +203,48 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
 // -- dict stamps ----------------------------------------------------------------------------------
 #if PY_VERSION_HEX >= 0x030C0000
 namespace {
-// 3.12+: ma_version_tag is deprecated (and gone in 3.14). A dict watcher gives every watched dict
-// a stamp from one global counter and re-stamps it on any event, so stamps never repeat.
-std::unordered_map<PyObject*, std::uint64_t>* g_stamps = nullptr;
+// 3.12+: ma_version_tag is deprecated (and gone in 3.14). One dict watcher gives every watched dict
+// a stamp from one global counter and re-stamps it on any event, so stamps never repeat; the same
+// watcher sets the change flags of the DICT_VERSION guards armed on the dict (DictWatch). CPython
+// allows 8 dict watchers per interpreter: this is tripwire's only one.
+struct Watched {
+    std::uint64_t stamp = 0;
+    std::vector<DictWatch*> armed;  ///< flags to set on the next event, then forgotten
+};
+std::unordered_map<PyObject*, Watched>* g_stamps = nullptr;
 std::uint64_t g_next_stamp = 1;
 int g_watcher_id = -1;
 
 int on_dict_event(PyDict_WatchEvent event, PyObject* dict, PyObject*, PyObject*) {
     auto it = g_stamps->find(dict);
     if (it == g_stamps->end()) return 0;
+    for (DictWatch* w : it->second.armed) w->dirty = true;
+    it->second.armed.clear();
     if (event == PyDict_EVENT_DEALLOCATED) {
         g_stamps->erase(it);  // a new dict at this address gets a fresh stamp
     } else {
-        it->second = g_next_stamp++;
+        it->second.stamp = g_next_stamp++;
     }
     return 0;
+}
+
+void unregister(DictWatch* w) {
+    auto it = g_stamps->find(w->dict);
+    if (it == g_stamps->end()) return;
+    auto& armed = it->second.armed;
+    for (std::size_t i = 0; i < armed.size(); ++i) {
+        if (armed[i] == w) {
+            armed[i] = armed.back();
+            armed.pop_back();
+            break;
+        }
+    }
 }
 }  // namespace
 
 bool init_dict_stamps() {
     if (g_watcher_id >= 0) return true;
-    g_stamps = new std::unordered_map<PyObject*, std::uint64_t>();  // lives until process exit
+    g_stamps = new std::unordered_map<PyObject*, Watched>();  // lives until process exit
     g_watcher_id = PyDict_AddWatcher(on_dict_event);
     return g_watcher_id >= 0;
 }
@@ -236,14 +254,45 @@ std::uint64_t dict_stamp(PyObject* d) {
     // stores only through the values: no watcher event fires. It cannot be versioned.
     if (dict_embedded(d)) return 0;
     auto it = g_stamps->find(d);
-    if (it != g_stamps->end()) return it->second;
+    if (it != g_stamps->end()) return it->second.stamp;
     if (PyDict_Watch(g_watcher_id, d) < 0) {
         PyErr_Clear();
         return 0;  // 0 is never a valid stamp, so the guard fails
     }
     const std::uint64_t s = g_next_stamp++;
-    g_stamps->emplace(d, s);
+    (*g_stamps)[d].stamp = s;
     return s;
+}
+
+bool dict_version_match(PyObject* v, std::uint64_t stamp, DictWatch* watch) {
+    // Armed: `v` is the dict it passed on, unchanged and alive (any event, its deallocation
+    // included, sets `dirty`), so the stamp it passed with still holds.
+    if (watch != nullptr && v == watch->dict) return !watch->dirty;
+    if (!PyDict_CheckExact(v)) return false;
+    const std::uint64_t s = dict_stamp(v);  // 0: cannot be versioned (3.13 embedded), never holds
+    if (s == 0 || s != stamp) return false;
+    if (watch != nullptr) {
+        // Passed by its stamp: arm the flag on this dict (moving it from the dict it was armed on).
+        if (watch->dict != nullptr && !watch->dirty) unregister(watch);
+        auto it = g_stamps->find(v);  // present: dict_stamp watched it
+        it->second.armed.push_back(watch);
+        watch->dict = v;
+        watch->dirty = false;
+    }
+    return true;
+}
+
+void release_dict_watch(DictWatch* watch) {
+    if (g_stamps != nullptr && watch->dict != nullptr && !watch->dirty) unregister(watch);
+    watch->dict = nullptr;
+    watch->dirty = true;
+}
+
+void dict_watch_counts(std::size_t& dicts, std::size_t& armed) {
+    dicts = g_stamps != nullptr ? g_stamps->size() : 0;
+    armed = 0;
+    if (g_stamps != nullptr)
+        for (const auto& [d, w] : *g_stamps) armed += w.armed.size();
 }
 #else
 bool init_dict_stamps() { return true; }
@@ -252,6 +301,19 @@ std::uint64_t dict_stamp(PyObject* d) {
     // PEP 509: a global counter stamps every dict mutation, so equal tags mean the same dict in
     // the same state.
     return reinterpret_cast<PyDictObject*>(d)->ma_version_tag;
+}
+
+bool dict_version_match(PyObject* v, std::uint64_t stamp, DictWatch*) {
+    if (!PyDict_CheckExact(v)) return false;
+    const std::uint64_t s = dict_stamp(v);
+    return s != 0 && s == stamp;
+}
+
+void release_dict_watch(DictWatch*) {}
+
+void dict_watch_counts(std::size_t& dicts, std::size_t& armed) {
+    dicts = 0;
+    armed = 0;
 }
 #endif
 

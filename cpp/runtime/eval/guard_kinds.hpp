@@ -8,6 +8,17 @@
 
 namespace tripwire::runtime {
 
+/// A DICT_VERSION guard's change flag (3.12+): once the guard passed on a dict by its stamp,
+/// the record is *armed* on that dict, and the one dict watcher (the one that keeps the stamps)
+/// sets `dirty` on the dict's first change or its deallocation. An armed check is then two
+/// comparisons (`v == dict && !dirty`) instead of a stamp lookup. Dirty is final for that dict:
+/// its stamp has moved on and never comes back, and a new dict at the same address finds the
+/// record dirty. Registered with the watcher exactly while `dict` is set and `dirty` is false.
+struct DictWatch {
+    PyObject* dict = nullptr;  ///< the dict it is armed on (a raw address, never dereferenced)
+    bool dirty = true;
+};
+
 /// One guard with its operands resolved to objects (borrowed from the constant pool, which the
 /// GuardSet keeps alive for as long as the guard exists).
 struct RuntimeGuard {
@@ -17,6 +28,7 @@ struct RuntimeGuard {
     PyObject* b = nullptr;  ///< operand2
     std::int64_t n = 0, n2 = 0, n3 = 0;
     std::uint32_t id = 0;
+    DictWatch* watch = nullptr;  ///< DICT_VERSION on 3.12+: its change flag (owned by the GuardSet)
 };
 
 /// 1 when the guard holds for `v`, 0 when it does not, -1 with a Python error set when evaluating
@@ -66,5 +78,15 @@ bool init_dict_stamps();
 /// dict_stamp after init_dict_stamps (a DICT_VERSION guard's expected value). False with a Python
 /// error set when the watcher cannot be installed.
 bool dict_version(PyObject* d, std::uint64_t& out);
+
+/// DICT_VERSION: `v` is an exact dict whose stamp is `stamp`; through `watch` when given (3.12+:
+/// armed by a pass, then decided by its flag). Runs no user code and allocates no Python object.
+bool dict_version_match(PyObject* v, std::uint64_t stamp, DictWatch* watch);
+
+/// Unregister `watch` from the watcher (before it is freed). GIL held.
+void release_dict_watch(DictWatch* watch);
+
+/// How many dicts the watcher keeps stamps for, and how many armed flags they have (tests).
+void dict_watch_counts(std::size_t& dicts, std::size_t& armed);
 
 }  // namespace tripwire::runtime

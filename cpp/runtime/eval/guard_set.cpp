@@ -118,6 +118,12 @@ GuardSet::GuardSet(GuardSetInputs in)
         g.n2 = d.n2;
         g.n3 = d.n3;
         g.id = d.id;
+#if PY_VERSION_HEX >= 0x030C0000
+        if (d.kind == core::GuardKind::DictVersion) {
+            watches_.push_back(std::make_unique<DictWatch>());
+            g.watch = watches_.back().get();
+        }
+#endif
         // Operands the evaluator relies on having a given type; a mismatch is a malformed set.
         if (d.kind == core::GuardKind::DictKeys && !PyTuple_Check(g.b)) {
             throw core::InvalidProgram("DICT_KEYS keys must be a tuple");
@@ -157,6 +163,8 @@ GuardSet::GuardSet(GuardSetInputs in)
         r.borrow_ok = !n.subtree_runs_user_code;
         if (n.is_root) {
             r.root.kind = n.root;
+            if (n.root == core::RootKind::Global) reads_globals_ = true;
+            if (n.root == core::RootKind::Closure) reads_closure_ = true;
             r.root.name = objs_[n.root_name];
             if (!PyUnicode_Check(r.root.name)) throw core::InvalidProgram("root names must be str");
             if (n.root == core::RootKind::Closure && closure_) {
@@ -194,7 +202,10 @@ GuardSet::GuardSet(GuardSetInputs in)
     build_fast_pass();
 }
 
-GuardSet::~GuardSet() = default;
+GuardSet::~GuardSet() {
+    // The watcher must not set a flag that is freed (GIL held: the owners drop sets under it).
+    for (const auto& w : watches_) release_dict_watch(w.get());
+}
 
 std::vector<TreeRow> GuardSet::tree() const {
     std::vector<TreeRow> out;
@@ -424,7 +435,7 @@ int GuardSet::eval_ambient(std::size_t begin, std::size_t end, const Locals& loc
 }
 
 int GuardSet::check_without_user_code(const Locals& locals) {
-    if (state_->invalid || !fast_enabled_ || !fast_pass_enabled()) return 0;
+    if (state_->invalid || !fast_enabled_ || !fast_pass_enabled() || foreign_to(locals)) return 0;
     // Rebuilt after the tree walk reordered, so that its fail-fast order carries over.
     if (fast_built_at_ != order_changes_) build_fast_pass();
     // Without user code the program either passes or stays undecided (it never decides a
@@ -434,6 +445,11 @@ int GuardSet::check_without_user_code(const Locals& locals) {
 
 int GuardSet::check(const Locals& locals) {
     if (state_->invalid) return 0;
+    // Before the fast pass, whose residues run user code: a foreign set never passes.
+    if (foreign_to(locals)) {
+        ++stats_.checks;
+        return 0;
+    }
     if (fast_enabled_ && fast_pass_enabled()) {
         if (fast_built_at_ != order_changes_) build_fast_pass();
         const int r = fast_pass(locals, true);

@@ -92,6 +92,9 @@ class GuardSet {
 
     /// 1 if every guard holds, 0 if not, -1 with a Python error set (strict mode, or a
     /// BaseException that is not an Exception, such as KeyboardInterrupt, which is never hidden).
+    /// On a frame's locals (Locals::is_frame) a set that reads G[...] from another globals dict
+    /// than the frame's, or reads C[...] cells (the frame's free variables are L[...] there), does
+    /// not pass.
     int check(const Locals& locals);
     int check(PyObject* f_locals) { return check(Locals::of_mapping(f_locals)); }
     /// 1 when the straight-line fast pass alone shows every guard holds (counted as a passing
@@ -110,6 +113,15 @@ class GuardSet {
     const core::Program& program() const { return program_; }
     /// The globals dict G[...] sources read (borrowed), or null.
     PyObject* globals() const { return globals_.get(); }
+    /// Whether some source is rooted at G[...] / C[...].
+    bool reads_globals() const { return reads_globals_; }
+    bool reads_closure() const { return reads_closure_; }
+    /// Whether the set can never pass on these locals whatever their values (frame mode: see
+    /// check()).
+    bool foreign_to(const Locals& locals) const {
+        return locals.is_frame() &&
+               (reads_closure_ || (reads_globals_ && locals.frame_globals != globals_.get()));
+    }
     /// Whether every guard of the set has a form decided without user code (so the fast pass
     /// alone can decide a passing check).
     bool uses_fast_pass() const { return fast_enabled_ && residue_guards_ == 0; }
@@ -285,11 +297,14 @@ class GuardSet {
     std::vector<PyObject*> objs_;  // raw constant pointers used for comparisons
     std::vector<NodeRt> nodes_;
     std::vector<RuntimeGuard> guards_;
-    std::vector<std::uint32_t> guard_order_;  // permutation of program_.node_guards ranges
-    std::vector<std::uint32_t> child_order_;  // permutation of program_.children ranges
+    std::vector<std::unique_ptr<DictWatch>> watches_;  // DICT_VERSION change flags (3.12+)
+    std::vector<std::uint32_t> guard_order_;           // permutation of program_.node_guards ranges
+    std::vector<std::uint32_t> child_order_;           // permutation of program_.children ranges
     std::vector<std::uint32_t> root_order_;
     std::vector<std::uint32_t> guard_fails_, node_fails_;
     bool ambient_reads_locals_ = false;  // an ambient guard (a LAMBDA) takes f_locals itself
+    bool reads_globals_ = false;         // some root is G[...]
+    bool reads_closure_ = false;         // some root is C[...]
     std::vector<FastOp> fast_ops_;
     bool fast_enabled_ = false;
     std::uint32_t fast_guards_ = 0;                    // guards the fast program decides without user code

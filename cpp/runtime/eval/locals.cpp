@@ -13,11 +13,38 @@ Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyOb
     return -1;
 }
 
+namespace {
+// CO_FAST_HIDDEN (Include/internal/pycore_code.h, 3.12+): a fast local of an inlined
+// comprehension, invisible to locals(). No slot has it on 3.11.
+constexpr unsigned char kFastHidden = 0x10;
+}  // namespace
+
+Locals Locals::of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObject* closure,
+                        PyObject* globals) {
+    Locals l;
+    l.values = localsplus;
+    l.names = code->co_localsplusnames;
+    l.count = code->co_nlocalsplus;
+    l.kinds = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(code->co_localspluskinds));
+    l.free_begin = code->co_nlocalsplus - code->co_nfreevars;
+    // A closure that does not match the code (it always does for a frame's own function) leaves
+    // the free variables unset rather than read out of bounds.
+    if (closure != nullptr && PyTuple_Check(closure) && PyTuple_GET_SIZE(closure) == code->co_nfreevars) {
+        l.closure = closure;
+    } else {
+        l.count = l.free_begin;
+    }
+    l.frame_globals = globals;
+    return l;
+}
+
 PyObject* Locals::argument_slow(PyObject* name, Py_ssize_t* hint) const {
-    const Py_ssize_t i = index_of_name(names, 0, count, name);
-    if (i < 0) return nullptr;
+    Py_ssize_t i = index_of_name(names, 0, count, name);
+    // A hidden slot's name is invisible; a visible local of the same name cannot exist (one slot
+    // per name), so the name is simply not a local here.
+    if (i < 0 || (kinds != nullptr && (kinds[i] & kFastHidden) != 0)) return nullptr;
     *hint = i;
-    return values[i];
+    return i < free_begin ? values[i] : free_value(i);
 }
 
 Ref Locals::as_mapping() const {
@@ -25,8 +52,10 @@ Ref Locals::as_mapping() const {
     Ref d = Ref::steal(PyDict_New());
     if (!d) return d;
     for (Py_ssize_t i = 0; i < count; ++i) {
-        if (values[i] == nullptr) continue;
-        if (PyDict_SetItem(d.get(), PyTuple_GET_ITEM(names, i), values[i]) < 0) return Ref();
+        if (kinds != nullptr && (kinds[i] & kFastHidden) != 0) continue;
+        PyObject* v = i < free_begin ? values[i] : free_value(i);
+        if (v == nullptr) continue;
+        if (PyDict_SetItem(d.get(), PyTuple_GET_ITEM(names, i), v) < 0) return Ref();
     }
     return d;
 }

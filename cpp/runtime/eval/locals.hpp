@@ -1,8 +1,15 @@
 // tripwire/cpp/runtime/eval/locals.hpp -- where the L[...] roots of a check come from.
 //
-// A check reads its local roots either from a mapping (the f_locals dict a caller built) or
-// straight from the arguments of a call bound to the function's parameters (runtime::BoundCall).
-// The second form is what @specialize's C++ hit path uses: no dict is built on a hit.
+// A check reads its local roots from a mapping (the f_locals dict a caller built), straight from
+// the arguments of a call bound to the function's parameters (runtime::BoundCall: @specialize's
+// C++ hit path), or straight from a PEP 523 frame's fast locals by index (the frame runtime,
+// cpp/runtime/frame). In the last two no dict is built on a hit.
+//
+// Frame mode reads a frame at entry, before its first instruction: arguments are in their slots
+// (a cell argument still holds its plain value: MAKE_CELL has not run), other locals are null,
+// and free variables are not copied yet (COPY_FREE_VARS has not run), so `L['name']` of a free
+// variable is read from the function's closure cell, unboxed, as Dynamo's FrameLocalsMapping
+// does. Hidden fast locals (3.12+ inlined comprehensions, CO_FAST_HIDDEN) are never found.
 #pragma once
 
 #include "runtime/py.hpp"
@@ -26,19 +33,35 @@ struct Locals {
     PyObject* names = nullptr;  ///< tuple of interned str, or null in mapping mode
     Py_ssize_t count = 0;
 
+    /// Frame mode: slots [free_begin, count) are free variables, read from the cells of
+    /// `closure` (the function's closure tuple); PY_SSIZE_T_MAX otherwise.
+    Py_ssize_t free_begin = PY_SSIZE_T_MAX;
+    PyObject* closure = nullptr;
+    /// Frame mode: the code's co_localspluskinds bytes (hidden slots are skipped); null otherwise.
+    const unsigned char* kinds = nullptr;
+    /// Frame mode: the frame's globals dict. A guard set whose G[...] sources read another dict
+    /// (the same code run under other globals) does not pass; null otherwise.
+    PyObject* frame_globals = nullptr;
+
     static Locals of_mapping(PyObject* f_locals) {
         Locals l;
         l.mapping = f_locals;
         return l;
     }
+    /// The fast locals of a frame of `code` at entry (see above); `closure` is the frame's
+    /// function's closure (a tuple of cells, or null).
+    static Locals of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObject* closure,
+                           PyObject* globals);
     bool is_arguments() const { return names != nullptr; }
+    bool is_frame() const { return kinds != nullptr; }
 
-    /// Argument mode: the value of local `name` (borrowed), null if no parameter has that name.
-    /// `hint` caches the slot index per caller; names are compared by identity first (both
-    /// sides interned), then by value.
+    /// Argument and frame mode: the value of local `name` (borrowed), null if no parameter (no
+    /// visible fast local) has that name or it is not set. `hint` caches the slot index per
+    /// caller; names are compared by identity first (both sides interned), then by value.
     PyObject* argument(PyObject* name, Py_ssize_t* hint) const {
         const Py_ssize_t h = *hint;
-        if (h >= 0 && h < count && PyTuple_GET_ITEM(names, h) == name) return values[h];
+        if (h >= 0 && h < count && PyTuple_GET_ITEM(names, h) == name)
+            return h < free_begin ? values[h] : free_value(h);
         return argument_slow(name, hint);
     }
 
@@ -48,6 +71,11 @@ struct Locals {
 
   private:
     PyObject* argument_slow(PyObject* name, Py_ssize_t* hint) const;
+    /// The contents of free variable slot `i`'s closure cell (borrowed), or null.
+    PyObject* free_value(Py_ssize_t i) const {
+        PyObject* cell = PyTuple_GET_ITEM(closure, i - free_begin);
+        return PyCell_Check(cell) ? PyCell_GET(cell) : nullptr;
+    }
 };
 
 }  // namespace tripwire::runtime

@@ -1,0 +1,201 @@
+// tripwire/cpp/bindings/bind_serial.cpp -- the binary format in Python: encode a guard set's
+// declarations and constants, decode bytes into a Decoded document (tripwire.serialization).
+//
+// Decoding is the core's (core::codec::decode, which validates everything); building constants
+// from a decoded document is the runtime's (runtime::serial::from_value). Resolving references is
+// Python's (tripwire.serialization), and happens between the two.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/codec/document.hpp"
+#include "core/ir.hpp"
+#include "register.hpp"
+#include "runtime/serial/values.hpp"
+
+namespace nb = nanobind;
+
+namespace tripwire::bindings {
+namespace {
+
+using core::codec::Document;
+
+nb::bytes as_bytes(const std::string& s) { return nb::bytes(s.data(), s.size()); }
+
+/// A decoded, validated document; constants are built on request, once references are resolved.
+struct Decoded {
+    Document doc;
+    std::vector<std::size_t> const_offsets;
+};
+
+}  // namespace
+
+void register_serial(nb::module_& m) {
+    // The core's FormatError; tripwire.serialization re-raises it as tripwire.FormatError.
+    static const nb::exception<core::codec::FormatError> codec_error(m, "_CodecError", PyExc_ValueError);
+
+    m.def(
+        "encode_guard_set",
+        [](std::vector<core::GuardDecl> decls, nb::list consts, std::vector<std::uint8_t> const_flags,
+           std::vector<std::string> labels, std::vector<std::vector<std::string>> stacks, nb::list references,
+           nb::callable ref_of, std::optional<std::string> globals_module,
+           const std::vector<std::pair<std::string, core::ConstId>>& baselines,
+           const std::vector<std::tuple<std::string, std::string, std::string>>& dropped, bool strict,
+           std::string version, std::pair<int, int> python) {
+            Document doc;
+            doc.tripwire_version = std::move(version);
+            doc.python_major = static_cast<std::uint8_t>(python.first);
+            doc.python_minor = static_cast<std::uint8_t>(python.second);
+            if (labels.size() != decls.size() || stacks.size() != decls.size())
+                throw nb::value_error("one label and one stack per declaration");
+            // Constants first: ref_of appends to `references` as it meets objects.
+            doc.constants.resize(nb::len(consts));
+            for (std::size_t i = 0; i < doc.constants.size(); ++i) {
+                if (!runtime::serial::to_value(consts[i].ptr(), ref_of.ptr(), doc.constants[i]))
+                    throw nb::python_error();
+            }
+            doc.const_flags = std::move(const_flags);
+            for (nb::handle r : references) {
+                auto [kind, module, qualname, fp] =
+                    nb::cast<std::tuple<int, std::string, std::string, nb::bytes>>(r);
+                if (kind < 0 || kind >= core::codec::kRefKindCount)
+                    throw nb::value_error("bad reference kind");
+                doc.references.push_back({static_cast<core::codec::RefKind>(kind), std::move(module),
+                                          std::move(qualname), std::string(fp.c_str(), fp.size()), 0});
+            }
+            for (std::size_t i = 0; i < decls.size(); ++i) {
+                core::codec::GuardRecord g;
+                g.decl = std::move(decls[i]);
+                g.label = std::move(labels[i]);
+                g.stack = std::move(stacks[i]);
+                doc.guards.push_back(std::move(g));
+            }
+            doc.has_globals_module = globals_module.has_value();
+            if (globals_module) doc.globals_module = *globals_module;
+            for (const auto& [name, c] : baselines) doc.baselines.push_back({name, c});
+            for (const auto& [k, s, d] : dropped) doc.dropped.push_back({k, s, d});
+            doc.strict = strict;
+            return as_bytes(core::codec::encode(doc));
+        },
+        nb::arg("decls"), nb::arg("consts"), nb::arg("const_flags"), nb::arg("labels"), nb::arg("stacks"),
+        nb::arg("references"), nb::arg("ref_of"), nb::arg("globals_module").none(), nb::arg("baselines"),
+        nb::arg("dropped"), nb::arg("strict"), nb::arg("version"), nb::arg("python"),
+        "The bytes of a guard set (docs/format.md). Constants that are not plain values go through "
+        "ref_of(obj) -> reference index, which appends (kind, module, qualname, fingerprint) to "
+        "`references` or raises.");
+
+    nb::class_<Decoded>(m, "Decoded", "A decoded, validated guard-set document (tripwire.serialization).")
+        .def_prop_ro("tripwire_version", [](const Decoded& d) { return d.doc.tripwire_version; })
+        .def_prop_ro(
+            "python_version",
+            [](const Decoded& d) { return std::make_pair(int{d.doc.python_major}, int{d.doc.python_minor}); })
+        .def_prop_ro("strict", [](const Decoded& d) { return d.doc.strict; })
+        .def_prop_ro("globals_module",
+                     [](const Decoded& d) {
+                         return d.doc.has_globals_module ? std::optional<std::string>(d.doc.globals_module)
+                                                         : std::nullopt;
+                     })
+        .def_prop_ro(
+            "references",
+            [](const Decoded& d) {
+                nb::list out;
+                for (const auto& r : d.doc.references) {
+                    out.append(nb::make_tuple(static_cast<int>(r.kind), r.module, r.qualname,
+                                              as_bytes(r.fingerprint), r.offset));
+                }
+                return out;
+            },
+            "[(kind, module, qualname, fingerprint, byte offset)]")
+        .def_prop_ro("baselines",
+                     [](const Decoded& d) {
+                         std::vector<std::pair<std::string, core::ConstId>> out;
+                         for (const auto& b : d.doc.baselines) out.emplace_back(b.name, b.value);
+                         return out;
+                     })
+        .def_prop_ro("dropped",
+                     [](const Decoded& d) {
+                         std::vector<std::tuple<std::string, std::string, std::string>> out;
+                         for (const auto& x : d.doc.dropped)
+                             out.emplace_back(x.kind, x.source, x.description);
+                         return out;
+                     })
+        .def_prop_ro("const_flags", [](const Decoded& d) { return d.doc.const_flags; })
+        .def_prop_ro(
+            "probe_references",
+            [](const Decoded& d) {
+                // The references the engine will call (GLOBAL_STATE's Python probes): a probe must
+                // be a reference, so that the loader can apply its stricter policy to it.
+                std::vector<std::uint32_t> out;
+                for (const auto& g : d.doc.guards) {
+                    if (g.decl.kind != core::GuardKind::GlobalState || g.decl.operand == core::kNoConst)
+                        continue;
+                    const core::codec::Value& v = d.doc.constants[g.decl.operand];
+                    if (v.tag != core::codec::ValueTag::Ref)
+                        throw core::codec::FormatError(g.offset, "a GLOBAL_STATE probe must be a reference");
+                    out.push_back(v.index);
+                }
+                return out;
+            },
+            "Indices of the references that GLOBAL_STATE guards call as probes.")
+        .def_prop_ro("guard_count", [](const Decoded& d) { return d.doc.guards.size(); })
+        .def(
+            "decls",
+            [](const Decoded& d) {
+                std::vector<core::GuardDecl> out;
+                out.reserve(d.doc.guards.size());
+                for (const auto& g : d.doc.guards) out.push_back(g.decl);
+                return out;
+            },
+            "The guard declarations (operands index constants()).")
+        .def(
+            "guard_info",
+            [](const Decoded& d) {
+                nb::list out;
+                for (const auto& g : d.doc.guards)
+                    out.append(nb::make_tuple(g.label, nb::cast(g.stack), g.offset));
+                return out;
+            },
+            "[(label, install stack, byte offset)] per guard.")
+        .def(
+            "constants",
+            [](const Decoded& d, nb::list resolved) {
+                std::vector<PyObject*> refs;
+                refs.reserve(nb::len(resolved));
+                for (nb::handle r : resolved) refs.push_back(r.ptr());
+                if (refs.size() != d.doc.references.size()) throw nb::value_error("one object per reference");
+                nb::list out;
+                for (std::size_t i = 0; i < d.doc.constants.size(); ++i) {
+                    PyObject* o = runtime::serial::from_value(d.doc.constants[i], refs);
+                    if (o == nullptr) {
+                        const std::string why = runtime::take_error_text();
+                        throw core::codec::FormatError(
+                            d.const_offsets[i], "constant " + std::to_string(i) + " cannot be built: " + why);
+                    }
+                    out.append(nb::steal(o));
+                }
+                return out;
+            },
+            nb::arg("resolved"),
+            "The constants as objects, references replaced by `resolved` (one object per reference).");
+
+    m.def(
+        "decode_guard_set",
+        [](nb::bytes data) {
+            auto* d = new Decoded{
+                core::codec::decode(reinterpret_cast<const std::uint8_t*>(data.c_str()), data.size()), {}};
+            d->const_offsets = d->doc.const_offsets;  // kept beside the document for messages
+            return d;
+        },
+        nb::arg("data"), nb::rv_policy::take_ownership,
+        "Decode and validate bytes (raises _CodecError naming the byte offset).");
+}
+
+}  // namespace tripwire::bindings

@@ -1,0 +1,421 @@
+// tripwire/cpp/runtime/frame/hook.cpp -- the eval-frame function, per-thread hooks (see the header).
+#include "runtime/frame/hook.hpp"
+
+#include <exception>
+#include <new>
+
+#include "runtime/cache/cache.hpp"
+#include "runtime/eval/locals.hpp"
+#include "runtime/frame/code_state.hpp"
+#include "runtime/frame/replacement.hpp"
+
+namespace tripwire::runtime::frame {
+namespace {
+
+constexpr int kGeneratorFlags = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE;
+constexpr const char* kCapsuleName = "tripwire.frame.thread";
+constexpr const char* kThreadKey = "tripwire.frame.thread";
+
+/// One thread's hook. Reached through t_hook on the owning thread, and through the capsule in
+/// its thread-state dict when that dict is cleared (possibly by another thread at shutdown).
+struct ThreadHook {
+    PyThreadState* tstate = nullptr;  ///< the thread state it belongs to; null once released
+    PyObject* handler = nullptr;      ///< strong; null: no hook
+    PyObject* backend = nullptr;      ///< strong
+    int busy = 0;                     ///< inside the frame runtime (the handler, a full lookup): frames
+                                      ///< are let through
+    bool intercepting = false;        ///< handler set and not busy: what the eval function tests
+
+    void refresh() { intercepting = handler != nullptr && busy == 0; }
+};
+
+// The hot path reads this once per Python call: initial-exec TLS is one segment-relative load
+// (the default model in a shared object calls __tls_get_addr).
+__attribute__((tls_model("initial-exec"))) thread_local ThreadHook* t_hook = nullptr;
+
+int g_active = 0;               // threads with a hook
+bool g_installed = false;       // we set our eval function and have not restored the previous one
+bool g_layout_checked = false;  // verify_frame_layout ran
+bool g_layout_ok = false;
+std::string g_layout_error;
+PyObject* g_error_type = nullptr;  // strong, for the life of the process
+
+PyObject* error_type() { return g_error_type != nullptr ? g_error_type : PyExc_RuntimeError; }
+
+PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag);
+
+PyObject* let_through(PyThreadState* ts, RawFrame* f) { return _PyEval_EvalFrameDefault(ts, f, 0); }
+
+// Why no RAII object holding a Python reference is alive while a frame runs (below): a daemon
+// thread still running Python when the interpreter finalizes is ended with pthread_exit the next
+// time it asks for the GIL, which unwinds the C stack as a forced exception, running the C++
+// destructors of every frame on it, without the GIL, after finalization freed objects. CPython's
+// own C frames have none; ours must not either across _PyEval_EvalFrameDefault. So the decisions
+// are taken in helpers whose RAII objects die before they return, and the references that must
+// live across the run are raw, released after it (leaked if the thread is ended meanwhile).
+
+// Run the Replacement `payload` (a reference we own, released after the run) in frame `f` of `co`.
+PyObject* run_owned_payload(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* payload) {
+    PyCodeObject* code = replacement_code_for(payload, co);
+    PyObject* r;
+    if (code == nullptr) {
+        PyErr_Format(PyExc_TypeError,
+                     "a tripwire.frame cache entry of %U must hold a tripwire.frame.Replacement made for "
+                     "that code object, not %R",
+                     co->co_qualname, payload);
+        r = fail_frame(ts, f);
+    } else {
+        r = run_code_in_frame(ts, f, code);
+    }
+    Py_DECREF(payload);
+    return r;
+}
+
+// Look the frame up in `slot`'s cache: 1 with `*payload` (a new reference) on a hit, 0 on a miss,
+// -1 with a Python error set.
+int look_up(ThreadHook* h, BackendSlot* slot, const Locals& locals, PyObject** payload) {
+    Cache* cache = slot->cache;
+    Ref hit;
+    // The repeated hit: the most recently used entry's fast pass, which runs no user code and
+    // allocates nothing (so the borrowed slot and cache stay valid across it). Tried even when
+    // the cache has an index: a frame's calls mostly repeat, and this path allocates nothing.
+    if (cache->lookup_most_recent(locals, hit, /*with_index=*/true) == 1) {
+        *payload = hit.release();
+        return 1;
+    }
+    // The full lookup may run user code: the cache object is held (it owns `cache`; raw, see
+    // above: user code may release the GIL), and the frames that code runs are let through.
+    PyObject* cache_object = Py_NewRef(slot->cache_object.get());
+    EntryPtr entry;
+    bool ok = false;
+    ++h->busy;
+    h->refresh();
+    try {
+        ok = cache->lookup(locals, entry);
+    } catch (const std::bad_alloc&) {
+        PyErr_NoMemory();
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    --h->busy;
+    h->refresh();
+    if (ok && entry) *payload = Py_NewRef(entry->payload.get());  // ours: running it may evict the entry
+    entry.reset();
+    Py_DECREF(cache_object);
+    if (!ok) return -1;
+    return *payload != nullptr ? 1 : 0;
+}
+
+// A miss: call the handler. Returns its result (a new reference) or null with an error set;
+// `backend` receives the hook's backend (a new reference) for a strategy to be set under.
+PyObject* ask_handler(RawFrame* f, ThreadHook* h, PyCodeObject* co, PyObject* fn, PyObject** backend) {
+    // Our own references (raw, see above): the handler may replace or clear this thread's hook.
+    PyObject* handler = Py_NewRef(h->handler);
+    *backend = Py_NewRef(h->backend);
+    ++h->busy;
+    h->refresh();
+    const Locals locals =
+        Locals::of_frame(frame_localsplus(f), co, PyFunction_GET_CLOSURE(fn), frame_globals(f));
+    PyObject* f_locals = locals.as_mapping().release();
+    PyObject* result = nullptr;
+    if (f_locals != nullptr) {
+        PyObject* args[5] = {reinterpret_cast<PyObject*>(co), f_locals, frame_globals(f), frame_builtins(f),
+                             fn};
+        result = PyObject_Vectorcall(handler, args, 5, nullptr);
+        Py_DECREF(f_locals);
+    }
+    --h->busy;
+    h->refresh();
+    Py_DECREF(handler);
+    return result;
+}
+
+// Act on the handler's `result` (owned; null: it raised): run, let through, or fail the frame.
+PyObject* act_on(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* result, PyObject* backend) {
+    bool fail = result == nullptr;
+    bool run = false;
+    if (!fail && result != Py_None) {
+        long s = -1;
+        if (PyLong_CheckExact(result)) {
+            s = PyLong_AsLong(result);
+            if (s == -1) PyErr_Clear();
+        }
+        if (s == static_cast<long>(Strategy::Skip) || s == static_cast<long>(Strategy::RunOnly)) {
+            fail = !set_strategy(co, backend, static_cast<Strategy>(s));
+        } else if (replacement_code_for(result, co) != nullptr) {
+            run = true;
+        } else {
+            PyErr_Format(
+                PyExc_TypeError,
+                "the tripwire.frame handler returned %R for %U; expected None, 1 (SKIP), 2 (RUN_ONLY) or "
+                "a Replacement made for that code object",
+                result, co->co_qualname);
+            fail = true;
+        }
+    }
+    Py_DECREF(backend);
+    if (run) return run_owned_payload(ts, f, co, result);
+    Py_XDECREF(result);
+    return fail ? fail_frame(ts, f) : let_through(ts, f);
+}
+
+// Everything after the eval function's tests: out of line, so that letting a frame through
+// (no hook on this thread, a skipped code) pays no prologue for the registers this needs.
+// No RAII object with a Python reference lives in this frame (see above).
+[[gnu::noinline]] PyObject* intercept(PyThreadState* ts, RawFrame* f, ThreadHook* h, PyCodeObject* co,
+                                      BackendSlot* slot) {
+    PyObject* fn = frame_function(f);
+    if (!PyFunction_Check(fn) || !frame_fresh(f)) return let_through(ts, f);
+    if (slot != nullptr && slot->cache != nullptr) {
+        const Locals locals =
+            Locals::of_frame(frame_localsplus(f), co, PyFunction_GET_CLOSURE(fn), frame_globals(f));
+        PyObject* payload = nullptr;
+        const int r = look_up(h, slot, locals, &payload);
+        if (r < 0) return fail_frame(ts, f);
+        if (r > 0) return run_owned_payload(ts, f, co, payload);
+    }
+    if (slot != nullptr && slot->strategy != Strategy::Default) return let_through(ts, f);
+        // An interpreter shutting down runs no new compiles (the handler's module may be torn down).
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_IsFinalizing()) return let_through(ts, f);
+#else
+    if (_Py_IsFinalizing()) return let_through(ts, f);
+#endif
+    PyObject* backend = nullptr;
+    PyObject* result = ask_handler(f, h, co, fn, &backend);
+    return act_on(ts, f, co, result, backend);
+}
+
+PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag) {
+    ThreadHook* h = t_hook;
+    if (h == nullptr || !h->intercepting || throw_flag != 0 || h->tstate != ts) [[likely]]
+        return _PyEval_EvalFrameDefault(ts, f, throw_flag);
+    // Function bodies only (not module or class bodies), never generators or coroutines.
+    PyCodeObject* co = frame_code(f);
+    if ((co->co_flags & (CO_OPTIMIZED | kGeneratorFlags)) != CO_OPTIMIZED)
+        return _PyEval_EvalFrameDefault(ts, f, 0);
+    BackendSlot* slot = nullptr;
+    if (CodeState* st = code_state(co)) {
+        slot = st->find(h->backend);
+        if (slot != nullptr && slot->strategy == Strategy::Skip) return _PyEval_EvalFrameDefault(ts, f, 0);
+    }
+    return intercept(ts, f, h, co, slot);
+}
+
+const char* describe_eval(_PyFrameEvalFunction fn) {
+    if (fn == eval_frame) return "tripwire";
+    if (fn == _PyEval_EvalFrameDefault) return "default";
+    return "foreign";
+}
+
+bool ensure_layout() {
+    if (!g_layout_checked) {
+        g_layout_checked = true;
+        g_layout_ok = verify_frame_layout(g_layout_error);
+    }
+    if (!g_layout_ok) {
+        PyErr_Format(error_type(),
+                     "tripwire.frame cannot run on this interpreter: its frame layout check failed (%s)",
+                     g_layout_error.c_str());
+        return false;
+    }
+    return true;
+}
+
+// Our eval function, installed when not yet. False with an error set, nothing changed.
+bool ensure_installed(PyThreadState* ts) {
+    PyInterpreterState* interp = PyThreadState_GetInterpreter(ts);
+    const _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (cur == eval_frame) {
+        g_installed = true;
+        return true;
+    }
+    if (cur != _PyEval_EvalFrameDefault) {
+        PyErr_Format(
+            error_type(),
+            "another PEP 523 eval-frame function is installed (%p)%s; tripwire.frame does not stack on "
+            "another frame hook (uninstall it first)",
+            reinterpret_cast<void*>(cur), g_active > 0 ? ", over tripwire's own" : "");
+        return false;
+    }
+    if (!ensure_layout() || !init_code_states()) return false;
+    _PyInterpreterState_SetEvalFrameFunc(interp, eval_frame);
+    g_installed = true;
+    return true;
+}
+
+// Restore CPython's eval function when ours is the interpreter's. A foreign one installed over
+// ours stays (it may call ours as its previous function: ours lets everything through now).
+// Returns false when that happened (the caller may warn).
+bool uninstall(PyThreadState* ts) {
+    g_installed = false;
+    PyInterpreterState* interp = PyThreadState_GetInterpreter(ts);
+    if (_PyInterpreterState_GetEvalFrameFunc(interp) == eval_frame) {
+        _PyInterpreterState_SetEvalFrameFunc(interp, _PyEval_EvalFrameDefault);
+        return true;
+    }
+    return false;
+}
+
+// The capsule destructor: the thread state is being cleared (thread exit, or shutdown, possibly
+// on another thread). Clears the hook, counts the thread out, frees the record when on its own
+// thread (another thread's thread-local pointer may still point at it otherwise: it is leaked,
+// released, and ignored from then on since its tstate no longer matches).
+void release_thread(PyObject* capsule) {
+    auto* h = static_cast<ThreadHook*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    if (h == nullptr) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject* handler = h->handler;
+    PyObject* backend = h->backend;
+    PyThreadState* ts = h->tstate;
+    h->handler = h->backend = nullptr;
+    h->tstate = nullptr;
+    h->refresh();
+    if (handler != nullptr && --g_active == 0 && ts != nullptr) uninstall(ts);
+    const bool own = t_hook == h;
+    if (own) t_hook = nullptr;
+    Py_XDECREF(handler);
+    Py_XDECREF(backend);
+    if (own) delete h;
+}
+
+// This thread's record, created (with its capsule) when missing. Null with an error set.
+ThreadHook* own_record(PyThreadState* ts) {
+    ThreadHook* h = t_hook;
+    if (h != nullptr && h->tstate == ts) return h;
+    // None yet, or a record of an earlier thread state of this OS thread that was never released
+    // (another interpreter's): start afresh.
+    auto* fresh = new (std::nothrow) ThreadHook();
+    if (fresh == nullptr) {
+        PyErr_NoMemory();
+        return nullptr;
+    }
+    fresh->tstate = ts;
+    PyObject* dict = PyThreadState_GetDict();  // borrowed
+    PyObject* capsule = dict != nullptr ? PyCapsule_New(fresh, kCapsuleName, release_thread) : nullptr;
+    if (capsule == nullptr || PyDict_SetItemString(dict, kThreadKey, capsule) < 0) {
+        if (capsule != nullptr) {
+            PyCapsule_SetDestructor(capsule, nullptr);
+            Py_DECREF(capsule);
+        }
+        delete fresh;
+        if (!PyErr_Occurred()) PyErr_SetString(error_type(), "tripwire.frame: no thread-state dict");
+        return nullptr;
+    }
+    Py_DECREF(capsule);  // the dict owns it
+    t_hook = fresh;
+    return fresh;
+}
+
+}  // namespace
+
+void set_frame_error_type(PyObject* type) {
+    Py_XINCREF(type);
+    Py_XSETREF(g_error_type, type);
+}
+
+bool set_thread_hook(PyObject* handler, PyObject* backend, Ref& prev_handler, Ref& prev_backend) {
+    if ((handler == nullptr) != (backend == nullptr)) {
+        PyErr_SetString(PyExc_ValueError, "a frame hook needs both a handler and a backend");
+        return false;
+    }
+    PyThreadState* ts = PyThreadState_Get();
+    ThreadHook* h = t_hook;
+    if (h != nullptr && h->tstate != ts) h = nullptr;
+    const bool had = h != nullptr && h->handler != nullptr;
+    if (handler != nullptr) {
+        // Setting or replacing: our eval function must be (or become) the interpreter's.
+        if (!ensure_installed(ts)) return false;
+        if (h == nullptr) {
+            h = own_record(ts);
+            if (h == nullptr) {
+                if (g_active == 0) uninstall(ts);
+                return false;
+            }
+        }
+    }
+    if (h == nullptr) {  // clearing a hook that was never set
+        prev_handler = Ref();
+        prev_backend = Ref();
+        return true;
+    }
+    prev_handler = Ref::steal(h->handler);
+    prev_backend = Ref::steal(h->backend);
+    h->handler = handler;
+    h->backend = backend;
+    Py_XINCREF(handler);
+    Py_XINCREF(backend);
+    h->refresh();
+    if (handler != nullptr && !had) ++g_active;
+    if (handler == nullptr && had && --g_active == 0 && !uninstall(ts)) {
+        return PyErr_WarnEx(
+                   PyExc_RuntimeWarning,
+                   "tripwire.frame: another eval-frame function was installed over tripwire's; it is "
+                   "left in place (tripwire's now lets every frame through)",
+                   1) == 0;
+    }
+    return true;
+}
+
+void thread_hook(Ref& handler, Ref& backend) {
+    ThreadHook* h = t_hook;
+    if (h == nullptr || h->tstate != PyThreadState_Get()) {
+        handler = Ref();
+        backend = Ref();
+        return;
+    }
+    handler = Ref::borrow(h->handler);
+    backend = Ref::borrow(h->backend);
+}
+
+HookStatus hook_status() {
+    HookStatus s;
+    const _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get());
+    s.installed = cur == eval_frame;
+    s.active_threads = g_active;
+    s.layout_verified = g_layout_checked && g_layout_ok;
+    s.layout_error = g_layout_error;
+    s.current_eval = describe_eval(cur);
+    return s;
+}
+
+namespace {
+PyObject* floor_eval(PyThreadState* ts, RawFrame* f, int throw_flag) {
+    return _PyEval_EvalFrameDefault(ts, f, throw_flag);
+}
+_PyFrameEvalFunction g_before_floor = nullptr;
+}  // namespace
+
+bool set_floor_eval(bool on) {
+    PyInterpreterState* interp = PyInterpreterState_Get();
+    const _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (on) {
+        // Over CPython's own or over ours (a foreign hook installed on top, for the tests).
+        if (cur != _PyEval_EvalFrameDefault && cur != eval_frame) return false;
+        g_before_floor = cur;
+        _PyInterpreterState_SetEvalFrameFunc(interp, floor_eval);
+        return true;
+    }
+    if (cur != floor_eval) return false;
+    _PyInterpreterState_SetEvalFrameFunc(
+        interp, g_before_floor != nullptr ? g_before_floor : _PyEval_EvalFrameDefault);
+    return true;
+}
+
+bool verify_layout_now(std::string& why) {
+    if (_PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get()) != _PyEval_EvalFrameDefault &&
+        !g_layout_checked) {
+        why = "another eval-frame function is installed";
+        return false;
+    }
+    if (!g_layout_checked) {
+        g_layout_checked = true;
+        g_layout_ok = verify_frame_layout(g_layout_error);
+    }
+    why = g_layout_error;
+    return g_layout_ok;
+}
+
+}  // namespace tripwire::runtime::frame

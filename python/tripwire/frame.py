@@ -1,0 +1,385 @@
+"""tripwire.frame: Dynamo's PEP 523 frame runtime on the tripwire engine.
+
+A JIT written in Python gets a callback for every Python frame about to run; it may hand back a
+replacement code object and the guards under which that replacement is valid. tripwire caches
+the pair on the code object and, on every later call, checks the guards in C++ on the frame's
+fast locals (no dict is built) and runs the replacement in the same frame::
+
+    import tripwire as tw
+    from tripwire import frame as twf
+
+    def compile_frame(frame):
+        if frame.code is not f.__code__:
+            return twf.SKIP                          # never look at this code again
+        b = tw.GuardBuilder(frame.f_locals, f_globals=frame.f_globals)
+        b.equals("L['n']")
+        return make_replacement(frame.code, frame.f_locals["n"]), b.build()
+
+    with twf.hooked(compile_frame):
+        f(x, 3)      # miss: compile_frame runs, the replacement runs
+        f(y, 3)      # hit: guards checked in C++, the replacement runs
+        f(y, 4)      # recompile: L['n'] failed
+
+The callback's contract (docs/frame.md): ``callback(frame)`` gets a :class:`Frame` (``code``,
+``f_locals`` as a read-only mapping, ``f_globals``, ``f_builtins``, ``function``, ``cache``) and
+returns one of
+
+* ``(code, guard_set)``: cache it and run ``code`` in this frame. ``code`` must be compatible
+  with the frame's layout (same argument slots and free variables; checked once, an
+  :class:`tripwire.IncompatibleCodeError` otherwise). Free variables are ``L['name']`` sources
+  (the frame's own closure); ``G[...]`` sources must be built against ``frame.f_globals``.
+* :data:`SKIP`: never intercept this code again (for this backend).
+* :data:`RUN_ONLY`: keep using the cache, but never call back for this code again.
+* ``None``: run the original code this time.
+
+Frames run inside the callback are not intercepted. Generators, coroutines, module and class
+bodies and generator unwinding are never intercepted. If the callback raises, the frame runs its
+original code and the error is logged on ``tripwire.frame`` (``raise_errors=True`` re-raises it
+from the call instead). When the cache refuses an entry for a limit, the code switches to
+RUN_ONLY (``on_limit="run_only"``, the default) or follows the cache's policy
+(``"raise"``: :class:`tripwire.RecompileLimitExceeded` from the call; ``"fallback"``: run the
+original and call back next time; ``"evict"``: drop the least recently used entry).
+
+Hooks are per thread (installed interpreter-wide, enabled per thread), and nest: :func:`hooked`
+restores the thread's previous hook. Caches live on the code object, one per backend (by default
+the callback itself), and die with it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import types
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from . import _core
+from .cache import Cache
+from .errors import FrameError, IncompatibleCodeError, RecompileLimitExceeded
+from .failure import Failure
+from .guard_set import GuardSet
+from .logs import RECOMPILES, recompile_logging_enabled, report_recompile
+
+__all__ = [
+    "RUN_ONLY",
+    "SKIP",
+    "Frame",
+    "Hook",
+    "Replacement",
+    "cache_of",
+    "current",
+    "hooked",
+    "install",
+    "reset",
+    "status",
+    "strategy_of",
+    "uninstall",
+]
+
+LOG = logging.getLogger("tripwire.frame")
+
+# The C type (runtime/frame/replacement.hpp): made only through the layout check.
+Replacement: Any = _core.Replacement
+_core._frame_setup(FrameError)
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_STRATEGY_NAMES = {0: "default", 1: "skip", 2: "run_only"}
+_ON_LIMIT = ("run_only", "raise", "fallback", "evict")
+
+
+class _Marker:
+    __slots__ = ("_code", "_name")
+
+    def __init__(self, name: str, code: int) -> None:
+        self._name = name
+        self._code = code
+
+    def __repr__(self) -> str:
+        return f"tripwire.frame.{self._name}"
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+SKIP: Any = _Marker("SKIP", 1)
+"""Returned by a callback: never intercept this code object again (for this backend)."""
+RUN_ONLY: Any = _Marker("RUN_ONLY", 2)
+"""Returned by a callback: use the cached entries of this code object, never call back for it."""
+
+
+class Frame:
+    """A frame about to run, as a callback sees it. A snapshot: it holds no pointer into the
+    interpreter's frame, so keeping it after the callback returns is safe.
+
+    Attributes:
+        code: the frame's code object.
+        f_locals: its arguments by name (a read-only mapping; free variables unboxed from the
+            function's closure; other locals are not set yet).
+        f_globals, f_builtins: the frame's globals and builtins dicts.
+        function: the function being called.
+        cache: the :class:`tripwire.Cache` of this code object for the hook's backend.
+        backend: the hook's backend key.
+    """
+
+    __slots__ = ("backend", "cache", "code", "f_builtins", "f_globals", "f_locals", "function")
+
+    def __init__(
+        self,
+        code: types.CodeType,
+        f_locals: Mapping[str, Any],
+        f_globals: dict[str, Any],
+        f_builtins: dict[str, Any],
+        function: types.FunctionType,
+        cache: Cache,
+        backend: Any,
+    ) -> None:
+        self.code = code
+        self.f_locals = f_locals
+        self.f_globals = f_globals
+        self.f_builtins = f_builtins
+        self.function = function
+        self.cache = cache
+        self.backend = backend
+
+    def why_not(self) -> list[Failure | None]:
+        """Why each cached entry does not match this frame (most recently used first)."""
+        return self.cache.why_not(self.f_locals)
+
+    def __repr__(self) -> str:
+        c = self.code
+        return f"<tripwire.frame.Frame {c.co_qualname} ({c.co_filename}:{c.co_firstlineno})>"
+
+
+class Hook:
+    """One installed callback with its options; the frame runtime calls it on every miss.
+
+    Args:
+        callback: ``callback(frame: Frame)`` (see the module docstring for what it returns).
+        backend: the cache key (one :class:`tripwire.Cache` per code object and backend);
+            default: the callback itself.
+        recompile_limit, accumulated_limit: the limits of each code object's cache.
+        on_limit: ``"run_only"`` (default: the code switches to RUN_ONLY), ``"raise"``,
+            ``"fallback"`` or ``"evict"`` (the cache's own policies).
+        raise_errors: re-raise a callback's exception from the intercepted call instead of
+            logging it and running the original code.
+    """
+
+    def __init__(
+        self,
+        callback: Callable[[Frame], Any],
+        *,
+        backend: Any = None,
+        recompile_limit: int = 8,
+        accumulated_limit: int = 256,
+        on_limit: str = "run_only",
+        raise_errors: bool = False,
+    ) -> None:
+        if not callable(callback):
+            raise TypeError(f"a frame callback must be callable, not {type(callback).__name__}")
+        if on_limit not in _ON_LIMIT:
+            raise ValueError(f"on_limit must be one of {', '.join(map(repr, _ON_LIMIT))}, not {on_limit!r}")
+        if recompile_limit < 1 or accumulated_limit < 1:
+            raise ValueError("recompile_limit and accumulated_limit must be at least 1")
+        self.callback = callback
+        self.backend = callback if backend is None else backend
+        self.recompile_limit = recompile_limit
+        self.accumulated_limit = accumulated_limit
+        self.on_limit = on_limit
+        self.raise_errors = bool(raise_errors)
+
+    def __repr__(self) -> str:
+        name = getattr(self.callback, "__qualname__", None) or repr(self.callback)
+        return f"<tripwire.frame.Hook {name} on_limit={self.on_limit!r}>"
+
+    # The frame runtime's handler: called by the eval-frame function on a miss, with frames
+    # intercepted on this thread suspended. Returns None (run the original), 1 (SKIP), 2
+    # (RUN_ONLY) or a Replacement (run it); an exception propagates from the intercepted call.
+    def __call__(
+        self,
+        code: types.CodeType,
+        f_locals: dict[str, Any],
+        f_globals: dict[str, Any],
+        f_builtins: dict[str, Any],
+        function: types.FunctionType,
+    ) -> Any:
+        if os.path.dirname(code.co_filename) == _PKG_DIR:
+            return 1  # tripwire's own machinery (this module, the cache, the builder): skip
+        cache: Any = _core._frame_cache(code, self.backend)
+        if not isinstance(cache, Cache):  # none yet (or a bare CacheCore attached by hand)
+            cache = Cache(
+                self.recompile_limit,
+                self.accumulated_limit,
+                on_limit="fallback" if self.on_limit == "run_only" else self.on_limit,
+            )
+            _core._frame_attach_cache(code, self.backend, cache)
+        frame = Frame(
+            code, types.MappingProxyType(f_locals), f_globals, f_builtins, function, cache, self.backend
+        )
+        if len(cache) and recompile_logging_enabled():
+            report_recompile(function, cache.why_not(f_locals), [e.name for e in cache])
+        try:
+            return self._apply(frame, self.callback(frame))
+        except RecompileLimitExceeded:
+            raise  # on_limit="raise": the user asked for the call to fail
+        except Exception:
+            if self.raise_errors:
+                raise
+            LOG.error(
+                "tripwire.frame: the callback %r failed on %s; running the original code",
+                self.callback,
+                _where(code),
+                exc_info=True,
+            )
+            return None
+
+    def _apply(self, frame: Frame, result: Any) -> Any:
+        if result is None:
+            return None
+        if isinstance(result, _Marker):
+            return result._code
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError(
+                f"a frame callback must return (code, guard_set), SKIP, RUN_ONLY or None, not {result!r}"
+            )
+        code, guards = result
+        if not isinstance(code, types.CodeType):
+            raise TypeError(
+                f"a frame callback's replacement must be a code object, not {type(code).__name__}"
+            )
+        if not isinstance(guards, GuardSet):
+            raise TypeError(
+                f"a frame callback's guards must be a tripwire.GuardSet, not {type(guards).__name__}"
+            )
+        reads_globals, reads_closure = guards._root_kinds
+        if reads_closure:
+            raise ValueError(
+                "guards for a frame cannot use C[...] sources: a frame's free variables are L['name'] "
+                "(read from the frame's own closure)"
+            )
+        if reads_globals and guards._globals is not frame.f_globals:
+            raise ValueError("guards with G[...] sources must be built against frame.f_globals")
+        why = _core._frame_incompatibility(frame.code, code)
+        if why is not None:
+            raise IncompatibleCodeError(
+                f"{code.co_qualname} cannot run in frames of {_where(frame.code)}: {why}"
+            )
+        replacement = Replacement(frame.code, code)
+        cache = frame.cache
+        n = getattr(cache, "_frame_compiles", 0)
+        inserted = cache.insert(
+            guards, replacement, name=f"{frame.code.co_qualname}#{n}", f_locals=frame.f_locals
+        )
+        if not inserted:  # a limit, under "run_only" or "fallback"
+            if self.on_limit == "run_only":
+                RECOMPILES.warning(
+                    "tripwire.frame: %s reached a cache limit (recompile_limit=%d, accumulated_limit=%d); "
+                    "running its cached entries only from now on (RUN_ONLY)",
+                    _where(frame.code),
+                    cache.recompile_limit,
+                    cache.accumulated_limit,
+                )
+                return RUN_ONLY._code
+            return None
+        cache._frame_compiles = n + 1  # type: ignore[attr-defined]
+        return replacement
+
+
+def _where(code: types.CodeType) -> str:
+    return f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def _code_of(obj: Any) -> types.CodeType:
+    if isinstance(obj, types.CodeType):
+        return obj
+    code = getattr(obj, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        raise TypeError(f"expected a function or a code object, not {type(obj).__name__}")
+    return code
+
+
+def _hook_of(callback: Callable[[Frame], Any] | Hook, options: dict[str, Any]) -> Hook:
+    if isinstance(callback, Hook):
+        if options:
+            raise TypeError("options are Hook(...)'s: pass them there, not with a Hook")
+        return callback
+    return Hook(callback, **options)
+
+
+def install(callback: Callable[[Frame], Any] | Hook, **options: Any) -> Hook:
+    """Set this thread's frame hook (replacing any), installing the eval-frame function
+    interpreter-wide if needed. ``options`` are :class:`Hook`'s. Returns the hook. Raises
+    :class:`tripwire.FrameError` when another PEP 523 hook is installed or the interpreter is not
+    supported."""
+    hook = _hook_of(callback, options)
+    _core._frame_set_hook(hook, hook.backend)
+    return hook
+
+
+def uninstall() -> None:
+    """Clear this thread's frame hook. When no thread has one any more, the interpreter's previous
+    eval-frame function is restored. Frames already running continue as they are."""
+    _core._frame_set_hook(None, None)
+
+
+def current() -> Hook | None:
+    """This thread's hook, or None."""
+    h = _core._frame_get_hook()
+    return None if h is None else h[0]
+
+
+@contextlib.contextmanager
+def hooked(callback: Callable[[Frame], Any] | Hook, **options: Any) -> Iterator[Hook]:
+    """Run the block with ``callback`` as this thread's frame hook; restore the previous hook
+    (or none) afterwards, even on an exception."""
+    hook = _hook_of(callback, options)
+    previous = _core._frame_set_hook(hook, hook.backend)
+    try:
+        yield hook
+    finally:
+        if previous is None:
+            _core._frame_set_hook(None, None)
+        else:
+            _core._frame_set_hook(*previous)
+
+
+def cache_of(fn: Any, backend: Any) -> Cache | None:
+    """The :class:`tripwire.Cache` of a function's (or code object's) frames for ``backend`` (the
+    callback, unless the hook named another backend), or None."""
+    cache = _core._frame_cache(_code_of(fn), backend)
+    return cache if isinstance(cache, Cache) else None
+
+
+def strategy_of(fn: Any, backend: Any) -> str:
+    """``"default"``, ``"skip"`` or ``"run_only"``: what the frame runtime does with the code for
+    ``backend``."""
+    return _STRATEGY_NAMES[_core._frame_strategy(_code_of(fn), backend)]
+
+
+def reset(fn: Any, backend: Any = None) -> None:
+    """Forget what the frame runtime learnt about a function (or code object): its caches are
+    cleared and its strategies set back to default, for ``backend`` or for every backend."""
+    _core._frame_reset(_code_of(fn), backend)
+
+
+def status() -> dict[str, Any]:
+    """The runtime's state: ``installed`` (the eval-frame function is tripwire's), ``active_threads``,
+    ``layout_verified``/``layout_error`` (the interpreter-frame layout check), ``eval_frame``
+    (``"default"``, ``"tripwire"`` or ``"foreign"``), and ``in_place``/``shadow``: replacements run
+    so far by retargeting the frame and in shadow frames."""
+    s = _core._frame_status()
+    s["in_place"], s["shadow"] = _core._frame_run_stats()
+    return s
+
+
+@atexit.register
+def _uninstall_at_exit() -> None:
+    # The main thread's hook goes before the interpreter tears modules down (the handler lives in
+    # this module); other threads' hooks die with their thread states.
+    with contextlib.suppress(Exception):
+        _core._frame_set_hook(None, None)
+    # Module-level code objects often outlive the interpreter's teardown: drop their caches now,
+    # while the objects those hold (guard sets, payloads, globals) can still be freed normally.
+    with contextlib.suppress(Exception):
+        _core._frame_release_all()

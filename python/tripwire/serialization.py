@@ -1,0 +1,623 @@
+"""Saving and loading guard sets: ``GuardSet.to_bytes`` and ``GuardSet.from_bytes``.
+
+The bytes are the format of docs/format.md, written and read by the C++ core (which validates
+everything before anything is built). This module decides what may be written (a guard whose
+meaning does not survive the process is refused, see :class:`NotSerializable`), turns objects into
+references (:mod:`tripwire.references`) and back, and proves, before ``to_bytes`` returns, that the
+bytes rebuild the same guards. Loading never executes code from the data: there is no pickle, no
+eval, and a module that is not imported yet is imported only when the caller allows it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import types
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import _core
+from .catalogue import GuardKind, GuardSpec, Weak
+from .errors import FormatError, GuardEvalError, NotSerializable
+from .references import RefKind, Unnamed, fingerprint, import_module, modules_by_file, name_of, resolve_name
+from .source import RootKind, Source, Step, StepKind
+
+if TYPE_CHECKING:
+    from .guard_set import GuardSet
+
+__all__ = ["describe_bytes", "dumps", "loads"]
+
+Resolver = Callable[[str, str], Any]
+
+# What a kind's payload cannot carry across a process (docs/format.md, "What is refused").
+_NEVER = {
+    GuardKind.DICT_VERSION: "a dict version is a counter of this process; it means nothing in another",
+    GuardKind.LAMBDA: "a predicate is code, and the format never stores code",
+}
+_PLAIN = (int, float, complex, str, bytes)
+_SINGLETONS = (None, True, False, Ellipsis)
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+# -- saving -----------------------------------------------------------------------------------------
+
+
+def _objects_in(v: Any, out: list[Any]) -> None:
+    """The objects in constant ``v`` that are not plain values (they become references), exactly
+    as runtime::serial::to_value splits them."""
+    t = type(v)
+    if v is None or v is True or v is False or v is Ellipsis or t in _PLAIN or t is range:
+        return
+    if t in (tuple, list, set, frozenset):
+        for x in v:
+            _objects_in(x, out)
+    elif t is dict:
+        for k, x in v.items():
+            _objects_in(k, out)
+            _objects_in(x, out)
+    elif t is slice:
+        for x in (v.start, v.stop, v.step):
+            _objects_in(x, out)
+    else:
+        out.append(v)
+
+
+def _live(arg: Any) -> Any:
+    if type(arg) is Weak:
+        obj = arg.get()
+        if obj is None:
+            raise Unnamed(f"the object {arg!r} has died")
+        return obj
+    return arg
+
+
+class _Saver:
+    def __init__(self, gs: GuardSet) -> None:
+        self.gs = gs
+        self.globals_module = _module_of_globals(gs._f_globals)
+        self.references: list[tuple[int, str, str, bytes]] = []
+        self.objects: list[Any] = []  # the object behind each reference, in order
+        self._index: dict[int, int] = {}
+        self._files: dict[str, list[str]] | None = None
+
+    def files(self) -> dict[str, list[str]]:
+        if self._files is None:
+            self._files = modules_by_file()
+        return self._files
+
+    def reference(self, obj: Any, global_name: tuple[str, str] | None = None) -> int:
+        i = self._index.get(id(obj))
+        if i is not None:
+            return i
+        kind, module, qualname = name_of(obj, global_name=global_name, files=self.files)
+        self.references.append((int(kind), module, qualname, fingerprint(kind, obj)))
+        self.objects.append(obj)
+        i = self._index[id(obj)] = len(self.objects) - 1
+        return i
+
+    def ref_of(self, obj: Any) -> int:
+        """For the C++ encoder: every object was named by check() first."""
+        return self._index[id(obj)]
+
+    def check(self, spec: GuardSpec) -> GuardSpec:
+        """The spec with its objects alive, every one of them named; raises Unnamed."""
+        k = spec.kind
+        if k in _NEVER:
+            raise Unnamed(_NEVER[k])
+        src = spec.source
+        if src is not None and src.root is RootKind.CLOSURE:
+            raise Unnamed("C[...] reads a closure cell of this process")
+        if src is not None and src.root is RootKind.GLOBAL and self.gs._f_globals is None:
+            raise Unnamed("G[...] with no globals given")
+        args = tuple(_live(a) for a in spec.args)
+        if k is GuardKind.ID_MATCH:
+            obj = args[0]
+            if not any(obj is s for s in _SINGLETONS):
+                if type(obj) in (*_PLAIN, tuple, list, dict, set, frozenset, range, slice):
+                    raise Unnamed(f"the identity of a {type(obj).__name__} cannot survive the process")
+                global_name = None
+                if src is not None and src.root is RootKind.GLOBAL and not src.steps and self.globals_module:
+                    global_name = (self.globals_module, src.name)
+                self.reference(obj, global_name)
+        elif k in (GuardKind.TYPE_MATCH, GuardKind.CODE_MATCH):
+            self.reference(args[0])
+        elif k is GuardKind.GLOBAL_STATE and type(args[0]) is not str:
+            self.reference(args[0])
+            self._constant(args[1])
+        elif k in (GuardKind.EQUALS_MATCH, GuardKind.DICT_KEYS, GuardKind.DICT_CONTAINS):
+            self._constant(args[0])
+        return GuardSpec(spec.kind, spec.source, args, spec.index, spec.stack)
+
+    def _constant(self, c: Any) -> None:
+        objs: list[Any] = []
+        _objects_in(c, objs)
+        for o in objs:
+            self.reference(o)
+
+
+def _module_of_globals(g: dict | None) -> str | None:
+    """The name of the module whose ``__dict__`` is ``g``, or None."""
+    if g is None:
+        return None
+    name = g.get("__name__")
+    mod = sys.modules.get(name) if type(name) is str else None
+    return name if isinstance(mod, types.ModuleType) and mod.__dict__ is g else None
+
+
+def _matches(spec: GuardSpec, names: set[str]) -> set[str]:
+    hit = {spec.kind.name} & names
+    if spec.source is not None and str(spec.source) in names:
+        hit.add(str(spec.source))
+    return hit
+
+
+def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
+    """``gs.to_bytes(drop=...)``: see GuardSet.to_bytes."""
+    from .guard_set import _encode, _Pool
+
+    if isinstance(drop, str):
+        drop = (drop,)
+    names = set(drop)
+    for n in names:
+        if type(n) is not str:
+            raise TypeError(f"drop= takes source strings and kind names, not {type(n).__name__}")
+    saver = _Saver(gs)
+    kept: list[GuardSpec] = []
+    dropped: list[tuple[str, str, str]] = []
+    used: set[str] = set()
+    problems: list[tuple[str, str | None, str]] = []
+    for spec in gs.guards:
+        hit = _matches(spec, names)
+        if hit:
+            used |= hit
+            dropped.append((spec.kind.name, "" if spec.source is None else str(spec.source), spec.describe()))
+            continue
+        try:
+            kept.append(saver.check(spec))
+        except Unnamed as e:
+            problems.append((spec.kind.name, None if spec.source is None else str(spec.source), str(e)))
+    unused = names - used
+    if unused:
+        raise ValueError(f"drop= names what no guard of this set has: {sorted(unused)}")
+    if problems:
+        raise NotSerializable(problems)
+    if gs.invalid:
+        raise NotSerializable([("", None, f"the set can never pass again: {gs.invalid_reason}")])
+    pool = _Pool()
+    decls = _encode(kept, pool)
+    # Objects a guard names by identity are held weakly, as in the live set (GuardSet.__init__).
+    labels = [s.args[2] if s.kind is GuardKind.GLOBAL_STATE else "" for s in kept]
+    baselines = [(name, pool.add(value)) for name, value in gs.baselines.items()]
+    for _, value in gs.baselines.items():
+        saver._constant(value)
+    has_globals = any(s.source is not None and s.source.root is RootKind.GLOBAL for s in kept)
+    try:
+        data = _core.encode_guard_set(
+            decls,
+            pool.consts,
+            [1 if w else 0 for w in pool.weak],
+            labels,
+            [list(s.stack) for s in kept],
+            saver.references,
+            saver.ref_of,
+            saver.globals_module if has_globals else None,
+            baselines,
+            dropped,
+            gs.strict,
+            _version(),
+            sys.version_info[:2],
+        )
+    except _core._CodecError as e:
+        raise FormatError(str(e)) from None
+    _prove(gs, kept, dropped, data, saver.objects)
+    return data
+
+
+def _prove(gs: GuardSet, kept: list[GuardSpec], dropped: list, data: bytes, objects: list[Any]) -> None:
+    """The bytes rebuild the same guards (decoded and compiled by the engine, with the saved
+    objects for the references): what was kept and nothing else, with the same sources,
+    operands, install stacks and dropped list."""
+    loaded = _load(data, lambda i, ref, called=False: objects[i], gs._f_globals)
+    problems = []
+    if len(loaded.guards) != len(kept):
+        problems.append(f"{len(loaded.guards)} guards rebuilt, {len(kept)} kept")
+    for a, b in zip(kept, loaded.guards, strict=False):
+        same = (
+            a.kind is b.kind
+            and a.index == b.index
+            and a.source == b.source
+            and a.stack == b.stack
+            and len(a.args) == len(b.args)
+            and all(_same_arg(x, _live(y)) for x, y in zip(a.args, b.args, strict=True))
+        )
+        if not same:
+            problems.append(f"{a.describe()} rebuilt as {b.describe()}")
+    if [tuple(d) for d in dropped] != [tuple(d) for d in loaded._dropped]:
+        problems.append("the dropped list differs")
+    if problems:
+        raise FormatError("the bytes do not rebuild this guard set: " + "; ".join(problems[:5]))
+
+
+def _same_arg(x: Any, y: Any) -> bool:
+    if x is y:
+        return True
+    if type(x) is not type(y):
+        return False
+    if type(x) is range:
+        return (x.start, x.stop, x.step) == (y.start, y.stop, y.step)
+    return _core.is_constant(x) and _core.equals_match(y, x)
+
+
+# -- loading ----------------------------------------------------------------------------------------
+
+_OFFSET = re.compile(r"\(at byte (\d+)\)$")
+
+
+def _format_error(e: Exception) -> FormatError:
+    text = str(e)
+    m = _OFFSET.search(text)
+    return FormatError(text, int(m.group(1)) if m else None)
+
+
+def _decode(data: bytes | bytearray | memoryview) -> Any:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"from_bytes needs bytes, not {type(data).__name__}")
+    try:
+        return _core.decode_guard_set(bytes(data))
+    except _core._CodecError as e:
+        raise _format_error(e) from None
+
+
+# What each kind of reference must resolve to (checked before its fingerprint is computed, so that
+# no attribute of an arbitrary object is read). OBJECT and ENUM_MEMBER are checked by their lookup.
+_REF_TYPES: dict[RefKind, type | tuple[type, ...]] = {
+    RefKind.TYPE: type,
+    RefKind.FUNCTION: (types.FunctionType, types.BuiltinFunctionType),
+    RefKind.CODE: types.CodeType,
+    RefKind.MODULE: types.ModuleType,
+}
+
+
+def _admitted(module: str, allow: Sequence[str] | None) -> bool:
+    return bool(allow) and any(module == p or module.startswith(p + ".") for p in allow or ())
+
+
+def _importer(
+    resolve: Resolver | None, allow_modules: Sequence[str] | None, call_modules: Sequence[str] = ()
+) -> Callable[[int, tuple, bool], Any]:
+    """Resolves references by the loading rules. A reference the engine will *call* (a
+    GLOBAL_STATE probe, run by every check) resolves only in a module that ``allow_modules``
+    admits or that is in ``call_modules`` (the module of the ``f_globals`` the caller passed), or
+    through ``resolve``: the data must not choose which imported function runs (``os.abort`` is
+    always imported)."""
+    if isinstance(allow_modules, str):
+        allow_modules = (allow_modules,)
+
+    def lookup(i: int, ref: tuple, called: bool = False) -> Any:
+        kind_n, module, qualname, fp, offset = ref
+        kind = RefKind(kind_n)
+        where = f"reference {module}:{qualname} ({kind.name.lower()}, at byte {offset})"
+        if called and resolve is None and not _admitted(module, allow_modules) and module not in call_modules:
+            raise FormatError(
+                f"{where} refused: it is called by every check (a GLOBAL_STATE probe), and its module "
+                f"{module!r} is neither admitted by allow_modules= nor the module of the f_globals given",
+                offset,
+            )
+        mod = sys.modules.get(module)
+        try:
+            if isinstance(mod, types.ModuleType):
+                obj = resolve_name(kind, mod, qualname)
+            elif _admitted(module, allow_modules):
+                try:
+                    obj = resolve_name(kind, import_module(module), qualname)
+                except ImportError as e:
+                    raise FormatError(
+                        f"{where}: module {module!r} cannot be imported ({e})", offset
+                    ) from None
+            elif resolve is not None:
+                obj = resolve(module, qualname)
+            else:
+                raise FormatError(
+                    f"{where} refused: module {module!r} is not imported, and importing it would run "
+                    "its code; import it first, or pass allow_modules=[...] or resolve=",
+                    offset,
+                )
+        except LookupError as e:
+            raise FormatError(f"{where} does not resolve: {e}", offset) from None
+        expected = _REF_TYPES.get(kind)
+        if expected is not None and not issubclass(type(obj), expected):
+            raise FormatError(
+                f"{where} resolves to a {type(obj).__name__}, not a {kind.name.lower()}", offset
+            )
+        if fingerprint(kind, obj) != fp:
+            raise FormatError(
+                f"{where} resolves to an object that differs from the one saved (its fingerprint "
+                "changed: edited code, another class, another Python version)",
+                offset,
+            )
+        return obj
+
+    return lookup
+
+
+def loads(
+    data: bytes,
+    resolve: Resolver | None = None,
+    allow_modules: Sequence[str] | None = None,
+    f_globals: dict | None = None,
+) -> GuardSet:
+    """``GuardSet.from_bytes``: see there."""
+    if f_globals is not None and type(f_globals) is not dict:
+        raise TypeError("f_globals must be a dict")
+    own = _module_of_globals(f_globals)
+    return _load(
+        data, _importer(resolve, allow_modules, (own,) if own else ()), f_globals, use_module_globals=True
+    )
+
+
+def _load(
+    data: bytes, lookup: Callable[..., Any], f_globals: dict | None, use_module_globals: bool = False
+) -> GuardSet:
+    from .guard_set import GuardSet
+
+    doc = _decode(data)
+    refs = doc.references
+    try:
+        called = set(doc.probe_references)
+    except _core._CodecError as e:
+        raise _format_error(e) from None
+    objects = [lookup(i, r, i in called) for i, r in enumerate(refs)]
+    try:
+        consts = doc.constants(objects)
+    except _core._CodecError as e:
+        raise _format_error(e) from None
+    decls = doc.decls()
+    info = doc.guard_info()
+    memo: dict[str, Source] = {}
+    specs = [
+        _spec(d, consts, label, stack, offset, memo)
+        for d, (label, stack, offset) in zip(decls, info, strict=True)
+    ]
+    # Root names and step keys are compared by identity with interned strings.
+    for d in decls:
+        if d.source is not None:
+            consts[d.source.name] = sys.intern(consts[d.source.name])
+            for st in d.source.steps:
+                if st.operand is not None and type(consts[st.operand]) is str:
+                    consts[st.operand] = sys.intern(consts[st.operand])
+    reads_globals = any(s.source is not None and s.source.root is RootKind.GLOBAL for s in specs)
+    if f_globals is None and reads_globals and use_module_globals:
+        module = doc.globals_module
+        if module is None:
+            raise FormatError(
+                "this set reads G[...] from a globals dict that is not a module's: pass f_globals="
+            )
+        mod = lookup(-1, (int(RefKind.MODULE), module, "", fingerprint(RefKind.MODULE, None), 0), False)
+        f_globals = mod.__dict__
+    weak = [bool(f & 1) for f in doc.const_flags]
+    baselines = {name: consts[c] for name, c in doc.baselines}
+    gs = GuardSet.__new__(GuardSet)
+    try:
+        _core.GuardSetCore.__init__(gs, decls, consts, weak, f_globals, None, doc.strict, GuardEvalError)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise FormatError(f"the guard program is invalid: {e}") from None
+    gs._set_state(specs, f_globals, doc.strict, tuple(doc.dropped), baselines)
+    return gs
+
+
+_INDEX_STEPS = (StepKind.DEFAULTS, StepKind.CLOSURE_CELL, StepKind.DICT_KEY, StepKind.DICT_VALUE)
+_PROBES = _core.builtin_probes()
+
+
+def _builtin_snapshot(probe: str, n: int) -> Any:
+    """A built-in probe's snapshot as the probe returns it (a bool for gc_enabled): stored as an int."""
+    return bool(n) if type(_core.read_builtin_probe(probe)) is bool else n
+
+
+def _spec(
+    d: _core.GuardDecl, consts: list, label: str, stack: list[str], offset: int, memo: dict | None = None
+) -> GuardSpec:
+    """The GuardSpec of a decoded declaration (the inverse of guard_set._encode); FormatError when
+    an operand has a type its kind cannot take."""
+    k = GuardKind(d.kind)
+
+    def bad(why: str) -> FormatError:
+        return FormatError(f"{k.name} guard (at byte {offset}): {why}", offset)
+
+    op = None if d.operand is None else consts[d.operand]
+    op2 = None if d.operand2 is None else consts[d.operand2]
+    args: tuple
+    if k in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH):
+        args = (op,)
+    elif k is GuardKind.CODE_MATCH:
+        if type(op) is not types.CodeType:
+            raise bad("needs a code object")
+        args = (op,)
+    elif k is GuardKind.EQUALS_MATCH:
+        if not _core.is_constant(op):
+            raise bad(f"{type(op).__name__} is not a constant")
+        args = (op,)
+    elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN):
+        args = (d.n,)
+    elif k is GuardKind.DICT_KEYS:
+        if type(op2) is not tuple or not all(_core.is_constant(x, 1) for x in op2):
+            raise bad("the keys must be a tuple of constants")
+        args = (op2, d.flag)
+    elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
+        args = (op, d.flag)
+    elif k is GuardKind.RANGE_ITERATOR:
+        if type(op) is not range:
+            raise bad("needs a range")
+        args = (op.start, op.stop, op.step)
+    elif k is GuardKind.GLOBAL_STATE:
+        if op is None:
+            probe = _PROBES[d.n]
+            args = (probe, _builtin_snapshot(probe, d.n2), label or probe)
+        else:
+            if not _core.is_constant(op2):
+                raise bad("the snapshot is not a constant")
+            args = (op, op2, label)
+    else:
+        args = ()
+    source = None
+    if d.source is not None:
+        source = _source(d.source, consts, bad, memo)
+    return GuardSpec(k, source, args, d.id, tuple(stack))
+
+
+def _source(
+    path: _core.SourcePath, consts: list, bad: Callable[[str], FormatError], memo: dict | None = None
+) -> Source:
+    """The Source of a decoded path, checked against its printed prefixes (the engine's tree
+    prints those). ``memo`` maps a path (root, name and steps by constant id) to its checked
+    Source and texts, so that each distinct source is built and printed once for the whole set,
+    extending its parent's."""
+    memo = {} if memo is None else memo
+    root, name_id = int(path.root), path.name
+    steps = [(int(st.kind), st.operand, st.index) for st in path.steps]
+    texts = path.texts
+    key = (root, name_id, tuple(steps))
+    hit = memo.get(key)
+    if hit is not None:
+        if hit[1] != texts[-1]:
+            raise bad(f"the source texts do not match its steps ({texts[-1]!r} is {hit[1]!r})")
+        return hit[0]
+    name = consts[name_id]
+    if type(name) is not str:
+        raise bad("a root name must be a str")
+    k0 = (root, name_id, ())
+    cur = memo.get(k0)
+    if cur is None:
+        src = Source(RootKind(root), name)
+        cur = memo[k0] = (src, str(src))
+    if cur[1] != texts[0]:
+        raise bad(f"the source texts do not match its steps ({texts[0]!r} is {cur[1]!r})")
+    for i, (kind, operand, index) in enumerate(steps):
+        ki = (root, name_id, tuple(steps[: i + 1]))
+        nxt = memo.get(ki)
+        if nxt is None:
+            kind_e = StepKind(kind)
+            arg = index if kind_e in _INDEX_STEPS else (None if operand is None else consts[operand])
+            try:
+                step = Step(kind_e, arg)
+            except ValueError as e:
+                raise bad(f"bad source: {e}") from None
+            src = cur[0]
+            nxt = memo[ki] = (Source(src.root, src.name, (*src.steps, step)), step.render(cur[1]))
+        if nxt[1] != texts[i + 1]:
+            raise bad(f"the source texts do not match its steps ({texts[i + 1]!r} is {nxt[1]!r})")
+        cur = nxt
+    return cur[0]
+
+
+# -- inspection (no reference is resolved, nothing is imported) ------------------------------------
+
+
+class _Named:
+    """A reference shown by name in ``describe_bytes``."""
+
+    def __init__(self, kind: RefKind, module: str, qualname: str) -> None:
+        self.text = f"<{kind.name.lower()} {module}:{qualname}>" if qualname else f"<module {module}>"
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Named) and other.text == self.text
+
+
+def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tuple[str, str, str]]]:
+    """(metadata, the guards with references shown by name, dropped) of serialized guards, read
+    without resolving any reference."""
+    doc = _decode(data)
+    objects = [_Named(RefKind(k), m, q) for k, m, q, _, _ in doc.references]
+    try:
+        consts = doc.constants(objects)
+    except _core._CodecError as e:
+        raise _format_error(e) from None
+    specs = []
+    for d, (label, stack, offset) in zip(doc.decls(), doc.guard_info(), strict=True):
+        k = GuardKind(d.kind)
+        op = None if d.operand is None else consts[d.operand]
+        op2 = None if d.operand2 is None else consts[d.operand2]
+        if k is GuardKind.GLOBAL_STATE:
+            if op is None:
+                probe = _PROBES[d.n]
+                args: tuple = (probe, _builtin_snapshot(probe, d.n2), label or probe)
+            else:
+                args = (op, op2, label)
+        elif k is GuardKind.DICT_KEYS:
+            args = (op2, d.flag)
+        elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
+            args = (op, d.flag)
+        elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN):
+            args = (d.n,)
+        elif k is GuardKind.RANGE_ITERATOR:
+            args = (op.start, op.stop, op.step) if type(op) is range else (op,)
+        else:
+            args = (op,) if op is not None else ()
+        source = (
+            None
+            if d.source is None
+            else _source(d.source, consts, functools.partial(FormatError, offset=offset))
+        )
+        specs.append(GuardSpec(k, source, args, d.id, tuple(stack)))
+    meta = {
+        "format version": 1,
+        "tripwire version": doc.tripwire_version,
+        "python": "{}.{}".format(*doc.python_version),
+        "guards": doc.guard_count,
+        "references": [
+            f"{RefKind(k).name.lower()} {m}:{q}" if q else f"module {m}" for k, m, q, _, _ in doc.references
+        ],
+        "globals module": doc.globals_module,
+        "strict": doc.strict,
+        "baselines": {name: consts[c] for name, c in doc.baselines},
+    }
+    return meta, specs, list(doc.dropped)
+
+
+def _inspect_line(s: GuardSpec) -> str:
+    """describe(), with a reference shown by its name rather than as a live object."""
+    src = str(s.source) if s.source is not None else "f_locals"
+    if s.kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH) and isinstance(s.args[0], _Named):
+        return f"{'type(' + src + ')' if s.kind is GuardKind.TYPE_MATCH else src} is {s.args[0]!r}"
+    if s.kind is GuardKind.CODE_MATCH:
+        return f"{src}.__code__ is {s.args[0]!r}"
+    if s.kind is GuardKind.ID_MATCH:
+        return f"{src} is {s.args[0]!r}"
+    return s.describe()
+
+
+def describe_bytes(data: bytes) -> str:
+    """A readable listing of serialized guards (``python -m tripwire inspect``)."""
+    meta, specs, dropped = inspect_bytes(data)
+    lines = [f"{k}: {v}" for k, v in meta.items() if k != "references"]
+    refs = meta["references"]
+    lines.append(f"references ({len(refs)}):")
+    lines += [f"  {r}" for r in refs]
+    lines.append(f"guards ({len(specs)}):")
+    for s in specs:
+        where = s.stack[-1] if s.stack else "unknown"
+        lines.append(f"  #{s.index} {s.kind.name}: {_inspect_line(s)}   # installed at {where}")
+    if dropped:
+        lines.append(f"dropped at save ({len(dropped)}): these guards are NOT checked by the loaded set")
+        lines += [f"  {k} on {src or 'global state'}: {desc}" for k, src, desc in dropped]
+    return "\n".join(lines)
+
+
+def guard_lines(data: bytes) -> list[str]:
+    """One line per guard (kind, source, what it expects) and per dropped guard, for diffs."""
+    _, specs, dropped = inspect_bytes(data)
+    return [f"{s.kind.name}: {_inspect_line(s)}" for s in specs] + [
+        f"dropped {k}: {desc}" for k, _, desc in dropped
+    ]

@@ -1,0 +1,282 @@
+// tripwire/tests/cpp/test_codec.cpp -- the serialization codec: round trips, and bad input.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "core/codec/document.hpp"
+#include "core/codec/guard_records.hpp"
+#include "core/codec/sha256.hpp"
+#include "core/program.hpp"
+#include "testing.hpp"
+
+namespace tripwire::core::codec {
+namespace {
+
+using test_util::attr;
+using test_util::source;
+
+std::string hex(const Digest& d) {
+    static const char* k = "0123456789abcdef";
+    std::string s;
+    for (std::uint8_t b : d) {
+        s += k[b >> 4];
+        s += k[b & 15];
+    }
+    return s;
+}
+
+Digest sha(const std::string& s) { return sha256(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()); }
+
+TEST(Sha256, KnownVectors) {
+    EXPECT_EQ(hex(sha("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    EXPECT_EQ(hex(sha("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    EXPECT_EQ(hex(sha("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+              "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    EXPECT_EQ(hex(sha(std::string(1000000, 'a'))),
+              "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+Value str(const std::string& s) {
+    Value v;
+    v.tag = ValueTag::Str;
+    v.bytes = s;
+    return v;
+}
+Value integer(std::int64_t i) {
+    Value v;
+    v.tag = ValueTag::Int;
+    v.i = i;
+    return v;
+}
+
+/// A document with one guard of each stored kind on L['x'].a (constants 0 'x', 1 'a', 2 a type ref,
+/// 3 an int, 4 a key tuple, 5 a range, 6 a probe ref).
+Document sample() {
+    Document d;
+    d.tripwire_version = "0.1.0";
+    d.python_major = 3;
+    d.python_minor = 11;
+    d.references.push_back({RefKind::Type, "builtins", "int", "fp", 0});
+    d.references.push_back({RefKind::Function, "mod", "probe", "fp2", 0});
+    d.constants = {str("x"), str("a"), Value{}, integer(-7), Value{}, Value{}, Value{}};
+    d.constants[2].tag = ValueTag::Ref;
+    d.constants[2].index = 0;
+    d.constants[4].tag = ValueTag::Tuple;
+    d.constants[4].items = {str("k"), integer(1)};
+    d.constants[5].tag = ValueTag::Range;
+    d.constants[5].items = {integer(0), integer(10), integer(2)};
+    d.constants[6].tag = ValueTag::Ref;
+    d.constants[6].index = 1;
+    d.const_flags = {0, 0, 1, 0, 0, 0, 0};
+    std::uint32_t id = 0;
+    auto add = [&](GuardKind k, bool with_source = true) -> GuardDecl& {
+        GuardRecord g;
+        g.decl.kind = k;
+        g.decl.id = id++;
+        g.decl.has_source = with_source;
+        if (with_source) g.decl.source = source(RootKind::Local, 0, {attr(1)});
+        g.stack = {"file.py:3 in f"};
+        d.guards.push_back(g);
+        return d.guards.back().decl;
+    };
+    add(GuardKind::TypeMatch).operand = 2;
+    add(GuardKind::IdMatch).operand = 2;
+    add(GuardKind::None);
+    add(GuardKind::NotNone);
+    add(GuardKind::True);
+    add(GuardKind::False);
+    add(GuardKind::EqualsMatch).operand = 3;
+    add(GuardKind::Length).n = 4;
+    GuardDecl& dk = add(GuardKind::DictKeys);
+    dk.operand2 = 4;
+    dk.flag = true;
+    GuardDecl& dc = add(GuardKind::DictContains);
+    dc.operand = 1;
+    dc.flag = false;
+    add(GuardKind::HasAttr).operand = 1;
+    add(GuardKind::TupleIteratorLen).n = 2;
+    add(GuardKind::RangeIterator).operand = 5;
+    add(GuardKind::CodeMatch).operand = 2;
+    add(GuardKind::WeakrefAlive);
+    GuardDecl& gs = add(GuardKind::GlobalState, false);
+    gs.operand = 6;
+    gs.operand2 = 3;
+    d.guards.back().label = "probe";
+    GuardDecl& builtin = add(GuardKind::GlobalState, false);
+    builtin.n = 1;
+    builtin.n2 = 1;
+    d.has_globals_module = true;
+    d.globals_module = "mod";
+    d.baselines.push_back({"dispatch", 3});
+    d.dropped.push_back({"ID_MATCH", "L['f']", "L['f'] is <function>"});
+    return d;
+}
+
+Document roundtrip(const Document& d) {
+    const std::string bytes = encode(d);
+    return decode(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+}
+
+TEST(Codec, RoundTripsEveryStoredKind) {
+    const Document d = sample();
+    const Document e = roundtrip(d);
+    ASSERT_EQ(e.guards.size(), d.guards.size());
+    for (std::size_t i = 0; i < d.guards.size(); ++i) {
+        const GuardDecl& a = d.guards[i].decl;
+        const GuardDecl& b = e.guards[i].decl;
+        EXPECT_EQ(a.kind, b.kind);
+        EXPECT_EQ(a.id, b.id);
+        EXPECT_EQ(a.operand, b.operand) << guard_kind_name(a.kind);
+        EXPECT_EQ(a.operand2, b.operand2) << guard_kind_name(a.kind);
+        EXPECT_EQ(a.n, b.n);
+        EXPECT_EQ(a.n2, b.n2);
+        EXPECT_EQ(a.flag, b.flag);
+        EXPECT_EQ(a.has_source, b.has_source);
+        EXPECT_EQ(a.source.texts, b.source.texts);
+        EXPECT_EQ(d.guards[i].stack, e.guards[i].stack);
+        EXPECT_EQ(d.guards[i].label, e.guards[i].label);
+    }
+    EXPECT_EQ(e.tripwire_version, "0.1.0");
+    EXPECT_EQ(e.globals_module, "mod");
+    EXPECT_EQ(e.references.size(), 2u);
+    EXPECT_EQ(e.references[1].qualname, "probe");
+    EXPECT_EQ(e.constants[5].items[1].i, 10);
+    EXPECT_EQ(e.dropped.at(0).source, "L['f']");
+    EXPECT_EQ(e.baselines.at(0).name, "dispatch");
+    EXPECT_EQ(encode(e), encode(d));  // canonical
+    // Everything decoded compiles.
+    std::vector<GuardDecl> decls;
+    for (const auto& g : e.guards) decls.push_back(g.decl);
+    EXPECT_NO_THROW(compile(decls, e.constants.size()));
+}
+
+/// A kind relating several sources (as ALIAS will) writes its others with write_source.
+TEST(Codec, PayloadsCanCarryExtraSources) {
+    struct Table : StringTable {
+        std::vector<std::string> all;
+        std::uint32_t index(const std::string& s) override {
+            all.push_back(s);
+            return static_cast<std::uint32_t>(all.size() - 1);
+        }
+    } table;
+    Writer w;
+    const SourcePath src = source(RootKind::Global, 1, {attr(0), test_util::defaults(2)});
+    write_source(src, w, table);
+    Reader r(reinterpret_cast<const std::uint8_t*>(w.out.data()), w.out.size(), 0);
+    SourcePath back;
+    read_source(r, back, PayloadContext{table.all, 2});
+    EXPECT_TRUE(r.at_end());
+    EXPECT_EQ(back.root, RootKind::Global);
+    EXPECT_EQ(back.steps, src.steps);
+    EXPECT_EQ(back.texts, src.texts);
+    Reader bad(reinterpret_cast<const std::uint8_t*>(w.out.data()), w.out.size(), 0);
+    EXPECT_THROW(read_source(bad, back, PayloadContext{table.all, 1}), FormatError);  // constant 1 of 1
+}
+
+TEST(Codec, NeverStoredKindsAreRefused) {
+    for (GuardKind k : {GuardKind::DictVersion, GuardKind::Lambda}) {
+        EXPECT_EQ(record_version(k), 0);
+        Document d = sample();
+        d.guards.back().decl.kind = k;
+        d.guards.back().decl.has_source = true;
+        d.guards.back().decl.source = source(RootKind::Local, 0);
+        EXPECT_THROW(encode(d), FormatError);
+    }
+}
+
+std::string error_of(const std::string& bytes) {
+    try {
+        decode(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+    } catch (const FormatError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST(Codec, BadHeaders) {
+    const std::string good = encode(sample());
+    EXPECT_NE(error_of("PK\x03\x04 not us").find("wrong magic"), std::string::npos);
+    EXPECT_NE(error_of(good.substr(0, 5)).find("truncated"), std::string::npos);
+    std::string future = good;
+    future[8] = 2;
+    EXPECT_NE(error_of(future).find("format version 2 (written by tripwire 0.1.0)"), std::string::npos);
+    EXPECT_NE(error_of(future).find("at byte 8"), std::string::npos);
+    EXPECT_NE(error_of(good.substr(0, good.size() - 1)).find("truncated"), std::string::npos);
+    EXPECT_NE(error_of(good + "x").find("body of"), std::string::npos);
+    for (std::size_t i = kHeaderSize; i < good.size(); i += 7) {
+        std::string flipped = good;
+        flipped[i] = static_cast<char>(flipped[i] ^ 0x10);
+        EXPECT_NE(error_of(flipped).find("content hash mismatch"), std::string::npos) << i;
+    }
+    std::string flags = good;
+    flags[10] = 1;
+    EXPECT_NE(error_of(flags).find("flags"), std::string::npos);
+}
+
+std::string body_error(const std::string& body) { return error_of(wrap_body(body, "t")); }
+
+TEST(Codec, BadBodies) {
+    // A huge declared string count with nothing behind it: refused before any allocation.
+    const std::string huge = std::string("\x03\x0b\x01\x05\xff\xff\xff\xff\x0f", 9);
+    const std::string e = body_error(huge);
+    EXPECT_NE(e.find("declares 4294967295 items but only 0 bytes follow"), std::string::npos) << e;
+    // Deep nesting: the encoder refuses to write it (and the decoder to read it: fuzz_codec).
+    Document d;
+    d.tripwire_version = "t";
+    Value v = integer(1);
+    for (int i = 0; i < 200; ++i) {
+        Value t;
+        t.tag = ValueTag::Tuple;
+        t.items.push_back(std::move(v));
+        v = std::move(t);
+    }
+    d.constants.push_back(v);
+    d.const_flags.push_back(0);
+    EXPECT_THROW(encode(d), FormatError);
+    // Invalid UTF-8 in the strings table.
+    Document s;
+    s.tripwire_version = "t";
+    s.constants.push_back(str("ok"));
+    s.const_flags.push_back(0);
+    std::string bytes = encode(s);
+    const std::size_t at = bytes.find("ok");
+    ASSERT_NE(at, std::string::npos);
+    bytes[at] = static_cast<char>(0xC0);
+    std::string body = bytes.substr(kHeaderSize);
+    EXPECT_NE(body_error(body).find("not valid UTF-8"), std::string::npos);
+    // Out-of-range indices and unknown kinds.
+    Document g = sample();
+    std::string ok = encode(g).substr(kHeaderSize);
+    EXPECT_EQ(body_error(ok), "");
+    g.guards[0].decl.operand = 99;
+    EXPECT_NE(error_of(encode(g)).find("operand constant 99 is out of range"), std::string::npos);
+    g = sample();
+    g.references[0].kind = static_cast<RefKind>(9);
+    EXPECT_NE(error_of(encode(g)).find("unknown reference kind 9"), std::string::npos);
+}
+
+TEST(Codec, RecordsNameTheirOffset) {
+    Document g = sample();
+    g.guards[0].decl.kind = GuardKind::Length;  // a negative length is written as a huge varint
+    g.guards[0].decl.operand = kNoConst;
+    g.guards[0].decl.n = -1;
+    const std::string e = error_of(encode(g));
+    EXPECT_NE(e.find("length out of range"), std::string::npos) << e;
+    EXPECT_NE(e.find("(at byte "), std::string::npos);
+}
+
+TEST(Codec, ValidatesSurrogatesAsPythonWritesThem) {
+    Document s;
+    s.tripwire_version = "t";
+    s.constants.push_back(str("\xed\xa0\x80"));  // U+D800, as "surrogatepass" writes it
+    s.const_flags.push_back(0);
+    EXPECT_EQ(roundtrip(s).constants[0].bytes, "\xed\xa0\x80");
+    s.constants[0] = str("\xf4\x90\x80\x80");  // above U+10FFFF
+    EXPECT_NE(error_of(encode(s)).find("UTF-8"), std::string::npos);
+    s.constants[0] = str("\xe0\x80\x80");  // overlong
+    EXPECT_NE(error_of(encode(s)).find("UTF-8"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tripwire::core::codec

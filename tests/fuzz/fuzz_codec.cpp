@@ -1,0 +1,85 @@
+// tripwire/tests/fuzz/fuzz_codec.cpp -- libFuzzer target for the serialization decoder.
+//
+// The first input byte picks what the rest is fed to:
+//   0: decode() of the bytes as they are (header, hash and all);
+//   1: decode() of the bytes wrapped in a valid header and content hash, so that mutations reach
+//      the body parser instead of failing the hash check;
+//   2: decode_body() directly.
+// The rules:
+//   - decode either returns a Document or throws codec::FormatError; any other exception (an
+//     allocation failure from a declared length among them), a crash, a hang or a sanitizer report
+//     is a bug;
+//   - a returned Document compiles (core::compile accepts every declaration decode accepted);
+//   - it re-encodes, and decoding that gives a document that encodes to the same bytes again.
+// Built with libFuzzer (TRIPWIRE_FUZZ, scripts/fuzz) or as a plain replay test (replay_main.cpp).
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "core/codec/document.hpp"
+#include "core/program.hpp"
+
+namespace tripwire::core::codec {
+namespace {
+
+[[noreturn]] void bug(const char* what, const std::string& detail = "") {
+    std::fprintf(stderr, "fuzz_codec: %s %s\n", what, detail.c_str());
+    std::abort();
+}
+
+void check_document(const Document& doc) {
+    std::vector<GuardDecl> decls;
+    decls.reserve(doc.guards.size());
+    for (const GuardRecord& g : doc.guards) decls.push_back(g.decl);
+    try {
+        (void)compile(std::move(decls), doc.constants.size());
+    } catch (const InvalidProgram& e) {
+        bug("decode accepted declarations that compile rejects:", e.what());
+    }
+    std::string once;
+    try {
+        once = encode(doc);
+    } catch (const FormatError& e) {
+        bug("a decoded document does not encode:", e.what());
+    }
+    Document again;
+    try {
+        again = decode(reinterpret_cast<const std::uint8_t*>(once.data()), once.size());
+    } catch (const FormatError& e) {
+        bug("an encoded document does not decode:", e.what());
+    }
+    if (encode(again) != once) bug("encode(decode(encode(doc))) differs from encode(doc)");
+}
+
+}  // namespace
+}  // namespace tripwire::core::codec
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    using namespace tripwire::core::codec;  // NOLINT(google-build-using-namespace)
+    if (size == 0) return 0;
+    const std::uint8_t mode = data[0] % 3;
+    const std::uint8_t* rest = data + 1;
+    const std::size_t n = size - 1;
+    try {
+        Document doc;
+        if (mode == 0) {
+            doc = decode(rest, n);
+        } else if (mode == 1) {
+            const std::string wrapped =
+                wrap_body(std::string(reinterpret_cast<const char*>(rest), n), "fuzz");
+            doc = decode(reinterpret_cast<const std::uint8_t*>(wrapped.data()), wrapped.size());
+        } else {
+            doc = decode_body(rest, n);
+        }
+        check_document(doc);
+    } catch (const FormatError&) {
+        // The expected outcome for most inputs.
+    } catch (const std::exception& e) {
+        bug("unexpected exception:", e.what());
+    }
+    return 0;
+}

@@ -1,0 +1,723 @@
+"""GuardSet.to_bytes / from_bytes: round trips kind by kind and for whole sets (also in a fresh
+process), what is refused and why, and bad input (docs/format.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import serial_fixtures as fx
+import tripwire as tw
+from gc_stress import examples
+from strategies import frames, guard_plans, mutated_frames
+from tripwire.catalogue import resolve
+
+HERE = Path(__file__).parent
+_SETTINGS = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+# Builder method -> kind, for the per-kind round trips.
+_METHOD_KIND = {
+    "type_match": "TYPE_MATCH",
+    "id_match": "ID_MATCH",
+    "none": "NONE",
+    "not_none": "NOT_NONE",
+    "true": "TRUE",
+    "false": "FALSE",
+    "equals": "EQUALS_MATCH",
+    "length": "LENGTH",
+    "dict_keys": "DICT_KEYS",
+    "dict_contains": "DICT_CONTAINS",
+    "hasattr": "HASATTR",
+    "tuple_iterator_len": "TUPLE_ITERATOR_LEN",
+    "range_iterator": "RANGE_ITERATOR",
+    "code_match": "CODE_MATCH",
+    "weakref_alive": "WEAKREF_ALIVE",
+    "global_state": "GLOBAL_STATE",
+    "dict_version": "DICT_VERSION",
+    "predicate": "LAMBDA",
+}
+STORED_KINDS = [k for k in _METHOD_KIND.values() if k not in ("DICT_VERSION", "LAMBDA")]
+
+
+def save_what_can_be_saved(gs: tw.GuardSet) -> tuple[bytes, set[str]]:
+    """to_bytes(), dropping exactly the guards NotSerializable listed (by source, or by kind for
+    ambient guards); returns the bytes and the drop list."""
+    drop: set[str] = set()
+    while True:
+        try:
+            return gs.to_bytes(drop=sorted(drop)), drop
+        except tw.NotSerializable as e:
+            assert e.guards, "NotSerializable lists the guards"
+            new = {src if src is not None else kind for kind, src, _ in e.guards}
+            assert not new <= drop, f"dropping {new} did not help"
+            drop |= new
+
+
+def kept_specs(gs: tw.GuardSet, drop: set[str]) -> list[tw.GuardSpec]:
+    """The guards of ``gs`` that were not dropped, with their objects alive (a set's specs hold
+    identity-held objects weakly)."""
+    return [
+        tw.GuardSpec(s.kind, s.source, tuple(resolve(a) for a in s.args), s.index, s.stack)
+        for s in gs.guards
+        if s.kind.name not in drop and (s.source is None or str(s.source) not in drop)
+    ]
+
+
+def answers(gs: tw.GuardSet, f_locals: dict) -> tuple:
+    f = gs.why_not(f_locals)
+    fails = [(x.source, x.kind) for x in gs.failures(f_locals)]
+    return gs.check(f_locals), None if f is None else (f.source, f.kind, f.reason), fails
+
+
+def roundtrip_against_live(data: Any, kind: str | None) -> None:
+    example = data.draw(frames())
+    plan = data.draw(guard_plans(example))
+    if kind is not None:
+        plan.calls = [c for c in plan.calls if _METHOD_KIND[c[0]] == kind]
+        assume(plan.calls)
+    b = tw.GuardBuilder(example.f_locals, example.f_globals, example.f_closure)
+    plan.apply(b)
+    gs = b.build()
+    blob, drop = save_what_can_be_saved(gs)
+    loaded = tw.GuardSet.from_bytes(blob, f_globals=example.f_globals, allow_modules=["strategies"])
+    live = tw.GuardSet(kept_specs(gs, drop), example.f_globals, example.f_closure)
+    assert len(loaded) == len(live)
+    assert {d[1] or d[0] for d in loaded.dropped} == drop
+    for m in data.draw(mutated_frames(example)):
+        with m:
+            x = m.frame.f_locals
+            assert answers(loaded, x) == answers(live, x), m
+
+
+@pytest.mark.parametrize("kind", STORED_KINDS)
+@settings(max_examples=examples(15), **_SETTINGS)
+@given(data=st.data())
+def test_each_kind_alone_answers_as_the_live_set(kind: str, data: st.DataObject) -> None:
+    roundtrip_against_live(data, kind)
+
+
+@settings(max_examples=examples(100), **_SETTINGS)
+@given(data=st.data())
+def test_mixed_sets_answer_as_the_live_set(data: st.DataObject) -> None:
+    roundtrip_against_live(data, None)
+
+
+# -- whole sets from guards_for, loaded in a fresh process -------------------------------------------
+
+
+def evaluate_all(sets: list[tw.GuardSet]) -> list:
+    out = []
+    for gs, frame in zip(sets, fx.frames(), strict=True):
+        for x in fx.variants(frame):
+            f = gs.why_not(x)
+            out.append([gs.check(x), None if f is None else [f.source, f.kind]])
+    return out
+
+
+_CHILD = """
+import json, sys
+sys.path.insert(0, {here!r})
+import serial_fixtures as fx
+import tripwire as tw
+sets = [tw.GuardSet.from_bytes(open(p, "rb").read()) for p in {paths!r}]
+out = []
+for gs, frame in zip(sets, fx.frames()):
+    for x in fx.variants(frame):
+        f = gs.why_not(x)
+        out.append([gs.check(x), None if f is None else [f.source, f.kind]])
+print(json.dumps(out))
+"""
+
+
+def test_guards_for_sets_load_in_a_fresh_process(tmp_path: Path) -> None:
+    sets = [tw.guards_for(frame, fx.__dict__) for frame in fx.frames()]
+    paths = []
+    for i, gs in enumerate(sets):
+        p = tmp_path / f"set{i}.twg"
+        p.write_bytes(gs.to_bytes())
+        paths.append(str(p))
+    expected = evaluate_all(sets)
+    assert sum(1 for ok, _ in expected if ok) >= len(sets)  # each set passes at least its example
+    assert sum(1 for ok, _ in expected if not ok) > len(expected) // 2
+    child = _CHILD.format(here=str(HERE), paths=paths)
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert json.loads(out.stdout) == json.loads(json.dumps(expected))
+
+
+def test_globals_are_the_recorded_modules_in_a_fresh_process(tmp_path: Path) -> None:
+    b = tw.GuardBuilder({}, fx.__dict__)
+    b.id_match("G['CONFIG']")  # a module-level instance: re-resolves to *the* object
+    b.equals("G['CONFIG'].mode")
+    b.id_match("G['helper']")
+    b.global_state(fx.probe_mode)
+    blob = b.build().to_bytes()
+    p = tmp_path / "g.twg"
+    p.write_bytes(blob)
+    child = f"""
+import sys
+sys.path.insert(0, {str(HERE)!r})
+import serial_fixtures as fx, tripwire as tw
+gs = tw.GuardSet.from_bytes(open({str(p)!r}, "rb").read(), allow_modules=["serial_fixtures"])
+r = [gs.check({{}})]
+fx.CONFIG.mode = "slow"; r.append(gs.why_not({{}}).source)
+fx.CONFIG.mode = "fast"; fx.helper = fx.other_helper; r.append(gs.why_not({{}}).source)
+print(r)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[True, \"G['CONFIG'].mode\", \"G['helper']\"]"
+
+
+# -- references --------------------------------------------------------------------------------------
+
+
+def one_guard(method: str, value: Any, *args: Any, f_globals: dict | None = None) -> tw.GuardSet:
+    b = tw.GuardBuilder({"v": value}, f_globals)
+    getattr(b, method)("L['v']", *args)
+    return b.build()
+
+
+def test_references_by_kind_round_trip() -> None:
+    cases = [
+        ("type_match", fx.Point(1, 2)),
+        ("id_match", fx.Point),
+        ("id_match", fx.helper),
+        ("id_match", fx.wrapped_helper),  # a functools.wraps wrapper held by its module
+        ("id_match", fx.decorated),  # a wrapper that carries the wrapped function's name
+        ("id_match", len),
+        ("id_match", fx),  # a module
+        ("id_match", NotImplemented),
+        ("id_match", None),
+        ("equals", fx.Color.RED),
+        ("equals", (fx.Mode.EVAL, frozenset({fx.Color.GREEN}))),
+        ("code_match", fx.helper),
+        ("code_match", fx.make_closure(3)),  # a closure's code: found in its function's constants
+        ("code_match", fx.Point.norm),
+        ("dict_contains", {fx.Point: 1}, fx.Point),
+    ]
+    for method, value, *extra in cases:
+        gs = one_guard(method, value, *extra)
+        loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+        assert loaded.check({"v": value}), (method, value)
+        assert [s.describe() for s in loaded.guards] == [s.describe() for s in gs.guards]
+
+
+@pytest.mark.parametrize(
+    "method,value,why",
+    [
+        ("id_match", fx.Point(1, 2), "not held by any module attribute"),
+        ("id_match", fx.make_closure(1), "closure or lambda"),
+        ("id_match", 12345, "identity of a int cannot survive"),
+        ("id_match", (1, 2), "identity of a tuple"),
+        ("id_match", fx.decorated.__wrapped__, "names another object"),
+        ("code_match", lambda: 0, "does not lead back to this code object"),
+        ("dict_version", {}, "dict version"),
+    ],
+)
+def test_unnameable_objects_are_refused_with_their_source(method: str, value: Any, why: str) -> None:
+    gs = one_guard(method, value)
+    with pytest.raises(tw.NotSerializable) as e:
+        gs.to_bytes()
+    assert [(k, s) for k, s, _ in e.value.guards] == [(gs.guards[0].kind.name, "L['v']")]
+    assert why in str(e.value), str(e.value)
+    # Dropping names it: by source, or by kind.
+    for drop in (["L['v']"], [gs.guards[0].kind.name]):
+        loaded = tw.GuardSet.from_bytes(gs.to_bytes(drop=drop))
+        assert len(loaded) == 0 and loaded.dropped[0][:2] == (gs.guards[0].kind.name, "L['v']")
+        assert "dropped at save (1)" in loaded.explain()
+
+
+def test_a_class_defined_in_a_function_is_refused() -> None:
+    class Local:
+        pass
+
+    with pytest.raises(tw.NotSerializable, match="defined inside a function"):
+        one_guard("type_match", Local()).to_bytes()
+
+
+def test_every_refused_guard_is_listed_and_drop_must_name_something() -> None:
+    b = tw.GuardBuilder({"a": fx.Point(0, 0), "d": {}, "k": 1})
+    b.id_match("L['a']")
+    b.dict_version("L['d']")
+    b.predicate(lambda v: True, source="L['k']")
+    b.predicate(lambda f_locals: True)
+    b.type_match("L['k']")
+    gs = b.build()
+    with pytest.raises(tw.NotSerializable) as e:
+        gs.to_bytes()
+    assert [(k, s) for k, s, _ in e.value.guards] == [
+        ("ID_MATCH", "L['a']"),
+        ("DICT_VERSION", "L['d']"),
+        ("LAMBDA", "L['k']"),
+        ("LAMBDA", None),
+    ]
+    with pytest.raises(ValueError, match="no guard of this set has"):
+        gs.to_bytes(drop=["L['nope']", "LAMBDA", "L['a']", "DICT_VERSION"])
+    before = gs.explain(), len(gs)
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes(drop=["LAMBDA", "L['a']", "DICT_VERSION"]))
+    assert [s.kind.name for s in loaded.guards] == ["TYPE_MATCH"]
+    assert len(loaded.dropped) == 4
+    # Serializing never changes the live set.
+    assert (gs.explain(), len(gs)) == before
+    assert not gs.check({"a": fx.Point(0, 0), "d": {}, "k": "1"})
+
+
+def test_a_closure_cell_source_is_refused() -> None:
+    def f() -> Any:
+        return cell_value
+
+    cell_value = 3
+    b = tw.GuardBuilder({}, None, f)
+    b.equals("C['cell_value']")
+    with pytest.raises(tw.NotSerializable, match="closure cell"):
+        b.build().to_bytes()
+
+
+def make_module(name: str, source: str) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__file__ = f"<{name}>"
+    exec(compile(source, f"<{name}>", "exec"), mod.__dict__)  # test-only module, not data
+    sys.modules[name] = mod
+    return mod
+
+
+def test_references_are_revalidated_on_load() -> None:
+    mod = make_module("tw_serial_tmp_mod", "class K:\n    pass\ndef fn(x):\n    return x + 1\n")
+    try:
+        b = tw.GuardBuilder({"k": mod.K(), "f": mod.fn})
+        b.type_match("L['k']")
+        b.id_match("L['f']")
+        blob = b.build().to_bytes()
+        assert tw.GuardSet.from_bytes(blob).check({"k": mod.K(), "f": mod.fn})
+        # A different function under the same name: a load error, not a silent match.
+        exec("def fn(x):\n    return x + 2\n", mod.__dict__)
+        with pytest.raises(tw.FormatError, match=r"tw_serial_tmp_mod:fn .*fingerprint") as e:
+            tw.GuardSet.from_bytes(blob)
+        assert e.value.offset is not None
+        # A missing attribute.
+        del mod.fn
+        with pytest.raises(tw.FormatError, match=r"tw_serial_tmp_mod:fn .*does not resolve"):
+            tw.GuardSet.from_bytes(blob)
+        # A module that is not imported: refused unless allowed.
+        del sys.modules["tw_serial_tmp_mod"]
+        with pytest.raises(tw.FormatError, match="refused: module 'tw_serial_tmp_mod' is not imported"):
+            tw.GuardSet.from_bytes(blob)
+        with pytest.raises(tw.FormatError, match="cannot be imported"):
+            tw.GuardSet.from_bytes(blob, allow_modules=["tw_serial_tmp_mod"])
+        asked = []
+
+        def resolve(module: str, qualname: str) -> Any:
+            asked.append((module, qualname))
+            return {"K": mod.K, "fn": fx.helper}[qualname]
+
+        with pytest.raises(tw.FormatError, match="fingerprint"):  # resolve's answers are checked too
+            tw.GuardSet.from_bytes(blob, resolve=resolve)
+        assert asked == [("tw_serial_tmp_mod", "K"), ("tw_serial_tmp_mod", "fn")]
+    finally:
+        sys.modules.pop("tw_serial_tmp_mod", None)
+
+
+def crafted(kind: int, module: str, qualname: str, guard: tw.GuardKind = tw.GuardKind.TYPE_MATCH) -> bytes:
+    """Bytes with one guard on L['v'] whose operand is the reference given (the encoder does not
+    check what a reference names: a hostile writer would not either)."""
+    from tripwire import _core
+
+    marker = object()
+    decl = _core.GuardDecl(guard, _core.SourcePath(tw.RootKind.LOCAL, 0, [], ["L['v']"]), 1, id=0)
+    return _core.encode_guard_set(
+        [decl],
+        ["v", marker],
+        [0, 1],
+        [""],
+        [[]],
+        [(kind, module, qualname, b"x" * 16)],
+        lambda o: 0,
+        None,
+        [],
+        [],
+        False,
+        "test",
+        (3, 11),
+    )
+
+
+def test_a_reference_of_the_wrong_kind_is_refused_before_its_fingerprint() -> None:
+    """A reference naming a function as a type (or a class as a function...) fails on its kind,
+    before any attribute of the object is read for the fingerprint."""
+    for kind, qualname, what in [
+        (0, "helper", "function, not a type"),
+        (1, "Point", "type, not a function"),
+        (2, "CONFIG", "Config, not a function"),
+    ]:
+        with pytest.raises(tw.FormatError, match=what):
+            tw.GuardSet.from_bytes(crafted(kind, "serial_fixtures", qualname))
+    with pytest.raises(tw.FormatError, match="fingerprint"):  # the right kind, a made-up fingerprint
+        tw.GuardSet.from_bytes(crafted(0, "serial_fixtures", "Point"))
+
+
+def test_a_probe_reference_cannot_choose_what_every_check_runs() -> None:
+    """A GLOBAL_STATE probe is called by every check. os.abort takes no argument and os is
+    always imported: bytes naming it as a probe (with its true fingerprint) must not load unless
+    the caller admits the module."""
+    from tripwire import _core
+    from tripwire.references import RefKind, fingerprint
+
+    decl = _core.GuardDecl(tw.GuardKind.GLOBAL_STATE, None, 0, 1, id=0)
+    data = _core.encode_guard_set(
+        [decl],
+        [os.abort, 0],
+        [0, 0],
+        ["probe"],
+        [[]],
+        [(int(RefKind.FUNCTION), "posix", "abort", fingerprint(RefKind.FUNCTION, os.abort))],
+        lambda o: 0,
+        None,
+        [],
+        [],
+        False,
+        "test",
+        (3, 11),
+    )
+    with pytest.raises(tw.FormatError, match="called by every check"):
+        tw.GuardSet.from_bytes(data)
+    with pytest.raises(tw.FormatError, match="called by every check"):
+        tw.GuardSet.from_bytes(data, f_globals=fx.__dict__)  # the caller's module is not posix
+    # A probe of the caller's own module loads (the f_globals given), and runs.
+    b = tw.GuardBuilder({}, fx.__dict__)
+    b.global_state(fx.probe_mode)
+    blob = b.build().to_bytes()
+    with pytest.raises(tw.FormatError, match="called by every check"):
+        tw.GuardSet.from_bytes(blob)
+    assert tw.GuardSet.from_bytes(blob, f_globals=fx.__dict__).check({})
+    assert tw.GuardSet.from_bytes(blob, allow_modules=["serial_fixtures"]).check({})
+
+
+def test_no_metaclass_hook_runs_while_saving_or_loading() -> None:
+    """References are named and resolved through type's own descriptors and __dict__ entries: a
+    metaclass __getattribute__ or a property named __mro__ never runs (it could lie, or mutate)."""
+    calls: list[str] = []
+
+    class Meta(type):
+        @property
+        def __mro__(cls) -> Any:  # type: ignore[override]
+            calls.append("__mro__ property")
+            return (cls, object)
+
+        def __getattribute__(cls, name: str) -> Any:
+            calls.append(name)
+            return type.__getattribute__(cls, name)
+
+    mod = make_module("tw_serial_meta", "")
+    try:
+        K = Meta("K", (), {"__module__": "tw_serial_meta", "__qualname__": "K"})
+        mod.K = K
+        b = tw.GuardBuilder({"v": K(), "k": K})
+        b.type_match("L['v']")
+        b.id_match("L['k']")
+        gs = b.build()
+        calls.clear()
+        data = gs.to_bytes()
+        loaded = tw.GuardSet.from_bytes(data)
+        assert calls == []
+        assert loaded.check({"v": K(), "k": K})
+    finally:
+        sys.modules.pop("tw_serial_meta", None)
+
+
+def test_an_edited_method_changes_the_class_fingerprint() -> None:
+    mod = make_module("tw_serial_edit", "class K:\n    def m(self):\n        return 1\n")
+    try:
+        blob = one_guard("type_match", mod.K()).to_bytes()
+        exec("class K:\n    def m(self):\n        return 2\n", mod.__dict__)
+        with pytest.raises(tw.FormatError, match="fingerprint"):
+            tw.GuardSet.from_bytes(blob)
+    finally:
+        sys.modules.pop("tw_serial_edit", None)
+
+
+def test_only_enum_members_may_stand_inside_containers() -> None:
+    """A reference nested in a constant is hashed when the set or dict is built: only enum
+    members may be there (the decoder refuses any other kind, naming the offset)."""
+    blob = one_guard("equals", (fx.Color.RED,)).to_bytes()
+    body = bytearray(blob[64:])
+    # Turn the enum-member reference (kind 3) into an object reference (kind 4).
+    refs_at = body.index(b"\x02", 2 + body[3] + 2)  # after the strings section
+    assert body[refs_at] == 2
+    i = refs_at + 3  # tag, section length (1 byte), count (1 byte): the first reference's kind
+    assert body[i] == 3
+    body[i] = 4
+    with pytest.raises(tw.FormatError, match="object reference inside a container"):
+        tw.GuardSet.from_bytes(rewrap(bytes(body)))
+
+
+def test_allow_modules_imports_only_admitted_prefixes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkg = tmp_path / "twpkg_serial"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "types_mod.py").write_text("class T:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import twpkg_serial.types_mod as tm
+
+    blob = one_guard("type_match", tm.T()).to_bytes()
+    for name in ("twpkg_serial.types_mod", "twpkg_serial"):
+        sys.modules.pop(name)
+    with pytest.raises(tw.FormatError, match="refused"):
+        tw.GuardSet.from_bytes(blob, allow_modules=["twpkg"])  # a prefix of the name, not of the package
+    assert "twpkg_serial.types_mod" not in sys.modules
+    loaded = tw.GuardSet.from_bytes(blob, allow_modules=["twpkg_serial"])
+    import twpkg_serial.types_mod as tm2
+
+    assert loaded.check({"v": tm2.T()}) and not loaded.check({"v": tm.T()})  # the re-imported class
+
+
+def test_g_roots_need_a_module_or_f_globals() -> None:
+    g = {"x": 1}
+    b = tw.GuardBuilder({}, g)
+    b.equals("G['x']")
+    blob = b.build().to_bytes()
+    with pytest.raises(tw.FormatError, match="pass f_globals"):
+        tw.GuardSet.from_bytes(blob)
+    assert tw.GuardSet.from_bytes(blob, f_globals={"x": 1}).check({})
+    assert not tw.GuardSet.from_bytes(blob, f_globals={"x": 2}).check({})
+
+
+def test_baselines_are_saved() -> None:
+    b = tw.GuardBuilder({"x": 1})
+    b.type_match("L['x']")
+    b.baseline("dispatch", (frozenset({"CPU"}), frozenset()))
+    b.baseline("mode", fx.Mode.EVAL)
+    gs = b.build()
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    assert dict(loaded.baselines) == dict(gs.baselines)
+    assert loaded.baselines["mode"] is fx.Mode.EVAL
+
+
+def test_strict_and_stacks_survive() -> None:
+    b = tw.GuardBuilder({"x": 1})
+    b.type_match("L['x']")
+    gs = b.build(strict=True)
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    assert loaded.strict and loaded.guards[0].stack == gs.guards[0].stack
+    assert "test_serialization.py" in loaded.guards[0].stack[-1]
+
+
+def test_a_set_that_can_never_pass_again_is_refused(collect: Any) -> None:
+    mod = make_module("tw_serial_dying", "class K:\n    pass\n")
+    try:
+        gs = one_guard("type_match", mod.K())
+    finally:
+        del sys.modules["tw_serial_dying"]
+    del mod
+    collect()
+    assert gs.invalid
+    with pytest.raises(tw.NotSerializable, match=r"has died|never pass"):
+        gs.to_bytes()
+
+
+def test_the_bytes_are_proven_before_they_are_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tripwire import serialization
+
+    gs = one_guard("equals", 5)
+    real = serialization._spec
+
+    def lying(*args: Any) -> Any:
+        s = real(*args)
+        return tw.GuardSpec(s.kind, s.source, (6,), s.index, s.stack)
+
+    monkeypatch.setattr(serialization, "_spec", lying)
+    with pytest.raises(tw.FormatError, match="do not rebuild"):
+        gs.to_bytes()
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+
+
+def sample_blob() -> bytes:
+    return tw.guards_for(fx.frames()[1], fx.__dict__).to_bytes()
+
+
+def rewrap(body: bytes, version: int = 1) -> bytes:
+    """A header for ``body`` written from docs/format.md (independently of the encoder)."""
+    head = b"\x89TWG\r\n\x1a\n" + struct.pack("<HH16sI", version, 0, b"test", len(body))
+    return head + hashlib.sha256(body).digest() + body
+
+
+def test_header_layout_matches_the_documented_format() -> None:
+    blob = sample_blob()
+    assert blob[:8] == b"\x89TWG\r\n\x1a\n"
+    version, flags, writer, length = struct.unpack("<HH16sI", blob[8:32])
+    assert (version, flags, writer.rstrip(b"\0").decode(), length) == (1, 0, tw.__version__, len(blob) - 64)
+    assert blob[32:64] == hashlib.sha256(blob[64:]).digest()
+    assert rewrap(blob[64:])[64:] == blob[64:]
+    assert tw.GuardSet.from_bytes(rewrap(blob[64:])).check(fx.frames()[1])
+
+
+def raises_format_error(data: bytes) -> tw.FormatError:
+    with pytest.raises(tw.FormatError) as e:
+        tw.GuardSet.from_bytes(data)
+    assert isinstance(e.value, ValueError)
+    return e.value
+
+
+def test_truncated_data_names_where() -> None:
+    blob = sample_blob()
+    for n in range(0, len(blob), max(1, len(blob) // 97)):
+        e = raises_format_error(blob[:n])
+        assert "truncated" in str(e) or "wrong magic" in str(e), (n, str(e))
+        assert e.offset is not None and e.offset <= max(n, 28)
+
+
+def test_flipped_bits_fail_the_content_hash() -> None:
+    blob = sample_blob()
+    for i in range(64, len(blob), 3):
+        bad = bytearray(blob)
+        bad[i] ^= 1 << (i % 8)
+        e = raises_format_error(bytes(bad))
+        assert "content hash mismatch" in str(e) and e.offset == 32
+
+
+def test_wrong_magic_future_version_and_flags() -> None:
+    blob = sample_blob()
+    assert "wrong magic" in str(raises_format_error(b"\x80\x04\x95" + blob[3:]))  # a pickle
+    future = rewrap(blob[64:], version=2)
+    e = raises_format_error(future)
+    assert "format version 2 (written by tripwire test)" in str(e) and "newer" in str(e) and e.offset == 8
+    flags = bytearray(blob)
+    flags[10] = 1
+    assert "flags" in str(raises_format_error(bytes(flags)))
+
+
+def test_huge_declared_lengths_allocate_nothing() -> None:
+    # Python version, then the strings section declaring 2**63 strings in a 10-byte section.
+    body = b"\x03\x0b" + b"\x01\x0a" + b"\xff" * 9 + b"\x00"
+    e = raises_format_error(rewrap(body))
+    assert "varint" in str(e) or "declares" in str(e)
+    body = b"\x03\x0b" + b"\x01\x05" + b"\xff\xff\xff\xff\x0f"
+    e = raises_format_error(rewrap(body))
+    assert "declares 4294967295 items but only 0 bytes follow" in str(e) and e.offset == 68
+    body = b"\x03\x0b" + b"\x01\xff\xff\xff\xff\x0f"
+    assert "section declares 4294967295 bytes" in str(raises_format_error(rewrap(body)))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _section(tag: int, content: bytes) -> bytes:
+    return bytes([tag]) + _varint(len(content)) + content
+
+
+def test_deep_nesting_is_refused() -> None:
+    value = b"\x0a\x01" * 300 + b"\x00"  # 300 nested one-element tuples around None
+    body = (
+        b"\x03\x0b"
+        + _section(1, b"\x00")
+        + _section(2, b"\x00")
+        + _section(3, b"\x01\x00" + value)
+        + _section(4, b"\x00")
+        + _section(5, b"\x00\x00\x00\x00")
+    )
+    e = raises_format_error(rewrap(body))
+    assert "nests deeper than 128" in str(e)
+    shallow = (
+        b"\x03\x0b"
+        + _section(1, b"\x00")
+        + _section(2, b"\x00")
+        + _section(3, b"\x01\x00" + b"\x0a\x01" * 3 + b"\x00")
+        + _section(4, b"\x00")
+        + _section(5, b"\x00\x00\x00\x00")
+    )
+    assert len(tw.GuardSet.from_bytes(rewrap(shallow))) == 0  # the same layout, shallow: loads
+
+
+def test_invalid_records_are_format_errors() -> None:
+    blob = sample_blob()
+    body = bytearray(blob[64:])
+    # Corrupt every byte of the body in turn (re-hashed, so the parser sees it): each load either
+    # succeeds or raises FormatError; nothing else, and never a crash.
+    outcomes = {"ok": 0, "error": 0}
+    for i in range(len(body)):
+        for delta in (1, 0x80):
+            bad = bytearray(body)
+            bad[i] = (bad[i] + delta) & 0xFF
+            try:
+                tw.GuardSet.from_bytes(rewrap(bytes(bad)))
+                outcomes["ok"] += 1
+            except tw.FormatError as e:
+                assert "at byte" in str(e) or "guard program" in str(e), str(e)
+                outcomes["error"] += 1
+    assert outcomes["error"] > outcomes["ok"]
+
+
+@settings(max_examples=examples(300), **_SETTINGS)
+@given(st.data())
+def test_from_bytes_fuzz(data: st.DataObject) -> None:
+    """Random edits of valid blobs (re-hashed so that they reach the parser) and random bytes:
+    from_bytes returns a GuardSet or raises FormatError, and nothing else."""
+    blob = _FUZZ_SEEDS[data.draw(st.integers(0, len(_FUZZ_SEEDS) - 1))]
+    body = bytearray(blob[64:])
+    for _ in range(data.draw(st.integers(1, 6))):
+        op = data.draw(st.sampled_from(["set", "insert", "delete", "truncate"]))
+        i = data.draw(st.integers(0, max(0, len(body) - 1)))
+        if op == "set" and body:
+            body[i] = data.draw(st.integers(0, 255))
+        elif op == "insert":
+            body[i:i] = data.draw(st.binary(min_size=1, max_size=8))
+        elif op == "delete" and body:
+            del body[i : i + data.draw(st.integers(1, 8))]
+        elif op == "truncate":
+            del body[i:]
+    candidates = [rewrap(bytes(body)), bytes(body), data.draw(st.binary(max_size=200))]
+    for c in candidates:
+        try:
+            gs = tw.GuardSet.from_bytes(c)
+        except tw.FormatError:
+            continue
+        gs.check({})  # a loaded set is usable
+        gs.explain()
+
+
+_FUZZ_SEEDS = [tw.guards_for(f, fx.__dict__).to_bytes() for f in fx.frames()]
+
+
+def test_fuzz_seed_corpus_is_current() -> None:
+    """tests/fuzz/corpus_codec holds the blobs of the fixture frames (mode byte 0: the whole
+    file), so the libFuzzer run starts from real guard sets. Regenerate with
+    ``python tests/python/test_serialization.py``."""
+    corpus = HERE.parent / "fuzz" / "corpus_codec"
+    names = {p.name for p in corpus.iterdir()}
+    for i in range(len(_FUZZ_SEEDS)):
+        assert f"guards_for_{i}" in names
+
+
+if __name__ == "__main__":
+    out = HERE.parent / "fuzz" / "corpus_codec"
+    out.mkdir(exist_ok=True)
+    for i, blob in enumerate(_FUZZ_SEEDS):
+        (out / f"guards_for_{i}").write_bytes(b"\x00" + blob)
+        (out / f"guards_for_{i}_body").write_bytes(b"\x01" + blob[64:])
+    print(f"wrote {2 * len(_FUZZ_SEEDS)} seeds to {out}")
+    _ = os
