@@ -21,11 +21,13 @@ from .errors import (
     FrameError,
     GuardBuildError,
     GuardEvalError,
+    GuardsNotImportable,
     IncompatibleCodeError,
     NotSerializable,
     RecompileError,
     RecompileLimitExceeded,
     SourceParseError,
+    TorchImportError,
     TripwireError,
 )
 from .failure import Failure
@@ -36,6 +38,16 @@ from .source import RootKind, Source, Step, StepKind
 from .specialized import Specialized, specialize
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # ``tripwire.torch`` (guards_of) on first use; it imports torch only when called.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'tripwire' has no attribute {name!r}")
+
 
 __all__ = [
     "Cache",
@@ -50,6 +62,7 @@ __all__ = [
     "GuardKind",
     "GuardSet",
     "GuardSpec",
+    "GuardsNotImportable",
     "IncompatibleCodeError",
     "NotSerializable",
     "Policy",
@@ -61,6 +74,7 @@ __all__ = [
     "Specialized",
     "Step",
     "StepKind",
+    "TorchImportError",
     "TripwireError",
     "format_recompile",
     "frame",

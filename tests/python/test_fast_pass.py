@@ -300,6 +300,11 @@ class _ModuleLike:
         raise AttributeError(name)
 
 
+_MODULE = types.ModuleType("fast_pass_probe")
+_MODULE._private = 3  # a single-underscore module attribute (torch's `_global_forward_hooks`)
+_MODULE.public = 4
+
+
 def _materialised() -> _Plain:
     p = _Plain()
     p.__dict__  # the instance dict now exists
@@ -320,6 +325,8 @@ def _materialised() -> _Plain:
         ("L['xs']", {"xs": [1, 2]}, "length"),
         ("L['s']", {"s": {1, 2, 3}}, "equals"),
         ("type(L['p'])", {"p": _Plain()}, "id_match"),
+        ("L['mod']._private", {"mod": _MODULE}, "equals"),
+        ("L['mod'].public", {"mod": _MODULE}, "equals"),
     ],
 )
 def test_fast_pass_decides_passing_checks(source: str, example: dict, kind: str) -> None:

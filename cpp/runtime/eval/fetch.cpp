@@ -127,7 +127,8 @@ AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name) {
     if (tp == &PyModule_Type) {
         // Module attributes live in the module dict, unless ModuleType (or object) defines the
         // name (its data descriptors, `__dict__`, `__class__`, ...: all dunder names), which we
-        // leave to the generic path. ModuleType is immutable: decided once.
+        // leave to the generic path. ModuleType is immutable: decided once. Names such as torch's
+        // `_global_forward_hooks` are plain module-dict entries.
         PyObject* descr = nullptr;
         return mro_lookup(&PyModule_Type, name, &descr) && descr == nullptr ? AttrCache::Mode::Module
                                                                             : AttrCache::Mode::Generic;

@@ -1,0 +1,653 @@
+"""Guard sets of real torch.compile'd models: tripwire's import of them against torch itself.
+
+The guards come from torch's own guard tree: each workload compiles a real ``nn.Module`` (or a
+function) with ``torch.compile(backend="eager", dynamic=False)``, and ``tripwire.torch.guards_of``
+imports the cache entry, dropping by name the kinds that wait for tripwire's tensor engine
+(``tripwire.torch.PENDING_KINDS``; each dropped guard is listed in the report). One run compares,
+on the same locals:
+
+* ``tripwire``        the imported set (``equals="exact"``: an EQUALS_MATCH on a tuple keeps torch's
+                      Python ``==`` and is evaluated by calling torch's own leaf guard);
+* ``tripwire-strict`` the same import with ``equals="strict"`` (tripwire's type-exact EQUALS for
+                      containers: stricter than torch, so every guard is tripwire's own);
+* ``torch-same``      torch's guard manager of the same model compiled with a ``guard_filter_fn``
+                      that drops exactly the guard types whose guards tripwire dropped: like for
+                      like (the script imports that entry too and checks that it holds the same
+                      guards, kind by kind and source by source, as the ``tripwire`` set);
+* ``torch``           torch's guard manager with all its guards;
+* ``no-op``           ``def f(L): return True``.
+
+    python bench/real_models.py                  # gpt, cnn, config; 15 repeats
+    python bench/real_models.py --quick          # smoke run
+    python bench/real_models.py -w gpt --instructions   # + callgrind instructions per check
+
+Timing, calibration and the callgrind loop are bench/guard_eval.py's (``measure``, ``Contender``,
+``_floor.repeat_call``). Models and inputs are seeded: the guard sets are the same on every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import dataclasses
+import gc
+import os
+import re
+import sys
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import guard_eval  # noqa: E402
+from guard_eval import Contender, _fmt_ns, _table, measure  # noqa: E402
+
+# torch guard types (guard_filter_fn's GuardFilterEntry.guard_type) whose guards are the ones
+# guards_of drops with PENDING_KINDS: TENSOR_MATCH (its tree also holds the dimension-marking and
+# no-aliasing leaves), the ambient framework state, the saved-tensor-hooks lambda, `a is b` aliasing.
+TORCH_PENDING_GUARD_TYPES = frozenset(
+    {
+        "TENSOR_MATCH",
+        "GLOBAL_STATE",
+        "TORCH_FUNCTION_STATE",
+        "DEFAULT_DEVICE",
+        "AUTOGRAD_SAVED_TENSORS_HOOKS",
+        "DUPLICATE_INPUT",
+        "SHAPE_ENV",
+    }
+)
+WORKLOAD_NAMES = ("gpt", "cnn", "config")
+
+
+# =================================================================================================
+# The models
+# =================================================================================================
+def _models():
+    """Defined on first use: importing this module does not import torch."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    @dataclasses.dataclass
+    class GPTConfig:
+        vocab: int = 128
+        block: int = 32
+        d: int = 64
+        heads: int = 4
+        n_layer: int = 6
+        dropout: float = 0.0
+        causal: bool = True
+
+    class Attention(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg = cfg  # one config object shared by every block
+            self.q = nn.Linear(cfg.d, cfg.d)
+            self.k = nn.Linear(cfg.d, cfg.d)
+            self.v = nn.Linear(cfg.d, cfg.d)
+            self.o = nn.Linear(cfg.d, cfg.d)
+            self.drop = nn.Dropout(cfg.dropout)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            h = self.cfg.heads
+            q = self.q(x).view(B, T, h, C // h).transpose(1, 2)
+            k = self.k(x).view(B, T, h, C // h).transpose(1, 2)
+            v = self.v(x).view(B, T, h, C // h).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.cfg.causal)
+            return self.drop(self.o(y.transpose(1, 2).reshape(B, T, C)))
+
+    class MLP(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.fc = nn.Linear(cfg.d, 4 * cfg.d)
+            self.proj = nn.Linear(4 * cfg.d, cfg.d)
+            self.drop = nn.Dropout(cfg.dropout)
+
+        def forward(self, x):
+            return self.drop(self.proj(F.gelu(self.fc(x))))
+
+    class Block(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(cfg.d)
+            self.attn = Attention(cfg)
+            self.ln2 = nn.LayerNorm(cfg.d)
+            self.mlp = MLP(cfg)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg = cfg
+            self.wte = nn.Embedding(cfg.vocab, cfg.d)
+            self.wpe = nn.Embedding(cfg.block, cfg.d)
+            self.drop = nn.Dropout(cfg.dropout)
+            self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+            self.ln_f = nn.LayerNorm(cfg.d)
+            self.head = nn.Linear(cfg.d, cfg.vocab, bias=False)
+
+        def forward(self, idx):
+            pos = torch.arange(idx.shape[1])
+            x = self.drop(self.wte(idx) + self.wpe(pos))
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.ln_f(x))
+
+    class Residual(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(c, c, 3, padding=1, bias=False),
+                nn.BatchNorm2d(c),
+                nn.ReLU(),
+                nn.Conv2d(c, c, 3, padding=1, bias=False),
+                nn.BatchNorm2d(c),
+            )
+
+        def forward(self, x):
+            return F.relu(x + self.body(x))
+
+    class ConvNet(nn.Module):
+        def __init__(self, c=16, blocks=4, classes=10):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+            self.layers = nn.Sequential(*[Residual(c) for _ in range(blocks)])
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(c, classes)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
+
+    return types.SimpleNamespace(GPTConfig=GPTConfig, GPT=GPT, ConvNet=ConvNet)
+
+
+@dataclasses.dataclass(frozen=True)
+class Optim:
+    lr: float = 1e-3
+    betas: tuple = (0.9, 0.95)
+    clip: float | None = 1.0
+    schedule: str = "cosine"
+
+
+def config_step(x, cfg):
+    """A config-driven function: a nested dict of layer specs, a frozen dataclass, lists."""
+    y = x
+    for name, spec in cfg["layers"].items():
+        if spec["op"] == "scale":
+            y = y * spec["k"]
+        elif spec["op"] == "shift":
+            y = y + spec["k"]
+        if spec["act"] == "relu":
+            y = y.relu()
+        if name in cfg["skip"]:
+            y = y - 1
+    opt = cfg["optim"]
+    y = y * opt.lr
+    for b in opt.betas:
+        y = y + b
+    if opt.clip is not None:
+        y = y.clamp(-opt.clip, opt.clip)
+    if opt.schedule == "cosine":
+        y = y.cos()
+    return y + cfg["depth"] * len(cfg["tags"])
+
+
+def config_value(n_layers: int = 12) -> dict:
+    return {
+        "layers": {
+            f"layer{i}": {
+                "op": ("scale", "shift")[i % 2],
+                "k": 1.0 + i / 10,
+                "act": ("relu", "none")[i % 3 == 0],
+            }
+            for i in range(n_layers)
+        },
+        "skip": ["layer3", "layer7"],
+        "optim": Optim(),
+        "depth": n_layers,
+        "tags": ["a", "b", "c"],
+    }
+
+
+# =================================================================================================
+# Workloads
+# =================================================================================================
+@dataclass
+class Workload:
+    name: str
+    title: str
+    obj: Any  # what torch compiled (a module or function)
+    args: tuple
+    fail: Callable[[dict], dict]  # a failing variant of the passing locals (one value changed late)
+    results: dict = field(default_factory=dict)
+
+
+def build(name: str) -> Workload:
+    import torch
+
+    torch.manual_seed(0)
+    m = _models()
+    if name == "gpt":
+        cfg = m.GPTConfig()
+        model = m.GPT(cfg)
+        idx = torch.randint(0, cfg.vocab, (2, 16))
+
+        def fail(L: dict) -> dict:
+            bad = copy.deepcopy(L["self"])
+            bad.blocks[-1].mlp.drop.p = 0.1  # the last block's dropout
+            return {**L, "self": bad}
+
+        return Workload(
+            "gpt",
+            f"GPT: {cfg.n_layer} blocks (LayerNorm, q/k/v/o attention, MLP, dropout), "
+            "one shared config object",
+            model,
+            (idx,),
+            fail,
+        )
+    if name == "cnn":
+        model = m.ConvNet()
+        x = torch.randn(2, 3, 16, 16)
+
+        def fail(L: dict) -> dict:
+            bad = copy.deepcopy(L["self"])
+            bad.layers[-1].body[-1].momentum = 0.2  # the last BatchNorm2d
+            return {**L, "self": bad}
+
+        return Workload(
+            "cnn",
+            "ConvNet: stem + 4 residual blocks (Conv2d, BatchNorm2d, ReLU in Sequentials), pool, Linear",
+            model,
+            (x,),
+            fail,
+        )
+    if name == "config":
+        x = torch.ones(8)
+
+        def fail(L: dict) -> dict:
+            cfg = copy.deepcopy(L["cfg"])
+            cfg["tags"].append("d")
+            return {**L, "cfg": cfg}
+
+        return Workload(
+            "config",
+            "config_step(x, cfg): 12 layer specs in a nested dict, a frozen dataclass, lists",
+            config_step,
+            (x, config_value()),
+            fail,
+        )
+    raise ValueError(name)
+
+
+def _eager_again(gm, example_inputs):
+    """backend="eager" under another identity (torch keeps one cache entry per backend)."""
+    return gm.forward
+
+
+def _filter_pending(entries):
+    return [e.guard_type not in TORCH_PENDING_GUARD_TYPES for e in entries]
+
+
+def _guard_keys(gs) -> collections.Counter:
+    """(kind, source, code) of every imported guard; Dynamo numbers the builtins dict it installs
+    in the globals per compile (``__builtins_dict___0``, ``___2``...), which is not a difference."""
+
+    def norm(text: str) -> str:
+        return re.sub(r"__builtins_dict___\d+", "__builtins_dict___N", text)
+
+    return collections.Counter(
+        (g.kind, norm(g.source), norm(g.code))
+        for g in gs.torch_import.guards
+        if g.outcome in ("native", "torch")
+    )
+
+
+def prepare(
+    w: Workload, log: Callable[[str], None], only: set[str] | None = None, probe: bool = False
+) -> list[Contender]:
+    """Compile, import, verify like for like, and build every contender (asserting each answers
+    True on the passing locals and False on the failing ones)."""
+    import torch
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    import tripwire.torch as twt
+    from tripwire.torch._tree import resolve_target
+
+    want = (lambda n: True) if only is None else (lambda n: n in only)
+    torch._dynamo.reset()
+    target = resolve_target(w.obj)
+    t0 = time.perf_counter()
+    torch.compile(w.obj, backend="eager", dynamic=False)(*w.args)
+    compile_all = time.perf_counter() - t0
+    gs = twt.guards_of(w.obj, drop=twt.PENDING_KINDS)
+    gs_strict = twt.guards_of(w.obj, drop=twt.PENDING_KINDS, equals="strict")
+    gm_all = _debug_get_cache_entry_list(target.code)[0].guard_manager
+    # Like for like: the same code compiled again, with torch dropping the same guard types. Another
+    # backend object (eager in all but identity) makes torch add a second cache entry instead of
+    # hitting the first; both read the same globals (torch.compile's reset would delete the
+    # builtins dict Dynamo installed there, which the first entry's guards read). The new entry is
+    # entry 0 (LRU order); importing it must need no drop= and give the same guards.
+    torch.compile(w.obj, backend=_eager_again, dynamic=False, options={"guard_filter_fn": _filter_pending})(
+        *w.args
+    )
+    entries = _debug_get_cache_entry_list(target.code)
+    assert len(entries) == 2 and entries[1].guard_manager is gm_all
+    gm_same = entries[0].guard_manager
+    same = twt.guards_of(w.obj, entry=0)
+    a, b = _guard_keys(gs), _guard_keys(same)
+    if a != b:
+        raise AssertionError(
+            f"{w.name}: torch-same does not hold the guards tripwire imported: only in tripwire "
+            f"{sorted((a - b).elements())[:5]}, only in torch-same {sorted((b - a).elements())[:5]}"
+        )
+    L = twt.frame_locals(w.obj, *w.args)
+    L_fail = w.fail(L)
+    for label, check in (("tripwire", gs.check), ("tripwire-strict", gs_strict.check)):
+        probe_ok, probe_bad = check(L), check(L_fail)
+        if probe_ok is not True or probe_bad is not False:
+            raise AssertionError(f"{w.name} {label}: passing -> {probe_ok}, failing -> {probe_bad}")
+    for label, gm in (("torch-same", gm_same), ("torch", gm_all)):
+        ok, bad = gm.check(L), gm.check_verbose(L_fail).result
+        if ok is not True or bad is not False:
+            raise AssertionError(f"{w.name} {label}: passing -> {ok}, failing -> {bad}")
+    rec = gs.torch_import
+    n_torch = len(rec.guards)
+    counts = guard_eval.torch_guard_count(gm_all)
+    counts_same = guard_eval.torch_guard_count(gm_same)
+    w.results = {
+        "gs": gs,
+        "gs_strict": gs_strict,
+        "compile_s": compile_all,
+        "torch_counts": counts,
+        "same_counts": counts_same,
+        "record": rec,
+        "like_for_like": sum(a.values()),
+        "fast": {label: _fast_path(s) for label, s in (("tripwire", gs), ("tripwire-strict", gs_strict))},
+        "torch_guards": n_torch,
+    }
+    out = []
+    if want("tripwire"):
+        out.append(Contender("tripwire", gs.check, L, len(gs), f"{gs.node_count} sources"))
+    if want("tripwire-strict"):
+        out.append(Contender("tripwire-strict", gs_strict.check, L, len(gs_strict), "equals='strict'"))
+    if probe or (only is not None and "strict-fast-probe" in only):
+        # Not like for like: the strict set without the guards that have no fast form on their own
+        # (Dynamo's `__code__` checks), to show what the fast pass gives once one guard without a
+        # fast form no longer sends the whole set to the tree walk.
+        slow = _functions_with_code_guards(gs_strict)
+        gs_probe = twt.guards_of(w.obj, drop=(*twt.PENDING_KINDS, *slow), equals="strict")
+        assert gs_probe.check(L) and not gs_probe.check(L_fail)
+        note = f"strict minus {len(gs_strict) - len(gs_probe)} guards on {len(slow)} functions' __code__ (not like for like)"
+        out.append(Contender("strict-fast-probe", gs_probe.check, L, len(gs_probe), note))
+    if want("torch-same"):
+        out.append(
+            Contender("torch-same", gm_same.check, L, counts_same["leaf"], "guard_filter_fn: same guards")
+        )
+    if want("torch"):
+        out.append(Contender("torch", gm_all.check, L, counts["leaf"], "all of torch's guards"))
+    if want("no-op"):
+        out.append(Contender("no-op", guard_eval._noop, L, 0, "def f(L): return True"))
+    return out
+
+
+def _functions_with_code_guards(gs) -> list[str]:
+    """torch sources of the functions whose `__code__` torch guards (dropping one drops its guards)."""
+    return sorted(
+        {g.source.rsplit(".__code__", 1)[0] for g in gs.torch_import.guards if g.source.endswith(".__code__")}
+    )
+
+
+def _fast_path(gs) -> dict[str, Any]:
+    """Whether the set's checks take the straight-line fast pass, and how many of its guards have
+    a fast form on their own (each guard built alone into a set with the same globals)."""
+    from tripwire import GuardSet, GuardSpec
+    from tripwire.catalogue import resolve
+
+    own = 0
+    for spec in gs.guards:  # a set keeps identity-held objects weakly: resolve them to rebuild
+        strong = GuardSpec(
+            spec.kind, spec.source, tuple(resolve(a) for a in spec.args), spec.index, spec.stack
+        )
+        own += bool(GuardSet([strong], gs.f_globals)._uses_fast_pass)
+    return {"uses_fast_pass": bool(gs._uses_fast_pass), "guards_with_fast_form": own, "guards": len(gs)}
+
+
+# =================================================================================================
+# Instruction counts
+# =================================================================================================
+def _callgrind_child(workload: str, contenders: list[str], n: int) -> None:
+    """Run inside valgrind: compile and import once, then for each contender in order, n checks
+    inside ``_floor.repeat_call`` (the one function callgrind collects; one dump after each)."""
+    import floor_build
+
+    _floor = floor_build.load()
+    w = build(workload)
+    by = {c.name: c for c in prepare(w, lambda m: None, only=set(contenders))}
+    for name in contenders:
+        c = by[name]
+        for _ in range(50):
+            c.check(c.f_locals)
+    gc.collect()
+    gc.disable()
+    for name in contenders:
+        c = by[name]
+        _floor.repeat_call(c.check, c.f_locals, n)
+
+
+def callgrind_counts(workload: str, contenders: list[str], n: int, out_dir: str) -> dict[str, float | None]:
+    """Instructions per check of each contender, from one valgrind run of the workload (torch
+    compiles once under valgrind, which is the slow part): ``--dump-after`` writes one part per
+    ``repeat_call``, in the order the contenders ran."""
+    import glob
+    import subprocess
+
+    base = os.path.join(out_dir, f"callgrind.real.{workload}.out")
+    code = (
+        f"import sys; sys.path.insert(0, {HERE!r}); import warnings; warnings.filterwarnings('ignore'); "
+        f"from real_models import _callgrind_child; _callgrind_child({workload!r}, {contenders!r}, {n})"
+    )
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--collect-atstart=no",
+        "--toggle-collect=tw_bench_repeat_call",
+        "--dump-after=tw_bench_repeat_call",
+        f"--callgrind-out-file={base}",
+        sys.executable,
+        "-c",
+        code,
+    ]
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    out: dict[str, float | None] = dict.fromkeys(contenders)
+    if r.returncode != 0:
+        sys.stderr.write(r.stderr[-2000:])
+        return out
+    parts = sorted(
+        glob.glob(base + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]) if p.rsplit(".", 1)[1].isdigit() else 0
+    )
+    totals = []
+    for part in parts:
+        with open(part) as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    totals.append(int(line.split()[1]))
+                    break
+    totals = [t for t in totals if t > 0]
+    if len(totals) == len(contenders):
+        out = {name: t / n for name, t in zip(contenders, totals, strict=True)}
+    else:
+        sys.stderr.write(f"callgrind: {len(totals)} dumps for {len(contenders)} contenders in {base}.*\n")
+    return out
+
+
+# =================================================================================================
+# Report
+# =================================================================================================
+def describe(w: Workload) -> str:
+    r = w.results
+    rec = r["record"]
+    c, cs = r["torch_counts"], r["same_counts"]
+    lines = [
+        f"{w.name}: {w.title}",
+        f"    torch: {c['leaf']} leaf guards + {c['dict_managers']} DictGuardManagers (compiled in "
+        f"{r['compile_s']:.1f}s); torch-same: {cs['leaf']} leaf guards + {cs['dict_managers']} DictGuardManagers",
+        f"    imported: {rec.summary()}",
+        f"    like for like: torch-same holds the same {r['like_for_like']} guards as the tripwire set "
+        "(kind, source and code compared)",
+    ]
+    for label, f in r["fast"].items():
+        lines.append(
+            f"    {label}: _uses_fast_pass={f['uses_fast_pass']}; {f['guards_with_fast_form']} of "
+            f"{f['guards']} guards have a fast form alone"
+        )
+    cov = rec.coverage()
+    parts = []
+    for kind, row in cov.items():
+        imported = row["native"] + row["torch"]
+        extra = f" ({row['torch']} via torch)" if row["torch"] else ""
+        parts.append(f"{kind} {imported}/{row['total']}{extra}")
+    lines.append("    coverage, imported/torch: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def report(workloads: list[Workload], repeat: int) -> str:
+    with_ir = any(c.instructions for w in workloads for c in w.results["contenders"])
+    header = ["workload", "contender", "guards", "min ns", "median ns", "tw/x (min)", "tw/x (med)"]
+    if with_ir:
+        header += ["instr/check"]
+    header.append("notes")
+    rows = []
+    for w in workloads:
+        cs = w.results["contenders"]
+        tw = cs[0]
+        for c in cs:
+            row = [
+                w.name,
+                c.name,
+                str(c.guards),
+                _fmt_ns(c.min),
+                _fmt_ns(c.median),
+                f"{tw.min / c.min:.3f}",
+                f"{tw.median / c.median:.3f}",
+            ]
+            if with_ir:
+                row.append(f"{c.instructions:,.0f}" if c.instructions else "-")
+            row.append(c.note)
+            rows.append(row)
+        rows.append([""] * len(header))
+    rows.pop()
+    right = set(range(2, 7)) | ({7} if with_ir else set())
+    out = [
+        f"ns per check on a passing input; min and median over {repeat} repeats (round-robin); tw/x = "
+        "the `tripwire` column's time / the contender's (below 1: tripwire is faster)",
+        _table(rows, header, right),
+        "",
+        "Targets (issue 10): tripwire <= 1/3 of torch like for like; <= 1/5 of torch with all its guards "
+        "(once tensor guards are imported).",
+    ]
+    for w in workloads:
+        by = {c.name: c for c in w.results["contenders"]}
+        for label in ("tripwire", "tripwire-strict"):
+            if label not in by:
+                continue
+            t = by[label]
+            for other, bound in (("torch-same", 1 / 3), ("torch", 1 / 5)):
+                if other not in by:
+                    continue
+                o = by[other]
+                r_min, r_med = t.min / o.min, t.median / o.median
+                ok = r_min <= bound and r_med <= bound
+                out.append(
+                    f"  {w.name} {label} vs {other}: {r_min:.3f} (min), {r_med:.3f} (median), bound "
+                    f"{bound:.3f} -> {'MET' if ok else 'missed'}"
+                )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python bench/real_models.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", "-w", action="append", choices=WORKLOAD_NAMES)
+    p.add_argument("--repeat", "-r", type=int, default=15)
+    p.add_argument("--time", type=float, default=0.02, help="target seconds per repeat per contender")
+    p.add_argument("--quick", action="store_true", help="5 repeats of ~5 ms")
+    p.add_argument(
+        "--instructions",
+        type=int,
+        nargs="?",
+        const=2000,
+        default=0,
+        metavar="N",
+        help="also count instructions per check with callgrind (N checks; the tripwire columns and no-op, "
+        "one valgrind run per workload, a few minutes each)",
+    )
+    p.add_argument("--instructions-torch", action="store_true", help="count the torch columns too (slow)")
+    p.add_argument("--explain", action="store_true", help="print each imported set's explain()")
+    p.add_argument(
+        "--fast-pass-probe",
+        action="store_true",
+        help="add `strict-fast-probe`: the strict set without the guards that have no fast form (not "
+        "like for like; what the fast pass gives once it is not all or nothing)",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeat, args.time = min(args.repeat, 5), min(args.time, 0.005)
+    guard_eval._torch_available(lambda m: print(m, file=sys.stderr))
+    names = tuple(args.workload or WORKLOAD_NAMES)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    log(f"environment: {guard_eval.environment()}")
+    workloads = []
+    for name in names:
+        w = build(name)
+        log(f"{name}: compiling and importing ...")
+        w.results["contenders"] = prepare(w, log, probe=args.fast_pass_probe)
+        gc.collect()
+        measure(w.results["contenders"], args.repeat, args.time)
+        workloads.append(w)
+    if args.instructions:
+        import shutil
+        import tempfile
+
+        if shutil.which("valgrind") is None:
+            log("--instructions: valgrind not found, skipped")
+        else:
+            out_dir = tempfile.mkdtemp(prefix="tripwire-callgrind-")
+            log(f"callgrind: {args.instructions} checks per contender, outputs in {out_dir}")
+            for w in workloads:
+                names = [
+                    c.name
+                    for c in w.results["contenders"]
+                    if args.instructions_torch or not c.name.startswith("torch")
+                ]
+                counts = callgrind_counts(w.name, names, args.instructions, out_dir)
+                for c in w.results["contenders"]:
+                    if c.name in counts:
+                        c.instructions = counts[c.name]
+                        log(
+                            f"  {w.name} {c.name}: {c.instructions and round(c.instructions)} instructions/check"
+                        )
+    print(f"tripwire real-model guard benchmark -- {guard_eval.environment()}")
+    for w in workloads:
+        print(describe(w))
+    print()
+    print(report(workloads, args.repeat))
+    if args.explain:
+        for w in workloads:
+            print(f"\n# ---- {w.name} ----\n{w.results['gs'].explain()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,873 @@
+"""Torch 2.13 guard kinds -> tripwire sources and guards: one table per torch kind.
+
+``LEAF_RULES`` maps each torch leaf guard class to a method of :class:`Converter`;
+``ACCESSOR_RULES`` maps each torch accessor class to the step it becomes. ``PENDING_KINDS`` lists
+what waits for the tensor and framework-state engine (``GuardBuilder.tensor_match``, ``alias``,
+``no_alias``, a dimension-marking guard, torch state probes): adding one is a new entry in
+``LEAF_RULES`` (or ``ACCESSOR_RULES``) and its removal from ``PENDING_KINDS``. Every mapping and
+why it decides exactly as torch is in docs/torch.md; the differential tests check it against
+``guard_manager.check``.
+
+Where tripwire has no kind that decides exactly as torch's leaf does, the default
+(``fallback="torch"``) is a tripwire LAMBDA that calls torch's own leaf guard object: exact by
+construction, slow, and marked as such. ``fallback="refuse"`` reports those as unsupported.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import math
+import re
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _core
+from ..catalogue import GuardKind, GuardSpec
+from ..source import Source, StepKind
+from ._imported import TorchGuard
+from ._layout import LayoutUnknown, dict_manager_length
+from ._printed import (
+    NO_KEY,
+    call_args,
+    details,
+    has_nan,
+    id_in,
+    lambda_kind,
+    literal,
+    n_from_len,
+    parse,
+    rhs_literal,
+    subscript_key,
+)
+from ._tree import TorchNode, split_site
+
+__all__ = ["ACCESSOR_RULES", "LEAF_RULES", "PENDING_ACCESSORS", "PENDING_KINDS", "Converter", "known_kinds"]
+
+# Torch kinds that wait for the tensor / framework-state engine, with the tripwire API each needs.
+PENDING_KINDS: dict[str, str] = {
+    "TENSOR_MATCH": "GuardBuilder.tensor_match(source, dynamic=(...), storage_offset=False)",
+    "DIMENSION_DYNAMIC_MARKING_GUARD": "a dimension-marking guard with torch's subset semantics",
+    "NO_TENSOR_ALIASING": "GuardBuilder.no_alias(*sources), recording torch's parameter exemption",
+    "OBJECT_ALIASING": "GuardBuilder.alias(a, b) (torch's batched `a is b` root lambda, or its C++ relational guard)",
+    "STORAGE_OVERLAPPING": "a storage-overlap relation between tensors",
+    "SYMBOLIC_SHAPE_GUARD": "GuardBuilder.shape(...) (torch's C++ symbolic shape guard)",
+    "DISPATCH_KEY_SET_MATCH": "a tensor adapter reading DispatchKeySets with the thread-local state",
+    "GLOBAL_STATE": "torch framework-state probes (grad mode, autocast, ... as torch's GlobalStateGuard)",
+    "TORCH_FUNCTION_MODE_STACK": "a torch-function mode stack probe",
+    "DEFAULT_DEVICE": "a torch.utils._device.CURRENT_DEVICE probe",
+    "DUAL_LEVEL_MATCH": "a forward-AD dual level probe",
+    "AUTOGRAD_SAVED_TENSORS_HOOKS": "a saved-tensor-hooks probe (torch's root lambda on top_saved_tensors_hooks)",
+}
+# Accessors that reach into a tensor: every guard below them waits for the tensor engine.
+PENDING_ACCESSORS: dict[str, str] = {
+    "TensorPropertyGuardAccessor": "tensor .size(i) / .stride(i) / .storage_offset() steps",
+    "GradGuardAccessor": "a tensor .grad step reading the tensor's own field",
+    "IndexedGuardAccessor": "symbolic shape arguments (torch's C++ shape guards)",
+}
+# Accessors with no tripwire step that reads the same thing.
+UNSUPPORTED_ACCESSORS: dict[str, str] = {
+    "TypeDictGuardAccessor": "reads a type's tp_dict directly; tripwire's __dict__ step refuses types",
+    "TypeMROGuardAccessor": "reads a type's tp_mro directly; tripwire has no such step",
+    "TupleIteratorGetItemAccessor": "reads a tuple iterator's remaining items; tripwire has no such step",
+    "SetGetItemGuardAccessor": "indexes a set by iteration order; tripwire has no such step",
+    "CallFunctionNoArgsGuardAccessor": "calls an arbitrary function; tripwire only calls weak references",
+    "PythonLambdaGuardAccessor": "applies a Python lambda; tripwire has no such step",
+}
+
+_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+_DICT_LEN_TYPES = (dict, collections.OrderedDict, collections.defaultdict)  # len() is dict's own
+
+
+class _Blocked(Exception):
+    def __init__(self, outcome: str, why: str, via: str) -> None:
+        super().__init__(why)
+        self.outcome, self.why, self.via = outcome, why, via
+
+
+@dataclass
+class _Node:
+    """A torch node as the converter sees it: its tripwire source, or why it has none."""
+
+    torch: TorchNode
+    src: Source | None = None
+    blocked: _Blocked | None = None
+    is_globals: bool = False  # torch's G node (the globals dict itself)
+    func_src: Source | None = None  # for __defaults__ / __kwdefaults__ / __closure__ nodes: the function
+    role: str = ""  # "defaults", "kwdefaults", "closure", "cell"
+    cell_index: int = -1
+    exact_type: Any = None  # type(value) is exact_type for every value that reaches the children
+    is_dict: bool = False  # every value that reaches the children is a dict (or dict subclass)
+    dead: bool = False  # torch never evaluates what is below (empty DictGuardManager)
+    # A DictGuardManager whose every position has a constant key guard: the keys in order, and the
+    # DICT_KEYS guard that checks them all (values are then read by key, not by position).
+    keys: tuple | None = None
+    keys_guard: int = -1
+    covered_by: int = -1  # a key manager whose EQUALS the parent's DICT_KEYS guard implements
+
+
+def _type_name(t: Any) -> str:
+    try:
+        return f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
+    except Exception:  # noqa: BLE001
+        return repr(t)
+
+
+class _OnGlobals:
+    """A predicate for tripwire's LAMBDA without a source that runs torch's leaf guard on the
+    globals dict (torch's G node passes its fixed globals dict, not the frame locals)."""
+
+    __slots__ = ("g", "leaf")
+
+    def __init__(self, leaf: Any, g: dict) -> None:
+        self.leaf, self.g = leaf, g
+
+    def __call__(self, _f_locals: Any) -> bool:
+        return bool(self.leaf(self.g))
+
+
+class _DictStorageLength:
+    """``dict.__len__(v) == n``: the dict's own size (PyDict_Size), never an overridden __len__."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, v: Any) -> bool:
+        return dict.__len__(v) == self.n
+
+    def __repr__(self) -> str:
+        return f"dict.__len__(v) == {self.n}"
+
+
+def _simple_rule(kind: GuardKind) -> Callable[..., tuple[list[int], str]]:
+    """A leaf guard with no parameters that is the tripwire kind of the same meaning."""
+
+    def rule(self: Converter, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        return [self.spec(kind, self._src(node), (), site)], ""
+
+    return rule
+
+
+# -- the converter ----------------------------------------------------------------------------------
+class Converter:
+    """Walks torch's tree once and emits GuardSpecs and TorchGuard records."""
+
+    def __init__(
+        self,
+        *,
+        ids: dict[int, Any],
+        f_globals: dict | None,
+        equals: str,
+        fallback: str,
+    ) -> None:
+        self.ids = ids
+        self.f_globals = f_globals
+        self.equals = equals
+        self.fallback = fallback
+        self.specs: list[GuardSpec] = []
+        self.records: list[tuple[TorchGuard, TorchNode]] = []
+        self.added: list[tuple[int, str, Source]] = []  # (spec index, why, the source it protects)
+        self.nodes: dict[int, _Node] = {}
+        self.stricter: list[tuple[str, str]] = []  # (torch source, how tripwire's step is stricter)
+        self._preconditions: set[tuple] = set()
+
+    # -- emitting --------------------------------------------------------------------------------
+    def spec(self, kind: GuardKind, src: Source | None, args: tuple, site: str | None) -> int:
+        idx = len(self.specs)
+        stack = (site,) if site else ()
+        self.specs.append(GuardSpec(kind, src, args, idx, stack))
+        return idx
+
+    def record(
+        self, tn: TorchNode, kind: str, code: str, outcome: str, guards: tuple[int, ...] = (), **kw: Any
+    ) -> None:
+        self.records.append((TorchGuard(kind, tn.source, code, outcome, guards, **kw), tn))
+
+    def add_precondition(self, protects: Source, kind: GuardKind, src: Source, args: tuple, why: str) -> None:
+        """A guard torch does not have, added so that the steps below ``protects`` read what
+        torch's accessors read (it makes tripwire stricter, never laxer)."""
+        key = (kind, str(src), tuple(id(a) for a in args))
+        if key in self._preconditions:
+            return
+        self._preconditions.add(key)
+        i = self.spec(kind, src, args, None)
+        self.added.append((i, why, protects))
+
+    # -- the walk ----------------------------------------------------------------------------------
+    def run(self, root: TorchNode) -> None:
+        top = _Node(root)
+        self.nodes[id(root)] = top
+        self.visit(top)
+        for leaf in root.mgr.get_epilogue_lambda_guards():
+            self.leaf(top, leaf, epilogue=True)
+
+    def visit(self, node: _Node) -> None:
+        tn = node.torch
+        if tn.manager_kind == "DictGuardManager":
+            self.dict_manager(node)
+        if not node.dead:
+            self.learn_type(node)
+        for leaf in tn.leaves:
+            self.leaf(node, leaf)
+        for child in tn.children:
+            cn = self.child(node, child)
+            self.nodes[id(child)] = cn
+            self.visit(cn)
+
+    def learn_type(self, node: _Node) -> None:
+        """What every value reaching this node's children is known to be, from its own guards."""
+        for leaf in node.torch.leaves:
+            name = type(leaf).__name__
+            if name not in ("TYPE_MATCH", "ID_MATCH"):
+                continue
+            try:
+                code = split_site(leaf.verbose_code_parts()[0])[0]
+                if name == "TYPE_MATCH":
+                    obj = self.ids[id_in(code, ("___check_type_id",), node.torch.source)]
+                    if isinstance(obj, type):
+                        node.exact_type = obj
+                else:
+                    obj = self.ids[id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)]
+                    node.exact_type = type(obj)
+            except (KeyError, ValueError, IndexError):
+                continue
+        if node.exact_type is not None and issubclass(node.exact_type, dict):
+            node.is_dict = True
+
+    # -- accessors -> steps ----------------------------------------------------------------------
+    def child(self, parent: _Node, tn: TorchNode) -> _Node:
+        node = _Node(tn, dead=parent.dead)
+        if parent.dead:
+            return node
+        if parent.blocked is not None:
+            node.blocked = parent.blocked
+            return node
+        kind = tn.accessor
+        try:
+            rule = ACCESSOR_RULES.get(kind)
+            if rule is None:
+                if kind in PENDING_ACCESSORS:
+                    raise _Blocked(
+                        "pending", f"reached through {kind}, which waits for {PENDING_ACCESSORS[kind]}", kind
+                    )
+                why = UNSUPPORTED_ACCESSORS.get(kind, "an accessor kind tripwire does not know")
+                raise _Blocked("unsupported", f"reached through {kind}: {why}", kind)
+            rule(self, parent, node)
+        except _Blocked as b:
+            node.blocked = b
+        return node
+
+    def _need_parent_src(self, parent: _Node, kind: str) -> Source:
+        if parent.src is None:
+            raise _Blocked(
+                "unsupported", f"{kind} under {parent.torch.source}, which has no tripwire source", kind
+            )
+        return parent.src
+
+    def acc_frame_locals(self, parent: _Node, node: _Node) -> None:
+        m = re.match(
+            r"FrameLocalsGuardAccessor\(key=(.*), framelocals_idx=-?\d+\)$",
+            node.torch.accessor_obj.repr(),
+            re.S,
+        )
+        key = ast.literal_eval(m.group(1)) if m else None
+        if type(key) is not str:
+            raise _Blocked(
+                "unsupported", "a frame local that is not named by a str", "FrameLocalsGuardAccessor"
+            )
+        node.src = Source.local(key)
+
+    def acc_globals(self, parent: _Node, node: _Node) -> None:
+        if self.f_globals is None:
+            raise _Blocked("unsupported", "the globals dict of the frame is unknown", "GlobalsGuardAccessor")
+        node.is_globals = True
+        node.is_dict = True
+
+    def _dict_key(self, node: _Node) -> Any:
+        m = re.match(r"DictGetItemGuardAccessor\((.*)\)$", node.torch.accessor_obj.repr(), re.S)
+        try:
+            key = ast.literal_eval(m.group(1)) if m else None
+        except (ValueError, SyntaxError):
+            key = None
+        if type(key) not in (str, int, bytes, float, bool, type(None)) or (
+            type(key) is float and not math.isfinite(key)
+        ):
+            raise _Blocked(
+                "unsupported", "a dict key tripwire's sources cannot name", "DictGetItemGuardAccessor"
+            )
+        return key
+
+    def acc_dict_getitem(self, parent: _Node, node: _Node) -> None:
+        key = self._dict_key(node)
+        if parent.is_globals:
+            if type(key) is not str:
+                raise _Blocked(
+                    "unsupported", "a global that is not named by a str", "DictGetItemGuardAccessor"
+                )
+            node.src = Source.global_(key)
+            return
+        if parent.role == "kwdefaults" and parent.func_src is not None and type(key) is str:
+            node.src = parent.func_src.step(StepKind.KWDEFAULTS, key)
+            return
+        node.src = self._need_parent_src(parent, "DictGetItemGuardAccessor").dict_item(key)
+
+    def acc_global_weakref(self, parent: _Node, node: _Node) -> None:
+        m = re.match(r"GlobalWeakRefGuardAccessor\((.*)\)$", node.torch.accessor_obj.repr(), re.S)
+        if not parent.is_globals or not m:
+            raise _Blocked(
+                "unsupported",
+                "a global weak reference outside the globals dict",
+                "GlobalWeakRefGuardAccessor",
+            )
+        node.src = Source.global_(m.group(1)).step(StepKind.WEAKREF_CALL)
+        self.stricter.append((node.torch.source, "a weakref.proxy fails (torch follows proxies too)"))
+
+    def acc_getattr(self, parent: _Node, node: _Node) -> None:
+        name = node.torch.accessor_obj.get_attr_name()
+        if parent.role == "cell" and name == "cell_contents" and parent.func_src is not None:
+            node.src = parent.func_src.step(StepKind.CLOSURE_CELL, parent.cell_index)
+            return
+        node.src = self._need_parent_src(parent, "GetAttrGuardAccessor").attr(name)
+
+    def acc_generic_getattr(self, parent: _Node, node: _Node) -> None:
+        m = re.match(r"GenericGetAttrGuardAccessor\((.*)\)$", node.torch.accessor_obj.repr(), re.S)
+        t = parent.exact_type
+        plain = (
+            t is not None
+            and getattr(t, "__getattribute__", None) is object.__getattribute__
+            and not hasattr(t, "__getattr__")
+        )
+        if not m or not plain:
+            raise _Blocked(
+                "unsupported",
+                "object.__getattribute__ equals getattr only for a known type without "
+                "__getattribute__/__getattr__ overrides",
+                "GenericGetAttrGuardAccessor",
+            )
+        node.src = self._need_parent_src(parent, "GenericGetAttrGuardAccessor").attr(m.group(1))
+
+    def acc_generic_dict(self, parent: _Node, node: _Node) -> None:
+        src = self._need_parent_src(parent, "GetGenericDictGuardAccessor")
+        node.src = src.step(StepKind.DICT)
+        node.is_dict = True
+        t = parent.exact_type
+        if t is None or not _standard_dict_type(t):
+            self.stricter.append(
+                (
+                    node.torch.source,
+                    "tripwire's __dict__ step fails for types, for classes defining their own __dict__ "
+                    "and for instance dicts that are dict subclasses (torch reads them)",
+                )
+            )
+
+    def acc_getitem(self, parent: _Node, node: _Node) -> None:
+        src = self._need_parent_src(parent, "GetItemGuardAccessor")
+        key = subscript_key(node.torch.source)
+        shown = re.match(r"GetItemGuardAccessor\((.*)\)$", node.torch.accessor_obj.repr(), re.S)
+        if key is NO_KEY or not shown or shown.group(1) != str(key):
+            raise _Blocked(
+                "unsupported", "a __getitem__ key tripwire's sources cannot name", "GetItemGuardAccessor"
+            )
+        if parent.role == "defaults" and parent.func_src is not None and type(key) is int and key >= 0:
+            node.src = parent.func_src.step(StepKind.DEFAULTS, key)
+            return
+        node.src = src.item(key)
+
+    def _seq_item(self, parent: _Node, node: _Node, base: type, kind: str) -> None:
+        m = re.match(rf"{kind}\((\d+)\)$", node.torch.accessor_obj.repr())
+        if not m:
+            raise _Blocked("unsupported", "an index tripwire cannot read", kind)
+        i = int(m.group(1))
+        if parent.role == "defaults" and parent.func_src is not None:
+            node.src = parent.func_src.step(StepKind.DEFAULTS, i)
+            return
+        if parent.role == "closure" and parent.func_src is not None:
+            node.src = self._need_parent_src(parent, kind).item(i)
+            node.role, node.func_src, node.cell_index = "cell", parent.func_src, i
+            return
+        src = self._need_parent_src(parent, kind)
+        # torch reads the list/tuple storage of any list/tuple subclass; tripwire's [i] calls
+        # type(v).__getitem__. They agree when the type is known and does not override it.
+        t = parent.exact_type
+        if t is None:
+            ex = parent.torch.example_type
+            if ex is not base:
+                raise _Blocked(
+                    "unsupported",
+                    f"{kind} on a value of unknown type (torch reads {base.__name__} storage)",
+                    kind,
+                )
+            self.add_precondition(
+                src,
+                GuardKind.TYPE_MATCH,
+                src,
+                (base,),
+                f"type({src}) is {base.__name__}: {kind} reads {base.__name__} storage, tripwire's [i] "
+                f"calls __getitem__ (stricter: torch also accepts {base.__name__} subclasses here)",
+            )
+        elif not issubclass(t, base) or getattr(t, "__getitem__", None) is not base.__dict__["__getitem__"]:
+            raise _Blocked("unsupported", f"{kind} on {_type_name(t)}, which overrides __getitem__", kind)
+        elif t is not base:
+            self.stricter.append(
+                (node.torch.source, f"exact while {_type_name(t)}.__getitem__ stays {base.__name__}'s own")
+            )
+        node.src = src.item(i)
+
+    def acc_list_getitem(self, parent: _Node, node: _Node) -> None:
+        self._seq_item(parent, node, list, "ListGetItemGuardAccessor")
+
+    def acc_tuple_getitem(self, parent: _Node, node: _Node) -> None:
+        self._seq_item(parent, node, tuple, "TupleGetItemGuardAccessor")
+
+    def acc_type(self, parent: _Node, node: _Node) -> None:
+        node.src = self._need_parent_src(parent, "TypeGuardAccessor").type()
+
+    def acc_weakref_call(self, parent: _Node, node: _Node) -> None:
+        node.src = self._need_parent_src(parent, "WeakRefCallGuardAccessor").step(StepKind.WEAKREF_CALL)
+        self.stricter.append((node.torch.source, "a weakref.proxy fails (torch follows proxies too)"))
+
+    def _function_like(self, parent: _Node, kind: str) -> Source:
+        """torch's function accessors unwrap a bound method and then require a function; tripwire's
+        steps read attributes of anything. Make the value a function (or a method of one)."""
+        src = self._need_parent_src(parent, kind)
+        t = parent.exact_type
+        if t is types.FunctionType:
+            return src
+        ex = parent.torch.example_type if t is None else t
+        if ex is types.FunctionType:
+            self.add_precondition(
+                src,
+                GuardKind.TYPE_MATCH,
+                src,
+                (types.FunctionType,),
+                f"type({src}) is function: torch's {kind} accepts only functions and bound methods "
+                "(stricter: a bound method in place of the function fails)",
+            )
+            return src
+        if ex is types.MethodType:
+            if t is None:
+                self.add_precondition(
+                    src,
+                    GuardKind.TYPE_MATCH,
+                    src,
+                    (types.MethodType,),
+                    f"type({src}) is method: torch's {kind} unwraps bound methods (stricter: a plain "
+                    "function in place of the method fails)",
+                )
+            self.add_precondition(
+                src,
+                GuardKind.TYPE_MATCH,
+                src.attr("__func__"),
+                (types.FunctionType,),
+                f"type({src}.__func__) is function: torch's {kind} requires the method's function",
+            )
+            return src
+        raise _Blocked("unsupported", f"{kind} on a {_type_name(ex)}", kind)
+
+    def acc_code(self, parent: _Node, node: _Node) -> None:
+        node.src = self._function_like(parent, "CodeGuardAccessor").step(StepKind.CODE)
+
+    def acc_func_defaults(self, parent: _Node, node: _Node) -> None:
+        f = self._function_like(parent, "FuncDefaultsGuardAccessor")
+        node.src, node.role, node.func_src = f.attr("__defaults__"), "defaults", f
+
+    def acc_func_kwdefaults(self, parent: _Node, node: _Node) -> None:
+        f = self._function_like(parent, "FuncKwDefaultsGuardAccessor")
+        node.src, node.role, node.func_src = f.attr("__kwdefaults__"), "kwdefaults", f
+
+    def acc_closure(self, parent: _Node, node: _Node) -> None:
+        f = self._function_like(parent, "ClosureGuardAccessor")
+        node.src, node.role, node.func_src = f.attr("__closure__"), "closure", f
+
+    def acc_dict_key(self, parent: _Node, node: _Node) -> None:
+        node.src = self._need_parent_src(parent, "DictGuardManager").step(StepKind.DICT_KEY, node.torch.index)
+        if parent.keys is not None:
+            node.covered_by = parent.keys_guard
+
+    def acc_dict_value(self, parent: _Node, node: _Node) -> None:
+        src = self._need_parent_src(parent, "DictGuardManager")
+        if parent.keys is not None:
+            # The keys are checked in order (DICT_KEYS): the value at position i is the value of
+            # key i, found by a storage lookup of that exact str/int key.
+            node.src = src.dict_item(parent.keys[node.torch.index])
+            return
+        node.src = src.step(StepKind.DICT_VALUE, node.torch.index)
+
+    # -- DictGuardManager's own checks ----------------------------------------------------------
+    def dict_manager(self, node: _Node) -> None:
+        tn = node.torch
+        t = tn.example_type
+        node.exact_type, node.is_dict = t, True
+        head = f"type({tn.source}) is {_type_name(t)} and len({tn.source}) == "
+        if node.dead:
+            self.record(
+                tn,
+                "DictGuardManager",
+                head + "?",
+                "unreachable",
+                why="torch's DictGuardManager above returns before it (that dict must be empty)",
+            )
+            return
+        try:
+            n = dict_manager_length(tn.mgr)
+        except LayoutUnknown as e:
+            self.record(
+                tn,
+                "DictGuardManager",
+                head + "?",
+                "unsupported",
+                why=f"torch's expected length is not readable: {e}",
+            )
+            return
+        code = head + str(n)
+        if n == 0:
+            node.dead = True  # torch returns True right after the length: nothing below runs
+        if node.blocked is not None:
+            b = node.blocked
+            self.record(tn, "DictGuardManager", code, b.outcome, why=b.why, via=b.via)
+            return
+        if node.src is None:
+            self.record(tn, "DictGuardManager", code, "unsupported", why="the dict has no tripwire source")
+            return
+        ids = [self.spec(GuardKind.TYPE_MATCH, node.src, (t,), None)]
+        why = ""
+        keys = self._all_keys(node, n)
+        if keys is not None:
+            # Every position 0..n-1 has a key manager whose only guard is an EQUALS on a str or int
+            # constant: DICT_KEYS(keys, ordered) decides exactly those n key guards and torch's
+            # storage-size check at once, in one walk of the dict (PyDict_Size == n, then key i
+            # type-exactly equal to keys[i]).
+            node.keys = keys
+            node.keys_guard = self.spec(GuardKind.DICT_KEYS, node.src, (keys, True), None)
+            ids.append(node.keys_guard)
+        elif n == 0:
+            ids.append(self.spec(GuardKind.DICT_KEYS, node.src, ((), True), None))
+        elif t in _DICT_LEN_TYPES:
+            ids.append(self.spec(GuardKind.LENGTH, node.src, (n,), None))
+        else:
+            pred = _DictStorageLength(n)
+            ids.append(
+                self.spec(GuardKind.LAMBDA, node.src, (pred, f"dict.__len__({node.src}) == {n}"), None)
+            )
+            why = "its size is read by dict.__len__ (a Python-level predicate): the type may override __len__"
+        self.record(tn, "DictGuardManager", code, "native", tuple(ids), why=why)
+
+    def _all_keys(self, node: _Node, n: int) -> tuple | None:
+        """The dict's keys in order when torch guards every position with an EQUALS on a str or int
+        constant key and nothing else, else None."""
+        if n == 0:
+            return None
+        keys: dict[int, Any] = {}
+        for child in node.torch.children:
+            if child.accessor != "key":
+                continue
+            if child.children or len(child.leaves) != 1 or type(child.leaves[0]).__name__ != "EQUALS_MATCH":
+                return None
+            leaf = child.leaves[0]
+            try:
+                k = rhs_literal(split_site(leaf.verbose_code_parts()[0])[0])
+            except (ValueError, SyntaxError):
+                return None
+            if type(k) not in (str, int) or leaf(k) is not True:
+                return None
+            keys[child.index] = sys.intern(k) if type(k) is str else k
+        if sorted(keys) != list(range(n)):
+            return None
+        return tuple(keys[i] for i in range(n))
+
+    # -- leaf guards -----------------------------------------------------------------------------
+    def leaf(self, node: _Node, leaf: Any, epilogue: bool = False) -> None:
+        tn = node.torch
+        kind = type(leaf).__name__
+        parts = leaf.verbose_code_parts()
+        codes = [split_site(p) for p in parts]
+        code = "; ".join(c for c, _ in codes)
+        site = next((s for _, s in codes if s), None)
+        if kind == "LAMBDA_GUARD":
+            kind = lambda_kind([c for c, _ in codes])
+        if node.dead:
+            self.record(
+                tn,
+                kind,
+                code,
+                "unreachable",
+                site=site,
+                why="torch's DictGuardManager returns before it (the dict must be empty)",
+            )
+            return
+        if kind in PENDING_KINDS:
+            self.record(
+                tn,
+                kind,
+                code,
+                "pending",
+                site=site,
+                why=f"waits for {PENDING_KINDS[kind]}",
+                details=details(kind, [c for c, _ in codes]),
+            )
+            return
+        if node.blocked is not None:
+            b = node.blocked
+            self.record(tn, kind, code, b.outcome, site=site, why=b.why, via=b.via)
+            return
+        if node.covered_by >= 0 and kind == "EQUALS_MATCH":
+            # Decided by the parent's DICT_KEYS guard (every key, in order).
+            self.record(tn, kind, code, "native", (node.covered_by,), site=site)
+            return
+        rule = LEAF_RULES.get(kind)
+        try:
+            if rule is None:
+                raise _Fallback(f"a torch leaf kind tripwire does not know ({kind})", unknown=True)
+            ids, why = rule(self, node, leaf, codes[0][0], site)
+            self.record(tn, kind, code, "native", tuple(ids), why=why, site=site)
+        except (_Fallback, ValueError, KeyError, IndexError, SyntaxError) as e:
+            reason = (
+                str(e)
+                if isinstance(e, _Fallback)
+                else f"cannot read its parameters ({type(e).__name__}: {e})"
+            )
+            unknown = isinstance(e, _Fallback) and e.unknown
+            if self.fallback == "torch" and not unknown:
+                i = self.torch_leaf(node, leaf, kind, code, site)
+                self.record(tn, kind, code, "torch", (i,), why=reason, site=site)
+            else:
+                self.record(tn, kind, code, "unsupported", why=reason, site=site)
+
+    def torch_leaf(self, node: _Node, leaf: Any, kind: str, code: str, site: str | None) -> int:
+        text = f"torch {kind}: {code} (torch's own guard object)"
+        if node.torch.accessor == "root":
+            return self.spec(GuardKind.LAMBDA, None, (leaf, text), site)
+        if node.is_globals:
+            assert self.f_globals is not None
+            return self.spec(GuardKind.LAMBDA, None, (_OnGlobals(leaf, self.f_globals), text), site)
+        assert node.src is not None
+        return self.spec(GuardKind.LAMBDA, node.src, (leaf, text), site)
+
+    def _src(self, node: _Node) -> Source:
+        if node.src is None:  # the root or G node: torch's leaf still decides (fallback)
+            raise _Fallback("a guard on the frame or globals dict itself")
+        return node.src
+
+    def leaf_type_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        t = self.ids.get(id_in(code, ("___check_type_id",), node.torch.source))
+        if not isinstance(t, type):
+            raise _Fallback("torch's expected type is not reachable (no live object for its id)")
+        return [self.spec(GuardKind.TYPE_MATCH, self._src(node), (t,), site)], ""
+
+    def leaf_id_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        i = id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)
+        if i not in self.ids:
+            raise _Fallback(
+                "torch's object is not reachable (not weakly referenceable, so torch keeps no record of it)"
+            )
+        return [self.spec(GuardKind.ID_MATCH, self._src(node), (self.ids[i],), site)], ""
+
+    leaf_none = _simple_rule(GuardKind.NONE)
+    leaf_not_none = _simple_rule(GuardKind.NOT_NONE)
+    leaf_true = _simple_rule(GuardKind.TRUE)
+    leaf_false = _simple_rule(GuardKind.FALSE)
+
+    def leaf_equals(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        src = self._src(node)
+        c = rhs_literal(code)
+        # The parsed constant must be one torch's own guard accepts (type-exact and ==).
+        if leaf(c) is not True:
+            raise _Fallback(f"the printed constant {c!r} does not pass torch's own guard")
+        if type(c) in _SCALARS and not has_nan(c) and type(c) is not bool:
+            # torch: v is c or (type(v) is type(c) and v == c). For these exact builtin types ==
+            # is value equality, so this is tripwire's EQUALS_MATCH (also type-exact). A parsed
+            # string is interned: the values it meets are often the interned literal itself, and
+            # identity is the comparison's fast path (torch holds the example's own object).
+            if type(c) is str:
+                c = sys.intern(c)
+            return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], ""
+        if type(c) in (tuple, list, set, frozenset, dict) and not has_nan(c) and _core.is_constant(c):
+            if self.equals == "strict":
+                return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], (
+                    "stricter (equals='strict'): tripwire compares the elements type-exactly, torch with "
+                    f"Python == (torch also accepts e.g. {_looser_example(c)!r})"
+                )
+            raise _Fallback(
+                "torch compares containers with Python == (e.g. 1.0 == 1 inside); tripwire's EQUALS is type-exact"
+            )
+        raise _Fallback(f"a {type(c).__name__} constant")
+
+    def leaf_float_is_nan(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        # torch: type(v) is float and isnan(v); tripwire's EQUALS_MATCH(nan) is exactly that.
+        return [self.spec(GuardKind.EQUALS_MATCH, self._src(node), (float("nan"),), site)], ""
+
+    def leaf_length(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        n = n_from_len(code)
+        t = node.exact_type
+        # torch: PySequence_Length(v) == n (sq_length only). tripwire's LENGTH reads list/tuple
+        # sizes and otherwise calls len(), which tries sq_length first: the same for sequences.
+        if t is None or not issubclass(t, (list, tuple)):
+            raise _Fallback(
+                "torch's PySequence_Length differs from len() on values that are not known lists/tuples"
+            )
+        return [self.spec(GuardKind.LENGTH, self._src(node), (n,), site)], ""
+
+    def leaf_dict_length(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        n = n_from_len(code)
+        src = self._src(node)
+        if n == 0:
+            # torch: isinstance(v, dict) and PyDict_Size(v) == 0; DICT_KEYS(()) reads the storage.
+            return [self.spec(GuardKind.DICT_KEYS, src, ((), True), site)], ""
+        if node.exact_type in _DICT_LEN_TYPES:
+            return [self.spec(GuardKind.LENGTH, src, (n,), site)], ""
+        raise _Fallback("torch reads the dict's storage size; len() may call an overridden __len__")
+
+    def leaf_dict_contains(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        tree = parse(code)
+        present = not (isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.Not))
+        args = call_args(code, ("___dict_contains",))
+        key = literal(args[0])
+        # Check the parsed key and sense against torch's own guard.
+        if leaf({key: None}) is not present or leaf({}) is present:
+            raise _Fallback("the printed key does not reproduce torch's guard")
+        src = self._src(node)
+        if not present and not node.is_dict:
+            raise _Fallback("torch's 'not in' passes any non-dict; tripwire's DICT_CONTAINS fails it")
+        return [self.spec(GuardKind.DICT_CONTAINS, src, (key, present), site)], ""
+
+    def leaf_dict_version(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        if sys.version_info >= (3, 12):
+            raise _Fallback("torch's dict versions on 3.12+ come from its own watcher")
+        if node.torch.example_type is not dict:
+            raise _Fallback("tripwire's DICT_VERSION needs an exact dict")
+        tag = rhs_literal(code)
+        if type(tag) is not int:
+            raise ValueError(code)
+        # 3.11: both read ma_version_tag (PEP 509, a global counter): equal tags, same dict, unchanged.
+        return [self.spec(GuardKind.DICT_VERSION, self._src(node), (tag,), site)], ""
+
+    def leaf_tuple_iterator_len(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        n = rhs_literal(code)
+        if type(n) is not int:
+            raise ValueError(code)
+        return [self.spec(GuardKind.TUPLE_ITERATOR_LEN, self._src(node), (n,), site)], ""
+
+    def leaf_range_iterator(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        start, stop, step = rhs_literal(code)
+        if len(range(start, stop, step)) < 2:
+            # torch compares (start, stop, step) of the rest literally; range equality (tripwire)
+            # ignores them for 0 or 1 items left.
+            raise _Fallback("torch compares start/stop/step even with fewer than 2 items left")
+        return [self.spec(GuardKind.RANGE_ITERATOR, self._src(node), (start, stop, step), site)], ""
+
+
+class _Fallback(Exception):
+    def __init__(self, why: str, unknown: bool = False) -> None:
+        super().__init__(why)
+        self.unknown = unknown
+
+
+def _looser_example(c: Any) -> Any:
+    """A value torch's Python == accepts for c that tripwire's type-exact EQUALS does not."""
+
+    def loosen(x: Any) -> Any:
+        if type(x) is int:
+            return float(x)
+        if type(x) is tuple:
+            return tuple(loosen(e) for e in x)
+        if type(x) is list:
+            return [loosen(e) for e in x]
+        return x
+
+    return loosen(c)
+
+
+def _standard_dict_type(t: type) -> bool:
+    """Whether ``X.__dict__`` of an instance of t is the interpreter's instance dict."""
+    if issubclass(t, type):
+        return False
+    for k in t.__mro__:
+        d = k.__dict__.get("__dict__")
+        if d is not None:
+            return type(d).__name__ == "getset_descriptor"
+    return False
+
+
+LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
+    "TYPE_MATCH": Converter.leaf_type_match,
+    "ID_MATCH": Converter.leaf_id_match,
+    "NONE_MATCH": Converter.leaf_none,
+    "NOT_NONE": Converter.leaf_not_none,
+    "TRUE_MATCH": Converter.leaf_true,
+    "FALSE_MATCH": Converter.leaf_false,
+    "EQUALS_MATCH": Converter.leaf_equals,
+    "FLOAT_IS_NAN": Converter.leaf_float_is_nan,
+    "LENGTH_CHECK": Converter.leaf_length,
+    "DICT_LENGTH": Converter.leaf_dict_length,
+    "DICT_CONTAINS": Converter.leaf_dict_contains,
+    "DICT_VERSION": Converter.leaf_dict_version,
+    "TUPLE_ITERATOR_LEN": Converter.leaf_tuple_iterator_len,
+    "RANGE_ITERATOR_MATCH": Converter.leaf_range_iterator,
+}
+# Leaf kinds with no exact tripwire form: evaluated by torch's own leaf (fallback="torch").
+TORCH_ONLY_KINDS: dict[str, str] = {
+    "NO_HASATTR": "torch's PyObject_HasAttr counts any exception as absent; tripwire's HASATTR fails on it",
+    "SET_CONTAINS": "tripwire's DICT_CONTAINS is for dicts",
+    "COMPLEX_IS_NAN": "torch accepts a NaN in either part; tripwire's EQUALS matches NaN per part",
+    "MAPPING_KEYS_MATCH": "a mappingproxy's keys() compared with Python ==",
+    "FAKE_SCRIPT_TYPE_MATCH": "unwraps torch's FakeScriptObject",
+    "LAMBDA_GUARD": "a Python lambda of torch's",
+}
+
+
+def _torch_only(why: str) -> Callable[..., tuple[list[int], str]]:
+    def rule(self: Converter, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        raise _Fallback(why)
+
+    return rule
+
+
+for _k, _why in TORCH_ONLY_KINDS.items():
+    LEAF_RULES[_k] = _torch_only(_why)
+
+ACCESSOR_RULES: dict[str, Callable[[Converter, _Node, _Node], None]] = {
+    "FrameLocalsGuardAccessor": Converter.acc_frame_locals,
+    "GlobalsGuardAccessor": Converter.acc_globals,
+    "DictGetItemGuardAccessor": Converter.acc_dict_getitem,
+    "GlobalWeakRefGuardAccessor": Converter.acc_global_weakref,
+    "GetAttrGuardAccessor": Converter.acc_getattr,
+    "GenericGetAttrGuardAccessor": Converter.acc_generic_getattr,
+    "GetGenericDictGuardAccessor": Converter.acc_generic_dict,
+    "GetItemGuardAccessor": Converter.acc_getitem,
+    "ListGetItemGuardAccessor": Converter.acc_list_getitem,
+    "TupleGetItemGuardAccessor": Converter.acc_tuple_getitem,
+    "TypeGuardAccessor": Converter.acc_type,
+    "WeakRefCallGuardAccessor": Converter.acc_weakref_call,
+    "CodeGuardAccessor": Converter.acc_code,
+    "FuncDefaultsGuardAccessor": Converter.acc_func_defaults,
+    "FuncKwDefaultsGuardAccessor": Converter.acc_func_kwdefaults,
+    "ClosureGuardAccessor": Converter.acc_closure,
+    "key": Converter.acc_dict_key,
+    "value": Converter.acc_dict_value,
+}
+
+
+def known_kinds() -> frozenset[str]:
+    """Every kind name ``drop=`` accepts."""
+    return frozenset(
+        {
+            *LEAF_RULES,
+            *PENDING_KINDS,
+            *PENDING_ACCESSORS,
+            *UNSUPPORTED_ACCESSORS,
+            *ACCESSOR_RULES,
+            "DictGuardManager",
+        }
+        - {"key", "value"}
+    )

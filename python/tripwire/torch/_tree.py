@@ -1,0 +1,201 @@
+"""Reading torch 2.13's guard manager tree: the cache entry, its nodes, their leaf guards.
+
+Nothing here maps anything to tripwire (that is ``_rules``); this module only answers "what did
+torch install, where, with which parameters", from torch's own objects:
+
+* the cache entry: ``torch._dynamo.eval_frame._debug_get_cache_entry_list(code)[entry]``;
+* the nodes: ``guard_manager.root``, ``get_accessors()`` / ``get_child_managers()`` (pairwise),
+  ``DictGuardManager.get_key_value_managers()``, ``get_epilogue_lambda_guards()``;
+* the parameters of a leaf guard: torch's bindings expose only ``verbose_code_parts()`` (and
+  ``__call__``), so they are parsed from the code part torch printed (``___check_type_id(X, id)``,
+  ``X == 3``...), and every parsed value is checked against the leaf itself before it is used;
+* the objects behind ``___check_type_id`` / ``___check_obj_id`` ids: torch keeps a
+  ``weakref.finalize`` per identity-matched object (``CheckFunctionManager.id_ref``) whose callback
+  invalidates this entry; those finalizers hold a weak reference to each object, so the live
+  object for each id is found there (a dead one would have invalidated the entry).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import TorchImportError
+
+__all__ = [
+    "Target",
+    "TorchNode",
+    "find_entry",
+    "identity_objects",
+    "resolve_target",
+    "walk",
+]
+
+
+@dataclass
+class Target:
+    """What ``guards_of`` was given, resolved: the code torch compiled and the globals its frame
+    reads (``G[...]``), and the object the caller passed (for messages)."""
+
+    code: types.CodeType
+    f_globals: dict | None
+    described: str
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def resolve_target(obj: Any) -> Target:
+    """The code object (and globals) torch compiled for ``obj``: a function, a bound method, an
+    ``nn.Module`` (its ``forward``), a code object, or what ``torch.compile`` returned for one."""
+    torch = _torch()
+    orig = obj
+    # What torch.compile returned: an OptimizedModule (wraps _orig_mod) or a function wrapper.
+    if isinstance(obj, torch._dynamo.eval_frame.OptimizedModule):
+        obj = obj._orig_mod
+    elif callable(obj) and getattr(obj, "_torchdynamo_orig_callable", None) is not None:
+        obj = obj._torchdynamo_orig_callable
+        if isinstance(obj, torch._dynamo.eval_frame.OptimizedModule):
+            obj = obj._orig_mod
+    if isinstance(obj, torch.nn.Module):
+        fwd = type(obj).forward
+        if isinstance(fwd, types.FunctionType):
+            return Target(fwd.__code__, fwd.__globals__, f"{type(obj).__qualname__}.forward")
+        raise TypeError(f"guards_of: {type(obj).__qualname__}.forward is not a Python function ({fwd!r})")
+    if isinstance(obj, types.MethodType):
+        obj = obj.__func__
+    if isinstance(obj, types.FunctionType):
+        return Target(obj.__code__, obj.__globals__, obj.__qualname__)
+    if isinstance(obj, types.CodeType):
+        return Target(obj, None, obj.co_qualname)
+    raise TypeError(
+        "guards_of: expected a function, a bound method, an nn.Module, a code object or what "
+        f"torch.compile returned for one, not {type(orig).__name__}"
+    )
+
+
+def find_entry(target: Target, entry: int) -> Any:
+    """The ``GuardManagerWrapper`` of cache entry ``entry`` (0 = the most recently used)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.guards import DeletedGuardManagerWrapper, GuardManagerWrapper
+
+    code = target.code
+    where = f"{target.described} ({code.co_filename}:{code.co_firstlineno})"
+    entries = _debug_get_cache_entry_list(code)
+    if not entries:
+        raise TorchImportError(
+            f"guards_of: torch has no compiled cache entry for {where}: call the torch.compile'd "
+            "function once first (or torch._dynamo.reset() cleared it)"
+        )
+    if type(entry) is not int:
+        raise TypeError(f"guards_of: entry must be an int, not {type(entry).__name__}")
+    if not -len(entries) <= entry < len(entries):
+        raise TorchImportError(
+            f"guards_of: entry {entry} is out of range: torch has {len(entries)} cache "
+            f"entr{'y' if len(entries) == 1 else 'ies'} for {where}"
+        )
+    gm = entries[entry].guard_manager
+    if isinstance(gm, DeletedGuardManagerWrapper) or not isinstance(gm, GuardManagerWrapper):
+        reason = getattr(gm, "invalidation_reason", None) or type(gm).__name__
+        raise TorchImportError(f"guards_of: cache entry {entry} of {where} is invalidated: {reason}")
+    return gm
+
+
+def identity_objects(gm: Any) -> dict[int, Any]:
+    """id -> live object, for every object torch matches by identity in this entry."""
+    out: dict[int, Any] = {}
+    for info in list(weakref.finalize._registry.values()):  # type: ignore[attr-defined]
+        fn = info.func
+        if not isinstance(fn, functools.partial) or getattr(fn.func, "__name__", "") != "invalidate":
+            continue
+        owner = getattr(fn.func, "__self__", None)
+        if getattr(owner, "guard_manager", None) is not gm:
+            continue
+        obj = info.weakref()
+        if obj is not None:
+            out[id(obj)] = obj
+    return out
+
+
+_SITE = re.compile(r"^(?P<code>.*?)\s{2,}#\s(?P<comment>.*)$", re.S)
+
+
+def split_site(part: str) -> tuple[str, str | None]:
+    """``("L['x'] == 3", "f.py:12 in f")`` from torch's verbose code part
+    ``"L['x'] == 3<padding>  # y = x + n  # f.py:12 in f"`` (guards.py
+    ``get_verbose_code_part``; a recompile hint may follow as `` (HINT: ...)``). The code ends at
+    the first ``  # `` after which the text before it parses as Python, so a ``#`` inside a
+    string constant is not taken for the comment; code that is not Python (``..., type=<class
+    'int'>``) ends at the first ``  # ``."""
+    text = re.sub(r"\s\(HINT: .*\)$", "", part.rstrip(), flags=re.S)
+    cuts = [m.start() for m in re.finditer(r"  # ", text)]
+    cut = len(text)
+    for c in cuts:
+        try:
+            ast.parse(text[:c].strip(), mode="eval")
+        except SyntaxError:
+            continue
+        cut = c
+        break
+    else:
+        if cuts:
+            cut = cuts[0]
+    sites = re.findall(r"(\S+:\d+ in [\w<>.]+)", text[cut:])
+    return text[:cut].strip(), (sites[-1] if sites else None)
+
+
+# -- the tree ---------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class TorchNode:
+    """One torch guard manager: its printed source, how its value is reached from the parent
+    (``accessor``: the accessor kind, ``accessor_obj`` the accessor, or ``"key"``/``"value"``
+    and ``index`` for a DictGuardManager's pairs), its leaf guards and its children."""
+
+    mgr: Any
+    source: str
+    accessor: str  # GuardAccessor class name, "root", "key" or "value"
+    accessor_obj: Any = None
+    index: int = -1
+    parent: TorchNode | None = None
+    children: list[TorchNode] = field(default_factory=list)
+    leaves: list[Any] = field(default_factory=list)
+
+    @property
+    def manager_kind(self) -> str:
+        return type(self.mgr).__name__
+
+    @property
+    def example_type(self) -> Any:
+        try:
+            return self.mgr.get_type_of_guarded_value()
+        except Exception:  # noqa: BLE001 - a dead type: unknown
+            return None
+
+
+def walk(gm: Any) -> TorchNode:
+    """The tree under ``gm.root`` as TorchNodes (children in torch's current accessor order)."""
+    root = TorchNode(gm.root, gm.root.get_source(), "root")
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        node.leaves = list(node.mgr.get_leaf_guards())
+        kids: list[TorchNode] = []
+        for acc, child in zip(node.mgr.get_accessors(), node.mgr.get_child_managers(), strict=True):
+            kids.append(TorchNode(child, child.get_source(), type(acc).__name__, acc, parent=node))
+        if hasattr(node.mgr, "get_key_value_managers"):
+            for idx, (kmgr, vmgr) in sorted(node.mgr.get_key_value_managers().items()):
+                if kmgr is not None:
+                    kids.append(TorchNode(kmgr, kmgr.get_source(), "key", index=idx, parent=node))
+                if vmgr is not None:
+                    kids.append(TorchNode(vmgr, vmgr.get_source(), "value", index=idx, parent=node))
+        node.children = kids
+        stack.extend(reversed(kids))
+    return root
