@@ -403,3 +403,112 @@ def test_a_predicate_that_checks_the_set_again_and_mutates() -> None:
     fast = run(True)
     assert fast == run(False)
     assert True in fast and False in fast
+
+
+# -- the skip with the frame runtime's DICT_VERSION change flags and frame-mode locals -------------
+
+
+def _dv_mutations() -> list[tuple[str, Any]]:
+    def replace_by_equal(t: dict, holder: dict) -> None:
+        holder["t"] = dict(t)  # the guarded dict dies; a new equal one, maybe at its address
+        t.clear()
+
+    # (name, mutation, whether the dict was modified). Storing the identical object again is not a
+    # modification: CPython bumps neither the version tag nor fires dict watchers for it.
+    return [
+        ("item overwritten by an equal value", lambda t, h: t.__setitem__("a", int("123456789")), True),
+        ("item overwritten by itself", lambda t, h: t.__setitem__("a", t["a"]), False),
+        ("item deleted and put back", lambda t, h: t.__setitem__("a", t.pop("a")), True),
+        ("update with the same object", lambda t, h: t.update(a=t["a"]), False),
+        ("update with an equal object", lambda t, h: t.update(a=int("123456789")), True),
+        ("setdefault of a present key", lambda t, h: t.setdefault("a", 5), False),
+        ("dict replaced by an equal one", replace_by_equal, True),
+    ]
+
+
+@pytest.mark.parametrize("name,mutate,modified", _dv_mutations(), ids=[n for n, _, _ in _dv_mutations()])
+def test_dict_version_flags_under_the_skip(name: str, mutate: Any, modified: bool) -> None:
+    """DICT_VERSION on a dict the skip stamps (its DICT_KEYS make it a stamped node, so a state
+    claim covers the DICT_VERSION) and on 3.12+ an armed change flag: after a modification that
+    leaves equal contents, every way of checking fails, and keeps failing once claims were made."""
+    holder = {"t": {"a": 123456789, "b": (2, 3)}}
+    f_locals = {"h": holder}
+
+    def build() -> tw.GuardSet:
+        b = tw.GuardBuilder(f_locals)
+        b.type_match("L['h']")
+        b.dict_keys("L['h']")
+        b.type_match("L['h']['t']")
+        b.dict_keys("L['h']['t']")
+        b.dict_version("L['h']['t']")
+        b.equals("L['h']['t']['b']")
+        return b.build()
+
+    gs = build()
+    specs = list(gs.guards)
+    other = build()  # a second set with its own flag armed on the same dict
+    _warm(gs, f_locals)
+    _warm(other, f_locals)
+    assert gs._last_skipped_guards >= 1, gs.explain()
+    mutate(holder["t"], holder)
+    del other  # its flag unregisters while the dict's next events are still to come
+    gc.collect()
+    for _ in range(3):
+        assert _agree(gs, specs, f_locals) is not modified
+    holder["t"]["z"] = 0  # later events on the dict: the (freed) flag of `other` is not touched
+    assert not _agree(gs, specs, f_locals)
+
+
+def test_the_skip_through_the_frame_hook() -> None:
+    """Frame mode (locals read by index, G[...] from the frame's globals): a hooked function whose
+    replacement returns the value its guards pinned, called while the tree and the globals change
+    in every way the skip must see; the result is always the current value (a false pass would
+    return a stale one)."""
+    from tripwire import frame as twf
+
+    ns: dict[str, Any] = {"CFG": types.SimpleNamespace(scale=2), "TABLE": {1: "a"}}
+    exec(
+        "def target(m):\n    return ('orig', m.__dict__['k'], m.__dict__['cfg'].scale, TABLE[1])\n",
+        ns,
+    )
+    target = ns["target"]
+    m = Sub()
+    m.k = 1
+    m.cfg = ns["CFG"]
+    m.__dict__
+
+    def compile_frame(frame: Any) -> Any:
+        if frame.code is not target.__code__:
+            return twf.SKIP
+        loc = frame.f_locals
+        b = tw.GuardBuilder(loc, f_globals=frame.f_globals)
+        b.type_match("L['m']")
+        b.equals("L['m'].__dict__['k']")
+        b.type_match("L['m'].__dict__['cfg']")
+        b.equals("L['m'].__dict__['cfg'].scale")
+        b.type_match("G['TABLE']")
+        b.dict_keys("G['TABLE']")
+        b.equals("G['TABLE'][1]")
+        want = ("new", loc["m"].k, loc["m"].cfg.scale, frame.f_globals["TABLE"][1])
+        body = compile(f"def r(m):\n    return {want!r}\n", "<r>", "exec")
+        code = next(c for c in body.co_consts if isinstance(c, types.CodeType))
+        return code, b.build()
+
+    steps = [
+        lambda: None,
+        lambda: setattr(m, "k", 2),
+        lambda: setattr(m, "k", int("2")),
+        lambda: setattr(m.cfg, "scale", 3),
+        lambda: ns["TABLE"].__setitem__(1, "b"),
+        lambda: ns.__setitem__("TABLE", {1: "b"}),
+        lambda: setattr(m, "__dict__", dict(m.__dict__)),
+        lambda: setattr(m, "__class__", OtherSub),
+        lambda: setattr(m, "k", 1),
+    ]
+    with twf.hooked(compile_frame):
+        for i in range(scaled(3, 1)):
+            for step in steps:
+                step()
+                for _ in range(3):  # the first call compiles or hits; the next ones use the claims
+                    got = target(m)
+                    assert got[1:] == (m.k, m.cfg.scale, ns["TABLE"][1]), (i, got)
