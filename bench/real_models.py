@@ -380,9 +380,9 @@ def prepare(
     if want("tripwire-strict"):
         out.append(Contender("tripwire-strict", gs_strict.check, L, len(gs_strict), "equals='strict'"))
     if probe or (only is not None and "strict-fast-probe" in only):
-        # Not like for like: the strict set without the guards that have no fast form on their own
-        # (Dynamo's `__code__` checks), to show what the fast pass gives once one guard without a
-        # fast form no longer sends the whole set to the tree walk.
+        # Not like for like: the strict set without Dynamo's `__code__` checks. Written when a guard
+        # without a fast form sent the whole set to the tree walk; since residues are evaluated in
+        # place (and `__code__` of a function has a fast form) it should cost about what `strict` does.
         slow = _functions_with_code_guards(gs_strict)
         gs_probe = twt.guards_of(w.obj, drop=(*twt.PENDING_KINDS, *slow), equals="strict")
         assert gs_probe.check(L) and not gs_probe.check(L_fail)
