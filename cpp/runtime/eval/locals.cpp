@@ -13,7 +13,6 @@ Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyOb
     return -1;
 }
 
-
 Locals Locals::of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObject* closure,
                         PyObject* globals) {
     Locals l;
