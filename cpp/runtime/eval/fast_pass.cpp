@@ -612,7 +612,11 @@ int GuardSet::run_program(const Locals& locals) {
             NodeRt& n = nodes[op.node];
             PyObject* v;
             if (locals.is_arguments()) {
-                v = locals.argument(n.root.name, &n.root.slot);
+                if constexpr (kUserCode) {
+                    v = locals.argument(n.root.name, &n.root.slot);
+                } else {
+                    v = locals.argument_hot(n.root.name, &n.root.slot);
+                }
             } else {
                 if (!PyDict_Check(locals.mapping)) {
                     next = ops + slow_subtree(ps, op);  // a mapping's __getitem__ is user code

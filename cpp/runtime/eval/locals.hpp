@@ -62,9 +62,12 @@ struct Locals {
     /// Argument and frame mode: the value of local `name` (borrowed), null if no parameter (no
     /// visible fast local) has that name or it is not set. `hint` caches the slot index per
     /// caller; names are compared by identity first (both sides interned), then by value.
-    /// Inlined into the fast pass (a @specialize hit loads every root through it): the hinted
-    /// slot of a plain local only; free variables (frame mode) take argument_slow.
-    [[gnu::always_inline]] PyObject* argument(PyObject* name, Py_ssize_t* hint) const {
+    PyObject* argument(PyObject* name, Py_ssize_t* hint) const { return argument_hot(name, hint); }
+    /// argument(), forced inline: the fast pass without user code (a @specialize hit loads every
+    /// root through it) uses it. Forced inline everywhere it made other checks' code slower
+    /// (layout), so only that caller takes it. The hinted slot of a plain local only; free
+    /// variables (frame mode) take argument_slow.
+    [[gnu::always_inline]] PyObject* argument_hot(PyObject* name, Py_ssize_t* hint) const {
         const Py_ssize_t h = *hint;
         // A hint set under another code's layout (one guard set used for frames of two codes) may
         // name a hidden slot here: those are never read (argument_slow refuses them).
