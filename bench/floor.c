@@ -22,6 +22,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 
 enum {
     /* fetches: reg[dst] = ... */
@@ -39,7 +40,43 @@ enum {
     OP_KEYS = 14,     /* dict v has exactly the keys of tuple arg, in that order                */
     OP_CONTAINS = 15, /* (arg in dict v) == n                                                   */
     OP_HASATTR = 16,  /* hasattr(v, arg) == n                                                   */
+    OP_ARRAY = 17,    /* numpy array v: type arg[0], dtype arg[1] (by pointer), the rank, sizes,
+                         strides and flags packed in arg[2] (int64: ndim, required flag bits,
+                         writeable, sizes..., strides...; LLONG_MIN = unchecked)                */
 };
+
+/* The fields of numpy's PyArrayObject_fields that ARRAY_MATCH reads (numpy/ndarraytypes.h; the
+ * layout is numpy's public ABI, the same in numpy 1.x and 2.x). */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} FloorArray;
+
+enum { NPY_C_CONTIGUOUS = 0x1, NPY_F_CONTIGUOUS = 0x2, NPY_ALIGNED = 0x100, NPY_WRITEABLE = 0x400 };
+
+static int array_match(PyObject *v, PyObject *arg) {
+    if ((PyObject *)Py_TYPE(v) != PyTuple_GET_ITEM(arg, 0)) return 0;
+    const FloorArray *a = (const FloorArray *)v;
+    if (a->descr != PyTuple_GET_ITEM(arg, 1)) return 0;
+    const long long *w = (const long long *)PyBytes_AS_STRING(PyTuple_GET_ITEM(arg, 2));
+    const int nd = (int)w[0];
+    if (a->nd != nd) return 0;
+    for (int i = 0; i < nd; ++i) {
+        if (w[3 + i] != LLONG_MIN && w[3 + i] != a->dimensions[i]) return 0;
+        if (w[3 + nd + i] != LLONG_MIN && w[3 + nd + i] != a->strides[i]) return 0;
+    }
+    int bits = 0;
+    if (a->flags & NPY_C_CONTIGUOUS) bits |= 1;
+    if (a->flags & NPY_F_CONTIGUOUS) bits |= 2;
+    if (a->flags & NPY_ALIGNED) bits |= 4;
+    return (bits & w[1]) == w[1] && ((a->flags & NPY_WRITEABLE) != 0) == (w[2] != 0);
+}
 
 typedef struct {
     int op;
@@ -220,6 +257,9 @@ static PyObject *plan_check(Plan *self, PyObject *f_locals) {
                 ok = r == ip->n;
                 break;
             }
+            case OP_ARRAY:
+                ok = array_match(R[ip->src], ip->arg);
+                break;
             default:
                 ok = 0;
         }
@@ -271,6 +311,12 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         }
         if (in->op == OP_KEYS && !PyTuple_Check(arg)) {
             PyErr_SetString(PyExc_TypeError, "OP_KEYS needs a tuple");
+            Py_DECREF(self);
+            return NULL;
+        }
+        if (in->op == OP_ARRAY && !(PyTuple_Check(arg) && PyTuple_GET_SIZE(arg) == 3 &&
+                                    PyBytes_Check(PyTuple_GET_ITEM(arg, 2)))) {
+            PyErr_SetString(PyExc_TypeError, "OP_ARRAY needs (type, dtype, packed int64 bytes)");
             Py_DECREF(self);
             return NULL;
         }
@@ -491,7 +537,7 @@ PyMODINIT_FUNC PyInit__floor(void) {
 #define ADD(name) PyModule_AddIntConstant(m, #name, name)
     if (ADD(OP_LOCAL) || ADD(OP_ATTR) || ADD(OP_DICTGET) || ADD(OP_SEQGET) || ADD(OP_INSTDICT) || ADD(OP_GETITEM) ||
         ADD(OP_TYPE) || ADD(OP_ID) || ADD(OP_EQ) || ADD(OP_LEN) || ADD(OP_KEYS) || ADD(OP_CONTAINS) ||
-        ADD(OP_HASATTR)) {
+        ADD(OP_HASATTR) || ADD(OP_ARRAY)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -626,6 +626,18 @@ def floor_plan(specs: list[GuardSpec], f_locals: dict):
             insns.append((F.OP_CONTAINS, 0, r, a[0], int(a[1])))
         elif k is GuardKind.HASATTR:
             insns.append((F.OP_HASATTR, 0, r, sys.intern(a[0]), int(a[1])))
+        elif k is GuardKind.ARRAY_MATCH:
+            import struct
+
+            e = a[1]
+            any_ = -(1 << 63)
+            dims = [any_ if x is None else x for x in e.sizes] + [any_ if x is None else x for x in e.strides]
+            flags = (1 if e.c_contiguous else 0) | (2 if e.f_contiguous else 0) | (4 if e.aligned else 0)
+            packed = struct.pack(f"<{3 + len(dims)}q", e.ndim, flags, int(e.writeable), *dims)
+            dtype = reference.fetch(
+                s.source, f_locals
+            ).dtype  # the example's dtype object: compared by pointer
+            insns.append((F.OP_ARRAY, 0, r, (a[0], dtype, packed), 0))
         else:
             raise NotImplementedError(f"floor: {k.name}")
     plan = F.Plan(insns)

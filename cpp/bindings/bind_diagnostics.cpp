@@ -8,6 +8,7 @@
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/eval/guard_set.hpp"
 #include "runtime/eval/no_user_code.hpp"
+#include "runtime/tensors/readers.hpp"
 
 namespace nb = nanobind;
 
@@ -48,6 +49,17 @@ void register_diagnostics(nb::module_& m) {
             return runtime::g_skip_enabled;
         },
         "Whether the skip of unchanged subtrees is in use (verified at start-up, not switched off).");
+    m.def(
+        "_force_python_readers",
+        [](bool on) {
+            const bool was = runtime::force_python_readers();
+            runtime::set_force_python_readers(on);
+            return was;
+        },
+        nb::arg("on"),
+        "Test hook: guard sets built while on read tensors, arrays and torch's state through the Python "
+        "readers even when the torch adapter or the numpy struct is available; returns the previous "
+        "setting.");
     m.def(
         "_dict_watch_counts",
         [] {

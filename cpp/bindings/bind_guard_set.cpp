@@ -11,6 +11,7 @@
 #include "core/ir.hpp"
 #include "register.hpp"
 #include "runtime/eval/guard_set.hpp"
+#include "runtime/tensors/tensor_kinds.hpp"
 
 namespace nb = nanobind;
 
@@ -123,6 +124,49 @@ void register_guard_set(nb::module_& m) {
                 "The guard tree, preorder: (depth, text, [guard ids in current order], node fails, "
                 "[guard fails]), for explain().")
             .def_prop_ro("_ambient_ids", [](GuardSetCore& s) { return s.get().ambient_ids(); })
+            .def_prop_ro("_relational_ids", [](GuardSetCore& s) { return s.get().relational_ids(); })
+            .def(
+                "_guard_path",
+                [](GuardSetCore& s, std::uint32_t id) -> const char* {
+                    const runtime::GuardSet& gs = s.get();
+                    for (std::uint32_t gi = 0; gi < gs.program().guards.size(); ++gi) {
+                        if (gs.program().guards[gi].id == id)
+                            return gs.runtime_guard(gi).python_reader ? "python" : "native";
+                    }
+                    throw nb::key_error("no guard with that id");
+                },
+                nb::arg("id"),
+                "'native' or 'python': how guard `id` reads its value (the adapter, the numpy "
+                "struct, a C++ probe; or a Python reader).")
+            .def(
+                "_field_mismatches",
+                [](GuardSetCore& s, std::uint32_t id, nb::handle value) {
+                    const runtime::GuardSet& gs = s.get();
+                    nb::list out;
+                    for (std::uint32_t gi = 0; gi < gs.program().guards.size(); ++gi) {
+                        if (gs.program().guards[gi].id != id) continue;
+                        const runtime::RuntimeGuard& g = gs.runtime_guard(gi);
+                        std::vector<runtime::FieldMismatch> found;
+                        bool ok = true;
+                        if (g.kind == core::GuardKind::TensorMatch) {
+                            ok = runtime::tensor_mismatches(g, value.ptr(), found);
+                        } else if (g.kind == core::GuardKind::ArrayMatch) {
+                            ok = runtime::array_mismatches(g, value.ptr(), found);
+                        } else {
+                            throw nb::value_error("not a TENSOR_MATCH or ARRAY_MATCH guard");
+                        }
+                        if (!ok) throw nb::python_error();
+                        for (const runtime::FieldMismatch& f : found) {
+                            out.append(
+                                nb::make_tuple(runtime::field_name(f.field), f.dim, f.expected, f.actual));
+                        }
+                        return out;
+                    }
+                    throw nb::key_error("no guard with that id");
+                },
+                nb::arg("id"), nb::arg("value").none(),
+                "[(field, dim, expected, actual)]: every field where value differs from a TENSOR_MATCH or "
+                "ARRAY_MATCH guard's expectation, as the engine reads it.")
             .def_prop_ro(
                 "invalid", [](GuardSetCore& s) { return s.get().invalid(); },
                 "True once an object the guards name by identity has died: the set never passes again.")

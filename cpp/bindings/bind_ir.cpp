@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "core/ir.hpp"
+#include "core/kind_data.hpp"
 #include "core/program.hpp"
 #include "register.hpp"
 
@@ -74,7 +75,8 @@ void register_ir(nb::module_& m) {
             "__init__",
             [](core::GuardDecl* d, core::GuardKind kind, std::optional<core::SourcePath> source,
                std::optional<core::ConstId> operand, std::optional<core::ConstId> operand2, std::int64_t n,
-               std::int64_t n2, std::int64_t n3, bool flag, std::uint32_t id) {
+               std::int64_t n2, std::int64_t n3, bool flag, std::uint32_t id, std::vector<std::int64_t> data,
+               std::vector<core::SourcePath> more_sources) {
                 new (d) core::GuardDecl();
                 d->kind = kind;
                 d->has_source = source.has_value();
@@ -86,10 +88,13 @@ void register_ir(nb::module_& m) {
                 d->n3 = n3;
                 d->flag = flag;
                 d->id = id;
+                d->data = std::move(data);
+                d->more_sources = std::move(more_sources);
             },
             nb::arg("kind"), nb::arg("source").none(), nb::arg("operand").none() = nb::none(),
             nb::arg("operand2").none() = nb::none(), nb::arg("n") = 0, nb::arg("n2") = 0, nb::arg("n3") = 0,
-            nb::arg("flag") = false, nb::arg("id") = 0)
+            nb::arg("flag") = false, nb::arg("id") = 0, nb::arg("data") = std::vector<std::int64_t>{},
+            nb::arg("more_sources") = std::vector<core::SourcePath>{})
         .def_rw("kind", &core::GuardDecl::kind)
         .def_prop_ro("source",
                      [](const core::GuardDecl& d) {
@@ -101,7 +106,24 @@ void register_ir(nb::module_& m) {
         .def_rw("n2", &core::GuardDecl::n2)
         .def_rw("n3", &core::GuardDecl::n3)
         .def_rw("flag", &core::GuardDecl::flag)
-        .def_rw("id", &core::GuardDecl::id);
+        .def_rw("id", &core::GuardDecl::id)
+        .def_rw("data", &core::GuardDecl::data, "Per-kind plain data (cpp/core/kind_data.hpp).")
+        .def_rw("more_sources", &core::GuardDecl::more_sources,
+                "A relational guard's sources after the first.")
+        .def_ro("via_python", &core::GuardDecl::via_python,
+                "Set by the engine when it binds the declaration: evaluated through a Python reader.");
+    m.attr("ANY_DIM") = core::kAny;
+    m.attr("MAX_DIMS") = core::kMaxDims;
+    {
+        nb::list attrs;
+        for (int i = 0; i < core::marking_data::kAttrCount; ++i)
+            attrs.append(nb::str(core::marking_data::attr_name(i).data()));
+        m.attr("MARKING_ATTRS") = nb::tuple(attrs);
+        nb::list fields;
+        for (std::size_t i = 0; i < core::torch_state::kHeader; ++i)
+            fields.append(nb::str(core::torch_state::field_name(i).data()));
+        m.attr("TORCH_STATE_FIELDS") = nb::tuple(fields);
+    }
 
     m.def(
         "guard_shape",

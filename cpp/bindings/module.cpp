@@ -13,6 +13,7 @@ NB_MODULE(_core, m) {
     tripwire::bindings::register_specialize(m);
     tripwire::bindings::register_frame(m);
     tripwire::bindings::register_values(m);
+    tripwire::bindings::register_tensors(m);
     tripwire::bindings::register_serial(m);
     tripwire::bindings::register_diagnostics(m);
 }

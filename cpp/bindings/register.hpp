@@ -33,6 +33,8 @@ void register_specialize(nanobind::module_& m);
 /// read_source, is_constant, equals_match, probes, dict versions: the engine's reading of
 /// values, for the builder (bind_values.cpp).
 void register_values(nanobind::module_& m);
+/// Tensors, arrays, torch's state, the torch adapter, constant types (bind_tensors.cpp).
+void register_tensors(nanobind::module_& m);
 /// The frame runtime: hooks, per-code caches and strategies, Replacement (bind_frame.cpp). After
 /// register_cache.
 void register_frame(nanobind::module_& m);

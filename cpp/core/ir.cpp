@@ -23,6 +23,11 @@ std::string_view guard_kind_name(GuardKind k) {
         case GuardKind::WeakrefAlive: return "WEAKREF_ALIVE";
         case GuardKind::GlobalState: return "GLOBAL_STATE";
         case GuardKind::Lambda: return "LAMBDA";
+        case GuardKind::TensorMatch: return "TENSOR_MATCH";
+        case GuardKind::ArrayMatch: return "ARRAY_MATCH";
+        case GuardKind::DimensionMarking: return "DIMENSION_MARKING";
+        case GuardKind::Alias: return "ALIAS";
+        case GuardKind::NoAlias: return "NO_ALIAS";
     }
     return "UNKNOWN";
 }
@@ -40,8 +45,16 @@ std::string_view builtin_probe_name(BuiltinProbe p) {
     switch (p) {
         case BuiltinProbe::RecursionLimit: return "recursion_limit";
         case BuiltinProbe::GcEnabled: return "gc_enabled";
+        case BuiltinProbe::TorchGlobalState: return "torch_global_state";
+        case BuiltinProbe::TorchFunctionModeStack: return "torch_function_mode_stack";
+        case BuiltinProbe::TorchDefaultDevice: return "torch_default_device";
     }
     return "unknown";
+}
+
+bool builtin_probe_reads_framework(BuiltinProbe p) {
+    return p == BuiltinProbe::TorchGlobalState || p == BuiltinProbe::TorchFunctionModeStack ||
+           p == BuiltinProbe::TorchDefaultDevice;
 }
 
 std::string_view step_kind_name(StepKind k) {
@@ -75,7 +88,13 @@ bool guard_runs_user_code(GuardKind k) {
         case GuardKind::EqualsMatch:
         case GuardKind::DictKeys:
         case GuardKind::DictVersion:
-        case GuardKind::WeakrefAlive: return false;
+        case GuardKind::WeakrefAlive:
+        // Tensor fields through the adapter (C++ accessors), array fields from the numpy struct,
+        // pointer comparisons; a declaration evaluated through Python says so (via_python).
+        case GuardKind::TensorMatch:
+        case GuardKind::ArrayMatch:
+        case GuardKind::Alias:
+        case GuardKind::NoAlias: return false;
         // len() of a user type, key lookups that may meet a user key's __eq__, getattr,
         // `v.__code__` on a non-function, Python probes and predicates; and the iterator kinds,
         // which read the iterator through a method call (a bound method and a result tuple are
@@ -87,10 +106,17 @@ bool guard_runs_user_code(GuardKind k) {
         case GuardKind::RangeIterator:
         case GuardKind::CodeMatch:
         case GuardKind::GlobalState:
-        case GuardKind::Lambda: return true;
+        case GuardKind::Lambda:
+        // torch's semantics: getattr of the marking attributes (properties, __getattr__) and
+        // the runtime set's own issubset().
+        case GuardKind::DimensionMarking: return true;
     }
     return true;
 }
+
+bool guard_runs_user_code(const GuardDecl& d) { return d.via_python || guard_runs_user_code(d.kind); }
+
+bool is_relational(GuardKind k) { return k == GuardKind::Alias || k == GuardKind::NoAlias; }
 
 bool step_runs_user_code(StepKind k) {
     switch (k) {
@@ -136,6 +162,15 @@ GuardShape guard_shape(GuardKind k) {
         case GuardKind::GlobalState:
             return {false, false, false, true};  // operand = Python probe (optional), operand2 = snapshot
         case GuardKind::Lambda: return {false, true, true, false};
+        case GuardKind::TensorMatch: return {true, true, true, false};  // operand = the exact type
+        case GuardKind::ArrayMatch:
+            return {true, true, true, true};  // operand = the exact type, operand2 = the dtype's description
+        case GuardKind::DimensionMarking:
+            // operand, operand2 = the expected _dynamo_shape_ids and _dynamo_unbacked_bounds
+            // (None constants when not guarded; `flag` says whether they are)
+            return {true, true, true, true};
+        case GuardKind::Alias:
+        case GuardKind::NoAlias: return {true, true, false, false};  // the other sources: more_sources
     }
     return {false, false, false, false};
 }

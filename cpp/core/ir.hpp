@@ -69,8 +69,13 @@ enum class GuardKind : std::uint8_t {
     WeakrefAlive = 15,
     GlobalState = 16,
     Lambda = 17,
+    TensorMatch = 18,       ///< a torch tensor's type, dispatch keys, dtype, device, grad, sizes, strides
+    ArrayMatch = 19,        ///< a numpy array's type, dtype, flags, sizes, strides
+    DimensionMarking = 20,  ///< a tensor's mark_dynamic-style markings (torch's subset rule)
+    Alias = 21,             ///< relational: the values at two sources are one object
+    NoAlias = 22,           ///< relational: the values at two or more sources are distinct objects
 };
-inline constexpr int kGuardKindCount = 18;
+inline constexpr int kGuardKindCount = 23;
 
 /// One step of a source path.
 struct Step {
@@ -103,6 +108,15 @@ struct GuardDecl {
     std::int64_t n3 = 0;          ///< range step
     bool flag = false;            ///< present (DictContains/HasAttr), ordered (DictKeys)
     std::uint32_t id = 0;         ///< installation order; why_not reports the smallest failing id
+    /// Per-kind plain data: a tensor's or array's expectation, dimension markings, a framework
+    /// state snapshot. Layouts and their validation in core/kind_data.hpp.
+    std::vector<std::int64_t> data;
+    /// The sources after `source` of a relational guard (ALIAS: one, NO_ALIAS: one or more).
+    std::vector<SourcePath> more_sources;
+    /// Evaluated through a Python-level call (a reader of tensor fields without the torch
+    /// adapter, a dtype numpy must compare). Set by the runtime when it binds the declaration,
+    /// never trusted from the caller; counts as user code (guard_runs_user_code).
+    bool via_python = false;
 };
 
 /// Printable names, as the catalogue spells them ("TYPE_MATCH").
@@ -117,6 +131,11 @@ std::string_view root_kind_name(RootKind k);
 /// so the engine may borrow the values it reads instead of holding references (docs/cpp.md,
 /// "Regions without user code").
 bool guard_runs_user_code(GuardKind k);
+/// The same for one declaration: its kind, or a Python-level evaluation path (`via_python`).
+bool guard_runs_user_code(const GuardDecl& d);
+/// Whether a kind relates the values of several sources (ALIAS, NO_ALIAS): such a guard is not
+/// attached to one node but observes the value of each of its sources (Program::node_members).
+bool is_relational(GuardKind k);
 /// The same for fetching a step: properties, __getattr__, __getitem__, a dict lookup that
 /// compares against a user key's __eq__, creating an instance __dict__.
 bool step_runs_user_code(StepKind k);
@@ -134,9 +153,21 @@ GuardShape guard_shape(GuardKind k);
 enum class BuiltinProbe : std::int64_t {
     RecursionLimit = 0,
     GcEnabled = 1,
+    /// torch's global state (grad mode, autocast, torch function, determinism, TF32, reduced
+    /// precision reductions, threads, default dtype): snapshot in GuardDecl::data
+    /// (kind_data.hpp, TorchState). Read through the torch adapter, or a Python reader.
+    TorchGlobalState = 2,
+    /// The types of the modes on torch's torch-function mode stack: snapshot in operand2 (a
+    /// tuple of types).
+    TorchFunctionModeStack = 3,
+    /// torch.utils._device.CURRENT_DEVICE: snapshot in operand2 (None or the device as a str).
+    TorchDefaultDevice = 4,
 };
-inline constexpr int kBuiltinProbeCount = 2;
-/// The name users give a built-in probe ("recursion_limit", "gc_enabled").
+inline constexpr int kBuiltinProbeCount = 5;
+/// Whether a built-in probe reads a framework (torch) rather than the interpreter: its snapshot
+/// is structured (data or operand2) instead of GuardDecl::n2.
+bool builtin_probe_reads_framework(BuiltinProbe p);
+/// The name users give a built-in probe ("recursion_limit", "gc_enabled", "torch_global_state").
 std::string_view builtin_probe_name(BuiltinProbe p);
 
 }  // namespace tripwire::core

@@ -25,6 +25,8 @@ class InvalidProgram : public std::invalid_argument {
 
 /// Deepest source the engine accepts; bounds the evaluator's recursion.
 inline constexpr std::size_t kMaxSourceDepth = 64;
+/// Most sources one relational guard (NO_ALIAS) may relate.
+inline constexpr std::size_t kMaxRelationalSources = 65536;
 /// Index value meaning "none" for node parents.
 inline constexpr std::uint32_t kNoNode = 0xFFFFFFFFu;
 
@@ -35,12 +37,24 @@ struct Node {
     ConstId root_name = kNoConst;     ///< for roots
     Step step;                        ///< for non-roots: how to fetch from the parent's value
     std::uint32_t parent = kNoNode;
-    std::uint32_t depth = 0;                       ///< 0 for roots
-    std::uint32_t guard_begin = 0, guard_end = 0;  ///< range in Program::node_guards
-    std::uint32_t child_begin = 0, child_end = 0;  ///< range in Program::children
-    std::uint32_t min_guard_id = 0;                ///< smallest guard id in this subtree
-    bool subtree_runs_user_code = false;           ///< any fetch or guard below (or here) may run user code
-    std::string text;                              ///< the printed source
+    std::uint32_t depth = 0;                         ///< 0 for roots
+    std::uint32_t guard_begin = 0, guard_end = 0;    ///< range in Program::node_guards
+    std::uint32_t child_begin = 0, child_end = 0;    ///< range in Program::children
+    std::uint32_t member_begin = 0, member_end = 0;  ///< range in Program::node_members
+    std::uint32_t min_guard_id = 0;       ///< smallest guard id in this subtree (relational members included)
+    bool subtree_runs_user_code = false;  ///< any fetch or guard below (or here) may run user code
+    std::string text;                     ///< the printed source
+};
+
+/// A node's value is one of a relational guard's operands: `slot` is the position of the node's
+/// source among the guard's sources (0 for GuardDecl::source, i + 1 for more_sources[i]).
+struct Member {
+    std::uint32_t guard = 0;  ///< index into Program::guards
+    std::uint32_t slot = 0;
+
+    friend bool operator==(const Member& a, const Member& b) {
+        return a.guard == b.guard && a.slot == b.slot;
+    }
 };
 
 /// The compiled form of a guard set.
@@ -51,6 +65,8 @@ struct Program {
     std::vector<std::uint32_t> children;     ///< node indices, grouped by parent
     std::vector<std::uint32_t> roots;        ///< root node indices
     std::vector<std::uint32_t> ambient;      ///< guards without a source (GlobalState, Lambda on f_locals)
+    std::vector<Member> node_members;        ///< relational operands, grouped by node (installation order)
+    std::vector<std::uint32_t> relational;   ///< relational guards (ALIAS, NO_ALIAS), in id order
     std::uint32_t max_depth = 0;
 };
 

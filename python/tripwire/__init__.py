@@ -12,10 +12,10 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
-from . import frame, store
+from . import frame, store, tensors
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry
-from .catalogue import GuardKind, GuardSpec
+from .catalogue import GuardKind, GuardSpec, register_constant_type
 from .errors import (
     FormatError,
     FrameError,
@@ -80,7 +80,9 @@ __all__ = [
     "frame",
     "guards_for",
     "infer_into",
+    "register_constant_type",
     "set_logs",
     "specialize",
     "store",
+    "tensors",
 ]

@@ -81,6 +81,16 @@ class GuardKind(enum.IntEnum):
 
     LAMBDA = 17
 
+    TENSOR_MATCH = 18
+
+    ARRAY_MATCH = 19
+
+    DIMENSION_MARKING = 20
+
+    ALIAS = 21
+
+    NO_ALIAS = 22
+
 class Step:
     """One step of a source as the engine reads it."""
 
@@ -139,7 +149,7 @@ class GuardDecl:
     One declared guard as the engine compiles it; operands are constant-pool indices (validated against guard_shape by the compiler).
     """
 
-    def __init__(self, kind: GuardKind, source: SourcePath | None, operand: int | None = None, operand2: int | None = None, n: int = 0, n2: int = 0, n3: int = 0, flag: bool = False, id: int = 0) -> None: ...
+    def __init__(self, kind: GuardKind, source: SourcePath | None, operand: int | None = None, operand2: int | None = None, n: int = 0, n2: int = 0, n3: int = 0, flag: bool = False, id: int = 0, data: Sequence[int] = [], more_sources: Sequence[SourcePath] = []) -> None: ...
 
     @property
     def kind(self) -> GuardKind: ...
@@ -186,6 +196,34 @@ class GuardDecl:
     @id.setter
     def id(self, arg: int, /) -> None: ...
 
+    @property
+    def data(self) -> list[int]:
+        """Per-kind plain data (cpp/core/kind_data.hpp)."""
+
+    @data.setter
+    def data(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def more_sources(self) -> list[SourcePath]:
+        """A relational guard's sources after the first."""
+
+    @more_sources.setter
+    def more_sources(self, arg: Sequence[SourcePath], /) -> None: ...
+
+    @property
+    def via_python(self) -> bool:
+        """
+        Set by the engine when it binds the declaration: evaluated through a Python reader.
+        """
+
+ANY_DIM: int = -9223372036854775808
+
+MAX_DIMS: int = 1024
+
+MARKING_ATTRS: tuple = ...
+
+TORCH_STATE_FIELDS: tuple = ...
+
 def guard_shape(kind: GuardKind) -> tuple:
     """
     (needs_source, allows_source, uses operand, uses operand2): the slots a kind's declaration uses.
@@ -220,6 +258,19 @@ class GuardSetCore:
 
     @property
     def _ambient_ids(self) -> list[int]: ...
+
+    @property
+    def _relational_ids(self) -> list[int]: ...
+
+    def _guard_path(self, id: int) -> str:
+        """
+        'native' or 'python': how guard `id` reads its value (the adapter, the numpy struct, a C++ probe; or a Python reader).
+        """
+
+    def _field_mismatches(self, id: int, value: object | None) -> list:
+        """
+        [(field, dim, expected, actual)]: every field where value differs from a TENSOR_MATCH or ARRAY_MATCH guard's expectation, as the engine reads it.
+        """
 
     @property
     def invalid(self) -> bool:
@@ -488,6 +539,82 @@ def dict_version(d: dict) -> int:
     The engine's version stamp of dict d (changes on every mutation; unique across dicts).
     """
 
+def _install_torch_adapter(table: object, torch_version: str) -> None:
+    """
+    Install the torch adapter's table (tripwire._torch_adapter.table). Once installed it stays.
+    """
+
+def torch_adapter_installed() -> bool:
+    """
+    Whether tensors and torch's state are read through the compiled torch adapter.
+    """
+
+def _set_python_readers(tensor: object | None, array: object | None, torch_state: object | None, mode_stack: object | None, default_device: object | None) -> None:
+    """
+    Register the Python readers used without the adapter or the numpy struct (None: keep).
+    """
+
+def numpy_struct_compiled() -> bool:
+    """
+    Whether this build read numpy's headers (arrays can be read from their struct).
+    """
+
+def _enable_numpy_struct(ndarray: object) -> bool:
+    """
+    Read arrays of this type (numpy.ndarray) from their struct; verified by the caller.
+    """
+
+def _register_numpy_dtype(dtype_type: object) -> None:
+    """
+    Make simple numpy dtypes EQUALS_MATCH constants (after _enable_numpy_struct).
+    """
+
+def _numpy_struct_probe(array: object, ndarray: object) -> object:
+    """
+    What the struct reader sees in `array` (the fields of read_array_fields, then the itemsize), before it is enabled: the layout check.
+    """
+
+def _numpy_dtype_fields(dtype: object) -> object:
+    """(simple,) for a numpy dtype once the struct is enabled, else None."""
+
+def numpy_struct_enabled() -> bool:
+    """Whether arrays are read from their struct."""
+
+def read_tensor_fields(value: object | None, native: bool) -> object:
+    """
+    (dispatch_keys, dtype, device_index, requires_grad, sizes, strides|None, storage_offset) as TENSOR_MATCH reads them: through the adapter (native) or the Python reader. None for a value it cannot read.
+    """
+
+def read_array_fields(value: object | None, native: bool) -> object:
+    """
+    (ndim, sizes, strides, c_contiguous, f_contiguous, aligned, writeable, dtype) as ARRAY_MATCH reads them: from the struct (native) or the Python reader. None for a value it cannot read.
+    """
+
+def read_shape(value: object | None) -> object:
+    """
+    The C++ shape reader (runtime/tensors/readers.hpp read_shape): (ndim, sizes, strides|None, storage_offset|None, stride_unit), or 'not applicable' / 'unavailable'.
+    """
+
+def dtype_code(dtype: object) -> int:
+    """
+    The c10::ScalarType of a torch.dtype through the adapter (-1 without it).
+    """
+
+def torch_state_differences(want: Sequence[int], now: Sequence[int]) -> list[str]:
+    """
+    The fields that differ between two torch global-state tuples, as GLOBAL_STATE names them.
+    """
+
+def register_constant_type(type: object, compare: str) -> None:
+    """
+    Make instances of `type` EQUALS_MATCH constants, compared by 'identity', as a 'tuple' of constants, or by the type's own C 'richcompare' (static C types only).
+    """
+
+def constant_types() -> list:
+    """
+    [(type, comparison, subclasses)]: the registered constant types besides the built-in ones.
+    """
+
 class _CodecError(ValueError):
     pass
 
@@ -563,6 +690,11 @@ def _set_skip(on: bool) -> bool:
 def _skip_enabled() -> bool:
     """
     Whether the skip of unchanged subtrees is in use (verified at start-up, not switched off).
+    """
+
+def _force_python_readers(on: bool) -> bool:
+    """
+    Test hook: guard sets built while on read tensors, arrays and torch's state through the Python readers even when the torch adapter or the numpy struct is available; returns the previous setting.
     """
 
 def _dict_watch_counts() -> tuple:

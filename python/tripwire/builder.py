@@ -11,13 +11,14 @@ import copy
 import os
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _core
+from . import _core, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError
 from .source import Source, SourceLike
+from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
 
 if TYPE_CHECKING:
     from .guard_set import GuardSet
@@ -162,12 +163,14 @@ class GuardBuilder:
     def equals(self, source: SourceLike, value: Any = _UNSET) -> GuardSpec:
         """``type(v) is type(c) and v == c`` (recursively type-exact, NaN matches NaN)."""
         c = self.value(source) if value is _UNSET else value
+        _ensure_frameworks(c)
         if not _core.is_constant(c):
             raise GuardBuildError(
                 f"EQUALS_MATCH on {Source.parse(source)}: {builtins_type(c).__name__} is not a "
                 "constant type (int, float, complex, str, bytes, bool, None, range, slice, "
-                "Ellipsis, enum members, and tuples/lists/sets/frozensets/dicts of these, nested "
-                f"at most {_core.MAX_CONSTANT_DEPTH} deep)"
+                "Ellipsis, enum members, registered value types such as torch.dtype, torch.device, "
+                "torch.Size and simple numpy dtypes, and tuples/lists/sets/frozensets/dicts of these, "
+                f"nested at most {_core.MAX_CONSTANT_DEPTH} deep)"
             )
         return self.add(GuardKind.EQUALS_MATCH, source, (_private_copy(c),))
 
@@ -246,22 +249,38 @@ class GuardBuilder:
         """``v() is not None`` for a weak reference v."""
         return self.add(GuardKind.WEAKREF_ALIVE, source)
 
-    def global_state(self, probe: str | Callable[[], Any], *, name: str | None = None) -> GuardSpec:
-        """An ambient-state probe returns what it returns now.
+    def global_state(
+        self, probe: str | Callable[[], Any], *, name: str | None = None, snapshot: Any = _UNSET
+    ) -> GuardSpec:
+        """An ambient-state probe returns what it returns now (or ``snapshot``, for a built-in probe).
 
-        ``probe`` is the name of a built-in C++ probe (``"recursion_limit"``, ``"gc_enabled"``) or
-        a Python callable of no arguments returning a constant (see ``equals``).
+        ``probe`` is the name of a built-in C++ probe or a Python callable of no arguments returning
+        a constant (see ``equals``). Built-in probes: ``"recursion_limit"``, ``"gc_enabled"``, and
+        torch's state (through the torch adapter when it is built, else through Python):
+        ``"torch_global_state"`` (grad mode, autocast per device and its cache flag, torch function
+        enabled and all-disabled, deterministic algorithms and warn-only, TF32, FP16/BF16
+        reduced-precision reductions, thread count, default dtype; ``snapshot`` may be torch's
+        GlobalStateGuard JSON, a str or dict, or the plain tuple), ``"torch_function_mode_stack"``
+        (the types of the modes on the stack; ``snapshot``: a tuple of types) and
+        ``"torch_default_device"`` (``torch.utils._device.CURRENT_DEVICE``; ``snapshot``: None or
+        a device string such as ``"cuda:0"``).
         """
         if isinstance(probe, str):
             if probe not in _core.builtin_probes():
                 raise GuardBuildError(
                     f"unknown built-in probe {probe!r}; known: {sorted(_core.builtin_probes())}"
                 )
-            snapshot = _core.read_builtin_probe(probe)
+            if probe.startswith("torch_") and not tensors.ensure_torch():
+                raise GuardBuildError(f"built-in probe {probe!r} needs torch, which is not imported")
+            if snapshot is _UNSET:
+                snapshot = _core.read_builtin_probe(probe)
+            snapshot = _torch_snapshot(probe, snapshot)
             label = name or probe
         else:
             if not callable(probe):
                 raise TypeError("probe must be a built-in probe name or a callable")
+            if snapshot is not _UNSET:
+                raise TypeError("snapshot= is only for built-in probes; a Python probe is read now")
             snapshot = probe()
             label = name or str(getattr(probe, "__qualname__", None) or repr(probe))
             if not _core.is_constant(snapshot):
@@ -280,6 +299,105 @@ class GuardBuilder:
         return self.add(GuardKind.LAMBDA, source, (fn, label))
 
     lambda_ = predicate
+
+    # -- tensors, arrays, aliasing ------------------------------------------------------------------------
+    def tensor_match(
+        self,
+        source: SourceLike,
+        *,
+        dynamic: Iterable[int] | bool = (),
+        storage_offset: bool = False,
+        expected: TensorExpectation | None = None,
+        type: type = _UNSET,
+    ) -> GuardSpec:
+        """TENSOR_MATCH: exactly what torch's TensorCheck compares, read from the example tensor.
+
+        The exact Python type (a Parameter is not a Tensor), the dispatch key set after the
+        thread-local include/exclude sets (device type, conjugate/negative views, inference mode,
+        autograd), dtype, device index, requires_grad, rank, each size and stride. ``dynamic``:
+        dimensions whose size is not checked (True: every one; a stride whose dense value would
+        include a dynamic size is then unchecked too). ``storage_offset``: also check it (torch does
+        not). ``expected`` (with ``type``) gives the expectation instead of reading the example,
+        e.g. what torch compiled (tripwire.torch imports torch's guards this way).
+        """
+        if expected is None:
+            v = self.value(source)
+            if not tensors.is_tensor(v):
+                raise GuardBuildError(
+                    f"TENSOR_MATCH on {Source.parse(source)}: {_type_name(v)} is not a torch tensor"
+                )
+            expected = tensors.expect_tensor(v, dynamic=dynamic, storage_offset=storage_offset)
+            t = builtins_type(v) if type is _UNSET else type
+        else:
+            if type is _UNSET:
+                raise TypeError("tensor_match(expected=...) needs type= (the exact tensor type)")
+            if not tensors.ensure_torch():
+                raise GuardBuildError("TENSOR_MATCH needs torch, which is not imported")
+            t = type
+        if not isinstance(expected, TensorExpectation):
+            raise TypeError("expected must be a tripwire.tensors.TensorExpectation")
+        return self.add(GuardKind.TENSOR_MATCH, source, (t, expected))
+
+    def array_match(
+        self,
+        source: SourceLike,
+        *,
+        dynamic: Iterable[int] | bool = (),
+        expected: ArrayExpectation | None = None,
+        type: type = _UNSET,
+    ) -> GuardSpec:
+        """ARRAY_MATCH: a numpy array's exact type, dtype, rank, each size and stride (bytes), the
+        C/F contiguity and alignment the example has, and whether it is writeable. ``dynamic`` as
+        for ``tensor_match``; ``expected`` (with ``type``) instead of reading the example."""
+        if expected is None:
+            v = self.value(source)
+            if not tensors.is_array(v):
+                raise GuardBuildError(
+                    f"ARRAY_MATCH on {Source.parse(source)}: {_type_name(v)} is not a numpy array"
+                )
+            expected = tensors.expect_array(v, dynamic=dynamic)
+            t = builtins_type(v) if type is _UNSET else type
+        else:
+            if type is _UNSET:
+                raise TypeError("array_match(expected=...) needs type= (the exact array type)")
+            if not tensors.ensure_numpy():
+                raise GuardBuildError("ARRAY_MATCH needs numpy, which is not imported")
+            t = type
+        if not isinstance(expected, ArrayExpectation):
+            raise TypeError("expected must be a tripwire.tensors.ArrayExpectation")
+        return self.add(GuardKind.ARRAY_MATCH, source, (t, expected))
+
+    def dimension_marking(
+        self, source: SourceLike, *, expected: DimensionMarkings | None = None
+    ) -> GuardSpec:
+        """DIMENSION_MARKING: torch's rule for ``mark_dynamic``-style markings (its
+        DIMENSION_DYNAMIC_MARKING_GUARD). A tensor without ``_has_dynamo_dim_marking`` passes; one
+        with it fails when none of the marking attributes was present at build time; each marking
+        attribute present now must have been present at build time and be a subset of what it held
+        then (by its own ``issubset``); ``_dynamo_shape_ids`` and ``_dynamo_unbacked_bounds`` must be
+        equal while ``_dynamo_unbacked_indices`` is present (only when it was at build time)."""
+        if expected is None:
+            expected = tensors.expect_markings(self.value(source))
+        if not isinstance(expected, DimensionMarkings):
+            raise TypeError("expected must be a tripwire.tensors.DimensionMarkings")
+        return self.add(GuardKind.DIMENSION_MARKING, source, (expected,))
+
+    def alias(self, source_a: SourceLike, source_b: SourceLike) -> GuardSpec:
+        """ALIAS: the values at the two sources are one object (``a is b``), decided in C++."""
+        a, b = Source.parse(source_a), Source.parse(source_b)
+        if a == b:
+            raise GuardBuildError(f"ALIAS of {a} with itself always holds")
+        return self.add(GuardKind.ALIAS, a, (b,))
+
+    def no_alias(self, *sources: SourceLike) -> GuardSpec:
+        """NO_ALIAS: the values at two or more sources are pairwise distinct objects (no source is
+        exempt, parameters included), decided in C++ without allocating."""
+        srcs = [Source.parse(s) for s in sources]
+        if len(srcs) < 2:
+            raise GuardBuildError("NO_ALIAS needs at least two sources")
+        if len(set(srcs)) != len(srcs):
+            raise GuardBuildError("NO_ALIAS lists a source twice: it could never hold")
+        return self.add(GuardKind.NO_ALIAS, srcs[0], (tuple(srcs[1:]),))
 
     def baseline(self, name: str, value: Any) -> None:
         """Record framework state the guards are built under (a constant, e.g. a dispatch-key
@@ -315,6 +433,45 @@ class GuardBuilder:
 
 builtins_type = type
 builtins_hasattr = hasattr
+
+
+def _type_name(v: Any) -> str:
+    return getattr(builtins_type(v), "__qualname__", "object")
+
+
+def _ensure_frameworks(c: Any) -> None:
+    """Register torch's and numpy's value types before deciding whether ``c`` is a constant
+    (inside containers too: a tuple of torch.dtype)."""
+    seen = 0
+    stack = [c]
+    while stack and seen < 10_000:
+        x = stack.pop()
+        seen += 1
+        tensors.ensure_for(x)
+        if builtins_type(x) in (tuple, list, set, frozenset):
+            stack.extend(x)
+        elif builtins_type(x) is dict:
+            stack.extend(dict.keys(x))
+            stack.extend(dict.values(x))
+
+
+def _torch_snapshot(probe: str, snapshot: Any) -> Any:
+    """A built-in probe's snapshot in the form the engine compares."""
+    if probe == "torch_global_state":
+        if isinstance(snapshot, (str, dict)):
+            return tensors.torch_state_from_json(snapshot)
+        if builtins_type(snapshot) is not tuple or any(builtins_type(x) is not int for x in snapshot):
+            raise GuardBuildError("torch_global_state: the snapshot is torch's JSON or a tuple of ints")
+        return snapshot
+    if probe == "torch_function_mode_stack":
+        if builtins_type(snapshot) is not tuple or not all(isinstance(t, builtins_type) for t in snapshot):
+            raise GuardBuildError("torch_function_mode_stack: the snapshot is a tuple of types")
+        return snapshot
+    if probe == "torch_default_device":
+        if snapshot is not None and builtins_type(snapshot) is not str:
+            snapshot = str(snapshot)  # a torch.device
+        return snapshot
+    return snapshot
 
 
 def _exc_text(e: BaseException) -> str:

@@ -25,7 +25,14 @@ CODE_MATCH            (code,)                                    required
 WEAKREF_ALIVE         ()                                         required
 GLOBAL_STATE          (probe, snapshot, name: str)               None (ambient state)
 LAMBDA                (fn, text: str)                            optional (None: fn(f_locals))
+TENSOR_MATCH          (type, TensorExpectation)                  required
+ARRAY_MATCH           (type, ArrayExpectation)                   required
+DIMENSION_MARKING     (DimensionMarkings,)                       required
+ALIAS                 (other: Source,)                           required (the first source)
+NO_ALIAS              (others: tuple[Source, ...],)              required (the first source)
 ====================  =========================================  ==========================
+
+The expectations are the plain-data classes of ``tripwire.tensors``.
 """
 
 from __future__ import annotations
@@ -39,7 +46,15 @@ from typing import Any
 from . import _core
 from .source import Source
 
-__all__ = ["CONSTANT_TYPES", "GuardKind", "GuardSpec", "Weak", "resolve", "short_repr"]
+__all__ = [
+    "CONSTANT_TYPES",
+    "GuardKind",
+    "GuardSpec",
+    "Weak",
+    "register_constant_type",
+    "resolve",
+    "short_repr",
+]
 
 
 # The engine's own enum (cpp/core/ir.hpp, bound by cpp/bindings/bind_ir.cpp): one definition.
@@ -105,6 +120,18 @@ CONSTANT_TYPES = (
 )
 
 
+def register_constant_type(tp: type, compare: str) -> None:
+    """Make instances of ``tp`` EQUALS_MATCH constants (and so inferable by ``guards_for``).
+
+    ``compare`` says how two of them compare, after the exact type check: ``"identity"``
+    (singletons), ``"tuple"`` (a tuple subtype whose elements are compared as constants) or
+    ``"richcompare"`` (the type's own C comparison; static C types only, whose ``==`` runs no
+    Python code). A comparison never calls a Python ``__eq__``: EQUALS_MATCH runs no user code.
+    Adapters register C comparisons of their own (the torch adapter: ``torch.device``).
+    """
+    _core.register_constant_type(tp, compare)
+
+
 @dataclass(frozen=True, eq=False)
 class GuardSpec:
     """One declared guard.
@@ -147,14 +174,37 @@ class GuardSpec:
             return a[1]
         if k is GuardKind.LAMBDA:
             return a[1]
+        if k in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH):
+            return a[1]
+        if k is GuardKind.ALIAS:
+            return f"{self.source} is {a[0]}"
+        if k is GuardKind.NO_ALIAS:
+            return "distinct objects"
         return a[0]
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """Every source the guard reads: one, or a relational guard's all (ALIAS, NO_ALIAS)."""
+        if self.source is None:
+            return ()
+        if self.kind is GuardKind.ALIAS:
+            return (self.source, self.args[0])
+        if self.kind is GuardKind.NO_ALIAS:
+            return (self.source, *self.args[0])
+        return (self.source,)
 
     def weakened(self) -> GuardSpec:
         """This spec with identity-held arguments replaced by :class:`Weak` where possible."""
-        if self.kind in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH) or (
-            self.kind is GuardKind.EQUALS_MATCH and isinstance(self.args[0], enum.Enum)
-        ):
-            return GuardSpec(self.kind, self.source, (weaken(self.args[0]),), self.index, self.stack)
+        if self.kind in (
+            GuardKind.TYPE_MATCH,
+            GuardKind.ID_MATCH,
+            GuardKind.CODE_MATCH,
+            GuardKind.TENSOR_MATCH,
+            GuardKind.ARRAY_MATCH,
+        ) or (self.kind is GuardKind.EQUALS_MATCH and isinstance(self.args[0], enum.Enum)):
+            return GuardSpec(
+                self.kind, self.source, (weaken(self.args[0]), *self.args[1:]), self.index, self.stack
+            )
         return self
 
     def describe(self) -> str:
@@ -197,6 +247,16 @@ class GuardSpec:
             return f"{s}() is not None"
         if k is GuardKind.GLOBAL_STATE:
             return f"global_state {a[2]!r} == {short_repr(a[1])}"
+        if k is GuardKind.TENSOR_MATCH:
+            return f"check_tensor({s}, {_name(a[0])}, {a[1].describe()})"
+        if k is GuardKind.ARRAY_MATCH:
+            return f"check_array({s}, {_name(a[0])}, {a[1].describe()})"
+        if k is GuardKind.DIMENSION_MARKING:
+            return f"dimension_markings({s}) within {a[0].describe()}"
+        if k is GuardKind.ALIAS:
+            return f"{s} is {a[0]}"
+        if k is GuardKind.NO_ALIAS:
+            return "no_alias(" + ", ".join(str(x) for x in self.sources) + ")"
         return f"lambda: {a[1]}"  # LAMBDA
 
 

@@ -59,6 +59,21 @@ class RecompileLimitExceeded(TripwireError):
         super().__init__(msg)
 
 
+class TorchImportError(TripwireError):
+    """``tripwire.torch.guards_of`` cannot import a torch cache entry: the object has no compiled
+    entry, the entry index is out of range, or the entry was invalidated."""
+
+
+class GuardsNotImportable(TorchImportError):
+    """Guards of a torch cache entry that ``guards_of`` cannot import exactly and the caller did not
+    name in ``drop=``. ``guards`` lists each one (a ``tripwire.torch.TorchGuard``: ``.source``,
+    ``.kind``, ``.code``, ``.why``); nothing was imported."""
+
+    def __init__(self, message: str, guards: tuple = ()) -> None:
+        super().__init__(message)
+        self.guards = tuple(guards)
+
+
 class FrameError(TripwireError, RuntimeError):
     """The frame runtime (:mod:`tripwire.frame`) cannot hook this interpreter: another PEP 523
     eval-frame function is installed, or the interpreter's frame layout did not verify (an
@@ -94,18 +109,3 @@ class NotSerializable(TripwireError):
             f"{len(self.guards)} guard(s) cannot be serialized (drop them explicitly with "
             "to_bytes(drop=[source or kind, ...]) to save the rest):\n" + "\n".join(lines)
         )
-
-
-class TorchImportError(TripwireError):
-    """``tripwire.torch.guards_of`` cannot import a torch cache entry: the object has no compiled
-    entry, the entry index is out of range, or the entry was invalidated."""
-
-
-class GuardsNotImportable(TorchImportError):
-    """Guards of a torch cache entry that ``guards_of`` cannot import exactly and the caller did not
-    name in ``drop=``. ``guards`` lists each one (a ``tripwire.torch.TorchGuard``: ``.source``,
-    ``.kind``, ``.code``, ``.why``); nothing was imported."""
-
-    def __init__(self, message: str, guards: tuple = ()) -> None:
-        super().__init__(message)
-        self.guards = tuple(guards)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .catalogue import GuardKind, GuardSpec, short_repr
+from .catalogue import GuardKind, GuardSpec, Weak, short_repr
 
 __all__ = ["Failure", "make_failure"]
+
+_TORCH_PROBES = ("torch_global_state", "torch_function_mode_stack", "torch_default_device")
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,152 @@ def _actual(spec: GuardSpec, v: Any) -> Any:
     return v
 
 
-def make_failure(spec: GuardSpec, value: Any, error: str | None, fetch_failed: bool) -> Failure:
-    """Build the Failure for guard ``spec`` that saw ``value`` (or could not fetch it)."""
+def _field_text(spec: GuardSpec, field: str, dim: int, expected: int, actual: Any, value: Any) -> str:
+    """One differing field: ``size[0] expected 4, got 5``."""
+    from . import tensors
+
+    if field == "type":
+        want = spec.args[0].get() if type(spec.args[0]) is Weak else spec.args[0]
+        return f"type expected {_qualname(want)}, got {_qualname(type(value))}"
+    if field == "unreadable":
+        return "the fields could not be read"
+    where = f"{field}[{dim}]" if dim >= 0 else field
+    if field == "stride" and actual == tensors.ANY_DIM:
+        return f"{where} expected {expected}, got none (the layout has no strides)"
+    if field == "dtype":
+        if spec.kind is GuardKind.TENSOR_MATCH:
+            return f"dtype expected {tensors.dtype_name(expected)}, got {tensors.dtype_name(actual)}"
+        return f"dtype expected {_dtype_text(spec.args[1].dtype)}, got {_array_dtype(value)}"
+    if field == "dispatch_keys":
+        exp = tensors.dispatch_key_names(expected & ((1 << 64) - 1))
+        got = tensors.dispatch_key_names(actual & ((1 << 64) - 1))
+        text = f"dispatch keys expected {exp}, got {got}"
+        device = getattr(spec.args[1], "device", "")
+        now = _tensor_device(value)
+        if device and now and now != device:
+            text += f" (device expected {device}, got {now})"
+        return text
+    if field in ("requires_grad", "writeable"):
+        return f"{where} expected {bool(expected)}, got {bool(actual)}"
+    if field in ("c_contiguous", "f_contiguous", "aligned"):
+        return f"{where} expected, got not {field.replace('_', '-')}"
+    return f"{where} expected {expected}, got {actual}"
+
+
+def _qualname(t: Any) -> str:
+    try:
+        mod = type.__getattribute__(t, "__module__")
+        qn = type.__getattribute__(t, "__qualname__")
+        return qn if mod == "builtins" else f"{mod}.{qn}"
+    except Exception:  # noqa: BLE001
+        return "<type>"
+
+
+def _array_dtype(value: Any) -> str:
+    import sys
+
+    try:
+        return str(sys.modules["numpy"].ndarray.dtype.__get__(value))
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def _dtype_text(desc: Any) -> str:
+    import sys
+
+    try:
+        np = sys.modules["numpy"]
+        return str(np.dtype(list(desc) if isinstance(desc, tuple) else desc))
+    except Exception:  # noqa: BLE001
+        return str(desc)
+
+
+def _tensor_device(value: Any) -> str:
+    import sys
+
+    try:
+        return str(sys.modules["torch"]._C.TensorBase.device.__get__(value))
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _relation_text(spec: GuardSpec, values: Any) -> str:
+    srcs = spec.sources
+    if spec.kind is GuardKind.ALIAS:
+        return (
+            f"ALIAS expected {srcs[0]} is {srcs[1]}, got two objects ({_obj(values[0])}, {_obj(values[1])})"
+        )
+    for i in range(len(values)):
+        for j in range(i):
+            if values[i] is values[j]:
+                return f"NO_ALIAS expected distinct objects, got {srcs[j]} is {srcs[i]} ({_obj(values[i])})"
+    return "NO_ALIAS expected distinct objects"
+
+
+def _obj(v: Any) -> str:
+    return f"<{_qualname(type(v))} at {id(v):#x}>"
+
+
+def _state_text(spec: GuardSpec, now: Any) -> str:
+    """A torch probe's change, each field named: ``grad_mode expected True, got False; ...``."""
+    from . import _core, tensors
+
+    probe, want = spec.args[0], spec.args[1]
+    if probe != "torch_global_state":
+        return f"expected {short_repr(want)}, got {short_repr(now)}"
+    try:
+        names = _core.torch_state_differences(list(want), list(now))
+        exp, got = tensors.torch_state_to_dict(tuple(want)), tensors.torch_state_to_dict(tuple(now))
+    except Exception:  # noqa: BLE001 - messages must not raise
+        return f"expected {short_repr(want)}, got {short_repr(now)}"
+    parts = []
+    for n in names:
+        key = n.removesuffix("_enabled").removesuffix("_dtype").removesuffix("_device")
+        if key.startswith("autocast(") and key in exp and key in got:
+            parts.append(f"{n} expected {exp[key]}, got {got[key]}")
+        elif n in exp and n in got:
+            parts.append(f"{n} expected {exp[n]}, got {got[n]}")
+        else:
+            parts.append(n)
+    return "; ".join(parts) if parts else "changed"
+
+
+def _marking_text(spec: GuardSpec, value: Any) -> str:
+    """Which dimension marking changed (read with getattr, as the guard reads them)."""
+    from . import tensors
+
+    built = spec.args[0]
+    try:
+        if not hasattr(value, "_has_dynamo_dim_marking"):
+            return "holds (no marking flag)"
+        if all(s is None for s in built.attrs):
+            return "the tensor is marked (_has_dynamo_dim_marking) but was not when the guard was built"
+        for name, want in zip(tensors._MARKING_ATTRS, built.attrs, strict=True):
+            if not hasattr(value, name):
+                continue
+            now = getattr(value, name)
+            if want is None:
+                return f"{name} is {short_repr(now)}, absent when the guard was built"
+            if not now.issubset(want):
+                return f"{name} {short_repr(now)} is not a subset of {short_repr(set(want))}"
+        if built.dependent and hasattr(value, tensors._MARKING_GATE):
+            for name, want in zip(
+                tensors._MARKING_DEPENDENT, (built.shape_ids, built.unbacked_bounds), strict=True
+            ):
+                now = getattr(value, name, None)
+                if not now == want:  # noqa: SIM201 - torch's test is ==, which a value may define apart from !=
+                    return f"{name} expected {short_repr(want)}, got {short_repr(now)}"
+    except Exception as e:  # noqa: BLE001 - user attributes may raise
+        return f"reading the markings raised {type(e).__name__}"
+    return "markings changed"
+
+
+def make_failure(
+    spec: GuardSpec, value: Any, error: str | None, fetch_failed: bool, fields: list | None = None
+) -> Failure:
+    """Build the Failure for guard ``spec`` that saw ``value`` (or could not fetch it). ``fields``:
+    for TENSOR_MATCH / ARRAY_MATCH, every differing field (field, dim, expected, actual) as the
+    engine read them."""
     src = str(spec.source) if spec.source is not None else None
     where = src or "global state"
     kind = spec.kind.name
@@ -69,6 +215,22 @@ def make_failure(spec: GuardSpec, value: Any, error: str | None, fetch_failed: b
     actual = _actual(spec, value)
     if error is not None:
         reason = f"{where}: {kind} raised {error}"
+    elif fields:
+        details = "; ".join(_field_text(spec, f[0], f[1], f[2], f[3], value) for f in fields)
+        reason = f"{where}: {kind} {details}"
+    elif spec.kind is GuardKind.DIMENSION_MARKING:
+        reason = f"{where}: {kind} {_marking_text(spec, value)}"
+    elif spec.kind in (GuardKind.ALIAS, GuardKind.NO_ALIAS) and type(value) is tuple:
+        reason = f"{where}: {_relation_text(spec, value)}"
+    elif spec.kind is GuardKind.GLOBAL_STATE and spec.args[0] in _TORCH_PROBES:
+        from . import _core
+
+        try:
+            now = _core.read_builtin_probe(spec.args[0])
+        except Exception as e:  # noqa: BLE001
+            now = f"<unreadable: {type(e).__name__}>"
+        actual = now
+        reason = f"global state {spec.args[2]!r} changed: {_state_text(spec, now)}"
     elif spec.kind is GuardKind.GLOBAL_STATE:
         reason = f"global state {spec.args[2]!r} changed: expected {short_repr(expected)}"
     else:

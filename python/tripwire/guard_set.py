@@ -24,6 +24,7 @@ __all__ = ["GuardSet", "build_guard_set"]
 
 _PROBE_IDS = {name: i for i, name in enumerate(_core.builtin_probes())}  # core::BuiltinProbe
 _WEAK_KINDS = (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH)
+_TORCH_PROBES = ("torch_global_state", "torch_function_mode_stack", "torch_default_device")
 
 
 class _Pool:
@@ -76,7 +77,21 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
         op = op2 = None
         n = n2 = 0
         flag = False
-        if k in _WEAK_KINDS:
+        data: list[int] = []
+        more: list[_core.SourcePath] = []
+        if k is GuardKind.TENSOR_MATCH:
+            op, data = pool.add(a[0], weak=True), a[1].to_data()
+        elif k is GuardKind.ARRAY_MATCH:
+            op, op2, data = pool.add(a[0], weak=True), pool.add(a[1].dtype), a[1].to_data()
+        elif k is GuardKind.DIMENSION_MARKING:
+            m = a[0]
+            op, op2 = pool.add(_private_constant(m.shape_ids)), pool.add(_private_constant(m.unbacked_bounds))
+            flag, data = m.dependent, m.to_data()
+        elif k is GuardKind.ALIAS:
+            more = [_source_decl(a[0], pool)]
+        elif k is GuardKind.NO_ALIAS:
+            more = [_source_decl(x, pool) for x in a[0]]
+        elif k in _WEAK_KINDS:
             if k is GuardKind.TYPE_MATCH and not isinstance(a[0], type):
                 raise GuardBuildError(f"TYPE_MATCH on {s.source} needs a type, got {a[0]!r}")
             op = pool.add(a[0], weak=True)
@@ -95,14 +110,22 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
             op = pool.add(range(*a))
         elif k is GuardKind.GLOBAL_STATE:
             probe, snapshot = a[0], a[1]
-            if isinstance(probe, str):
+            if probe == "torch_global_state":
+                n, data = _PROBE_IDS[probe], list(snapshot)
+            elif probe in _TORCH_PROBES:
+                n, op2 = _PROBE_IDS[probe], pool.add(snapshot)
+            elif isinstance(probe, str):
                 n, n2 = _PROBE_IDS[probe], int(snapshot)
             else:
                 op, op2 = pool.add(probe), pool.add(_private_constant(snapshot))
         elif k is GuardKind.LAMBDA:
             op = pool.add(a[0])
         source = None if s.source is None else _source_decl(s.source, pool)
-        decls.append(_core.GuardDecl(k, source, op, op2, n=n, n2=n2, flag=bool(flag), id=s.index))
+        decls.append(
+            _core.GuardDecl(
+                k, source, op, op2, n=n, n2=n2, flag=bool(flag), id=s.index, data=data, more_sources=more
+            )
+        )
     return decls
 
 
@@ -227,7 +250,19 @@ class GuardSet(_core.GuardSetCore):
 
     def _failure(self, rec: tuple) -> Failure:
         gid, value, reason, fetch_failed = rec
-        return make_failure(self._by_id[gid], value, reason, fetch_failed)
+        spec = self._by_id[gid]
+        fields = None
+        if (
+            spec.kind in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH)
+            and not fetch_failed
+            and reason is None
+        ):
+            # Every field that differs, as the engine read them (the reason names them all).
+            try:
+                fields = self._field_mismatches(gid, value)
+            except Exception as e:  # noqa: BLE001 - a Python reader raised: report it
+                reason = f"{type(e).__name__}: {e}"
+        return make_failure(spec, value, reason, fetch_failed, fields)
 
     def explain(self) -> str:
         """The guard tree: one line per source, its guards below it with where they were installed
@@ -251,6 +286,11 @@ class GuardSet(_core.GuardSetCore):
             lines.append(f"{pad}{text}" + (f"   [fetch/subtree failed {node_fails}x]" if node_fails else ""))
             for gid, fails in zip(ids, guard_fails, strict=True):
                 lines.append(pad + "  " + self._guard_line(self._by_id[gid], fails))
+        relational = self._relational_ids
+        if relational:
+            lines.append("relational (decided once every source above was read)")
+            for gid in relational:
+                lines.append("  " + self._guard_line(self._by_id[gid], None))
         return "\n".join(lines)
 
     @property
@@ -273,11 +313,21 @@ class GuardSet(_core.GuardSetCore):
             )
         return line
 
-    @staticmethod
-    def _guard_line(spec: GuardSpec, fails: int | None) -> str:
+    def _guard_line(self, spec: GuardSpec, fails: int | None) -> str:
         where = _short_site(spec.stack[-1]) if spec.stack else "unknown"
         extra = f", failed {fails}x" if fails else ""
-        return f"{spec.kind.name}: {spec.describe()}   # #{spec.index}, installed at {where}{extra}"
+        return f"{spec.kind.name}: {spec.describe()}{self._path_note(spec)}   # #{spec.index}, installed at {where}{extra}"
+
+    def _path_note(self, spec: GuardSpec) -> str:
+        """How a tensor, array or torch-state guard reads its value (explain() says it)."""
+        k = spec.kind
+        torch_probe = k is GuardKind.GLOBAL_STATE and spec.args[0] in _TORCH_PROBES
+        if k not in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH) and not torch_probe:
+            return ""
+        native = self._guard_path(spec.index) == "native"
+        if k is GuardKind.ARRAY_MATCH:
+            return "   [numpy struct]" if native else "   [python reader]"
+        return "   [torch adapter]" if native else "   [python reader: no torch adapter]"
 
 
 def _short_site(site: str) -> str:

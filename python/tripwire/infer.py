@@ -18,15 +18,16 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _core
+from . import _core, tensors
 from .builder import GuardBuilder
 from .catalogue import GuardSpec
-from .source import Source, StepKind
+from .source import RootKind, Source, StepKind
 
 if TYPE_CHECKING:
     from .guard_set import GuardSet
@@ -50,6 +51,30 @@ _UNBOUND_BUILTINS = (
 )
 _tuple_iterator = type(iter(()))
 _range_iterator = type(iter(range(0)))
+# torch's markings that make a dimension dynamic (mark_dynamic, maybe_mark_dynamic, mark_unbacked).
+_DYNAMIC_MARKINGS = (
+    "_dynamo_dynamic_indices",
+    "_dynamo_weak_dynamic_indices",
+    "_dynamo_unbacked_indices",
+    "_dynamo_strict_unbacked_indices",
+)
+
+
+def _same_dtype(c: Any) -> Any:
+    """numpy's dtype equality with the exact dtype class, for dtypes that are not constants."""
+
+    def same(x: Any) -> bool:
+        return type(x) is type(c) and bool(x == c)
+
+    return same
+
+
+def _marking(v: Any, name: str) -> Any:
+    """A marking attribute as torch sets it (an instance attribute), or ()."""
+    try:
+        return object.__getattribute__(v, name)
+    except AttributeError:
+        return ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +103,15 @@ class Policy:
         dict_keys_ordered: DICT_KEYS compares key order too (Dynamo's behaviour). With False the
             keys are compared as sets, and dict values are reached by key only (a value whose key
             cannot be written as a source step then gets no guard).
+        dynamic: dimensions of tensors and arrays whose size is not guarded, by printed source
+            (``"L['x']"``, ``"L['batch']['ids']"``) or top-level local name (``"x"``): a sequence of
+            dimensions, or True for all. Shapes are static otherwise, as in Dynamo.
+        mark_dynamic: honour torch's markings: dimensions in a tensor's
+            ``_dynamo_dynamic_indices``, ``_dynamo_weak_dynamic_indices``,
+            ``_dynamo_unbacked_indices`` or ``_dynamo_strict_unbacked_indices`` (and not in
+            ``_dynamo_static_indices``) are dynamic too (``torch._dynamo.mark_dynamic``).
+        aliasing: guard how tensors and arrays alias each other, as Dynamo does: ALIAS for the same
+            object at two sources, NO_ALIAS over the distinct ones.
     """
 
     scalars: ScalarMode = "value"
@@ -86,6 +120,9 @@ class Policy:
     max_items: int | None = 64
     max_guards: int = 4096
     dict_keys_ordered: bool = True
+    dynamic: Mapping[str, Any] = field(default_factory=dict)
+    mark_dynamic: bool = True
+    aliasing: bool = True
 
     def __post_init__(self) -> None:
         if self.scalars not in ("value", "type"):
@@ -154,14 +191,23 @@ def guards_for(
       bound-method object that dies right after the call).
     * tuple iterator -> TYPE_MATCH, TUPLE_ITERATOR_LEN; range iterator -> TYPE_MATCH,
       RANGE_ITERATOR.
-    * anything else (user objects, numpy arrays, torch tensors, numpy scalars, str/int
-      subclasses, containers with overridden ``__len__``/``__getitem__``/``__iter__``) ->
-      TYPE_MATCH only. Arrays and tensors get TENSOR_MATCH/ARRAY_MATCH once those kinds exist.
+    * torch tensors (any type deriving from ``torch._C.TensorBase``) -> TENSOR_MATCH, static
+      unless ``Policy.dynamic`` or a ``mark_dynamic`` marking says otherwise, and
+      DIMENSION_MARKING (torch's subset rule for markings), as Dynamo installs them.
+    * numpy arrays -> ARRAY_MATCH, static unless ``Policy.dynamic`` says otherwise.
+    * value-like framework objects (``torch.dtype``, ``torch.device``, ``torch.Size``,
+      ``torch.layout``, simple numpy dtypes, and any registered constant type) -> EQUALS_MATCH;
+      other numpy dtypes (structured, datetime) -> a LAMBDA comparing them with numpy's ``==``.
+    * anything else (user objects, numpy scalars, str/int subclasses, containers with
+      overridden ``__len__``/``__getitem__``/``__iter__``) -> TYPE_MATCH only.
+    * tensors and arrays, across all arguments: ALIAS(first source, other source) for an object
+      seen at two sources, then NO_ALIAS over the distinct objects (``Policy.aliasing``).
     * beyond ``Policy.max_depth``, past ``Policy.max_items`` or after ``Policy.max_guards``:
       containers get TYPE_MATCH and LENGTH only (see :class:`Policy`).
 
-    Not inferred: aliasing between arguments (the same object passed twice), object
-    attributes, and globals; add those on the builder (see :func:`infer_into`).
+    Not inferred: aliasing between other objects (two arguments that are one list), storage
+    overlap between distinct tensors (views of one base), object attributes, and globals; add
+    those on the builder (see :func:`infer_into`).
     """
     policy = Policy() if policy is None else policy
     if builder is None:
@@ -207,6 +253,7 @@ def infer_into(
                 walker.type_match(src, value)
             else:
                 walker.visit(src, value, 0, mode)
+        walker.aliasing()
     except BaseException:
         builder.restore(cp)
         raise
@@ -241,6 +288,8 @@ class _Walker:
         self.b = builder
         self.policy = policy
         self.count = 0  # guards declared by this pass (for max_guards)
+        # Tensors and arrays met, in order: (source, value), for ALIAS / NO_ALIAS at the end.
+        self.buffers: list[tuple[Source, Any]] = []
 
     # -- declaring (each counts against the budget) ---------------------------------------------
     def _add(self, spec: GuardSpec) -> None:
@@ -277,6 +326,15 @@ class _Walker:
                 self._add(b.equals(src, value=v))
         elif t in (str, bytes, range) or v is Ellipsis or issubclass(t, enum.Enum):
             self._add(b.equals(src, value=v))
+        elif tensors.is_tensor(v):
+            self._tensor(src, v)
+        elif tensors.is_array(v):
+            self._array(src, v)
+        elif self._value_like(v):
+            self._add(b.equals(src, value=v))
+        elif self._numpy_dtype(v):
+            self.type_match(src, v)
+            self._add(b.predicate(_same_dtype(v), f"== {v!r}", source=src))
         elif t is slice:
             if _core.is_constant(v):
                 self._add(b.equals(src, value=v))
@@ -315,6 +373,61 @@ class _Walker:
         else:
             # User objects, arrays, tensors, numpy scalars, subclasses of str/int...: by type.
             self.type_match(src, v)
+
+    def _value_like(self, v: Any) -> bool:
+        """A registered value type (torch.dtype, torch.device, torch.Size, simple numpy dtypes)."""
+        tensors.ensure_for(v)
+        return any(
+            type(v) is tp or (sub and issubclass(type(v), tp)) for tp, _, sub in _core.constant_types()
+        ) and bool(_core.is_constant(v))
+
+    @staticmethod
+    def _numpy_dtype(v: Any) -> bool:
+        np = sys.modules.get("numpy")
+        return np is not None and issubclass(type(v), np.dtype)
+
+    def _dynamic_dims(self, src: Source, v: Any, ndim: int) -> set[int] | bool:
+        p = self.policy
+        given = p.dynamic.get(str(src))
+        if given is None and src.root is RootKind.LOCAL and not src.steps:
+            given = p.dynamic.get(src.name)
+        if given is True:
+            return True
+        dims = set() if given in (None, False) else {d % ndim if ndim else d for d in given}
+        if p.mark_dynamic and tensors.is_tensor(v):
+            marked: set[int] = set()
+            for name in _DYNAMIC_MARKINGS:
+                marked |= set(_marking(v, name))
+            marked -= set(_marking(v, "_dynamo_static_indices"))
+            dims |= {d % ndim for d in marked if type(d) is int and -ndim <= d < ndim}
+        return dims
+
+    def _tensor(self, src: Source, v: Any) -> None:
+        ndim = tensors.ndim_of(v)
+        self._add(self.b.tensor_match(src, dynamic=self._dynamic_dims(src, v, ndim)))
+        self._add(self.b.dimension_marking(src))
+        self.buffers.append((src, v))
+
+    def _array(self, src: Source, v: Any) -> None:
+        ndim = tensors.ndim_of(v)
+        self._add(self.b.array_match(src, dynamic=self._dynamic_dims(src, v, ndim)))
+        self.buffers.append((src, v))
+
+    def aliasing(self) -> None:
+        """ALIAS for an object met at several sources, NO_ALIAS over the distinct ones."""
+        if not self.policy.aliasing or len(self.buffers) < 2:
+            return
+        first: dict[int, Source] = {}
+        distinct: list[Source] = []
+        for src, v in self.buffers:
+            seen = first.get(id(v))
+            if seen is None:
+                first[id(v)] = src
+                distinct.append(src)
+            else:
+                self._add(self.b.alias(seen, src))
+        if len(distinct) >= 2:
+            self._add(self.b.no_alias(*distinct))
 
     def _set(self, src: Source, v: Any) -> None:
         p = self.policy

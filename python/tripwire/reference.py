@@ -60,10 +60,108 @@ class _Missing:
 MISSING = _Missing()
 
 
+# -- torch and numpy, read through their public Python APIs (the engine reads its own in C++:
+# cpp/runtime/tensors, or through tripwire.tensors' readers, which this module does not use).
+
+# c10::ScalarType codes by dtype name (torch 2.13, c10/core/ScalarType.h).
+_SCALAR_TYPES = {
+    "uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6,
+    "float64": 7, "complex32": 8, "complex64": 9, "complex128": 10, "bool": 11, "qint8": 12,
+    "quint8": 13, "qint32": 14, "bfloat16": 15, "quint4x2": 16, "quint2x4": 17, "bits1x8": 18,
+    "bits2x4": 19, "bits4x2": 20, "bits8": 21, "bits16": 22, "float8_e5m2": 23, "float8_e4m3fn": 24,
+    "float8_e5m2fnuz": 25, "float8_e4m3fnuz": 26, "uint16": 27, "uint32": 28, "uint64": 29,
+    "float8_e8m0fnu": 44, "float4_e2m1fn_x2": 45,
+}  # fmt: skip
+# torch 2.13's autocast devices (at::autocast::_AUTOCAST_SUPPORTED_DEVICES) with their c10::DeviceType.
+_AUTOCAST_DEVICES = (
+    ("cpu", 0), ("cuda", 1), ("mtia", 19), ("maia", 8), ("xpu", 12), ("ipu", 18), ("hpu", 15),
+    ("xla", 9), (None, 20), ("mps", 13),
+)  # fmt: skip
+
+
+def _torch() -> Any:
+    return sys.modules["torch"]
+
+
+def _scalar_type(dtype: Any) -> int:
+    return _SCALAR_TYPES[str(dtype).removeprefix("torch.")]
+
+
+def _cublas_option(pair: tuple[bool, bool]) -> int:
+    """at::CuBLASReductionOption from (allow reduced precision, allow split-K)."""
+    allow_reduced, allow_splitk = pair
+    return 0 if allow_reduced else (1 if allow_splitk else 2)
+
+
+def torch_global_state() -> tuple[int, ...]:
+    """torch's global state in GLOBAL_STATE's layout, read field by field from torch's Python API."""
+    torch = _torch()
+    C = torch._C
+    devices = [(name or C._get_privateuse1_backend_name(), code) for name, code in _AUTOCAST_DEVICES]
+    return (
+        int(torch.is_grad_enabled()),
+        int(C._is_torch_function_enabled()),
+        int(C._is_torch_function_all_disabled()),
+        int(torch.are_deterministic_algorithms_enabled()),
+        int(torch.is_deterministic_algorithms_warn_only_enabled()),
+        int(torch.backends.cuda.matmul.fp32_precision == "tf32"),
+        _cublas_option(C._get_cublas_allow_fp16_reduced_precision_reduction()),
+        _cublas_option(C._get_cublas_allow_bf16_reduced_precision_reduction()),
+        torch.get_num_threads(),
+        _scalar_type(torch.get_default_dtype()),
+        int(torch.is_autocast_cache_enabled()),
+        len(devices),
+        *(code for _, code in devices),
+        *(int(torch.is_autocast_enabled(name)) for name, _ in devices),
+        *(_scalar_type(torch.get_autocast_dtype(name)) for name, _ in devices),
+    )
+
+
+def _torch_state_equal(want: tuple[int, ...], now: tuple[int, ...]) -> bool:
+    """torch's rule: every field equal, an autocast dtype only where autocast is enabled."""
+    header = 12
+    if len(want) != len(now) or want[:header] != now[:header]:
+        return False
+    n = now[header - 1]
+    types, enabled, dtypes = (
+        slice(header, header + n),
+        slice(header + n, header + 2 * n),
+        slice(header + 2 * n, None),
+    )
+    if want[types] != now[types] or want[enabled] != now[enabled]:
+        return False
+    return all(not on or a == b for on, a, b in zip(want[enabled], want[dtypes], now[dtypes], strict=True))
+
+
+def torch_function_modes() -> tuple[type, ...]:
+    """The types of the torch-function modes, bottom of the stack first."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return tuple(type(m) for m in _get_current_function_mode_stack())
+
+
+def torch_default_device() -> Any:
+    """``torch.utils._device.CURRENT_DEVICE``."""
+    import torch.utils._device as device_module
+
+    return device_module.CURRENT_DEVICE
+
+
+def _default_device_matches(snapshot: str | None) -> bool:
+    cur = torch_default_device()
+    if snapshot is None:
+        return cur is None
+    torch = _torch()
+    return type(cur) is torch.device and cur == torch.device(snapshot)
+
+
 # -- global-state probes (the engine reads its own in C++: builtin_probe in cpp/runtime/eval/guard_kinds.cpp)
 BUILTIN_PROBES: dict[str, Callable[[], Any]] = {
     "recursion_limit": sys.getrecursionlimit,
     "gc_enabled": gc.isenabled,
+    "torch_global_state": torch_global_state,
+    "torch_function_mode_stack": torch_function_modes,
+    "torch_default_device": torch_default_device,
 }
 
 
@@ -237,8 +335,45 @@ def _form(x: Any, depth: int) -> Any:
         if t is dict:
             return (dict, _multiset((_form(k, d), _form(v, d)) for k, v in dict.items(x)))
         return (t, _multiset(_form(e, d) for e in x))  # set, frozenset
-    # Enum members, and any other object, by identity.
+    registered = _registered(t)
+    if registered == "tuple":
+        if depth >= MAX_CONSTANT_DEPTH:
+            raise _TooDeep
+        return (t, tuple(_form(e, depth + 1) for e in x))
+    if registered in ("native", "richcompare"):
+        return (t, *_value_form(x))
+    # Enum members, registered identity types (torch.dtype), and any other object, by identity.
     return ("identity", id(x))
+
+
+def _registered(t: type) -> str | None:
+    """The comparison of a registered constant type (the engine's registry is data: the types and
+    the names of their comparisons; each comparison is implemented here on its own)."""
+    from . import _core
+
+    for tp, compare, subclasses in _core.constant_types():
+        if t is tp or (subclasses and issubclass(t, tp)):
+            return compare
+    return None
+
+
+def _value_form(x: Any) -> tuple:
+    """The fields that decide equality of a registered value type this oracle knows."""
+    t = type(x)
+    mod = t.__module__ or ""
+    if mod.startswith("torch") and t.__name__ == "device":
+        return (x.type, x.index)
+    if mod.startswith("numpy"):
+        return (x.str,)  # numpy dtypes: kind, byte order and size ('<f4', '<U5', '|b1')
+    raise NotImplementedError(f"the reference does not know how {t} compares")
+
+
+def _value_constant(x: Any) -> bool:
+    """Whether a value of a registered type may be a constant (numpy: simple dtypes only)."""
+    mod = type(x).__module__ or ""
+    if mod.startswith("numpy"):
+        return x.fields is None and x.subdtype is None and x.kind in "biufcOSU"
+    return True
 
 
 def _multiset(forms: Iterable[Any]) -> frozenset:
@@ -251,6 +386,11 @@ def is_constant(c: Any, _depth: int = 0) -> bool:
     t = type(c)
     if t in _EQ_SCALARS or t is range or _is_enum_member(c):
         return True
+    registered = None if t in _CONTAINERS else _registered(t)
+    if registered is not None:
+        if registered == "tuple":
+            return _depth < MAX_CONSTANT_DEPTH and all(is_constant(x, _depth + 1) for x in c)
+        return _value_constant(c)
     if t not in _CONTAINERS or _depth >= MAX_CONSTANT_DEPTH:
         return False
     if t is slice:
@@ -341,17 +481,141 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
             return isinstance(v, weakref.ref) and weakref.ref.__call__(v) is not None
         if k is GuardKind.GLOBAL_STATE:
             probe = a[0]
+            if probe == "torch_global_state":
+                return _torch_state_equal(tuple(a[1]), torch_global_state())
+            if probe == "torch_function_mode_stack":
+                modes = torch_function_modes()
+                return len(modes) == len(a[1]) and all(x is y for x, y in zip(modes, a[1], strict=True))
+            if probe == "torch_default_device":
+                return _default_device_matches(a[1])
             current = BUILTIN_PROBES[probe]() if isinstance(probe, str) else probe()
             return equals_match(current, a[1])
         if k is GuardKind.LAMBDA:
             return bool(a[0](v))
+        if k is GuardKind.TENSOR_MATCH:
+            return _tensor_matches(v, a[0], a[1])
+        if k is GuardKind.ARRAY_MATCH:
+            return _array_matches(v, a[0], a[1])
+        if k is GuardKind.DIMENSION_MARKING:
+            return _markings_hold(v, a[0])
+        if k is GuardKind.ALIAS:
+            return v[0] is v[1]
+        if k is GuardKind.NO_ALIAS:
+            return len({id(x) for x in v}) == len(v)
     except Exception:  # noqa: BLE001 - a raising guard fails
         return False
     raise AssertionError(f"unknown guard kind {k!r}")
 
 
+# -- tensors, arrays, markings -------------------------------------------------------------------------
+def _dims_match(want: tuple, got: tuple) -> bool:
+    return len(want) == len(got) and all(w is None or w == g for w, g in zip(want, got, strict=True))
+
+
+def _tensor_matches(v: Any, t: type, e: Any) -> bool:
+    """TENSOR_MATCH as torch's TensorCheck: the exact type, then the fields torch compares."""
+    if type(v) is not t:
+        return False
+    torch = _torch()
+    C = torch._C
+    base = C.TensorBase
+    from torch.utils._python_dispatch import is_in_any_mode_without_ignore_compile_internals
+
+    with C.DisableTorchFunction():
+        keys = C._dispatch_keys(v) | C._dispatch_tls_local_include_set()
+        keys = keys - C._dispatch_tls_local_exclude_set()
+        if not is_in_any_mode_without_ignore_compile_internals():
+            keys = keys - C.DispatchKeySet(C.DispatchKey.Python)
+            keys = keys - C.DispatchKeySet(C.DispatchKey.PythonTLSSnapshot)
+            keys = keys - C.DispatchKeySet(C.DispatchKey.PythonDispatcher)
+        device = base.device.__get__(v)
+        strided = base.layout.__get__(v) is torch.strided
+        fields_ok = (
+            keys.raw_repr() == e.dispatch_keys
+            and _scalar_type(base.dtype.__get__(v)) == e.dtype
+            and (-1 if device.index is None else device.index) == e.device_index
+            and bool(base.requires_grad.__get__(v)) == e.requires_grad
+        )
+        if not fields_ok or base.dim(v) != len(e.sizes):
+            return False
+        if not _dims_match(e.sizes, tuple(base.shape.__get__(v))):
+            return False
+        if strided:
+            if not _dims_match(e.strides, tuple(base.stride(v))):
+                return False
+        elif any(s is not None for s in e.strides):
+            return False
+        offset = base.storage_offset(v) if strided else 0
+        return e.storage_offset is None or e.storage_offset == offset
+
+
+def _array_matches(v: Any, t: type, e: Any) -> bool:
+    """ARRAY_MATCH: exact type, the dtype as EQUALS_MATCH compares dtypes, shape, strides, flags."""
+    if type(v) is not t:
+        return False
+    np = sys.modules["numpy"]
+    nd = np.ndarray
+    want = (
+        e.dtype
+        if isinstance(e.dtype, np.dtype)
+        else np.dtype(list(e.dtype) if isinstance(e.dtype, tuple) else e.dtype)
+    )
+    dtype = nd.dtype.__get__(v)
+    if type(dtype) is not type(want) or not dtype == want:  # noqa: SIM201 - numpy's ==, as the engine
+        return False
+    flags = nd.flags.__get__(v)
+    return (
+        _dims_match(e.sizes, tuple(nd.shape.__get__(v)))
+        and _dims_match(e.strides, tuple(nd.strides.__get__(v)))
+        and (not e.c_contiguous or flags.c_contiguous)
+        and (not e.f_contiguous or flags.f_contiguous)
+        and (not e.aligned or flags.aligned)
+        and flags.writeable == e.writeable
+    )
+
+
+_MARKINGS = (
+    "_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices", "_dynamo_unbacked_indices",
+    "_dynamo_strict_unbacked_indices", "_dynamo_static_indices",
+)  # fmt: skip
+
+
+def _markings_hold(v: Any, m: Any) -> bool:
+    """torch's DIMENSION_DYNAMIC_MARKING_GUARD (guards.py, "Note: Dimension Marking Guards")."""
+    if not hasattr(v, "_has_dynamo_dim_marking"):
+        return True
+    if all(built is None for built in m.attrs):
+        return False  # marked now, never when built
+    for name, built in zip(_MARKINGS, m.attrs, strict=True):
+        if not hasattr(v, name):
+            continue
+        if built is None or not getattr(v, name).issubset(frozenset(built)):
+            return False
+    if m.dependent and hasattr(v, "_dynamo_unbacked_indices"):
+        for name, want in (
+            ("_dynamo_shape_ids", m.shape_ids),
+            ("_dynamo_unbacked_bounds", m.unbacked_bounds),
+        ):
+            if not getattr(v, name, None) == want:  # noqa: SIM201 - torch's test is ==
+                return False
+    return True
+
+
 def _value_for(spec, f_locals, f_globals, f_closure, cache):
-    """Fetch the value a guard reads, memoised per source (one fetch per source, as the engine)."""
+    """Fetch the value a guard reads, memoised per source (one fetch per source, as the engine).
+    A relational guard reads the tuple of its sources' values (a FetchError if any fails)."""
+    if spec.kind in (GuardKind.ALIAS, GuardKind.NO_ALIAS):
+        values = []
+        for src in spec.sources:
+            if src not in cache:
+                try:
+                    cache[src] = fetch(src, f_locals, f_globals, f_closure)
+                except FetchError as e:
+                    cache[src] = e
+            if type(cache[src]) is FetchError:
+                return cache[src]
+            values.append(cache[src])
+        return tuple(values)
     if spec.source is None:
         return f_locals
     key = spec.source

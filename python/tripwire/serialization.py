@@ -10,6 +10,7 @@ eval, and a module that is not imported yet is imported only when the caller all
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
@@ -17,7 +18,7 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _core
+from . import _core, tensors
 from .catalogue import GuardKind, GuardSpec, Weak
 from .errors import FormatError, GuardEvalError, NotSerializable
 from .references import RefKind, Unnamed, fingerprint, import_module, modules_by_file, name_of, resolve_name
@@ -36,6 +37,28 @@ _NEVER = {
     GuardKind.LAMBDA: "a predicate is code, and the format never stores code",
 }
 _PLAIN = (int, float, complex, str, bytes)
+# Guards whose stored integers are codes of the torch build that wrote them (raw DispatchKeySet
+# bits, c10::ScalarType codes, the order of the autocast devices): a load needs the same build.
+_TORCH_BUILD = "torch.build"
+_TORCH_PROBES = ("torch_global_state", "torch_function_mode_stack", "torch_default_device")
+
+
+def _torch_coded(kind: GuardKind, args: tuple) -> bool:
+    return kind is GuardKind.TENSOR_MATCH or (
+        kind is GuardKind.GLOBAL_STATE and args[0] == "torch_global_state"
+    )
+
+
+def torch_build() -> str | None:
+    """The imported torch's build (``__version__`` and the git commit it was built from), or None
+    when torch is not imported: the codes TENSOR_MATCH stores are those of this build."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    version = getattr(torch, "version", None)
+    return f"{getattr(torch, '__version__', '?')}+{getattr(version, 'git_version', '?')}"
+
+
 _SINGLETONS = (None, True, False, Ellipsis)
 
 
@@ -113,7 +136,10 @@ class _Saver:
         src = spec.source
         if src is not None and src.root is RootKind.CLOSURE:
             raise Unnamed("C[...] reads a closure cell of this process")
-        if src is not None and src.root is RootKind.GLOBAL and self.gs._f_globals is None:
+        for other in spec.sources[1:]:  # a relational guard's other sources
+            if other.root is RootKind.CLOSURE:
+                raise Unnamed(f"C[...] reads a closure cell of this process ({other})")
+        if any(s.root is RootKind.GLOBAL for s in spec.sources) and self.gs._f_globals is None:
             raise Unnamed("G[...] with no globals given")
         args = tuple(_live(a) for a in spec.args)
         if k is GuardKind.ID_MATCH:
@@ -130,6 +156,20 @@ class _Saver:
         elif k is GuardKind.GLOBAL_STATE and type(args[0]) is not str:
             self.reference(args[0])
             self._constant(args[1])
+        elif k is GuardKind.GLOBAL_STATE and args[0] == "torch_function_mode_stack" and args[1]:
+            raise Unnamed(
+                "a non-empty torch-function mode stack snapshot is a tuple of classes, and the format "
+                "stores a class only as a top-level reference"
+            )
+        elif k is GuardKind.TENSOR_MATCH:
+            self.reference(args[0])
+        elif k is GuardKind.ARRAY_MATCH:
+            self.reference(args[0])
+            if not _core.is_constant(args[1].dtype):
+                raise Unnamed(f"the dtype {args[1].dtype!r} has no plain description (describe_dtype)")
+        elif k is GuardKind.DIMENSION_MARKING:
+            self._constant(args[0].shape_ids)
+            self._constant(args[0].unbacked_bounds)
         elif k in (GuardKind.EQUALS_MATCH, GuardKind.DICT_KEYS, GuardKind.DICT_CONTAINS):
             self._constant(args[0])
         return GuardSpec(spec.kind, spec.source, args, spec.index, spec.stack)
@@ -193,10 +233,13 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
     decls = _encode(kept, pool)
     # Objects a guard names by identity are held weakly, as in the live set (GuardSet.__init__).
     labels = [s.args[2] if s.kind is GuardKind.GLOBAL_STATE else "" for s in kept]
-    baselines = [(name, pool.add(value)) for name, value in gs.baselines.items()]
-    for _, value in gs.baselines.items():
+    saved_baselines = dict(gs.baselines)
+    if any(_torch_coded(s.kind, s.args) for s in kept):
+        saved_baselines[_TORCH_BUILD] = torch_build()
+    baselines = [(name, pool.add(value)) for name, value in saved_baselines.items()]
+    for _, value in saved_baselines.items():
         saver._constant(value)
-    has_globals = any(s.source is not None and s.source.root is RootKind.GLOBAL for s in kept)
+    has_globals = any(src.root is RootKind.GLOBAL for s in kept for src in s.sources)
     try:
         data = _core.encode_guard_set(
             decls,
@@ -249,6 +292,10 @@ def _same_arg(x: Any, y: Any) -> bool:
         return True
     if type(x) is not type(y):
         return False
+    if dataclasses.is_dataclass(x) or type(x) is Source:  # expectations, a relational guard's other
+        return bool(x == y)
+    if type(x) is tuple and x and all(type(e) is Source for e in x):  # NO_ALIAS's others
+        return bool(x == y)
     if type(x) is range:
         return (x.start, x.stop, x.step) == (y.start, y.stop, y.step)
     return _core.is_constant(x) and _core.equals_match(y, x)
@@ -386,12 +433,13 @@ def _load(
     ]
     # Root names and step keys are compared by identity with interned strings.
     for d in decls:
-        if d.source is not None:
-            consts[d.source.name] = sys.intern(consts[d.source.name])
-            for st in d.source.steps:
+        for path in ([d.source] if d.source is not None else []) + list(d.more_sources):
+            consts[path.name] = sys.intern(consts[path.name])
+            for st in path.steps:
                 if st.operand is not None and type(consts[st.operand]) is str:
                     consts[st.operand] = sys.intern(consts[st.operand])
-    reads_globals = any(s.source is not None and s.source.root is RootKind.GLOBAL for s in specs)
+    _check_torch_build(specs, {name: consts[c] for name, c in doc.baselines})
+    reads_globals = any(src.root is RootKind.GLOBAL for s in specs for src in s.sources)
     if f_globals is None and reads_globals and use_module_globals:
         module = doc.globals_module
         if module is None:
@@ -402,6 +450,15 @@ def _load(
         f_globals = mod.__dict__
     weak = [bool(f & 1) for f in doc.const_flags]
     baselines = {name: consts[c] for name, c in doc.baselines}
+    # Switch on the framework support the kinds need, as the builder does (neither imports its
+    # framework: torch and numpy are imported already when their type references resolved).
+    kinds = {s.kind for s in specs}
+    if kinds & {GuardKind.TENSOR_MATCH, GuardKind.DIMENSION_MARKING} or any(
+        s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in specs
+    ):
+        tensors.ensure_torch()
+    if GuardKind.ARRAY_MATCH in kinds:
+        tensors.ensure_numpy()
     gs = GuardSet.__new__(GuardSet)
     try:
         _core.GuardSetCore.__init__(gs, decls, consts, weak, f_globals, None, doc.strict, GuardEvalError)
@@ -409,6 +466,28 @@ def _load(
         raise FormatError(f"the guard program is invalid: {e}") from None
     gs._set_state(specs, f_globals, doc.strict, tuple(doc.dropped), baselines)
     return gs
+
+
+def _check_torch_build(specs: list[GuardSpec], baselines: dict[str, Any]) -> None:
+    """Refuse guards whose stored codes belong to another torch build (docs/format.md, "Torch
+    guards"): their dispatch-key bits, scalar-type codes and autocast device order would be
+    compared against this build's meaning, which could pass what the writer's torch would fail."""
+    coded = [s for s in specs if _torch_coded(s.kind, s.args)]
+    if not coded:
+        return
+    saved, here = baselines.get(_TORCH_BUILD), torch_build()
+    if saved is not None and saved == here:
+        return
+    what = ", ".join(sorted({s.kind.name for s in coded}))
+    if saved is None:
+        raise FormatError(
+            f"{what} guards without the torch build that wrote them ({_TORCH_BUILD!r} baseline)"
+        )
+    raise FormatError(
+        f"{len(coded)} {what} guard(s) were saved by torch {saved} and this process has "
+        f"{'no torch imported' if here is None else 'torch ' + here}: their dispatch-key bits and "
+        "dtype codes are that build's; rebuild these guards here (or drop them at save)"
+    )
 
 
 _INDEX_STEPS = (StepKind.DEFAULTS, StepKind.CLOSURE_CELL, StepKind.DICT_KEY, StepKind.DICT_VALUE)
@@ -458,17 +537,54 @@ def _spec(
     elif k is GuardKind.GLOBAL_STATE:
         if op is None:
             probe = _PROBES[d.n]
-            args = (probe, _builtin_snapshot(probe, d.n2), label or probe)
+            if probe == "torch_global_state":
+                args = (probe, tuple(d.data), label or probe)
+            elif probe in _TORCH_PROBES:
+                if probe == "torch_function_mode_stack" and op2 != ():
+                    raise bad("a mode stack snapshot must be empty")
+                if probe == "torch_default_device" and op2 is not None and type(op2) is not str:
+                    raise bad("a default-device snapshot is None or a str")
+                args = (probe, op2, label or probe)
+            else:
+                args = (probe, _builtin_snapshot(probe, d.n2), label or probe)
         else:
             if not _core.is_constant(op2):
                 raise bad("the snapshot is not a constant")
             args = (op, op2, label)
+    elif k in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH, GuardKind.DIMENSION_MARKING):
+        args = _tensor_args(k, op, op2, d, bad)
+    elif k is GuardKind.ALIAS:
+        args = (_source(d.more_sources[0], consts, bad, memo),)
+    elif k is GuardKind.NO_ALIAS:
+        args = (tuple(_source(p, consts, bad, memo) for p in d.more_sources),)
     else:
         args = ()
     source = None
     if d.source is not None:
         source = _source(d.source, consts, bad, memo)
     return GuardSpec(k, source, args, d.id, tuple(stack))
+
+
+def _tensor_args(
+    k: GuardKind, op: Any, op2: Any, d: _core.GuardDecl, bad: Callable[[str], FormatError]
+) -> tuple:
+    """TENSOR_MATCH, ARRAY_MATCH and DIMENSION_MARKING arguments from their stored data."""
+    from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
+
+    try:
+        if k is GuardKind.DIMENSION_MARKING:
+            if not (_core.is_constant(op) and _core.is_constant(op2)):
+                raise bad("the shape ids and unbacked bounds must be constants")
+            return (DimensionMarkings.from_data(list(d.data), d.flag, op, op2),)
+        if not isinstance(op, type) and not isinstance(op, _Named):
+            raise bad("needs a type")
+        if k is GuardKind.TENSOR_MATCH:
+            return (op, TensorExpectation.from_data(list(d.data)))
+        if type(op2) is not str and not (type(op2) is tuple and _core.is_constant(op2)):
+            raise bad("the dtype description must be a str or a tuple")
+        return (op, ArrayExpectation.from_data(op2, list(d.data)))
+    except ValueError as e:
+        raise bad(str(e)) from None
 
 
 def _source(
@@ -549,12 +665,24 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
         k = GuardKind(d.kind)
         op = None if d.operand is None else consts[d.operand]
         op2 = None if d.operand2 is None else consts[d.operand2]
+        bad = functools.partial(FormatError, offset=offset)
         if k is GuardKind.GLOBAL_STATE:
             if op is None:
                 probe = _PROBES[d.n]
-                args: tuple = (probe, _builtin_snapshot(probe, d.n2), label or probe)
+                if probe == "torch_global_state":
+                    args: tuple = (probe, tuple(d.data), label or probe)
+                elif probe in _TORCH_PROBES:
+                    args = (probe, op2, label or probe)
+                else:
+                    args = (probe, _builtin_snapshot(probe, d.n2), label or probe)
             else:
                 args = (op, op2, label)
+        elif k in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH, GuardKind.DIMENSION_MARKING):
+            args = _tensor_args(k, op, op2, d, bad)
+        elif k is GuardKind.ALIAS:
+            args = (_source(d.more_sources[0], consts, bad),)
+        elif k is GuardKind.NO_ALIAS:
+            args = (tuple(_source(p, consts, bad) for p in d.more_sources),)
         elif k is GuardKind.DICT_KEYS:
             args = (op2, d.flag)
         elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
@@ -595,6 +723,9 @@ def _inspect_line(s: GuardSpec) -> str:
         return f"{src}.__code__ is {s.args[0]!r}"
     if s.kind is GuardKind.ID_MATCH:
         return f"{src} is {s.args[0]!r}"
+    if s.kind in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH) and isinstance(s.args[0], _Named):
+        fn = "check_tensor" if s.kind is GuardKind.TENSOR_MATCH else "check_array"
+        return f"{fn}({src}, {s.args[0]!r}, {s.args[1].describe()})"
     return s.describe()
 
 

@@ -7,6 +7,7 @@
 #include "core/codec/document.hpp"
 #include "core/codec/guard_records.hpp"
 #include "core/codec/sha256.hpp"
+#include "core/kind_data.hpp"
 #include "core/program.hpp"
 #include "testing.hpp"
 
@@ -106,6 +107,27 @@ Document sample() {
     GuardDecl& builtin = add(GuardKind::GlobalState, false);
     builtin.n = 1;
     builtin.n2 = 1;
+    // The tensor kinds: plain data (core/kind_data.hpp) and, for the relational ones, more sources.
+    GuardDecl& tm = add(GuardKind::TensorMatch);
+    tm.operand = 2;
+    tm.data = {-9223372036854775807LL - 1 + 5, 6, -1, 1, 2, kAny, 4, 8, kAny, 1};
+    GuardDecl& am = add(GuardKind::ArrayMatch);
+    am.operand = 2;
+    am.operand2 = 1;
+    am.data = {1, 5, 1, 3, 8};
+    GuardDecl& dm = add(GuardKind::DimensionMarking);
+    dm.operand = 3;
+    dm.operand2 = 3;
+    dm.flag = true;
+    dm.data = {2, 0, 1, -1, 0, -1, 1, 7};
+    add(GuardKind::Alias).more_sources = {source(RootKind::Local, 0)};
+    add(GuardKind::NoAlias).more_sources = {source(RootKind::Local, 0), source(RootKind::Local, 1)};
+    GuardDecl& ts = add(GuardKind::GlobalState, false);
+    ts.n = static_cast<std::int64_t>(BuiltinProbe::TorchGlobalState);
+    ts.data = {1, 1, 0, 0, 0, 0, 0, 0, 4, 6, 1, 1, 0, 0, 15};
+    GuardDecl& dev = add(GuardKind::GlobalState, false);
+    dev.n = static_cast<std::int64_t>(BuiltinProbe::TorchDefaultDevice);
+    dev.operand2 = 1;
     d.has_globals_module = true;
     d.globals_module = "mod";
     d.baselines.push_back({"dispatch", 3});
@@ -134,6 +156,13 @@ TEST(Codec, RoundTripsEveryStoredKind) {
         EXPECT_EQ(a.flag, b.flag);
         EXPECT_EQ(a.has_source, b.has_source);
         EXPECT_EQ(a.source.texts, b.source.texts);
+        EXPECT_EQ(a.data, b.data) << guard_kind_name(a.kind);
+        ASSERT_EQ(a.more_sources.size(), b.more_sources.size()) << guard_kind_name(a.kind);
+        for (std::size_t j = 0; j < a.more_sources.size(); ++j) {
+            EXPECT_EQ(a.more_sources[j].root, b.more_sources[j].root);
+            EXPECT_EQ(a.more_sources[j].steps, b.more_sources[j].steps);
+            EXPECT_EQ(a.more_sources[j].texts, b.more_sources[j].texts);
+        }
         EXPECT_EQ(d.guards[i].stack, e.guards[i].stack);
         EXPECT_EQ(d.guards[i].label, e.guards[i].label);
     }
@@ -192,6 +221,41 @@ std::string error_of(const std::string& bytes) {
         return e.what();
     }
     return "";
+}
+
+/// The tensor kinds' records refuse what their readers could misread.
+TEST(Codec, TensorKindRecordsAreChecked) {
+    // What encoding then decoding `d` reports ("" when both succeed).
+    auto outcome = [](const Document& d) -> std::string {
+        try {
+            return error_of(encode(d));
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+    };
+    {  // ALIAS with two other sources
+        Document d = sample();
+        for (auto& g : d.guards) {
+            if (g.decl.kind == GuardKind::Alias) g.decl.more_sources.push_back(source(RootKind::Local, 1));
+        }
+        EXPECT_NE(outcome(d).find("ALIAS with 2 other sources"), std::string::npos);
+    }
+    {  // NO_ALIAS with none
+        Document d = sample();
+        for (auto& g : d.guards) {
+            if (g.decl.kind == GuardKind::NoAlias) g.decl.more_sources.clear();
+        }
+        EXPECT_NE(outcome(d).find("NO_ALIAS with 0 other sources"), std::string::npos);
+    }
+    {  // a torch probe in the form of a plain built-in probe
+        Document d = sample();
+        d.guards.back().decl.n = static_cast<std::int64_t>(BuiltinProbe::GcEnabled);
+        d.guards.back().decl.operand2 = kNoConst;
+        EXPECT_EQ(outcome(d), "");  // gc_enabled: form 0
+        d.guards.back().decl.n = static_cast<std::int64_t>(BuiltinProbe::TorchDefaultDevice);
+        d.guards.back().decl.operand2 = 40;  // out of range
+        EXPECT_NE(outcome(d).find("snapshot constant out of range"), std::string::npos);
+    }
 }
 
 TEST(Codec, BadHeaders) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/ir.hpp"
+#include "core/kind_data.hpp"
 #include "core/program.hpp"
 #include "testing.hpp"
 
@@ -32,6 +33,8 @@ GuardDecl minimal_decl(GuardKind k) {
         d.operand2 = kNoConst;  // a built-in probe carries its snapshot in n2
         d.n = static_cast<std::int64_t>(BuiltinProbe::RecursionLimit);
     }
+    if (is_relational(k)) d.more_sources.push_back(local(1));
+    d.data = test_util::minimal_data(k);
     return d;
 }
 
@@ -69,8 +72,13 @@ TEST(IrNames, RootKindsAndBuiltinProbesAreNamed) {
     EXPECT_EQ(static_cast<int>(RootKind::Closure) + 1, kRootKindCount);
     EXPECT_EQ(builtin_probe_name(BuiltinProbe::RecursionLimit), "recursion_limit");
     EXPECT_EQ(builtin_probe_name(BuiltinProbe::GcEnabled), "gc_enabled");
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchGlobalState), "torch_global_state");
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchFunctionModeStack), "torch_function_mode_stack");
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchDefaultDevice), "torch_default_device");
     EXPECT_EQ(builtin_probe_name(static_cast<BuiltinProbe>(kBuiltinProbeCount)), "unknown");
-    EXPECT_EQ(static_cast<int>(BuiltinProbe::GcEnabled) + 1, kBuiltinProbeCount);
+    EXPECT_EQ(static_cast<int>(BuiltinProbe::TorchDefaultDevice) + 1, kBuiltinProbeCount);
+    EXPECT_FALSE(builtin_probe_reads_framework(BuiltinProbe::GcEnabled));
+    EXPECT_TRUE(builtin_probe_reads_framework(BuiltinProbe::TorchGlobalState));
 }
 
 TEST(IrNames, OutOfRangeKindsAreUnknown) {
@@ -81,7 +89,7 @@ TEST(IrNames, OutOfRangeKindsAreUnknown) {
 }
 
 TEST(IrNames, CountsMatchTheLastEnumerator) {
-    EXPECT_EQ(static_cast<int>(GuardKind::Lambda) + 1, kGuardKindCount);
+    EXPECT_EQ(static_cast<int>(GuardKind::NoAlias) + 1, kGuardKindCount);
     EXPECT_EQ(static_cast<int>(StepKind::DictValue) + 1, kStepKindCount);
 }
 
@@ -182,7 +190,7 @@ TEST(IrShape, BuiltinProbes) {
         d.n = static_cast<std::int64_t>(p);
         EXPECT_NO_THROW(validate_decl(d, kConsts));
     }
-    for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{2}, std::int64_t{1} << 40}) {
+    for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{kBuiltinProbeCount}, std::int64_t{1} << 40}) {
         d.n = bad;
         EXPECT_THROW(validate_decl(d, kConsts), InvalidProgram) << bad;
     }
@@ -193,14 +201,20 @@ TEST(IrPurity, GuardKinds) {
     // allocate (an allocation may start a collection that runs finalizers)...
     for (GuardKind k : {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone,
                         GuardKind::True, GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictKeys,
-                        GuardKind::DictVersion, GuardKind::WeakrefAlive}) {
+                        GuardKind::DictVersion, GuardKind::WeakrefAlive, GuardKind::TensorMatch,
+                        GuardKind::ArrayMatch, GuardKind::Alias, GuardKind::NoAlias}) {
         EXPECT_FALSE(guard_runs_user_code(k)) << guard_kind_name(k);
+        // ...unless the runtime evaluates the declaration through Python.
+        GuardDecl d = minimal_decl(k);
+        EXPECT_FALSE(guard_runs_user_code(d)) << guard_kind_name(k);
+        d.via_python = true;
+        EXPECT_TRUE(guard_runs_user_code(d)) << guard_kind_name(k);
     }
     // ...while len(), lookups, getattr, probes and predicates may, and the iterator kinds
     // allocate a bound method and a tuple.
-    for (GuardKind k :
-         {GuardKind::Length, GuardKind::DictContains, GuardKind::HasAttr, GuardKind::TupleIteratorLen,
-          GuardKind::RangeIterator, GuardKind::CodeMatch, GuardKind::GlobalState, GuardKind::Lambda}) {
+    for (GuardKind k : {GuardKind::Length, GuardKind::DictContains, GuardKind::HasAttr,
+                        GuardKind::TupleIteratorLen, GuardKind::RangeIterator, GuardKind::CodeMatch,
+                        GuardKind::GlobalState, GuardKind::Lambda, GuardKind::DimensionMarking}) {
         EXPECT_TRUE(guard_runs_user_code(k)) << guard_kind_name(k);
     }
     // Unknown kinds are treated as impure (the safe answer).
@@ -224,8 +238,8 @@ TEST(IrPurity, EveryKindIsClassified) {
     // that was added to the enum but not to the tests.
     int pure = 0, impure = 0;
     for (int i = 0; i < kGuardKindCount; ++i) (guard_runs_user_code(guard_kind(i)) ? impure : pure)++;
-    EXPECT_EQ(pure, 10);
-    EXPECT_EQ(impure, 8);
+    EXPECT_EQ(pure, 14);
+    EXPECT_EQ(impure, 9);
     pure = impure = 0;
     for (int i = 0; i < kStepKindCount; ++i) (step_runs_user_code(step_kind(i)) ? impure : pure)++;
     EXPECT_EQ(pure, 4);

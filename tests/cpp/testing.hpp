@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/ir.hpp"
+#include "core/kind_data.hpp"
 #include "core/program.hpp"
 
 namespace tripwire::test_util {
@@ -62,6 +63,26 @@ inline GuardDecl on(std::uint32_t id, SourcePath src, GuardKind kind = GuardKind
     d.source = std::move(src);
     d.operand = core::guard_shape(kind).operand ? operand : core::kNoConst;
     if (core::guard_shape(kind).operand2) d.operand2 = operand;
+    return d;
+}
+
+/// The smallest valid GuardDecl::data of a kind: a 0-d tensor or array, no markings.
+inline std::vector<std::int64_t> minimal_data(GuardKind k) {
+    switch (k) {
+        case GuardKind::TensorMatch: return {0, 6, -1, 0, 0, core::kAny};
+        case GuardKind::ArrayMatch: return {0, 0, 1};
+        case GuardKind::DimensionMarking: return {-1, -1, -1, -1, -1};
+        default: return {};
+    }
+}
+
+/// A relational guard (ALIAS, NO_ALIAS) over sources.
+inline GuardDecl relate(std::uint32_t id, GuardKind kind, std::vector<SourcePath> sources) {
+    GuardDecl d;
+    d.kind = kind;
+    d.id = id;
+    d.source = sources.front();
+    d.more_sources.assign(sources.begin() + 1, sources.end());
     return d;
 }
 

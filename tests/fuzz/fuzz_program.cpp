@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/ir.hpp"
+#include "core/kind_data.hpp"
 #include "core/program.hpp"
 
 namespace tripwire::core {
@@ -110,6 +111,38 @@ struct Decoder {
         return src;
     }
 
+    // Per-kind data: the layout of kind_data.hpp in smart mode (ndim 0-2, sizes maybe kAny),
+    // a few arbitrary integers otherwise.
+    std::vector<std::int64_t> data(GuardKind k, bool smart) {
+        std::vector<std::int64_t> d;
+        const std::uint8_t b = in.byte();
+        auto dim_value = [&] { return in.byte() == 0xFF ? kAny : in.small_signed(); };
+        if (!smart || (b & 0x80)) {
+            for (int i = 0; i < (b & 7); ++i) d.push_back(in.byte() == 0xFF ? kAny : in.small_signed());
+            return d;
+        }
+        const int ndim = b % 3;
+        switch (k) {
+            case GuardKind::TensorMatch:
+                d = {in.small_signed(), in.byte() % 16, -1, in.byte() & 1, ndim, kAny};
+                break;
+            case GuardKind::ArrayMatch: d = {ndim, in.byte() % 8, in.byte() & 1}; break;
+            case GuardKind::DimensionMarking:
+                for (int a = 0; a < marking_data::kAttrCount; ++a) {
+                    const int n = static_cast<int>(in.byte() % 4) - 1;
+                    d.push_back(n);
+                    for (int j = 0; j < n; ++j) d.push_back(in.byte() % 4);
+                }
+                return d;
+            default: return d;
+        }
+        for (int i = 0; i < ndim; ++i) {
+            d.push_back(dim_value());
+            d.push_back(dim_value());
+        }
+        return d;
+    }
+
     GuardDecl decl(std::uint32_t i) {
         GuardDecl d;
         const std::uint8_t k = in.byte();
@@ -136,6 +169,14 @@ struct Decoder {
         d.n2 = in.small_signed();
         d.n3 = in.small_signed();
         d.flag = (flags & 8) != 0;
+        if (smart && is_relational(d.kind)) {
+            const std::size_t n = d.kind == GuardKind::Alias ? 1 : 1 + in.byte() % 3;
+            for (std::size_t j = 0; j < n; ++j) d.more_sources.push_back(source());
+        } else if (flags & 16) {
+            d.more_sources.push_back(source());
+        }
+        d.data = data(d.kind, smart);
+        d.via_python = (flags & 32) != 0;
         // Ids: unique and shuffled in smart mode, anything (duplicates included) otherwise.
         d.id = smart ? ((i * 2654435761u) >> 4) : in.u16();
         return d;
@@ -167,6 +208,17 @@ PathKey node_key(const Program& p, std::uint32_t ni) {
     return PathKey{static_cast<int>(p.nodes.at(ni).root), p.nodes.at(ni).root_name, steps};
 }
 
+// The sources of a guard: its own, then a relational guard's others.
+std::vector<const SourcePath*> sources_of(const GuardDecl& d) {
+    std::vector<const SourcePath*> out;
+    if (!d.has_source) return out;
+    out.push_back(&d.source);
+    if (is_relational(d.kind)) {
+        for (const SourcePath& s : d.more_sources) out.push_back(&s);
+    }
+    return out;
+}
+
 /// Structural rules the runtime's evaluator relies on. Uses checked accesses throughout.
 void check_structure(const Program& p) {
     const std::size_t n_nodes = p.nodes.size(), n_guards = p.guards.size();
@@ -174,6 +226,12 @@ void check_structure(const Program& p) {
     for (std::uint32_t g : p.ambient) {
         CHECK(g < n_guards && !p.guards.at(g).has_source);
         ++guard_seen.at(g);
+    }
+    std::map<std::pair<std::uint32_t, std::uint32_t>, int> slot_seen;  // (guard, slot) -> count
+    for (std::uint32_t g : p.relational) {
+        CHECK(g < n_guards && p.guards.at(g).has_source && is_relational(p.guards.at(g).kind));
+        ++guard_seen.at(g);
+        for (std::uint32_t s = 0; s <= p.guards.at(g).more_sources.size(); ++s) slot_seen[{g, s}] = 0;
     }
     for (std::uint32_t r : p.roots) {
         CHECK(r < n_nodes && p.nodes.at(r).is_root && p.nodes.at(r).depth == 0);
@@ -188,8 +246,15 @@ void check_structure(const Program& p) {
         max_depth = std::max(max_depth, n.depth);
         for (std::uint32_t g = n.guard_begin; g < n.guard_end; ++g) {
             const std::uint32_t gi = p.node_guards.at(g);
-            CHECK(gi < n_guards && p.guards.at(gi).has_source);
+            CHECK(gi < n_guards && p.guards.at(gi).has_source && !is_relational(p.guards.at(gi).kind));
             ++guard_seen.at(gi);
+        }
+        CHECK(n.member_begin <= n.member_end && n.member_end <= p.node_members.size());
+        for (std::uint32_t m = n.member_begin; m < n.member_end; ++m) {
+            const Member& mb = p.node_members.at(m);
+            auto it = slot_seen.find({mb.guard, mb.slot});
+            CHECK(it != slot_seen.end());
+            ++it->second;
         }
         for (std::uint32_t c = n.child_begin; c < n.child_end; ++c) {
             const std::uint32_t ci = p.children.at(c);
@@ -200,8 +265,9 @@ void check_structure(const Program& p) {
         }
     }
     CHECK(max_depth == p.max_depth);
-    for (int s : guard_seen) CHECK(s == 1);  // every guard attached exactly once
-    for (int s : node_seen) CHECK(s == 1);   // every node reachable exactly once
+    for (int s : guard_seen) CHECK(s == 1);                  // every guard attached exactly once
+    for (const auto& kv : slot_seen) CHECK(kv.second == 1);  // every relational operand observed once
+    for (int s : node_seen) CHECK(s == 1);                   // every node reachable exactly once
     for (std::size_t gi = 1; gi < n_guards; ++gi) CHECK(p.guards[gi - 1].id < p.guards[gi].id);
     // Each guard sits on the node of its source; derived facts match a brute-force recomputation.
     for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
@@ -211,15 +277,24 @@ void check_structure(const Program& p) {
             const SourcePath& s = p.guards.at(p.node_guards.at(g)).source;
             CHECK(path_key(s, s.steps.size()) == key);
         }
+        for (std::uint32_t m = n.member_begin; m < n.member_end; ++m) {
+            const Member& mb = p.node_members.at(m);
+            const std::vector<const SourcePath*> srcs = sources_of(p.guards.at(mb.guard));
+            CHECK(mb.slot < srcs.size());
+            CHECK(path_key(*srcs[mb.slot], srcs[mb.slot]->steps.size()) == key);
+        }
         std::uint32_t min_id = 0xFFFFFFFFu;
         bool user = false;
         for (const GuardDecl& d : p.guards) {
-            if (!d.has_source || d.source.steps.size() < n.depth) continue;
-            if (path_key(d.source, n.depth) != key) continue;
-            min_id = std::min(min_id, d.id);
-            user = user || guard_runs_user_code(d.kind);
-            for (std::size_t i = n.depth; i < d.source.steps.size(); ++i) {
-                user = user || step_runs_user_code(d.source.steps[i].kind);
+            for (const SourcePath* s : sources_of(d)) {
+                if (s->steps.size() < n.depth || path_key(*s, n.depth) != key) continue;
+                min_id = std::min(min_id, d.id);
+                // The guard itself counts where it is attached: at the end of its own source.
+                if (!is_relational(d.kind) && s->steps.size() >= n.depth)
+                    user = user || guard_runs_user_code(d);
+                for (std::size_t i = n.depth; i < s->steps.size(); ++i) {
+                    user = user || step_runs_user_code(s->steps[i].kind);
+                }
             }
         }
         CHECK(n.min_guard_id == min_id);
@@ -230,7 +305,8 @@ void check_structure(const Program& p) {
 bool same_program(const Program& a, const Program& b) {
     if (a.guards.size() != b.guards.size() || a.nodes.size() != b.nodes.size() ||
         a.node_guards != b.node_guards || a.children != b.children || a.roots != b.roots ||
-        a.ambient != b.ambient || a.max_depth != b.max_depth) {
+        a.ambient != b.ambient || a.max_depth != b.max_depth || a.node_members != b.node_members ||
+        a.relational != b.relational) {
         return false;
     }
     for (std::size_t i = 0; i < a.guards.size(); ++i) {
@@ -241,6 +317,7 @@ bool same_program(const Program& a, const Program& b) {
         if (x.is_root != y.is_root || x.root != y.root || x.root_name != y.root_name || !(x.step == y.step) ||
             x.parent != y.parent || x.depth != y.depth || x.guard_begin != y.guard_begin ||
             x.guard_end != y.guard_end || x.child_begin != y.child_begin || x.child_end != y.child_end ||
+            x.member_begin != y.member_begin || x.member_end != y.member_end ||
             x.min_guard_id != y.min_guard_id || x.subtree_runs_user_code != y.subtree_runs_user_code ||
             x.text != y.text) {
             return false;
@@ -256,9 +333,8 @@ void check_compiled(const Program& p, const std::vector<GuardDecl>& decls, std::
     // One node per distinct source prefix.
     std::set<PathKey> prefixes;
     for (const GuardDecl& d : decls) {
-        if (!d.has_source) continue;
-        for (std::size_t len = 0; len <= d.source.steps.size(); ++len) {
-            prefixes.insert(path_key(d.source, len));
+        for (const SourcePath* s : sources_of(d)) {
+            for (std::size_t len = 0; len <= s->steps.size(); ++len) prefixes.insert(path_key(*s, len));
         }
     }
     CHECK(prefixes.size() == p.nodes.size());
@@ -272,7 +348,29 @@ void corrupt(Program& p, Reader& in) {
     const std::uint8_t what = in.byte();
     const std::uint32_t v = (in.byte() & 1) ? in.u32() : in.byte();
     auto pick = [&](auto& vec) -> decltype(vec.front())& { return vec[in.byte() % vec.size()]; };
-    const std::uint8_t field = what % 16;
+    const std::uint8_t field = what % 20;
+    if (field >= 16) {
+        switch (field) {
+            case 16:
+                if (!p.node_members.empty()) pick(p.node_members).guard = v;
+                break;
+            case 17:
+                if (!p.node_members.empty()) pick(p.node_members).slot = v;
+                break;
+            case 18:
+                if (p.relational.empty()) {
+                    p.relational.push_back(v);
+                } else {
+                    pick(p.relational) = v;
+                }
+                break;
+            default:
+                if (!p.nodes.empty())
+                    ((in.byte() & 1) ? pick(p.nodes).member_begin : pick(p.nodes).member_end) = v;
+                break;
+        }
+        return;
+    }
     if (field <= 8 || field == 15) {
         if (p.nodes.empty()) return;
         Node& n = pick(p.nodes);

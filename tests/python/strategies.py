@@ -425,6 +425,27 @@ def _category(v: Any) -> str:
     return "scalar"
 
 
+def relational_calls(draw: st.DrawFn, frame: Frame) -> list[tuple[str, tuple, dict]]:
+    """ALIAS between two sources that hold one object, NO_ALIAS over sources that hold distinct
+    objects (both hold on the example), sometimes."""
+    if draw(st.integers(0, 2)) == 0:
+        return []
+    by_object: dict[int, list[Source]] = {}
+    for src, v in paths(frame):
+        by_object.setdefault(id(v), []).append(src)
+    groups = sorted((srcs for srcs in by_object.values()), key=lambda g: [str(x) for x in g])
+    calls: list[tuple[str, tuple, dict]] = []
+    shared = [g for g in groups if len(g) >= 2]
+    if shared and draw(st.booleans()):
+        g = draw(st.sampled_from(shared))
+        a, b = draw(st.permutations(g))[:2]
+        calls.append(("alias", (a, b), {}))
+    if len(groups) >= 2 and draw(st.booleans()):
+        picked = draw(st.lists(st.sampled_from(groups), min_size=2, max_size=5, unique_by=lambda g: id(g)))
+        calls.append(("no_alias", tuple(draw(st.sampled_from(g)) for g in picked), {}))
+    return calls
+
+
 @st.composite
 def guard_plans(draw: st.DrawFn, frame: Frame) -> Plan:
     """A random guard set over sources that exist in ``frame``."""
@@ -441,6 +462,7 @@ def guard_plans(draw: st.DrawFn, frame: Frame) -> Plan:
     plan = Plan()
     for src, v in chosen:
         plan.calls.extend(guard_calls_for(draw, src, v))
+    plan.calls.extend(relational_calls(draw, frame))
     # Ambient guards, interleaved at a random position.
     ambient = draw(
         st.lists(

@@ -68,10 +68,14 @@ def reference_failing(
             v: Any = f_locals
         else:
             try:
-                v = reference.fetch(spec.source, f_locals, example.f_globals, example.f_closure)
+                values = [
+                    reference.fetch(s, f_locals, example.f_globals, example.f_closure) for s in spec.sources
+                ]
             except reference.FetchError:
                 failing.add(spec.index)
                 continue
+            relational = spec.kind in (tw.GuardKind.ALIAS, tw.GuardKind.NO_ALIAS)
+            v = tuple(values) if relational else values[0]
         if not reference.evaluate(spec, v, f_locals):
             failing.add(spec.index)
             fetched.add(spec.index)

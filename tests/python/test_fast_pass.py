@@ -90,7 +90,7 @@ def test_fast_pass_used_for_builtin_guards() -> None:
     [
         lambda b: b.predicate(lambda v: True, source="L['x']"),
         lambda b: b.hasattr("L['obj']", "a"),
-        lambda b: b.global_state(lambda: 1),
+        lambda b: b.global_state(lambda: 1, name="one"),
     ],
     ids=["lambda", "hasattr", "python_probe"],
 )
@@ -120,6 +120,30 @@ def test_builtin_probe_is_on_the_fast_path() -> None:
     before = gs._fast_pass_count
     assert gs.check({"x": 1})
     assert gs._fast_pass_count == before + 1
+
+
+def test_builtin_probes_are_decided_by_the_fast_pass() -> None:
+    """A built-in C++ probe (here gc_enabled) has a form without user code: the set keeps the
+    fast pass, and a changed probe still fails (decided by the walk)."""
+    import gc
+
+    f_locals = {"x": 1}
+    b = tw.GuardBuilder(f_locals)
+    b.equals("L['x']", 1)
+    b.global_state("gc_enabled")
+    gs = b.build()
+    assert gs._uses_fast_pass
+    before = gs._fast_pass_count
+    assert gs.check(f_locals)
+    assert gs._fast_pass_count == before + 1
+    was = gc.isenabled()
+    try:
+        gc.disable() if was else gc.enable()
+        assert not gs.check(f_locals)
+        assert gs.why_not(f_locals).kind == "GLOBAL_STATE"
+    finally:
+        gc.enable() if was else gc.disable()
+    assert gs.check(f_locals)
 
 
 def test_fast_pass_gives_up_on_non_dict_locals_and_unusual_objects() -> None:

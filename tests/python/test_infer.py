@@ -510,20 +510,23 @@ def test_subclasses_of_constant_types_are_type_only():
     assert not agree(gs, {"s": "a", "i": MyInt(3)})
 
 
-def test_numpy_array_type_only():
+def test_numpy_arrays_get_array_match_and_scalars_their_type():
     np = pytest.importorskip("numpy")
     gs = tw.guards_for({"a": np.zeros(3), "s": np.float32(1.0)})
-    assert kinds(gs) == [(K.TYPE_MATCH, "L['a']"), (K.TYPE_MATCH, "L['s']")]
-    assert agree(gs, {"a": np.ones(5), "s": np.float32(2.0)})
+    assert kinds(gs) == [(K.ARRAY_MATCH, "L['a']"), (K.TYPE_MATCH, "L['s']")]
+    assert agree(gs, {"a": np.ones(3), "s": np.float32(2.0)})
+    assert not agree(gs, {"a": np.ones(5), "s": np.float32(2.0)})  # static shapes, as Dynamo
     assert not agree(gs, {"a": [0.0, 0.0, 0.0], "s": np.float32(2.0)})
+    assert agree(tw.guards_for({"a": np.zeros(3)}, policy=tw.Policy(dynamic={"a": True})), {"a": np.ones(5)})
 
 
 @pytest.mark.torch
-def test_torch_tensor_type_only():
+def test_torch_tensors_get_tensor_match_and_marking_guards():
     torch = pytest.importorskip("torch")
     gs = tw.guards_for({"t": torch.zeros(2)})
-    assert kinds(gs) == [(K.TYPE_MATCH, "L['t']")]
-    assert agree(gs, {"t": torch.ones(4, 4)})
+    assert kinds(gs) == [(K.TENSOR_MATCH, "L['t']"), (K.DIMENSION_MARKING, "L['t']")]
+    assert agree(gs, {"t": torch.ones(2)})
+    assert not agree(gs, {"t": torch.ones(4, 4)})
     assert not agree(gs, {"t": 0.0})
 
 

@@ -66,7 +66,16 @@ def _one_spec_per_kind():
     b.global_state(lambda: 1, name="one")
     b.predicate(lambda v: True, "always", source="L['x']")
     b.predicate(lambda loc: True, "always")
+    b.alias("L['x']", "L['d']['k']")
+    b.no_alias("L['x']", "L['o']", "L['f']")
     specs = list(b.guards)
+    # Tensor and array kinds from their plain-data expectations (no torch or numpy needed to encode).
+    exp = tw.tensors.TensorExpectation(1, 6, -1, False, (2, None), (None, 1))
+    specs.append(GuardSpec(tw.GuardKind.TENSOR_MATCH, Source.parse("L['t']"), (O, exp), 103))
+    arr = tw.tensors.ArrayExpectation("<f4", (3,), (4,), True, True, True, True)
+    specs.append(GuardSpec(tw.GuardKind.ARRAY_MATCH, Source.parse("L['a']"), (O, arr), 104))
+    marks = tw.tensors.DimensionMarkings((frozenset({0}), None, None, None, None))
+    specs.append(GuardSpec(tw.GuardKind.DIMENSION_MARKING, Source.parse("L['t']"), (marks,), 105))
     specs.append(GuardSpec(tw.GuardKind.NONE, Source.parse("L['n']"), (), 100))
     specs.append(GuardSpec(tw.GuardKind.TRUE, Source.parse("L['t']"), (), 101))
     specs.append(GuardSpec(tw.GuardKind.FALSE, Source.parse("L['f2']"), (), 102))
@@ -92,6 +101,14 @@ def test_each_kinds_operands_sit_in_the_slots_the_engine_expects():
         else:
             assert (decl.operand is not None) == operand, spec.kind
             assert (decl.operand2 is not None) == operand2, spec.kind
+        # Per-kind plain data and the other sources of relational kinds.
+        has_data = spec.kind in (
+            tw.GuardKind.TENSOR_MATCH,
+            tw.GuardKind.ARRAY_MATCH,
+            tw.GuardKind.DIMENSION_MARKING,
+        )
+        assert bool(decl.data) == has_data, spec.kind
+        assert len(decl.more_sources) == {tw.GuardKind.ALIAS: 1, tw.GuardKind.NO_ALIAS: 2}.get(spec.kind, 0)
 
 
 def test_no_production_module_imports_the_oracle():
@@ -111,8 +128,25 @@ def test_no_production_module_imports_the_oracle():
 def test_builtin_probes_agree():
     assert _core.builtin_probes() == list(reference.BUILTIN_PROBES)
     for name, read in reference.BUILTIN_PROBES.items():
+        if name.startswith("torch_"):
+            continue  # torch's probes: test_torch_state.py compares them with torch itself
         assert _core.read_builtin_probe(name) == read()
         assert type(_core.read_builtin_probe(name)) is type(read())
+
+
+def test_plain_data_layouts_agree():
+    """The package's names for the engine's plain-data layouts (core/kind_data.hpp)."""
+    assert _core.MARKING_ATTRS == (
+        "_dynamo_dynamic_indices",
+        "_dynamo_weak_dynamic_indices",
+        "_dynamo_unbacked_indices",
+        "_dynamo_strict_unbacked_indices",
+        "_dynamo_static_indices",
+    )
+    assert _core.TORCH_STATE_FIELDS[:3] == ("grad_mode", "torch_function", "torch_function_all_disabled")
+    assert len(_core.TORCH_STATE_FIELDS) == 12 and _core.TORCH_STATE_FIELDS[-1] == "autocast_devices"
+    exp = tw.tensors.TensorExpectation((1 << 64) - 1, 6, 0, True, (2, None), (None, 1), 3)
+    assert exp.to_data() == [-1, 6, 0, 1, 2, 3, 2, _core.ANY_DIM, _core.ANY_DIM, 1]
 
 
 def test_constant_depth_bounds_agree():

@@ -48,6 +48,8 @@ _METHOD_KIND = {
     "global_state": "GLOBAL_STATE",
     "dict_version": "DICT_VERSION",
     "predicate": "LAMBDA",
+    "alias": "ALIAS",
+    "no_alias": "NO_ALIAS",
 }
 STORED_KINDS = [k for k in _METHOD_KIND.values() if k not in ("DICT_VERSION", "LAMBDA")]
 
@@ -182,6 +184,244 @@ print(r)
         [sys.executable, "-c", child], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[True, \"G['CONFIG'].mode\", \"G['helper']\"]"
+
+
+# -- tensors, arrays, markings, aliasing, torch's state ----------------------------------------------
+
+
+def _tensor_frame() -> tuple[dict, list[dict]]:
+    """A frame of tensors (static, dynamic, a view with its storage offset checked, a Parameter)
+    and mutations of it: shape, stride, dtype, requires_grad, views, aliasing, markings."""
+    import torch
+
+    x = torch.randn(4, 8)
+    torch._dynamo.mark_dynamic(x, 0)
+    base = torch.randn(10, 8)
+    frame = {
+        "x": x,
+        "y": base[2:6].t(),
+        "z": torch.ones(3, dtype=torch.int64),
+        "u": torch.ones(3, dtype=torch.int64),
+        "p": torch.nn.Parameter(torch.zeros(2)),
+    }
+    frame["w"] = frame["z"]
+    variants = [dict(frame)]
+
+    def v(**kw: Any) -> None:
+        variants.append({**frame, **kw})
+
+    v(x=torch.randn(9, 8))  # dynamic dim: passes TENSOR_MATCH, fails the markings (unmarked)
+    m = torch.randn(9, 8)
+    torch._dynamo.mark_dynamic(m, 0)
+    v(x=m)
+    m2 = torch.randn(4, 8)
+    torch._dynamo.mark_dynamic(m2, 1)
+    v(x=m2)  # marked on a dim not marked at build
+    v(x=torch.randn(4, 9))
+    v(y=base[3:7].t())  # same sizes and strides, another storage offset
+    v(y=base[2:6].t().contiguous())
+    v(y=torch.randn(8, 4, dtype=torch.float64))
+    v(z=torch.ones(3, dtype=torch.int32), w=None)
+    v(z=torch.ones(3, dtype=torch.int64, requires_grad=False).neg())
+    v(w=torch.ones(3, dtype=torch.int64))  # ALIAS broken
+    v(u=frame["z"])  # NO_ALIAS broken
+    v(p=torch.zeros(2))  # a Tensor where a Parameter was
+    v(x=torch.randn(4, 8, requires_grad=True))
+    v(x=torch.randn(4, 8, dtype=torch.float16))
+    return frame, variants
+
+
+def _tensor_set(frame: dict) -> tw.GuardSet:
+    b = tw.GuardBuilder(frame)
+    b.tensor_match("L['x']", dynamic=(0,))
+    b.dimension_marking("L['x']")
+    b.tensor_match("L['y']", storage_offset=True)
+    b.tensor_match("L['z']")
+    b.tensor_match("L['u']")
+    b.tensor_match("L['p']")
+    b.alias("L['z']", "L['w']")
+    b.no_alias("L['x']", "L['y']", "L['z']", "L['u']", "L['p']")
+    b.global_state("torch_global_state")
+    b.global_state("torch_function_mode_stack")
+    b.global_state("torch_default_device")
+    return b.build()
+
+
+def _array_frame() -> tuple[dict, list[dict]]:
+    import numpy as np
+
+    rec = np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")])
+    frame = {"a": np.zeros((3, 4), dtype=np.float32), "b": np.arange(12.0)[::2], "r": rec, "s": rec}
+    variants = [dict(frame)]
+    for kw in (
+        {"a": np.zeros((3, 5), dtype=np.float32)},
+        {"a": np.zeros((4, 3), dtype=np.float32).T},
+        {"a": np.zeros((3, 4), dtype=np.float64)},
+        {"a": np.zeros((3, 4), dtype=">f4")},
+        {"a": np.zeros((3, 4), dtype=np.float32)[:, ::1].copy(order="F")},
+        {"b": np.arange(6.0)},
+        {"b": np.arange(12.0)[1::2]},
+        {"r": np.zeros(3, dtype=[("a", "<i4"), ("c", "<f8")]), "s": None},
+        {"s": rec.copy()},
+        {"a": frame["b"]},
+    ):
+        variants.append({**frame, **kw})
+    ro = frame["a"].copy()
+    ro.flags.writeable = False
+    variants.append({**frame, "a": ro})
+    return frame, variants
+
+
+def _array_set(frame: dict) -> tw.GuardSet:
+    b = tw.GuardBuilder(frame)
+    b.array_match("L['a']")
+    b.array_match("L['b']", dynamic=(0,))
+    b.array_match("L['r']")
+    b.alias("L['r']", "L['s']")
+    b.no_alias("L['a']", "L['b']", "L['r']")
+    return b.build()
+
+
+def _decisions(gs: tw.GuardSet, variants: list[dict], reasons: bool = True) -> list:
+    """Per variant: the decision and the first failure (source, kind, and the reason, which may
+    name object addresses: not comparable across processes)."""
+    out = []
+    for x in variants:
+        f = gs.why_not(x)
+        first = None if f is None else [str(f.source), f.kind] + ([f.reason] if reasons else [])
+        out.append([gs.check(x), first])
+    return out
+
+
+def test_tensor_kinds_round_trip() -> None:
+    """TENSOR_MATCH (static, dynamic, storage offset, a Parameter), DIMENSION_MARKING, ALIAS,
+    NO_ALIAS and torch's three probes: the loaded set decides, and explains, as the live one."""
+    pytest.importorskip("torch")
+    frame, variants = _tensor_frame()
+    gs = _tensor_set(frame)
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    assert [s.kind for s in loaded.guards] == [s.kind for s in gs.guards]
+    got, want = _decisions(loaded, variants), _decisions(gs, variants)
+    assert got == want
+    assert want[0][0] and sum(1 for ok, _ in want if not ok) == len(variants) - 3  # 3 that pass
+    assert {w[1][1] for w in want if w[1]} >= {"TENSOR_MATCH", "DIMENSION_MARKING", "ALIAS", "NO_ALIAS"}
+    import torch
+
+    with torch.no_grad():  # the global state is stored too
+        assert not loaded.check(frame)
+        assert loaded.why_not(frame).kind == "GLOBAL_STATE"
+        assert loaded.why_not(frame).reason == gs.why_not(frame).reason
+    describe = tw.serialization.describe_bytes(gs.to_bytes())
+    assert "check_tensor(L['x'], <type torch:Tensor>, float32[*, 8]" in describe
+    assert "torch.build" in describe
+
+
+def test_array_kinds_round_trip() -> None:
+    pytest.importorskip("numpy")
+    frame, variants = _array_frame()
+    gs = _array_set(frame)
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    want = _decisions(gs, variants)
+    assert _decisions(loaded, variants) == want
+    assert want[0][0] and sum(1 for ok, _ in want if not ok) == len(variants) - 2  # 2 that pass
+    assert "torch.build" not in loaded.baselines  # nothing torch-coded: loads without torch
+
+
+_TENSOR_CHILD = """
+import json, sys
+sys.path.insert(0, {here!r})
+import tripwire as tw
+try:  # torch is not imported: refused, and the load does not import it
+    tw.GuardSet.from_bytes(open({tpath!r}, "rb").read())
+    raise SystemExit("loaded without torch")
+except tw.FormatError as e:
+    assert "torch" in str(e), e
+assert "torch" not in sys.modules
+import torch, numpy
+import test_serialization as t
+import tripwire as tw
+out = []
+for path, make in (({tpath!r}, t._tensor_frame), ({apath!r}, t._array_frame)):
+    gs = tw.GuardSet.from_bytes(open(path, "rb").read())
+    out.append(t._decisions(gs, make()[1], reasons=False))
+print(json.dumps(out))
+"""
+
+
+def test_tensor_and_array_sets_load_in_a_fresh_process(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    tframe, tvariants = _tensor_frame()
+    aframe, avariants = _array_frame()
+    tgs, ags = _tensor_set(tframe), _array_set(aframe)
+    (tmp_path / "t.twg").write_bytes(tgs.to_bytes())
+    (tmp_path / "a.twg").write_bytes(ags.to_bytes())
+    expected = [_decisions(tgs, tvariants, reasons=False), _decisions(ags, avariants, reasons=False)]
+    child = _TENSOR_CHILD.format(here=str(HERE), tpath=str(tmp_path / "t.twg"), apath=str(tmp_path / "a.twg"))
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == json.loads(json.dumps(expected))
+
+
+def test_torch_coded_guards_refuse_another_torch_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dispatch-key bits, scalar-type codes and the autocast device order are the writing torch
+    build's: a load under another build (or with the baseline missing) is refused, naming them."""
+    pytest.importorskip("torch")
+    from tripwire import serialization
+
+    frame, _ = _tensor_frame()
+    gs = _tensor_set(frame)
+    blob = gs.to_bytes()
+    monkeypatch.setattr(serialization, "torch_build", lambda: "2.99.0+cpu+0000")
+    with pytest.raises(tw.FormatError, match=r"TENSOR_MATCH guard\(s\) were saved by torch 2\.13"):
+        tw.GuardSet.from_bytes(blob)
+    monkeypatch.setattr(serialization, "torch_build", lambda: None)
+    with pytest.raises(tw.FormatError, match="no torch imported"):
+        tw.GuardSet.from_bytes(blob)
+    monkeypatch.undo()
+    # Without the torch-coded guards the rest loads anywhere.
+    blob = gs.to_bytes(drop=["TENSOR_MATCH", "GLOBAL_STATE"])
+    monkeypatch.setattr(serialization, "torch_build", lambda: "2.99.0+cpu+0000")
+    assert tw.GuardSet.from_bytes(blob).check(frame)
+
+
+def test_a_tensor_kind_naming_a_non_tensor_type_is_refused_when_bound() -> None:
+    """What a crafted TENSOR_MATCH / ARRAY_MATCH record could name instead of a tensor or array
+    class: the engine refuses it before the adapter or the struct reader could read an arbitrary
+    object as a tensor (decoded sets are bound by the same code)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    frame, _ = _tensor_frame()
+    aframe, _ = _array_frame()
+    t = next(s for s in _tensor_set(frame).guards if s.kind is tw.GuardKind.TENSOR_MATCH)
+    a = next(s for s in _array_set(aframe).guards if s.kind is tw.GuardKind.ARRAY_MATCH)
+    for spec in (t, a):
+        bad = tw.GuardSpec(spec.kind, spec.source, (int, spec.args[1]), 0, ())
+        with pytest.raises(ValueError, match=r"needs a (torch tensor|numpy array) type"):
+            tw.GuardSet([bad])
+
+
+def test_what_tensor_kinds_cannot_store_is_refused() -> None:
+    torch = pytest.importorskip("torch")
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        pass
+
+    b = tw.GuardBuilder({"x": 1, "c": 2})
+    with Mode():
+        b.global_state("torch_function_mode_stack")
+        gs = b.build()
+    with pytest.raises(tw.NotSerializable, match="mode stack snapshot is a tuple of classes"):
+        gs.to_bytes()
+
+    def f() -> Any:
+        return cell_value
+
+    cell_value = 3
+    b = tw.GuardBuilder({"x": 3}, None, f)
+    b.alias("L['x']", "C['cell_value']")
+    with pytest.raises(tw.NotSerializable, match="closure cell"):
+        b.build().to_bytes()
 
 
 # -- references --------------------------------------------------------------------------------------
@@ -703,6 +943,17 @@ def test_from_bytes_fuzz(data: st.DataObject) -> None:
 _FUZZ_SEEDS = [tw.guards_for(f, fx.__dict__).to_bytes() for f in fx.frames()]
 
 
+def _tensor_kind_seed() -> bytes:
+    """A set with every tensor kind (TENSOR_MATCH, ARRAY_MATCH, DIMENSION_MARKING, ALIAS,
+    NO_ALIAS, torch's probes), for the fuzz corpus (needs torch and numpy to regenerate)."""
+    frame, _ = _tensor_frame()
+    aframe, _ = _array_frame()
+    b = tw.GuardBuilder({**frame, **aframe})
+    for spec in [*_tensor_set(frame).guards, *_array_set(aframe).guards]:
+        b.add(spec.kind, spec.source, tuple(resolve(a) for a in spec.args))
+    return b.build().to_bytes()
+
+
 def test_fuzz_seed_corpus_is_current() -> None:
     """tests/fuzz/corpus_codec holds the blobs of the fixture frames (mode byte 0: the whole
     file), so the libFuzzer run starts from real guard sets. Regenerate with
@@ -711,6 +962,7 @@ def test_fuzz_seed_corpus_is_current() -> None:
     names = {p.name for p in corpus.iterdir()}
     for i in range(len(_FUZZ_SEEDS)):
         assert f"guards_for_{i}" in names
+    assert {"tensor_kinds", "tensor_kinds_body"} <= names
 
 
 if __name__ == "__main__":
@@ -719,5 +971,8 @@ if __name__ == "__main__":
     for i, blob in enumerate(_FUZZ_SEEDS):
         (out / f"guards_for_{i}").write_bytes(b"\x00" + blob)
         (out / f"guards_for_{i}_body").write_bytes(b"\x01" + blob[64:])
-    print(f"wrote {2 * len(_FUZZ_SEEDS)} seeds to {out}")
+    blob = _tensor_kind_seed()
+    (out / "tensor_kinds").write_bytes(b"\x00" + blob)
+    (out / "tensor_kinds_body").write_bytes(b"\x01" + blob[64:])
+    print(f"wrote {2 * len(_FUZZ_SEEDS) + 2} seeds to {out}")
     _ = os

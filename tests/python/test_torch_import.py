@@ -7,11 +7,12 @@ inputs -- swapped submodules and configs, changed config fields, training flags,
 order, lists, rebound globals, hooks -- and asserts, for every mutated input, that the tripwire
 decision equals ``guard_manager.check``.
 
-The oracle: ``gm.check(L) == (gs.check(L) and every dropped root lambda of torch's holds)``. The
-mutations never touch a tensor or torch's global state, so the dropped TENSOR_MATCH, dimension
-marking, no-aliasing and framework-state guards hold on both sides; the one dropped guard they do
-exercise, torch's batched ``a is b`` aliasing lambda (OBJECT_ALIASING, pending until tripwire's
-ALIAS), is evaluated by calling torch's own lambda.
+The oracle: ``gm.check(L) == gs.check(L)``. Nothing is dropped: TENSOR_MATCH, the dimension
+markings, NO_TENSOR_ALIASING, torch's ``a is b`` lambda and the framework-state guards are imported
+onto tripwire's kinds, and every case also mutates its tensors (shape, stride, dtype,
+requires_grad, Parameter, copies and views, aliasing, marked dims) and torch's global state (grad
+mode, default dtype, determinism, threads, autocast, a torch-function mode, a default device):
+see ``Differential``.
 
 Counts are bounded for CI (``TRIALS`` per case, ``gc_stress.scaled``); the long run is
 ``TRIPWIRE_TORCH_TRIALS=100000 python -m pytest tests/python/test_torch_import.py -k differential``.
@@ -51,14 +52,7 @@ from tripwire.torch import _tree  # noqa: E402
 pytestmark = pytest.mark.torch
 
 TRIALS = gc_stress.scaled(int(os.environ.get("TRIPWIRE_TORCH_TRIALS", "1000")))
-TENSOR_KINDS = {  # what every case with tensors and torch's ambient guards drops
-    "TENSOR_MATCH",
-    "DIMENSION_DYNAMIC_MARKING_GUARD",
-    "GLOBAL_STATE",
-    "TORCH_FUNCTION_MODE_STACK",
-    "DEFAULT_DEVICE",
-    "AUTOGRAD_SAVED_TENSORS_HOOKS",
-}
+TENSOR_KINDS: set[str] = set()  # nothing is pending: tensor and ambient guards are imported
 
 
 # =================================================================================================
@@ -332,19 +326,37 @@ def import_checked(obj, drop, expect_dropped: set[str], **kw) -> twt.ImportedGua
     return gs
 
 
+class PassThroughMode(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
 class Differential:
-    """Runs mutations on a live state and compares the two decisions after each."""
+    """Runs mutations on a live state and compares the two decisions after each.
+
+    Besides the case's own mutations, every run mutates the tensors among the locals (shape,
+    stride, dtype, requires_grad, a Parameter for a Tensor, an equal copy, a view, aliasing one
+    input to another, dims marked dynamic / maybe-dynamic / static) and torch's global state
+    (grad mode, default dtype, deterministic algorithms, thread count, autocast, a torch-function
+    mode, a default device)."""
 
     def __init__(self, gm, gs, make_locals: Callable[[], dict]) -> None:
         self.gm, self.gs, self.make_locals = gm, gs, make_locals
-        self.lambdas = root_aliasing_lambdas(gm)
         self.decisions = collections.Counter()
+        self.overrides: dict[str, Any] = {}  # locals replaced by the tensor mutations
+        self.failed_kinds: collections.Counter = collections.Counter()  # tripwire's first failure
+
+    def locals(self) -> dict:
+        return {**self.make_locals(), **self.overrides}
 
     def compare(self, what: str) -> None:
-        L = self.make_locals()
+        L = self.locals()
         want = self.gm.check(L)
-        got = self.gs.check(L) and all(lam(L) for lam in self.lambdas)
+        got = self.gs.check(L)
         self.decisions[want] += 1
+        if not got:
+            f = self.gs.why_not(L)
+            self.failed_kinds[f.kind if f is not None else "?"] += 1
         if want != got:
             why_torch = self.gm.check_verbose(L).verbose_code_parts
             why_tw = self.gs.why_not(L)
@@ -352,10 +364,126 @@ class Differential:
                 f"after {what}: torch {want}, tripwire {got}\n torch: {why_torch}\n tripwire: {why_tw}"
             )
 
+    def tensor_mutations(self) -> list[Callable[[random.Random], Callable[[], None]]]:
+        names = [k for k, v in self.make_locals().items() if isinstance(v, torch.Tensor)]
+        if not names:
+            return []
+
+        def replace(name: str, value: Any) -> Callable[[], None]:
+            old = self.overrides.get(name, _MISSING)
+            self.overrides[name] = value
+
+            def undo() -> None:
+                if old is _MISSING:
+                    self.overrides.pop(name, None)
+                else:
+                    self.overrides[name] = old
+
+            return undo
+
+        def current(rng: random.Random) -> tuple[str, torch.Tensor]:
+            n = one_of(rng, names)
+            return n, self.locals()[n]
+
+        def t_shape(rng):
+            n, t = current(rng)
+            shape = list(t.shape) or [1]
+            i = rng.randrange(len(shape))
+            shape[i] = shape[i] + one_of(rng, (1, -1 if shape[i] > 1 else 2))
+            return replace(n, torch.zeros(shape, dtype=t.dtype))
+
+        def t_stride(rng):
+            n, t = current(rng)
+            if t.dim() >= 2:
+                return replace(n, t.transpose(0, 1).contiguous().transpose(0, 1))
+            return replace(
+                n, torch.zeros(2 * max(t.numel(), 1), dtype=t.dtype)[::2][: t.numel()].reshape(t.shape)
+            )
+
+        def t_dtype(rng):
+            n, t = current(rng)
+            other = one_of(
+                rng,
+                (torch.int32, torch.int64) if not t.is_floating_point() else (torch.float64, torch.float16),
+            )
+            return replace(n, t.to(other))
+
+        def t_requires_grad(rng):
+            n, t = current(rng)
+            if not t.is_floating_point():
+                return replace(n, t.clone())
+            return replace(n, t.detach().clone().requires_grad_(not t.requires_grad))
+
+        def t_same(rng):  # an equal copy, or a view with the same sizes and strides
+            n, t = current(rng)
+            if rng.random() < 0.5 or t.dim() == 0:
+                return replace(n, t.detach().clone())
+            base = torch.zeros((t.shape[0] + 1, *t.shape[1:]), dtype=t.dtype)
+            return replace(n, base[1:])
+
+        def t_parameter(rng):
+            n, t = current(rng)
+            if not t.is_floating_point():
+                return replace(n, t.clone())
+            return replace(n, nn.Parameter(t.detach().clone(), requires_grad=t.requires_grad))
+
+        def t_alias(rng):
+            a, b = one_of(rng, names), one_of(rng, names)
+            return replace(a, self.locals()[b])
+
+        def t_marked(rng):
+            n, t = current(rng)
+            c = t.detach().clone()
+            if c.dim() > 0:
+                mark = one_of(
+                    rng,
+                    (torch._dynamo.mark_dynamic, torch._dynamo.maybe_mark_dynamic, torch._dynamo.mark_static),
+                )
+                mark(c, rng.randrange(c.dim()))
+            return replace(n, c)
+
+        return [t_shape, t_stride, t_dtype, t_requires_grad, t_same, t_parameter, t_alias, t_marked]
+
+    @staticmethod
+    def state_mutations() -> list[Callable[[random.Random], Callable[[], None]]]:
+        def enter(ctx: Any) -> Callable[[], None]:
+            ctx.__enter__()
+            return lambda: ctx.__exit__(None, None, None)
+
+        def grad_mode(rng):
+            return enter(torch.no_grad())
+
+        def default_dtype(rng):
+            old = torch.get_default_dtype()
+            torch.set_default_dtype(one_of(rng, (torch.float64, torch.float32)))
+            return lambda: torch.set_default_dtype(old)
+
+        def deterministic(rng):
+            old = torch.are_deterministic_algorithms_enabled()
+            torch.use_deterministic_algorithms(not old)
+            return lambda: torch.use_deterministic_algorithms(old)
+
+        def threads(rng):
+            old = torch.get_num_threads()
+            torch.set_num_threads(one_of(rng, (1, old)))
+            return lambda: torch.set_num_threads(old)
+
+        def autocast(rng):
+            return enter(torch.autocast("cpu", dtype=one_of(rng, (torch.bfloat16, torch.float16))))
+
+        def function_mode(rng):
+            return enter(PassThroughMode())
+
+        def default_device(rng):
+            return enter(torch.device("cpu"))
+
+        return [grad_mode, default_dtype, deterministic, threads, autocast, function_mode, default_device]
+
     def run(
         self, mutations: list[Callable[[random.Random], Callable[[], None]]], trials: int, seed: int
     ) -> None:
         rng = random.Random(seed)
+        mutations = [*mutations, *self.tensor_mutations(), *self.state_mutations()]
         self.compare("nothing")
         for t in range(trials):
             k = rng.choice((0, 1, 1, 1, 2, 2, 3))
@@ -371,6 +499,9 @@ class Differential:
         self.compare("all undone")
         # The mutations must reach both answers many times, or the comparison proves little.
         assert self.decisions[True] >= trials // 10 and self.decisions[False] >= trials // 10, self.decisions
+        # The tensor and state mutations were decided by the imported tensor and state guards.
+        if self.tensor_mutations() and trials >= 200:
+            assert {"TENSOR_MATCH", "GLOBAL_STATE"} <= set(self.failed_kinds), self.failed_kinds
 
 
 # -- mutation helpers ------------------------------------------------------------------------------
@@ -445,7 +576,7 @@ def test_differential_gpt():
     model = GPT(cfg)
     idx = torch.randint(0, cfg.vocab, (2, 8))
     gm = compile_and_call(model, idx)
-    gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS | {"OBJECT_ALIASING"})
+    gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS)
     rec = gs.torch_import
     assert {e.kind for e in rec.exemptions} == {"NO_TENSOR_ALIASING", "NN_MODULE_HOOKS", "DICT_TAG_SKIP"}
     assert (
@@ -567,7 +698,7 @@ def test_differential_cnn():
     model = CNN()
     x = torch.randn(2, 3, 8, 8)
     gm = compile_and_call(model, x)
-    gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS | {"OBJECT_ALIASING"})
+    gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS)
     assert gs.torch_import.coverage()["DictGuardManager"]["native"] == 4
 
     def conv_field(rng):
@@ -662,9 +793,10 @@ def test_differential_shared_submodule():
     model = Shared()
     x = torch.randn(2, 4)
     gm = compile_and_call(model, x)
-    gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS | {"OBJECT_ALIASING"})
-    aliasing = [g for g in gs.torch_import.dropped if g.kind == "OBJECT_ALIASING"]
-    assert aliasing and aliasing[0].details["pairs"], aliasing
+    gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS)
+    aliasing = [g for g in gs.torch_import.guards if g.kind == "OBJECT_ALIASING"]
+    assert aliasing and all(g.outcome == "native" for g in aliasing), aliasing
+    assert [s.kind for s in gs.guards if s.kind is tw.GuardKind.ALIAS]
 
     def replace_b(rng):
         return set_attr(model, "b", one_of(rng, (copy.deepcopy(model.a), model.a)))
@@ -851,6 +983,42 @@ def test_differential_dicts_and_tuples():
     Differential(gm, gs, lambda: {"x": x, **state}).run([arg, mutate_md], TRIALS, seed=5)
 
 
+def many_tensors(x0, x1, x2, x3, x4, x5, x6, x7, d, t):
+    return x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7 + d["a"] + d["b"] + t[0] + t[1]
+
+
+def test_differential_many_tensors_dicts_and_tuples():
+    """Eight tensor arguments and tensors in a dict and a tuple: NO_TENSOR_ALIASING over all of
+    them (aliasing one input to another must fail both sides), TENSOR_MATCH on each."""
+    torch.manual_seed(0)
+    xs = {f"x{i}": torch.randn(2, 3) for i in range(8)}
+    d = {"a": torch.randn(2, 3), "b": torch.randn(2, 3)}
+    t = (torch.randn(2, 3), torch.randn(2, 3))
+    gm = compile_and_call(many_tensors, *xs.values(), d, t)
+    gs = import_checked(many_tensors, twt.PENDING_KINDS, TENSOR_KINDS)
+    cov = gs.torch_import.coverage()
+    assert cov["TENSOR_MATCH"]["native"] == 12 and cov["NO_TENSOR_ALIASING"]["native"] == 12, cov
+    state = {"d": dict(d), "t": t}
+
+    def alias_in_containers(rng):
+        old_d, old_t = state["d"], state["t"]
+        pick = one_of(rng, ("d", "t"))
+        if pick == "d":
+            state["d"] = {"a": xs["x0"], "b": d["b"]}
+        else:
+            state["t"] = (t[0], one_of(rng, (d["a"], t[0])))
+
+        def undo():
+            state["d"], state["t"] = old_d, old_t
+
+        return undo
+
+    diff = Differential(gm, gs, lambda: {**xs, **state})
+    diff.run([alias_in_containers], TRIALS, seed=12)
+    if TRIALS >= 200:
+        assert "NO_ALIAS" in diff.failed_kinds, diff.failed_kinds
+
+
 def test_differential_globals_closures_defaults():
     x = torch.ones(2)
     inner = make_closure(5)
@@ -953,7 +1121,9 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
     finally:
         undo()
     torch_evaluated = exact.torch_import.by_outcome("torch")
-    assert torch_evaluated and all(g.kind == "EQUALS_MATCH" for g in torch_evaluated)
+    assert torch_evaluated and all(
+        g.kind in ("EQUALS_MATCH", "AUTOGRAD_SAVED_TENSORS_HOOKS") for g in torch_evaluated
+    )
     assert "torch's own guard" in exact.explain()
     assert all(
         "stricter (equals='strict')" in g.why for g in strict.torch_import.guards if "stride ==" in g.code
@@ -965,38 +1135,31 @@ def test_fallback_refuse_reports_what_needs_torch():
     compile_and_call(model, torch.randn(1, 3, 8, 8))
     with pytest.raises(tw.GuardsNotImportable) as e:
         twt.guards_of(model, drop=twt.PENDING_KINDS, fallback="refuse")
-    assert {g.kind for g in e.value.guards} == {"EQUALS_MATCH"}
-    assert all(g.outcome == "unsupported" and "Python ==" in g.why for g in e.value.guards)
-    gs = twt.guards_of(model, drop=(*twt.PENDING_KINDS, "EQUALS_MATCH"), fallback="refuse")
+    assert {g.kind for g in e.value.guards} == {"EQUALS_MATCH", "AUTOGRAD_SAVED_TENSORS_HOOKS"}
+    assert all(
+        g.outcome == "unsupported" and ("Python ==" in g.why or "saved_tensors_hooks" in g.why)
+        for g in e.value.guards
+    )
+    gs = twt.guards_of(
+        model, drop=(*twt.PENDING_KINDS, "EQUALS_MATCH", "AUTOGRAD_SAVED_TENSORS_HOOKS"), fallback="refuse"
+    )
     assert not gs.torch_import.by_outcome("torch")
 
 
 def test_not_importable_lists_each_guard_with_source_and_kind():
+    """With fallback="refuse", what has no tripwire form is listed (source, kind, why), nothing is
+    imported, and a source in drop= drops the guards on it and below it."""
     model = Shared()
     compile_and_call(model, torch.randn(2, 4))
     with pytest.raises(tw.GuardsNotImportable) as e:
-        twt.guards_of(model)
+        twt.guards_of(model, fallback="refuse")
     msg = str(e.value)
-    kinds = {g.kind for g in e.value.guards}
-    assert TENSOR_KINDS | {"OBJECT_ALIASING"} == kinds
+    assert {g.kind for g in e.value.guards} == {"AUTOGRAD_SAVED_TENSORS_HOOKS"}
     for g in e.value.guards:
-        assert g.outcome == "pending" and g.source and g.kind in msg
-    assert "L['self']._modules['b']._parameters['weight']" in msg  # torch guards b's tree and `b is a`
-    # Dropping only some of them still raises, naming the rest.
-    with pytest.raises(tw.GuardsNotImportable) as e2:
-        twt.guards_of(model, drop=("TENSOR_MATCH",))
-    assert "TENSOR_MATCH" not in {g.kind for g in e2.value.guards}
-    # A source drops the guards on it and below it.
-    gs = twt.guards_of(
-        model,
-        drop=(
-            *sorted(TENSOR_KINDS - {"TENSOR_MATCH", "DIMENSION_DYNAMIC_MARKING_GUARD"}),
-            "OBJECT_ALIASING",
-            "L['self']",
-            "L['x']",
-        ),
-    )
+        assert g.outcome == "unsupported" and g.source and g.kind in msg
+    gs = twt.guards_of(model, drop=("AUTOGRAD_SAVED_TENSORS_HOOKS", "L['self']", "L['x']"), fallback="refuse")
     assert all(g.outcome == "dropped" for g in gs.torch_import.guards if g.source.startswith("L['self']"))
+    assert not any(s.kind is tw.GuardKind.TENSOR_MATCH for s in gs.guards)
 
 
 def test_drop_rejects_names_that_match_nothing():
@@ -1270,7 +1433,7 @@ def test_without_torchs_identity_records_every_guard_still_decides_exactly(monke
     x = torch.randn(1, 3, 8, 8)
     gm = compile_and_call(model, x)
     monkeypatch.setattr(_tree, "identity_objects", lambda gm: {})
-    gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS | {"OBJECT_ALIASING"})
+    gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS)
     cov = gs.torch_import.coverage()
     assert cov["TYPE_MATCH"]["torch"] == cov["TYPE_MATCH"]["total"] and cov["ID_MATCH"]["native"] == 0
     assert all(
@@ -1398,7 +1561,7 @@ def test_odd_keys_and_strings_in_printed_code():
 
     gm = compile_and_call(f, torch.ones(1), dict(weird), "  # not a comment")
     gs = import_checked(f, twt.PENDING_KINDS, TENSOR_KINDS)
-    assert not gs.torch_import.by_outcome("torch")
+    assert {g.kind for g in gs.torch_import.by_outcome("torch")} == {"AUTOGRAD_SAVED_TENSORS_HOOKS"}
     for d, s in [
         (dict(weird), "  # not a comment"),
         ({**weird, "x') == 1 or ('": 5}, "  # not a comment"),
@@ -1517,37 +1680,84 @@ def test_dict_manager_length_is_read_and_verified():
         dict_manager_length(plain)
 
 
-def test_pending_guards_carry_their_parameters_for_the_tensor_engine():
+def test_imported_tensor_guards_are_torchs_parameters():
+    """TENSOR_MATCH is what tripwire itself would build from the example (type, dispatch keys as
+    torch normalised them, dtype, device, requires_grad, sizes, strides); markings, aliasing and
+    global state likewise."""
+    from tripwire import tensors
+    from tripwire.catalogue import resolve
+
     torch.manual_seed(0)
     model = Shared()
     x = torch.randn(2, 4)
     compile_and_call(model, x)
-    gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    gs = twt.guards_of(model)
+    assert not gs.torch_import.dropped
     by = collections.defaultdict(list)
-    for g in gs.torch_import.dropped:
-        by[g.kind].append(g)
-    t = next(g for g in by["TENSOR_MATCH"] if g.source == "L['x']").details
-    assert t == {
-        "pytype": "Tensor",
-        "dispatch_keys": "DispatchKeySet(CPU, BackendSelect, ADInplaceOrView, AutogradCPU)",
-        "dtype": "torch.float32",
-        "device_index": None,
-        "requires_grad": False,
-        "size": [2, 4],
-        "stride": [4, 1],
-        "dynamic": (),
-    }
-    w = next(g for g in by["TENSOR_MATCH"] if g.source.endswith("_parameters['weight']")).details
-    assert w["pytype"] == "Parameter" and w["requires_grad"] is True and w["size"] == [4, 4]
-    marks = by["DIMENSION_DYNAMIC_MARKING_GUARD"][0].details["absent"]
-    assert marks == [
-        "_dynamo_dynamic_indices",
-        "_dynamo_weak_dynamic_indices",
-        "_dynamo_unbacked_indices",
-        "_dynamo_strict_unbacked_indices",
-        "_dynamo_static_indices",
-    ]
-    assert by["OBJECT_ALIASING"][0].details["pairs"] == [
-        ("L['self']._modules['b']", "L['self']._modules['a']")
-    ]
-    assert by["GLOBAL_STATE"][0].details["snapshot"]["grad_mode"] is True
+    for spec in gs.guards:
+        by[spec.kind.name].append(spec)
+    tx = next(s for s in by["TENSOR_MATCH"] if str(s.source) == "L['x']")
+    assert resolve(tx.args[0]) is torch.Tensor and tx.args[1] == tensors.expect_tensor(x)
+    tw_ = next(s for s in by["TENSOR_MATCH"] if "weight" in str(s.source))
+    assert resolve(tw_.args[0]) is nn.Parameter and tw_.args[1] == tensors.expect_tensor(model.a.weight)
+    assert all(s.args[0].attrs == (None,) * 5 for s in by["DIMENSION_MARKING"])
+    # torch's `L['self']._modules['b'] is L['self']._modules['a']`, read through the same
+    # __dict__ steps as the guards below those modules
+    ((b, a),) = [(str(s.source), str(s.args[0])) for s in by["ALIAS"]]
+    assert b.endswith("'_modules'), 'b')") and a.endswith("'_modules'), 'a')"), (b, a)
+    state = next(s for s in by["GLOBAL_STATE"] if s.args[0] == "torch_global_state")
+    assert gs.check({"self": model, "x": x})
+    with torch.no_grad():
+        assert gs.why_not({"self": model, "x": x}).kind == "GLOBAL_STATE"
+    assert state.args[1][0] == 1  # grad mode at compile time
+
+
+def test_mode_stack_and_default_device_snapshots_only_when_torchs_leaf_passes():
+    """torch prints no snapshot of its mode stack: it is read at import only when torch's own leaf
+    passes then; imported elsewhere, torch's leaf decides (exact, recorded)."""
+
+    def f(x):
+        return x + 1
+
+    x = torch.ones(2)
+    with PassThroughMode():
+        gm = compile_and_call(f, x)
+        inside = twt.guards_of(f)
+    outside = twt.guards_of(f)
+    kinds = {g.kind: g.outcome for g in inside.torch_import.guards}
+    assert kinds["TORCH_FUNCTION_MODE_STACK"] == "native"
+    assert {g.kind: g.outcome for g in outside.torch_import.guards}["TORCH_FUNCTION_MODE_STACK"] == "torch"
+    L = {"x": x}
+    for gs in (inside, outside):
+        assert gm.check(L) is False and gs.check(L) is False
+        assert gs.why_not(L).kind in ("GLOBAL_STATE", "LAMBDA")
+        with PassThroughMode():
+            assert gm.check(L) is True and gs.check(L) is True
+
+
+def duplicate_inputs(a, b, c):
+    return a * 2 + b + c
+
+
+def test_differential_duplicate_input():
+    """Compiled with the same tensor passed twice: torch's DUPLICATE_INPUT `a is b` lambda becomes
+    an ALIAS (NO_TENSOR_ALIASING then covers the distinct ones); un-aliasing fails both sides."""
+    a, c = torch.randn(3), torch.randn(3)
+    gm = compile_and_call(duplicate_inputs, a, a, c)
+    gs = import_checked(duplicate_inputs, twt.PENDING_KINDS, TENSOR_KINDS)
+    assert [s.kind for s in gs.guards if s.kind is tw.GuardKind.ALIAS]
+    state = {"a": a, "b": a, "c": c}
+
+    def unalias(rng):
+        old = state["b"]
+        state["b"] = one_of(rng, (a.clone(), c, a))
+
+        def undo():
+            state["b"] = old
+
+        return undo
+
+    diff = Differential(gm, gs, lambda: dict(state))
+    diff.run([unalias], TRIALS, seed=13)
+    if TRIALS >= 200:
+        assert "ALIAS" in diff.failed_kinds, diff.failed_kinds

@@ -20,9 +20,9 @@ with ``dynamic=False`` ints *and floats* are specialised (EQUALS_MATCH, which is
 bools get TRUE/FALSE_MATCH, a dict read by constant keys gets TYPE_MATCH plus one guard per key
 read (no key-set guard), a dict iterated with ``.items()`` gets a DictGuardManager (exact type,
 length, each key by position, so key order matters), and a user object gets TYPE_MATCH plus
-guards on the attributes read (through ``__dict__`` for an nn.Module). Tensors get TENSOR_MATCH,
-which tripwire does not have yet: the tensor argument is only ever replaced by an equal-shaped
-tensor in the compared variants, and a shape change is a documented difference.
+guards on the attributes read (through ``__dict__`` for an nn.Module). Tensors get TENSOR_MATCH and
+DIMENSION_DYNAMIC_MARKING_GUARD, which tripwire's ``guards_for`` infers too (TENSOR_MATCH and
+DIMENSION_MARKING): the variants change the tensor's shape, dtype, strides, grad and type as well.
 """
 
 from __future__ import annotations
@@ -239,12 +239,18 @@ def _inferred(e: dict, **policy) -> tw.GuardSet:
     return tw.guards_for(e, policy=tw.Policy(**policy))
 
 
+def _tw_tensor(b: tw.GuardBuilder) -> None:
+    # Dynamo: TENSOR_MATCH and DIMENSION_DYNAMIC_MARKING_GUARD on the tensor argument.
+    b.tensor_match("L['x']")
+    b.dimension_marking("L['x']")
+
+
 def _tw_len(e: dict) -> tw.GuardSet:
     # Dynamo: TYPE_MATCH + LENGTH_CHECK on xs (only len() is read), nothing on `unused`.
     b = tw.GuardBuilder(e)
     b.type_match("L['xs']")
     b.length("L['xs']")
-    b.type_match("L['x']")
+    _tw_tensor(b)
     return b.build()
 
 
@@ -255,7 +261,7 @@ def _tw_dict_get(e: dict) -> tw.GuardSet:
     b.true("L['cfg']['bias']")
     b.equals("L['cfg']['mode']")
     b.equals("L['cfg']['scale']")
-    b.type_match("L['x']")
+    _tw_tensor(b)
     return b.build()
 
 
@@ -265,7 +271,7 @@ def _tw_obj(e: dict) -> tw.GuardSet:
     b.type_match("L['m']")
     b.equals("L['m'].depth")
     b.true("L['m'].use_bias")
-    b.type_match("L['x']")
+    _tw_tensor(b)
     return b.build()
 
 
@@ -277,7 +283,7 @@ def _tw_module(e: dict) -> tw.GuardSet:
     b.dict_contains("L['m'].__dict__", "forward", present=False)
     b.equals("L['m'].__dict__['depth']")
     b.true("L['m'].__dict__['use_bias']")
-    b.type_match("L['x']")
+    _tw_tensor(b)
     return b.build()
 
 
@@ -324,6 +330,12 @@ CASES = [
             "same": lambda e: dict(e),
             "same values, new objects": lambda e: _with(e, name="".join(["re", "lu"]), ratio=float("0.5")),
             "same tensor shape, new tensor": lambda e: _with(e, x=torch.zeros(3)),
+            "tensor shape changed": lambda e: _with(e, x=torch.ones(4)),
+            "tensor dtype changed": lambda e: _with(e, x=torch.ones(3).long()),
+            "tensor requires grad": lambda e: _with(e, x=torch.ones(3, requires_grad=True)),
+            "tensor strided view": lambda e: _with(e, x=torch.ones(6)[::2]),
+            "tensor -> parameter": lambda e: _with(e, x=torch.nn.Parameter(torch.ones(3))),
+            "tensor on meta": lambda e: _with(e, x=torch.ones(3, device="meta")),
             "int changed": lambda e: _with(e, n=2),
             "int -> float": lambda e: _with(e, n=1.0),
             "int -> bool": lambda e: _with(e, n=True),
@@ -347,9 +359,7 @@ CASES = [
             "argument missing": lambda e: {k: v for k, v in e.items() if k != "n"},
             "everything changed": lambda e: dict(n=5, flag=False, name="x", nothing=1, ratio=2.0, x=X),
         },
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
     ),
     Case(
         "nan",
@@ -365,9 +375,7 @@ CASES = [
             "str nan": lambda e: _with(e, r="nan"),
         },
         # Dynamo's FLOAT_IS_NAN is tripwire's EQUALS_MATCH(nan) (NaN matches NaN).
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
     ),
     Case(
         "sequences",
@@ -395,9 +403,7 @@ CASES = [
             "tuple -> namedtuple": lambda e: _with(e, pair=collections.namedtuple("P", "a b")(2, "add")),
             "list -> None": lambda e: _with(e, xs=None),
         },
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
     ),
     Case(
         "len only",
@@ -414,9 +420,7 @@ CASES = [
             "list -> tuple": lambda e: _with(e, xs=(1, 2, 3)),
             "list -> str of same length": lambda e: _with(e, xs="abc"),
         },
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
     ),
     Case(
         "dict read by key",
@@ -438,9 +442,7 @@ CASES = [
             "dict -> OrderedDict": lambda e: _with(e, cfg=collections.OrderedDict(e["cfg"])),
             "dict -> list": lambda e: _with(e, cfg=[("mode", "fast")]),
         },
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
     ),
     Case(
         "dict iterated",
@@ -461,9 +463,7 @@ CASES = [
             "dict -> OrderedDict": lambda e: _with(e, cfg=collections.OrderedDict(e["cfg"])),
             "empty dict": lambda e: _with(e, cfg={}),
         },
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
     ),
     Case(
         "nested containers",
@@ -486,9 +486,7 @@ CASES = [
         tw_only={
             ("L['spec']", "DICT_KEYS"): "guards_for pins a dict's key list; Dynamo reads two keys by name",
         },
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
     ),
     Case(
         "object attributes",
@@ -507,9 +505,7 @@ CASES = [
             "duck-typed other class": lambda e: _with(e, m=DuckCfg(2, True)),
             "None": lambda e: _with(e, m=None),
         },
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
     ),
     Case(
         "nn.Module attributes",
@@ -532,9 +528,7 @@ CASES = [
             ("L['m'].__dict__['depth']", "EQUALS_MATCH"): {("L['m'].depth", "EQUALS_MATCH")},
             ("L['m'].__dict__['use_bias']", "TRUE"): {("L['m'].use_bias", "TRUE_MATCH")},
         },
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
     ),
 ]
 MIXED_KEYS = {("t", 1): 1, Mode.A: 2, "é\x00": 3, None: 4, 2.5: 5}
@@ -570,9 +564,7 @@ CASES.append(
             "value under enum key -> float": lambda e: _with(e, cfg=_mixed_replace(Mode.A, Mode.A, 2.0)),
             "value under None key changed": lambda e: _with(e, cfg=_mixed_replace(None, None, 0)),
         },
-        dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
-        },
+        dynamo_only={},
         counterpart={
             # Dynamo names these values by key position, tripwire by the key itself.
             ("L['cfg'][None]", "EQUALS_MATCH"): {("L['cfg'][list(dict.keys(L['cfg']))[3]]", "EQUALS_MATCH")},
@@ -613,7 +605,6 @@ CASES.append(
             "__code__ accessor fails on non-functions anyway (see the CodeHolder variant)",
         },
         dynamo_only={
-            ("L['x']", "DIMENSION_DYNAMIC_MARKING_GUARD"): "tensor marking attributes (no TENSOR_MATCH yet)",
             ("L['fs']", "SET_CONTAINS"): "implied by EQUALS_MATCH on the whole frozenset",
         },
         counterpart={
@@ -699,6 +690,9 @@ KIND_MAP = {
     "NONE": {"NONE_MATCH"},
     "DICT_CONTAINS": {"DICT_CONTAINS"},
     "DICT_KEYS": {"DICT"},  # a DictGuardManager guards every key by position
+    "TENSOR_MATCH": {"TENSOR_MATCH"},
+    "DIMENSION_MARKING": {"DIMENSION_DYNAMIC_MARKING_GUARD"},
+    "NO_ALIAS": {"NO_TENSOR_ALIASING"},
 }
 
 
@@ -779,26 +773,6 @@ class Difference:
 
 
 DIFFERENCES = [
-    # tripwire has no TENSOR_MATCH yet: a tensor argument is guarded by type only, Dynamo also
-    # guards dtype, device, requires_grad, sizes and strides (dynamic=False: static shapes).
-    Difference(
-        "scalars",
-        "tensor shape changed",
-        _inferred,
-        lambda e: _with(e, x=torch.ones(4)),
-        True,
-        False,
-        "no TENSOR_MATCH in tripwire yet",
-    ),
-    Difference(
-        "scalars",
-        "tensor dtype changed",
-        _inferred,
-        lambda e: _with(e, x=torch.ones(3).long()),
-        True,
-        False,
-        "no TENSOR_MATCH in tripwire yet",
-    ),
     # guards_for guards every input fully; Dynamo guards only what the function reads. f_len reads
     # len(xs) and never reads `unused`. (The explicit mirror _tw_len agrees with Dynamo on these.)
     Difference(

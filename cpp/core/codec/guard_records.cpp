@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "core/kind_data.hpp"
 #include "core/program.hpp"
 
 namespace tripwire::core::codec {
@@ -14,6 +15,28 @@ bool step_has_operand(StepKind k) {
 bool step_has_index(StepKind k) {
     return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
            k == StepKind::DictValue;
+}
+
+// A kind's plain data (core/kind_data.hpp): a count, then each integer as a zigzag varint. The
+// layout itself is checked by validate_data when the program is compiled.
+void write_data(const std::vector<std::int64_t>& data, Writer& w) {
+    w.varint(data.size());
+    for (const std::int64_t x : data) w.zigzag(x);
+}
+void read_data(Reader& r, std::vector<std::int64_t>& data) {
+    const std::size_t n = r.count("data length");
+    data.clear();
+    data.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) data.push_back(r.zigzag("data"));
+}
+
+// An optional constant: 0 for none, else index + 1.
+void write_optional(ConstId c, Writer& w) { w.varint(c == kNoConst ? 0 : static_cast<std::uint64_t>(c) + 1); }
+ConstId read_optional(Reader& r, const char* what, std::size_t n_consts) {
+    const std::uint64_t v = r.varint(what);
+    if (v == 0) return kNoConst;
+    if (v - 1 >= n_consts) r.fail(std::string(what) + " out of range");
+    return static_cast<ConstId>(v - 1);
 }
 
 }  // namespace
@@ -74,7 +97,7 @@ const char* never_stored_reason(GuardKind k) {
     }
 }
 
-void write_payload(const GuardDecl& d, Writer& w, StringTable& /*strings*/) {
+void write_payload(const GuardDecl& d, Writer& w, StringTable& strings) {
     switch (d.kind) {
         case GuardKind::TypeMatch:
         case GuardKind::IdMatch:
@@ -98,7 +121,14 @@ void write_payload(const GuardDecl& d, Writer& w, StringTable& /*strings*/) {
             w.u8(d.flag ? 1 : 0);
             break;
         case GuardKind::GlobalState:
-            if (d.operand == kNoConst) {  // built-in probe: its id and the int snapshot
+            if (d.operand == kNoConst && builtin_probe_reads_framework(static_cast<BuiltinProbe>(d.n))) {
+                // a torch probe: its id, its snapshot constant (mode stack, default device) or
+                // its plain-data snapshot (torch's global state)
+                w.u8(2);
+                w.varint(static_cast<std::uint64_t>(d.n));
+                write_optional(d.operand2, w);
+                write_data(d.data, w);
+            } else if (d.operand == kNoConst) {  // built-in probe: its id and the int snapshot
                 w.u8(0);
                 w.varint(static_cast<std::uint64_t>(d.n));
                 w.zigzag(d.n2);
@@ -107,6 +137,26 @@ void write_payload(const GuardDecl& d, Writer& w, StringTable& /*strings*/) {
                 w.varint(d.operand);
                 w.varint(d.operand2);
             }
+            break;
+        case GuardKind::TensorMatch:
+            w.varint(d.operand);
+            write_data(d.data, w);
+            break;
+        case GuardKind::ArrayMatch:
+            w.varint(d.operand);
+            w.varint(d.operand2);
+            write_data(d.data, w);
+            break;
+        case GuardKind::DimensionMarking:
+            w.varint(d.operand);
+            w.varint(d.operand2);
+            w.u8(d.flag ? 1 : 0);
+            write_data(d.data, w);
+            break;
+        case GuardKind::Alias:
+        case GuardKind::NoAlias:
+            w.varint(d.more_sources.size());
+            for (const SourcePath& s : d.more_sources) write_source(s, w, strings);
             break;
         case GuardKind::DictVersion:
         case GuardKind::Lambda:
@@ -150,19 +200,61 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
             d.operand = constant("operand constant");
             d.flag = r.flag("present flag");
             break;
-        case GuardKind::GlobalState:
-            if (r.flag("probe form")) {
+        case GuardKind::GlobalState: {
+            const std::size_t form_at = r.offset();
+            const std::uint8_t form = r.u8("probe form");
+            if (form == 1) {
                 d.operand = constant("probe constant");
                 d.operand2 = constant("snapshot constant");
-            } else {
+            } else if (form == 0 || form == 2) {
                 const std::uint64_t probe = r.varint("built-in probe id");
                 if (probe >= static_cast<std::uint64_t>(kBuiltinProbeCount)) {
                     r.fail("unknown built-in probe " + std::to_string(probe));
                 }
                 d.n = static_cast<std::int64_t>(probe);
-                d.n2 = r.zigzag("built-in probe snapshot");
+                const bool torch = builtin_probe_reads_framework(static_cast<BuiltinProbe>(probe));
+                if (torch != (form == 2)) {
+                    r.fail_at(form_at,
+                              std::string("built-in probe ") + std::to_string(probe) +
+                                  (torch ? " is a torch probe: it needs form 2" : " is not a torch probe"));
+                }
+                if (form == 0) {
+                    d.n2 = r.zigzag("built-in probe snapshot");
+                } else {
+                    d.operand2 = read_optional(r, "snapshot constant", n_consts);
+                    read_data(r, d.data);
+                }
+            } else {
+                r.fail_at(form_at, "unknown probe form " + std::to_string(form));
             }
             break;
+        }
+        case GuardKind::TensorMatch:
+            d.operand = constant("type constant");
+            read_data(r, d.data);
+            break;
+        case GuardKind::ArrayMatch:
+            d.operand = constant("type constant");
+            d.operand2 = constant("dtype constant");
+            read_data(r, d.data);
+            break;
+        case GuardKind::DimensionMarking:
+            d.operand = constant("shape ids constant");
+            d.operand2 = constant("unbacked bounds constant");
+            d.flag = r.flag("dependent flag");
+            read_data(r, d.data);
+            break;
+        case GuardKind::Alias:
+        case GuardKind::NoAlias: {
+            const std::size_t count_at = r.offset();
+            const std::size_t n = r.count("other sources");
+            if (d.kind == GuardKind::Alias ? n != 1 : (n < 1 || n > kMaxRelationalSources)) {
+                r.fail_at(count_at, name + " with " + std::to_string(n) + " other sources");
+            }
+            d.more_sources.resize(n);
+            for (SourcePath& s : d.more_sources) read_source(r, s, ctx);
+            break;
+        }
         case GuardKind::DictVersion:
         case GuardKind::Lambda: break;  // refused above
     }

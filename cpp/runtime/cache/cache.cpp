@@ -12,6 +12,9 @@
 // hit.
 #include "runtime/cache/cache.hpp"
 
+#include "core/kind_data.hpp"
+#include "runtime/tensors/readers.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -99,8 +102,34 @@ bool pure_step(const RuntimeStep& step, PyObject* parent) {
     }
 }
 
-// How selective a key kind is (higher: fewer entries share a key): value, identity, length, type.
-constexpr int kKindRank[] = {0, 2, 3, 1};
+// How selective a key kind is (higher: fewer entries share a key): value and shape, identity,
+// length, type.
+constexpr int kKindRank[] = {0, 2, 3, 1, 3};
+
+// A key for a tensor's or an array's exact type and sizes (DispatchKey kind 4).
+std::intptr_t shape_hash(const std::int64_t* sizes, std::int64_t ndim, std::size_t stride) {
+    std::uint64_t h = 0x9E3779B97F4A7C15ULL ^ static_cast<std::uint64_t>(ndim);
+    for (std::int64_t i = 0; i < ndim; ++i) {
+        h ^= static_cast<std::uint64_t>(sizes[static_cast<std::size_t>(i) * stride]) + 0x9E3779B97F4A7C15ULL +
+             (h << 6) + (h >> 2);
+    }
+    return static_cast<std::intptr_t>(h);
+}
+
+// The shape key a TENSOR_MATCH or ARRAY_MATCH guard imposes: when every size is checked, its
+// value must have exactly these sizes and this type.
+bool shape_key(const core::GuardDecl& d, PyObject* type, DispatchKey& out) {
+    const std::size_t header =
+        d.kind == core::GuardKind::TensorMatch ? core::tensor_data::kHeader : core::array_data::kHeader;
+    const std::int64_t ndim =
+        d.data[d.kind == core::GuardKind::TensorMatch ? core::tensor_data::kNdim : core::array_data::kNdim];
+    const std::int64_t* sizes = d.data.data() + header;
+    for (std::int64_t i = 0; i < ndim; ++i) {
+        if (sizes[2 * i] == core::kAny) return false;  // a dynamic dimension: not indexed
+    }
+    out = {4, reinterpret_cast<std::uintptr_t>(type), shape_hash(sizes, ndim, 2)};
+    return true;
+}
 
 // Candidate lists reused across lookups on this thread, one per nesting level (a guard's user
 // code may look a cache up again, and releasing a candidate may run a finalizer that does).
@@ -274,6 +303,8 @@ void Cache::describe_entry(CacheEntry& e) const {
                 key = {1, reinterpret_cast<std::uintptr_t>(c), 0};
             } else if (d.kind == core::GuardKind::Length) {
                 key = {3, 0, static_cast<std::intptr_t>(d.n)};
+            } else if (d.kind == core::GuardKind::TensorMatch || d.kind == core::GuardKind::ArrayMatch) {
+                if (!shape_key(d, c, key)) continue;
             } else if (d.kind != core::GuardKind::EqualsMatch || !value_key(c, key)) {
                 continue;
             }
@@ -453,6 +484,13 @@ bool Cache::bucket_entries(PyObject* o, Add add) {
         Py_ssize_t n = 0;
         if (!builtin_length(o, n)) return false;
         add_bucket({3, 0, static_cast<std::intptr_t>(n)});
+    }
+    if (index_kinds_ & 16U) {
+        // A tensor or array read without user code (the adapter, the numpy struct); anything
+        // else (a tensor without the adapter, another value) scans, which is always sound.
+        ShapeView shape;
+        if (read_shape(o, shape) != ShapeRead::Ok) return false;
+        add_bucket({4, reinterpret_cast<std::uintptr_t>(Py_TYPE(o)), shape_hash(shape.sizes, shape.ndim, 1)});
     }
     for (const EntryPtr& e : unindexed_) add(e);
     return true;

@@ -2,8 +2,9 @@
 //
 // A Cache holds (GuardSet, payload) entries for one (function, backend) pair. lookup() checks the
 // global-state probes once, narrows the entries with a dispatch index on one discriminating
-// source (type, identity, constant value or length of a local, of a value below a local such as
-// L['self'].mode, or of a global), then checks the candidates most recently used first. The
+// source (type, identity, constant value, length, or a tensor's/array's type and sizes, of a
+// local, of a value below a local such as L['self'].mode, or of a global), then checks the
+// candidates most recently used first. The
 // Python-free bookkeeping (recency, recompile_limit groups, limits, eviction victims) is
 // core::CachePolicy; this file binds it to guard sets, payloads and live values.
 //
@@ -40,9 +41,9 @@ using InsertResult = core::InsertResult;
 
 /// A dispatch key: the kind of observed property and its hash.
 struct DispatchKey {
-    std::uint8_t kind = 0;  ///< 0 type, 1 identity, 2 value, 3 length
+    std::uint8_t kind = 0;  ///< 0 type, 1 identity, 2 value, 3 length, 4 tensor/array type and sizes
     std::uintptr_t a = 0;   ///< type pointer, object pointer, or value type pointer
-    std::intptr_t b = 0;    ///< value hash (kind 2), length (kind 3)
+    std::intptr_t b = 0;    ///< value hash (kind 2), length (kind 3), sizes hash (kind 4)
     bool operator==(const DispatchKey& o) const { return kind == o.kind && a == o.a && b == o.b; }
 };
 

@@ -238,4 +238,54 @@ PyObject* lookup_slow(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hi
 }  // namespace layout
 #endif
 
+// -- certain absence of an instance attribute ------------------------------------------------------
+
+#ifdef TRIPWIRE_DICT_LAYOUT
+namespace {
+// 1 when the str-keyed table (with `values`, or its own entries when null) lacks `name`, 0 when
+// it holds it, -1 for a general table (a lookup there may compare with a user key's __eq__).
+int table_lacks(layout::Keys* dk, PyObject** values, PyObject* name) {
+    if (dk == nullptr || dk->dk_kind == 0) return -1;
+    auto* ents = reinterpret_cast<layout::UnicodeEntry*>(layout::entries(dk));
+    for (Py_ssize_t i = 0; i < dk->dk_nentries; ++i) {
+        PyObject* k = ents[i].me_key;
+        if (k == name || (k != nullptr && layout::equal_str(k, name))) {
+            // A table of exact str keys never holds two equal keys: this is the one entry.
+            PyObject* v = values != nullptr ? values[i] : ents[i].me_value;
+            return v == nullptr ? 1 : 0;
+        }
+    }
+    return 1;
+}
+}  // namespace
+
+int instance_attr_absent(PyObject* obj, PyObject* name) {
+    if (!g_dict_hints_enabled) return -1;
+    PyTypeObject* tp = Py_TYPE(obj);
+    PyObject* dict = nullptr;
+    if (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+#if PY_VERSION_HEX >= 0x030D0000
+        // Inline values this mirror does not locate (a subclass of a C type): undecided.
+        if ((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject)) return -1;
+#endif
+        if (PyObject** values = layout::inline_values(obj)) {
+            auto* keys =
+                reinterpret_cast<layout::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);
+            return table_lacks(keys, values, name);
+        }
+        dict = layout::managed_dict(obj);
+    } else {
+        if (tp->tp_dictoffset == 0) return 1;         // no instance dict at all
+        PyObject** slot = _PyObject_GetDictPtr(obj);  // not a managed dict: computes an address
+        dict = slot != nullptr ? *slot : nullptr;
+    }
+    if (dict == nullptr) return 1;  // not created: no instance attribute yet
+    if (!PyDict_Check(dict)) return -1;
+    auto* mp = reinterpret_cast<layout::Dict*>(dict);
+    return table_lacks(mp->ma_keys, layout::split_values(mp->ma_values), name);
+}
+#else
+int instance_attr_absent(PyObject*, PyObject*) { return -1; }
+#endif
+
 }  // namespace tripwire::runtime

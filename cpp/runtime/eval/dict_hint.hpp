@@ -48,6 +48,12 @@ extern bool g_dict_hints_enabled;
 /// Call once with the GIL held.
 void verify_dict_hints();
 
+/// Whether `obj`'s own storage (inline values or instance dict, never materialised) lacks
+/// attribute `name` (an exact str): 1 absent, 0 present, -1 when that cannot be decided without
+/// user code (hints off, a table with non-str keys, inline values this mirror does not locate).
+/// Reads only; allocates nothing.
+int instance_attr_absent(PyObject* obj, PyObject* name);
+
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
 #define TRIPWIRE_DICT_LAYOUT 1
 namespace layout {

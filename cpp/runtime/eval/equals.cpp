@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/eval/constant_types.hpp"
 #include "runtime/eval/guard_kinds.hpp"
 
 namespace tripwire::runtime {
@@ -167,16 +168,26 @@ class UsedSet {
     return 1;
 }
 
+// A registered tuple-like constant type (torch.Size): compared element-wise.
+bool registered_tuple(PyTypeObject* t) {
+    if (t->tp_flags & Py_TPFLAGS_TUPLE_SUBCLASS && t != &PyTuple_Type) {
+        const ConstantType* ct = constant_type_of(t);
+        return ct != nullptr && ct->compare == ConstantCompare::Tuple;
+    }
+    return false;
+}
+
 // Whether `c` nests at most kMaxConstantDepth - depth levels of containers.
 bool depth_within(PyObject* c, int depth) {
     PyTypeObject* t = Py_TYPE(c);
-    const bool container = t == &PyTuple_Type || t == &PyList_Type || t == &PySlice_Type ||
-                           t == &PySet_Type || t == &PyFrozenSet_Type || t == &PyDict_Type;
+    const bool tuple_like = t == &PyTuple_Type || registered_tuple(t);
+    const bool container = tuple_like || t == &PyList_Type || t == &PySlice_Type || t == &PySet_Type ||
+                           t == &PyFrozenSet_Type || t == &PyDict_Type;
     if (!container) return true;
     if (depth >= core::kMaxConstantDepth) return false;
-    if (t == &PyTuple_Type || t == &PyList_Type) {
+    if (tuple_like || t == &PyList_Type) {
         for (Py_ssize_t i = 0; i < Py_SIZE(c); ++i) {
-            PyObject* x = t == &PyTuple_Type ? PyTuple_GET_ITEM(c, i) : PyList_GET_ITEM(c, i);
+            PyObject* x = tuple_like ? PyTuple_GET_ITEM(c, i) : PyList_GET_ITEM(c, i);
             if (!depth_within(x, depth + 1)) return false;
         }
         return true;
@@ -248,7 +259,25 @@ int match_at(PyObject* v, PyObject* c, int depth) {
     }
     if (t == &PySet_Type || t == &PyFrozenSet_Type) return set_match(v, c, depth + 1);
     if (t == &PyDict_Type) return dict_match(v, c, depth + 1);
-    return 0;  // enum members and other identity constants: v is c was checked above
+    // Registered value-like types (constant_types.hpp); enum members and other identity
+    // constants: v is c was checked above.
+    if (const ConstantType* ct = constant_type_of(t)) {
+        switch (ct->compare) {
+            case ConstantCompare::Identity: return 0;
+            case ConstantCompare::Native: return ct->equal(v, c) == 1 ? 1 : 0;
+            case ConstantCompare::RichCompare: return PyObject_RichCompareBool(v, c, Py_EQ);
+            case ConstantCompare::Tuple: {
+                const Py_ssize_t n = Py_SIZE(c);
+                if (Py_SIZE(v) != n) return 0;
+                for (Py_ssize_t i = 0; i < n; ++i) {
+                    const int r = match_at(PyTuple_GET_ITEM(v, i), PyTuple_GET_ITEM(c, i), depth + 1);
+                    if (r != 1) return r;
+                }
+                return 1;
+            }
+        }
+    }
+    return 0;
 }
 
 int equals_match(PyObject* v, PyObject* c) {
@@ -306,7 +335,19 @@ int is_constant(PyObject* v, int depth) {
         return 1;
     }
     // An enum member: the MRO, not isinstance (which could call a user __class__).
-    return PyType_IsSubtype(t, e) ? 1 : 0;
+    if (PyType_IsSubtype(t, e)) return 1;
+    // A registered value-like type (torch.dtype, torch.device, torch.Size, numpy dtypes).
+    const ConstantType* ct = constant_type_of(t);
+    if (ct == nullptr) return 0;
+    if (ct->accept != nullptr && !ct->accept(v)) return 0;
+    if (ct->compare == ConstantCompare::Tuple) {
+        if (depth >= core::kMaxConstantDepth) return 0;
+        for (Py_ssize_t i = 0; i < Py_SIZE(v); ++i) {
+            const int r = is_constant(PyTuple_GET_ITEM(v, i), depth + 1);
+            if (r != 1) return r;
+        }
+    }
+    return 1;
 }
 
 bool constant_depth_ok(PyObject* c) { return depth_within(c, 0); }

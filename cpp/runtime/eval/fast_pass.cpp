@@ -42,6 +42,9 @@
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/eval/guard_set.hpp"
 #include "runtime/eval/no_user_code.hpp"
+#include "runtime/eval/relational.hpp"
+#include "runtime/tensors/tensor_kinds.hpp"
+#include "runtime/tensors/torch_state.hpp"
 
 namespace tripwire::runtime {
 
@@ -147,6 +150,22 @@ int pure_dict_contains(PyObject* d, PyObject* key) {
     return r;
 }
 
+// An ambient built-in probe decided natively (interpreter probes, torch's through the adapter).
+bool probe_holds(const RuntimeGuard& g) {
+    const auto p = static_cast<core::BuiltinProbe>(g.n);
+    if (core::builtin_probe_reads_framework(p)) return torch_probe_pure(g);
+    return builtin_probe(p) == g.n2;
+}
+
+// ALIAS / NO_ALIAS from the registers of the nodes behind its slots. Out of line and cold.
+[[gnu::noinline]] bool relation_in_registers(const RuntimeGuard& g, PyObject* const* regs,
+                                             const std::uint32_t* nodes, std::size_t n) {
+    thread_local std::vector<PyObject*> values, sorted;
+    values.resize(n);
+    for (std::size_t i = 0; i < n; ++i) values[i] = regs[nodes[i]];
+    return relation_holds(g.kind, values.data(), n, sorted);
+}
+
 // DICT_KEYS on a split table or equal-but-distinct keys: compared in place (PyDict_Next and
 // constant comparisons: no user code, no allocation). Out of line and cold: the call would
 // otherwise cost the whole loop registers on every check.
@@ -181,6 +200,17 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
         case core::GuardKind::DictVersion: g.code = Code::DictVersion; break;
         case core::GuardKind::WeakrefAlive: g.code = Code::WeakrefAlive; break;
         case core::GuardKind::CodeMatch: g.code = Code::CodeIs; break;
+        // Read through the adapter / the array struct; a Python reader is a residue.
+        case core::GuardKind::TensorMatch:
+            g.code = guards_[gi].via_python ? Code::SlowGuard : Code::TensorMatch;
+            break;
+        case core::GuardKind::ArrayMatch:
+            g.code = guards_[gi].via_python ? Code::SlowGuard : Code::ArrayMatch;
+            break;
+        case core::GuardKind::DimensionMarking: g.code = Code::DimensionMarking; break;
+        // Relational guards are never a node's guard (program_.relational); listed for -Wswitch.
+        case core::GuardKind::Alias:
+        case core::GuardKind::NoAlias:
         // No form free of user code: getattr, iterator methods, predicates, Python probes.
         case core::GuardKind::HasAttr:
         case core::GuardKind::TupleIteratorLen:
@@ -227,6 +257,14 @@ GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
         case core::GuardKind::RangeIterator:
         case core::GuardKind::GlobalState:
         case core::GuardKind::Lambda: return Implied::Never;
+        // Tensor and array metadata changes in place (resize_, transpose_, requires_grad_,
+        // arr.shape = ...) with no dict write and no tag: never covered by any claim. Relational
+        // guards are decided after the walk from the values read this check, never claimed.
+        case core::GuardKind::TensorMatch:
+        case core::GuardKind::ArrayMatch:
+        case core::GuardKind::DimensionMarking:
+        case core::GuardKind::Alias:
+        case core::GuardKind::NoAlias: return Implied::Never;
     }
     return Implied::Never;
 }
@@ -262,8 +300,8 @@ void GuardSet::build_fast_pass() {
         op.guard = gi;
         op.pos = k;
         const RuntimeGuard& g = guards_[gi];
-        if (g.kind == core::GuardKind::GlobalState && g.a == nullptr) {
-            op.code = Code::BuiltinProbe;
+        if (g.kind == core::GuardKind::GlobalState && g.a == nullptr && !g.via_python) {
+            op.code = Code::BuiltinProbe;  // interpreter probes, torch's through the adapter
             ++fast_guards_;
         } else {
             op.code = Code::SlowAmbient;
@@ -318,6 +356,7 @@ void GuardSet::build_fast_pass() {
         std::uint32_t node, parent, pos;
     };
     std::vector<Item> stack;
+    std::vector<std::uint32_t> node_fetch_op(n_nodes, 0);
     for (std::uint32_t k = static_cast<std::uint32_t>(root_order_.size()); k-- > 0;)
         stack.push_back({root_order_[k], root_order_[k], k});
     // Fetch ops whose `skip` is set when their subtree is complete: (op index, node).
@@ -368,6 +407,7 @@ void GuardSet::build_fast_pass() {
             op.settle = stamped[item.parent] && settle_step(n, module_like(program_, guards_, parent));
         }
         const std::size_t fetch_at = fast_ops_.size();
+        node_fetch_op[item.node] = static_cast<std::uint32_t>(fetch_at);
         open.emplace_back(fetch_at, item.node);
         fast_ops_.push_back(op);
         identity_ops.clear();
@@ -409,6 +449,19 @@ void GuardSet::build_fast_pass() {
             stack.push_back({child_order_[k - 1], item.node, k - 1});
     }
     close_until(0);
+    // Relational guards last, never inside a jump: every source's register is filled (or its
+    // value recorded by the walk of a residue subtree) by then, and no claim ever covers them.
+    for (std::uint32_t gi : program_.relational) {
+        FastOp op;
+        op.code = Code::Relational;
+        op.guard = gi;
+        op.node = 0;  // fail() withdraws this node's claims: harmless (claims are optional)
+        fast_ops_.push_back(op);
+        fast_guards_ += 1;
+    }
+    // The fetch op of each relational slot's node, for hold_relational.
+    rel_fetch_op_.assign(rel_nodes_.size(), 0);
+    for (std::size_t s = 0; s < rel_nodes_.size(); ++s) rel_fetch_op_[s] = node_fetch_op[rel_nodes_[s]];
     FastOp end;
     end.code = Code::End;
     fast_ops_.push_back(end);
@@ -450,6 +503,27 @@ void GuardSet::hold_path(Pass& p, std::uint32_t ni) {
     }
 }
 
+void GuardSet::hold_relational(Pass& p, std::size_t op_index) {
+    // Before user code runs: a strong reference to every relational source read so far by the
+    // pass (its fetch op comes before this residue), so that the relation is decided on the
+    // objects the check read, which user code can neither free nor replace at the same
+    // address. Sources inside residue subtrees are recorded by the walk itself (record_members).
+    if (rel_scratch_ == nullptr) return;
+    for (std::size_t s = 0; s < rel_fetch_op_.size(); ++s) {
+        if (rel_scratch_[s] == nullptr && rel_fetch_op_[s] < op_index)
+            rel_scratch_[s] = Py_NewRef(p.r[rel_nodes_[s]]);
+    }
+}
+
+void GuardSet::relational_after_residues(Pass& p) {
+    // Sources read after the last residue are still borrowed and valid (no user code since):
+    // take them too, then decide every relational guard from the slots, as the walk does.
+    for (std::size_t s = 0; s < rel_fetch_op_.size(); ++s) {
+        if (rel_scratch_[s] == nullptr) rel_scratch_[s] = Py_NewRef(p.r[rel_nodes_[s]]);
+    }
+    if (eval_relational(rel_scratch_) != 1) p.result = 0;
+}
+
 bool GuardSet::after_residue(Pass& p, int rr) {
     p.ran_user_code = true;
     if (rr != 1) {
@@ -489,6 +563,7 @@ std::size_t GuardSet::slow_subtree(Pass& p, const FastOp& op) {
     }
     int rr;
     const bool is_root = program_.nodes[op.node].is_root;
+    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
     hold_path(p, is_root ? ~0U : op.parent);
     {
         const UserCodeWindow window;
@@ -507,6 +582,7 @@ bool GuardSet::slow_guard(Pass& p, const FastOp& op) {
         p.result = kUndecided;
         return false;
     }
+    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
     hold_path(p, op.node);
     // Evaluated with user code: no claim on this node's state may stand on it.
     nodes_[op.node].memo_tag = 0;
@@ -529,6 +605,7 @@ bool GuardSet::slow_ambient(Pass& p, const FastOp& op) {
         p.result = kUndecided;
         return false;
     }
+    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
     hold_path(p, ~0U);
     int rr;
     {
@@ -556,7 +633,21 @@ int GuardSet::run_program(const Locals& locals) {
     std::uint64_t* const tags = ps.tags;
     const std::size_t globals_slot = nodes_.size();
     std::uint32_t skipped = 0;  // guards the skip proved without evaluating them
-    if constexpr (kUserCode) ++active_;
+    // Relational slots (strong references) are only needed once a residue may run user code:
+    // the set's own, or fresh ones for a check nested in user code run by another check.
+    PyObject** const outer_scratch = rel_scratch_;
+    std::vector<PyObject*> nested_slots;
+    if constexpr (kUserCode) {
+        ++active_;
+        if (!rel_slots_.empty()) {
+            if (active_ == 1) {
+                rel_scratch_ = rel_slots_.data();
+            } else {
+                nested_slots.assign(rel_slots_.size(), nullptr);
+                rel_scratch_ = nested_slots.data();
+            }
+        }
+    }
     {
         const NoUserCodeRegion region("the fast pass");
         const FastOp* const ops = fast_ops_.data();
@@ -593,13 +684,13 @@ int GuardSet::run_program(const Locals& locals) {
 #define TW_DISPATCH() \
     goto* kDispatch[static_cast<std::size_t>(opp->code)]  // NOLINT(bugprone-macro-parentheses)
         static void* const kDispatch[] = {
-            &&op_LoadLocal,    &&op_LoadGlobal,    &&op_LoadClosure,  &&op_FetchAttr,
-            &&op_FetchItem,    &&op_FetchDictItem, &&op_FetchDict,    &&op_FetchFunction,
-            &&op_FetchPure,    &&op_TypeIs,        &&op_IdIs,         &&op_IsNone,
-            &&op_IsNotNone,    &&op_IsTrue,        &&op_IsFalse,      &&op_Equals,
-            &&op_DictKeys,     &&op_DictContains,  &&op_LengthExact,  &&op_DictVersion,
-            &&op_WeakrefAlive, &&op_CodeIs,        &&op_BuiltinProbe, &&op_Stamp,
-            &&op_StampGlobals, &&op_SlowGuard,     &&op_SlowAmbient,  &&op_End};
+            &&op_LoadLocal,     &&op_LoadGlobal,  &&op_LoadClosure,   &&op_FetchAttr,   &&op_FetchItem,
+            &&op_FetchDictItem, &&op_FetchDict,   &&op_FetchFunction, &&op_FetchPure,   &&op_TypeIs,
+            &&op_IdIs,          &&op_IsNone,      &&op_IsNotNone,     &&op_IsTrue,      &&op_IsFalse,
+            &&op_Equals,        &&op_DictKeys,    &&op_DictContains,  &&op_LengthExact, &&op_DictVersion,
+            &&op_WeakrefAlive,  &&op_CodeIs,      &&op_BuiltinProbe,  &&op_Stamp,       &&op_StampGlobals,
+            &&op_SlowGuard,     &&op_SlowAmbient, &&op_TensorMatch,   &&op_ArrayMatch,  &&op_DimensionMarking,
+            &&op_Relational,    &&op_End};
         static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
                       "one entry per FastOp::Code, in order");
         const FastOp* opp = ops;
@@ -995,11 +1086,8 @@ int GuardSet::run_program(const Locals& locals) {
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            const RuntimeGuard& g = guards[op.guard];
-            if (builtin_probe(static_cast<core::BuiltinProbe>(g.n)) != g.n2) {
-                ps.result = ps.ran_user_code ? 0 : kUndecided;
-                next = end;
-            }
+            // Not holding, or not decidable natively: the walk's code decides in place.
+            if (!probe_holds(guards[op.guard]) && !slow_ambient(ps, op)) next = end;
             break;
         } while (false);
         opp = next;
@@ -1053,6 +1141,56 @@ int GuardSet::run_program(const Locals& locals) {
         } while (false);
         opp = next;
         TW_DISPATCH();
+    op_TensorMatch:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // Not decided without user code (not the adapter's tensor, a mismatch): the walk's
+            // code decides in place, which also names the failure.
+            if (!tensor_match_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_ArrayMatch:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (!array_match_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_DimensionMarking:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (!dimension_marking_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_Relational:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if constexpr (kUserCode) {
+                if (ps.ran_user_code) {
+                    // A residue ran user code: registers read before it may be dead (and their
+                    // addresses reused). Decide every relational guard from the strong references
+                    // taken before each residue and by the walk (relational_after_residues).
+                    relational_after_residues(ps);
+                    next = end;  // every relational guard is decided there
+                    break;
+                }
+            }
+            const std::uint32_t base = rel_base_[op.guard];
+            const std::size_t n = program_.guards[op.guard].more_sources.size() + 1;
+            if (!relation_in_registers(guards[op.guard], r, rel_nodes_.data() + base, n)) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
     op_End:
         goto done;
     failed:
@@ -1062,9 +1200,18 @@ int GuardSet::run_program(const Locals& locals) {
     }
     int result = ps.result;
     if constexpr (kUserCode) {
-        --active_;
         // Outside the region: dropping the references may run finalizers, which may kill an
-        // object the set names by identity.
+        // object the set names by identity. Slots are released while this check still counts
+        // as active, so that a finalizer that checks this set again gets slots of its own.
+        if (!rel_slots_.empty()) {
+            for (std::size_t i = 0; i < rel_slots_.size(); ++i) {
+                PyObject* o = rel_scratch_[i];
+                rel_scratch_[i] = nullptr;
+                Py_XDECREF(o);
+            }
+            rel_scratch_ = outer_scratch;
+        }
+        --active_;
         for (PyObject* o : ps.held) Py_DECREF(o);
     }
     if (result == 1 && state_->invalid) result = 0;

@@ -238,6 +238,21 @@ PyObject* function_field(PyObject* fn, PyObject* name) {
     return v != nullptr ? v : Py_None;  // the getters answer None for an unset optional field
 }
 
+bool attribute_certainly_absent(AttrCache& c, PyObject* obj, PyObject* name) {
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (!attr_cache_valid(c, tp)) {
+        // InstanceDict here means "no class defines the name, and getattr is object's own".
+        fill_cache(c, tp, name, [&] {
+            PyObject* descr = nullptr;
+            if (tp->tp_getattro != PyObject_GenericGetAttr || !mro_lookup(tp, name, &descr) ||
+                descr != nullptr)
+                return AttrCache::Mode::Generic;
+            return AttrCache::Mode::InstanceDict;
+        });
+    }
+    return c.mode == AttrCache::Mode::InstanceDict && instance_attr_absent(obj, name) == 1;
+}
+
 Fetched fetch_root(RuntimeRoot& root, const Locals& locals, PyObject* globals) {
     switch (root.kind) {
         case core::RootKind::Local: {

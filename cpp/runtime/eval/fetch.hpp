@@ -116,6 +116,11 @@ PyObject* existing_instance_dict(PyObject* obj);
 /// `__dict__`-free reads of the function object) of exact function `fn`, borrowed, as getattr
 /// returns it (None for an unset optional field); null for other names. No user code.
 PyObject* function_field(PyObject* fn, PyObject* name);
+/// Whether getattr(obj, name) certainly finds nothing, decided without user code: instances of
+/// obj's type use object.__getattribute__ itself (no __getattr__), no class of its MRO defines
+/// `name` (both cached in `c` under the type's version tag), and obj's own storage lacks it
+/// (instance_attr_absent). False when present, or when this cannot be decided that way.
+bool attribute_certainly_absent(AttrCache& c, PyObject* obj, PyObject* name);
 
 /// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
 std::string describe_missing(const RuntimeStep& step, PyObject* parent);

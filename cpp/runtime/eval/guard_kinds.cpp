@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "runtime/eval/dict_hint.hpp"
+#include "runtime/tensors/readers.hpp"
+#include "runtime/tensors/tensor_kinds.hpp"
+#include "runtime/tensors/torch_state.hpp"
 
 namespace tripwire::runtime {
 
@@ -128,7 +131,11 @@ int call_predicate(PyObject* fn, PyObject* v) {
 }
 
 int global_state(const RuntimeGuard& g) {
-    if (g.a == nullptr) return builtin_probe(static_cast<core::BuiltinProbe>(g.n)) == g.n2 ? 1 : 0;
+    if (g.a == nullptr) {
+        const auto probe = static_cast<core::BuiltinProbe>(g.n);
+        if (core::builtin_probe_reads_framework(probe)) return torch_probe_matches(g);
+        return builtin_probe(probe) == g.n2 ? 1 : 0;
+    }
     PyObject* now = PyObject_CallNoArgs(g.a);
     if (now == nullptr) return -1;
     const int r = equals_match(now, g.b);
@@ -142,11 +149,12 @@ std::int64_t builtin_probe(core::BuiltinProbe p) {
     switch (p) {
         case core::BuiltinProbe::RecursionLimit: return Py_GetRecursionLimit();
         case core::BuiltinProbe::GcEnabled: return PyGC_IsEnabled();
+        default: return -1;  // framework probes have structured snapshots (torch_state.hpp)
     }
-    return -1;
 }
 
 Ref builtin_probe_value(core::BuiltinProbe p) {
+    if (core::builtin_probe_reads_framework(p)) return torch_probe_value(p, torch_adapter() != nullptr);
     const std::int64_t v = builtin_probe(p);
     if (p == core::BuiltinProbe::GcEnabled) return Ref::borrow(v ? Py_True : Py_False);
     return Ref::steal(PyLong_FromLongLong(v));
@@ -196,6 +204,11 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
             return PyWeakref_CheckRef(v) && PyWeakref_GetObject(v) != Py_None ? 1 : 0;
         case GuardKind::GlobalState: return global_state(g);
         case GuardKind::Lambda: return call_predicate(g.a, v);
+        case GuardKind::TensorMatch: return tensor_match(g, v);
+        case GuardKind::ArrayMatch: return array_match(g, v);
+        case GuardKind::DimensionMarking: return dimension_marking(g, v);
+        case GuardKind::Alias:
+        case GuardKind::NoAlias: return 0;  // relational: decided by the GuardSet, never on one value
     }
     return 0;
 }

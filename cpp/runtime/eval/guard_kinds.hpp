@@ -8,6 +8,7 @@
 
 namespace tripwire::runtime {
 
+struct AttrCache;
 /// A DICT_VERSION guard's change flag (3.12+): once the guard passed on a dict by its stamp,
 /// the record is *armed* on that dict, and the one dict watcher (the one that keeps the stamps)
 /// sets `dirty` on the dict's first change or its deallocation. An armed check is then two
@@ -24,9 +25,17 @@ struct DictWatch {
 struct RuntimeGuard {
     core::GuardKind kind = core::GuardKind::TypeMatch;
     bool flag = false;
-    PyObject* a = nullptr;  ///< operand
-    PyObject* b = nullptr;  ///< operand2
+    bool via_python = false;     ///< may run Python code (GuardDecl::via_python)
+    bool python_reader = false;  ///< reads its value through a Python reader (tensors/readers.hpp)
+    PyObject* a = nullptr;       ///< operand
+    PyObject* b = nullptr;       ///< operand2
+    /// An object the GuardSet derived from the operands when it bound the guard and keeps alive
+    /// (ARRAY_MATCH: the expected numpy dtype; DIMENSION_MARKING: the built sets as frozensets).
+    PyObject* derived = nullptr;
     std::int64_t n = 0, n2 = 0, n3 = 0;
+    const std::int64_t* data = nullptr;  ///< GuardDecl::data (owned by the Program), data_size entries
+    std::uint32_t data_size = 0;
+    AttrCache* attr_cache = nullptr;  ///< DIMENSION_MARKING's inline cache (owned by the GuardSet)
     std::uint32_t id = 0;
     DictWatch* watch = nullptr;  ///< DICT_VERSION on 3.12+: its change flag (owned by the GuardSet)
 };

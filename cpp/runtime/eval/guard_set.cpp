@@ -7,6 +7,10 @@
 #include "core/fail_order.hpp"
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/no_user_code.hpp"
+#include "runtime/eval/relational.hpp"
+#include "runtime/tensors/readers.hpp"
+#include "runtime/tensors/tensor_kinds.hpp"
+#include "runtime/tensors/torch_state.hpp"
 
 namespace tripwire::runtime {
 namespace {
@@ -58,15 +62,79 @@ std::string describe_object(PyObject* o) {
 
 std::uint64_t invalidation_epoch() { return g_invalidation_epoch; }
 
-GuardSet::GuardSet(GuardSetInputs in)
-    : program_(core::compile(std::move(in.decls), in.consts.size())),
-      strict_(in.strict),
-      state_(std::make_shared<InvalidationState>()) {
+void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std::vector<PyObject*>& consts,
+                                 std::vector<std::pair<std::uint32_t, Ref>>& derived_by_id) {
+    using core::GuardKind;
+    for (core::GuardDecl& d : decls) {
+        d.via_python = false;                   // decided here, never taken from the caller
+        core::validate_decl(d, consts.size());  // operand indices in range before reading them
+        switch (d.kind) {
+            case GuardKind::TensorMatch: {
+                PyObject* t = consts[d.operand];
+                if (!PyType_Check(t)) throw core::InvalidProgram("TENSOR_MATCH needs a type");
+                const TwTorchAdapter* a = force_python_readers() ? nullptr : torch_adapter();
+                if (a != nullptr) {
+                    // The adapter reads the tensor struct of any type deriving from TensorBase.
+                    if (!PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), a->tensor_base_type))
+                        throw core::InvalidProgram("TENSOR_MATCH needs a torch tensor type");
+                } else if (!python_readers().tensor) {
+                    throw core::InvalidProgram("TENSOR_MATCH needs torch support (tripwire.tensors)");
+                } else {
+                    d.via_python = true;
+                }
+                break;
+            }
+            case GuardKind::ArrayMatch: {
+                PyObject* t = consts[d.operand];
+                if (!PyType_Check(t)) throw core::InvalidProgram("ARRAY_MATCH needs a type");
+                Ref dtype = derive_array_dtype(consts[d.operand2]);
+                if (!dtype) throw_python_error();
+                PyTypeObject* ndarray = force_python_readers() ? nullptr : numpy_ndarray_type();
+                if (numpy_ndarray_type() != nullptr &&
+                    !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), numpy_ndarray_type()))
+                    throw core::InvalidProgram("ARRAY_MATCH needs a numpy array type");
+                if (ndarray != nullptr) {
+                    if (!PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), ndarray))
+                        throw core::InvalidProgram("ARRAY_MATCH needs a numpy array type");
+                    // A dtype numpy must compare itself (structured, datetime, ...) may run code.
+                    d.via_python = !numpy_dtype_is_simple(dtype.get());
+                } else if (!python_readers().array) {
+                    throw core::InvalidProgram("ARRAY_MATCH needs numpy support (tripwire.tensors)");
+                } else {
+                    d.via_python = true;
+                }
+                derived_by_id.emplace_back(d.id, std::move(dtype));
+                break;
+            }
+            case GuardKind::DimensionMarking: {
+                Ref sets = derive_marking_sets(d.data);
+                if (!sets) throw_python_error();
+                derived_by_id.emplace_back(d.id, std::move(sets));
+                break;
+            }
+            case GuardKind::GlobalState:
+                if (d.operand == core::kNoConst &&
+                    core::builtin_probe_reads_framework(static_cast<core::BuiltinProbe>(d.n)) &&
+                    (torch_adapter() == nullptr || force_python_readers())) {
+                    PythonReaders& r = python_readers();
+                    if (!r.torch_state || !r.mode_stack || !r.default_device)
+                        throw core::InvalidProgram("a torch probe needs torch support (tripwire.tensors)");
+                    d.via_python = true;
+                }
+                break;
+            default: break;
+        }
+    }
+}
+
+GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_shared<InvalidationState>()) {
     const std::size_t n_consts = in.consts.size();
     if (in.hold_weakly.size() != n_consts) throw core::InvalidProgram("hold_weakly must match consts");
-    core::validate(program_, n_consts);
     if (!init_dict_stamps() || !install_region_checks()) throw_python_error();
     verify_dict_hints();
+    std::vector<std::pair<std::uint32_t, Ref>> derived_by_id;
+    bind_declarations(in.decls, in.consts, derived_by_id);
+    program_ = core::compile(std::move(in.decls), n_consts);
 
     holders_.reserve(n_consts);
     objs_.reserve(n_consts);
@@ -118,6 +186,24 @@ GuardSet::GuardSet(GuardSetInputs in)
         g.n2 = d.n2;
         g.n3 = d.n3;
         g.id = d.id;
+        g.via_python = d.via_python;
+        // Arrays may read from the struct yet compare a dtype through numpy (via_python).
+        g.python_reader = d.via_python && (d.kind != core::GuardKind::ArrayMatch || force_python_readers() ||
+                                           numpy_ndarray_type() == nullptr);
+        g.data = d.data.data();
+        g.data_size = static_cast<std::uint32_t>(d.data.size());
+        if (d.kind == core::GuardKind::GlobalState && g.a == nullptr &&
+            core::builtin_probe_reads_framework(static_cast<core::BuiltinProbe>(d.n))) {
+            if (d.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchFunctionModeStack) &&
+                !PyTuple_Check(g.b))
+                throw core::InvalidProgram("a torch-function mode stack snapshot is a tuple of types");
+            Ref keep;
+            if (!bind_torch_probe(g, !d.via_python, keep)) throw_python_error();
+            if (keep) derived_.push_back(std::move(keep));
+        }
+        if ((d.kind == core::GuardKind::TensorMatch || d.kind == core::GuardKind::ArrayMatch) &&
+            !PyType_Check(g.a))
+            throw core::InvalidProgram("TENSOR_MATCH and ARRAY_MATCH need a type");
 #if PY_VERSION_HEX >= 0x030C0000
         if (d.kind == core::GuardKind::DictVersion) {
             watches_.push_back(std::make_unique<DictWatch>());
@@ -152,6 +238,21 @@ GuardSet::GuardSet(GuardSetInputs in)
         }
     }
 
+    // Objects derived when binding (held here), and DIMENSION_MARKING's inline caches.
+    std::size_t markings = 0;
+    for (const RuntimeGuard& g : guards_) markings += g.kind == core::GuardKind::DimensionMarking ? 1 : 0;
+    attr_caches_.resize(markings);
+    markings = 0;
+    for (RuntimeGuard& g : guards_) {
+        if (g.kind == core::GuardKind::DimensionMarking) g.attr_cache = &attr_caches_[markings++];
+    }
+    for (auto& [id, obj] : derived_by_id) {
+        auto it = std::lower_bound(program_.guards.begin(), program_.guards.end(), id,
+                                   [](const core::GuardDecl& d, std::uint32_t x) { return d.id < x; });
+        guards_[static_cast<std::size_t>(it - program_.guards.begin())].derived = obj.get();
+        derived_.push_back(std::move(obj));
+    }
+
     nodes_.resize(program_.nodes.size());
     for (std::size_t ni = 0; ni < program_.nodes.size(); ++ni) {
         const core::Node& n = program_.nodes[ni];
@@ -160,6 +261,8 @@ GuardSet::GuardSet(GuardSetInputs in)
         r.guard_end = n.guard_end;
         r.child_begin = n.child_begin;
         r.child_end = n.child_end;
+        r.member_begin = n.member_begin;
+        r.member_end = n.member_end;
         r.borrow_ok = !n.subtree_runs_user_code;
         if (n.is_root) {
             r.root.kind = n.root;
@@ -193,6 +296,19 @@ GuardSet::GuardSet(GuardSetInputs in)
     }
     for (std::uint32_t gi : program_.ambient)
         if (guards_[gi].kind == core::GuardKind::Lambda) ambient_reads_locals_ = true;
+    // Relational guards: one slot per source, in guard order; the node behind each slot.
+    rel_base_.assign(program_.guards.size(), 0);
+    std::uint32_t slots = 0;
+    for (std::uint32_t gi : program_.relational) {
+        rel_base_[gi] = slots;
+        slots += static_cast<std::uint32_t>(program_.guards[gi].more_sources.size() + 1);
+    }
+    rel_slots_.assign(slots, nullptr);
+    rel_nodes_.assign(slots, 0);
+    for (std::uint32_t ni = 0; ni < program_.nodes.size(); ++ni) {
+        for (std::uint32_t m = program_.nodes[ni].member_begin; m < program_.nodes[ni].member_end; ++m)
+            rel_nodes_[rel_base_[program_.node_members[m].guard] + program_.node_members[m].slot] = ni;
+    }
     guard_order_ = program_.node_guards;
     child_order_ = program_.children;
     root_order_ = program_.roots;
@@ -236,6 +352,12 @@ std::vector<std::uint32_t> GuardSet::ambient_ids() const {
     return ids;
 }
 
+std::vector<std::uint32_t> GuardSet::relational_ids() const {
+    std::vector<std::uint32_t> ids;
+    for (std::uint32_t gi : program_.relational) ids.push_back(program_.guards[gi].id);
+    return ids;
+}
+
 PyObject* GuardSet::constant(core::ConstId c) const {
     if (c >= holders_.size()) return nullptr;
     PyObject* h = holders_[c].get();
@@ -255,6 +377,7 @@ int GuardSet::traverse(visitproc visit, void* arg) const {
     // cycle: each refers only to its callback, which refers only to a capsule of C++ state.
     for (std::size_t c = 0; c < holders_.size(); ++c)
         if (holders_[c].get() == objs_[c]) Py_VISIT(holders_[c].get());
+    for (const Ref& d : derived_) Py_VISIT(d.get());
     Py_VISIT(globals_.get());
     Py_VISIT(closure_.get());
     return 0;
@@ -339,6 +462,31 @@ inline int GuardSet::eval_guards(std::uint32_t ni, PyObject* v) {
     for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
         const int r = eval_guard_at(ni, k, v);
         if (r != 1) return r;
+    }
+    if (n.member_begin != n.member_end) record_members(ni, v);
+    return 1;
+}
+
+void GuardSet::record_members(std::uint32_t ni, PyObject* v) {
+    const NodeRt& n = nodes_[ni];
+    for (std::uint32_t m = n.member_begin; m < n.member_end; ++m) {
+        const core::Member& mb = program_.node_members[m];
+        PyObject*& slot = rel_scratch_[rel_base_[mb.guard] + mb.slot];
+        // A strong reference: user code later in the walk may drop the source's own reference,
+        // and a new object at the same address must not look like the same object.
+        if (slot == nullptr) slot = Py_NewRef(v);
+    }
+}
+
+int GuardSet::eval_relational(PyObject* const* slots) {
+    for (std::uint32_t gi : program_.relational) {
+        const std::size_t n = program_.guards[gi].more_sources.size() + 1;
+        PyObject* const* values = slots + rel_base_[gi];
+        bool complete = true;
+        for (std::size_t i = 0; i < n; ++i) complete = complete && values[i] != nullptr;
+        if (complete && relation_holds(guards_[gi].kind, values, n, rel_sort_)) continue;
+        if (guard_fails_[gi] != 0xFFFFFFFFu) ++guard_fails_[gi];
+        return 0;
     }
     return 1;
 }
@@ -460,8 +608,31 @@ int GuardSet::check(const Locals& locals) {
     ++stats_.checks;
     ++active_;
     int result = 1;
+    // The relational guards' slots: the set's own, or fresh ones for a check nested in user code
+    // run by another check of this set (which is still using its slots).
+    PyObject** const outer_scratch = rel_scratch_;
+    std::vector<PyObject*> nested_slots;
+    if (!rel_slots_.empty()) {
+        if (active_ == 1) {
+            rel_scratch_ = rel_slots_.data();
+        } else {
+            nested_slots.assign(rel_slots_.size(), nullptr);
+            rel_scratch_ = nested_slots.data();
+        }
+    }
     if (!program_.ambient.empty()) result = eval_ambient(0, program_.ambient.size(), locals);
     for (std::uint32_t k = 0; result == 1 && k < root_order_.size(); ++k) result = eval_root(k, locals);
+    if (!rel_slots_.empty()) {
+        if (result == 1) result = eval_relational(rel_scratch_);
+        // Released while this check still counts as active, so that a finalizer that checks this
+        // set again gets slots of its own.
+        for (std::size_t i = 0; i < rel_slots_.size(); ++i) {
+            PyObject* o = rel_scratch_[i];
+            rel_scratch_[i] = nullptr;
+            Py_XDECREF(o);
+        }
+        rel_scratch_ = outer_scratch;
+    }
     --active_;
     // User code run by this check may have killed a guarded object and put a new one at its
     // address before a later identity comparison: never report a pass in that case.
@@ -514,6 +685,12 @@ bool GuardSet::walk_failures(std::uint32_t ni, PyObject* v, std::vector<FailureR
         const int r = eval_guard(guards_[gi], v);
         if (r != 1 && !record_guard_failure(gi, r, v, out)) return false;
     }
+    if (diag_slots_ != nullptr) {
+        for (std::uint32_t m = n.member_begin; m < n.member_end; ++m) {
+            const core::Member& mb = program_.node_members[m];
+            (*diag_slots_)[rel_base_[mb.guard] + mb.slot] = Ref::borrow(v);
+        }
+    }
     for (std::uint32_t k = n.child_begin; k < n.child_end; ++k) {
         const std::uint32_t ci = program_.children[k];
         if (!visit_failures(ci, fetch_node(ci, v), v, out)) return false;
@@ -544,6 +721,9 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
     }
     ++active_;
     bool fatal = false;
+    std::vector<Ref> slots(rel_slots_.size());
+    std::vector<Ref>* const outer_slots = diag_slots_;
+    diag_slots_ = &slots;
     for (std::uint32_t gi : program_.ambient) {
         if (fatal) break;
         const int r = eval_guard(guards_[gi], f_locals);
@@ -558,6 +738,27 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             if (program_.nodes[ni].min_guard_id > best) continue;
         }
         if (!visit_failures(ni, fetch_root(ni, Locals::of_mapping(f_locals)), f_locals, out)) fatal = true;
+    }
+    diag_slots_ = outer_slots;
+    // Relational guards whose every source was read: their value is the tuple of those values.
+    for (std::uint32_t gi : program_.relational) {
+        if (fatal) break;
+        const std::size_t n = program_.guards[gi].more_sources.size() + 1;
+        std::vector<PyObject*> values(n, nullptr);
+        bool complete = true;
+        for (std::size_t i = 0; i < n; ++i) {
+            values[i] = slots[rel_base_[gi] + i].get();
+            complete = complete && values[i] != nullptr;
+        }
+        if (!complete || relation_holds(guards_[gi].kind, values.data(), n, rel_sort_)) continue;
+        Ref tuple = Ref::steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
+        if (!tuple) {
+            fatal = true;
+            break;
+        }
+        for (std::size_t i = 0; i < n; ++i)
+            PyTuple_SET_ITEM(tuple.get(), static_cast<Py_ssize_t>(i), Py_NewRef(values[i]));
+        out.push_back({guards_[gi].id, std::move(tuple), std::string()});
     }
     --active_;
     if (fatal) return false;

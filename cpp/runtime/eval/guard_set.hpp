@@ -145,6 +145,11 @@ class GuardSet {
     std::vector<TreeRow> tree() const;
     /// Ids of the guards checked once per check, before any source (GLOBAL_STATE, sourceless LAMBDA).
     std::vector<std::uint32_t> ambient_ids() const;
+    /// Ids of the relational guards (ALIAS, NO_ALIAS), decided after every source was read.
+    std::vector<std::uint32_t> relational_ids() const;
+    /// Guard `gi` (index into program().guards) as bound: its path (via_python), its derived
+    /// objects. For diagnostics and explain().
+    const RuntimeGuard& runtime_guard(std::uint32_t gi) const { return guards_[gi]; }
     /// The object behind constant `c`, or null if it was held weakly and died. Borrowed.
     PyObject* constant(core::ConstId c) const;
     /// Visit every strong reference (for tp_traverse of the owning Python object).
@@ -166,6 +171,7 @@ class GuardSet {
             nullptr;  ///< the value fetched from the parent's dict in state memo_parent_tag
         std::uint64_t memo_parent_tag = 0;  ///< ...and its identity-implied guards held on it (0: no claim)
         std::uint64_t memo_tag = 0;  ///< in this state of this node's dict, its state-implied guards held
+        std::uint32_t member_begin = 0, member_end = 0;  ///< relational operands (core::Node)
     };
 
     /// One instruction of the fast program (fast_pass.cpp). Adding a guard kind to the fast
@@ -210,6 +216,14 @@ class GuardSet {
             // the current path's values held (SlowGuard on regs[node], SlowAmbient on the locals).
             SlowGuard,
             SlowAmbient,
+            // Tensor kinds read without user code (the adapter, the array struct); a value the
+            // form does not decide is evaluated in place by the walk's code (a residue).
+            TensorMatch,
+            ArrayMatch,
+            DimensionMarking,
+            // ALIAS / NO_ALIAS after every node: on the registers of its sources' nodes, or on
+            // strong references once a residue ran (hold_relational).
+            Relational,
             End,  // the last op of every program
         };
         Code code = Code::LoadLocal;
@@ -261,6 +275,10 @@ class GuardSet {
     };
     // The fast program's rare paths, out of line (fast_pass.cpp).
     void hold_path(Pass& p, std::uint32_t ni);
+    /// Before a residue at op `op_index`: strong references to the relational sources read so far.
+    void hold_relational(Pass& p, std::size_t op_index);
+    /// After residues ran: decide every relational guard from strong references (sets p.result).
+    void relational_after_residues(Pass& p);
     bool after_residue(Pass& p, int rr);
     [[gnu::noinline, gnu::cold]] void fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos);
     [[gnu::noinline]] std::size_t slow_subtree(Pass& p, const FastOp& op);
@@ -279,6 +297,15 @@ class GuardSet {
 
     int eval_node(std::uint32_t ni, PyObject* v);
     int eval_guards(std::uint32_t ni, PyObject* v);
+    /// Hand node `ni`'s value to the relational guards that observe it (a strong reference in
+    /// the current check's slots, or in why_not's).
+    void record_members(std::uint32_t ni, PyObject* v);
+    /// Decide every relational guard from `slots` (1 holds, 0 not); counts failures.
+    int eval_relational(PyObject* const* slots);
+    /// Bind the operands of the declarations to the runtime (paths, derived objects) before they
+    /// are compiled: sets via_python and fills derived_by_id.
+    void bind_declarations(std::vector<core::GuardDecl>& decls, const std::vector<PyObject*>& consts,
+                           std::vector<std::pair<std::uint32_t, Ref>>& derived_by_id);
     Fetched fetch_root(std::uint32_t ni, const Locals& locals);
     Fetched fetch_node(std::uint32_t ni, PyObject* parent);
     int on_error(std::uint32_t ni);
@@ -307,8 +334,22 @@ class GuardSet {
     bool reads_closure_ = false;         // some root is C[...]
     std::vector<FastOp> fast_ops_;
     bool fast_enabled_ = false;
-    std::uint32_t fast_guards_ = 0;                    // guards the fast program decides without user code
-    std::uint32_t residue_guards_ = 0;                 // guards it leaves to the residue phase by kind
+    std::uint32_t fast_guards_ = 0;     // guards the fast program decides without user code
+    std::uint32_t residue_guards_ = 0;  // guards it leaves to the residue phase by kind
+    // Objects derived when binding guards (ARRAY_MATCH dtypes, DIMENSION_MARKING sets) and the
+    // inline caches of DIMENSION_MARKING (sized once: RuntimeGuard points into it).
+    std::vector<Ref> derived_;
+    std::vector<AttrCache> attr_caches_;
+    // Relational guards: slot base per guard (index into program_.guards), the check's slots
+    // (strong references while a walk holds them), the nodes of each slot for the fast pass, and
+    // sort scratch for large NO_ALIAS.
+    std::vector<std::uint32_t> rel_base_;
+    std::vector<PyObject*> rel_slots_;
+    std::vector<std::uint32_t> rel_nodes_;
+    std::vector<PyObject*> rel_sort_;
+    PyObject** rel_scratch_ = nullptr;                 // the slots the current walk records into
+    std::vector<Ref>* diag_slots_ = nullptr;           // why_not's slots while it walks
+    std::vector<std::uint32_t> rel_fetch_op_;          // per relational slot: its node's fetch op
     std::uint64_t order_changes_ = 0;                  // bumped whenever the tree walk reorders anything
     std::uint64_t fast_built_at_ = ~std::uint64_t{0};  // order_changes_ when fast_ops_ was built
     Ref globals_, closure_, eval_error_type_;

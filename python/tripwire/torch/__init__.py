@@ -4,7 +4,7 @@
 
     import tripwire.torch
     cm = torch.compile(model, backend="eager"); cm(x)
-    gs = tripwire.torch.guards_of(model, drop=tripwire.torch.PENDING_KINDS)
+    gs = tripwire.torch.guards_of(model)
     gs.check({"self": model, "x": x})       # decides as the entry's guard_manager.check does
     print(gs.explain())                      # the tree, then what came from where (and what not)
 
@@ -37,8 +37,9 @@ __all__ = [
     "guards_of",
 ]
 
-# The torch kinds that wait for the tensor / framework-state engine (leaf kinds, pseudo-kinds and
-# accessors; the tables in _rules say what each needs). ``drop=PENDING_KINDS`` imports the rest.
+# The torch kinds tripwire cannot import yet: since the tensor engine (issue 9) only the accessors
+# into a tensor (.size(i) / .stride(i) / .grad steps, symbolic-shape arguments), which
+# dynamic=False compiles do not produce. ``drop=PENDING_KINDS`` imports the rest.
 PENDING_KINDS: tuple[str, ...] = (*_rules.PENDING_KINDS, *_rules.PENDING_ACCESSORS)
 
 

@@ -48,20 +48,18 @@ from ._tree import TorchNode, split_site
 __all__ = ["ACCESSOR_RULES", "LEAF_RULES", "PENDING_ACCESSORS", "PENDING_KINDS", "Converter", "known_kinds"]
 
 # Torch kinds that wait for the tensor / framework-state engine, with the tripwire API each needs.
-PENDING_KINDS: dict[str, str] = {
-    "TENSOR_MATCH": "GuardBuilder.tensor_match(source, dynamic=(...), storage_offset=False)",
-    "DIMENSION_DYNAMIC_MARKING_GUARD": "a dimension-marking guard with torch's subset semantics",
-    "NO_TENSOR_ALIASING": "GuardBuilder.no_alias(*sources), recording torch's parameter exemption",
-    "OBJECT_ALIASING": "GuardBuilder.alias(a, b) (torch's batched `a is b` root lambda, or its C++ relational guard)",
-    "STORAGE_OVERLAPPING": "a storage-overlap relation between tensors",
-    "SYMBOLIC_SHAPE_GUARD": "GuardBuilder.shape(...) (torch's C++ symbolic shape guard)",
-    "DISPATCH_KEY_SET_MATCH": "a tensor adapter reading DispatchKeySets with the thread-local state",
-    "GLOBAL_STATE": "torch framework-state probes (grad mode, autocast, ... as torch's GlobalStateGuard)",
-    "TORCH_FUNCTION_MODE_STACK": "a torch-function mode stack probe",
-    "DEFAULT_DEVICE": "a torch.utils._device.CURRENT_DEVICE probe",
-    "DUAL_LEVEL_MATCH": "a forward-AD dual level probe",
-    "AUTOGRAD_SAVED_TENSORS_HOOKS": "a saved-tensor-hooks probe (torch's root lambda on top_saved_tensors_hooks)",
+PENDING_KINDS: dict[str, str] = {}
+# Torch kinds mapped onto tripwire's tensor / framework-state kinds (the rules below).
+TENSOR_KINDS: dict[str, str] = {
+    "TENSOR_MATCH": "TENSOR_MATCH (type, dispatch keys, dtype, device index, requires_grad, sizes, strides)",
+    "DIMENSION_DYNAMIC_MARKING_GUARD": "DIMENSION_MARKING (torch's subset rule)",
+    "NO_TENSOR_ALIASING": "NO_ALIAS over the sources torch compares (its parameter exemption recorded)",
+    "OBJECT_ALIASING": "ALIAS per `a is b` of torch's batched root lambda",
+    "GLOBAL_STATE": "GLOBAL_STATE torch_global_state (the snapshot torch printed)",
+    "TORCH_FUNCTION_MODE_STACK": "GLOBAL_STATE torch_function_mode_stack",
+    "DEFAULT_DEVICE": "GLOBAL_STATE torch_default_device",
 }
+
 # Accessors that reach into a tensor: every guard below them waits for the tensor engine.
 PENDING_ACCESSORS: dict[str, str] = {
     "TensorPropertyGuardAccessor": "tensor .size(i) / .stride(i) / .storage_offset() steps",
@@ -175,6 +173,9 @@ class Converter:
         self.nodes: dict[int, _Node] = {}
         self.stricter: list[tuple[str, str]] = []  # (torch source, how tripwire's step is stricter)
         self._preconditions: set[tuple] = set()
+        self.deferred: list[tuple] = []  # relational leaves, decided after the walk
+        self.by_source: dict[str, _Node] = {}  # torch printed source -> node
+        self._relational: dict[int, int] = {}  # id(torch leaf) -> spec index
 
     # -- emitting --------------------------------------------------------------------------------
     def spec(self, kind: GuardKind, src: Source | None, args: tuple, site: str | None) -> int:
@@ -205,9 +206,13 @@ class Converter:
         self.visit(top)
         for leaf in root.mgr.get_epilogue_lambda_guards():
             self.leaf(top, leaf, epilogue=True)
+        for node, leaf, kind, codes, code, site in self.deferred:
+            self.relational(node, leaf, kind, codes, code, site)
 
     def visit(self, node: _Node) -> None:
         tn = node.torch
+        if node.src is not None and not node.dead and node.blocked is None:
+            self.by_source.setdefault(tn.source, node)
         if tn.manager_kind == "DictGuardManager":
             self.dict_manager(node)
         if not node.dead:
@@ -600,6 +605,11 @@ class Converter:
                 why="torch's DictGuardManager returns before it (the dict must be empty)",
             )
             return
+        if kind in ("NO_TENSOR_ALIASING", "OBJECT_ALIASING") and not node.dead and node.blocked is None:
+            # Relational: decided once every source is known (after the walk); torch shares one
+            # NO_TENSOR_ALIASING leaf among all its tensors' nodes.
+            self.deferred.append((node, leaf, kind, codes, code, site))
+            return
         if kind in PENDING_KINDS:
             self.record(
                 tn,
@@ -766,6 +776,165 @@ class Converter:
             raise _Fallback("torch compares start/stop/step even with fewer than 2 items left")
         return [self.spec(GuardKind.RANGE_ITERATOR, self._src(node), (start, stop, step), site)], ""
 
+    # -- tensors, aliasing, torch's state ----------------------------------------------------------
+    def relational(self, node: _Node, leaf: Any, kind: str, codes: list, code: str, site: str | None) -> None:
+        """NO_TENSOR_ALIASING / OBJECT_ALIASING, once every node's source is known."""
+        tn = node.torch
+        done = self._relational.get(id(leaf))
+        if done is not None:  # the same torch leaf under another tensor's node
+            self.record(tn, kind, code, "native", (done,), site=site, why="shared with the first")
+            return
+        try:
+            if kind == "NO_TENSOR_ALIASING":
+                args = call_args(code.split("; ")[0], ("check_no_aliasing",))
+                srcs = [self._relational_source(ast.unparse(a)) for a in args]
+                if len(srcs) < 2:
+                    raise _Fallback("fewer than two sources")
+                ids = [self.spec(GuardKind.NO_ALIAS, srcs[0], (tuple(srcs[1:]),), site)]
+                why = "torch's sources only (its parameter exemption: see the exemptions)"
+            else:
+                ids = []
+                for c, _ in codes:
+                    t = parse(c)
+                    if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Is)):
+                        raise _Fallback(f"not an `a is b`: {c}")
+                    a = self._relational_source(ast.unparse(t.left))
+                    b = self._relational_source(ast.unparse(t.comparators[0]))
+                    ids.append(self.spec(GuardKind.ALIAS, a, (b,), site))
+                why = ""
+            self._relational[id(leaf)] = ids[0]
+            self.record(tn, kind, code, "native", tuple(ids), why=why, site=site)
+        except (_Fallback, ValueError, KeyError, SyntaxError, IndexError) as e:
+            if self.fallback == "torch":
+                i = self.torch_leaf(node, leaf, kind, code, site)
+                self._relational[id(leaf)] = i
+                self.record(tn, kind, code, "torch", (i,), why=str(e), site=site)
+            else:
+                self.record(tn, kind, code, "unsupported", why=str(e), site=site)
+
+    def _relational_source(self, printed: str) -> Source:
+        """The tripwire source of a source torch's lambda reads. A node of the walk gives it; else
+        it is built from the printed expression, only where a step reads exactly what Python's
+        evaluation of the lambda reads: a frame local ``L['name']``, a global ``G['name']``, ``.attr`` (getattr), and
+        ``[key]`` on a node known to hold exact dicts."""
+        n = self.by_source.get(printed)
+        if n is not None and n.src is not None:
+            return n.src
+        tree = parse(printed)
+        if isinstance(tree, ast.Attribute):
+            return self._relational_source(ast.unparse(tree.value)).attr(tree.attr)
+        if isinstance(tree, ast.Subscript) and isinstance(tree.slice, ast.Constant):
+            base = ast.unparse(tree.value)
+            key = tree.slice.value
+            if base == "L" and type(key) is str:
+                return Source.parse(printed)
+            if base == "G" and type(key) is str and self.f_globals is not None:
+                return Source.global_(key)
+            parent = self.by_source.get(base)
+            if parent is not None and parent.src is not None and parent.exact_type is dict:
+                return parent.src.dict_item(key)
+        raise _Fallback(f"{printed} is not a source this import reads exactly")
+
+    def leaf_tensor_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        import torch
+
+        from ..tensors import TensorExpectation, dtype_code, ensure_torch
+
+        ensure_torch()
+        d = details("TENSOR_MATCH", [code])
+        if d is None:
+            raise _Fallback("a check_tensor form tripwire does not parse (a layout without strides?)")
+        t = node.torch.example_type
+        if not (isinstance(t, type) and issubclass(t, torch.Tensor) and t.__name__ == d["pytype"]):
+            raise _Fallback(f"the exact tensor type {d['pytype']} is not known")
+        names = d["dispatch_keys"][len("DispatchKeySet(") : -1].split(", ")
+        keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+        for n in filter(None, names):
+            keys = keys | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, n))
+        if str(keys) != d["dispatch_keys"]:  # the names must rebuild exactly the set torch keeps
+            raise _Fallback(f"{d['dispatch_keys']} does not rebuild from its key names")
+        dtype = getattr(torch, d["dtype"].split(".", 1)[1])
+        size, stride = d["size"], d["stride"]
+        exp = TensorExpectation(
+            keys.raw_repr(),
+            dtype_code(dtype),
+            -1 if d["device_index"] is None else d["device_index"],
+            d["requires_grad"],
+            tuple(size),
+            tuple(stride),
+        )
+        return [self.spec(GuardKind.TENSOR_MATCH, self._src(node), (t, exp), site)], ""
+
+    def leaf_dimension_marking(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        from ..tensors import DimensionMarkings
+
+        src = node.torch.source
+        attrs: dict[str, frozenset[int] | None] = {}
+        for part in (split_site(p)[0] for p in leaf.verbose_code_parts()):
+            m = re.fullmatch(r"hasattr\((.*), '(\w+)'\) == False", part.strip())
+            if m and m.group(1) == src:
+                attrs[m.group(2)] = None
+                continue
+            m = re.fullmatch(
+                r"\(\(getattr\((.*), '(\w+)', set\(\)\)\.issubset\((.*)\)\) if hasattr\((.*), '(\w+)'\) else True\)",
+                part.strip(),
+            )
+            if m and m.group(1) == src == m.group(4) and m.group(2) == m.group(5):
+                dims = literal(parse(m.group(3)))
+                if not isinstance(dims, (set, frozenset)) or not all(type(x) is int for x in dims):
+                    raise _Fallback(f"unexpected dims {m.group(3)}")
+                attrs[m.group(2)] = frozenset(dims)
+                continue
+            raise _Fallback(f"a marking check tripwire does not parse: {part}")
+        names = _core.MARKING_ATTRS
+        if set(attrs) - set(names) or "_dynamo_unbacked_indices" in {
+            k for k, v in attrs.items() if v is not None
+        }:
+            raise _Fallback("unbacked markings (their dependent attributes are not printed)")
+        # torch prints a part for _dynamo_dynamic_indices and for each marking present at
+        # compile time; its C++ leaf checks the others as absent (the differential tests mark
+        # weak, static and dynamic dims to hold this to torch's decisions).
+        full = tuple(attrs.get(n) for n in names)
+        return [self.spec(GuardKind.DIMENSION_MARKING, self._src(node), (DimensionMarkings(full),), site)], ""
+
+    def _probe(self, probe: str, snapshot: Any, site: str | None) -> list[int]:
+        from ..builder import _torch_snapshot
+        from ..tensors import ensure_torch
+
+        ensure_torch()
+        return [
+            self.spec(GuardKind.GLOBAL_STATE, None, (probe, _torch_snapshot(probe, snapshot), probe), site)
+        ]
+
+    def leaf_global_state(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        d = details("GLOBAL_STATE", [code])
+        if d is None:
+            raise _Fallback("no snapshot printed")
+        return self._probe("torch_global_state", d["snapshot"], site), ""
+
+    def leaf_mode_stack(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        # torch prints no snapshot; its leaf compares the types of the modes on the stack with
+        # those at compile time, so when it passes now, the current types are that snapshot.
+        from torch.overrides import _get_current_function_mode_stack
+
+        if not leaf({}):
+            raise _Fallback("the mode stack differs now from the compiled one: its snapshot is unknown")
+        stack = tuple(type(m) for m in _get_current_function_mode_stack())
+        return self._probe(
+            "torch_function_mode_stack", stack, site
+        ), "snapshot: the stack now (torch's leaf passes)"
+
+    def leaf_default_device(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        import torch.utils._device as device_mod
+
+        if not leaf({}):
+            raise _Fallback("the default device differs now from the compiled one")
+        return self._probe("torch_default_device", device_mod.CURRENT_DEVICE, site), ""
+
 
 class _Fallback(Exception):
     def __init__(self, why: str, unknown: bool = False) -> None:
@@ -814,6 +983,11 @@ LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
     "DICT_VERSION": Converter.leaf_dict_version,
     "TUPLE_ITERATOR_LEN": Converter.leaf_tuple_iterator_len,
     "RANGE_ITERATOR_MATCH": Converter.leaf_range_iterator,
+    "TENSOR_MATCH": Converter.leaf_tensor_match,
+    "DIMENSION_DYNAMIC_MARKING_GUARD": Converter.leaf_dimension_marking,
+    "GLOBAL_STATE": Converter.leaf_global_state,
+    "TORCH_FUNCTION_MODE_STACK": Converter.leaf_mode_stack,
+    "DEFAULT_DEVICE": Converter.leaf_default_device,
 }
 # Leaf kinds with no exact tripwire form: evaluated by torch's own leaf (fallback="torch").
 TORCH_ONLY_KINDS: dict[str, str] = {
@@ -823,6 +997,11 @@ TORCH_ONLY_KINDS: dict[str, str] = {
     "MAPPING_KEYS_MATCH": "a mappingproxy's keys() compared with Python ==",
     "FAKE_SCRIPT_TYPE_MATCH": "unwraps torch's FakeScriptObject",
     "LAMBDA_GUARD": "a Python lambda of torch's",
+    "AUTOGRAD_SAVED_TENSORS_HOOKS": "torch's lambda on top_saved_tensors_hooks (no tripwire probe yet)",
+    "STORAGE_OVERLAPPING": "a storage-overlap relation between tensors (no tripwire kind yet)",
+    "SYMBOLIC_SHAPE_GUARD": "torch's C++ symbolic shape guard (tripwire's SHAPE kind is another issue)",
+    "DISPATCH_KEY_SET_MATCH": "a bare DispatchKeySet comparison (no tripwire kind)",
+    "DUAL_LEVEL_MATCH": "a forward-AD dual level (no tripwire probe)",
 }
 
 

@@ -1,0 +1,366 @@
+#!/usr/bin/env python
+"""Tensor, array and framework-state guards: ``python bench/tensor_guards.py`` (bench/README.md).
+
+Four measurements, each against its yardstick in the same run (round-robin repeats, min and median):
+
+* ``T1`` TENSOR_MATCH per 2-D tensor, K tensors: tripwire (the adapter) against torch's guard
+  manager holding the same K TENSOR_MATCH leaves (a ``RootGuardManager`` with one dict-item
+  manager per tensor, as torch.compile builds for a function of K tensors). Per tensor =
+  (check of K - check of an empty set) / K, each side against its own empty set.
+* ``A1`` ARRAY_MATCH per 2-D numpy array, K arrays: tripwire (the array struct) against the C floor
+  (bench/floor.c, a hand-written struct read) and tripwire's Python reader. Per array as above.
+* ``G1`` torch's global state: GLOBAL_STATE("torch_global_state") through the adapter against
+  torch's GLOBAL_STATE leaf (a RootGuardManager holding only it), each minus its empty set.
+* ``D1`` Dynamo's ``dynamo_guard_eval`` workload: ``foo(x0..x99)`` compiled for sizes 10, 20, ...,
+  100 (10 cache entries), called cycling through the sizes. Guards only: tripwire's
+  ``Cache.lookup`` (entries built by ``guards_for`` plus the three torch probes) against torch's
+  entries' guard managers tried most recently used first (its lookup order), from Python. Whole
+  calls: ``@tw.specialize`` (the compiler returns foo itself) against ``torch.compile(foo,
+  backend="eager")``, and foo itself (eager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import timeit
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import floor_build
+import guard_eval
+import tripwire as tw
+from tripwire import _core
+
+
+@dataclass
+class Timed:
+    name: str
+    fn: Callable[[], Any]
+    samples: list[float] = field(default_factory=list)
+    number: int = 0
+
+    @property
+    def min(self) -> float:
+        return min(self.samples)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
+def measure(items: list[Timed], repeat: int, target_s: float) -> None:
+    """Round-robin repeats, calibrated so one repeat of one item takes about ``target_s``."""
+    for it in items:
+        t = timeit.Timer(it.fn)
+        n = 1
+        while True:
+            dt = t.timeit(n)
+            if dt >= target_s / 5 or n >= 5_000_000:
+                break
+            n *= 4
+        it.number = max(1, int(n * target_s / max(dt, 1e-9)))
+    timers = [timeit.Timer(it.fn) for it in items]
+    for r in range(repeat):
+        for j in range(len(items)):
+            i = (r + j) % len(items)
+            gc.collect()
+            was = gc.isenabled()
+            gc.disable()
+            try:
+                dt = timers[i].timeit(items[i].number)
+            finally:
+                if was:
+                    gc.enable()
+            items[i].samples.append(dt / items[i].number * 1e9)
+
+
+def fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
+
+
+def per_unit(full: Timed, empty: Timed, k: int) -> tuple[float, float]:
+    """(min, median) of (full - empty) / k, pairing the samples of the same repeat."""
+    diffs = [(f - e) / k for f, e in zip(full.samples, empty.samples, strict=True)]
+    return min(diffs), statistics.median(diffs)
+
+
+def ratio(a: tuple[float, float], b: tuple[float, float]) -> str:
+    return f"{a[0] / b[0]:.2f} (min), {a[1] / b[1]:.2f} (median)"
+
+
+# -- T1: TENSOR_MATCH ------------------------------------------------------------------------------------
+def torch_tensor_manager(tensors: dict[str, Any]) -> Any:
+    import torch
+    from torch._C._dynamo import guards as G
+    from torch._dynamo.guards import GuardManagerType
+
+    root = G.RootGuardManager()
+    for name, t in tensors.items():
+        m = root.getitem_manager(
+            key=name,
+            source=f"L['{name}']",
+            example_value=t,
+            guard_manager_enum=GuardManagerType.GUARD_MANAGER,
+        )
+        m.add_tensor_match_guard(
+            t,
+            list(t.shape),
+            list(t.stride()),
+            f"L['{name}']",
+            ["tm"],
+            None,
+            type(t),
+            torch._C._dispatch_keys(t),
+        )
+    return root
+
+
+def bench_tensor_match(ks: list[int], repeat: int, target_s: float, log) -> list[str]:
+    import torch
+
+    out = []
+    for k in ks:
+        xs = {sys.intern(f"x{i}"): torch.randn(4, 8) for i in range(k)}  # frame locals: interned names
+        b = tw.GuardBuilder(xs)
+        for name in xs:
+            b.tensor_match(f"L['{name}']")
+        gs = b.build()
+        empty_gs = tw.GuardBuilder({}).build()
+        root, empty_root = torch_tensor_manager(xs), torch_tensor_manager({})
+        bad = dict(xs, **{f"x{k - 1}": torch.randn(4, 9)})
+        assert gs.check(xs) and not gs.check(bad) and root.check(xs) and not root.check(bad)
+        items = [
+            Timed("tripwire", lambda: gs.check(xs)),
+            Timed("tripwire empty", lambda: empty_gs.check(xs)),
+            Timed("torch", lambda: root.check(xs)),
+            Timed("torch empty", lambda: empty_root.check(xs)),
+        ]
+        measure(items, repeat, target_s)
+        tw_per = per_unit(items[0], items[1], k)
+        torch_per = per_unit(items[2], items[3], k)
+        out.append(
+            f"| T1 K={k} | {fmt(tw_per[0])} / {fmt(tw_per[1])} | {fmt(torch_per[0])} / {fmt(torch_per[1])} | "
+            f"{ratio(tw_per, torch_per)} | {fmt(items[0].min)} vs {fmt(items[2].min)} |"
+        )
+        log(out[-1])
+    return out
+
+
+# -- A1: ARRAY_MATCH -------------------------------------------------------------------------------------
+def bench_array_match(ks: list[int], repeat: int, target_s: float, log) -> list[str]:
+    import numpy as np
+
+    out = []
+    for k in ks:
+        arrays = {sys.intern(f"a{i}"): np.zeros((4, 8), dtype=np.float32) for i in range(k)}
+        b = tw.GuardBuilder(arrays)
+        for name in arrays:
+            b.array_match(f"L['{name}']")
+        gs = b.build()
+        was = _core._force_python_readers(True)
+        try:
+            gs_py = b.build()
+        finally:
+            _core._force_python_readers(was)
+        empty_gs = tw.GuardBuilder({}).build()
+        plan = guard_eval.floor_plan(list(gs.guards), arrays)
+        empty_plan = floor_build.load().Plan([])
+        bad = dict(arrays, **{f"a{k - 1}": np.zeros((4, 9), dtype=np.float32)})
+        for check in (gs.check, gs_py.check, plan.check):
+            assert check(arrays) is True and check(bad) is False
+        items = [
+            Timed("tripwire", lambda: gs.check(arrays)),
+            Timed("tripwire empty", lambda: empty_gs.check(arrays)),
+            Timed("C floor", lambda: plan.check(arrays)),
+            Timed("C floor empty", lambda: empty_plan.check(arrays)),
+            Timed("python reader", lambda: gs_py.check(arrays)),
+        ]
+        measure(items, repeat, target_s)
+        tw_per = per_unit(items[0], items[1], k)
+        floor_per = per_unit(items[2], items[3], k)
+        py_per = per_unit(items[4], items[1], k)
+        out.append(
+            f"| A1 K={k} | {fmt(tw_per[0])} / {fmt(tw_per[1])} | {fmt(floor_per[0])} / {fmt(floor_per[1])} | "
+            f"{ratio(tw_per, floor_per)} | python reader {fmt(py_per[0])} / {fmt(py_per[1])} |"
+        )
+        log(out[-1])
+    return out
+
+
+# -- G1: global state ------------------------------------------------------------------------------------
+def bench_global_state(repeat: int, target_s: float, log) -> list[str]:
+    import torch
+    from torch._C._dynamo import guards as G
+
+    b = tw.GuardBuilder({})
+    b.global_state("torch_global_state")
+    gs = b.build()
+    was = _core._force_python_readers(True)
+    try:
+        gs_py = b.build()
+    finally:
+        _core._force_python_readers(was)
+    empty_gs = tw.GuardBuilder({}).build()
+    root = G.RootGuardManager()
+    root.add_global_state_guard(G.GlobalStateGuard(), ["___check_global_state()"], None)
+    empty_root = G.RootGuardManager()
+    L: dict = {}
+    with torch.no_grad():
+        assert not gs.check(L) and not root.check(L) and not gs_py.check(L)
+    assert gs.check(L) and root.check(L) and gs_py.check(L)
+    items = [
+        Timed("tripwire", lambda: gs.check(L)),
+        Timed("tripwire empty", lambda: empty_gs.check(L)),
+        Timed("torch", lambda: root.check(L)),
+        Timed("torch empty", lambda: empty_root.check(L)),
+        Timed("python reader", lambda: gs_py.check(L)),
+    ]
+    measure(items, repeat, target_s)
+    tw_one = per_unit(items[0], items[1], 1)
+    torch_one = per_unit(items[2], items[3], 1)
+    py_one = per_unit(items[4], items[1], 1)
+    line = (
+        f"| G1 | {fmt(tw_one[0])} / {fmt(tw_one[1])} | {fmt(torch_one[0])} / {fmt(torch_one[1])} | "
+        f"{ratio(tw_one, torch_one)} | python reader {fmt(py_one[0])} / {fmt(py_one[1])} |"
+    )
+    log(line)
+    return [line]
+
+
+# -- D1: dynamo_guard_eval ------------------------------------------------------------------------------------
+ARGS = [sys.intern(f"x{i}") for i in range(100)]  # frame locals are interned names
+FOO_SRC = (
+    f"def foo({', '.join(ARGS)}):\n    n = {' + '.join(a + '.shape[0]' for a in ARGS)}\n    return x0 + n\n"
+)
+
+
+def bench_dynamo_guard_eval(repeat: int, target_s: float, log) -> list[str]:
+    import torch
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    ns: dict[str, Any] = {}
+    exec(compile(FOO_SRC, "<dynamo_guard_eval>", "exec"), ns)  # the microbenchmark's function
+    foo = ns["foo"]
+    inputs = [[torch.randn(n) for _ in range(100)] for n in range(10, 101, 10)]
+    torch._dynamo.reset()
+    torch._dynamo.config.cache_size_limit = 16
+    compiled = torch.compile(foo, backend="eager", dynamic=False)
+    for inp in inputs:
+        compiled(*inp)
+    entries = _debug_get_cache_entry_list(foo.__code__)
+    assert len(entries) == 10, len(entries)
+    managers = [e.guard_manager for e in entries]  # most recently used first
+
+    def torch_lookup(L: dict) -> Any:
+        # torch's lookup order (extra_state.cpp lookup): most recently used first, moved to the
+        # front on a hit.
+        for i, gm in enumerate(managers):
+            if gm.check(L):
+                if i:
+                    managers.insert(0, managers.pop(i))
+                return gm
+        return None
+
+    def compiler(fn: Any, example_args: Any, builder: tw.GuardBuilder) -> Any:
+        for probe in ("torch_global_state", "torch_function_mode_stack", "torch_default_device"):
+            builder.global_state(probe)
+        return fn
+
+    spec = tw.specialize(compiler=compiler, recompile_limit=16)(foo)
+    cache = tw.Cache(recompile_limit=16)
+    locals_list = [dict(zip(ARGS, inp, strict=True)) for inp in inputs]
+    for L, inp in zip(locals_list, inputs, strict=True):
+        b = tw.GuardBuilder(L)
+        tw.infer_into(b)
+        compiler(foo, L, b)
+        cache.insert(b.build(), len(cache))
+        spec(*inp)
+    for L in locals_list:
+        assert cache.lookup(L) is not None and torch_lookup(L) is not None
+    n_guards_tw = len(cache.entries[0].guards)
+    cycle = {"i": 0}
+
+    def next_locals() -> dict:
+        i = cycle["i"] = (cycle["i"] + 1) % 10
+        return locals_list[i]
+
+    def next_args() -> list:
+        i = cycle["i"] = (cycle["i"] + 1) % 10
+        return inputs[i]
+
+    items = [
+        Timed("tripwire lookup", lambda: cache.lookup(next_locals())),
+        Timed("torch lookup", lambda: torch_lookup(next_locals())),
+        Timed("dict cycle only", lambda: next_locals()),
+        Timed("tripwire call", lambda: spec(*next_args())),
+        Timed("torch call", lambda: compiled(*next_args())),
+        Timed("eager call", lambda: foo(*next_args())),
+    ]
+    measure(items, repeat, target_s)
+    base = items[2]
+    tw_g = (items[0].min - base.min, items[0].median - base.median)
+    th_g = (items[1].min - base.min, items[1].median - base.median)
+    eager = items[5]
+    tw_over = (items[3].min - eager.min, items[3].median - eager.median)
+    th_over = (items[4].min - eager.min, items[4].median - eager.median)
+    lines = [
+        f"| D1 guards only (lookup per call) | {fmt(tw_g[0])} / {fmt(tw_g[1])} | {fmt(th_g[0])} / {fmt(th_g[1])} | "
+        f"{ratio(tw_g, th_g)} | torch from Python (pybind per entry tried) |",
+        f"| D1 whole call | {fmt(items[3].min)} / {fmt(items[3].median)} | {fmt(items[4].min)} / {fmt(items[4].median)} | "
+        f"{ratio((items[3].min, items[3].median), (items[4].min, items[4].median))} | eager {fmt(eager.min)} / {fmt(eager.median)} |",
+        f"| D1 call overhead (call - eager) | {fmt(tw_over[0])} / {fmt(tw_over[1])} | {fmt(th_over[0])} / {fmt(th_over[1])} | "
+        f"{ratio(tw_over, th_over)} | tripwire entries: {n_guards_tw} guards each |",
+    ]
+    for line in lines:
+        log(line)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=11)
+    p.add_argument("--time", type=float, default=0.02, help="seconds per repeat per contender")
+    p.add_argument("--quick", action="store_true", help="3 short repeats")
+    p.add_argument("-w", "--workload", action="append", choices=["T1", "A1", "G1", "D1"])
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeat, args.time = 3, 0.005
+    which = set(args.workload or ["T1", "A1", "G1", "D1"])
+    log = print
+    print(guard_eval.environment())
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        tw.tensors.ensure_torch()
+    print(f"torch: {tw.tensors.adapter_status()}")
+    try:
+        import numpy  # noqa: F401
+
+        tw.tensors.ensure_numpy()
+    except ImportError:
+        pass
+    print(f"numpy: {tw.tensors.array_path()}")
+    print(f"repeats {args.repeat}, {args.time}s each; ns, min / median\n")
+    print("| what | tripwire | yardstick | tripwire / yardstick | note |")
+    print("|---|---:|---:|---|---|")
+    if "T1" in which and torch is not None:
+        bench_tensor_match([1, 8, 64], args.repeat, args.time, log)
+    if "A1" in which:
+        bench_array_match([1, 8, 64], args.repeat, args.time, log)
+    if "G1" in which and torch is not None:
+        bench_global_state(args.repeat, args.time, log)
+    if "D1" in which and torch is not None:
+        bench_dynamo_guard_eval(args.repeat, args.time, log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

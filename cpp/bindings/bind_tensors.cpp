@@ -1,0 +1,195 @@
+// tripwire/cpp/bindings/bind_tensors.cpp -- tensors, arrays, torch's state and constant types.
+//
+// The package (tripwire/tensors.py) installs the torch adapter and the Python readers, verifies
+// and enables the numpy struct, and reads example values through these functions, so that a
+// guard is built on what a check will read.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <vector>
+
+#include "core/ir.hpp"
+#include "register.hpp"
+#include "runtime/eval/constant_types.hpp"
+#include "runtime/tensors/readers.hpp"
+#include "runtime/tensors/tensor_kinds.hpp"
+#include "runtime/tensors/torch_state.hpp"
+
+namespace nb = nanobind;
+
+namespace tripwire::bindings {
+namespace {
+
+nb::object steal_or_throw(runtime::Ref r) {
+    if (!r) throw nb::python_error();
+    return nb::steal(r.release());
+}
+
+runtime::Ref optional(nb::handle h) { return h.is_none() ? runtime::Ref() : runtime::Ref::borrow(h.ptr()); }
+
+runtime::ConstantCompare compare_named(const std::string& name) {
+    if (name == "identity") return runtime::ConstantCompare::Identity;
+    if (name == "tuple") return runtime::ConstantCompare::Tuple;
+    if (name == "richcompare") return runtime::ConstantCompare::RichCompare;
+    throw nb::value_error(("unknown comparison '" + name + "' (identity, tuple, richcompare)").c_str());
+}
+
+// numpy dtype equality for the constant registry: two simple dtypes (exact types already equal).
+int numpy_dtype_equal(PyObject* a, PyObject* b) {
+    return runtime::numpy_dtype_is_simple(a) && runtime::numpy_dtype_is_simple(b) &&
+                   runtime::numpy_simple_dtypes_equal(a, b)
+               ? 1
+               : 0;
+}
+
+}  // namespace
+
+void register_tensors(nb::module_& m) {
+    m.def(
+        "_install_torch_adapter",
+        [](nb::handle capsule, const std::string& torch_version) {
+            if (!runtime::install_torch_adapter(capsule.ptr(), torch_version.c_str()))
+                throw nb::python_error();
+        },
+        nb::arg("table"), nb::arg("torch_version"),
+        "Install the torch adapter's table (tripwire._torch_adapter.table). Once installed it stays.");
+    m.def(
+        "torch_adapter_installed", [] { return runtime::torch_adapter() != nullptr; },
+        "Whether tensors and torch's state are read through the compiled torch adapter.");
+    m.def(
+        "_set_python_readers",
+        [](nb::handle tensor, nb::handle array, nb::handle torch_state, nb::handle mode_stack,
+           nb::handle default_device) {
+            runtime::PythonReaders& r = runtime::python_readers();
+            if (!tensor.is_none()) r.tensor = optional(tensor);
+            if (!array.is_none()) r.array = optional(array);
+            if (!torch_state.is_none()) r.torch_state = optional(torch_state);
+            if (!mode_stack.is_none()) r.mode_stack = optional(mode_stack);
+            if (!default_device.is_none()) r.default_device = optional(default_device);
+        },
+        nb::arg("tensor").none(), nb::arg("array").none(), nb::arg("torch_state").none(),
+        nb::arg("mode_stack").none(), nb::arg("default_device").none(),
+        "Register the Python readers used without the adapter or the numpy struct (None: keep).");
+    m.def("numpy_struct_compiled", &runtime::numpy_struct_compiled,
+          "Whether this build read numpy's headers (arrays can be read from their struct).");
+    m.def(
+        "_enable_numpy_struct",
+        [](nb::handle ndarray) { return runtime::enable_numpy_struct(ndarray.ptr()); }, nb::arg("ndarray"),
+        "Read arrays of this type (numpy.ndarray) from their struct; verified by the caller.");
+    m.def(
+        "_register_numpy_dtype",
+        [](nb::handle dtype_type) {
+            if (!PyType_Check(dtype_type.ptr())) throw nb::type_error("numpy.dtype expected");
+            if (!runtime::register_constant_type(reinterpret_cast<PyTypeObject*>(dtype_type.ptr()),
+                                                 runtime::ConstantCompare::Native, numpy_dtype_equal, true,
+                                                 runtime::numpy_dtype_is_simple))
+                throw nb::python_error();
+        },
+        nb::arg("dtype_type"),
+        "Make simple numpy dtypes EQUALS_MATCH constants (after _enable_numpy_struct).");
+    m.def(
+        "_numpy_struct_probe",
+        [](nb::handle array, nb::handle ndarray) -> nb::object {
+            if (!PyType_Check(ndarray.ptr())) throw nb::type_error("numpy.ndarray expected");
+            runtime::ArrayView a;
+            if (!runtime::read_array_struct_of(array.ptr(), reinterpret_cast<PyTypeObject*>(ndarray.ptr()),
+                                               a))
+                return nb::none();
+            std::vector<std::int64_t> sizes(a.sizes, a.sizes + a.ndim),
+                strides(a.strides, a.strides + a.ndim);
+            const int bits = runtime::array_required_bits(a.flags);
+            return nb::make_tuple(a.ndim, nb::tuple(nb::cast(sizes)), nb::tuple(nb::cast(strides)),
+                                  (bits & 1) != 0, (bits & 2) != 0, (bits & 4) != 0,
+                                  runtime::array_writeable(a.flags), nb::borrow(a.descr), a.itemsize);
+        },
+        nb::arg("array"), nb::arg("ndarray"),
+        "What the struct reader sees in `array` (the fields of read_array_fields, then the itemsize), "
+        "before it is enabled: the layout check.");
+    m.def(
+        "_numpy_dtype_fields",
+        [](nb::handle d) -> nb::object {
+            if (!runtime::is_numpy_dtype(d.ptr())) return nb::none();
+            return nb::make_tuple(runtime::numpy_dtype_is_simple(d.ptr()));
+        },
+        nb::arg("dtype"), "(simple,) for a numpy dtype once the struct is enabled, else None.");
+    m.def(
+        "numpy_struct_enabled", [] { return runtime::numpy_ndarray_type() != nullptr; },
+        "Whether arrays are read from their struct.");
+    m.def(
+        "read_tensor_fields",
+        [](nb::handle v, bool native) {
+            return steal_or_throw(runtime::read_tensor_fields(v.ptr(), native));
+        },
+        nb::arg("value").none(), nb::arg("native"),
+        "(dispatch_keys, dtype, device_index, requires_grad, sizes, strides|None, storage_offset) as "
+        "TENSOR_MATCH "
+        "reads them: through the adapter (native) or the Python reader. None for a value it cannot read.");
+    m.def(
+        "read_array_fields",
+        [](nb::handle v, bool native) { return steal_or_throw(runtime::read_array_fields(v.ptr(), native)); },
+        nb::arg("value").none(), nb::arg("native"),
+        "(ndim, sizes, strides, c_contiguous, f_contiguous, aligned, writeable, dtype) as ARRAY_MATCH reads "
+        "them: from the struct (native) or the Python reader. None for a value it cannot read.");
+    m.def(
+        "read_shape",
+        [](nb::handle v) -> nb::object {
+            runtime::ShapeView s;
+            switch (runtime::read_shape(v.ptr(), s)) {
+                case runtime::ShapeRead::NotApplicable: return nb::str("not applicable");
+                case runtime::ShapeRead::Unavailable: return nb::str("unavailable");
+                case runtime::ShapeRead::Ok: break;
+            }
+            std::vector<std::int64_t> sizes(s.sizes, s.sizes + s.ndim);
+            nb::object strides = nb::none();
+            if (s.strides != nullptr)
+                strides = nb::cast(std::vector<std::int64_t>(s.strides, s.strides + s.ndim));
+            nb::object offset = s.has_storage_offset ? nb::cast(s.storage_offset) : nb::none();
+            return nb::make_tuple(s.ndim, nb::tuple(nb::cast(sizes)),
+                                  strides.is_none() ? strides : nb::tuple(strides), offset, s.stride_unit);
+        },
+        nb::arg("value").none(),
+        "The C++ shape reader (runtime/tensors/readers.hpp read_shape): (ndim, sizes, strides|None, "
+        "storage_offset|None, stride_unit), or 'not applicable' / 'unavailable'.");
+    m.def(
+        "dtype_code",
+        [](nb::handle d) {
+            const TwTorchAdapter* a = runtime::torch_adapter();
+            return a != nullptr ? a->dtype_code(d.ptr()) : -1;
+        },
+        nb::arg("dtype"), "The c10::ScalarType of a torch.dtype through the adapter (-1 without it).");
+    m.def(
+        "torch_state_differences",
+        [](const std::vector<std::int64_t>& want, const std::vector<std::int64_t>& now) {
+            return runtime::torch_state_differences(want, now);
+        },
+        nb::arg("want"), nb::arg("now"),
+        "The fields that differ between two torch global-state tuples, as GLOBAL_STATE names them.");
+    m.def(
+        "register_constant_type",
+        [](nb::handle tp, const std::string& compare) {
+            if (!PyType_Check(tp.ptr())) throw nb::type_error("register_constant_type needs a type");
+            if (!runtime::register_constant_type(reinterpret_cast<PyTypeObject*>(tp.ptr()),
+                                                 compare_named(compare), nullptr, false))
+                throw nb::python_error();
+        },
+        nb::arg("type"), nb::arg("compare"),
+        "Make instances of `type` EQUALS_MATCH constants, compared by 'identity', as a 'tuple' of constants, "
+        "or "
+        "by the type's own C 'richcompare' (static C types only).");
+    m.def(
+        "constant_types",
+        [] {
+            nb::list out;
+            for (const runtime::ConstantType& c : runtime::constant_types()) {
+                out.append(nb::make_tuple(nb::borrow(reinterpret_cast<PyObject*>(c.type)),
+                                          runtime::constant_compare_name(c.compare), c.subclasses));
+            }
+            return out;
+        },
+        "[(type, comparison, subclasses)]: the registered constant types besides the built-in ones.");
+}
+
+}  // namespace tripwire::bindings

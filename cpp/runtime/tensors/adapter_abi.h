@@ -1,0 +1,141 @@
+/* tripwire/cpp/runtime/tensors/adapter_abi.h -- the C interface between tripwire._core and the
+ * optional torch adapter module (cpp/adapters/torch).
+ *
+ * The core module never includes or links torch. The adapter is a separate extension module,
+ * tripwire._torch_adapter, compiled against the installed torch's public C++ API; it exports one
+ * PyCapsule named TRIPWIRE_TORCH_ADAPTER_CAPSULE holding a `TwTorchAdapter` table of plain C
+ * function pointers, which _core installs (runtime/tensors/torch_adapter.hpp). Everything that
+ * crosses is plain data or borrowed PyObject pointers, so the two modules share no C++ type and
+ * no allocator. The table is versioned: _core refuses a table whose abi_version or struct_size
+ * it does not know.
+ *
+ * Every function is called with the GIL held, never raises a C++ exception across this
+ * boundary, never calls Python code and never allocates a Python object, unless its comment
+ * says otherwise.
+ */
+#ifndef TRIPWIRE_RUNTIME_TENSORS_ADAPTER_ABI_H
+#define TRIPWIRE_RUNTIME_TENSORS_ADAPTER_ABI_H
+
+#include <Python.h>
+#include <stdint.h>
+
+#define TRIPWIRE_TORCH_ADAPTER_ABI \
+    2 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes) */
+#define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A tensor's fields as TENSOR_MATCH compares them. `sizes` and `strides` point into the tensor's
+ * own metadata: valid while the tensor is alive and unchanged (no Python code ran). */
+typedef struct TwTensorMeta {
+    uint64_t dispatch_keys;     /* the key set with the thread-local include/exclude sets applied,
+                                   Python keys masked as torch's guards do */
+    uint64_t raw_dispatch_keys; /* the tensor's own key set */
+    int32_t dtype;              /* c10::ScalarType */
+    int32_t device_type;        /* c10::DeviceType */
+    int32_t device_index;       /* -1: none */
+    int32_t layout;             /* c10::Layout (0: strided) */
+    int32_t requires_grad;
+    int32_t has_strides; /* 0 for layouts without strides (sparse, compressed) */
+    int64_t ndim;
+    const int64_t* sizes;
+    const int64_t* strides;   /* null when !has_strides */
+    int64_t storage_offset;   /* in elements */
+    const void* storage_data; /* the storage's base address, null when unknown */
+    int64_t storage_nbytes;   /* the storage's size in bytes, -1 when unknown */
+    int64_t itemsize;         /* bytes per element */
+} TwTensorMeta;
+
+/* What TENSOR_MATCH compares, read by the lean per-check reader (tensor_fields). */
+typedef struct TwTensorFields {
+    uint64_t dispatch_keys; /* after the thread-local include/exclude sets; Python keys NOT masked */
+    int32_t dtype;
+    int32_t device_index;
+    int32_t requires_grad;
+    int32_t has_strides;
+    int64_t ndim;
+    const int64_t* sizes;
+    const int64_t* strides; /* null when !has_strides */
+    int64_t storage_offset;
+} TwTensorFields;
+
+/* A torch global-state snapshot (core/kind_data.hpp torch_state) compiled once for the per-check
+ * comparison: the header fields, and per autocast device its type, whether it is enabled (also as
+ * a bit mask) and its dtype. */
+#define TW_MAX_AUTOCAST_DEVICES 64
+typedef struct TwGlobalState {
+    int64_t header[12];
+    uint64_t autocast_enabled_mask; /* bit i: device i enabled */
+    int32_t n_devices;
+    int32_t device_types[TW_MAX_AUTOCAST_DEVICES];
+    int32_t dtypes[TW_MAX_AUTOCAST_DEVICES];
+} TwGlobalState;
+
+/* The adapter's table. Fields are only ever appended; struct_size says how many a build has. */
+typedef struct TwTorchAdapter {
+    uint32_t abi_version;      /* TRIPWIRE_TORCH_ADAPTER_ABI */
+    uint32_t struct_size;      /* sizeof(TwTorchAdapter) in the adapter's build */
+    const char* torch_version; /* the torch version the adapter was compiled against */
+
+    /* The Python types of torch's value-like objects (borrowed; torch keeps them alive). */
+    PyTypeObject* tensor_base_type; /* torch._C.TensorBase: every tensor's type derives from it */
+    PyTypeObject* dtype_type;       /* torch.dtype */
+    PyTypeObject* device_type;      /* torch.device */
+    PyTypeObject* size_type;        /* torch.Size */
+
+    /* 1 and `out` filled when `obj` is a tensor whose fields could be read; 0 when obj is not a
+     * tensor (its type does not derive from TensorBase) or holds no tensor; -1 when torch
+     * refused to read a field (an exception inside torch, swallowed here). `mask_python_keys`:
+     * remove the Python, PythonTLSSnapshot and PythonDispatcher keys after applying the
+     * thread-local sets (torch masks them unless a dispatch mode without
+     * ignore_compile_internals is active). */
+    int (*read_tensor)(PyObject* obj, int mask_python_keys, TwTensorMeta* out);
+
+    /* The per-check reader of TENSOR_MATCH: `obj` must be an instance of a type deriving from
+     * tensor_base_type (the caller checked its exact type against one). 1 and `out` filled, or 0
+     * when torch refused (an undefined tensor, an exception). The Python keys are left in:
+     * the caller masks them (python_keys_mask) only when present, so the flag that decides it
+     * is read only then. */
+    int (*tensor_fields)(PyObject* obj, TwTensorFields* out);
+    /* The raw bits of DispatchKeySet{Python, PythonTLSSnapshot, PythonDispatcher}: functionality
+     * keys only, so removing them is a plain `keys & ~mask`. */
+    uint64_t python_keys_mask;
+
+    /* Apply the current thread-local include/exclude sets (and the mask) to a raw key set, as
+     * torch's guards do at build time. */
+    uint64_t (*apply_local_keys)(uint64_t raw_keys, int mask_python_keys);
+
+    /* torch's global state in the layout of core/kind_data.hpp torch_state (header, then per
+     * autocast device its type, its enabled flag, its dtype). With `all_dtypes` 0, the dtype of a
+     * device whose autocast is disabled is not read (written as -1): torch compares it only while
+     * enabled. Returns the number of entries written, or -1 when `capacity` is too small. */
+    int (*read_global_state)(int64_t* out, int capacity, int all_dtypes);
+    /* 1 when torch's global state now equals `want` by GlobalStateGuard::check's rule (an
+     * autocast dtype counts only while enabled), else 0. Reads each field once, stops at the
+     * first difference, writes nothing. Devices are compared by position: the caller checked
+     * that `want` lists this torch's autocast devices in read_global_state's order. */
+    int (*global_state_matches)(const TwGlobalState* want);
+
+    /* The torch-function mode stack: its length, and the mode at position i (borrowed, or null
+     * when out of range). */
+    int64_t (*function_mode_stack_len)(void);
+    PyObject* (*function_mode_at)(int64_t i);
+
+    /* 1 and (type, index) when obj is a torch.device, else 0. */
+    int (*read_device)(PyObject* obj, int32_t* type, int32_t* index);
+    /* Parse a device string as torch.device does ("cpu", "cuda:1"): 1 on success, 0 if torch
+     * rejects it. */
+    int (*parse_device)(const char* text, int32_t* type, int32_t* index);
+    /* The c10::ScalarType of a torch.dtype, or -1 when obj is not one. */
+    int (*dtype_code)(PyObject* obj);
+    /* EQUALS_MATCH of two torch.device objects (exact types already checked): 1 or 0. */
+    int (*device_equal)(PyObject* a, PyObject* b);
+} TwTorchAdapter;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TRIPWIRE_RUNTIME_TENSORS_ADAPTER_ABI_H */

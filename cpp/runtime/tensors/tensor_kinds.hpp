@@ -1,0 +1,74 @@
+// tripwire/cpp/runtime/tensors/tensor_kinds.hpp -- TENSOR_MATCH, ARRAY_MATCH, DIMENSION_MARKING.
+//
+// The expectations are the plain data of core/kind_data.hpp (GuardDecl::data, reached through
+// RuntimeGuard::data). A check reads the value's fields through readers.hpp: the torch adapter
+// or the numpy struct when the guard was bound to them (no user code, no allocation), else a
+// Python reader (RuntimeGuard::via_python). One comparison serves the check (which stops at the
+// first difference) and the diagnostics (which list every one).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/eval/guard_kinds.hpp"
+
+namespace tripwire::runtime {
+
+/// One field where a value differs from a tensor's or an array's expectation.
+struct FieldMismatch {
+    enum class Field : std::uint8_t {
+        Type,          ///< not the exact type
+        Unreadable,    ///< the fields could not be read (torch refused, the reader returned None)
+        DispatchKeys,  ///< expected/actual: raw key-set bits
+        Dtype,         ///< tensors: c10::ScalarType; arrays: no values (compare the dtypes)
+        DeviceIndex,
+        RequiresGrad,
+        Ndim,
+        Size,    ///< at `dim`
+        Stride,  ///< at `dim`; actual core::kAny when the layout has no strides
+        StorageOffset,
+        CContiguous,  ///< required, missing
+        FContiguous,
+        Aligned,
+        Writeable,  ///< expected/actual: 0 or 1
+    };
+    Field field = Field::Type;
+    std::int64_t dim = -1;
+    std::int64_t expected = 0, actual = 0;
+};
+/// "size", "stride", "dispatch_keys", ... as the package names the fields.
+const char* field_name(FieldMismatch::Field f);
+
+/// 1 when the guard holds for `v`, 0 when not, -1 with a Python error set (a Python reader
+/// raised, or the dimension-marking attributes did).
+int tensor_match(const RuntimeGuard& g, PyObject* v);
+int array_match(const RuntimeGuard& g, PyObject* v);
+int dimension_marking(const RuntimeGuard& g, PyObject* v);
+
+/// The fast pass's forms: true only when the guard holds, decided without user code and without
+/// allocating (a guard bound to a Python reader, or a tensor carrying dimension markings, is
+/// never decided here).
+bool tensor_match_pure(const RuntimeGuard& g, PyObject* v);
+bool array_match_pure(const RuntimeGuard& g, PyObject* v);
+bool dimension_marking_pure(const RuntimeGuard& g, PyObject* v);
+
+/// Every field where `v` differs (empty: the guard holds). False with a Python error set when a
+/// Python reader raised.
+bool tensor_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMismatch>& out);
+bool array_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMismatch>& out);
+
+/// The objects a guard derives when it is bound (RuntimeGuard::derived): ARRAY_MATCH's numpy dtype
+/// from its description (a str or a tuple, as numpy.dtype takes it, or a dtype), DIMENSION_MARKING's
+/// built sets as a tuple of frozensets and Nones. Null with a Python error set on failure.
+Ref derive_array_dtype(PyObject* description);
+Ref derive_marking_sets(const std::vector<std::int64_t>& data);
+
+/// The fields of a tensor as the engine reads them, for the builder and the diagnostics:
+/// (dispatch_keys, dtype, device_index, requires_grad, sizes, strides or None, storage_offset),
+/// through the adapter when installed (`native`), else the Python reader. None when `v` is not a
+/// tensor the reader can read; null with an error set when the reader raised.
+Ref read_tensor_fields(PyObject* v, bool native);
+/// The same for arrays: (ndim, sizes, strides, c_contiguous, f_contiguous, aligned, writeable, dtype).
+Ref read_array_fields(PyObject* v, bool native);
+
+}  // namespace tripwire::runtime

@@ -1,0 +1,734 @@
+"""Tensors, arrays and framework state: expectations, readers, and the engine's fast paths for them.
+
+torch and numpy are optional. Nothing here imports either: a torch tensor or a numpy array can only
+exist once its framework was imported, so support is switched on lazily, by the builder and by
+inference, when they meet such a value (``ensure_torch``, ``ensure_numpy``).
+
+How the engine reads these values:
+
+* torch tensors and torch's global state: through the **torch adapter** (``tripwire._torch_adapter``,
+  cpp/adapters/torch), a separate extension module compiled against the installed torch's C++ API
+  and built only when torch is importable at build time (the project's scripts pass
+  ``-DTRIPWIRE_TORCH_ADAPTER=ON``). Without it, through the Python readers below, which count as user
+  code (slower, and the fast pass skips such guards). ``GuardSet.explain()`` names the path each
+  guard takes; ``adapter_status()`` says why the adapter is or is not in use.
+* numpy arrays: from the array struct (numpy's headers at build time), after ``ensure_numpy``
+  checked the layout against numpy's own attributes; else through ``_read_array``.
+
+The expectations (``TensorExpectation``, ``ArrayExpectation``, ``DimensionMarkings``) are plain data:
+integers, tuples and strings; only the exact type is an object, referenced by identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import sys
+import threading
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _core
+from .errors import GuardBuildError
+
+__all__ = [
+    "ANY_DIM",
+    "ArrayExpectation",
+    "DimensionMarkings",
+    "TensorExpectation",
+    "adapter_status",
+    "array_path",
+    "describe_dtype",
+    "dtype_name",
+    "ensure_numpy",
+    "ensure_torch",
+    "expect_array",
+    "expect_markings",
+    "expect_tensor",
+    "is_array",
+    "is_tensor",
+    "torch_state_from_json",
+    "torch_state_to_dict",
+]
+
+ANY_DIM = _core.ANY_DIM
+
+# c10::ScalarType, in the order of torch 2.13's AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS (the codes
+# torch itself stores in GlobalStateGuard's JSON). Used without the adapter, which reads the codes
+# from torch.dtype objects (test_tensors.py pins the two together).
+_SCALAR_TYPE_NAMES = (
+    "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "complex32",
+    "complex64", "complex128", "bool", "qint8", "quint8", "qint32", "bfloat16", "quint4x2",
+    "quint2x4", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16", "float8_e5m2",
+    "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "uint16", "uint32", "uint64",
+    "uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7",
+    "int1", "int2", "int3", "int4", "int5", "int6", "int7",
+    "float8_e8m0fnu", "float4_e2m1fn_x2",
+)  # fmt: skip
+# c10::DeviceType codes of at::autocast::_AUTOCAST_SUPPORTED_DEVICES in torch 2.13 (cpu, cuda, mtia,
+# maia, xpu, ipu, hpu, xla, privateuse1, mps): GlobalStateGuard's JSON lists the devices in this
+# order without naming them.
+_AUTOCAST_DEVICE_TYPES = (0, 1, 19, 8, 12, 18, 15, 9, 20, 13)
+DEVICE_TYPE_NAMES = {
+    0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip", 7: "fpga",
+    8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps", 14: "meta", 15: "hpu",
+    16: "ve", 17: "lazy", 18: "ipu", 19: "mtia", 20: "privateuseone",
+}  # fmt: skip
+_TORCH_STATE_FIELDS = _core.TORCH_STATE_FIELDS  # core::torch_state's header, by torch's JSON names
+_N_HEADER = len(_TORCH_STATE_FIELDS)
+_TORCH_STATE_BOOLS = (
+    "grad_mode", "torch_function", "torch_function_all_disabled", "deterministic_algorithms",
+    "deterministic_algorithms_warn_only", "allow_tf32", "autocast_cache_enabled",
+)  # fmt: skip
+
+_lock = threading.RLock()
+_torch_status: str | None = None  # None: not initialized
+_numpy_status: str | None = None
+
+
+# -- switching support on --------------------------------------------------------------------------
+def ensure_torch() -> bool:
+    """Switch on tripwire's torch support if torch is imported; returns whether it is.
+
+    Registers the Python readers (the path without the adapter), then loads the compiled adapter
+    when it was built for this torch, and makes torch's value-like objects (``torch.dtype``,
+    ``torch.device``, ``torch.Size``, ``torch.layout``, ``torch.memory_format``) EQUALS_MATCH
+    constants. Never imports torch itself.
+    """
+    global _torch_status
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "_C"):
+        return False
+    with _lock:
+        if _torch_status is not None:
+            return True
+        _core._set_python_readers(
+            _read_tensor, None, _read_torch_state, _read_mode_stack, _read_default_device
+        )
+        status = "python readers (the torch adapter was not built: build with -DTRIPWIRE_TORCH_ADAPTER=ON)"
+        try:
+            # By name: the module exists only in builds with the adapter (no stub to type it).
+            _torch_adapter: Any = importlib.import_module("._torch_adapter", __package__)
+        except ImportError as e:
+            if "No module named" not in str(e):
+                status = f"python readers (the torch adapter did not load: {e})"
+                warnings.warn(f"tripwire: {status}", RuntimeWarning, stacklevel=2)
+        else:
+            try:
+                _core._install_torch_adapter(_torch_adapter.table, torch.__version__)
+                status = f"torch adapter (compiled against torch {_torch_adapter.torch_version})"
+            except ImportError as e:
+                status = f"python readers ({e})"
+                warnings.warn(f"tripwire: {status}", RuntimeWarning, stacklevel=2)
+        if not _core.torch_adapter_installed():
+            # The adapter registers these with C comparisons; without it: torch.dtype objects are
+            # singletons, torch.Size is a tuple of ints, and torch.device's own (static C type)
+            # comparison compares its fields without running Python code.
+            _core.register_constant_type(torch.dtype, "identity")
+            _core.register_constant_type(torch.Size, "tuple")
+            _core.register_constant_type(torch.device, "richcompare")
+        _core.register_constant_type(torch.layout, "identity")
+        _core.register_constant_type(torch.memory_format, "identity")
+        _torch_status = status
+        return True
+
+
+def ensure_numpy() -> bool:
+    """Switch on tripwire's numpy support if numpy is imported; returns whether it is.
+
+    Arrays are read from their struct when this build has numpy's headers and the layout matches
+    numpy's own attributes on probe arrays; then simple numpy dtypes (numbers, bool, object, bytes,
+    str) are also EQUALS_MATCH constants. Otherwise arrays are read through Python.
+    """
+    global _numpy_status
+    np = sys.modules.get("numpy")
+    if np is None or not hasattr(np, "ndarray"):
+        return False
+    with _lock:
+        if _numpy_status is not None:
+            return True
+        _core._set_python_readers(None, _read_array, None, None, None)
+        if not _core.numpy_struct_compiled():
+            status = "python reader (this build has no numpy>=2 headers)"
+        elif not _numpy_layout_matches(np):
+            status = "python reader (the array struct does not match this numpy's layout)"
+        elif not _core._enable_numpy_struct(np.ndarray):
+            status = "python reader (numpy.ndarray is not usable)"
+        else:
+            _core._register_numpy_dtype(np.dtype)
+            status = f"array struct (numpy {np.__version__})"
+        _numpy_status = status
+        return True
+
+
+def adapter_status() -> str:
+    """How tensors and torch's state are read: the torch adapter, or Python readers and why."""
+    return _torch_status or "torch support not initialized (torch not imported yet)"
+
+
+def array_path() -> str:
+    """How numpy arrays are read: the array struct, or a Python reader and why."""
+    return _numpy_status or "numpy support not initialized (numpy not imported yet)"
+
+
+def ensure_for(value: Any) -> None:
+    """Switch on the support a value needs (its type's module is torch or numpy)."""
+    mod = getattr(type(value), "__module__", "") or ""
+    if not isinstance(mod, str):
+        return
+    if mod.startswith("torch"):
+        ensure_torch()
+    elif mod.startswith("numpy"):
+        ensure_numpy()
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether ``type(value)`` derives from ``torch._C.TensorBase`` (the real type: a ``__class__``
+    property is not consulted). False when torch is not imported."""
+    torch = sys.modules.get("torch")
+    base = getattr(getattr(torch, "_C", None), "TensorBase", None)
+    return base is not None and issubclass(type(value), base)
+
+
+def is_array(value: Any) -> bool:
+    """Whether ``type(value)`` derives from ``numpy.ndarray``. False when numpy is not imported."""
+    np = sys.modules.get("numpy")
+    return np is not None and issubclass(type(value), np.ndarray)
+
+
+def ndim_of(value: Any) -> int:
+    """The rank of a tensor or array as the engine reads it (0 when it cannot be read)."""
+    if is_tensor(value):
+        ensure_torch()
+        fields: Any = _core.read_tensor_fields(value, _core.torch_adapter_installed())
+        return 0 if fields is None else len(fields[4])
+    if is_array(value):
+        ensure_numpy()
+        fields = _core.read_array_fields(value, _core.numpy_struct_enabled())
+        return 0 if fields is None else int(fields[0])
+    return 0
+
+
+# -- dtype codes and names -------------------------------------------------------------------------
+_dtype_codes: dict[Any, int] = {}
+
+
+def dtype_code(dtype: Any) -> int:
+    """The c10::ScalarType of a torch.dtype: through the adapter, or the name table."""
+    if _core.torch_adapter_installed():
+        return _core.dtype_code(dtype)
+    if not _dtype_codes:
+        torch = sys.modules["torch"]
+        for code, name in enumerate(_SCALAR_TYPE_NAMES):
+            d = getattr(torch, name, None)
+            if type(d) is torch.dtype:
+                _dtype_codes[d] = code
+    found = _dtype_codes.get(dtype)
+    if found is None:
+        raise GuardBuildError(f"tripwire does not know the scalar type of {dtype!r}")
+    return found
+
+
+def dtype_name(code: int) -> str:
+    """``float32`` for c10::ScalarType 6."""
+    return _SCALAR_TYPE_NAMES[code] if 0 <= code < len(_SCALAR_TYPE_NAMES) else f"scalar_type({code})"
+
+
+def dispatch_key_names(bits: int) -> str:
+    """``DispatchKeySet(CPU, ADInplaceOrView, AutogradCPU)`` for raw bits (torch's own printing)."""
+    torch = sys.modules.get("torch")
+    try:
+        return str(torch._C.DispatchKeySet.from_raw_repr(bits))  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - messages must not raise
+        return f"DispatchKeySet(raw={bits:#x})"
+
+
+# -- the Python readers (the engine's path without the adapter / the array struct) -----------------
+def _mask_python_keys(torch: Any) -> bool:
+    # torch's guards mask the Python keys unless a dispatch mode without ignore_compile_internals
+    # is active (torch/csrc/dynamo/guards.h LocalState::apply); the flag lives here.
+    dispatch = sys.modules.get("torch.utils._python_dispatch")
+    return not (dispatch is not None and dispatch._is_in_any_mode_without_ignore_compile_internals is True)
+
+
+def _read_tensor(t: Any) -> tuple | None:
+    """TENSOR_MATCH's fields, read through torch's C-level descriptors (never a subclass's Python
+    overrides) with torch functions disabled: (dispatch_keys, dtype, device_index, requires_grad,
+    sizes, strides or None, storage_offset); None when torch cannot read them."""
+    torch = sys.modules["torch"]
+    C = torch._C
+    base = C.TensorBase
+    try:
+        with C.DisableTorchFunction():
+            keys = (
+                C._dispatch_keys(t) | C._dispatch_tls_local_include_set()
+            ) - C._dispatch_tls_local_exclude_set()
+            if _mask_python_keys(torch):
+                for k in (
+                    C.DispatchKey.Python,
+                    C.DispatchKey.PythonTLSSnapshot,
+                    C.DispatchKey.PythonDispatcher,
+                ):
+                    keys = keys.remove(k)
+            dtype = base.dtype.__get__(t)
+            device = base.device.__get__(t)
+            requires_grad = base.requires_grad.__get__(t)
+            strided = base.layout.__get__(t) == torch.strided
+            sizes = tuple(base.size(t))
+            strides = tuple(base.stride(t)) if strided else None
+            offset = base.storage_offset(t) if strided else 0
+    except Exception:  # noqa: BLE001 - an undefined or unreadable tensor: the guard fails
+        return None
+    index = -1 if device.index is None else device.index
+    return (keys.raw_repr(), dtype_code(dtype), index, bool(requires_grad), sizes, strides, offset)
+
+
+def torch_state_from_json(state: dict | str) -> tuple[int, ...]:
+    """torch's GlobalStateGuard snapshot (its ``__getstate__()`` JSON, or the parsed dict) as
+    GLOBAL_STATE's plain data (core::torch_state's layout)."""
+    d = json.loads(state) if isinstance(state, str) else dict(state)
+    autocast = d["autocast_state"]
+    enabled, dtypes = list(autocast["enabled"]), list(autocast["dtype"])
+    if len(enabled) != len(_AUTOCAST_DEVICE_TYPES) or len(dtypes) != len(enabled):
+        raise GuardBuildError(
+            f"torch's global state lists {len(enabled)} autocast devices; tripwire knows torch 2.13's "
+            f"{len(_AUTOCAST_DEVICE_TYPES)}"
+        )
+    header = {
+        **{k: int(d[k]) for k in _TORCH_STATE_FIELDS if k in d},
+        "autocast_cache_enabled": int(autocast["cached_enabled"]),
+        "autocast_devices": len(enabled),
+    }
+    missing = [k for k in _TORCH_STATE_FIELDS if k not in header]
+    if missing:
+        raise GuardBuildError(f"torch's global state lacks {missing}")
+    return (
+        *(header[k] for k in _TORCH_STATE_FIELDS),
+        *_AUTOCAST_DEVICE_TYPES,
+        *(int(bool(e)) for e in enabled),
+        *(int(x) for x in dtypes),
+    )
+
+
+def torch_state_to_dict(state: tuple[int, ...]) -> dict[str, Any]:
+    """GLOBAL_STATE's torch snapshot as a readable dict: torch's field names, dtypes by name, the
+    autocast state per device name."""
+    out: dict[str, Any] = dict(zip(_TORCH_STATE_FIELDS, state[:_N_HEADER], strict=True))
+    for flag in _TORCH_STATE_BOOLS:
+        out[flag] = bool(out[flag])
+    out["default_dtype"] = dtype_name(out["default_dtype"])
+    n = out.pop("autocast_devices")
+    rest = state[_N_HEADER:]
+    for i in range(n):
+        name = DEVICE_TYPE_NAMES.get(rest[i], f"device_type({rest[i]})")
+        out[f"autocast({name})"] = (bool(rest[n + i]), dtype_name(rest[2 * n + i]))
+    return out
+
+
+def _read_torch_state() -> tuple[int, ...]:
+    """torch's global state as GLOBAL_STATE compares it, from torch's own GlobalStateGuard."""
+    torch = sys.modules["torch"]
+    return torch_state_from_json(torch._C._dynamo.guards.GlobalStateGuard().__getstate__())
+
+
+def _read_mode_stack() -> tuple[type, ...]:
+    """The types of the modes on torch's torch-function mode stack, bottom first."""
+    C = sys.modules["torch"]._C
+    return tuple(type(C._get_function_stack_at(i)) for i in range(C._len_torch_function_stack()))
+
+
+def _read_default_device() -> Any:
+    """``torch.utils._device.CURRENT_DEVICE``: None, its str for a torch.device, else a marker
+    that matches no snapshot."""
+    torch = sys.modules["torch"]
+    device_module = sys.modules.get("torch.utils._device")
+    cur = None if device_module is None else device_module.__dict__.get("CURRENT_DEVICE")
+    if cur is None:
+        return None
+    return str(cur) if type(cur) is torch.device else ("not a device", type(cur))
+
+
+def _read_array(a: Any) -> tuple | None:
+    """ARRAY_MATCH's fields through ndarray's own descriptors (never a subclass's overrides)."""
+    nd = sys.modules["numpy"].ndarray
+    try:
+        flags = nd.flags.__get__(a)
+        return (
+            nd.ndim.__get__(a),
+            tuple(nd.shape.__get__(a)),
+            tuple(nd.strides.__get__(a)),
+            bool(flags.c_contiguous),
+            bool(flags.f_contiguous),
+            bool(flags.aligned),
+            bool(flags.writeable),
+            nd.dtype.__get__(a),
+        )
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _numpy_layout_matches(np: Any) -> bool:
+    """Whether the struct reader sees, on probe arrays, exactly what numpy's attributes say."""
+    base = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
+    ro = np.zeros(3, dtype="U5")
+    ro.flags.writeable = False
+    probes = [
+        base,
+        base.transpose(2, 0, 1),
+        base[:, ::-1, 1:3],
+        np.asfortranarray(base),
+        np.array(1.5, dtype=np.float32),  # 0-d
+        ro,
+        np.zeros((0, 5), dtype=">i2"),
+        np.broadcast_to(np.arange(3), (4, 3)),
+        np.frombuffer(b"\x00" * 9, dtype=np.int32, count=2, offset=1),  # unaligned, read-only
+    ]
+    for a in probes:
+        got: Any = _core._numpy_struct_probe(a, np.ndarray)
+        fields = _read_array(a)
+        if got is None or fields is None:
+            return False
+        want = (*fields, a.dtype.itemsize)
+        if got[:7] != want[:7] or got[7] is not want[7] or got[8] != want[8]:
+            return False
+    return True
+
+
+# -- expectations -----------------------------------------------------------------------------------
+def _dims(dynamic: Iterable[int] | bool, ndim: int, what: str) -> frozenset[int]:
+    if dynamic is True:
+        return frozenset(range(ndim))
+    if dynamic is False:
+        return frozenset()
+    out = set()
+    for d in dynamic:
+        if type(d) is not int or not -ndim <= d < ndim:
+            raise GuardBuildError(f"{what}: dimension {d!r} is out of range for ndim {ndim}")
+        out.add(d % ndim)
+    return frozenset(out)
+
+
+def _dependent_strides(sizes: tuple[int, ...], strides: tuple[int, ...], dyn: frozenset[int]) -> set[int]:
+    """Dimensions whose stride is left unchecked: those a dynamic dimension lies inside of in
+    memory (its stride is smaller, or equal with a later index, C order breaking ties), since in a
+    dense layout such a stride is a product that includes the dynamic size. A broadcast dimension
+    (stride 0) is inside nothing."""
+    out = set()
+    for j in range(len(sizes)):
+        for i in dyn:
+            if i == j or strides[i] == 0:
+                continue
+            si, sj = abs(strides[i]), abs(strides[j])
+            if si < sj or (si == sj and i > j):
+                out.add(j)
+                break
+    return out
+
+
+@dataclass(frozen=True)
+class TensorExpectation:
+    """What TENSOR_MATCH expects of a torch tensor besides its exact type: plain data.
+
+    ``dispatch_keys`` is the raw DispatchKeySet with the thread-local include set added, the
+    exclude set removed and the Python keys masked, as of build time (torch's TensorCheck
+    ``dispatch_key_``); it carries the device type, conjugate/negative views, inference mode and
+    the autograd keys. ``dtype`` is a c10::ScalarType code. A None size or stride is not checked;
+    ``storage_offset`` None is not checked (torch's default). ``device`` is for messages only.
+    """
+
+    dispatch_keys: int
+    dtype: int
+    device_index: int
+    requires_grad: bool
+    sizes: tuple[int | None, ...]
+    strides: tuple[int | None, ...]
+    storage_offset: int | None = None
+    device: str = field(default="", compare=False)  # for messages only: not saved by to_bytes
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(self.strides):
+            raise GuardBuildError("TENSOR_MATCH: sizes and strides must have the same length")
+        if len(self.sizes) > _core.MAX_DIMS:
+            raise GuardBuildError(f"TENSOR_MATCH: more than {_core.MAX_DIMS} dimensions")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+    def to_data(self) -> list[int]:
+        """core::tensor_data's layout."""
+        any_ = ANY_DIM
+        data = [
+            self.dispatch_keys - (1 << 64) if self.dispatch_keys >= (1 << 63) else self.dispatch_keys,
+            self.dtype,
+            self.device_index,
+            int(self.requires_grad),
+            self.ndim,
+            any_ if self.storage_offset is None else self.storage_offset,
+        ]
+        for size, stride in zip(self.sizes, self.strides, strict=True):
+            data += [any_ if size is None else size, any_ if stride is None else stride]
+        return data
+
+    @classmethod
+    def from_data(cls, data: Sequence[int]) -> TensorExpectation:
+        """The inverse of ``to_data`` (a loaded guard); ValueError on a malformed layout."""
+        if len(data) < 6 or data[4] < 0 or len(data) != 6 + 2 * data[4]:
+            raise ValueError("TENSOR_MATCH data does not have core::tensor_data's layout")
+        pairs = data[6:]
+        return cls(
+            data[0] & ((1 << 64) - 1),
+            data[1],
+            data[2],
+            bool(data[3]),
+            tuple(None if x == ANY_DIM else x for x in pairs[0::2]),
+            tuple(None if x == ANY_DIM else x for x in pairs[1::2]),
+            None if data[5] == ANY_DIM else data[5],
+        )
+
+    def describe(self) -> str:
+        """``float32[4, 8] stride=[8, 1] cpu requires_grad=False`` (None for a dynamic dim)."""
+
+        def dims(xs: tuple[int | None, ...]) -> str:
+            return "[" + ", ".join("*" if x is None else str(x) for x in xs) + "]"
+
+        out = f"{dtype_name(self.dtype)}{dims(self.sizes)} stride={dims(self.strides)}"
+        if self.device:
+            out += f" {self.device}"
+        out += f" requires_grad={self.requires_grad}"
+        if self.storage_offset is not None:
+            out += f" storage_offset={self.storage_offset}"
+        return out
+
+
+def expect_tensor(
+    value: Any, *, dynamic: Iterable[int] | bool = (), storage_offset: bool = False
+) -> TensorExpectation:
+    """The expectation of TENSOR_MATCH for example tensor ``value``, read as the engine reads it.
+
+    ``dynamic``: dimensions whose size is not checked (True: all); a stride is then unchecked when
+    a dynamic dimension lies inside it (``_dependent_strides``). ``storage_offset``: check it.
+    """
+    ensure_torch()
+    fields: Any = _core.read_tensor_fields(value, _core.torch_adapter_installed())
+    if fields is None:
+        raise GuardBuildError(f"TENSOR_MATCH: cannot read the tensor fields of a {type(value).__name__}")
+    keys, dtype, index, requires_grad, sizes, strides, offset = fields
+    dyn = _dims(dynamic, len(sizes), "TENSOR_MATCH")
+    if strides is None:  # sparse and other layouts without strides: torch skips them
+        exp_strides: tuple[int | None, ...] = (None,) * len(sizes)
+    else:
+        dep = _dependent_strides(sizes, strides, dyn)
+        exp_strides = tuple(None if j in dep else s for j, s in enumerate(strides))
+    device = ""
+    with contextlib.suppress(Exception):  # for messages only
+        device = str(sys.modules["torch"]._C.TensorBase.device.__get__(value))
+    return TensorExpectation(
+        keys,
+        dtype,
+        index,
+        requires_grad,
+        tuple(None if i in dyn else s for i, s in enumerate(sizes)),
+        exp_strides,
+        offset if storage_offset else None,
+        device,
+    )
+
+
+def describe_dtype(dtype: Any) -> Any:
+    """A numpy dtype as plain data numpy.dtype() rebuilds: its ``str`` ('<f4', '<U5'), or its
+    ``descr`` as a tuple for a structured dtype. Other dtypes (aligned structs, subarrays,
+    StringDType) are kept as the dtype object itself (not plain data: a future codec refuses them)."""
+    np = sys.modules["numpy"]
+    candidates: list[Any] = []
+    if dtype.fields is None and dtype.subdtype is None:
+        candidates.append(dtype.str)
+    if dtype.fields is not None:
+        candidates.append(tuple(tuple(x) for x in dtype.descr))
+    for desc in candidates:
+        try:
+            back = np.dtype(list(desc) if isinstance(desc, tuple) else desc)
+        except Exception:  # noqa: BLE001
+            continue
+        if type(back) is type(dtype) and back == dtype:
+            return desc
+    return dtype
+
+
+@dataclass(frozen=True)
+class ArrayExpectation:
+    """What ARRAY_MATCH expects of a numpy array besides its exact type: plain data.
+
+    ``dtype`` is the dtype's description (``describe_dtype``), compared as EQUALS_MATCH compares
+    dtypes (same dtype class and numpy's ==). A None size or stride (bytes) is not checked. The
+    array must have each of C/F contiguity and alignment that is True here, and ``writeable`` as
+    given.
+    """
+
+    dtype: Any
+    sizes: tuple[int | None, ...]
+    strides: tuple[int | None, ...]
+    c_contiguous: bool
+    f_contiguous: bool
+    aligned: bool
+    writeable: bool
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(self.strides):
+            raise GuardBuildError("ARRAY_MATCH: sizes and strides must have the same length")
+        if len(self.sizes) > _core.MAX_DIMS:
+            raise GuardBuildError(f"ARRAY_MATCH: more than {_core.MAX_DIMS} dimensions")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+    def to_data(self) -> list[int]:
+        """core::array_data's layout."""
+        flags = (1 if self.c_contiguous else 0) | (2 if self.f_contiguous else 0) | (4 if self.aligned else 0)
+        data = [self.ndim, flags, int(self.writeable)]
+        for size, stride in zip(self.sizes, self.strides, strict=True):
+            data += [ANY_DIM if size is None else size, ANY_DIM if stride is None else stride]
+        return data
+
+    @classmethod
+    def from_data(cls, dtype: Any, data: Sequence[int]) -> ArrayExpectation:
+        """The inverse of ``to_data`` (a loaded guard); ValueError on a malformed layout."""
+        if len(data) < 3 or data[0] < 0 or len(data) != 3 + 2 * data[0] or not 0 <= data[1] <= 7:
+            raise ValueError("ARRAY_MATCH data does not have core::array_data's layout")
+        pairs = data[3:]
+        return cls(
+            dtype,
+            tuple(None if x == ANY_DIM else x for x in pairs[0::2]),
+            tuple(None if x == ANY_DIM else x for x in pairs[1::2]),
+            bool(data[1] & 1),
+            bool(data[1] & 2),
+            bool(data[1] & 4),
+            bool(data[2]),
+        )
+
+    def describe(self) -> str:
+        def dims(xs: tuple[int | None, ...]) -> str:
+            return (
+                "("
+                + ", ".join("*" if x is None else str(x) for x in xs)
+                + ("," if len(xs) == 1 else "")
+                + ")"
+            )
+
+        flags = [
+            n for n, f in (("C", self.c_contiguous), ("F", self.f_contiguous), ("aligned", self.aligned)) if f
+        ]
+        flags.append("writeable" if self.writeable else "read-only")
+        return f"{self.dtype}{dims(self.sizes)} strides={dims(self.strides)} {'+'.join(flags)}"
+
+
+def expect_array(value: Any, *, dynamic: Iterable[int] | bool = ()) -> ArrayExpectation:
+    """The expectation of ARRAY_MATCH for example array ``value``, read as the engine reads it."""
+    ensure_numpy()
+    fields: Any = _core.read_array_fields(value, _core.numpy_struct_enabled())
+    if fields is None:
+        raise GuardBuildError(f"ARRAY_MATCH: cannot read the array fields of a {type(value).__name__}")
+    ndim, sizes, strides, c, f, aligned, writeable, dtype = fields
+    dyn = _dims(dynamic, ndim, "ARRAY_MATCH")
+    dep = _dependent_strides(sizes, strides, dyn)
+    return ArrayExpectation(
+        describe_dtype(dtype),
+        tuple(None if i in dyn else s for i, s in enumerate(sizes)),
+        tuple(None if j in dep else s for j, s in enumerate(strides)),
+        c,
+        f,
+        aligned,
+        writeable,
+    )
+
+
+_MARKING_ATTRS: tuple[str, ...] = _core.MARKING_ATTRS
+_MARKING_GATE = "_dynamo_unbacked_indices"
+_MARKING_DEPENDENT = ("_dynamo_shape_ids", "_dynamo_unbacked_bounds")
+
+
+@dataclass(frozen=True)
+class DimensionMarkings:
+    """What DIMENSION_MARKING expects (torch's DIMENSION_DYNAMIC_MARKING_GUARD): per marking
+    attribute (``_dynamo_dynamic_indices``, ``_dynamo_weak_dynamic_indices``,
+    ``_dynamo_unbacked_indices``, ``_dynamo_strict_unbacked_indices``, ``_dynamo_static_indices``)
+    the set it held at build time, or None when absent; and, when ``_dynamo_unbacked_indices`` was
+    present (``dependent``), the expected ``_dynamo_shape_ids`` and ``_dynamo_unbacked_bounds``."""
+
+    attrs: tuple[frozenset[int] | None, ...]
+    dependent: bool = False
+    shape_ids: Any = None
+    unbacked_bounds: Any = None
+
+    def __post_init__(self) -> None:
+        if len(self.attrs) != len(_MARKING_ATTRS):
+            raise GuardBuildError(f"DIMENSION_MARKING needs one entry per attribute {_MARKING_ATTRS}")
+
+    def to_data(self) -> list[int]:
+        data: list[int] = []
+        for s in self.attrs:
+            if s is None:
+                data.append(-1)
+            else:
+                dims = sorted(s)
+                data += [len(dims), *dims]
+        return data
+
+    @classmethod
+    def from_data(
+        cls, data: Sequence[int], dependent: bool, shape_ids: Any, unbacked_bounds: Any
+    ) -> DimensionMarkings:
+        """The inverse of ``to_data`` (a loaded guard); ValueError on a malformed layout."""
+        attrs: list[frozenset[int] | None] = []
+        i = 0
+        for _ in _MARKING_ATTRS:
+            if i >= len(data) or data[i] < -1 or i + 1 + max(data[i], 0) > len(data):
+                raise ValueError("DIMENSION_MARKING data does not have core::marking_data's layout")
+            n = data[i]
+            attrs.append(None if n < 0 else frozenset(data[i + 1 : i + 1 + n]))
+            i += 1 + max(n, 0)
+        if i != len(data):
+            raise ValueError("DIMENSION_MARKING data has trailing entries")
+        if not dependent:
+            return cls(tuple(attrs))
+        return cls(tuple(attrs), True, shape_ids, unbacked_bounds)
+
+    def describe(self) -> str:
+        parts = [
+            f"{n}={set(s) if s else '{}'}"
+            for n, s in zip(_MARKING_ATTRS, self.attrs, strict=True)
+            if s is not None
+        ]
+        if self.dependent:
+            parts.append(
+                f"_dynamo_shape_ids={self.shape_ids!r}, _dynamo_unbacked_bounds={self.unbacked_bounds!r}"
+            )
+        return "markings " + (", ".join(parts) if parts else "none")
+
+
+def expect_markings(value: Any) -> DimensionMarkings:
+    """The dimension markings ``value`` carries now (getattr, as torch reads them)."""
+    attrs: list[frozenset[int] | None] = []
+    for name in _MARKING_ATTRS:
+        if not hasattr(value, name):
+            attrs.append(None)
+            continue
+        dims = getattr(value, name)
+        try:
+            items = frozenset(dims)
+        except TypeError:
+            raise GuardBuildError(f"DIMENSION_MARKING: {name} is not a set of dimensions: {dims!r}") from None
+        if any(type(d) is not int for d in items):
+            raise GuardBuildError(f"DIMENSION_MARKING: {name} holds a non-int dimension: {dims!r}")
+        attrs.append(items)
+    if not hasattr(value, _MARKING_GATE):
+        return DimensionMarkings(tuple(attrs))
+    dep = [getattr(value, name, None) for name in _MARKING_DEPENDENT]
+    for name, v in zip(_MARKING_DEPENDENT, dep, strict=True):
+        if not _core.is_constant(v):
+            raise GuardBuildError(f"DIMENSION_MARKING: {name} is not a constant: {v!r}")
+    return DimensionMarkings(tuple(attrs), True, dep[0], dep[1])
