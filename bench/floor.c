@@ -425,9 +425,93 @@ PyObject *tw_bench_repeat_call(PyObject *mod, PyObject *const *args, Py_ssize_t 
     return last;
 }
 
+/* repeat_vectorcall(fn, args, n): call fn(*args) n times from C (a vectorcall of the tuple's items):
+ * the instructions of n calls of a several-argument function (callgrind:
+ * --toggle-collect=tw_bench_repeat_vectorcall). */
+PyAPI_FUNC(PyObject *) tw_bench_repeat_vectorcall(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *tw_bench_repeat_vectorcall(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    (void)mod;
+    if (nargs != 3 || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "repeat_vectorcall(fn, args: tuple, n)");
+        return NULL;
+    }
+    const Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "n must be >= 0");
+        return NULL;
+    }
+    PyObject *fn = args[0], *tup = args[1];
+    PyObject *const *items = &PyTuple_GET_ITEM(tup, 0);
+    const size_t k = (size_t)PyTuple_GET_SIZE(tup);
+    PyObject *last = Py_NewRef(Py_None);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject *r = PyObject_Vectorcall(fn, items, k, NULL);
+        if (r == NULL) {
+            Py_DECREF(last);
+            return NULL;
+        }
+        Py_SETREF(last, r);
+    }
+    return last;
+}
+
+/* repeat_call_each(fn, args: list, rounds): call fn(a) for each a of the list, `rounds` times
+ * (callgrind: --toggle-collect=tw_bench_repeat_call_each): inputs that cycle. */
+PyAPI_FUNC(PyObject *) tw_bench_repeat_call_each(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *tw_bench_repeat_call_each(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    (void)mod;
+    if (nargs != 3 || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "repeat_call_each(fn, args: list, rounds)");
+        return NULL;
+    }
+    const Py_ssize_t rounds = PyLong_AsSsize_t(args[2]);
+    if (rounds < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "rounds must be >= 0");
+        return NULL;
+    }
+    PyObject *fn = args[0], *lst = args[1];
+    PyObject *last = Py_NewRef(Py_None);
+    for (Py_ssize_t r = 0; r < rounds; ++r) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lst); ++i) {
+            PyObject *res = PyObject_CallOneArg(fn, PyList_GET_ITEM(lst, i));
+            if (res == NULL) {
+                Py_DECREF(last);
+                return NULL;
+            }
+            Py_SETREF(last, res);
+        }
+    }
+    return last;
+}
+
+/* start_instrumentation(): valgrind --tool=callgrind --instr-atstart=no runs the set-up (importing
+ * and compiling torch) uninstrumented, several times faster; this turns instrumentation on before
+ * the measured loops (collection is still toggled by --toggle-collect). A no-op outside valgrind or
+ * without valgrind's headers. */
+#if defined(__has_include)
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define TW_HAVE_CALLGRIND 1
+#endif
+#endif
+static PyObject *start_instrumentation(PyObject *mod, PyObject *unused) {
+    (void)mod;
+    (void)unused;
+#ifdef TW_HAVE_CALLGRIND
+    CALLGRIND_START_INSTRUMENTATION;
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"start_instrumentation", start_instrumentation, METH_NOARGS,
+     "start_instrumentation(): turn callgrind's instrumentation on (--instr-atstart=no)."},
     {"repeat_call", (PyCFunction)(void (*)(void))tw_bench_repeat_call, METH_FASTCALL,
      "repeat_call(fn, arg, n): call fn(arg) n times from C, return the last result."},
+    {"repeat_vectorcall", (PyCFunction)(void (*)(void))tw_bench_repeat_vectorcall, METH_FASTCALL,
+     "repeat_vectorcall(fn, args, n): call fn(*args) n times from C, return the last result."},
+    {"repeat_call_each", (PyCFunction)(void (*)(void))tw_bench_repeat_call_each, METH_FASTCALL,
+     "repeat_call_each(fn, args, rounds): call fn(a) for each a of list args, rounds times."},
     {"check_type_id", (PyCFunction)(void (*)(void))check_type_id, METH_FASTCALL, "id(type(obj)) == id"},
     {"check_obj_id", (PyCFunction)(void (*)(void))check_obj_id, METH_FASTCALL, "id(obj) == id"},
     {"noop", noop, METH_O, "noop(x) -> True: the cost of calling a C function with one argument."},

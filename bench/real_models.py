@@ -363,7 +363,7 @@ def prepare(
         "same_counts": counts_same,
         "record": rec,
         "like_for_like": sum(a.values()),
-        "fast": {label: _fast_path(s) for label, s in (("tripwire", gs), ("tripwire-strict", gs_strict))},
+        "fast": {label: _fast_path(s, L) for label, s in (("tripwire", gs), ("tripwire-strict", gs_strict))},
         "torch_guards": n_torch,
     }
     out = []
@@ -372,9 +372,9 @@ def prepare(
     if want("tripwire-strict"):
         out.append(Contender("tripwire-strict", gs_strict.check, L, len(gs_strict), "equals='strict'"))
     if probe or (only is not None and "strict-fast-probe" in only):
-        # Not like for like: the strict set without the guards that have no fast form on their own
-        # (Dynamo's `__code__` checks), to show what the fast pass gives once one guard without a
-        # fast form no longer sends the whole set to the tree walk.
+        # Not like for like: the strict set without Dynamo's `__code__` checks. Written when a guard
+        # without a fast form sent the whole set to the tree walk; since residues are evaluated in
+        # place (and `__code__` of a function has a fast form) it should cost about what `strict` does.
         slow = _functions_with_code_guards(gs_strict)
         gs_probe = twt.guards_of(w.obj, drop=(*twt.PENDING_KINDS, *slow), equals="strict")
         assert gs_probe.check(L) and not gs_probe.check(L_fail)
@@ -398,19 +398,21 @@ def _functions_with_code_guards(gs) -> list[str]:
     )
 
 
-def _fast_path(gs) -> dict[str, Any]:
-    """Whether the set's checks take the straight-line fast pass, and how many of its guards have
-    a fast form on their own (each guard built alone into a set with the same globals)."""
-    from tripwire import GuardSet, GuardSpec
-    from tripwire.catalogue import resolve
-
-    own = 0
-    for spec in gs.guards:  # a set keeps identity-held objects weakly: resolve them to rebuild
-        strong = GuardSpec(
-            spec.kind, spec.source, tuple(resolve(a) for a in spec.args), spec.index, spec.stack
-        )
-        own += bool(GuardSet([strong], gs.f_globals)._uses_fast_pass)
-    return {"uses_fast_pass": bool(gs._uses_fast_pass), "guards_with_fast_form": own, "guards": len(gs)}
+def _fast_path(gs, f_locals: dict) -> dict[str, Any]:
+    """How much of the set the fast pass decides without user code: by kind (guards with a form
+    free of user code, the others are residues evaluated in place), and in a passing check on the
+    workload's own locals (forms that apply to the objects at hand), plus the guards the skip of
+    unchanged subtrees proved without evaluating them in that check (the second of two)."""
+    # The first check makes the skip's claims, the second uses them.
+    assert gs.check(f_locals) and gs.check(f_locals)
+    return {
+        "uses_fast_pass": bool(gs._uses_fast_pass),  # no residue at all
+        "fast": gs._fast_guard_count,
+        "fraction": gs.fast_path_fraction,
+        "last_fast": gs._last_fast_guards,
+        "skipped": gs._last_skipped_guards,
+        "guards": len(gs),
+    }
 
 
 # =================================================================================================
@@ -430,8 +432,11 @@ def _callgrind_child(workload: str, contenders: list[str], n: int) -> None:
             c.check(c.f_locals)
     gc.collect()
     gc.disable()
+    _floor.start_instrumentation()  # torch's import and compile ran uninstrumented
     for name in contenders:
         c = by[name]
+        for _ in range(50):  # warm again, instrumented (first-run effects out of the counts)
+            c.check(c.f_locals)
         _floor.repeat_call(c.check, c.f_locals, n)
 
 
@@ -450,6 +455,7 @@ def callgrind_counts(workload: str, contenders: list[str], n: int, out_dir: str)
     cmd = [
         "valgrind",
         "--tool=callgrind",
+        "--instr-atstart=no",
         "--collect-atstart=no",
         "--toggle-collect=tw_bench_repeat_call",
         "--dump-after=tw_bench_repeat_call",
@@ -499,8 +505,9 @@ def describe(w: Workload) -> str:
     ]
     for label, f in r["fast"].items():
         lines.append(
-            f"    {label}: _uses_fast_pass={f['uses_fast_pass']}; {f['guards_with_fast_form']} of "
-            f"{f['guards']} guards have a fast form alone"
+            f"    {label}: fast path {f['fast']} of {f['guards']} guards ({100 * f['fraction']:.1f}%); in a "
+            f"passing check {f['last_fast']} ({100 * f['last_fast'] / max(f['guards'], 1):.1f}%), "
+            f"{f['skipped']} of them proved by unchanged dicts; no residue at all: {f['uses_fast_pass']}"
         )
     cov = rec.coverage()
     parts = []

@@ -107,3 +107,41 @@ def test_main_quick_no_torch(capsys):
     out = capsys.readouterr().out
     for col in ("tripwire", "py-fn", "py-fn+", "C floor", "no-op"):
         assert col in out
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["FNCFG", "CNN"])
+def test_model_standin_agrees_with_torch(name):
+    """The stand-in's tripwire guards are torch's: the same number per kind (tensor guards and, for
+    the core variant, framework-state and aliasing guards filtered on both sides), and tripwire,
+    the reference and torch's filtered guard manager answer alike on the passing input, the failing
+    one and single mutations; the fast path covers at least 95% of the guards."""
+    pytest.importorskip("torch")
+    import model_standin
+
+    bench._torch_available(lambda m: None)
+    s = model_standin.build_standin(name, core=True)
+    tw_kinds = {k: v for k, v in s.conversion.tw_counts.items() if "dict manager" not in k}
+    torch_kinds = {
+        k: v
+        for k, v in s.conversion.torch_counts.items()
+        if k not in ("TENSOR_MATCH", "DIMENSION_DYNAMIC_MARKING_GUARD")
+    }
+    assert tw_kinds == torch_kinds
+    w = bench.build_model(name, True)
+    res = bench.prepare(w, torch_ok=True, log=lambda m: None)  # asserts pass/fail for each contender
+    gs = res["gs"]
+    assert gs.fast_path_fraction >= 0.95, gs.explain()
+    same = res["torch"]["torch-same"]["gm"]
+    answers = []
+    for mutate in model_standin.mutations(name):
+        f_locals = model_standin.fresh_locals(name, w)
+        mutate(f_locals)
+        want = same.check_verbose(f_locals).result
+        assert (
+            gs.check(f_locals)
+            == want
+            == bench.reference.check(w.builder.guards, f_locals, w.builder.f_globals)
+        )
+        answers.append(want)
+    assert answers.count(False) == len(answers) - 1  # each mutation but the no-op breaks a guard

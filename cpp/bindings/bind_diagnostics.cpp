@@ -33,6 +33,23 @@ void register_diagnostics(nb::module_& m) {
         "Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns "
         "the previous setting. Off, every check takes the tree walk.");
     m.def(
+        "_set_skip",
+        [](bool on) {
+            runtime::verify_dict_hints();
+            return runtime::set_skip_enabled(on);
+        },
+        nb::arg("on"),
+        "Test hook: switch the skip of unchanged subtrees (dict version tags) on or off process-wide; "
+        "returns the previous setting. Off, every check evaluates every guard. On only where the "
+        "tag reading was verified at start-up.");
+    m.def(
+        "_skip_enabled",
+        [] {
+            runtime::verify_dict_hints();
+            return runtime::g_skip_enabled;
+        },
+        "Whether the skip of unchanged subtrees is in use (verified at start-up, not switched off).");
+    m.def(
         "_force_python_readers",
         [](bool on) {
             const bool was = runtime::force_python_readers();

@@ -201,10 +201,26 @@ void register_guard_set(nb::module_& m) {
                 "Distinct sources (one fetch each).")
             .def_prop_ro(
                 "_uses_fast_pass", [](GuardSetCore& s) { return s.get().uses_fast_pass(); },
-                "Whether check() tries the straight-line fast pass first.")
+                "Whether every guard has a form decided without user code (the fast pass alone can "
+                "decide a passing check).")
             .def_prop_ro(
                 "_fast_pass_count", [](GuardSetCore& s) { return s.get().stats().fast_passes; },
-                "How many passing checks the straight-line fast pass decided alone.")
+                "How many passing checks the fast pass decided alone (no residue).")
+            .def_prop_ro(
+                "_residue_pass_count", [](GuardSetCore& s) { return s.get().stats().residue_passes; },
+                "How many passing checks the fast pass decided with its residues (guards that run user "
+                "code, evaluated after it).")
+            .def_prop_ro(
+                "_fast_guard_count", [](GuardSetCore& s) { return s.get().fast_guard_count(); },
+                "Guards the fast pass decides without user code (by kind; the others are residues).")
+            .def_prop_ro(
+                "_last_fast_guards", [](GuardSetCore& s) { return s.get().last_fast_guards(); },
+                "Guards the fast pass decided in the last check it completed (fewer than "
+                "_fast_guard_count when a fast form did not apply to the objects at hand).")
+            .def_prop_ro(
+                "_last_skipped_guards", [](GuardSetCore& s) { return s.get().stats().last_skipped_guards; },
+                "Guards the skip of unchanged subtrees proved without evaluating them in the last check "
+                "the fast pass completed.")
             .def_prop_ro(
                 "_globals",
                 [](GuardSetCore& s) -> nb::object {

@@ -322,11 +322,37 @@ class GuardSetCore:
 
     @property
     def _uses_fast_pass(self) -> bool:
-        """Whether check() tries the straight-line fast pass first."""
+        """
+        Whether every guard has a form decided without user code (the fast pass alone can decide a passing check).
+        """
 
     @property
     def _fast_pass_count(self) -> int:
-        """How many passing checks the straight-line fast pass decided alone."""
+        """How many passing checks the fast pass decided alone (no residue)."""
+
+    @property
+    def _residue_pass_count(self) -> int:
+        """
+        How many passing checks the fast pass decided with its residues (guards that run user code, evaluated after it).
+        """
+
+    @property
+    def _fast_guard_count(self) -> int:
+        """
+        Guards the fast pass decides without user code (by kind; the others are residues).
+        """
+
+    @property
+    def _last_fast_guards(self) -> int:
+        """
+        Guards the fast pass decided in the last check it completed (fewer than _fast_guard_count when a fast form did not apply to the objects at hand).
+        """
+
+    @property
+    def _last_skipped_guards(self) -> int:
+        """
+        Guards the skip of unchanged subtrees proved without evaluating them in the last check the fast pass completed.
+        """
 
     @property
     def _globals(self, /) -> dict[str, Any] | None:
@@ -719,6 +745,16 @@ def _dict_hints_enabled() -> bool:
 def _set_fast_pass(on: bool) -> bool:
     """
     Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns the previous setting. Off, every check takes the tree walk.
+    """
+
+def _set_skip(on: bool) -> bool:
+    """
+    Test hook: switch the skip of unchanged subtrees (dict version tags) on or off process-wide; returns the previous setting. Off, every check evaluates every guard. On only where the tag reading was verified at start-up.
+    """
+
+def _skip_enabled() -> bool:
+    """
+    Whether the skip of unchanged subtrees is in use (verified at start-up, not switched off).
     """
 
 def _force_python_readers(on: bool) -> bool:

@@ -219,7 +219,11 @@ class GuardBuilder:
         v = self.value(source)
         if builtins_type(v) is not dict:
             raise GuardBuildError(f"DICT_VERSION on {Source.parse(source)}: needs an exact dict")
-        return self.add(GuardKind.DICT_VERSION, source, (_core.dict_version(v),))
+        try:
+            stamp = _core.dict_version(v)
+        except ValueError as e:
+            raise GuardBuildError(f"DICT_VERSION on {Source.parse(source)}: {e}") from None
+        return self.add(GuardKind.DICT_VERSION, source, (stamp,))
 
     def tuple_iterator_len(self, source: SourceLike, n: int = _UNSET) -> GuardSpec:
         """A tuple iterator with n items left."""

@@ -310,7 +310,8 @@ class GuardSet(_core.GuardSetCore):
         lines = [
             f"GuardSet: {len(self)} guards on {self.node_count} sources; "
             f"{self.check_count} checks, {self.pass_count} passed"
-            + (f"; INVALID: {self.invalid_reason}" if self.invalid else "")
+            + (f"; INVALID: {self.invalid_reason}" if self.invalid else ""),
+            self.fast_path_summary(),
         ]
         if self._dropped:
             lines.append(f"dropped at save ({len(self._dropped)}): NOT checked by this set")
@@ -335,6 +336,26 @@ class GuardSet(_core.GuardSetCore):
                 lines.append("  " + self._guard_line(self._by_id[gid], None))
         lines.extend(self._explain_shape())
         return "\n".join(lines)
+
+    @property
+    def fast_path_fraction(self) -> float:
+        """The fraction of guards the fast pass decides without running user code (the others are
+        residues: predicates, Python probes, hasattr, ..., evaluated in place). 1.0 when empty."""
+        return self._fast_guard_count / len(self) if len(self) else 1.0
+
+    def fast_path_summary(self) -> str:
+        """One line: guards on the fast path (by kind, and in the last check), residues, skipped."""
+        n = len(self)
+        fast = self._fast_guard_count
+        line = f"fast path: {fast} of {n} guards ({100 * self.fast_path_fraction:.1f}%)"
+        if self.pass_count:
+            line += (
+                f"; last passing check: {self._last_fast_guards} on the fast path, "
+                f"{n - self._last_fast_guards} residues, {self._last_skipped_guards} proved by unchanged "
+                f"dicts without evaluation; passes: {self._fast_pass_count} fast, "
+                f"{self._residue_pass_count} with residues"
+            )
+        return line
 
     def _explain_shape(self) -> list[str]:
         """The SHAPE section of explain(): counts before and after merging, then each relation."""

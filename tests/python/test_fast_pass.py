@@ -94,14 +94,32 @@ def test_fast_pass_used_for_builtin_guards() -> None:
     ],
     ids=["lambda", "hasattr", "python_probe"],
 )
-def test_fast_pass_not_used_when_a_guard_runs_user_code(add: Any) -> None:
+def test_a_guard_that_runs_user_code_costs_itself(add: Any) -> None:
+    """A guard without a form free of user code is a residue: the fast pass decides every other
+    guard and evaluates it in place; the set is not sent to the tree walk."""
     f_locals = {"x": 1, "obj": Obj(a=1)}
     b = tw.GuardBuilder(f_locals)
     b.equals("L['x']", 1)
     add(b)
     gs = b.build()
-    assert not gs._uses_fast_pass
+    assert not gs._uses_fast_pass  # the fast pass alone cannot decide a check
+    assert gs._fast_guard_count == 1  # ... but decides the EQUALS_MATCH
+    before = gs._residue_pass_count
     assert gs.check(f_locals)
+    assert gs._residue_pass_count == before + 1
+    assert gs._last_fast_guards == 1
+    assert not gs.check({"x": 2, "obj": Obj(a=1)})
+
+
+def test_builtin_probe_is_on_the_fast_path() -> None:
+    b = tw.GuardBuilder({"x": 1})
+    b.equals("L['x']", 1)
+    b.global_state("gc_enabled")
+    gs = b.build()
+    assert gs._uses_fast_pass and gs._fast_guard_count == 2
+    before = gs._fast_pass_count
+    assert gs.check({"x": 1})
+    assert gs._fast_pass_count == before + 1
 
 
 def test_builtin_probes_are_decided_by_the_fast_pass() -> None:

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <unordered_set>
 
+#include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/guard_kinds.hpp"
 
 namespace tripwire::runtime {
@@ -330,6 +331,7 @@ void Cache::describe_entry(CacheEntry& e) const {
 
 void Cache::rebuild_index() {
     index_dirty_ = false;
+    ++mutations_;      // the buckets move: pointers into them (lookup's few candidates) are stale
     buckets_.clear();  // every entry is still owned by by_id_: nothing is released here
     unindexed_.clear();
     index_text_.clear();
@@ -463,6 +465,70 @@ void Cache::all_entries(std::vector<EntryPtr>& out) const {
     for (core::CacheEntryId id : policy_.order()) out.push_back(by_id_.at(id));
 }
 
+template <typename Add>
+bool Cache::bucket_entries(PyObject* o, Add add) {
+    // No user code: hashes of exact int/str/bytes/bool/None/float, field lengths, map lookups.
+    auto add_bucket = [&](const DispatchKey& k) {
+        auto it = buckets_.find(k);
+        if (it != buckets_.end())
+            for (const EntryPtr& e : it->second) add(e);
+    };
+    if (index_kinds_ & 1U) add_bucket({0, reinterpret_cast<std::uintptr_t>(Py_TYPE(o)), 0});
+    if (index_kinds_ & 2U) add_bucket({1, reinterpret_cast<std::uintptr_t>(o), 0});
+    if (index_kinds_ & 4U) {
+        DispatchKey k;
+        if (value_key(o, k)) add_bucket(k);
+    }
+    if (index_kinds_ & 8U) {
+        // A LENGTH guard on a type whose __len__ is user code may pass at any length: scan.
+        Py_ssize_t n = 0;
+        if (!builtin_length(o, n)) return false;
+        add_bucket({3, 0, static_cast<std::intptr_t>(n)});
+    }
+    if (index_kinds_ & 16U) {
+        // A tensor or array read without user code (the adapter, the numpy struct); anything
+        // else (a tensor without the adapter, another value) scans, which is always sound.
+        ShapeView shape;
+        if (read_shape(o, shape) != ShapeRead::Ok) return false;
+        add_bucket({4, reinterpret_cast<std::uintptr_t>(Py_TYPE(o)), shape_hash(shape.sizes, shape.ndim, 1)});
+    }
+    for (const EntryPtr& e : unindexed_) add(e);
+    return true;
+}
+
+bool Cache::few_candidates(const Locals& locals, const EntryPtr** out, std::size_t& n) {
+    n = 0;
+    IndexPath* path = index_path_.get();
+    if (path == nullptr || !path->steps.empty() || unindexed_.size() >= kFewCandidates) return false;
+    // The root, read without user code (a dict of str keys, or an argument), borrowed: nothing
+    // runs until the candidates are collected.
+    PyObject* root = nullptr;
+    if (path->root == core::RootKind::Global) {
+        root = dict_get_pure(path->globals.get(), path->name.get(), &path->hint);
+    } else if (locals.is_arguments()) {
+        root = locals.argument(path->name.get(), &path->slot);
+    } else if (PyDict_Check(locals.mapping)) {
+        root = dict_get_pure(locals.mapping, path->name.get(), &path->hint);
+    }
+    if (root == nullptr) return false;
+    bool fits = true;
+    const bool scanned = bucket_entries(root, [&](const EntryPtr& e) {
+        if (n < kFewCandidates) {
+            out[n++] = &e;
+        } else {
+            fits = false;
+        }
+    });
+    if (!scanned || !fits) return false;
+    // Most recently used first, as the ordered scan would try them (insertion sort: few).
+    for (std::size_t i = 1; i < n; ++i) {
+        for (std::size_t j = i; j > 0 && (*out[j - 1])->stamp < (*out[j])->stamp; --j) {
+            std::swap(out[j - 1], out[j]);
+        }
+    }
+    return true;
+}
+
 void Cache::collect_candidates(const Locals& locals, std::vector<EntryPtr>& out) {
     out.clear();
     Ref v;
@@ -477,37 +543,10 @@ void Cache::collect_candidates(const Locals& locals, std::vector<EntryPtr>& out)
         return;
     }
     // No user code runs from here to the end, and `v` is our own reference.
-    auto add = [&](const DispatchKey& k) {
-        auto it = buckets_.find(k);
-        if (it != buckets_.end()) out.insert(out.end(), it->second.begin(), it->second.end());
-    };
-    PyObject* o = v.get();
-    if (index_kinds_ & 1U) add({0, reinterpret_cast<std::uintptr_t>(Py_TYPE(o)), 0});
-    if (index_kinds_ & 2U) add({1, reinterpret_cast<std::uintptr_t>(o), 0});
-    if (index_kinds_ & 4U) {
-        DispatchKey k;
-        if (value_key(o, k)) add(k);
+    if (!bucket_entries(v.get(), [&](const EntryPtr& e) { out.push_back(e); })) {
+        all_entries(out);
+        return;
     }
-    if (index_kinds_ & 8U) {
-        // A LENGTH guard on a type whose __len__ is user code may pass at any length: scan.
-        Py_ssize_t n = 0;
-        if (!builtin_length(o, n)) {
-            all_entries(out);
-            return;
-        }
-        add({3, 0, static_cast<std::intptr_t>(n)});
-    }
-    if (index_kinds_ & 16U) {
-        // A tensor or array read without user code (the adapter, the numpy struct); anything
-        // else (a tensor without the adapter, another value) scans, which is always sound.
-        ShapeView shape;
-        if (read_shape(o, shape) != ShapeRead::Ok) {
-            all_entries(out);
-            return;
-        }
-        add({4, reinterpret_cast<std::uintptr_t>(Py_TYPE(o)), shape_hash(shape.sizes, shape.ndim, 1)});
-    }
-    out.insert(out.end(), unindexed_.begin(), unindexed_.end());
     // Most recently used first, as the ordered scan would try them.
     if (out.size() > 1) {
         std::sort(out.begin(), out.end(),
@@ -538,7 +577,8 @@ int Cache::lookup_most_recent(const Locals& locals, Ref& payload, bool with_inde
     // Borrowed: the fast pass runs no user code and allocates nothing, so no finalizer can run
     // and remove the entry meanwhile (docs/cpp.md, "Regions without user code").
     CacheEntry* e = front_.get();
-    if (e->gs->check_without_user_code(locals) != 1) return 0;
+    // A set with residues needs check(): do not run its fast pass twice.
+    if (!e->gs->uses_fast_pass() || e->gs->check_without_user_code(locals) != 1) return 0;
     ++e->hits;
     ++stats_.hits;
     payload = e->payload;  // our own reference: calling the payload may evict the entry
@@ -575,11 +615,39 @@ bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
         }
         tried = front.get();
     }
+    // The common case without allocating: a few candidates, pointers into the buckets, valid
+    // while the cache is unchanged; the one being checked is held (its check may remove it).
+    const EntryPtr* few[kFewCandidates];
+    std::size_t n_few = 0;
+    const CacheEntry* tried_few[kFewCandidates];
+    std::size_t n_tried = 0;
+    if (few_candidates(locals, few, n_few)) {
+        const std::uint64_t before = mutations_;
+        std::size_t k = 0;
+        for (; k < n_few && mutations_ == before && !index_dirty_; ++k) {
+            if (few[k]->get() == tried) continue;
+            const EntryPtr c = *few[k];
+            tried_few[n_tried++] = c.get();
+            const int r = try_entry(c, locals, current.get(), memo);
+            if (r < 0) return false;
+            if (r == 1) {
+                record_hit(c, count);
+                out = c;
+                return true;
+            }
+        }
+        if (k == n_few && mutations_ == before) {
+            if (count) ++stats_.misses;
+            return true;
+        }
+        // A check changed the cache: collect again, skipping what was tried.
+    }
     const CandidateList list;  // reused storage: no allocation per lookup once warm
     std::vector<EntryPtr>& candidates = list.get();
     collect_candidates(locals, candidates);
     for (const EntryPtr& c : candidates) {
-        if (c.get() == tried) continue;
+        if (c.get() == tried || std::find(tried_few, tried_few + n_tried, c.get()) != tried_few + n_tried)
+            continue;
         const int r = try_entry(c, locals, current.get(), memo);
         if (r < 0) return false;
         if (r == 1) {

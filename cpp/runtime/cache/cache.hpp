@@ -169,6 +169,16 @@ class Cache {
     Ref fetch_index_value(const Locals& locals);
     void all_entries(std::vector<EntryPtr>& out) const;
     void collect_candidates(const Locals& locals, std::vector<EntryPtr>& out);
+    /// Candidates read without user code, for the common lookup: the index source is a root
+    /// read purely (an argument, a str key of a dict of str keys), few candidates. Fills `out`
+    /// with pointers into the buckets (valid while `mutations_` and the index are unchanged);
+    /// false when this path does not apply (the caller collects the ordinary way).
+    static constexpr std::size_t kFewCandidates = 8;
+    bool few_candidates(const Locals& locals, const EntryPtr** out, std::size_t& n);
+    /// Append the bucket entries of index value `o` (and the unindexed ones) to `add`; false
+    /// when every entry must be scanned.
+    template <typename Add>
+    bool bucket_entries(PyObject* o, Add add);
     void touch(const EntryPtr& e);
     void record_hit(const EntryPtr& e, bool count);
     /// The probe snapshot last compared, shared by consecutive entries with the same snapshot.
@@ -198,7 +208,7 @@ class Cache {
     EntryPtr front_;  // the most recently used entry (policy_.order().front()), null when empty
     core::CacheEntryId next_id_ = 1;
     std::uint64_t seen_epoch_ = 0;
-    std::uint64_t mutations_ = 0;  // bumped by every insert and removal
+    std::uint64_t mutations_ = 0;  // bumped by every insert and removal, and by index rebuilds
     std::vector<Ref> probes_;
     std::vector<std::string> probe_names_;
     CacheStats stats_;
@@ -213,6 +223,7 @@ class Cache {
         std::vector<RuntimeStep> steps;  ///< root to source; operands held by `operands`
         std::vector<Ref> operands;
         Py_ssize_t slot = -1;  ///< argument-index hint for Locals::argument
+        Py_ssize_t hint = -1;  ///< dict entry hint for the root read from a dict (dict_hint.hpp)
     };
 
     // Dispatch index, rebuilt lazily after any insert or removal.

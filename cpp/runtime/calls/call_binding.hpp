@@ -32,6 +32,11 @@ class CallSignature {
     /// The code object the layout was read from (a function whose __code__ was replaced since
     /// is not bound with it).
     PyObject* code() const { return code_.get(); }
+    /// Whether a call with these arguments binds one positional argument per parameter and
+    /// nothing else: the caller's argument vector is then the locals, as they are (no allocation).
+    bool binds_as_is(Py_ssize_t nargs, PyObject* kwnames) const {
+        return kwnames == nullptr && nargs == argcount_ && n_names_ == argcount_;
+    }
 
   private:
     friend class BoundCall;

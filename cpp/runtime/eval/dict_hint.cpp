@@ -7,6 +7,88 @@ namespace tripwire::runtime {
 
 bool g_dict_hints_enabled = false;
 
+#ifdef TRIPWIRE_DICT_LAYOUT
+bool g_dict_tags_enabled = false;
+bool g_skip_enabled = false;
+
+namespace {
+
+// The skip's premise, checked on this interpreter: a dict's tag is non-zero, changes on every
+// kind of mutation (item set, delete, clear, update, attribute store through the instance dict,
+// on new and on replaced instance dicts), never equals another live dict's, and an embedded
+// 3.13 instance dict reads as "no tag". Any surprise leaves the skip off.
+void verify_dict_tags() {
+    PyObject* ns = PyDict_New();
+    if (ns == nullptr) {
+        PyErr_Clear();
+        return;
+    }
+    PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins());
+    g_skip_enabled = true;  // provisionally: dict_tag reads only while it is on
+    auto tag_of = [&](const char* var) -> std::uint64_t {
+        PyObject* d = PyDict_GetItemString(ns, var);
+        return d != nullptr && PyDict_CheckExact(d) ? dict_tag(d) : 0;
+    };
+    bool ok = true;
+    // Each step mutates dict `d`, or the object `o` whose dict is `od`, in one way: the dict's
+    // tag must change.
+    struct Step {
+        const char* dict;
+        const char* code;
+    };
+    const Step steps[] = {
+        {"d", "d['a'] = 1"},
+        {"d", "d['a'] = 2"},
+        {"d", "del d['a']"},
+        {"d", "d.update(b=1)"},
+        {"d", "d.setdefault('c', 3)"},
+        {"d", "d.pop('c')"},
+        {"d", "d.clear()"},
+        {"d", "d[1] = 'x'"},
+        {"od", "od['beta'] = 5"},
+        {"od", "o.alpha = 7"},
+        {"od", "o.new = 8"},
+        {"od", "del o.new"},
+        {"od", "object.__setattr__(o, 'alpha', 9)"},
+    };
+    const char* setup =
+        "class _TwTagProbe:\n"
+        "    def __init__(self):\n"
+        "        self.alpha = 1; self.beta = 2\n"
+        "d = {}\n"
+        "o = _TwTagProbe(); o.__dict__ = {'alpha': 1, 'beta': 2}\n"
+        "od = o.__dict__\n"
+        "e = _TwTagProbe(); ed = e.__dict__\n";
+    PyObject* r = PyRun_String(setup, Py_file_input, ns, ns);
+    ok = r != nullptr;
+    Py_XDECREF(r);
+    for (const Step& step : steps) {
+        if (!ok) break;
+        const std::uint64_t before = tag_of(step.dict);
+        r = PyRun_String(step.code, Py_file_input, ns, ns);
+        ok = r != nullptr && before != 0 && tag_of(step.dict) != 0 && tag_of(step.dict) != before;
+        Py_XDECREF(r);
+    }
+    // A new dict never shares a tag with a live one.
+    if (ok) {
+        PyObject* fresh = PyDict_New();
+        ok = fresh != nullptr && dict_tag(fresh) != 0 && dict_tag(fresh) != tag_of("d") &&
+             dict_tag(fresh) != tag_of("od");
+        Py_XDECREF(fresh);
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    // An embedded instance dict has no tag (its object's attribute stores bypass it).
+    if (ok) ok = tag_of("ed") == 0;
+#endif
+    g_dict_tags_enabled = ok;
+    g_skip_enabled = ok;
+    PyErr_Clear();
+    Py_DECREF(ns);
+}
+
+}  // namespace
+#endif
+
 void verify_dict_hints() {
 #ifdef TRIPWIRE_DICT_LAYOUT
     static bool done = false;
@@ -103,6 +185,18 @@ void verify_dict_hints() {
     g_dict_hints_enabled = ok;
     PyErr_Clear();
     Py_DECREF(ns);
+    if (ok) verify_dict_tags();
+#endif
+}
+
+bool set_skip_enabled(bool on) {
+#ifdef TRIPWIRE_DICT_LAYOUT
+    const bool was = g_skip_enabled;
+    g_skip_enabled = on && g_dict_tags_enabled;
+    return was;
+#else
+    (void)on;
+    return false;
 #endif
 }
 

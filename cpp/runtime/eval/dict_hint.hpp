@@ -221,6 +221,39 @@ inline bool dict_has_only_str_keys(PyObject* d) {
     if (!g_dict_hints_enabled) return false;
     return reinterpret_cast<layout::Dict*>(d)->ma_keys->dk_kind != 0;
 }
+/// Whether dict_tag's reading was verified at start-up (verify_dict_hints), and the skip is on.
+extern bool g_dict_tags_enabled;
+extern bool g_skip_enabled;
+
+/// Whether `d` is a CPython 3.13 instance dict materialised over its object's inline values: the
+/// object's attribute stores then write the values directly, bumping neither the dict's tag nor
+/// firing dict watchers (observed on 3.13.0). Always false before 3.13.
+inline bool dict_embedded(PyObject* d) {
+#if PY_VERSION_HEX >= 0x030D0000
+    // The PyDictValues header is private: unverified, any split dict counts as embedded.
+    auto* mp = reinterpret_cast<layout::Dict*>(d);
+    return mp->ma_values != nullptr &&
+           (!g_dict_hints_enabled || static_cast<const std::uint8_t*>(mp->ma_values)[2] != 0);
+#else
+    (void)d;
+    return false;
+#endif
+}
+
+/// The version tag of exact dict `d` as the skip of unchanged subtrees uses it (docs/cpp.md,
+/// "Skipping unchanged subtrees"), or 0 when it must not be used. CPython 3.11-3.13 give every
+/// dict a tag from one per-interpreter counter at creation and on every mutation (3.12+ keep
+/// watcher bits in the low bits, which may change on their own: a spurious mismatch only), so
+/// equal non-zero tags read from a live dict mean the same dict in the same state. Except on
+/// 3.13 for a dict *embedded* in an object (materialised over the object's inline values):
+/// attribute stores then write the values directly, bumping neither the tag nor dict watchers;
+/// such a dict has no usable tag.
+inline std::uint64_t dict_tag(PyObject* d) {
+    if (!g_skip_enabled) return 0;
+    if (dict_embedded(d)) return 0;
+    return reinterpret_cast<layout::Dict*>(d)->ma_version_tag;
+}
+
 /// Whether instance_attr_hinted reads the object's whole own storage (so "not found" there
 /// means "not an instance attribute").
 inline bool instance_hints_complete() { return g_dict_hints_enabled; }
@@ -231,6 +264,25 @@ inline PyObject* materialised_managed_dict(PyObject*) { return nullptr; }
 inline bool instance_hints_complete() { return false; }
 inline int dict_keys_identical(PyObject*, PyObject*) { return -1; }
 inline bool dict_has_only_str_keys(PyObject*) { return false; }
+inline constexpr bool g_skip_enabled = false;
+inline std::uint64_t dict_tag(PyObject*) { return 0; }
+inline bool dict_embedded(PyObject*) { return false; }
 #endif
+
+/// dict[key] without user code: the hinted entry (keys compared by identity), or else a real
+/// lookup when both the key and every key of the table are exact str (string comparisons only).
+/// Null when absent or when it cannot be decided that way. Borrowed.
+inline PyObject* dict_get_pure(PyObject* d, PyObject* key, Py_ssize_t* hint) {
+    if (PyObject* v = dict_get_hinted(d, key, hint)) return v;
+    if (!PyUnicode_CheckExact(key) || !dict_has_only_str_keys(d)) return nullptr;
+    PyObject* v = PyDict_GetItemWithError(d, key);
+    if (v == nullptr) PyErr_Clear();  // cannot raise for str keys; be safe
+    return v;
+}
+
+/// Switch the skip of unchanged subtrees on or off, process-wide (on by default where the tag
+/// reading was verified). Off, every check evaluates every guard: the tests compare both ways.
+/// Returns the previous setting.
+bool set_skip_enabled(bool on);
 
 }  // namespace tripwire::runtime

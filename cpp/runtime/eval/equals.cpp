@@ -352,4 +352,30 @@ int is_constant(PyObject* v, int depth) {
 
 bool constant_depth_ok(PyObject* c) { return depth_within(c, 0); }
 
+bool immutable_constant(PyObject* c, int depth) {
+    PyTypeObject* t = Py_TYPE(c);
+    if (t == &PyList_Type || t == &PySet_Type || t == &PyDict_Type) return false;
+    if (depth >= core::kMaxConstantDepth) return false;
+    if (t == &PyTuple_Type) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c); ++i)
+            if (!immutable_constant(PyTuple_GET_ITEM(c, i), depth + 1)) return false;
+        return true;
+    }
+    if (t == &PySlice_Type) {
+        auto* s = reinterpret_cast<PySliceObject*>(c);
+        return immutable_constant(s->start, depth + 1) && immutable_constant(s->stop, depth + 1) &&
+               immutable_constant(s->step, depth + 1);
+    }
+    if (t == &PyFrozenSet_Type) {
+        Py_ssize_t pos = 0;
+        PyObject* k;
+        while (set_next(c, &pos, &k))
+            if (!immutable_constant(k, depth + 1)) return false;
+        return true;
+    }
+    // Scalars (immutable objects of immutable types), and the constants matched by identity
+    // (enum members): a value that matched once matches for as long as it is the same object.
+    return true;
+}
+
 }  // namespace tripwire::runtime

@@ -1,25 +1,57 @@
-// tripwire/cpp/runtime/eval/fast_pass.cpp -- the straight-line fast pass of GuardSet::check.
+// tripwire/cpp/runtime/eval/fast_pass.cpp -- the fast program of GuardSet::check.
 //
 // The tree walk (guard_set.cpp) is the authority: it handles user code, errors, borrowed-value
 // safety, failure statistics and adaptive reordering. Most checks of a warm guard set pass,
-// though, and on built-in objects they need none of that. The fast pass is the tree flattened
+// though, and on built-in objects they need none of that. The fast program is the tree flattened
 // into one array of instructions (loads, fetches and guards on "registers", one per node), in the
-// tree's current evaluation order, and run in one loop.
+// tree's current evaluation order, run in one loop.
 //
-// Its contract is narrow so that it cannot change any result:
-// - every instruction has a form that runs no user code (inline-cache hits, hinted dict reads,
-//   exact built-in containers, identity and structural comparisons of built-in constants);
-//   when that form does not apply to the objects at hand, the pass gives up;
-// - it only ever concludes "pass". A failing guard, a missing value or a form that does not
-//   apply ends it with "undecided", and check() runs the tree walk from the start. Since the
-//   fast pass ran no user code and changed nothing but hints, the walk sees the same objects;
-// - every value is borrowed: with no user code running, nothing can drop the references the
-//   parents hold. No reference is taken, so none can leak.
-// A set with a guard or step kind that has no such form at all (predicates, HASATTR, user
-// __len__, generic getattr, ...) never uses the fast pass.
+// Every instruction has a form that runs no user code and allocates no Python object
+// (inline-cache hits, hinted dict reads, exact built-in containers, identity and structural
+// comparisons of built-in constants); values are borrowed, since with no user code running
+// nothing can drop the parents' references. What has no such form is a *residue*, evaluated in
+// place by the walk's own code (eval_guard_at, eval_child, eval_root, eval_ambient: user code,
+// errors, strict mode, failure counts), so that it costs itself and not the whole set:
+// - a guard kind that always runs user code (LAMBDA, a Python GLOBAL_STATE probe, HASATTR, the
+//   iterator kinds) is a residue by kind (SlowGuard / SlowAmbient);
+// - a fetch or guard whose fast form does not apply to the objects at hand (a stale inline
+//   cache, a property, a dict holding a user-typed key, a non-function `__code__`) is a residue
+//   for this check: the walk evaluates that subtree or guard in place.
+// Evaluation order is the walk's: the program is the tree in its current order, residues
+// included, so a predicate that mutates what a later guard reads behaves as in the walk.
+//
+// The region rule (docs/cpp.md) around a residue: before it runs, the registers on the current
+// path (the only ones a later instruction reads: in depth-first order a fetch reads its parent,
+// a guard its node) are INCREF'd into `held`, so user code cannot free them; the region is opened
+// for the residue only (UserCodeWindow); after it `invalid` is re-read (user code may have killed
+// an identity-held object and put another at its address), and a set that became invalid fails at
+// once, before any later identity comparison. The references are dropped after the loop, outside
+// the region, and `invalid` is read once more. `active_` is held for the whole program, so neither
+// a nested check of this set nor another thread's can reorder the tree (and rebuild `fast_ops_`)
+// while the loop iterates it; the registers of a set too big for the stack come from a per-thread
+// pool indexed by nesting depth, so a nested check on this thread cannot overwrite them.
+//
+// Results: a guard that fails (or a value that is missing) before any residue ran leaves the
+// check undecided, and check() runs the walk from the start, which sees the same objects since
+// nothing ran. After a residue ran, the program decides the failure itself (running user code
+// twice would be observable) and counts it along the path as the walk's returns do.
+//
+// SHAPE symbols (docs/shapes.md). Each run has its own ShapeFrame, made the thread's current one
+// (ShapeScope) for the run, so that a residue subtree evaluated by the walk's code stores its
+// symbols into it too, and a check nested in a residue's user code gets a frame of its own. A
+// symbol is stored by value (int64, double, or an exact BigInt copy): nothing in the frame is a
+// borrowed object, so user code run by a later residue cannot invalidate what was read before it.
+// A node that is a symbol is never settled by the skip and its Symbol op sits right after its
+// fetch, before its stamp: no jump of the skip passes over it (and no jump passes over a subtree:
+// jumps cover guards only). A SIZE/STRIDE/STORAGE_OFFSET symbol is read by the C-level property
+// reader (TensorProp), never claimed; what the reader does not answer is a residue subtree. The
+// relations run once, at the End op, after every symbol was read: a failure before any user code
+// ran (or an int64 overflow) leaves the check to the walk; after a residue the exact evaluator
+// decides here. A symbol left unread (a bug) never passes.
 #include <optional>
 #include <vector>
 
+#include "core/fail_order.hpp"
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/eval/guard_set.hpp"
@@ -32,23 +64,106 @@
 
 namespace tripwire::runtime {
 
-namespace {
-
 bool g_fast_pass_enabled = true;
 
-// Registers for one pass. Thread-local: the pass runs no user code, so it cannot re-enter
-// itself on this thread, and other threads have their own.
-thread_local std::vector<PyObject*> t_regs;
+namespace {
 
-// dict[key] without user code: the hinted entry (keys compared by identity), or else a real
-// lookup when both the key and every key of the table are exact str (string comparisons only).
-// Null when absent or when it cannot be decided that way.
+// Registers of one pass: a value per node, and a tag slot per node plus one for the globals
+// dict (the skip). Small sets (the common case) keep them on the stack; bigger ones use a file
+// per thread and per nesting depth (a residue may run a nested check on this thread: it gets the
+// next file, never ours).
+constexpr std::size_t kStackRegs = 64;
+struct RegisterSpace {
+    std::vector<PyObject*> values;
+    std::vector<std::uint64_t> tags;
+};
+thread_local std::vector<RegisterSpace> t_reg_files;
+thread_local std::size_t t_reg_depth = 0;
+
+class RegisterFile {
+  public:
+    explicit RegisterFile(std::size_t n) {
+        if (n <= kStackRegs) {
+            values_ = stack_values_;
+            tags_ = stack_tags_;
+            return;
+        }
+        pooled_ = true;
+        if (t_reg_files.size() <= t_reg_depth) t_reg_files.resize(t_reg_depth + 1);
+        RegisterSpace& file = t_reg_files[t_reg_depth++];
+        if (file.values.size() < n) file.values.resize(n);
+        if (file.tags.size() < n + 1) file.tags.resize(n + 1);
+        values_ = file.values.data();
+        tags_ = file.tags.data();
+    }
+    ~RegisterFile() {
+        if (pooled_) --t_reg_depth;
+    }
+    RegisterFile(const RegisterFile&) = delete;
+    RegisterFile& operator=(const RegisterFile&) = delete;
+    PyObject** values() const { return values_; }
+    std::uint64_t* tags() const { return tags_; }
+
+  private:
+    PyObject* stack_values_[kStackRegs];
+    std::uint64_t stack_tags_[kStackRegs + 1];
+    PyObject** values_ = nullptr;
+    std::uint64_t* tags_ = nullptr;
+    bool pooled_ = false;
+};
+
 inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
-    if (PyObject* v = dict_get_hinted(d, key, hint)) return v;
-    if (!PyUnicode_CheckExact(key) || !dict_has_only_str_keys(d)) return nullptr;
-    PyObject* v = PyDict_GetItemWithError(d, key);
-    if (v == nullptr) PyErr_Clear();  // cannot raise for str keys; be safe
-    return v;
+    return dict_get_pure(d, key, hint);
+}
+
+// Exact built-in types whose hash and equality are the interpreter's own and never call back
+// into Python code (a tuple's would call its elements').
+inline bool builtin_key(PyObject* k) {
+    PyTypeObject* t = Py_TYPE(k);
+    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyBool_Type || t == &PyFloat_Type ||
+           t == &PyBytes_Type || k == Py_None;
+}
+
+// Whether a lookup of a built-in key in `d` compares only built-in keys: a table of exact str
+// keys (any other built-in key answers "not equal" to a str without calling anything), or a small
+// general table scanned for keys of built-in types. False when a user key's __eq__ may run.
+bool builtin_lookup(PyObject* d, PyObject* key) {
+    if (!builtin_key(key)) return false;
+    if (dict_has_only_str_keys(d)) return true;
+    constexpr Py_ssize_t kScanLimit = 64;
+    if (PyDict_GET_SIZE(d) > kScanLimit) return false;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v))
+        if (!builtin_key(k)) return false;
+    return true;
+}
+
+// d[key] without user code: 1 found (*out borrowed), 0 absent, -1 undecidable that way (a key
+// of a user type in the table, or as the key: CPython's lookup, which may call its __eq__, must
+// decide).
+int pure_dict_find(PyObject* d, PyObject* key, Py_ssize_t* hint, PyObject** out) {
+    if ((*out = pure_dict_get(d, key, hint)) != nullptr) return 1;
+    if (PyUnicode_CheckExact(key) && dict_has_only_str_keys(d)) return 0;
+    if (!builtin_lookup(d, key)) return -1;
+    *out = PyDict_GetItemWithError(d, key);
+    if (*out != nullptr) return 1;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();  // cannot raise for these keys; be safe
+        return -1;
+    }
+    return 0;
+}
+
+// `key in d` without user code: 1/0, or -1 when that cannot be decided that way.
+int pure_dict_contains(PyObject* d, PyObject* key) {
+    if (!builtin_lookup(d, key)) return -1;
+    const int r = PyDict_Contains(d, key);
+    if (r < 0) {
+        PyErr_Clear();  // cannot raise for these keys; be safe
+        return -1;
+    }
+    return r;
 }
 
 // An ambient built-in probe decided natively (interpreter probes, torch's through the adapter).
@@ -79,348 +194,1139 @@ bool probe_holds(const RuntimeGuard& g) {
 }  // namespace
 
 void set_fast_pass_enabled(bool on) { g_fast_pass_enabled = on; }
-bool fast_pass_enabled() { return g_fast_pass_enabled; }
+
+GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uint32_t pos) const {
+    using Code = FastOp::Code;
+    FastOp g;
+    g.node = ni;
+    g.guard = gi;
+    g.pos = pos;
+    g.a = guards_[gi].a;
+    switch (guards_[gi].kind) {
+        case core::GuardKind::TypeMatch: g.code = Code::TypeIs; break;
+        case core::GuardKind::IdMatch: g.code = Code::IdIs; break;
+        case core::GuardKind::None: g.code = Code::IsNone; break;
+        case core::GuardKind::NotNone: g.code = Code::IsNotNone; break;
+        case core::GuardKind::True: g.code = Code::IsTrue; break;
+        case core::GuardKind::False: g.code = Code::IsFalse; break;
+        case core::GuardKind::EqualsMatch: g.code = Code::Equals; break;
+        case core::GuardKind::DictKeys: g.code = Code::DictKeys; break;
+        case core::GuardKind::DictContains: g.code = Code::DictContains; break;
+        case core::GuardKind::Length: g.code = Code::LengthExact; break;
+        case core::GuardKind::DictVersion: g.code = Code::DictVersion; break;
+        case core::GuardKind::WeakrefAlive: g.code = Code::WeakrefAlive; break;
+        case core::GuardKind::CodeMatch: g.code = Code::CodeIs; break;
+        // Read through the adapter / the array struct; a Python reader is a residue.
+        case core::GuardKind::TensorMatch:
+            g.code = guards_[gi].via_python ? Code::SlowGuard : Code::TensorMatch;
+            break;
+        case core::GuardKind::ArrayMatch:
+            g.code = guards_[gi].via_python ? Code::SlowGuard : Code::ArrayMatch;
+            break;
+        case core::GuardKind::DimensionMarking: g.code = Code::DimensionMarking; break;
+        // Relational guards are never a node's guard (program_.relational); listed for -Wswitch.
+        case core::GuardKind::Alias:
+        case core::GuardKind::NoAlias:
+        // No form free of user code: getattr, iterator methods, predicates, Python probes.
+        case core::GuardKind::HasAttr:
+        case core::GuardKind::TupleIteratorLen:
+        case core::GuardKind::RangeIterator:
+        case core::GuardKind::GlobalState:
+        case core::GuardKind::Lambda: g.code = Code::SlowGuard; break;
+    }
+    return g;
+}
+
+GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
+    switch (g.kind) {
+        // Identity: true of the same object forever.
+        case core::GuardKind::IdMatch:
+        case core::GuardKind::None:
+        case core::GuardKind::NotNone:
+        case core::GuardKind::True:
+        case core::GuardKind::False: return Implied::Identity;
+        case core::GuardKind::TypeMatch: {
+            // `__class__` assignment is refused when the object's class is immutable, except
+            // between module types. A mutable class (any class statement) may be swapped.
+            auto* t = reinterpret_cast<PyTypeObject*>(g.a);
+            const bool fixed =
+                PyType_HasFeature(t, Py_TPFLAGS_IMMUTABLETYPE) && !PyType_IsSubtype(t, &PyModule_Type);
+            return fixed ? Implied::Identity : Implied::Never;
+        }
+        // The value matched type-exactly, so it is built of the same immutable objects.
+        case core::GuardKind::EqualsMatch:
+            return immutable_constant(g.a) ? Implied::Identity : Implied::Never;
+        // Functions of the dict's state (a str-keyed or built-in-keyed lookup, its size, keys,
+        // stamp), when the node is a dict whose tag is unchanged. On any other value (a list,
+        // a user __len__) the stamp never hits and they are evaluated.
+        case core::GuardKind::Length:
+        case core::GuardKind::DictKeys:
+        case core::GuardKind::DictVersion: return Implied::State;
+        case core::GuardKind::DictContains: return Implied::State;
+        // The value may change behind the same object and the same dict state: a code object
+        // swapped in, a referent dying, iterators advancing, attributes computed by getattr,
+        // probes and predicates of anything.
+        case core::GuardKind::CodeMatch:
+        case core::GuardKind::WeakrefAlive:
+        case core::GuardKind::HasAttr:
+        case core::GuardKind::TupleIteratorLen:
+        case core::GuardKind::RangeIterator:
+        case core::GuardKind::GlobalState:
+        case core::GuardKind::Lambda: return Implied::Never;
+        // Tensor and array metadata changes in place (resize_, transpose_, requires_grad_,
+        // arr.shape = ...) with no dict write and no tag: never covered by any claim. Relational
+        // guards are decided after the walk from the values read this check, never claimed.
+        case core::GuardKind::TensorMatch:
+        case core::GuardKind::ArrayMatch:
+        case core::GuardKind::DimensionMarking:
+        case core::GuardKind::Alias:
+        case core::GuardKind::NoAlias: return Implied::Never;
+    }
+    return Implied::Never;
+}
+
+namespace {
+
+// Whether node `n` looks like a module (identity- or type-matched to one): its attribute
+// children may then be settled from the module dict's tag.
+bool module_like(const core::Program& p, const std::vector<RuntimeGuard>& guards, const core::Node& n) {
+    for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+        const RuntimeGuard& g = guards[p.node_guards[k]];
+        if (g.kind == core::GuardKind::IdMatch && g.a != nullptr && PyModule_Check(g.a)) return true;
+        if (g.kind == core::GuardKind::TypeMatch && g.a == reinterpret_cast<PyObject*>(&PyModule_Type))
+            return true;
+    }
+    return false;
+}
+
+}  // namespace
 
 void GuardSet::build_fast_pass() {
+    using Code = FastOp::Code;
     fast_ops_.clear();
     fast_built_at_ = order_changes_;
-    // A kind without a form free of user code: this set always takes the walk (for good: the
-    // kinds never change).
-    auto give_up = [this] {
-        fast_enabled_ = false;
-        fast_ops_.clear();
-    };
-    // Ambient guards: only built-in probes decided natively have a form without user code.
-    for (std::uint32_t gi : program_.ambient) {
-        const RuntimeGuard& g = guards_[gi];
-        if (g.kind != core::GuardKind::GlobalState || g.a != nullptr || g.via_python) return give_up();
+    fast_guards_ = 0;
+    residue_guards_ = 0;
+    const auto n_nodes = static_cast<std::uint32_t>(program_.nodes.size());
+    // Ambient guards first, as the walk checks them: built-in probes are read in the pass, the
+    // rest (Python probes, predicates on f_locals) are residues.
+    for (std::uint32_t k = 0; k < program_.ambient.size(); ++k) {
+        const std::uint32_t gi = program_.ambient[k];
         FastOp op;
-        op.code = FastOp::Code::Probe;
         op.guard = gi;
+        op.pos = k;
+        const RuntimeGuard& g = guards_[gi];
+        if (g.kind == core::GuardKind::GlobalState && g.a == nullptr && !g.via_python) {
+            op.code = Code::BuiltinProbe;  // interpreter probes, torch's through the adapter
+            ++fast_guards_;
+        } else {
+            op.code = Code::SlowAmbient;
+            ++residue_guards_;
+        }
         fast_ops_.push_back(op);
     }
-    // Depth first in the current order: a node's guards, then its children, as the walk does.
+    // Which nodes get a stamp: dicts (by their guards or children) and modules with attribute
+    // children. Which fetches may be settled: a str-keyed item, a key or value by position, or
+    // an attribute of a module, under a stamped parent; G[...] roots under the globals dict.
+    auto settle_step = [&](const core::Node& c, bool parent_module) {
+        switch (c.step.kind) {
+            case core::StepKind::Item:
+            case core::StepKind::DictItem:
+                return c.step.operand != core::kNoConst && builtin_key(objs_[c.step.operand]);
+            case core::StepKind::DictKey:
+            case core::StepKind::DictValue: return true;
+            case core::StepKind::Attr: return parent_module;
+            default: return false;
+        }
+    };
+    std::vector<bool> stamped(n_nodes, false);
+    bool stamp_globals = false;
+    for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
+        const core::Node& n = program_.nodes[ni];
+        if (n.is_root && n.root == core::RootKind::Global) stamp_globals = static_cast<bool>(globals_);
+        bool dict_like = !n.is_root && n.step.kind == core::StepKind::Dict;
+        for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+            const RuntimeGuard& g = guards_[program_.node_guards[k]];
+            if (g.kind == core::GuardKind::DictKeys || g.kind == core::GuardKind::DictContains ||
+                g.kind == core::GuardKind::DictVersion ||
+                (g.kind == core::GuardKind::TypeMatch && g.a == reinterpret_cast<PyObject*>(&PyDict_Type)))
+                dict_like = true;
+        }
+        const bool module = module_like(program_, guards_, n);
+        bool settles_children = false;
+        for (std::uint32_t k = n.child_begin; k < n.child_end; ++k)
+            settles_children = settles_children || settle_step(program_.nodes[program_.children[k]], module);
+        stamped[ni] = dict_like || settles_children;
+    }
+    if (stamp_globals) {
+        FastOp op;
+        op.code = Code::StampGlobals;
+        fast_ops_.push_back(op);
+    }
+    // Depth first in the current order: a node's fetch, its guards, then its children, as the
+    // walk does. A node's guards are laid out in three blocks, each in the current order: those
+    // a settled value proves (a settled fetch jumps over them), then the stamp and those an
+    // unchanged dict proves (a hit jumps over them), then the others. Reordering a node's guards
+    // among themselves is the walk's own latitude (adaptive order), never across nodes.
     struct Item {
-        std::uint32_t node, parent;
+        std::uint32_t node, parent, pos;
     };
     std::vector<Item> stack;
-    for (auto it = root_order_.rbegin(); it != root_order_.rend(); ++it) stack.push_back({*it, *it});
+    std::vector<std::uint32_t> node_fetch_op(n_nodes, 0);
+    for (std::uint32_t k = static_cast<std::uint32_t>(root_order_.size()); k-- > 0;)
+        stack.push_back({root_order_[k], root_order_[k], k});
+    // Fetch ops whose `skip` is set when their subtree is complete: (op index, node).
+    std::vector<std::pair<std::size_t, std::uint32_t>> open;
+    auto close_until = [&](std::uint32_t depth) {
+        while (!open.empty() && program_.nodes[open.back().second].depth >= depth) {
+            fast_ops_[open.back().first].skip = static_cast<std::uint32_t>(fast_ops_.size());
+            open.pop_back();
+        }
+    };
+    std::vector<FastOp> identity_ops, state_ops, other_ops;
     while (!stack.empty()) {
         const Item item = stack.back();
         stack.pop_back();
         const core::Node& n = program_.nodes[item.node];
+        close_until(n.depth);
         FastOp op;
         op.node = item.node;
         op.parent = item.parent;
+        op.pos = item.pos;
         if (n.is_root) {
             switch (n.root) {
-                case core::RootKind::Local: op.code = FastOp::Code::LoadLocal; break;
-                case core::RootKind::Global: op.code = FastOp::Code::LoadGlobal; break;
-                case core::RootKind::Closure: op.code = FastOp::Code::LoadClosure; break;
+                case core::RootKind::Local: op.code = Code::LoadLocal; break;
+                case core::RootKind::Global:
+                    op.code = Code::LoadGlobal;
+                    op.settle = stamp_globals;
+                    op.parent = n_nodes;  // the globals dict's tag slot
+                    break;
+                case core::RootKind::Closure: op.code = Code::LoadClosure; break;
             }
         } else {
             switch (n.step.kind) {
-                case core::StepKind::Attr: op.code = FastOp::Code::FetchAttr; break;
-                case core::StepKind::Item: op.code = FastOp::Code::FetchItem; break;
-                case core::StepKind::DictItem: op.code = FastOp::Code::FetchDictItem; break;
+                case core::StepKind::Attr: op.code = Code::FetchAttr; break;
+                case core::StepKind::Item: op.code = Code::FetchItem; break;
+                case core::StepKind::DictItem: op.code = Code::FetchDictItem; break;
                 // Only an instance dict that already exists (creating one allocates).
-                case core::StepKind::Dict: op.code = FastOp::Code::FetchDict; break;
+                case core::StepKind::Dict: op.code = Code::FetchDict; break;
+                case core::StepKind::Code:
+                case core::StepKind::Defaults:
+                case core::StepKind::KwDefaults:
+                case core::StepKind::ClosureCell: op.code = Code::FetchFunction; break;
+                case core::StepKind::Type:
+                case core::StepKind::WeakrefCall:
+                case core::StepKind::DictKey:
+                case core::StepKind::DictValue: op.code = Code::FetchPure; break;
+                // A SHAPE symbol read by the C-level property reader straight into the frame.
                 case core::StepKind::Size:
                 case core::StepKind::Stride:
-                case core::StepKind::StorageOffset:
-                    // A SHAPE symbol and nothing else (no guard, child or relational operand, so
-                    // no register is needed): the property reader stores it straight into the
-                    // frame, or leaves the check to the walk (tensor_props.hpp).
-                    if (n.symbol == core::kNoSymbol ||
-                        nodes_[item.node].symbol_type != core::shape::ValueType::Int ||
-                        n.guard_begin != n.guard_end || n.child_begin != n.child_end ||
-                        n.member_begin != n.member_end)
-                        return give_up();
-                    op.code = FastOp::Code::TensorProp;
-                    op.guard = n.symbol;
-                    fast_ops_.push_back(op);
-                    continue;
-                default:
-                    if (core::step_runs_user_code(n.step.kind)) return give_up();
-                    op.code = FastOp::Code::FetchPure;
-                    break;
+                case core::StepKind::StorageOffset: op.code = Code::TensorProp; break;
             }
+            const core::Node& parent = program_.nodes[item.parent];
+            op.settle = stamped[item.parent] && settle_step(n, module_like(program_, guards_, parent));
+        }
+        // A SHAPE symbol is read afresh on every check: never settled, so that no claim stands
+        // in for its value (the Symbol op below is then outside every jump).
+        if (n.symbol != core::kNoSymbol) op.settle = false;
+        const std::size_t fetch_at = fast_ops_.size();
+        node_fetch_op[item.node] = static_cast<std::uint32_t>(fetch_at);
+        open.emplace_back(fetch_at, item.node);
+        if (op.code == Code::TensorProp) {
+            // The property is an int the reader does not box, so the node has no register: only
+            // a node that is an int symbol and nothing else (no guard, child or relational
+            // operand) has the fast form. Any other is a residue subtree on every check
+            // (guard == kNoSymbol), evaluated by the walk's code, which stores its symbol.
+            const bool fast_form = n.symbol != core::kNoSymbol &&
+                                   nodes_[item.node].symbol_type == core::shape::ValueType::Int &&
+                                   n.guard_begin == n.guard_end && n.child_begin == n.child_end &&
+                                   n.member_begin == n.member_end;
+            op.guard = fast_form ? n.symbol : core::kNoSymbol;
+            if (!fast_form) residue_guards_ += nodes_[item.node].subtree_guards;
+            fast_ops_.push_back(op);
+            continue;  // no guard or child ops: the walk evaluates the subtree if it has any
         }
         fast_ops_.push_back(op);
         if (n.symbol != core::kNoSymbol) {
+            // Right after the fetch, as the walk stores it before the node's guards: no settled
+            // fetch (never, see above) and no stamp (it comes later) can jump over it.
             FastOp sym;
-            sym.code = FastOp::Code::Symbol;
+            sym.code = Code::Symbol;
             sym.node = item.node;
             sym.guard = n.symbol;
+            sym.pos = ~0U;  // a failure is the node's, not one of its guards'
             fast_ops_.push_back(sym);
         }
+        identity_ops.clear();
+        state_ops.clear();
+        other_ops.clear();
         for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
-            const std::uint32_t gi = guard_order_[k];
-            FastOp g;
-            switch (guards_[gi].kind) {
-                case core::GuardKind::TypeMatch: g.code = FastOp::Code::TypeIs; break;
-                case core::GuardKind::IdMatch: g.code = FastOp::Code::IdIs; break;
-                case core::GuardKind::None: g.code = FastOp::Code::IsNone; break;
-                case core::GuardKind::NotNone: g.code = FastOp::Code::IsNotNone; break;
-                case core::GuardKind::True: g.code = FastOp::Code::IsTrue; break;
-                case core::GuardKind::False: g.code = FastOp::Code::IsFalse; break;
-                case core::GuardKind::EqualsMatch: g.code = FastOp::Code::Equals; break;
-                case core::GuardKind::DictKeys: g.code = FastOp::Code::DictKeys; break;
-                case core::GuardKind::DictContains:
-                    // Only str keys have a form without user code (see the op).
-                    if (!PyUnicode_CheckExact(guards_[gi].a)) return give_up();
-                    g.code = FastOp::Code::DictContains;
-                    break;
-                case core::GuardKind::Length: g.code = FastOp::Code::LengthExact; break;
-                case core::GuardKind::DictVersion: g.code = FastOp::Code::DictVersion; break;
-                case core::GuardKind::WeakrefAlive: g.code = FastOp::Code::WeakrefAlive; break;
-                case core::GuardKind::TensorMatch:
-                case core::GuardKind::ArrayMatch:
-                    if (guards_[gi].via_python) return give_up();  // a Python reader
-                    g.code = guards_[gi].kind == core::GuardKind::TensorMatch ? FastOp::Code::TensorMatch
-                                                                              : FastOp::Code::ArrayMatch;
-                    break;
-                case core::GuardKind::DimensionMarking: g.code = FastOp::Code::DimensionMarking; break;
-                default: return give_up();  // runs user code, or is rare
+            const FastOp g = guard_op(item.node, guard_order_[k], k);
+            if (g.code == Code::SlowGuard) {
+                ++residue_guards_;
+                other_ops.push_back(g);
+                continue;
             }
-            g.node = item.node;
-            g.guard = gi;
-            g.a = guards_[gi].a;
-            fast_ops_.push_back(g);
+            ++fast_guards_;
+            const Implied how = implied_by(guards_[g.guard]);
+            if (how == Implied::Identity && op.settle) {
+                identity_ops.push_back(g);
+            } else if (how != Implied::Never && stamped[item.node]) {
+                state_ops.push_back(g);
+            } else {
+                other_ops.push_back(g);
+            }
         }
+        fast_ops_.insert(fast_ops_.end(), identity_ops.begin(), identity_ops.end());
+        fast_ops_[fetch_at].jump = static_cast<std::uint32_t>(fast_ops_.size());
+        fast_ops_[fetch_at].jumped = static_cast<std::uint32_t>(identity_ops.size());
+        if (stamped[item.node]) {
+            FastOp st;
+            st.code = Code::Stamp;
+            st.node = item.node;
+            const std::size_t stamp_at = fast_ops_.size();
+            fast_ops_.push_back(st);
+            fast_ops_.insert(fast_ops_.end(), state_ops.begin(), state_ops.end());
+            fast_ops_[stamp_at].jump = static_cast<std::uint32_t>(fast_ops_.size());
+            fast_ops_[stamp_at].jumped = static_cast<std::uint32_t>(state_ops.size());
+        }
+        fast_ops_.insert(fast_ops_.end(), other_ops.begin(), other_ops.end());
         // Pushed in reverse so that they pop in evaluation order.
         for (std::uint32_t k = n.child_end; k > n.child_begin; --k)
-            stack.push_back({child_order_[k - 1], item.node});
+            stack.push_back({child_order_[k - 1], item.node, k - 1});
     }
-    // Relational guards last: every node's register is filled by then.
+    close_until(0);
+    // Relational guards last, never inside a jump: every source's register is filled (or its
+    // value recorded by the walk of a residue subtree) by then, and no claim ever covers them.
     for (std::uint32_t gi : program_.relational) {
         FastOp op;
-        op.code = FastOp::Code::Relational;
+        op.code = Code::Relational;
         op.guard = gi;
+        op.node = 0;  // fail() withdraws this node's claims: harmless (claims are optional)
         fast_ops_.push_back(op);
+        fast_guards_ += 1;
     }
+    // The fetch op of each relational slot's node, for hold_relational.
+    rel_fetch_op_.assign(rel_nodes_.size(), 0);
+    for (std::size_t s = 0; s < rel_nodes_.size(); ++s) rel_fetch_op_[s] = node_fetch_op[rel_nodes_[s]];
+    FastOp end;
+    end.code = Code::End;
+    fast_ops_.push_back(end);
     fast_enabled_ = true;
 }
 
-int GuardSet::fast_pass(const Locals& locals) {
-    if (!g_fast_pass_enabled) return 0;
-    const NoUserCodeRegion region("the fast pass");
-    // Small sets (the common case) keep their registers on the stack.
-    constexpr std::size_t kStackRegs = 64;
-    PyObject* stack_regs[kStackRegs];
-    PyObject** r = stack_regs;
-    if (nodes_.size() > kStackRegs) {
-        std::vector<PyObject*>& regs = t_regs;
-        if (regs.size() < nodes_.size()) regs.resize(nodes_.size());
-        r = regs.data();
+void GuardSet::record_path_failure(std::uint32_t ni) {
+    if (active_ != 1) return;  // a nested check never reorders (the outer one iterates the order)
+    for (;;) {
+        const core::Node& n = program_.nodes[ni];
+        std::uint32_t* order;
+        std::uint32_t begin, end;
+        if (n.is_root) {
+            order = root_order_.data();
+            begin = 0;
+            end = static_cast<std::uint32_t>(root_order_.size());
+        } else {
+            const core::Node& p = program_.nodes[n.parent];
+            order = child_order_.data();
+            begin = p.child_begin;
+            end = p.child_end;
+        }
+        std::uint32_t k = begin;
+        while (k < end && order[k] != ni) ++k;
+        if (k < end && core::record_failure(order, node_fails_.data(), begin, k) != k) ++order_changes_;
+        if (n.is_root) return;
+        ni = n.parent;
     }
-    // SHAPE symbols go into a frame of this pass (on the stack for small programs); the
-    // relations run on it at the end, on the fast path only: anything it cannot decide (an
-    // overflow, an int beyond int64, a failing relation) hands the check to the walk.
-    std::optional<core::shape::ShapeFrame> frame;
-    if (!program_.shape.empty()) frame.emplace(program_.shape);
-    for (const FastOp& op : fast_ops_) {
-        switch (op.code) {
-            case FastOp::Code::LoadLocal: {
-                NodeRt& n = nodes_[op.node];
-                PyObject* v;
-                if (locals.is_arguments()) {
+}
+
+void GuardSet::hold_path(Pass& p, std::uint32_t ni) {
+    p.tags[nodes_.size()] = 0;  // the globals dict's slot
+    while (ni != ~0U) {
+        Py_INCREF(p.r[ni]);
+        p.held.push_back(p.r[ni]);
+        p.tags[ni] = 0;
+        const core::Node& n = program_.nodes[ni];
+        ni = n.is_root ? ~0U : n.parent;
+    }
+}
+
+void GuardSet::hold_relational(Pass& p, std::size_t op_index) {
+    // Before user code runs: a strong reference to every relational source read so far by the
+    // pass (its fetch op comes before this residue), so that the relation is decided on the
+    // objects the check read, which user code can neither free nor replace at the same
+    // address. Sources inside residue subtrees are recorded by the walk itself (record_members).
+    if (rel_scratch_ == nullptr) return;
+    for (std::size_t s = 0; s < rel_fetch_op_.size(); ++s) {
+        if (rel_scratch_[s] == nullptr && rel_fetch_op_[s] < op_index)
+            rel_scratch_[s] = Py_NewRef(p.r[rel_nodes_[s]]);
+    }
+}
+
+void GuardSet::relational_after_residues(Pass& p) {
+    // Sources read after the last residue are still borrowed and valid (no user code since):
+    // take them too, then decide every relational guard from the slots, as the walk does.
+    for (std::size_t s = 0; s < rel_fetch_op_.size(); ++s) {
+        if (rel_scratch_[s] == nullptr) rel_scratch_[s] = Py_NewRef(p.r[rel_nodes_[s]]);
+    }
+    if (eval_relational(rel_scratch_) != 1) p.result = 0;
+}
+
+bool GuardSet::after_residue(Pass& p, int rr) {
+    p.ran_user_code = true;
+    if (rr != 1) {
+        p.result = rr;
+        return false;
+    }
+    if (state_->invalid) {  // before any later identity comparison
+        p.result = 0;
+        return false;
+    }
+    return true;
+}
+
+void GuardSet::decide_shape_in_pass(Pass& p, core::shape::ShapeFrame& frame) {
+    if (!p.ran_user_code) {
+        // Nothing ran: only a sure pass is taken here. A failing relation, an int64 overflow or
+        // (a bug) an unread symbol leaves the check to the walk, which re-reads every symbol and
+        // decides exactly, counting the failure, on the same objects.
+        if (!all_symbols_read(frame) || core::shape::run_fast(program_.shape, frame) != core::shape::kShapePass)
+            p.result = kUndecided;
+        return;
+    }
+    // A residue ran user code: the walk cannot start over (user code would run twice). The
+    // symbols were copied into the frame as read, so decide here, exactly, as the walk would.
+    p.result = decide_shape(frame);
+}
+
+void GuardSet::fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos) {
+    // A claim made optimistically at this node's fetch or stamp did not hold up.
+    nodes_[ni].memo_parent_tag = 0;
+    nodes_[ni].memo_tag = 0;
+    if (!p.ran_user_code) {
+        p.result = kUndecided;  // nothing ran: the walk decides, on the same objects
+        return;
+    }
+    p.result = 0;
+    if (guard_pos != ~0U) {
+        const NodeRt& n = nodes_[ni];
+        if (active_ == 1 && core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin,
+                                                 guard_pos) != guard_pos)
+            ++order_changes_;
+    }
+    record_path_failure(ni);
+}
+
+std::size_t GuardSet::slow_subtree(Pass& p, const FastOp& op) {
+    p.slow_guards += nodes_[op.node].subtree_guards;
+    if (!p.allow_user_code) {
+        p.result = kUndecided;
+        return fast_ops_.size() - 1;  // the End op
+    }
+    int rr;
+    const bool is_root = program_.nodes[op.node].is_root;
+    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
+    hold_path(p, is_root ? ~0U : op.parent);
+    {
+        const UserCodeWindow window;
+        rr = is_root ? eval_root(op.pos, p.locals) : eval_child(op.parent, op.pos, p.r[op.parent]);
+    }
+    if (!after_residue(p, rr)) {
+        if (rr == 0 && !is_root) record_path_failure(op.parent);
+        return fast_ops_.size() - 1;  // the End op
+    }
+    return op.skip;
+}
+
+bool GuardSet::slow_guard(Pass& p, const FastOp& op) {
+    ++p.slow_guards;
+    if (!p.allow_user_code) {
+        p.result = kUndecided;
+        return false;
+    }
+    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
+    hold_path(p, op.node);
+    // Evaluated with user code: no claim on this node's state may stand on it.
+    nodes_[op.node].memo_tag = 0;
+    nodes_[op.node].memo_parent_tag = 0;
+    int rr;
+    {
+        const UserCodeWindow window;
+        rr = eval_guard_at(op.node, op.pos, p.r[op.node]);
+    }
+    if (!after_residue(p, rr)) {
+        if (rr == 0) record_path_failure(op.node);
+        return false;
+    }
+    return true;
+}
+
+bool GuardSet::slow_ambient(Pass& p, const FastOp& op) {
+    ++p.slow_guards;
+    if (!p.allow_user_code) {
+        p.result = kUndecided;
+        return false;
+    }
+    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
+    hold_path(p, ~0U);
+    int rr;
+    {
+        const UserCodeWindow window;
+        rr = eval_ambient(op.pos, op.pos + 1, p.locals);
+    }
+    return after_residue(p, rr);
+}
+
+int GuardSet::fast_pass(const Locals& locals, bool allow_user_code) {
+    return allow_user_code ? run_program<true>(locals) : run_program<false>(locals);
+}
+
+// One instantiation per mode: without user code (check_without_user_code) no residue can run,
+// so the bookkeeping for residues (active_, held references) compiles away.
+template <bool kUserCode>
+int GuardSet::run_program(const Locals& locals) {
+    using Code = FastOp::Code;
+    const RegisterFile file(nodes_.size());
+    // Version tags read by Stamp ops in this check, per node (slot n_nodes: the globals dict);
+    // 0: no usable tag. Cleared along the path whenever a residue runs (user code may mutate the
+    // dicts), so a claim is only made or used with no user code between the tag read and it.
+    Pass ps{locals, file.values(), file.tags(), {}, kUserCode};
+    PyObject** const r = ps.r;
+    std::uint64_t* const tags = ps.tags;
+    const std::size_t globals_slot = nodes_.size();
+    std::uint32_t skipped = 0;  // guards the skip proved without evaluating them
+    // This run's SHAPE symbols, current for the run: residue subtrees (the walk's code) store
+    // theirs here too. Destroyed in reverse order: the scope is left before the frame dies.
+    std::optional<core::shape::ShapeFrame> shape_frame;
+    std::optional<ShapeScope> shape_scope;
+    if (!program_.shape.empty()) {
+        shape_frame.emplace(program_.shape);
+        shape_scope.emplace(&*shape_frame);
+    }
+    core::shape::ShapeFrame* const sf = shape_frame ? &*shape_frame : nullptr;
+    // Relational slots (strong references) are only needed once a residue may run user code:
+    // the set's own, or fresh ones for a check nested in user code run by another check.
+    PyObject** const outer_scratch = rel_scratch_;
+    std::vector<PyObject*> nested_slots;
+    if constexpr (kUserCode) {
+        ++active_;
+        if (!rel_slots_.empty()) {
+            if (active_ == 1) {
+                rel_scratch_ = rel_slots_.data();
+            } else {
+                nested_slots.assign(rel_slots_.size(), nullptr);
+                rel_scratch_ = nested_slots.data();
+            }
+        }
+    }
+    {
+        const NoUserCodeRegion region("the fast pass");
+        const FastOp* const ops = fast_ops_.data();
+        // Local copies: stores through the registers could alias the members for the compiler.
+        NodeRt* const nodes = nodes_.data();
+        const RuntimeGuard* const guards = guards_.data();
+        const std::size_t n_ops = fast_ops_.size() - 1;  // without the End op
+        // The skip (docs/cpp.md, "Skipping unchanged subtrees"). A fetch whose parent's dict is in
+        // the state of this node's claim reads the claimed value: the same live object (the dict
+        // holds it), on which the identity-implied guards that follow held.
+        auto settled = [nodes, r, tags, &skipped](const FastOp& op) {
+            if (!op.settle) return false;
+            const std::uint64_t t = tags[op.parent];
+            NodeRt& n = nodes[op.node];
+            if (t == 0 || t != n.memo_parent_tag) return false;
+            r[op.node] = n.memo_value;
+            skipped += op.jumped;
+            return true;
+        };
+        // After a fetch from the dict the tag was read from, with no user code since: claim the
+        // value. Made before the identity-implied guards run; fail() withdraws it if one fails.
+        auto claim = [nodes, tags](const FastOp& op, PyObject* v) {
+            if (!op.settle) return;
+            const std::uint64_t t = tags[op.parent];
+            if (t == 0) return;
+            NodeRt& n = nodes[op.node];
+            n.memo_parent_tag = t;
+            n.memo_value = v;
+        };
+        // The program ends with an End op: no bounds check per op. `next` is the op to run next.
+        const FastOp* const end = ops + n_ops;
+        // Direct threading: each op's code ends by jumping straight to the next op's (one
+        // indirect jump per op, no loop counter); `break` inside an op's do/while leaves it.
+#define TW_DISPATCH() \
+    goto* kDispatch[static_cast<std::size_t>(opp->code)]  // NOLINT(bugprone-macro-parentheses)
+        static void* const kDispatch[] = {
+            &&op_LoadLocal,     &&op_LoadGlobal,  &&op_LoadClosure,   &&op_FetchAttr,   &&op_FetchItem,
+            &&op_FetchDictItem, &&op_FetchDict,   &&op_FetchFunction, &&op_FetchPure,   &&op_TypeIs,
+            &&op_IdIs,          &&op_IsNone,      &&op_IsNotNone,     &&op_IsTrue,      &&op_IsFalse,
+            &&op_Equals,        &&op_DictKeys,    &&op_DictContains,  &&op_LengthExact, &&op_DictVersion,
+            &&op_WeakrefAlive,  &&op_CodeIs,      &&op_BuiltinProbe,  &&op_Stamp,       &&op_StampGlobals,
+            &&op_SlowGuard,     &&op_SlowAmbient, &&op_Symbol,        &&op_TensorProp,  &&op_TensorMatch,
+            &&op_ArrayMatch,    &&op_DimensionMarking, &&op_Relational, &&op_End};
+        static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
+                      "one entry per FastOp::Code, in order");
+        const FastOp* opp = ops;
+        const FastOp* next = ops;
+        TW_DISPATCH();
+    op_LoadLocal:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            NodeRt& n = nodes[op.node];
+            PyObject* v;
+            if (locals.is_arguments()) {
+                if constexpr (kUserCode) {
                     v = locals.argument(n.root.name, &n.root.slot);
                 } else {
-                    if (!PyDict_Check(locals.mapping)) return 0;
-                    v = pure_dict_get(locals.mapping, n.root.name, &n.root.hint);
+                    v = locals.argument_hot(n.root.name, &n.root.slot);
                 }
-                if (v == nullptr) return 0;
-                r[op.node] = v;
+            } else {
+                if (!PyDict_Check(locals.mapping)) {
+                    next = ops + slow_subtree(ps, op);  // a mapping's __getitem__ is user code
+                    break;
+                }
+                v = pure_dict_get(locals.mapping, n.root.name, &n.root.hint);
+            }
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
                 break;
             }
-            case FastOp::Code::LoadGlobal: {
-                NodeRt& n = nodes_[op.node];
-                if (!globals_) return 0;
-                PyObject* v = pure_dict_get(globals_.get(), n.root.name, &n.root.hint);
-                if (v == nullptr) return 0;
-                r[op.node] = v;
+            r[op.node] = v;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_LoadGlobal:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) {
+                next = ops + op.jump;
                 break;
             }
-            case FastOp::Code::LoadClosure: {
-                const NodeRt& n = nodes_[op.node];
-                if (n.root.cell == nullptr || PyCell_GET(n.root.cell) == nullptr) return 0;
-                r[op.node] = PyCell_GET(n.root.cell);
+            NodeRt& n = nodes[op.node];
+            PyObject* v = globals_ ? pure_dict_get(globals_.get(), n.root.name, &n.root.hint) : nullptr;
+            if (v == nullptr) {
+                if (globals_ && !dict_has_only_str_keys(globals_.get())) {
+                    next = ops + slow_subtree(ps, op);  // a user-typed key in the globals: CPython's lookup
+                } else {
+                    fail(ps, op.node, ~0U);
+                    next = end;
+                }
                 break;
             }
-            case FastOp::Code::FetchAttr: {
-                NodeRt& n = nodes_[op.node];
-                PyObject* p = r[op.parent];
-                PyTypeObject* tp = Py_TYPE(p);
-                AttrCache& ic = n.step.cache;
-                // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop into
-                // one that costs 2-12% more instructions per check on bench/ W1-W3 (callgrind).
-                if (ic.type != tp || ic.version == 0 || ic.version != type_version(tp)) return 0;
-                PyObject* v = nullptr;
+            r[op.node] = v;
+            claim(op, v);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_LoadClosure:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            const NodeRt& n = nodes[op.node];
+            if (n.root.cell == nullptr || PyCell_GET(n.root.cell) == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = PyCell_GET(n.root.cell);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchAttr:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) {
+                next = ops + op.jump;
+                break;
+            }
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            PyTypeObject* tp = Py_TYPE(p);
+            AttrCache& ic = n.step.cache;
+            // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop
+            // into one that costs 2-12% more instructions per check (callgrind).
+            PyObject* v = nullptr;
+            if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
                 if (ic.mode == AttrCache::Mode::InstanceDict) {
                     v = instance_attr_hinted(p, n.step.operand, &ic.hint);
                 } else if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p)) {
                     v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                } else if (ic.mode == AttrCache::Mode::FunctionField) {
+                    v = function_field(p, n.step.operand);
                 }
-                if (v == nullptr) return 0;
-                r[op.node] = v;
+            }
+            if (v == nullptr) {
+                // A stale cache, a class attribute, a property, __getattr__, a slot, or
+                // missing: the walk's fetch decides (and refills the cache).
+                next = ops + slow_subtree(ps, op);
                 break;
             }
-            case FastOp::Code::FetchItem: {
-                NodeRt& n = nodes_[op.node];
-                PyObject* p = r[op.parent];
-                PyObject* key = n.step.operand;
-                PyObject* v = nullptr;
-                if (PyDict_CheckExact(p)) {
-                    // The hint matches keys by identity: no __eq__ of any key runs.
-                    v = pure_dict_get(p, key, &n.step.cache.hint);
-                } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
-                    Py_ssize_t i = n.step.index;  // the key, converted once at build
-                    const Py_ssize_t size = Py_SIZE(p);
-                    if (i < 0) i += size;
-                    if (i < 0 || i >= size) return 0;
-                    v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, i) : PyTuple_GET_ITEM(p, i);
+            r[op.node] = v;
+            claim(op, v);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchItem:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) {
+                next = ops + op.jump;
+                break;
+            }
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            PyObject* key = n.step.operand;
+            PyObject* v = nullptr;
+            if (PyDict_CheckExact(p)) {
+                // The hint matches keys by identity: no __eq__ of any key runs.
+                if (pure_dict_find(p, key, &n.step.cache.hint, &v) < 0) {
+                    next = ops + slow_subtree(ps, op);  // a key or a table of a user type: CPython's lookup
+                    break;
                 }
-                if (v == nullptr) return 0;
-                r[op.node] = v;
+            } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
+                Py_ssize_t k = n.step.index;  // the key, converted once at build
+                const Py_ssize_t size = Py_SIZE(p);
+                if (k < 0) k += size;
+                if (k >= 0 && k < size)
+                    v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
+            } else {
+                next = ops + slow_subtree(ps, op);  // __getitem__ of another type
                 break;
             }
-            case FastOp::Code::FetchDictItem: {
-                NodeRt& n = nodes_[op.node];
-                PyObject* p = r[op.parent];
-                if (!PyDict_Check(p)) return 0;
-                PyObject* v = pure_dict_get(p, n.step.operand, &n.step.cache.hint);
-                if (v == nullptr) return 0;
-                r[op.node] = v;
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
                 break;
             }
-            case FastOp::Code::FetchDict: {
-                PyObject* p = r[op.parent];
-                // Only a type the walk has seen with the standard `__dict__` (and not a class,
-                // whose `__dict__` is not an instance dict).
-                const AttrCache& ic = nodes_[op.node].step.cache;
-                if (!attr_cache_valid(ic, Py_TYPE(p)) || ic.mode != AttrCache::Mode::InstanceDict ||
-                    PyType_Check(p))
-                    return 0;
-                PyObject* d = existing_instance_dict(p);
-                if (d == nullptr || !PyDict_CheckExact(d)) return 0;
-                r[op.node] = d;
+            r[op.node] = v;
+            claim(op, v);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchDictItem:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) {
+                next = ops + op.jump;
                 break;
             }
-            case FastOp::Code::FetchPure: {
-                // Steps that never run user code nor allocate (type, weakref target, dict key
-                // or value by position). An owned result would need a reference we do not keep.
-                Fetched f = fetch_step(nodes_[op.node].step, r[op.parent]);
-                if (f.status != FetchStatus::Ok || f.owned) {
-                    if (f.owned) Py_DECREF(f.value);
-                    if (f.status == FetchStatus::Error) PyErr_Clear();
-                    return 0;
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            PyObject* v = nullptr;
+            if (PyDict_Check(p) && pure_dict_find(p, n.step.operand, &n.step.cache.hint, &v) < 0) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            claim(op, v);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchDict:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* p = r[op.parent];
+            // Only a type the walk has seen with the standard `__dict__` (and not a
+            // class, whose `__dict__` is not an instance dict).
+            const AttrCache& ic = nodes[op.node].step.cache;
+            PyObject* d = nullptr;
+            if (attr_cache_valid(ic, Py_TYPE(p)) && ic.mode == AttrCache::Mode::InstanceDict &&
+                !PyType_Check(p)) {
+                d = existing_instance_dict(p);
+            }
+            if (d == nullptr || !PyDict_CheckExact(d)) {
+                next = ops + slow_subtree(ps, op);  // not created yet, or an unusual type: the walk decides
+                break;
+            }
+            r[op.node] = d;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchFunction:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // A function's own fields (the interpreter's structure, borrowed); anything
+            // else that answers to `__code__` & co. runs its own getattr.
+            PyObject* p = r[op.parent];
+            NodeRt& n = nodes[op.node];
+            PyObject* kw = PyFunction_Check(p) ? PyFunction_GET_KW_DEFAULTS(p) : nullptr;
+            if (!PyFunction_Check(p) ||
+                (n.step.kind == core::StepKind::KwDefaults &&
+                 (kw == nullptr || !PyDict_Check(kw) || !dict_has_only_str_keys(kw)))) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            Fetched f = fetch_step(n.step, p);
+            if (f.status != FetchStatus::Ok || f.owned) {
+                if (f.owned) Py_DECREF(f.value);  // never for functions: borrowed fields
+                if (f.status == FetchStatus::Error) PyErr_Clear();
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = f.value;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchPure:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // Steps that never run user code nor allocate (type, weakref target, dict key
+            // or value by position). An owned result would need a reference we do not keep.
+            if (settled(op)) {
+                next = ops + op.jump;
+                break;
+            }
+            Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
+            if (f.status != FetchStatus::Ok || f.owned) {
+                if (f.owned) Py_DECREF(f.value);
+                if (f.status == FetchStatus::Error) PyErr_Clear();
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = f.value;
+            claim(op, f.value);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_TypeIs:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) != op.a) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IdIs:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] != op.a) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IsNone:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] != Py_None) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IsNotNone:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] == Py_None) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IsTrue:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] != Py_True) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_IsFalse:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (r[op.node] != Py_False) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_Equals:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            if (v == op.a) break;  // the constant itself (NaN included, by the catalogue's rule)
+            if (Py_TYPE(v) != Py_TYPE(op.a)) goto failed;
+            // Structural and type-exact on built-in constants: no user __eq__ runs.
+            const int m = equals_match(v, op.a);
+            if (m != 1) {
+                if (m < 0) PyErr_Clear();
+                goto failed;
+            }
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_DictKeys:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            PyObject* keys = guards[op.guard].b;
+            if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) goto failed;
+            if (dict_keys_identical(v, keys) == 1) break;  // the same key objects, in order
+            if (!dict_keys_in_place(guards[op.guard], v)) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_DictContains:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            if (!PyDict_Check(v)) goto failed;
+            const int m = pure_dict_contains(v, op.a);
+            if (m < 0) {
+                if (!slow_guard(ps, op)) next = end;  // a key of a user type: its __eq__/__hash__
+                break;
+            }
+            if ((m == 1) != guards[op.guard].flag) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_LengthExact:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            Py_ssize_t n = 0;
+            if (!builtin_length(r[op.node], n)) {
+                if (!slow_guard(ps, op)) next = end;  // a user __len__
+                break;
+            }
+            if (n != guards[op.guard].n) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_CodeIs:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            if (!PyFunction_Check(v)) {
+                if (!slow_guard(ps, op)) next = end;  // `__code__` of another type: its getattr
+                break;
+            }
+            if (PyFunction_GET_CODE(v) != op.a) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_DictVersion:
+    op_WeakrefAlive:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            const int m = eval_guard(guards[op.guard], r[op.node]);
+            if (m != 1) {
+                if (m < 0) PyErr_Clear();
+                goto failed;
+            }
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_BuiltinProbe:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // Not holding, or not decidable natively: the walk's code decides in place.
+            if (!probe_holds(guards[op.guard]) && !slow_ambient(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_Stamp:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? PyModule_GetDict(v) : nullptr;
+            const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
+            tags[op.node] = t;
+            if (t == 0) break;
+            NodeRt& n = nodes[op.node];
+            if (t == n.memo_tag) {
+                skipped += op.jumped;  // this state was proved: its state-implied guards hold
+                next = ops + op.jump;
+                break;
+            }
+            // Claimed before the state-implied guards run; a failing one (fail()) or one
+            // evaluated with user code (slow_guard) withdraws it.
+            n.memo_tag = t;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_StampGlobals:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            tags[globals_slot] = dict_tag(globals_.get());
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SlowGuard:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (!slow_guard(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SlowAmbient:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (!slow_ambient(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_Symbol:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // Copied by value into the frame (nothing borrowed is kept); a value of another type
+            // fails the relations that read it, so the check (as in the walk).
+            if (!store_symbol(*sf, op.guard, nodes[op.node].symbol_type, r[op.node])) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_TensorProp:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // The C-level reader answers for the exact types whose methods it reproduces, without
+            // running or allocating anything; anything else (no reader, a subclass, a missing
+            // dimension, a node with guards or children) is a residue subtree: the walk's fetch.
+            const TensorPropertyReader read = tensor_property_reader();
+            const RuntimeStep& step = nodes[op.node].step;
+            std::int64_t value = 0;
+            if (op.guard == core::kNoSymbol || read == nullptr ||
+                read(r[op.parent], step.kind, step.index, &value) != PropertyRead::Value) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            sf->set_int(op.guard, value);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_TensorMatch:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // Not decided without user code (not the adapter's tensor, a mismatch): the walk's
+            // code decides in place, which also names the failure.
+            if (!tensor_match_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_ArrayMatch:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (!array_match_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_DimensionMarking:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (!dimension_marking_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_Relational:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if constexpr (kUserCode) {
+                if (ps.ran_user_code) {
+                    // A residue ran user code: registers read before it may be dead (and their
+                    // addresses reused). Decide every relational guard from the strong references
+                    // taken before each residue and by the walk (relational_after_residues).
+                    relational_after_residues(ps);
+                    next = end;  // every relational guard is decided there
+                    break;
                 }
-                r[op.node] = f.value;
-                break;
             }
-            case FastOp::Code::TypeIs:
-                if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) != op.a) return 0;
-                break;
-            case FastOp::Code::IdIs:
-                if (r[op.node] != op.a) return 0;
-                break;
-            case FastOp::Code::IsNone:
-                if (r[op.node] != Py_None) return 0;
-                break;
-            case FastOp::Code::IsNotNone:
-                if (r[op.node] == Py_None) return 0;
-                break;
-            case FastOp::Code::IsTrue:
-                if (r[op.node] != Py_True) return 0;
-                break;
-            case FastOp::Code::IsFalse:
-                if (r[op.node] != Py_False) return 0;
-                break;
-            case FastOp::Code::Equals: {
-                PyObject* v = r[op.node];
-                if (v == op.a) break;  // the constant itself (NaN included, by the catalogue's rule)
-                if (Py_TYPE(v) != Py_TYPE(op.a)) return 0;
-                // Structural and type-exact on built-in constants: no user __eq__ runs.
-                const int m = equals_match(v, op.a);
-                if (m != 1) {
-                    if (m < 0) PyErr_Clear();
-                    return 0;
-                }
-                break;
-            }
-            case FastOp::Code::DictKeys: {
-                PyObject* v = r[op.node];
-                PyObject* keys = guards_[op.guard].b;
-                if (!PyDict_Check(v) || PyDict_GET_SIZE(v) != PyTuple_GET_SIZE(keys)) return 0;
-                if (dict_keys_identical(v, keys) == 1) break;  // the same key objects, in order
-                if (!dict_keys_in_place(guards_[op.guard], v)) return 0;
-                break;
-            }
-            case FastOp::Code::DictContains: {
-                // An exact str key in a table of exact str keys: string comparisons only.
-                PyObject* v = r[op.node];
-                if (!PyDict_Check(v) || !dict_has_only_str_keys(v)) return 0;
-                const int m = PyDict_Contains(v, op.a);
-                if (m < 0) {
-                    PyErr_Clear();
-                    return 0;
-                }
-                if ((m == 1) != guards_[op.guard].flag) return 0;
-                break;
-            }
-            case FastOp::Code::LengthExact: {
-                Py_ssize_t n = 0;
-                if (!builtin_length(r[op.node], n) || n != guards_[op.guard].n) return 0;
-                break;
-            }
-            case FastOp::Code::DictVersion:
-            case FastOp::Code::WeakrefAlive: {
-                const int m = eval_guard(guards_[op.guard], r[op.node]);
-                if (m != 1) {
-                    if (m < 0) PyErr_Clear();
-                    return 0;
-                }
-                break;
-            }
-            case FastOp::Code::Symbol:
-                if (!store_symbol(*frame, op.guard, nodes_[op.node].symbol_type, r[op.node])) return 0;
-                break;
-            case FastOp::Code::TensorProp: {
-                // Read without a Python call for the types the reader knows exactly; anything else
-                // (no reader, a subclass, an overridden size()) is decided by the walk.
-                const TensorPropertyReader read = tensor_property_reader();
-                const RuntimeStep& step = nodes_[op.node].step;
-                std::int64_t value = 0;
-                if (read == nullptr ||
-                    read(r[op.parent], step.kind, step.index, &value) != PropertyRead::Value)
-                    return 0;
-                frame->set_int(op.guard, value);
-                break;
-            }
-            case FastOp::Code::TensorMatch:
-                if (!tensor_match_pure(guards_[op.guard], r[op.node])) return 0;
-                break;
-            case FastOp::Code::ArrayMatch:
-                if (!array_match_pure(guards_[op.guard], r[op.node])) return 0;
-                break;
-            case FastOp::Code::DimensionMarking:
-                if (!dimension_marking_pure(guards_[op.guard], r[op.node])) return 0;
-                break;
-            case FastOp::Code::Probe:
-                if (!probe_holds(guards_[op.guard])) return 0;
-                break;
-            case FastOp::Code::Relational: {
-                const std::uint32_t base = rel_base_[op.guard];
-                const std::size_t n = program_.guards[op.guard].more_sources.size() + 1;
-                if (!relation_in_registers(guards_[op.guard], r, rel_nodes_.data() + base, n)) return 0;
-                break;
-            }
-            default: __builtin_unreachable();  // every code is handled above: no range check
-        }
+            const std::uint32_t base = rel_base_[op.guard];
+            const std::size_t n = program_.guards[op.guard].more_sources.size() + 1;
+            if (!relation_in_registers(guards[op.guard], r, rel_nodes_.data() + base, n)) goto failed;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_End:
+        // Every symbol was read (no jump passes over a Symbol or TensorProp op): the relations.
+        if (sf != nullptr && ps.result == 1) decide_shape_in_pass(ps, *sf);
+        goto done;
+    failed:
+        fail(ps, opp->node, opp->pos);
+#undef TW_DISPATCH
+    done:;
     }
-    if (frame && core::shape::run_fast(program_.shape, *frame) != core::shape::kShapePass) return 0;
-    return 1;
+    int result = ps.result;
+    if constexpr (kUserCode) {
+        // Outside the region: dropping the references may run finalizers, which may kill an
+        // object the set names by identity. Slots are released while this check still counts
+        // as active, so that a finalizer that checks this set again gets slots of its own.
+        if (!rel_slots_.empty()) {
+            for (std::size_t i = 0; i < rel_slots_.size(); ++i) {
+                PyObject* o = rel_scratch_[i];
+                rel_scratch_[i] = nullptr;
+                Py_XDECREF(o);
+            }
+            rel_scratch_ = outer_scratch;
+        }
+        --active_;
+        for (PyObject* o : ps.held) Py_DECREF(o);
+    }
+    if (result == 1 && state_->invalid) result = 0;
+    if (result == kUndecided) return result;
+    ++stats_.checks;
+    if (result == 1) {
+        ++stats_.passes;
+        ++(ps.ran_user_code ? stats_.residue_passes : stats_.fast_passes);
+        stats_.last_slow_guards = ps.slow_guards;
+        stats_.last_skipped_guards = skipped;
+    }
+    return result;
 }
 
 }  // namespace tripwire::runtime

@@ -83,6 +83,29 @@ bool mro_lookup(PyTypeObject* tp, PyObject* name, PyObject** out) {
     return true;
 }
 
+// The fields of a function object that getattr reads through the interpreter's own data
+// descriptors on the (immutable) function type, so that an instance attribute of the same name
+// can never shadow them.
+enum class FunctionFieldKind : std::uint8_t { None, Code, Defaults, KwDefaults, Closure, Globals };
+
+FunctionFieldKind function_field_of(PyObject* name) {
+    static PyObject* const names[] = {
+        PyUnicode_InternFromString("__code__"), PyUnicode_InternFromString("__defaults__"),
+        PyUnicode_InternFromString("__kwdefaults__"), PyUnicode_InternFromString("__closure__"),
+        PyUnicode_InternFromString("__globals__")};
+    static const FunctionFieldKind kinds[] = {FunctionFieldKind::Code, FunctionFieldKind::Defaults,
+                                              FunctionFieldKind::KwDefaults, FunctionFieldKind::Closure,
+                                              FunctionFieldKind::Globals};
+    for (std::size_t i = 0; i < 5; ++i) {
+        if (name == names[i]) return kinds[i];
+    }
+    if (!PyUnicode_CheckExact(name)) return FunctionFieldKind::None;
+    for (std::size_t i = 0; i < 5; ++i) {
+        if (names[i] != nullptr && PyUnicode_Compare(name, names[i]) == 0) return kinds[i];
+    }
+    return FunctionFieldKind::None;
+}
+
 // Whether getattr on instances of tp finds instance-dict entries exactly as
 // object.__getattribute__ does. True for PyObject_GenericGetAttr, and for heap types whose only
 // override is __getattr__ (nn.Module-style): CPython then installs a hook that calls
@@ -100,14 +123,18 @@ bool uses_generic_getattribute(PyTypeObject* tp) {
 
 // How getattr(instance of tp, name) may be read, decided without running user code.
 AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name) {
-    PyObject* descr = nullptr;
+    if (tp == &PyFunction_Type && function_field_of(name) != FunctionFieldKind::None)
+        return AttrCache::Mode::FunctionField;
     if (tp == &PyModule_Type) {
-        // Module attributes live in the module dict unless ModuleType (an immutable type) or
-        // object defines the name (__dict__, __class__, __doc__...): those take the generic path.
-        // Names such as torch's `_global_forward_hooks` are plain module-dict entries.
-        return mro_lookup(tp, name, &descr) && descr == nullptr ? AttrCache::Mode::Module
-                                                                : AttrCache::Mode::Generic;
+        // Module attributes live in the module dict, unless ModuleType (or object) defines the
+        // name (its data descriptors, `__dict__`, `__class__`, ...: all dunder names), which we
+        // leave to the generic path. ModuleType is immutable: decided once. Names such as torch's
+        // `_global_forward_hooks` are plain module-dict entries.
+        PyObject* descr = nullptr;
+        return mro_lookup(&PyModule_Type, name, &descr) && descr == nullptr ? AttrCache::Mode::Module
+                                                                            : AttrCache::Mode::Generic;
     }
+    PyObject* descr = nullptr;
     if (!uses_generic_getattribute(tp) || tp->tp_dictoffset == 0 || !mro_lookup(tp, name, &descr))
         return AttrCache::Mode::Generic;
     // A data descriptor (property, slot, __dict__) on the type wins over the instance dict.
@@ -182,6 +209,9 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
             }
             break;  // class attribute, non-data descriptor, __getattr__: generic path
         }
+        case AttrCache::Mode::FunctionField:
+            if (PyObject* v = function_field(obj, name)) return ok_borrowed(v);
+            break;
         case AttrCache::Mode::Module: {
             PyObject* d = PyModule_GetDict(obj);
             if (PyObject* hv = dict_get_hinted(d, name, &c.hint)) return ok_borrowed(hv);
@@ -193,6 +223,20 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
         default: break;
     }
     return generic_getattr(obj, name);
+}
+
+PyObject* function_field(PyObject* fn, PyObject* name) {
+    if (!PyFunction_Check(fn)) return nullptr;
+    PyObject* v = nullptr;
+    switch (function_field_of(name)) {
+        case FunctionFieldKind::Code: v = PyFunction_GET_CODE(fn); break;
+        case FunctionFieldKind::Defaults: v = PyFunction_GET_DEFAULTS(fn); break;
+        case FunctionFieldKind::KwDefaults: v = PyFunction_GET_KW_DEFAULTS(fn); break;
+        case FunctionFieldKind::Closure: v = PyFunction_GET_CLOSURE(fn); break;
+        case FunctionFieldKind::Globals: v = PyFunction_GET_GLOBALS(fn); break;
+        case FunctionFieldKind::None: return nullptr;
+    }
+    return v != nullptr ? v : Py_None;  // the getters answer None for an unset optional field
 }
 
 bool attribute_certainly_absent(AttrCache& c, PyObject* obj, PyObject* name) {

@@ -34,10 +34,11 @@ struct Fetched {
 /// the value of an instance attribute.
 struct AttrCache {
     enum class Mode : std::uint8_t {
-        Unset,         ///< not filled yet (or invalidated; or undecidable without user code)
-        InstanceDict,  ///< generic getattr, no data descriptor: look in the instance dict first
-        Module,        ///< exact module: look in the module dict first
-        Generic,       ///< anything else: PyObject_GetAttr
+        Unset,          ///< not filled yet (or invalidated; or undecidable without user code)
+        InstanceDict,   ///< generic getattr, no data descriptor: look in the instance dict first
+        Module,         ///< exact module: look in the module dict first
+        FunctionField,  ///< exact function, a field its type exposes (`__defaults__`, `__code__`, ...)
+        Generic,        ///< anything else: PyObject_GetAttr
     };
     PyTypeObject* type = nullptr;
     unsigned int version = 0;
@@ -111,6 +112,10 @@ inline bool attr_cache_valid(const AttrCache& c, PyTypeObject* tp) {
 /// no error, so it may run where references are borrowed.
 PyObject* existing_instance_dict(PyObject* obj);
 
+/// The field `name` (`__code__`, `__defaults__`, `__kwdefaults__`, `__closure__`, `__globals__`,
+/// `__dict__`-free reads of the function object) of exact function `fn`, borrowed, as getattr
+/// returns it (None for an unset optional field); null for other names. No user code.
+PyObject* function_field(PyObject* fn, PyObject* name);
 /// Whether getattr(obj, name) certainly finds nothing, decided without user code: instances of
 /// obj's type use object.__getattribute__ itself (no __getattr__), no class of its MRO defines
 /// `name` (both cached in `c` under the type's version tag), and obj's own storage lacks it

@@ -191,6 +191,7 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
             return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
         }
         case GuardKind::DictVersion:
+            // Stamp 0 (a dict that cannot be versioned) never matches: dict_version_match.
             return dict_version_match(v, static_cast<std::uint64_t>(g.n), g.watch) ? 1 : 0;
         case GuardKind::TupleIteratorLen: {
             if (Py_TYPE(v) != &PyTupleIter_Type) return 0;
@@ -262,6 +263,9 @@ bool init_dict_stamps() {
 }
 
 std::uint64_t dict_stamp(PyObject* d) {
+    // 3.13: a dict embedded in its object (materialised over the inline values) sees attribute
+    // stores only through the values: no watcher event fires. It cannot be versioned.
+    if (dict_embedded(d)) return 0;
     auto it = g_stamps->find(d);
     if (it != g_stamps->end()) return it->second.stamp;
     if (PyDict_Watch(g_watcher_id, d) < 0) {
@@ -274,8 +278,12 @@ std::uint64_t dict_stamp(PyObject* d) {
 }
 
 bool dict_version_match(PyObject* v, std::uint64_t stamp, DictWatch* watch) {
+    // Armed: `v` is the dict it passed on, unchanged and alive (any event, its deallocation
+    // included, sets `dirty`), so the stamp it passed with still holds.
     if (watch != nullptr && v == watch->dict) return !watch->dirty;
-    if (!PyDict_CheckExact(v) || dict_stamp(v) != stamp) return false;
+    if (!PyDict_CheckExact(v)) return false;
+    const std::uint64_t s = dict_stamp(v);  // 0: cannot be versioned (3.13 embedded), never holds
+    if (s == 0 || s != stamp) return false;
     if (watch != nullptr) {
         // Passed by its stamp: arm the flag on this dict (moving it from the dict it was armed on).
         if (watch->dict != nullptr && !watch->dirty) unregister(watch);
@@ -309,7 +317,9 @@ std::uint64_t dict_stamp(PyObject* d) {
 }
 
 bool dict_version_match(PyObject* v, std::uint64_t stamp, DictWatch*) {
-    return PyDict_CheckExact(v) && dict_stamp(v) == stamp;
+    if (!PyDict_CheckExact(v)) return false;
+    const std::uint64_t s = dict_stamp(v);
+    return s != 0 && s == stamp;
 }
 
 void release_dict_watch(DictWatch*) {}
@@ -321,8 +331,17 @@ void dict_watch_counts(std::size_t& dicts, std::size_t& armed) {
 #endif
 
 bool dict_version(PyObject* d, std::uint64_t& out) {
+    verify_dict_hints();
     if (!init_dict_stamps()) return false;
     out = dict_stamp(d);
+    if (out == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        dict_embedded(d)
+                            ? "this instance dict is embedded in its object over the object's inline values "
+                              "(CPython 3.13): attribute stores bypass it, so it cannot be versioned"
+                            : "this dict cannot be versioned (no dict watcher could be installed)");
+        return false;
+    }
     return true;
 }
 

@@ -55,6 +55,12 @@ int equals_match(PyObject* v, PyObject* c);
 /// list does not). Runs no user code.
 bool constant_depth_ok(PyObject* c);
 
+/// Whether a value that matched EQUALS_MATCH constant `c` matches it for as long as it is the
+/// same live object: `c` holds no list, set or dict at any depth (a value matching it is then
+/// built of immutable objects of exact built-in types, or is an identity-matched enum member).
+/// Runs no user code.
+bool immutable_constant(PyObject* c, int depth = 0);
+
 /// Whether `v` may be an EQUALS_MATCH constant: an exact int, float, complex, str, bytes, bool,
 /// None, Ellipsis or range, an enum member, or a tuple, list, set, frozenset, dict or slice of
 /// these, nested at most core::kMaxConstantDepth - `depth` deep. 1/0, -1 with an error set (the

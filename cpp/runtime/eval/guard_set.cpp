@@ -292,6 +292,12 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
             }
         }
     }
+    // Children come after their parents: summing in reverse gives each node its subtree's count.
+    for (std::size_t ni = program_.nodes.size(); ni-- > 0;) {
+        const core::Node& n = program_.nodes[ni];
+        nodes_[ni].subtree_guards += n.guard_end - n.guard_begin;
+        if (!n.is_root) nodes_[n.parent].subtree_guards += nodes_[ni].subtree_guards;
+    }
     for (std::uint32_t gi : program_.ambient)
         if (guards_[gi].kind == core::GuardKind::Lambda) ambient_reads_locals_ = true;
     // Relational guards: one slot per source, in guard order; the node behind each slot.
@@ -423,8 +429,41 @@ Fetched GuardSet::fetch_node(std::uint32_t ni, PyObject* parent) {
     return fetch_step(nodes_[ni].step, parent);
 }
 
-// The guards of one node. The common identity and type kinds are decided inline; the rest go
-// through eval_guard.
+// One guard of a node's range, as the walk evaluates it. The common identity and type kinds are
+// decided inline; the rest go through eval_guard. A failure is counted (adaptive order).
+inline int GuardSet::eval_guard_at(std::uint32_t ni, std::uint32_t k, PyObject* v) {
+    const RuntimeGuard& g = guards_[guard_order_[k]];
+    int r;
+    switch (g.kind) {
+        case core::GuardKind::TypeMatch: r = reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.a; break;
+        case core::GuardKind::IdMatch: r = v == g.a; break;
+        case core::GuardKind::None: r = v == Py_None; break;
+        case core::GuardKind::True: r = v == Py_True; break;
+        case core::GuardKind::False: r = v == Py_False; break;
+        case core::GuardKind::EqualsMatch:
+            // A constant held weakly (an enum member) may have been freed by user code run
+            // earlier in this walk; the set is invalid then, so fail without touching it.
+            if (state_->invalid) {
+                r = 0;
+            } else if (v == g.a) {
+                r = 1;  // the constant itself: equal (NaN included, by the catalogue's rule)
+            } else if (Py_TYPE(v) != Py_TYPE(g.a)) {
+                r = 0;
+            } else {
+                r = equals_match(v, g.a);
+            }
+            break;
+        default: r = eval_guard(g, v); break;
+    }
+    if (r == 1) return 1;
+    if (r < 0 && on_error(ni) < 0) return -1;
+    const NodeRt& n = nodes_[ni];
+    if (active_ == 1 && core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, k) != k)
+        ++order_changes_;
+    return 0;
+}
+
+// The guards of one node.
 inline int GuardSet::eval_guards(std::uint32_t ni, PyObject* v) {
     const NodeRt& n = nodes_[ni];
     // A SHAPE symbol: its value goes into this check's frame (check() set the scope); a value of
@@ -433,36 +472,8 @@ inline int GuardSet::eval_guards(std::uint32_t ni, PyObject* v) {
         !store_symbol(*ShapeScope::current()->frame, n.symbol, n.symbol_type, v))
         return 0;
     for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
-        const std::uint32_t gi = guard_order_[k];
-        const RuntimeGuard& g = guards_[gi];
-        int r;
-        switch (g.kind) {
-            case core::GuardKind::TypeMatch: r = reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.a; break;
-            case core::GuardKind::IdMatch: r = v == g.a; break;
-            case core::GuardKind::None: r = v == Py_None; break;
-            case core::GuardKind::True: r = v == Py_True; break;
-            case core::GuardKind::False: r = v == Py_False; break;
-            case core::GuardKind::EqualsMatch:
-                // A constant held weakly (an enum member) may have been freed by user code run
-                // earlier in this walk; the set is invalid then, so fail without touching it.
-                if (state_->invalid) {
-                    r = 0;
-                } else if (v == g.a) {
-                    r = 1;  // the constant itself: equal (NaN included, by the catalogue's rule)
-                } else if (Py_TYPE(v) != Py_TYPE(g.a)) {
-                    r = 0;
-                } else {
-                    r = equals_match(v, g.a);
-                }
-                break;
-            default: r = eval_guard(g, v); break;
-        }
-        if (r == 1) continue;
-        if (r < 0 && on_error(ni) < 0) return -1;
-        if (active_ == 1 &&
-            core::record_failure(guard_order_.data(), guard_fails_.data(), n.guard_begin, k) != k)
-            ++order_changes_;
-        return 0;
+        const int r = eval_guard_at(ni, k, v);
+        if (r != 1) return r;
     }
     if (n.member_begin != n.member_end) record_members(ni, v);
     return 1;
@@ -492,72 +503,139 @@ int GuardSet::eval_relational(PyObject* const* slots) {
     return 1;
 }
 
+int GuardSet::eval_child(std::uint32_t ni, std::uint32_t k, PyObject* v) {
+    const std::uint32_t ci = child_order_[k];
+    NodeRt& c = nodes_[ci];
+    Fetched f;
+    // Fast path: a plain instance attribute read through the inline cache and entry hint.
+    AttrCache& ic = c.step.cache;
+    PyObject* hv = nullptr;
+    if (c.step.kind == core::StepKind::Attr && ic.mode == AttrCache::Mode::InstanceDict &&
+        attr_cache_valid(ic, Py_TYPE(v))) {
+        hv = instance_attr_hinted(v, c.step.operand, &ic.hint);
+    }
+    if (hv != nullptr) {
+        f = {hv, false, FetchStatus::Ok};
+    } else {
+        f = fetch_step(c.step, v);
+    }
+    int r = 0;
+    if (f.status == FetchStatus::Ok) {
+        // A borrowed value stays valid only if nothing below can run user code that could
+        // drop the parent's reference to it.
+        if (!f.owned && !c.borrow_ok) {
+            Py_INCREF(f.value);
+            f.owned = true;
+        }
+        if (f.owned) {
+            r = c.child_begin == c.child_end ? eval_guards(ci, f.value) : eval_node(ci, f.value);
+            Py_DECREF(f.value);
+        } else {
+            const NoUserCodeRegion region("a borrowed subtree of the tree walk");
+            r = c.child_begin == c.child_end ? eval_guards(ci, f.value) : eval_node(ci, f.value);
+        }
+    } else if (f.status == FetchStatus::Error) {
+        r = on_error(ci);
+    }
+    if (r == 0 && active_ == 1 &&
+        core::record_failure(child_order_.data(), node_fails_.data(), nodes_[ni].child_begin, k) != k)
+        ++order_changes_;
+    return r;
+}
+
 int GuardSet::eval_node(std::uint32_t ni, PyObject* v) {
     int r = eval_guards(ni, v);
     if (r != 1) return r;
     const NodeRt& n = nodes_[ni];
     for (std::uint32_t k = n.child_begin; k < n.child_end; ++k) {
-        const std::uint32_t ci = child_order_[k];
-        NodeRt& c = nodes_[ci];
-        Fetched f;
-        // Fast path: a plain instance attribute read through the inline cache and entry hint.
-        AttrCache& ic = c.step.cache;
-        PyObject* hv = nullptr;
-        if (c.step.kind == core::StepKind::Attr && ic.mode == AttrCache::Mode::InstanceDict &&
-            attr_cache_valid(ic, Py_TYPE(v))) {
-            hv = instance_attr_hinted(v, c.step.operand, &ic.hint);
+        r = eval_child(ni, k, v);
+        if (r != 1) return r;
+    }
+    return 1;
+}
+
+int GuardSet::eval_root(std::uint32_t k, const Locals& locals) {
+    const std::uint32_t ni = root_order_[k];
+    Fetched f = fetch_root(ni, locals);
+    int r = 0;
+    if (f.status == FetchStatus::Ok) {
+        if (!f.owned && !nodes_[ni].borrow_ok) {
+            Py_INCREF(f.value);
+            f.owned = true;
         }
-        if (hv != nullptr) {
-            f = {hv, false, FetchStatus::Ok};
+        if (f.owned) {
+            r = eval_node(ni, f.value);
+            Py_DECREF(f.value);
         } else {
-            f = fetch_step(c.step, v);
+            const NoUserCodeRegion region("a borrowed subtree of the tree walk");
+            r = eval_node(ni, f.value);
         }
-        r = 0;
-        if (f.status == FetchStatus::Ok) {
-            // A borrowed value stays valid only if nothing below can run user code that could
-            // drop the parent's reference to it.
-            if (!f.owned && !c.borrow_ok) {
-                Py_INCREF(f.value);
-                f.owned = true;
-            }
-            if (f.owned) {
-                r = c.child_begin == c.child_end ? eval_guards(ci, f.value) : eval_node(ci, f.value);
-                Py_DECREF(f.value);
-            } else {
-                const NoUserCodeRegion region("a borrowed subtree of the tree walk");
-                r = c.child_begin == c.child_end ? eval_guards(ci, f.value) : eval_node(ci, f.value);
-            }
-        } else if (f.status == FetchStatus::Error) {
-            r = on_error(ci);
-        }
+    } else if (f.status == FetchStatus::Error) {
+        r = on_error(ni);
+    }
+    if (r == 0 && active_ == 1 && core::record_failure(root_order_.data(), node_fails_.data(), 0, k) != k) {
+        ++order_changes_;
+    }
+    return r;
+}
+
+int GuardSet::eval_ambient(std::size_t begin, std::size_t end, const Locals& locals) {
+    // A LAMBDA on f_locals needs a mapping: build one from bound arguments only then.
+    Ref mapping;
+    if (ambient_reads_locals_) {
+        mapping = locals.as_mapping();
+        if (!mapping) return on_error(core::kNoNode);
+    }
+    for (std::size_t k = begin; k < end; ++k) {
+        const int r = eval_guard(guards_[program_.ambient[k]], mapping ? mapping.get() : Py_None);
         if (r == 1) continue;
-        if (r == 0 && active_ == 1 &&
-            core::record_failure(child_order_.data(), node_fails_.data(), n.child_begin, k) != k)
-            ++order_changes_;
-        return r;
+        return r < 0 ? on_error(core::kNoNode) : 0;
     }
     return 1;
 }
 
 int GuardSet::check_without_user_code(const Locals& locals) {
-    if (state_->invalid || !fast_enabled_ || foreign_to(locals)) return 0;
+    if (state_->invalid || !fast_enabled_ || !fast_pass_enabled() || foreign_to(locals)) return 0;
     // Rebuilt after the tree walk reordered, so that its fail-fast order carries over.
     if (fast_built_at_ != order_changes_) build_fast_pass();
-    if (!fast_enabled_ || fast_pass(locals) != 1) return 0;
-    // The pass runs no user code, so no guarded object can have died during it; re-reading the
-    // flag keeps that a checked fact rather than an assumption (docs/cpp.md).
-    if (state_->invalid) return 0;
-    ++stats_.checks;
-    ++stats_.passes;
-    ++stats_.fast_passes;
-    return 1;
+    // Without user code the program either passes or stays undecided (it never decides a
+    // failure: that needs a residue to have run). The flag is re-read inside, after the pass.
+    return fast_pass(locals, false) == 1 ? 1 : 0;
+}
+
+bool GuardSet::all_symbols_read(const core::shape::ShapeFrame& frame) const {
+    for (std::size_t s = 0; s < program_.shape.n_symbols(); ++s)
+        if (frame.state(static_cast<std::uint32_t>(s)) == core::shape::SymbolState::Unread) return false;
+    return true;
+}
+
+int GuardSet::decide_shape(core::shape::ShapeFrame& frame) {
+    // Every symbol's source is read before the relations run (the walk visits every node of a
+    // passing check; the fast program stores each symbol outside every jump of the skip). A
+    // symbol left unread would be a bug: never a pass on it (run_fast would read a stale register).
+    if (!all_symbols_read(frame)) return 0;
+    const std::int32_t failing = core::shape::first_failing(program_.shape, frame);
+    if (failing < 0) return 1;
+    std::uint32_t& fails = relation_fails_[static_cast<std::uint32_t>(failing)];
+    if (fails != 0xFFFFFFFFu) ++fails;
+    return 0;
 }
 
 int GuardSet::check(const Locals& locals) {
-    if (check_without_user_code(locals) == 1) return 1;
     if (state_->invalid) return 0;
+    // Before the fast pass, whose residues run user code: a foreign set never passes.
+    if (foreign_to(locals)) {
+        ++stats_.checks;
+        return 0;
+    }
+    if (fast_enabled_ && fast_pass_enabled()) {
+        if (fast_built_at_ != order_changes_) build_fast_pass();
+        const int r = fast_pass(locals, true);
+        if (r != kUndecided) return r;
+        // A guard failed or a value is missing, and no user code ran: the walk decides, from
+        // the start, on the same objects.
+    }
     ++stats_.checks;
-    if (foreign_to(locals)) return 0;
     ++active_;
     int result = 1;
     // SHAPE symbols are stored by the walk into this check's own frame (see ShapeScope).
@@ -580,56 +658,10 @@ int GuardSet::check(const Locals& locals) {
             rel_scratch_ = nested_slots.data();
         }
     }
-    if (!program_.ambient.empty()) {
-        // A LAMBDA on f_locals needs a mapping: build one from bound arguments only then.
-        Ref mapping;
-        if (ambient_reads_locals_) {
-            mapping = locals.as_mapping();
-            if (!mapping) result = on_error(core::kNoNode);
-        }
-        for (std::size_t k = 0; result == 1 && k < program_.ambient.size(); ++k) {
-            int r = eval_guard(guards_[program_.ambient[k]], mapping ? mapping.get() : Py_None);
-            if (r == 1) continue;
-            result = r < 0 ? on_error(core::kNoNode) : 0;
-        }
-    }
-    for (std::size_t k = 0; result == 1 && k < root_order_.size(); ++k) {
-        const std::uint32_t ni = root_order_[k];
-        Fetched f = fetch_root(ni, locals);
-        int r = 0;
-        if (f.status == FetchStatus::Ok) {
-            if (!f.owned && !nodes_[ni].borrow_ok) {
-                Py_INCREF(f.value);
-                f.owned = true;
-            }
-            if (f.owned) {
-                r = eval_node(ni, f.value);
-                Py_DECREF(f.value);
-            } else {
-                const NoUserCodeRegion region("a borrowed subtree of the tree walk");
-                r = eval_node(ni, f.value);
-            }
-        } else if (f.status == FetchStatus::Error) {
-            r = on_error(ni);
-        }
-        if (r != 1) {
-            if (r == 0 && active_ == 1 &&
-                core::record_failure(root_order_.data(), node_fails_.data(), 0,
-                                     static_cast<std::uint32_t>(k)) != k) {
-                ++order_changes_;
-            }
-            result = r;
-        }
-    }
+    if (!program_.ambient.empty()) result = eval_ambient(0, program_.ambient.size(), locals);
+    for (std::uint32_t k = 0; result == 1 && k < root_order_.size(); ++k) result = eval_root(k, locals);
     // Every source was read and every symbol stored: the relations, once, after the walk.
-    if (result == 1 && has_shape) {
-        const std::int32_t failing = core::shape::first_failing(program_.shape, *frame);
-        if (failing >= 0) {
-            result = 0;
-            std::uint32_t& fails = relation_fails_[static_cast<std::uint32_t>(failing)];
-            if (fails != 0xFFFFFFFFu) ++fails;
-        }
-    }
+    if (result == 1 && has_shape) result = decide_shape(*frame);
     if (!rel_slots_.empty()) {
         if (result == 1) result = eval_relational(rel_scratch_);
         // Released while this check still counts as active, so that a finalizer that checks this

@@ -61,7 +61,13 @@ struct TreeRow {
 struct GuardSetStats {
     std::uint64_t checks = 0;
     std::uint64_t passes = 0;
-    std::uint64_t fast_passes = 0;  ///< passes decided by the straight-line fast pass alone
+    std::uint64_t fast_passes = 0;     ///< passes decided by the fast pass alone (no residue)
+    std::uint64_t residue_passes = 0;  ///< passes decided by the fast pass with residues in place
+    /// Guards evaluated as residues in the last passing check the fast pass completed (by kind,
+    /// or because a fast form did not apply to the objects at hand).
+    std::uint32_t last_slow_guards = 0;
+    /// Guards the skip proved without evaluating them in the last check the fast pass completed.
+    std::uint32_t last_skipped_guards = 0;
 };
 
 /// Incremented each time any GuardSet becomes invalid (an identity-held object died). Holders of
@@ -72,7 +78,8 @@ std::uint64_t invalidation_epoch();
 /// Switch the straight-line fast pass of check() on or off, process-wide (on by default). Off,
 /// every check takes the tree walk: the tests run both ways to compare them.
 void set_fast_pass_enabled(bool on);
-bool fast_pass_enabled();
+extern bool g_fast_pass_enabled;
+inline bool fast_pass_enabled() { return g_fast_pass_enabled; }
 
 class GuardSet {
   public:
@@ -116,9 +123,17 @@ class GuardSet {
         return locals.is_frame() &&
                (reads_closure_ || (reads_globals_ && locals.frame_globals != globals_.get()));
     }
-    /// Whether check() tries the straight-line fast pass first (every guard and step of the set
-    /// has a form decided without user code).
-    bool uses_fast_pass() const { return fast_enabled_; }
+    /// Whether every guard of the set has a form decided without user code (so the fast pass
+    /// alone can decide a passing check).
+    bool uses_fast_pass() const { return fast_enabled_ && residue_guards_ == 0; }
+    /// Guards of the fast program that are decided without user code (the others are residues:
+    /// LAMBDA, Python probes, ...). Steps whose fast form does not apply at run time defer
+    /// their subtree for that check only (see GuardSetStats::last_fast_guards).
+    std::uint32_t fast_guard_count() const { return fast_guards_; }
+    /// Guards decided without user code in the last passing check the fast pass completed.
+    std::uint32_t last_fast_guards() const {
+        return fast_guards_ + residue_guards_ - stats_.last_slow_guards;
+    }
     std::size_t size() const { return program_.guards.size(); }
     const GuardSetStats& stats() const { return stats_; }
     /// Failure count of guard `id` (index into program().guards) and node `ni` so far.
@@ -149,59 +164,151 @@ class GuardSet {
     struct NodeRt {
         std::uint32_t guard_begin = 0, guard_end = 0;  ///< copied from core::Node
         std::uint32_t child_begin = 0, child_end = 0;
-        RuntimeStep step;        ///< for steps
-        RuntimeRoot root;        ///< for roots (names and cells borrowed from the pool)
-        bool borrow_ok = false;  ///< the subtree runs no user code: borrowed values are safe
+        RuntimeStep step;                  ///< for steps
+        RuntimeRoot root;                  ///< for roots (names and cells borrowed from the pool)
+        bool borrow_ok = false;            ///< the subtree runs no user code: borrowed values are safe
         core::shape::ValueType symbol_type = core::shape::ValueType::Int;
-        std::uint32_t symbol = core::kNoSymbol;          ///< the SHAPE symbol this value is, if any
+        std::uint32_t symbol = core::kNoSymbol;  ///< the SHAPE symbol this value is, if any
+        std::uint32_t subtree_guards = 0;        ///< guards on this node and below
+        // The skip's claims (docs/cpp.md, "Skipping unchanged subtrees"). Each is a fact about
+        // one state of one dict, true forever once made, since tags never repeat:
+        PyObject* memo_value =
+            nullptr;  ///< the value fetched from the parent's dict in state memo_parent_tag
+        std::uint64_t memo_parent_tag = 0;  ///< ...and its identity-implied guards held on it (0: no claim)
+        std::uint64_t memo_tag = 0;  ///< in this state of this node's dict, its state-implied guards held
         std::uint32_t member_begin = 0, member_end = 0;  ///< relational operands (core::Node)
     };
 
-    /// One instruction of the straight-line fast pass (fast_pass.cpp).
+    /// One instruction of the fast program (fast_pass.cpp). Adding a guard kind to the fast
+    /// path is local: a Code below, its case in GuardSet::guard_op (the builder) and its case in
+    /// GuardSet::fast_pass (docs/cpp.md, "Adding a guard kind to the fast path").
     struct FastOp {
         enum class Code : std::uint8_t {
+            // Loads and fetches: regs[node] = the value. `skip` is the first op after the node's
+            // subtree: when the fast form does not apply to the objects at hand, the walk
+            // evaluates the subtree in place (a residue) and the pass continues there.
             LoadLocal,
             LoadGlobal,
-            LoadClosure,  // regs[node] = root value
+            LoadClosure,
             FetchAttr,
             FetchItem,
             FetchDictItem,
             FetchDict,
-            FetchPure,  // regs[node] = step(regs[parent])
+            FetchFunction,  // __code__, __defaults__[i], __kwdefaults__[k], __closure__[i] of a function
+            FetchPure,      // type, weakref target, dict key/value by position
+            // Guards on regs[node]. A guard that fails ends the pass; one whose fast form does not
+            // apply to the value is evaluated by the walk's code in place (a residue).
             TypeIs,
             IdIs,
             IsNone,
             IsNotNone,
             IsTrue,
-            IsFalse,  // guards on regs[node]
+            IsFalse,
             Equals,
             DictKeys,
             DictContains,
             LengthExact,
             DictVersion,
             WeakrefAlive,
+            CodeIs,
+            BuiltinProbe,  // ambient GLOBAL_STATE on a built-in probe
+            // The skip: read the version tag of regs[node] (an exact dict, or an exact module's
+            // dict) into the node's tag slot; equal to its claim: jump over its state-implied
+            // guards. StampGlobals does the same for the globals dict G[...] roots read.
+            Stamp,
+            StampGlobals,
+            // Residues: kinds with no form free of user code, evaluated in place as the walk does,
+            // the current path's values held (SlowGuard on regs[node], SlowAmbient on the locals).
+            SlowGuard,
+            SlowAmbient,
             Symbol,      // store regs[node] as SHAPE symbol `guard`
             TensorProp,  // store SIZE/STRIDE/STORAGE_OFFSET of regs[parent] as int symbol `guard`
+            // Tensor kinds read without user code (the adapter, the array struct); a value the
+            // form does not decide is evaluated in place by the walk's code (a residue).
             TensorMatch,
             ArrayMatch,
             DimensionMarking,
-            Probe,       // an ambient built-in probe decided natively (regs unused)
-            Relational,  // ALIAS / NO_ALIAS on the registers of its sources' nodes
+            // ALIAS / NO_ALIAS after every node: on the registers of its sources' nodes, or on
+            // strong references once a residue ran (hold_relational).
+            Relational,
+            End,  // the last op of every program
         };
         Code code = Code::LoadLocal;
         std::uint32_t node = 0;
         std::uint32_t parent = 0;
-        std::uint32_t guard = 0;
+        std::uint32_t guard = 0;  ///< guard index (into guards_)
+        std::uint32_t pos =
+            0;  ///< guard: position in the node's guard range; fetch: in the parent's child range
+        std::uint32_t skip = 0;    ///< fetches: first op after the subtree
+        std::uint32_t jump = 0;    ///< settled fetch / stamp hit: first op after the guards it proves
+        std::uint32_t jumped = 0;  ///< how many guard ops that jump passes over
+        bool settle = false;       ///< fetches: the value may be settled by the parent's tag (a claim)
         PyObject* a = nullptr;
     };
-    /// Compile the fast pass from the tree in its current adaptive order; disables it when some
-    /// guard or step has no form that is decided without user code.
+    /// Compile the fast program from the tree in its current adaptive order.
     void build_fast_pass();
-    /// 1 when every guard holds, decided without running any user code and without side effects
-    /// other than inline-cache hints; 0 when undecided (a guard failed, or a fast form did not
-    /// apply to these objects): the tree walk then decides, from the start.
-    int fast_pass(const Locals& locals);
+    /// The fast op for guard `gi` at position `pos` of node `ni`'s range (a residue op when the
+    /// kind has no form free of user code).
+    FastOp guard_op(std::uint32_t ni, std::uint32_t gi, std::uint32_t pos) const;
+    /// fast_pass() could not decide: the tree walk decides, from the start (nothing ran).
+    static constexpr int kUndecided = 2;
+    /// The fast program on these locals (fast_pass.cpp). Values are borrowed while no user code
+    /// runs; a residue (a guard or subtree without a form free of user code, by kind or for the
+    /// objects at hand) is evaluated in place, as the walk would, with the current path's values
+    /// held. 1: every guard holds; 0: a guard failed after a residue ran (decided, failures
+    /// counted); -1: a residue raised (strict mode, KeyboardInterrupt); kUndecided: a guard
+    /// failed or a value was missing before any user code ran, or a residue was met while
+    /// `allow_user_code` is false.
+    int fast_pass(const Locals& locals, bool allow_user_code);
+    template <bool kUserCode>
+    int run_program(const Locals& locals);
+    /// Which guards a claim covers (docs/cpp.md, "Skipping unchanged subtrees").
+    enum class Implied : std::uint8_t {
+        Never,     ///< evaluated on every check
+        Identity,  ///< holds forever on the same live object once it held
+        State,     ///< holds as long as the node's dict is unchanged (tag) once it held
+    };
+    Implied implied_by(const RuntimeGuard& g) const;
+    /// The state of one run of the fast program (fast_pass.cpp).
+    struct Pass {
+        const Locals& locals;
+        PyObject** r;                 ///< registers: a value per node
+        std::uint64_t* tags;          ///< the skip's tags read this check, per node (+1: the globals)
+        std::vector<PyObject*> held;  ///< references taken before residues, dropped after the loop
+        bool allow_user_code;
+        bool ran_user_code = false;
+        std::uint32_t slow_guards = 0;  ///< guards evaluated as residues
+        int result = 1;
+    };
+    // The fast program's rare paths, out of line (fast_pass.cpp).
+    void hold_path(Pass& p, std::uint32_t ni);
+    /// Before a residue at op `op_index`: strong references to the relational sources read so far.
+    void hold_relational(Pass& p, std::size_t op_index);
+    /// After residues ran: decide every relational guard from strong references (sets p.result).
+    void relational_after_residues(Pass& p);
+    bool after_residue(Pass& p, int rr);
+    [[gnu::noinline, gnu::cold]] void fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos);
+    /// At the End op of a passing run: the SHAPE relations on the run's frame (sets p.result).
+    [[gnu::noinline]] void decide_shape_in_pass(Pass& p, core::shape::ShapeFrame& frame);
+    [[gnu::noinline]] std::size_t slow_subtree(Pass& p, const FastOp& op);
+    [[gnu::noinline]] bool slow_guard(Pass& p, const FastOp& op);
+    [[gnu::noinline]] bool slow_ambient(Pass& p, const FastOp& op);
+    /// Count a failure of node `ni` (a guard on it failed) along its path, as the walk's returns do.
+    void record_path_failure(std::uint32_t ni);
+    /// One guard (position `pos` of node `ni`'s range) on `v`, as the walk evaluates it. 1/0/-1.
+    int eval_guard_at(std::uint32_t ni, std::uint32_t pos, PyObject* v);
+    /// Child at position `pos` of node `ni`'s child range, fetched from `v` and walked. 1/0/-1.
+    int eval_child(std::uint32_t ni, std::uint32_t pos, PyObject* v);
+    /// Root at position `pos` of root_order_, fetched from `locals` and walked. 1/0/-1.
+    int eval_root(std::uint32_t pos, const Locals& locals);
+    /// The ambient guards (index range [begin, end) of program_.ambient), as the walk does. 1/0/-1.
+    int eval_ambient(std::size_t begin, std::size_t end, const Locals& locals);
 
+    /// Whether every SHAPE symbol of this set was stored in `frame`.
+    bool all_symbols_read(const core::shape::ShapeFrame& frame) const;
+    /// The SHAPE relations on a frame every source was read into: 1 all hold, 0 one fails (or,
+    /// defensively, a symbol is unread); counts the failing relation.
+    int decide_shape(core::shape::ShapeFrame& frame);
     int eval_node(std::uint32_t ni, PyObject* v);
     int eval_guards(std::uint32_t ni, PyObject* v);
     /// Hand node `ni`'s value to the relational guards that observe it (a strong reference in
@@ -248,6 +355,8 @@ class GuardSet {
     bool reads_closure_ = false;                 // some root is C[...]
     std::vector<FastOp> fast_ops_;
     bool fast_enabled_ = false;
+    std::uint32_t fast_guards_ = 0;     // guards the fast program decides without user code
+    std::uint32_t residue_guards_ = 0;  // guards it leaves to the residue phase by kind
     // Objects derived when binding guards (ARRAY_MATCH dtypes, DIMENSION_MARKING sets) and the
     // inline caches of DIMENSION_MARKING (sized once: RuntimeGuard points into it).
     std::vector<Ref> derived_;
@@ -261,6 +370,7 @@ class GuardSet {
     std::vector<PyObject*> rel_sort_;
     PyObject** rel_scratch_ = nullptr;                 // the slots the current walk records into
     std::vector<Ref>* diag_slots_ = nullptr;           // why_not's slots while it walks
+    std::vector<std::uint32_t> rel_fetch_op_;          // per relational slot: its node's fetch op
     std::uint64_t order_changes_ = 0;                  // bumped whenever the tree walk reorders anything
     std::uint64_t fast_built_at_ = ~std::uint64_t{0};  // order_changes_ when fast_ops_ was built
     Ref globals_, closure_, eval_error_type_;

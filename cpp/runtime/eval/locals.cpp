@@ -13,12 +13,6 @@ Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyOb
     return -1;
 }
 
-namespace {
-// CO_FAST_HIDDEN (Include/internal/pycore_code.h, 3.12+): a fast local of an inlined
-// comprehension, invisible to locals(). No slot has it on 3.11.
-constexpr unsigned char kFastHidden = 0x10;
-}  // namespace
-
 Locals Locals::of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObject* closure,
                         PyObject* globals) {
     Locals l;
@@ -42,7 +36,7 @@ PyObject* Locals::argument_slow(PyObject* name, Py_ssize_t* hint) const {
     Py_ssize_t i = index_of_name(names, 0, count, name);
     // A hidden slot's name is invisible; a visible local of the same name cannot exist (one slot
     // per name), so the name is simply not a local here.
-    if (i < 0 || (kinds != nullptr && (kinds[i] & kFastHidden) != 0)) return nullptr;
+    if (i < 0 || (kinds != nullptr && (kinds[i] & kFastHiddenKind) != 0)) return nullptr;
     *hint = i;
     return i < free_begin ? values[i] : free_value(i);
 }
@@ -52,7 +46,7 @@ Ref Locals::as_mapping() const {
     Ref d = Ref::steal(PyDict_New());
     if (!d) return d;
     for (Py_ssize_t i = 0; i < count; ++i) {
-        if (kinds != nullptr && (kinds[i] & kFastHidden) != 0) continue;
+        if (kinds != nullptr && (kinds[i] & kFastHiddenKind) != 0) continue;
         PyObject* v = i < free_begin ? values[i] : free_value(i);
         if (v == nullptr) continue;
         if (PyDict_SetItem(d.get(), PyTuple_GET_ITEM(names, i), v) < 0) return Ref();

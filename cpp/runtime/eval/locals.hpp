@@ -23,6 +23,10 @@ Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyOb
 
 /// The locals a guard set is checked against. Cheap to copy; it owns nothing. ("Frame" is kept
 /// for the PEP 523 runtime's interpreter frames, DESIGN.md.)
+/// CO_FAST_HIDDEN (Include/internal/pycore_code.h, 3.12+): a fast local of an inlined
+/// comprehension, invisible to locals(). No slot has it on 3.11.
+inline constexpr unsigned char kFastHiddenKind = 0x10;
+
 struct Locals {
     /// Mapping mode: f_locals (a dict on the fast path, any mapping otherwise). Null in argument
     /// mode.
@@ -58,10 +62,18 @@ struct Locals {
     /// Argument and frame mode: the value of local `name` (borrowed), null if no parameter (no
     /// visible fast local) has that name or it is not set. `hint` caches the slot index per
     /// caller; names are compared by identity first (both sides interned), then by value.
-    PyObject* argument(PyObject* name, Py_ssize_t* hint) const {
+    PyObject* argument(PyObject* name, Py_ssize_t* hint) const { return argument_hot(name, hint); }
+    /// argument(), forced inline: the fast pass without user code (a @specialize hit loads every
+    /// root through it) uses it. Forced inline everywhere it made other checks' code slower
+    /// (layout), so only that caller takes it. The hinted slot of a plain local only; free
+    /// variables (frame mode) take argument_slow.
+    [[gnu::always_inline]] PyObject* argument_hot(PyObject* name, Py_ssize_t* hint) const {
         const Py_ssize_t h = *hint;
-        if (h >= 0 && h < count && PyTuple_GET_ITEM(names, h) == name)
-            return h < free_begin ? values[h] : free_value(h);
+        // A hint set under another code's layout (one guard set used for frames of two codes) may
+        // name a hidden slot here: those are never read (argument_slow refuses them).
+        if (h >= 0 && h < count && h < free_begin && PyTuple_GET_ITEM(names, h) == name &&
+            (kinds == nullptr || (kinds[h] & kFastHiddenKind) == 0))
+            return values[h];
         return argument_slow(name, hint);
     }
 

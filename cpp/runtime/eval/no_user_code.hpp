@@ -33,6 +33,19 @@ class NoUserCodeRegion {
     const char* outer_;
 };
 
+/// RAII window inside a region where user code may run (the fast pass evaluating a residue in
+/// place, its borrowed values held): the region is reopened when the window closes.
+class UserCodeWindow {
+  public:
+    UserCodeWindow() : saved_(t_no_user_code_region) { t_no_user_code_region = nullptr; }
+    ~UserCodeWindow() { t_no_user_code_region = saved_; }
+    UserCodeWindow(const UserCodeWindow&) = delete;
+    UserCodeWindow& operator=(const UserCodeWindow&) = delete;
+
+  private:
+    const char* saved_;
+};
+
 /// Abort with a message when called inside a region: `what` is the user code that would run.
 void assert_outside_region(const char* what);
 
@@ -42,6 +55,10 @@ bool install_region_checks();
 class NoUserCodeRegion {
   public:
     explicit NoUserCodeRegion(const char*) {}
+};
+class UserCodeWindow {
+  public:
+    UserCodeWindow() {}  // NOLINT(modernize-use-equals-default): user-provided, so not "unused"
 };
 inline void assert_outside_region(const char*) {}
 inline bool install_region_checks() { return true; }
