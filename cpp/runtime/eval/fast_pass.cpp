@@ -589,7 +589,8 @@ void GuardSet::decide_shape_in_pass(Pass& p, core::shape::ShapeFrame& frame) {
         // Nothing ran: only a sure pass is taken here. A failing relation, an int64 overflow or
         // (a bug) an unread symbol leaves the check to the walk, which re-reads every symbol and
         // decides exactly, counting the failure, on the same objects.
-        if (!all_symbols_read(frame) || core::shape::run_fast(program_.shape, frame) != core::shape::kShapePass)
+        if (!all_symbols_read(frame) ||
+            core::shape::run_fast(program_.shape, frame) != core::shape::kShapePass)
             p.result = kUndecided;
         return;
     }
@@ -753,14 +754,23 @@ int GuardSet::run_program(const Locals& locals) {
         // indirect jump per op, no loop counter); `break` inside an op's do/while leaves it.
 #define TW_DISPATCH() \
     goto* kDispatch[static_cast<std::size_t>(opp->code)]  // NOLINT(bugprone-macro-parentheses)
-        static void* const kDispatch[] = {
-            &&op_LoadLocal,     &&op_LoadGlobal,  &&op_LoadClosure,   &&op_FetchAttr,   &&op_FetchItem,
-            &&op_FetchDictItem, &&op_FetchDict,   &&op_FetchFunction, &&op_FetchPure,   &&op_TypeIs,
-            &&op_IdIs,          &&op_IsNone,      &&op_IsNotNone,     &&op_IsTrue,      &&op_IsFalse,
-            &&op_Equals,        &&op_DictKeys,    &&op_DictContains,  &&op_LengthExact, &&op_DictVersion,
-            &&op_WeakrefAlive,  &&op_CodeIs,      &&op_BuiltinProbe,  &&op_Stamp,       &&op_StampGlobals,
-            &&op_SlowGuard,     &&op_SlowAmbient, &&op_Symbol,        &&op_TensorProp,  &&op_TensorMatch,
-            &&op_ArrayMatch,    &&op_DimensionMarking, &&op_Relational, &&op_End};
+        static void* const kDispatch[] = {&&op_LoadLocal,    &&op_LoadGlobal,
+                                          &&op_LoadClosure,  &&op_FetchAttr,
+                                          &&op_FetchItem,    &&op_FetchDictItem,
+                                          &&op_FetchDict,    &&op_FetchFunction,
+                                          &&op_FetchPure,    &&op_TypeIs,
+                                          &&op_IdIs,         &&op_IsNone,
+                                          &&op_IsNotNone,    &&op_IsTrue,
+                                          &&op_IsFalse,      &&op_Equals,
+                                          &&op_DictKeys,     &&op_DictContains,
+                                          &&op_LengthExact,  &&op_DictVersion,
+                                          &&op_WeakrefAlive, &&op_CodeIs,
+                                          &&op_BuiltinProbe, &&op_Stamp,
+                                          &&op_StampGlobals, &&op_SlowGuard,
+                                          &&op_SlowAmbient,  &&op_Symbol,
+                                          &&op_TensorProp,   &&op_TensorMatch,
+                                          &&op_ArrayMatch,   &&op_DimensionMarking,
+                                          &&op_Relational,   &&op_End};
         static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
                       "one entry per FastOp::Code, in order");
         const FastOp* opp = ops;

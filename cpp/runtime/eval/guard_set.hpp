@@ -164,9 +164,9 @@ class GuardSet {
     struct NodeRt {
         std::uint32_t guard_begin = 0, guard_end = 0;  ///< copied from core::Node
         std::uint32_t child_begin = 0, child_end = 0;
-        RuntimeStep step;                  ///< for steps
-        RuntimeRoot root;                  ///< for roots (names and cells borrowed from the pool)
-        bool borrow_ok = false;            ///< the subtree runs no user code: borrowed values are safe
+        RuntimeStep step;        ///< for steps
+        RuntimeRoot root;        ///< for roots (names and cells borrowed from the pool)
+        bool borrow_ok = false;  ///< the subtree runs no user code: borrowed values are safe
         core::shape::ValueType symbol_type = core::shape::ValueType::Int;
         std::uint32_t symbol = core::kNoSymbol;  ///< the SHAPE symbol this value is, if any
         std::uint32_t subtree_guards = 0;        ///< guards on this node and below
