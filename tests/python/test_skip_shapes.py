@@ -97,6 +97,8 @@ def _warm(gs: tw.GuardSet, f_locals: dict) -> None:
     # (the symbols were read by Symbol / TensorProp ops, not by the walk's code).
     assert gs._last_skipped_guards > 0, gs.explain()
     assert gs._fast_pass_count - fast_before == 3, gs.fast_path_summary()
+    assert gs._last_fast_guards == len(gs), gs.fast_path_summary()  # the SHAPE relation included
+    assert gs.fast_path_fraction == 1.0, gs.fast_path_summary()
 
 
 def _warm_and_change(value: Any, relation: str, change: Any, root_change: bool = False) -> None:

@@ -506,6 +506,10 @@ void GuardSet::build_fast_pass() {
         fast_ops_.push_back(op);
         fast_guards_ += 1;
     }
+    // SHAPE relations: decided at the End op from the frame, without user code (a symbol read
+    // by a residue subtree counts among that subtree's residues, not here).
+    for (const core::GuardDecl& d : program_.guards)
+        if (d.kind == core::GuardKind::Shape) ++fast_guards_;
     // The fetch op of each relational slot's node, for hold_relational.
     rel_fetch_op_.assign(rel_nodes_.size(), 0);
     for (std::size_t s = 0; s < rel_nodes_.size(); ++s) rel_fetch_op_[s] = node_fetch_op[rel_nodes_[s]];
