@@ -431,7 +431,7 @@ Fetched GuardSet::fetch_node(std::uint32_t ni, PyObject* parent) {
 
 // One guard of a node's range, as the walk evaluates it. The common identity and type kinds are
 // decided inline; the rest go through eval_guard. A failure is counted (adaptive order).
-inline int GuardSet::eval_guard_at(std::uint32_t ni, std::uint32_t k, PyObject* v) {
+int GuardSet::eval_guard_at(std::uint32_t ni, std::uint32_t k, PyObject* v) {
     const RuntimeGuard& g = guards_[guard_order_[k]];
     int r;
     switch (g.kind) {
