@@ -289,7 +289,36 @@ def _name(t: Any) -> str:
         return "<type>"
 
 
-_REPR = reprlib.Repr()
+class _MessageRepr(reprlib.Repr):
+    """reprlib with sets printed in one order whatever their hash-table history: reprlib sorts a
+    set only when its elements compare (``{None, 0}`` prints in table order, which differs between
+    two equal sets built differently, e.g. a loaded constant and the original); unsortable
+    elements are ordered by type name and repr instead."""
+
+    def repr_set(self, x: Any, level: int) -> str:
+        return "set()" if not x else "{" + self._elements(x, level, self.maxset) + "}"
+
+    def repr_frozenset(self, x: Any, level: int) -> str:
+        return "frozenset()" if not x else "frozenset({" + self._elements(x, level, self.maxfrozenset) + "})"
+
+    def _elements(self, x: Any, level: int, most: int) -> str:
+        if level <= 0:
+            return "..."
+        items = _ordered(x)
+        parts = [self.repr1(e, level - 1) for e in items[:most]]
+        if len(items) > most:
+            parts.append("...")
+        return ", ".join(parts)
+
+
+def _ordered(x: Any) -> list:
+    try:
+        return sorted(x)
+    except Exception:  # noqa: BLE001 - unorderable elements (or a lying __lt__)
+        return sorted(x, key=lambda e: (type(e).__qualname__, repr(e)))
+
+
+_REPR = _MessageRepr()
 _REPR.maxlevel = 3
 _REPR.maxstring = 60
 _REPR.maxother = 60
