@@ -181,13 +181,23 @@ class SuiteStress:
             # Caches drop entries whose guarded objects died (the cache changed mid-check). A
             # lookup or insert would change what the tests observe (hits, recency); purging
             # does not.
-            for cache in list(self.caches):
+            for cache in _snapshot(self.caches):
                 len(cache)
             # The engine re-entered from inside whatever allocated.
             _throwaway_check(self.collections)
             # Empty free lists: the next allocations start collections again.
             drain_free_lists()
         _Cycle(self)  # re-arm for the next collection
+
+
+def _snapshot(caches: weakref.WeakSet) -> list:
+    """The live caches. Another thread may add one while this copies (the GIL can switch inside
+    the copy, and a WeakSet then raises "Set changed size during iteration"): copy again."""
+    while True:
+        try:
+            return list(caches)
+        except RuntimeError:
+            continue
 
 
 class _Blob:
