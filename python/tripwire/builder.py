@@ -162,8 +162,13 @@ class GuardBuilder:
         """``v is False``."""
         return self.add(GuardKind.FALSE, source)
 
-    def equals(self, source: SourceLike, value: Any = _UNSET) -> GuardSpec:
-        """``type(v) is type(c) and v == c`` (recursively type-exact, NaN matches NaN)."""
+    def equals(self, source: SourceLike, value: Any = _UNSET, *, python_eq: bool = False) -> GuardSpec:
+        """``type(v) is type(c) and v == c`` (recursively type-exact, NaN matches NaN).
+
+        With ``python_eq=True``: ``v is c or (type(v) is type(c) and v == c)`` with Python's own
+        ``==`` (torch's EQUALS_MATCH: ``(True, 1) == (1, 1)``, an element's ``__eq__`` is asked).
+        Decided without user code where the interpreter's comparisons decide it (exact int,
+        bool, float, str, None, and tuples/lists of these); otherwise Python's ``==`` runs."""
         c = self.value(source) if value is _UNSET else value
         _ensure_frameworks(c)
         if not _core.is_constant(c):
@@ -174,6 +179,8 @@ class GuardBuilder:
                 "torch.Size and simple numpy dtypes, and tuples/lists/sets/frozensets/dicts of these, "
                 f"nested at most {_core.MAX_CONSTANT_DEPTH} deep)"
             )
+        if python_eq:
+            return self.add(GuardKind.EQUALS_MATCH, source, (_private_copy(c), True))
         return self.add(GuardKind.EQUALS_MATCH, source, (_private_copy(c),))
 
     def length(self, source: SourceLike, n: int = _UNSET) -> GuardSpec:

@@ -13,7 +13,7 @@ TYPE_MATCH            (type,)                                    required
 ID_MATCH              (obj,)                                     required
 NONE/NOT_NONE         ()                                         required
 TRUE/FALSE            ()                                         required
-EQUALS_MATCH          (constant,)                                required
+EQUALS_MATCH          (constant,) or (constant, python_eq=True)  required
 LENGTH                (n,)                                       required
 DICT_KEYS             (keys: tuple, ordered: bool)               required
 DICT_CONTAINS         (key, present: bool)                       required
@@ -235,6 +235,8 @@ class GuardSpec:
         if k is GuardKind.FALSE:
             return f"{s} is False"
         if k is GuardKind.EQUALS_MATCH:
+            if len(a) > 1 and a[1]:
+                return f"type({s}) is {_type_name(type(a[0]))} and {s} == {short_repr(a[0])} (Python ==)"
             return f"{s} == {short_repr(a[0])}"
         if k is GuardKind.LENGTH:
             return f"len({s}) == {a[0]}"

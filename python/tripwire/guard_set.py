@@ -135,6 +135,7 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
             op = pool.add(a[0], weak=True)
         elif k is GuardKind.EQUALS_MATCH:
             op = pool.add(_private_constant(a[0]), weak=isinstance(a[0], enum.Enum))
+            flag = _python_eq(a)
         elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN, GuardKind.DICT_VERSION):
             n = a[0]
         elif k is GuardKind.DICT_KEYS:
@@ -429,3 +430,12 @@ def build_guard_set(
         why = f.reason if f is not None else "unknown guard"
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
     return gs
+
+
+def _python_eq(args: tuple) -> bool:
+    """EQUALS_MATCH's optional second argument: Python's ``==`` instead of the type-exact match."""
+    if len(args) == 1:
+        return False
+    if len(args) == 2 and type(args[1]) is bool:
+        return args[1]
+    raise GuardBuildError(f"EQUALS_MATCH takes (constant,) or (constant, python_eq: bool), not {len(args)} arguments")

@@ -485,6 +485,9 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
         if k is GuardKind.FALSE:
             return v is False
         if k is GuardKind.EQUALS_MATCH:
+            if len(a) > 1 and a[1]:
+                # python_eq: torch's EQUALS_MATCH, Python's own == (PyObject_RichCompareBool).
+                return v is a[0] or (type(v) is type(a[0]) and bool(v == a[0]))
             return equals_match(v, a[0])
         if k is GuardKind.LENGTH:
             return len(v) == a[0]

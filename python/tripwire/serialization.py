@@ -573,7 +573,7 @@ def _spec(
     elif k is GuardKind.EQUALS_MATCH:
         if not _core.is_constant(op):
             raise bad(f"{type(op).__name__} is not a constant")
-        args = (op,)
+        args = (op, True) if d.flag else (op,)
     elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN):
         args = (d.n,)
     elif k is GuardKind.DICT_KEYS:
@@ -747,6 +747,8 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
             args = (op.start, op.stop, op.step) if type(op) is range else (op,)
         elif k is GuardKind.SHAPE:
             args = _shape_args(d, consts, functools.partial(FormatError, offset=offset), None)
+        elif k is GuardKind.EQUALS_MATCH and d.flag:
+            args = (op, True)
         else:
             args = (op,) if op is not None else ()
         source = (

@@ -599,7 +599,9 @@ class _Cyc:
         self.owner.collected()
 
 
-def run(seed: int, steps: int, *, gc_stress: bool = False, world_steps: int = 2000, log=None) -> RunStats:
+def run(
+    seed: int, steps: int, *, gc_stress: bool = False, world_steps: int = 2000, log=None, log_every: int = 50_000
+) -> RunStats:
     """`steps` mutation+check steps over fresh worlds of `world_steps` steps each; raises
     Disagreement on the first disagreement."""
     stats = RunStats()
@@ -666,7 +668,7 @@ def run(seed: int, steps: int, *, gc_stress: bool = False, world_steps: int = 20
         left -= 1
         if left == 0 and disturber is not None:
             disturber.w = None  # let the world go
-        if log is not None and stats.steps % 50_000 == 0:
+        if log is not None and stats.steps % log_every == 0:
             log(f"{stats.steps} steps, {stats.passes} passes, {time.time() - t0:.0f}s")
     if disturber is not None:
         disturber.w = None
@@ -679,12 +681,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--gc-stress", action="store_true")
+    ap.add_argument("--log-every", type=int, default=50_000, help="print progress every N steps")
     a = ap.parse_args(argv)
     if not _core._skip_enabled():
         print("the skip is not enabled on this interpreter (tag reading unverified)", file=sys.stderr)
         return 2
     t0 = time.time()
-    st = run(a.seed, a.steps, gc_stress=a.gc_stress, log=lambda m: print(m, flush=True))
+    st = run(a.seed, a.steps, gc_stress=a.gc_stress, log=lambda m: print(m, flush=True), log_every=a.log_every)
     print(
         f"OK: {st.steps} steps ({st.checks} checks) on {st.worlds} worlds, Python {sys.version.split()[0]}, "
         f"seed {a.seed}, gc_stress={a.gc_stress}: zero disagreements; {st.passes} passing steps "

@@ -1120,11 +1120,13 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
         assert f.kind == "EQUALS_MATCH" and "stride" in f.source
     finally:
         undo()
+    # The tuples are tripwire's own EQUALS_MATCH with python_eq (Python's ==), no longer a call
+    # into torch's leaf; only the saved-tensor-hooks lambda still is.
     torch_evaluated = exact.torch_import.by_outcome("torch")
-    assert torch_evaluated and all(
-        g.kind in ("EQUALS_MATCH", "AUTOGRAD_SAVED_TENSORS_HOOKS") for g in torch_evaluated
-    )
-    assert "torch's own guard" in exact.explain()
+    assert [g.kind for g in torch_evaluated] == ["AUTOGRAD_SAVED_TENSORS_HOOKS"]
+    tuples = [s for s in exact._specs if s.kind is tw.GuardKind.EQUALS_MATCH and type(s.args[0]) is tuple]
+    assert tuples and all(s.args[1:] == (True,) for s in tuples)
+    assert "(Python ==)" in exact.explain()
     assert all(
         "stricter (equals='strict')" in g.why for g in strict.torch_import.guards if "stride ==" in g.code
     )
@@ -1135,14 +1137,11 @@ def test_fallback_refuse_reports_what_needs_torch():
     compile_and_call(model, torch.randn(1, 3, 8, 8))
     with pytest.raises(tw.GuardsNotImportable) as e:
         twt.guards_of(model, drop=twt.PENDING_KINDS, fallback="refuse")
-    assert {g.kind for g in e.value.guards} == {"EQUALS_MATCH", "AUTOGRAD_SAVED_TENSORS_HOOKS"}
-    assert all(
-        g.outcome == "unsupported" and ("Python ==" in g.why or "saved_tensors_hooks" in g.why)
-        for g in e.value.guards
-    )
-    gs = twt.guards_of(
-        model, drop=(*twt.PENDING_KINDS, "EQUALS_MATCH", "AUTOGRAD_SAVED_TENSORS_HOOKS"), fallback="refuse"
-    )
+    # Tuple equality has a tripwire form now (EQUALS_MATCH with python_eq): only the
+    # saved-tensor-hooks lambda needs torch.
+    assert {g.kind for g in e.value.guards} == {"AUTOGRAD_SAVED_TENSORS_HOOKS"}
+    assert all(g.outcome == "unsupported" and "saved_tensors_hooks" in g.why for g in e.value.guards)
+    gs = twt.guards_of(model, drop=(*twt.PENDING_KINDS, "AUTOGRAD_SAVED_TENSORS_HOOKS"), fallback="refuse")
     assert not gs.torch_import.by_outcome("torch")
 
 
@@ -1484,8 +1483,9 @@ def test_unreadable_dict_manager_length_is_reported_not_guessed(monkeypatch):
 
 
 def test_lying_eq_inside_a_tuple_decides_as_torch():
-    """torch's EQUALS on a tuple runs the elements' __eq__; equals='exact' calls torch's own guard,
-    so a lying element decides as in torch; equals='strict' (type-exact) refuses it."""
+    """torch's EQUALS on a tuple runs the elements' __eq__; equals='exact' imports it as
+    EQUALS_MATCH with python_eq, whose fast form leaves an int subclass to Python's ==, so a lying
+    element decides as in torch; equals='strict' (type-exact) refuses it."""
 
     class Liar(int):
         def __eq__(self, other):
@@ -1622,7 +1622,10 @@ def test_imported_set_outlives_torchs_cache():
     installed = ("G['__import_torch_dot_nn_dot", "dict.__getitem__(G['__builtins_dict___")
     assert ok and all(f.source.startswith(installed) for f in ok), ok
     extra = [f for f in bad if not f.source.startswith(installed)]
-    assert [(f.kind, "'dilation'" in f.source) for f in extra] == [("LAMBDA", True)], extra
+    # The tuple is tripwire's own EQUALS_MATCH with python_eq; the saved-tensor-hooks lambda,
+    # which passes in both, still calls torch's leaf after the reset.
+    assert [(f.kind, "'dilation'" in f.source) for f in extra] == [("EQUALS_MATCH", True)], extra
+    assert gs.torch_import.by_outcome("torch")
 
 
 def test_torchs_laxness_is_inherited_and_recorded():

@@ -85,7 +85,7 @@ class Encoder : public StringTable {
     void guard(const GuardRecord& g, Writer& w) {
         const GuardDecl& d = g.decl;
         w.u8(static_cast<std::uint8_t>(d.kind));
-        w.u8(record_version(d.kind));
+        w.u8(record_version(d));
         w.varint(d.id);
         w.u8(d.has_source ? 1 : 0);
         if (d.has_source) write_source(d.source, w, *this);

@@ -119,6 +119,10 @@ void read_source(Reader& r, SourcePath& s, const PayloadContext& ctx) {
 
 std::uint8_t record_version(GuardKind k) { return never_stored_reason(k) == nullptr ? 1 : 0; }
 
+std::uint8_t record_version(const GuardDecl& d) {
+    return d.kind == GuardKind::EqualsMatch && d.flag ? 2 : record_version(d.kind);
+}
+
 const char* never_stored_reason(GuardKind k) {
     switch (k) {
         case GuardKind::DictVersion:
@@ -130,9 +134,12 @@ const char* never_stored_reason(GuardKind k) {
 
 void write_payload(const GuardDecl& d, Writer& w, StringTable& strings) {
     switch (d.kind) {
+        case GuardKind::EqualsMatch:
+            w.varint(d.operand);
+            if (d.flag) w.u8(1);  // record version 2: python_eq
+            break;
         case GuardKind::TypeMatch:
         case GuardKind::IdMatch:
-        case GuardKind::EqualsMatch:
         case GuardKind::CodeMatch:
         case GuardKind::RangeIterator: w.varint(d.operand); break;
         case GuardKind::None:
@@ -216,10 +223,17 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
     const std::size_t n_consts = ctx.n_consts;
     const std::string name(guard_kind_name(d.kind));
     if (const char* why = never_stored_reason(d.kind)) r.fail(name + " guards are never stored: " + why);
+    auto constant = [&](const char* what) { return static_cast<ConstId>(r.index(what, n_consts)); };
+    if (d.kind == GuardKind::EqualsMatch && version == 2) {  // python_eq (record_version)
+        d.operand = constant("operand constant");
+        if (!r.flag("python_eq flag")) r.fail("an EQUALS_MATCH record of version 2 is python_eq");
+        d.flag = true;
+        if (!r.at_end()) r.fail(name + " payload has " + std::to_string(r.remaining()) + " unread bytes");
+        return;
+    }
     if (version != 1) {
         r.fail(name + " record version " + std::to_string(version) + " is not one this build reads (1)");
     }
-    auto constant = [&](const char* what) { return static_cast<ConstId>(r.index(what, n_consts)); };
     switch (d.kind) {
         case GuardKind::TypeMatch:
         case GuardKind::IdMatch:

@@ -38,6 +38,10 @@ void read_source(Reader& r, SourcePath& s, const PayloadContext& ctx);
 /// The record version this build writes for `k`; 0 when the kind is never stored (DICT_VERSION,
 /// LAMBDA: their meaning does not survive the process).
 std::uint8_t record_version(GuardKind k);
+/// The record version this build writes for `d`: record_version(d.kind), except EQUALS_MATCH with
+/// python_eq (GuardDecl::flag), which is version 2 (its payload adds the flag; a version-1 record
+/// is the plain, type-exact EQUALS_MATCH, as every earlier build wrote it).
+std::uint8_t record_version(const GuardDecl& d);
 
 /// Why a kind is never stored, or null when it is.
 const char* never_stored_reason(GuardKind k);

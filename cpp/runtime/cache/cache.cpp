@@ -305,7 +305,8 @@ void Cache::describe_entry(CacheEntry& e) const {
                 key = {3, 0, static_cast<std::intptr_t>(d.n)};
             } else if (d.kind == core::GuardKind::TensorMatch || d.kind == core::GuardKind::ArrayMatch) {
                 if (!shape_key(d, c, key)) continue;
-            } else if (d.kind != core::GuardKind::EqualsMatch || !value_key(c, key)) {
+            } else if (d.kind != core::GuardKind::EqualsMatch || d.flag || !value_key(c, key)) {
+                // python_eq compares with Python's == (True == 1): no exact value key
                 continue;
             }
             if (kKindRank[key.kind] > best) {

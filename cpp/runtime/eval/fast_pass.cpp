@@ -209,7 +209,7 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
         case core::GuardKind::NotNone: g.code = Code::IsNotNone; break;
         case core::GuardKind::True: g.code = Code::IsTrue; break;
         case core::GuardKind::False: g.code = Code::IsFalse; break;
-        case core::GuardKind::EqualsMatch: g.code = Code::Equals; break;
+        case core::GuardKind::EqualsMatch: g.code = guards_[gi].flag ? Code::EqualsPython : Code::Equals; break;
         case core::GuardKind::DictKeys: g.code = Code::DictKeys; break;
         case core::GuardKind::DictContains: g.code = Code::DictContains; break;
         case core::GuardKind::Length: g.code = Code::LengthExact; break;
@@ -644,15 +644,17 @@ std::size_t GuardSet::slow_subtree(Pass& p, const FastOp& op) {
 
 bool GuardSet::slow_guard(Pass& p, const FastOp& op) {
     ++p.slow_guards;
+    // Evaluated with user code, or not at all (no user code allowed): no claim on this node's
+    // state or value may stand on it. A claim is made before the guards it covers run, so one
+    // left standing here would let a later check jump over a guard that was never decided.
+    nodes_[op.node].memo_tag = 0;
+    nodes_[op.node].memo_parent_tag = 0;
     if (!p.allow_user_code) {
         p.result = kUndecided;
         return false;
     }
     hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
     hold_path(p, op.node);
-    // Evaluated with user code: no claim on this node's state may stand on it.
-    nodes_[op.node].memo_tag = 0;
-    nodes_[op.node].memo_parent_tag = 0;
     int rr;
     {
         const UserCodeWindow window;
@@ -765,7 +767,7 @@ int GuardSet::run_program(const Locals& locals) {
                                           &&op_FetchPure,    &&op_TypeIs,
                                           &&op_IdIs,         &&op_IsNone,
                                           &&op_IsNotNone,    &&op_IsTrue,
-                                          &&op_IsFalse,      &&op_Equals,
+                                          &&op_IsFalse,      &&op_Equals, &&op_EqualsPython,
                                           &&op_DictKeys,     &&op_DictContains,
                                           &&op_LengthExact,  &&op_DictVersion,
                                           &&op_WeakrefAlive, &&op_CodeIs,
@@ -1091,6 +1093,18 @@ int GuardSet::run_program(const Locals& locals) {
                 if (m < 0) PyErr_Clear();
                 goto failed;
             }
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_EqualsPython:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            const int m = python_equals_pure(r[op.node], op.a);
+            if (m == 1) break;
+            if (m == 0) goto failed;
+            if (!slow_guard(ps, op)) next = end;  // an element's own __eq__ must answer
             break;
         } while (false);
         opp = next;

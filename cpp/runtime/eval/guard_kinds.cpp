@@ -168,7 +168,7 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
         case GuardKind::NotNone: return v != Py_None ? 1 : 0;
         case GuardKind::True: return v == Py_True ? 1 : 0;
         case GuardKind::False: return v == Py_False ? 1 : 0;
-        case GuardKind::EqualsMatch: return equals_match(v, g.a);
+        case GuardKind::EqualsMatch: return g.flag ? python_equals(v, g.a) : equals_match(v, g.a);
         case GuardKind::Length: {
             Py_ssize_t n = 0;
             const int r = length_of(v, &n);

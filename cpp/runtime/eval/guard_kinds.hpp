@@ -51,6 +51,17 @@ int eval_guard(const RuntimeGuard& g, PyObject* v);
 /// 1/0/-1.
 int equals_match(PyObject* v, PyObject* c);
 
+/// python_equals_pure's answer when only Python's own == can decide.
+inline constexpr int kEqualsUnknown = 2;
+/// EQUALS_MATCH with python_eq (GuardDecl::flag): `v is c or (type(v) is type(c) and v == c)`
+/// with Python's ==, decided without running or allocating anything where the interpreter's own
+/// comparisons decide it (exact int/bool, float, str, None, tuples and lists of these); 1/0, or
+/// kEqualsUnknown when an element's own __eq__ (or a big int, a float against an int, a set ...)
+/// must be asked. Never leaves an error set. python_equals.cpp says exactly what is decided.
+int python_equals_pure(PyObject* v, PyObject* c);
+/// The same, falling back to PyObject_RichCompareBool (user code: the caller holds `v`). 1/0/-1.
+int python_equals(PyObject* v, PyObject* c);
+
 /// Whether constant `c` nests at most core::kMaxConstantDepth levels of containers (a cyclic
 /// list does not). Runs no user code.
 bool constant_depth_ok(PyObject* c);

@@ -124,6 +124,10 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                     d.via_python = true;
                 }
                 break;
+            case GuardKind::EqualsMatch:
+                // python_eq: Python's == may call an element's __eq__ (python_equals.cpp).
+                d.via_python = d.flag;
+                break;
             default: break;
         }
     }
@@ -450,7 +454,7 @@ int GuardSet::eval_guard_at(std::uint32_t ni, std::uint32_t k, PyObject* v) {
             } else if (Py_TYPE(v) != Py_TYPE(g.a)) {
                 r = 0;
             } else {
-                r = equals_match(v, g.a);
+                r = g.flag ? python_equals(v, g.a) : equals_match(v, g.a);
             }
             break;
         default: r = eval_guard(g, v); break;

@@ -205,6 +205,7 @@ class GuardSet {
             IsTrue,
             IsFalse,
             Equals,
+            EqualsPython,  // EQUALS_MATCH with python_eq: the fast form, else a residue
             DictKeys,
             DictContains,
             LengthExact,

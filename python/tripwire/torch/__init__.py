@@ -63,7 +63,9 @@ def guards_of(
             dropped guard is listed in ``torch_import`` and ``explain()``. A name that is neither a
             known kind nor a source of this entry raises ValueError.
         equals: ``"exact"`` (default): an EQUALS_MATCH on a container (tuple, list, set, dict)
-            keeps torch's Python ``==`` semantics by calling torch's own guard; ``"strict"``: use
+            keeps torch's Python ``==`` semantics: tripwire's EQUALS_MATCH with ``python_eq``
+            (decided without user code for exact ints, strs, floats, None and tuples/lists of
+            them; Python's ``==`` otherwise); ``"strict"``: use
             tripwire's type-exact EQUALS_MATCH for them (stricter than torch: ``(1.0, 1)`` no longer
             matches ``(1, 1)``; recorded per guard).
         fallback: ``"torch"`` (default): a guard with no exact tripwire form becomes a tripwire

@@ -772,9 +772,12 @@ class Converter:
                     "stricter (equals='strict'): tripwire compares the elements type-exactly, torch with "
                     f"Python == (torch also accepts e.g. {_looser_example(c)!r})"
                 )
-            raise _Fallback(
-                "torch compares containers with Python == (e.g. 1.0 == 1 inside); tripwire's EQUALS is type-exact"
-            )
+            # torch: v is c or (type(v) is type(c) and v == c), Python's == on the elements
+            # (True == 1, an element's own __eq__). EQUALS_MATCH with python_eq is exactly that,
+            # decided without user code where the interpreter's comparisons decide it. A parsed
+            # NaN is excluded above: torch's held NaN object equals itself by identity, ours is
+            # another object.
+            return [self.spec(GuardKind.EQUALS_MATCH, src, (c, True), site)], ""
         raise _Fallback(f"a {type(c).__name__} constant")
 
     def leaf_float_is_nan(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
