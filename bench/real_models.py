@@ -38,7 +38,6 @@ import os
 import re
 import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,106 +59,11 @@ WORKLOAD_NAMES = ("gpt", "cnn", "config")
 # The models
 # =================================================================================================
 def _models():
-    """Defined on first use: importing this module does not import torch."""
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
+    """bench/torch_models.py (shared with tests/python/test_torch_import.py), imported on first
+    use: importing this module does not import torch."""
+    import torch_models
 
-    @dataclasses.dataclass
-    class GPTConfig:
-        vocab: int = 128
-        block: int = 32
-        d: int = 64
-        heads: int = 4
-        n_layer: int = 6
-        dropout: float = 0.0
-        causal: bool = True
-
-    class Attention(nn.Module):
-        def __init__(self, cfg):
-            super().__init__()
-            self.cfg = cfg  # one config object shared by every block
-            self.q = nn.Linear(cfg.d, cfg.d)
-            self.k = nn.Linear(cfg.d, cfg.d)
-            self.v = nn.Linear(cfg.d, cfg.d)
-            self.o = nn.Linear(cfg.d, cfg.d)
-            self.drop = nn.Dropout(cfg.dropout)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            h = self.cfg.heads
-            q = self.q(x).view(B, T, h, C // h).transpose(1, 2)
-            k = self.k(x).view(B, T, h, C // h).transpose(1, 2)
-            v = self.v(x).view(B, T, h, C // h).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.cfg.causal)
-            return self.drop(self.o(y.transpose(1, 2).reshape(B, T, C)))
-
-    class MLP(nn.Module):
-        def __init__(self, cfg):
-            super().__init__()
-            self.fc = nn.Linear(cfg.d, 4 * cfg.d)
-            self.proj = nn.Linear(4 * cfg.d, cfg.d)
-            self.drop = nn.Dropout(cfg.dropout)
-
-        def forward(self, x):
-            return self.drop(self.proj(F.gelu(self.fc(x))))
-
-    class Block(nn.Module):
-        def __init__(self, cfg):
-            super().__init__()
-            self.ln1 = nn.LayerNorm(cfg.d)
-            self.attn = Attention(cfg)
-            self.ln2 = nn.LayerNorm(cfg.d)
-            self.mlp = MLP(cfg)
-
-        def forward(self, x):
-            x = x + self.attn(self.ln1(x))
-            return x + self.mlp(self.ln2(x))
-
-    class GPT(nn.Module):
-        def __init__(self, cfg):
-            super().__init__()
-            self.cfg = cfg
-            self.wte = nn.Embedding(cfg.vocab, cfg.d)
-            self.wpe = nn.Embedding(cfg.block, cfg.d)
-            self.drop = nn.Dropout(cfg.dropout)
-            self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
-            self.ln_f = nn.LayerNorm(cfg.d)
-            self.head = nn.Linear(cfg.d, cfg.vocab, bias=False)
-
-        def forward(self, idx):
-            pos = torch.arange(idx.shape[1])
-            x = self.drop(self.wte(idx) + self.wpe(pos))
-            for b in self.blocks:
-                x = b(x)
-            return self.head(self.ln_f(x))
-
-    class Residual(nn.Module):
-        def __init__(self, c):
-            super().__init__()
-            self.body = nn.Sequential(
-                nn.Conv2d(c, c, 3, padding=1, bias=False),
-                nn.BatchNorm2d(c),
-                nn.ReLU(),
-                nn.Conv2d(c, c, 3, padding=1, bias=False),
-                nn.BatchNorm2d(c),
-            )
-
-        def forward(self, x):
-            return F.relu(x + self.body(x))
-
-    class ConvNet(nn.Module):
-        def __init__(self, c=16, blocks=4, classes=10):
-            super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
-            self.layers = nn.Sequential(*[Residual(c) for _ in range(blocks)])
-            self.pool = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(c, classes)
-
-        def forward(self, x):
-            return self.fc(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
-
-    return types.SimpleNamespace(GPTConfig=GPTConfig, GPT=GPT, ConvNet=ConvNet)
+    return torch_models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +133,7 @@ def build(name: str) -> Workload:
     torch.manual_seed(0)
     m = _models()
     if name == "gpt":
-        cfg = m.GPTConfig()
+        cfg = m.GPTConfig(vocab=128, block=32, d=64, heads=4, n_layer=6)
         model = m.GPT(cfg)
         idx = torch.randint(0, cfg.vocab, (2, 16))
 
@@ -247,7 +151,7 @@ def build(name: str) -> Workload:
             fail,
         )
     if name == "cnn":
-        model = m.ConvNet()
+        model = m.ConvNet(c=16, blocks=4, classes=10, bias=False)
         x = torch.randn(2, 3, 16, 16)
 
         def fail(L: dict) -> dict:

@@ -438,4 +438,6 @@ def _python_eq(args: tuple) -> bool:
         return False
     if len(args) == 2 and type(args[1]) is bool:
         return args[1]
-    raise GuardBuildError(f"EQUALS_MATCH takes (constant,) or (constant, python_eq: bool), not {len(args)} arguments")
+    raise GuardBuildError(
+        f"EQUALS_MATCH takes (constant,) or (constant, python_eq: bool), not {len(args)} arguments"
+    )

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 
-import gc_stress
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import gc_stress
 import tripwire as tw
 from tripwire import _core, reference
 
@@ -92,10 +92,23 @@ def _twin(x: object, draw) -> object:
     if type(x) is bool:
         return [int(x), x, not x, HonestInt(x), float(x), Liar(7), Never(x)][choice % 7]
     if type(x) is int:
-        return [x, x + 1, bool(x) if x in (0, 1) else x, HonestInt(x), float(x), Liar(x + 5), Never(x),
-                str(x), None, (x,), int(str(x))][choice % 11]
+        return [
+            x,
+            x + 1,
+            bool(x) if x in (0, 1) else x,
+            HonestInt(x),
+            float(x),
+            Liar(x + 5),
+            Never(x),
+            str(x),
+            None,
+            (x,),
+            int(str(x)),
+        ][choice % 11]
     if type(x) is float:
-        return [x, -x, NAN, float("nan"), int(x) if math.isfinite(x) else x, x + 1.0, Liar(0), str(x)][choice % 8]
+        return [x, -x, NAN, float("nan"), int(x) if math.isfinite(x) else x, x + 1.0, Liar(0), str(x)][
+            choice % 8
+        ]
     if type(x) is str:
         return [x, x + "z", "".join(list(x)), None, 0, (x,)][choice % 6]
     return [None, 0, False, "", (), Liar(0)][choice % 6]
@@ -118,7 +131,7 @@ def python_answer(v: object, c: object) -> bool | None:
         return False
     try:
         return bool(v == c)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 

@@ -42,11 +42,12 @@ import gc_stress
 torch = pytest.importorskip("torch")
 
 import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
 
+import torch_models  # noqa: E402
 import tripwire as tw  # noqa: E402
 import tripwire.torch as twt  # noqa: E402
+from torch_models import GPT, MLP, Block, ConvNet, GPTConfig, Residual, act, act_twin  # noqa: E402
 from tripwire.torch import _tree  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -58,112 +59,9 @@ TENSOR_KINDS: set[str] = set()  # nothing is pending: tensor and ambient guards 
 # =================================================================================================
 # The models and functions torch compiles
 # =================================================================================================
-@dataclasses.dataclass
-class GPTConfig:
-    vocab: int = 32
-    d: int = 16
-    heads: int = 4
-    n_layer: int = 2
-    dropout: float = 0.0
-    causal: bool = True
-
-
-def act(t):  # the MLP's activation, read as a global: rebinding it must recompile
-    return F.gelu(t)
-
-
-def act_twin(t):  # the same body, another code object
-    return F.gelu(t)
-
-
-class Attn(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.cfg = cfg  # shared by every block: torch guards block 0's fields and `is` for the rest
-        self.q = nn.Linear(cfg.d, cfg.d)
-        self.k = nn.Linear(cfg.d, cfg.d)
-        self.v = nn.Linear(cfg.d, cfg.d)
-        self.o = nn.Linear(cfg.d, cfg.d)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        h = self.cfg.heads
-        q = self.q(x).view(B, T, h, C // h).transpose(1, 2)
-        k = self.k(x).view(B, T, h, C // h).transpose(1, 2)
-        v = self.v(x).view(B, T, h, C // h).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.cfg.causal)
-        return self.drop(self.o(y.transpose(1, 2).reshape(B, T, C)))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.fc = nn.Linear(cfg.d, 4 * cfg.d)
-        self.proj = nn.Linear(4 * cfg.d, cfg.d)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def forward(self, x):
-        return self.drop(self.proj(act(self.fc(x))))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.d)
-        self.attn = Attn(cfg)
-        self.ln2 = nn.LayerNorm(cfg.d)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab, cfg.d)
-        self.wpe = nn.Embedding(16, cfg.d)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
-        self.ln_f = nn.LayerNorm(cfg.d)
-        self.head = nn.Linear(cfg.d, cfg.vocab, bias=False)
-
-    def forward(self, idx):
-        pos = torch.arange(idx.shape[1])
-        x = self.drop(self.wte(idx) + self.wpe(pos))
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.ln_f(x))
-
-
-class Res(nn.Module):
-    def __init__(self, c: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(c, c, 3, padding=1),
-            nn.BatchNorm2d(c),
-            nn.ReLU(),
-            nn.Conv2d(c, c, 3, padding=1),
-            nn.BatchNorm2d(c),
-        )
-
-    def forward(self, x):
-        return F.relu(x + self.body(x))
-
-
-class CNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
-        self.res = nn.Sequential(Res(8), Res(8))
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(8, 10)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(self.pool(self.res(self.stem(x))), 1))
+# The models (GPTConfig, GPT, Block, MLP, Attention, ConvNet, Residual, act) are the benchmark's
+# own (bench/torch_models.py, on the path through pyproject's pytest pythonpath). The MLP reads
+# its activation as a global of that module: set_global rebinds it there.
 
 
 class Shared(nn.Module):
@@ -533,8 +431,10 @@ def set_attr(obj: Any, name: str, value: Any) -> Callable[[], None]:
     return undo
 
 
-def set_global(name: str, value: Any) -> Callable[[], None]:
-    g = globals()
+def set_global(name: str, value: Any, g: dict | None = None) -> Callable[[], None]:
+    """Rebind a global of this module (or of the module whose dict is ``g``); returns the undo."""
+    if g is None:
+        g = globals()
     old = g.get(name, _MISSING)
     g[name] = value
 
@@ -659,7 +559,8 @@ def test_differential_gpt():
         return set_attr(b.mlp, "drop", one_of(rng, (nn.Identity(), nn.Dropout(0.0))))
 
     def rebind_act(rng):
-        return set_global("act", one_of(rng, (act_twin, types.FunctionType(act.__code__, globals()), act)))
+        g = vars(torch_models)  # the MLP's globals
+        return set_global("act", one_of(rng, (act_twin, types.FunctionType(act.__code__, g), act)), g)
 
     def delete_attr(rng):
         b = one_of(rng, model.blocks)
@@ -695,7 +596,7 @@ def test_differential_gpt():
 
 def test_differential_cnn():
     torch.manual_seed(0)
-    model = CNN()
+    model = ConvNet()
     x = torch.randn(2, 3, 8, 8)
     gm = compile_and_call(model, x)
     gs = import_checked(model, twt.PENDING_KINDS, TENSOR_KINDS)
@@ -729,15 +630,15 @@ def test_differential_cnn():
         return set_attr(m, "inplace", one_of(rng, (True, False)))
 
     def swap_res(rng):
-        mods = model.res._modules
+        mods = model.layers._modules
         return replace_dict(mods, [("0", mods["1"]), ("1", mods["0"])])
 
     def reorder_res(rng):
-        mods = model.res._modules
+        mods = model.layers._modules
         return replace_dict(mods, [("1", mods["1"]), ("0", mods["0"])])
 
     def seq_change(rng):
-        seq = one_of(rng, [model.stem, model.res[0].body, model.res[1].body])
+        seq = one_of(rng, [model.stem, model.layers[0].body, model.layers[1].body])
         mods = seq._modules
         items = list(mods.items())
         i = rng.randrange(len(items))
@@ -755,7 +656,7 @@ def test_differential_cnn():
         return replace_dict(mods, items)
 
     def fresh_res(rng):
-        return replace_dict(model.res._modules, [("0", Res(8)), ("1", model.res._modules["1"])])
+        return replace_dict(model.layers._modules, [("0", Residual(8)), ("1", model.layers._modules["1"])])
 
     def training(rng):
         m = one_of(rng, submodules(model))
@@ -1104,7 +1005,7 @@ def test_differential_bound_method_and_code_object():
 # Mappings one at a time (where exactness is subtle)
 # =================================================================================================
 def test_container_equals_keeps_torchs_python_eq_semantics():
-    model = CNN()
+    model = ConvNet()
     x = torch.randn(1, 3, 8, 8)
     gm = compile_and_call(model, x)
     exact = twt.guards_of(model, drop=twt.PENDING_KINDS)
@@ -1133,7 +1034,7 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
 
 
 def test_fallback_refuse_reports_what_needs_torch():
-    model = CNN()
+    model = ConvNet()
     compile_and_call(model, torch.randn(1, 3, 8, 8))
     with pytest.raises(tw.GuardsNotImportable) as e:
         twt.guards_of(model, drop=twt.PENDING_KINDS, fallback="refuse")
@@ -1428,7 +1329,7 @@ def test_without_torchs_identity_records_every_guard_still_decides_exactly(monke
     """If the objects behind torch's ids cannot be found, TYPE_MATCH and ID_MATCH fall back to
     calling torch's own leaf: slower, never different."""
     torch.manual_seed(0)
-    model = CNN()
+    model = ConvNet()
     x = torch.randn(1, 3, 8, 8)
     gm = compile_and_call(model, x)
     monkeypatch.setattr(_tree, "identity_objects", lambda gm: {})
@@ -1442,7 +1343,7 @@ def test_without_torchs_identity_records_every_guard_still_decides_exactly(monke
     )
 
     def swap(rng):
-        mods = model.res._modules
+        mods = model.layers._modules
         return replace_dict(
             mods,
             one_of(rng, [[("0", mods["1"]), ("1", mods["0"])], [("0", nn.Identity()), ("1", mods["1"])]]),
@@ -1493,7 +1394,7 @@ def test_lying_eq_inside_a_tuple_decides_as_torch():
 
         __hash__ = int.__hash__
 
-    model = CNN()
+    model = ConvNet()
     x = torch.randn(1, 3, 8, 8)
     gm = compile_and_call(model, x)
     exact = twt.guards_of(model, drop=twt.PENDING_KINDS)
@@ -1575,7 +1476,7 @@ def test_odd_keys_and_strings_in_printed_code():
 def test_threads_share_an_imported_set_that_calls_torch():
     import threading
 
-    model = CNN()
+    model = ConvNet()
     x = torch.randn(1, 3, 8, 8)
     gm = compile_and_call(model, x)
     gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
@@ -1607,7 +1508,7 @@ def test_imported_set_outlives_torchs_cache():
     """An imported set that calls torch's leaf guards keeps torch's tree alive: after
     torch._dynamo.reset() (which also deletes the globals Dynamo installed, so the guards on those
     now fail) every guard still evaluates, and torch's own guards answer as before."""
-    model = CNN()
+    model = ConvNet()
     x = torch.randn(1, 3, 8, 8)
     compile_and_call(model, x)
     gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
@@ -1616,7 +1517,7 @@ def test_imported_set_outlives_torchs_cache():
     assert gs.check({"self": model, "x": x}) and not gs.check({"self": other, "x": x})
     torch._dynamo.reset()
     gc.collect()
-    assert _debug_get_cache_entry_list(CNN.forward.__code__) == []
+    assert _debug_get_cache_entry_list(ConvNet.forward.__code__) == []
     ok = gs.failures({"self": model, "x": x})
     bad = gs.failures({"self": other, "x": x})
     installed = ("G['__import_torch_dot_nn_dot", "dict.__getitem__(G['__builtins_dict___")
@@ -1632,7 +1533,7 @@ def test_torchs_laxness_is_inherited_and_recorded():
     """torch 2.13 guards no hook dict (skip_nnmodule_hook_guards) and exempts parameters from its
     no-aliasing check: the imported set decides as torch (a hook passes) and says so."""
     torch.manual_seed(0)
-    model = CNN()
+    model = ConvNet()
     x = torch.randn(1, 3, 8, 8)
     gm = compile_and_call(model, x)
     gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
