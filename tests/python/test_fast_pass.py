@@ -366,3 +366,36 @@ def test_fast_pass_decides_passing_checks(source: str, example: dict, kind: str)
     before = gs._fast_pass_count
     assert gs.check(example)
     assert gs._fast_pass_count == before + 1, f"{source}: the check fell back to the tree walk"
+
+
+def test_no_user_code_check_leaves_no_claim_over_an_undecided_guard():
+    """The dispatch fast path (lookup_most_recent) runs the fast program without user code. A
+    DICT_CONTAINS on a user-typed key cannot be decided there (its __eq__ may run): the check is
+    undecided and the full lookup follows. The stamp's claim on the dict, made before that guard,
+    must not survive it: otherwise the full check jumps over the guard on the same dict state and
+    passes without ever deciding it (a false pass: here, the key was just deleted)."""
+
+    class Key:
+        def __hash__(self) -> int:
+            return 7
+
+        def __eq__(self, other: object) -> bool:
+            return other is self
+
+    key = Key()
+    compiled = []
+
+    def compiler(fn, example, builder):
+        builder.dict_contains("L['d']", key)
+        compiled.append(1)
+        return fn
+
+    @tw.specialize(compiler=compiler)
+    def f(d):
+        return key in d
+
+    d = {key: 1, "a": 2}
+    assert f(d) is True and f(d) is True and len(compiled) == 1
+    del d[key]  # a new dict state: the next check stamps it
+    assert f(d) is False  # the guard failed: recompiled, and the function saw the truth
+    assert len(compiled) == 2
