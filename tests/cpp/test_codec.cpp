@@ -89,6 +89,11 @@ Document sample() {
     add(GuardKind::True);
     add(GuardKind::False);
     add(GuardKind::EqualsMatch).operand = 3;
+    {
+        GuardDecl& g = add(GuardKind::EqualsMatch);  // python_eq: record version 2
+        g.operand = 3;
+        g.flag = true;
+    }
     add(GuardKind::Length).n = 4;
     GuardDecl& dk = add(GuardKind::DictKeys);
     dk.operand2 = 4;
@@ -220,6 +225,24 @@ TEST(Codec, PayloadsCanCarryExtraSources) {
     EXPECT_EQ(back.texts, src.texts);
     Reader bad(reinterpret_cast<const std::uint8_t*>(w.out.data()), w.out.size(), 0);
     EXPECT_THROW(read_source(bad, back, PayloadContext{table.all, 1}), FormatError);  // constant 1 of 1
+}
+
+/// EQUALS_MATCH's python_eq flag is record version 2; version 1 stays the type-exact form.
+TEST(Codec, EqualsPythonEqIsRecordVersion2) {
+    GuardDecl plain;
+    plain.kind = GuardKind::EqualsMatch;
+    EXPECT_EQ(record_version(plain), 1);
+    plain.flag = true;
+    EXPECT_EQ(record_version(plain), 2);
+    // sample() holds both forms: each comes back as it went in (RoundTripsEveryStoredKind
+    // compares every field).
+    int plain_n = 0, python_n = 0;
+    for (const auto& g : roundtrip(sample()).guards) {
+        if (g.decl.kind != GuardKind::EqualsMatch) continue;
+        ++(g.decl.flag ? python_n : plain_n);
+    }
+    EXPECT_EQ(plain_n, 1);
+    EXPECT_EQ(python_n, 1);
 }
 
 TEST(Codec, NeverStoredKindsAreRefused) {
