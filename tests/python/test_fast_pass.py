@@ -373,7 +373,8 @@ def test_no_user_code_check_leaves_no_claim_over_an_undecided_guard():
     DICT_CONTAINS on a user-typed key cannot be decided there (its __eq__ may run): the check is
     undecided and the full lookup follows. The stamp's claim on the dict, made before that guard,
     must not survive it: otherwise the full check jumps over the guard on the same dict state and
-    passes without ever deciding it (a false pass: here, the key was just deleted)."""
+    passes without ever deciding it. Before the fix, the entry compiled for `key in o.d` was
+    reused after `del o.d[key]` (a false pass; the function itself still answered False)."""
 
     class Key:
         def __hash__(self) -> int:
@@ -382,20 +383,24 @@ def test_no_user_code_check_leaves_no_claim_over_an_undecided_guard():
         def __eq__(self, other: object) -> bool:
             return other is self
 
+    class Box:
+        pass
+
     key = Key()
     compiled = []
 
     def compiler(fn, example, builder):
-        builder.dict_contains("L['d']", key)
+        builder.dict_contains("L['o'].d", key)
         compiled.append(1)
         return fn
 
     @tw.specialize(compiler=compiler)
-    def f(d):
-        return key in d
+    def f(o):
+        return key in o.d
 
-    d = {key: 1, "a": 2}
-    assert f(d) is True and f(d) is True and len(compiled) == 1
-    del d[key]  # a new dict state: the next check stamps it
-    assert f(d) is False  # the guard failed: recompiled, and the function saw the truth
-    assert len(compiled) == 2
+    o = Box()
+    o.d = {key: 1, "a": 2}
+    assert f(o) is True and f(o) is True and f(o) is True and len(compiled) == 1
+    del o.d[key]  # a new state of the same dict: the next check stamps it
+    assert f(o) is False
+    assert len(compiled) == 2  # the guard failed: a miss, compiled again

@@ -348,3 +348,37 @@ def test_serialized_flag_round_trips():
     plain = tw.GuardBuilder({"x": (1, 2)})
     plain.equals("L['x']")
     assert tw.GuardSet.from_bytes(plain.build().to_bytes())._specs[0].args == ((1, 2),)
+
+
+def test_eq_that_mutates_and_reenters():
+    """An element's __eq__ (a residue) that deletes the value from the dict it was read from,
+    collects, and runs a nested check of the same set: no crash, no error left set, and the
+    outer check decides on the objects it read (as Python's == would, on the held value)."""
+
+    class Mod:
+        pass
+
+    m = Mod()
+    state = {"nested": None}
+
+    class Evil(int):
+        def __eq__(self, other: object) -> bool:
+            m.__dict__.pop("pad", None)  # the tuple being compared loses its last other owner
+            import gc
+
+            gc.collect()
+            if state["nested"] is None:
+                state["nested"] = gs.check({"m": m})  # pad is gone: the nested check fails
+            return int(self) == other
+
+        __hash__ = int.__hash__
+
+    m.pad = (1, 2)
+    b = tw.GuardBuilder({"m": m})
+    b.equals("L['m'].__dict__['pad']", python_eq=True)
+    gs = b.build()
+    assert gs.check({"m": m})
+    m.pad = (Evil(1), 2)
+    assert gs.check({"m": m}) is True  # decided on the held tuple: (Evil(1), 2) == (1, 2)
+    assert state["nested"] is False
+    assert gs.check({"m": m}) is False  # pad is gone now
