@@ -30,17 +30,16 @@ import math
 import os
 import platform
 import re
-import statistics
 import sys
 import textwrap
 import time
-import timeit
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import floor_build
+from contenders import Contender, fmt_ns, measure, ratio_columns, table
 from tripwire import reference
 from tripwire.builder import GuardBuilder
 from tripwire.catalogue import GuardKind, GuardSpec, resolve
@@ -884,54 +883,7 @@ def torch_guard_count(gm) -> dict[str, int]:
 # =================================================================================================
 # Timing
 # =================================================================================================
-@dataclass
-class Contender:
-    name: str
-    check: Callable[[Any], Any]
-    f_locals: Any
-    guards: int | None
-    note: str = ""
-    samples: list[float] = field(default_factory=list)  # ns per call, one per repeat
-    number: int = 0
-    instructions: float | None = None  # per check, from callgrind (--instructions)
-
-    @property
-    def min(self) -> float:
-        return min(self.samples)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
-
-
-def _timer(fn: Callable, arg: Any) -> timeit.Timer:
-    return timeit.Timer("f(L)", globals={"f": fn, "L": arg})
-
-
-def _calibrate(c: Contender, target_s: float) -> None:
-    t = _timer(c.check, c.f_locals)
-    n = 1
-    while True:
-        dt = t.timeit(n)
-        if dt >= target_s / 5 or n >= 10_000_000:
-            break
-        n *= 4
-    c.number = max(1, int(n * target_s / max(dt, 1e-9)))
-
-
-def measure(contenders: list[Contender], repeat: int, target_s: float) -> None:
-    """Round-robin: each repeat times every contender once, in a rotating order, so machine noise
-    spreads over all of them instead of hitting one column."""
-    for c in contenders:
-        _calibrate(c, target_s)
-    timers = [_timer(c.check, c.f_locals) for c in contenders]
-    k = len(contenders)
-    for r in range(repeat):
-        for j in range(k):
-            i = (r + j) % k
-            c = contenders[i]
-            dt = timers[i].timeit(c.number)
-            c.samples.append(dt / c.number * 1e9)
+# Contender and measure: bench/contenders.py (shared with real_models.py and tensor_guards.py).
 
 
 # =================================================================================================
@@ -1101,22 +1053,6 @@ def callgrind_count(workload: str, contender: str, n: int, torch_ok: bool, out_d
 # =================================================================================================
 # Reporting
 # =================================================================================================
-def _fmt_ns(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
-
-
-def _table(rows: list[list[str]], header: list[str], right: set[int]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r):
-        return "  ".join(
-            str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))
-        )
-
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), sep] + [line(r) for r in rows])
-
-
 TARGETS = {  # issue 2, on W2: (contender, bound on tripwire time / contender time, how to read it)
     "torch": (1 / 3, "tripwire <= 1/3 of torch's time"),
     "C floor": (1.5, "tripwire <= 1.5x the C floor"),
@@ -1141,10 +1077,9 @@ def report(results: list[dict], *, repeat: int) -> str:
                 w.name,
                 c.name,
                 "-" if c.guards is None else str(c.guards),
-                _fmt_ns(c.min),
-                _fmt_ns(c.median),
-                f"{tw.min / c.min:.3f}",
-                f"{tw.median / c.median:.3f}",
+                fmt_ns(c.min),
+                fmt_ns(c.median),
+                *ratio_columns(tw, c),
             ]
             if with_ir:
                 ok = c.instructions and tw.instructions
@@ -1165,7 +1100,7 @@ def report(results: list[dict], *, repeat: int) -> str:
             else ""
         )
     )
-    out.append(_table(rows, header, right={2, 3, 4, 5, 6, 7, 8} if with_ir else {2, 3, 4, 5, 6}))
+    out.append(table(rows, header, right={2, 3, 4, 5, 6, 7, 8} if with_ir else {2, 3, 4, 5, 6}))
     out.append("")
     # Targets (issue 2) on W2.
     for res in results:

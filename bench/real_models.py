@@ -23,8 +23,8 @@ locals:
     python bench/real_models.py --quick          # smoke run
     python bench/real_models.py -w gpt --instructions   # + callgrind instructions per check
 
-Timing, calibration and the callgrind loop are bench/guard_eval.py's (``measure``, ``Contender``,
-``_floor.repeat_call``). Models and inputs are seeded: the guard sets are the same on every run.
+Timing and the table are bench/contenders.py's (``Contender``, ``measure``), the callgrind loop
+bench/guard_eval.py's (``_floor.repeat_call``). Models and inputs are seeded: the guard sets are the same on every run.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import guard_eval  # noqa: E402
-from guard_eval import Contender, _fmt_ns, _table, measure  # noqa: E402
+from contenders import Contender, fmt_ns, measure, ratio_columns, table  # noqa: E402
 
 # torch guard types (guard_filter_fn's GuardFilterEntry.guard_type) whose guards guards_of would
 # not import: none since the tensor engine (issue 9), so the filter keeps everything and
@@ -438,10 +438,9 @@ def report(workloads: list[Workload], repeat: int) -> str:
                 w.name,
                 c.name,
                 str(c.guards),
-                _fmt_ns(c.min),
-                _fmt_ns(c.median),
-                f"{tw.min / c.min:.3f}",
-                f"{tw.median / c.median:.3f}",
+                fmt_ns(c.min),
+                fmt_ns(c.median),
+                *ratio_columns(tw, c),
             ]
             if with_ir:
                 row.append(f"{c.instructions:,.0f}" if c.instructions else "-")
@@ -453,7 +452,7 @@ def report(workloads: list[Workload], repeat: int) -> str:
     out = [
         f"ns per check on a passing input; min and median over {repeat} repeats (round-robin); tw/x = "
         "the `tripwire` column's time / the contender's (below 1: tripwire is faster)",
-        _table(rows, header, right),
+        table(rows, header, right),
         "",
         "Targets (issue 10): tripwire <= 1/3 of torch like for like; <= 1/5 of torch with all its guards "
         "(once tensor guards are imported).",

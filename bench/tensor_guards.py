@@ -22,69 +22,26 @@ Four measurements, each against its yardstick in the same run (round-robin repea
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
-import timeit
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import contenders
 import floor_build
 import guard_eval
 import tripwire as tw
+from contenders import Contender, fmt_ns
 from tripwire import _core
 
 
-@dataclass
-class Timed:
-    name: str
-    fn: Callable[[], Any]
-    samples: list[float] = field(default_factory=list)
-    number: int = 0
-
-    @property
-    def min(self) -> float:
-        return min(self.samples)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
+def measure(items: list[Contender], repeat: int, target_s: float) -> None:
+    """contenders.measure with the collector off during each sample (tensors allocate)."""
+    contenders.measure(items, repeat, target_s, gc_off=True, cap=5_000_000)
 
 
-def measure(items: list[Timed], repeat: int, target_s: float) -> None:
-    """Round-robin repeats, calibrated so one repeat of one item takes about ``target_s``."""
-    for it in items:
-        t = timeit.Timer(it.fn)
-        n = 1
-        while True:
-            dt = t.timeit(n)
-            if dt >= target_s / 5 or n >= 5_000_000:
-                break
-            n *= 4
-        it.number = max(1, int(n * target_s / max(dt, 1e-9)))
-    timers = [timeit.Timer(it.fn) for it in items]
-    for r in range(repeat):
-        for j in range(len(items)):
-            i = (r + j) % len(items)
-            gc.collect()
-            was = gc.isenabled()
-            gc.disable()
-            try:
-                dt = timers[i].timeit(items[i].number)
-            finally:
-                if was:
-                    gc.enable()
-            items[i].samples.append(dt / items[i].number * 1e9)
-
-
-def fmt(x: float) -> str:
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
-
-
-def per_unit(full: Timed, empty: Timed, k: int) -> tuple[float, float]:
+def per_unit(full: Contender, empty: Contender, k: int) -> tuple[float, float]:
     """(min, median) of (full - empty) / k, pairing the samples of the same repeat."""
     diffs = [(f - e) / k for f, e in zip(full.samples, empty.samples, strict=True)]
     return min(diffs), statistics.median(diffs)
@@ -136,17 +93,17 @@ def bench_tensor_match(ks: list[int], repeat: int, target_s: float, log) -> list
         bad = dict(xs, **{f"x{k - 1}": torch.randn(4, 9)})
         assert gs.check(xs) and not gs.check(bad) and root.check(xs) and not root.check(bad)
         items = [
-            Timed("tripwire", lambda: gs.check(xs)),
-            Timed("tripwire empty", lambda: empty_gs.check(xs)),
-            Timed("torch", lambda: root.check(xs)),
-            Timed("torch empty", lambda: empty_root.check(xs)),
+            Contender("tripwire", lambda: gs.check(xs)),
+            Contender("tripwire empty", lambda: empty_gs.check(xs)),
+            Contender("torch", lambda: root.check(xs)),
+            Contender("torch empty", lambda: empty_root.check(xs)),
         ]
         measure(items, repeat, target_s)
         tw_per = per_unit(items[0], items[1], k)
         torch_per = per_unit(items[2], items[3], k)
         out.append(
-            f"| T1 K={k} | {fmt(tw_per[0])} / {fmt(tw_per[1])} | {fmt(torch_per[0])} / {fmt(torch_per[1])} | "
-            f"{ratio(tw_per, torch_per)} | {fmt(items[0].min)} vs {fmt(items[2].min)} |"
+            f"| T1 K={k} | {fmt_ns(tw_per[0])} / {fmt_ns(tw_per[1])} | {fmt_ns(torch_per[0])} / {fmt_ns(torch_per[1])} | "
+            f"{ratio(tw_per, torch_per)} | {fmt_ns(items[0].min)} vs {fmt_ns(items[2].min)} |"
         )
         log(out[-1])
     return out
@@ -175,19 +132,19 @@ def bench_array_match(ks: list[int], repeat: int, target_s: float, log) -> list[
         for check in (gs.check, gs_py.check, plan.check):
             assert check(arrays) is True and check(bad) is False
         items = [
-            Timed("tripwire", lambda: gs.check(arrays)),
-            Timed("tripwire empty", lambda: empty_gs.check(arrays)),
-            Timed("C floor", lambda: plan.check(arrays)),
-            Timed("C floor empty", lambda: empty_plan.check(arrays)),
-            Timed("python reader", lambda: gs_py.check(arrays)),
+            Contender("tripwire", lambda: gs.check(arrays)),
+            Contender("tripwire empty", lambda: empty_gs.check(arrays)),
+            Contender("C floor", lambda: plan.check(arrays)),
+            Contender("C floor empty", lambda: empty_plan.check(arrays)),
+            Contender("python reader", lambda: gs_py.check(arrays)),
         ]
         measure(items, repeat, target_s)
         tw_per = per_unit(items[0], items[1], k)
         floor_per = per_unit(items[2], items[3], k)
         py_per = per_unit(items[4], items[1], k)
         out.append(
-            f"| A1 K={k} | {fmt(tw_per[0])} / {fmt(tw_per[1])} | {fmt(floor_per[0])} / {fmt(floor_per[1])} | "
-            f"{ratio(tw_per, floor_per)} | python reader {fmt(py_per[0])} / {fmt(py_per[1])} |"
+            f"| A1 K={k} | {fmt_ns(tw_per[0])} / {fmt_ns(tw_per[1])} | {fmt_ns(floor_per[0])} / {fmt_ns(floor_per[1])} | "
+            f"{ratio(tw_per, floor_per)} | python reader {fmt_ns(py_per[0])} / {fmt_ns(py_per[1])} |"
         )
         log(out[-1])
     return out
@@ -215,19 +172,19 @@ def bench_global_state(repeat: int, target_s: float, log) -> list[str]:
         assert not gs.check(L) and not root.check(L) and not gs_py.check(L)
     assert gs.check(L) and root.check(L) and gs_py.check(L)
     items = [
-        Timed("tripwire", lambda: gs.check(L)),
-        Timed("tripwire empty", lambda: empty_gs.check(L)),
-        Timed("torch", lambda: root.check(L)),
-        Timed("torch empty", lambda: empty_root.check(L)),
-        Timed("python reader", lambda: gs_py.check(L)),
+        Contender("tripwire", lambda: gs.check(L)),
+        Contender("tripwire empty", lambda: empty_gs.check(L)),
+        Contender("torch", lambda: root.check(L)),
+        Contender("torch empty", lambda: empty_root.check(L)),
+        Contender("python reader", lambda: gs_py.check(L)),
     ]
     measure(items, repeat, target_s)
     tw_one = per_unit(items[0], items[1], 1)
     torch_one = per_unit(items[2], items[3], 1)
     py_one = per_unit(items[4], items[1], 1)
     line = (
-        f"| G1 | {fmt(tw_one[0])} / {fmt(tw_one[1])} | {fmt(torch_one[0])} / {fmt(torch_one[1])} | "
-        f"{ratio(tw_one, torch_one)} | python reader {fmt(py_one[0])} / {fmt(py_one[1])} |"
+        f"| G1 | {fmt_ns(tw_one[0])} / {fmt_ns(tw_one[1])} | {fmt_ns(torch_one[0])} / {fmt_ns(torch_one[1])} | "
+        f"{ratio(tw_one, torch_one)} | python reader {fmt_ns(py_one[0])} / {fmt_ns(py_one[1])} |"
     )
     log(line)
     return [line]
@@ -295,12 +252,12 @@ def bench_dynamo_guard_eval(repeat: int, target_s: float, log) -> list[str]:
         return inputs[i]
 
     items = [
-        Timed("tripwire lookup", lambda: cache.lookup(next_locals())),
-        Timed("torch lookup", lambda: torch_lookup(next_locals())),
-        Timed("dict cycle only", lambda: next_locals()),
-        Timed("tripwire call", lambda: spec(*next_args())),
-        Timed("torch call", lambda: compiled(*next_args())),
-        Timed("eager call", lambda: foo(*next_args())),
+        Contender("tripwire lookup", lambda: cache.lookup(next_locals())),
+        Contender("torch lookup", lambda: torch_lookup(next_locals())),
+        Contender("dict cycle only", lambda: next_locals()),
+        Contender("tripwire call", lambda: spec(*next_args())),
+        Contender("torch call", lambda: compiled(*next_args())),
+        Contender("eager call", lambda: foo(*next_args())),
     ]
     measure(items, repeat, target_s)
     base = items[2]
@@ -310,11 +267,11 @@ def bench_dynamo_guard_eval(repeat: int, target_s: float, log) -> list[str]:
     tw_over = (items[3].min - eager.min, items[3].median - eager.median)
     th_over = (items[4].min - eager.min, items[4].median - eager.median)
     lines = [
-        f"| D1 guards only (lookup per call) | {fmt(tw_g[0])} / {fmt(tw_g[1])} | {fmt(th_g[0])} / {fmt(th_g[1])} | "
+        f"| D1 guards only (lookup per call) | {fmt_ns(tw_g[0])} / {fmt_ns(tw_g[1])} | {fmt_ns(th_g[0])} / {fmt_ns(th_g[1])} | "
         f"{ratio(tw_g, th_g)} | torch from Python (pybind per entry tried) |",
-        f"| D1 whole call | {fmt(items[3].min)} / {fmt(items[3].median)} | {fmt(items[4].min)} / {fmt(items[4].median)} | "
-        f"{ratio((items[3].min, items[3].median), (items[4].min, items[4].median))} | eager {fmt(eager.min)} / {fmt(eager.median)} |",
-        f"| D1 call overhead (call - eager) | {fmt(tw_over[0])} / {fmt(tw_over[1])} | {fmt(th_over[0])} / {fmt(th_over[1])} | "
+        f"| D1 whole call | {fmt_ns(items[3].min)} / {fmt_ns(items[3].median)} | {fmt_ns(items[4].min)} / {fmt_ns(items[4].median)} | "
+        f"{ratio((items[3].min, items[3].median), (items[4].min, items[4].median))} | eager {fmt_ns(eager.min)} / {fmt_ns(eager.median)} |",
+        f"| D1 call overhead (call - eager) | {fmt_ns(tw_over[0])} / {fmt_ns(tw_over[1])} | {fmt_ns(th_over[0])} / {fmt_ns(th_over[1])} | "
         f"{ratio(tw_over, th_over)} | tripwire entries: {n_guards_tw} guards each |",
     ]
     for line in lines:
