@@ -600,7 +600,13 @@ class _Cyc:
 
 
 def run(
-    seed: int, steps: int, *, gc_stress: bool = False, world_steps: int = 2000, log=None, log_every: int = 50_000
+    seed: int,
+    steps: int,
+    *,
+    gc_stress: bool = False,
+    world_steps: int = 2000,
+    log=None,
+    log_every: int = 50_000,
 ) -> RunStats:
     """`steps` mutation+check steps over fresh worlds of `world_steps` steps each; raises
     Disagreement on the first disagreement."""
@@ -687,7 +693,9 @@ def main(argv: list[str] | None = None) -> int:
         print("the skip is not enabled on this interpreter (tag reading unverified)", file=sys.stderr)
         return 2
     t0 = time.time()
-    st = run(a.seed, a.steps, gc_stress=a.gc_stress, log=lambda m: print(m, flush=True), log_every=a.log_every)
+    st = run(
+        a.seed, a.steps, gc_stress=a.gc_stress, log=lambda m: print(m, flush=True), log_every=a.log_every
+    )
     print(
         f"OK: {st.steps} steps ({st.checks} checks) on {st.worlds} worlds, Python {sys.version.split()[0]}, "
         f"seed {a.seed}, gc_stress={a.gc_stress}: zero disagreements; {st.passes} passing steps "

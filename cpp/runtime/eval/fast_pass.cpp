@@ -209,7 +209,9 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
         case core::GuardKind::NotNone: g.code = Code::IsNotNone; break;
         case core::GuardKind::True: g.code = Code::IsTrue; break;
         case core::GuardKind::False: g.code = Code::IsFalse; break;
-        case core::GuardKind::EqualsMatch: g.code = guards_[gi].flag ? Code::EqualsPython : Code::Equals; break;
+        case core::GuardKind::EqualsMatch:
+            g.code = guards_[gi].flag ? Code::EqualsPython : Code::Equals;
+            break;
         case core::GuardKind::DictKeys: g.code = Code::DictKeys; break;
         case core::GuardKind::DictContains: g.code = Code::DictContains; break;
         case core::GuardKind::Length: g.code = Code::LengthExact; break;
@@ -760,23 +762,14 @@ int GuardSet::run_program(const Locals& locals) {
         // indirect jump per op, no loop counter); `break` inside an op's do/while leaves it.
 #define TW_DISPATCH() \
     goto* kDispatch[static_cast<std::size_t>(opp->code)]  // NOLINT(bugprone-macro-parentheses)
-        static void* const kDispatch[] = {&&op_LoadLocal,    &&op_LoadGlobal,
-                                          &&op_LoadClosure,  &&op_FetchAttr,
-                                          &&op_FetchItem,    &&op_FetchDictItem,
-                                          &&op_FetchDict,    &&op_FetchFunction,
-                                          &&op_FetchPure,    &&op_TypeIs,
-                                          &&op_IdIs,         &&op_IsNone,
-                                          &&op_IsNotNone,    &&op_IsTrue,
-                                          &&op_IsFalse,      &&op_Equals, &&op_EqualsPython,
-                                          &&op_DictKeys,     &&op_DictContains,
-                                          &&op_LengthExact,  &&op_DictVersion,
-                                          &&op_WeakrefAlive, &&op_CodeIs,
-                                          &&op_BuiltinProbe, &&op_Stamp,
-                                          &&op_StampGlobals, &&op_SlowGuard,
-                                          &&op_SlowAmbient,  &&op_Symbol,
-                                          &&op_TensorProp,   &&op_TensorMatch,
-                                          &&op_ArrayMatch,   &&op_DimensionMarking,
-                                          &&op_Relational,   &&op_End};
+        static void* const kDispatch[] = {
+            &&op_LoadLocal,     &&op_LoadGlobal,   &&op_LoadClosure,      &&op_FetchAttr,    &&op_FetchItem,
+            &&op_FetchDictItem, &&op_FetchDict,    &&op_FetchFunction,    &&op_FetchPure,    &&op_TypeIs,
+            &&op_IdIs,          &&op_IsNone,       &&op_IsNotNone,        &&op_IsTrue,       &&op_IsFalse,
+            &&op_Equals,        &&op_EqualsPython, &&op_DictKeys,         &&op_DictContains, &&op_LengthExact,
+            &&op_DictVersion,   &&op_WeakrefAlive, &&op_CodeIs,           &&op_BuiltinProbe, &&op_Stamp,
+            &&op_StampGlobals,  &&op_SlowGuard,    &&op_SlowAmbient,      &&op_Symbol,       &&op_TensorProp,
+            &&op_TensorMatch,   &&op_ArrayMatch,   &&op_DimensionMarking, &&op_Relational,   &&op_End};
         static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
                       "one entry per FastOp::Code, in order");
         const FastOp* opp = ops;

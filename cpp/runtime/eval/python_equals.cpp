@@ -80,7 +80,7 @@ int pair_equal(PyObject* x, PyObject* y, int depth) {
             const long long a = PyLong_AsLongLongAndOverflow(x, &ox);
             const long long b = PyLong_AsLongLongAndOverflow(y, &oy);
             if (ox != 0 || oy != 0 || ((a == -1 || b == -1) && PyErr_Occurred())) {
-                PyErr_Clear();  // cannot fail for an exact int; stay safe
+                PyErr_Clear();          // cannot fail for an exact int; stay safe
                 return kEqualsUnknown;  // a big int: Python compares the digits
             }
             return a == b ? 1 : 0;
