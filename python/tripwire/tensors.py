@@ -159,7 +159,7 @@ def ensure_numpy() -> bool:
     with _lock:
         if _numpy_status is not None:
             return True
-        _core._set_python_readers(None, _read_array, None, None, None)
+        _core._set_python_readers(None, _read_array, None, None, None, None)
         if not _core.numpy_struct_compiled():
             status = "python reader (this build has no numpy>=2 headers)"
         elif not _numpy_layout_matches(np):

@@ -1122,7 +1122,7 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
         undo()
     torch_evaluated = exact.torch_import.by_outcome("torch")
     assert torch_evaluated and all(
-        g.kind in ("EQUALS_MATCH", "AUTOGRAD_SAVED_TENSORS_HOOKS") for g in torch_evaluated
+        g.kind == "EQUALS_MATCH" for g in torch_evaluated
     )
     assert "torch's own guard" in exact.explain()
     assert all(
@@ -1135,29 +1135,34 @@ def test_fallback_refuse_reports_what_needs_torch():
     compile_and_call(model, torch.randn(1, 3, 8, 8))
     with pytest.raises(tw.GuardsNotImportable) as e:
         twt.guards_of(model, drop=twt.PENDING_KINDS, fallback="refuse")
-    assert {g.kind for g in e.value.guards} == {"EQUALS_MATCH", "AUTOGRAD_SAVED_TENSORS_HOOKS"}
-    assert all(
-        g.outcome == "unsupported" and ("Python ==" in g.why or "saved_tensors_hooks" in g.why)
-        for g in e.value.guards
-    )
-    gs = twt.guards_of(
-        model, drop=(*twt.PENDING_KINDS, "EQUALS_MATCH", "AUTOGRAD_SAVED_TENSORS_HOOKS"), fallback="refuse"
-    )
+    # The saved-tensor-hooks lambda is tripwire's own probe now (GLOBAL_STATE torch_saved_tensors_hooks).
+    assert {g.kind for g in e.value.guards} == {"EQUALS_MATCH"}
+    assert all(g.outcome == "unsupported" and "Python ==" in g.why for g in e.value.guards)
+    gs = twt.guards_of(model, drop=(*twt.PENDING_KINDS, "EQUALS_MATCH"), fallback="refuse")
     assert not gs.torch_import.by_outcome("torch")
+    hooks = [g for g in gs.torch_import.guards if g.kind == "AUTOGRAD_SAVED_TENSORS_HOOKS"]
+    assert len(hooks) == 1 and hooks[0].outcome == "native"
 
 
-def test_not_importable_lists_each_guard_with_source_and_kind():
+def test_not_importable_lists_each_guard_with_source_and_kind(monkeypatch):
     """With fallback="refuse", what has no tripwire form is listed (source, kind, why), nothing is
     imported, and a source in drop= drops the guards on it and below it."""
     model = Shared()
     compile_and_call(model, torch.randn(2, 4))
+    twt.guards_of(model, fallback="refuse")  # everything has a tripwire form
+    from tripwire.torch import _rules
+
+    def no_form(*args):
+        raise _rules._Fallback("no tripwire form (this test)")
+
+    monkeypatch.setitem(_rules.LEAF_RULES, "TENSOR_MATCH", no_form)
     with pytest.raises(tw.GuardsNotImportable) as e:
         twt.guards_of(model, fallback="refuse")
     msg = str(e.value)
-    assert {g.kind for g in e.value.guards} == {"AUTOGRAD_SAVED_TENSORS_HOOKS"}
+    assert {g.kind for g in e.value.guards} == {"TENSOR_MATCH"}
     for g in e.value.guards:
         assert g.outcome == "unsupported" and g.source and g.kind in msg
-    gs = twt.guards_of(model, drop=("AUTOGRAD_SAVED_TENSORS_HOOKS", "L['self']", "L['x']"), fallback="refuse")
+    gs = twt.guards_of(model, drop=("L['self']", "L['x']"), fallback="refuse")
     assert all(g.outcome == "dropped" for g in gs.torch_import.guards if g.source.startswith("L['self']"))
     assert not any(s.kind is tw.GuardKind.TENSOR_MATCH for s in gs.guards)
 
@@ -1561,7 +1566,7 @@ def test_odd_keys_and_strings_in_printed_code():
 
     gm = compile_and_call(f, torch.ones(1), dict(weird), "  # not a comment")
     gs = import_checked(f, twt.PENDING_KINDS, TENSOR_KINDS)
-    assert {g.kind for g in gs.torch_import.by_outcome("torch")} == {"AUTOGRAD_SAVED_TENSORS_HOOKS"}
+    assert not gs.torch_import.by_outcome("torch")
     for d, s in [
         (dict(weird), "  # not a comment"),
         ({**weird, "x') == 1 or ('": 5}, "  # not a comment"),
