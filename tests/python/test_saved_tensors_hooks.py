@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import tripwire as tw
+from engine_switches import python_readers
 from tripwire import _core, reference
 
 torch = pytest.importorskip("torch")
@@ -104,11 +105,8 @@ def compiled_in(state: str) -> tuple[Any, list[tw.GuardSet]]:
         (entry,) = _debug_get_cache_entry_list(f.__code__)
         sets = []
         for python in (False, True):
-            was = _core._force_python_readers(python)
-            try:
+            with python_readers(python):
                 sets.append(guards_of(f))
-            finally:
-                _core._force_python_readers(was)
     return entry.guard_manager, sets
 
 

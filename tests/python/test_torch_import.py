@@ -1121,9 +1121,7 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
     finally:
         undo()
     torch_evaluated = exact.torch_import.by_outcome("torch")
-    assert torch_evaluated and all(
-        g.kind == "EQUALS_MATCH" for g in torch_evaluated
-    )
+    assert torch_evaluated and all(g.kind == "EQUALS_MATCH" for g in torch_evaluated)
     assert "torch's own guard" in exact.explain()
     assert all(
         "stricter (equals='strict')" in g.why for g in strict.torch_import.guards if "stride ==" in g.code
