@@ -263,3 +263,67 @@ def test_bad_snapshots_are_refused() -> None:
     for bad in ((1,), (1, "2"), [1, 2], 3, (1, 2, 3)):
         with pytest.raises(tw.GuardBuildError, match="None or a tuple of two ids"):
             tw.GuardBuilder({}).global_state(PROBE, snapshot=bad)
+
+
+def test_a_class_property_that_pops_the_hooks() -> None:
+    """The hook's __class__ (asked by isinstance, after the stack was read) pops the hooks it sits
+    in: torch's lambda and the Python reader both read the pair first, so both still see it."""
+    popped: list[bool] = []
+
+    class Popper(LyingClass):
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:
+            if not popped:
+                popped.append(True)
+                torch._C._autograd._pop_saved_tensors_default_hooks()
+            return torch.fx.GraphModule
+
+    mgr, sets = compiled_in("none")
+    L = {"x": torch.randn(3)}
+    a, b = Popper(), Popper()
+    for gs in [*sets, mgr]:
+        popped.clear()
+        torch._C._autograd._push_saved_tensors_default_hooks(a, b)
+        try:
+            got = gs.check(L)
+        finally:
+            if not popped:
+                torch._C._autograd._pop_saved_tensors_default_hooks()
+        assert popped and got is False  # the pair was (a, b): GraphModule by __class__, not None
+        assert reference.torch_saved_tensors_hooks() is None  # popped: nothing left
+
+
+def test_grad_mode_and_hooks_per_thread_with_global_state() -> None:
+    """Thread-local grad mode (GLOBAL_STATE) and hooks in one set, decided per thread as torch."""
+    from torch._C._dynamo import guards as torch_guards
+
+    b = tw.GuardBuilder({})
+    b.global_state("torch_global_state")
+    b.global_state(PROBE)
+    with python_readers(True):
+        b2 = tw.GuardBuilder({})
+        b2.global_state("torch_global_state")
+        b2.global_state(PROBE)
+        python_set = b2.build()
+    sets = [b.build(), python_set]
+    state = torch_guards.GlobalStateGuard()
+    seen: dict[str, list[bool]] = {}
+
+    def run(name: str, ctx: Callable[[], Any]) -> None:
+        with ctx():
+            seen[name] = [gs.check({}) for gs in sets] + [state.check()]
+
+    threads = [
+        threading.Thread(target=run, args=("no_grad", torch.no_grad)),
+        threading.Thread(target=run, args=("hooks", STATES["gm"])),
+        threading.Thread(target=run, args=("plain", STATES["plain"])),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run("main", contextlib.nullcontext)
+    assert seen["no_grad"] == [False, False, False]
+    assert seen["hooks"] == [False, False, True]  # torch's GlobalStateGuard does not read hooks
+    assert seen["plain"] == [True, True, True]
+    assert seen["main"] == [True, True, True]
