@@ -19,8 +19,8 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define TRIPWIRE_TORCH_ADAPTER_ABI \
-    3 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes);
+#define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
+    3 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
          3: saved_tensors_hooks_top */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 

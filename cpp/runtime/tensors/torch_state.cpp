@@ -128,7 +128,9 @@ int saved_hooks_native(const TwTorchAdapter* a, PyObject** pack, PyObject** unpa
 }
 
 // The ids a saved-tensor-hooks snapshot names (g.n2, g.n3 at bind time).
-std::int64_t pointer_bits(PyObject* p) { return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(p)); }
+std::int64_t pointer_bits(PyObject* p) {
+    return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(p));
+}
 
 // 1/0 natively; -1 when it cannot be decided natively (no adapter, CURRENT_DEVICE unreadable).
 int native_match(const RuntimeGuard& g) {
@@ -280,8 +282,8 @@ bool bind_torch_probe(RuntimeGuard& g, bool native, Ref& keep) {
     if (static_cast<BuiltinProbe>(g.n) == BuiltinProbe::TorchSavedTensorsHooks) {
         if (native && !ensure_graph_module()) return false;
         if (g.b == Py_None) return true;
-        if (!PyTuple_CheckExact(g.b) || PyTuple_GET_SIZE(g.b) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(g.b, 0)) ||
-            !PyLong_CheckExact(PyTuple_GET_ITEM(g.b, 1))) {
+        if (!PyTuple_CheckExact(g.b) || PyTuple_GET_SIZE(g.b) != 2 ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(g.b, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(g.b, 1))) {
             PyErr_SetString(PyExc_TypeError, "a saved-tensor-hooks snapshot is None or a tuple of two ids");
             return false;
         }
@@ -348,7 +350,8 @@ Ref torch_probe_value(BuiltinProbe p, bool native) {
             case BuiltinProbe::TorchFunctionModeStack:
                 return call_reader(r.mode_stack, "the torch-function mode stack");
             case BuiltinProbe::TorchDefaultDevice: return call_reader(r.default_device, "the default device");
-            case BuiltinProbe::TorchSavedTensorsHooks: return call_reader(r.saved_hooks, "the saved-tensor hooks");
+            case BuiltinProbe::TorchSavedTensorsHooks:
+                return call_reader(r.saved_hooks, "the saved-tensor hooks");
             default: return Ref::borrow(Py_None);
         }
     }
