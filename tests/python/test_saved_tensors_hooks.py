@@ -327,3 +327,24 @@ def test_grad_mode_and_hooks_per_thread_with_global_state() -> None:
     assert seen["hooks"] == [False, False, True]  # torch's GlobalStateGuard does not read hooks
     assert seen["plain"] == [True, True, True]
     assert seen["main"] == [True, True, True]
+
+
+def test_the_probe_keeps_the_fast_pass() -> None:
+    """Through the adapter the probe has a fast form: a passing check stays on the fast pass; with
+    hooks only Python can classify (the liar) the fast form declines and the walk decides."""
+    if not ADAPTER:
+        pytest.skip(tw.tensors.adapter_status())
+    b = tw.GuardBuilder({"x": torch.zeros(2)})
+    b.global_state(PROBE)
+    b.tensor_match("L['x']")
+    gs = b.build()
+    assert gs._uses_fast_pass
+    n = gs._fast_pass_count
+    assert gs.check({"x": torch.zeros(2)})
+    assert gs._fast_pass_count == n + 1
+    with STATES["plain"]():
+        assert gs.check({"x": torch.zeros(2)})
+        assert gs._fast_pass_count == n + 2
+    with STATES["liar"]():
+        assert not gs.check({"x": torch.zeros(2)})
+        assert gs._fast_pass_count == n + 2
