@@ -3,8 +3,8 @@
 ``python bench/global_state_instructions.py`` (bench/README.md, "G1 by instructions").
 
 Each contender runs in its own ``valgrind --tool=callgrind`` child, collecting only inside
-``_floor.repeat_call``, at two check counts; per check = the difference / the difference in
-counts, so setup and the first calls cancel. Contenders: tripwire's empty set, a set holding only
+``_floor.repeat_call``, called twice (2,000 then 12,000 checks, one dump after each); per check =
+the difference / 10,000, so the call's own setup cancels. Contenders: tripwire's empty set, a set holding only
 ``global_state("torch_global_state")``, only ``global_state("torch_saved_tensors_hooks")``,
 torch's empty ``RootGuardManager`` and one holding only its GLOBAL_STATE leaf.
 """
@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONTENDERS = ("tw_empty", "tw_global_state", "tw_saved_tensors_hooks", "torch_empty", "torch_global_state")
 
 
-def child(which: str, n: int) -> None:
+def child(which: str, counts: list[int]) -> None:
     sys.path.insert(0, HERE)
     import torch  # noqa: F401
     from torch._C._dynamo import guards as G
@@ -44,35 +44,45 @@ def child(which: str, n: int) -> None:
         assert fn({})
     gc.collect()
     gc.disable()
-    floor.repeat_call(fn, {}, n)
+    for n in counts:
+        floor.repeat_call(fn, {}, n)
 
 
-def count(which: str, n: int, out_dir: str) -> int:
-    out = os.path.join(out_dir, f"callgrind.{which}.{n}")
+def counts(which: str, ns: list[int], out_dir: str) -> list[int]:
+    base = os.path.join(out_dir, f"callgrind.{which}")
     cmd = [
         "valgrind",
         "--tool=callgrind",
         "--collect-atstart=no",
         "--toggle-collect=tw_bench_repeat_call",
-        f"--callgrind-out-file={out}",
+        "--dump-after=tw_bench_repeat_call",
+        f"--callgrind-out-file={base}",
         sys.executable,
         os.path.abspath(__file__),
         "--child",
         which,
-        str(n),
+        *map(str, ns),
     ]
     subprocess.run(cmd, check=True, capture_output=True)
-    with open(out) as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
+    totals = []
+    for i in range(1, len(ns) + 1):
+        with open(f"{base}.{i}") as f:
+            totals.append(
+                next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
+            )
+    return totals
 
 
 def main() -> int:
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], int(sys.argv[3]))
+        child(sys.argv[2], [int(x) for x in sys.argv[3:]])
         return 0
     lo, hi = 2_000, 12_000
     out_dir = tempfile.mkdtemp(prefix="tripwire-g1-")
-    per = {w: (count(w, hi, out_dir) - count(w, lo, out_dir)) / (hi - lo) for w in CONTENDERS}
+    per = {}
+    for w in CONTENDERS:
+        a, b = counts(w, [lo, hi], out_dir)
+        per[w] = (b - a) / (hi - lo)
     print(f"instructions per check (callgrind, {hi} - {lo} checks; outputs in {out_dir})")
     for w in CONTENDERS:
         base = per["tw_empty"] if w.startswith("tw") else per["torch_empty"]
