@@ -51,13 +51,14 @@ std::string_view builtin_probe_name(BuiltinProbe p) {
         case BuiltinProbe::TorchGlobalState: return "torch_global_state";
         case BuiltinProbe::TorchFunctionModeStack: return "torch_function_mode_stack";
         case BuiltinProbe::TorchDefaultDevice: return "torch_default_device";
+        case BuiltinProbe::TorchSavedTensorsHooks: return "torch_saved_tensors_hooks";
     }
     return "unknown";
 }
 
 bool builtin_probe_reads_framework(BuiltinProbe p) {
     return p == BuiltinProbe::TorchGlobalState || p == BuiltinProbe::TorchFunctionModeStack ||
-           p == BuiltinProbe::TorchDefaultDevice;
+           p == BuiltinProbe::TorchDefaultDevice || p == BuiltinProbe::TorchSavedTensorsHooks;
 }
 
 std::string_view step_kind_name(StepKind k) {

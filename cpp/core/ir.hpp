@@ -175,8 +175,13 @@ enum class BuiltinProbe : std::int64_t {
     TorchFunctionModeStack = 3,
     /// torch.utils._device.CURRENT_DEVICE: snapshot in operand2 (None or the device as a str).
     TorchDefaultDevice = 4,
+    /// The top of torch's saved-tensor default hooks stack as Dynamo's
+    /// AUTOGRAD_SAVED_TENSORS_HOOKS guard sees it: None when the stack is empty or its top pair
+    /// is not two torch.fx.GraphModule instances, else the pair's ids. Snapshot in operand2
+    /// (None or a tuple of two ints).
+    TorchSavedTensorsHooks = 5,
 };
-inline constexpr int kBuiltinProbeCount = 5;
+inline constexpr int kBuiltinProbeCount = 6;
 /// Whether a built-in probe reads a framework (torch) rather than the interpreter: its snapshot
 /// is structured (data or operand2) instead of GuardDecl::n2.
 bool builtin_probe_reads_framework(BuiltinProbe p);

@@ -272,7 +272,10 @@ class GuardBuilder:
         GlobalStateGuard JSON, a str or dict, or the plain tuple), ``"torch_function_mode_stack"``
         (the types of the modes on the stack; ``snapshot``: a tuple of types) and
         ``"torch_default_device"`` (``torch.utils._device.CURRENT_DEVICE``; ``snapshot``: None or
-        a device string such as ``"cuda:0"``).
+        a device string such as ``"cuda:0"``) and ``"torch_saved_tensors_hooks"`` (the top of the
+        saved-tensor default hooks stack as Dynamo's AUTOGRAD_SAVED_TENSORS_HOOKS guard reads it:
+        None unless both hooks are ``torch.fx.GraphModule`` instances, else their ids;
+        ``snapshot``: None or a tuple of two ids).
         """
         if isinstance(probe, str):
             if probe not in _core.builtin_probes():
@@ -508,6 +511,14 @@ def _torch_snapshot(probe: str, snapshot: Any) -> Any:
     if probe == "torch_default_device":
         if snapshot is not None and builtins_type(snapshot) is not str:
             snapshot = str(snapshot)  # a torch.device
+        return snapshot
+    if probe == "torch_saved_tensors_hooks":
+        if snapshot is not None and (
+            builtins_type(snapshot) is not tuple
+            or len(snapshot) != 2
+            or any(builtins_type(x) is not int for x in snapshot)
+        ):
+            raise GuardBuildError("torch_saved_tensors_hooks: the snapshot is None or a tuple of two ids")
         return snapshot
     return snapshot
 

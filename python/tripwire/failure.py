@@ -9,7 +9,12 @@ from .catalogue import GuardKind, GuardSpec, Weak, short_repr
 
 __all__ = ["Failure", "make_failure"]
 
-_TORCH_PROBES = ("torch_global_state", "torch_function_mode_stack", "torch_default_device")
+_TORCH_PROBES = (
+    "torch_global_state",
+    "torch_function_mode_stack",
+    "torch_default_device",
+    "torch_saved_tensors_hooks",
+)
 
 
 @dataclass(frozen=True)
@@ -154,11 +159,23 @@ def _obj(v: Any) -> str:
     return f"<{_qualname(type(v))} at {id(v):#x}>"
 
 
+def _hooks_text(value: Any) -> str:
+    """A saved-tensor-hooks probe value in words (None covers both no hooks and hooks torch
+    does not inline, as torch's guard does)."""
+    if value is None:
+        return "no inlineable saved-tensor hooks (none, or hooks that are not both fx.GraphModule)"
+    if type(value) is tuple and len(value) == 2:
+        return f"GraphModule hooks with ids (pack {value[0]:#x}, unpack {value[1]:#x})"
+    return short_repr(value)
+
+
 def _state_text(spec: GuardSpec, now: Any) -> str:
     """A torch probe's change, each field named: ``grad_mode expected True, got False; ...``."""
     from . import _core, tensors
 
     probe, want = spec.args[0], spec.args[1]
+    if probe == "torch_saved_tensors_hooks":
+        return f"expected {_hooks_text(want)}, got {_hooks_text(now)}"
     if probe != "torch_global_state":
         return f"expected {short_repr(want)}, got {short_repr(now)}"
     try:

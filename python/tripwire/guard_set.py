@@ -27,7 +27,12 @@ _PROBE_IDS = {name: i for i, name in enumerate(_core.builtin_probes())}  # core:
 _WEAK_KINDS = (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH)
 _SYMBOL_TYPES = {"int": 0, "float": 1}  # core::shape::ValueType
 _SHAPE = GuardKind.SHAPE
-_TORCH_PROBES = ("torch_global_state", "torch_function_mode_stack", "torch_default_device")
+_TORCH_PROBES = (
+    "torch_global_state",
+    "torch_function_mode_stack",
+    "torch_default_device",
+    "torch_saved_tensors_hooks",
+)
 
 
 class _Pool:

@@ -151,6 +151,17 @@ def torch_default_device() -> Any:
     return device_module.CURRENT_DEVICE
 
 
+def torch_saved_tensors_hooks() -> tuple[int, int] | None:
+    """What Dynamo's AUTOGRAD_SAVED_TENSORS_HOOKS guard compares (guards.py hooks_ids_fn), with
+    torch's own functions: None unless the top hooks are inlineable, else their ids."""
+    from torch._functorch._aot_autograd import utils as aot_utils
+
+    hooks = aot_utils.top_saved_tensors_hooks()
+    if not aot_utils.saved_tensors_hooks_are_inlineable(hooks):
+        return None
+    return tuple(map(id, hooks))  # type: ignore[return-value]
+
+
 def _default_device_matches(snapshot: str | None) -> bool:
     cur = torch_default_device()
     if snapshot is None:
@@ -166,6 +177,7 @@ BUILTIN_PROBES: dict[str, Callable[[], Any]] = {
     "torch_global_state": torch_global_state,
     "torch_function_mode_stack": torch_function_modes,
     "torch_default_device": torch_default_device,
+    "torch_saved_tensors_hooks": torch_saved_tensors_hooks,
 }
 
 
@@ -523,6 +535,8 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
                 return len(modes) == len(a[1]) and all(x is y for x, y in zip(modes, a[1], strict=True))
             if probe == "torch_default_device":
                 return _default_device_matches(a[1])
+            if probe == "torch_saved_tensors_hooks":
+                return torch_saved_tensors_hooks() == a[1]
             current = BUILTIN_PROBES[probe]() if isinstance(probe, str) else probe()
             return equals_match(current, a[1])
         if k is GuardKind.LAMBDA:

@@ -40,7 +40,12 @@ _PLAIN = (int, float, complex, str, bytes)
 # Guards whose stored integers are codes of the torch build that wrote them (raw DispatchKeySet
 # bits, c10::ScalarType codes, the order of the autocast devices): a load needs the same build.
 _TORCH_BUILD = "torch.build"
-_TORCH_PROBES = ("torch_global_state", "torch_function_mode_stack", "torch_default_device")
+_TORCH_PROBES = (
+    "torch_global_state",
+    "torch_function_mode_stack",
+    "torch_default_device",
+    "torch_saved_tensors_hooks",
+)
 
 
 def _torch_coded(kind: GuardKind, args: tuple) -> bool:
@@ -163,6 +168,11 @@ class _Saver:
         elif k is GuardKind.GLOBAL_STATE and type(args[0]) is not str:
             self.reference(args[0])
             self._constant(args[1])
+        elif k is GuardKind.GLOBAL_STATE and args[0] == "torch_saved_tensors_hooks" and args[1] is not None:
+            raise Unnamed(
+                "a saved-tensor-hooks snapshot names the ids of this process's hook objects (only a "
+                "None snapshot, no inlineable hooks, can be saved)"
+            )
         elif k is GuardKind.GLOBAL_STATE and args[0] == "torch_function_mode_stack" and args[1]:
             raise Unnamed(
                 "a non-empty torch-function mode stack snapshot is a tuple of classes, and the format "
@@ -596,6 +606,8 @@ def _spec(
                     raise bad("a mode stack snapshot must be empty")
                 if probe == "torch_default_device" and op2 is not None and type(op2) is not str:
                     raise bad("a default-device snapshot is None or a str")
+                if probe == "torch_saved_tensors_hooks" and op2 is not None:
+                    raise bad("a saved-tensor-hooks snapshot must be None")
                 args = (probe, op2, label or probe)
             else:
                 args = (probe, _builtin_snapshot(probe, d.n2), label or probe)

@@ -106,7 +106,12 @@ def ensure_torch() -> bool:
         if _torch_status is not None:
             return True
         _core._set_python_readers(
-            _read_tensor, None, _read_torch_state, _read_mode_stack, _read_default_device
+            _read_tensor,
+            None,
+            _read_torch_state,
+            _read_mode_stack,
+            _read_default_device,
+            _read_saved_tensors_hooks,
         )
         status = "python readers (the torch adapter was not built: build with -DTRIPWIRE_TORCH_ADAPTER=ON)"
         try:
@@ -154,7 +159,7 @@ def ensure_numpy() -> bool:
     with _lock:
         if _numpy_status is not None:
             return True
-        _core._set_python_readers(None, _read_array, None, None, None)
+        _core._set_python_readers(None, _read_array, None, None, None, None)
         if not _core.numpy_struct_compiled():
             status = "python reader (this build has no numpy>=2 headers)"
         elif not _numpy_layout_matches(np):
@@ -353,6 +358,21 @@ def _read_default_device() -> Any:
     if cur is None:
         return None
     return str(cur) if type(cur) is torch.device else ("not a device", type(cur))
+
+
+def _read_saved_tensors_hooks() -> tuple[int, int] | None:
+    """The top of torch's saved-tensor default hooks stack as Dynamo's
+    AUTOGRAD_SAVED_TENSORS_HOOKS guard reads it: None unless both hooks are torch.fx.GraphModule
+    instances (torch inlines only those), else their ids."""
+    torch = sys.modules["torch"]
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    if not hooks:
+        return None
+    pack, unpack = hooks
+    gm = torch.fx.GraphModule
+    if isinstance(pack, gm) and isinstance(unpack, gm):
+        return (id(pack), id(unpack))
+    return None
 
 
 def _read_array(a: Any) -> tuple | None:

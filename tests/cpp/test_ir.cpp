@@ -101,8 +101,10 @@ TEST(IrNames, RootKindsAndBuiltinProbesAreNamed) {
     EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchGlobalState), "torch_global_state");
     EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchFunctionModeStack), "torch_function_mode_stack");
     EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchDefaultDevice), "torch_default_device");
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchSavedTensorsHooks), "torch_saved_tensors_hooks");
+    EXPECT_TRUE(builtin_probe_reads_framework(BuiltinProbe::TorchSavedTensorsHooks));
     EXPECT_EQ(builtin_probe_name(static_cast<BuiltinProbe>(kBuiltinProbeCount)), "unknown");
-    EXPECT_EQ(static_cast<int>(BuiltinProbe::TorchDefaultDevice) + 1, kBuiltinProbeCount);
+    EXPECT_EQ(static_cast<int>(BuiltinProbe::TorchSavedTensorsHooks) + 1, kBuiltinProbeCount);
     EXPECT_FALSE(builtin_probe_reads_framework(BuiltinProbe::GcEnabled));
     EXPECT_TRUE(builtin_probe_reads_framework(BuiltinProbe::TorchGlobalState));
 }

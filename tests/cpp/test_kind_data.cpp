@@ -105,7 +105,8 @@ TEST(KindData, TorchProbesCarryTheirSnapshots) {
     EXPECT_THROW(validate_decl(state, kConsts), InvalidProgram);
     EXPECT_EQ(torch_state::field_name(torch_state::kAllowTf32), "allow_tf32");
 
-    for (BuiltinProbe p : {BuiltinProbe::TorchFunctionModeStack, BuiltinProbe::TorchDefaultDevice}) {
+    for (BuiltinProbe p : {BuiltinProbe::TorchFunctionModeStack, BuiltinProbe::TorchDefaultDevice,
+                           BuiltinProbe::TorchSavedTensorsHooks}) {
         GuardDecl d = torch_probe(p);
         EXPECT_THROW(validate_decl(d, kConsts), InvalidProgram);  // the snapshot object is missing
         d.operand2 = 3;

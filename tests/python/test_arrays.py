@@ -9,8 +9,6 @@ Python reader, with the fast pass on and off.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tripwire as tw
+from engine_switches import switches
 from gc_stress import examples, scaled
 from tripwire import _core, reference
 
@@ -25,17 +24,6 @@ np = pytest.importorskip("numpy")
 hnp = pytest.importorskip("hypothesis.extra.numpy")
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-
-
-@contextlib.contextmanager
-def switches(*, fast: bool = True, python: bool = False) -> Iterator[None]:
-    was_fast = _core._set_fast_pass(fast)
-    was_python = _core._force_python_readers(python)
-    try:
-        yield
-    finally:
-        _core._set_fast_pass(was_fast)
-        _core._force_python_readers(was_python)
 
 
 def dtypes() -> st.SearchStrategy[Any]:

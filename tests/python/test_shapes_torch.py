@@ -225,13 +225,13 @@ def test_guards_of_imports_the_shape_lambda_as_relations(name: str) -> None:
     assert len(shape) == 1 and shape[0].outcome == "native", imported.torch_import.guards
     by_index = {g.index: g for g in imported.guards}
     assert {by_index[i].kind.name for i in shape[0].guards} == {"SHAPE"}
-    # The only torch lambda kept is the saved-tensor-hooks one (no tripwire probe of it yet).
+    # No torch lambda is kept (the saved-tensor-hooks one is tripwire's probe).
     lambdas = {
         r.kind
         for r in imported.torch_import.guards
         if any(by_index[i].kind.name == "LAMBDA" for i in r.guards)
     }
-    assert lambdas <= {"AUTOGRAD_SAVED_TENSORS_HOOKS"}, lambdas
+    assert not lambdas, lambdas
     n_parts = len(torch_lambda.verbose_code_parts())
     assert len(shape[0].guards) >= n_parts  # one relation per part at least (conjunctions split)
     assert imported.check(example) and _torch_checks(gm, example)
@@ -260,9 +260,8 @@ def test_guards_of_reshape_failure_names_the_relation() -> None:
     )
     text = imported.explain()
     assert "SHAPE_ENV: 1 = 1 native" in text and "shape relations" in text
-    # A saved import loads as the same relations (no torch object to call; torch's saved-tensor-hooks
-    # lambda, code, is the one guard the format cannot store).
-    loaded = tw.GuardSet.from_bytes(imported.to_bytes(drop=["LAMBDA"]))
+    # A saved import loads as the same relations (the saved-tensor-hooks probe with it).
+    loaded = tw.GuardSet.from_bytes(imported.to_bytes())
     for v in ({"x": torch.randn(8, 3), "y": torch.randn(10)}, {"x": torch.randn(9, 3), "y": torch.randn(10)}):
         assert loaded.check(v) == imported.check(v)
 
@@ -303,8 +302,7 @@ def test_guards_of_shape_text_outside_the_syntax_falls_back_to_torch() -> None:
         _rules.shapes.relations_from_torch = refuse_one
         imported = tw.torch.guards_of(fn)
         with pytest.raises(tw.GuardsNotImportable, match="SHAPE_ENV"):
-            # (torch's saved-tensor-hooks lambda, the entry's other torch-only guard, dropped)
-            tw.torch.guards_of(fn, fallback="refuse", drop=["AUTOGRAD_SAVED_TENSORS_HOOKS"])
+            tw.torch.guards_of(fn, fallback="refuse")
     finally:
         _rules.shapes.relations_from_torch = real
     rec = [g for g in imported.torch_import.guards if g.kind == "SHAPE_ENV"]
@@ -313,7 +311,7 @@ def test_guards_of_shape_text_outside_the_syntax_falls_back_to_torch() -> None:
     assert [by_index[i].kind.name for i in rec[0].guards] == ["LAMBDA"]  # torch's whole lambda
     assert "SHAPE" not in {g.kind.name for g in imported.guards}
     assert imported.check(example) and not imported.check({"x": torch.randn(9, 3), "y": torch.randn(10)})
-    imported2 = tw.torch.guards_of(fn, drop=["SHAPE_ENV", "AUTOGRAD_SAVED_TENSORS_HOOKS"])
+    imported2 = tw.torch.guards_of(fn, drop=["SHAPE_ENV"])
     assert not {"LAMBDA", "SHAPE"} & {g.kind.name for g in imported2.guards}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tripwire as tw
+from engine_switches import switches
 from gc_stress import examples, scaled
 from tripwire import _core, reference
 
@@ -35,17 +36,6 @@ _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Hea
 
 tw.tensors.ensure_torch()
 ADAPTER = _core.torch_adapter_installed()
-
-
-@contextlib.contextmanager
-def switches(*, fast: bool = True, python: bool = False) -> Iterator[None]:
-    was_fast = _core._set_fast_pass(fast)
-    was_python = _core._force_python_readers(python)
-    try:
-        yield
-    finally:
-        _core._set_fast_pass(was_fast)
-        _core._force_python_readers(was_python)
 
 
 def test_adapter_is_built_here() -> None:

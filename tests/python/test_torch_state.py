@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import tripwire as tw
+from engine_switches import python_readers
 from tripwire import _core, reference
 
 torch = pytest.importorskip("torch")
@@ -23,15 +24,6 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack 
 tw.tensors.ensure_torch()
 ADAPTER = _core.torch_adapter_installed()
 PROBES = ("torch_global_state", "torch_function_mode_stack", "torch_default_device")
-
-
-@contextlib.contextmanager
-def python_readers(on: bool) -> Iterator[None]:
-    was = _core._force_python_readers(on)
-    try:
-        yield
-    finally:
-        _core._force_python_readers(was)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/GradMode.h>
@@ -251,6 +252,23 @@ int device_equal(PyObject* a, PyObject* b) noexcept {
     return reinterpret_cast<THPDevice*>(a)->device == reinterpret_cast<THPDevice*>(b)->device ? 1 : 0;
 }
 
+int saved_tensors_hooks_top(PyObject** pack, PyObject** unpack) noexcept {
+    try {
+        // get_tls_state() returns the thread-local by reference: no copy of the stack and no
+        // incref through the interpreter (get_hooks() would copy the pair). A non-empty stack
+        // implies torch initialized the hooks (push_hooks asserts it), so this reads what
+        // get_hooks(/*ignore_is_tracing=*/true) returns.
+        const auto& stack = at::SavedTensorDefaultHooks::get_tls_state().stack;
+        if (stack.empty()) return 0;
+        const auto& top = stack.top();
+        *pack = top.first.ptr(getPyInterpreter());
+        *unpack = top.second.ptr(getPyInterpreter());
+        return 1;
+    } catch (...) {
+        return -1;  // never "empty": the caller falls back to the Python reader
+    }
+}
+
 TwTorchAdapter g_table{};
 
 PyModuleDef g_module = {PyModuleDef_HEAD_INIT,
@@ -295,6 +313,7 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.parse_device = parse_device;
     g_table.dtype_code = dtype_code;
     g_table.device_equal = device_equal;
+    g_table.saved_tensors_hooks_top = saved_tensors_hooks_top;
 
     PyObject* m = PyModule_Create(&g_module);
     if (m == nullptr) return nullptr;

@@ -19,8 +19,9 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define TRIPWIRE_TORCH_ADAPTER_ABI \
-    2 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes) */
+#define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
+    3 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
+         3: saved_tensors_hooks_top */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -132,6 +133,13 @@ typedef struct TwTorchAdapter {
     int (*dtype_code)(PyObject* obj);
     /* EQUALS_MATCH of two torch.device objects (exact types already checked): 1 or 0. */
     int (*device_equal)(PyObject* a, PyObject* b);
+
+    /* The top of the current thread's saved-tensor default hooks stack, as
+     * torch._C._autograd._top_saved_tensors_default_hooks(True) reads it (is_tracing ignored):
+     * 1 and the (pack, unpack) pair (borrowed; the stack holds them), 0 when the stack is
+     * empty, -1 when torch refused (an exception inside torch, swallowed here). Reads a
+     * thread-local, copies nothing. */
+    int (*saved_tensors_hooks_top)(PyObject** pack, PyObject** unpack);
 } TwTorchAdapter;
 
 #ifdef __cplusplus

@@ -44,6 +44,7 @@ struct PythonReaders {
     Ref torch_state;     ///< () -> tuple of ints in the torch_state layout
     Ref mode_stack;      ///< () -> tuple of the modes' types
     Ref default_device;  ///< () -> None or str(CURRENT_DEVICE)
+    Ref saved_hooks;     ///< () -> None or (id(pack), id(unpack)) of inlineable saved-tensor hooks
 };
 PythonReaders& python_readers();
 /// Test switch: guard sets built while it is on read tensors, arrays and torch's state through

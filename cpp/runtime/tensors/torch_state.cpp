@@ -71,6 +71,67 @@ PyObject* current_device(bool* ok) {
     return v;
 }
 
+// torch.fx.GraphModule and object's __class__ descriptor, for the saved-tensor-hooks probe
+// (imported when the first such guard is bound; held for the process).
+PyObject* g_graph_module = nullptr;
+PyObject* g_class_name = nullptr;
+PyObject* g_object_class = nullptr;
+
+bool ensure_graph_module() {
+    if (g_graph_module != nullptr) return true;
+    PyObject* mod = PyImport_ImportModule("torch.fx");
+    if (mod == nullptr) return false;
+    PyObject* gm = PyObject_GetAttrString(mod, "GraphModule");
+    Py_DECREF(mod);
+    if (gm == nullptr) return false;
+    if (!PyType_Check(gm)) {
+        Py_DECREF(gm);
+        PyErr_SetString(PyExc_TypeError, "torch.fx.GraphModule is not a class");
+        return false;
+    }
+    g_class_name = PyUnicode_InternFromString("__class__");
+    if (g_class_name == nullptr) {
+        Py_DECREF(gm);
+        return false;
+    }
+    // object's own __class__ getset descriptor (borrowed from object's dict, which never dies).
+    g_object_class = _PyType_Lookup(&PyBaseObject_Type, g_class_name);
+    g_graph_module = gm;
+    return true;
+}
+
+// isinstance(obj, torch.fx.GraphModule) as torch's saved_tensors_hooks_are_inlineable decides
+// it, without user code: 1 or 0, or -1 when only Python can tell. isinstance with a plain class
+// checks the type's MRO, then asks obj.__class__: that is the type itself unless the type
+// overrides attribute lookup or __class__, or GraphModule's metaclass may define
+// __instancecheck__.
+int is_graph_module(PyObject* obj) {
+    auto* gm = reinterpret_cast<PyTypeObject*>(g_graph_module);
+    if (Py_TYPE(g_graph_module) != &PyType_Type) return -1;
+    if (PyType_IsSubtype(Py_TYPE(obj), gm)) return 1;
+    if (Py_TYPE(obj)->tp_getattro != PyObject_GenericGetAttr) return -1;
+    if (g_object_class == nullptr || _PyType_Lookup(Py_TYPE(obj), g_class_name) != g_object_class) return -1;
+    return 0;
+}
+
+// The saved-tensor-hooks probe through the adapter: 0 for None (no hooks, or hooks torch does
+// not inline), 1 with the pair in *pack/*unpack (borrowed), -1 when only the Python reader can
+// tell. Runs no user code. torch's `isinstance(pack, GM) and isinstance(unpack, GM)` never asks
+// about unpack when pack is not one, so neither does this.
+int saved_hooks_native(const TwTorchAdapter* a, PyObject** pack, PyObject** unpack) {
+    if (g_graph_module == nullptr) return -1;
+    const int top = a->saved_tensors_hooks_top(pack, unpack);
+    if (top <= 0) return top;
+    const int p = is_graph_module(*pack);
+    if (p <= 0) return p;
+    return is_graph_module(*unpack);
+}
+
+// The ids a saved-tensor-hooks snapshot names (g.n2, g.n3 at bind time).
+std::int64_t pointer_bits(PyObject* p) {
+    return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(p));
+}
+
 // 1/0 natively; -1 when it cannot be decided natively (no adapter, CURRENT_DEVICE unreadable).
 int native_match(const RuntimeGuard& g) {
     const TwTorchAdapter* a = torch_adapter();
@@ -102,6 +163,14 @@ int native_match(const RuntimeGuard& g) {
             std::int32_t type = 0, index = 0;
             if (cur == Py_None || a->read_device(cur, &type, &index) != 1) return 0;
             return type == g.n2 && index == g.n3 ? 1 : 0;
+        }
+        case BuiltinProbe::TorchSavedTensorsHooks: {
+            PyObject* pack = nullptr;
+            PyObject* unpack = nullptr;
+            const int s = saved_hooks_native(a, &pack, &unpack);
+            if (s < 0) return -1;
+            if (g.b == Py_None) return s == 0 ? 1 : 0;
+            return s == 1 && pointer_bits(pack) == g.n2 && pointer_bits(unpack) == g.n3 ? 1 : 0;
         }
         default: return 0;
     }
@@ -154,8 +223,30 @@ int python_match(const RuntimeGuard& g) {
             if (!PyUnicode_CheckExact(now.get())) return 0;
             return PyUnicode_Compare(now.get(), g.b) == 0 ? 1 : 0;
         }
+        case BuiltinProbe::TorchSavedTensorsHooks: {
+            const Ref now = call_reader(r.saved_hooks, "the saved-tensor hooks");
+            if (!now) return -1;
+            if (g.b == Py_None || now.get() == Py_None) return now.get() == g.b ? 1 : 0;
+            if (!PyTuple_CheckExact(now.get()) || PyTuple_GET_SIZE(now.get()) != 2) return 0;
+            for (Py_ssize_t i = 0; i < 2; ++i) {
+                PyObject* id = PyTuple_GET_ITEM(now.get(), i);
+                if (!PyLong_CheckExact(id)) return 0;
+                void* p = PyLong_AsVoidPtr(id);
+                if (p == nullptr && PyErr_Occurred()) return -1;
+                if (pointer_bits(static_cast<PyObject*>(p)) != (i == 0 ? g.n2 : g.n3)) return 0;
+            }
+            return 1;
+        }
         default: return 0;
     }
+}
+
+// A saved-tensor-hooks value: None, or the ids of the pair.
+Ref hooks_ids(PyObject* pack, PyObject* unpack) {
+    Ref p = Ref::steal(PyLong_FromVoidPtr(pack));
+    Ref u = Ref::steal(PyLong_FromVoidPtr(unpack));
+    if (!p || !u) return Ref();
+    return Ref::steal(PyTuple_Pack(2, p.get(), u.get()));
 }
 
 const char* device_type_name(std::int64_t t) {
@@ -188,6 +279,22 @@ int torch_probe_matches(const RuntimeGuard& g) {
 
 bool bind_torch_probe(RuntimeGuard& g, bool native, Ref& keep) {
     g.via_python = !native;
+    if (static_cast<BuiltinProbe>(g.n) == BuiltinProbe::TorchSavedTensorsHooks) {
+        if (native && !ensure_graph_module()) return false;
+        if (g.b == Py_None) return true;
+        if (!PyTuple_CheckExact(g.b) || PyTuple_GET_SIZE(g.b) != 2 ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(g.b, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(g.b, 1))) {
+            PyErr_SetString(PyExc_TypeError, "a saved-tensor-hooks snapshot is None or a tuple of two ids");
+            return false;
+        }
+        void* pack = PyLong_AsVoidPtr(PyTuple_GET_ITEM(g.b, 0));
+        if (pack == nullptr && PyErr_Occurred()) return false;
+        void* unpack = PyLong_AsVoidPtr(PyTuple_GET_ITEM(g.b, 1));
+        if (unpack == nullptr && PyErr_Occurred()) return false;
+        g.n2 = pointer_bits(static_cast<PyObject*>(pack));
+        g.n3 = pointer_bits(static_cast<PyObject*>(unpack));
+        return true;
+    }
     if (native && static_cast<BuiltinProbe>(g.n) == BuiltinProbe::TorchGlobalState) {
         const std::int64_t devices = g.data[ts::kAutocastDevices];
         if (devices > TW_MAX_AUTOCAST_DEVICES) return true;  // g.derived stays null: never matches
@@ -243,6 +350,8 @@ Ref torch_probe_value(BuiltinProbe p, bool native) {
             case BuiltinProbe::TorchFunctionModeStack:
                 return call_reader(r.mode_stack, "the torch-function mode stack");
             case BuiltinProbe::TorchDefaultDevice: return call_reader(r.default_device, "the default device");
+            case BuiltinProbe::TorchSavedTensorsHooks:
+                return call_reader(r.saved_hooks, "the saved-tensor hooks");
             default: return Ref::borrow(Py_None);
         }
     }
@@ -279,6 +388,14 @@ Ref torch_probe_value(BuiltinProbe p, bool native) {
             PyObject* cur = current_device(&ok);
             if (!ok || cur == Py_None) return Ref::borrow(Py_None);
             return Ref::steal(PyObject_Str(cur));
+        }
+        case BuiltinProbe::TorchSavedTensorsHooks: {
+            if (!ensure_graph_module()) return Ref();
+            PyObject* pack = nullptr;
+            PyObject* unpack = nullptr;
+            const int s = saved_hooks_native(a, &pack, &unpack);
+            if (s < 0) return call_reader(python_readers().saved_hooks, "the saved-tensor hooks");
+            return s == 0 ? Ref::borrow(Py_None) : hooks_ids(pack, unpack);
         }
         default: return Ref::borrow(Py_None);
     }

@@ -59,6 +59,7 @@ TENSOR_KINDS: dict[str, str] = {
     "GLOBAL_STATE": "GLOBAL_STATE torch_global_state (the snapshot torch printed)",
     "TORCH_FUNCTION_MODE_STACK": "GLOBAL_STATE torch_function_mode_stack",
     "DEFAULT_DEVICE": "GLOBAL_STATE torch_default_device",
+    "AUTOGRAD_SAVED_TENSORS_HOOKS": "GLOBAL_STATE torch_saved_tensors_hooks (the ids torch printed)",
 }
 # torch's default (Python) path puts every shape-environment guard in one epilogue lambda on the
 # root (guards.py GuardBuilder.SHAPE_ENV, add_python_lambda_leaf_guard_to_root); its code parts
@@ -1008,6 +1009,25 @@ class Converter:
             raise _Fallback("the default device differs now from the compiled one")
         return self._probe("torch_default_device", device_mod.CURRENT_DEVICE, site), ""
 
+    def leaf_saved_tensors_hooks(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        # torch prints the snapshot: `...top_saved_tensors_hooks ids == None` or `== (id, id)`.
+        from ..tensors import _read_saved_tensors_hooks
+
+        lhs, sep, rhs = code.partition(" ids == ")
+        if not sep or not lhs.endswith("top_saved_tensors_hooks"):
+            raise _Fallback("no snapshot printed")
+        snapshot = ast.literal_eval(rhs.strip())
+        if snapshot is not None and (
+            type(snapshot) is not tuple or len(snapshot) != 2 or any(type(x) is not int for x in snapshot)
+        ):
+            raise _Fallback(f"an unexpected snapshot {rhs.strip()!r}")
+        # torch's leaf and the printed snapshot must agree on the state now.
+        if bool(leaf({})) != (_read_saved_tensors_hooks() == snapshot):
+            raise _Fallback("the printed snapshot disagrees with torch's leaf")
+        return self._probe("torch_saved_tensors_hooks", snapshot, site), ""
+
 
 class _Fallback(Exception):
     def __init__(self, why: str, unknown: bool = False) -> None:
@@ -1061,6 +1081,7 @@ LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
     "GLOBAL_STATE": Converter.leaf_global_state,
     "TORCH_FUNCTION_MODE_STACK": Converter.leaf_mode_stack,
     "DEFAULT_DEVICE": Converter.leaf_default_device,
+    "AUTOGRAD_SAVED_TENSORS_HOOKS": Converter.leaf_saved_tensors_hooks,
 }
 # Leaf kinds with no exact tripwire form: evaluated by torch's own leaf (fallback="torch").
 TORCH_ONLY_KINDS: dict[str, str] = {
@@ -1070,7 +1091,6 @@ TORCH_ONLY_KINDS: dict[str, str] = {
     "MAPPING_KEYS_MATCH": "a mappingproxy's keys() compared with Python ==",
     "FAKE_SCRIPT_TYPE_MATCH": "unwraps torch's FakeScriptObject",
     "LAMBDA_GUARD": "a Python lambda of torch's",
-    "AUTOGRAD_SAVED_TENSORS_HOOKS": "torch's lambda on top_saved_tensors_hooks (no tripwire probe yet)",
     "STORAGE_OVERLAPPING": "a storage-overlap relation between tensors (no tripwire kind yet)",
     "SYMBOLIC_SHAPE_GUARD": "torch's C++ symbolic shape guard (tripwire's SHAPE kind is another issue)",
     "DISPATCH_KEY_SET_MATCH": "a bare DispatchKeySet comparison (no tripwire kind)",

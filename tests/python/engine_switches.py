@@ -1,0 +1,32 @@
+"""The engine's test switches as context managers, shared by the tensor, array and torch-state tests:
+the fast pass on or off, and reading tensors, arrays and torch's state through the Python readers
+even where the adapter or the numpy struct is available. Each restores what it found."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from tripwire import _core
+
+
+@contextlib.contextmanager
+def switches(*, fast: bool = True, python: bool = False) -> Iterator[None]:
+    """Guard sets built inside use the fast pass iff `fast` and the Python readers iff `python`."""
+    was_fast = _core._set_fast_pass(fast)
+    was_python = _core._force_python_readers(python)
+    try:
+        yield
+    finally:
+        _core._set_fast_pass(was_fast)
+        _core._force_python_readers(was_python)
+
+
+@contextlib.contextmanager
+def python_readers(on: bool) -> Iterator[None]:
+    """Only the reader switch (the fast pass as it is)."""
+    was = _core._force_python_readers(on)
+    try:
+        yield
+    finally:
+        _core._force_python_readers(was)
