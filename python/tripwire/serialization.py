@@ -437,24 +437,17 @@ def _load(
     objects = [lookup(i, r, i in called) for i, r in enumerate(refs)]
     try:
         consts = doc.constants(objects)
+        # Every source's texts against its steps, step keys, root names, and the operands of the
+        # common kinds, in one C++ pass (runtime/serial/loaded.hpp); names interned in place.
+        reads_globals, python_checked = doc.check_loaded(consts)
     except _core._CodecError as e:
         raise _format_error(e) from None
-    decls = doc.decls()
-    info = doc.guard_info()
-    memo: dict[str, Source] = {}
-    specs = [
-        _spec(d, consts, label, stack, offset, memo)
-        for d, (label, stack, offset) in zip(decls, info, strict=True)
-    ]
-    # Root names and step keys are compared by identity with interned strings.
-    for d in decls:
-        for path in ([d.source] if d.source is not None else []) + list(d.symbols) + list(d.more_sources):
-            consts[path.name] = sys.intern(consts[path.name])
-            for st in path.steps:
-                if st.operand is not None and type(consts[st.operand]) is str:
-                    consts[st.operand] = sys.intern(consts[st.operand])
-    _check_torch_build(specs, {name: consts[c] for name, c in doc.baselines})
-    reads_globals = any(RootKind.GLOBAL in _roots(s) for s in specs)
+    # The kinds whose operands this module checks (GLOBAL_STATE, SHAPE, the tensor kinds): their
+    # specs are built now for the checks and dropped; all specs are built on the first diagnostic.
+    memo: dict = {}
+    checked = [_spec(doc.decl(i), consts, *doc.info(i), memo) for i in python_checked]
+    baselines = {name: consts[c] for name, c in doc.baselines}
+    _check_torch_build(checked, baselines)
     if f_globals is None and reads_globals and use_module_globals:
         module = doc.globals_module
         if module is None:
@@ -463,13 +456,11 @@ def _load(
             )
         mod = lookup(-1, (int(RefKind.MODULE), module, "", fingerprint(RefKind.MODULE, None), 0), False)
         f_globals = mod.__dict__
-    weak = [bool(f & 1) for f in doc.const_flags]
-    baselines = {name: consts[c] for name, c in doc.baselines}
     # Switch on the framework support the kinds need, as the builder does (neither imports its
     # framework: torch and numpy are imported already when their type references resolved).
-    kinds = {s.kind for s in specs}
+    kinds = {s.kind for s in checked}
     if kinds & {GuardKind.TENSOR_MATCH, GuardKind.DIMENSION_MARKING} or any(
-        s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in specs
+        s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in checked
     ):
         tensors.ensure_torch()
     if GuardKind.ARRAY_MATCH in kinds:
@@ -477,13 +468,38 @@ def _load(
     if GuardKind.SHAPE in kinds:  # sizes read in C++ where exact (runtime/tensors/property_reader.hpp)
         tensors.ensure_torch()
         tensors.ensure_numpy()
+    del checked, memo
     gs = GuardSet.__new__(GuardSet)
     try:
-        _core.GuardSetCore.__init__(gs, decls, consts, weak, f_globals, None, doc.strict, GuardEvalError)
+        _core.GuardSetCore.__init__(gs, doc, consts, f_globals, doc.strict, GuardEvalError)
     except (ValueError, TypeError, RuntimeError) as e:
         raise FormatError(f"the guard program is invalid: {e}") from None
-    gs._set_state(specs, f_globals, doc.strict, tuple(doc.dropped), baselines)
+    held, weak_positions = doc.hold_weakly(consts)
+    gs._set_loaded_state((doc, held, weak_positions), f_globals, doc.strict, tuple(doc.dropped), baselines)
     return gs
+
+
+def loaded_specs(lazy: tuple) -> list[GuardSpec]:
+    """The GuardSpecs of a loaded set, built on its first diagnostic from what the load kept:
+    the decoded document and the constants, each identity-held one as (weakref, id, type name).
+    Everything was checked at load; an object that died since is shown as dead (a Weak), never
+    looked up again by name (the name may now be bound to another object)."""
+    doc, held, weak_positions = lazy
+    objs = list(held)
+    for i in weak_positions:
+        ref, address, type_name = held[i]
+        obj = ref()
+        if obj is None:
+            dead = Weak.__new__(Weak)
+            dead.ref, dead.address, dead.type_name = ref, address, type_name
+            obj = dead
+        objs[i] = obj
+    memo: dict = {}
+    specs = [
+        _spec(d, objs, label, stack, offset, memo, checked=True)
+        for d, (label, stack, offset) in zip(doc.decls(), doc.guard_info(), strict=True)
+    ]
+    return [s if s.args and type(s.args[0]) is Weak else s.weakened() for s in sorted(specs, key=lambda s: s.index)]
 
 
 def _check_torch_build(specs: list[GuardSpec], baselines: dict[str, Any]) -> None:
@@ -552,10 +568,17 @@ def _builtin_snapshot(probe: str, n: int) -> Any:
 
 
 def _spec(
-    d: _core.GuardDecl, consts: list, label: str, stack: list[str], offset: int, memo: dict | None = None
+    d: _core.GuardDecl,
+    consts: list,
+    label: str,
+    stack: list[str],
+    offset: int,
+    memo: dict | None = None,
+    checked: bool = False,
 ) -> GuardSpec:
     """The GuardSpec of a decoded declaration (the inverse of guard_set._encode); FormatError when
-    an operand has a type its kind cannot take."""
+    an operand has a type its kind cannot take. ``checked``: the load checked the operands
+    already, and an identity-held one may be a dead Weak (loaded_specs)."""
     k = GuardKind(d.kind)
 
     def bad(why: str) -> FormatError:
@@ -567,11 +590,11 @@ def _spec(
     if k in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH):
         args = (op,)
     elif k is GuardKind.CODE_MATCH:
-        if type(op) is not types.CodeType:
+        if type(op) is not types.CodeType and not checked:
             raise bad("needs a code object")
         args = (op,)
     elif k is GuardKind.EQUALS_MATCH:
-        if not _core.is_constant(op):
+        if not checked and not _core.is_constant(op):
             raise bad(f"{type(op).__name__} is not a constant")
         args = (op,)
     elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN):
@@ -606,7 +629,7 @@ def _spec(
     elif k is GuardKind.SHAPE:
         args = _shape_args(d, consts, bad, memo)
     elif k in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH, GuardKind.DIMENSION_MARKING):
-        args = _tensor_args(k, op, op2, d, bad)
+        args = _tensor_args(k, op, op2, d, bad, checked)
     elif k is GuardKind.ALIAS:
         args = (_source(d.more_sources[0], consts, bad, memo),)
     elif k is GuardKind.NO_ALIAS:
@@ -620,7 +643,12 @@ def _spec(
 
 
 def _tensor_args(
-    k: GuardKind, op: Any, op2: Any, d: _core.GuardDecl, bad: Callable[[str], FormatError]
+    k: GuardKind,
+    op: Any,
+    op2: Any,
+    d: _core.GuardDecl,
+    bad: Callable[[str], FormatError],
+    checked: bool = False,
 ) -> tuple:
     """TENSOR_MATCH, ARRAY_MATCH and DIMENSION_MARKING arguments from their stored data."""
     from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
@@ -630,7 +658,7 @@ def _tensor_args(
             if not (_core.is_constant(op) and _core.is_constant(op2)):
                 raise bad("the shape ids and unbacked bounds must be constants")
             return (DimensionMarkings.from_data(list(d.data), d.flag, op, op2),)
-        if not isinstance(op, type) and not isinstance(op, _Named):
+        if not isinstance(op, type) and not isinstance(op, _Named) and not checked:
             raise bad("needs a type")
         if k is GuardKind.TENSOR_MATCH:
             return (op, TensorExpectation.from_data(list(d.data)))

@@ -781,8 +781,8 @@ def test_the_bytes_are_proven_before_they_are_returned(monkeypatch: pytest.Monke
     gs = one_guard("equals", 5)
     real = serialization._spec
 
-    def lying(*args: Any) -> Any:
-        s = real(*args)
+    def lying(*args: Any, **kwargs: Any) -> Any:
+        s = real(*args, **kwargs)
         return tw.GuardSpec(s.kind, s.source, (6,), s.index, s.stack)
 
     monkeypatch.setattr(serialization, "_spec", lying)
