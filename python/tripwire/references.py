@@ -24,6 +24,7 @@ import hashlib
 import importlib
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -274,7 +275,33 @@ def _const_repr(c: Any) -> str:
     return f"{type(c).__name__}:{c!r}"
 
 
+# A code object is immutable, so its digest is computed once per object: keyed by identity (equal
+# code objects may differ in co_qualname, which the digest covers), each entry dropped when its
+# code object dies, so that an id reused by a later object never finds it.
+_digests: dict[int, tuple[weakref.ref, bytes]] = {}
+
+
+def _forget_digest(key: int, ref: weakref.ref) -> None:
+    entry = _digests.get(key)
+    if entry is not None and entry[0] is ref:
+        del _digests[key]
+
+
 def _code_digest(code: types.CodeType) -> bytes:
+    key = id(code)
+    entry = _digests.get(key)
+    if entry is not None and entry[0]() is code:
+        return entry[1]
+    digest = _compute_code_digest(code)
+    try:
+        ref = weakref.ref(code, lambda r, key=key: _forget_digest(key, r))
+    except TypeError:  # a code type that cannot be weakly referenced: no caching
+        return digest
+    _digests[key] = (ref, digest)
+    return digest
+
+
+def _compute_code_digest(code: types.CodeType) -> bytes:
     h = hashlib.sha256()
     for part in (
         code.co_code,
