@@ -247,7 +247,9 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
     pool = _Pool()
     decls = _encode(kept, pool)
     # Objects a guard names by identity are held weakly, as in the live set (GuardSet.__init__).
-    labels = [s.args[2] if s.kind is GuardKind.GLOBAL_STATE else "" for s in kept]
+    # The label: GLOBAL_STATE's name; TENSOR_MATCH's device string (for messages: explain() and
+    # why_not show it, and the data holds only the device index).
+    labels = [_label_of(s) for s in kept]
     saved_baselines = dict(gs.baselines)
     if any(_torch_coded(s.kind, s.args) for s in kept):
         saved_baselines[_TORCH_BUILD] = torch_build()
@@ -275,6 +277,36 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
         raise FormatError(str(e)) from None
     _prove(gs, kept, dropped, data, saver.objects)
     return data
+
+
+def _label_of(spec: GuardSpec) -> str:
+    if spec.kind is GuardKind.GLOBAL_STATE:
+        return str(spec.args[2])
+    if spec.kind is GuardKind.TENSOR_MATCH:
+        exp = spec.args[1]
+        try:  # a hand-made expectation whose device string is not torch's form keeps it unsaved
+            return _device_label(str(exp.device), exp.device_index, FormatError)
+        except FormatError:
+            return ""
+    return ""
+
+
+# A TENSOR_MATCH label: a device type, and its index when the tensor has one (torch's str(device)).
+_DEVICE_LABEL = re.compile(r"([a-z][a-z0-9_]*)(?::(\d+))?")
+
+
+def _device_label(label: str, device_index: int, bad: Callable[[str], FormatError]) -> str:
+    """A stored device string, checked: torch's form, and its index the one the data checks (the
+    device type itself is in the dispatch keys, which the engine compares)."""
+    if not label:
+        return ""
+    m = _DEVICE_LABEL.fullmatch(label)
+    if m is None or len(label) > 64:
+        raise bad(f"the device label {label!r} is not a torch device string")
+    index = -1 if m.group(2) is None else int(m.group(2))
+    if index != device_index:
+        raise bad(f"the device label {label!r} does not match the stored device index {device_index}")
+    return label
 
 
 def _prove(gs: GuardSet, kept: list[GuardSpec], dropped: list, data: bytes, objects: list[Any]) -> None:
@@ -629,7 +661,7 @@ def _spec(
     elif k is GuardKind.SHAPE:
         args = _shape_args(d, consts, bad, memo)
     elif k in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH, GuardKind.DIMENSION_MARKING):
-        args = _tensor_args(k, op, op2, d, bad, checked)
+        args = _tensor_args(k, op, op2, d, bad, checked, label)
     elif k is GuardKind.ALIAS:
         args = (_source(d.more_sources[0], consts, bad, memo),)
     elif k is GuardKind.NO_ALIAS:
@@ -649,6 +681,7 @@ def _tensor_args(
     d: _core.GuardDecl,
     bad: Callable[[str], FormatError],
     checked: bool = False,
+    label: str = "",
 ) -> tuple:
     """TENSOR_MATCH, ARRAY_MATCH and DIMENSION_MARKING arguments from their stored data."""
     from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
@@ -661,7 +694,8 @@ def _tensor_args(
         if not isinstance(op, type) and not isinstance(op, _Named) and not checked:
             raise bad("needs a type")
         if k is GuardKind.TENSOR_MATCH:
-            return (op, TensorExpectation.from_data(list(d.data)))
+            exp = TensorExpectation.from_data(list(d.data))
+            return (op, dataclasses.replace(exp, device=_device_label(label, exp.device_index, bad)))
         if type(op2) is not str and not (type(op2) is tuple and _core.is_constant(op2)):
             raise bad("the dtype description must be a str or a tuple")
         return (op, ArrayExpectation.from_data(op2, list(d.data)))
@@ -760,7 +794,7 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
             else:
                 args = (op, op2, label)
         elif k in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH, GuardKind.DIMENSION_MARKING):
-            args = _tensor_args(k, op, op2, d, bad)
+            args = _tensor_args(k, op, op2, d, bad, label=label)
         elif k is GuardKind.ALIAS:
             args = (_source(d.more_sources[0], consts, bad),)
         elif k is GuardKind.NO_ALIAS:

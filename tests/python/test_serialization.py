@@ -388,6 +388,37 @@ def test_torch_coded_guards_refuse_another_torch_build(monkeypatch: pytest.Monke
     assert tw.GuardSet.from_bytes(blob).check(frame)
 
 
+def test_a_loaded_tensor_set_explains_as_the_live_one() -> None:
+    """The device string of TENSOR_MATCH (messages only: the data holds the device index) is
+    saved as the guard's label, so explain() and why_not of the loaded set are the live set's,
+    line for line (issue 9 left the loaded set's without it)."""
+    pytest.importorskip("torch")
+    frame, variants = _tensor_frame()
+    gs = _tensor_set(frame)
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    assert loaded.check(frame)  # the live build checked its example once: the counts agree
+    assert " cpu requires_grad" in gs.explain()
+    assert loaded.explain() == gs.explain()
+    for v in variants:
+        a, b = gs.why_not(v), loaded.why_not(v)
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert (a.guard.index, str(a), a.guard.describe()) == (b.guard.index, str(b), b.guard.describe())
+
+
+def test_a_crafted_device_label_is_a_format_error() -> None:
+    """The label must be torch's device form with the stored index: a message cannot be made to
+    name another device index than the one the guard checks."""
+    pytest.importorskip("torch")
+    frame, _ = _tensor_frame()
+    blob = _tensor_set(frame).to_bytes()
+    assert blob.count(b"\x03cpu") == 1  # the label, length-prefixed in the strings section
+    for new in (b"cp:", b"c:9"):
+        bad = rewrap(blob[64:].replace(b"\x03cpu", b"\x03" + new))
+        with pytest.raises(tw.FormatError, match="device label"):
+            tw.GuardSet.from_bytes(bad)
+
+
 def test_a_tensor_kind_naming_a_non_tensor_type_is_refused_when_bound() -> None:
     """What a crafted TENSOR_MATCH / ARRAY_MATCH record could name instead of a tensor or array
     class: the engine refuses it before the adapter or the struct reader could read an arbitrary
