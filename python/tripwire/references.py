@@ -325,19 +325,47 @@ def _compute_code_digest(code: types.CodeType) -> bytes:
     return h.digest()
 
 
+def _unwrapped(v: Any) -> Any:
+    """The function a chain of functools.wraps wrappers ends at (read from the functions'
+    ``__dict__``: no descriptor runs), at most 16 deep."""
+    for _ in range(16):
+        if type(v) is not types.FunctionType:
+            break
+        inner = v.__dict__.get("__wrapped__")
+        if type(inner) is not types.FunctionType:
+            break
+        v = inner
+    return v
+
+
 def _type_text(t: type) -> str:
-    """A class by its MRO's names and, for each class of it written in Python, the code of the
-    functions it defines (an edited method makes another class; C types contribute names only)."""
+    """A class by its MRO's names and, for each class of it defined in the class's own module, the
+    code of the methods its body defines (an edited method makes another class; a function
+    assigned onto the class later, or a decorator's wrapper under another qualname, is not
+    counted; base classes of other modules and C types contribute names only)."""
     mro: Iterable[type] = _type_attr(t, "__mro__", ())
+    home = _type_attr(t, "__module__", "?")
     parts = []
     for k in mro:
-        parts.append(f"{_type_attr(k, '__module__', '?')}.{_type_attr(k, '__qualname__', '?')}")
+        qualname = _type_attr(k, "__qualname__", "?")
+        module = _type_attr(k, "__module__", "?")
+        parts.append(f"{module}.{qualname}")
+        if module != home:
+            # A base class of another module (a library's: torch.nn.Module) by name only: its
+            # methods are that library's, and torch.compile replaces nn.Module.__init__ and
+            # __setstate__ on its first compile, which would make every nn.Module subclass differ
+            # between a process that compiled and one that did not.
+            continue
         d = _type_attr(k, "__dict__", {})
         for name in sorted(n for n in d if type(n) is str):
             v = d[name]
             if type(v) in (staticmethod, classmethod):
                 v = v.__func__
-            if type(v) is types.FunctionType:
+            v = _unwrapped(v)
+            # Only the methods written in the class body (qualname "Class.name"), through
+            # functools.wraps wrappers: a function assigned onto the class at run time is not its
+            # code.
+            if type(v) is types.FunctionType and v.__qualname__ == f"{qualname}.{name}":
                 parts.append(f"{name}={_code_digest(v.__code__).hex()[:16]}")
     return "|".join(parts)
 
