@@ -94,7 +94,8 @@ void register_guard_set(nb::module_& m) {
                     // A loaded set: the declarations straight from the decoded document (no Python
                     // GuardDecl per guard), the weak flags from its constant flags.
                     const core::codec::Document* doc = decoded_document(decoded.ptr());
-                    if (doc == nullptr) throw nb::type_error("expected a decoded document (tripwire._core.Decoded)");
+                    if (doc == nullptr)
+                        throw nb::type_error("expected a decoded document (tripwire._core.Decoded)");
                     runtime::GuardSetInputs in;
                     in.decls.reserve(doc->guards.size());
                     for (const auto& g : doc->guards) in.decls.push_back(g.decl);

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import enum
+import functools
 import hashlib
 import importlib
 import sys
@@ -294,7 +295,7 @@ def _code_digest(code: types.CodeType) -> bytes:
         return entry[1]
     digest = _compute_code_digest(code)
     try:
-        ref = weakref.ref(code, lambda r, key=key: _forget_digest(key, r))
+        ref = weakref.ref(code, functools.partial(_forget_digest, key))
     except TypeError:  # a code type that cannot be weakly referenced: no caching
         return digest
     _digests[key] = (ref, digest)

@@ -477,7 +477,10 @@ def _load(
     # The kinds whose operands this module checks (GLOBAL_STATE, SHAPE, the tensor kinds): their
     # specs are built now for the checks and dropped; all specs are built on the first diagnostic.
     memo: dict = {}
-    checked = [_spec(doc.decl(i), consts, *doc.info(i), memo) for i in python_checked]
+    checked = []
+    for i in python_checked:
+        label, stack, offset = doc.info(i)
+        checked.append(_spec(doc.decl(i), consts, label, stack, offset, memo))
     baselines = {name: consts[c] for name, c in doc.baselines}
     _check_torch_build(checked, baselines)
     if f_globals is None and reads_globals and use_module_globals:
@@ -531,7 +534,10 @@ def loaded_specs(lazy: tuple) -> list[GuardSpec]:
         _spec(d, objs, label, stack, offset, memo, checked=True)
         for d, (label, stack, offset) in zip(doc.decls(), doc.guard_info(), strict=True)
     ]
-    return [s if s.args and type(s.args[0]) is Weak else s.weakened() for s in sorted(specs, key=lambda s: s.index)]
+    return [
+        s if s.args and type(s.args[0]) is Weak else s.weakened()
+        for s in sorted(specs, key=lambda s: s.index)
+    ]
 
 
 def _check_torch_build(specs: list[GuardSpec], baselines: dict[str, Any]) -> None:

@@ -1135,7 +1135,7 @@ def test_a_source_text_that_lies_is_refused_at_load() -> None:
     bytes whose text says L['w'] for a guard that reads L['v'] do not load."""
     gs = one_guard("equals", 5)
     blob = gs.to_bytes()
-    for new in ("L['w']", "G['v']", "L[\"v\"]"):
+    for new in ("L['w']", "G['v']", 'L["v"]'):
         bad = _replace_string(blob, "L['v']", new)
         with pytest.raises(tw.FormatError, match="source texts do not match"):
             tw.GuardSet.from_bytes(bad)
@@ -1143,7 +1143,9 @@ def test_a_source_text_that_lies_is_refused_at_load() -> None:
     b.type_match("L['d']['k'].x")
     blob = b.build().to_bytes()
     bad = _replace_string(blob, "L['d']['k'].x", "L['d']['k'].y")  # the last step's text
-    with pytest.raises(tw.FormatError, match=r"source texts do not match its steps \('L\['d'\]\['k'\]\.y' is"):
+    with pytest.raises(
+        tw.FormatError, match=r"source texts do not match its steps \('L\['d'\]\['k'\]\.y' is"
+    ):
         tw.GuardSet.from_bytes(bad)
 
 
@@ -1169,7 +1171,12 @@ def test_loaded_diagnostics_equal_the_live_ones_whatever_is_asked_first() -> Non
                     a, b = gs.why_not(v), loaded.why_not(v)
                     assert (a is None) == (b is None)
                     if a is not None and b is not None:
-                        assert (a.guard.index, a.kind, a.source, a.reason) == (b.guard.index, b.kind, b.source, b.reason)
+                        assert (a.guard.index, a.kind, a.source, a.reason) == (
+                            b.guard.index,
+                            b.kind,
+                            b.source,
+                            b.reason,
+                        )
             else:
                 assert [s.index for s in loaded] == [s.index for s in gs]
 
@@ -1220,7 +1227,9 @@ def test_threads_diagnose_a_fresh_loaded_set_while_another_checks() -> None:
     blob = gs.to_bytes()
     variants = fx.variants(frame)
     reference_set = tw.GuardSet.from_bytes(blob)
-    want_why = [None if (f := reference_set.why_not(v)) is None else (f.guard.index, f.reason) for v in variants]
+    want_why = [
+        None if (f := reference_set.why_not(v)) is None else (f.guard.index, f.reason) for v in variants
+    ]
     want_guards = [s.describe() for s in reference_set.guards]
     for _ in range(gc_stress_scaled(20)):
         loaded = tw.GuardSet.from_bytes(blob)
@@ -1231,10 +1240,12 @@ def test_threads_diagnose_a_fresh_loaded_set_while_another_checks() -> None:
             try:
                 start.wait()
                 assert [s.describe() for s in loaded.guards] == want_guards
-                got = [None if (f := loaded.why_not(v)) is None else (f.guard.index, f.reason) for v in variants]
+                got = [
+                    None if (f := loaded.why_not(v)) is None else (f.guard.index, f.reason) for v in variants
+                ]
                 assert got == want_why
                 assert "GuardSet:" in loaded.explain()
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 errors.append(e)
 
         def check(loaded: tw.GuardSet = loaded) -> None:
@@ -1242,7 +1253,7 @@ def test_threads_diagnose_a_fresh_loaded_set_while_another_checks() -> None:
                 start.wait()
                 for v in variants * 5:
                     assert loaded.check(v) == gs.check(v)
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 errors.append(e)
 
         threads = [threading.Thread(target=diagnose) for _ in range(4)] + [threading.Thread(target=check)]

@@ -32,7 +32,6 @@ torch = pytest.importorskip("torch")
 
 import test_torch_import as T  # noqa: E402
 import torch_roundtrip as R  # noqa: E402
-
 import tripwire as tw  # noqa: E402
 import tripwire.torch as twt  # noqa: E402
 
@@ -77,7 +76,8 @@ def test_real_model_sets_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
         lambdas = [g for g in gs.guards if g.kind is tw.GuardKind.LAMBDA]
         assert any("SAVED_TENSORS_HOOKS" in g.describe() for g in lambdas)
         assert all(
-            "SAVED_TENSORS_HOOKS" in g.describe() or "torch's own guard object" in g.describe() for g in lambdas
+            "SAVED_TENSORS_HOOKS" in g.describe() or "torch's own guard object" in g.describe()
+            for g in lambdas
         ), [g.describe() for g in lambdas]
         gone = {g.index for g in lambdas}
         dropped[name] = [[k, s, d] for k, s, d in tw.GuardSet.from_bytes(blob).dropped]
@@ -89,7 +89,9 @@ def test_real_model_sets_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
             # What the loaded set must answer: the live set's first failure among the guards kept
             # (a dropped LAMBDA that fails widens reuse, which .dropped and explain() say).
             kept = [f for f in gs.failures(f_locals) if f.guard.index not in gone]
-            answers.append([not kept, None if not kept else [kept[0].guard.index, kept[0].kind, kept[0].source]])
+            answers.append(
+                [not kept, None if not kept else [kept[0].guard.index, kept[0].kind, kept[0].source]]
+            )
             if live[1] is not None and live[1][0] not in gone:
                 assert answers[-1] == live, f"{name} after {what}"
         decisions = [a[0] for a in answers]

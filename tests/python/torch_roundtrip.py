@@ -20,9 +20,10 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import test_torch_import as T
 import torch
 import torch.nn as nn
+
+import test_torch_import as T
 
 Mutation = Callable[[random.Random], Callable[[], None]]
 
@@ -44,7 +45,9 @@ def gpt() -> Case:
     one_of, set_attr, subs = T.one_of, T.set_attr, T.submodules
 
     def cfg_field(rng: random.Random) -> Callable[[], None]:
-        name, values = one_of(rng, [("heads", (2, 8, 4.0, 4)), ("causal", (False, 1, None, True)), ("d", (8, 16))])
+        name, values = one_of(
+            rng, [("heads", (2, 8, 4.0, 4)), ("causal", (False, 1, None, True)), ("d", (8, 16))]
+        )
         return set_attr(cfg, name, one_of(rng, values))
 
     def training(rng: random.Random) -> Callable[[], None]:
@@ -78,13 +81,26 @@ def gpt() -> Case:
         return set_attr(one_of(rng, model.blocks).mlp, "drop", one_of(rng, (nn.Identity(), nn.Dropout(0.0))))
 
     def rebind_act(rng: random.Random) -> Callable[[], None]:
-        return T.set_global("act", one_of(rng, (T.act_twin, types.FunctionType(T.act.__code__, vars(T)), T.act)))
+        return T.set_global(
+            "act", one_of(rng, (T.act_twin, types.FunctionType(T.act.__code__, vars(T)), T.act))
+        )
 
     return Case(
         model,
         (idx,),
         lambda: {"self": model, "idx": idx},
-        [cfg_field, training, dropout_p, layernorm, hook, swap_blocks, grow_blocks, fresh_submodule, other_type, rebind_act],
+        [
+            cfg_field,
+            training,
+            dropout_p,
+            layernorm,
+            hook,
+            swap_blocks,
+            grow_blocks,
+            fresh_submodule,
+            other_type,
+            rebind_act,
+        ],
         seed=1,
     )
 
@@ -102,7 +118,9 @@ def cnn() -> Case:
 
     def batchnorm(rng: random.Random) -> Callable[[], None]:
         m = one_of(rng, subs(model, nn.BatchNorm2d))
-        name, values = one_of(rng, [("momentum", (0.1, None, 0.2)), ("eps", (1e-5, 1e-3)), ("training", (True, False))])
+        name, values = one_of(
+            rng, [("momentum", (0.1, None, 0.2)), ("eps", (1e-5, 1e-3)), ("training", (True, False))]
+        )
         return set_attr(m, name, one_of(rng, values))
 
     def relu(rng: random.Random) -> Callable[[], None]:
@@ -153,7 +171,14 @@ def config() -> Case:
 
     def opt(rng: random.Random) -> Callable[[], None]:
         cfg = state["cfg"]
-        field, values = one_of(rng, [("scale", (2.0, 2, 3.0)), ("use_bias", (True, False, 1)), ("sizes", ((1, 2), (1, 2, 3), [1, 2]))])
+        field, values = one_of(
+            rng,
+            [
+                ("scale", (2.0, 2, 3.0)),
+                ("use_bias", (True, False, 1)),
+                ("sizes", ((1, 2), (1, 2, 3), [1, 2])),
+            ],
+        )
         cur = cfg["opt"] if isinstance(cfg["opt"], T.Opt) else T.Opt()
         return set_item(cfg, "opt", dataclasses.replace(cur, **{field: one_of(rng, values)}))
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define TRIPWIRE_SHA_NI 1
 #endif
@@ -63,23 +64,24 @@ void compress(std::uint32_t h[8], const std::uint8_t block[64]) {
 // compression, four rounds per two instructions, about 8x the portable loop. Chosen at run time
 // (have_sha_ni); the portable loop stays the reference, and the tests compare the two.
 __attribute__((target("sha,sse4.1,ssse3"))) void compress_sha_ni(std::uint32_t h[8], const std::uint8_t* data,
-                                                                  std::size_t blocks) {
+                                                                 std::size_t blocks) {
     const __m128i mask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
     __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[0]));
     __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[4]));
-    tmp = _mm_shuffle_epi32(tmp, 0xB1);           // CDAB
-    state1 = _mm_shuffle_epi32(state1, 0x1B);     // EFGH
+    tmp = _mm_shuffle_epi32(tmp, 0xB1);                // CDAB
+    state1 = _mm_shuffle_epi32(state1, 0x1B);          // EFGH
     __m128i state0 = _mm_alignr_epi8(tmp, state1, 8);  // ABEF
-    state1 = _mm_blend_epi16(state1, tmp, 0xF0);  // CDGH
+    state1 = _mm_blend_epi16(state1, tmp, 0xF0);       // CDGH
     for (; blocks != 0; --blocks, data += 64) {
         const __m128i abef = state0;
         const __m128i cdgh = state1;
         __m128i w[4];
-        for (int j = 0; j < 4; ++j)
+        for (std::size_t j = 0; j < 4; ++j)
             w[j] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + 16 * j)), mask);
-        for (int j = 0; j < 16; ++j) {
+        for (std::size_t j = 0; j < 16; ++j) {
             // w[j & 3] holds the message words 4j..4j+3; the next three slots hold the following.
-            __m128i msg = _mm_add_epi32(w[j & 3], _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kRound[4 * j])));
+            __m128i msg =
+                _mm_add_epi32(w[j & 3], _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kRound[4 * j])));
             state1 = _mm_sha256rnds2_epu32(state1, state0, msg);
             msg = _mm_shuffle_epi32(msg, 0x0E);
             state0 = _mm_sha256rnds2_epu32(state0, state1, msg);
@@ -101,7 +103,14 @@ __attribute__((target("sha,sse4.1,ssse3"))) void compress_sha_ni(std::uint32_t h
 }
 
 bool have_sha_ni() {
-    static const bool has = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+    // CPUID: leaf 7 EBX bit 29 is SHA; leaf 1 ECX bits 9 and 19 are SSSE3 and SSE4.1.
+    static const bool has = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+        const bool sse = ((c >> 9) & 1U) != 0 && ((c >> 19) & 1U) != 0;
+        if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+        return sse && ((b >> 29) & 1U) != 0;
+    }();
     return has;
 }
 #endif

@@ -1,7 +1,8 @@
 // tripwire/cpp/core/codec/sha256.hpp -- SHA-256 (FIPS 180-4), the content hash of the format.
 //
-// Portable C++ (the core has no dependencies), with x86 SHA-NI rounds chosen at run time. It detects corruption (a flipped bit, a torn
-// write); it is not a signature (anyone who can write the file can recompute it).
+// Portable C++ (the core has no dependencies), with x86 SHA-NI rounds chosen at run time. It detects
+// corruption (a flipped bit, a torn write); it is not a signature (anyone who can write the file can
+// recompute it).
 #pragma once
 
 #include <array>

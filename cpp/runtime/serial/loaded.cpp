@@ -2,6 +2,7 @@
 #include "runtime/serial/loaded.hpp"
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -65,11 +66,22 @@ bool plain_attr(PyObject* name, std::size_t offset) {
         if (normalize == nullptr) fail_python(offset, "unicodedata.normalize is unavailable");
     }
     Ref form = Ref::steal(PyUnicode_FromString("NFKC"));
-    Ref normal = form ? Ref::steal(PyObject_CallFunctionObjArgs(normalize, form.get(), name, nullptr)) : Ref();
+    Ref normal =
+        form ? Ref::steal(PyObject_CallFunctionObjArgs(normalize, form.get(), name, nullptr)) : Ref();
     if (!normal) fail_python(offset, "an attribute name cannot be normalised");
     const int same = PyUnicode_Compare(normal.get(), name);
     if (same == -1 && PyErr_Occurred()) fail_python(offset, "an attribute name cannot be compared");
     return same == 0;
+}
+
+/// The pieces one after another (one allocation, where `a + b + c` makes temporaries).
+std::string join(std::initializer_list<std::string_view> parts) {
+    std::size_t n = 0;
+    for (const std::string_view p : parts) n += p.size();
+    std::string out;
+    out.reserve(n);
+    for (const std::string_view p : parts) out.append(p);
+    return out;
 }
 
 bool is_property_method(PyObject* name) {
@@ -102,7 +114,7 @@ class SourceChecker {
         intern(p.name);
         if (p.texts.size() != p.steps.size() + 1) throw bad("a source needs one text per prefix");
         static constexpr const char* kRoot[] = {"L[", "G[", "C["};
-        std::string text = kRoot[static_cast<int>(p.root)] + repr(p.name, offset) + "]";
+        std::string text = join({kRoot[static_cast<int>(p.root)], repr(p.name, offset), "]"});
         expect(p.texts[0], text, bad);
         for (std::size_t k = 0; k < p.steps.size(); ++k) {
             const core::Step& st = p.steps[k];
@@ -112,12 +124,15 @@ class SourceChecker {
                 st.kind == StepKind::KwDefaults) {
                 arg = item(st.operand);
                 if (st.kind == StepKind::Attr || st.kind == StepKind::KwDefaults) {
-                    if (!PyUnicode_CheckExact(arg) || (st.kind == StepKind::Attr && PyUnicode_GET_LENGTH(arg) == 0))
+                    if (!PyUnicode_CheckExact(arg) ||
+                        (st.kind == StepKind::Attr && PyUnicode_GET_LENGTH(arg) == 0)) {
                         throw bad(std::string("bad source: ") +
                                   (st.kind == StepKind::Attr ? "ATTR step needs a non-empty attribute name"
                                                              : "KWDEFAULTS step needs a str name"));
+                    }
                 } else if (!valid_key(arg)) {
-                    throw bad("bad source: an item key must be a str, int, bytes, finite float, bool or None");
+                    throw bad(
+                        "bad source: an item key must be a str, int, bytes, finite float, bool or None");
                 }
                 if (PyUnicode_CheckExact(arg)) {
                     intern(st.operand);  // may replace the list's item: read it again
@@ -127,31 +142,42 @@ class SourceChecker {
             const std::string idx = std::to_string(st.index);
             switch (st.kind) {
                 case StepKind::Attr:
-                    text = plain_attr(arg, offset) ? base + "." + utf8(arg, offset)
-                                                   : "getattr(" + base + ", " + repr(st.operand, offset) + ")";
+                    text = plain_attr(arg, offset)
+                               ? join({base, ".", utf8(arg, offset)})
+                               : join({"getattr(", base, ", ", repr(st.operand, offset), ")"});
                     break;
-                case StepKind::Item: text = base + "[" + repr(st.operand, offset) + "]"; break;
-                case StepKind::DictItem: text = "dict.__getitem__(" + base + ", " + repr(st.operand, offset) + ")"; break;
-                case StepKind::Type: text = "type(" + base + ")"; break;
-                case StepKind::Dict: text = base + ".__dict__"; break;
-                case StepKind::Defaults: text = base + ".__defaults__[" + idx + "]"; break;
-                case StepKind::KwDefaults: text = base + ".__kwdefaults__[" + repr(st.operand, offset) + "]"; break;
-                case StepKind::Code: text = base + ".__code__"; break;
-                case StepKind::ClosureCell: text = base + ".__closure__[" + idx + "].cell_contents"; break;
+                case StepKind::Item: text = join({base, "[", repr(st.operand, offset), "]"}); break;
+                case StepKind::DictItem:
+                    text = join({"dict.__getitem__(", base, ", ", repr(st.operand, offset), ")"});
+                    break;
+                case StepKind::Type: text = join({"type(", base, ")"}); break;
+                case StepKind::Dict: text = join({base, ".__dict__"}); break;
+                case StepKind::Defaults: text = join({base, ".__defaults__[", idx, "]"}); break;
+                case StepKind::KwDefaults:
+                    text = join({base, ".__kwdefaults__[", repr(st.operand, offset), "]"});
+                    break;
+                case StepKind::Code: text = join({base, ".__code__"}); break;
+                case StepKind::ClosureCell:
+                    text = join({base, ".__closure__[", idx, "].cell_contents"});
+                    break;
                 case StepKind::WeakrefCall:
                     // Source.__str__: `X.size` followed by a call prints `getattr(X, 'size')()`, so
                     // that it does not read back as the SIZE step.
-                    if (k > 0 && p.steps[k - 1].kind == StepKind::Attr && is_property_method(item(p.steps[k - 1].operand))) {
-                        text = "getattr(" + p.texts[k - 1] + ", " + repr(p.steps[k - 1].operand, offset) + ")()";
+                    if (k > 0 && p.steps[k - 1].kind == StepKind::Attr &&
+                        is_property_method(item(p.steps[k - 1].operand))) {
+                        text = join(
+                            {"getattr(", p.texts[k - 1], ", ", repr(p.steps[k - 1].operand, offset), ")()"});
                     } else {
-                        text = base + "()";
+                        text = join({base, "()"});
                     }
                     break;
-                case StepKind::DictKey: text = "list(dict.keys(" + base + "))[" + idx + "]"; break;
-                case StepKind::DictValue: text = base + "[list(dict.keys(" + base + "))[" + idx + "]]"; break;
-                case StepKind::Size: text = base + ".size()[" + idx + "]"; break;
-                case StepKind::Stride: text = base + ".stride()[" + idx + "]"; break;
-                case StepKind::StorageOffset: text = base + ".storage_offset()"; break;
+                case StepKind::DictKey: text = join({"list(dict.keys(", base, "))[", idx, "]"}); break;
+                case StepKind::DictValue:
+                    text = join({base, "[list(dict.keys(", base, "))[", idx, "]]"});
+                    break;
+                case StepKind::Size: text = join({base, ".size()[", idx, "]"}); break;
+                case StepKind::Stride: text = join({base, ".stride()[", idx, "]"}); break;
+                case StepKind::StorageOffset: text = join({base, ".storage_offset()"}); break;
             }
             expect(p.texts[k + 1], text, bad);
         }
@@ -234,7 +260,8 @@ bool python_checks(GuardKind k) {
 }  // namespace
 
 LoadedFacts check_loaded(const core::codec::Document& doc, PyObject* consts) {
-    if (!PyList_CheckExact(consts) || static_cast<std::size_t>(PyList_GET_SIZE(consts)) != doc.constants.size())
+    if (!PyList_CheckExact(consts) ||
+        static_cast<std::size_t>(PyList_GET_SIZE(consts)) != doc.constants.size())
         throw FormatError(0, "one object per constant");
     LoadedFacts facts;
     SourceChecker sources(consts, doc.constants.size());
