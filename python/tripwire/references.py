@@ -57,8 +57,12 @@ _MISSING: Any = object()
 # named __mro__ or __qualname__, which type.__getattribute__ would run (a data descriptor of the
 # metatype wins). The getters of `type` itself run no user code.
 _TYPE_GETTERS = {
-    name: type.__dict__[name] for name in ("__mro__", "__qualname__", "__module__", "__dict__", "__name__")
+    name: type.__dict__[name]
+    for name in ("__mro__", "__qualname__", "__module__", "__dict__", "__name__", "__flags__")
 }
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created by a class statement (or type())
 
 
 def _type_attr(t: type, name: str, default: Any = _MISSING) -> Any:
@@ -351,9 +355,10 @@ def _type_text(t: type) -> str:
         qualname = _type_attr(k, "__qualname__", "?")
         module = _type_attr(k, "__module__", "?")
         parts.append(f"{module}.{qualname}")
-        if module != home:
-            # A base class of another module (a library's: torch.nn.Module) by name only: its
-            # methods are that library's, and torch.compile replaces nn.Module.__init__ and
+        if module != home or not _type_attr(k, "__flags__", 0) & _HEAPTYPE:
+            # A C type, or a base class of another module (a library's: torch.nn.Module), by
+            # name only: a C type has no Python methods, and a library class's methods are
+            # that library's, and torch.compile replaces nn.Module.__init__ and
             # __setstate__ on its first compile, which would make every nn.Module subclass differ
             # between a process that compiled and one that did not.
             continue
