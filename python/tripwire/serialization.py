@@ -22,7 +22,7 @@ from . import _core, tensors
 from .catalogue import GuardKind, GuardSpec, Weak
 from .errors import FormatError, GuardEvalError, NotSerializable
 from .references import RefKind, Unnamed, fingerprint, import_module, modules_by_file, name_of, resolve_name
-from .source import RootKind, Source, Step, StepKind
+from .source import _PROPERTY_METHODS, RootKind, Source, Step, StepKind
 
 if TYPE_CHECKING:
     from .guard_set import GuardSet
@@ -736,6 +736,7 @@ def _source(
         cur = memo[k0] = (src, str(src))
     if cur[1] != texts[0]:
         raise bad(f"the source texts do not match its steps ({texts[0]!r} is {cur[1]!r})")
+    before = None  # the prefix one step shorter than `cur`
     for i, (kind, operand, index) in enumerate(steps):
         ki = (root, name_id, tuple(steps[: i + 1]))
         nxt = memo.get(ki)
@@ -747,10 +748,22 @@ def _source(
             except ValueError as e:
                 raise bad(f"bad source: {e}") from None
             src = cur[0]
-            nxt = memo[ki] = (Source(src.root, src.name, (*src.steps, step)), step.render(cur[1]))
+            last = src.steps[-1] if src.steps else None
+            if (
+                kind_e is StepKind.WEAKREF_CALL
+                and last is not None
+                and last.kind is StepKind.ATTR
+                and last.arg in _PROPERTY_METHODS
+                and before is not None
+            ):
+                # Source.__str__: `X.size` followed by a call prints `getattr(X, 'size')()`.
+                text = f"getattr({before[1]}, {last.arg!r})()"
+            else:
+                text = step.render(cur[1])
+            nxt = memo[ki] = (Source(src.root, src.name, (*src.steps, step)), text)
         if nxt[1] != texts[i + 1]:
             raise bad(f"the source texts do not match its steps ({texts[i + 1]!r} is {nxt[1]!r})")
-        cur = nxt
+        before, cur = cur, nxt
     return cur[0]
 
 

@@ -1149,6 +1149,27 @@ def test_a_source_text_that_lies_is_refused_at_load() -> None:
         tw.GuardSet.from_bytes(bad)
 
 
+def test_a_property_method_call_source_round_trips() -> None:
+    """``getattr(X, 'size')()`` (an ATTR named like a tensor property, then a weakref call) prints
+    through getattr so that it does not read back as the SIZE step; the loader's renderers (C++
+    at load, Python on the first diagnostic) print it the same way (the Python one did not: such
+    a set could not be saved)."""
+    import weakref
+
+    class Holder:
+        pass
+
+    t, target = Holder(), fx.Point(1, 2)
+    t.size = weakref.ref(target)  # type: ignore[attr-defined]
+    b = tw.GuardBuilder({"t": t})
+    b.type_match("getattr(L['t'], 'size')()")
+    gs = b.build()
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    assert loaded.check({"t": t})
+    assert str(loaded.guards[0].source) == "getattr(L['t'], 'size')()" == str(gs.guards[0].source)
+    assert "getattr(L['t'], 'size')()" in loaded.explain()
+
+
 def test_loaded_diagnostics_equal_the_live_ones_whatever_is_asked_first() -> None:
     def live(frame: dict) -> tw.GuardSet:  # one install site for every set (explain shows it)
         return tw.guards_for(frame, fx.__dict__)
