@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "core/codec/document.hpp"
 #include "core/ir.hpp"
 #include "core/shape/program.hpp"
 #include "register.hpp"
@@ -86,6 +87,29 @@ void register_guard_set(nb::module_& m) {
                 },
                 nb::arg("decls"), nb::arg("consts"), nb::arg("hold_weakly"), nb::arg("globals").none(),
                 nb::arg("closure").none(), nb::arg("strict"), nb::arg("eval_error_type").none())
+            .def(
+                "__init__",
+                [](GuardSetCore* self, nb::handle decoded, nb::list consts, nb::object globals, bool strict,
+                   nb::object eval_error_type) {
+                    // A loaded set: the declarations straight from the decoded document (no Python
+                    // GuardDecl per guard), the weak flags from its constant flags.
+                    const core::codec::Document* doc = decoded_document(decoded.ptr());
+                    if (doc == nullptr)
+                        throw nb::type_error("expected a decoded document (tripwire._core.Decoded)");
+                    runtime::GuardSetInputs in;
+                    in.decls.reserve(doc->guards.size());
+                    for (const auto& g : doc->guards) in.decls.push_back(g.decl);
+                    for (nb::handle c : consts) in.consts.push_back(c.ptr());
+                    for (const std::uint8_t f : doc->const_flags) in.hold_weakly.push_back((f & 1) != 0);
+                    if (!globals.is_none() && !PyDict_Check(globals.ptr()))
+                        throw nb::type_error("globals must be a dict");
+                    in.globals = globals.is_none() ? nullptr : globals.ptr();
+                    in.strict = strict;
+                    in.eval_error_type = eval_error_type.is_none() ? nullptr : eval_error_type.ptr();
+                    new (self) GuardSetCore{std::make_shared<runtime::GuardSet>(std::move(in))};
+                },
+                nb::arg("decoded"), nb::arg("consts"), nb::arg("globals").none(), nb::arg("strict"),
+                nb::arg("eval_error_type").none())
             .def(
                 "check",
                 [](GuardSetCore& s, nb::handle f_locals) {

@@ -19,6 +19,7 @@
 #include "core/codec/document.hpp"
 #include "core/ir.hpp"
 #include "register.hpp"
+#include "runtime/serial/loaded.hpp"
 #include "runtime/serial/values.hpp"
 
 namespace nb = nanobind;
@@ -37,6 +38,12 @@ struct Decoded {
 };
 
 }  // namespace
+
+const core::codec::Document* decoded_document(PyObject* o) {
+    Decoded* d = nullptr;
+    if (!nb::try_cast<Decoded*>(nb::handle(o), d) || d == nullptr) return nullptr;
+    return &d->doc;
+}
 
 void register_serial(nb::module_& m) {
     // The core's FormatError; tripwire.serialization re-raises it as tripwire.FormatError.
@@ -155,6 +162,42 @@ void register_serial(nb::module_& m) {
                 return out;
             },
             "The guard declarations (operands index constants()).")
+        .def(
+            "decl",
+            [](const Decoded& d, std::size_t i) {
+                if (i >= d.doc.guards.size()) throw nb::index_error("no such guard");
+                return d.doc.guards[i].decl;
+            },
+            nb::arg("i"), "The declaration of the guard at position i.")
+        .def(
+            "info",
+            [](const Decoded& d, std::size_t i) {
+                if (i >= d.doc.guards.size()) throw nb::index_error("no such guard");
+                const auto& g = d.doc.guards[i];
+                return nb::make_tuple(g.label, nb::cast(g.stack), g.offset);
+            },
+            nb::arg("i"), "(label, install stack, byte offset) of the guard at position i.")
+        .def(
+            "check_loaded",
+            [](const Decoded& d, nb::list consts) {
+                runtime::serial::LoadedFacts f = runtime::serial::check_loaded(d.doc, consts.ptr());
+                return std::make_pair(f.reads_globals, std::move(f.python_checked));
+            },
+            nb::arg("consts"),
+            "Check every source's texts against its steps and the common kinds' operands against "
+            "the built constants, interning names in place (runtime/serial/loaded.hpp). Returns "
+            "(reads_globals, positions of the guards the Python loader checks); raises _CodecError.")
+        .def(
+            "hold_weakly",
+            [](const Decoded& d, nb::list consts) {
+                std::vector<std::uint32_t> positions;
+                PyObject* held = runtime::serial::hold_weakly(consts.ptr(), d.doc.const_flags, positions);
+                if (held == nullptr) throw nb::python_error();
+                return std::make_pair(nb::steal<nb::list>(held), std::move(positions));
+            },
+            nb::arg("consts"),
+            "(consts with each weakly held constant as (weakref, id, type name), the positions "
+            "replaced): what a loaded set keeps for its lazily built diagnostics.")
         .def(
             "guard_info",
             [](const Decoded& d) {

@@ -10,6 +10,10 @@ class GuardSet;
 class Cache;
 }  // namespace tripwire::runtime
 
+namespace tripwire::core::codec {
+struct Document;
+}  // namespace tripwire::core::codec
+
 namespace tripwire::bindings {
 
 /// The runtime guard set behind a tripwire._core.GuardSetCore instance (or a subclass), or null
@@ -21,6 +25,10 @@ std::shared_ptr<runtime::GuardSet> shared_guard_set_of(PyObject* o);
 /// The runtime cache behind a tripwire._core.CacheCore instance (or a subclass), or null for any
 /// other object or a cache cleared by the garbage collector. Borrowed: valid while `o` is.
 runtime::Cache* cache_of(PyObject* o);
+
+/// The document behind a tripwire._core.Decoded instance (bind_serial.cpp), or null for any other
+/// object. Borrowed: valid while `o` is.
+const core::codec::Document* decoded_document(PyObject* o);
 
 /// The IR: RootKind, StepKind, GuardKind, and the typed declarations (bind_ir.cpp). First.
 void register_ir(nanobind::module_& m);

@@ -3,7 +3,7 @@
 from collections.abc import Callable, Mapping, Sequence
 import enum
 import types
-from typing import Any
+from typing import Any, overload
 
 
 class RootKind(enum.IntEnum):
@@ -268,7 +268,11 @@ MAX_CONSTANT_DEPTH: int = 100
 class GuardSetCore:
     """The compiled guard set. Use tripwire.GuardSet, which subclasses it."""
 
+    @overload
     def __init__(self, decls: Sequence[GuardDecl], consts: list, hold_weakly: list, globals: object | None, closure: object | None, strict: bool, eval_error_type: object | None) -> None: ...
+
+    @overload
+    def __init__(self, decoded: object, consts: list, globals: object | None, strict: bool, eval_error_type: object | None) -> None: ...
 
     def check(self, f_locals: Mapping[str, Any], /) -> bool:
         """
@@ -725,6 +729,22 @@ class Decoded:
 
     def decls(self) -> list[GuardDecl]:
         """The guard declarations (operands index constants())."""
+
+    def decl(self, i: int) -> GuardDecl:
+        """The declaration of the guard at position i."""
+
+    def info(self, i: int) -> tuple:
+        """(label, install stack, byte offset) of the guard at position i."""
+
+    def check_loaded(self, consts: list) -> tuple[bool, list[int]]:
+        """
+        Check every source's texts against its steps and the common kinds' operands against the built constants, interning names in place (runtime/serial/loaded.hpp). Returns (reads_globals, positions of the guards the Python loader checks); raises _CodecError.
+        """
+
+    def hold_weakly(self, consts: list) -> tuple[list, list[int]]:
+        """
+        (consts with each weakly held constant as (weakref, id, type name), the positions replaced): what a loaded set keeps for its lazily built diagnostics.
+        """
 
     def guard_info(self) -> list:
         """[(label, install stack, byte offset)] per guard."""

@@ -210,12 +210,60 @@ class GuardSet(_core.GuardSetCore):
     ) -> None:
         # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
         # strong reference to the objects it names by identity.
-        self._specs: tuple[GuardSpec, ...] = tuple(s.weakened() for s in sorted(specs, key=lambda s: s.index))
-        self._by_id = {s.index: s for s in self._specs}
+        weakened = tuple(s.weakened() for s in sorted(specs, key=lambda s: s.index))
+        self._built: tuple[tuple[GuardSpec, ...], dict[int, GuardSpec]] | None = (
+            weakened,
+            {s.index: s for s in weakened},
+        )
+        self._lazy: Any = None
         self.strict = strict
         self._f_globals = f_globals  # the runtime set holds it too; kept for to_bytes
         self._dropped = tuple(dropped)
         self._baselines = baselines
+
+    def _set_loaded_state(
+        self,
+        lazy: Any,
+        f_globals: dict | None,
+        strict: bool,
+        dropped: tuple[tuple[str, str, str], ...],
+        baselines: dict[str, Any],
+    ) -> None:
+        """A loaded set (serialization.loads): everything was validated at load; the GuardSpecs
+        are built from ``lazy`` on the first diagnostic (``guards``, ``why_not``, ``explain``...)."""
+        self._built = None
+        self._lazy = lazy
+        self.strict = strict
+        self._f_globals = f_globals
+        self._dropped = tuple(dropped)
+        self._baselines = baselines
+
+    def _diagnostic_state(self) -> tuple[tuple[GuardSpec, ...], dict[int, GuardSpec]]:
+        # Lock-free: a second thread (or a finalizer run by a collection during the build) that
+        # gets here first builds the same specs from the same load-time objects, and each
+        # publishes one consistent tuple with one assignment.
+        built = self._built
+        if built is None:
+            lazy = self._lazy
+            if lazy is None:  # another thread published between the two reads
+                built = self._built
+                assert built is not None
+                return built
+            from .serialization import loaded_specs
+
+            specs = tuple(loaded_specs(lazy))
+            built = (specs, {s.index: s for s in specs})
+            self._built = built
+            self._lazy = None
+        return built
+
+    @property
+    def _specs(self) -> tuple[GuardSpec, ...]:
+        return self._diagnostic_state()[0]
+
+    @property
+    def _by_id(self) -> dict[int, GuardSpec]:
+        return self._diagnostic_state()[1]
 
     # -- serialization -------------------------------------------------------------------------------
     def to_bytes(self, *, drop: Iterable[str] = ()) -> bytes:

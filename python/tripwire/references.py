@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import builtins
 import enum
+import functools
 import hashlib
 import importlib
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -55,8 +57,12 @@ _MISSING: Any = object()
 # named __mro__ or __qualname__, which type.__getattribute__ would run (a data descriptor of the
 # metatype wins). The getters of `type` itself run no user code.
 _TYPE_GETTERS = {
-    name: type.__dict__[name] for name in ("__mro__", "__qualname__", "__module__", "__dict__", "__name__")
+    name: type.__dict__[name]
+    for name in ("__mro__", "__qualname__", "__module__", "__dict__", "__name__", "__flags__")
 }
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created by a class statement (or type())
 
 
 def _type_attr(t: type, name: str, default: Any = _MISSING) -> Any:
@@ -274,7 +280,33 @@ def _const_repr(c: Any) -> str:
     return f"{type(c).__name__}:{c!r}"
 
 
+# A code object is immutable, so its digest is computed once per object: keyed by identity (equal
+# code objects may differ in co_qualname, which the digest covers), each entry dropped when its
+# code object dies, so that an id reused by a later object never finds it.
+_digests: dict[int, tuple[weakref.ref, bytes]] = {}
+
+
+def _forget_digest(key: int, ref: weakref.ref) -> None:
+    entry = _digests.get(key)
+    if entry is not None and entry[0] is ref:
+        del _digests[key]
+
+
 def _code_digest(code: types.CodeType) -> bytes:
+    key = id(code)
+    entry = _digests.get(key)
+    if entry is not None and entry[0]() is code:
+        return entry[1]
+    digest = _compute_code_digest(code)
+    try:
+        ref = weakref.ref(code, functools.partial(_forget_digest, key))
+    except TypeError:  # a code type that cannot be weakly referenced: no caching
+        return digest
+    _digests[key] = (ref, digest)
+    return digest
+
+
+def _compute_code_digest(code: types.CodeType) -> bytes:
     h = hashlib.sha256()
     for part in (
         code.co_code,
@@ -298,19 +330,48 @@ def _code_digest(code: types.CodeType) -> bytes:
     return h.digest()
 
 
+def _unwrapped(v: Any) -> Any:
+    """The function a chain of functools.wraps wrappers ends at (read from the functions'
+    ``__dict__``: no descriptor runs), at most 16 deep."""
+    for _ in range(16):
+        if type(v) is not types.FunctionType:
+            break
+        inner = v.__dict__.get("__wrapped__")
+        if type(inner) is not types.FunctionType:
+            break
+        v = inner
+    return v
+
+
 def _type_text(t: type) -> str:
-    """A class by its MRO's names and, for each class of it written in Python, the code of the
-    functions it defines (an edited method makes another class; C types contribute names only)."""
+    """A class by its MRO's names and, for each class of it defined in the class's own module, the
+    code of the methods its body defines (an edited method makes another class; a function
+    assigned onto the class later, or a decorator's wrapper under another qualname, is not
+    counted; base classes of other modules and C types contribute names only)."""
     mro: Iterable[type] = _type_attr(t, "__mro__", ())
+    home = _type_attr(t, "__module__", "?")
     parts = []
     for k in mro:
-        parts.append(f"{_type_attr(k, '__module__', '?')}.{_type_attr(k, '__qualname__', '?')}")
+        qualname = _type_attr(k, "__qualname__", "?")
+        module = _type_attr(k, "__module__", "?")
+        parts.append(f"{module}.{qualname}")
+        if module != home or not _type_attr(k, "__flags__", 0) & _HEAPTYPE:
+            # A C type, or a base class of another module (a library's: torch.nn.Module), by
+            # name only: a C type has no Python methods, and a library class's methods are
+            # that library's, and torch.compile replaces nn.Module.__init__ and
+            # __setstate__ on its first compile, which would make every nn.Module subclass differ
+            # between a process that compiled and one that did not.
+            continue
         d = _type_attr(k, "__dict__", {})
         for name in sorted(n for n in d if type(n) is str):
             v = d[name]
             if type(v) in (staticmethod, classmethod):
                 v = v.__func__
-            if type(v) is types.FunctionType:
+            v = _unwrapped(v)
+            # Only the methods written in the class body (qualname "Class.name"), through
+            # functools.wraps wrappers: a function assigned onto the class at run time is not its
+            # code.
+            if type(v) is types.FunctionType and v.__qualname__ == f"{qualname}.{name}":
                 parts.append(f"{name}={_code_digest(v.__code__).hex()[:16]}")
     return "|".join(parts)
 

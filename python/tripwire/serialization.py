@@ -22,7 +22,7 @@ from . import _core, tensors
 from .catalogue import GuardKind, GuardSpec, Weak
 from .errors import FormatError, GuardEvalError, NotSerializable
 from .references import RefKind, Unnamed, fingerprint, import_module, modules_by_file, name_of, resolve_name
-from .source import RootKind, Source, Step, StepKind
+from .source import _PROPERTY_METHODS, RootKind, Source, Step, StepKind
 
 if TYPE_CHECKING:
     from .guard_set import GuardSet
@@ -257,7 +257,9 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
     pool = _Pool()
     decls = _encode(kept, pool)
     # Objects a guard names by identity are held weakly, as in the live set (GuardSet.__init__).
-    labels = [s.args[2] if s.kind is GuardKind.GLOBAL_STATE else "" for s in kept]
+    # The label: GLOBAL_STATE's name; TENSOR_MATCH's device string (for messages: explain() and
+    # why_not show it, and the data holds only the device index).
+    labels = [_label_of(s) for s in kept]
     saved_baselines = dict(gs.baselines)
     if any(_torch_coded(s.kind, s.args) for s in kept):
         saved_baselines[_TORCH_BUILD] = torch_build()
@@ -285,6 +287,36 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
         raise FormatError(str(e)) from None
     _prove(gs, kept, dropped, data, saver.objects)
     return data
+
+
+def _label_of(spec: GuardSpec) -> str:
+    if spec.kind is GuardKind.GLOBAL_STATE:
+        return str(spec.args[2])
+    if spec.kind is GuardKind.TENSOR_MATCH:
+        exp = spec.args[1]
+        try:  # a hand-made expectation whose device string is not torch's form keeps it unsaved
+            return _device_label(str(exp.device), exp.device_index, FormatError)
+        except FormatError:
+            return ""
+    return ""
+
+
+# A TENSOR_MATCH label: a device type, and its index when the tensor has one (torch's str(device)).
+_DEVICE_LABEL = re.compile(r"([a-z][a-z0-9_]*)(?::(\d+))?")
+
+
+def _device_label(label: str, device_index: int, bad: Callable[[str], FormatError]) -> str:
+    """A stored device string, checked: torch's form, and its index the one the data checks (the
+    device type itself is in the dispatch keys, which the engine compares)."""
+    if not label:
+        return ""
+    m = _DEVICE_LABEL.fullmatch(label)
+    if m is None or len(label) > 64:
+        raise bad(f"the device label {label!r} is not a torch device string")
+    index = -1 if m.group(2) is None else int(m.group(2))
+    if index != device_index:
+        raise bad(f"the device label {label!r} does not match the stored device index {device_index}")
+    return label
 
 
 def _prove(gs: GuardSet, kept: list[GuardSpec], dropped: list, data: bytes, objects: list[Any]) -> None:
@@ -447,24 +479,20 @@ def _load(
     objects = [lookup(i, r, i in called) for i, r in enumerate(refs)]
     try:
         consts = doc.constants(objects)
+        # Every source's texts against its steps, step keys, root names, and the operands of the
+        # common kinds, in one C++ pass (runtime/serial/loaded.hpp); names interned in place.
+        reads_globals, python_checked = doc.check_loaded(consts)
     except _core._CodecError as e:
         raise _format_error(e) from None
-    decls = doc.decls()
-    info = doc.guard_info()
-    memo: dict[str, Source] = {}
-    specs = [
-        _spec(d, consts, label, stack, offset, memo)
-        for d, (label, stack, offset) in zip(decls, info, strict=True)
-    ]
-    # Root names and step keys are compared by identity with interned strings.
-    for d in decls:
-        for path in ([d.source] if d.source is not None else []) + list(d.symbols) + list(d.more_sources):
-            consts[path.name] = sys.intern(consts[path.name])
-            for st in path.steps:
-                if st.operand is not None and type(consts[st.operand]) is str:
-                    consts[st.operand] = sys.intern(consts[st.operand])
-    _check_torch_build(specs, {name: consts[c] for name, c in doc.baselines})
-    reads_globals = any(RootKind.GLOBAL in _roots(s) for s in specs)
+    # The kinds whose operands this module checks (GLOBAL_STATE, SHAPE, the tensor kinds): their
+    # specs are built now for the checks and dropped; all specs are built on the first diagnostic.
+    memo: dict = {}
+    checked = []
+    for i in python_checked:
+        label, stack, offset = doc.info(i)
+        checked.append(_spec(doc.decl(i), consts, label, stack, offset, memo))
+    baselines = {name: consts[c] for name, c in doc.baselines}
+    _check_torch_build(checked, baselines)
     if f_globals is None and reads_globals and use_module_globals:
         module = doc.globals_module
         if module is None:
@@ -473,13 +501,11 @@ def _load(
             )
         mod = lookup(-1, (int(RefKind.MODULE), module, "", fingerprint(RefKind.MODULE, None), 0), False)
         f_globals = mod.__dict__
-    weak = [bool(f & 1) for f in doc.const_flags]
-    baselines = {name: consts[c] for name, c in doc.baselines}
     # Switch on the framework support the kinds need, as the builder does (neither imports its
     # framework: torch and numpy are imported already when their type references resolved).
-    kinds = {s.kind for s in specs}
+    kinds = {s.kind for s in checked}
     if kinds & {GuardKind.TENSOR_MATCH, GuardKind.DIMENSION_MARKING} or any(
-        s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in specs
+        s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in checked
     ):
         tensors.ensure_torch()
     if GuardKind.ARRAY_MATCH in kinds:
@@ -487,13 +513,41 @@ def _load(
     if GuardKind.SHAPE in kinds:  # sizes read in C++ where exact (runtime/tensors/property_reader.hpp)
         tensors.ensure_torch()
         tensors.ensure_numpy()
+    del checked, memo
     gs = GuardSet.__new__(GuardSet)
     try:
-        _core.GuardSetCore.__init__(gs, decls, consts, weak, f_globals, None, doc.strict, GuardEvalError)
+        _core.GuardSetCore.__init__(gs, doc, consts, f_globals, doc.strict, GuardEvalError)
     except (ValueError, TypeError, RuntimeError) as e:
         raise FormatError(f"the guard program is invalid: {e}") from None
-    gs._set_state(specs, f_globals, doc.strict, tuple(doc.dropped), baselines)
+    held, weak_positions = doc.hold_weakly(consts)
+    gs._set_loaded_state((doc, held, weak_positions), f_globals, doc.strict, tuple(doc.dropped), baselines)
     return gs
+
+
+def loaded_specs(lazy: tuple) -> list[GuardSpec]:
+    """The GuardSpecs of a loaded set, built on its first diagnostic from what the load kept:
+    the decoded document and the constants, each identity-held one as (weakref, id, type name).
+    Everything was checked at load; an object that died since is shown as dead (a Weak), never
+    looked up again by name (the name may now be bound to another object)."""
+    doc, held, weak_positions = lazy
+    objs = list(held)
+    for i in weak_positions:
+        ref, address, type_name = held[i]
+        obj = ref()
+        if obj is None:
+            dead = Weak.__new__(Weak)
+            dead.ref, dead.address, dead.type_name = ref, address, type_name
+            obj = dead
+        objs[i] = obj
+    memo: dict = {}
+    specs = [
+        _spec(d, objs, label, stack, offset, memo, checked=True)
+        for d, (label, stack, offset) in zip(doc.decls(), doc.guard_info(), strict=True)
+    ]
+    return [
+        s if s.args and type(s.args[0]) is Weak else s.weakened()
+        for s in sorted(specs, key=lambda s: s.index)
+    ]
 
 
 def _check_torch_build(specs: list[GuardSpec], baselines: dict[str, Any]) -> None:
@@ -562,10 +616,17 @@ def _builtin_snapshot(probe: str, n: int) -> Any:
 
 
 def _spec(
-    d: _core.GuardDecl, consts: list, label: str, stack: list[str], offset: int, memo: dict | None = None
+    d: _core.GuardDecl,
+    consts: list,
+    label: str,
+    stack: list[str],
+    offset: int,
+    memo: dict | None = None,
+    checked: bool = False,
 ) -> GuardSpec:
     """The GuardSpec of a decoded declaration (the inverse of guard_set._encode); FormatError when
-    an operand has a type its kind cannot take."""
+    an operand has a type its kind cannot take. ``checked``: the load checked the operands
+    already, and an identity-held one may be a dead Weak (loaded_specs)."""
     k = GuardKind(d.kind)
 
     def bad(why: str) -> FormatError:
@@ -577,11 +638,11 @@ def _spec(
     if k in (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH):
         args = (op,)
     elif k is GuardKind.CODE_MATCH:
-        if type(op) is not types.CodeType:
+        if type(op) is not types.CodeType and not checked:
             raise bad("needs a code object")
         args = (op,)
     elif k is GuardKind.EQUALS_MATCH:
-        if not _core.is_constant(op):
+        if not checked and not _core.is_constant(op):
             raise bad(f"{type(op).__name__} is not a constant")
         args = (op, True) if d.flag else (op,)
     elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN):
@@ -618,7 +679,7 @@ def _spec(
     elif k is GuardKind.SHAPE:
         args = _shape_args(d, consts, bad, memo)
     elif k in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH, GuardKind.DIMENSION_MARKING):
-        args = _tensor_args(k, op, op2, d, bad)
+        args = _tensor_args(k, op, op2, d, bad, checked, label)
     elif k is GuardKind.ALIAS:
         args = (_source(d.more_sources[0], consts, bad, memo),)
     elif k is GuardKind.NO_ALIAS:
@@ -632,7 +693,13 @@ def _spec(
 
 
 def _tensor_args(
-    k: GuardKind, op: Any, op2: Any, d: _core.GuardDecl, bad: Callable[[str], FormatError]
+    k: GuardKind,
+    op: Any,
+    op2: Any,
+    d: _core.GuardDecl,
+    bad: Callable[[str], FormatError],
+    checked: bool = False,
+    label: str = "",
 ) -> tuple:
     """TENSOR_MATCH, ARRAY_MATCH and DIMENSION_MARKING arguments from their stored data."""
     from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
@@ -642,10 +709,11 @@ def _tensor_args(
             if not (_core.is_constant(op) and _core.is_constant(op2)):
                 raise bad("the shape ids and unbacked bounds must be constants")
             return (DimensionMarkings.from_data(list(d.data), d.flag, op, op2),)
-        if not isinstance(op, type) and not isinstance(op, _Named):
+        if not isinstance(op, type) and not isinstance(op, _Named) and not checked:
             raise bad("needs a type")
         if k is GuardKind.TENSOR_MATCH:
-            return (op, TensorExpectation.from_data(list(d.data)))
+            exp = TensorExpectation.from_data(list(d.data))
+            return (op, dataclasses.replace(exp, device=_device_label(label, exp.device_index, bad)))
         if type(op2) is not str and not (type(op2) is tuple and _core.is_constant(op2)):
             raise bad("the dtype description must be a str or a tuple")
         return (op, ArrayExpectation.from_data(op2, list(d.data)))
@@ -680,6 +748,7 @@ def _source(
         cur = memo[k0] = (src, str(src))
     if cur[1] != texts[0]:
         raise bad(f"the source texts do not match its steps ({texts[0]!r} is {cur[1]!r})")
+    before = None  # the prefix one step shorter than `cur`
     for i, (kind, operand, index) in enumerate(steps):
         ki = (root, name_id, tuple(steps[: i + 1]))
         nxt = memo.get(ki)
@@ -691,10 +760,22 @@ def _source(
             except ValueError as e:
                 raise bad(f"bad source: {e}") from None
             src = cur[0]
-            nxt = memo[ki] = (Source(src.root, src.name, (*src.steps, step)), step.render(cur[1]))
+            last = src.steps[-1] if src.steps else None
+            if (
+                kind_e is StepKind.WEAKREF_CALL
+                and last is not None
+                and last.kind is StepKind.ATTR
+                and last.arg in _PROPERTY_METHODS
+                and before is not None
+            ):
+                # Source.__str__: `X.size` followed by a call prints `getattr(X, 'size')()`.
+                text = f"getattr({before[1]}, {last.arg!r})()"
+            else:
+                text = step.render(cur[1])
+            nxt = memo[ki] = (Source(src.root, src.name, (*src.steps, step)), text)
         if nxt[1] != texts[i + 1]:
             raise bad(f"the source texts do not match its steps ({texts[i + 1]!r} is {nxt[1]!r})")
-        cur = nxt
+        before, cur = cur, nxt
     return cur[0]
 
 
@@ -744,7 +825,7 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
             else:
                 args = (op, op2, label)
         elif k in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH, GuardKind.DIMENSION_MARKING):
-            args = _tensor_args(k, op, op2, d, bad)
+            args = _tensor_args(k, op, op2, d, bad, label=label)
         elif k is GuardKind.ALIAS:
             args = (_source(d.more_sources[0], consts, bad),)
         elif k is GuardKind.NO_ALIAS:

@@ -388,6 +388,37 @@ def test_torch_coded_guards_refuse_another_torch_build(monkeypatch: pytest.Monke
     assert tw.GuardSet.from_bytes(blob).check(frame)
 
 
+def test_a_loaded_tensor_set_explains_as_the_live_one() -> None:
+    """The device string of TENSOR_MATCH (messages only: the data holds the device index) is
+    saved as the guard's label, so explain() and why_not of the loaded set are the live set's,
+    line for line (issue 9 left the loaded set's without it)."""
+    pytest.importorskip("torch")
+    frame, variants = _tensor_frame()
+    gs = _tensor_set(frame)
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    assert loaded.check(frame)  # the live build checked its example once: the counts agree
+    assert " cpu requires_grad" in gs.explain()
+    assert loaded.explain() == gs.explain()
+    for v in variants:
+        a, b = gs.why_not(v), loaded.why_not(v)
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert (a.guard.index, str(a), a.guard.describe()) == (b.guard.index, str(b), b.guard.describe())
+
+
+def test_a_crafted_device_label_is_a_format_error() -> None:
+    """The label must be torch's device form with the stored index: a message cannot be made to
+    name another device index than the one the guard checks."""
+    pytest.importorskip("torch")
+    frame, _ = _tensor_frame()
+    blob = _tensor_set(frame).to_bytes()
+    assert blob.count(b"\x03cpu") == 1  # the label, length-prefixed in the strings section
+    for new in (b"cp:", b"c:9"):
+        bad = rewrap(blob[64:].replace(b"\x03cpu", b"\x03" + new))
+        with pytest.raises(tw.FormatError, match="device label"):
+            tw.GuardSet.from_bytes(bad)
+
+
 def test_a_tensor_kind_naming_a_non_tensor_type_is_refused_when_bound() -> None:
     """What a crafted TENSOR_MATCH / ARRAY_MATCH record could name instead of a tensor or array
     class: the engine refuses it before the adapter or the struct reader could read an arbitrary
@@ -781,8 +812,8 @@ def test_the_bytes_are_proven_before_they_are_returned(monkeypatch: pytest.Monke
     gs = one_guard("equals", 5)
     real = serialization._spec
 
-    def lying(*args: Any) -> Any:
-        s = real(*args)
+    def lying(*args: Any, **kwargs: Any) -> Any:
+        s = real(*args, **kwargs)
         return tw.GuardSpec(s.kind, s.source, (6,), s.index, s.stack)
 
     monkeypatch.setattr(serialization, "_spec", lying)
@@ -1082,12 +1113,224 @@ def test_invalid_records_are_format_errors() -> None:
             bad = bytearray(body)
             bad[i] = (bad[i] + delta) & 0xFF
             try:
-                tw.GuardSet.from_bytes(rewrap(bytes(bad)))
+                gs = tw.GuardSet.from_bytes(rewrap(bytes(bad)))
                 outcomes["ok"] += 1
+                # Everything is checked at load: what loads builds its diagnostics (lazily, on
+                # the first one) without an error.
+                assert len(gs.guards) == len(gs)
+                gs.explain()
+                gs.failures({})
             except tw.FormatError as e:
                 assert "at byte" in str(e) or "guard program" in str(e), str(e)
                 outcomes["error"] += 1
     assert outcomes["error"] > outcomes["ok"]
+
+
+# -- the lazy diagnostics of a loaded set (specs built on the first diagnostic) -----------------------
+
+
+def test_a_source_text_that_lies_is_refused_at_load() -> None:
+    """The printed texts of a source (what explain() and why_not show) are checked against its
+    steps by from_bytes itself (runtime/serial/loaded.cpp), not when a diagnostic is first asked:
+    bytes whose text says L['w'] for a guard that reads L['v'] do not load."""
+    gs = one_guard("equals", 5)
+    blob = gs.to_bytes()
+    for new in ("L['w']", "G['v']", 'L["v"]'):
+        bad = _replace_string(blob, "L['v']", new)
+        with pytest.raises(tw.FormatError, match="source texts do not match"):
+            tw.GuardSet.from_bytes(bad)
+    b = tw.GuardBuilder({"d": {"k": fx.Point(1, 2)}})
+    b.type_match("L['d']['k'].x")
+    blob = b.build().to_bytes()
+    bad = _replace_string(blob, "L['d']['k'].x", "L['d']['k'].y")  # the last step's text
+    with pytest.raises(
+        tw.FormatError, match=r"source texts do not match its steps \('L\['d'\]\['k'\]\.y' is"
+    ):
+        tw.GuardSet.from_bytes(bad)
+
+
+def test_a_property_method_call_source_round_trips() -> None:
+    """``getattr(X, 'size')()`` (an ATTR named like a tensor property, then a weakref call) prints
+    through getattr so that it does not read back as the SIZE step; the loader's renderers (C++
+    at load, Python on the first diagnostic) print it the same way (the Python one did not: such
+    a set could not be saved)."""
+    import weakref
+
+    class Holder:
+        pass
+
+    t, target = Holder(), fx.Point(1, 2)
+    t.size = weakref.ref(target)  # type: ignore[attr-defined]
+    b = tw.GuardBuilder({"t": t})
+    b.type_match("getattr(L['t'], 'size')()")
+    gs = b.build()
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    assert loaded.check({"t": t})
+    assert str(loaded.guards[0].source) == "getattr(L['t'], 'size')()" == str(gs.guards[0].source)
+    assert "getattr(L['t'], 'size')()" in loaded.explain()
+
+
+def test_loaded_diagnostics_equal_the_live_ones_whatever_is_asked_first() -> None:
+    def live(frame: dict) -> tw.GuardSet:  # one install site for every set (explain shows it)
+        return tw.guards_for(frame, fx.__dict__)
+
+    for frame in fx.frames():
+        blob = live(frame).to_bytes()
+        for first in ("guards", "explain", "why_not", "iter"):
+            gs = live(frame)  # checked once on its example, as built
+            loaded = tw.GuardSet.from_bytes(blob)
+            assert loaded._built is None  # nothing built by the load
+            assert loaded.check(frame)
+            for v in fx.variants(frame)[:3]:
+                assert loaded.check(v) == gs.check(v)
+            if first == "guards":
+                assert [s.describe() for s in loaded.guards] == [s.describe() for s in gs.guards]
+            elif first == "explain":
+                assert loaded.explain().splitlines()[2:] == gs.explain().splitlines()[2:]
+            elif first == "why_not":
+                for v in fx.variants(frame):
+                    a, b = gs.why_not(v), loaded.why_not(v)
+                    assert (a is None) == (b is None)
+                    if a is not None and b is not None:
+                        assert (a.guard.index, a.kind, a.source, a.reason) == (
+                            b.guard.index,
+                            b.kind,
+                            b.source,
+                            b.reason,
+                        )
+            else:
+                assert [s.index for s in loaded] == [s.index for s in gs]
+
+
+def test_a_global_rebound_before_the_first_diagnostic() -> None:
+    """The lazily built specs use the objects resolved at load, never a second lookup by name: a
+    module global rebound between the load and the first diagnostic is reported as the guard
+    failing, with the object the set was loaded with; once that object dies the set is invalid
+    and the spec shows it dead (type name and address kept from the load)."""
+    import gc
+
+    mod = make_module("tw_serial_rebind_mod", "def fn(x):\n    return x + 1\ndef other(x):\n    return x\n")
+    try:
+        b = tw.GuardBuilder({}, mod.__dict__)
+        b.id_match("G['fn']")
+        blob = b.build().to_bytes()
+        loaded = tw.GuardSet.from_bytes(blob)
+        original = mod.fn
+        address = id(original)
+        mod.fn = mod.other  # rebound before any diagnostic
+        assert not loaded.check({})
+        f = loaded.why_not({})
+        assert f is not None and (f.kind, f.source) == ("ID_MATCH", "G['fn']")
+        assert f"{address:#x}" in loaded.guards[0].describe()  # the object loaded, not mod.other
+        assert f"{id(mod.other):#x}" not in loaded.explain()
+        # The object dies before a set's first diagnostic: shown dead, the set invalid.
+        mod.fn = original
+        second = tw.GuardSet.from_bytes(blob)
+        mod.fn = mod.other
+        del original, f, b  # the Failure holds what it expected, the builder its specs
+        gc.collect()
+        assert second.invalid and not second.check({})
+        spec = second.guards[0]
+        assert type(spec.args[0]) is tw.catalogue.Weak and spec.args[0].get() is None
+        assert repr(spec.args[0]) == f"<dead function at {address:#x}>"
+        assert "INVALID" in second.explain()
+    finally:
+        sys.modules.pop("tw_serial_rebind_mod", None)
+
+
+def test_threads_diagnose_a_fresh_loaded_set_while_another_checks() -> None:
+    """Several threads ask a fresh loaded set for explain(), why_not and guards at once (the lazy
+    build races) while another thread checks: every answer is the one of a set diagnosed alone."""
+    import threading
+
+    frame = fx.frames()[0]
+    gs = tw.guards_for(frame, fx.__dict__)
+    blob = gs.to_bytes()
+    variants = fx.variants(frame)
+    reference_set = tw.GuardSet.from_bytes(blob)
+    want_why = [
+        None if (f := reference_set.why_not(v)) is None else (f.guard.index, f.reason) for v in variants
+    ]
+    want_guards = [s.describe() for s in reference_set.guards]
+    for _ in range(gc_stress_scaled(20)):
+        loaded = tw.GuardSet.from_bytes(blob)
+        errors: list[BaseException] = []
+        start = threading.Barrier(5)
+
+        def diagnose(loaded: tw.GuardSet = loaded) -> None:
+            try:
+                start.wait()
+                assert [s.describe() for s in loaded.guards] == want_guards
+                got = [
+                    None if (f := loaded.why_not(v)) is None else (f.guard.index, f.reason) for v in variants
+                ]
+                assert got == want_why
+                assert "GuardSet:" in loaded.explain()
+            except BaseException as e:
+                errors.append(e)
+
+        def check(loaded: tw.GuardSet = loaded) -> None:
+            try:
+                start.wait()
+                for v in variants * 5:
+                    assert loaded.check(v) == gs.check(v)
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=diagnose) for _ in range(4)] + [threading.Thread(target=check)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert loaded._built is not None and loaded._lazy is None
+
+
+def test_a_collection_during_the_lazy_build_reenters_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collection that starts inside the lazy build (any allocation can start one) and runs
+    code that diagnoses the same set builds it re-entrantly; both builds publish the same
+    specs, and nothing is left half-built."""
+    import gc
+
+    from tripwire import serialization
+
+    frame = fx.frames()[0]
+    gs = tw.guards_for(frame, fx.__dict__)
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    seen: list[int] = []
+    inside = [0]
+    real = serialization.loaded_specs
+
+    def tracked(lazy: tuple) -> list:
+        inside[0] += 1
+        try:
+            return real(lazy)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(serialization, "loaded_specs", tracked)
+
+    def during_collection(phase: str, info: dict) -> None:
+        if phase == "start" and inside[0] and not seen:
+            seen.append(len(loaded.guards))  # re-enters the lazy build from inside the collection
+
+    old = gc.get_threshold()
+    gc.callbacks.append(during_collection)
+    gc.set_threshold(1)
+    try:
+        text = loaded.explain()
+    finally:
+        gc.set_threshold(*old)
+        gc.callbacks.remove(during_collection)
+    assert seen == [len(gs)]
+    assert text.splitlines()[2:] == gs.explain().splitlines()[2:]
+    assert [s.describe() for s in loaded.guards] == [s.describe() for s in gs.guards]
+
+
+def gc_stress_scaled(n: int) -> int:
+    from gc_stress import scaled
+
+    return scaled(n)
 
 
 @settings(max_examples=examples(300), **_SETTINGS)

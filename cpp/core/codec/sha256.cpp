@@ -3,6 +3,12 @@
 
 #include <cstring>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define TRIPWIRE_SHA_NI 1
+#endif
+
 namespace tripwire::core::codec {
 namespace {
 
@@ -53,13 +59,89 @@ void compress(std::uint32_t h[8], const std::uint8_t block[64]) {
     h[7] += k;
 }
 
+#ifdef TRIPWIRE_SHA_NI
+// The x86 SHA extensions (Intel's SHA-NI, on most x86-64 CPUs since 2017-2019): the same
+// compression, four rounds per two instructions, about 8x the portable loop. Chosen at run time
+// (have_sha_ni); the portable loop stays the reference, and the tests compare the two.
+__attribute__((target("sha,sse4.1,ssse3"))) void compress_sha_ni(std::uint32_t h[8], const std::uint8_t* data,
+                                                                 std::size_t blocks) {
+    const __m128i mask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[0]));
+    __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[4]));
+    tmp = _mm_shuffle_epi32(tmp, 0xB1);                // CDAB
+    state1 = _mm_shuffle_epi32(state1, 0x1B);          // EFGH
+    __m128i state0 = _mm_alignr_epi8(tmp, state1, 8);  // ABEF
+    state1 = _mm_blend_epi16(state1, tmp, 0xF0);       // CDGH
+    for (; blocks != 0; --blocks, data += 64) {
+        const __m128i abef = state0;
+        const __m128i cdgh = state1;
+        __m128i w[4];
+        for (std::size_t j = 0; j < 4; ++j)
+            w[j] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + 16 * j)), mask);
+        for (std::size_t j = 0; j < 16; ++j) {
+            // w[j & 3] holds the message words 4j..4j+3; the next three slots hold the following.
+            __m128i msg =
+                _mm_add_epi32(w[j & 3], _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kRound[4 * j])));
+            state1 = _mm_sha256rnds2_epu32(state1, state0, msg);
+            msg = _mm_shuffle_epi32(msg, 0x0E);
+            state0 = _mm_sha256rnds2_epu32(state0, state1, msg);
+            if (j < 12) {  // words 4(j+4)..: W[t-16] + s0(W[t-15]) + W[t-7], then + s1(W[t-2])
+                const __m128i w7 = _mm_alignr_epi8(w[(j + 3) & 3], w[(j + 2) & 3], 4);
+                const __m128i partial = _mm_add_epi32(_mm_sha256msg1_epu32(w[j & 3], w[(j + 1) & 3]), w7);
+                w[j & 3] = _mm_sha256msg2_epu32(partial, w[(j + 3) & 3]);
+            }
+        }
+        state0 = _mm_add_epi32(state0, abef);
+        state1 = _mm_add_epi32(state1, cdgh);
+    }
+    tmp = _mm_shuffle_epi32(state0, 0x1B);        // FEBA
+    state1 = _mm_shuffle_epi32(state1, 0xB1);     // DCHG
+    state0 = _mm_blend_epi16(tmp, state1, 0xF0);  // DCBA
+    state1 = _mm_alignr_epi8(state1, tmp, 8);     // ABEF
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(&h[0]), state0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(&h[4]), state1);
+}
+
+bool have_sha_ni() {
+    // CPUID: leaf 7 EBX bit 29 is SHA; leaf 1 ECX bits 9 and 19 are SSSE3 and SSE4.1.
+    static const bool has = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+        const bool sse = ((c >> 9) & 1U) != 0 && ((c >> 19) & 1U) != 0;
+        if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+        return sse && ((b >> 29) & 1U) != 0;
+    }();
+    return has;
+}
+#endif
+
+void compress_blocks(std::uint32_t h[8], const std::uint8_t* data, std::size_t blocks, bool portable) {
+#ifdef TRIPWIRE_SHA_NI
+    if (!portable && have_sha_ni()) {
+        compress_sha_ni(h, data, blocks);
+        return;
+    }
+#endif
+    for (std::size_t b = 0; b < blocks; ++b) compress(h, data + 64 * b);
+}
+
 }  // namespace
 
-Digest sha256(const std::uint8_t* data, std::size_t size) {
+bool sha256_accelerated() {
+#ifdef TRIPWIRE_SHA_NI
+    return have_sha_ni();
+#else
+    return false;
+#endif
+}
+
+Digest sha256(const std::uint8_t* data, std::size_t size) { return sha256(data, size, false); }
+
+Digest sha256(const std::uint8_t* data, std::size_t size, bool portable) {
     std::uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                           0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    std::size_t i = 0;
-    for (; i + 64 <= size; i += 64) compress(h, data + i);
+    const std::size_t i = size / 64 * 64;
+    compress_blocks(h, data, size / 64, portable);
     std::uint8_t tail[128] = {};
     const std::size_t rest = size - i;
     if (rest != 0) std::memcpy(tail, data + i, rest);
@@ -67,8 +149,7 @@ Digest sha256(const std::uint8_t* data, std::size_t size) {
     const std::size_t tail_len = rest + 1 + 8 <= 64 ? 64 : 128;
     const std::uint64_t bits = static_cast<std::uint64_t>(size) * 8;
     for (int b = 0; b < 8; ++b) tail[tail_len - 1 - b] = static_cast<std::uint8_t>(bits >> (8 * b));
-    compress(h, tail);
-    if (tail_len == 128) compress(h, tail + 64);
+    compress_blocks(h, tail, tail_len / 64, portable);
     Digest out;
     for (std::size_t j = 0; j < 8; ++j) {
         out[4 * j] = static_cast<std::uint8_t>(h[j] >> 24);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <optional>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "core/fail_order.hpp"
 #include "runtime/eval/dict_hint.hpp"
@@ -144,10 +145,18 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
 
     holders_.reserve(n_consts);
     objs_.reserve(n_consts);
+    // One weak reference (and death watch) per distinct object: a set names the same class or
+    // function from many guards (one TYPE_MATCH per source), each with its own constant.
+    std::unordered_map<PyObject*, std::size_t> first_weak;
     for (std::size_t i = 0; i < n_consts; ++i) {
         PyObject* o = in.consts[i];
         objs_.push_back(o);
         if (in.hold_weakly[i] && PyType_SUPPORTS_WEAKREFS(Py_TYPE(o))) {
+            const auto [seen, fresh] = first_weak.emplace(o, i);
+            if (!fresh) {
+                holders_.push_back(holders_[seen->second]);
+                continue;
+            }
             auto* watch = new DeathWatch{state_, describe_object(o)};
             PyObject* capsule = PyCapsule_New(watch, kCapsuleName, free_watch);
             if (capsule == nullptr) {
