@@ -81,9 +81,8 @@ def gpt() -> Case:
         return set_attr(one_of(rng, model.blocks).mlp, "drop", one_of(rng, (nn.Identity(), nn.Dropout(0.0))))
 
     def rebind_act(rng: random.Random) -> Callable[[], None]:
-        return T.set_global(
-            "act", one_of(rng, (T.act_twin, types.FunctionType(T.act.__code__, vars(T)), T.act))
-        )
+        g = vars(T.torch_models)  # the MLP's globals
+        return T.set_global("act", one_of(rng, (T.act_twin, types.FunctionType(T.act.__code__, g), T.act)), g)
 
     return Case(
         model,
@@ -107,7 +106,7 @@ def gpt() -> Case:
 
 def cnn() -> Case:
     torch.manual_seed(0)
-    model = T.CNN()
+    model = T.ConvNet()
     x = torch.randn(2, 3, 8, 8)
     one_of, set_attr, subs = T.one_of, T.set_attr, T.submodules
 
@@ -127,11 +126,11 @@ def cnn() -> Case:
         return set_attr(one_of(rng, subs(model, nn.ReLU)), "inplace", one_of(rng, (True, False)))
 
     def swap_res(rng: random.Random) -> Callable[[], None]:
-        mods = model.res._modules
+        mods = model.layers._modules
         return T.replace_dict(mods, [("0", mods["1"]), ("1", mods["0"])])
 
     def seq_change(rng: random.Random) -> Callable[[], None]:
-        seq = one_of(rng, [model.stem, model.res[0].body, model.res[1].body])
+        seq = one_of(rng, [model.stem, model.layers[0].body, model.layers[1].body])
         items = list(seq._modules.items())
         i = rng.randrange(len(items))
         choice = rng.randrange(4)
