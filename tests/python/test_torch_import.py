@@ -1479,12 +1479,20 @@ def test_odd_keys_and_strings_in_printed_code():
         assert gs.check(L) == gm.check(L), (d, s)
 
 
-def test_threads_share_an_imported_set_that_calls_torch():
+def test_threads_share_an_imported_set_that_calls_torch(monkeypatch):
     import threading
+
+    from tripwire.torch import _rules
+
+    def no_form(*args):
+        raise _rules._Fallback("no tripwire form (this test)")
 
     model = ConvNet()
     x = torch.randn(1, 3, 8, 8)
     gm = compile_and_call(model, x)
+    # Every guard of this model has a tripwire form now: take EQUALS_MATCH's away, so the stride
+    # tuples are checked by torch's own leaf objects, called from several threads.
+    monkeypatch.setitem(_rules.LEAF_RULES, "EQUALS_MATCH", no_form)
     gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
     assert gs.torch_import.by_outcome("torch")
     L_ok = {"self": model, "x": x}
@@ -1510,14 +1518,23 @@ def test_threads_share_an_imported_set_that_calls_torch():
     assert gm.check(L_ok) and not gm.check(L_bad)
 
 
-def test_imported_set_outlives_torchs_cache():
+def test_imported_set_outlives_torchs_cache(monkeypatch):
     """An imported set that calls torch's leaf guards keeps torch's tree alive: after
     torch._dynamo.reset() (which also deletes the globals Dynamo installed, so the guards on those
     now fail) every guard still evaluates, and torch's own guards answer as before."""
+    from tripwire.torch import _rules
+
+    def no_form(*args):
+        raise _rules._Fallback("no tripwire form (this test)")
+
     model = ConvNet()
     x = torch.randn(1, 3, 8, 8)
     compile_and_call(model, x)
+    # Every guard of this model has a tripwire form now: take EQUALS_MATCH's away, so the
+    # dilation tuples are torch's own leaf objects, which must outlive torch's cache.
+    monkeypatch.setitem(_rules.LEAF_RULES, "EQUALS_MATCH", no_form)
     gs = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    assert gs.torch_import.by_outcome("torch")
     other = copy.deepcopy(model)
     other.stem[0].dilation = (2, 2)
     assert gs.check({"self": model, "x": x}) and not gs.check({"self": other, "x": x})
@@ -1529,10 +1546,7 @@ def test_imported_set_outlives_torchs_cache():
     installed = ("G['__import_torch_dot_nn_dot", "dict.__getitem__(G['__builtins_dict___")
     assert ok and all(f.source.startswith(installed) for f in ok), ok
     extra = [f for f in bad if not f.source.startswith(installed)]
-    # The tuple is tripwire's own EQUALS_MATCH with python_eq; the saved-tensor-hooks lambda,
-    # which passes in both, still calls torch's leaf after the reset.
-    assert [(f.kind, "'dilation'" in f.source) for f in extra] == [("EQUALS_MATCH", True)], extra
-    assert gs.torch_import.by_outcome("torch")
+    assert [(f.kind, "'dilation'" in f.source) for f in extra] == [("LAMBDA", True)], extra
 
 
 def test_torchs_laxness_is_inherited_and_recorded():
