@@ -357,8 +357,29 @@ class GuardSet(_core.GuardSetCore):
             )
         return line
 
+    def symbol_readers(self, f_locals: Mapping[str, Any]) -> dict[str, str]:
+        """How each SHAPE symbol's value is read on this frame, by printed symbol: the C-level
+        property reader (an exact ``torch.Tensor``/``torch.nn.Parameter`` with torch's own methods
+        and no torch-function mode, through the torch adapter; an exact ``numpy.ndarray``, from
+        its struct), a Python call (``x.size()``, ``x.stride()``, ``x.storage_offset()``; for
+        another numpy array ``x.shape``/``x.strides``), or, for an int or float symbol, a read
+        from the frame (no reader). The reader is chosen per check from the value's type, so this
+        is the answer for ``f_locals`` (explain() reports it for the example the set was built
+        from). Reading the tensor runs the same steps a check runs (user code included)."""
+        out: dict[str, str] = {}
+        parents: dict[Source, Any] = {}  # each tensor read once
+        for spec in self._specs:
+            if spec.kind is not _SHAPE:
+                continue
+            for sym in spec.args[1]:
+                text = str(sym)
+                if text not in out:
+                    out[text] = _symbol_reader(sym, f_locals, self._f_globals, parents)
+        return out
+
     def _explain_shape(self) -> list[str]:
-        """The SHAPE section of explain(): counts before and after merging, then each relation."""
+        """The SHAPE section of explain(): counts before and after merging, the reader of each
+        symbol, then each relation."""
         info = self._shape_info
         relations = info["relations"]
         if not relations:
@@ -376,6 +397,15 @@ class GuardSet(_core.GuardSetCore):
             f"({merged} merged as duplicates, {implied} implied by earlier ones); {info['symbols']} symbols, "
             f"{info['operations']} operations, {path}"
         ]
+        readers = getattr(self, "_example_readers", None)
+        if readers:
+            lines.append("  symbol readers, on the example the set was built from (chosen per check by type):")
+            lines += [f"    {sym}: {how}" for sym, how in readers.items()]
+        else:
+            lines.append(
+                "  symbol readers: chosen per check by the value's type (no example recorded; "
+                "GuardSet.symbol_readers(f_locals) says for a frame)"
+            )
         for gid, status, by, fails in relations:
             line = "  " + self._guard_line(self._by_id[gid], fails)
             if status == "merged":
@@ -428,4 +458,43 @@ def build_guard_set(
         f = gs.why_not(f_locals)
         why = f.reason if f is not None else "unknown guard"
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
+    if gs._shape_info["symbols"]:
+        gs._example_readers = gs.symbol_readers(f_locals)
     return gs
+
+
+_PROPERTY_CALLS = {_core.StepKind.SIZE: "size()", _core.StepKind.STRIDE: "stride()",
+                   _core.StepKind.STORAGE_OFFSET: "storage_offset()"}  # fmt: skip
+_ARRAY_ATTRS = {_core.StepKind.SIZE: "shape", _core.StepKind.STRIDE: "strides"}
+
+
+_UNREADABLE: Any = object()
+
+
+def _symbol_reader(
+    sym: Source, f_locals: Mapping[str, Any], f_globals: dict | None, parents: dict[Source, Any]
+) -> str:
+    """One symbol's reader on one frame (GuardSet.symbol_readers); ``parents`` memoises reads."""
+    last = sym.steps[-1] if sym.steps else None
+    if last is None or last.kind not in _PROPERTY_CALLS:
+        return "read from the frame (an int or float value; no property reader)"
+    parent = Source(sym.root, sym.name, sym.steps[:-1])
+    v = parents.get(parent, _UNREADABLE)
+    if v is _UNREADABLE:
+        steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in parent.steps]
+        try:
+            v = parents[parent] = _core.read_source(parent.root, parent.name, steps, f_locals, f_globals, None)
+        except Exception as e:  # noqa: BLE001 - the frame has no such value: say so
+            return f"{parent} not readable here ({type(e).__name__})"
+    index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
+    if _core._read_tensor_property(v, last.kind, index) is not None:
+        if tensors.is_array(v):
+            return "C-level property reader (exact numpy.ndarray: the array struct)"
+        return f"C-level property reader (exact {type(v).__module__}.{type(v).__qualname__}: the torch adapter)"
+    if tensors.is_array(v) and last.kind in _ARRAY_ATTRS:
+        forced = _core._force_python_readers(False)  # read the switch (and put it back)
+        _core._force_python_readers(forced)
+        why = "C-level readers switched off" if forced else f"{type(v).__name__} is not exactly numpy.ndarray"
+        return f"Python: {parent}.{_ARRAY_ATTRS[last.kind]} ({why})"
+    why = "no torch adapter" if tensors.is_tensor(v) and not _core.torch_adapter_installed() else "not an exact plain tensor or array, or a mode/override is active"
+    return f"Python call: {parent}.{_PROPERTY_CALLS[last.kind]} ({type(v).__name__}: {why})"
