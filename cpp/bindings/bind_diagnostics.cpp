@@ -26,8 +26,9 @@ void register_diagnostics(nb::module_& m) {
         nb::arg("is_machinery"), nb::arg("depth"),
         "The caller's stack outside tripwire's machinery, innermost last, at most `depth` entries, as "
         "'file:line in func' (is_machinery(filename) is asked once per file).");
-    m.def("_clear_install_site_memo", [] { runtime::clear_install_site_memo(); },
-          "Drop the memoised install-site strings and machinery answers (tests).");
+    m.def(
+        "_clear_install_site_memo", [] { runtime::clear_install_site_memo(); },
+        "Drop the memoised install-site strings and machinery answers (tests).");
     m.def(
         "_dict_hints_enabled",
         [] {

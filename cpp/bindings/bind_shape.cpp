@@ -115,7 +115,8 @@ void register_shape(nb::module_& m) {
                     }
                 }
                 const std::int32_t fast = core::shape::run_fast(p, frame);
-                if (fast == core::shape::kShapePass && !both_paths) return nb::make_tuple(true, nb::none(), "fast");
+                if (fast == core::shape::kShapePass && !both_paths)
+                    return nb::make_tuple(true, nb::none(), "fast");
                 const std::vector<core::shape::ExactResult> exact = core::shape::run_exact(p, frame);
                 nb::object error = exact[0].error.empty() ? nb::none() : nb::cast(exact[0].error);
                 const char* path = fast == core::shape::kShapeUndecided ? "exact" : "fast";
@@ -131,8 +132,9 @@ void register_shape(nb::module_& m) {
         "use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, "
         "types). both_paths: also run the exact path when the fast one decides, and raise if they disagree "
         "(the reference tests); without it a fast pass returns at once.");
-    m.def("_clear_shape_memos", [] { core::shape::clear_shape_memos(); },
-          "Empty the engine's memos of parsed and compiled relations (cold-build benchmarks).");
+    m.def(
+        "_clear_shape_memos", [] { core::shape::clear_shape_memos(); },
+        "Empty the engine's memos of parsed and compiled relations (cold-build benchmarks).");
     m.def(
         "_shape_time",
         [](const std::vector<std::string>& texts, nb::dict values, long iterations) {

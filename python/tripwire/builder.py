@@ -341,7 +341,9 @@ class GuardBuilder:
             raise ShapeSyntaxError(e.message, rel.original_offset(e.offset), rel.original) from None
         if not holds:
             raise GuardBuildError(f"shape relation does not hold on the example: {rel.reason(values, error)}")
-        spec = GuardSpec(GuardKind.SHAPE, None, (rel.text, rel.symbols, tuple(types)), self._next_index, _user_stack())
+        spec = GuardSpec(
+            GuardKind.SHAPE, None, (rel.text, rel.symbols, tuple(types)), self._next_index, _user_stack()
+        )
         self._next_index += 1
         self._specs.append(spec)
         return spec

@@ -194,6 +194,10 @@ class GuardSet(_core.GuardSetCore):
             raise GuardBuildError(str(e)) from None
         self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
 
+    # The readers of the SHAPE symbols on the example the set was built from (build_guard_set);
+    # None for a set built from specs or loaded from bytes.
+    _example_readers: dict[str, str] | None = None
+
     def _set_state(
         self,
         specs: list[GuardSpec],
@@ -399,7 +403,9 @@ class GuardSet(_core.GuardSetCore):
         ]
         readers = getattr(self, "_example_readers", None)
         if readers:
-            lines.append("  symbol readers, on the example the set was built from (chosen per check by type):")
+            lines.append(
+                "  symbol readers, on the example the set was built from (chosen per check by type):"
+            )
             lines += [f"    {sym}: {how}" for sym, how in readers.items()]
         else:
             lines.append(
@@ -483,18 +489,26 @@ def _symbol_reader(
     if v is _UNREADABLE:
         steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in parent.steps]
         try:
-            v = parents[parent] = _core.read_source(parent.root, parent.name, steps, f_locals, f_globals, None)
+            v = parents[parent] = _core.read_source(
+                parent.root, parent.name, steps, f_locals, f_globals, None
+            )
         except Exception as e:  # noqa: BLE001 - the frame has no such value: say so
             return f"{parent} not readable here ({type(e).__name__})"
     index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
     if _core._read_tensor_property(v, last.kind, index) is not None:
         if tensors.is_array(v):
             return "C-level property reader (exact numpy.ndarray: the array struct)"
-        return f"C-level property reader (exact {type(v).__module__}.{type(v).__qualname__}: the torch adapter)"
+        return (
+            f"C-level property reader (exact {type(v).__module__}.{type(v).__qualname__}: the torch adapter)"
+        )
     if tensors.is_array(v) and last.kind in _ARRAY_ATTRS:
         forced = _core._force_python_readers(False)  # read the switch (and put it back)
         _core._force_python_readers(forced)
         why = "C-level readers switched off" if forced else f"{type(v).__name__} is not exactly numpy.ndarray"
         return f"Python: {parent}.{_ARRAY_ATTRS[last.kind]} ({why})"
-    why = "no torch adapter" if tensors.is_tensor(v) and not _core.torch_adapter_installed() else "not an exact plain tensor or array, or a mode/override is active"
+    why = (
+        "no torch adapter"
+        if tensors.is_tensor(v) and not _core.torch_adapter_installed()
+        else "not an exact plain tensor or array, or a mode/override is active"
+    )
     return f"Python call: {parent}.{_PROPERTY_CALLS[last.kind]} ({type(v).__name__}: {why})"

@@ -768,13 +768,13 @@ def test_threads_checking_while_another_mutates() -> None:
     decisive = [0]  # checks whose window admits one answer only
 
     def mutate() -> None:
-        for st in states:
-            sx0, sx1, sn, sk = st
+        for state in states:
+            sx0, sx1, sn, sk = state
             arr.resize((sx0, sx1), refcheck=False)  # in place: the same object, new sizes
             shared["t"]._sizes = (sx0, sx1)
             shared["n"] = sn
             shared["o"].k = sk
-            history.append(st)
+            history.append(state)
             done[0] += 1
             time.sleep(0)  # let the checkers run between states (else one side starves)
         stop.set()
@@ -784,7 +784,7 @@ def test_threads_checking_while_another_mutates() -> None:
             lo = done[0]
             try:
                 got = gs.check(shared)
-            except Exception as e:  # noqa: BLE001 - must not happen
+            except Exception as e:  # must not happen
                 errors.append(repr(e))
                 return
             hi = done[0]
@@ -816,12 +816,12 @@ def test_threads_checking_while_another_mutates() -> None:
         sys.setswitchinterval(old)
     assert not errors, errors[:5]
     assert answers[True] and answers[False], answers
-    assert decisive[0] >= (answers[True] + answers[False]) // 10, (decisive, answers)
+    assert decisive[0] >= 5, (decisive, answers)  # windows that admit one answer: a wrong one fails
     # And the set still decides each state exactly when nothing moves.
-    for st in states[:50]:
-        sx0, sx1, sn, sk = st
+    for state in states[:50]:
+        sx0, sx1, sn, sk = state
         frame = {"x": np.zeros((sx0, sx1)), "t": T(sx0, sx1), "n": sn, "o": _Holder(sk)}
-        assert gs.check(frame) == _threaded_ref(*st), st
+        assert gs.check(frame) == _threaded_ref(*state), state
 
 
 # -- inference -----------------------------------------------------------------------------------
@@ -895,7 +895,9 @@ def test_explain_says_which_reader_each_symbol_uses() -> None:
     # With the C-level readers switched off, the example's arrays are read through Python.
     was = _core._force_python_readers(True)
     try:
-        assert gs.symbol_readers(ex)["L['a'].size()[0]"] == "Python: L['a'].shape (C-level readers switched off)"
+        assert (
+            gs.symbol_readers(ex)["L['a'].size()[0]"] == "Python: L['a'].shape (C-level readers switched off)"
+        )
     finally:
         _core._force_python_readers(was)
     # A set not built from an example (GuardSet(specs)) says the reader is chosen per check.
@@ -910,10 +912,74 @@ def test_explain_names_the_torch_reader() -> None:
     class Sub(torch.Tensor):
         pass
 
-    ex = {"x": torch.randn(4, 3), "p": torch.nn.Parameter(torch.randn(2)), "s": torch.randn(3).as_subclass(Sub)}
+    ex = {
+        "x": torch.randn(4, 3),
+        "p": torch.nn.Parameter(torch.randn(2)),
+        "s": torch.randn(3).as_subclass(Sub),
+    }
     b = tw.GuardBuilder(ex)
     b.shape("L['x'].size()[0] + L['p'].size()[0] > L['s'].size()[0]")
     text = b.build().explain()
     assert "L['x'].size()[0]: C-level property reader (exact torch.Tensor: the torch adapter)" in text
     assert "L['p'].size()[0]: C-level property reader (exact torch.nn.parameter.Parameter" in text
     assert "L['s'].size()[0]: Python call: L['s'].size() (Sub:" in text
+
+
+def test_collection_during_build_declares_and_empties_memos() -> None:
+    """Finalizers run by collections in the middle of GuardBuilder.shape declare more relations on
+    the same builder (re-entering the install-site walk and the engine's memos) and empty the
+    memos: nothing is lost, the set decides both ways."""
+    import gc
+
+    b = tw.GuardBuilder({"x": T(8, 4), "n": 4})
+    errors: list = []
+
+    class Finalizer:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: freed by a collection
+
+        def __del__(self) -> None:
+            try:
+                b.shape("L['n'] >= 1")
+                _core._clear_shape_memos()
+                _core._clear_install_site_memo()
+            except Exception as e:  # recorded: must not happen
+                errors.append(e)
+
+    n = scaled(150, 30)
+    old = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        for i in range(n):
+            Finalizer()
+            b.shape(f"(L['x'].size()[0] * {i + 1}) % {i + 1} == 0 and L['x'].size()[0] + {i} > L['n']")
+        gs = b.build()
+    finally:
+        gc.set_threshold(*old)
+    gc.collect()
+    assert not errors
+    assert len(b) >= n + 1  # the loop's relations and at least one from a finalizer
+    assert gs.check({"x": T(8, 4), "n": 4}) and not gs.check({"x": T(3, 4), "n": 4})
+    assert all(s.stack and "test_shapes.py" in s.stack[-1] for s in gs.guards)
+
+
+@pytest.mark.parametrize(
+    "text,example,values",
+    [
+        ("L['n'] + 1 > L['n']", {"n": 2**63 - 1}, [(2**63 - 1, True), (2**63, True), (-(2**63) - 1, True)]),
+        ("L['n'] // L['d'] == 9223372036854775808", {"n": -(2**63), "d": -1},
+         [((-(2**63), -1), True), ((-(2**63) + 1, -1), False), ((-(2**63), 0), False)]),
+        ("L['n'] < 9223372036854775808", {"n": 1}, [(2**63 - 1, True), (2**63, False), (1.0, False)]),
+        ("L['n'] < 9223372036854775808", {"n": 1.0}, [(float(2**63), False), (1.0, True), (1, False)]),
+    ],
+)  # fmt: skip
+def test_relations_near_2_63_through_the_builder(text: str, example: dict, values: list) -> None:
+    """The builder's memoised check and the set agree with Python at the int64 boundary (the memo
+    keys on the symbols' types: an int and a float symbol with one text are two programs)."""
+    b = tw.GuardBuilder(example)
+    b.shape(text)
+    gs = b.build()
+    names = list(example)
+    for v, want in values:
+        frame = dict(zip(names, v if isinstance(v, tuple) else (v,), strict=True))
+        assert gs.check(frame) is want, (text, frame)

@@ -376,7 +376,11 @@ def test_guards_of_imports_torchs_cpp_shape_guard() -> None:
     by_index = {g.index: g for g in imported.guards}
     assert {by_index[i].kind.name for i in records[0].guards} == {"SHAPE"}
     assert not [g for g in imported.torch_import.guards if g.outcome not in ("native", "torch")]
-    lambdas = {r.kind for r in imported.torch_import.guards if any(by_index[i].kind.name == "LAMBDA" for i in r.guards)}
+    lambdas = {
+        r.kind
+        for r in imported.torch_import.guards
+        if any(by_index[i].kind.name == "LAMBDA" for i in r.guards)
+    }
     assert lambdas <= {"AUTOGRAD_SAVED_TENSORS_HOOKS"}, lambdas
     # The same relations as the Python path's import (torch prints both from one shape env).
     texts = sorted(by_index[i].args[0] for i in records[0].guards)

@@ -897,7 +897,7 @@ std::unordered_map<std::string, std::shared_ptr<const ShapeProgram>>& program_me
 }  // namespace
 
 std::shared_ptr<const ShapeProgram> compile_relation_shared(const std::string& text,
-                                                           const std::vector<ValueType>& types) {
+                                                            const std::vector<ValueType>& types) {
     std::string key = text;
     key.push_back('\0');  // a relation's text has no NUL: the types follow it unambiguously
     for (ValueType t : types) key.push_back(static_cast<char>('0' + static_cast<int>(t)));

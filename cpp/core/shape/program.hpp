@@ -167,7 +167,7 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
 /// memoised by (text, types): the builder checks each relation on its example with it. Bounded
 /// (emptied at kProgramMemo entries); thread-safe. Throws as compile_relations (not memoised).
 std::shared_ptr<const ShapeProgram> compile_relation_shared(const std::string& text,
-                                                           const std::vector<ValueType>& types);
+                                                            const std::vector<ValueType>& types);
 inline constexpr std::size_t kProgramMemo = 4096;
 
 /// Empty the memos of compile_relation_shared and parse_relation_shared (cold-build benchmarks).

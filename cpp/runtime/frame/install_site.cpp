@@ -105,7 +105,8 @@ PyObject* user_stack(PyObject* is_machinery, int depth) {
     if (t == nullptr) return nullptr;
     // Innermost last.
     const std::size_t n = out.size();
-    for (std::size_t k = 0; k < n; ++k) PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(k), out[n - 1 - k].release());
+    for (std::size_t k = 0; k < n; ++k)
+        PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(k), out[n - 1 - k].release());
     return t;
 }
 
