@@ -767,8 +767,15 @@ def test_threads_checking_while_another_mutates() -> None:
     answers = {True: 0, False: 0}
     decisive = [0]  # checks whose window admits one answer only
 
+    min_checks = scaled(2000, 200)
+
     def mutate() -> None:
-        for state in states:
+        # Every state once, then on round again until the checkers have done enough checks (a
+        # slow build, ASan, --gc-stress: the checkers may get few turns); bounded.
+        i = 0
+        while (i < len(states) or sum(answers.values()) < min_checks) and i < 50 * len(states):
+            state = states[i % len(states)]
+            i += 1
             sx0, sx1, sn, sk = state
             arr.resize((sx0, sx1), refcheck=False)  # in place: the same object, new sizes
             shared["t"]._sizes = (sx0, sx1)
@@ -788,7 +795,7 @@ def test_threads_checking_while_another_mutates() -> None:
                 errors.append(repr(e))
                 return
             hi = done[0]
-            window = history[lo : hi + 1] + ([states[hi]] if hi < len(states) else [])
+            window = history[lo : hi + 1] + [states[hi % len(states)]]
             # Per symbol, the values it held in the window (the array's and the object's sizes,
             # the int, the attribute): each symbol is read once, so some choice explains it.
             s0, s1 = {h[0] for h in window}, {h[1] for h in window}
