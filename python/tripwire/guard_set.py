@@ -194,9 +194,9 @@ class GuardSet(_core.GuardSetCore):
             raise GuardBuildError(str(e)) from None
         self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
 
-    # The readers of the SHAPE symbols on the example the set was built from (build_guard_set);
-    # None for a set built from specs or loaded from bytes.
-    _example_readers: dict[str, str] | None = None
+    # What decided the SHAPE symbols' readers on the example the set was built from
+    # (build_guard_set; formatted by explain()); None for a set built from specs or loaded.
+    _example_reader_facts: dict[Source, tuple] | None = None
 
     def _set_state(
         self,
@@ -370,16 +370,19 @@ class GuardSet(_core.GuardSetCore):
         from the frame (no reader). The reader is chosen per check from the value's type, so this
         is the answer for ``f_locals`` (explain() reports it for the example the set was built
         from). Reading the tensor runs the same steps a check runs (user code included)."""
-        out: dict[str, str] = {}
-        parents: dict[Source, Any] = {}  # each tensor read once
+        return _format_readers(self._reader_facts(f_locals))
+
+    def _reader_facts(self, f_locals: Mapping[str, Any]) -> dict[Source, tuple]:
+        """What decides each symbol's reader on this frame (formatted only when asked for)."""
+        facts: dict[Source, tuple] = {}
+        parents: dict[tuple, Any] = {}  # each tensor read once
         for spec in self._specs:
             if spec.kind is not _SHAPE:
                 continue
             for sym in spec.args[1]:
-                text = str(sym)
-                if text not in out:
-                    out[text] = _symbol_reader(sym, f_locals, self._f_globals, parents)
-        return out
+                if sym not in facts:
+                    facts[sym] = _reader_fact(sym, f_locals, self._f_globals, parents)
+        return facts
 
     def _explain_shape(self) -> list[str]:
         """The SHAPE section of explain(): counts before and after merging, the reader of each
@@ -401,7 +404,8 @@ class GuardSet(_core.GuardSetCore):
             f"({merged} merged as duplicates, {implied} implied by earlier ones); {info['symbols']} symbols, "
             f"{info['operations']} operations, {path}"
         ]
-        readers = getattr(self, "_example_readers", None)
+        facts = self._example_reader_facts
+        readers = _format_readers(facts) if facts else None
         if readers:
             lines.append(
                 "  symbol readers, on the example the set was built from (chosen per check by type):"
@@ -465,7 +469,7 @@ def build_guard_set(
         why = f.reason if f is not None else "unknown guard"
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
     if gs._shape_info["symbols"]:
-        gs._example_readers = gs.symbol_readers(f_locals)
+        gs._example_reader_facts = gs._reader_facts(f_locals)
     return gs
 
 
@@ -477,38 +481,53 @@ _ARRAY_ATTRS = {_core.StepKind.SIZE: "shape", _core.StepKind.STRIDE: "strides"}
 _UNREADABLE: Any = object()
 
 
-def _symbol_reader(
-    sym: Source, f_locals: Mapping[str, Any], f_globals: dict | None, parents: dict[Source, Any]
-) -> str:
-    """One symbol's reader on one frame (GuardSet.symbol_readers); ``parents`` memoises reads."""
+def _reader_fact(
+    sym: Source, f_locals: Mapping[str, Any], f_globals: dict | None, parents: dict[tuple, Any]
+) -> tuple:
+    """What decides one symbol's reader on one frame: ("frame",), ("unreadable", error name), or
+    ("property", value type, C-level answered, is an array, is a tensor); ``parents`` memoises."""
     last = sym.steps[-1] if sym.steps else None
     if last is None or last.kind not in _PROPERTY_CALLS:
+        return ("frame",)
+    key = (sym.root, sym.name, sym.steps[:-1])
+    v = parents.get(key, _UNREADABLE)
+    if v is _UNREADABLE:
+        steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in key[2]]
+        try:
+            v = parents[key] = _core.read_source(sym.root, sym.name, steps, f_locals, f_globals, None)
+        except Exception as e:  # noqa: BLE001 - the frame has no such value: say so
+            return ("unreadable", type(e).__name__)
+    index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
+    answered = _core._read_tensor_property(v, last.kind, index) is not None
+    return ("property", type(v), answered, tensors.is_array(v), tensors.is_tensor(v))
+
+
+def _format_readers(facts: dict[Source, tuple]) -> dict[str, str]:
+    forced = _core._force_python_readers(False)  # read the switch (and put it back)
+    _core._force_python_readers(forced)
+    adapter = _core.torch_adapter_installed()
+    return {str(sym): _format_reader(sym, fact, forced, adapter) for sym, fact in facts.items()}
+
+
+def _format_reader(sym: Source, fact: tuple, forced: bool, adapter: bool) -> str:
+    """One symbol's reader, in words (GuardSet.symbol_readers, explain())."""
+    if fact[0] == "frame":
         return "read from the frame (an int or float value; no property reader)"
     parent = Source(sym.root, sym.name, sym.steps[:-1])
-    v = parents.get(parent, _UNREADABLE)
-    if v is _UNREADABLE:
-        steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in parent.steps]
-        try:
-            v = parents[parent] = _core.read_source(
-                parent.root, parent.name, steps, f_locals, f_globals, None
-            )
-        except Exception as e:  # noqa: BLE001 - the frame has no such value: say so
-            return f"{parent} not readable here ({type(e).__name__})"
-    index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
-    if _core._read_tensor_property(v, last.kind, index) is not None:
-        if tensors.is_array(v):
+    if fact[0] == "unreadable":
+        return f"{parent} not readable here ({fact[1]})"
+    _, t, answered, is_array, is_tensor = fact
+    last = sym.steps[-1]
+    if answered:
+        if is_array:
             return "C-level property reader (exact numpy.ndarray: the array struct)"
-        return (
-            f"C-level property reader (exact {type(v).__module__}.{type(v).__qualname__}: the torch adapter)"
-        )
-    if tensors.is_array(v) and last.kind in _ARRAY_ATTRS:
-        forced = _core._force_python_readers(False)  # read the switch (and put it back)
-        _core._force_python_readers(forced)
-        why = "C-level readers switched off" if forced else f"{type(v).__name__} is not exactly numpy.ndarray"
+        return f"C-level property reader (exact {t.__module__}.{t.__qualname__}: the torch adapter)"
+    if is_array and last.kind in _ARRAY_ATTRS:
+        why = "C-level readers switched off" if forced else f"{t.__name__} is not exactly numpy.ndarray"
         return f"Python: {parent}.{_ARRAY_ATTRS[last.kind]} ({why})"
     why = (
         "no torch adapter"
-        if tensors.is_tensor(v) and not _core.torch_adapter_installed()
+        if is_tensor and not adapter
         else "not an exact plain tensor or array, or a mode/override is active"
     )
-    return f"Python call: {parent}.{_PROPERTY_CALLS[last.kind]} ({type(v).__name__}: {why})"
+    return f"Python call: {parent}.{_PROPERTY_CALLS[last.kind]} ({t.__name__}: {why})"
