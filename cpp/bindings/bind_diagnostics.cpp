@@ -8,6 +8,7 @@
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/eval/guard_set.hpp"
 #include "runtime/eval/no_user_code.hpp"
+#include "runtime/frame/install_site.hpp"
 #include "runtime/tensors/readers.hpp"
 
 namespace nb = nanobind;
@@ -15,6 +16,19 @@ namespace nb = nanobind;
 namespace tripwire::bindings {
 
 void register_diagnostics(nb::module_& m) {
+    m.def(
+        "user_stack",
+        [](nb::handle is_machinery, int depth) {
+            PyObject* t = runtime::user_stack(is_machinery.ptr(), depth);
+            if (t == nullptr) throw nb::python_error();
+            return nb::steal<nb::tuple>(t);
+        },
+        nb::arg("is_machinery"), nb::arg("depth"),
+        "The caller's stack outside tripwire's machinery, innermost last, at most `depth` entries, as "
+        "'file:line in func' (is_machinery(filename) is asked once per file).");
+    m.def(
+        "_clear_install_site_memo", [] { runtime::clear_install_site_memo(); },
+        "Drop the memoised install-site strings and machinery answers (tests).");
     m.def(
         "_dict_hints_enabled",
         [] {

@@ -588,9 +588,14 @@ def parse_relation(text: str) -> tuple:
     (code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape syntax error with the offset of the problem.
     """
 
-def evaluate_relation(text: str, types: Sequence[int], values: list) -> tuple:
+def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths: bool = True) -> tuple:
     """
-    (holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first use (types: 0 int, 1 float), as a check evaluates it.
+    (holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, types). both_paths: also run the exact path when the fast one decides, and raise if they disagree (the reference tests); without it a fast pass returns at once.
+    """
+
+def _clear_shape_memos() -> None:
+    """
+    Empty the engine's memos of parsed and compiled relations (cold-build benchmarks).
     """
 
 def _shape_time(relations: Sequence[str], values: dict, iterations: int) -> tuple:
@@ -756,6 +761,14 @@ class Decoded:
 
 def decode_guard_set(data: bytes) -> Decoded:
     """Decode and validate bytes (raises _CodecError naming the byte offset)."""
+
+def user_stack(is_machinery: object, depth: int) -> tuple:
+    """
+    The caller's stack outside tripwire's machinery, innermost last, at most `depth` entries, as 'file:line in func' (is_machinery(filename) is asked once per file).
+    """
+
+def _clear_install_site_memo() -> None:
+    """Drop the memoised install-site strings and machinery answers (tests)."""
 
 def _dict_hints_enabled() -> bool:
     """

@@ -10,14 +10,13 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _core, tensors
+from . import _core, shapes, tensors
 from .catalogue import GuardKind, GuardSpec
-from .errors import GuardBuildError
+from .errors import GuardBuildError, ShapeSyntaxError
 from .source import Source, SourceLike
 from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
 
@@ -43,15 +42,17 @@ def _is_machinery(filename: str) -> bool:
 
 
 def _user_stack() -> tuple[str, ...]:
-    """The caller's stack outside tripwire's machinery, innermost last, as 'file:line in func'."""
-    out: list[str] = []
-    f: types.FrameType | None = sys._getframe(1)
-    while f is not None and len(out) < _STACK_DEPTH:
-        fn = f.f_code.co_filename
-        if not _is_machinery(fn):
-            out.append(f"{fn}:{f.f_lineno} in {f.f_code.co_name}")
-        f = f.f_back
-    return tuple(reversed(out))
+    """The caller's stack outside tripwire's machinery, innermost last, as 'file:line in func'
+    (walked in C, each file's machinery answer and each site's text memoised:
+    runtime/frame/install_site.hpp)."""
+    return _core.user_stack(_is_machinery, _STACK_DEPTH)
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_args(src: Source) -> tuple[Any, str, list[tuple[Any, Any, int]]]:
+    """(root, name, steps) of a source as ``_core.read_source`` takes them: computed once per
+    distinct source (sources are immutable)."""
+    return src.root, src.name, [(st.kind, st.arg if st.has_operand else None, st.index) for st in src.steps]
 
 
 class Checkpoint:
@@ -121,9 +122,9 @@ class GuardBuilder:
         """The example value at ``source``, read by the engine exactly as a check will read it;
         raises GuardBuildError when it cannot be fetched."""
         src = Source.parse(source)
-        steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in src.steps]
+        root, name, steps = _read_args(src)
         try:
-            return _core.read_source(src.root, src.name, steps, self.f_locals, self.f_globals, self.f_closure)
+            return _core.read_source(root, name, steps, self.f_locals, self.f_globals, self.f_closure)
         except Exception as e:  # noqa: BLE001 - whatever user code raised while reading
             raise GuardBuildError(f"cannot read {src} from the example: {_exc_text(e)}") from None
 
@@ -324,22 +325,38 @@ class GuardBuilder:
         for text tripwire cannot use, and GuardBuildError when the relation does not hold on the
         example (naming the values).
         """
-        from . import shapes
-
         rel = shapes.parse(relation)
-        values = [self.value(src) for src in rel.symbols]
+        values = []
         types = []
-        for src, v in zip(rel.symbols, values, strict=True):
+        codes = []
+        for src in rel.symbols:
+            v = self.value(src)
             t = builtins_type(v)
-            if t is not int and t is not float:
+            if t is int:
+                types.append("int")
+                codes.append(0)
+            elif t is float:
+                types.append("float")
+                codes.append(1)
+            else:
                 raise GuardBuildError(
                     f"shape symbol {src} is a {t.__name__} on the example; a symbol is an int or a float"
                 )
-            types.append(t.__name__)
-        holds, error = rel.evaluate(values)
+            values.append(v)
+        # One C++ call: the relation's compiled program is memoised by (text, types), and a pass on
+        # the int64 path returns at once (the exact path decides anything else, as a check does).
+        try:
+            holds, error, _path = _core.evaluate_relation(rel.text, codes, values, False)
+        except ShapeSyntaxError as e:  # a type error: its offset in the text as given
+            raise ShapeSyntaxError(e.message, rel.original_offset(e.offset), rel.original) from None
         if not holds:
             raise GuardBuildError(f"shape relation does not hold on the example: {rel.reason(values, error)}")
-        return self.add(GuardKind.SHAPE, None, (rel.text, rel.symbols, tuple(types)))
+        spec = GuardSpec(
+            GuardKind.SHAPE, None, (rel.text, rel.symbols, tuple(types)), self._next_index, _user_stack()
+        )
+        self._next_index += 1
+        self._specs.append(spec)
+        return spec
 
     # -- tensors, arrays, aliasing ------------------------------------------------------------------------
     def tensor_match(

@@ -200,6 +200,10 @@ class GuardSet(_core.GuardSetCore):
             raise GuardBuildError(str(e)) from None
         self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
 
+    # What decided the SHAPE symbols' readers on the example the set was built from
+    # (build_guard_set; formatted by explain()); None for a set built from specs or loaded.
+    _example_reader_facts: dict[Source, tuple] | None = None
+
     def _set_state(
         self,
         specs: list[GuardSpec],
@@ -411,8 +415,32 @@ class GuardSet(_core.GuardSetCore):
             )
         return line
 
+    def symbol_readers(self, f_locals: Mapping[str, Any]) -> dict[str, str]:
+        """How each SHAPE symbol's value is read on this frame, by printed symbol: the C-level
+        property reader (an exact ``torch.Tensor``/``torch.nn.Parameter`` with torch's own methods
+        and no torch-function mode, through the torch adapter; an exact ``numpy.ndarray``, from
+        its struct), a Python call (``x.size()``, ``x.stride()``, ``x.storage_offset()``; for
+        another numpy array ``x.shape``/``x.strides``), or, for an int or float symbol, a read
+        from the frame (no reader). The reader is chosen per check from the value's type, so this
+        is the answer for ``f_locals`` (explain() reports it for the example the set was built
+        from). Reading the tensor runs the same steps a check runs (user code included)."""
+        return _format_readers(self._reader_facts(f_locals))
+
+    def _reader_facts(self, f_locals: Mapping[str, Any]) -> dict[Source, tuple]:
+        """What decides each symbol's reader on this frame (formatted only when asked for)."""
+        facts: dict[Source, tuple] = {}
+        parents: dict[tuple, Any] = {}  # each tensor read once
+        for spec in self._specs:
+            if spec.kind is not _SHAPE:
+                continue
+            for sym in spec.args[1]:
+                if sym not in facts:
+                    facts[sym] = _reader_fact(sym, f_locals, self._f_globals, parents)
+        return facts
+
     def _explain_shape(self) -> list[str]:
-        """The SHAPE section of explain(): counts before and after merging, then each relation."""
+        """The SHAPE section of explain(): counts before and after merging, the reader of each
+        symbol, then each relation."""
         info = self._shape_info
         relations = info["relations"]
         if not relations:
@@ -430,6 +458,18 @@ class GuardSet(_core.GuardSetCore):
             f"({merged} merged as duplicates, {implied} implied by earlier ones); {info['symbols']} symbols, "
             f"{info['operations']} operations, {path}"
         ]
+        facts = self._example_reader_facts
+        readers = _format_readers(facts) if facts else None
+        if readers:
+            lines.append(
+                "  symbol readers, on the example the set was built from (chosen per check by type):"
+            )
+            lines += [f"    {sym}: {how}" for sym, how in readers.items()]
+        else:
+            lines.append(
+                "  symbol readers: chosen per check by the value's type (no example recorded; "
+                "GuardSet.symbol_readers(f_locals) says for a frame)"
+            )
         for gid, status, by, fails in relations:
             line = "  " + self._guard_line(self._by_id[gid], fails)
             if status == "merged":
@@ -482,6 +522,8 @@ def build_guard_set(
         f = gs.why_not(f_locals)
         why = f.reason if f is not None else "unknown guard"
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
+    if gs._shape_info["symbols"]:
+        gs._example_reader_facts = gs._reader_facts(f_locals)
     return gs
 
 
@@ -494,3 +536,63 @@ def _python_eq(args: tuple) -> bool:
     raise GuardBuildError(
         f"EQUALS_MATCH takes (constant,) or (constant, python_eq: bool), not {len(args)} arguments"
     )
+
+
+_PROPERTY_CALLS = {_core.StepKind.SIZE: "size()", _core.StepKind.STRIDE: "stride()",
+                   _core.StepKind.STORAGE_OFFSET: "storage_offset()"}  # fmt: skip
+_ARRAY_ATTRS = {_core.StepKind.SIZE: "shape", _core.StepKind.STRIDE: "strides"}
+
+
+_UNREADABLE: Any = object()
+
+
+def _reader_fact(
+    sym: Source, f_locals: Mapping[str, Any], f_globals: dict | None, parents: dict[tuple, Any]
+) -> tuple:
+    """What decides one symbol's reader on one frame: ("frame",), ("unreadable", error name), or
+    ("property", value type, C-level answered, is an array, is a tensor); ``parents`` memoises."""
+    last = sym.steps[-1] if sym.steps else None
+    if last is None or last.kind not in _PROPERTY_CALLS:
+        return ("frame",)
+    key = (sym.root, sym.name, sym.steps[:-1])
+    v = parents.get(key, _UNREADABLE)
+    if v is _UNREADABLE:
+        steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in key[2]]
+        try:
+            v = parents[key] = _core.read_source(sym.root, sym.name, steps, f_locals, f_globals, None)
+        except Exception as e:  # noqa: BLE001 - the frame has no such value: say so
+            return ("unreadable", type(e).__name__)
+    index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
+    answered = _core._read_tensor_property(v, last.kind, index) is not None
+    return ("property", type(v), answered, tensors.is_array(v), tensors.is_tensor(v))
+
+
+def _format_readers(facts: dict[Source, tuple]) -> dict[str, str]:
+    forced = _core._force_python_readers(False)  # read the switch (and put it back)
+    _core._force_python_readers(forced)
+    adapter = _core.torch_adapter_installed()
+    return {str(sym): _format_reader(sym, fact, forced, adapter) for sym, fact in facts.items()}
+
+
+def _format_reader(sym: Source, fact: tuple, forced: bool, adapter: bool) -> str:
+    """One symbol's reader, in words (GuardSet.symbol_readers, explain())."""
+    if fact[0] == "frame":
+        return "read from the frame (an int or float value; no property reader)"
+    parent = Source(sym.root, sym.name, sym.steps[:-1])
+    if fact[0] == "unreadable":
+        return f"{parent} not readable here ({fact[1]})"
+    _, t, answered, is_array, is_tensor = fact
+    last = sym.steps[-1]
+    if answered:
+        if is_array:
+            return "C-level property reader (exact numpy.ndarray: the array struct)"
+        return f"C-level property reader (exact {t.__module__}.{t.__qualname__}: the torch adapter)"
+    if is_array and last.kind in _ARRAY_ATTRS:
+        why = "C-level readers switched off" if forced else f"{t.__name__} is not exactly numpy.ndarray"
+        return f"Python: {parent}.{_ARRAY_ATTRS[last.kind]} ({why})"
+    why = (
+        "no torch adapter"
+        if is_tensor and not adapter
+        else "not an exact plain tensor or array, or a mode/override is active"
+    )
+    return f"Python call: {parent}.{_PROPERTY_CALLS[last.kind]} ({t.__name__}: {why})"

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -309,6 +310,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         try {
             const ParsedRelation r = parse_relation(text);
             check_parse_tree(text, r);
+            // The memoised parse (shared by the builder's check and the set's compile) is the
+            // same tree, with symbol views into its own copy of the text.
+            const std::shared_ptr<const ParsedRelation> m =
+                tripwire::core::shape::parse_relation_shared(text);
+            if (m->nodes.size() != r.nodes.size() || m->root != r.root || m->code_end != r.code_end ||
+                m->symbols != r.symbols || m->spans.size() != r.spans.size()) {
+                std::fprintf(stderr, "fuzz_shape: the memoised parse differs\n");
+                std::abort();
+            }
+            if ((mode & 2) != 0) tripwire::core::shape::clear_shape_memos();  // a cold path now and then
         } catch (const ShapeSyntaxError& e) {
             if (e.offset() > text.size()) std::abort();
             return 0;

@@ -7,6 +7,7 @@ import math
 import random
 import sys
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -723,6 +724,113 @@ def test_threads_checking_one_set() -> None:
     assert not errors
 
 
+class _Holder:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+
+def _threaded_ref(x0: int, x1: int, n: int, k: int) -> bool:
+    """The relations of test_threads_checking_while_another_mutates, in Python."""
+    return x0 == 2 * n and x1 <= n and (x0 * x1) % 4 == 0 and k + n > 2
+
+
+def test_threads_checking_while_another_mutates() -> None:
+    """Four threads check one set of SHAPE relations on one shared frame while a fifth mutates it:
+    it rebinds the int, reshapes the array in place (numpy: the C-level reader), replaces the
+    tensor-like object's sizes in place (Python size() calls, which let other threads run), and
+    sets an attribute. Every answer must be the reference decision for some state made of values
+    each symbol held while that check ran (a symbol is read once per check: an answer no such
+    state explains would mean a symbol read twice, or a value torn); no crash, no error."""
+    np = pytest.importorskip("numpy")
+    r = random.Random(5)
+    # The states, applied in order; about half pass.
+    states = []
+    for _ in range(scaled(3000, 300)):
+        n = r.choice([1, 2, 3, 4, 6])
+        x0 = 2 * n if r.random() < 0.7 else 2 * n + r.choice([-1, 1, 2])
+        x1 = r.choice([1, 2, n, n + 1]) if x0 > 0 else 1
+        states.append((max(x0, 1), max(x1, 1), n, r.choice([0, 1, 5])))
+    x0, x1, n, k = 8, 4, 4, 5
+    arr = np.zeros((x0, x1))
+    shared = {"x": arr, "t": T(x0, x1), "n": n, "o": _Holder(k)}
+    b = tw.GuardBuilder(shared)
+    for base in ("x", "t"):
+        b.shape(f"L['{base}'].size()[0] == 2 * L['n']")
+        b.shape(f"L['{base}'].size()[1] <= L['n']")
+        b.shape(f"(L['{base}'].size()[0] * L['{base}'].size()[1]) % 4 == 0")
+    b.shape("L['o'].k + L['n'] > 2")
+    gs = b.build()
+    done = [0]  # states[:done] fully applied; states[done] may be in progress
+    history = [(x0, x1, n, k)]  # history[i]: the state after i applications
+    stop = threading.Event()
+    errors: list = []
+    answers = {True: 0, False: 0}
+    decisive = [0]  # checks whose window admits one answer only
+
+    min_checks = scaled(2000, 200)
+
+    def mutate() -> None:
+        # Every state once, then on round again until the checkers have done enough checks (a
+        # slow build, ASan, --gc-stress: the checkers may get few turns); bounded.
+        i = 0
+        while (i < len(states) or sum(answers.values()) < min_checks) and i < 50 * len(states):
+            state = states[i % len(states)]
+            i += 1
+            sx0, sx1, sn, sk = state
+            arr.resize((sx0, sx1), refcheck=False)  # in place: the same object, new sizes
+            shared["t"]._sizes = (sx0, sx1)
+            shared["n"] = sn
+            shared["o"].k = sk
+            history.append(state)
+            done[0] += 1
+            time.sleep(0)  # let the checkers run between states (else one side starves)
+        stop.set()
+
+    def check() -> None:
+        while not stop.is_set():
+            lo = done[0]
+            try:
+                got = gs.check(shared)
+            except Exception as e:  # must not happen
+                errors.append(repr(e))
+                return
+            hi = done[0]
+            window = history[lo : hi + 1] + [states[hi % len(states)]]
+            # Per symbol, the values it held in the window (the array's and the object's sizes,
+            # the int, the attribute): each symbol is read once, so some choice explains it.
+            s0, s1 = {h[0] for h in window}, {h[1] for h in window}
+            ns, ks = {h[2] for h in window}, {h[3] for h in window}
+            explained = {
+                _threaded_ref(a0, a1, m, q) and _threaded_ref(t0, t1, m, q)
+                for a0 in s0 for a1 in s1 for t0 in s0 for t1 in s1 for m in ns for q in ks
+            }  # fmt: skip
+            if got not in explained:
+                errors.append((got, lo, hi))
+            answers[got] += 1
+            decisive[0] += len(explained) == 1
+            time.sleep(0)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=check) for _ in range(4)]
+        for t in threads:
+            t.start()
+        mutate()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[:5]
+    assert answers[True] and answers[False], answers
+    assert decisive[0] >= 5, (decisive, answers)  # windows that admit one answer: a wrong one fails
+    # And the set still decides each state exactly when nothing moves.
+    for state in states[:50]:
+        sx0, sx1, sn, sk = state
+        frame = {"x": np.zeros((sx0, sx1)), "t": T(sx0, sx1), "n": sn, "o": _Holder(sk)}
+        assert gs.check(frame) == _threaded_ref(*state), state
+
+
 # -- inference -----------------------------------------------------------------------------------
 def test_dynamic_dimensions_as_dynamo_declares_them() -> None:
     ex = {"x": T(8, 4, 1), "y": T(4)}
@@ -763,3 +871,122 @@ def test_core_parse_relation_reports_symbol_spans() -> None:
     assert symbols == ["L['é']", "L['x'].size(0)"]
     assert spans == [(0, 6, 0), (9, 23, 1), (26, 32, 0)]
     assert code_end == 32
+
+
+def test_explain_says_which_reader_each_symbol_uses() -> None:
+    """explain() names each symbol's reader on the example (the C-level property reader for an
+    exact numpy.ndarray, a Python size() call for anything else, a frame read for an int), and
+    symbol_readers(f_locals) answers for another frame: the reader follows the value's type."""
+    np = pytest.importorskip("numpy")
+
+    class Sub(np.ndarray):
+        pass
+
+    ex = {"a": np.zeros((4, 2)), "t": T(6, 3), "n": 2, "s": np.zeros((5, 2)).view(Sub)}
+    b = tw.GuardBuilder(ex)
+    b.shape("L['a'].shape[0] == 2 * L['n']")
+    b.shape("L['t'].size()[1] <= L['s'].shape[0]")
+    gs = b.build()
+    text = gs.explain()
+    assert "symbol readers, on the example the set was built from" in text
+    assert "L['a'].size()[0]: C-level property reader (exact numpy.ndarray: the array struct)" in text
+    assert "L['t'].size()[1]: Python call: L['t'].size() (T:" in text
+    assert "L['s'].size()[0]: Python: L['s'].shape (Sub is not exactly numpy.ndarray)" in text
+    assert "L['n']: read from the frame" in text
+    # Another frame: the array is now a tensor-like object, the object an exact array.
+    other = gs.symbol_readers({"a": T(4, 2), "t": np.zeros((6, 3)), "n": 2, "s": np.zeros((5, 2))})
+    assert other["L['a'].size()[0]"].startswith("Python call: L['a'].size()")
+    assert other["L['t'].size()[1]"].startswith("C-level property reader (exact numpy.ndarray")
+    assert other["L['s'].size()[0]"].startswith("C-level property reader (exact numpy.ndarray")
+    assert gs.symbol_readers({})["L['a'].size()[0]"].startswith("L['a'] not readable here")
+    # With the C-level readers switched off, the example's arrays are read through Python.
+    was = _core._force_python_readers(True)
+    try:
+        assert (
+            gs.symbol_readers(ex)["L['a'].size()[0]"] == "Python: L['a'].shape (C-level readers switched off)"
+        )
+    finally:
+        _core._force_python_readers(was)
+    # A set not built from an example (GuardSet(specs)) says the reader is chosen per check.
+    assert "no example recorded" in tw.GuardSet(b.guards).explain()
+
+
+def test_explain_names_the_torch_reader() -> None:
+    torch = pytest.importorskip("torch")
+    if not _core.torch_adapter_installed():
+        pytest.skip("the C-level tensor reader needs the torch adapter")
+
+    class Sub(torch.Tensor):
+        pass
+
+    ex = {
+        "x": torch.randn(4, 3),
+        "p": torch.nn.Parameter(torch.randn(2)),
+        "s": torch.randn(3).as_subclass(Sub),
+    }
+    b = tw.GuardBuilder(ex)
+    b.shape("L['x'].size()[0] + L['p'].size()[0] > L['s'].size()[0]")
+    text = b.build().explain()
+    assert "L['x'].size()[0]: C-level property reader (exact torch.Tensor: the torch adapter)" in text
+    assert "L['p'].size()[0]: C-level property reader (exact torch.nn.parameter.Parameter" in text
+    assert "L['s'].size()[0]: Python call: L['s'].size() (Sub:" in text
+
+
+def test_collection_during_build_declares_and_empties_memos() -> None:
+    """Finalizers run by collections in the middle of GuardBuilder.shape declare more relations on
+    the same builder (re-entering the install-site walk and the engine's memos) and empty the
+    memos: nothing is lost, the set decides both ways."""
+    import gc
+
+    b = tw.GuardBuilder({"x": T(8, 4), "n": 4})
+    errors: list = []
+
+    class Finalizer:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: freed by a collection
+
+        def __del__(self) -> None:
+            try:
+                b.shape("L['n'] >= 1")
+                _core._clear_shape_memos()
+                _core._clear_install_site_memo()
+            except Exception as e:  # recorded: must not happen
+                errors.append(e)
+
+    n = scaled(150, 30)
+    old = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        for i in range(n):
+            Finalizer()
+            b.shape(f"(L['x'].size()[0] * {i + 1}) % {i + 1} == 0 and L['x'].size()[0] + {i} > L['n']")
+        gs = b.build()
+    finally:
+        gc.set_threshold(*old)
+    gc.collect()
+    assert not errors
+    assert len(b) >= n + 1  # the loop's relations and at least one from a finalizer
+    assert gs.check({"x": T(8, 4), "n": 4}) and not gs.check({"x": T(3, 4), "n": 4})
+    assert all(s.stack and "test_shapes.py" in s.stack[-1] for s in gs.guards)
+
+
+@pytest.mark.parametrize(
+    "text,example,values",
+    [
+        ("L['n'] + 1 > L['n']", {"n": 2**63 - 1}, [(2**63 - 1, True), (2**63, True), (-(2**63) - 1, True)]),
+        ("L['n'] // L['d'] == 9223372036854775808", {"n": -(2**63), "d": -1},
+         [((-(2**63), -1), True), ((-(2**63) + 1, -1), False), ((-(2**63), 0), False)]),
+        ("L['n'] < 9223372036854775808", {"n": 1}, [(2**63 - 1, True), (2**63, False), (1.0, False)]),
+        ("L['n'] < 9223372036854775808", {"n": 1.0}, [(float(2**63), False), (1.0, True), (1, False)]),
+    ],
+)  # fmt: skip
+def test_relations_near_2_63_through_the_builder(text: str, example: dict, values: list) -> None:
+    """The builder's memoised check and the set agree with Python at the int64 boundary (the memo
+    keys on the symbols' types: an int and a float symbol with one text are two programs)."""
+    b = tw.GuardBuilder(example)
+    b.shape(text)
+    gs = b.build()
+    names = list(example)
+    for v, want in values:
+        frame = dict(zip(names, v if isinstance(v, tuple) else (v,), strict=True))
+        assert gs.check(frame) is want, (text, frame)

@@ -336,3 +336,73 @@ def test_guards_of_int_input_agrees_with_torch() -> None:
         assert imported.check(v) == want, v["n"]
         decisions[want] += 1
     assert decisions[True] >= 2 and decisions[False] >= 2, decisions
+
+
+def f_cpp_path(x, y, s):
+    return x.reshape(-1, 4).sum() * s + y[: x.shape[0] // 2].sum()
+
+
+def _compile_entry(fn, example: dict, *, cpp: bool):
+    """torch's guard manager for fn (dynamic=True, specialize_float=False), on torch's C++ shape
+    path (enable_cpp_symbolic_shape_guards: runs a C++ compiler, cached on disk) or its default
+    Python path, and guards_of's import of it."""
+    torch._dynamo.reset()
+    old = (torch._dynamo.config.specialize_float, torch._dynamo.config.enable_cpp_symbolic_shape_guards)
+    torch._dynamo.config.specialize_float = False
+    torch._dynamo.config.enable_cpp_symbolic_shape_guards = cpp
+    try:
+        torch.compile(fn, backend="eager", dynamic=True)(**example)
+    finally:
+        torch._dynamo.config.specialize_float, torch._dynamo.config.enable_cpp_symbolic_shape_guards = old
+    entries = _debug_get_cache_entry_list(fn.__code__)
+    assert len(entries) == 1
+    return entries[0].guard_manager, tw.torch.guards_of(fn)
+
+
+def test_guards_of_imports_torchs_cpp_shape_guard() -> None:
+    """torch's optional C++ shape guard (SYMBOLIC_SHAPE_GUARD, one relational leaf under an
+    IndexedGuardAccessor node per symbol) imports as the same SHAPE relations as the Python path's
+    lambda, and decides as torch's Python path: on NaN too, where torch's C++ path passes
+    (``~std::isnan(s)`` is always true; docs/torch.md, "Shape guards")."""
+    example = {"x": torch.randn(8, 3), "y": torch.randn(10), "s": 0.5}
+    gm_cpp, imported = _compile_entry(f_cpp_path, example, cpp=True)
+    gm_py, imported_py = _compile_entry(f_cpp_path, example, cpp=False)
+    assert not gm_cpp.root.get_epilogue_lambda_guards(), "the C++ path installs no shape lambda"
+    records = [g for g in imported.torch_import.guards if g.kind == "SYMBOLIC_SHAPE_GUARD"]
+    assert len(records) >= 2 and all(g.outcome == "native" for g in records), records
+    assert len({g.guards for g in records}) == 1, "one import, shared by every symbol's node"
+    by_index = {g.index: g for g in imported.guards}
+    assert {by_index[i].kind.name for i in records[0].guards} == {"SHAPE"}
+    assert not [g for g in imported.torch_import.guards if g.outcome not in ("native", "torch")]
+    lambdas = {
+        r.kind
+        for r in imported.torch_import.guards
+        if any(by_index[i].kind.name == "LAMBDA" for i in r.guards)
+    }
+    assert lambdas <= {"AUTOGRAD_SAVED_TENSORS_HOOKS"}, lambdas
+    # The same relations as the Python path's import (torch prints both from one shape env).
+    texts = sorted(by_index[i].args[0] for i in records[0].guards)
+    py_shape = next(g for g in imported_py.torch_import.guards if g.kind == "SHAPE_ENV")
+    py_by_index = {g.index: g for g in imported_py.guards}
+    assert texts == sorted(py_by_index[i].args[0] for i in py_shape.guards)
+    assert "not math.isnan(L['s'])" in texts
+    r = random.Random(11)
+    outcomes = {True: 0, False: 0}
+    for k in range(scaled(60, 15) + 2):
+        if k == 0:
+            v = example
+        elif k == 1:
+            v = {"x": torch.randn(1, 1), "y": torch.randn(1), "s": 0.5}
+        else:
+            v = {"x": torch.randn(_sizes(r), _sizes(r)), "y": torch.randn(_sizes(r)),
+                 "s": r.choice([0.5, -3.0, 0.0, -0.0, math.inf, -math.inf, 1e308])}  # fmt: skip
+        want = _torch_checks(gm_py, v)
+        assert _torch_checks(gm_cpp, v) == want  # no NaN here: torch's two paths agree
+        assert imported.check(v) == want, {k: getattr(t, "shape", t) for k, t in v.items()}
+        outcomes[want] += 1
+    assert outcomes[True] and outcomes[False], outcomes
+    nan = {"x": torch.randn(8, 3), "y": torch.randn(10), "s": math.nan}
+    assert _torch_checks(gm_py, nan) is False
+    assert _torch_checks(gm_cpp, nan) is True, "torch 2.13's C++ NaN guard (if fixed, update docs/torch.md)"
+    assert imported.check(nan) is False
+    assert imported.why_not(nan).reason == "not math.isnan(L['s']) is false with L['s'] = nan"

@@ -10,6 +10,9 @@
 #include <cmath>
 #include <initializer_list>
 #include <limits>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 #include <utility>
 
 namespace tripwire::core::shape {
@@ -582,6 +585,50 @@ class Parser {
 }  // namespace
 
 ParsedRelation parse_relation(std::string_view text) { return Parser(text).run(); }
+
+namespace {
+
+// One memoised parse: the text its symbol views point into, and the tree.
+struct ParseMemoEntry {
+    std::string text;
+    ParsedRelation parsed;
+};
+
+std::mutex g_parse_memo_mutex;
+std::unordered_map<std::string_view, std::shared_ptr<const ParseMemoEntry>>& parse_memo() {
+    static auto* memo = new std::unordered_map<std::string_view, std::shared_ptr<const ParseMemoEntry>>();
+    return *memo;  // never destroyed: no order-of-destruction question at exit
+}
+
+}  // namespace
+
+std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view text) {
+    {
+        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
+        auto it = parse_memo().find(text);
+        if (it != parse_memo().end()) return {it->second, &it->second->parsed};
+    }
+    // Parsed outside the lock (another thread may parse the same text: both results are equal).
+    auto entry = std::make_shared<ParseMemoEntry>();
+    entry->text = std::string(text);
+    entry->parsed = parse_relation(entry->text);  // views into entry->text, which never moves
+    std::shared_ptr<const ParseMemoEntry> done = std::move(entry);
+    {
+        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
+        auto& memo = parse_memo();
+        if (memo.size() >= kParseMemo) memo.clear();
+        memo.emplace(std::string_view(done->text), done);  // the key views the entry's own text
+    }
+    return {done, &done->parsed};
+}
+
+void clear_parse_memo() {
+    std::unordered_map<std::string_view, std::shared_ptr<const ParseMemoEntry>> old;
+    {
+        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
+        old.swap(parse_memo());
+    }
+}
 
 std::string_view op_name(Op op) {
     switch (op) {

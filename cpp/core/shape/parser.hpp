@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -118,6 +119,16 @@ struct ParsedRelation {
 
 /// Parse one relation. Throws ShapeSyntaxError.
 ParsedRelation parse_relation(std::string_view text);
+
+/// parse_relation, memoised by text: the builder's check of a relation on its example and the
+/// set's compile parse each relation once, and a JIT that recompiles sees the same texts again.
+/// The result owns a copy of the text its symbol views point into. Errors are not memoised.
+/// Bounded (the memo is emptied when it holds kParseMemo texts); thread-safe.
+std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view text);
+inline constexpr std::size_t kParseMemo = 4096;
+
+/// Empty the memo of parse_relation_shared (benchmarks measure cold builds with it).
+void clear_parse_memo();
 
 /// The printed name of an operation, for messages ("//", "max", "math.isnan").
 std::string_view op_name(Op op);

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/shape/arith.hpp"
 #include "core/shape/exact.hpp"
@@ -507,7 +509,8 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
     for (std::size_t k = 0; k < relations.size(); ++k) {
         RelationInput& in = relations[k];
         if (k > 0 && in.id == relations[k - 1].id) throw std::invalid_argument("duplicate relation id");
-        const ParsedRelation parsed = parse_relation(in.text);
+        const std::shared_ptr<const ParsedRelation> memo = parse_relation_shared(in.text);
+        const ParsedRelation& parsed = *memo;
         if (parsed.symbols.size() != in.symbols.size()) {
             throw std::invalid_argument("relation " + std::to_string(in.id) + " names " +
                                         std::to_string(parsed.symbols.size()) + " symbols but binds " +
@@ -881,6 +884,48 @@ std::int32_t first_failing(const ShapeProgram& p, ShapeFrame& f) {
     for (std::uint32_t r : p.kept)
         if (!exact[r].holds) return static_cast<std::int32_t>(r);
     return -1;
+}
+
+namespace {
+
+std::mutex g_program_memo_mutex;
+std::unordered_map<std::string, std::shared_ptr<const ShapeProgram>>& program_memo() {
+    static auto* memo = new std::unordered_map<std::string, std::shared_ptr<const ShapeProgram>>();
+    return *memo;  // never destroyed: no order-of-destruction question at exit
+}
+
+}  // namespace
+
+std::shared_ptr<const ShapeProgram> compile_relation_shared(const std::string& text,
+                                                            const std::vector<ValueType>& types) {
+    std::string key = text;
+    key.push_back('\0');  // a relation's text has no NUL: the types follow it unambiguously
+    for (ValueType t : types) key.push_back(static_cast<char>('0' + static_cast<int>(t)));
+    {
+        const std::lock_guard<std::mutex> lock(g_program_memo_mutex);
+        auto it = program_memo().find(key);
+        if (it != program_memo().end()) return it->second;
+    }
+    RelationInput in;
+    in.text = text;
+    for (std::uint32_t k = 0; k < types.size(); ++k) in.symbols.push_back(k);
+    auto p = std::make_shared<const ShapeProgram>(compile_relations({in}, types));
+    {
+        const std::lock_guard<std::mutex> lock(g_program_memo_mutex);
+        auto& memo = program_memo();
+        if (memo.size() >= kProgramMemo) memo.clear();
+        memo.emplace(std::move(key), p);
+    }
+    return p;
+}
+
+void clear_shape_memos() {
+    std::unordered_map<std::string, std::shared_ptr<const ShapeProgram>> old;
+    {
+        const std::lock_guard<std::mutex> lock(g_program_memo_mutex);
+        old.swap(program_memo());
+    }
+    clear_parse_memo();
 }
 
 }  // namespace tripwire::core::shape

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -161,6 +162,16 @@ struct ShapeProgram {
 /// constants, shares sub-expressions, merges duplicates and drops relations implied by earlier
 /// kept ones (single-symbol bounds).
 ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector<ValueType> symbol_types);
+
+/// compile_relations of one relation (id 0; symbols 0..n-1 in first-use order, of these types),
+/// memoised by (text, types): the builder checks each relation on its example with it. Bounded
+/// (emptied at kProgramMemo entries); thread-safe. Throws as compile_relations (not memoised).
+std::shared_ptr<const ShapeProgram> compile_relation_shared(const std::string& text,
+                                                            const std::vector<ValueType>& types);
+inline constexpr std::size_t kProgramMemo = 4096;
+
+/// Empty the memos of compile_relation_shared and parse_relation_shared (cold-build benchmarks).
+void clear_shape_memos();
 
 /// How the runtime read one symbol.
 enum class SymbolState : std::uint8_t {

@@ -66,13 +66,15 @@ TENSOR_KINDS: dict[str, str] = {
 # are the relations as torch prints them. Imported as SHAPE relations (docs/torch.md, "Shape
 # guards"); a part tripwire's syntax does not cover leaves the whole lambda to torch's own object.
 SHAPE_ENV = "SHAPE_ENV"
+# torch's optional C++ path (enable_cpp_symbolic_shape_guards) installs the same relations as one
+# relational leaf fed by IndexedGuardAccessors; imported the same way (Converter.cpp_shape_guard).
+CPP_SHAPE_GUARD = "SYMBOLIC_SHAPE_GUARD"
 _SIZE_STEPS = (StepKind.SIZE, StepKind.STRIDE, StepKind.STORAGE_OFFSET)
 
 # Accessors that reach into a tensor: every guard below them waits for the tensor engine.
 PENDING_ACCESSORS: dict[str, str] = {
     "TensorPropertyGuardAccessor": "tensor .size(i) / .stride(i) / .storage_offset() steps",
     "GradGuardAccessor": "a tensor .grad step reading the tensor's own field",
-    "IndexedGuardAccessor": "symbolic shape arguments (torch's C++ shape guards)",
 }
 # Accessors with no tripwire step that reads the same thing.
 UNSUPPORTED_ACCESSORS: dict[str, str] = {
@@ -82,6 +84,10 @@ UNSUPPORTED_ACCESSORS: dict[str, str] = {
     "SetGetItemGuardAccessor": "indexes a set by iteration order; tripwire has no such step",
     "CallFunctionNoArgsGuardAccessor": "calls an arbitrary function; tripwire only calls weak references",
     "PythonLambdaGuardAccessor": "applies a Python lambda; tripwire has no such step",
+    # The (index, value) tuples torch's C++ shape guard receives its symbols through: the
+    # SYMBOLIC_SHAPE_GUARD below is imported from its code parts (Converter.cpp_shape_guard, which
+    # reads the symbols by their own sources); any other leaf there is unsupported.
+    "IndexedGuardAccessor": "packs (index, value) for torch's C++ shape guard; tripwire has no such step",
 }
 
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
@@ -184,6 +190,7 @@ class Converter:
         self.deferred: list[tuple] = []  # relational leaves, decided after the walk
         self.by_source: dict[str, _Node] = {}  # torch printed source -> node
         self._relational: dict[int, int] = {}  # id(torch leaf) -> spec index
+        self._cpp_shape_ids: dict[int, tuple[int, ...]] = {}  # first spec index -> all its relations
 
     # -- emitting --------------------------------------------------------------------------------
     def spec(self, kind: GuardKind, src: Source | None, args: tuple, site: str | None) -> int:
@@ -605,6 +612,12 @@ class Converter:
             kind = lambda_kind([c for c, _ in codes])
             if kind == "LAMBDA_GUARD" and epilogue:
                 kind = SHAPE_ENV  # the only other epilogue lambda is OBJECT_ALIASING's
+        if kind == CPP_SHAPE_GUARD and not node.dead:
+            # torch's C++ shape guard: one relational leaf under the (index, value) node of each of
+            # its symbols (IndexedGuardAccessor), whose verbose code parts are the relations as
+            # Python prints them. Imported once, like the Python path's lambda.
+            self.cpp_shape_guard(node, leaf, codes, code, site)
+            return
         if node.dead:
             self.record(
                 tn,
@@ -661,8 +674,39 @@ class Converter:
             else:
                 self.record(tn, kind, code, "unsupported", why=reason, site=site)
 
-    def shape_env(
+    def cpp_shape_guard(
         self, node: _Node, leaf: Any, codes: list[tuple[str, str | None]], code: str, site: str | None
+    ) -> None:
+        """torch's SYMBOLIC_SHAPE_GUARD (``enable_cpp_symbolic_shape_guards``) as SHAPE relations.
+
+        The same leaf hangs under every symbol's node; the first occurrence imports its code parts
+        (torch's ``verbose_python`` text, the relations its generated C function evaluates), the
+        others share them. The relations mean what torch's Python path means: NaN fails
+        ``not math.isnan(s)`` (torch's C++ function prints ``~std::isnan(s)``, which is always true;
+        docs/torch.md, "Shape guards"), and arithmetic is exact (torch's C++ is unchecked int64).
+        There is no torch object to fall back to (the leaf is fed by its accessors), so a part
+        outside tripwire's syntax makes it unsupported."""
+        tn = node.torch
+        done = self._relational.get(id(leaf))
+        if done is not None:
+            ids = self._cpp_shape_ids[done]
+            self.record(tn, CPP_SHAPE_GUARD, code, "native", ids, site=site, why="shared with the first")
+            return
+        # A node below the tuple accessor has no tripwire source; the relations need none.
+        self.shape_env(node, leaf, codes, code, site, kind=CPP_SHAPE_GUARD)
+        last = self.records[-1][0]
+        if last.outcome == "native" and last.guards:
+            self._relational[id(leaf)] = last.guards[0]
+            self._cpp_shape_ids[last.guards[0]] = last.guards
+
+    def shape_env(
+        self,
+        node: _Node,
+        leaf: Any,
+        codes: list[tuple[str, str | None]],
+        code: str,
+        site: str | None,
+        kind: str = SHAPE_ENV,
     ) -> None:
         """torch's shape-environment lambda as SHAPE relations: one per relation of each code part
         (a top-level ``and`` split, so a failure names the conjunct), each installed at the user
@@ -674,11 +718,13 @@ class Converter:
             rels = [(rel, s) for c, s in codes for rel in shapes.relations_from_torch(c)]
         except ShapeSyntaxError as e:
             reason = f"a shape relation tripwire's syntax does not cover: {e}"
-            if self.fallback == "torch":
+            if self.fallback == "torch" and kind == SHAPE_ENV:
                 i = self.torch_leaf(node, leaf, SHAPE_ENV, code, site)
                 self.record(tn, SHAPE_ENV, code, "torch", (i,), why=reason, site=site)
             else:
-                self.record(tn, SHAPE_ENV, code, "unsupported", why=reason, site=site)
+                if kind != SHAPE_ENV:
+                    reason += " (torch's C++ shape guard is fed by its accessors: no torch object to call)"
+                self.record(tn, kind, code, "unsupported", why=reason, site=site)
             return
         floats = {m.group(1) for p in parts for m in re.finditer(r"isnan\((L\[.*?\]|G\[.*?\])\)", p)}
         ids = [
@@ -697,7 +743,7 @@ class Converter:
         )
         if guessed:
             why += "; typed from the relations (no TYPE_MATCH on them): " + ", ".join(guessed)
-        self.record(tn, SHAPE_ENV, code, "native", tuple(ids), why=why, site=site)
+        self.record(tn, kind, code, "native", tuple(ids), why=why, site=site)
 
     def _typed(self, sym: Source) -> str | None:
         """A symbol's type when the tree says it: a size, stride or storage offset is an int; a
@@ -1092,7 +1138,6 @@ TORCH_ONLY_KINDS: dict[str, str] = {
     "FAKE_SCRIPT_TYPE_MATCH": "unwraps torch's FakeScriptObject",
     "LAMBDA_GUARD": "a Python lambda of torch's",
     "STORAGE_OVERLAPPING": "a storage-overlap relation between tensors (no tripwire kind yet)",
-    "SYMBOLIC_SHAPE_GUARD": "torch's C++ symbolic shape guard (tripwire's SHAPE kind is another issue)",
     "DISPATCH_KEY_SET_MATCH": "a bare DispatchKeySet comparison (no tripwire kind)",
     "DUAL_LEVEL_MATCH": "a forward-AD dual level (no tripwire probe)",
 }
@@ -1141,6 +1186,7 @@ def known_kinds() -> frozenset[str]:
             *ACCESSOR_RULES,
             "DictGuardManager",
             SHAPE_ENV,
+            CPP_SHAPE_GUARD,
         }
         - {"key", "value"}
     )

@@ -1,0 +1,125 @@
+// tripwire/cpp/runtime/frame/install_site.cpp -- where a guard was installed (see the header).
+#include "runtime/frame/install_site.hpp"
+
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace tripwire::runtime {
+namespace {
+
+// Bounds of the memos: a builder walks a handful of distinct files and lines; a long-lived JIT
+// could see many, so each memo is emptied when it reaches its bound.
+constexpr std::size_t kMaxFiles = 1024;
+constexpr std::size_t kMaxSites = 8192;
+
+// filename object -> whether it is machinery. The key holds a strong reference (so the pointer
+// cannot be reused by another object while it is a key).
+std::map<PyObject*, bool>& machinery_memo() {
+    static auto* m = new std::map<PyObject*, bool>();
+    return *m;
+}
+
+// (code object, line) -> "file:line in func". Keys and values hold strong references.
+std::map<std::pair<PyObject*, int>, PyObject*>& site_memo() {
+    static auto* m = new std::map<std::pair<PyObject*, int>, PyObject*>();
+    return *m;
+}
+
+// 1 machinery, 0 user code, -1 error.
+int is_machinery_file(PyObject* is_machinery, PyObject* filename) {
+    {
+        auto& memo = machinery_memo();
+        auto it = memo.find(filename);
+        if (it != memo.end()) return it->second ? 1 : 0;
+    }
+    PyObject* r = PyObject_CallOneArg(is_machinery, filename);  // user code may run
+    if (r == nullptr) return -1;
+    const int truth = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (truth < 0) return -1;
+    auto& memo = machinery_memo();
+    if (memo.size() >= kMaxFiles) {
+        std::map<PyObject*, bool> old;
+        old.swap(memo);
+        for (auto& [k, _] : old) Py_DECREF(k);  // str: no user code runs
+    }
+    if (memo.emplace(filename, truth == 1).second) Py_INCREF(filename);
+    return truth;
+}
+
+// A new reference to "file:line in func" for `code` at `line`, or null with an error set.
+PyObject* site_text(PyCodeObject* code, int line) {
+    PyObject* key_code = reinterpret_cast<PyObject*>(code);
+    {
+        auto& memo = site_memo();
+        auto it = memo.find({key_code, line});
+        if (it != memo.end()) {
+            Py_INCREF(it->second);
+            return it->second;
+        }
+    }
+    PyObject* text = PyUnicode_FromFormat("%U:%d in %U", code->co_filename, line, code->co_name);
+    if (text == nullptr) return nullptr;
+    auto& memo = site_memo();
+    if (memo.size() >= kMaxSites) {
+        // Swapped out first: dropping a code object can run a weakref callback (user code), which
+        // may call user_stack again and must find a consistent (empty) memo.
+        std::map<std::pair<PyObject*, int>, PyObject*> old;
+        old.swap(memo);
+        for (auto& [k, v] : old) {
+            Py_DECREF(v);
+            Py_DECREF(k.first);
+        }
+    }
+    auto [it, fresh] = site_memo().emplace(std::make_pair(key_code, line), text);
+    if (fresh) {
+        Py_INCREF(key_code);
+        Py_INCREF(text);
+    }
+    (void)it;
+    return text;
+}
+
+}  // namespace
+
+PyObject* user_stack(PyObject* is_machinery, int depth) {
+    std::vector<Ref> out;
+    PyFrameObject* f = PyEval_GetFrame();  // borrowed
+    Py_XINCREF(f);
+    Ref frame = Ref::steal(reinterpret_cast<PyObject*>(f));
+    while (frame && static_cast<int>(out.size()) < depth) {
+        auto* fo = reinterpret_cast<PyFrameObject*>(frame.get());
+        Ref code = Ref::steal(reinterpret_cast<PyObject*>(PyFrame_GetCode(fo)));
+        auto* co = reinterpret_cast<PyCodeObject*>(code.get());
+        const int m = is_machinery_file(is_machinery, co->co_filename);
+        if (m < 0) return nullptr;
+        if (m == 0) {
+            PyObject* text = site_text(co, PyFrame_GetLineNumber(fo));
+            if (text == nullptr) return nullptr;
+            out.push_back(Ref::steal(text));
+        }
+        frame = Ref::steal(reinterpret_cast<PyObject*>(PyFrame_GetBack(fo)));
+    }
+    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(out.size()));
+    if (t == nullptr) return nullptr;
+    // Innermost last.
+    const std::size_t n = out.size();
+    for (std::size_t k = 0; k < n; ++k)
+        PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(k), out[n - 1 - k].release());
+    return t;
+}
+
+void clear_install_site_memo() {
+    std::map<PyObject*, bool> files;
+    std::map<std::pair<PyObject*, int>, PyObject*> sites;
+    files.swap(machinery_memo());
+    sites.swap(site_memo());
+    for (auto& [k, _] : files) Py_DECREF(k);
+    for (auto& [k, v] : sites) {
+        Py_DECREF(v);
+        Py_DECREF(k.first);
+    }
+}
+
+}  // namespace tripwire::runtime
