@@ -11,7 +11,9 @@ and the decisions torch's own guard_manager.check.
 
 What a loading process must provide: the module globals torch.compile added in the compiling
 process and the guards read (``__builtins_dict___N``, ``__import_torch_dot_nn_...``;
-torch_roundtrip.install_dynamo_globals), since the child never compiles.
+``tripwire.torch.install_dynamo_globals``), since the child never compiles: before it, the
+loaded set fails the unchanged inputs (safe, never a false pass), after it, it answers as the live
+set.
 
 Bounded for CI (TRIALS mutated inputs per model, scaled under --gc-stress); the long run is
 ``TRIPWIRE_ROUNDTRIP_TRIALS=5000 python -m pytest tests/python/test_serialization_torch.py``.
@@ -23,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -46,16 +49,20 @@ import json, sys
 sys.path[:0] = [{here!r}, {bench!r}]  # what pyproject's pytest pythonpath gives the parent
 import torch_roundtrip as R
 import tripwire as tw
+import tripwire.torch as twt
 out = {{}}
 for name, path in {paths!r}.items():
     case = R.CASES[name]()
     gs = tw.GuardSet.from_bytes(open(path, "rb").read())
-    installed = R.install_dynamo_globals(gs, gs._f_globals)  # the module recorded at save
+    before = R.answer(gs, case.make_locals())
+    installed = twt.install_dynamo_globals(gs)  # into the module recorded at save
     out[name] = {{
         "answers": [R.answer(gs, f_locals) for _, f_locals in R.trials(case, {trials})],
         "dropped": [list(d) for d in gs.dropped],
         "explain_has_dropped": "dropped at save" in gs.explain(),
         "installed": installed,
+        "before": before,
+        "again": twt.install_dynamo_globals(gs),
     }}
 print(json.dumps(out))
 """
@@ -92,6 +99,33 @@ def test_real_model_sets_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
         got = loaded[name]
         assert got["dropped"] == dropped[name] and not got["explain_has_dropped"]
         assert any(n.startswith("__builtins_dict___") for n in got["installed"]), got["installed"]
+        assert got["again"] == []  # names already bound are left alone
+        # Without Dynamo's globals the loaded set fails the example on one of them.
+        assert got["before"][0] is False and "G['__" in got["before"][1][2], got["before"]
         want = json.loads(json.dumps(answers))
         for i, (a, b) in enumerate(zip(want, got["answers"], strict=True)):
             assert a == b, f"{name}, input {i}: live {a}, loaded in a fresh process {b}"
+
+
+def test_install_dynamo_globals_takes_modules_from_sys_modules_only() -> None:
+    gm = T.compile_and_call(T.config_fn, torch.ones(3), T.config_base())
+    assert gm is not None
+    gs = tw.GuardSet.from_bytes(twt.guards_of(T.config_fn, drop=twt.PENDING_KINDS).to_bytes())
+    read = {s.name for spec in gs.guards for s in spec.sources if s.name.startswith("__")}
+    assert any(n.startswith("__builtins_dict___") for n in read), read
+    g: dict = {}
+    installed = twt.install_dynamo_globals(gs, g)
+    assert installed and set(installed) <= read and all(g[n] is not None for n in installed)
+    for n in installed:
+        if n.startswith("__import_"):
+            assert g[n] is sys.modules[n[len("__import_") :].replace("_dot_", ".")]
+    # A module that is not imported is left out, never imported.
+    from tripwire.source import RootKind, Source
+
+    absent = "__import_tripwire_no_such_module_dot_x"
+    spec = types.SimpleNamespace(sources=[Source(RootKind.GLOBAL, absent, ())])
+    fake = types.SimpleNamespace(guards=[spec], _f_globals={})
+    assert twt.install_dynamo_globals(fake) == [] and absent not in fake._f_globals
+    assert "tripwire_no_such_module.x" not in sys.modules
+    with pytest.raises(TypeError):
+        twt.install_dynamo_globals(types.SimpleNamespace(guards=[], _f_globals=None))

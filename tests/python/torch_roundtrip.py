@@ -237,29 +237,3 @@ def answer(gs: Any, f_locals: dict) -> list:
     ok = gs.check(f_locals)
     f = None if ok else gs.why_not(f_locals)
     return [ok, None if f is None else [f.guard.index, f.kind, f.source]]
-
-
-def install_dynamo_globals(gs: Any, g: dict) -> list[str]:
-    """Install in ``g`` the globals torch.compile added to the compiling process's module and the
-    guards read: ``__builtins_dict___N`` (builtins' dict) and ``__import_a_dot_b`` (module a.b,
-    imported already). A process that loads the set without compiling lacks them, and the guards
-    on them would fail; this is what the loader must do (torch's own precompile loading does the
-    same for its scope). Returns the names installed."""
-    import builtins
-    import sys
-
-    from tripwire.source import RootKind
-
-    names = {s.name for spec in gs.guards for s in spec.sources if s.root is RootKind.GLOBAL}
-    done = []
-    for name in sorted(names):
-        if name in g:
-            continue
-        if name.startswith("__builtins_dict___"):
-            g[name] = builtins.__dict__
-        elif name.startswith("__import_"):
-            g[name] = sys.modules[name[len("__import_") :].replace("_dot_", ".")]
-        else:
-            continue
-        done.append(name)
-    return done

@@ -35,6 +35,7 @@ __all__ = [
     "TorchImportError",
     "frame_locals",
     "guards_of",
+    "install_dynamo_globals",
 ]
 
 # The torch kinds tripwire cannot import yet: since the tensor engine (issue 9) only the accessors
@@ -282,6 +283,49 @@ def frame_locals(obj: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 _NOTHING: Any = object()
+
+_BUILTINS_DICT = "__builtins_dict___"
+_IMPORT = "__import_"
+
+
+def install_dynamo_globals(gs: Any, f_globals: dict | None = None) -> list[str]:
+    """Give a loaded set the module globals ``torch.compile`` added in the compiling process.
+
+    Dynamo installs helper globals in the compiled function's module and its guards read them:
+    ``__builtins_dict___N`` (the builtins' dict) and ``__import_a_dot_b`` (module ``a.b``). A
+    process that loads a ``guards_of`` set (``GuardSet.from_bytes``) without compiling lacks
+    them, and the guards on them fail: safe (never a false pass) but useless. This installs
+    every such name the set reads and the globals dict lacks: ``f_globals`` when given, else the
+    dict the set's ``G[...]`` roots read (the ``f_globals`` given to ``from_bytes``, or the
+    ``__dict__`` of the module recorded at save). A module is taken from ``sys.modules`` only,
+    never imported (importing runs code): one not imported yet is left out, and its guards keep
+    failing until it is imported and this is called again. Names already bound are left alone.
+    Returns the names installed. Never imports torch.
+    """
+    import builtins
+    import sys
+
+    from ..source import RootKind
+
+    g = f_globals if f_globals is not None else getattr(gs, "_f_globals", None)
+    if type(g) is not dict:
+        raise TypeError("install_dynamo_globals needs the set's globals dict (pass f_globals=)")
+    names = {s.name for spec in gs.guards for s in spec.sources if s.root is RootKind.GLOBAL}
+    done = []
+    for name in sorted(names):
+        if name in g:
+            continue
+        if name.startswith(_BUILTINS_DICT) and name[len(_BUILTINS_DICT) :].isdigit():
+            g[name] = builtins.__dict__
+        elif name.startswith(_IMPORT):
+            module = sys.modules.get(name[len(_IMPORT) :].replace("_dot_", "."))
+            if module is None:
+                continue
+            g[name] = module
+        else:
+            continue
+        done.append(name)
+    return done
 
 
 def _unwrap(obj: Any) -> Any:
