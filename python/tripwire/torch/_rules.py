@@ -71,10 +71,16 @@ SHAPE_ENV = "SHAPE_ENV"
 CPP_SHAPE_GUARD = "SYMBOLIC_SHAPE_GUARD"
 _SIZE_STEPS = (StepKind.SIZE, StepKind.STRIDE, StepKind.STORAGE_OFFSET)
 
-# Accessors that reach into a tensor: every guard below them waits for the tensor engine.
+# Accessors that reach into a tensor: every guard below them (other than torch's C++ shape guard,
+# imported from its printed relations) waits for a step that reads what torch reads. torch reads
+# the C++ tensor (``sym_size(i)`` / ``sym_stride(i)`` / ``sym_storage_offset()``, ``grad()``) and
+# fails on a non-tensor; tripwire's SIZE / STRIDE / STORAGE_OFFSET mean Python's ``x.size()[i]``
+# and fall back to calling it (a subclass's override, an instance attribute, a torch-function
+# mode, a patched ``torch.Tensor.size``), and an ``.grad`` ATTR step calls the getter, which
+# dispatches ``__torch_function__``: either would be laxer than torch (docs/torch.md).
 PENDING_ACCESSORS: dict[str, str] = {
-    "TensorPropertyGuardAccessor": "tensor .size(i) / .stride(i) / .storage_offset() steps",
-    "GradGuardAccessor": "a tensor .grad step reading the tensor's own field",
+    "TensorPropertyGuardAccessor": "a step reading the C++ size/stride/storage offset only (no Python fallback)",
+    "GradGuardAccessor": "a step reading the tensor's C++ grad field (no __torch_function__)",
 }
 # Accessors with no tripwire step that reads the same thing.
 UNSUPPORTED_ACCESSORS: dict[str, str] = {

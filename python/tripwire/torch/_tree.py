@@ -180,6 +180,36 @@ class TorchNode:
             return None
 
 
+# torch 2.13 binds some accessors with no Python class of their own: TensorPropertyGuardAccessor (a
+# C++ template), GradGuardAccessor and IndexedGuardAccessor are all plain ``GuardAccessor`` objects
+# in Python, told apart only by their repr (``TensorPropertyGuardAccessor<TensorProperty::SIZE>(0)``,
+# ``GradGuardAccessor(grad)``, ``IndexedGuardAccesor(0)``, torch's spelling).
+# Only these names are taken from a repr: another unnamed accessor stays ``GuardAccessor`` (unknown,
+# unsupported), never a name that a rule maps onto a step.
+_REPR_KINDS = {
+    "TensorPropertyGuardAccessor": "TensorPropertyGuardAccessor",
+    "GradGuardAccessor": "GradGuardAccessor",
+    "IndexedGuardAccesor": "IndexedGuardAccessor",
+    "IndexedGuardAccessor": "IndexedGuardAccessor",
+}
+
+
+def accessor_kind(acc: Any) -> str:
+    """The accessor's class name, or for torch's unnamed ``GuardAccessor`` objects the name its repr
+    starts with (so that pending/unsupported reports and ``drop=`` name the real accessor)."""
+    name = type(acc).__name__
+    if name != "GuardAccessor":
+        return name
+    try:
+        text = acc.repr()
+    except Exception:  # noqa: BLE001 - no repr: keep the generic name
+        return name
+    m = re.match(r"([A-Za-z_]\w*)", text) if isinstance(text, str) else None
+    if m is None:
+        return name
+    return _REPR_KINDS.get(m.group(1), name)
+
+
 def walk(gm: Any) -> TorchNode:
     """The tree under ``gm.root`` as TorchNodes (children in torch's current accessor order)."""
     root = TorchNode(gm.root, gm.root.get_source(), "root")
@@ -189,7 +219,7 @@ def walk(gm: Any) -> TorchNode:
         node.leaves = list(node.mgr.get_leaf_guards())
         kids: list[TorchNode] = []
         for acc, child in zip(node.mgr.get_accessors(), node.mgr.get_child_managers(), strict=True):
-            kids.append(TorchNode(child, child.get_source(), type(acc).__name__, acc, parent=node))
+            kids.append(TorchNode(child, child.get_source(), accessor_kind(acc), acc, parent=node))
         if hasattr(node.mgr, "get_key_value_managers"):
             for idx, (kmgr, vmgr) in sorted(node.mgr.get_key_value_managers().items()):
                 if kmgr is not None:
