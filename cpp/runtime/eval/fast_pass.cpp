@@ -48,7 +48,6 @@
 // relations run once, at the End op, after every symbol was read: a failure before any user code
 // ran (or an int64 overflow) leaves the check to the walk; after a residue the exact evaluator
 // decides here. A symbol left unread (a bug) never passes.
-#include <optional>
 #include <vector>
 
 #include "core/fail_order.hpp"
@@ -686,13 +685,24 @@ bool GuardSet::slow_ambient(Pass& p, const FastOp& op) {
 }
 
 int GuardSet::fast_pass(const Locals& locals, bool allow_user_code) {
-    return allow_user_code ? run_program<true>(locals) : run_program<false>(locals);
+    // A set without SHAPE relations pays nothing for them: no frame on the stack (its inline
+    // registers are ~800 bytes, and the compiler zeroes an optional one on every run), no scope.
+    if (!program_.shape.empty()) return fast_pass_with_shapes(locals, allow_user_code);
+    return allow_user_code ? run_program<true>(locals, nullptr) : run_program<false>(locals, nullptr);
+}
+
+int GuardSet::fast_pass_with_shapes(const Locals& locals, bool allow_user_code) {
+    // This run's SHAPE symbols, current for the whole run: residue subtrees (the walk's code)
+    // store theirs here too, and a check nested in a residue's user code gets a frame of its own.
+    core::shape::ShapeFrame frame(program_.shape);
+    const ShapeScope scope(&frame);
+    return allow_user_code ? run_program<true>(locals, &frame) : run_program<false>(locals, &frame);
 }
 
 // One instantiation per mode: without user code (check_without_user_code) no residue can run,
 // so the bookkeeping for residues (active_, held references) compiles away.
 template <bool kUserCode>
-int GuardSet::run_program(const Locals& locals) {
+int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const sf) {
     using Code = FastOp::Code;
     const RegisterFile file(nodes_.size());
     // Version tags read by Stamp ops in this check, per node (slot n_nodes: the globals dict);
@@ -703,15 +713,6 @@ int GuardSet::run_program(const Locals& locals) {
     std::uint64_t* const tags = ps.tags;
     const std::size_t globals_slot = nodes_.size();
     std::uint32_t skipped = 0;  // guards the skip proved without evaluating them
-    // This run's SHAPE symbols, current for the run: residue subtrees (the walk's code) store
-    // theirs here too. Destroyed in reverse order: the scope is left before the frame dies.
-    std::optional<core::shape::ShapeFrame> shape_frame;
-    std::optional<ShapeScope> shape_scope;
-    if (!program_.shape.empty()) {
-        shape_frame.emplace(program_.shape);
-        shape_scope.emplace(&*shape_frame);
-    }
-    core::shape::ShapeFrame* const sf = shape_frame ? &*shape_frame : nullptr;
     // Relational slots (strong references) are only needed once a residue may run user code:
     // the set's own, or fresh ones for a check nested in user code run by another check.
     PyObject** const outer_scratch = rel_scratch_;

@@ -648,17 +648,22 @@ int GuardSet::check(const Locals& locals) {
         // A guard failed or a value is missing, and no user code ran: the walk decides, from
         // the start, on the same objects.
     }
+    // A set without SHAPE relations pays nothing for them (no frame on the stack, no scope).
+    if (program_.shape.empty()) return walk(locals, nullptr);
+    return walk_with_shapes(locals);
+}
+
+int GuardSet::walk_with_shapes(const Locals& locals) {
+    // SHAPE symbols are stored by the walk into this check's own frame (see ShapeScope).
+    core::shape::ShapeFrame frame(program_.shape);
+    const ShapeScope scope(&frame);
+    return walk(locals, &frame);
+}
+
+int GuardSet::walk(const Locals& locals, core::shape::ShapeFrame* const frame) {
     ++stats_.checks;
     ++active_;
     int result = 1;
-    // SHAPE symbols are stored by the walk into this check's own frame (see ShapeScope).
-    const bool has_shape = !program_.shape.empty();
-    std::optional<core::shape::ShapeFrame> frame;
-    std::optional<ShapeScope> scope;
-    if (has_shape) {
-        frame.emplace(program_.shape);
-        scope.emplace(&*frame);
-    }
     // The relational guards' slots: the set's own, or fresh ones for a check nested in user code
     // run by another check of this set (which is still using its slots).
     PyObject** const outer_scratch = rel_scratch_;
@@ -674,7 +679,7 @@ int GuardSet::check(const Locals& locals) {
     if (!program_.ambient.empty()) result = eval_ambient(0, program_.ambient.size(), locals);
     for (std::uint32_t k = 0; result == 1 && k < root_order_.size(); ++k) result = eval_root(k, locals);
     // Every source was read and every symbol stored: the relations, once, after the walk.
-    if (result == 1 && has_shape) result = decide_shape(*frame);
+    if (result == 1 && frame != nullptr) result = decide_shape(*frame);
     if (!rel_slots_.empty()) {
         if (result == 1) result = eval_relational(rel_scratch_);
         // Released while this check still counts as active, so that a finalizer that checks this

@@ -261,8 +261,12 @@ class GuardSet {
     /// failed or a value was missing before any user code ran, or a residue was met while
     /// `allow_user_code` is false.
     int fast_pass(const Locals& locals, bool allow_user_code);
+    /// fast_pass() for a set with SHAPE relations: the run's frame, current on this thread.
+    [[gnu::noinline]] int fast_pass_with_shapes(const Locals& locals, bool allow_user_code);
+    /// The program itself; `sf` is the run's shape frame, null exactly when the set has no SHAPE
+    /// relation (then no op stores a symbol: a TensorProp op without a symbol is a residue).
     template <bool kUserCode>
-    int run_program(const Locals& locals);
+    int run_program(const Locals& locals, core::shape::ShapeFrame* sf);
     /// Which guards a claim covers (docs/cpp.md, "Skipping unchanged subtrees").
     enum class Implied : std::uint8_t {
         Never,     ///< evaluated on every check
@@ -305,6 +309,11 @@ class GuardSet {
     /// The ambient guards (index range [begin, end) of program_.ambient), as the walk does. 1/0/-1.
     int eval_ambient(std::size_t begin, std::size_t end, const Locals& locals);
 
+    /// check()'s tree walk, from the start; `frame` is the check's shape frame, null exactly when
+    /// the set has no SHAPE relation.
+    int walk(const Locals& locals, core::shape::ShapeFrame* frame);
+    /// walk() for a set with SHAPE relations: the check's frame, current on this thread.
+    [[gnu::noinline]] int walk_with_shapes(const Locals& locals);
     /// Whether every SHAPE symbol of this set was stored in `frame`.
     bool all_symbols_read(const core::shape::ShapeFrame& frame) const;
     /// The SHAPE relations on a frame every source was read into: 1 all hold, 0 one fails (or,
