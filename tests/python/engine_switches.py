@@ -30,3 +30,13 @@ def python_readers(on: bool) -> Iterator[None]:
         yield
     finally:
         _core._force_python_readers(was)
+
+
+@contextlib.contextmanager
+def fast_pass(on: bool) -> Iterator[None]:
+    """Only the fast-pass switch (the readers as they are)."""
+    was = _core._set_fast_pass(on)
+    try:
+        yield
+    finally:
+        _core._set_fast_pass(was)

@@ -9,9 +9,7 @@ times, re-entrant checks, collections everywhere.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,17 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tripwire as tw
+from engine_switches import fast_pass
 from gc_stress import Finalizer, examples, scaled
-from tripwire import _core, reference
-
-
-@contextlib.contextmanager
-def fast_pass(on: bool) -> Iterator[None]:
-    was = _core._set_fast_pass(on)
-    try:
-        yield
-    finally:
-        _core._set_fast_pass(was)
+from tripwire import reference
 
 
 class Box:
