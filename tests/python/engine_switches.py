@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from tripwire import _core
 
@@ -40,3 +41,11 @@ def fast_pass(on: bool) -> Iterator[None]:
         yield
     finally:
         _core._set_fast_pass(was)
+
+
+def assert_passes_on_the_fast_pass(gs: Any, f_locals: dict) -> None:
+    """``gs`` uses the fast pass, and checking ``f_locals`` passes on it (its count moves by one)."""
+    assert gs._uses_fast_pass, gs.explain()
+    n = gs._fast_pass_count
+    assert gs.check(f_locals)
+    assert gs._fast_pass_count == n + 1
