@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import gc_stress
 import pytest
 
 import tripwire as tw
@@ -300,3 +301,123 @@ def test_a_compiled_function_of_tensors_decides_as_torch() -> None:
     ):
         with STATES[state]():
             assert gs.check({"x": x, "y": y}) == gm.check({"x": x, "y": y}), state
+
+
+# -- the adapter's direct reads (at::Context's fields, per-thread thread-local addresses) -------------
+def _global_state_set() -> tw.GuardSet:
+    b = tw.GuardBuilder({})
+    b.global_state("torch_global_state")
+    return b.build()
+
+
+def _cuda_matmul_is_tf32() -> bool:
+    return torch._C._get_fp32_precision_getter("cuda", "matmul") == "tf32"
+
+
+@pytest.mark.parametrize("generic", ["none", "ieee", "tf32"])
+def test_tf32_reading_follows_torch(generic: str) -> None:
+    """The adapter reads float32Precision(CUDA, MATMUL) from at::Context's map entries and applies
+    torch's fallback itself (NONE -> the backend's ALL entry -> GENERIC's): over every combination
+    Python can set, its verdict equals torch's GlobalStateGuard, the engine, the reference and
+    torch's own getter."""
+    get = torch._C._get_fp32_precision_getter
+    put = torch._C._set_fp32_precision_setter
+    old = (get("generic", "all"), get("cuda", "all"), get("cuda", "matmul"))
+    try:
+        put("generic", "all", generic)
+        for cuda_all in ("none", "ieee", "tf32"):
+            put("cuda", "all", cuda_all)
+            for matmul in ("none", "ieee", "tf32"):
+                put("cuda", "matmul", matmul)
+                for built_tf32 in (False, True):
+                    # a snapshot taken under the other TF32 verdict must fail, this one pass
+                    state = list(tw.tensors._read_torch_state())
+                    state[5] = int(built_tf32)
+                    b = tw.GuardBuilder({})
+                    b.global_state("torch_global_state", snapshot=tuple(state))
+                    gs = tw.GuardSet(b.guards)
+                    want = built_tf32 == _cuda_matmul_is_tf32()
+                    combo = (generic, cuda_all, matmul, built_tf32)
+                    assert gs.check({}) == want, combo
+                    assert reference.check(gs.guards, {}) == want, combo
+                assert _core.read_builtin_probe("torch_global_state")[5] == int(_cuda_matmul_is_tf32())
+                torch_guard = torch_guards.GlobalStateGuard()
+                gs = _global_state_set()
+                assert gs.check({}) and torch_guard.check()
+    finally:
+        put("generic", "all", old[0])
+        put("cuda", "all", old[1])
+        put("cuda", "matmul", old[2])
+
+
+def test_context_fields_changed_from_cpp_setters_fail() -> None:
+    """Each at::Context field the adapter reads directly, changed through torch's C++ setters
+    (torch._C bindings, no Python-level hook): the set fails, and passes again once restored."""
+    gs = _global_state_set()
+    C = torch._C
+    changes = [
+        (C._get_deterministic_algorithms, lambda v: C._set_deterministic_algorithms(v), True),
+        (
+            C._get_deterministic_algorithms_warn_only,
+            lambda v: C._set_deterministic_algorithms(True, warn_only=v),
+            True,
+        ),
+        (
+            C._get_cublas_allow_fp16_reduced_precision_reduction,
+            lambda v: C._set_cublas_allow_fp16_reduced_precision_reduction(*v),
+            (False, False),
+        ),
+        (
+            C._get_cublas_allow_bf16_reduced_precision_reduction,
+            lambda v: C._set_cublas_allow_bf16_reduced_precision_reduction(*v),
+            (False, True),
+        ),
+        (C._get_float32_matmul_precision, C._set_float32_matmul_precision, "high"),
+    ]
+    for get, put, value in changes:
+        det = (C._get_deterministic_algorithms(), C._get_deterministic_algorithms_warn_only())
+        old = get()
+        put(value)
+        try:
+            assert not gs.check({}), get.__name__
+            f = gs.why_not({})
+            assert f is not None and f.kind == "GLOBAL_STATE", get.__name__
+        finally:
+            put(old)
+            C._set_deterministic_algorithms(det[0], warn_only=det[1])
+        assert gs.check({}), get.__name__
+
+
+def test_each_thread_reads_its_own_thread_locals() -> None:
+    """Grad mode, torch-function state, autocast and the thread count are per thread: a set built
+    on one thread decides on another by that thread's state, as torch's GlobalStateGuard built
+    with it does. Threads run one after another, so a new thread typically reuses the control
+    block (and thread pointer) of the one that exited: the adapter's per-thread addresses must not
+    outlive their thread."""
+    import threading
+
+    gs = _global_state_set()
+    theirs = torch_guards.GlobalStateGuard()
+    with torch.no_grad():
+        no_grad_set = _global_state_set()
+        no_grad_theirs = torch_guards.GlobalStateGuard()
+    seen: list[tuple[bool, bool, bool, bool]] = []
+
+    def run(ctx: Callable[[], Any]) -> None:
+        with ctx():
+            seen.append((gs.check({}), theirs.check(), no_grad_set.check({}), no_grad_theirs.check()))
+
+    names = ("nothing", "no_grad", "autocast_cpu", "torch_function_off", "one_thread", "deterministic")
+    for round_ in range(gc_stress.scaled(20, 4)):
+        for name in names:
+            t = threading.Thread(target=run, args=(STATES[name],))
+            t.start()
+            t.join()
+            ours, torchs, ours_ng, torchs_ng = seen[-1]
+            assert (ours, ours_ng) == (torchs, torchs_ng), (round_, name, seen[-1])
+        assert gs.check({}) and theirs.check()  # the main thread again, after the others
+        assert not no_grad_set.check({})
+        with torch.no_grad():
+            assert no_grad_set.check({})
+    # at least one thread passed and one failed each set: the comparison above was not vacuous
+    assert {s[0] for s in seen} == {True, False} and {s[2] for s in seen} == {True, False}

@@ -8,12 +8,14 @@
 //
 // Every function is noexcept at the boundary: torch's accessors may throw (strides() of a sparse
 // tensor, sizes() of a nested one); the exception is caught here and reported as "could not read".
+#include <ATen/Config.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DefaultDtype.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Device.h>
@@ -22,9 +24,18 @@
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <pthread.h>
+#if AT_PARALLEL_OPENMP
+#include <omp.h>
+#endif
+
 #include <array>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "runtime/tensors/adapter_abi.h"
 
@@ -169,6 +180,187 @@ int read_global_state(int64_t* out, int capacity, int all_dtypes) noexcept {
 // The raw bits of the autocast keys of all autocast devices (every one excluded: all disabled).
 uint64_t g_all_autocast_bits = 0;
 
+// -- The per-check reading of torch's global state ---------------------------------------------
+//
+// GLOBAL_STATE is checked on every call, so global_state_matches reads each field the cheapest
+// way that still reads what torch's own accessor returns:
+//  - at::Context's fields directly (their accessors are out-of-line calls, and
+//    float32Precision() hashes up to three keys of a string-free but hashed map per call). The
+//    members are private: they are named through explicit template instantiation, the one
+//    place the language does not check access. This is sound only against the exact headers
+//    torch was built from: the adapter is compiled against the installed torch's headers and
+//    _core refuses it under any other torch version (readers.cpp install_torch_adapter);
+//    g_ctx_ok additionally requires each direct read to equal its accessor at load.
+//  - the thread-locals torch keeps per thread (grad mode, torch-function state, the dispatch
+//    key sets) through their addresses, looked up once per thread (ThreadLocals below) instead
+//    of through one out-of-line call and one __tls_get_addr per field per check.
+// read_global_state (snapshots and failure reasons) keeps torch's accessors.
+
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+    friend typename Tag::type member_of(Tag) { return Member; }
+};
+using Fp32Key = std::pair<at::Float32Backend, at::Float32Op>;
+using Fp32Map = std::unordered_map<Fp32Key, at::Float32Precision, c10::hash<Fp32Key>>;
+struct CtxDeterministic {
+    using type = bool at::Context::*;
+    friend type member_of(CtxDeterministic);
+};
+struct CtxWarnOnly {
+    using type = bool at::Context::*;
+    friend type member_of(CtxWarnOnly);
+};
+struct CtxFp16 {
+    using type = at::CuBLASReductionOption at::Context::*;
+    friend type member_of(CtxFp16);
+};
+struct CtxBf16 {
+    using type = at::CuBLASReductionOption at::Context::*;
+    friend type member_of(CtxBf16);
+};
+struct CtxFp32 {
+    using type = Fp32Map at::Context::*;
+    friend type member_of(CtxFp32);
+};
+struct TfDisabled {
+    using type = at::impl::TorchFunctionDisabledState at::impl::PythonTorchFunctionTLS::*;
+    friend type member_of(TfDisabled);
+};
+template struct PrivateMember<CtxDeterministic, &at::Context::_deterministic_algorithms>;
+template struct PrivateMember<CtxWarnOnly, &at::Context::_deterministic_algorithms_warn_only>;
+template struct PrivateMember<CtxFp16, &at::Context::allow_fp16_reduction_cublas>;
+template struct PrivateMember<CtxBf16, &at::Context::allow_bf16_reduction_cublas>;
+template struct PrivateMember<CtxFp32, &at::Context::fp32_precision>;
+template struct PrivateMember<TfDisabled, &at::impl::PythonTorchFunctionTLS::disabled_state_>;
+
+// The process-wide context and the three precision entries float32Precision(CUDA, MATMUL) reads.
+// Pointers to an unordered_map's elements stay valid until the element is erased (rehashing
+// moves no node), and torch only ever assigns these entries. Null (g_ctx_ok false) when any
+// direct read disagreed with its accessor at load: then the accessors are used.
+at::Context* g_ctx = nullptr;
+const at::Float32Precision* g_fp32_cuda_matmul = nullptr;
+const at::Float32Precision* g_fp32_cuda_all = nullptr;
+const at::Float32Precision* g_fp32_generic_all = nullptr;
+bool g_ctx_ok = false;
+
+// float32Precision(CUDA, MATMUL) == TF32, as torch 2.13's Context::float32Precision computes it
+// (read from its compiled code: an entry NONE falls back to the backend's ALL entry, then to
+// GENERIC's; DEFAULT falls back to the first of those that is neither NONE nor DEFAULT, else
+// means TF32; CUDA has no BF16). Pinned against torch by
+// test_torch_state.py::test_tf32_reading_follows_torch over every settable combination.
+bool cuda_matmul_tf32_direct() {
+    using P = at::Float32Precision;
+    P p = *g_fp32_cuda_matmul;
+    if (p == P::DEFAULT) {
+        const P a = *g_fp32_cuda_all;
+        if (a != P::NONE && a != P::DEFAULT) {
+            p = a;
+        } else {
+            const P g = *g_fp32_generic_all;
+            p = g != P::NONE && g != P::DEFAULT ? g : P::TF32;
+        }
+    } else if (p == P::NONE) {
+        p = *g_fp32_cuda_all;
+        if (p == P::NONE) p = *g_fp32_generic_all;
+    }
+    return p == P::TF32;  // CUDA's BF16 reads as NONE: not TF32 either way
+}
+
+bool cuda_matmul_tf32_accessor() {
+    return at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+           at::Float32Precision::TF32;
+}
+
+void bind_context() {
+    at::Context& ctx = at::globalContext();
+    Fp32Map& map = ctx.*member_of(CtxFp32{});
+    const auto entry = [&map](at::Float32Backend b, at::Float32Op op) -> const at::Float32Precision* {
+        const auto it = map.find({b, op});
+        return it == map.end() ? nullptr : &it->second;
+    };
+    g_fp32_cuda_matmul = entry(at::Float32Backend::CUDA, at::Float32Op::MATMUL);
+    g_fp32_cuda_all = entry(at::Float32Backend::CUDA, at::Float32Op::ALL);
+    g_fp32_generic_all = entry(at::Float32Backend::GENERIC, at::Float32Op::ALL);
+    g_ctx = &ctx;
+    g_ctx_ok = g_fp32_cuda_matmul != nullptr && g_fp32_cuda_all != nullptr && g_fp32_generic_all != nullptr &&
+               ctx.*member_of(CtxDeterministic{}) == ctx.deterministicAlgorithms() &&
+               ctx.*member_of(CtxWarnOnly{}) == ctx.deterministicAlgorithmsWarnOnly() &&
+               ctx.*member_of(CtxFp16{}) == ctx.allowFP16ReductionCuBLAS() &&
+               ctx.*member_of(CtxBf16{}) == ctx.allowBF16ReductionCuBLAS() &&
+               cuda_matmul_tf32_direct() == cuda_matmul_tf32_accessor();
+}
+
+// One thread's torch thread-locals, by address. torch's thread_local objects never move while
+// their thread lives (assignment keeps the address), so the addresses are looked up once per
+// thread and reused while the same thread checks again. The cache holds one thread: it is
+// keyed by the thread pointer, unique among live threads; a thread that looked them up clears
+// the cache when it exits (ThreadExit, a thread_local destructor, which runs before the thread's
+// TLS and its thread control block can be reused), and a forked child clears it (only the
+// forking thread survives; another thread's control block may be reused there). Read and
+// written only under the GIL, except the clearing at thread exit, which is one compare-exchange
+// on `owner` (a thread clears only its own entry, which no other thread then uses).
+struct ThreadLocals {
+    std::atomic<std::uintptr_t> owner{0};
+    const c10::AutogradState* autograd = nullptr;
+    const at::impl::PythonTorchFunctionTLS* torch_function = nullptr;
+    const c10::impl::PODLocalDispatchKeySet* dispatch = nullptr;
+    // at::get_num_threads() is `lazy_init_num_threads(); return omp_get_max_threads();` in torch
+    // 2.13's OpenMP build (ParallelOpenMP.cpp; its compiled code reads exactly that). The lazy
+    // initialisation sets a per-thread flag that is never cleared, so once this thread has
+    // called it (when its entry is filled), omp_get_max_threads() alone returns the same value,
+    // without the __tls_get_addr of the flag. True when the two agreed at that moment.
+    bool omp_threads = false;
+};
+ThreadLocals g_tls;
+
+std::uintptr_t thread_pointer() {
+#if defined(__x86_64__) && defined(__linux__)
+    std::uintptr_t tp = 0;
+    asm("mov %%fs:0, %0" : "=r"(tp));
+    return tp;
+#elif defined(__aarch64__)
+    return reinterpret_cast<std::uintptr_t>(__builtin_thread_pointer());
+#else
+    return 0;  // no cache: every check looks the thread-locals up
+#endif
+}
+
+// Set when this thread's ThreadExit ran: Python code run by a later thread_local destructor
+// (torch's mode stack drops its modes) may still check guards on this thread; it must not refill
+// the cache, which nothing would clear afterwards. Trivially destructible, so readable until the
+// thread's TLS is freed.
+thread_local bool t_exiting = false;
+
+struct ThreadExit {
+    bool armed = false;
+    ~ThreadExit() {
+        t_exiting = true;
+        std::uintptr_t me = thread_pointer();
+        if (me != 0) g_tls.owner.compare_exchange_strong(me, 0);
+    }
+};
+thread_local ThreadExit t_exit;
+
+void forget_thread_locals() { g_tls.owner.store(0); }
+
+// This thread's entry, looked up now if the cache holds another thread's.
+const ThreadLocals& thread_locals() {
+    const std::uintptr_t me = thread_pointer();
+    if (me != 0 && g_tls.owner.load(std::memory_order_relaxed) == me) return g_tls;
+    g_tls.owner.store(0);
+    g_tls.autograd = &c10::AutogradState::get_tls_state();
+    g_tls.torch_function = &at::impl::PythonTorchFunctionTLS::get_state();
+    g_tls.dispatch = &c10::impl::raw_local_dispatch_key_set;
+#if AT_PARALLEL_OPENMP
+    g_tls.omp_threads = at::get_num_threads() == omp_get_max_threads();
+#endif
+    if (me != 0 && !t_exiting) {
+        t_exit.armed = true;  // constructs this thread's ThreadExit: its destructor clears the entry
+        g_tls.owner.store(me);
+    }
+    return g_tls;  // uncached (owner 0): valid for this call, on this thread, under the GIL
+}
+
 int global_state_matches(const TwGlobalState* want) noexcept {
     namespace L = ts_layout;
     const auto& devices = at::autocast::_AUTOCAST_SUPPORTED_DEVICES;
@@ -176,15 +368,16 @@ int global_state_matches(const TwGlobalState* want) noexcept {
     if (want->n_devices != n || want->header[L::kDevices] != n) return 0;
     try {
         const int64_t* h = want->header;
-        // Thread-local state first (cheap), then the process-wide context.
-        if (h[L::kGradMode] != (c10::GradMode::is_enabled() ? 1 : 0)) return 0;
-        const auto tf = at::impl::PythonTorchFunctionTLS::get_disabled_state();
+        // Thread-local state first, then the process-wide context.
+        const ThreadLocals& tls = thread_locals();
+        if (h[L::kGradMode] != (tls.autograd->get_grad_mode() ? 1 : 0)) return 0;
+        const auto tf = tls.torch_function->*member_of(TfDisabled{});
         if (h[L::kTorchFunction] != (tf == at::impl::TorchFunctionDisabledState::ENABLED ? 1 : 0)) return 0;
         if (h[L::kTorchFunctionAllDisabled] !=
             (tf == at::impl::TorchFunctionDisabledState::ALL_DISABLED ? 1 : 0))
             return 0;
         if (h[L::kCacheEnabled] != (at::autocast::is_autocast_cache_enabled() ? 1 : 0)) return 0;
-        const c10::DispatchKeySet excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
+        const c10::DispatchKeySet excluded = tls.dispatch->excluded();
         uint64_t enabled = 0;
         if ((excluded.raw_repr() & g_all_autocast_bits) != g_all_autocast_bits) {  // some device enabled
             for (int i = 0; i < n; ++i) {
@@ -197,16 +390,26 @@ int global_state_matches(const TwGlobalState* want) noexcept {
                 want->dtypes[i] != static_cast<int32_t>(at::autocast::get_autocast_dtype(devices[i])))
                 return 0;
         }
-        auto& ctx = at::globalContext();
-        if (h[L::kDeterministic] != (ctx.deterministicAlgorithms() ? 1 : 0)) return 0;
-        if (h[L::kWarnOnly] != (ctx.deterministicAlgorithmsWarnOnly() ? 1 : 0)) return 0;
-        if (h[L::kFp16] != static_cast<int64_t>(ctx.allowFP16ReductionCuBLAS())) return 0;
-        if (h[L::kBf16] != static_cast<int64_t>(ctx.allowBF16ReductionCuBLAS())) return 0;
         if (h[L::kDefaultDtype] != static_cast<int64_t>(c10::get_default_dtype_as_scalartype())) return 0;
+#if AT_PARALLEL_OPENMP
+        if (h[L::kNumThreads] != (tls.omp_threads ? omp_get_max_threads() : at::get_num_threads())) return 0;
+#else
         if (h[L::kNumThreads] != at::get_num_threads()) return 0;
-        const bool tf32 = ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
-                          at::Float32Precision::TF32;
-        return h[L::kAllowTf32] == (tf32 ? 1 : 0) ? 1 : 0;
+#endif
+        if (!g_ctx_ok) {
+            auto& ctx = at::globalContext();
+            if (h[L::kDeterministic] != (ctx.deterministicAlgorithms() ? 1 : 0)) return 0;
+            if (h[L::kWarnOnly] != (ctx.deterministicAlgorithmsWarnOnly() ? 1 : 0)) return 0;
+            if (h[L::kFp16] != static_cast<int64_t>(ctx.allowFP16ReductionCuBLAS())) return 0;
+            if (h[L::kBf16] != static_cast<int64_t>(ctx.allowBF16ReductionCuBLAS())) return 0;
+            return h[L::kAllowTf32] == (cuda_matmul_tf32_accessor() ? 1 : 0) ? 1 : 0;
+        }
+        const at::Context& ctx = *g_ctx;
+        if (h[L::kDeterministic] != (ctx.*member_of(CtxDeterministic{}) ? 1 : 0)) return 0;
+        if (h[L::kWarnOnly] != (ctx.*member_of(CtxWarnOnly{}) ? 1 : 0)) return 0;
+        if (h[L::kFp16] != static_cast<int64_t>(ctx.*member_of(CtxFp16{}))) return 0;
+        if (h[L::kBf16] != static_cast<int64_t>(ctx.*member_of(CtxBf16{}))) return 0;
+        return h[L::kAllowTf32] == (cuda_matmul_tf32_direct() ? 1 : 0) ? 1 : 0;
     } catch (...) {
         return 0;
     }
@@ -305,6 +508,12 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
             at::autocast::_AUTOCAST_SUPPORTED_DEVICES[i]);
         g_all_autocast_bits |= c10::DispatchKeySet(g_autocast_keys[i]).raw_repr();
     }
+    try {
+        bind_context();
+    } catch (...) {
+        g_ctx_ok = false;  // the accessors then read the context
+    }
+    pthread_atfork(nullptr, nullptr, forget_thread_locals);
     g_table.global_state_matches = global_state_matches;
     g_table.read_global_state = read_global_state;
     g_table.function_mode_stack_len = function_mode_stack_len;
