@@ -87,7 +87,7 @@ void register_tensors(nb::module_& m) {
     m.def(
         "_set_python_readers",
         [](nb::handle tensor, nb::handle array, nb::handle torch_state, nb::handle mode_stack,
-           nb::handle default_device, nb::handle saved_hooks) {
+           nb::handle default_device, nb::handle saved_hooks, nb::handle dual_level) {
             runtime::PythonReaders& r = runtime::python_readers();
             if (!tensor.is_none()) r.tensor = optional(tensor);
             if (!array.is_none()) r.array = optional(array);
@@ -95,9 +95,11 @@ void register_tensors(nb::module_& m) {
             if (!mode_stack.is_none()) r.mode_stack = optional(mode_stack);
             if (!default_device.is_none()) r.default_device = optional(default_device);
             if (!saved_hooks.is_none()) r.saved_hooks = optional(saved_hooks);
+            if (!dual_level.is_none()) r.dual_level = optional(dual_level);
         },
         nb::arg("tensor").none(), nb::arg("array").none(), nb::arg("torch_state").none(),
         nb::arg("mode_stack").none(), nb::arg("default_device").none(), nb::arg("saved_hooks").none(),
+        nb::arg("dual_level").none(),
         "Register the Python readers used without the adapter or the numpy struct (None: keep).");
     m.def("numpy_struct_compiled", &runtime::numpy_struct_compiled,
           "Whether this build read numpy's headers (arrays can be read from their struct).");

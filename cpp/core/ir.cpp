@@ -52,13 +52,15 @@ std::string_view builtin_probe_name(BuiltinProbe p) {
         case BuiltinProbe::TorchFunctionModeStack: return "torch_function_mode_stack";
         case BuiltinProbe::TorchDefaultDevice: return "torch_default_device";
         case BuiltinProbe::TorchSavedTensorsHooks: return "torch_saved_tensors_hooks";
+        case BuiltinProbe::TorchDualLevel: return "torch_dual_level";
     }
     return "unknown";
 }
 
 bool builtin_probe_reads_framework(BuiltinProbe p) {
     return p == BuiltinProbe::TorchGlobalState || p == BuiltinProbe::TorchFunctionModeStack ||
-           p == BuiltinProbe::TorchDefaultDevice || p == BuiltinProbe::TorchSavedTensorsHooks;
+           p == BuiltinProbe::TorchDefaultDevice || p == BuiltinProbe::TorchSavedTensorsHooks ||
+           p == BuiltinProbe::TorchDualLevel;
 }
 
 std::string_view step_kind_name(StepKind k) {

@@ -180,8 +180,11 @@ enum class BuiltinProbe : std::int64_t {
     /// is not two torch.fx.GraphModule instances, else the pair's ids. Snapshot in operand2
     /// (None or a tuple of two ints).
     TorchSavedTensorsHooks = 5,
+    /// torch.autograd.forward_ad._current_level, as Dynamo's DUAL_LEVEL_MATCH guard reads it
+    /// (getattr on the module; an exact int). Snapshot in operand2 (an int).
+    TorchDualLevel = 6,
 };
-inline constexpr int kBuiltinProbeCount = 6;
+inline constexpr int kBuiltinProbeCount = 7;
 /// Whether a built-in probe reads a framework (torch) rather than the interpreter: its snapshot
 /// is structured (data or operand2) instead of GuardDecl::n2.
 bool builtin_probe_reads_framework(BuiltinProbe p);

@@ -114,7 +114,8 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
                 const auto probe = static_cast<BuiltinProbe>(d.n);
                 const bool wants_object = probe == BuiltinProbe::TorchFunctionModeStack ||
                                           probe == BuiltinProbe::TorchDefaultDevice ||
-                                          probe == BuiltinProbe::TorchSavedTensorsHooks;
+                                          probe == BuiltinProbe::TorchSavedTensorsHooks ||
+                                          probe == BuiltinProbe::TorchDualLevel;
                 if (wants_object != (d.operand2 != kNoConst)) {
                     fail(std::string("built-in probe ") + std::string(builtin_probe_name(probe)) +
                          (wants_object ? " needs its snapshot" : " takes no snapshot object"));

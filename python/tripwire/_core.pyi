@@ -623,7 +623,7 @@ def torch_adapter_installed() -> bool:
     Whether tensors and torch's state are read through the compiled torch adapter.
     """
 
-def _set_python_readers(tensor: object | None, array: object | None, torch_state: object | None, mode_stack: object | None, default_device: object | None, saved_hooks: object | None) -> None:
+def _set_python_readers(tensor: object | None, array: object | None, torch_state: object | None, mode_stack: object | None, default_device: object | None, saved_hooks: object | None, dual_level: object | None) -> None:
     """
     Register the Python readers used without the adapter or the numpy struct (None: keep).
     """

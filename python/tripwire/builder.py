@@ -276,7 +276,10 @@ class GuardBuilder:
         a device string such as ``"cuda:0"``) and ``"torch_saved_tensors_hooks"`` (the top of the
         saved-tensor default hooks stack as Dynamo's AUTOGRAD_SAVED_TENSORS_HOOKS guard reads it:
         None unless both hooks are ``torch.fx.GraphModule`` instances, else their ids;
-        ``snapshot``: None or a tuple of two ids).
+        ``snapshot``: None or a tuple of two ids) and ``"torch_dual_level"``
+        (``torch.autograd.forward_ad._current_level`` as Dynamo's DUAL_LEVEL_MATCH reads it: the
+        guard holds while it is an int equal to the snapshot; ``snapshot``: an int, -1 outside
+        any ``dual_level()``).
         """
         if isinstance(probe, str):
             if probe not in _core.builtin_probes():
@@ -536,6 +539,10 @@ def _torch_snapshot(probe: str, snapshot: Any) -> Any:
             or any(builtins_type(x) is not int for x in snapshot)
         ):
             raise GuardBuildError("torch_saved_tensors_hooks: the snapshot is None or a tuple of two ids")
+        return snapshot
+    if probe == "torch_dual_level":
+        if builtins_type(snapshot) is not int or not -(2**63) <= snapshot < 2**63:
+            raise GuardBuildError(f"torch_dual_level: the snapshot is an int (the dual level), not {snapshot!r}")
         return snapshot
     return snapshot
 

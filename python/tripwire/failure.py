@@ -14,6 +14,7 @@ _TORCH_PROBES = (
     "torch_function_mode_stack",
     "torch_default_device",
     "torch_saved_tensors_hooks",
+    "torch_dual_level",
 )
 
 
@@ -169,6 +170,17 @@ def _hooks_text(value: Any) -> str:
     return short_repr(value)
 
 
+def _level_text(value: Any) -> str:
+    """A dual-level probe value: the int, or what the Python reader found instead."""
+    if type(value) is int:
+        return str(value)
+    if type(value) is tuple and len(value) == 2 and value[0] == "not an int":
+        return f"a {value[1].__name__} (not an int)"
+    if type(value) is tuple and len(value) == 1 and value[0] == "unreadable":
+        return "nothing (getattr raised)"
+    return short_repr(value)
+
+
 def _state_text(spec: GuardSpec, now: Any) -> str:
     """A torch probe's change, each field named: ``grad_mode expected True, got False; ...``."""
     from . import _core, tensors
@@ -176,6 +188,8 @@ def _state_text(spec: GuardSpec, now: Any) -> str:
     probe, want = spec.args[0], spec.args[1]
     if probe == "torch_saved_tensors_hooks":
         return f"expected {_hooks_text(want)}, got {_hooks_text(now)}"
+    if probe == "torch_dual_level":
+        return f"forward-AD dual level (torch.autograd.forward_ad._current_level) expected {want}, got {_level_text(now)}"
     if probe != "torch_global_state":
         return f"expected {short_repr(want)}, got {short_repr(now)}"
     try:

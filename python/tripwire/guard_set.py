@@ -32,6 +32,7 @@ _TORCH_PROBES = (
     "torch_function_mode_stack",
     "torch_default_device",
     "torch_saved_tensors_hooks",
+    "torch_dual_level",
 )
 
 

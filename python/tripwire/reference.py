@@ -162,6 +162,17 @@ def torch_saved_tensors_hooks() -> tuple[int, int] | None:
     return tuple(map(id, hooks))  # type: ignore[return-value]
 
 
+def torch_dual_level() -> Any:
+    """What Dynamo's DUAL_LEVEL_MATCH compares: forward_ad._current_level, read with getattr
+    (None when getattr raises; the guard then fails)."""
+    import torch.autograd.forward_ad as forward_ad
+
+    try:
+        return getattr(forward_ad, "_current_level")  # noqa: B009 - the read torch's guard makes
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _default_device_matches(snapshot: str | None) -> bool:
     cur = torch_default_device()
     if snapshot is None:
@@ -178,6 +189,7 @@ BUILTIN_PROBES: dict[str, Callable[[], Any]] = {
     "torch_function_mode_stack": torch_function_modes,
     "torch_default_device": torch_default_device,
     "torch_saved_tensors_hooks": torch_saved_tensors_hooks,
+    "torch_dual_level": torch_dual_level,
 }
 
 
@@ -537,6 +549,9 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
                 return _default_device_matches(a[1])
             if probe == "torch_saved_tensors_hooks":
                 return torch_saved_tensors_hooks() == a[1]
+            if probe == "torch_dual_level":
+                level = torch_dual_level()
+                return type(level) is int and level == a[1]
             current = BUILTIN_PROBES[probe]() if isinstance(probe, str) else probe()
             return equals_match(current, a[1])
         if k is GuardKind.LAMBDA:

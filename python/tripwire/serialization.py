@@ -45,6 +45,7 @@ _TORCH_PROBES = (
     "torch_function_mode_stack",
     "torch_default_device",
     "torch_saved_tensors_hooks",
+    "torch_dual_level",
 )
 
 
@@ -669,6 +670,8 @@ def _spec(
                     raise bad("a default-device snapshot is None or a str")
                 if probe == "torch_saved_tensors_hooks" and op2 is not None:
                     raise bad("a saved-tensor-hooks snapshot must be None")
+                if probe == "torch_dual_level" and (type(op2) is not int or not -(2**63) <= op2 < 2**63):
+                    raise bad("a dual-level snapshot is an int")
                 args = (probe, op2, label or probe)
             else:
                 args = (probe, _builtin_snapshot(probe, d.n2), label or probe)

@@ -112,6 +112,7 @@ def ensure_torch() -> bool:
             _read_mode_stack,
             _read_default_device,
             _read_saved_tensors_hooks,
+            _read_dual_level,
         )
         status = "python readers (the torch adapter was not built: build with -DTRIPWIRE_TORCH_ADAPTER=ON)"
         try:
@@ -159,7 +160,7 @@ def ensure_numpy() -> bool:
     with _lock:
         if _numpy_status is not None:
             return True
-        _core._set_python_readers(None, _read_array, None, None, None, None)
+        _core._set_python_readers(None, _read_array, None, None, None, None, None)
         if not _core.numpy_struct_compiled():
             status = "python reader (this build has no numpy>=2 headers)"
         elif not _numpy_layout_matches(np):
@@ -373,6 +374,20 @@ def _read_saved_tensors_hooks() -> tuple[int, int] | None:
     if isinstance(pack, gm) and isinstance(unpack, gm):
         return (id(pack), id(unpack))
     return None
+
+
+def _read_dual_level() -> Any:
+    """torch.autograd.forward_ad._current_level as Dynamo's DUAL_LEVEL_MATCH reads it (getattr
+    on the module): the int, ("not an int", type) for another object, ("unreadable",) when
+    getattr raised. Only an int can equal a snapshot."""
+    import importlib
+
+    module = importlib.import_module("torch.autograd.forward_ad")
+    try:
+        level = module._current_level
+    except Exception:  # noqa: BLE001 - torch's guard fails on any exception; so does the probe
+        return ("unreadable",)
+    return level if type(level) is int else ("not an int", type(level))
 
 
 def _read_array(a: Any) -> tuple | None:

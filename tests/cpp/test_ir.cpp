@@ -104,7 +104,9 @@ TEST(IrNames, RootKindsAndBuiltinProbesAreNamed) {
     EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchSavedTensorsHooks), "torch_saved_tensors_hooks");
     EXPECT_TRUE(builtin_probe_reads_framework(BuiltinProbe::TorchSavedTensorsHooks));
     EXPECT_EQ(builtin_probe_name(static_cast<BuiltinProbe>(kBuiltinProbeCount)), "unknown");
-    EXPECT_EQ(static_cast<int>(BuiltinProbe::TorchSavedTensorsHooks) + 1, kBuiltinProbeCount);
+    EXPECT_EQ(builtin_probe_name(BuiltinProbe::TorchDualLevel), "torch_dual_level");
+    EXPECT_TRUE(builtin_probe_reads_framework(BuiltinProbe::TorchDualLevel));
+    EXPECT_EQ(static_cast<int>(BuiltinProbe::TorchDualLevel) + 1, kBuiltinProbeCount);
     EXPECT_FALSE(builtin_probe_reads_framework(BuiltinProbe::GcEnabled));
     EXPECT_TRUE(builtin_probe_reads_framework(BuiltinProbe::TorchGlobalState));
 }

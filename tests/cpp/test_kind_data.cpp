@@ -106,7 +106,7 @@ TEST(KindData, TorchProbesCarryTheirSnapshots) {
     EXPECT_EQ(torch_state::field_name(torch_state::kAllowTf32), "allow_tf32");
 
     for (BuiltinProbe p : {BuiltinProbe::TorchFunctionModeStack, BuiltinProbe::TorchDefaultDevice,
-                           BuiltinProbe::TorchSavedTensorsHooks}) {
+                           BuiltinProbe::TorchSavedTensorsHooks, BuiltinProbe::TorchDualLevel}) {
         GuardDecl d = torch_probe(p);
         EXPECT_THROW(validate_decl(d, kConsts), InvalidProgram);  // the snapshot object is missing
         d.operand2 = 3;

@@ -248,7 +248,7 @@ bool g_ctx_ok = false;
 // GENERIC's; DEFAULT falls back to the first of those that is neither NONE nor DEFAULT, else
 // means TF32; CUDA has no BF16). Pinned against torch by
 // test_torch_state.py::test_tf32_reading_follows_torch over every settable combination.
-bool cuda_matmul_tf32_direct() {
+inline bool cuda_matmul_tf32_direct() {
     using P = at::Float32Precision;
     P p = *g_fp32_cuda_matmul;
     if (p == P::DEFAULT) {
@@ -365,7 +365,8 @@ int global_state_matches(const TwGlobalState* want) noexcept {
     namespace L = ts_layout;
     const auto& devices = at::autocast::_AUTOCAST_SUPPORTED_DEVICES;
     const int n = static_cast<int>(devices.size());
-    if (want->n_devices != n || want->header[L::kDevices] != n) return 0;
+    // header[kDevices] equals n_devices: the core compiles both from one snapshot (torch_state.cpp).
+    if (want->n_devices != n) return 0;
     try {
         const int64_t* h = want->header;
         // Thread-local state first, then the process-wide context.

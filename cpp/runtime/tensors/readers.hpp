@@ -45,6 +45,7 @@ struct PythonReaders {
     Ref mode_stack;      ///< () -> tuple of the modes' types
     Ref default_device;  ///< () -> None or str(CURRENT_DEVICE)
     Ref saved_hooks;     ///< () -> None or (id(pack), id(unpack)) of inlineable saved-tensor hooks
+    Ref dual_level;      ///< () -> forward_ad._current_level (an int), or a non-int marker
 };
 PythonReaders& python_readers();
 /// Test switch: guard sets built while it is on read tensors, arrays and torch's state through

@@ -71,6 +71,51 @@ PyObject* current_device(bool* ok) {
     return v;
 }
 
+// torch.autograd.forward_ad, whose _current_level DUAL_LEVEL_MATCH reads (imported when the first
+// dual-level guard is bound; held for the process, as torch's guard holds it).
+PyObject* g_forward_ad = nullptr;
+PyObject* g_current_level = nullptr;
+Py_ssize_t g_current_level_hint = -1;
+
+bool ensure_forward_ad_module() {
+    if (g_forward_ad != nullptr) return true;
+    PyObject* mod = PyImport_ImportModule("torch.autograd.forward_ad");
+    if (mod == nullptr) return false;
+    g_current_level = PyUnicode_InternFromString("_current_level");
+    if (g_current_level == nullptr) {
+        Py_DECREF(mod);
+        return false;
+    }
+    g_forward_ad = mod;
+    return true;
+}
+
+// forward_ad._current_level as torch's DUAL_LEVEL_MATCH reads it (PyObject_GetAttrString on the
+// module, then an exact int), without user code: 1 with *level, 0 when the guard fails (not an
+// exact int, or one outside int64: torch's PyLong_AsLongLong would fail there; tripwire fails
+// rather than compare its -1), -1 when only Python can tell. On an exact module, getattr finds
+// the module dict's entry (ModuleType defines no attribute of that name); a missing entry would
+// call a module __getattr__, and a reassigned __class__ may define anything: Python then.
+int current_dual_level(std::int64_t* level) {
+    if (g_forward_ad == nullptr || !PyModule_CheckExact(g_forward_ad)) return -1;
+    PyObject* ns = PyModule_GetDict(g_forward_ad);  // borrowed, never null for a module
+    PyObject* v = dict_get_hinted(ns, g_current_level, &g_current_level_hint);
+    if (v == nullptr) {
+        if (!dict_has_only_str_keys(ns)) return -1;
+        v = PyDict_GetItemWithError(ns, g_current_level);  // str keys only: no user code
+        if (v == nullptr) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    if (!PyLong_CheckExact(v)) return 0;
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0) return 0;
+    *level = x;
+    return 1;
+}
+
 // torch.fx.GraphModule and object's __class__ descriptor, for the saved-tensor-hooks probe
 // (imported when the first such guard is bound; held for the process).
 PyObject* g_graph_module = nullptr;
@@ -172,6 +217,12 @@ int native_match(const RuntimeGuard& g) {
             if (g.b == Py_None) return s == 0 ? 1 : 0;
             return s == 1 && pointer_bits(pack) == g.n2 && pointer_bits(unpack) == g.n3 ? 1 : 0;
         }
+        case BuiltinProbe::TorchDualLevel: {
+            std::int64_t level = 0;
+            const int r = current_dual_level(&level);
+            if (r <= 0) return r;
+            return level == g.n2 ? 1 : 0;
+        }
         default: return 0;
     }
 }
@@ -237,6 +288,15 @@ int python_match(const RuntimeGuard& g) {
             }
             return 1;
         }
+        case BuiltinProbe::TorchDualLevel: {
+            const Ref now = call_reader(r.dual_level, "forward-AD's dual level");
+            if (!now) return -1;
+            if (!PyLong_CheckExact(now.get())) return 0;
+            int overflow = 0;
+            const long long x = PyLong_AsLongLongAndOverflow(now.get(), &overflow);
+            if (x == -1 && PyErr_Occurred()) return -1;
+            return overflow == 0 && x == g.n2 ? 1 : 0;
+        }
         default: return 0;
     }
 }
@@ -267,7 +327,14 @@ const char* device_type_name(std::int64_t t) {
 
 }  // namespace
 
-bool torch_probe_pure(const RuntimeGuard& g) { return native_match(g) == 1; }
+bool torch_probe_pure(const RuntimeGuard& g) {
+    // torch's global state is checked on every call: straight to the adapter. g.derived is set
+    // only when the guard was bound through the adapter (bind_torch_probe), which then stays.
+    if (g.n == static_cast<std::int64_t>(BuiltinProbe::TorchGlobalState) && g.derived != nullptr)
+        return torch_adapter()->global_state_matches(
+                   reinterpret_cast<const TwGlobalState*>(PyBytes_AS_STRING(g.derived))) == 1;
+    return native_match(g) == 1;
+}
 
 int torch_probe_matches(const RuntimeGuard& g) {
     if (!g.via_python) {
@@ -279,6 +346,17 @@ int torch_probe_matches(const RuntimeGuard& g) {
 
 bool bind_torch_probe(RuntimeGuard& g, bool native, Ref& keep) {
     g.via_python = !native;
+    if (static_cast<BuiltinProbe>(g.n) == BuiltinProbe::TorchDualLevel) {
+        if (native && !ensure_forward_ad_module()) return false;
+        int overflow = 0;
+        const long long level = PyLong_CheckExact(g.b) ? PyLong_AsLongLongAndOverflow(g.b, &overflow) : 0;
+        if (!PyLong_CheckExact(g.b) || overflow != 0) {
+            PyErr_SetString(PyExc_TypeError, "a dual-level snapshot is an int (within int64)");
+            return false;
+        }
+        g.n2 = level;
+        return true;
+    }
     if (static_cast<BuiltinProbe>(g.n) == BuiltinProbe::TorchSavedTensorsHooks) {
         if (native && !ensure_graph_module()) return false;
         if (g.b == Py_None) return true;
@@ -352,6 +430,7 @@ Ref torch_probe_value(BuiltinProbe p, bool native) {
             case BuiltinProbe::TorchDefaultDevice: return call_reader(r.default_device, "the default device");
             case BuiltinProbe::TorchSavedTensorsHooks:
                 return call_reader(r.saved_hooks, "the saved-tensor hooks");
+            case BuiltinProbe::TorchDualLevel: return call_reader(r.dual_level, "forward-AD's dual level");
             default: return Ref::borrow(Py_None);
         }
     }
@@ -396,6 +475,12 @@ Ref torch_probe_value(BuiltinProbe p, bool native) {
             const int s = saved_hooks_native(a, &pack, &unpack);
             if (s < 0) return call_reader(python_readers().saved_hooks, "the saved-tensor hooks");
             return s == 0 ? Ref::borrow(Py_None) : hooks_ids(pack, unpack);
+        }
+        case BuiltinProbe::TorchDualLevel: {
+            if (!ensure_forward_ad_module()) return Ref();
+            std::int64_t level = 0;
+            if (current_dual_level(&level) == 1) return Ref::steal(PyLong_FromLongLong(level));
+            return call_reader(python_readers().dual_level, "forward-AD's dual level");
         }
         default: return Ref::borrow(Py_None);
     }

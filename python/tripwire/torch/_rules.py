@@ -60,6 +60,7 @@ TENSOR_KINDS: dict[str, str] = {
     "TORCH_FUNCTION_MODE_STACK": "GLOBAL_STATE torch_function_mode_stack",
     "DEFAULT_DEVICE": "GLOBAL_STATE torch_default_device",
     "AUTOGRAD_SAVED_TENSORS_HOOKS": "GLOBAL_STATE torch_saved_tensors_hooks (the ids torch printed)",
+    "DUAL_LEVEL_MATCH": "GLOBAL_STATE torch_dual_level (the level torch printed)",
 }
 # torch's default (Python) path puts every shape-environment guard in one epilogue lambda on the
 # root (guards.py GuardBuilder.SHAPE_ENV, add_python_lambda_leaf_guard_to_root); its code parts
@@ -1080,6 +1081,19 @@ class Converter:
             raise _Fallback("the printed snapshot disagrees with torch's leaf")
         return self._probe("torch_saved_tensors_hooks", snapshot, site), ""
 
+    def leaf_dual_level(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        # torch prints the level it compares with: `torch.autograd.forward_ad._current_level == -1`.
+        from ..tensors import _read_dual_level
+
+        m = re.fullmatch(r"torch\.autograd\.forward_ad\._current_level == (-?\d+)", code.strip())
+        if m is None:
+            raise _Fallback("no level printed")
+        level = int(m.group(1))
+        # torch's leaf and the printed level must agree on the state now.
+        if bool(leaf({})) != (_read_dual_level() == level):
+            raise _Fallback("the printed level disagrees with torch's leaf")
+        return self._probe("torch_dual_level", level, site), ""
+
 
 class _Fallback(Exception):
     def __init__(self, why: str, unknown: bool = False) -> None:
@@ -1134,6 +1148,7 @@ LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
     "TORCH_FUNCTION_MODE_STACK": Converter.leaf_mode_stack,
     "DEFAULT_DEVICE": Converter.leaf_default_device,
     "AUTOGRAD_SAVED_TENSORS_HOOKS": Converter.leaf_saved_tensors_hooks,
+    "DUAL_LEVEL_MATCH": Converter.leaf_dual_level,
 }
 # Leaf kinds with no exact tripwire form: evaluated by torch's own leaf (fallback="torch").
 TORCH_ONLY_KINDS: dict[str, str] = {
@@ -1145,7 +1160,6 @@ TORCH_ONLY_KINDS: dict[str, str] = {
     "LAMBDA_GUARD": "a Python lambda of torch's",
     "STORAGE_OVERLAPPING": "a storage-overlap relation between tensors (no tripwire kind yet)",
     "DISPATCH_KEY_SET_MATCH": "a bare DispatchKeySet comparison (no tripwire kind)",
-    "DUAL_LEVEL_MATCH": "a forward-AD dual level (no tripwire probe)",
 }
 
 
