@@ -542,7 +542,9 @@ def _torch_snapshot(probe: str, snapshot: Any) -> Any:
         return snapshot
     if probe == "torch_dual_level":
         if builtins_type(snapshot) is not int or not -(2**63) <= snapshot < 2**63:
-            raise GuardBuildError(f"torch_dual_level: the snapshot is an int (the dual level), not {snapshot!r}")
+            raise GuardBuildError(
+                f"torch_dual_level: the snapshot is an int (the dual level), not {snapshot!r}"
+            )
         return snapshot
     return snapshot
 

@@ -9,9 +9,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import gc_stress
 import pytest
 
+import gc_stress
 import tripwire as tw
 from engine_switches import assert_passes_on_the_fast_pass, python_readers
 from tripwire import _core, reference

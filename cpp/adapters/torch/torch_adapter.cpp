@@ -14,8 +14,8 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/autocast_mode.h>
-#include <c10/core/DefaultDtype.h>
 #include <c10/core/AutogradState.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Device.h>

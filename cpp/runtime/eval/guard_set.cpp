@@ -120,7 +120,8 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                     core::builtin_probe_reads_framework(static_cast<core::BuiltinProbe>(d.n)) &&
                     (torch_adapter() == nullptr || force_python_readers())) {
                     PythonReaders& r = python_readers();
-                    if (!r.torch_state || !r.mode_stack || !r.default_device || !r.saved_hooks || !r.dual_level)
+                    if (!r.torch_state || !r.mode_stack || !r.default_device || !r.saved_hooks ||
+                        !r.dual_level)
                         throw core::InvalidProgram("a torch probe needs torch support (tripwire.tensors)");
                     d.via_python = true;
                 }

@@ -330,9 +330,10 @@ const char* device_type_name(std::int64_t t) {
 bool torch_probe_pure(const RuntimeGuard& g) {
     // torch's global state is checked on every call: straight to the adapter. g.derived is set
     // only when the guard was bound through the adapter (bind_torch_probe), which then stays.
-    if (g.n == static_cast<std::int64_t>(BuiltinProbe::TorchGlobalState) && g.derived != nullptr)
+    if (g.n == static_cast<std::int64_t>(BuiltinProbe::TorchGlobalState) && g.derived != nullptr) {
         return torch_adapter()->global_state_matches(
                    reinterpret_cast<const TwGlobalState*>(PyBytes_AS_STRING(g.derived))) == 1;
+    }
     return native_match(g) == 1;
 }
 

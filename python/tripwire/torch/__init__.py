@@ -111,6 +111,7 @@ def guards_of(
             "function's __globals__"
         )
     conv = Converter(ids=identity_objects(gm), f_globals=f_globals, equals=equals, fallback=fallback)
+    conv.refresh_local_state = lambda: gm.check({})  # torch's root re-reads its LocalState first
     root = walk(gm)
     conv.run(root)
 

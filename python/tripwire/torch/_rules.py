@@ -61,6 +61,7 @@ TENSOR_KINDS: dict[str, str] = {
     "DEFAULT_DEVICE": "GLOBAL_STATE torch_default_device",
     "AUTOGRAD_SAVED_TENSORS_HOOKS": "GLOBAL_STATE torch_saved_tensors_hooks (the ids torch printed)",
     "DUAL_LEVEL_MATCH": "GLOBAL_STATE torch_dual_level (the level torch printed)",
+    "DISPATCH_KEY_SET_MATCH": "LAMBDA DispatchKeySetMatch (torch's rule in Python; no native kind yet)",
 }
 # torch's default (Python) path puts every shape-environment guard in one epilogue lambda on the
 # root (guards.py GuardBuilder.SHAPE_ENV, add_python_lambda_leaf_guard_to_root); its code parts
@@ -198,6 +199,9 @@ class Converter:
         self.by_source: dict[str, _Node] = {}  # torch printed source -> node
         self._relational: dict[int, int] = {}  # id(torch leaf) -> spec index
         self._cpp_shape_ids: dict[int, tuple[int, ...]] = {}  # first spec index -> all its relations
+        # Runs torch's root check once, which re-reads the thread's dispatch-key state into the
+        # root's LocalState (the leaves read it from there); set by guards_of.
+        self.refresh_local_state: Callable[[], Any] = lambda: None
 
     # -- emitting --------------------------------------------------------------------------------
     def spec(self, kind: GuardKind, src: Source | None, args: tuple, site: str | None) -> int:
@@ -1081,6 +1085,36 @@ class Converter:
             raise _Fallback("the printed snapshot disagrees with torch's leaf")
         return self._probe("torch_saved_tensors_hooks", snapshot, site), ""
 
+    def leaf_dispatch_key_set(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        # torch prints the DispatchKeySet it saw; its leaf compares apply(value) with
+        # apply(that set) taken at construction, apply being the root's LocalState (the thread's
+        # include/exclude sets, Python keys masked) as last read by a root check. The expectation
+        # is the printed set applied now, verified against torch's leaf just after a root check
+        # refreshed its LocalState to now.
+        import torch
+
+        m = re.fullmatch(r"(.*)\.raw_repr\(\) == (DispatchKeySet\(.*\))\.raw_repr\(\)", code.strip())
+        if m is None or m.group(1) != node.torch.source:
+            raise _Fallback("no key set printed")
+        ks = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+        for n in filter(None, m.group(2)[len("DispatchKeySet(") : -1].split(", ")):
+            k = getattr(torch._C.DispatchKey, n, None)
+            if k is None:
+                raise _Fallback(f"unknown dispatch key {n}")
+            ks = ks | torch._C.DispatchKeySet(k)
+        if str(ks) != m.group(2):
+            raise _Fallback(f"{m.group(2)} does not rebuild from its key names")
+        match = DispatchKeySetMatch(_applied_keys(torch, ks))
+        self.refresh_local_state()
+        if bool(leaf(ks)) is not True:
+            raise _Fallback("torch's leaf does not accept the printed set under the current dispatch state")
+        return [self.spec(GuardKind.LAMBDA, self._src(node), (match, repr(match)), site)], (
+            "a tripwire predicate applying torch's rule in Python (torch's own leaf reads the "
+            "LocalState of its root's last check, which a LAMBDA calling it would not refresh)"
+        )
+
     def leaf_dual_level(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
         # torch prints the level it compares with: `torch.autograd.forward_ad._current_level == -1`.
         from ..tensors import _read_dual_level
@@ -1093,6 +1127,41 @@ class Converter:
         if bool(leaf({})) != (_read_dual_level() == level):
             raise _Fallback("the printed level disagrees with torch's leaf")
         return self._probe("torch_dual_level", level, site), ""
+
+
+def _applied_keys(torch: Any, ks: Any) -> int:
+    """torch's LocalState::apply with the current thread's state: (ks | included) - excluded,
+    the Python keys removed unless a dispatch mode without ignore_compile_internals is active."""
+    from ..tensors import _mask_python_keys
+
+    C = torch._C
+    KS = C.DispatchKeySet
+    out = KS.__sub__(KS.__or__(ks, C._dispatch_tls_local_include_set()), C._dispatch_tls_local_exclude_set())
+    if _mask_python_keys(torch):
+        for k in (C.DispatchKey.Python, C.DispatchKey.PythonTLSSnapshot, C.DispatchKey.PythonDispatcher):
+            out = KS.remove(out, k)
+    return int(KS.raw_repr(out))
+
+
+class DispatchKeySetMatch:
+    """Dynamo's DISPATCH_KEY_SET_MATCH as a predicate: the value is a torch._C.DispatchKeySet (its
+    type derives from it, as torch's pybind cast requires) whose key set, with the current
+    thread's include/exclude sets applied, equals ``expected`` (torch's rule). Reads through the
+    class's own methods, never a subclass's overrides."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+
+    def __call__(self, value: Any) -> bool:
+        torch = sys.modules["torch"]
+        if not issubclass(type(value), torch._C.DispatchKeySet):
+            return False
+        return _applied_keys(torch, value) == self.expected
+
+    def __repr__(self) -> str:
+        from ..tensors import dispatch_key_names
+
+        return f"DISPATCH_KEY_SET_MATCH(applied keys == {dispatch_key_names(self.expected)})"
 
 
 class _Fallback(Exception):
@@ -1149,6 +1218,7 @@ LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
     "DEFAULT_DEVICE": Converter.leaf_default_device,
     "AUTOGRAD_SAVED_TENSORS_HOOKS": Converter.leaf_saved_tensors_hooks,
     "DUAL_LEVEL_MATCH": Converter.leaf_dual_level,
+    "DISPATCH_KEY_SET_MATCH": Converter.leaf_dispatch_key_set,
 }
 # Leaf kinds with no exact tripwire form: evaluated by torch's own leaf (fallback="torch").
 TORCH_ONLY_KINDS: dict[str, str] = {
@@ -1159,7 +1229,6 @@ TORCH_ONLY_KINDS: dict[str, str] = {
     "FAKE_SCRIPT_TYPE_MATCH": "unwraps torch's FakeScriptObject",
     "LAMBDA_GUARD": "a Python lambda of torch's",
     "STORAGE_OVERLAPPING": "a storage-overlap relation between tensors (no tripwire kind yet)",
-    "DISPATCH_KEY_SET_MATCH": "a bare DispatchKeySet comparison (no tripwire kind)",
 }
 
 
