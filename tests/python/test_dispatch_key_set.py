@@ -72,7 +72,6 @@ STATES: dict[str, Callable[[], Any]] = {
     "nothing": contextlib.nullcontext,
     "include_conjugate": lambda: C._IncludeDispatchKeyGuard(DK.Conjugate),
     "exclude_conjugate": lambda: C._ExcludeDispatchKeyGuard(C.DispatchKeySet(DK.Conjugate)),
-    "exclude_autograd_cpu": lambda: C._ExcludeDispatchKeyGuard(C.DispatchKeySet(DK.AutogradCPU)),
 }
 
 
@@ -87,8 +86,10 @@ def values(ks: Any) -> dict[str, Any]:
         "minus_autograd": ks.remove(DK.AutogradCPU),
         "meta": C._dispatch_keys(torch.empty(2, device="meta")),
         "subclass_lying": SubKeySet(DK.CPU),
-        "int": ks.raw_repr(),
-        "none": None,
+        # Not a DispatchKeySet (an int, None): torch's pybind cast throws inside its root check,
+        # which then skips restoring the torch-function state it disabled for the accessors
+        # (the thread is left with torch functions ALL_DISABLED). Not tried against torch here;
+        # tripwire fails them (test_non_key_sets_fail).
     }
 
 
@@ -148,3 +149,12 @@ def test_global_dispatch_key_set_decides_as_torch() -> None:
                     assert gs.check({"x": x}) == torch_decides(gm, {"x": x}), (name, state)
     finally:
         KS = old
+
+
+def test_non_key_sets_fail() -> None:
+    x = torch.randn(3)
+    _compiled(local_fn, x, KS)
+    gs = guards_of(local_fn)
+    for v in (KS.raw_repr(), None, "CPU", object()):
+        assert gs.check({"x": x, "ks": v}) is False
+        assert reference.check(gs.guards, {"x": x, "ks": v}, local_fn.__globals__) is False
