@@ -78,6 +78,10 @@ std::string_view step_kind_name(StepKind k) {
         case StepKind::Size: return "SIZE";
         case StepKind::Stride: return "STRIDE";
         case StepKind::StorageOffset: return "STORAGE_OFFSET";
+        case StepKind::TensorSize: return "TENSOR_SIZE";
+        case StepKind::TensorStride: return "TENSOR_STRIDE";
+        case StepKind::TensorStorageOffset: return "TENSOR_STORAGE_OFFSET";
+        case StepKind::Grad: return "GRAD";
     }
     return "UNKNOWN";
 }
@@ -150,7 +154,13 @@ bool step_runs_user_code(StepKind k) {
         // of tensor fields is wired in (runtime/eval/tensor_props.hpp).
         case StepKind::Size:
         case StepKind::Stride:
-        case StepKind::StorageOffset: return true;
+        case StepKind::StorageOffset:
+        // The C++ tensor steps box what they read (a new int; THPVariable_Wrap of a grad that has
+        // no Python object yet), and an allocation can start a collection.
+        case StepKind::TensorSize:
+        case StepKind::TensorStride:
+        case StepKind::TensorStorageOffset:
+        case StepKind::Grad: return true;
     }
     return true;
 }

@@ -26,7 +26,8 @@ bool step_has_operand(StepKind k) {
 }
 bool step_has_index(StepKind k) {
     return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride;
+           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride ||
+           k == StepKind::TensorSize || k == StepKind::TensorStride;
 }
 
 void validate_step(const Step& s, std::size_t n_consts) {

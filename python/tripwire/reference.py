@@ -224,6 +224,35 @@ def _tp_name(t: type) -> str:
     return name if module == "builtins" else f"{module}.{name}"
 
 
+def _cpp_tensor_step(v: Any, k: StepKind, a: Any) -> Any:
+    """torch's TensorPropertyGuardAccessor / GradGuardAccessor, as guards.cpp reads them: the value
+    must be a torch.Tensor (its real type, not ``__class__``); then the C++ ``sym_size(a)``,
+    ``sym_stride(a)`` (``a >= dim`` fails), ``sym_storage_offset()`` (a symbolic value fails) or
+    ``grad()`` (None when undefined). Read through TensorBase's own C methods with every
+    ``__torch_function__`` (subclass and mode) disabled, so no override is consulted."""
+    torch = sys.modules.get("torch")
+    if torch is None or not issubclass(type(v), torch.Tensor):
+        raise FetchError(f"not a tensor ({type(v).__name__})")
+    base = torch._C.TensorBase
+    import warnings
+
+    with torch._C.DisableTorchFunction(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the non-leaf .grad warning: torch's accessor reads the field
+        if k is StepKind.GRAD:
+            return base.grad.__get__(v)
+        if k is not StepKind.TENSOR_STORAGE_OFFSET and a >= base.dim(v):
+            raise FetchError("tensor has too few dimensions")
+        if k is StepKind.TENSOR_SIZE:
+            out = base.size(v, a)
+        elif k is StepKind.TENSOR_STRIDE:
+            out = base.stride(v, a)
+        else:
+            out = base.storage_offset(v)
+    if type(out) is not int:
+        raise FetchError("symbolic values found")
+    return out
+
+
 def _is_ndarray(v: Any) -> bool:
     """Whether numpy.ndarray is among the classes of ``v`` (read from the type objects, as the
     engine does, without importing numpy)."""
@@ -285,6 +314,8 @@ def fetch_step(v: Any, step: Step) -> Any:
             if _is_ndarray(v):
                 raise AttributeError("a numpy array has no storage offset")
             return v.storage_offset()
+        if k in (StepKind.TENSOR_SIZE, StepKind.TENSOR_STRIDE, StepKind.TENSOR_STORAGE_OFFSET, StepKind.GRAD):
+            return _cpp_tensor_step(v, k, a)
         if k in (StepKind.DICT_KEY, StepKind.DICT_VALUE):
             if not isinstance(v, dict):
                 raise TypeError(f"dict position needs a dict, not {type(v).__name__}")

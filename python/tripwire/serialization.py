@@ -468,7 +468,7 @@ def loads(
 def _load(
     data: bytes, lookup: Callable[..., Any], f_globals: dict | None, use_module_globals: bool = False
 ) -> GuardSet:
-    from .guard_set import GuardSet
+    from .guard_set import GuardSet, reads_cpp_tensor
 
     doc = _decode(data)
     refs = doc.references
@@ -507,6 +507,8 @@ def _load(
     if kinds & {GuardKind.TENSOR_MATCH, GuardKind.DIMENSION_MARKING} or any(
         s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in checked
     ):
+        tensors.ensure_torch()
+    if any(reads_cpp_tensor(s) for s in checked):  # TENSOR_SIZE, ..., GRAD: the adapter only
         tensors.ensure_torch()
     if GuardKind.ARRAY_MATCH in kinds:
         tensors.ensure_numpy()
@@ -579,6 +581,8 @@ _INDEX_STEPS = (
     StepKind.DICT_VALUE,
     StepKind.SIZE,
     StepKind.STRIDE,
+    StepKind.TENSOR_SIZE,
+    StepKind.TENSOR_STRIDE,
 )
 _SYMBOL_TYPE_NAMES = ("int", "float")  # core::shape::ValueType
 

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "runtime/tensors/adapter_abi.h"
@@ -116,6 +117,56 @@ int tensor_fields(PyObject* obj, TwTensorFields* out) noexcept {
         return 1;
     } catch (...) {
         return 0;
+    }
+}
+
+// torch's THPVariable_Check without the `__class__` fallback of isinstance (an object faking its
+// class would be unpacked as a tensor there): the value's type derives from torch.Tensor.
+bool is_torch_tensor(PyObject* obj) {
+    return THPVariableClass != nullptr &&
+           PyType_IsSubtype(Py_TYPE(obj), reinterpret_cast<PyTypeObject*>(THPVariableClass));
+}
+
+// TensorPropertyGuardAccessor::check_nopybind, read for read (guards.cpp).
+int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) noexcept {
+    try {
+        if (!is_torch_tensor(obj)) return 0;
+        const at::Tensor& t = THPVariable_Unpack(obj);
+        std::optional<int64_t> v;
+        switch (prop) {
+            case 0:
+                if (index >= t.dim()) return 0;
+                v = t.sym_size(index).maybe_as_int();
+                break;
+            case 1:
+                if (index >= t.dim()) return 0;
+                v = t.sym_stride(index).maybe_as_int();
+                break;
+            case 2: v = t.sym_storage_offset().maybe_as_int(); break;
+            default: return 0;
+        }
+        if (!v.has_value()) return 0;
+        *out = *v;
+        return 1;
+    } catch (...) {
+        return 0;
+    }
+}
+
+// GradGuardAccessor::check_nopybind's value: THPVariable_Wrap of the C++ grad field.
+PyObject* cpp_tensor_grad(PyObject* obj) noexcept {
+    try {
+        if (!is_torch_tensor(obj)) return nullptr;
+        const at::Tensor& t = THPVariable_Unpack(obj);
+        if (!t.defined()) return nullptr;
+        // TensorImpl::grad() is the field Tensor::grad() returns, without its non-leaf warning
+        // (which would go through Python's warnings machinery here).
+        PyObject* g = THPVariable_Wrap(t.unsafeGetTensorImpl()->grad());
+        if (g == nullptr) PyErr_Clear();
+        return g;
+    } catch (...) {
+        PyErr_Clear();
+        return nullptr;
     }
 }
 
@@ -314,6 +365,8 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.dtype_code = dtype_code;
     g_table.device_equal = device_equal;
     g_table.saved_tensors_hooks_top = saved_tensors_hooks_top;
+    g_table.cpp_tensor_property = cpp_tensor_property;
+    g_table.cpp_tensor_grad = cpp_tensor_grad;
 
     PyObject* m = PyModule_Create(&g_module);
     if (m == nullptr) return nullptr;

@@ -16,7 +16,8 @@ bool step_has_operand(StepKind k) {
 }
 bool step_has_index(StepKind k) {
     return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride;
+           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride ||
+           k == StepKind::TensorSize || k == StepKind::TensorStride;
 }
 
 /// A SHAPE record's relation compiles on its own with its symbols bound in the text's order, and

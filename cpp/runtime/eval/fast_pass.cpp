@@ -423,6 +423,12 @@ void GuardSet::build_fast_pass() {
                 case core::StepKind::Size:
                 case core::StepKind::Stride:
                 case core::StepKind::StorageOffset: op.code = Code::TensorProp; break;
+                // torch's C++ tensor accessors: never a fast form (guard kNoSymbol below), so the
+                // subtree is the walk's, through the adapter.
+                case core::StepKind::TensorSize:
+                case core::StepKind::TensorStride:
+                case core::StepKind::TensorStorageOffset:
+                case core::StepKind::Grad: op.code = Code::TensorProp; break;
             }
             const core::Node& parent = program_.nodes[item.parent];
             op.settle = stamped[item.parent] && settle_step(n, module_like(program_, guards_, parent));
@@ -438,7 +444,7 @@ void GuardSet::build_fast_pass() {
             // a node that is an int symbol and nothing else (no guard, child or relational
             // operand) has the fast form. Any other is a residue subtree on every check
             // (guard == kNoSymbol), evaluated by the walk's code, which stores its symbol.
-            const bool fast_form = n.symbol != core::kNoSymbol &&
+            const bool fast_form = !core::is_cpp_tensor_step(n.step.kind) && n.symbol != core::kNoSymbol &&
                                    nodes_[item.node].symbol_type == core::shape::ValueType::Int &&
                                    n.guard_begin == n.guard_end && n.child_begin == n.child_end &&
                                    n.member_begin == n.member_end;
