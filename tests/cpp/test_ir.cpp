@@ -88,6 +88,8 @@ TEST(IrNames, StepKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(step_kind_name(StepKind::DictValue), "DICT_VALUE");
     EXPECT_EQ(step_kind_name(StepKind::Size), "SIZE");
     EXPECT_EQ(step_kind_name(StepKind::StorageOffset), "STORAGE_OFFSET");
+    EXPECT_EQ(step_kind_name(StepKind::TensorSize), "TENSOR_SIZE");
+    EXPECT_EQ(step_kind_name(StepKind::Grad), "GRAD");
 }
 
 TEST(IrNames, RootKindsAndBuiltinProbesAreNamed) {
@@ -118,7 +120,7 @@ TEST(IrNames, OutOfRangeKindsAreUnknown) {
 
 TEST(IrNames, CountsMatchTheLastEnumerator) {
     EXPECT_EQ(static_cast<int>(GuardKind::Shape) + 1, kGuardKindCount);
-    EXPECT_EQ(static_cast<int>(StepKind::StorageOffset) + 1, kStepKindCount);
+    EXPECT_EQ(static_cast<int>(StepKind::Grad) + 1, kStepKindCount);
 }
 
 TEST(IrShape, TableIsSelfConsistent) {
@@ -261,6 +263,12 @@ TEST(IrPurity, StepKinds) {
                        StepKind::Stride, StepKind::StorageOffset}) {
         EXPECT_TRUE(step_runs_user_code(k)) << step_kind_name(k);
     }
+    // The C++ tensor steps box what they read (an int, a grad's Python object): an allocation.
+    for (StepKind k : {StepKind::TensorSize, StepKind::TensorStride, StepKind::TensorStorageOffset, StepKind::Grad}) {
+        EXPECT_TRUE(step_runs_user_code(k)) << step_kind_name(k);
+        EXPECT_TRUE(is_cpp_tensor_step(k)) << step_kind_name(k);
+    }
+    EXPECT_FALSE(is_cpp_tensor_step(StepKind::Size));
     EXPECT_TRUE(step_runs_user_code(step_kind(kStepKindCount)));
 }
 
@@ -274,7 +282,7 @@ TEST(IrPurity, EveryKindIsClassified) {
     pure = impure = 0;
     for (int i = 0; i < kStepKindCount; ++i) (step_runs_user_code(step_kind(i)) ? impure : pure)++;
     EXPECT_EQ(pure, 4);
-    EXPECT_EQ(impure, 11);
+    EXPECT_EQ(impure, 15);
 }
 
 TEST(IrStep, EqualityComparesKindOperandAndIndex) {

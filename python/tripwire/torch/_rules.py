@@ -71,16 +71,14 @@ SHAPE_ENV = "SHAPE_ENV"
 CPP_SHAPE_GUARD = "SYMBOLIC_SHAPE_GUARD"
 _SIZE_STEPS = (StepKind.SIZE, StepKind.STRIDE, StepKind.STORAGE_OFFSET)
 
-# Accessors that reach into a tensor: every guard below them (other than torch's C++ shape guard,
-# imported from its printed relations) waits for a step that reads what torch reads. torch reads
-# the C++ tensor (``sym_size(i)`` / ``sym_stride(i)`` / ``sym_storage_offset()``, ``grad()``) and
-# fails on a non-tensor; tripwire's SIZE / STRIDE / STORAGE_OFFSET mean Python's ``x.size()[i]``
-# and fall back to calling it (a subclass's override, an instance attribute, a torch-function
-# mode, a patched ``torch.Tensor.size``), and an ``.grad`` ATTR step calls the getter, which
-# dispatches ``__torch_function__``: either would be laxer than torch (docs/torch.md).
-PENDING_ACCESSORS: dict[str, str] = {
-    "TensorPropertyGuardAccessor": "a step reading the C++ size/stride/storage offset only (no Python fallback)",
-    "GradGuardAccessor": "a step reading the tensor's C++ grad field (no __torch_function__)",
+# Accessors that reach into a tensor map onto the C++ tensor steps (TENSOR_SIZE, TENSOR_STRIDE,
+# TENSOR_STORAGE_OFFSET, GRAD), which read what torch reads (the C++ ``sym_size(i)`` / ... /
+# ``grad()`` through the adapter, failing on a non-tensor) and never a Python method. Nothing waits.
+PENDING_ACCESSORS: dict[str, str] = {}
+_TENSOR_PROPERTY_STEPS = {
+    "SIZE": StepKind.TENSOR_SIZE,
+    "STRIDE": StepKind.TENSOR_STRIDE,
+    "STORAGE_OFFSET": StepKind.TENSOR_STORAGE_OFFSET,
 }
 # Accessors with no tripwire step that reads the same thing.
 UNSUPPORTED_ACCESSORS: dict[str, str] = {
@@ -452,6 +450,25 @@ class Converter:
 
     def acc_type(self, parent: _Node, node: _Node) -> None:
         node.src = self._need_parent_src(parent, "TypeGuardAccessor").type()
+
+    def acc_tensor_property(self, parent: _Node, node: _Node) -> None:
+        kind = "TensorPropertyGuardAccessor"
+        src = self._need_parent_src(parent, kind)
+        text = node.torch.accessor_obj.repr()
+        m = re.match(r"TensorPropertyGuardAccessor<(?:TensorProperty::)?(\w+)>\((-?\d+)\)$", text)
+        step = _TENSOR_PROPERTY_STEPS.get(m.group(1)) if m else None
+        if m is None or step is None:
+            raise _Blocked("unsupported", f"a tensor property tripwire does not know ({text})", kind)
+        index = int(m.group(2))
+        if step is StepKind.TENSOR_STORAGE_OFFSET:
+            node.src = src.tensor_storage_offset()
+        elif index < 0:
+            raise _Blocked("unsupported", f"a negative dimension ({text})", kind)
+        else:
+            node.src = src.step(step, index)
+
+    def acc_grad(self, parent: _Node, node: _Node) -> None:
+        node.src = self._need_parent_src(parent, "GradGuardAccessor").grad()
 
     def acc_weakref_call(self, parent: _Node, node: _Node) -> None:
         node.src = self._need_parent_src(parent, "WeakRefCallGuardAccessor").step(StepKind.WEAKREF_CALL)
@@ -1176,6 +1193,8 @@ ACCESSOR_RULES: dict[str, Callable[[Converter, _Node, _Node], None]] = {
     "FuncDefaultsGuardAccessor": Converter.acc_func_defaults,
     "FuncKwDefaultsGuardAccessor": Converter.acc_func_kwdefaults,
     "ClosureGuardAccessor": Converter.acc_closure,
+    "TensorPropertyGuardAccessor": Converter.acc_tensor_property,
+    "GradGuardAccessor": Converter.acc_grad,
     "key": Converter.acc_dict_key,
     "value": Converter.acc_dict_value,
 }
