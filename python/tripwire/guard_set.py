@@ -533,7 +533,7 @@ def build_guard_set(
 def reads_cpp_tensor(spec: GuardSpec) -> bool:
     """Whether a guard's source, another source of a relational guard, or a SHAPE symbol has a step
     that reads the C++ tensor (TENSOR_SIZE, TENSOR_STRIDE, TENSOR_STORAGE_OFFSET, GRAD)."""
-    srcs = [spec.source, *(a for a in spec.args if isinstance(a, Source))]
+    srcs = [spec.source, *(a for a in spec.args if type(a) is Source)]  # never a __class__ lookup
     if spec.kind is _SHAPE:
         srcs += list(spec.args[1])
     return any(x is not None and x.reads_cpp_tensor for x in srcs)
