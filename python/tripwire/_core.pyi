@@ -48,6 +48,14 @@ class StepKind(enum.IntEnum):
 
     STORAGE_OFFSET = 14
 
+    TENSOR_SIZE = 15
+
+    TENSOR_STRIDE = 16
+
+    TENSOR_STORAGE_OFFSET = 17
+
+    GRAD = 18
+
 class GuardKind(enum.IntEnum):
     """The guard kinds of the catalogue (docs/guards.md)."""
 

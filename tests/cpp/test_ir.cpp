@@ -264,7 +264,8 @@ TEST(IrPurity, StepKinds) {
         EXPECT_TRUE(step_runs_user_code(k)) << step_kind_name(k);
     }
     // The C++ tensor steps box what they read (an int, a grad's Python object): an allocation.
-    for (StepKind k : {StepKind::TensorSize, StepKind::TensorStride, StepKind::TensorStorageOffset, StepKind::Grad}) {
+    for (StepKind k :
+         {StepKind::TensorSize, StepKind::TensorStride, StepKind::TensorStorageOffset, StepKind::Grad}) {
         EXPECT_TRUE(step_runs_user_code(k)) << step_kind_name(k);
         EXPECT_TRUE(is_cpp_tensor_step(k)) << step_kind_name(k);
     }

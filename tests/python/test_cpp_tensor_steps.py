@@ -99,7 +99,13 @@ def _values() -> list:
 
 def _sources() -> list[Source]:
     x = Source.local("x")
-    return [x.tensor_size(0), x.tensor_size(1), x.tensor_stride(0), x.tensor_stride(1), x.tensor_storage_offset()]
+    return [
+        x.tensor_size(0),
+        x.tensor_size(1),
+        x.tensor_stride(0),
+        x.tensor_stride(1),
+        x.tensor_storage_offset(),
+    ]
 
 
 def _sets() -> list:
@@ -220,9 +226,9 @@ def _torch_entry():
     zn.tensor_property_stride_manager(1, "L['z'].stride()[1]", 1, kind).add_equals_match_guard(
         1, ["L['z'].stride()[1] == 1"], None
     )
-    zn.tensor_property_storage_offset_manager(None, "L['z'].storage_offset()", 0, kind).add_equals_match_guard(
-        0, ["L['z'].storage_offset() == 0"], None
-    )
+    zn.tensor_property_storage_offset_manager(
+        None, "L['z'].storage_offset()", 0, kind
+    ).add_equals_match_guard(0, ["L['z'].storage_offset() == 0"], None)
     zn.grad_manager("L['z'].grad", None, kind).add_none_match_guard(["L['z'].grad is None"], None)
     return gm, x
 
@@ -291,7 +297,14 @@ def test_a_dynamic_compile_with_cpp_shape_guards_imports_guards_below_the_access
     assert shape and all(g.outcome == "native" for g in shape), shape
     with_grad = torch.randn(8, 3, requires_grad=True)
     with_grad.grad = torch.zeros(8, 3)
-    xs = [torch.randn(8, 3), torch.randn(12, 3), torch.randn(1, 3), torch.randn(4, 3), with_grad, torch.randn(6, 3)]
+    xs = [
+        torch.randn(8, 3),
+        torch.randn(12, 3),
+        torch.randn(1, 3),
+        torch.randn(4, 3),
+        with_grad,
+        torch.randn(6, 3),
+    ]
     decisions = set()
     for xv in xs:
         L = {**example, "x": xv}

@@ -99,7 +99,9 @@ PRINTED_ONE_WAY = [
 
 
 @pytest.mark.parametrize("source,text,parsed", PRINTED_ONE_WAY, ids=[t for _, t, _ in PRINTED_ONE_WAY])
-def test_cpp_tensor_steps_print_as_torch_and_parse_as_python_steps(source: Source, text: str, parsed: Source) -> None:
+def test_cpp_tensor_steps_print_as_torch_and_parse_as_python_steps(
+    source: Source, text: str, parsed: Source
+) -> None:
     assert str(source) == text
     assert source.reads_cpp_tensor and not parsed.reads_cpp_tensor
     assert Source.parse(text) == parsed != source

@@ -73,10 +73,11 @@ void refuse_cpp_tensor_steps_without_adapter(const core::GuardDecl& d) {
     bool any = has_cpp_tensor_step(d.source);
     for (const core::SourcePath& p : d.more_sources) any = any || has_cpp_tensor_step(p);
     for (const core::SourcePath& p : d.symbols) any = any || has_cpp_tensor_step(p);
-    if (any)
+    if (any) {
         throw core::InvalidProgram(
             "TENSOR_SIZE/TENSOR_STRIDE/TENSOR_STORAGE_OFFSET/GRAD steps read the C++ tensor and need the "
             "torch adapter (see tripwire.tensors.adapter_status())");
+    }
 }
 
 }  // namespace
