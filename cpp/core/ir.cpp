@@ -29,6 +29,7 @@ std::string_view guard_kind_name(GuardKind k) {
         case GuardKind::Alias: return "ALIAS";
         case GuardKind::NoAlias: return "NO_ALIAS";
         case GuardKind::Shape: return "SHAPE";
+        case GuardKind::StorageOverlapping: return "STORAGE_OVERLAPPING";
     }
     return "UNKNOWN";
 }
@@ -106,6 +107,8 @@ bool guard_runs_user_code(GuardKind k) {
         case GuardKind::ArrayMatch:
         case GuardKind::Alias:
         case GuardKind::NoAlias:
+        // Tensor metadata through the adapter (no Python object is made).
+        case GuardKind::StorageOverlapping:
         // Relations among numbers read into C++ registers; a big int is converted in place.
         case GuardKind::Shape: return false;
         // len() of a user type, key lookups that may meet a user key's __eq__, getattr,
@@ -129,7 +132,9 @@ bool guard_runs_user_code(GuardKind k) {
 
 bool guard_runs_user_code(const GuardDecl& d) { return d.via_python || guard_runs_user_code(d.kind); }
 
-bool is_relational(GuardKind k) { return k == GuardKind::Alias || k == GuardKind::NoAlias; }
+bool is_relational(GuardKind k) {
+    return k == GuardKind::Alias || k == GuardKind::NoAlias || k == GuardKind::StorageOverlapping;
+}
 
 bool step_runs_user_code(StepKind k) {
     switch (k) {
@@ -196,6 +201,7 @@ GuardShape guard_shape(GuardKind k) {
             return {true, true, true, true};
         case GuardKind::Alias:
         case GuardKind::NoAlias:
+        case GuardKind::StorageOverlapping:
             return {true, true, false, false};  // the other sources: more_sources
         // Its sources are its symbols (GuardDecl::symbols), not a single source.
         case GuardKind::Shape: return {false, false, false, false};

@@ -95,8 +95,11 @@ enum class GuardKind : std::uint8_t {
     Alias = 21,             ///< relational: the values at two sources are one object
     NoAlias = 22,           ///< relational: the values at two or more sources are distinct objects
     Shape = 23,             ///< relations among symbols (sizes, strides, numbers) read into registers
+    /// relational: torch's STORAGE_OVERLAPPING over tensors: the first `n` of its sources are
+    /// exactly the ones that may overlap another (torch's tensors_definitely_do_not_overlap)
+    StorageOverlapping = 24,
 };
-inline constexpr int kGuardKindCount = 24;
+inline constexpr int kGuardKindCount = 25;
 
 /// One step of a source path.
 struct Step {

@@ -136,6 +136,9 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
             more = [_source_decl(a[0], pool)]
         elif k is GuardKind.NO_ALIAS:
             more = [_source_decl(x, pool) for x in a[0]]
+        elif k is GuardKind.STORAGE_OVERLAPPING:
+            more, n = [_source_decl(x, pool) for x in a[0]], a[1]
+            tensors.ensure_torch()  # torch's overlap rule reads tensor metadata through the adapter
         elif k in _WEAK_KINDS:
             if k is GuardKind.TYPE_MATCH and not isinstance(a[0], type):
                 raise GuardBuildError(f"TYPE_MATCH on {s.source} needs a type, got {a[0]!r}")

@@ -508,7 +508,7 @@ def _load(
         s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in checked
     ):
         tensors.ensure_torch()
-    if any(reads_cpp_tensor(s) for s in checked):  # TENSOR_SIZE, ..., GRAD: the adapter only
+    if GuardKind.STORAGE_OVERLAPPING in kinds or any(reads_cpp_tensor(s) for s in checked):  # adapter only
         tensors.ensure_torch()
     if GuardKind.ARRAY_MATCH in kinds:
         tensors.ensure_numpy()
@@ -688,6 +688,8 @@ def _spec(
         args = (_source(d.more_sources[0], consts, bad, memo),)
     elif k is GuardKind.NO_ALIAS:
         args = (tuple(_source(p, consts, bad, memo) for p in d.more_sources),)
+    elif k is GuardKind.STORAGE_OVERLAPPING:
+        args = (tuple(_source(p, consts, bad, memo) for p in d.more_sources), d.n)
     else:
         args = ()
     source = None
@@ -834,6 +836,8 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
             args = (_source(d.more_sources[0], consts, bad),)
         elif k is GuardKind.NO_ALIAS:
             args = (tuple(_source(p, consts, bad) for p in d.more_sources),)
+        elif k is GuardKind.STORAGE_OVERLAPPING:
+            args = (tuple(_source(p, consts, bad) for p in d.more_sources), d.n)
         elif k is GuardKind.DICT_KEYS:
             args = (op2, d.flag)
         elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):

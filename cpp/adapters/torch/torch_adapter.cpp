@@ -170,6 +170,35 @@ PyObject* cpp_tensor_grad(PyObject* obj) noexcept {
     }
 }
 
+// torch's tensors_definitely_do_not_overlap<StaticMeta> (guards.cpp), read for read: true when x
+// and y, assumed to share a storage, cannot overlap.
+bool definitely_disjoint(const at::Tensor& x, const at::Tensor& y) {
+    if (x.is_same(y)) return false;
+    if (x.numel() == 0 || y.numel() == 0) return true;
+    if (x.storage_offset() > y.storage_offset()) return definitely_disjoint(y, x);
+    if (x.is_contiguous() && y.is_contiguous()) return x.storage_offset() + x.numel() <= y.storage_offset();
+    int64_t x_last = x.storage_offset();
+    for (int64_t i = 0; i < x.dim(); i++) x_last += (x.size(i) - 1) * x.stride(i);
+    if (x_last < y.storage_offset()) return true;
+    if (x.dim() == 2 && y.dim() == 2 && x.stride(1) == 1 && y.stride(1) == 1 && x.stride(0) == y.stride(0)) {
+        // Rows contiguous, one outer stride (torch's "shampoo optimizer" case).
+        const int64_t delta = y.storage_offset() - x.storage_offset();
+        if (delta < x.size(1)) return false;
+        if (x.stride(0) * (x.size(0) - 1) + x.size(1) <= delta) return true;
+        if (delta % x.stride(0) + y.size(1) <= x.stride(0)) return true;
+    }
+    return false;
+}
+
+int tensors_may_overlap(PyObject* x, PyObject* y) noexcept {
+    try {
+        if (!is_torch_tensor(x) || !is_torch_tensor(y)) return -1;
+        return definitely_disjoint(THPVariable_Unpack(x), THPVariable_Unpack(y)) ? 0 : 1;
+    } catch (...) {
+        return -1;
+    }
+}
+
 uint64_t apply_local_keys(uint64_t raw, int mask_python_keys) noexcept {
     return apply_local(c10::DispatchKeySet(c10::DispatchKeySet::RAW, raw), mask_python_keys).raw_repr();
 }
@@ -367,6 +396,7 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.saved_tensors_hooks_top = saved_tensors_hooks_top;
     g_table.cpp_tensor_property = cpp_tensor_property;
     g_table.cpp_tensor_grad = cpp_tensor_grad;
+    g_table.tensors_may_overlap = tensors_may_overlap;
 
     PyObject* m = PyModule_Create(&g_module);
     if (m == nullptr) return nullptr;

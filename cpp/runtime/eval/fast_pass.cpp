@@ -178,7 +178,7 @@ bool probe_holds(const RuntimeGuard& g) {
     thread_local std::vector<PyObject*> values, sorted;
     values.resize(n);
     for (std::size_t i = 0; i < n; ++i) values[i] = regs[nodes[i]];
-    return relation_holds(g.kind, values.data(), n, sorted);
+    return relation_holds(g.kind, values.data(), n, sorted, g.n);
 }
 
 // DICT_KEYS on a split table or equal-but-distinct keys: compared in place (PyDict_Next and
@@ -228,6 +228,7 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
         // Relational guards are never a node's guard (program_.relational); listed for -Wswitch.
         case core::GuardKind::Alias:
         case core::GuardKind::NoAlias:
+        case core::GuardKind::StorageOverlapping:
         // No form free of user code: getattr, iterator methods, predicates, Python probes.
         case core::GuardKind::HasAttr:
         case core::GuardKind::TupleIteratorLen:
@@ -281,7 +282,8 @@ GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
         case core::GuardKind::ArrayMatch:
         case core::GuardKind::DimensionMarking:
         case core::GuardKind::Alias:
-        case core::GuardKind::NoAlias: return Implied::Never;
+        case core::GuardKind::NoAlias:
+        case core::GuardKind::StorageOverlapping: return Implied::Never;
     }
     return Implied::Never;
 }

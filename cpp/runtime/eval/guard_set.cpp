@@ -145,6 +145,12 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                     d.via_python = true;
                 }
                 break;
+            case GuardKind::StorageOverlapping:
+                // torch's overlap rule on tensor metadata: the adapter's only (no Python reader).
+                if (torch_adapter() == nullptr)
+                    throw core::InvalidProgram("STORAGE_OVERLAPPING needs the torch adapter (see "
+                                               "tripwire.tensors.adapter_status())");
+                break;
             case GuardKind::EqualsMatch:
                 // python_eq: Python's == may call an element's __eq__ (python_equals.cpp).
                 d.via_python = d.flag;
@@ -529,7 +535,7 @@ int GuardSet::eval_relational(PyObject* const* slots) {
         PyObject* const* values = slots + rel_base_[gi];
         bool complete = true;
         for (std::size_t i = 0; i < n; ++i) complete = complete && values[i] != nullptr;
-        if (complete && relation_holds(guards_[gi].kind, values, n, rel_sort_)) continue;
+        if (complete && relation_holds(guards_[gi].kind, values, n, rel_sort_, guards_[gi].n)) continue;
         if (guard_fails_[gi] != 0xFFFFFFFFu) ++guard_fails_[gi];
         return 0;
     }
@@ -883,7 +889,7 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             values[i] = slots[rel_base_[gi] + i].get();
             complete = complete && values[i] != nullptr;
         }
-        if (!complete || relation_holds(guards_[gi].kind, values.data(), n, rel_sort_)) continue;
+        if (!complete || relation_holds(guards_[gi].kind, values.data(), n, rel_sort_, guards_[gi].n)) continue;
         Ref tuple = Ref::steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
         if (!tuple) {
             fatal = true;

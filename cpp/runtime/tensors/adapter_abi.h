@@ -21,7 +21,8 @@
 
 #define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
     4 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
-         3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad */
+         3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad, \
+         tensors_may_overlap */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -154,6 +155,12 @@ typedef struct TwTorchAdapter {
      * when obj is not a torch.Tensor instance or torch threw. May allocate (a grad with no Python
      * object yet gets one). Reads the field without the non-leaf warning of Tensor::grad(). */
     PyObject* (*cpp_tensor_grad)(PyObject* obj);
+    /* torch's STORAGE_OVERLAPPING pairwise test: 0 when torch's
+     * tensors_definitely_do_not_overlap<StaticMeta>(x, y) says they cannot overlap, 1 when they
+     * may, -1 when either is not a torch.Tensor instance or torch threw (swallowed). Reads
+     * metadata only (is_same, numel, storage_offset, is_contiguous, sizes, strides), as torch
+     * does: the storages themselves are not compared. */
+    int (*tensors_may_overlap)(PyObject* x, PyObject* y);
 } TwTorchAdapter;
 
 #ifdef __cplusplus
