@@ -224,6 +224,11 @@ def _tp_name(t: type) -> str:
     return name if module == "builtins" else f"{module}.{name}"
 
 
+def _has_python_key(torch: Any, v: Any) -> bool:
+    """Whether the tensor's own dispatch key set has the Python key (a __torch_dispatch__ tensor)."""
+    return torch._C._dispatch_keys(v).has(torch._C.DispatchKey.Python)
+
+
 def _may_overlap(x: Any, y: Any) -> bool:
     """torch's ``not tensors_definitely_do_not_overlap<StaticMeta>(x, y)`` (guards.cpp), on the C++
     metadata read with ``__torch_function__`` disabled; the storages are not compared."""
@@ -261,6 +266,8 @@ def _overlap_holds(values: tuple, n_overlapping: int) -> bool:
     torch = sys.modules.get("torch")
     if torch is None or not all(issubclass(type(v), torch.Tensor) for v in values):
         return False
+    if any(_has_python_key(torch, v) for v in values):  # its metadata may be Python code: not read
+        return False
     flagged = set()
     for i in range(len(values)):
         for j in range(i):
@@ -279,6 +286,8 @@ def _cpp_tensor_step(v: Any, k: StepKind, a: Any) -> Any:
     if torch is None or not issubclass(type(v), torch.Tensor):
         raise FetchError(f"not a tensor ({type(v).__name__})")
     base = torch._C.TensorBase
+    if k is not StepKind.GRAD and _has_python_key(torch, v):
+        raise FetchError("a __torch_dispatch__ tensor (its sizes may be Python code): not read")
     import warnings
 
     with torch._C.DisableTorchFunction(), warnings.catch_warnings():

@@ -58,8 +58,11 @@ TEST(IrNames, GuardKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(guard_kind_name(GuardKind::Shape), "SHAPE");
     EXPECT_EQ(guard_kind_name(GuardKind::TensorMatch), "TENSOR_MATCH");
     EXPECT_EQ(guard_kind_name(GuardKind::NoAlias), "NO_ALIAS");
-    // Every value below kGuardKindCount is a kind: 0..17, the tensor kinds 18..22, SHAPE 23.
-    EXPECT_EQ(known, 24);
+    // Every value below kGuardKindCount is a kind: 0..17, the tensor kinds 18..22, SHAPE 23,
+    // STORAGE_OVERLAPPING 24.
+    EXPECT_EQ(known, 25);
+    EXPECT_EQ(guard_kind_name(GuardKind::StorageOverlapping), "STORAGE_OVERLAPPING");
+    EXPECT_TRUE(is_relational(GuardKind::StorageOverlapping));
     EXPECT_EQ(static_cast<int>(GuardKind::TensorMatch), 18);
     EXPECT_EQ(static_cast<int>(GuardKind::NoAlias), 22);
     EXPECT_EQ(static_cast<int>(GuardKind::Shape), 23);
@@ -119,7 +122,7 @@ TEST(IrNames, OutOfRangeKindsAreUnknown) {
 }
 
 TEST(IrNames, CountsMatchTheLastEnumerator) {
-    EXPECT_EQ(static_cast<int>(GuardKind::Shape) + 1, kGuardKindCount);
+    EXPECT_EQ(static_cast<int>(GuardKind::StorageOverlapping) + 1, kGuardKindCount);
     EXPECT_EQ(static_cast<int>(StepKind::Grad) + 1, kStepKindCount);
 }
 
@@ -232,7 +235,8 @@ TEST(IrPurity, GuardKinds) {
     for (GuardKind k : {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone,
                         GuardKind::True, GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictKeys,
                         GuardKind::DictVersion, GuardKind::WeakrefAlive, GuardKind::TensorMatch,
-                        GuardKind::ArrayMatch, GuardKind::Alias, GuardKind::NoAlias, GuardKind::Shape}) {
+                        GuardKind::ArrayMatch, GuardKind::Alias, GuardKind::NoAlias, GuardKind::Shape,
+                        GuardKind::StorageOverlapping}) {
         EXPECT_FALSE(guard_runs_user_code(k)) << guard_kind_name(k);
         // ...unless the runtime evaluates the declaration through Python.
         GuardDecl d = minimal_decl(k);
@@ -278,7 +282,7 @@ TEST(IrPurity, EveryKindIsClassified) {
     // that was added to the enum but not to the tests.
     int pure = 0, impure = 0;
     for (int i = 0; i < kGuardKindCount; ++i) (guard_runs_user_code(guard_kind(i)) ? impure : pure)++;
-    EXPECT_EQ(pure, 15);
+    EXPECT_EQ(pure, 16);
     EXPECT_EQ(impure, 9);
     pure = impure = 0;
     for (int i = 0; i < kStepKindCount; ++i) (step_runs_user_code(step_kind(i)) ? impure : pure)++;

@@ -127,11 +127,19 @@ bool is_torch_tensor(PyObject* obj) {
            PyType_IsSubtype(Py_TYPE(obj), reinterpret_cast<PyTypeObject*>(THPVariableClass));
 }
 
+// A tensor of a __torch_dispatch__ subclass (the Python key): its sizes, strides or numel may be
+// answered by Python code (a wrapper subclass's custom sizes policy), which these readers must
+// never run. They say "could not read" instead (a fail: stricter than torch, which calls it).
+bool may_dispatch_to_python(const at::Tensor& t) {
+    return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+}
+
 // TensorPropertyGuardAccessor::check_nopybind, read for read (guards.cpp).
 int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) noexcept {
     try {
         if (!is_torch_tensor(obj)) return 0;
         const at::Tensor& t = THPVariable_Unpack(obj);
+        if (!t.defined() || may_dispatch_to_python(t)) return 0;
         std::optional<int64_t> v;
         switch (prop) {
             case 0:
@@ -149,6 +157,7 @@ int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) no
         *out = *v;
         return 1;
     } catch (...) {
+        PyErr_Clear();  // a python_error from a dispatch leaves the indicator set
         return 0;
     }
 }
@@ -193,8 +202,12 @@ bool definitely_disjoint(const at::Tensor& x, const at::Tensor& y) {
 int tensors_may_overlap(PyObject* x, PyObject* y) noexcept {
     try {
         if (!is_torch_tensor(x) || !is_torch_tensor(y)) return -1;
-        return definitely_disjoint(THPVariable_Unpack(x), THPVariable_Unpack(y)) ? 0 : 1;
+        const at::Tensor& tx = THPVariable_Unpack(x);
+        const at::Tensor& ty = THPVariable_Unpack(y);
+        if (!tx.defined() || !ty.defined() || may_dispatch_to_python(tx) || may_dispatch_to_python(ty)) return -1;
+        return definitely_disjoint(tx, ty) ? 0 : 1;
     } catch (...) {
+        PyErr_Clear();
         return -1;
     }
 }

@@ -148,7 +148,8 @@ typedef struct TwTorchAdapter {
      * THPVariable_Check, without its `__class__` lookup) whose value torch reads as a plain int
      * (sym_size(index) / sym_stride(index) / sym_storage_offset(), maybe_as_int); 0 when torch's
      * accessor fails: not a tensor, index >= dim, a symbolic value, or torch threw (swallowed).
-     * A tensor whose sizes policy is custom (a Python wrapper subclass) may run its dispatch. */
+     * A tensor with the Python dispatch key (a __torch_dispatch__ subclass, whose sizes may be
+     * answered by Python) is not read: 0 (stricter than torch, which would run that code). */
     int (*cpp_tensor_property)(PyObject* obj, int prop, int64_t index, int64_t* out);
     /* torch's GradGuardAccessor (the GRAD step): a new reference to the tensor's C++ grad field
      * wrapped as THPVariable_Wrap does (Py_None when undefined), or null, with no error set,
@@ -159,7 +160,8 @@ typedef struct TwTorchAdapter {
      * tensors_definitely_do_not_overlap<StaticMeta>(x, y) says they cannot overlap, 1 when they
      * may, -1 when either is not a torch.Tensor instance or torch threw (swallowed). Reads
      * metadata only (is_same, numel, storage_offset, is_contiguous, sizes, strides), as torch
-     * does: the storages themselves are not compared. */
+     * does: the storages themselves are not compared. -1 for a tensor with the Python dispatch
+     * key (its metadata may be answered by Python code). */
     int (*tensors_may_overlap)(PyObject* x, PyObject* y);
 } TwTorchAdapter;
 
