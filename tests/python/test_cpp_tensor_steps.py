@@ -56,6 +56,21 @@ class LyingMode(TorchFunctionMode):
         return 99
 
 
+class PythonSizes(torch.Tensor):
+    """A wrapper subclass whose sizes are answered by Python (``__torch_dispatch__``): reading them
+    would run user code inside the engine, so the C++ steps never do (the guard fails)."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, dtype=elem.dtype, dispatch_sizes_strides_policy="sizes"
+        )
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError("the engine must not ask")
+
+
 class FakeClass:
     """isinstance(FakeClass(), torch.Tensor) is True through ``__class__``; it is no tensor."""
 
@@ -156,6 +171,10 @@ def test_reads_the_cpp_tensor_where_python_would_not() -> None:
         assert size0.check({"x": t8}) and not size0.check({"x": t7})
     # Not a tensor (its __class__ lies): fails, without unpacking it as one.
     assert not size0.check({"x": FakeClass()}) and not grad_none.check({"x": FakeClass()})
+    wrapper = PythonSizes(torch.randn(8, 3))
+    for gs in (size0, offset):
+        assert not gs.check({"x": wrapper}) and not reference.check(gs.guards, {"x": wrapper})
+    assert grad_none.check({"x": wrapper})  # grad() is a field: read as torch reads it
     why = str(size0.why_not({"x": 3}))
     assert "not a tensor" in why and "L['x'].size()[0]" in why
 

@@ -27,6 +27,12 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
 pytestmark = pytest.mark.torch
 
 
+class _Dispatching(torch.Tensor):
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError("the engine must not ask")
+
+
 def _triples() -> list[tuple]:
     base = torch.arange(40.0)
     grid = torch.arange(64.0).reshape(8, 8)
@@ -45,6 +51,8 @@ def _triples() -> list[tuple]:
     shared = torch.randn(6)
     out.append((shared, shared, base[0:6]))  # one object twice (is_same)
     out.append((base[0:6], 3, base[20:26]))  # a non-tensor
+    wrapper = torch.Tensor._make_wrapper_subclass(_Dispatching, (6,), dispatch_sizes_strides_policy="sizes")
+    out.append((wrapper, base[0:6], base[20:26]))  # its metadata is Python code: never read (fails)
     return out
 
 
