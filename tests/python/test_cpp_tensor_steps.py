@@ -203,22 +203,37 @@ def test_round_trip_decides_the_same() -> None:
 
 
 def test_refused_without_the_adapter() -> None:
-    """No reader but the adapter has torch's meaning: without it the set is refused at build."""
-    from tripwire import _core
+    """No reader but the adapter has torch's meaning: in a process whose adapter does not load,
+    a set naming a C++ tensor step or STORAGE_OVERLAPPING is refused at build and at load."""
+    import subprocess
+    import sys
 
-    if not _core.torch_adapter_installed():
-        with pytest.raises(tw.GuardBuildError, match="need the torch adapter"):
-            _sets()
-        return
-    # With the adapter loaded (this process), the refusal is the binding's: pinned by message in
-    # the C++ source; the Python readers switch does not route these steps through Python.
-    forced = _core._force_python_readers(True)
+    data_steps = _sets()[0].to_bytes()
+    base = torch.arange(4.0)
+    b = GuardBuilder({"a": base[:2], "b": base[2:]})
+    b.storage_overlapping(non_overlapping=["L['a']", "L['b']"])
+    data_overlap = b.build().to_bytes()
+    code = f"""
+import sys
+sys.modules["tripwire._torch_adapter"] = None  # the adapter does not load
+import torch, tripwire as tw
+from tripwire import GuardBuilder, Source
+
+def build_steps():
+    b = GuardBuilder({{"x": torch.randn(8, 3)}})
+    b.equals(Source.local("x").tensor_size(0), 8)
+    b.build()
+
+for build in (build_steps, lambda: tw.GuardSet.from_bytes({data_steps!r}), lambda: tw.GuardSet.from_bytes({data_overlap!r})):
     try:
-        sets = _sets()
-        lying = torch.randn(8, 3).as_subclass(LyingMethods)
-        assert sets[0].check({"x": lying}) and not sets[0].check({"x": torch.randn(7, 3)})
-    finally:
-        _core._force_python_readers(forced)
+        build()
+        print("built")
+    except (tw.GuardBuildError, tw.FormatError) as e:
+        print("refused" if "torch adapter" in str(e) else repr(e))
+print(tw._core.torch_adapter_installed())
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["refused", "refused", "refused", "False"], (r.stdout, r.stderr[-2000:])
 
 
 # -- against torch's own accessors -----------------------------------------------------------------
