@@ -27,6 +27,12 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
+tw.tensors.ensure_torch()
+# These read only through the torch adapter (the ASan build has none: there a set is refused).
+needs_adapter = pytest.mark.skipif(
+    not tw._core.torch_adapter_installed(), reason="the torch adapter is not loaded in this build"
+)
+
 
 class LyingMethods(torch.Tensor):
     """Python-level reads of this subclass disagree with the C++ tensor."""
@@ -145,6 +151,7 @@ def _sets() -> list:
     return out
 
 
+@needs_adapter
 def test_engine_equals_reference_on_tensors_subclasses_and_non_tensors() -> None:
     sets = _sets()
     seen = {True: 0, False: 0}
@@ -158,6 +165,7 @@ def test_engine_equals_reference_on_tensors_subclasses_and_non_tensors() -> None
     assert seen[True] and seen[False], seen
 
 
+@needs_adapter
 def test_reads_the_cpp_tensor_where_python_would_not() -> None:
     size0, _, _, _, offset, grad_none, _ = _sets()
     lying = torch.randn(8, 3).as_subclass(LyingMethods)
@@ -179,6 +187,7 @@ def test_reads_the_cpp_tensor_where_python_would_not() -> None:
     assert "not a tensor" in why and "L['x'].size()[0]" in why
 
 
+@needs_adapter
 def test_printed_as_torch_prints_and_marked_in_explain() -> None:
     x = Source.local("x")
     assert [str(s) for s in (x.tensor_size(1), x.tensor_stride(0), x.tensor_storage_offset(), x.grad())] == [
@@ -193,6 +202,7 @@ def test_printed_as_torch_prints_and_marked_in_explain() -> None:
     assert "[TENSOR_SIZE: the C++ tensor, torch adapter only]" in text
 
 
+@needs_adapter
 def test_round_trip_decides_the_same() -> None:
     for gs in _sets():
         loaded = tw.GuardSet.from_bytes(gs.to_bytes())
@@ -208,6 +218,14 @@ def test_refused_without_the_adapter() -> None:
     import subprocess
     import sys
 
+    if not tw._core.torch_adapter_installed():  # this process has none (the ASan build)
+        with pytest.raises(tw.GuardBuildError, match="torch adapter"):
+            _sets()
+        with pytest.raises(tw.GuardBuildError, match="torch adapter"):
+            b0 = GuardBuilder({"a": torch.randn(2), "b": torch.randn(2)})
+            b0.storage_overlapping(overlapping=["L['a']", "L['b']"])
+            b0.build()
+        return
     data_steps = _sets()[0].to_bytes()
     base = torch.arange(4.0)
     b = GuardBuilder({"a": base[:2], "b": base[2:]})
@@ -267,6 +285,7 @@ def _torch_entry():
     return gm, x
 
 
+@needs_adapter
 def test_guards_of_imports_tensor_property_and_grad_accessors_and_decides_as_torch() -> None:
     gm, x = _torch_entry()
     gs = tw.torch.guards_of(f_two)
@@ -299,6 +318,7 @@ def f_cpp_path(x, y, s):
     return x.reshape(-1, 4).sum() * s + y[: x.shape[0] // 2].sum()
 
 
+@needs_adapter
 def test_a_dynamic_compile_with_cpp_shape_guards_imports_guards_below_the_accessor() -> None:
     """torch's C++ shape guard path (dynamic=True, enable_cpp_symbolic_shape_guards) hangs the
     shape guard below TensorPropertyGuardAccessor nodes; a guard added below the same nodes (and

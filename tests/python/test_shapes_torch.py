@@ -408,6 +408,10 @@ def test_guards_of_imports_torchs_cpp_shape_guard() -> None:
     assert imported.why_not(nan).reason == "not math.isnan(L['s']) is false with L['s'] = nan"
 
 
+@pytest.mark.skipif(
+    (tw.tensors.ensure_torch() or True) and not tw._core.torch_adapter_installed(),
+    reason="the C++ tensor steps need the torch adapter",
+)
 def test_tensor_property_and_grad_accessors_are_named_imported_and_droppable() -> None:
     """torch 2.13 binds TensorPropertyGuardAccessor, GradGuardAccessor and IndexedGuardAccessor as
     plain ``GuardAccessor`` objects: the importer names them from their repr, so a guard below one
