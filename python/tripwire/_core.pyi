@@ -107,6 +107,8 @@ class GuardKind(enum.IntEnum):
 
     SHAPE = 23
 
+    STORAGE_OVERLAPPING = 24
+
 class Step:
     """One step of a source as the engine reads it."""
 

@@ -232,11 +232,11 @@ TEST(IrShape, BuiltinProbes) {
 TEST(IrPurity, GuardKinds) {
     // Identity, exact-type and in-place structural comparisons never run user code and never
     // allocate (an allocation may start a collection that runs finalizers)...
-    for (GuardKind k : {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone,
-                        GuardKind::True, GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictKeys,
-                        GuardKind::DictVersion, GuardKind::WeakrefAlive, GuardKind::TensorMatch,
-                        GuardKind::ArrayMatch, GuardKind::Alias, GuardKind::NoAlias, GuardKind::Shape,
-                        GuardKind::StorageOverlapping}) {
+    for (GuardKind k :
+         {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone, GuardKind::True,
+          GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictKeys, GuardKind::DictVersion,
+          GuardKind::WeakrefAlive, GuardKind::TensorMatch, GuardKind::ArrayMatch, GuardKind::Alias,
+          GuardKind::NoAlias, GuardKind::Shape, GuardKind::StorageOverlapping}) {
         EXPECT_FALSE(guard_runs_user_code(k)) << guard_kind_name(k);
         // ...unless the runtime evaluates the declaration through Python.
         GuardDecl d = minimal_decl(k);

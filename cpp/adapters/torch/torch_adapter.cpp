@@ -204,7 +204,8 @@ int tensors_may_overlap(PyObject* x, PyObject* y) noexcept {
         if (!is_torch_tensor(x) || !is_torch_tensor(y)) return -1;
         const at::Tensor& tx = THPVariable_Unpack(x);
         const at::Tensor& ty = THPVariable_Unpack(y);
-        if (!tx.defined() || !ty.defined() || may_dispatch_to_python(tx) || may_dispatch_to_python(ty)) return -1;
+        if (!tx.defined() || !ty.defined() || may_dispatch_to_python(tx) || may_dispatch_to_python(ty))
+            return -1;
         return definitely_disjoint(tx, ty) ? 0 : 1;
     } catch (...) {
         PyErr_Clear();

@@ -209,7 +209,8 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
         case GuardKind::DimensionMarking: return dimension_marking(g, v);
         case GuardKind::Alias:
         case GuardKind::NoAlias:
-        case GuardKind::StorageOverlapping: return 0;  // relational: decided by the GuardSet, never on one value
+        case GuardKind::StorageOverlapping:
+            return 0;  // relational: decided by the GuardSet, never on one value
     }
     return 0;
 }

@@ -147,9 +147,11 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                 break;
             case GuardKind::StorageOverlapping:
                 // torch's overlap rule on tensor metadata: the adapter's only (no Python reader).
-                if (torch_adapter() == nullptr)
-                    throw core::InvalidProgram("STORAGE_OVERLAPPING needs the torch adapter (see "
-                                               "tripwire.tensors.adapter_status())");
+                if (torch_adapter() == nullptr) {
+                    throw core::InvalidProgram(
+                        "STORAGE_OVERLAPPING needs the torch adapter (see "
+                        "tripwire.tensors.adapter_status())");
+                }
                 break;
             case GuardKind::EqualsMatch:
                 // python_eq: Python's == may call an element's __eq__ (python_equals.cpp).
@@ -889,7 +891,8 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             values[i] = slots[rel_base_[gi] + i].get();
             complete = complete && values[i] != nullptr;
         }
-        if (!complete || relation_holds(guards_[gi].kind, values.data(), n, rel_sort_, guards_[gi].n)) continue;
+        if (!complete || relation_holds(guards_[gi].kind, values.data(), n, rel_sort_, guards_[gi].n))
+            continue;
         Ref tuple = Ref::steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
         if (!tuple) {
             fatal = true;

@@ -111,8 +111,9 @@ Fetched fetch_cpp_tensor_step(const RuntimeStep& step, PyObject* v) {
     if (step.kind == core::StepKind::TensorSize) prop = 0;
     if (step.kind == core::StepKind::TensorStride) prop = 1;
     std::int64_t value = 0;
-    if (ad->cpp_tensor_property(v, prop, step.index, &value) != 1)
+    if (ad->cpp_tensor_property(v, prop, step.index, &value) != 1) {
         return {nullptr, false, FetchStatus::Missing};
+    }
     return owned_or_error(PyLong_FromLongLong(value));
 }
 
