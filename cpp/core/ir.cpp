@@ -29,6 +29,7 @@ std::string_view guard_kind_name(GuardKind k) {
         case GuardKind::Alias: return "ALIAS";
         case GuardKind::NoAlias: return "NO_ALIAS";
         case GuardKind::Shape: return "SHAPE";
+        case GuardKind::StorageOverlapping: return "STORAGE_OVERLAPPING";
     }
     return "UNKNOWN";
 }
@@ -80,6 +81,10 @@ std::string_view step_kind_name(StepKind k) {
         case StepKind::Size: return "SIZE";
         case StepKind::Stride: return "STRIDE";
         case StepKind::StorageOffset: return "STORAGE_OFFSET";
+        case StepKind::TensorSize: return "TENSOR_SIZE";
+        case StepKind::TensorStride: return "TENSOR_STRIDE";
+        case StepKind::TensorStorageOffset: return "TENSOR_STORAGE_OFFSET";
+        case StepKind::Grad: return "GRAD";
     }
     return "UNKNOWN";
 }
@@ -104,6 +109,8 @@ bool guard_runs_user_code(GuardKind k) {
         case GuardKind::ArrayMatch:
         case GuardKind::Alias:
         case GuardKind::NoAlias:
+        // Tensor metadata through the adapter (no Python object is made).
+        case GuardKind::StorageOverlapping:
         // Relations among numbers read into C++ registers; a big int is converted in place.
         case GuardKind::Shape: return false;
         // len() of a user type, key lookups that may meet a user key's __eq__, getattr,
@@ -127,7 +134,9 @@ bool guard_runs_user_code(GuardKind k) {
 
 bool guard_runs_user_code(const GuardDecl& d) { return d.via_python || guard_runs_user_code(d.kind); }
 
-bool is_relational(GuardKind k) { return k == GuardKind::Alias || k == GuardKind::NoAlias; }
+bool is_relational(GuardKind k) {
+    return k == GuardKind::Alias || k == GuardKind::NoAlias || k == GuardKind::StorageOverlapping;
+}
 
 bool step_runs_user_code(StepKind k) {
     switch (k) {
@@ -152,7 +161,13 @@ bool step_runs_user_code(StepKind k) {
         // of tensor fields is wired in (runtime/eval/tensor_props.hpp).
         case StepKind::Size:
         case StepKind::Stride:
-        case StepKind::StorageOffset: return true;
+        case StepKind::StorageOffset:
+        // The C++ tensor steps box what they read (a new int; THPVariable_Wrap of a grad that has
+        // no Python object yet), and an allocation can start a collection.
+        case StepKind::TensorSize:
+        case StepKind::TensorStride:
+        case StepKind::TensorStorageOffset:
+        case StepKind::Grad: return true;
     }
     return true;
 }
@@ -188,6 +203,7 @@ GuardShape guard_shape(GuardKind k) {
             return {true, true, true, true};
         case GuardKind::Alias:
         case GuardKind::NoAlias:
+        case GuardKind::StorageOverlapping:
             return {true, true, false, false};  // the other sources: more_sources
         // Its sources are its symbols (GuardDecl::symbols), not a single source.
         case GuardKind::Shape: return {false, false, false, false};

@@ -52,8 +52,22 @@ enum class StepKind : std::uint8_t {
     Size = 12,           ///< v.size()[index] (numpy arrays: v.shape[index])
     Stride = 13,         ///< v.stride()[index] (numpy arrays: v.strides[index], in bytes)
     StorageOffset = 14,  ///< v.storage_offset() (numpy arrays have none: missing)
+    // torch's TensorPropertyGuardAccessor and GradGuardAccessor: the C++ tensor's own fields,
+    // read through the torch adapter and never through a Python method. A value whose type does
+    // not derive from torch's TensorBase (or one torch refuses to read) is missing. Printed as
+    // torch prints their sources (docs/guards.md, "C++ tensor steps").
+    TensorSize = 15,           ///< sym_size(index) as an int; index >= dim: missing
+    TensorStride = 16,         ///< sym_stride(index) as an int; index >= dim or no strides: missing
+    TensorStorageOffset = 17,  ///< sym_storage_offset() as an int; no strides: missing
+    Grad = 18,                 ///< the C++ grad() field; None when undefined
 };
-inline constexpr int kStepKindCount = 15;
+inline constexpr int kStepKindCount = 19;
+
+/// Whether a step reads the C++ tensor through the torch adapter only (TensorSize..Grad).
+constexpr bool is_cpp_tensor_step(StepKind k) {
+    return k == StepKind::TensorSize || k == StepKind::TensorStride || k == StepKind::TensorStorageOffset ||
+           k == StepKind::Grad;
+}
 
 /// Guard kinds of the catalogue (docs/guards.md).
 enum class GuardKind : std::uint8_t {
@@ -81,8 +95,11 @@ enum class GuardKind : std::uint8_t {
     Alias = 21,             ///< relational: the values at two sources are one object
     NoAlias = 22,           ///< relational: the values at two or more sources are distinct objects
     Shape = 23,             ///< relations among symbols (sizes, strides, numbers) read into registers
+    /// relational: torch's STORAGE_OVERLAPPING over tensors: the first `n` of its sources are
+    /// exactly the ones that may overlap another (torch's tensors_definitely_do_not_overlap)
+    StorageOverlapping = 24,
 };
-inline constexpr int kGuardKindCount = 24;
+inline constexpr int kGuardKindCount = 25;
 
 /// One step of a source path.
 struct Step {

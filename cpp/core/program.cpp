@@ -26,7 +26,8 @@ bool step_has_operand(StepKind k) {
 }
 bool step_has_index(StepKind k) {
     return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride;
+           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride ||
+           k == StepKind::TensorSize || k == StepKind::TensorStride;
 }
 
 void validate_step(const Step& s, std::size_t n_consts) {
@@ -84,6 +85,11 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
         const std::size_t n = d.more_sources.size();
         if (d.kind == GuardKind::Alias ? n != 1 : (n < 1 || n > kMaxRelationalSources)) {
             fail(name + " has a bad number of sources");
+        }
+        // STORAGE_OVERLAPPING: `n` sources (the first ones) overlap; never exactly one.
+        if (d.kind == GuardKind::StorageOverlapping &&
+            (d.n < 0 || d.n == 1 || d.n > static_cast<std::int64_t>(n + 1))) {
+            fail(name + " has a bad number of overlapping sources");
         }
         for (const SourcePath& src : d.more_sources) validate_source(src, n_consts);
     } else if (!d.more_sources.empty()) {

@@ -48,6 +48,14 @@ class StepKind(enum.IntEnum):
 
     STORAGE_OFFSET = 14
 
+    TENSOR_SIZE = 15
+
+    TENSOR_STRIDE = 16
+
+    TENSOR_STORAGE_OFFSET = 17
+
+    GRAD = 18
+
 class GuardKind(enum.IntEnum):
     """The guard kinds of the catalogue (docs/guards.md)."""
 
@@ -98,6 +106,8 @@ class GuardKind(enum.IntEnum):
     NO_ALIAS = 22
 
     SHAPE = 23
+
+    STORAGE_OVERLAPPING = 24
 
 class Step:
     """One step of a source as the engine reads it."""

@@ -460,6 +460,25 @@ class GuardBuilder:
             raise GuardBuildError("NO_ALIAS lists a source twice: it could never hold")
         return self.add(GuardKind.NO_ALIAS, srcs[0], (tuple(srcs[1:]),))
 
+    def storage_overlapping(
+        self, *, overlapping: Iterable[SourceLike] = (), non_overlapping: Iterable[SourceLike] = ()
+    ) -> GuardSpec:
+        """STORAGE_OVERLAPPING (torch's guard of that name): over the tensors at all these sources,
+        exactly the ``overlapping`` ones may overlap another by torch's rule (pairwise
+        ``tensors_definitely_do_not_overlap`` on storage offset, sizes, strides and contiguity; the
+        storages themselves are not compared), and the ``non_overlapping`` ones overlap none.
+        Decided in C++ through the torch adapter (refused without it); a non-tensor fails."""
+        over = [Source.parse(s) for s in overlapping]
+        rest = [Source.parse(s) for s in non_overlapping]
+        srcs = over + rest
+        if len(srcs) < 2:
+            raise GuardBuildError("STORAGE_OVERLAPPING needs at least two sources")
+        if len(set(srcs)) != len(srcs):
+            raise GuardBuildError("STORAGE_OVERLAPPING lists a source twice")
+        if len(over) == 1:
+            raise GuardBuildError("STORAGE_OVERLAPPING with one overlapping tensor could never hold")
+        return self.add(GuardKind.STORAGE_OVERLAPPING, srcs[0], (tuple(srcs[1:]), len(over)))
+
     def baseline(self, name: str, value: Any) -> None:
         """Record framework state the guards are built under (a constant, e.g. a dispatch-key
         set or a mode): saved with the set, so that a kind whose meaning depends on it answers

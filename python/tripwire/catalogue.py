@@ -30,6 +30,9 @@ ARRAY_MATCH           (type, ArrayExpectation)                   required
 DIMENSION_MARKING     (DimensionMarkings,)                       required
 ALIAS                 (other: Source,)                           required (the first source)
 NO_ALIAS              (others: tuple[Source, ...],)              required (the first source)
+STORAGE_OVERLAPPING   (others: tuple[Source, ...],                required (the first source;
+                      n_overlapping: int)                        the first n_overlapping of all
+                                                                 the sources may overlap)
 SHAPE                 (relation: str, symbols: tuple[Source],    None (its symbols are its
                       types: tuple["int" | "float"])             sources)
 ====================  =========================================  ==========================
@@ -194,6 +197,8 @@ class GuardSpec:
             return f"{self.source} is {a[0]}"
         if k is GuardKind.NO_ALIAS:
             return "distinct objects"
+        if k is GuardKind.STORAGE_OVERLAPPING:
+            return _overlap_text(self.sources, a[1])
         return a[0]  # SHAPE: the relation's text; the rest: the operand
 
     @property
@@ -203,7 +208,7 @@ class GuardSpec:
             return ()
         if self.kind is GuardKind.ALIAS:
             return (self.source, self.args[0])
-        if self.kind is GuardKind.NO_ALIAS:
+        if self.kind in (GuardKind.NO_ALIAS, GuardKind.STORAGE_OVERLAPPING):
             return (self.source, *self.args[0])
         return (self.source,)
 
@@ -269,9 +274,18 @@ class GuardSpec:
             return f"{s} is {a[0]}"
         if k is GuardKind.NO_ALIAS:
             return "no_alias(" + ", ".join(str(x) for x in self.sources) + ")"
+        if k is GuardKind.STORAGE_OVERLAPPING:
+            return _overlap_text(self.sources, a[1])
         if k is GuardKind.SHAPE:
             return a[0]
         return f"lambda: {a[1]}"  # LAMBDA
+
+
+def _overlap_text(sources: tuple, n_overlapping: int) -> str:
+    """STORAGE_OVERLAPPING printed as torch prints it."""
+    over = ", ".join(str(s) for s in sources[:n_overlapping])
+    rest = ", ".join(str(s) for s in sources[n_overlapping:])
+    return f"check_overlapping(overlapping=[{over}], non_overlapping=[{rest}])"
 
 
 def _type_name(t: type) -> str:

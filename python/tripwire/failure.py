@@ -264,6 +264,11 @@ def make_failure(
         reason = f"{where}: {kind} {details}"
     elif spec.kind is GuardKind.DIMENSION_MARKING:
         reason = f"{where}: {kind} {_marking_text(spec, value)}"
+    elif spec.kind is GuardKind.STORAGE_OVERLAPPING and type(value) is tuple:
+        reason = (
+            f"{where}: STORAGE_OVERLAPPING expected {spec.expected} (torch's rule on storage offsets, "
+            "sizes and strides), got another overlap relation or a non-tensor"
+        )
     elif spec.kind in (GuardKind.ALIAS, GuardKind.NO_ALIAS) and type(value) is tuple:
         reason = f"{where}: {_relation_text(spec, value)}"
     elif spec.kind is GuardKind.GLOBAL_STATE and spec.args[0] in _TORCH_PROBES:

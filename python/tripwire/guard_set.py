@@ -19,7 +19,7 @@ from . import _core, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
-from .source import Source, key_identity
+from .source import CPP_TENSOR_STEPS, Source, key_identity
 
 __all__ = ["GuardSet", "build_guard_set"]
 
@@ -97,6 +97,8 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
     uses against its own (core::guard_shape) when it compiles."""
     decls = []
     shape_support = False
+    if any(reads_cpp_tensor(s) for s in specs):
+        tensors.ensure_torch()  # the C++ tensor steps read only through the adapter
     for s in specs:
         k, a = s.kind, s.args
         if k is _SHAPE:
@@ -135,6 +137,9 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
             more = [_source_decl(a[0], pool)]
         elif k is GuardKind.NO_ALIAS:
             more = [_source_decl(x, pool) for x in a[0]]
+        elif k is GuardKind.STORAGE_OVERLAPPING:
+            more, n = [_source_decl(x, pool) for x in a[0]], a[1]
+            tensors.ensure_torch()  # torch's overlap rule reads tensor metadata through the adapter
         elif k in _WEAK_KINDS:
             if k is GuardKind.TYPE_MATCH and not isinstance(a[0], type):
                 raise GuardBuildError(f"TYPE_MATCH on {s.source} needs a type, got {a[0]!r}")
@@ -383,6 +388,7 @@ class GuardSet(_core.GuardSetCore):
         for depth, text, ids, node_fails, guard_fails, symbol in self._tree():
             pad = "  " * depth
             mark = f"   [shape symbol s{symbol}]" if symbol >= 0 else ""
+            mark += _cpp_tensor_mark([self._by_id[gid] for gid in ids])
             lines.append(
                 f"{pad}{text}{mark}" + (f"   [fetch/subtree failed {node_fails}x]" if node_fails else "")
             )
@@ -526,6 +532,25 @@ def build_guard_set(
     if gs._shape_info["symbols"]:
         gs._example_reader_facts = gs._reader_facts(f_locals)
     return gs
+
+
+def reads_cpp_tensor(spec: GuardSpec) -> bool:
+    """Whether a guard's source, another source of a relational guard, or a SHAPE symbol has a step
+    that reads the C++ tensor (TENSOR_SIZE, TENSOR_STRIDE, TENSOR_STORAGE_OFFSET, GRAD)."""
+    srcs = [spec.source, *(a for a in spec.args if type(a) is Source)]  # never a __class__ lookup
+    if spec.kind is _SHAPE:
+        srcs += list(spec.args[1])
+    return any(x is not None and x.reads_cpp_tensor for x in srcs)
+
+
+def _cpp_tensor_mark(specs: list) -> str:
+    """explain()'s note on a node whose step reads the C++ tensor (torch's TensorPropertyGuardAccessor
+    / GradGuardAccessor: printed as torch prints them, which is also how the Python-level SIZE /
+    STRIDE / STORAGE_OFFSET and ``.grad`` print)."""
+    src = specs[0].source if specs else None
+    if src is None or not src.steps or src.steps[-1].kind not in CPP_TENSOR_STEPS:
+        return ""
+    return f"   [{src.steps[-1].kind.name}: the C++ tensor, torch adapter only]"
 
 
 def _python_eq(args: tuple) -> bool:

@@ -236,6 +236,89 @@ def _tp_name(t: type) -> str:
     return name if module == "builtins" else f"{module}.{name}"
 
 
+def _has_python_key(torch: Any, v: Any) -> bool:
+    """Whether the tensor's own dispatch key set has the Python key (a __torch_dispatch__ tensor)."""
+    return torch._C._dispatch_keys(v).has(torch._C.DispatchKey.Python)
+
+
+def _may_overlap(x: Any, y: Any) -> bool:
+    """torch's ``not tensors_definitely_do_not_overlap<StaticMeta>(x, y)`` (guards.cpp), on the C++
+    metadata read with ``__torch_function__`` disabled; the storages are not compared."""
+    torch = sys.modules["torch"]
+    base = torch._C.TensorBase
+    if x is y:  # x.is_same(y): one TensorImpl (one Python object per TensorImpl)
+        return True
+    with torch._C.DisableTorchFunction():
+        if base.numel(x) == 0 or base.numel(y) == 0:
+            return False
+        if base.storage_offset(x) > base.storage_offset(y):
+            x, y = y, x
+        ox, oy = base.storage_offset(x), base.storage_offset(y)
+        if base.is_contiguous(x) and base.is_contiguous(y):
+            return ox + base.numel(x) > oy
+        sx, tx = base.size(x), base.stride(x)
+        last = ox + sum((sx[i] - 1) * tx[i] for i in range(len(sx)))
+        if last < oy:
+            return False
+        sy, ty = base.size(y), base.stride(y)
+        if len(sx) == 2 and len(sy) == 2 and tx[1] == 1 and ty[1] == 1 and tx[0] == ty[0]:
+            delta = oy - ox
+            if delta < sx[1]:
+                return True
+            if tx[0] * (sx[0] - 1) + sx[1] <= delta:
+                return False
+            if delta % tx[0] + sy[1] <= tx[0]:
+                return False
+        return True
+
+
+def _overlap_holds(values: tuple, n_overlapping: int) -> bool:
+    """torch's check_overlapping: the values that may overlap another are exactly the first
+    ``n_overlapping`` (every value must be a torch.Tensor; torch raises otherwise, this fails)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not all(issubclass(type(v), torch.Tensor) for v in values):
+        return False
+    if any(_has_python_key(torch, v) for v in values):  # its metadata may be Python code: not read
+        return False
+    flagged = set()
+    for i in range(len(values)):
+        for j in range(i):
+            if _may_overlap(values[i], values[j]):
+                flagged |= {i, j}
+    return flagged == set(range(n_overlapping))
+
+
+def _cpp_tensor_step(v: Any, k: StepKind, a: Any) -> Any:
+    """torch's TensorPropertyGuardAccessor / GradGuardAccessor, as guards.cpp reads them: the value
+    must be a torch.Tensor (its real type, not ``__class__``); then the C++ ``sym_size(a)``,
+    ``sym_stride(a)`` (``a >= dim`` fails), ``sym_storage_offset()`` (a symbolic value fails) or
+    ``grad()`` (None when undefined). Read through TensorBase's own C methods with every
+    ``__torch_function__`` (subclass and mode) disabled, so no override is consulted."""
+    torch = sys.modules.get("torch")
+    if torch is None or not issubclass(type(v), torch.Tensor):
+        raise FetchError(f"not a tensor ({type(v).__name__})")
+    base = torch._C.TensorBase
+    if k is not StepKind.GRAD and _has_python_key(torch, v):
+        raise FetchError("a __torch_dispatch__ tensor (its sizes may be Python code): not read")
+    import warnings
+
+    with torch._C.DisableTorchFunction(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the non-leaf .grad warning: torch's accessor reads the field
+        if k is StepKind.GRAD:
+            return base.grad.__get__(v)
+        if k is not StepKind.TENSOR_STORAGE_OFFSET and a >= base.dim(v):
+            raise FetchError("tensor has too few dimensions")
+        if k is StepKind.TENSOR_SIZE:
+            out = base.size(v, a)
+        elif k is StepKind.TENSOR_STRIDE:
+            out = base.stride(v, a)
+        else:
+            out = base.storage_offset(v)
+    if type(out) is not int:
+        raise FetchError("symbolic values found")
+    return out
+
+
 def _is_ndarray(v: Any) -> bool:
     """Whether numpy.ndarray is among the classes of ``v`` (read from the type objects, as the
     engine does, without importing numpy)."""
@@ -297,6 +380,8 @@ def fetch_step(v: Any, step: Step) -> Any:
             if _is_ndarray(v):
                 raise AttributeError("a numpy array has no storage offset")
             return v.storage_offset()
+        if k in (StepKind.TENSOR_SIZE, StepKind.TENSOR_STRIDE, StepKind.TENSOR_STORAGE_OFFSET, StepKind.GRAD):
+            return _cpp_tensor_step(v, k, a)
         if k in (StepKind.DICT_KEY, StepKind.DICT_VALUE):
             if not isinstance(v, dict):
                 raise TypeError(f"dict position needs a dict, not {type(v).__name__}")
@@ -568,6 +653,8 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
             return v[0] is v[1]
         if k is GuardKind.NO_ALIAS:
             return len({id(x) for x in v}) == len(v)
+        if k is GuardKind.STORAGE_OVERLAPPING:
+            return _overlap_holds(v, a[1])
     except Exception:  # noqa: BLE001 - a raising guard fails
         return False
     raise AssertionError(f"unknown guard kind {k!r}")
@@ -689,7 +776,7 @@ def _value_for(spec, f_locals, f_globals, f_closure, cache):
                 return v
             values[str(src)] = v
         return values
-    if spec.kind in (GuardKind.ALIAS, GuardKind.NO_ALIAS):
+    if spec.kind in (GuardKind.ALIAS, GuardKind.NO_ALIAS, GuardKind.STORAGE_OVERLAPPING):
         operands = []
         for src in spec.sources:
             if src not in cache:

@@ -469,7 +469,7 @@ def loads(
 def _load(
     data: bytes, lookup: Callable[..., Any], f_globals: dict | None, use_module_globals: bool = False
 ) -> GuardSet:
-    from .guard_set import GuardSet
+    from .guard_set import GuardSet, reads_cpp_tensor
 
     doc = _decode(data)
     refs = doc.references
@@ -508,6 +508,8 @@ def _load(
     if kinds & {GuardKind.TENSOR_MATCH, GuardKind.DIMENSION_MARKING} or any(
         s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in checked
     ):
+        tensors.ensure_torch()
+    if GuardKind.STORAGE_OVERLAPPING in kinds or any(reads_cpp_tensor(s) for s in checked):  # adapter only
         tensors.ensure_torch()
     if GuardKind.ARRAY_MATCH in kinds:
         tensors.ensure_numpy()
@@ -580,6 +582,8 @@ _INDEX_STEPS = (
     StepKind.DICT_VALUE,
     StepKind.SIZE,
     StepKind.STRIDE,
+    StepKind.TENSOR_SIZE,
+    StepKind.TENSOR_STRIDE,
 )
 _SYMBOL_TYPE_NAMES = ("int", "float")  # core::shape::ValueType
 
@@ -687,6 +691,8 @@ def _spec(
         args = (_source(d.more_sources[0], consts, bad, memo),)
     elif k is GuardKind.NO_ALIAS:
         args = (tuple(_source(p, consts, bad, memo) for p in d.more_sources),)
+    elif k is GuardKind.STORAGE_OVERLAPPING:
+        args = (tuple(_source(p, consts, bad, memo) for p in d.more_sources), d.n)
     else:
         args = ()
     source = None
@@ -833,6 +839,8 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
             args = (_source(d.more_sources[0], consts, bad),)
         elif k is GuardKind.NO_ALIAS:
             args = (tuple(_source(p, consts, bad) for p in d.more_sources),)
+        elif k is GuardKind.STORAGE_OVERLAPPING:
+            args = (tuple(_source(p, consts, bad) for p in d.more_sources), d.n)
         elif k is GuardKind.DICT_KEYS:
             args = (op2, d.flag)
         elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):

@@ -31,6 +31,10 @@ STRIDE(i)          ``X.stride()[i]``                           stride i of a ten
                                                                parsed from ``X.stride(i)``
 STORAGE_OFFSET     ``X.storage_offset()``                      a tensor's storage offset (numpy
                                                                arrays have none: missing)
+TENSOR_SIZE(i),    ``X.size()[i]``, ``X.stride()[i]``,          torch's TensorPropertyGuardAccessor
+TENSOR_STRIDE(i),  ``X.storage_offset()``                      and GradGuardAccessor: the C++
+TENSOR_STORAGE_    (printed as torch prints them; not          tensor's field through the torch
+OFFSET, GRAD       parsed: ``Source.tensor_size(i)``, ...)    adapter, ``X.grad`` for GRAD
 =================  ==========================================  =================================
 
 In shape relations (``GuardBuilder.shape``), ``X.shape[i]`` is read as ``X.size()[i]`` too
@@ -73,8 +77,25 @@ _INDEX_STEPS = (
     StepKind.DICT_VALUE,
     StepKind.SIZE,
     StepKind.STRIDE,
+    StepKind.TENSOR_SIZE,
+    StepKind.TENSOR_STRIDE,
 )
-_NO_ARG_STEPS = (StepKind.TYPE, StepKind.DICT, StepKind.CODE, StepKind.WEAKREF_CALL, StepKind.STORAGE_OFFSET)
+_NO_ARG_STEPS = (
+    StepKind.TYPE,
+    StepKind.DICT,
+    StepKind.CODE,
+    StepKind.WEAKREF_CALL,
+    StepKind.STORAGE_OFFSET,
+    StepKind.TENSOR_STORAGE_OFFSET,
+    StepKind.GRAD,
+)
+# torch's TensorPropertyGuardAccessor / GradGuardAccessor, read from the C++ tensor through the
+# torch adapter: printed as torch prints their sources, which is also how SIZE / STRIDE /
+# STORAGE_OFFSET and the attribute ``grad`` print. ``parse`` reads that text as the Python-level
+# steps; build these with ``Source.tensor_size`` etc. (docs/guards.md, "C++ tensor steps").
+CPP_TENSOR_STEPS = frozenset(
+    {StepKind.TENSOR_SIZE, StepKind.TENSOR_STRIDE, StepKind.TENSOR_STORAGE_OFFSET, StepKind.GRAD}
+)
 # Methods whose call prints like a tensor property step: ``X.size`` followed by a call prints as
 # ``getattr(X, 'size')()`` so that it does not read back as SIZE.
 _PROPERTY_METHODS = frozenset({"size", "stride", "storage_offset"})
@@ -185,8 +206,14 @@ class Step:
             return f"{base}.size()[{a}]"
         if k is StepKind.STRIDE:
             return f"{base}.stride()[{a}]"
-        if k is StepKind.STORAGE_OFFSET:
+        if k is StepKind.STORAGE_OFFSET or k is StepKind.TENSOR_STORAGE_OFFSET:
             return f"{base}.storage_offset()"
+        if k is StepKind.TENSOR_SIZE:
+            return f"{base}.size()[{a}]"
+        if k is StepKind.TENSOR_STRIDE:
+            return f"{base}.stride()[{a}]"
+        if k is StepKind.GRAD:
+            return f"{base}.grad"
         return f"{base}[list(dict.keys({base}))[{a}]]"  # DICT_VALUE
 
 
@@ -240,6 +267,28 @@ class Source:
 
     def type(self) -> Source:
         return self.step(StepKind.TYPE)
+
+    def tensor_size(self, dim: int) -> Source:
+        """torch's ``TensorPropertySource(SIZE, dim)``: the C++ ``sym_size(dim)`` of a tensor
+        (TENSOR_SIZE; prints ``X.size()[dim]``)."""
+        return self.step(StepKind.TENSOR_SIZE, dim)
+
+    def tensor_stride(self, dim: int) -> Source:
+        """torch's ``TensorPropertySource(STRIDE, dim)``: the C++ ``sym_stride(dim)`` (TENSOR_STRIDE)."""
+        return self.step(StepKind.TENSOR_STRIDE, dim)
+
+    def tensor_storage_offset(self) -> Source:
+        """torch's ``TensorPropertySource(STORAGE_OFFSET)``: the C++ ``sym_storage_offset()``."""
+        return self.step(StepKind.TENSOR_STORAGE_OFFSET)
+
+    def grad(self) -> Source:
+        """torch's ``GradSource``: the C++ ``grad()`` field of a tensor (GRAD; prints ``X.grad``)."""
+        return self.step(StepKind.GRAD)
+
+    @property
+    def reads_cpp_tensor(self) -> bool:
+        """Whether a step reads the C++ tensor through the torch adapter (TENSOR_SIZE, ...)."""
+        return any(s.kind in CPP_TENSOR_STEPS for s in self.steps)
 
     @property
     def parent(self) -> Source | None:

@@ -145,6 +145,9 @@ Document sample() {
     dm.data = {2, 0, 1, -1, 0, -1, 1, 7};
     add(GuardKind::Alias).more_sources = {source(RootKind::Local, 0)};
     add(GuardKind::NoAlias).more_sources = {source(RootKind::Local, 0), source(RootKind::Local, 1)};
+    GuardDecl& so = add(GuardKind::StorageOverlapping);
+    so.more_sources = {source(RootKind::Local, 0), source(RootKind::Local, 1)};
+    so.n = 2;  // the first two of its three sources may overlap
     GuardDecl& ts = add(GuardKind::GlobalState, false);
     ts.n = static_cast<std::int64_t>(BuiltinProbe::TorchGlobalState);
     ts.data = {1, 1, 0, 0, 0, 0, 0, 0, 4, 6, 1, 1, 0, 0, 15};
@@ -346,6 +349,15 @@ TEST(Codec, TensorKindRecordsAreChecked) {
             if (g.decl.kind == GuardKind::NoAlias) g.decl.more_sources.clear();
         }
         EXPECT_NE(outcome(d).find("NO_ALIAS with 0 other sources"), std::string::npos);
+    }
+    {  // STORAGE_OVERLAPPING with one overlapping source (never holds) or more than it has
+        for (std::int64_t bad : {1, 4}) {
+            Document d = sample();
+            for (auto& g : d.guards) {
+                if (g.decl.kind == GuardKind::StorageOverlapping) g.decl.n = bad;
+            }
+            EXPECT_NE(outcome(d).find("overlapping"), std::string::npos) << bad;
+        }
     }
     {  // a torch probe in the form of a plain built-in probe
         Document d = sample();

@@ -58,8 +58,11 @@ TEST(IrNames, GuardKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(guard_kind_name(GuardKind::Shape), "SHAPE");
     EXPECT_EQ(guard_kind_name(GuardKind::TensorMatch), "TENSOR_MATCH");
     EXPECT_EQ(guard_kind_name(GuardKind::NoAlias), "NO_ALIAS");
-    // Every value below kGuardKindCount is a kind: 0..17, the tensor kinds 18..22, SHAPE 23.
-    EXPECT_EQ(known, 24);
+    // Every value below kGuardKindCount is a kind: 0..17, the tensor kinds 18..22, SHAPE 23,
+    // STORAGE_OVERLAPPING 24.
+    EXPECT_EQ(known, 25);
+    EXPECT_EQ(guard_kind_name(GuardKind::StorageOverlapping), "STORAGE_OVERLAPPING");
+    EXPECT_TRUE(is_relational(GuardKind::StorageOverlapping));
     EXPECT_EQ(static_cast<int>(GuardKind::TensorMatch), 18);
     EXPECT_EQ(static_cast<int>(GuardKind::NoAlias), 22);
     EXPECT_EQ(static_cast<int>(GuardKind::Shape), 23);
@@ -88,6 +91,8 @@ TEST(IrNames, StepKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(step_kind_name(StepKind::DictValue), "DICT_VALUE");
     EXPECT_EQ(step_kind_name(StepKind::Size), "SIZE");
     EXPECT_EQ(step_kind_name(StepKind::StorageOffset), "STORAGE_OFFSET");
+    EXPECT_EQ(step_kind_name(StepKind::TensorSize), "TENSOR_SIZE");
+    EXPECT_EQ(step_kind_name(StepKind::Grad), "GRAD");
 }
 
 TEST(IrNames, RootKindsAndBuiltinProbesAreNamed) {
@@ -119,8 +124,8 @@ TEST(IrNames, OutOfRangeKindsAreUnknown) {
 }
 
 TEST(IrNames, CountsMatchTheLastEnumerator) {
-    EXPECT_EQ(static_cast<int>(GuardKind::Shape) + 1, kGuardKindCount);
-    EXPECT_EQ(static_cast<int>(StepKind::StorageOffset) + 1, kStepKindCount);
+    EXPECT_EQ(static_cast<int>(GuardKind::StorageOverlapping) + 1, kGuardKindCount);
+    EXPECT_EQ(static_cast<int>(StepKind::Grad) + 1, kStepKindCount);
 }
 
 TEST(IrShape, TableIsSelfConsistent) {
@@ -229,10 +234,11 @@ TEST(IrShape, BuiltinProbes) {
 TEST(IrPurity, GuardKinds) {
     // Identity, exact-type and in-place structural comparisons never run user code and never
     // allocate (an allocation may start a collection that runs finalizers)...
-    for (GuardKind k : {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone,
-                        GuardKind::True, GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictKeys,
-                        GuardKind::DictVersion, GuardKind::WeakrefAlive, GuardKind::TensorMatch,
-                        GuardKind::ArrayMatch, GuardKind::Alias, GuardKind::NoAlias, GuardKind::Shape}) {
+    for (GuardKind k :
+         {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone, GuardKind::True,
+          GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictKeys, GuardKind::DictVersion,
+          GuardKind::WeakrefAlive, GuardKind::TensorMatch, GuardKind::ArrayMatch, GuardKind::Alias,
+          GuardKind::NoAlias, GuardKind::Shape, GuardKind::StorageOverlapping}) {
         EXPECT_FALSE(guard_runs_user_code(k)) << guard_kind_name(k);
         // ...unless the runtime evaluates the declaration through Python.
         GuardDecl d = minimal_decl(k);
@@ -263,6 +269,13 @@ TEST(IrPurity, StepKinds) {
                        StepKind::Stride, StepKind::StorageOffset}) {
         EXPECT_TRUE(step_runs_user_code(k)) << step_kind_name(k);
     }
+    // The C++ tensor steps box what they read (an int, a grad's Python object): an allocation.
+    for (StepKind k :
+         {StepKind::TensorSize, StepKind::TensorStride, StepKind::TensorStorageOffset, StepKind::Grad}) {
+        EXPECT_TRUE(step_runs_user_code(k)) << step_kind_name(k);
+        EXPECT_TRUE(is_cpp_tensor_step(k)) << step_kind_name(k);
+    }
+    EXPECT_FALSE(is_cpp_tensor_step(StepKind::Size));
     EXPECT_TRUE(step_runs_user_code(step_kind(kStepKindCount)));
 }
 
@@ -271,12 +284,12 @@ TEST(IrPurity, EveryKindIsClassified) {
     // that was added to the enum but not to the tests.
     int pure = 0, impure = 0;
     for (int i = 0; i < kGuardKindCount; ++i) (guard_runs_user_code(guard_kind(i)) ? impure : pure)++;
-    EXPECT_EQ(pure, 15);
+    EXPECT_EQ(pure, 16);
     EXPECT_EQ(impure, 9);
     pure = impure = 0;
     for (int i = 0; i < kStepKindCount; ++i) (step_runs_user_code(step_kind(i)) ? impure : pure)++;
     EXPECT_EQ(pure, 4);
-    EXPECT_EQ(impure, 11);
+    EXPECT_EQ(impure, 15);
 }
 
 TEST(IrStep, EqualityComparesKindOperandAndIndex) {

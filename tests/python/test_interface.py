@@ -77,6 +77,8 @@ def _one_spec_per_kind():
     specs.append(GuardSpec(tw.GuardKind.ARRAY_MATCH, Source.parse("L['a']"), (O, arr), 104))
     marks = tw.tensors.DimensionMarkings((frozenset({0}), None, None, None, None))
     specs.append(GuardSpec(tw.GuardKind.DIMENSION_MARKING, Source.parse("L['t']"), (marks,), 105))
+    others = (Source.parse("L['o']"), Source.parse("L['f']"))
+    specs.append(GuardSpec(tw.GuardKind.STORAGE_OVERLAPPING, Source.parse("L['x']"), (others, 2), 106))
     specs.append(GuardSpec(tw.GuardKind.NONE, Source.parse("L['n']"), (), 100))
     specs.append(GuardSpec(tw.GuardKind.TRUE, Source.parse("L['t']"), (), 101))
     specs.append(GuardSpec(tw.GuardKind.FALSE, Source.parse("L['f2']"), (), 102))
@@ -109,7 +111,10 @@ def test_each_kinds_operands_sit_in_the_slots_the_engine_expects():
             tw.GuardKind.DIMENSION_MARKING,
         )
         assert bool(decl.data) == has_data, spec.kind
-        assert len(decl.more_sources) == {tw.GuardKind.ALIAS: 1, tw.GuardKind.NO_ALIAS: 2}.get(spec.kind, 0)
+        others = {tw.GuardKind.ALIAS: 1, tw.GuardKind.NO_ALIAS: 2, tw.GuardKind.STORAGE_OVERLAPPING: 2}
+        assert len(decl.more_sources) == others.get(spec.kind, 0)
+        # STORAGE_OVERLAPPING's overlapping count travels in n.
+        assert decl.n == (2 if spec.kind is tw.GuardKind.STORAGE_OVERLAPPING else decl.n)
 
 
 def test_no_production_module_imports_the_oracle():

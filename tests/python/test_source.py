@@ -86,8 +86,31 @@ def test_printed_form_and_round_trip(source: Source, text: str) -> None:
     assert repr(source) == f"Source({text!r})"
 
 
+# The C++ tensor steps print as torch prints TensorPropertySource / GradSource, which is also how
+# SIZE, STRIDE, STORAGE_OFFSET and the attribute ``grad`` print: parse() reads the text as those
+# (the Python-level steps); the C++ steps are built with Source.tensor_size(), ..., grad().
+PRINTED_ONE_WAY = [
+    (L("x").tensor_size(0), "L['x'].size()[0]", L("x").step(StepKind.SIZE, 0)),
+    (L("x").tensor_stride(1), "L['x'].stride()[1]", L("x").step(StepKind.STRIDE, 1)),
+    (L("x").tensor_storage_offset(), "L['x'].storage_offset()", L("x").step(StepKind.STORAGE_OFFSET)),
+    (L("p").grad(), "L['p'].grad", L("p").attr("grad")),
+    (L("p").grad().tensor_size(1), "L['p'].grad.size()[1]", L("p").attr("grad").step(StepKind.SIZE, 1)),
+]
+
+
+@pytest.mark.parametrize("source,text,parsed", PRINTED_ONE_WAY, ids=[t for _, t, _ in PRINTED_ONE_WAY])
+def test_cpp_tensor_steps_print_as_torch_and_parse_as_python_steps(
+    source: Source, text: str, parsed: Source
+) -> None:
+    assert str(source) == text
+    assert source.reads_cpp_tensor and not parsed.reads_cpp_tensor
+    assert Source.parse(text) == parsed != source
+
+
 def test_every_step_kind_and_root_is_covered() -> None:
-    kinds = {s.kind for src, _ in PRINTED for s in src.steps}
+    kinds = {s.kind for src, _ in PRINTED for s in src.steps} | {
+        s.kind for src, _, _ in PRINTED_ONE_WAY for s in src.steps
+    }
     assert kinds == set(StepKind)
     assert {src.root for src, _ in PRINTED} == set(RootKind)
 

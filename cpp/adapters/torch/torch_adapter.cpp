@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -127,6 +128,99 @@ int tensor_fields(PyObject* obj, TwTensorFields* out) noexcept {
         return 1;
     } catch (...) {
         return 0;
+    }
+}
+
+// torch's THPVariable_Check without the `__class__` fallback of isinstance (an object faking its
+// class would be unpacked as a tensor there): the value's type derives from torch.Tensor.
+bool is_torch_tensor(PyObject* obj) {
+    return THPVariableClass != nullptr &&
+           PyType_IsSubtype(Py_TYPE(obj), reinterpret_cast<PyTypeObject*>(THPVariableClass));
+}
+
+// A tensor of a __torch_dispatch__ subclass (the Python key): its sizes, strides or numel may be
+// answered by Python code (a wrapper subclass's custom sizes policy), which these readers must
+// never run. They say "could not read" instead (a fail: stricter than torch, which calls it).
+bool may_dispatch_to_python(const at::Tensor& t) {
+    return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+}
+
+// TensorPropertyGuardAccessor::check_nopybind, read for read (guards.cpp).
+int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) noexcept {
+    try {
+        if (!is_torch_tensor(obj)) return 0;
+        const at::Tensor& t = THPVariable_Unpack(obj);
+        if (!t.defined() || may_dispatch_to_python(t)) return 0;
+        std::optional<int64_t> v;
+        switch (prop) {
+            case 0:
+                if (index >= t.dim()) return 0;
+                v = t.sym_size(index).maybe_as_int();
+                break;
+            case 1:
+                if (index >= t.dim()) return 0;
+                v = t.sym_stride(index).maybe_as_int();
+                break;
+            case 2: v = t.sym_storage_offset().maybe_as_int(); break;
+            default: return 0;
+        }
+        if (!v.has_value()) return 0;
+        *out = *v;
+        return 1;
+    } catch (...) {
+        PyErr_Clear();  // a python_error from a dispatch leaves the indicator set
+        return 0;
+    }
+}
+
+// GradGuardAccessor::check_nopybind's value: THPVariable_Wrap of the C++ grad field.
+PyObject* cpp_tensor_grad(PyObject* obj) noexcept {
+    try {
+        if (!is_torch_tensor(obj)) return nullptr;
+        const at::Tensor& t = THPVariable_Unpack(obj);
+        if (!t.defined()) return nullptr;
+        // TensorImpl::grad() is the field Tensor::grad() returns, without its non-leaf warning
+        // (which would go through Python's warnings machinery here).
+        PyObject* g = THPVariable_Wrap(t.unsafeGetTensorImpl()->grad());
+        if (g == nullptr) PyErr_Clear();
+        return g;
+    } catch (...) {
+        PyErr_Clear();
+        return nullptr;
+    }
+}
+
+// torch's tensors_definitely_do_not_overlap<StaticMeta> (guards.cpp), read for read: true when x
+// and y, assumed to share a storage, cannot overlap.
+bool definitely_disjoint(const at::Tensor& x, const at::Tensor& y) {
+    if (x.is_same(y)) return false;
+    if (x.numel() == 0 || y.numel() == 0) return true;
+    if (x.storage_offset() > y.storage_offset()) return definitely_disjoint(y, x);
+    if (x.is_contiguous() && y.is_contiguous()) return x.storage_offset() + x.numel() <= y.storage_offset();
+    int64_t x_last = x.storage_offset();
+    for (int64_t i = 0; i < x.dim(); i++) x_last += (x.size(i) - 1) * x.stride(i);
+    if (x_last < y.storage_offset()) return true;
+    if (x.dim() == 2 && y.dim() == 2 && x.stride(1) == 1 && y.stride(1) == 1 && x.stride(0) == y.stride(0)) {
+        // Rows contiguous, one outer stride (torch's "shampoo optimizer" case).
+        const int64_t delta = y.storage_offset() - x.storage_offset();
+        if (delta < x.size(1)) return false;
+        if (x.stride(0) * (x.size(0) - 1) + x.size(1) <= delta) return true;
+        if (delta % x.stride(0) + y.size(1) <= x.stride(0)) return true;
+    }
+    return false;
+}
+
+int tensors_may_overlap(PyObject* x, PyObject* y) noexcept {
+    try {
+        if (!is_torch_tensor(x) || !is_torch_tensor(y)) return -1;
+        const at::Tensor& tx = THPVariable_Unpack(x);
+        const at::Tensor& ty = THPVariable_Unpack(y);
+        if (!tx.defined() || !ty.defined() || may_dispatch_to_python(tx) || may_dispatch_to_python(ty))
+            return -1;
+        return definitely_disjoint(tx, ty) ? 0 : 1;
+    } catch (...) {
+        PyErr_Clear();
+        return -1;
     }
 }
 
@@ -524,6 +618,9 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.dtype_code = dtype_code;
     g_table.device_equal = device_equal;
     g_table.saved_tensors_hooks_top = saved_tensors_hooks_top;
+    g_table.cpp_tensor_property = cpp_tensor_property;
+    g_table.cpp_tensor_grad = cpp_tensor_grad;
+    g_table.tensors_may_overlap = tensors_may_overlap;
 
     PyObject* m = PyModule_Create(&g_module);
     if (m == nullptr) return nullptr;

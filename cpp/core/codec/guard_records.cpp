@@ -16,7 +16,8 @@ bool step_has_operand(StepKind k) {
 }
 bool step_has_index(StepKind k) {
     return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride;
+           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride ||
+           k == StepKind::TensorSize || k == StepKind::TensorStride;
 }
 
 /// A SHAPE record's relation compiles on its own with its symbols bound in the text's order, and
@@ -196,6 +197,11 @@ void write_payload(const GuardDecl& d, Writer& w, StringTable& strings) {
             w.varint(d.more_sources.size());
             for (const SourcePath& s : d.more_sources) write_source(s, w, strings);
             break;
+        case GuardKind::StorageOverlapping:
+            w.varint(d.more_sources.size());
+            for (const SourcePath& s : d.more_sources) write_source(s, w, strings);
+            w.varint(static_cast<std::uint64_t>(d.n));
+            break;
         case GuardKind::Shape:
             // The relation's text, not the compiled program: the loader parses and compiles it
             // again (core::compile), so a payload can never smuggle in a program that was not
@@ -332,6 +338,20 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
             }
             d.more_sources.resize(n);
             for (SourcePath& s : d.more_sources) read_source(r, s, ctx);
+            break;
+        }
+        case GuardKind::StorageOverlapping: {
+            const std::size_t count_at = r.offset();
+            const std::size_t n = r.count("other sources");
+            if (n < 1 || n > kMaxRelationalSources) {
+                r.fail_at(count_at, name + " with " + std::to_string(n) + " other sources");
+            }
+            d.more_sources.resize(n);
+            for (SourcePath& s : d.more_sources) read_source(r, s, ctx);
+            const std::size_t over_at = r.offset();
+            const std::uint64_t over = r.varint("overlapping count");
+            if (over == 1 || over > n + 1) r.fail_at(over_at, name + " with a bad overlapping count");
+            d.n = static_cast<std::int64_t>(over);
             break;
         }
         case GuardKind::DictVersion:

@@ -178,7 +178,7 @@ bool probe_holds(const RuntimeGuard& g) {
     thread_local std::vector<PyObject*> values, sorted;
     values.resize(n);
     for (std::size_t i = 0; i < n; ++i) values[i] = regs[nodes[i]];
-    return relation_holds(g.kind, values.data(), n, sorted);
+    return relation_holds(g.kind, values.data(), n, sorted, g.n);
 }
 
 // DICT_KEYS on a split table or equal-but-distinct keys: compared in place (PyDict_Next and
@@ -228,6 +228,7 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
         // Relational guards are never a node's guard (program_.relational); listed for -Wswitch.
         case core::GuardKind::Alias:
         case core::GuardKind::NoAlias:
+        case core::GuardKind::StorageOverlapping:
         // No form free of user code: getattr, iterator methods, predicates, Python probes.
         case core::GuardKind::HasAttr:
         case core::GuardKind::TupleIteratorLen:
@@ -281,7 +282,8 @@ GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
         case core::GuardKind::ArrayMatch:
         case core::GuardKind::DimensionMarking:
         case core::GuardKind::Alias:
-        case core::GuardKind::NoAlias: return Implied::Never;
+        case core::GuardKind::NoAlias:
+        case core::GuardKind::StorageOverlapping: return Implied::Never;
     }
     return Implied::Never;
 }
@@ -423,6 +425,12 @@ void GuardSet::build_fast_pass() {
                 case core::StepKind::Size:
                 case core::StepKind::Stride:
                 case core::StepKind::StorageOffset: op.code = Code::TensorProp; break;
+                // torch's C++ tensor accessors: never a fast form (guard kNoSymbol below), so the
+                // subtree is the walk's, through the adapter.
+                case core::StepKind::TensorSize:
+                case core::StepKind::TensorStride:
+                case core::StepKind::TensorStorageOffset:
+                case core::StepKind::Grad: op.code = Code::TensorProp; break;
             }
             const core::Node& parent = program_.nodes[item.parent];
             op.settle = stamped[item.parent] && settle_step(n, module_like(program_, guards_, parent));
@@ -438,7 +446,7 @@ void GuardSet::build_fast_pass() {
             // a node that is an int symbol and nothing else (no guard, child or relational
             // operand) has the fast form. Any other is a residue subtree on every check
             // (guard == kNoSymbol), evaluated by the walk's code, which stores its symbol.
-            const bool fast_form = n.symbol != core::kNoSymbol &&
+            const bool fast_form = !core::is_cpp_tensor_step(n.step.kind) && n.symbol != core::kNoSymbol &&
                                    nodes_[item.node].symbol_type == core::shape::ValueType::Int &&
                                    n.guard_begin == n.guard_end && n.child_begin == n.child_end &&
                                    n.member_begin == n.member_end;

@@ -473,6 +473,10 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
         case StepKind::Size:
         case StepKind::Stride:
         case StepKind::StorageOffset: return fetch_tensor_property(s, v);
+        case StepKind::TensorSize:
+        case StepKind::TensorStride:
+        case StepKind::TensorStorageOffset:
+        case StepKind::Grad: return fetch_cpp_tensor_step(s, v);
     }
     return missing();
 }
@@ -518,6 +522,13 @@ std::string describe_missing(const RuntimeStep& s, PyObject* parent) {
             return "IndexError: " + tname + " has no stride " + std::to_string(s.index) +
                    " (or no stride() / strides)";
         case StepKind::StorageOffset: return "AttributeError: " + tname + " has no storage_offset()";
+        // torch's own words (TensorPropertyGuardAccessor / GradGuardAccessor verbose checks).
+        case StepKind::TensorSize:
+        case StepKind::TensorStride:
+        case StepKind::TensorStorageOffset:
+            return "not a tensor, tensor has too few dimensions, or symbolic values found (" + tname +
+                   ", read in C++)";
+        case StepKind::Grad: return "not a tensor - grad field is accessed (" + tname + ")";
         default: return "missing";
     }
 }

@@ -208,7 +208,9 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
         case GuardKind::ArrayMatch: return array_match(g, v);
         case GuardKind::DimensionMarking: return dimension_marking(g, v);
         case GuardKind::Alias:
-        case GuardKind::NoAlias: return 0;  // relational: decided by the GuardSet, never on one value
+        case GuardKind::NoAlias:
+        case GuardKind::StorageOverlapping:
+            return 0;  // relational: decided by the GuardSet, never on one value
     }
     return 0;
 }

@@ -61,6 +61,25 @@ std::string describe_object(PyObject* o) {
 // A Python error as a C++ exception, for the constructor (nanobind maps it back).
 [[noreturn]] void throw_python_error() { throw std::runtime_error(take_error_text()); }
 
+// The C++ tensor steps (torch's TensorPropertyGuardAccessor / GradGuardAccessor) read only
+// through the adapter: without it no reader has their exact meaning (a Python method would
+// dispatch __torch_function__ or find an override), so a set naming one is refused at build.
+bool has_cpp_tensor_step(const core::SourcePath& p) {
+    return std::any_of(p.steps.begin(), p.steps.end(),
+                       [](const core::Step& s) { return core::is_cpp_tensor_step(s.kind); });
+}
+void refuse_cpp_tensor_steps_without_adapter(const core::GuardDecl& d) {
+    if (torch_adapter() != nullptr) return;
+    bool any = has_cpp_tensor_step(d.source);
+    for (const core::SourcePath& p : d.more_sources) any = any || has_cpp_tensor_step(p);
+    for (const core::SourcePath& p : d.symbols) any = any || has_cpp_tensor_step(p);
+    if (any) {
+        throw core::InvalidProgram(
+            "TENSOR_SIZE/TENSOR_STRIDE/TENSOR_STORAGE_OFFSET/GRAD steps read the C++ tensor and need the "
+            "torch adapter (see tripwire.tensors.adapter_status())");
+    }
+}
+
 }  // namespace
 
 std::uint64_t invalidation_epoch() { return g_invalidation_epoch; }
@@ -71,6 +90,7 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
     for (core::GuardDecl& d : decls) {
         d.via_python = false;                   // decided here, never taken from the caller
         core::validate_decl(d, consts.size());  // operand indices in range before reading them
+        refuse_cpp_tensor_steps_without_adapter(d);
         switch (d.kind) {
             case GuardKind::TensorMatch: {
                 PyObject* t = consts[d.operand];
@@ -124,6 +144,14 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                         !r.dual_level)
                         throw core::InvalidProgram("a torch probe needs torch support (tripwire.tensors)");
                     d.via_python = true;
+                }
+                break;
+            case GuardKind::StorageOverlapping:
+                // torch's overlap rule on tensor metadata: the adapter's only (no Python reader).
+                if (torch_adapter() == nullptr) {
+                    throw core::InvalidProgram(
+                        "STORAGE_OVERLAPPING needs the torch adapter (see "
+                        "tripwire.tensors.adapter_status())");
                 }
                 break;
             case GuardKind::EqualsMatch:
@@ -510,7 +538,7 @@ int GuardSet::eval_relational(PyObject* const* slots) {
         PyObject* const* values = slots + rel_base_[gi];
         bool complete = true;
         for (std::size_t i = 0; i < n; ++i) complete = complete && values[i] != nullptr;
-        if (complete && relation_holds(guards_[gi].kind, values, n, rel_sort_)) continue;
+        if (complete && relation_holds(guards_[gi].kind, values, n, rel_sort_, guards_[gi].n)) continue;
         if (guard_fails_[gi] != 0xFFFFFFFFu) ++guard_fails_[gi];
         return 0;
     }
@@ -864,7 +892,8 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
             values[i] = slots[rel_base_[gi] + i].get();
             complete = complete && values[i] != nullptr;
         }
-        if (!complete || relation_holds(guards_[gi].kind, values.data(), n, rel_sort_)) continue;
+        if (!complete || relation_holds(guards_[gi].kind, values.data(), n, rel_sort_, guards_[gi].n))
+            continue;
         Ref tuple = Ref::steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
         if (!tuple) {
             fatal = true;

@@ -18,11 +18,13 @@ namespace tripwire::runtime {
 /// Sources above which NO_ALIAS uses a hash set of pointers instead of comparing every pair.
 inline constexpr std::size_t kPairwiseLimit = 16;
 
-/// Whether ALIAS (values[0] is values[1]) or NO_ALIAS (all distinct) holds for `n` values.
+/// Whether ALIAS (values[0] is values[1]), NO_ALIAS (all distinct) or STORAGE_OVERLAPPING (the
+/// first `n_overlapping` values are exactly those that may overlap another, by torch's rule,
+/// through the torch adapter; fails without it or on a non-tensor) holds for `n` values.
 /// `scratch` holds the hash set of a large NO_ALIAS and should be kept by the caller (no
 /// steady-state allocation once it has grown). Null values are never passed.
 bool relation_holds(core::GuardKind kind, PyObject* const* values, std::size_t n,
-                    std::vector<PyObject*>& scratch);
+                    std::vector<PyObject*>& scratch, std::int64_t n_overlapping = 0);
 
 /// For why_not: the positions (slots) of the first two values that break the relation, e.g. two
 /// sources holding one object for NO_ALIAS. (0, 1) for ALIAS.

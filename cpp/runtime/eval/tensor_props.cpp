@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "runtime/tensors/readers.hpp"
+
 namespace tripwire::runtime {
 namespace {
 
@@ -95,6 +97,24 @@ Fetched fetch_tensor_property(const RuntimeStep& step, PyObject* v) {
             return call_method(v, offset_name);
         default: return {nullptr, false, FetchStatus::Missing};
     }
+}
+
+Fetched fetch_cpp_tensor_step(const RuntimeStep& step, PyObject* v) {
+    const TwTorchAdapter* ad = torch_adapter();
+    if (ad == nullptr) return {nullptr, false, FetchStatus::Missing};
+    if (step.kind == core::StepKind::Grad) {
+        PyObject* g = ad->cpp_tensor_grad(v);
+        if (g == nullptr) return {nullptr, false, FetchStatus::Missing};
+        return {g, true, FetchStatus::Ok};
+    }
+    int prop = 2;
+    if (step.kind == core::StepKind::TensorSize) prop = 0;
+    if (step.kind == core::StepKind::TensorStride) prop = 1;
+    std::int64_t value = 0;
+    if (ad->cpp_tensor_property(v, prop, step.index, &value) != 1) {
+        return {nullptr, false, FetchStatus::Missing};
+    }
+    return owned_or_error(PyLong_FromLongLong(value));
 }
 
 }  // namespace tripwire::runtime

@@ -52,4 +52,11 @@ bool is_numpy_array(PyObject* v);
 /// An IndexError/KeyError from the subscript is a missing value; any other exception an error.
 Fetched fetch_tensor_property(const RuntimeStep& step, PyObject* v);
 
+/// Fetch a C++ tensor step (TENSOR_SIZE, TENSOR_STRIDE, TENSOR_STORAGE_OFFSET, GRAD: torch's
+/// TensorPropertyGuardAccessor and GradGuardAccessor) through the torch adapter: the value, or
+/// missing wherever torch's accessor fails (not a torch.Tensor, index >= dim, a symbolic value,
+/// torch threw). Never a Python method, never a Python error. Without the adapter: missing (a
+/// GuardSet refuses to bind these steps then, so this is reached only if it is unloaded).
+Fetched fetch_cpp_tensor_step(const RuntimeStep& step, PyObject* v);
+
 }  // namespace tripwire::runtime

@@ -178,6 +178,12 @@ class SourceChecker {
                 case StepKind::Size: text = join({base, ".size()[", idx, "]"}); break;
                 case StepKind::Stride: text = join({base, ".stride()[", idx, "]"}); break;
                 case StepKind::StorageOffset: text = join({base, ".storage_offset()"}); break;
+                // The C++ tensor steps print as torch prints their sources (TensorPropertySource,
+                // GradSource): the same text as SIZE/STRIDE/STORAGE_OFFSET and ATTR grad.
+                case StepKind::TensorSize: text = join({base, ".size()[", idx, "]"}); break;
+                case StepKind::TensorStride: text = join({base, ".stride()[", idx, "]"}); break;
+                case StepKind::TensorStorageOffset: text = join({base, ".storage_offset()"}); break;
+                case StepKind::Grad: text = join({base, ".grad"}); break;
             }
             expect(p.texts[k + 1], text, bad);
         }

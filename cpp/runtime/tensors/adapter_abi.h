@@ -20,8 +20,9 @@
 #include <stdint.h>
 
 #define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
-    3 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
-         3: saved_tensors_hooks_top */
+    4 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
+         3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad,                     \
+         tensors_may_overlap */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -140,6 +141,28 @@ typedef struct TwTorchAdapter {
      * empty, -1 when torch refused (an exception inside torch, swallowed here). Reads a
      * thread-local, copies nothing. */
     int (*saved_tensors_hooks_top)(PyObject** pack, PyObject** unpack);
+
+    /* torch's TensorPropertyGuardAccessor (the TENSOR_SIZE / TENSOR_STRIDE /
+     * TENSOR_STORAGE_OFFSET steps). `prop` is 0 size, 1 stride, 2 storage offset; `index` >= 0.
+     * 1 and *out when `obj` is an instance of torch.Tensor (a subtype of it; torch's
+     * THPVariable_Check, without its `__class__` lookup) whose value torch reads as a plain int
+     * (sym_size(index) / sym_stride(index) / sym_storage_offset(), maybe_as_int); 0 when torch's
+     * accessor fails: not a tensor, index >= dim, a symbolic value, or torch threw (swallowed).
+     * A tensor with the Python dispatch key (a __torch_dispatch__ subclass, whose sizes may be
+     * answered by Python) is not read: 0 (stricter than torch, which would run that code). */
+    int (*cpp_tensor_property)(PyObject* obj, int prop, int64_t index, int64_t* out);
+    /* torch's GradGuardAccessor (the GRAD step): a new reference to the tensor's C++ grad field
+     * wrapped as THPVariable_Wrap does (Py_None when undefined), or null, with no error set,
+     * when obj is not a torch.Tensor instance or torch threw. May allocate (a grad with no Python
+     * object yet gets one). Reads the field without the non-leaf warning of Tensor::grad(). */
+    PyObject* (*cpp_tensor_grad)(PyObject* obj);
+    /* torch's STORAGE_OVERLAPPING pairwise test: 0 when torch's
+     * tensors_definitely_do_not_overlap<StaticMeta>(x, y) says they cannot overlap, 1 when they
+     * may, -1 when either is not a torch.Tensor instance or torch threw (swallowed). Reads
+     * metadata only (is_same, numel, storage_offset, is_contiguous, sizes, strides), as torch
+     * does: the storages themselves are not compared. -1 for a tensor with the Python dispatch
+     * key (its metadata may be answered by Python code). */
+    int (*tensors_may_overlap)(PyObject* x, PyObject* y);
 } TwTorchAdapter;
 
 #ifdef __cplusplus

@@ -56,6 +56,7 @@ TENSOR_KINDS: dict[str, str] = {
     "DIMENSION_DYNAMIC_MARKING_GUARD": "DIMENSION_MARKING (torch's subset rule)",
     "NO_TENSOR_ALIASING": "NO_ALIAS over the sources torch compares (its parameter exemption recorded)",
     "OBJECT_ALIASING": "ALIAS per `a is b` of torch's batched root lambda",
+    "STORAGE_OVERLAPPING": "STORAGE_OVERLAPPING over the sources torch lists (its two leaves: one guard)",
     "GLOBAL_STATE": "GLOBAL_STATE torch_global_state (the snapshot torch printed)",
     "TORCH_FUNCTION_MODE_STACK": "GLOBAL_STATE torch_function_mode_stack",
     "DEFAULT_DEVICE": "GLOBAL_STATE torch_default_device",
@@ -73,16 +74,14 @@ SHAPE_ENV = "SHAPE_ENV"
 CPP_SHAPE_GUARD = "SYMBOLIC_SHAPE_GUARD"
 _SIZE_STEPS = (StepKind.SIZE, StepKind.STRIDE, StepKind.STORAGE_OFFSET)
 
-# Accessors that reach into a tensor: every guard below them (other than torch's C++ shape guard,
-# imported from its printed relations) waits for a step that reads what torch reads. torch reads
-# the C++ tensor (``sym_size(i)`` / ``sym_stride(i)`` / ``sym_storage_offset()``, ``grad()``) and
-# fails on a non-tensor; tripwire's SIZE / STRIDE / STORAGE_OFFSET mean Python's ``x.size()[i]``
-# and fall back to calling it (a subclass's override, an instance attribute, a torch-function
-# mode, a patched ``torch.Tensor.size``), and an ``.grad`` ATTR step calls the getter, which
-# dispatches ``__torch_function__``: either would be laxer than torch (docs/torch.md).
-PENDING_ACCESSORS: dict[str, str] = {
-    "TensorPropertyGuardAccessor": "a step reading the C++ size/stride/storage offset only (no Python fallback)",
-    "GradGuardAccessor": "a step reading the tensor's C++ grad field (no __torch_function__)",
+# Accessors that reach into a tensor map onto the C++ tensor steps (TENSOR_SIZE, TENSOR_STRIDE,
+# TENSOR_STORAGE_OFFSET, GRAD), which read what torch reads (the C++ ``sym_size(i)`` / ... /
+# ``grad()`` through the adapter, failing on a non-tensor) and never a Python method. Nothing waits.
+PENDING_ACCESSORS: dict[str, str] = {}
+_TENSOR_PROPERTY_STEPS = {
+    "SIZE": StepKind.TENSOR_SIZE,
+    "STRIDE": StepKind.TENSOR_STRIDE,
+    "STORAGE_OFFSET": StepKind.TENSOR_STORAGE_OFFSET,
 }
 # Accessors with no tripwire step that reads the same thing.
 UNSUPPORTED_ACCESSORS: dict[str, str] = {
@@ -197,7 +196,7 @@ class Converter:
         self._preconditions: set[tuple] = set()
         self.deferred: list[tuple] = []  # relational leaves, decided after the walk
         self.by_source: dict[str, _Node] = {}  # torch printed source -> node
-        self._relational: dict[int, int] = {}  # id(torch leaf) -> spec index
+        self._relational: dict[object, int] = {}  # id(torch leaf) (or a shared code) -> spec index
         self._cpp_shape_ids: dict[int, tuple[int, ...]] = {}  # first spec index -> all its relations
         # Runs torch's root check once, which re-reads the thread's dispatch-key state into the
         # root's LocalState (the leaves read it from there); set by guards_of.
@@ -458,6 +457,25 @@ class Converter:
     def acc_type(self, parent: _Node, node: _Node) -> None:
         node.src = self._need_parent_src(parent, "TypeGuardAccessor").type()
 
+    def acc_tensor_property(self, parent: _Node, node: _Node) -> None:
+        kind = "TensorPropertyGuardAccessor"
+        src = self._need_parent_src(parent, kind)
+        text = node.torch.accessor_obj.repr()
+        m = re.match(r"TensorPropertyGuardAccessor<(?:TensorProperty::)?(\w+)>\((-?\d+)\)$", text)
+        step = _TENSOR_PROPERTY_STEPS.get(m.group(1)) if m else None
+        if m is None or step is None:
+            raise _Blocked("unsupported", f"a tensor property tripwire does not know ({text})", kind)
+        index = int(m.group(2))
+        if step is StepKind.TENSOR_STORAGE_OFFSET:
+            node.src = src.tensor_storage_offset()
+        elif index < 0:
+            raise _Blocked("unsupported", f"a negative dimension ({text})", kind)
+        else:
+            node.src = src.step(step, index)
+
+    def acc_grad(self, parent: _Node, node: _Node) -> None:
+        node.src = self._need_parent_src(parent, "GradGuardAccessor").grad()
+
     def acc_weakref_call(self, parent: _Node, node: _Node) -> None:
         node.src = self._need_parent_src(parent, "WeakRefCallGuardAccessor").step(StepKind.WEAKREF_CALL)
         self.stricter.append((node.torch.source, "a weakref.proxy fails (torch follows proxies too)"))
@@ -639,7 +657,11 @@ class Converter:
                 why="torch's DictGuardManager returns before it (the dict must be empty)",
             )
             return
-        if kind in ("NO_TENSOR_ALIASING", "OBJECT_ALIASING") and not node.dead and node.blocked is None:
+        if (
+            kind in ("NO_TENSOR_ALIASING", "OBJECT_ALIASING", "STORAGE_OVERLAPPING")
+            and not node.dead
+            and node.blocked is None
+        ):
             # Relational: decided once every source is known (after the walk); torch shares one
             # NO_TENSOR_ALIASING leaf among all its tensors' nodes.
             self.deferred.append((node, leaf, kind, codes, code, site))
@@ -911,7 +933,10 @@ class Converter:
     def relational(self, node: _Node, leaf: Any, kind: str, codes: list, code: str, site: str | None) -> None:
         """NO_TENSOR_ALIASING / OBJECT_ALIASING, once every node's source is known."""
         tn = node.torch
-        done = self._relational.get(id(leaf))
+        # torch installs STORAGE_OVERLAPPING as two leaves (the overlapping and the other tensors)
+        # sharing one checker and one printed code: one tripwire guard for both.
+        key: object = ("STORAGE_OVERLAPPING", code) if kind == "STORAGE_OVERLAPPING" else id(leaf)
+        done = self._relational.get(key)
         if done is not None:  # the same torch leaf under another tensor's node
             self.record(tn, kind, code, "native", (done,), site=site, why="shared with the first")
             return
@@ -923,6 +948,8 @@ class Converter:
                     raise _Fallback("fewer than two sources")
                 ids = [self.spec(GuardKind.NO_ALIAS, srcs[0], (tuple(srcs[1:]),), site)]
                 why = "torch's sources only (its parameter exemption: see the exemptions)"
+            elif kind == "STORAGE_OVERLAPPING":
+                ids, why = [self._storage_overlapping(code.split("; ")[0], site)], ""
             else:
                 ids = []
                 for c, _ in codes:
@@ -933,15 +960,33 @@ class Converter:
                     b = self._relational_source(ast.unparse(t.comparators[0]))
                     ids.append(self.spec(GuardKind.ALIAS, a, (b,), site))
                 why = ""
-            self._relational[id(leaf)] = ids[0]
+            self._relational[key] = ids[0]
             self.record(tn, kind, code, "native", tuple(ids), why=why, site=site)
         except (_Fallback, ValueError, KeyError, SyntaxError, IndexError) as e:
             if self.fallback == "torch":
                 i = self.torch_leaf(node, leaf, kind, code, site)
-                self._relational[id(leaf)] = i
+                self._relational[key] = i
                 self.record(tn, kind, code, "torch", (i,), why=str(e), site=site)
             else:
                 self.record(tn, kind, code, "unsupported", why=str(e), site=site)
+
+    def _storage_overlapping(self, code: str, site: str | None) -> int:
+        """``check_overlapping(overlapping=[...], non_overlapping=[...])`` as one STORAGE_OVERLAPPING."""
+        t = parse(code)
+        if not (
+            isinstance(t, ast.Call)
+            and isinstance(t.func, ast.Name)
+            and t.func.id == "check_overlapping"
+            and not t.args
+            and [k.arg for k in t.keywords] == ["overlapping", "non_overlapping"]
+            and all(isinstance(k.value, ast.List) for k in t.keywords)
+        ):
+            raise _Fallback(f"not a check_overlapping form tripwire reads: {code}")
+        groups = [[self._relational_source(ast.unparse(e)) for e in cast_list(k.value)] for k in t.keywords]
+        srcs = groups[0] + groups[1]
+        if len(srcs) < 2 or len(set(srcs)) != len(srcs) or len(groups[0]) == 1:
+            raise _Fallback(f"an overlap relation tripwire does not build: {code}")
+        return self.spec(GuardKind.STORAGE_OVERLAPPING, srcs[0], (tuple(srcs[1:]), len(groups[0])), site)
 
     def _relational_source(self, printed: str) -> Source:
         """The tripwire source of a source torch's lambda reads. A node of the walk gives it; else
@@ -1228,8 +1273,12 @@ TORCH_ONLY_KINDS: dict[str, str] = {
     "MAPPING_KEYS_MATCH": "a mappingproxy's keys() compared with Python ==",
     "FAKE_SCRIPT_TYPE_MATCH": "unwraps torch's FakeScriptObject",
     "LAMBDA_GUARD": "a Python lambda of torch's",
-    "STORAGE_OVERLAPPING": "a storage-overlap relation between tensors (no tripwire kind yet)",
 }
+
+
+def cast_list(node: ast.expr) -> list[ast.expr]:
+    """The elements of an ``ast.List`` (checked by the caller)."""
+    return node.elts if isinstance(node, ast.List) else []
 
 
 def _torch_only(why: str) -> Callable[..., tuple[list[int], str]]:
@@ -1259,6 +1308,8 @@ ACCESSOR_RULES: dict[str, Callable[[Converter, _Node, _Node], None]] = {
     "FuncDefaultsGuardAccessor": Converter.acc_func_defaults,
     "FuncKwDefaultsGuardAccessor": Converter.acc_func_kwdefaults,
     "ClosureGuardAccessor": Converter.acc_closure,
+    "TensorPropertyGuardAccessor": Converter.acc_tensor_property,
+    "GradGuardAccessor": Converter.acc_grad,
     "key": Converter.acc_dict_key,
     "value": Converter.acc_dict_value,
 }

@@ -1,0 +1,146 @@
+"""STORAGE_OVERLAPPING: torch 2.13's relation over the storage ranges of a group of tensors (the
+tensors that overlapped another at compile time must still, the others must not), decided by
+torch's own rule (guards.cpp ``tensors_definitely_do_not_overlap<StaticMeta>``: storage offset,
+numel, contiguity, sizes and strides; the storages themselves are not compared).
+
+Oracles: the pure-Python reference on generated views (1-D slices, strided, transposed, empty,
+torch's 2-D "shampoo" rows, fresh tensors, non-tensors), and torch's own guard manager on a real
+``aot_eager`` compile with ``dynamic=True`` of a function that mutates one of several overlapping
+views (the only way torch 2.13 emits the guard), imported with ``guards_of`` and round-tripped.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import tripwire as tw
+from gc_stress import scaled
+from tripwire import GuardBuilder, reference
+from tripwire.catalogue import GuardKind, GuardSpec
+
+torch = pytest.importorskip("torch")
+
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+tw.tensors.ensure_torch()
+# These read only through the torch adapter (the ASan build has none: there a set is refused).
+needs_adapter = pytest.mark.skipif(
+    not tw._core.torch_adapter_installed(), reason="the torch adapter is not loaded in this build"
+)
+
+
+class _Dispatching(torch.Tensor):
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError("the engine must not ask")
+
+
+def _triples() -> list[tuple]:
+    base = torch.arange(40.0)
+    grid = torch.arange(64.0).reshape(8, 8)
+    out = [
+        (base[0:6], base[4:10], base[12:18]),  # a, b overlap; c apart
+        (base[0:6], base[6:12], base[12:18]),  # touching, not overlapping
+        (base[0:6], base[0:6], base[20:26]),  # same range, different views
+        (torch.randn(6), torch.randn(6), torch.randn(6)),  # fresh storages: offsets 0 "overlap"
+        (base[0:12:2], base[1:13:2], base[30:36]),  # interleaved strided views
+        (base[0:0], base[0:6], base[3:9]),  # an empty one never overlaps
+        (grid[:, 0:4], grid[:, 4:8], grid[:, 2:6]),  # torch's 2-D same-stride rows
+        (grid[:, 0:3], grid[:, 5:8], grid[0:2, :]),
+        (grid.t(), grid[0:1, :], base[0:4]),
+        (base[10:16], base[0:6], base[5:11]),
+    ]
+    shared = torch.randn(6)
+    out.append((shared, shared, base[0:6]))  # one object twice (is_same)
+    out.append((base[0:6], 3, base[20:26]))  # a non-tensor
+    wrapper = torch.Tensor._make_wrapper_subclass(_Dispatching, (6,), dispatch_sizes_strides_policy="sizes")
+    out.append((wrapper, base[0:6], base[20:26]))  # its metadata is Python code: never read (fails)
+    return out
+
+
+def _sets() -> list:
+    """Every partition of (a, b, c) into overlapping / non-overlapping, in every order (built
+    unchecked: the builder refuses a set that fails on its example)."""
+    names = [tw.Source.local(n) for n in "abc"]
+    out = []
+    for perm in itertools.permutations(names):
+        for n_over in (0, 2, 3):
+            spec = GuardSpec(GuardKind.STORAGE_OVERLAPPING, perm[0], (tuple(perm[1:]), n_over), 0, ())
+            out.append(tw.GuardSet([spec], None, None))
+    return out
+
+
+@needs_adapter
+def test_engine_equals_reference_on_views_and_non_tensors() -> None:
+    sets = _sets()
+    seen = {True: 0, False: 0}
+    for _ in range(scaled(2, 2)):
+        for t in _triples():
+            L = dict(zip("abc", t, strict=True))
+            for gs in sets:
+                got = gs.check(L)
+                assert got == reference.check(gs.guards, L), (gs.guards[0], t)
+                seen[got] += 1
+    assert seen[True] >= 10 and seen[False] >= 10, seen
+
+
+@needs_adapter
+def test_builder_printing_explain_why_not_and_round_trip() -> None:
+    base = torch.arange(20.0)
+    L = {"a": base[0:6], "b": base[4:10], "c": base[12:18]}
+    b = GuardBuilder(L)
+    b.storage_overlapping(overlapping=["L['a']", "L['b']"], non_overlapping=["L['c']"])
+    gs = b.build()
+    text = "check_overlapping(overlapping=[L['a'], L['b']], non_overlapping=[L['c']])"
+    assert gs.check(L) and text in gs.explain()
+    moved = {**L, "b": base[6:12]}
+    assert not gs.check(moved)
+    why = str(gs.why_not(moved))
+    assert "STORAGE_OVERLAPPING" in why and text in why
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    assert loaded.guards[0].args == gs.guards[0].args
+    for t in _triples():
+        M = dict(zip("abc", t, strict=True))
+        assert loaded.check(M) == gs.check(M)
+    with pytest.raises(tw.GuardBuildError):
+        GuardBuilder(L).storage_overlapping(overlapping=["L['a']"], non_overlapping=["L['c']"])
+    with pytest.raises(tw.GuardBuildError):
+        GuardBuilder(L).storage_overlapping(overlapping=["L['a']", "L['a']"])
+
+
+def f_mutates_views(a, b, c):
+    a.add_(1)
+    return a + b.sum() + c.sum()
+
+
+@needs_adapter
+def test_guards_of_imports_storage_overlapping_and_decides_as_torch() -> None:
+    torch._dynamo.reset()
+    base = torch.randn(20)
+    torch.compile(f_mutates_views, backend="aot_eager", dynamic=True)(base[0:6], base[4:10], base[12:18])
+    gm = _debug_get_cache_entry_list(f_mutates_views.__code__)[0].guard_manager
+    gs = tw.torch.guards_of(f_mutates_views)
+    records = [g for g in gs.torch_import.guards if g.kind == "STORAGE_OVERLAPPING"]
+    # One record per tensor node (torch's two leaves, overlapping and not, print the same code).
+    assert len(records) == 3 and all(g.outcome == "native" for g in records), records
+    assert len({g.guards for g in records}) == 1, "torch's two leaves share one tripwire guard"
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    decisions = {True: 0, False: 0}
+    by_overlap_only = 0
+    fresh = torch.randn(20)
+    starts = range(0, 15, 2 if scaled(50) == 50 else 7)  # fewer under --gc-stress
+    for i, j, k in itertools.product(starts, starts, starts):
+        L = {"a": fresh[i : i + 6], "b": fresh[j : j + 6], "c": fresh[k : k + 6]}
+        want = gm.check(L)
+        assert gs.check(L) == want == loaded.check(L), (i, j, k)
+        decisions[want] += 1
+        if not want:
+            failures = gs.failures(L) if hasattr(gs, "failures") else [gs.why_not(L)]
+            if all("STORAGE_OVERLAPPING" in str(f) for f in failures):
+                by_overlap_only += 1
+    assert decisions[True] and decisions[False], decisions
+    assert by_overlap_only, "some inputs fail on the overlap relation alone"
