@@ -71,7 +71,7 @@ namespace {
 // dict (the skip). Small sets (the common case) keep them on the stack; bigger ones use a file
 // per thread and per nesting depth (a residue may run a nested check on this thread: it gets the
 // next file, never ours).
-constexpr std::size_t kStackRegs = 64;
+constexpr std::size_t kStackRegs = 128;
 struct RegisterSpace {
     std::vector<PyObject*> values;
     std::vector<std::uint64_t> tags;
@@ -578,6 +578,7 @@ void GuardSet::relational_after_residues(Pass& p) {
 
 bool GuardSet::after_residue(Pass& p, int rr) {
     p.ran_user_code = true;
+    p.key_memo.valid = 0;  // user code may have entered or left a dispatch-key guard
     if (rr != 1) {
         p.result = rr;
         return false;
@@ -1270,7 +1271,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             next = opp + 1;
             // Not decided without user code (not the adapter's tensor, a mismatch): the walk's
             // code decides in place, which also names the failure.
-            if (!tensor_match_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            const RuntimeGuard& g = guards[op.guard];
+            if (!tensor_match_quick(g, r[op.node], ps.key_memo) &&
+                !tensor_match_pure(g, r[op.node], ps.key_memo) && !slow_guard(ps, op))
+                next = end;
             break;
         } while (false);
         opp = next;
@@ -1288,7 +1292,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (!dimension_marking_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            const RuntimeGuard& g = guards[op.guard];
+            if (!dimension_marking_quick(g, r[op.node]) && !dimension_marking_pure(g, r[op.node]) &&
+                !slow_guard(ps, op))
+                next = end;
             break;
         } while (false);
         opp = next;

@@ -19,6 +19,7 @@
 #include "runtime/eval/fetch.hpp"
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/py.hpp"
+#include "runtime/tensors/adapter_abi.h"
 
 namespace tripwire::runtime {
 
@@ -284,6 +285,9 @@ class GuardSet {
         bool ran_user_code = false;
         std::uint32_t slow_guards = 0;  ///< guards evaluated as residues
         int result = 1;
+        /// TENSOR_MATCH's memo of the thread-local dispatch key sets: read once per check,
+        /// forgotten after every residue (user code may change them).
+        TwKeyMemo key_memo{};
     };
     // The fast program's rare paths, out of line (fast_pass.cpp).
     void hold_path(Pass& p, std::uint32_t ni);
@@ -371,6 +375,7 @@ class GuardSet {
     // inline caches of DIMENSION_MARKING (sized once: RuntimeGuard points into it).
     std::vector<Ref> derived_;
     std::vector<AttrCache> attr_caches_;
+    std::vector<std::uint64_t> absent_memos_;  // DIMENSION_MARKING: RuntimeGuard::absent_memo
     // Relational guards: slot base per guard (index into program_.guards), the check's slots
     // (strong references while a walk holds them), the nodes of each slot for the fast pass, and
     // sort scratch for large NO_ALIAS.
