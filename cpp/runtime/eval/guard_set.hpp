@@ -177,6 +177,9 @@ class GuardSet {
             nullptr;  ///< the value fetched from the parent's dict in state memo_parent_tag
         std::uint64_t memo_parent_tag = 0;  ///< ...and its identity-implied guards held on it (0: no claim)
         std::uint64_t memo_tag = 0;  ///< in this state of this node's dict, its state-implied guards held
+        /// in this state of this node's dict, every child of its leaf run (LeafRun) was fetched
+        /// and all its guards held (0: no claim; cleared when the program is rebuilt)
+        std::uint64_t memo_run_tag = 0;
         std::uint32_t member_begin = 0, member_end = 0;  ///< relational operands (core::Node)
     };
 
@@ -219,6 +222,12 @@ class GuardSet {
             // guards. StampGlobals does the same for the globals dict G[...] roots read.
             Stamp,
             StampGlobals,
+            // A run of a stamped node's children that are settled leaves (every guard implied by
+            // identity, no child, no symbol, no relational role): LeafRun jumps over the whole run
+            // (and its RunClaim) when the node's tag this check equals its run claim; RunClaim, at
+            // the run's end, makes that claim when no user code ran since the node's stamp.
+            LeafRun,
+            RunClaim,
             // Residues: kinds with no form free of user code, evaluated in place as the walk does,
             // the current path's values held (SlowGuard on regs[node], SlowAmbient on the locals).
             SlowGuard,
