@@ -612,3 +612,47 @@ def test_cache_index_dispatches_on_tensor_shapes() -> None:
         v = {"x": torch.zeros(n, 3).t().contiguous().t()}
         want = next((e.payload for e in cache.entries if e.guards.check(v)), None)
         assert cache.lookup(v) == want
+
+
+def test_key_memo_is_forgotten_after_a_residue() -> None:
+    """TENSOR_MATCH reads the thread-local dispatch key sets once per check (TwKeyMemo) and
+    reuses the last raw key set's applied value. A residue that enters autocast between two
+    tensors of the same key set changes the applied keys: the second tensor must be read
+    afresh (after_residue clears the memo), so the check fails as torch's would."""
+    a, c = torch.ones(2), torch.ones(3)
+    f_locals = {"a": a, "c": c}
+    state: dict[str, Any] = {"enter": False, "ctx": None}
+
+    def enters_autocast(v: Any) -> bool:
+        if state["enter"] and state["ctx"] is None:
+            state["ctx"] = torch.autocast("cpu")
+            state["ctx"].__enter__()
+        return True
+
+    b = tw.GuardBuilder(f_locals, {})
+    b.tensor_match("L['a']")
+    b.predicate(enters_autocast, source="L['a']")
+    b.tensor_match("L['c']")
+    gs = b.build()
+    assert all(gs.check(f_locals) for _ in range(3))
+    state["enter"] = True
+    try:
+        assert gs.check(f_locals) is False  # c's keys now carry AutocastCPU
+    finally:
+        state["ctx"].__exit__(None, None, None)
+    assert gs.check(f_locals) is True
+
+
+def test_marking_memo_sees_mark_dynamic() -> None:
+    """DIMENSION_MARKING keeps the tag of the instance dict state it proved to lack the marking
+    flag; mark_dynamic writes the flag into that dict (a new tag), so the next check fails."""
+    import torch._dynamo
+
+    x = torch.nn.Parameter(torch.ones(4, 3))
+    x._dynamo_static_input_type = "static"  # a materialised instance dict, as on model parameters
+    b = tw.GuardBuilder({"x": x}, {})
+    b.dimension_marking("L['x']")
+    gs = b.build()
+    assert all(gs.check({"x": x}) for _ in range(3))  # the memo is made, then used
+    torch._dynamo.mark_dynamic(x, 0)
+    assert gs.check({"x": x}) is False  # marked now, not at build time: recompile

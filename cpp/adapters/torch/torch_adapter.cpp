@@ -173,6 +173,57 @@ int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) no
     }
 }
 
+// TENSOR_MATCH in one call (the fast program's common case). The same fields and order as the
+// core's tensor_equal on tensor_fields' reading; anything it does not decide (Python keys, a layout
+// without strides, a difference) answers 0 and the core's full reader decides, naming the field.
+int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept {
+    try {
+        const at::Tensor& t = THPVariable_Unpack(obj);
+        if (!t.defined()) return 0;
+        c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        const uint64_t raw = impl->key_set().raw_repr();
+        uint64_t keys = memo->last_applied;
+        if (memo->valid == 0 || raw != memo->last_raw) {
+            if (memo->valid == 0) {
+                // One read of the thread-locals per check (the caller clears the memo whenever
+                // Python code may have run since).
+                const c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
+                memo->included = local.included_.raw_repr();
+                memo->excluded = local.excluded_.raw_repr();
+                memo->valid = 1;
+            }
+            // DispatchKeySet's own operators, as apply_local: `-` keeps the backend bits.
+            keys = ((c10::DispatchKeySet(c10::DispatchKeySet::RAW, raw) |
+                     c10::DispatchKeySet(c10::DispatchKeySet::RAW, memo->included)) -
+                    c10::DispatchKeySet(c10::DispatchKeySet::RAW, memo->excluded))
+                       .raw_repr();
+            memo->last_raw = raw;
+            memo->last_applied = keys;
+        }
+        if (keys != static_cast<uint64_t>(want[TW_TENSOR_KEYS]) || (keys & kPythonKeys.raw_repr()) != 0)
+            return 0;
+        if (static_cast<int64_t>(impl->dtype().toScalarType()) != want[TW_TENSOR_DTYPE] ||
+            impl->device().index() != want[TW_TENSOR_DEVICE_INDEX] ||
+            (impl->requires_grad() ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
+            return 0;
+        const int64_t ndim = impl->dim();
+        if (ndim != want[TW_TENSOR_NDIM] || impl->layout() != c10::kStrided) return 0;
+        const int64_t* sizes = impl->sizes().data();
+        const int64_t* strides = impl->strides().data();
+        const int64_t* pairs = want + TW_TENSOR_HEADER;
+        for (int64_t i = 0; i < ndim; ++i) {
+            const int64_t size = pairs[2 * i], stride = pairs[2 * i + 1];
+            if ((size != TW_TENSOR_ANY && size != sizes[i]) ||
+                (stride != TW_TENSOR_ANY && stride != strides[i]))
+                return 0;
+        }
+        const int64_t offset = want[TW_TENSOR_STORAGE_OFFSET];
+        return offset == TW_TENSOR_ANY || offset == impl->storage_offset() ? 1 : 0;
+    } catch (...) {
+        return 0;
+    }
+}
+
 // GradGuardAccessor::check_nopybind's value: THPVariable_Wrap of the C++ grad field.
 PyObject* cpp_tensor_grad(PyObject* obj) noexcept {
     try {
@@ -621,6 +672,7 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.cpp_tensor_property = cpp_tensor_property;
     g_table.cpp_tensor_grad = cpp_tensor_grad;
     g_table.tensors_may_overlap = tensors_may_overlap;
+    g_table.tensor_matches = tensor_matches;
 
     PyObject* m = PyModule_Create(&g_module);
     if (m == nullptr) return nullptr;

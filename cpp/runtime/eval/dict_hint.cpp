@@ -247,9 +247,18 @@ namespace {
 int table_lacks(layout::Keys* dk, PyObject** values, PyObject* name) {
     if (dk == nullptr || dk->dk_kind == 0) return -1;
     auto* ents = reinterpret_cast<layout::UnicodeEntry*>(layout::entries(dk));
-    for (Py_ssize_t i = 0; i < dk->dk_nentries; ++i) {
+    // Most keys differ from `name` in their cached hash: compared inline first (a key whose hash
+    // is not cached yet, or equal, goes to equal_str, which decides).
+    const Py_hash_t h = reinterpret_cast<PyASCIIObject*>(name)->hash;
+    const Py_ssize_t n = dk->dk_nentries;
+    for (Py_ssize_t i = 0; i < n; ++i) {
         PyObject* k = ents[i].me_key;
-        if (k == name || (k != nullptr && layout::equal_str(k, name))) {
+        if (k != name) {
+            if (k == nullptr) continue;
+            const Py_hash_t hk = reinterpret_cast<PyASCIIObject*>(k)->hash;
+            if (h != -1 && hk != -1 && hk != h) continue;
+        }
+        if (k == name || layout::equal_str(k, name)) {
             // A table of exact str keys never holds two equal keys: this is the one entry.
             PyObject* v = values != nullptr ? values[i] : ents[i].me_value;
             return v == nullptr ? 1 : 0;
@@ -259,7 +268,7 @@ int table_lacks(layout::Keys* dk, PyObject** values, PyObject* name) {
 }
 }  // namespace
 
-int instance_attr_absent(PyObject* obj, PyObject* name) {
+int instance_attr_absent(PyObject* obj, PyObject* name, std::uint64_t* memo) {
     if (!g_dict_hints_enabled) return -1;
     PyTypeObject* tp = Py_TYPE(obj);
     PyObject* dict = nullptr;
@@ -281,11 +290,19 @@ int instance_attr_absent(PyObject* obj, PyObject* name) {
     }
     if (dict == nullptr) return 1;  // not created: no instance attribute yet
     if (!PyDict_Check(dict)) return -1;
+    // The dict in a state already proved to lack `name` still lacks it (the tag premise).
+    std::uint64_t tag = 0;
+    if (memo != nullptr && PyDict_CheckExact(dict)) {
+        tag = dict_tag(dict);
+        if (tag != 0 && tag == *memo) return 1;
+    }
     auto* mp = reinterpret_cast<layout::Dict*>(dict);
-    return table_lacks(mp->ma_keys, layout::split_values(mp->ma_values), name);
+    const int r = table_lacks(mp->ma_keys, layout::split_values(mp->ma_values), name);
+    if (r == 1 && tag != 0) *memo = tag;  // read before the scan, nothing ran between
+    return r;
 }
 #else
-int instance_attr_absent(PyObject*, PyObject*) { return -1; }
+int instance_attr_absent(PyObject*, PyObject*, std::uint64_t*) { return -1; }
 #endif
 
 }  // namespace tripwire::runtime

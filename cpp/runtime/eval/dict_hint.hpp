@@ -52,7 +52,13 @@ void verify_dict_hints();
 /// attribute `name` (an exact str): 1 absent, 0 present, -1 when that cannot be decided without
 /// user code (hints off, a table with non-str keys, inline values this mirror does not locate).
 /// Reads only; allocates nothing.
-int instance_attr_absent(PyObject* obj, PyObject* name);
+///
+/// `memo` (optional, 0 at first): when the storage is an instance dict, the tag (dict_tag) of the
+/// state in which this was last proved. Equal non-zero tags read from a live dict mean the same
+/// dict in the same state (docs/cpp.md, "Skipping unchanged subtrees"), so that dict still lacks
+/// `name`: 1 at once, without a scan. Set after a proof in a dict with a usable tag; never used
+/// or set for inline values (no tag), an embedded 3.13 dict (tag 0) or with the skip off.
+int instance_attr_absent(PyObject* obj, PyObject* name, std::uint64_t* memo = nullptr);
 
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
 #define TRIPWIRE_DICT_LAYOUT 1
@@ -254,6 +260,22 @@ inline std::uint64_t dict_tag(PyObject* d) {
     return reinterpret_cast<layout::Dict*>(d)->ma_version_tag;
 }
 
+/// instance_attr_absent's memo alone, inline: true when `obj` keeps its attributes in an
+/// existing managed instance dict (the storage instance_attr_absent would scan, never inline
+/// values) whose tag is `memo` (non-zero): that dict is in a state already proved to lack the
+/// name. False means "not known this way" (the caller asks instance_attr_absent).
+inline bool instance_absence_memo_holds(PyObject* obj, std::uint64_t memo) {
+    if (memo == 0 || !g_dict_hints_enabled) return false;
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (!(tp->tp_flags & Py_TPFLAGS_MANAGED_DICT)) return false;
+#if PY_VERSION_HEX >= 0x030D0000
+    if ((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject)) return false;
+#endif
+    if (layout::inline_values(obj) != nullptr) return false;
+    PyObject* dict = layout::managed_dict(obj);
+    return dict != nullptr && PyDict_CheckExact(dict) && dict_tag(dict) == memo;
+}
+
 /// Whether instance_attr_hinted reads the object's whole own storage (so "not found" there
 /// means "not an instance attribute").
 inline bool instance_hints_complete() { return g_dict_hints_enabled; }
@@ -263,6 +285,7 @@ inline PyObject* instance_attr_hinted(PyObject*, PyObject*, Py_ssize_t*) { retur
 inline PyObject* materialised_managed_dict(PyObject*) { return nullptr; }
 inline bool instance_hints_complete() { return false; }
 inline int dict_keys_identical(PyObject*, PyObject*) { return -1; }
+inline bool instance_absence_memo_holds(PyObject*, std::uint64_t) { return false; }
 inline bool dict_has_only_str_keys(PyObject*) { return false; }
 inline constexpr bool g_skip_enabled = false;
 inline std::uint64_t dict_tag(PyObject*) { return 0; }

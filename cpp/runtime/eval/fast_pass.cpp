@@ -71,7 +71,7 @@ namespace {
 // dict (the skip). Small sets (the common case) keep them on the stack; bigger ones use a file
 // per thread and per nesting depth (a residue may run a nested check on this thread: it gets the
 // next file, never ours).
-constexpr std::size_t kStackRegs = 64;
+constexpr std::size_t kStackRegs = 128;
 struct RegisterSpace {
     std::vector<PyObject*> values;
     std::vector<std::uint64_t> tags;
@@ -371,10 +371,31 @@ void GuardSet::build_fast_pass() {
     // a settled value proves (a settled fetch jumps over them), then the stamp and those an
     // unchanged dict proves (a hit jumps over them), then the others. Reordering a node's guards
     // among themselves is the walk's own latitude (adaptive order), never across nodes.
+    // A marker item opens (LeafRun) or closes (RunClaim) a leaf run of node `node`'s children.
+    enum class Mark : std::uint8_t { None, RunBegin, RunEnd };
     struct Item {
         std::uint32_t node, parent, pos;
+        Mark mark = Mark::None;
     };
     std::vector<Item> stack;
+    // A child that may be part of a leaf run: fetched by a settling step from a stamped parent,
+    // not stamped itself, no child, no SHAPE symbol, no relational role, and every guard fast and
+    // implied by identity (so the settled fetch's jump covers all of them).
+    auto run_leaf = [&](std::uint32_t ci, std::uint32_t pi) {
+        const core::Node& c = program_.nodes[ci];
+        if (!stamped[pi] || stamped[ci] || c.symbol != core::kNoSymbol || c.child_begin != c.child_end ||
+            c.member_begin != c.member_end || c.guard_begin == c.guard_end ||
+            !settle_step(c, module_like(program_, guards_, program_.nodes[pi])))
+            return false;
+        for (std::uint32_t k = c.guard_begin; k < c.guard_end; ++k) {
+            const FastOp g = guard_op(ci, guard_order_[k], k);
+            if (g.code == Code::SlowGuard || implied_by(guards_[g.guard]) != Implied::Identity) return false;
+        }
+        return true;
+    };
+    std::size_t run_at = 0;  // the open run's LeafRun op
+    std::vector<Item> children;
+    for (NodeRt& rt : nodes_) rt.memo_run_tag = 0;  // a claim about the previous program's runs
     std::vector<std::uint32_t> node_fetch_op(n_nodes, 0);
     for (std::uint32_t k = static_cast<std::uint32_t>(root_order_.size()); k-- > 0;)
         stack.push_back({root_order_[k], root_order_[k], k});
@@ -391,6 +412,37 @@ void GuardSet::build_fast_pass() {
         const Item item = stack.back();
         stack.pop_back();
         const core::Node& n = program_.nodes[item.node];
+        if (item.mark != Mark::None) {
+            close_until(n.depth + 1);  // the previous sibling's subtree (or the run's last leaf)
+            FastOp mark;
+            mark.node = item.node;
+            if (item.mark == Mark::RunBegin) {
+                run_at = fast_ops_.size();
+                mark.code = Code::LeafRun;
+                fast_ops_.push_back(mark);
+                continue;
+            }
+            mark.code = Code::RunClaim;
+            fast_ops_.push_back(mark);
+            // Check what was emitted: only settled fetches of this node's children, each jumping
+            // over its whole subtree (its guards). Anything else disables the run's skip.
+            bool ok = true;
+            std::uint32_t jumped = 0;
+            for (std::size_t i = run_at + 1; i + 1 < fast_ops_.size();) {
+                const FastOp& f = fast_ops_[i];
+                if (!f.settle || f.parent != item.node || f.jump != f.skip || f.skip <= i) {
+                    ok = false;
+                    break;
+                }
+                jumped += f.jumped;
+                i = f.skip;
+            }
+            FastOp& run = fast_ops_[run_at];
+            run.jump =
+                ok ? static_cast<std::uint32_t>(fast_ops_.size()) : static_cast<std::uint32_t>(run_at + 1);
+            run.jumped = ok ? jumped : 0;
+            continue;
+        }
         close_until(n.depth);
         FastOp op;
         op.node = item.node;
@@ -500,9 +552,27 @@ void GuardSet::build_fast_pass() {
             fast_ops_[stamp_at].jumped = static_cast<std::uint32_t>(state_ops.size());
         }
         fast_ops_.insert(fast_ops_.end(), other_ops.begin(), other_ops.end());
-        // Pushed in reverse so that they pop in evaluation order.
-        for (std::uint32_t k = n.child_end; k > n.child_begin; --k)
-            stack.push_back({child_order_[k - 1], item.node, k - 1});
+        // In evaluation order; the first maximal run of two or more leaf children between a
+        // RunBegin and a RunEnd marker (one run per node: the node holds one run claim, which a
+        // second run's LeafRun would read right after the first's RunClaim made it); pushed in
+        // reverse so that they pop in evaluation order.
+        children.clear();
+        bool have_run = false;
+        for (std::uint32_t k = n.child_begin; k < n.child_end;) {
+            std::uint32_t e = k;
+            while (e < n.child_end && run_leaf(child_order_[e], item.node)) ++e;
+            const bool run = !have_run && e - k >= 2;
+            have_run = have_run || run;
+            if (run) children.push_back({item.node, item.node, 0, Mark::RunBegin});
+            for (std::uint32_t j = k; j < e; ++j) children.push_back({child_order_[j], item.node, j});
+            if (run) children.push_back({item.node, item.node, 0, Mark::RunEnd});
+            if (e == k) {
+                children.push_back({child_order_[k], item.node, k});
+                ++e;
+            }
+            k = e;
+        }
+        for (std::size_t k = children.size(); k-- > 0;) stack.push_back(children[k]);
     }
     close_until(0);
     // Relational guards last, never inside a jump: every source's register is filled (or its
@@ -586,6 +656,7 @@ void GuardSet::relational_after_residues(Pass& p) {
 
 bool GuardSet::after_residue(Pass& p, int rr) {
     p.ran_user_code = true;
+    p.key_memo.valid = 0;  // user code may have entered or left a dispatch-key guard
     if (rr != 1) {
         p.result = rr;
         return false;
@@ -616,6 +687,7 @@ void GuardSet::fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos) {
     // A claim made optimistically at this node's fetch or stamp did not hold up.
     nodes_[ni].memo_parent_tag = 0;
     nodes_[ni].memo_tag = 0;
+    nodes_[ni].memo_run_tag = 0;
     if (!p.ran_user_code) {
         p.result = kUndecided;  // nothing ran: the walk decides, on the same objects
         return;
@@ -658,6 +730,7 @@ bool GuardSet::slow_guard(Pass& p, const FastOp& op) {
     // left standing here would let a later check jump over a guard that was never decided.
     nodes_[op.node].memo_tag = 0;
     nodes_[op.node].memo_parent_tag = 0;
+    nodes_[op.node].memo_run_tag = 0;
     if (!p.allow_user_code) {
         p.result = kUndecided;
         return false;
@@ -771,14 +844,43 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // indirect jump per op, no loop counter); `break` inside an op's do/while leaves it.
 #define TW_DISPATCH() \
     goto* kDispatch[static_cast<std::size_t>(opp->code)]  // NOLINT(bugprone-macro-parentheses)
-        static void* const kDispatch[] = {
-            &&op_LoadLocal,     &&op_LoadGlobal,   &&op_LoadClosure,      &&op_FetchAttr,    &&op_FetchItem,
-            &&op_FetchDictItem, &&op_FetchDict,    &&op_FetchFunction,    &&op_FetchPure,    &&op_TypeIs,
-            &&op_IdIs,          &&op_IsNone,       &&op_IsNotNone,        &&op_IsTrue,       &&op_IsFalse,
-            &&op_Equals,        &&op_EqualsPython, &&op_DictKeys,         &&op_DictContains, &&op_LengthExact,
-            &&op_DictVersion,   &&op_WeakrefAlive, &&op_CodeIs,           &&op_BuiltinProbe, &&op_Stamp,
-            &&op_StampGlobals,  &&op_SlowGuard,    &&op_SlowAmbient,      &&op_Symbol,       &&op_TensorProp,
-            &&op_TensorMatch,   &&op_ArrayMatch,   &&op_DimensionMarking, &&op_Relational,   &&op_End};
+        static void* const kDispatch[] = {&&op_LoadLocal,
+                                          &&op_LoadGlobal,
+                                          &&op_LoadClosure,
+                                          &&op_FetchAttr,
+                                          &&op_FetchItem,
+                                          &&op_FetchDictItem,
+                                          &&op_FetchDict,
+                                          &&op_FetchFunction,
+                                          &&op_FetchPure,
+                                          &&op_TypeIs,
+                                          &&op_IdIs,
+                                          &&op_IsNone,
+                                          &&op_IsNotNone,
+                                          &&op_IsTrue,
+                                          &&op_IsFalse,
+                                          &&op_Equals,
+                                          &&op_EqualsPython,
+                                          &&op_DictKeys,
+                                          &&op_DictContains,
+                                          &&op_LengthExact,
+                                          &&op_DictVersion,
+                                          &&op_WeakrefAlive,
+                                          &&op_CodeIs,
+                                          &&op_BuiltinProbe,
+                                          &&op_Stamp,
+                                          &&op_StampGlobals,
+                                          &&op_LeafRun,
+                                          &&op_RunClaim,
+                                          &&op_SlowGuard,
+                                          &&op_SlowAmbient,
+                                          &&op_Symbol,
+                                          &&op_TensorProp,
+                                          &&op_TensorMatch,
+                                          &&op_ArrayMatch,
+                                          &&op_DimensionMarking,
+                                          &&op_Relational,
+                                          &&op_End};
         static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
                       "one entry per FastOp::Code, in order");
         const FastOp* opp = ops;
@@ -1223,6 +1325,35 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         } while (false);
         opp = next;
         TW_DISPATCH();
+    op_LeafRun:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // The node's dict is in the state of its run claim (read by its Stamp this check, no
+            // user code since): every child of the run yields the value it yielded then, on which
+            // all its guards (identity-implied) held. Nothing later reads their registers.
+            const std::uint64_t t = tags[op.node];
+            if (t != 0 && t == nodes[op.node].memo_run_tag) {
+                skipped += op.jumped;
+                next = ops + op.jump;
+            }
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_RunClaim:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // A non-zero tag here means no residue ran since the node's Stamp read it (every
+            // residue below the node forgets the tags of its path, this node's included), so each
+            // child of the run was settled or fetched under this tag and passed all its guards.
+            const std::uint64_t t = tags[op.node];
+            if (t != 0) nodes[op.node].memo_run_tag = t;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
     op_SlowGuard:
         do {
             const FastOp& op = *opp;
@@ -1278,7 +1409,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             next = opp + 1;
             // Not decided without user code (not the adapter's tensor, a mismatch): the walk's
             // code decides in place, which also names the failure.
-            if (!tensor_match_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            const RuntimeGuard& g = guards[op.guard];
+            if (!tensor_match_quick(g, r[op.node], ps.key_memo) &&
+                !tensor_match_pure(g, r[op.node], ps.key_memo) && !slow_guard(ps, op))
+                next = end;
             break;
         } while (false);
         opp = next;
@@ -1296,7 +1430,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (!dimension_marking_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op)) next = end;
+            const RuntimeGuard& g = guards[op.guard];
+            if (!dimension_marking_quick(g, r[op.node]) && !dimension_marking_pure(g, r[op.node]) &&
+                !slow_guard(ps, op))
+                next = end;
             break;
         } while (false);
         opp = next;

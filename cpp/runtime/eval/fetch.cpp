@@ -239,7 +239,7 @@ PyObject* function_field(PyObject* fn, PyObject* name) {
     return v != nullptr ? v : Py_None;  // the getters answer None for an unset optional field
 }
 
-bool attribute_certainly_absent(AttrCache& c, PyObject* obj, PyObject* name) {
+bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);
     if (!attr_cache_valid(c, tp)) {
         // InstanceDict here means "no class defines the name, and getattr is object's own".
@@ -251,7 +251,7 @@ bool attribute_certainly_absent(AttrCache& c, PyObject* obj, PyObject* name) {
             return AttrCache::Mode::InstanceDict;
         });
     }
-    return c.mode == AttrCache::Mode::InstanceDict && instance_attr_absent(obj, name) == 1;
+    return c.mode == AttrCache::Mode::InstanceDict && instance_attr_absent(obj, name, &dict_memo) == 1;
 }
 
 Fetched fetch_root(RuntimeRoot& root, const Locals& locals, PyObject* globals) {

@@ -120,7 +120,8 @@ PyObject* function_field(PyObject* fn, PyObject* name);
 /// obj's type use object.__getattribute__ itself (no __getattr__), no class of its MRO defines
 /// `name` (both cached in `c` under the type's version tag), and obj's own storage lacks it
 /// (instance_attr_absent). False when present, or when this cannot be decided that way.
-bool attribute_certainly_absent(AttrCache& c, PyObject* obj, PyObject* name);
+/// `dict_memo`: instance_attr_absent's memo of the instance dict state last proved to lack `name`.
+bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject* obj, PyObject* name);
 
 /// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
 std::string describe_missing(const RuntimeStep& step, PyObject* parent);

@@ -36,6 +36,9 @@ struct RuntimeGuard {
     const std::int64_t* data = nullptr;  ///< GuardDecl::data (owned by the Program), data_size entries
     std::uint32_t data_size = 0;
     AttrCache* attr_cache = nullptr;  ///< DIMENSION_MARKING's inline cache (owned by the GuardSet)
+    /// DIMENSION_MARKING: the instance dict state last proved to lack the marking flag
+    /// (instance_attr_absent's memo; owned by the GuardSet, next to attr_cache).
+    std::uint64_t* absent_memo = nullptr;
     std::uint32_t id = 0;
     DictWatch* watch = nullptr;  ///< DICT_VERSION on 3.12+: its change flag (owned by the GuardSet)
 };

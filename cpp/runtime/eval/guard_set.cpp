@@ -286,9 +286,13 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     std::size_t markings = 0;
     for (const RuntimeGuard& g : guards_) markings += g.kind == core::GuardKind::DimensionMarking ? 1 : 0;
     attr_caches_.resize(markings);
+    absent_memos_.assign(markings, 0);
     markings = 0;
     for (RuntimeGuard& g : guards_) {
-        if (g.kind == core::GuardKind::DimensionMarking) g.attr_cache = &attr_caches_[markings++];
+        if (g.kind == core::GuardKind::DimensionMarking) {
+            g.absent_memo = &absent_memos_[markings];
+            g.attr_cache = &attr_caches_[markings++];
+        }
     }
     for (auto& [id, obj] : derived_by_id) {
         auto it = std::lower_bound(program_.guards.begin(), program_.guards.end(), id,

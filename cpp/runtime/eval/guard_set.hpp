@@ -19,6 +19,7 @@
 #include "runtime/eval/fetch.hpp"
 #include "runtime/eval/guard_kinds.hpp"
 #include "runtime/py.hpp"
+#include "runtime/tensors/adapter_abi.h"
 
 namespace tripwire::runtime {
 
@@ -176,6 +177,9 @@ class GuardSet {
             nullptr;  ///< the value fetched from the parent's dict in state memo_parent_tag
         std::uint64_t memo_parent_tag = 0;  ///< ...and its identity-implied guards held on it (0: no claim)
         std::uint64_t memo_tag = 0;  ///< in this state of this node's dict, its state-implied guards held
+        /// in this state of this node's dict, every child of its leaf run (LeafRun) was fetched
+        /// and all its guards held (0: no claim; cleared when the program is rebuilt)
+        std::uint64_t memo_run_tag = 0;
         std::uint32_t member_begin = 0, member_end = 0;  ///< relational operands (core::Node)
     };
 
@@ -218,6 +222,12 @@ class GuardSet {
             // guards. StampGlobals does the same for the globals dict G[...] roots read.
             Stamp,
             StampGlobals,
+            // A run of a stamped node's children that are settled leaves (every guard implied by
+            // identity, no child, no symbol, no relational role): LeafRun jumps over the whole run
+            // (and its RunClaim) when the node's tag this check equals its run claim; RunClaim, at
+            // the run's end, makes that claim when no user code ran since the node's stamp.
+            LeafRun,
+            RunClaim,
             // Residues: kinds with no form free of user code, evaluated in place as the walk does,
             // the current path's values held (SlowGuard on regs[node], SlowAmbient on the locals).
             SlowGuard,
@@ -284,6 +294,9 @@ class GuardSet {
         bool ran_user_code = false;
         std::uint32_t slow_guards = 0;  ///< guards evaluated as residues
         int result = 1;
+        /// TENSOR_MATCH's memo of the thread-local dispatch key sets: read once per check,
+        /// forgotten after every residue (user code may change them).
+        TwKeyMemo key_memo{};
     };
     // The fast program's rare paths, out of line (fast_pass.cpp).
     void hold_path(Pass& p, std::uint32_t ni);
@@ -371,6 +384,7 @@ class GuardSet {
     // inline caches of DIMENSION_MARKING (sized once: RuntimeGuard points into it).
     std::vector<Ref> derived_;
     std::vector<AttrCache> attr_caches_;
+    std::vector<std::uint64_t> absent_memos_;  // DIMENSION_MARKING: RuntimeGuard::absent_memo
     // Relational guards: slot base per guard (index into program_.guards), the check's slots
     // (strong references while a walk holds them), the nodes of each slot for the fast pass, and
     // sort scratch for large NO_ALIAS.

@@ -22,7 +22,7 @@
 #define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
     4 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
          3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad,                     \
-         tensors_may_overlap */
+         tensors_may_overlap, tensor_matches */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -62,6 +62,29 @@ typedef struct TwTensorFields {
     const int64_t* strides; /* null when !has_strides */
     int64_t storage_offset;
 } TwTensorFields;
+
+/* TENSOR_MATCH's expected record (core/kind_data.hpp tensor_data), which tensor_matches reads:
+ * dispatch keys, dtype, device index, requires_grad, ndim, storage offset, then (size, stride)
+ * per dimension; TW_TENSOR_ANY leaves a size, a stride or the storage offset unchecked. The core
+ * static_asserts that these agree with its layout. */
+#define TW_TENSOR_KEYS 0
+#define TW_TENSOR_DTYPE 1
+#define TW_TENSOR_DEVICE_INDEX 2
+#define TW_TENSOR_REQUIRES_GRAD 3
+#define TW_TENSOR_NDIM 4
+#define TW_TENSOR_STORAGE_OFFSET 5
+#define TW_TENSOR_HEADER 6
+#define TW_TENSOR_ANY INT64_MIN
+
+/* tensor_matches' per-check memo of the thread-local dispatch key sets: read once per check
+ * (`valid` 0: not read yet), and the last raw key set with the sets applied (most tensors of a
+ * model share one). The caller zeroes it at the start of every check and whenever Python code
+ * may have run since (a residue: user code may enter or leave a dispatch-key guard). */
+typedef struct TwKeyMemo {
+    int32_t valid;
+    uint64_t included, excluded; /* raw bits of the thread-local include / exclude sets */
+    uint64_t last_raw, last_applied;
+} TwKeyMemo;
 
 /* A torch global-state snapshot (core/kind_data.hpp torch_state) compiled once for the per-check
  * comparison: the header fields, and per autocast device its type, whether it is enabled (also as
@@ -163,6 +186,12 @@ typedef struct TwTorchAdapter {
      * does: the storages themselves are not compared. -1 for a tensor with the Python dispatch
      * key (its metadata may be answered by Python code). */
     int (*tensors_may_overlap)(PyObject* x, PyObject* y);
+    /* TENSOR_MATCH's common case in one call: 1 when `obj` (an instance of a type deriving from
+     * tensor_base_type; the caller checked its exact type) is a strided tensor whose fields all
+     * equal the expected record `want` (layout above), with the thread-local key sets applied
+     * through `memo` and no Python key in the result; else 0 (a difference, a layout without
+     * strides, Python keys, an unreadable tensor: the caller's full reader decides). */
+    int (*tensor_matches)(PyObject* obj, const int64_t* want, TwKeyMemo* memo);
 } TwTorchAdapter;
 
 #ifdef __cplusplus

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/kind_data.hpp"
+#include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/fetch.hpp"
 #include "runtime/tensors/readers.hpp"
 
@@ -377,11 +378,29 @@ const char* field_name(Field f) {
 
 // -- TENSOR_MATCH -------------------------------------------------------------------------------------------
 
-bool tensor_match_pure(const RuntimeGuard& g, PyObject* v) {
+// The adapter's one-call comparison reads the expected record in the core's layout.
+static_assert(core::tensor_data::kDispatchKeys == TW_TENSOR_KEYS &&
+                  core::tensor_data::kDtype == TW_TENSOR_DTYPE &&
+                  core::tensor_data::kDeviceIndex == TW_TENSOR_DEVICE_INDEX &&
+                  core::tensor_data::kRequiresGrad == TW_TENSOR_REQUIRES_GRAD &&
+                  core::tensor_data::kNdim == TW_TENSOR_NDIM &&
+                  core::tensor_data::kStorageOffset == TW_TENSOR_STORAGE_OFFSET &&
+                  core::tensor_data::kHeader == TW_TENSOR_HEADER && kAny == TW_TENSOR_ANY,
+              "adapter_abi.h's TENSOR_MATCH record layout must be core::tensor_data's");
+
+bool tensor_match_pure(const RuntimeGuard& g, PyObject* v, TwKeyMemo& memo) {
     if (g.via_python || reinterpret_cast<PyObject*>(Py_TYPE(v)) != g.a) return false;
+    // The common case in one adapter call; what it does not decide (a difference, Python keys, a
+    // layout without strides) is read field by field below, as before.
+    if (tensor_match_quick(g, v, memo)) return true;
     TwTensorFields m;
     TensorFields f;
     return native_fields(v, m, f) && tensor_equal(g.data, f);
+}
+
+bool tensor_match_pure(const RuntimeGuard& g, PyObject* v) {
+    TwKeyMemo memo{};
+    return tensor_match_pure(g, v, memo);
 }
 
 int tensor_match(const RuntimeGuard& g, PyObject* v) {
@@ -460,8 +479,11 @@ bool array_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMisma
 // -- DIMENSION_MARKING --------------------------------------------------------------------------------------
 
 bool dimension_marking_pure(const RuntimeGuard& g, PyObject* v) {
-    // The common case: a tensor nobody marked carries no _has_dynamo_dim_marking at all.
-    return g.attr_cache != nullptr && attribute_certainly_absent(*g.attr_cache, v, marking_names().flag);
+    // The common case: a tensor nobody marked carries no _has_dynamo_dim_marking at all. The
+    // name is interned once (marking_names) and kept here, off the function-local static's guard.
+    static PyObject* const flag = marking_names().flag;
+    if (dimension_marking_quick(g, v)) return true;
+    return g.attr_cache != nullptr && attribute_certainly_absent(*g.attr_cache, *g.absent_memo, v, flag);
 }
 
 int dimension_marking(const RuntimeGuard& g, PyObject* v) {

@@ -10,7 +10,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/eval/dict_hint.hpp"
+#include "runtime/eval/fetch.hpp"
 #include "runtime/eval/guard_kinds.hpp"
+#include "runtime/tensors/adapter_abi.h"
+#include "runtime/tensors/readers.hpp"
 
 namespace tripwire::runtime {
 
@@ -49,8 +53,28 @@ int dimension_marking(const RuntimeGuard& g, PyObject* v);
 /// allocating (a guard bound to a Python reader, or a tensor carrying dimension markings, is
 /// never decided here).
 bool tensor_match_pure(const RuntimeGuard& g, PyObject* v);
+/// The same with the check's memo of the thread-local dispatch key sets (adapter_abi.h TwKeyMemo):
+/// zeroed at the start of the check and whenever Python code may have run since.
+bool tensor_match_pure(const RuntimeGuard& g, PyObject* v, TwKeyMemo& memo);
 bool array_match_pure(const RuntimeGuard& g, PyObject* v);
 bool dimension_marking_pure(const RuntimeGuard& g, PyObject* v);
+
+/// The fast program's inline first tries (false: not decided this way, the *_pure form decides).
+/// TENSOR_MATCH: the exact type, then the adapter's one-call comparison (TwTorchAdapter::
+/// tensor_matches) under the check's key memo.
+inline bool tensor_match_quick(const RuntimeGuard& g, PyObject* v, TwKeyMemo& memo) {
+    if (g.via_python || reinterpret_cast<PyObject*>(Py_TYPE(v)) != g.a) return false;
+    const TwTorchAdapter* a = torch_adapter();
+    return a != nullptr && a->tensor_matches(v, g.data, &memo) == 1;
+}
+/// DIMENSION_MARKING: no class of the type defines the marking flag (the inline cache, under the
+/// type's version tag) and the tensor's instance dict is in a state already proved to lack it
+/// (instance_absence_memo_holds): the flag is absent, so no marking.
+inline bool dimension_marking_quick(const RuntimeGuard& g, PyObject* v) {
+    const AttrCache* c = g.attr_cache;
+    return c != nullptr && attr_cache_valid(*c, Py_TYPE(v)) && c->mode == AttrCache::Mode::InstanceDict &&
+           instance_absence_memo_holds(v, *g.absent_memo);
+}
 
 /// Every field where `v` differs (empty: the guard holds). False with a Python error set when a
 /// Python reader raised.
