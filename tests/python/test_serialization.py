@@ -1301,10 +1301,10 @@ def test_a_collection_during_the_lazy_build_reenters_it(monkeypatch: pytest.Monk
     inside = [0]
     real = serialization.loaded_specs
 
-    def tracked(lazy: tuple) -> list:
+    def tracked(lazy: tuple, decls: list) -> list:
         inside[0] += 1
         try:
-            return real(lazy)
+            return real(lazy, decls)
         finally:
             inside[0] -= 1
 

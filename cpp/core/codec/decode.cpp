@@ -189,7 +189,8 @@ class Decoder {
         const std::size_t n = r.count("guard count", 6);
         doc.guards.reserve(n);
         for (std::size_t gi = 0; gi < n; ++gi) {
-            GuardRecord g;
+            // Read in place (a GuardRecord is large: moving one in would cost a copy's worth).
+            GuardRecord& g = doc.guards.emplace_back();
             g.offset = r.offset();
             GuardDecl& d = g.decl;
             const std::uint8_t kind = r.u8("guard kind");
@@ -203,7 +204,7 @@ class Decoder {
             const std::uint64_t id = r.varint("guard id");
             if (id > 0xFFFFFFFFu) r.fail_at(g.offset, "guard id out of range");
             d.id = static_cast<std::uint32_t>(id);
-            if (gi > 0 && d.id <= doc.guards.back().decl.id) {
+            if (gi > 0 && d.id <= doc.guards[gi - 1].decl.id) {
                 r.fail_at(g.offset, "guards are not in increasing id order (duplicate or unsorted id " +
                                         std::to_string(d.id) + ")");
             }
@@ -227,7 +228,6 @@ class Decoder {
                                         " guard: " + e.what());
             }
             if (d.kind == GuardKind::Shape) shape_symbol_types(d, r, g.offset);
-            doc.guards.push_back(std::move(g));
         }
     }
 
