@@ -202,7 +202,7 @@ void register_serial(nb::module_& m) {
             [](const Decoded& d, std::size_t i) {
                 if (i >= d.doc.guards.size()) throw nb::index_error("no such guard");
                 const auto& g = d.doc.guards[i];
-                return nb::make_tuple(g.label, nb::cast(g.stack), g.offset);
+                return nb::make_tuple(g.label, nb::cast(core::codec::stack_of(d.doc, g)), g.offset);
             },
             nb::arg("i"), "(label, install stack, byte offset) of the guard at position i.")
         .def(
@@ -231,7 +231,7 @@ void register_serial(nb::module_& m) {
             [](const Decoded& d) {
                 nb::list out;
                 for (const auto& g : d.doc.guards)
-                    out.append(nb::make_tuple(g.label, nb::cast(g.stack), g.offset));
+                    out.append(nb::make_tuple(g.label, nb::cast(core::codec::stack_of(d.doc, g)), g.offset));
                 return out;
             },
             "[(label, install stack, byte offset)] per guard.")
