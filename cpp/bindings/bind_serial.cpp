@@ -48,9 +48,10 @@ Decoded* as_decoded(PyObject* o) {
 
 /// The document of `d` with its declarations still in it.
 const Document& with_decls(const Decoded& d) {
-    if (d.decls_taken)
+    if (d.decls_taken) {
         throw std::runtime_error(
             "the declarations of this document were moved into the guard set built from it");
+    }
     return d.doc;
 }
 
