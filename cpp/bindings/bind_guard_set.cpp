@@ -97,8 +97,6 @@ void register_guard_set(nb::module_& m) {
                     if (doc == nullptr)
                         throw nb::type_error("expected a decoded document (tripwire._core.Decoded)");
                     runtime::GuardSetInputs in;
-                    in.decls.reserve(doc->guards.size());
-                    for (const auto& g : doc->guards) in.decls.push_back(g.decl);
                     for (nb::handle c : consts) in.consts.push_back(c.ptr());
                     for (const std::uint8_t f : doc->const_flags) in.hold_weakly.push_back((f & 1) != 0);
                     if (!globals.is_none() && !PyDict_Check(globals.ptr()))
@@ -106,6 +104,11 @@ void register_guard_set(nb::module_& m) {
                     in.globals = globals.is_none() ? nullptr : globals.ptr();
                     in.strict = strict;
                     in.eval_error_type = eval_error_type.is_none() ? nullptr : eval_error_type.ptr();
+                    // Moved, not copied (the copy and its destruction were a tenth of a load):
+                    // the document keeps labels and stacks; the declarations come back through
+                    // _decls() for the lazily built diagnostics. Taken last, once nothing else
+                    // can refuse the arguments.
+                    in.decls = take_decoded_decls(decoded.ptr());
                     new (self) GuardSetCore{std::make_shared<runtime::GuardSet>(std::move(in))};
                 },
                 nb::arg("decoded"), nb::arg("consts"), nb::arg("globals").none(), nb::arg("strict"),
@@ -172,6 +175,10 @@ void register_guard_set(nb::module_& m) {
                 "SHAPE relations: {'relations': [(id, 'kept'|'merged'|'implied', by id, failures)], "
                 "'symbols', "
                 "'operations' (distinct computed sub-expressions), 'fast_path'}.")
+            .def(
+                "_decls", [](GuardSetCore& s) { return s.get().program().guards; },
+                "The declarations as compiled, in installation order (a loaded set's diagnostics are "
+                "built from them).")
             .def_prop_ro("_ambient_ids", [](GuardSetCore& s) { return s.get().ambient_ids(); })
             .def_prop_ro("_relational_ids", [](GuardSetCore& s) { return s.get().relational_ids(); })
             .def(

@@ -35,14 +35,42 @@ nb::bytes as_bytes(const std::string& s) { return nb::bytes(s.data(), s.size());
 struct Decoded {
     Document doc;
     std::vector<std::size_t> const_offsets;
+    /// The declarations were moved into the guard set built from this document (a load copies
+    /// none of them); that set's `_decls()` gives them back.
+    bool decls_taken = false;
 };
+
+Decoded* as_decoded(PyObject* o) {
+    Decoded* d = nullptr;
+    if (!nb::try_cast<Decoded*>(nb::handle(o), d)) return nullptr;
+    return d;
+}
+
+/// The document of `d` with its declarations still in it.
+const Document& with_decls(const Decoded& d) {
+    if (d.decls_taken) {
+        throw std::runtime_error(
+            "the declarations of this document were moved into the guard set built from it");
+    }
+    return d.doc;
+}
 
 }  // namespace
 
 const core::codec::Document* decoded_document(PyObject* o) {
-    Decoded* d = nullptr;
-    if (!nb::try_cast<Decoded*>(nb::handle(o), d) || d == nullptr) return nullptr;
-    return &d->doc;
+    Decoded* d = as_decoded(o);
+    return d == nullptr ? nullptr : &d->doc;
+}
+
+std::vector<core::GuardDecl> take_decoded_decls(PyObject* o) {
+    Decoded* d = as_decoded(o);
+    if (d == nullptr) throw nb::type_error("expected a decoded document (tripwire._core.Decoded)");
+    (void)with_decls(*d);
+    std::vector<core::GuardDecl> out;
+    out.reserve(d->doc.guards.size());
+    for (auto& g : d->doc.guards) out.push_back(std::move(g.decl));
+    d->decls_taken = true;
+    return out;
 }
 
 void register_serial(nb::module_& m) {
@@ -158,15 +186,16 @@ void register_serial(nb::module_& m) {
             [](const Decoded& d) {
                 std::vector<core::GuardDecl> out;
                 out.reserve(d.doc.guards.size());
-                for (const auto& g : d.doc.guards) out.push_back(g.decl);
+                for (const auto& g : with_decls(d).guards) out.push_back(g.decl);
                 return out;
             },
-            "The guard declarations (operands index constants()).")
+            "The guard declarations (operands index constants()), until a guard set is built from "
+            "this document (GuardSetCore(decoded, ...) moves them there: see its _decls()).")
         .def(
             "decl",
             [](const Decoded& d, std::size_t i) {
                 if (i >= d.doc.guards.size()) throw nb::index_error("no such guard");
-                return d.doc.guards[i].decl;
+                return with_decls(d).guards[i].decl;
             },
             nb::arg("i"), "The declaration of the guard at position i.")
         .def(
@@ -174,13 +203,13 @@ void register_serial(nb::module_& m) {
             [](const Decoded& d, std::size_t i) {
                 if (i >= d.doc.guards.size()) throw nb::index_error("no such guard");
                 const auto& g = d.doc.guards[i];
-                return nb::make_tuple(g.label, nb::cast(g.stack), g.offset);
+                return nb::make_tuple(g.label, nb::cast(core::codec::stack_of(d.doc, g)), g.offset);
             },
             nb::arg("i"), "(label, install stack, byte offset) of the guard at position i.")
         .def(
             "check_loaded",
             [](const Decoded& d, nb::list consts) {
-                runtime::serial::LoadedFacts f = runtime::serial::check_loaded(d.doc, consts.ptr());
+                runtime::serial::LoadedFacts f = runtime::serial::check_loaded(with_decls(d), consts.ptr());
                 return std::make_pair(f.reads_globals, std::move(f.python_checked));
             },
             nb::arg("consts"),
@@ -203,7 +232,7 @@ void register_serial(nb::module_& m) {
             [](const Decoded& d) {
                 nb::list out;
                 for (const auto& g : d.doc.guards)
-                    out.append(nb::make_tuple(g.label, nb::cast(g.stack), g.offset));
+                    out.append(nb::make_tuple(g.label, nb::cast(core::codec::stack_of(d.doc, g)), g.offset));
                 return out;
             },
             "[(label, install stack, byte offset)] per guard.")

@@ -4,11 +4,16 @@
 #include <nanobind/nanobind.h>
 
 #include <memory>
+#include <vector>
 
 namespace tripwire::runtime {
 class GuardSet;
 class Cache;
 }  // namespace tripwire::runtime
+
+namespace tripwire::core {
+struct GuardDecl;
+}  // namespace tripwire::core
 
 namespace tripwire::core::codec {
 struct Document;
@@ -29,6 +34,10 @@ runtime::Cache* cache_of(PyObject* o);
 /// The document behind a tripwire._core.Decoded instance (bind_serial.cpp), or null for any other
 /// object. Borrowed: valid while `o` is.
 const core::codec::Document* decoded_document(PyObject* o);
+/// Move the declarations out of a tripwire._core.Decoded (a loaded set compiles them without a
+/// copy); its decls()/decl()/check_loaded() raise afterwards. Throws nb::type_error for another
+/// object and std::runtime_error when they were taken already.
+std::vector<core::GuardDecl> take_decoded_decls(PyObject* o);
 
 /// The IR: RootKind, StepKind, GuardKind, and the typed declarations (bind_ir.cpp). First.
 void register_ir(nanobind::module_& m);

@@ -14,11 +14,12 @@ namespace {
 
 [[noreturn]] void fail(const std::string& why) { throw InvalidProgram(why); }
 
-void check_const(ConstId c, std::size_t n_consts, const char* what) {
-    if (c != kNoConst && c >= n_consts) {
-        fail(std::string(what) + " refers to constant " + std::to_string(c) + " of " +
-             std::to_string(n_consts));
-    }
+[[noreturn]] void fail_const(ConstId c, std::size_t n_consts, const char* what) {
+    fail(std::string(what) + " refers to constant " + std::to_string(c) + " of " + std::to_string(n_consts));
+}
+
+inline void check_const(ConstId c, std::size_t n_consts, const char* what) {
+    if (c != kNoConst && c >= n_consts) fail_const(c, n_consts, what);
 }
 
 bool step_has_operand(StepKind k) {
@@ -62,14 +63,19 @@ const SourcePath& source_at(const GuardDecl& d, std::uint32_t slot) {
 // Key identifying a node among its siblings.
 using RootKey = std::pair<int, ConstId>;
 using StepKey = std::tuple<std::uint32_t, int, ConstId, std::int64_t>;
+
+/// validate() without validate_decl on each declaration: the tree, its ranges and derived facts.
+void validate_structure(const Program& p, std::size_t n_consts);
 }  // namespace
 
 void validate_decl(const GuardDecl& d, std::size_t n_consts) {
     if (!guard_kind_known(d.kind)) fail("unknown guard kind");
     const GuardShape shape = guard_shape(d.kind);
-    const std::string name(guard_kind_name(d.kind));
-    if (d.has_source && !shape.allows_source) fail(name + " takes no source");
-    if (!d.has_source && shape.needs_source) fail(name + " needs a source");
+    // The kind's name only on failure: this runs for every guard at every load (decode, bind,
+    // compile, validate), and most names are longer than a small-string buffer.
+    auto name = [&d] { return std::string(guard_kind_name(d.kind)); };
+    if (d.has_source && !shape.allows_source) fail(name() + " takes no source");
+    if (!d.has_source && shape.needs_source) fail(name() + " needs a source");
     if (d.has_source) validate_source(d.source, n_consts);
     if (d.kind == GuardKind::Shape) {
         if (d.relation.empty()) fail("SHAPE needs a relation");
@@ -79,12 +85,12 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
             if (t > 1) fail("a SHAPE symbol is an int (0) or a float (1)");
         }
     } else if (!d.relation.empty() || !d.symbols.empty() || !d.symbol_types.empty()) {
-        fail(name + " takes no relation");
+        fail(name() + " takes no relation");
     }
     if (is_relational(d.kind)) {
         const std::size_t n = d.more_sources.size();
         if (d.kind == GuardKind::Alias ? n != 1 : (n < 1 || n > kMaxRelationalSources)) {
-            fail(name + " has a bad number of sources");
+            fail(name() + " has a bad number of sources");
         }
         // STORAGE_OVERLAPPING: `n` sources (the first ones) overlap; never exactly one.
         if (d.kind == GuardKind::StorageOverlapping &&
@@ -93,24 +99,27 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
         }
         for (const SourcePath& src : d.more_sources) validate_source(src, n_consts);
     } else if (!d.more_sources.empty()) {
-        fail(name + " takes one source");
+        fail(name() + " takes one source");
     }
-    if (shape.operand && d.operand == kNoConst) fail(name + " needs an operand");
+    if (shape.operand && d.operand == kNoConst) fail(name() + " needs an operand");
     if (!shape.operand && d.operand != kNoConst && d.kind != GuardKind::GlobalState) {
-        fail(name + " takes no operand");
+        fail(name() + " takes no operand");
     }
-    if (!shape.operand2 && d.operand2 != kNoConst) fail(name + " takes no operand2");
+    if (!shape.operand2 && d.operand2 != kNoConst) fail(name() + " takes no operand2");
     if (shape.operand2 && d.operand2 == kNoConst && d.kind != GuardKind::GlobalState)
-        fail(name + " needs operand2");
-    check_const(d.operand, n_consts, name.c_str());
-    check_const(d.operand2, n_consts, name.c_str());
+        fail(name() + " needs operand2");
+    if ((d.operand != kNoConst && d.operand >= n_consts) ||
+        (d.operand2 != kNoConst && d.operand2 >= n_consts)) {
+        check_const(d.operand, n_consts, name().c_str());
+        check_const(d.operand2, n_consts, name().c_str());
+    }
     switch (d.kind) {
         case GuardKind::DictKeys:
             if (d.operand2 == kNoConst) fail("DICT_KEYS needs its key tuple");
             break;
         case GuardKind::Length:
         case GuardKind::TupleIteratorLen:
-            if (d.n < 0) fail(name + " needs a non-negative length");
+            if (d.n < 0) fail(name() + " needs a non-negative length");
             break;
         case GuardKind::GlobalState:
             if (d.operand == kNoConst) {  // built-in probe
@@ -136,7 +145,10 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
 }
 
 Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
-    std::sort(decls.begin(), decls.end(), [](const GuardDecl& a, const GuardDecl& b) { return a.id < b.id; });
+    // A loaded set comes sorted (the decoder requires increasing ids): sorting would still move
+    // every declaration.
+    auto by_id = [](const GuardDecl& a, const GuardDecl& b) { return a.id < b.id; };
+    if (!std::is_sorted(decls.begin(), decls.end(), by_id)) std::sort(decls.begin(), decls.end(), by_id);
     for (std::size_t i = 0; i < decls.size(); ++i) {
         validate_decl(decls[i], n_consts);
         if (i > 0 && decls[i].id == decls[i - 1].id)
@@ -144,12 +156,23 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
     }
 
     Program p;
+    // At most one node per root and step of every source: reserved, so that nodes are not moved.
+    std::size_t most_nodes = 0;
+    for (const GuardDecl& d : decls) {
+        if (d.has_source) most_nodes += d.source.steps.size() + 1;
+        for (const SourcePath& m : d.more_sources) most_nodes += m.steps.size() + 1;
+        for (const SourcePath& m : d.symbols) most_nodes += m.steps.size() + 1;
+    }
+    p.nodes.reserve(most_nodes);
     // Intern nodes: first appearance order, so children and guards stay in installation order.
     std::map<RootKey, std::uint32_t> root_index;
     std::map<StepKey, std::uint32_t> step_index;
     std::vector<std::vector<std::uint32_t>> kids;    // per node, child nodes in order
     std::vector<std::vector<std::uint32_t>> guards;  // per node, guard indices in order
     std::vector<std::vector<Member>> members;        // per node, relational operands in order
+    kids.reserve(most_nodes);
+    guards.reserve(most_nodes);
+    members.reserve(most_nodes);
 
     auto new_node = [&](Node n) {
         p.nodes.push_back(std::move(n));
@@ -279,16 +302,22 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
         n.subtree_runs_user_code = user;
     }
     p.guards = std::move(decls);
-    validate(p, n_consts);
+    validate_structure(p, n_consts);  // the declarations were validated above, unchanged since
     return p;
 }
 
 void validate(const Program& p, std::size_t n_consts) {
+    for (const GuardDecl& d : p.guards) validate_decl(d, n_consts);
+    validate_structure(p, n_consts);
+}
+
+namespace {
+
+void validate_structure(const Program& p, std::size_t n_consts) {
     const auto n_nodes = static_cast<std::uint32_t>(p.nodes.size());
     const auto n_guards = static_cast<std::uint32_t>(p.guards.size());
     std::vector<std::uint8_t> guard_seen(n_guards, 0);
     std::vector<std::uint8_t> node_seen(n_nodes, 0);
-    for (const GuardDecl& d : p.guards) validate_decl(d, n_consts);
     for (std::uint32_t g : p.ambient) {
         if (g >= n_guards || p.guards[g].has_source || p.guards[g].kind == GuardKind::Shape)
             fail("bad ambient guard");
@@ -443,6 +472,7 @@ void validate(const Program& p, std::size_t n_consts) {
     if (p.max_depth != max_depth) fail("bad max depth");
 }
 
+}  // namespace
 }  // namespace tripwire::core
 
 namespace tripwire::core {

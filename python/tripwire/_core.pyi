@@ -305,6 +305,11 @@ class GuardSetCore:
         SHAPE relations: {'relations': [(id, 'kept'|'merged'|'implied', by id, failures)], 'symbols', 'operations' (distinct computed sub-expressions), 'fast_path'}.
         """
 
+    def _decls(self) -> list[GuardDecl]:
+        """
+        The declarations as compiled, in installation order (a loaded set's diagnostics are built from them).
+        """
+
     @property
     def _ambient_ids(self) -> list[int]: ...
 
@@ -743,7 +748,9 @@ class Decoded:
     def guard_count(self) -> int: ...
 
     def decls(self) -> list[GuardDecl]:
-        """The guard declarations (operands index constants())."""
+        """
+        The guard declarations (operands index constants()), until a guard set is built from this document (GuardSetCore(decoded, ...) moves them there: see its _decls()).
+        """
 
     def decl(self, i: int) -> GuardDecl:
         """The declaration of the guard at position i."""

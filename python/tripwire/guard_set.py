@@ -261,7 +261,7 @@ class GuardSet(_core.GuardSetCore):
                 return built
             from .serialization import loaded_specs
 
-            specs = tuple(loaded_specs(lazy))
+            specs = tuple(loaded_specs(lazy, self._decls()))
             built = (specs, {s.index: s for s in specs})
             self._built = built
             self._lazy = None

@@ -527,9 +527,11 @@ def _load(
     return gs
 
 
-def loaded_specs(lazy: tuple) -> list[GuardSpec]:
+def loaded_specs(lazy: tuple, decls: list[_core.GuardDecl]) -> list[GuardSpec]:
     """The GuardSpecs of a loaded set, built on its first diagnostic from what the load kept:
-    the decoded document and the constants, each identity-held one as (weakref, id, type name).
+    the decoded document (labels, stacks), the declarations as the set compiled them (``decls``,
+    moved there from the document at load) and the constants, each identity-held one as
+    (weakref, id, type name).
     Everything was checked at load; an object that died since is shown as dead (a Weak), never
     looked up again by name (the name may now be bound to another object)."""
     doc, held, weak_positions = lazy
@@ -545,7 +547,7 @@ def loaded_specs(lazy: tuple) -> list[GuardSpec]:
     memo: dict = {}
     specs = [
         _spec(d, objs, label, stack, offset, memo, checked=True)
-        for d, (label, stack, offset) in zip(doc.decls(), doc.guard_info(), strict=True)
+        for d, (label, stack, offset) in zip(decls, doc.guard_info(), strict=True)
     ]
     return [
         s if s.args and type(s.args[0]) is Weak else s.weakened()

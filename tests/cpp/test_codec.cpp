@@ -207,7 +207,8 @@ TEST(Codec, RoundTripsEveryStoredKind) {
             EXPECT_EQ(a.more_sources[j].steps, b.more_sources[j].steps);
             EXPECT_EQ(a.more_sources[j].texts, b.more_sources[j].texts);
         }
-        EXPECT_EQ(d.guards[i].stack, e.guards[i].stack);
+        EXPECT_EQ(d.guards[i].stack, stack_of(e, e.guards[i]));
+        EXPECT_TRUE(e.guards[i].stack.empty());  // decoded into the shared table (stack_of)
         EXPECT_EQ(d.guards[i].label, e.guards[i].label);
     }
     EXPECT_EQ(e.tripwire_version, "0.1.0");

@@ -1202,6 +1202,34 @@ def test_loaded_diagnostics_equal_the_live_ones_whatever_is_asked_first() -> Non
                 assert [s.index for s in loaded] == [s.index for s in gs]
 
 
+def test_a_load_moves_the_declarations_into_the_set() -> None:
+    # from_bytes compiles the decoded declarations without a copy: the document gives them up
+    # (and says so, rather than answering with an empty list), the set gives them back for its
+    # diagnostics, exactly as decoded; install stacks come from the document's string table.
+    from tripwire import _core, serialization
+
+    frame = fx.frames()[0]
+    gs = tw.guards_for(frame, fx.__dict__)
+    blob = gs.to_bytes()
+    doc = _core.decode_guard_set(blob)
+    before = [(d.kind, d.id, d.operand, d.operand2, d.n) for d in doc.decls()]
+    stacks = [stack for _, stack, _ in doc.guard_info()]
+    assert all(stacks) and stacks == [list(s.stack) for s in gs.guards]
+    loaded = serialization.loads(blob)
+    core = loaded._lazy[0]
+    with pytest.raises(RuntimeError, match="moved into the guard set"):
+        core.decls()
+    with pytest.raises(RuntimeError, match="moved into the guard set"):
+        core.decl(0)
+    assert [(d.kind, d.id, d.operand, d.operand2, d.n) for d in loaded._decls()] == before
+    assert [stack for _, stack, _ in core.guard_info()] == stacks
+    # A second set from the same document is refused, never built from nothing.
+    again = tw.GuardSet.__new__(tw.GuardSet)
+    with pytest.raises(RuntimeError, match="moved into the guard set"):
+        _core.GuardSetCore.__init__(again, core, list(loaded._lazy[1]), None, False, None)
+    assert [s.describe() for s in loaded.guards] == [s.describe() for s in gs.guards]
+
+
 def test_a_global_rebound_before_the_first_diagnostic() -> None:
     """The lazily built specs use the objects resolved at load, never a second lookup by name: a
     module global rebound between the load and the first diagnostic is reported as the guard
@@ -1301,10 +1329,10 @@ def test_a_collection_during_the_lazy_build_reenters_it(monkeypatch: pytest.Monk
     inside = [0]
     real = serialization.loaded_specs
 
-    def tracked(lazy: tuple) -> list:
+    def tracked(lazy: tuple, decls: list) -> list:
         inside[0] += 1
         try:
-            return real(lazy)
+            return real(lazy, decls)
         finally:
             inside[0] -= 1
 

@@ -1685,3 +1685,39 @@ def test_differential_duplicate_input():
     diff.run([unalias], TRIALS, seed=13)
     if TRIALS >= 200:
         assert "ALIAS" in diff.failed_kinds, diff.failed_kinds
+
+
+def test_the_python_reader_path_imports_the_same_guards():
+    # A build without the torch adapter reads tensors through Python (tripwire.tensors
+    # _read_tensor): about 100-300x slower per check of a model's set (bench/README.md, "Without
+    # the torch adapter"), which is why the default build now includes the adapter whenever torch
+    # imports (CMakeLists.txt, TRIPWIRE_TORCH_ADAPTER=AUTO). That cost must come from the readers
+    # alone: guards_of imports the same guards, by kind and source, with the same answers, and
+    # explain() names the path each tensor guard takes. (No timing here: bench/real_models.py.)
+    from engine_switches import python_readers
+
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = GPT(cfg)
+    idx = torch.randint(0, cfg.vocab, (2, 8))
+    compile_and_call(model, idx)
+    native = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    with python_readers(True):
+        slow = twt.guards_of(model, drop=twt.PENDING_KINDS)
+    key = lambda gs: collections.Counter((g.kind.name, str(g.source)) for g in gs.guards)
+    assert key(slow) == key(native)
+    assert collections.Counter(g.kind.name for g in slow.guards)["TENSOR_MATCH"] > 0
+    L = twt.frame_locals(model, idx)
+    other = dict(L, idx=idx.to(torch.float64))
+    for f_locals in (L, other):
+        assert slow.check(f_locals) == native.check(f_locals)
+    assert native.check(L) and not native.check(other)
+    tensor_lines = lambda gs: [
+        line  # the guard lines, not the summary ("TENSOR_MATCH: 38 = 38 native")
+        for line in gs.explain().splitlines()
+        if line.lstrip().startswith("TENSOR_MATCH:") and ", installed at " in line
+    ]
+    assert len(tensor_lines(slow)) == len(tensor_lines(native)) > 0
+    if tw.tensors.adapter_status().startswith("torch adapter"):
+        assert all("[torch adapter]" in line for line in tensor_lines(native))
+    assert all("[python reader: no torch adapter]" in line for line in tensor_lines(slow))

@@ -74,6 +74,8 @@ class Decoder {
 
     const std::string& str(Reader& r, const char* what) { return strings_[r.index(what, strings_.size())]; }
 
+    std::vector<std::string> take_strings() { return std::move(strings_); }
+
     void references(Reader& r) {
         const std::size_t n = r.count("reference count", 4);
         doc.references.reserve(n);
@@ -189,7 +191,8 @@ class Decoder {
         const std::size_t n = r.count("guard count", 6);
         doc.guards.reserve(n);
         for (std::size_t gi = 0; gi < n; ++gi) {
-            GuardRecord g;
+            // Read in place (a GuardRecord is large: moving one in would cost a copy's worth).
+            GuardRecord& g = doc.guards.emplace_back();
             g.offset = r.offset();
             GuardDecl& d = g.decl;
             const std::uint8_t kind = r.u8("guard kind");
@@ -203,7 +206,7 @@ class Decoder {
             const std::uint64_t id = r.varint("guard id");
             if (id > 0xFFFFFFFFu) r.fail_at(g.offset, "guard id out of range");
             d.id = static_cast<std::uint32_t>(id);
-            if (gi > 0 && d.id <= doc.guards.back().decl.id) {
+            if (gi > 0 && d.id <= doc.guards[gi - 1].decl.id) {
                 r.fail_at(g.offset, "guards are not in increasing id order (duplicate or unsorted id " +
                                         std::to_string(d.id) + ")");
             }
@@ -218,8 +221,10 @@ class Decoder {
             if (label > strings_.size()) r.fail("label string out of range");
             if (label != 0) g.label = strings_[label - 1];
             const std::size_t depth = r.count("stack depth");
-            g.stack.reserve(depth);
-            for (std::size_t k = 0; k < depth; ++k) g.stack.push_back(str(r, "stack string"));
+            g.stack_begin = static_cast<std::uint32_t>(doc.stack_strings.size());
+            g.stack_count = static_cast<std::uint32_t>(depth);
+            for (std::size_t k = 0; k < depth; ++k)
+                doc.stack_strings.push_back(r.index("stack string", strings_.size()));
             try {
                 validate_decl(d, n_consts);
             } catch (const InvalidProgram& e) {
@@ -227,7 +232,6 @@ class Decoder {
                                         " guard: " + e.what());
             }
             if (d.kind == GuardKind::Shape) shape_symbol_types(d, r, g.offset);
-            doc.guards.push_back(std::move(g));
         }
     }
 
@@ -331,7 +335,17 @@ Document decode_body(const std::uint8_t* body, std::size_t size) {
         }
     }
     if (!r.at_end()) r.fail(std::to_string(r.remaining()) + " bytes after the last section");
+    dec.doc.strings = dec.take_strings();  // the install stacks index it
     return std::move(dec.doc);
+}
+
+std::vector<std::string> stack_of(const Document& doc, const GuardRecord& g) {
+    if (g.stack_count == 0) return g.stack;
+    std::vector<std::string> out;
+    out.reserve(g.stack_count);
+    for (std::uint32_t k = g.stack_begin; k < g.stack_begin + g.stack_count; ++k)
+        out.push_back(doc.strings.at(doc.stack_strings.at(k)));
+    return out;
 }
 
 Document decode(const std::uint8_t* data, std::size_t size) {

@@ -104,8 +104,11 @@ struct Reference {
 struct GuardRecord {
     GuardDecl decl;
     std::string label;               ///< GLOBAL_STATE's name; empty for other kinds
-    std::vector<std::string> stack;  ///< install sites, innermost last
+    std::vector<std::string> stack;  ///< install sites, innermost last (what encode() writes)
     std::size_t offset = 0;          ///< where decode() found it
+    /// decode() leaves `stack` empty and records the sites as Document::stack_strings[stack_begin,
+    /// stack_begin + stack_count) instead: no string per site per guard at load. Read with stack_of().
+    std::uint32_t stack_begin = 0, stack_count = 0;
 };
 
 /// A guard left out at save by an explicit drop=: recorded, shown by explain().
@@ -134,7 +137,13 @@ struct Document {
     std::vector<Baseline> baselines;
     std::vector<Dropped> dropped;
     bool strict = false;  ///< the set re-raises guard exceptions (GuardEvalError)
+    /// decode() only: the string table, and the install stacks as indices into it (GuardRecord).
+    std::vector<std::string> strings;
+    std::vector<std::uint32_t> stack_strings;
 };
+
+/// The install stack of `g` (a guard of `doc`), whether `doc` was built to encode or decoded.
+std::vector<std::string> stack_of(const Document& doc, const GuardRecord& g);
 
 /// The bytes of `doc` (header, hash, body). Throws FormatError when `doc` itself breaks a rule
 /// decode() would reject (so encode never writes what decode refuses).

@@ -82,7 +82,7 @@ class Encoder : public StringTable {
         }
     }
 
-    void guard(const GuardRecord& g, Writer& w) {
+    void guard(const Document& doc, const GuardRecord& g, Writer& w) {
         const GuardDecl& d = g.decl;
         w.u8(static_cast<std::uint8_t>(d.kind));
         w.u8(record_version(d));
@@ -93,8 +93,9 @@ class Encoder : public StringTable {
         write_payload(d, payload, *this);
         w.bytes(payload.out);
         w.varint(g.label.empty() ? 0 : std::uint64_t{str(g.label)} + 1);
-        w.varint(g.stack.size());
-        for (const std::string& s : g.stack) w.varint(str(s));
+        const std::vector<std::string> stack = stack_of(doc, g);  // a decoded document's too
+        w.varint(stack.size());
+        for (const std::string& s : stack) w.varint(str(s));
     }
 
     std::string strings_section() const {
@@ -165,7 +166,7 @@ std::string encode(const Document& doc) {
     }
     Writer guards;
     guards.varint(doc.guards.size());
-    for (const GuardRecord& g : doc.guards) e.guard(g, guards);
+    for (const GuardRecord& g : doc.guards) e.guard(doc, g, guards);
     Writer meta;
     meta.u8(doc.strict ? 1 : 0);
     meta.u8(doc.has_globals_module ? 1 : 0);

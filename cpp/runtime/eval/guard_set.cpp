@@ -80,6 +80,24 @@ void refuse_cpp_tensor_steps_without_adapter(const core::GuardDecl& d) {
     }
 }
 
+// Whether `t` derives from `module.name` (torch._C.TensorBase, numpy.ndarray), looked up in
+// sys.modules without importing: the type checks of the Python-reader path, where no adapter or
+// array struct supplies the base type. A tensor or array type cannot exist before its module is
+// imported, so a module not imported yet means "no".
+bool derives_from(PyObject* t, const char* module, const char* name) {
+    Ref key = Ref::steal(PyUnicode_FromString(module));
+    if (!key) throw_python_error();
+    Ref mod = Ref::steal(PyImport_GetModule(key.get()));
+    if (!mod) {
+        if (PyErr_Occurred()) throw_python_error();
+        return false;
+    }
+    Ref base = Ref::steal(PyObject_GetAttrString(mod.get(), name));
+    if (!base) throw_python_error();
+    return PyType_Check(base.get()) &&
+           PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), reinterpret_cast<PyTypeObject*>(base.get()));
+}
+
 }  // namespace
 
 std::uint64_t invalidation_epoch() { return g_invalidation_epoch; }
@@ -103,6 +121,9 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                 } else if (!python_readers().tensor) {
                     throw core::InvalidProgram("TENSOR_MATCH needs torch support (tripwire.tensors)");
                 } else {
+                    // The same refusal without the adapter (a crafted record naming `int`).
+                    if (!derives_from(t, "torch._C", "TensorBase"))
+                        throw core::InvalidProgram("TENSOR_MATCH needs a torch tensor type");
                     d.via_python = true;
                 }
                 break;
@@ -124,6 +145,8 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                 } else if (!python_readers().array) {
                     throw core::InvalidProgram("ARRAY_MATCH needs numpy support (tripwire.tensors)");
                 } else {
+                    if (numpy_ndarray_type() == nullptr && !derives_from(t, "numpy", "ndarray"))
+                        throw core::InvalidProgram("ARRAY_MATCH needs a numpy array type");
                     d.via_python = true;
                 }
                 derived_by_id.emplace_back(d.id, std::move(dtype));
