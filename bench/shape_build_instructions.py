@@ -97,7 +97,9 @@ def count(mode: str, parts_file: str, out_dir: str) -> float:
     totals = []
     for i in (1, 2):
         with open(f"{base}.{i}") as f:
-            totals.append(next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:"))))
+            totals.append(
+                next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
+            )
     return (totals[1] - totals[0]) / (HI - LO)
 
 

@@ -181,12 +181,13 @@ void register_shape(nb::module_& m) {
             types.reserve(n);
             for (std::size_t k = 0; k < n; ++k) {
                 runtime::Ref v = read_symbol(symbols[k], f_locals, f_globals, f_closure);
-                if (PyLong_CheckExact(v.get()))
+                if (PyLong_CheckExact(v.get())) {
                     types.push_back(core::shape::ValueType::Int);
-                else if (PyFloat_CheckExact(v.get()))
+                } else if (PyFloat_CheckExact(v.get())) {
                     types.push_back(core::shape::ValueType::Float);
-                else
+                } else {
                     return nb::none();  // not a symbol's type: the caller says which, and why
+                }
                 values.push_back(std::move(v));
             }
             return translating(text, [&]() -> nb::object {
@@ -194,17 +195,22 @@ void register_shape(nb::module_& m) {
                     core::shape::compile_relation_shared(text, types);
                 const core::shape::ShapeProgram& p = *memo;
                 core::shape::ShapeFrame frame(p);
-                for (std::uint32_t k = 0; k < n; ++k)
+                for (std::uint32_t k = 0; k < n; ++k) {
                     if (!runtime::store_symbol(frame, k, types[k], values[k].get())) return nb::none();
+                }
                 const std::int32_t fast = core::shape::run_fast(p, frame);
                 if (fast != core::shape::kShapePass &&
-                    (fast != core::shape::kShapeUndecided || !core::shape::run_exact(p, frame)[0].holds))
+                    (fast != core::shape::kShapeUndecided || !core::shape::run_exact(p, frame)[0].holds)) {
                     return nb::none();
-                nb::tuple codes = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(n)));
-                for (std::size_t k = 0; k < n; ++k)
-                    PyTuple_SET_ITEM(codes.ptr(), static_cast<Py_ssize_t>(k),
-                                     PyLong_FromLong(static_cast<long>(types[k])));  // small ints: cached
-                return codes;
+                }
+                PyObject* codes = PyTuple_New(static_cast<Py_ssize_t>(n));
+                if (codes == nullptr) throw nb::python_error();
+                for (std::size_t k = 0; k < n; ++k) {
+                    // 0 and 1: CPython's cached small ints (no allocation, cannot fail).
+                    PyTuple_SET_ITEM(codes, static_cast<Py_ssize_t>(k),
+                                     PyLong_FromLong(static_cast<long>(types[k])));
+                }
+                return nb::steal(codes);
             });
         },
         nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"), nb::arg("f_globals").none(),

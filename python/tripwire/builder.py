@@ -360,6 +360,7 @@ class GuardBuilder:
         # Anything else (a read that raised, a value of another type, a relation that does not
         # hold, a type error) is redone symbol by symbol below, which says why.
         reads = rel.__dict__.get("_symbol_reads") or _symbol_reads(rel)
+        codes: Any
         try:
             codes = _core.relation_holds_on(rel.text, reads, self.f_locals, self.f_globals, self.f_closure)
         except Exception:  # noqa: BLE001 - redone below, where the error is reported

@@ -49,6 +49,7 @@ class _Pool:
         self.sources: dict[int, _core.SourcePath] = {}
 
     def intern(self, value: Any) -> int:
+        key: Any
         if type(value) is str:  # its own key: an exact str never equals another key (a tuple)
             key = value = sys.intern(value)
         else:
@@ -247,9 +248,7 @@ class GuardSet(_core.GuardSetCore):
     ) -> None:
         # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
         # strong reference to the objects it names by identity.
-        weakened = tuple(
-            s.weakened() if s.kind in _MAY_WEAKEN else s for s in sorted(specs, key=_index_of)
-        )
+        weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in sorted(specs, key=_index_of))
         self._built: tuple[tuple[GuardSpec, ...], dict[int, GuardSpec]] | None = (
             weakened,
             {s.index: s for s in weakened},
