@@ -174,10 +174,12 @@ def _clear_memos() -> None:
     _core._clear_shape_memos()
     _core._clear_install_site_memo()
     shapes._parse_text.cache_clear()
+    shapes._relations_of_text.cache_clear()
     source._parse_text.cache_clear()
     builder._read_args.cache_clear()
     builder._is_machinery.cache_clear()
-    guard_set._prefix_texts.cache_clear()
+    guard_set._source_recipe.cache_clear()
+    guard_set._property_read.cache_clear()
 
 
 def bench_build(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:

@@ -17,6 +17,7 @@
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
 #include "register.hpp"
+#include "runtime/eval/fetch.hpp"
 #include "runtime/eval/shape_symbols.hpp"
 
 namespace nb = nanobind;
@@ -62,6 +63,41 @@ std::vector<core::shape::ValueType> value_types(const std::vector<int>& types) {
         out.push_back(static_cast<core::shape::ValueType>(t));
     }
     return out;
+}
+
+// The value at one symbol given as (root, name, steps), steps as (kind, operand, index): what
+// read_source (bind_values.cpp) takes. `symbol` is kept alive by the caller's tuple for the call
+// (tuples are immutable: the borrowed operands cannot be dropped while reading runs user code).
+runtime::Ref read_symbol(nb::handle symbol, nb::handle f_locals, nb::handle f_globals, nb::handle f_closure) {
+    if (!PyTuple_CheckExact(symbol.ptr()) || PyTuple_GET_SIZE(symbol.ptr()) != 3)
+        throw nb::value_error("a symbol is (root, name, steps)");
+    nb::handle name = PyTuple_GET_ITEM(symbol.ptr(), 1);
+    nb::handle steps = PyTuple_GET_ITEM(symbol.ptr(), 2);
+    if (!PyUnicode_CheckExact(name.ptr()) || !PyTuple_CheckExact(steps.ptr()))
+        throw nb::value_error("a symbol is (root, name: str, steps: tuple)");
+    runtime::RuntimeRoot r;
+    r.kind = nb::cast<core::RootKind>(nb::handle(PyTuple_GET_ITEM(symbol.ptr(), 0)));
+    r.name = name.ptr();
+    if (r.kind == core::RootKind::Closure && PyDict_Check(f_closure.ptr())) {
+        PyObject* cell = PyDict_GetItemWithError(f_closure.ptr(), name.ptr());
+        if (cell == nullptr && PyErr_Occurred()) throw nb::python_error();
+        r.cell = cell != nullptr && PyCell_Check(cell) ? cell : nullptr;
+    }
+    const Py_ssize_t n = PyTuple_GET_SIZE(steps.ptr());
+    std::vector<runtime::RuntimeStep> rs(static_cast<std::size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* st = PyTuple_GET_ITEM(steps.ptr(), i);
+        if (!PyTuple_CheckExact(st) || PyTuple_GET_SIZE(st) != 3)
+            throw nb::value_error("a step is (kind, operand, index)");
+        auto& out = rs[static_cast<std::size_t>(i)];
+        out.kind = nb::cast<core::StepKind>(nb::handle(PyTuple_GET_ITEM(st, 0)));
+        out.operand = PyTuple_GET_ITEM(st, 1);  // borrowed from `symbol`
+        out.index = nb::cast<Py_ssize_t>(nb::handle(PyTuple_GET_ITEM(st, 2)));
+    }
+    PyObject* globals = PyDict_Check(f_globals.ptr()) ? f_globals.ptr() : nullptr;
+    runtime::Ref v = runtime::read_source(r, rs, runtime::Locals::of_mapping(f_locals.ptr()), globals);
+    if (!v) throw nb::python_error();
+    return v;
 }
 
 }  // namespace
@@ -132,6 +168,59 @@ void register_shape(nb::module_& m) {
         "use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, "
         "types). both_paths: also run the exact path when the fast one decides, and raise if they disagree "
         "(the reference tests); without it a fast pass returns at once.");
+    m.def(
+        "relation_holds_on",
+        [](const std::string& text, nb::tuple symbols, nb::handle f_locals, nb::handle f_globals,
+           nb::handle f_closure) -> nb::object {
+            // Every symbol is read before anything is evaluated (reading runs user code); the
+            // values stay referenced here until the relation has been evaluated on them.
+            const std::size_t n = symbols.size();
+            std::vector<runtime::Ref> values;
+            std::vector<core::shape::ValueType> types;
+            values.reserve(n);
+            types.reserve(n);
+            for (std::size_t k = 0; k < n; ++k) {
+                runtime::Ref v = read_symbol(symbols[k], f_locals, f_globals, f_closure);
+                if (PyLong_CheckExact(v.get())) {
+                    types.push_back(core::shape::ValueType::Int);
+                } else if (PyFloat_CheckExact(v.get())) {
+                    types.push_back(core::shape::ValueType::Float);
+                } else {
+                    return nb::none();  // not a symbol's type: the caller says which, and why
+                }
+                values.push_back(std::move(v));
+            }
+            return translating(text, [&]() -> nb::object {
+                const std::shared_ptr<const core::shape::ShapeProgram> memo =
+                    core::shape::compile_relation_shared(text, types);
+                const core::shape::ShapeProgram& p = *memo;
+                core::shape::ShapeFrame frame(p);
+                for (std::uint32_t k = 0; k < n; ++k) {
+                    if (!runtime::store_symbol(frame, k, types[k], values[k].get())) return nb::none();
+                }
+                const std::int32_t fast = core::shape::run_fast(p, frame);
+                if (fast != core::shape::kShapePass &&
+                    (fast != core::shape::kShapeUndecided || !core::shape::run_exact(p, frame)[0].holds)) {
+                    return nb::none();
+                }
+                PyObject* codes = PyTuple_New(static_cast<Py_ssize_t>(n));
+                if (codes == nullptr) throw nb::python_error();
+                for (std::size_t k = 0; k < n; ++k) {
+                    // 0 and 1: CPython's cached small ints (no allocation, cannot fail).
+                    PyTuple_SET_ITEM(codes, static_cast<Py_ssize_t>(k),
+                                     PyLong_FromLong(static_cast<long>(types[k])));
+                }
+                return nb::steal(codes);
+            });
+        },
+        nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"), nb::arg("f_globals").none(),
+        nb::arg("f_closure").none(),
+        "GuardBuilder.shape's one call: read each symbol from the example ((root, name, steps) as "
+        "read_source takes them, in order of first use), and evaluate the relation on the values as a "
+        "check does (compiled program memoised by (text, types)). The symbols' type codes (0 int, 1 "
+        "float) when it holds; None when it does not or a value is neither an exact int nor an exact "
+        "float (the builder then redoes the work symbol by symbol to say why). Raises what a read "
+        "raised, or the shape syntax error of a type error.");
     m.def(
         "_clear_shape_memos", [] { core::shape::clear_shape_memos(); },
         "Empty the engine's memos of parsed and compiled relations (cold-build benchmarks).");

@@ -55,6 +55,35 @@ def _read_args(src: Source) -> tuple[Any, str, list[tuple[Any, Any, int]]]:
     return src.root, src.name, [(st.kind, st.arg if st.has_operand else None, st.index) for st in src.steps]
 
 
+# The symbol types of GuardBuilder.shape's specs, by the engine's type codes (0 int, 1 float):
+# the tuples shared by every spec with these types. Bounded (emptied at 4096 entries).
+_TYPE_NAMES: dict[tuple[int, ...], tuple[str, ...]] = {}
+_Relation = shapes.Relation
+
+
+def _type_names(codes: tuple[int, ...]) -> tuple[str, ...]:
+    names = _TYPE_NAMES.get(codes)
+    if names is None:
+        if len(_TYPE_NAMES) >= 4096:
+            _TYPE_NAMES.clear()
+        names = _TYPE_NAMES[codes] = tuple("float" if c else "int" for c in codes)
+    return names
+
+
+def _symbol_reads(rel: shapes.Relation) -> tuple[tuple[Any, str, tuple[tuple[Any, Any, int], ...]], ...]:
+    """(root, name, steps) of each of a relation's symbols, as ``_core.relation_holds_on`` takes
+    them: computed once per Relation object (relations and sources are immutable; parse()
+    memoises the Relation of a text), kept in its instance dict as Source keeps its hash."""
+    reads = rel.__dict__.get("_symbol_reads")
+    if reads is None:
+        reads = tuple(
+            (s.root, s.name, tuple((st.kind, st.arg if st.has_operand else None, st.index) for st in s.steps))
+            for s in rel.symbols
+        )
+        object.__setattr__(rel, "_symbol_reads", reads)
+    return reads
+
+
 class Checkpoint:
     """An opaque mark in a builder's guard list, made by ``GuardBuilder.checkpoint()``."""
 
@@ -328,7 +357,35 @@ class GuardBuilder:
         for text tripwire cannot use, and GuardBuildError when the relation does not hold on the
         example (naming the values).
         """
-        rel = shapes.parse(relation)
+        rel = relation if type(relation) is _Relation else shapes.parse(relation)
+        # One C++ call reads the symbols and evaluates the relation on them (compiled program
+        # memoised by (text, types)); it answers the symbols' types when the relation holds.
+        # Anything else (a read that raised, a value of another type, a relation that does not
+        # hold, a type error) is redone symbol by symbol below, which says why.
+        reads = rel.__dict__.get("_symbol_reads") or _symbol_reads(rel)
+        codes: Any
+        try:
+            codes = _core.relation_holds_on(rel.text, reads, self.f_locals, self.f_globals, self.f_closure)
+        except Exception:  # noqa: BLE001 - redone below, where the error is reported
+            codes = None
+        types = (_TYPE_NAMES.get(codes) or _type_names(codes)) if codes is not None else None
+        if types is None:
+            types = self._checked_symbol_types(rel)
+        spec = GuardSpec(
+            GuardKind.SHAPE,
+            None,
+            (rel.text, rel.symbols, types),
+            self._next_index,
+            _core.user_stack(_is_machinery, _STACK_DEPTH),
+        )
+        self._next_index += 1
+        self._specs.append(spec)
+        return spec
+
+    def _checked_symbol_types(self, rel: shapes.Relation) -> tuple[str, ...]:
+        """The types of a relation's symbols on the example, read one by one; raises the error
+        that says why when a symbol cannot be read or is not an int or a float, or when the
+        relation does not hold on the values."""
         values = []
         types = []
         codes = []
@@ -354,12 +411,7 @@ class GuardBuilder:
             raise ShapeSyntaxError(e.message, rel.original_offset(e.offset), rel.original) from None
         if not holds:
             raise GuardBuildError(f"shape relation does not hold on the example: {rel.reason(values, error)}")
-        spec = GuardSpec(
-            GuardKind.SHAPE, None, (rel.text, rel.symbols, tuple(types)), self._next_index, _user_stack()
-        )
-        self._next_index += 1
-        self._specs.append(spec)
-        return spec
+        return tuple(types)
 
     # -- tensors, arrays, aliasing ------------------------------------------------------------------------
     def tensor_match(

@@ -9,13 +9,14 @@ from __future__ import annotations
 import copy
 import enum
 import functools
+import operator
 import os
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from . import _core, tensors
+from . import _core, catalogue, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
@@ -27,6 +28,9 @@ _PROBE_IDS = {name: i for i, name in enumerate(_core.builtin_probes())}  # core:
 _WEAK_KINDS = (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH)
 _SYMBOL_TYPES = {"int": 0, "float": 1}  # core::shape::ValueType
 _SHAPE = GuardKind.SHAPE
+# The kinds GuardSpec.weakened() may change (the others it returns as they are).
+_MAY_WEAKEN = catalogue._WEAKENED_KINDS | {GuardKind.EQUALS_MATCH}
+_index_of = operator.attrgetter("index")
 _TORCH_PROBES = (
     "torch_global_state",
     "torch_function_mode_stack",
@@ -42,13 +46,15 @@ class _Pool:
     def __init__(self) -> None:
         self.consts: list[Any] = []
         self.weak: list[bool] = []
-        self._interned: dict[tuple, int] = {}
+        self._interned: dict[Any, int] = {}
         self.sources: dict[int, _core.SourcePath] = {}
 
     def intern(self, value: Any) -> int:
-        if type(value) is str:
-            value = sys.intern(value)
-        key = key_identity(value)
+        key: Any
+        if type(value) is str:  # its own key: an exact str never equals another key (a tuple)
+            key = value = sys.intern(value)
+        else:
+            key = key_identity(value)
         i = self._interned.get(key)
         if i is None:
             i = self._interned[key] = self.add(value)
@@ -68,9 +74,11 @@ def _private_constant(c: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=4096)
-def _prefix_texts(src: Source) -> list[str]:
-    """The printed prefixes of a source (root first): computed once per distinct source."""
-    return [str(p) for p in src.prefixes()]
+def _source_recipe(src: Source) -> tuple[str, tuple[tuple[Any, Any, int, bool], ...], list[str]]:
+    """(name, steps as (kind, arg, index, has operand), printed prefixes root first) of a source:
+    computed once per distinct source (sources are immutable)."""
+    steps = tuple((st.kind, st.arg, st.index, st.has_operand) for st in src.steps)
+    return src.name, steps, [str(p) for p in src.prefixes()]
 
 
 def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
@@ -79,16 +87,30 @@ def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
     # declarations, which the engine merges into one node.
     decl = pool.sources.get(id(src))
     if decl is None:
+        name, recipe, texts = _source_recipe(src)
         steps = [
-            _core.Step(st.kind, operand=pool.intern(st.arg))
-            if st.has_operand
-            else _core.Step(st.kind, index=st.index)
-            for st in src.steps
+            _Step(kind, pool.intern(arg)) if has_operand else _Step(kind, None, index)
+            for kind, arg, index, has_operand in recipe
         ]
-        decl = pool.sources[id(src)] = _core.SourcePath(
-            src.root, pool.intern(src.name), steps, _prefix_texts(src)
-        )
+        decl = pool.sources[id(src)] = _core.SourcePath(src.root, pool.intern(name), steps, texts)
     return decl
+
+
+_Step = _core.Step
+_GuardDecl = _core.GuardDecl
+_SYMBOL_CODES: dict[tuple[str, ...], list[int]] = {}
+
+
+def _symbol_codes(types: tuple[str, ...]) -> list[int]:
+    """The engine's type codes of a SHAPE spec's symbol types (memoised per tuple; bounded)."""
+    if type(types) is not tuple:  # a spec made by hand may hold a list
+        return [_SYMBOL_TYPES[t] for t in types]
+    codes = _SYMBOL_CODES.get(types)
+    if codes is None:
+        if len(_SYMBOL_CODES) >= 4096:
+            _SYMBOL_CODES.clear()
+        codes = _SYMBOL_CODES[types] = [_SYMBOL_TYPES[t] for t in types]
+    return codes
 
 
 def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
@@ -96,6 +118,7 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
     what per kind is the catalogue's table (catalogue.py); the engine checks the slots a kind
     uses against its own (core::guard_shape) when it compiles."""
     decls = []
+    sources = pool.sources
     shape_support = False
     if any(reads_cpp_tensor(s) for s in specs):
         tensors.ensure_torch()  # the C++ tensor steps read only through the adapter
@@ -109,14 +132,25 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
                 tensors.ensure_numpy()
                 shape_support = True
             text, symbols, types = a
+            syms = []
+            for sym in symbols:
+                sym_decl = sources.get(id(sym))
+                syms.append(sym_decl if sym_decl is not None else _source_decl(sym, pool))
+            codes = _SYMBOL_CODES.get(types) if type(types) is tuple else None
             decls.append(
-                _core.GuardDecl(
+                _GuardDecl(  # positional: kind, source, operand, operand2, n, n2, n3, flag, id, ...
                     k,
                     None,
-                    id=s.index,
-                    relation=text,
-                    symbols=[_source_decl(sym, pool) for sym in symbols],
-                    symbol_types=[_SYMBOL_TYPES[t] for t in types],
+                    None,
+                    None,
+                    0,
+                    0,
+                    0,
+                    False,
+                    s.index,
+                    text,
+                    syms,
+                    codes if codes is not None else _symbol_codes(types),
                 )
             )
             continue
@@ -220,7 +254,7 @@ class GuardSet(_core.GuardSetCore):
     ) -> None:
         # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
         # strong reference to the objects it names by identity.
-        weakened = tuple(s.weakened() for s in sorted(specs, key=lambda s: s.index))
+        weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in sorted(specs, key=_index_of))
         self._built: tuple[tuple[GuardSpec, ...], dict[int, GuardSpec]] | None = (
             weakened,
             {s.index: s for s in weakened},
@@ -435,14 +469,14 @@ class GuardSet(_core.GuardSetCore):
 
     def _reader_facts(self, f_locals: Mapping[str, Any]) -> dict[Source, tuple]:
         """What decides each symbol's reader on this frame (formatted only when asked for)."""
+        # Distinct by identity first (relations share their Source objects), in order of use.
+        symbols = {id(sym): sym for spec in self._specs if spec.kind is _SHAPE for sym in spec.args[1]}
         facts: dict[Source, tuple] = {}
-        parents: dict[tuple, Any] = {}  # each tensor read once
-        for spec in self._specs:
-            if spec.kind is not _SHAPE:
-                continue
-            for sym in spec.args[1]:
-                if sym not in facts:
-                    facts[sym] = _reader_fact(sym, f_locals, self._f_globals, parents)
+        parents: dict[str, tuple] = {}  # each tensor read once
+        f_globals = self._f_globals
+        for sym in symbols.values():
+            if sym not in facts:
+                facts[sym] = _reader_fact(sym, f_locals, f_globals, parents)
         return facts
 
     def _explain_shape(self) -> list[str]:
@@ -529,8 +563,9 @@ def build_guard_set(
         f = gs.why_not(f_locals)
         why = f.reason if f is not None else "unknown guard"
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
-    if gs._shape_info["symbols"]:
-        gs._example_reader_facts = gs._reader_facts(f_locals)
+    facts = gs._reader_facts(f_locals)  # {} without SHAPE symbols
+    if facts:
+        gs._example_reader_facts = facts
     return gs
 
 
@@ -569,28 +604,40 @@ _PROPERTY_CALLS = {_core.StepKind.SIZE: "size()", _core.StepKind.STRIDE: "stride
 _ARRAY_ATTRS = {_core.StepKind.SIZE: "shape", _core.StepKind.STRIDE: "strides"}
 
 
-_UNREADABLE: Any = object()
+@functools.lru_cache(maxsize=4096)
+def _property_read(sym: Source) -> tuple[str, list[tuple[Any, Any, int]], Any, int] | None:
+    """How _reader_fact reads a tensor-property symbol: (its tensor's printed source, the tensor's
+    steps as ``_core.read_source`` takes them, the property's step kind, its index); None for a
+    symbol read from the frame. Computed once per distinct source (sources are immutable)."""
+    last = sym.steps[-1] if sym.steps else None
+    if last is None or last.kind not in _PROPERTY_CALLS:
+        return None
+    parent = Source(sym.root, sym.name, sym.steps[:-1])
+    steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in parent.steps]
+    index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
+    return str(parent), steps, last.kind, index
 
 
 def _reader_fact(
-    sym: Source, f_locals: Mapping[str, Any], f_globals: dict | None, parents: dict[tuple, Any]
+    sym: Source, f_locals: Mapping[str, Any], f_globals: dict | None, parents: dict[str, tuple]
 ) -> tuple:
     """What decides one symbol's reader on one frame: ("frame",), ("unreadable", error name), or
-    ("property", value type, C-level answered, is an array, is a tensor); ``parents`` memoises."""
-    last = sym.steps[-1] if sym.steps else None
-    if last is None or last.kind not in _PROPERTY_CALLS:
+    ("property", value type, C-level answered, is an array, is a tensor); ``parents`` memoises
+    each tensor's value and what its type says, by printed source."""
+    how = _property_read(sym)
+    if how is None:
         return ("frame",)
-    key = (sym.root, sym.name, sym.steps[:-1])
-    v = parents.get(key, _UNREADABLE)
-    if v is _UNREADABLE:
-        steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in key[2]]
+    key, steps, kind, index = how
+    parent = parents.get(key)
+    if parent is None:
         try:
-            v = parents[key] = _core.read_source(sym.root, sym.name, steps, f_locals, f_globals, None)
+            v = _core.read_source(sym.root, sym.name, steps, f_locals, f_globals, None)
         except Exception as e:  # noqa: BLE001 - the frame has no such value: say so
             return ("unreadable", type(e).__name__)
-    index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
-    answered = _core._read_tensor_property(v, last.kind, index) is not None
-    return ("property", type(v), answered, tensors.is_array(v), tensors.is_tensor(v))
+        parent = parents[key] = (v, type(v), tensors.is_array(v), tensors.is_tensor(v))
+    v, t, is_array, is_tensor = parent
+    answered = _core._read_tensor_property(v, kind, index) is not None
+    return ("property", t, answered, is_array, is_tensor)
 
 
 def _format_readers(facts: dict[Source, tuple]) -> dict[str, str]:

@@ -206,23 +206,36 @@ def relations_from_torch(code_part: str) -> list[Relation]:
     conjunct that is false; a chained comparison (``2 <= s <= 1024``) stays one relation. Every
     relation keeps the part's comment. Raises ShapeSyntaxError for text tripwire cannot use.
     """
+    if type(code_part) is str:
+        return list(_relations_of_text(code_part))
+    return list(_split_relations(code_part))
+
+
+@functools.lru_cache(maxsize=4096)
+def _relations_of_text(code_part: str) -> tuple[Relation, ...]:
+    """relations_from_torch of an exact str, memoised like _parse_text (a JIT importing torch's
+    guards sees the same code parts again; errors are not cached)."""
+    return _split_relations(code_part)
+
+
+def _split_relations(code_part: str) -> tuple[Relation, ...]:
     rel = parse(code_part)
     if " and " not in rel.text and "And(" not in rel.text:
-        return [rel]
+        return (rel,)
     try:
         tree = ast.parse(rel.text, mode="eval").body
     except SyntaxError:
-        return [rel]
+        return (rel,)
     if not (isinstance(tree, ast.BoolOp) and isinstance(tree.op, ast.And)):
-        return [rel]
+        return (rel,)
     out = []
     for value in tree.values:
         segment = ast.get_source_segment(rel.text, value)
         if segment is None:
-            return [rel]
+            return (rel,)
         part = parse(segment)
         out.append(Relation(part.text, part.symbols, rel.comment, part.original, part._spans))
-    return out
+    return tuple(out)
 
 
 # -- the structured form -------------------------------------------------------------------------

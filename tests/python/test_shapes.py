@@ -990,3 +990,72 @@ def test_relations_near_2_63_through_the_builder(text: str, example: dict, value
     for v, want in values:
         frame = dict(zip(names, v if isinstance(v, tuple) else (v,), strict=True))
         assert gs.check(frame) is want, (text, frame)
+
+
+def test_builder_one_call_reads_each_symbol_once_and_refuses_as_before() -> None:
+    """GuardBuilder.shape reads and evaluates in one C++ call (relation_holds_on): on a relation
+    that holds, each symbol's source runs once; anything else is redone symbol by symbol, so the
+    refusal names the source, type or values exactly as the per-symbol path always did."""
+    calls: list[str] = []
+
+    class Counting(T):
+        def size(self) -> tuple:
+            calls.append("size")
+            return super().size()
+
+    b = tw.GuardBuilder({"x": Counting(8, 4), "n": 4, "f": 0.5, "s": "str", "y": T(3)})
+    spec = b.shape("L['x'].size()[0] * L['x'].size()[1] > L['n'] + L['f']")
+    assert calls == ["size", "size"]  # one read per symbol: x.size()[0] and x.size()[1]
+    assert spec.args[2] == ("int", "int", "int", "float")
+    # The spec's types come from one shared tuple per combination (the engine's type codes).
+    assert b.shape("L['n'] + L['f'] > 0").args[2] is b.shape("L['n'] + L['f'] > 1").args[2]
+    with pytest.raises(tw.GuardBuildError, match=r"does not hold on the example: L\['y'\]\.size\(\)\[0\] > 3 "
+                       r"is false with L\['y'\]\.size\(\)\[0\] = 3"):  # fmt: skip
+        b.shape("L['y'].size()[0] > 3")
+    with pytest.raises(tw.GuardBuildError, match=r"shape symbol L\['s'\] is a str on the example"):
+        b.shape("L['s'] > 3")
+    with pytest.raises(tw.GuardBuildError, match=r"cannot read L\['missing'\] from the example"):
+        b.shape("L['missing'] > 3")
+    with pytest.raises(tw.GuardBuildError, match=r"raised ZeroDivisionError"):
+        b.shape("L['n'] // (L['n'] - 4) == 1")
+    with pytest.raises(tw.ShapeSyntaxError) as e:  # a type error: the offset in the text as given
+        b.shape("  L['f'] ** 2 > 0  # a comment")
+    assert e.value.offset == 9  # the '**', counted in the text as given (leading blanks too)
+    assert len(b) == 3  # the refused relations declared nothing
+    gs = b.build()
+    assert gs.check({"x": T(8, 4), "n": 4, "f": 0.5, "s": "", "y": T(3)})
+    assert not gs.check({"x": T(1, 4), "n": 4, "f": 0.5, "s": "", "y": T(3)})
+
+
+def test_builder_one_call_a_read_that_raises_once() -> None:
+    """A symbol source that raises on its first read and answers afterwards: the one-call path
+    fails, the per-symbol path reads again (user code runs again, as a second check would) and
+    declares the relation on what it read; the set is verified on the example at build()."""
+    state = {"raised": 0}
+
+    class Flaky(T):
+        def size(self) -> tuple:
+            if not state["raised"]:
+                state["raised"] += 1
+                raise RuntimeError("first read")
+            return super().size()
+
+    b = tw.GuardBuilder({"x": Flaky(8)})
+    b.shape("L['x'].size()[0] == 8")
+    assert state["raised"] == 1
+    assert b.build().check({"x": T(8)})
+
+
+def test_structured_and_text_relations_share_the_one_call() -> None:
+    """A Relation from tripwire.shapes.parse, an Expr and the text build the same spec."""
+    ex = {"x": T(8, 4)}
+    b = tw.GuardBuilder(ex)
+    rel = tw.shapes.parse(f"{X0} >= 2")
+    a = b.shape(rel)
+    c = b.shape(sym(X0) >= 2)
+    d = b.shape(f"{X0} >= 2")
+    assert a.args == c.args == d.args
+    assert tw.shapes.relations_from_torch(f"{X0} >= 2  # why") == [tw.shapes.parse(f"{X0} >= 2  # why")]
+    assert tw.shapes.relations_from_torch(f"{X0} >= 2  # why") is not tw.shapes.relations_from_torch(
+        f"{X0} >= 2  # why"
+    )  # a new list each call (the memo holds a tuple)

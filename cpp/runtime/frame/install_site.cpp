@@ -20,7 +20,10 @@ std::map<PyObject*, bool>& machinery_memo() {
     return *m;
 }
 
-// (code object, line) -> "file:line in func". Keys and values hold strong references.
+// (code object, last instruction offset) -> "file:line in func". Keys and values hold strong
+// references. Keyed by the instruction rather than the line: the line of an instruction is a scan
+// of the code's line table (PyCode_Addr2Line, linear in the function's size), paid per frame per
+// guard otherwise; an instruction's line never changes.
 std::map<std::pair<PyObject*, int>, PyObject*>& site_memo() {
     static auto* m = new std::map<std::pair<PyObject*, int>, PyObject*>();
     return *m;
@@ -48,18 +51,20 @@ int is_machinery_file(PyObject* is_machinery, PyObject* filename) {
     return truth;
 }
 
-// A new reference to "file:line in func" for `code` at `line`, or null with an error set.
-PyObject* site_text(PyCodeObject* code, int line) {
+// A new reference to "file:line in func" for frame `f` running `code`, or null with an error set.
+PyObject* site_text(PyCodeObject* code, PyFrameObject* f) {
     PyObject* key_code = reinterpret_cast<PyObject*>(code);
+    const int lasti = PyFrame_GetLasti(f);
     {
         auto& memo = site_memo();
-        auto it = memo.find({key_code, line});
+        auto it = memo.find({key_code, lasti});
         if (it != memo.end()) {
             Py_INCREF(it->second);
             return it->second;
         }
     }
-    PyObject* text = PyUnicode_FromFormat("%U:%d in %U", code->co_filename, line, code->co_name);
+    PyObject* text =
+        PyUnicode_FromFormat("%U:%d in %U", code->co_filename, PyFrame_GetLineNumber(f), code->co_name);
     if (text == nullptr) return nullptr;
     auto& memo = site_memo();
     if (memo.size() >= kMaxSites) {
@@ -72,7 +77,7 @@ PyObject* site_text(PyCodeObject* code, int line) {
             Py_DECREF(k.first);
         }
     }
-    auto [it, fresh] = site_memo().emplace(std::make_pair(key_code, line), text);
+    auto [it, fresh] = site_memo().emplace(std::make_pair(key_code, lasti), text);
     if (fresh) {
         Py_INCREF(key_code);
         Py_INCREF(text);
@@ -95,7 +100,7 @@ PyObject* user_stack(PyObject* is_machinery, int depth) {
         const int m = is_machinery_file(is_machinery, co->co_filename);
         if (m < 0) return nullptr;
         if (m == 0) {
-            PyObject* text = site_text(co, PyFrame_GetLineNumber(fo));
+            PyObject* text = site_text(co, fo);
             if (text == nullptr) return nullptr;
             out.push_back(Ref::steal(text));
         }

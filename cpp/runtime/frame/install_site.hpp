@@ -2,7 +2,7 @@
 //
 // Every guard records the stack that declared it ("file:line in func", tripwire's own frames left
 // out), so a failure can say why the guard exists. The builder declares guards by the hundred, so
-// this walks the frames in C and formats each (code, line) once: the strings are memoised.
+// this walks the frames in C and formats each (code, instruction) once: the strings are memoised.
 #pragma once
 
 #include "runtime/py.hpp"

@@ -1,0 +1,135 @@
+#!/usr/bin/env python
+"""Instructions per build of 20 shape relations: ``python bench/shape_build_instructions.py``
+(bench/README.md, "Shape relations"; wall times on a loaded machine disagree, these do not).
+
+The 20 relations are the code parts torch 2.13 prints for ``f_twenty`` of bench/shape_eval.py (a
+function over three dynamic tensors), with the same example tensors; torch compiles the function
+once, in this parent process. Each mode then runs in its own ``valgrind --tool=callgrind`` child
+(``--instr-atstart=no``: importing torch runs uninstrumented), collecting only inside
+``_floor.repeat_call`` (bench/floor.c), called twice (20 then 120 builds, one dump after each);
+per build = the difference / 100, so the call's own set-up cancels. Before counting, every mode is
+run once (warm memos, as in a process that has built these texts before; ``cold`` empties them
+itself). The modes are the rows of bench/shape_eval.py's build table:
+
+- ``builder``: ``GuardBuilder(example)``, ``relations_from_torch`` + ``GuardBuilder.shape`` per
+  part, ``build()`` (what a JIT does);
+- ``engine``: ``GuardSet(specs)`` on the builder's specs (encoding and the C++ build);
+- ``cold``: ``builder`` with every memo emptied first (bench/shape_eval.py ``_clear_memos``).
+
+``--modes builder,engine`` picks modes; ``--keep`` keeps the callgrind outputs (for
+``callgrind_annotate``) and prints where they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODES = ("builder", "engine", "cold")
+LO, HI = 20, 120
+
+
+def _example() -> dict:
+    import torch
+
+    return {"x": torch.randn(8, 3), "y": torch.randn(10), "w": torch.randn(4, 9)}
+
+
+def child(mode: str, parts_file: str) -> None:
+    sys.path.insert(0, HERE)
+    import floor_build
+    import shape_eval as bench
+    import tripwire as tw
+
+    floor = floor_build.load()
+    with open(parts_file) as f:
+        parts = json.load(f)
+    example = _example()
+    specs: list = []
+
+    def cold(_: object) -> None:
+        bench._clear_memos()
+        bench._tripwire_set(parts, example)
+
+    runs = {
+        "cold": cold,
+        "builder": lambda _: bench._tripwire_set(parts, example),
+        "engine": lambda _: tw.GuardSet(specs),
+    }
+    runs["cold"](None)
+    gs, b = bench._tripwire_set(parts, example)  # the memos as the builder rows leave them
+    assert gs.check(example) and len(gs.guards) == 20
+    # The engine row builds the specs of a build made after the memos were filled: its sources are
+    # the memoised Source objects (as for a builder), not equal copies.
+    specs[:] = b.guards
+    runs["engine"](None)
+    gc.collect()
+    gc.disable()
+    floor.start_instrumentation()
+    for n in (LO, HI):
+        floor.repeat_call(runs[mode], None, n)
+
+
+def count(mode: str, parts_file: str, out_dir: str) -> float:
+    base = os.path.join(out_dir, f"callgrind.{mode}")
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--collect-atstart=no",
+        "--toggle-collect=tw_bench_repeat_call",
+        "--dump-after=tw_bench_repeat_call",
+        f"--callgrind-out-file={base}",
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        mode,
+        parts_file,
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+    totals = []
+    for i in (1, 2):
+        with open(f"{base}.{i}") as f:
+            totals.append(
+                next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
+            )
+    return (totals[1] - totals[0]) / (HI - LO)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], sys.argv[3])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--keep", action="store_true", help="keep the callgrind outputs")
+    args = ap.parse_args()
+    sys.path.insert(0, HERE)
+    import shape_eval as bench
+
+    out_dir = tempfile.mkdtemp(prefix="tripwire-shape-build-ir-")
+    _gm, lam, _ = bench._torch_entry(bench.f_twenty, _example())
+    parts = list(lam.verbose_code_parts())[:20]
+    assert len(parts) == 20, len(parts)
+    parts_file = os.path.join(out_dir, "parts.json")
+    with open(parts_file, "w") as f:
+        json.dump(parts, f)
+    print(f"instructions per build of 20 relations (callgrind, {HI} - {LO} builds, PYTHONHASHSEED=0)")
+    for mode in args.modes.split(","):
+        print(f"  {mode:8} {count(mode, parts_file, out_dir):12,.0f}", flush=True)
+    if args.keep:
+        print(f"callgrind outputs: {out_dir}")
+    else:
+        shutil.rmtree(out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
