@@ -95,7 +95,7 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
         // STORAGE_OVERLAPPING: `n` sources (the first ones) overlap; never exactly one.
         if (d.kind == GuardKind::StorageOverlapping &&
             (d.n < 0 || d.n == 1 || d.n > static_cast<std::int64_t>(n + 1))) {
-            fail(name + " has a bad number of overlapping sources");
+            fail(name() + " has a bad number of overlapping sources");
         }
         for (const SourcePath& src : d.more_sources) validate_source(src, n_consts);
     } else if (!d.more_sources.empty()) {
