@@ -483,6 +483,23 @@ def m_globals(w: World) -> None:
             _restoring(w, lambda: t.__setitem__(3, "c"))
 
 
+def m_fixed_size(w: World) -> None:
+    """The tuple `shape` (TYPE_MATCH + LENGTH, proved with its settled value) replaced by a
+    longer or shorter tuple, a list of the same length, or an equal new tuple."""
+    m = w.rng.choice(_linears(w))
+    old = m.shape
+    r = w.rng.random()
+    if r < 0.3:
+        m.shape = (*old, 0)
+    elif r < 0.5:
+        m.shape = old[:1]
+    elif r < 0.8:
+        m.shape = list(old)
+    else:
+        m.shape = tuple(list(old))
+    _restoring(w, lambda: m.__dict__.__setitem__("shape", old))
+
+
 def m_none(w: World) -> None:
     pass
 
@@ -499,6 +516,7 @@ MUTATIONS: dict[str, Callable[[World], None]] = {
     "dict_replace": m_dict_replace,
     "key_order": m_key_order,
     "globals": m_globals,
+    "fixed_size": m_fixed_size,
     "none": m_none,
 }
 

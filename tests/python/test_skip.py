@@ -171,6 +171,61 @@ def test_each_mutation_kind_is_seen(name: str, mutate: Any) -> None:
             del Sub.k
 
 
+def _fixed_size_tree() -> tuple[dict, dict]:
+    m = Sub()
+    m.stride = (1, 1)
+    m.mode = "zeros"
+    m.blob = b"ab"
+    m.keys = frozenset({1, 2})
+    m.dims = [1, 2]
+    m.__dict__
+    return m.__dict__, {"self": m}
+
+
+def _fixed_size_guards(f_locals: dict) -> tw.GuardSet:
+    b = tw.GuardBuilder(f_locals)
+    b.type_match("L['self']")
+    for name in ("stride", "mode", "blob", "keys", "dims"):
+        b.type_match(f"L['self'].__dict__[{name!r}]")
+        b.length(f"L['self'].__dict__[{name!r}]")
+    return b.build()
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("stride", (1, 1, 1)),  # a longer tuple
+        ("stride", [1, 1]),  # a list of the same length
+        ("stride", (1,)),
+        ("stride", tuple([1, 1])),  # an equal tuple, another object: passes
+        ("mode", "zero"),
+        ("mode", "zeroes"),
+        ("blob", b"abc"),
+        ("blob", bytearray(b"ab")),  # same length, a mutable type
+        ("keys", frozenset({1})),
+        ("keys", {1, 2}),  # a set of the same size
+    ],
+)
+def test_length_of_a_fixed_size_value_is_implied_by_identity(name: str, value: Any) -> None:
+    """LENGTH on a node that also matches tuple/str/bytes/frozenset exactly is proved with the
+    settled value (docs/cpp.md): every replacement is a new value under a new tag, and a list
+    beside them (whose length changes in place) is evaluated on every check."""
+    d, f_locals = _fixed_size_tree()
+    gs = _fixed_size_guards(f_locals)
+    specs = list(gs.guards)
+    _warm(gs, f_locals)
+    if sys.version_info < (3, 13):
+        # Every fixed-size LENGTH is proved (its TYPE_MATCH and itself: in the leaf run); the
+        # list's LENGTH is not, nor (state-implied on a non-dict) ever could be.
+        assert gs._last_skipped_guards >= 8, gs.explain()
+    d[name] = value
+    same = type(value) is tuple and len(value) == 2  # only the equal new tuple still passes
+    for _ in range(3):
+        assert _agree(gs, specs, f_locals) == same
+    d["dims"].append(3)  # in place, under the unchanged dict: the list's LENGTH sees it
+    assert not _agree(gs, specs, f_locals)
+
+
 def test_slots_and_properties_are_evaluated_every_time() -> None:
     state = {"v": 1}
 

@@ -175,6 +175,17 @@ bool probe_holds(const RuntimeGuard& g) {
 // ALIAS / NO_ALIAS from the registers of the nodes behind its slots. Out of line and cold.
 [[gnu::noinline]] bool relation_in_registers(const RuntimeGuard& g, PyObject* const* regs,
                                              const std::uint32_t* nodes, std::size_t n) {
+    // The common cases without the per-thread buffers (two thread-local lookups per guard): an
+    // ALIAS pair (`a is b`, as torch's OBJECT_ALIASING), a small NO_ALIAS compared pairwise.
+    if (g.kind == core::GuardKind::Alias) return n == 2 && regs[nodes[0]] == regs[nodes[1]];
+    if (g.kind == core::GuardKind::NoAlias && n <= kPairwiseLimit) {
+        for (std::size_t i = 1; i < n; ++i) {
+            for (std::size_t j = 0; j < i; ++j) {
+                if (regs[nodes[i]] == regs[nodes[j]]) return false;
+            }
+        }
+        return true;
+    }
     thread_local std::vector<PyObject*> values, sorted;
     values.resize(n);
     for (std::size_t i = 0; i < n; ++i) values[i] = regs[nodes[i]];
@@ -290,6 +301,32 @@ GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
 
 namespace {
 
+// Exact built-in types whose instances never change size: a LENGTH on a value that also matched
+// one of them type-exactly is a fact about that object (docs/cpp.md, "Skipping unchanged
+// subtrees"). list, dict, set and bytearray grow and shrink in place.
+bool fixed_size_type(PyObject* t) {
+    return t == reinterpret_cast<PyObject*>(&PyTuple_Type) || t == reinterpret_cast<PyObject*>(&PyUnicode_Type) ||
+           t == reinterpret_cast<PyObject*>(&PyBytes_Type) || t == reinterpret_cast<PyObject*>(&PyFrozenSet_Type);
+}
+
+}  // namespace
+
+GuardSet::Implied GuardSet::implied_at(std::uint32_t ni, const RuntimeGuard& g) const {
+    if (g.kind != core::GuardKind::Length) return implied_by(g);
+    // LENGTH alone is a function of the dict's state (an exact dict's size). On a node that also
+    // carries TYPE_MATCH of a fixed-size type (identity-implied: the type is immutable), the value
+    // the claim settles is the same live object on which both held: still that exact type, so
+    // still that size.
+    const core::Node& n = program_.nodes[ni];
+    for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+        const RuntimeGuard& t = guards_[program_.node_guards[k]];
+        if (t.kind == core::GuardKind::TypeMatch && fixed_size_type(t.a)) return Implied::Identity;
+    }
+    return implied_by(g);
+}
+
+namespace {
+
 // Whether node `n` looks like a module (identity- or type-matched to one): its attribute
 // children may then be settled from the module dict's tag.
 bool module_like(const core::Program& p, const std::vector<RuntimeGuard>& guards, const core::Node& n) {
@@ -389,7 +426,7 @@ void GuardSet::build_fast_pass() {
             return false;
         for (std::uint32_t k = c.guard_begin; k < c.guard_end; ++k) {
             const FastOp g = guard_op(ci, guard_order_[k], k);
-            if (g.code == Code::SlowGuard || implied_by(guards_[g.guard]) != Implied::Identity) return false;
+            if (g.code == Code::SlowGuard || implied_at(ci, guards_[g.guard]) != Implied::Identity) return false;
         }
         return true;
     };
@@ -529,7 +566,7 @@ void GuardSet::build_fast_pass() {
                 continue;
             }
             ++fast_guards_;
-            const Implied how = implied_by(guards_[g.guard]);
+            const Implied how = implied_at(item.node, guards_[g.guard]);
             if (how == Implied::Identity && op.settle) {
                 identity_ops.push_back(g);
             } else if (how != Implied::Never && stamped[item.node]) {

@@ -284,6 +284,9 @@ class GuardSet {
         State,     ///< holds as long as the node's dict is unchanged (tag) once it held
     };
     Implied implied_by(const RuntimeGuard& g) const;
+    /// implied_by for guard `g` of node `ni`, given the node's other guards (a LENGTH is implied by
+    /// identity on a node that also matches a fixed-size type exactly).
+    Implied implied_at(std::uint32_t ni, const RuntimeGuard& g) const;
     /// The state of one run of the fast program (fast_pass.cpp).
     struct Pass {
         const Locals& locals;
