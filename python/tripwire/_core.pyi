@@ -284,10 +284,7 @@ class GuardSetCore:
     @overload
     def __init__(self, decoded: object, consts: list, globals: object | None, strict: bool, eval_error_type: object | None) -> None: ...
 
-    def check(self, f_locals: Mapping[str, Any], /) -> bool:
-        """
-        True when every guard holds for these locals. Never raises for a failing guard (only in strict mode, or for KeyboardInterrupt and other non-Exception errors).
-        """
+    check: types.MethodDescriptorType = ...
 
     def _failures(self, f_locals: object | None, first_only: bool) -> list:
         """

@@ -14,7 +14,7 @@ import os
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _core, catalogue, tensors
 from .catalogue import GuardKind, GuardSpec
@@ -239,6 +239,14 @@ class GuardSet(_core.GuardSetCore):
         except ValueError as e:
             raise GuardBuildError(str(e)) from None
         self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
+
+    if TYPE_CHECKING:
+        # The hot path is a plain C method (METH_O, _core's stub types it as a method descriptor):
+        # its signature for type checkers.
+        def check(self, f_locals: Mapping[str, Any], /) -> bool:
+            """True when every guard holds for these locals. Never raises for a failing guard
+            (only in strict mode, or for KeyboardInterrupt and other non-Exception errors)."""
+            ...
 
     # What decided the SHAPE symbols' readers on the example the set was built from
     # (build_guard_set; formatted by explain()); None for a set built from specs or loaded.

@@ -33,5 +33,9 @@ def test_repr_len_iter(gs: tw.GuardSet) -> None:
 def test_typed_stubs_are_installed() -> None:
     pkg = pathlib.Path(tw.__file__).parent
     stub = (pkg / "_core.pyi").read_text()
-    assert "class GuardSetCore" in stub and "def check(self" in stub
+    assert "class GuardSetCore" in stub and "def _failures(self" in stub
+    # check is a plain METH_O method (the hot path skips nanobind's dispatcher): the stub types it
+    # as a method descriptor, and the public class declares its signature for type checkers.
+    assert "check: types.MethodDescriptorType" in stub
+    assert "def check(self, f_locals: Mapping[str, Any], /) -> bool:" in (pkg / "guard_set.py").read_text()
     assert (pkg / "py.typed").exists()

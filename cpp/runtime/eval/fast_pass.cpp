@@ -305,8 +305,10 @@ namespace {
 // one of them type-exactly is a fact about that object (docs/cpp.md, "Skipping unchanged
 // subtrees"). list, dict, set and bytearray grow and shrink in place.
 bool fixed_size_type(PyObject* t) {
-    return t == reinterpret_cast<PyObject*>(&PyTuple_Type) || t == reinterpret_cast<PyObject*>(&PyUnicode_Type) ||
-           t == reinterpret_cast<PyObject*>(&PyBytes_Type) || t == reinterpret_cast<PyObject*>(&PyFrozenSet_Type);
+    return t == reinterpret_cast<PyObject*>(&PyTuple_Type) ||
+           t == reinterpret_cast<PyObject*>(&PyUnicode_Type) ||
+           t == reinterpret_cast<PyObject*>(&PyBytes_Type) ||
+           t == reinterpret_cast<PyObject*>(&PyFrozenSet_Type);
 }
 
 }  // namespace
@@ -426,7 +428,8 @@ void GuardSet::build_fast_pass() {
             return false;
         for (std::uint32_t k = c.guard_begin; k < c.guard_end; ++k) {
             const FastOp g = guard_op(ci, guard_order_[k], k);
-            if (g.code == Code::SlowGuard || implied_at(ci, guards_[g.guard]) != Implied::Identity) return false;
+            if (g.code == Code::SlowGuard || implied_at(ci, guards_[g.guard]) != Implied::Identity)
+                return false;
         }
         return true;
     };
