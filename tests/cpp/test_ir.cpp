@@ -59,8 +59,10 @@ TEST(IrNames, GuardKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(guard_kind_name(GuardKind::TensorMatch), "TENSOR_MATCH");
     EXPECT_EQ(guard_kind_name(GuardKind::NoAlias), "NO_ALIAS");
     // Every value below kGuardKindCount is a kind: 0..17, the tensor kinds 18..22, SHAPE 23,
-    // STORAGE_OVERLAPPING 24.
-    EXPECT_EQ(known, 25);
+    // STORAGE_OVERLAPPING 24, DISPATCH_KEY_SET_MATCH 25.
+    EXPECT_EQ(known, 26);
+    EXPECT_EQ(guard_kind_name(GuardKind::DispatchKeySetMatch), "DISPATCH_KEY_SET_MATCH");
+    EXPECT_FALSE(is_relational(GuardKind::DispatchKeySetMatch));
     EXPECT_EQ(guard_kind_name(GuardKind::StorageOverlapping), "STORAGE_OVERLAPPING");
     EXPECT_TRUE(is_relational(GuardKind::StorageOverlapping));
     EXPECT_EQ(static_cast<int>(GuardKind::TensorMatch), 18);
