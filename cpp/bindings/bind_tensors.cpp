@@ -88,7 +88,7 @@ void register_tensors(nb::module_& m) {
             if (!runtime::applied_key_set(v.ptr(), keys)) return nb::none();
             return nb::int_(keys);
         },
-        nb::arg("value"),
+        nb::arg("value"), nb::sig("def applied_dispatch_keys(value: object) -> int | None"),
         "DISPATCH_KEY_SET_MATCH's reading of `value`: the raw bits of its DispatchKeySet with the "
         "current thread's include/exclude sets applied and the Python keys masked as torch's guards "
         "mask them, read through the torch adapter; None when `value` is not a DispatchKeySet the "

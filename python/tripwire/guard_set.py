@@ -531,6 +531,8 @@ class GuardSet(_core.GuardSetCore):
     def _path_note(self, spec: GuardSpec) -> str:
         """How a tensor, array or torch-state guard reads its value (explain() says it)."""
         k = spec.kind
+        if k is GuardKind.DISPATCH_KEY_SET_MATCH:
+            return "   [torch adapter only]"
         torch_probe = k is GuardKind.GLOBAL_STATE and spec.args[0] in _TORCH_PROBES
         if k not in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH) and not torch_probe:
             return ""

@@ -463,6 +463,9 @@ struct ThreadLocals {
     // at::autocast's cache flag in this thread's TLS block of libtorch_cpu (AutocastCacheFlag
     // below), or null: then is_autocast_cache_enabled() reads it.
     const bool* autocast_cache = nullptr;
+    // The saved-tensor default hooks (get_tls_state() returns this thread's thread_local by
+    // reference; set_tls_state assigns it in place).
+    const at::impl::SavedTensorDefaultHooksTLS* saved_hooks = nullptr;
 };
 ThreadLocals g_tls;
 
@@ -502,7 +505,8 @@ std::size_t tls_segment_size(std::size_t modid) {
 unsigned char* torch_cpu_tls_block() {
     (void)at::autocast::is_autocast_cache_enabled();
     void* block = nullptr;
-    if (g_cache_flag.library == nullptr || dlinfo(g_cache_flag.library, RTLD_DI_TLS_DATA, &block) != 0) return nullptr;
+    if (g_cache_flag.library == nullptr || dlinfo(g_cache_flag.library, RTLD_DI_TLS_DATA, &block) != 0)
+        return nullptr;
     return static_cast<unsigned char*>(block);
 }
 
@@ -513,7 +517,8 @@ void find_autocast_cache_flag() {
         return;
     g_cache_flag.library = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
     std::size_t modid = 0;
-    if (g_cache_flag.library == nullptr || dlinfo(g_cache_flag.library, RTLD_DI_TLS_MODID, &modid) != 0 || modid == 0)
+    if (g_cache_flag.library == nullptr || dlinfo(g_cache_flag.library, RTLD_DI_TLS_MODID, &modid) != 0 ||
+        modid == 0)
         return;
     const std::size_t size = tls_segment_size(modid);
     unsigned char* block = torch_cpu_tls_block();
@@ -574,15 +579,18 @@ const ThreadLocals& thread_locals() {
     g_tls.autograd = &c10::AutogradState::get_tls_state();
     g_tls.torch_function = &at::impl::PythonTorchFunctionTLS::get_state();
     g_tls.dispatch = &c10::impl::raw_local_dispatch_key_set;
+    g_tls.saved_hooks = &at::SavedTensorDefaultHooks::get_tls_state();
 #if AT_PARALLEL_OPENMP
     g_tls.omp_threads = at::get_num_threads() == omp_get_max_threads();
 #endif
     g_tls.autocast_cache = nullptr;
     if (g_cache_flag.offset >= 0) {
         unsigned char* block = torch_cpu_tls_block();
-        const bool* flag = block != nullptr ? reinterpret_cast<const bool*>(block + g_cache_flag.offset) : nullptr;
+        const bool* flag =
+            block != nullptr ? reinterpret_cast<const bool*>(block + g_cache_flag.offset) : nullptr;
         // The same reading as the accessor's on this thread, or the accessor stays.
-        if (flag != nullptr && *flag == at::autocast::is_autocast_cache_enabled()) g_tls.autocast_cache = flag;
+        if (flag != nullptr && *flag == at::autocast::is_autocast_cache_enabled())
+            g_tls.autocast_cache = flag;
     }
     if (me != 0 && !t_exiting) {
         t_exit.armed = true;  // constructs this thread's ThreadExit: its destructor clears the entry
@@ -690,11 +698,12 @@ int device_equal(PyObject* a, PyObject* b) noexcept {
 
 int saved_tensors_hooks_top(PyObject** pack, PyObject** unpack) noexcept {
     try {
-        // get_tls_state() returns the thread-local by reference: no copy of the stack and no
-        // incref through the interpreter (get_hooks() would copy the pair). A non-empty stack
+        // get_tls_state() returns the thread-local by reference (its address is cached per thread
+        // with the others, ThreadLocals): no copy of the stack and no incref through the
+        // interpreter (get_hooks() would copy the pair). A non-empty stack
         // implies torch initialized the hooks (push_hooks asserts it), so this reads what
         // get_hooks(/*ignore_is_tracing=*/true) returns.
-        const auto& stack = at::SavedTensorDefaultHooks::get_tls_state().stack;
+        const auto& stack = thread_locals().saved_hooks->stack;
         if (stack.empty()) return 0;
         const auto& top = stack.top();
         *pack = top.first.ptr(getPyInterpreter());
@@ -746,13 +755,14 @@ void verify_key_set_reader() {
     }
     g_key_set_type = reinterpret_cast<PyTypeObject*>(type);  // held for the process
     bool ok = true;
-    for (const uint64_t raw : {uint64_t{0}, uint64_t{1}, uint64_t{0x8001}, ~uint64_t{0} >> 1, uint64_t{0x5a5a5a5a5a5a}}) {
+    for (const uint64_t raw :
+         {uint64_t{0}, uint64_t{1}, uint64_t{0x8001}, ~uint64_t{0} >> 1, uint64_t{0x5a5a5a5a5a5a}}) {
         PyObject* ks = PyObject_CallMethod(type, "from_raw_repr", "K", static_cast<unsigned long long>(raw));
         uint64_t got = 0;
         PyObject* back = ks != nullptr ? PyObject_CallMethod(ks, "raw_repr", nullptr) : nullptr;
         const unsigned long long want = back != nullptr ? PyLong_AsUnsignedLongLong(back) : 0;
-        ok = ok && ks != nullptr && back != nullptr && !PyErr_Occurred() && dispatch_key_set_bits(ks, &got) == 1 &&
-             got == want && Py_TYPE(ks) == g_key_set_type;
+        ok = ok && ks != nullptr && back != nullptr && !PyErr_Occurred() &&
+             dispatch_key_set_bits(ks, &got) == 1 && got == want && Py_TYPE(ks) == g_key_set_type;
         Py_XDECREF(back);
         Py_XDECREF(ks);
         PyErr_Clear();
@@ -834,7 +844,8 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     }
     // Where the autocast cache flag was found in libtorch_cpu's TLS block (-1: read by the
     // accessor), for the tests and for diagnostics.
-    if (PyModule_AddIntConstant(m, "autocast_cache_flag_offset", static_cast<long>(g_cache_flag.offset)) < 0 ||
+    if (PyModule_AddIntConstant(m, "autocast_cache_flag_offset", static_cast<long>(g_cache_flag.offset)) <
+            0 ||
         PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0) {
         Py_DECREF(m);
         return nullptr;

@@ -324,10 +324,14 @@ void GuardSet::build_fast_pass() {
         const RuntimeGuard& g = guards_[gi];
         if (g.kind == core::GuardKind::GlobalState && g.a == nullptr && !g.via_python) {
             op.code = Code::BuiltinProbe;  // interpreter probes, torch's through the adapter
-            if (g.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchGlobalState) && g.derived != nullptr) {
+            if (g.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchGlobalState) &&
+                g.derived != nullptr) {
                 // Checked on every call: straight to the adapter's comparison (no probe switch).
                 op.code = Code::TorchGlobalState;
                 op.a = g.derived;
+            } else if (g.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchSavedTensorsHooks) &&
+                       g.b == Py_None) {
+                op.code = Code::TorchNoSavedHooks;  // the common case: an empty hooks stack
             }
             ++fast_guards_;
         } else {
@@ -877,6 +881,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_CodeIs,
                                           &&op_BuiltinProbe,
                                           &&op_TorchGlobalState,
+                                          &&op_TorchNoSavedHooks,
                                           &&op_Stamp,
                                           &&op_StampGlobals,
                                           &&op_LeafRun,
@@ -1309,6 +1314,20 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const FastOp& op = *opp;
             next = opp + 1;
             if (!torch_global_state_holds(op.a) && !slow_ambient(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_TorchNoSavedHooks:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // An empty stack holds (torch's probe reads None); anything else goes the probe's way.
+            PyObject* pack = nullptr;
+            PyObject* unpack = nullptr;
+            if (torch_adapter()->saved_tensors_hooks_top(&pack, &unpack) != 0 && !probe_holds(guards[op.guard]) &&
+                !slow_ambient(ps, op))
+                next = end;
             break;
         } while (false);
         opp = next;
