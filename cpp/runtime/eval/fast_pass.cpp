@@ -172,6 +172,10 @@ bool probe_holds(const RuntimeGuard& g) {
     return builtin_probe(p) == g.n2;
 }
 
+// The saved-tensor-hooks probe when its stack is not empty (rare). Out of line and cold: the
+// call would otherwise cost the pass's hot code registers.
+[[gnu::noinline, gnu::cold]] bool probe_holds_cold(const RuntimeGuard& g) { return probe_holds(g); }
+
 // ALIAS / NO_ALIAS from the registers of the nodes behind its slots. Out of line and cold.
 [[gnu::noinline]] bool relation_in_registers(const RuntimeGuard& g, PyObject* const* regs,
                                              const std::uint32_t* nodes, std::size_t n) {
@@ -1325,8 +1329,8 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // An empty stack holds (torch's probe reads None); anything else goes the probe's way.
             PyObject* pack = nullptr;
             PyObject* unpack = nullptr;
-            if (torch_adapter()->saved_tensors_hooks_top(&pack, &unpack) != 0 && !probe_holds(guards[op.guard]) &&
-                !slow_ambient(ps, op))
+            if (torch_adapter()->saved_tensors_hooks_top(&pack, &unpack) != 0 &&
+                !probe_holds_cold(guards[op.guard]) && !slow_ambient(ps, op))
                 next = end;
             break;
         } while (false);
