@@ -571,10 +571,9 @@ thread_local ThreadExit t_exit;
 
 void forget_thread_locals() { g_tls.owner.store(0); }
 
-// This thread's entry, looked up now if the cache holds another thread's.
-const ThreadLocals& thread_locals() {
-    const std::uintptr_t me = thread_pointer();
-    if (me != 0 && g_tls.owner.load(std::memory_order_relaxed) == me) return g_tls;
+// The lookup when the cache holds another thread (or none). Out of line: kept out of the callers'
+// hot code, which is then only the thread-pointer comparison of thread_locals().
+[[gnu::noinline]] const ThreadLocals& refill_thread_locals(std::uintptr_t me) {
     g_tls.owner.store(0);
     g_tls.autograd = &c10::AutogradState::get_tls_state();
     g_tls.torch_function = &at::impl::PythonTorchFunctionTLS::get_state();
@@ -597,6 +596,15 @@ const ThreadLocals& thread_locals() {
         g_tls.owner.store(me);
     }
     return g_tls;  // uncached (owner 0): valid for this call, on this thread, under the GIL
+}
+
+// This thread's entry, looked up now if the cache holds another thread's. Inlined into both callers
+// (global_state_matches, saved_tensors_hooks_top): a call here cost the global state ~14
+// instructions per check.
+[[gnu::always_inline]] inline const ThreadLocals& thread_locals() {
+    const std::uintptr_t me = thread_pointer();
+    if (me != 0 && g_tls.owner.load(std::memory_order_relaxed) == me) return g_tls;
+    return refill_thread_locals(me);
 }
 
 int global_state_matches(const TwGlobalState* want) noexcept {
