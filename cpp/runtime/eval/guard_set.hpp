@@ -216,8 +216,8 @@ class GuardSet {
             DictVersion,
             WeakrefAlive,
             CodeIs,
-            BuiltinProbe,      // ambient GLOBAL_STATE on a built-in probe
-            TorchGlobalState,  // ... on torch's global state, bound through the adapter: `a` is g.derived
+            BuiltinProbe,       // ambient GLOBAL_STATE on a built-in probe
+            TorchGlobalState,   // ... on torch's global state, bound through the adapter: `a` is g.derived
             TorchNoSavedHooks,  // ... on torch's saved-tensor hooks, snapshot None, through the adapter
             // The skip: read the version tag of regs[node] (an exact dict, or an exact module's
             // dict) into the node's tag slot; equal to its claim: jump over its state-implied
