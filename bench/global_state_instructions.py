@@ -5,7 +5,8 @@
 Each contender runs in its own ``valgrind --tool=callgrind`` child, collecting only inside
 ``_floor.repeat_call``, called twice (2,000 then 12,000 checks, one dump after each); per check =
 the difference / 10,000, so the call's own setup cancels. Contenders: tripwire's empty set, a set holding only
-``global_state("torch_global_state")``, only ``global_state("torch_saved_tensors_hooks")``,
+``global_state("torch_global_state")``, only ``global_state("torch_saved_tensors_hooks")``, only
+``global_state("recursion_limit")`` (an interpreter probe: what any ambient probe costs the engine),
 torch's empty ``RootGuardManager`` and one holding only its GLOBAL_STATE leaf.
 """
 
@@ -18,7 +19,14 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONTENDERS = ("tw_empty", "tw_global_state", "tw_saved_tensors_hooks", "torch_empty", "torch_global_state")
+CONTENDERS = (
+    "tw_empty",
+    "tw_global_state",
+    "tw_saved_tensors_hooks",
+    "tw_recursion_limit",
+    "torch_empty",
+    "torch_global_state",
+)
 
 
 def child(which: str, counts: list[int]) -> None:
@@ -32,7 +40,11 @@ def child(which: str, counts: list[int]) -> None:
     floor = floor_build.load()
     if which.startswith("tw"):
         b = tw.GuardBuilder({})
-        if which != "tw_empty":
+        if which == "tw_recursion_limit":
+            b.global_state(
+                "recursion_limit"
+            )  # what one ambient probe costs the engine (gc_enabled: the child disables the GC)
+        elif which != "tw_empty":
             b.global_state("torch_" + which.removeprefix("tw_"))
         fn = b.build().check
     else:

@@ -82,6 +82,26 @@ void register_tensors(nb::module_& m) {
         "The C-level reader of a SIZE/STRIDE/STORAGE_OFFSET step: the int, 'missing', or None when it "
         "leaves the step to the generic (Python) path.");
     m.def(
+        "applied_dispatch_keys",
+        [](nb::handle v) -> nb::object {
+            std::uint64_t keys = 0;
+            if (!runtime::applied_key_set(v.ptr(), keys)) return nb::none();
+            return nb::int_(keys);
+        },
+        nb::arg("value"), nb::sig("def applied_dispatch_keys(value: object) -> int | None"),
+        "DISPATCH_KEY_SET_MATCH's reading of `value`: the raw bits of its DispatchKeySet with the "
+        "current thread's include/exclude sets applied and the Python keys masked as torch's guards "
+        "mask them, read through the torch adapter; None when `value` is not a DispatchKeySet the "
+        "adapter reads (or no adapter is installed).");
+    m.def(
+        "dispatch_key_set_reader_installed",
+        [] {
+            const TwTorchAdapter* a = runtime::torch_adapter();
+            return a != nullptr && a->dispatch_key_set_type != nullptr;
+        },
+        "Whether DISPATCH_KEY_SET_MATCH can be built: the torch adapter is installed and verified "
+        "that it reads torch._C.DispatchKeySet objects as torch does.");
+    m.def(
         "torch_adapter_installed", [] { return runtime::torch_adapter() != nullptr; },
         "Whether tensors and torch's state are read through the compiled torch adapter.");
     m.def(

@@ -30,6 +30,7 @@ std::string_view guard_kind_name(GuardKind k) {
         case GuardKind::NoAlias: return "NO_ALIAS";
         case GuardKind::Shape: return "SHAPE";
         case GuardKind::StorageOverlapping: return "STORAGE_OVERLAPPING";
+        case GuardKind::DispatchKeySetMatch: return "DISPATCH_KEY_SET_MATCH";
     }
     return "UNKNOWN";
 }
@@ -111,6 +112,8 @@ bool guard_runs_user_code(GuardKind k) {
         case GuardKind::NoAlias:
         // Tensor metadata through the adapter (no Python object is made).
         case GuardKind::StorageOverlapping:
+        // A DispatchKeySet's bits and the thread-local key sets through the adapter.
+        case GuardKind::DispatchKeySetMatch:
         // Relations among numbers read into C++ registers; a big int is converted in place.
         case GuardKind::Shape: return false;
         // len() of a user type, key lookups that may meet a user key's __eq__, getattr,
@@ -187,7 +190,8 @@ GuardShape guard_shape(GuardKind k) {
         case GuardKind::Length:
         case GuardKind::DictVersion:
         case GuardKind::TupleIteratorLen:
-        case GuardKind::WeakrefAlive: return {true, true, false, false};
+        case GuardKind::WeakrefAlive:
+        case GuardKind::DispatchKeySetMatch: return {true, true, false, false};  // n = expected bits
         case GuardKind::DictKeys: return {true, true, false, true};
         case GuardKind::RangeIterator:
             return {true, true, true, false};  // operand = the expected range object

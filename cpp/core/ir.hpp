@@ -98,8 +98,12 @@ enum class GuardKind : std::uint8_t {
     /// relational: torch's STORAGE_OVERLAPPING over tensors: the first `n` of its sources are
     /// exactly the ones that may overlap another (torch's tensors_definitely_do_not_overlap)
     StorageOverlapping = 24,
+    /// torch's DISPATCH_KEY_SET_MATCH: the value is a torch._C.DispatchKeySet whose keys, with
+    /// the current thread's include/exclude sets applied (Python keys masked as torch's guards
+    /// mask them), equal `n` (raw bits of the expected applied set). Adapter only.
+    DispatchKeySetMatch = 25,
 };
-inline constexpr int kGuardKindCount = 25;
+inline constexpr int kGuardKindCount = 26;
 
 /// One step of a source path.
 struct Step {

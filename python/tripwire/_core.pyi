@@ -109,6 +109,8 @@ class GuardKind(enum.IntEnum):
 
     STORAGE_OVERLAPPING = 24
 
+    DISPATCH_KEY_SET_MATCH = 25
+
 class Step:
     """One step of a source as the engine reads it."""
 
@@ -633,6 +635,16 @@ def _set_plain_tensor_types(types: tuple) -> int:
 def _read_tensor_property(value: object, kind: StepKind, index: int) -> object:
     """
     The C-level reader of a SIZE/STRIDE/STORAGE_OFFSET step: the int, 'missing', or None when it leaves the step to the generic (Python) path.
+    """
+
+def applied_dispatch_keys(value: object) -> int | None:
+    """
+    DISPATCH_KEY_SET_MATCH's reading of `value`: the raw bits of its DispatchKeySet with the current thread's include/exclude sets applied and the Python keys masked as torch's guards mask them, read through the torch adapter; None when `value` is not a DispatchKeySet the adapter reads (or no adapter is installed).
+    """
+
+def dispatch_key_set_reader_installed() -> bool:
+    """
+    Whether DISPATCH_KEY_SET_MATCH can be built: the torch adapter is installed and verified that it reads torch._C.DispatchKeySet objects as torch does.
     """
 
 def torch_adapter_installed() -> bool:

@@ -531,6 +531,29 @@ class GuardBuilder:
             raise GuardBuildError("STORAGE_OVERLAPPING with one overlapping tensor could never hold")
         return self.add(GuardKind.STORAGE_OVERLAPPING, srcs[0], (tuple(srcs[1:]), len(over)))
 
+    def dispatch_key_set_match(self, source: SourceLike, *, expected: int | None = None) -> GuardSpec:
+        """DISPATCH_KEY_SET_MATCH (torch's guard of that name): the value is a
+        ``torch._C.DispatchKeySet`` (its type derives from it) whose keys, with the checking
+        thread's include/exclude sets applied and the Python keys masked unless a dispatch mode
+        without ``ignore_compile_internals`` is active (torch's ``LocalState::apply``), equal
+        ``expected``: the raw bits of such an applied set, by default the example's applied now.
+        Decided in C++ through the torch adapter (refused without it); anything else fails."""
+        if not tensors.ensure_torch() or not _core.dispatch_key_set_reader_installed():
+            raise GuardBuildError(
+                "DISPATCH_KEY_SET_MATCH needs the torch adapter (see tripwire.tensors.adapter_status())"
+            )
+        if expected is None:
+            v = self.value(source)
+            expected = _core.applied_dispatch_keys(v)
+            if expected is None:
+                raise GuardBuildError(
+                    f"DISPATCH_KEY_SET_MATCH on {Source.parse(source)}: {_type_name(v)} is not a "
+                    "torch._C.DispatchKeySet"
+                )
+        if type(expected) is not int or not 0 <= expected < 1 << 64:
+            raise TypeError("expected is the raw bits of an applied DispatchKeySet (an int in [0, 2**64))")
+        return self.add(GuardKind.DISPATCH_KEY_SET_MATCH, source, (expected,))
+
     def baseline(self, name: str, value: Any) -> None:
         """Record framework state the guards are built under (a constant, e.g. a dispatch-key
         set or a mode): saved with the set, so that a kind whose meaning depends on it answers

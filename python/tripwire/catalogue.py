@@ -30,6 +30,8 @@ ARRAY_MATCH           (type, ArrayExpectation)                   required
 DIMENSION_MARKING     (DimensionMarkings,)                       required
 ALIAS                 (other: Source,)                           required (the first source)
 NO_ALIAS              (others: tuple[Source, ...],)              required (the first source)
+DISPATCH_KEY_SET_MATCH (expected: int,)  raw bits of the applied  required
+                      set (torch's LocalState::apply)
 STORAGE_OVERLAPPING   (others: tuple[Source, ...],                required (the first source;
                       n_overlapping: int)                        the first n_overlapping of all
                                                                  the sources may overlap)
@@ -218,6 +220,10 @@ class GuardSpec:
             return "distinct objects"
         if k is GuardKind.STORAGE_OVERLAPPING:
             return _overlap_text(self.sources, a[1])
+        if k is GuardKind.DISPATCH_KEY_SET_MATCH:
+            from .tensors import dispatch_key_names
+
+            return dispatch_key_names(a[0])
         return a[0]  # SHAPE: the relation's text; the rest: the operand
 
     @property
@@ -297,6 +303,10 @@ class GuardSpec:
             return _overlap_text(self.sources, a[1])
         if k is GuardKind.SHAPE:
             return a[0]
+        if k is GuardKind.DISPATCH_KEY_SET_MATCH:
+            from .tensors import dispatch_key_names
+
+            return f"apply_local_dispatch_keys({s}) == {dispatch_key_names(a[0])}"
         return f"lambda: {a[1]}"  # LAMBDA
 
 

@@ -63,6 +63,47 @@ def _actual(spec: GuardSpec, v: Any) -> Any:
     return v
 
 
+def _key_names(bits: int) -> list[str]:
+    from .tensors import dispatch_key_names
+
+    text = dispatch_key_names(bits)
+    inner = text[text.find("(") + 1 : text.rfind(")")] if text.startswith("DispatchKeySet(") else ""
+    return [n for n in inner.split(", ") if n]
+
+
+def _key_set_text(spec: GuardSpec, value: Any, where: str) -> tuple[Any, str]:
+    """DISPATCH_KEY_SET_MATCH's (actual, reason): the applied set the engine reads now and the keys
+    that differ from the expected one, by torch's key names."""
+    from . import _core
+    from .tensors import dispatch_key_names
+
+    want = spec.args[0]
+    try:
+        now = _core.applied_dispatch_keys(value)
+    except Exception:  # noqa: BLE001 - diagnostics must not raise
+        now = None
+    if now is None:
+        return value, (
+            f"{where}: DISPATCH_KEY_SET_MATCH expected a torch._C.DispatchKeySet with applied keys "
+            f"{dispatch_key_names(want)}, got {short_repr(value)} (not a DispatchKeySet the adapter reads)"
+        )
+    w, g = _key_names(want), _key_names(now)
+    extra = [n for n in g if n not in w]
+    missing = [n for n in w if n not in g]
+    diff = []
+    if extra:
+        diff.append("extra " + ", ".join(extra))
+    if missing:
+        diff.append("missing " + ", ".join(missing))
+    if not diff:  # the same names (bits torch does not name)
+        diff.append(f"raw {want:#x} != {now:#x}")
+    return dispatch_key_names(now), (
+        f"{where}: DISPATCH_KEY_SET_MATCH applied keys (this thread's include/exclude sets, Python keys "
+        f"masked as torch's guards do) expected {dispatch_key_names(want)}, got {dispatch_key_names(now)}: "
+        + "; ".join(diff)
+    )
+
+
 def _shape_failure(spec: GuardSpec, value: Any, error: str | None) -> Failure:
     """A SHAPE relation: ``expected`` is the relation, ``actual`` {symbol: value} (None when a
     symbol could not be read), ``source`` its symbols."""
@@ -264,6 +305,8 @@ def make_failure(
         reason = f"{where}: {kind} {details}"
     elif spec.kind is GuardKind.DIMENSION_MARKING:
         reason = f"{where}: {kind} {_marking_text(spec, value)}"
+    elif spec.kind is GuardKind.DISPATCH_KEY_SET_MATCH:
+        actual, reason = _key_set_text(spec, value, where)
     elif spec.kind is GuardKind.STORAGE_OVERLAPPING and type(value) is tuple:
         reason = (
             f"{where}: STORAGE_OVERLAPPING expected {spec.expected} (torch's rule on storage offsets, "

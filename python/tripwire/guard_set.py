@@ -183,6 +183,9 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
             flag = _python_eq(a)
         elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN, GuardKind.DICT_VERSION):
             n = a[0]
+        elif k is GuardKind.DISPATCH_KEY_SET_MATCH:
+            n = a[0] - (1 << 64) if a[0] >= 1 << 63 else a[0]  # the raw bits as the engine's int64
+            tensors.ensure_torch()  # read through the adapter only
         elif k is GuardKind.DICT_KEYS:
             op2 = pool.add(tuple(_private_constant(x) for x in a[0]))
             flag = a[1]
@@ -536,6 +539,8 @@ class GuardSet(_core.GuardSetCore):
     def _path_note(self, spec: GuardSpec) -> str:
         """How a tensor, array or torch-state guard reads its value (explain() says it)."""
         k = spec.kind
+        if k is GuardKind.DISPATCH_KEY_SET_MATCH:
+            return "   [torch adapter only]"
         torch_probe = k is GuardKind.GLOBAL_STATE and spec.args[0] in _TORCH_PROBES
         if k not in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH) and not torch_probe:
             return ""

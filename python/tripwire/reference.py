@@ -655,6 +655,8 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
             return len({id(x) for x in v}) == len(v)
         if k is GuardKind.STORAGE_OVERLAPPING:
             return _overlap_holds(v, a[1])
+        if k is GuardKind.DISPATCH_KEY_SET_MATCH:
+            return _applied_key_set(v) == a[0]
     except Exception:  # noqa: BLE001 - a raising guard fails
         return False
     raise AssertionError(f"unknown guard kind {k!r}")
@@ -673,6 +675,26 @@ def _fetch_memo(source, f_locals, f_globals, f_closure, cache):
 # -- tensors, arrays, markings -------------------------------------------------------------------------
 def _dims_match(want: tuple, got: tuple) -> bool:
     return len(want) == len(got) and all(w is None or w == g for w, g in zip(want, got, strict=True))
+
+
+def _applied_key_set(v: Any) -> int | None:
+    """DISPATCH_KEY_SET_MATCH's reading, as torch's leaf: a value whose type derives from
+    DispatchKeySet (pybind11's cast), its C++ keys read through the class's own methods (never a
+    subclass's overrides), then guards.h LocalState::apply with this thread's state now."""
+    C = _torch()._C
+    KS = C.DispatchKeySet
+    if not issubclass(type(v), KS):
+        return None
+    from torch.utils._python_dispatch import is_in_any_mode_without_ignore_compile_internals
+
+    keys = KS.from_raw_repr(KS.raw_repr(v))
+    keys = KS.__sub__(
+        KS.__or__(keys, C._dispatch_tls_local_include_set()), C._dispatch_tls_local_exclude_set()
+    )
+    if not is_in_any_mode_without_ignore_compile_internals():
+        for key in (C.DispatchKey.Python, C.DispatchKey.PythonTLSSnapshot, C.DispatchKey.PythonDispatcher):
+            keys = KS.remove(keys, key)
+    return int(KS.raw_repr(keys))
 
 
 def _tensor_matches(v: Any, t: type, e: Any) -> bool:

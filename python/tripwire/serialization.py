@@ -50,7 +50,7 @@ _TORCH_PROBES = (
 
 
 def _torch_coded(kind: GuardKind, args: tuple) -> bool:
-    return kind is GuardKind.TENSOR_MATCH or (
+    return kind in (GuardKind.TENSOR_MATCH, GuardKind.DISPATCH_KEY_SET_MATCH) or (
         kind is GuardKind.GLOBAL_STATE and args[0] == "torch_global_state"
     )
 
@@ -509,7 +509,11 @@ def _load(
         s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in checked
     ):
         tensors.ensure_torch()
-    if GuardKind.STORAGE_OVERLAPPING in kinds or any(reads_cpp_tensor(s) for s in checked):  # adapter only
+    if (
+        GuardKind.STORAGE_OVERLAPPING in kinds
+        or GuardKind.DISPATCH_KEY_SET_MATCH in kinds
+        or any(reads_cpp_tensor(s) for s in checked)
+    ):  # adapter only
         tensors.ensure_torch()
     if GuardKind.ARRAY_MATCH in kinds:
         tensors.ensure_numpy()
@@ -695,6 +699,8 @@ def _spec(
         args = (tuple(_source(p, consts, bad, memo) for p in d.more_sources),)
     elif k is GuardKind.STORAGE_OVERLAPPING:
         args = (tuple(_source(p, consts, bad, memo) for p in d.more_sources), d.n)
+    elif k is GuardKind.DISPATCH_KEY_SET_MATCH:
+        args = (d.n & ((1 << 64) - 1),)  # the raw bits (stored as the engine's int64)
     else:
         args = ()
     source = None
@@ -843,6 +849,8 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
             args = (tuple(_source(p, consts, bad) for p in d.more_sources),)
         elif k is GuardKind.STORAGE_OVERLAPPING:
             args = (tuple(_source(p, consts, bad) for p in d.more_sources), d.n)
+        elif k is GuardKind.DISPATCH_KEY_SET_MATCH:
+            args = (d.n & ((1 << 64) - 1),)
         elif k is GuardKind.DICT_KEYS:
             args = (op2, d.flag)
         elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):

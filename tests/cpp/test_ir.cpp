@@ -59,8 +59,10 @@ TEST(IrNames, GuardKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(guard_kind_name(GuardKind::TensorMatch), "TENSOR_MATCH");
     EXPECT_EQ(guard_kind_name(GuardKind::NoAlias), "NO_ALIAS");
     // Every value below kGuardKindCount is a kind: 0..17, the tensor kinds 18..22, SHAPE 23,
-    // STORAGE_OVERLAPPING 24.
-    EXPECT_EQ(known, 25);
+    // STORAGE_OVERLAPPING 24, DISPATCH_KEY_SET_MATCH 25.
+    EXPECT_EQ(known, 26);
+    EXPECT_EQ(guard_kind_name(GuardKind::DispatchKeySetMatch), "DISPATCH_KEY_SET_MATCH");
+    EXPECT_FALSE(is_relational(GuardKind::DispatchKeySetMatch));
     EXPECT_EQ(guard_kind_name(GuardKind::StorageOverlapping), "STORAGE_OVERLAPPING");
     EXPECT_TRUE(is_relational(GuardKind::StorageOverlapping));
     EXPECT_EQ(static_cast<int>(GuardKind::TensorMatch), 18);
@@ -124,7 +126,7 @@ TEST(IrNames, OutOfRangeKindsAreUnknown) {
 }
 
 TEST(IrNames, CountsMatchTheLastEnumerator) {
-    EXPECT_EQ(static_cast<int>(GuardKind::StorageOverlapping) + 1, kGuardKindCount);
+    EXPECT_EQ(static_cast<int>(GuardKind::DispatchKeySetMatch) + 1, kGuardKindCount);
     EXPECT_EQ(static_cast<int>(StepKind::Grad) + 1, kStepKindCount);
 }
 
@@ -234,11 +236,11 @@ TEST(IrShape, BuiltinProbes) {
 TEST(IrPurity, GuardKinds) {
     // Identity, exact-type and in-place structural comparisons never run user code and never
     // allocate (an allocation may start a collection that runs finalizers)...
-    for (GuardKind k :
-         {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone, GuardKind::True,
-          GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictKeys, GuardKind::DictVersion,
-          GuardKind::WeakrefAlive, GuardKind::TensorMatch, GuardKind::ArrayMatch, GuardKind::Alias,
-          GuardKind::NoAlias, GuardKind::Shape, GuardKind::StorageOverlapping}) {
+    for (GuardKind k : {GuardKind::TypeMatch, GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone,
+                        GuardKind::True, GuardKind::False, GuardKind::EqualsMatch, GuardKind::DictKeys,
+                        GuardKind::DictVersion, GuardKind::WeakrefAlive, GuardKind::TensorMatch,
+                        GuardKind::ArrayMatch, GuardKind::Alias, GuardKind::NoAlias, GuardKind::Shape,
+                        GuardKind::StorageOverlapping, GuardKind::DispatchKeySetMatch}) {
         EXPECT_FALSE(guard_runs_user_code(k)) << guard_kind_name(k);
         // ...unless the runtime evaluates the declaration through Python.
         GuardDecl d = minimal_decl(k);
@@ -284,7 +286,7 @@ TEST(IrPurity, EveryKindIsClassified) {
     // that was added to the enum but not to the tests.
     int pure = 0, impure = 0;
     for (int i = 0; i < kGuardKindCount; ++i) (guard_runs_user_code(guard_kind(i)) ? impure : pure)++;
-    EXPECT_EQ(pure, 16);
+    EXPECT_EQ(pure, 17);
     EXPECT_EQ(impure, 9);
     pure = impure = 0;
     for (int i = 0; i < kStepKindCount; ++i) (step_runs_user_code(step_kind(i)) ? impure : pure)++;

@@ -79,6 +79,10 @@ def _one_spec_per_kind():
     specs.append(GuardSpec(tw.GuardKind.DIMENSION_MARKING, Source.parse("L['t']"), (marks,), 105))
     others = (Source.parse("L['o']"), Source.parse("L['f']"))
     specs.append(GuardSpec(tw.GuardKind.STORAGE_OVERLAPPING, Source.parse("L['x']"), (others, 2), 106))
+    # The raw bits of an applied key set, above 2**63: encoded as the engine's int64.
+    specs.append(
+        GuardSpec(tw.GuardKind.DISPATCH_KEY_SET_MATCH, Source.parse("L['x']"), ((1 << 63) + 5,), 107)
+    )
     specs.append(GuardSpec(tw.GuardKind.NONE, Source.parse("L['n']"), (), 100))
     specs.append(GuardSpec(tw.GuardKind.TRUE, Source.parse("L['t']"), (), 101))
     specs.append(GuardSpec(tw.GuardKind.FALSE, Source.parse("L['f2']"), (), 102))
@@ -113,8 +117,10 @@ def test_each_kinds_operands_sit_in_the_slots_the_engine_expects():
         assert bool(decl.data) == has_data, spec.kind
         others = {tw.GuardKind.ALIAS: 1, tw.GuardKind.NO_ALIAS: 2, tw.GuardKind.STORAGE_OVERLAPPING: 2}
         assert len(decl.more_sources) == others.get(spec.kind, 0)
-        # STORAGE_OVERLAPPING's overlapping count travels in n.
+        # STORAGE_OVERLAPPING's overlapping count travels in n, DISPATCH_KEY_SET_MATCH's bits too.
         assert decl.n == (2 if spec.kind is tw.GuardKind.STORAGE_OVERLAPPING else decl.n)
+        if spec.kind is tw.GuardKind.DISPATCH_KEY_SET_MATCH:
+            assert decl.n == 5 - (1 << 63)
 
 
 def test_no_production_module_imports_the_oracle():

@@ -388,6 +388,25 @@ def test_context_fields_changed_from_cpp_setters_fail() -> None:
         assert gs.check({}), get.__name__
 
 
+def test_autocast_cache_flag_is_read_where_torch_keeps_it() -> None:
+    """The adapter reads at::autocast's cache flag from this thread's TLS block of libtorch_cpu at
+    the place it found by flipping the flag with torch's setter at load (torch_adapter.cpp,
+    AutocastCacheFlag); a set decides by the flag on this thread, flipped by torch's setter, as
+    torch's GlobalStateGuard does (other threads: test_each_thread_reads_its_own_thread_locals)."""
+    if not tw._core.torch_adapter_installed():
+        pytest.skip("the torch adapter is not loaded in this build")
+    import tripwire._torch_adapter as adapter
+
+    assert adapter.autocast_cache_flag_offset >= 0  # found on this torch build (else: the accessor)
+    gs = _global_state_set()
+    theirs = torch_guards.GlobalStateGuard()
+    for flag in (False, True, False):
+        with setting(torch.is_autocast_cache_enabled, torch.set_autocast_cache_enabled, flag):
+            assert gs.check({}) is flag is theirs.check()
+            assert reference.check(gs.guards, {}, {}) is flag
+    assert gs.check({}) and theirs.check()
+
+
 def test_each_thread_reads_its_own_thread_locals() -> None:
     """Grad mode, torch-function state, autocast and the thread count are per thread: a set built
     on one thread decides on another by that thread's state, as torch's GlobalStateGuard built
@@ -407,7 +426,15 @@ def test_each_thread_reads_its_own_thread_locals() -> None:
         with ctx():
             seen.append((gs.check({}), theirs.check(), no_grad_set.check({}), no_grad_theirs.check()))
 
-    names = ("nothing", "no_grad", "autocast_cpu", "torch_function_off", "one_thread", "deterministic")
+    names = (
+        "nothing",
+        "no_grad",
+        "autocast_cpu",
+        "autocast_cache_off",
+        "torch_function_off",
+        "one_thread",
+        "deterministic",
+    )
     for round_ in range(gc_stress.scaled(20, 4)):
         for name in names:
             t = threading.Thread(target=run, args=(STATES[name],))

@@ -24,6 +24,10 @@
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <pybind11/pybind11.h>
+
+#include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #if AT_PARALLEL_OPENMP
 #include <omp.h>
@@ -37,6 +41,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "runtime/tensors/adapter_abi.h"
 
@@ -455,8 +460,86 @@ struct ThreadLocals {
     // called it (when its entry is filled), omp_get_max_threads() alone returns the same value,
     // without the __tls_get_addr of the flag. True when the two agreed at that moment.
     bool omp_threads = false;
+    // at::autocast's cache flag in this thread's TLS block of libtorch_cpu (AutocastCacheFlag
+    // below), or null: then is_autocast_cache_enabled() reads it.
+    const bool* autocast_cache = nullptr;
+    // The saved-tensor default hooks (get_tls_state() returns this thread's thread_local by
+    // reference; set_tls_state assigns it in place).
+    const at::impl::SavedTensorDefaultHooksTLS* saved_hooks = nullptr;
 };
 ThreadLocals g_tls;
+
+// -- The autocast cache flag ----------------------------------------------------------------------
+//
+// is_autocast_cache_enabled() reads `thread_local bool cache_enabled` of an anonymous namespace in
+// libtorch_cpu (autocast_mode.cpp): an out-of-line call and a __tls_get_addr on every check (18
+// instructions of the ~115 the global state cost). No header names the variable, so its place in
+// libtorch_cpu's TLS block is found once, by experiment, when the adapter loads: the bytes of this
+// thread's block (dlinfo RTLD_DI_TLS_DATA) are compared before and after torch's own setter flips
+// the flag and after it restores it; the flag is the one byte that changes, holding the accessor's
+// value in both states, with nothing else changed. Each thread's block then holds its flag at that
+// offset (one TLS image for every thread). When anything disagrees (no TLS segment, more than one
+// byte changed, a value that is not the flag's), offset stays -1 and the accessor is used.
+struct AutocastCacheFlag {
+    void* library = nullptr;  // libtorch_cpu's handle (RTLD_NOLOAD: already loaded by torch)
+    std::ptrdiff_t offset = -1;
+};
+AutocastCacheFlag g_cache_flag;
+
+std::size_t tls_segment_size(std::size_t modid) {
+    std::pair<std::size_t, std::size_t> q{modid, 0};
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t, void* data) -> int {
+            auto* q = static_cast<std::pair<std::size_t, std::size_t>*>(data);
+            if (info->dlpi_tls_modid != q->first) return 0;
+            for (int i = 0; i < info->dlpi_phnum; ++i) {
+                if (info->dlpi_phdr[i].p_type == PT_TLS) q->second = info->dlpi_phdr[i].p_memsz;
+            }
+            return 1;
+        },
+        &q);
+    return q.second;
+}
+
+// This thread's TLS block of libtorch_cpu (allocated by the accessor call first), or null.
+unsigned char* torch_cpu_tls_block() {
+    (void)at::autocast::is_autocast_cache_enabled();
+    void* block = nullptr;
+    if (g_cache_flag.library == nullptr || dlinfo(g_cache_flag.library, RTLD_DI_TLS_DATA, &block) != 0)
+        return nullptr;
+    return static_cast<unsigned char*>(block);
+}
+
+void find_autocast_cache_flag() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&at::autocast::is_autocast_cache_enabled), &info) == 0 ||
+        info.dli_fname == nullptr)
+        return;
+    g_cache_flag.library = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    std::size_t modid = 0;
+    if (g_cache_flag.library == nullptr || dlinfo(g_cache_flag.library, RTLD_DI_TLS_MODID, &modid) != 0 ||
+        modid == 0)
+        return;
+    const std::size_t size = tls_segment_size(modid);
+    unsigned char* block = torch_cpu_tls_block();
+    if (size == 0 || block == nullptr) return;
+    const bool was = at::autocast::is_autocast_cache_enabled();
+    const std::vector<unsigned char> before(block, block + size);
+    at::autocast::set_autocast_cache_enabled(!was);
+    const std::vector<unsigned char> flipped(block, block + size);
+    const bool now = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(was);
+    const std::vector<unsigned char> after(block, block + size);
+    if (now == was || before != after) return;
+    std::ptrdiff_t at = -1;
+    for (std::size_t i = 0; i < size; ++i) {
+        if (before[i] == flipped[i]) continue;
+        if (at != -1) return;  // more than one byte changed
+        at = static_cast<std::ptrdiff_t>(i);
+    }
+    if (at < 0 || before[at] != (was ? 1 : 0) || flipped[at] != (now ? 1 : 0)) return;
+    g_cache_flag.offset = at;
+}
 
 std::uintptr_t thread_pointer() {
 #if defined(__x86_64__) && defined(__linux__)
@@ -488,22 +571,40 @@ thread_local ThreadExit t_exit;
 
 void forget_thread_locals() { g_tls.owner.store(0); }
 
-// This thread's entry, looked up now if the cache holds another thread's.
-const ThreadLocals& thread_locals() {
-    const std::uintptr_t me = thread_pointer();
-    if (me != 0 && g_tls.owner.load(std::memory_order_relaxed) == me) return g_tls;
+// The lookup when the cache holds another thread (or none). Out of line: kept out of the callers'
+// hot code, which is then only the thread-pointer comparison of thread_locals().
+[[gnu::noinline]] const ThreadLocals& refill_thread_locals(std::uintptr_t me) {
     g_tls.owner.store(0);
     g_tls.autograd = &c10::AutogradState::get_tls_state();
     g_tls.torch_function = &at::impl::PythonTorchFunctionTLS::get_state();
     g_tls.dispatch = &c10::impl::raw_local_dispatch_key_set;
+    g_tls.saved_hooks = &at::SavedTensorDefaultHooks::get_tls_state();
 #if AT_PARALLEL_OPENMP
     g_tls.omp_threads = at::get_num_threads() == omp_get_max_threads();
 #endif
+    g_tls.autocast_cache = nullptr;
+    if (g_cache_flag.offset >= 0) {
+        unsigned char* block = torch_cpu_tls_block();
+        const bool* flag =
+            block != nullptr ? reinterpret_cast<const bool*>(block + g_cache_flag.offset) : nullptr;
+        // The same reading as the accessor's on this thread, or the accessor stays.
+        if (flag != nullptr && *flag == at::autocast::is_autocast_cache_enabled())
+            g_tls.autocast_cache = flag;
+    }
     if (me != 0 && !t_exiting) {
         t_exit.armed = true;  // constructs this thread's ThreadExit: its destructor clears the entry
         g_tls.owner.store(me);
     }
     return g_tls;  // uncached (owner 0): valid for this call, on this thread, under the GIL
+}
+
+// This thread's entry, looked up now if the cache holds another thread's. Inlined into both callers
+// (global_state_matches, saved_tensors_hooks_top): as a call, the global state measured 138
+// instructions per check instead of 128 (bench/global_state_instructions.py).
+[[gnu::always_inline]] inline const ThreadLocals& thread_locals() {
+    const std::uintptr_t me = thread_pointer();
+    if (me != 0 && g_tls.owner.load(std::memory_order_relaxed) == me) return g_tls;
+    return refill_thread_locals(me);
 }
 
 int global_state_matches(const TwGlobalState* want) noexcept {
@@ -522,7 +623,9 @@ int global_state_matches(const TwGlobalState* want) noexcept {
         if (h[L::kTorchFunctionAllDisabled] !=
             (tf == at::impl::TorchFunctionDisabledState::ALL_DISABLED ? 1 : 0))
             return 0;
-        if (h[L::kCacheEnabled] != (at::autocast::is_autocast_cache_enabled() ? 1 : 0)) return 0;
+        const bool cache_enabled =
+            tls.autocast_cache != nullptr ? *tls.autocast_cache : at::autocast::is_autocast_cache_enabled();
+        if (h[L::kCacheEnabled] != (cache_enabled ? 1 : 0)) return 0;
         const c10::DispatchKeySet excluded = tls.dispatch->excluded();
         uint64_t enabled = 0;
         if ((excluded.raw_repr() & g_all_autocast_bits) != g_all_autocast_bits) {  // some device enabled
@@ -603,11 +706,12 @@ int device_equal(PyObject* a, PyObject* b) noexcept {
 
 int saved_tensors_hooks_top(PyObject** pack, PyObject** unpack) noexcept {
     try {
-        // get_tls_state() returns the thread-local by reference: no copy of the stack and no
-        // incref through the interpreter (get_hooks() would copy the pair). A non-empty stack
+        // get_tls_state() returns the thread-local by reference (its address is cached per thread
+        // with the others, ThreadLocals): no copy of the stack and no incref through the
+        // interpreter (get_hooks() would copy the pair). A non-empty stack
         // implies torch initialized the hooks (push_hooks asserts it), so this reads what
         // get_hooks(/*ignore_is_tracing=*/true) returns.
-        const auto& stack = at::SavedTensorDefaultHooks::get_tls_state().stack;
+        const auto& stack = thread_locals().saved_hooks->stack;
         if (stack.empty()) return 0;
         const auto& top = stack.top();
         *pack = top.first.ptr(getPyInterpreter());
@@ -616,6 +720,62 @@ int saved_tensors_hooks_top(PyObject** pack, PyObject** unpack) noexcept {
     } catch (...) {
         return -1;  // never "empty": the caller falls back to the Python reader
     }
+}
+
+// -- DISPATCH_KEY_SET_MATCH ------------------------------------------------------------------------
+//
+// torch's leaf casts its value with pybind11 (py::cast<c10::DispatchKeySet>): any instance of a type
+// deriving from torch._C.DispatchKeySet, whose C++ value it then reads, never the Python methods a
+// subclass may override. pybind11's caster would look up (and on first sight of a Python subclass,
+// cache with a new weak reference: an allocation) the type's pybind11 bases; this reads the
+// instance in place instead. A pybind11 instance of a type with a single pybind11 base (simple
+// layout) holds its value pointer in simple_value_holder[0], set with the holder flag once __init__
+// constructed it. The layout is that of the pybind11 headers torch ships and was built with; it is
+// verified when the adapter loads (verify_key_set_reader): on any disagreement the type stays null
+// and the core refuses the kind.
+PyTypeObject* g_key_set_type = nullptr;
+
+int dispatch_key_set_bits(PyObject* obj, uint64_t* out) noexcept {
+    if (g_key_set_type == nullptr || !PyType_IsSubtype(Py_TYPE(obj), g_key_set_type)) return 0;
+    auto* inst = reinterpret_cast<pybind11::detail::instance*>(obj);
+    // Not simple: the type has another pybind11 base too (a stricter fail than torch's cast).
+    if (!inst->simple_layout || !inst->simple_holder_constructed) return 0;
+    const void* value = inst->simple_value_holder[0];
+    if (value == nullptr) return 0;
+    *out = static_cast<const c10::DispatchKeySet*>(value)->raw_repr();
+    return 1;
+}
+
+// torch._C.DispatchKeySet, once dispatch_key_set_bits reads what torch's own raw_repr() returns on
+// sets built by torch (several bit patterns, one per functionality and backend class).
+void verify_key_set_reader() {
+    PyObject* c = PyImport_ImportModule("torch._C");
+    if (c == nullptr) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject* type = PyObject_GetAttrString(c, "DispatchKeySet");
+    Py_DECREF(c);
+    if (type == nullptr || !PyType_Check(type)) {
+        Py_XDECREF(type);
+        PyErr_Clear();
+        return;
+    }
+    g_key_set_type = reinterpret_cast<PyTypeObject*>(type);  // held for the process
+    bool ok = true;
+    for (const uint64_t raw :
+         {uint64_t{0}, uint64_t{1}, uint64_t{0x8001}, ~uint64_t{0} >> 1, uint64_t{0x5a5a5a5a5a5a}}) {
+        PyObject* ks = PyObject_CallMethod(type, "from_raw_repr", "K", static_cast<unsigned long long>(raw));
+        uint64_t got = 0;
+        PyObject* back = ks != nullptr ? PyObject_CallMethod(ks, "raw_repr", nullptr) : nullptr;
+        const unsigned long long want = back != nullptr ? PyLong_AsUnsignedLongLong(back) : 0;
+        ok = ok && ks != nullptr && back != nullptr && !PyErr_Occurred() &&
+             dispatch_key_set_bits(ks, &got) == 1 && got == want && Py_TYPE(ks) == g_key_set_type;
+        Py_XDECREF(back);
+        Py_XDECREF(ks);
+        PyErr_Clear();
+    }
+    if (!ok) g_key_set_type = nullptr;
 }
 
 TwTorchAdapter g_table{};
@@ -659,6 +819,11 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     } catch (...) {
         g_ctx_ok = false;  // the accessors then read the context
     }
+    try {
+        find_autocast_cache_flag();
+    } catch (...) {
+        g_cache_flag.offset = -1;  // the accessor reads it
+    }
     pthread_atfork(nullptr, nullptr, forget_thread_locals);
     g_table.global_state_matches = global_state_matches;
     g_table.read_global_state = read_global_state;
@@ -673,6 +838,9 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.cpp_tensor_grad = cpp_tensor_grad;
     g_table.tensors_may_overlap = tensors_may_overlap;
     g_table.tensor_matches = tensor_matches;
+    verify_key_set_reader();
+    g_table.dispatch_key_set_type = g_key_set_type;
+    g_table.dispatch_key_set_bits = dispatch_key_set_bits;
 
     PyObject* m = PyModule_Create(&g_module);
     if (m == nullptr) return nullptr;
@@ -682,7 +850,11 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
         Py_DECREF(m);
         return nullptr;
     }
-    if (PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0) {
+    // Where the autocast cache flag was found in libtorch_cpu's TLS block (-1: read by the
+    // accessor), for the tests and for diagnostics.
+    if (PyModule_AddIntConstant(m, "autocast_cache_flag_offset", static_cast<long>(g_cache_flag.offset)) <
+            0 ||
+        PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0) {
         Py_DECREF(m);
         return nullptr;
     }

@@ -150,6 +150,9 @@ void write_payload(const GuardDecl& d, Writer& w, StringTable& strings) {
         case GuardKind::WeakrefAlive: break;
         case GuardKind::Length:
         case GuardKind::TupleIteratorLen: w.varint(static_cast<std::uint64_t>(d.n)); break;
+        // The raw bits of torch's DispatchKeySet (codes of the torch build that wrote them: the
+        // file records that torch's version, serialization.py).
+        case GuardKind::DispatchKeySetMatch: w.varint(static_cast<std::uint64_t>(d.n)); break;
         case GuardKind::DictKeys:
             w.varint(d.operand2);
             w.u8(d.flag ? 1 : 0);
@@ -258,6 +261,10 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
             d.n = static_cast<std::int64_t>(n);
             break;
         }
+        case GuardKind::DispatchKeySetMatch:
+            // Any 64 bits are a key set (the bits torch defines, and ones it does not yet use).
+            d.n = static_cast<std::int64_t>(r.varint("dispatch key bits"));
+            break;
         case GuardKind::DictKeys:
             d.operand2 = constant("key tuple constant");
             d.flag = r.flag("ordered flag");

@@ -172,6 +172,10 @@ bool probe_holds(const RuntimeGuard& g) {
     return builtin_probe(p) == g.n2;
 }
 
+// The saved-tensor-hooks probe when its stack is not empty (rare). Out of line and cold: the
+// call would otherwise cost the pass's hot code registers.
+[[gnu::noinline, gnu::cold]] bool probe_holds_cold(const RuntimeGuard& g) { return probe_holds(g); }
+
 // ALIAS / NO_ALIAS from the registers of the nodes behind its slots. Out of line and cold.
 [[gnu::noinline]] bool relation_in_registers(const RuntimeGuard& g, PyObject* const* regs,
                                              const std::uint32_t* nodes, std::size_t n) {
@@ -236,6 +240,7 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
             g.code = guards_[gi].via_python ? Code::SlowGuard : Code::ArrayMatch;
             break;
         case core::GuardKind::DimensionMarking: g.code = Code::DimensionMarking; break;
+        case core::GuardKind::DispatchKeySetMatch: g.code = Code::DispatchKeySetMatch; break;
         // Relational guards are never a node's guard (program_.relational); listed for -Wswitch.
         case core::GuardKind::Alias:
         case core::GuardKind::NoAlias:
@@ -295,6 +300,8 @@ GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
         case core::GuardKind::Alias:
         case core::GuardKind::NoAlias:
         case core::GuardKind::StorageOverlapping: return Implied::Never;
+        // Reads the thread's dispatch state, which changes with no object write.
+        case core::GuardKind::DispatchKeySetMatch: return Implied::Never;
     }
     return Implied::Never;
 }
@@ -360,6 +367,15 @@ void GuardSet::build_fast_pass() {
         const RuntimeGuard& g = guards_[gi];
         if (g.kind == core::GuardKind::GlobalState && g.a == nullptr && !g.via_python) {
             op.code = Code::BuiltinProbe;  // interpreter probes, torch's through the adapter
+            if (g.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchGlobalState) &&
+                g.derived != nullptr) {
+                // Checked on every call: straight to the adapter's comparison (no probe switch).
+                op.code = Code::TorchGlobalState;
+                op.a = g.derived;
+            } else if (g.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchSavedTensorsHooks) &&
+                       g.b == Py_None) {
+                op.code = Code::TorchNoSavedHooks;  // the common case: an empty hooks stack
+            }
             ++fast_guards_;
         } else {
             op.code = Code::SlowAmbient;
@@ -908,6 +924,8 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_WeakrefAlive,
                                           &&op_CodeIs,
                                           &&op_BuiltinProbe,
+                                          &&op_TorchGlobalState,
+                                          &&op_TorchNoSavedHooks,
                                           &&op_Stamp,
                                           &&op_StampGlobals,
                                           &&op_LeafRun,
@@ -919,6 +937,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_TensorMatch,
                                           &&op_ArrayMatch,
                                           &&op_DimensionMarking,
+                                          &&op_DispatchKeySetMatch,
                                           &&op_Relational,
                                           &&op_End};
         static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
@@ -1334,6 +1353,29 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         } while (false);
         opp = next;
         TW_DISPATCH();
+    op_TorchGlobalState:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (!torch_global_state_holds(op.a) && !slow_ambient(ps, op)) next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_TorchNoSavedHooks:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // An empty stack holds (torch's probe reads None); anything else goes the probe's way.
+            PyObject* pack = nullptr;
+            PyObject* unpack = nullptr;
+            if (torch_adapter()->saved_tensors_hooks_top(&pack, &unpack) != 0 &&
+                !probe_holds_cold(guards[op.guard]) && !slow_ambient(ps, op))
+                next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
     op_Stamp:
         do {
             const FastOp& op = *opp;
@@ -1474,6 +1516,17 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (!dimension_marking_quick(g, r[op.node]) && !dimension_marking_pure(g, r[op.node]) &&
                 !slow_guard(ps, op))
                 next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_DispatchKeySetMatch:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // The adapter reads the set's C++ value and the thread-local sets: no user code, no
+            // allocation, so the pass decides every value (a non-key-set fails).
+            if (dispatch_key_set_match(guards[op.guard], r[op.node]) != 1) goto failed;
             break;
         } while (false);
         opp = next;

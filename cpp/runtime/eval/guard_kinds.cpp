@@ -207,6 +207,7 @@ int eval_guard(const RuntimeGuard& g, PyObject* v) {
         case GuardKind::TensorMatch: return tensor_match(g, v);
         case GuardKind::ArrayMatch: return array_match(g, v);
         case GuardKind::DimensionMarking: return dimension_marking(g, v);
+        case GuardKind::DispatchKeySetMatch: return dispatch_key_set_match(g, v);
         case GuardKind::Alias:
         case GuardKind::NoAlias:
         case GuardKind::StorageOverlapping:

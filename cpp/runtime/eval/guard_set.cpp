@@ -177,6 +177,17 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                         "tripwire.tensors.adapter_status())");
                 }
                 break;
+            case GuardKind::DispatchKeySetMatch: {
+                // torch's rule on a DispatchKeySet's C++ value: the adapter's only (no Python
+                // reader: a Python one would call the methods a subclass may override).
+                const TwTorchAdapter* a = torch_adapter();
+                if (a == nullptr || a->dispatch_key_set_type == nullptr) {
+                    throw core::InvalidProgram(
+                        "DISPATCH_KEY_SET_MATCH needs the torch adapter (see "
+                        "tripwire.tensors.adapter_status())");
+                }
+                break;
+            }
             case GuardKind::EqualsMatch:
                 // python_eq: Python's == may call an element's __eq__ (python_equals.cpp).
                 d.via_python = d.flag;

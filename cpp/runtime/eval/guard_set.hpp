@@ -216,7 +216,9 @@ class GuardSet {
             DictVersion,
             WeakrefAlive,
             CodeIs,
-            BuiltinProbe,  // ambient GLOBAL_STATE on a built-in probe
+            BuiltinProbe,       // ambient GLOBAL_STATE on a built-in probe
+            TorchGlobalState,   // ... on torch's global state, bound through the adapter: `a` is g.derived
+            TorchNoSavedHooks,  // ... on torch's saved-tensor hooks, snapshot None, through the adapter
             // The skip: read the version tag of regs[node] (an exact dict, or an exact module's
             // dict) into the node's tag slot; equal to its claim: jump over its state-implied
             // guards. StampGlobals does the same for the globals dict G[...] roots read.
@@ -239,6 +241,7 @@ class GuardSet {
             TensorMatch,
             ArrayMatch,
             DimensionMarking,
+            DispatchKeySetMatch,  // decided here always (adapter only: no residue)
             // ALIAS / NO_ALIAS after every node: on the registers of its sources' nodes, or on
             // strong references once a residue ran (hold_relational).
             Relational,

@@ -296,7 +296,8 @@ void check_operands(const core::codec::GuardRecord& g, PyObject* consts, std::st
 
 bool python_checks(GuardKind k) {
     return k == GuardKind::GlobalState || k == GuardKind::Shape || k == GuardKind::TensorMatch ||
-           k == GuardKind::ArrayMatch || k == GuardKind::DimensionMarking;
+           k == GuardKind::ArrayMatch || k == GuardKind::DimensionMarking ||
+           k == GuardKind::DispatchKeySetMatch;  // torch-build codes, and the adapter switched on
 }
 
 }  // namespace

@@ -20,9 +20,9 @@
 #include <stdint.h>
 
 #define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
-    4 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
+    5 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
          3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad,                     \
-         tensors_may_overlap, tensor_matches */
+         tensors_may_overlap, tensor_matches; 5: dispatch_key_set_type, dispatch_key_set_bits */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -192,6 +192,17 @@ typedef struct TwTorchAdapter {
      * through `memo` and no Python key in the result; else 0 (a difference, a layout without
      * strides, Python keys, an unreadable tensor: the caller's full reader decides). */
     int (*tensor_matches)(PyObject* obj, const int64_t* want, TwKeyMemo* memo);
+
+    /* ABI 5: DISPATCH_KEY_SET_MATCH. torch._C.DispatchKeySet (borrowed; torch keeps it alive), or
+     * null when the adapter could not verify that it reads such objects as torch does (then the
+     * core refuses the kind). */
+    PyTypeObject* dispatch_key_set_type;
+    /* 1 and the raw bits of the c10::DispatchKeySet `obj` holds when obj's type derives from
+     * dispatch_key_set_type (torch's pybind11 cast accepts exactly those) and its C++ value was
+     * constructed; 0 otherwise (another type, a value never constructed, a subclass that also
+     * derives from another pybind11 class). Reads the C++ value in place: none of the object's
+     * methods (which a subclass may override) is called. */
+    int (*dispatch_key_set_bits)(PyObject* obj, uint64_t* out);
 } TwTorchAdapter;
 
 #ifdef __cplusplus

@@ -17,9 +17,9 @@
 #endif
 
 namespace tripwire::runtime {
-namespace {
+const TwTorchAdapter* g_adapter = nullptr;  // readers.hpp: read inline by torch_adapter()
 
-const TwTorchAdapter* g_adapter = nullptr;
+namespace {
 // torch.utils._python_dispatch's namespace and the name of its flag (both held for the process).
 PyObject* g_dispatch_ns = nullptr;
 PyObject* g_mode_flag_name = nullptr;
@@ -29,8 +29,6 @@ PyTypeObject* g_ndarray = nullptr;
 PyTypeObject* g_dtype_base = nullptr;
 
 }  // namespace
-
-const TwTorchAdapter* torch_adapter() { return g_adapter; }
 
 bool install_torch_adapter(PyObject* capsule, const char* torch_version) {
     if (g_adapter != nullptr) return true;

@@ -27,8 +27,10 @@ namespace tripwire::runtime {
 /// (another ABI version, a torch the adapter was not built for). Once installed it stays: guard
 /// sets keep raw pointers into torch's types. Imports torch.utils._python_dispatch.
 bool install_torch_adapter(PyObject* capsule, const char* torch_version);
-/// The installed adapter, or null.
-const TwTorchAdapter* torch_adapter();
+/// The installed adapter (set once by install_torch_adapter, never changed after), or null.
+/// Inline: GLOBAL_STATE's fast form calls through it on every check.
+extern const TwTorchAdapter* g_adapter;
+inline const TwTorchAdapter* torch_adapter() { return g_adapter; }
 
 /// Whether torch's guards mask the Python dispatch keys right now: true unless a dispatch mode
 /// without ignore_compile_internals is active (torch.utils._python_dispatch keeps the flag, the

@@ -633,4 +633,24 @@ Ref read_array_fields(PyObject* v, bool native) {
                                     flag(1), flag(2), flag(4), f.writeable ? Py_True : Py_False, f.dtype));
 }
 
+// -- DISPATCH_KEY_SET_MATCH ---------------------------------------------------------------------------
+
+bool applied_key_set(PyObject* v, std::uint64_t& out) {
+    const TwTorchAdapter* a = torch_adapter();
+    std::uint64_t raw = 0;
+    if (a == nullptr || a->dispatch_key_set_bits(v, &raw) != 1) return false;
+    // (keys | tls include) - tls exclude, by DispatchKeySet's own operators (guards.h
+    // LocalState::apply); then the Python keys, unless a dispatch mode without
+    // ignore_compile_internals is active (read only when one of them is present).
+    std::uint64_t keys = a->apply_local_keys(raw, 0);
+    if ((keys & a->python_keys_mask) != 0 && mask_python_keys()) keys &= ~a->python_keys_mask;
+    out = keys;
+    return true;
+}
+
+int dispatch_key_set_match(const RuntimeGuard& g, PyObject* v) {
+    std::uint64_t keys = 0;
+    return applied_key_set(v, keys) && keys == static_cast<std::uint64_t>(g.n) ? 1 : 0;
+}
+
 }  // namespace tripwire::runtime

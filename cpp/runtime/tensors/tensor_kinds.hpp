@@ -76,6 +76,14 @@ inline bool dimension_marking_quick(const RuntimeGuard& g, PyObject* v) {
            instance_absence_memo_holds(v, *g.absent_memo);
 }
 
+/// DISPATCH_KEY_SET_MATCH (adapter only): `v`'s key set with the current thread's include/exclude
+/// sets applied and the Python keys masked as torch's guards mask them (applied_key_set) equals the
+/// guard's `n`. 1 or 0; runs no user code, allocates nothing, sets no error.
+int dispatch_key_set_match(const RuntimeGuard& g, PyObject* v);
+/// torch's LocalState::apply on `v`'s key set, now: true and the raw bits when `v` is a
+/// DispatchKeySet the adapter reads, false otherwise (not one, or no adapter).
+bool applied_key_set(PyObject* v, std::uint64_t& out);
+
 /// Every field where `v` differs (empty: the guard holds). False with a Python error set when a
 /// Python reader raised.
 bool tensor_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMismatch>& out);

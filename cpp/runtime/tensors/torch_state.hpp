@@ -12,6 +12,7 @@
 
 #include "core/ir.hpp"
 #include "runtime/eval/guard_kinds.hpp"
+#include "runtime/tensors/readers.hpp"
 
 namespace tripwire::runtime {
 
@@ -20,6 +21,13 @@ namespace tripwire::runtime {
 int torch_probe_matches(const RuntimeGuard& g);
 /// The fast pass's form: true only when it holds, decided through the adapter.
 bool torch_probe_pure(const RuntimeGuard& g);
+/// The fast pass's form of torch's global state bound through the adapter: `compiled` is the
+/// guard's g.derived (a bytes object holding the TwGlobalState bind_torch_probe compiled; set only
+/// when the adapter was installed, which then stays). True only when it holds.
+inline bool torch_global_state_holds(PyObject* compiled) {
+    return torch_adapter()->global_state_matches(
+               reinterpret_cast<const TwGlobalState*>(PyBytes_AS_STRING(compiled))) == 1;
+}
 /// The probe's current value as the engine reads it, for snapshots and diagnostics: a tuple of
 /// ints in core::torch_state's layout, a tuple of the modes' types, None or the device as a str.
 /// `native`: through the adapter (None when it is not installed), else the Python reader.

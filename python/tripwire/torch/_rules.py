@@ -62,7 +62,8 @@ TENSOR_KINDS: dict[str, str] = {
     "DEFAULT_DEVICE": "GLOBAL_STATE torch_default_device",
     "AUTOGRAD_SAVED_TENSORS_HOOKS": "GLOBAL_STATE torch_saved_tensors_hooks (the ids torch printed)",
     "DUAL_LEVEL_MATCH": "GLOBAL_STATE torch_dual_level (the level torch printed)",
-    "DISPATCH_KEY_SET_MATCH": "LAMBDA DispatchKeySetMatch (torch's rule in Python; no native kind yet)",
+    "DISPATCH_KEY_SET_MATCH": "DISPATCH_KEY_SET_MATCH (torch's rule on the current thread state; without the "
+    "adapter, LAMBDA DispatchKeySetMatch in Python)",
 }
 # torch's default (Python) path puts every shape-environment guard in one epilogue lambda on the
 # root (guards.py GuardBuilder.SHAPE_ENV, add_python_lambda_leaf_guard_to_root); its code parts
@@ -1155,6 +1156,13 @@ class Converter:
         self.refresh_local_state()
         if bool(leaf(ks)) is not True:
             raise _Fallback("torch's leaf does not accept the printed set under the current dispatch state")
+        from .. import _core
+
+        if _core.dispatch_key_set_reader_installed():
+            # The native kind: the same rule read in C++ through the adapter (fast pass, saved).
+            if _core.applied_dispatch_keys(ks) != match.expected:
+                raise _Fallback("the adapter's applied key set disagrees with torch's rule")
+            return [self.spec(GuardKind.DISPATCH_KEY_SET_MATCH, self._src(node), (match.expected,), site)], ""
         return [self.spec(GuardKind.LAMBDA, self._src(node), (match, repr(match)), site)], (
             "a tripwire predicate applying torch's rule in Python (torch's own leaf reads the "
             "LocalState of its root's last check, which a LAMBDA calling it would not refresh)"
