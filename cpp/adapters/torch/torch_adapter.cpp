@@ -68,6 +68,111 @@ c10::DispatchKeySet apply_local(c10::DispatchKeySet ks, int mask_python_keys) {
     return out;
 }
 
+// -- tensors whose metadata is answered by code ----------------------------------------------
+//
+// A TensorImpl answers sizes(), strides(), dim(), numel(), storage_offset(), is_contiguous(),
+// device() and layout() from its own fields unless a policy sends them to a virtual *_custom
+// method. For a __torch_dispatch__ wrapper subclass built with `dispatch_sizes_strides_policy`,
+// `dispatch_device` or `dispatch_layout` (_make_wrapper_subclass), those methods call the
+// subclass's Python __torch_dispatch__: user code, which may collect garbage, free what a region
+// borrows, mutate the guarded dict or raise. A C++ impl's custom methods may do the same by
+// delegating to a wrapped tensor (functionalization's wrapper). The readers below never call a
+// custom method: such a tensor is "read by code" and the caller decides it outside its region
+// (TENSOR_MATCH through the Python reader, which reads what torch's own guard reads).
+
+// The sizes/strides policy: TensorImpl::matches_policy is protected; a pointer to it is formed
+// in a derived class's scope (the one place the language allows naming it) and applied to any
+// TensorImpl. The class is never instantiated.
+struct PolicyOf : c10::TensorImpl {
+    static bool custom(const c10::TensorImpl* impl, SizesStridesPolicy policy) {
+        constexpr bool (c10::TensorImpl::*matches)(SizesStridesPolicy) const = &PolicyOf::matches_policy;
+        return (impl->*matches)(policy);
+    }
+};
+
+// device_policy_ and layout_policy_ are private bit-fields with no accessor: where each lives in
+// the object is found once at load, on a fresh tensor of our own, as the one bit that both of
+// its public setters (custom_ and python_custom_) flip (refresh_*_policy: the policy is their
+// OR). Unknown (ok false) when the probe is ambiguous: then every tensor with the Python key
+// counts as read by code (stricter, never laxer).
+struct PolicyBit {
+    std::size_t byte = 0;
+    unsigned char mask = 0;
+};
+struct PolicyBits {
+    PolicyBit device, layout;
+    bool ok = false;
+};
+PolicyBits g_policy_bits;
+
+using ImplBytes = std::array<unsigned char, sizeof(c10::TensorImpl)>;
+ImplBytes bytes_of(const c10::TensorImpl* impl) {
+    ImplBytes out{};
+    // The object representation, read through unsigned char (allowed for any object).
+    const auto* p = reinterpret_cast<const unsigned char*>(impl);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = p[i];
+    return out;
+}
+
+std::optional<PolicyBit> probe_policy_bit(c10::TensorImpl* impl, void (c10::TensorImpl::*set_custom)(bool),
+                                          void (c10::TensorImpl::*set_python)(bool)) {
+    const ImplBytes base = bytes_of(impl);
+    (impl->*set_custom)(true);
+    const ImplBytes a = bytes_of(impl);
+    (impl->*set_custom)(false);
+    (impl->*set_python)(true);
+    const ImplBytes b = bytes_of(impl);
+    (impl->*set_python)(false);
+    if (bytes_of(impl) != base) return std::nullopt;
+    std::optional<PolicyBit> found;
+    for (std::size_t i = 0; i < base.size(); ++i) {
+        const auto common = static_cast<unsigned char>((a[i] ^ base[i]) & (b[i] ^ base[i]));
+        if (common == 0) continue;
+        if (found || (common & (common - 1)) != 0) return std::nullopt;  // more than one bit
+        found = PolicyBit{i, common};
+    }
+    return found;
+}
+
+void probe_policy_bits() {
+    at::Tensor t = at::empty({0});
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    const auto device = probe_policy_bit(impl, &c10::TensorImpl::set_custom_device,
+                                         &c10::TensorImpl::set_python_custom_device);
+    const auto layout = probe_policy_bit(impl, &c10::TensorImpl::set_custom_layout,
+                                         &c10::TensorImpl::set_python_custom_layout);
+    if (!device || !layout) return;
+    // The probe must read what the policies do: set through the public setter, seen at the bit.
+    const auto bit = [impl](const PolicyBit& b) {
+        return (reinterpret_cast<const unsigned char*>(impl)[b.byte] & b.mask) != 0;
+    };
+    impl->set_custom_device(true);
+    const bool device_seen = bit(*device) && !bit(*layout);
+    impl->set_custom_device(false);
+    impl->set_custom_layout(true);
+    const bool layout_seen = bit(*layout) && !bit(*device);
+    impl->set_custom_layout(false);
+    if (!device_seen || !layout_seen || bit(*device) || bit(*layout)) return;
+    g_policy_bits = PolicyBits{*device, *layout, true};
+}
+
+// True when reading the fields TENSOR_MATCH compares (dim, sizes, strides of a strided tensor,
+// storage offset, device, layout) would call a custom method: the readers refuse such a tensor.
+bool read_by_code(const c10::TensorImpl* impl) {
+    if (!g_policy_bits.ok) {
+        if (impl->key_set().has(c10::DispatchKey::Python)) return true;
+    } else {
+        const auto* p = reinterpret_cast<const unsigned char*>(impl);
+        if ((p[g_policy_bits.device.byte] & g_policy_bits.device.mask) != 0 ||
+            (p[g_policy_bits.layout.byte] & g_policy_bits.layout.mask) != 0)
+            return true;
+    }
+    if (PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomSizes)) return true;
+    // Custom strides matter only where strides are read (a sparse tensor's throw, never read).
+    return PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomStrides) &&
+           impl->layout() == c10::kStrided;
+}
+
 int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept {
     try {
         if (THPVariableClass == nullptr ||
@@ -76,6 +181,7 @@ int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (!t.defined()) return 0;
         c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        if (read_by_code(impl)) return -1;
         const c10::DispatchKeySet ks = impl->key_set();
         out->raw_dispatch_keys = ks.raw_repr();
         out->dispatch_keys = apply_local(ks, mask_python_keys).raw_repr();
@@ -110,6 +216,7 @@ int tensor_fields(PyObject* obj, TwTensorFields* out) noexcept {
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (!t.defined()) return 0;
         c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        if (read_by_code(impl)) return 2;  // the caller reads it outside its region, by Python
         out->dispatch_keys = apply_local(impl->key_set(), 0).raw_repr();
         out->dtype = static_cast<int32_t>(impl->dtype().toScalarType());
         out->device_index = impl->device().index();
@@ -142,7 +249,8 @@ bool is_torch_tensor(PyObject* obj) {
 // answered by Python code (a wrapper subclass's custom sizes policy), which these readers must
 // never run. They say "could not read" instead (a fail: stricter than torch, which calls it).
 bool may_dispatch_to_python(const at::Tensor& t) {
-    return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    return impl->key_set().has(c10::DispatchKey::Python) || read_by_code(impl);
 }
 
 // TensorPropertyGuardAccessor::check_nopybind, read for read (guards.cpp).
@@ -181,6 +289,10 @@ int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (!t.defined()) return 0;
         c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        // Before any field: with the Python key excluded by the thread-local sets (inside
+        // _DisableTorchDispatch, or a __torch_dispatch__ body) the key test below would pass a
+        // wrapper subclass on to sizes(), which would call its Python.
+        if (read_by_code(impl)) return 0;
         const uint64_t raw = impl->key_set().raw_repr();
         uint64_t keys = memo->last_applied;
         if (memo->valid == 0 || raw != memo->last_raw) {
@@ -653,6 +765,11 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
         g_autocast_keys[i] = at::autocast::get_autocast_dispatch_key_from_device_type(
             at::autocast::_AUTOCAST_SUPPORTED_DEVICES[i]);
         g_all_autocast_bits |= c10::DispatchKeySet(g_autocast_keys[i]).raw_repr();
+    }
+    try {
+        probe_policy_bits();
+    } catch (...) {
+        g_policy_bits.ok = false;  // every tensor with the Python key counts as read by code
     }
     try {
         bind_context();

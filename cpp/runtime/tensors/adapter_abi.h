@@ -112,15 +112,19 @@ typedef struct TwTorchAdapter {
 
     /* 1 and `out` filled when `obj` is a tensor whose fields could be read; 0 when obj is not a
      * tensor (its type does not derive from TensorBase) or holds no tensor; -1 when torch
-     * refused to read a field (an exception inside torch, swallowed here). `mask_python_keys`:
+     * refused to read a field (an exception inside torch, swallowed here) or reading it would
+     * call code (tensor_fields' 2). `mask_python_keys`:
      * remove the Python, PythonTLSSnapshot and PythonDispatcher keys after applying the
      * thread-local sets (torch masks them unless a dispatch mode without
      * ignore_compile_internals is active). */
     int (*read_tensor)(PyObject* obj, int mask_python_keys, TwTensorMeta* out);
 
     /* The per-check reader of TENSOR_MATCH: `obj` must be an instance of a type deriving from
-     * tensor_base_type (the caller checked its exact type against one). 1 and `out` filled, or 0
-     * when torch refused (an undefined tensor, an exception). The Python keys are left in:
+     * tensor_base_type (the caller checked its exact type against one). 1 and `out` filled, 0
+     * when torch refused (an undefined tensor, an exception), or 2 when reading the fields would
+     * call code: a custom sizes/strides, device or layout policy (a __torch_dispatch__ wrapper
+     * subclass's Python, a C++ impl's virtual override); nothing is read then, and the caller
+     * reads the tensor outside its region (the Python reader). The Python keys are left in:
      * the caller masks them (python_keys_mask) only when present, so the flag that decides it
      * is read only then. */
     int (*tensor_fields)(PyObject* obj, TwTensorFields* out);
@@ -184,13 +188,14 @@ typedef struct TwTorchAdapter {
      * may, -1 when either is not a torch.Tensor instance or torch threw (swallowed). Reads
      * metadata only (is_same, numel, storage_offset, is_contiguous, sizes, strides), as torch
      * does: the storages themselves are not compared. -1 for a tensor with the Python dispatch
-     * key (its metadata may be answered by Python code). */
+     * key or whose fields would be read by code (its metadata may be answered by Python). */
     int (*tensors_may_overlap)(PyObject* x, PyObject* y);
     /* TENSOR_MATCH's common case in one call: 1 when `obj` (an instance of a type deriving from
      * tensor_base_type; the caller checked its exact type) is a strided tensor whose fields all
      * equal the expected record `want` (layout above), with the thread-local key sets applied
      * through `memo` and no Python key in the result; else 0 (a difference, a layout without
-     * strides, Python keys, an unreadable tensor: the caller's full reader decides). */
+     * strides, Python keys, an unreadable tensor, one whose fields would be read by code: the
+     * caller's full reader decides). */
     int (*tensor_matches)(PyObject* obj, const int64_t* want, TwKeyMemo* memo);
 } TwTorchAdapter;
 
