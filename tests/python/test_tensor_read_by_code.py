@@ -1,5 +1,11 @@
 """Tensors whose metadata is answered by code, and the Python-key mask.
 
+The second part: torch's guards mask the Python dispatch keys unless its C++ thread-local flag
+says a dispatch mode without ignore_compile_internals is active (guards.h LocalState). The flag is
+set from a module global that all threads share; the engine reads torch's flag (found by the
+adapter), and these tests construct the cases where the two differ (threads, the setter called
+directly) and nested modes, _DisableTorchDispatch and modes pushed without __enter__.
+
 A ``__torch_dispatch__`` wrapper subclass built with ``dispatch_sizes_strides_policy``,
 ``dispatch_device`` or ``dispatch_layout`` answers ``sizes()``, ``strides()``, ``dim()``,
 ``storage_offset()``, ``device()`` or ``layout()`` by calling its Python ``__torch_dispatch__``.
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from typing import Any
 
 import pytest
@@ -27,6 +34,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 from torch._C._dynamo import guards as torch_guards  # noqa: E402
 from torch._dynamo.guards import GuardManagerType  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 tw.tensors.ensure_torch()
 aten = torch.ops.aten
@@ -235,3 +243,156 @@ def test_inside_disabled_torch_dispatch(policy: str) -> None:
                 for v in (example, other):
                     same = gs.check({"t": v}) == theirs.check({"t": v})
                     assert same, (policy, fast)
+
+
+# -- the Python-key mask: torch's per-thread flag, not the module global ---------------------------------
+class VisibleMode(TorchDispatchMode):
+    """A dispatch mode without ignore_compile_internals: torch stops masking the Python keys."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+class QuietMode(VisibleMode):
+    """A dispatch mode that ignores compile internals: torch keeps masking."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
+def plain_and_wrapper() -> list[Any]:
+    """A plain tensor (Python keys only from a mode's thread-local include set) and a wrapper
+    subclass without custom policies (Python keys of its own, read natively)."""
+    w = torch.Tensor._make_wrapper_subclass(Wrapper, (2, 3), dtype=torch.float32)
+    w.elem = torch.zeros(2, 3)
+    return [torch.zeros(2, 3), w]
+
+
+def agree_with_torch(where: str, built: list[tuple[Any, tw.GuardSet, Any]]) -> None:
+    for t, gs, theirs in built:
+        want = theirs.check({"t": t})
+        for fast in (True, False):
+            with switches(fast=fast):
+                assert gs.check({"t": t}) == want, (where, type(t).__name__, fast)
+        assert (gs.why_not({"t": t}) is None) == want, where
+
+
+def built_outside() -> list[tuple[Any, tw.GuardSet, Any]]:
+    out = []
+    for t in plain_and_wrapper():
+        gs, exp = build(t)
+        out.append((t, gs, torch_root(t, exp)))
+    return out
+
+
+def test_a_thread_still_in_a_mode_after_another_left_one() -> None:
+    """Thread A enters a visible mode, B enters one, A leaves: the module global is False again
+    while B's flag (torch's) is still True. torch does not mask on B: its guard fails where the
+    global would have masked, and passed (a false pass before tripwire read torch's flag)."""
+    built = built_outside()
+    ev = {k: threading.Event() for k in ("a_in", "b_in", "a_out")}
+    errors: list[BaseException] = []
+
+    def a() -> None:
+        with VisibleMode():
+            ev["a_in"].set()
+            ev["b_in"].wait(30)
+        ev["a_out"].set()
+
+    def b() -> None:
+        try:
+            ev["a_in"].wait(30)
+            with VisibleMode():
+                ev["b_in"].set()
+                ev["a_out"].wait(30)
+                from torch.utils import _python_dispatch
+
+                assert _python_dispatch._is_in_any_mode_without_ignore_compile_internals is False
+                agree_with_torch("B inside, A left", built)
+                assert not any(theirs.check({"t": t}) for t, _, theirs in built)
+        except BaseException as e:  # noqa: BLE001 - reported on the main thread
+            errors.append(e)
+            ev["b_in"].set()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors, errors
+
+
+def test_a_thread_outside_modes_while_another_is_inside_one() -> None:
+    """The reverse: the global is True (thread A is in a visible mode), this thread's flag False:
+    torch masks here, so tripwire must too (it was stricter than torch before)."""
+    built = built_outside()
+    inside, done = threading.Event(), threading.Event()
+
+    def a() -> None:
+        with VisibleMode():
+            inside.set()
+            done.wait(30)
+
+    th = threading.Thread(target=a)
+    th.start()
+    try:
+        inside.wait(30)
+        agree_with_torch("A inside, here outside", built)
+        assert all(theirs.check({"t": t}) for t, _, theirs in built)
+    finally:
+        done.set()
+        th.join(60)
+
+
+def test_the_flag_set_directly() -> None:
+    """torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals, called without a
+    mode: torch stops masking; the module global does not move."""
+    from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_internals as set_flag
+
+    built = built_outside()
+    set_flag(True)
+    try:
+        agree_with_torch("flag set directly", built)
+    finally:
+        set_flag(False)
+    agree_with_torch("flag cleared", built)
+
+
+@pytest.mark.parametrize(
+    "contexts",
+    [
+        pytest.param(lambda: [VisibleMode()], id="visible"),
+        pytest.param(lambda: [QuietMode()], id="quiet"),
+        pytest.param(lambda: [QuietMode(), VisibleMode()], id="quiet-then-visible"),
+        pytest.param(lambda: [VisibleMode(), QuietMode()], id="visible-then-quiet"),
+        pytest.param(lambda: [VisibleMode(), torch._C._DisableTorchDispatch()], id="visible-disabled"),
+        pytest.param(lambda: [torch._C._DisableTorchDispatch(), VisibleMode()], id="disabled-visible"),
+    ],
+)
+def test_nested_modes_and_disabled_dispatch(contexts: Any) -> None:
+    """Guards built outside and inside, checked inside and outside, as torch decides."""
+    for built_inside in (False, True):
+        with contextlib.ExitStack() as stack:
+            if built_inside:
+                for c in contexts():
+                    stack.enter_context(c)
+            built = built_outside()
+        for inside in (False, True):
+            with contextlib.ExitStack() as stack:
+                if inside:
+                    for c in contexts():
+                        stack.enter_context(c)
+                agree_with_torch(f"built inside={built_inside} checked inside={inside}", built)
+
+
+def test_modes_pushed_on_the_cpp_stack_without_enter() -> None:
+    """A mode pushed without __enter__ (torch's _push_mode): neither flag moves; torch masks."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+    built = built_outside()
+    _push_mode(VisibleMode())
+    try:
+        agree_with_torch("pushed without __enter__", built)
+    finally:
+        _pop_mode()

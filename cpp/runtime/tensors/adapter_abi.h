@@ -20,9 +20,9 @@
 #include <stdint.h>
 
 #define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
-    4 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
+    5 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
          3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad,                     \
-         tensors_may_overlap, tensor_matches */
+         tensors_may_overlap, tensor_matches; 5: masks_python_keys */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -197,6 +197,11 @@ typedef struct TwTorchAdapter {
      * strides, Python keys, an unreadable tensor, one whose fields would be read by code: the
      * caller's full reader decides). */
     int (*tensor_matches)(PyObject* obj, const int64_t* want, TwKeyMemo* memo);
+    /* Whether torch's guards mask the Python keys now, on this thread: 1 yes, 0 no (a dispatch
+     * mode without ignore_compile_internals: torch's C++ thread-local flag, which guards.h
+     * LocalState reads), -1 when the adapter could not find that flag (the caller then reads
+     * torch.utils._python_dispatch's module global, which is shared by all threads). */
+    int (*masks_python_keys)(void);
 } TwTorchAdapter;
 
 #ifdef __cplusplus
