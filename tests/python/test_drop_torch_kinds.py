@@ -125,6 +125,7 @@ def test_aliasing_and_overlap_kinds(name: str) -> None:
         assert "NO_ALIAS" not in {s.kind.name for s in loaded.guards}
 
 
+@needs_adapter
 def test_every_torch_kind_of_an_import_is_nameable() -> None:
     gs, L = import_views()
     kinds = sorted({g.kind for g in gs.torch_import.guards if g.guards})

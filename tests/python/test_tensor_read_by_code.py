@@ -38,6 +38,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 tw.tensors.ensure_torch()
 aten = torch.ops.aten
+ADAPTER = _core.torch_adapter_installed()
+# The native readers and torch's per-thread flag are the adapter's (the ASan build has none).
+needs_adapter = pytest.mark.skipif(not ADAPTER, reason="the torch adapter is not built here")
 
 # What the dispatch does besides answering: set per test, read by every Wrapper.
 ACTION: dict[str, Any] = {"do": None}
@@ -138,7 +141,7 @@ def test_decides_as_torch_without_asking_inside_a_region(policy: str) -> None:
     """Every decision equals torch's, on the fast pass and the walk, through the adapter."""
     example = Wrapper(torch.zeros(2, 3), policy)
     gs, exp = build(example)
-    assert gs._guard_path(0) == "native"
+    assert gs._guard_path(0) == ("native" if ADAPTER else "python")
     theirs = torch_root(example, exp)
     for v in candidates(policy):
         L = {"t": v}
@@ -150,6 +153,7 @@ def test_decides_as_torch_without_asking_inside_a_region(policy: str) -> None:
         assert reference.check(gs.guards, L) == want
 
 
+@needs_adapter
 @pytest.mark.parametrize("policy", POLICIES)
 def test_reading_by_code_goes_through_the_python_reader(policy: str) -> None:
     """The native reader answers "read by code" without one dispatch; the fields then come from
@@ -162,6 +166,7 @@ def test_reading_by_code_goes_through_the_python_reader(policy: str) -> None:
     assert by_python[4] == (2, 3)
 
 
+@needs_adapter
 def test_a_wrapper_without_custom_policies_is_read_natively() -> None:
     """A wrapper subclass that leaves its metadata to torch is read from its fields: no dispatch,
     and its guard passes on the fast pass (the Python keys masked as torch masks them)."""
@@ -286,6 +291,20 @@ def built_outside() -> list[tuple[Any, tw.GuardSet, Any]]:
     return out
 
 
+@contextlib.contextmanager
+def module_global_restored() -> Any:
+    """torch's module global as found: after A leaves, then B, it is left True (B restores the
+    value it saw on entry, A's): torch's own cross-thread bug, which must not leak into other tests."""
+    from torch.utils import _python_dispatch
+
+    was = _python_dispatch._is_in_any_mode_without_ignore_compile_internals
+    try:
+        yield
+    finally:
+        _python_dispatch._is_in_any_mode_without_ignore_compile_internals = was
+
+
+@needs_adapter
 def test_a_thread_still_in_a_mode_after_another_left_one() -> None:
     """Thread A enters a visible mode, B enters one, A leaves: the module global is False again
     while B's flag (torch's) is still True. torch does not mask on B: its guard fails where the
@@ -315,14 +334,16 @@ def test_a_thread_still_in_a_mode_after_another_left_one() -> None:
             errors.append(e)
             ev["b_in"].set()
 
-    threads = [threading.Thread(target=a), threading.Thread(target=b)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
+    with module_global_restored():
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
     assert not errors, errors
 
 
+@needs_adapter
 def test_a_thread_outside_modes_while_another_is_inside_one() -> None:
     """The reverse: the global is True (thread A is in a visible mode), this thread's flag False:
     torch masks here, so tripwire must too (it was stricter than torch before)."""
@@ -345,6 +366,7 @@ def test_a_thread_outside_modes_while_another_is_inside_one() -> None:
         th.join(60)
 
 
+@needs_adapter
 def test_the_flag_set_directly() -> None:
     """torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals, called without a
     mode: torch stops masking; the module global does not move."""
