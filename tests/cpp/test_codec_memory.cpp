@@ -89,7 +89,7 @@ const std::string kEmpty = std::string(1, '\0');  // a section holding a zero co
 // The body up to (not including) the constants section: Python 3.11, no strings, no references.
 std::string prefix() { return std::string("\x03\x0b", 2) + section(1, kEmpty) + section(2, kEmpty); }
 
-constexpr std::size_t kPadding = 64 * 1024;
+constexpr std::size_t kPadding = std::size_t{64} << 10;
 
 }  // namespace
 
@@ -161,8 +161,12 @@ TEST(CodecMemory, ShapeSymbolsAndTensorDataDeclaringHugeCounts) {
         }
         std::string record = std::string(1, static_cast<char>(kind)) + std::string(1, '\x01') + varint(0) +
                              std::string(1, '\0') + varint(payload.size()) + payload + varint(0) + varint(0);
-        const std::string body = std::string("\x03\x0b", 2) + strings + section(2, kEmpty) + consts +
-                                 section(4, varint(1) + record) + section(5, std::string("\0\0\0\0", 4));
+        std::string body("\x03\x0b", 2);
+        body += strings;
+        body += section(2, kEmpty);
+        body += consts;
+        body += section(4, varint(1) + record);
+        body += section(5, std::string("\0\0\0\0", 4));
         EXPECT_LE(peak_of_decode(body, kSingleLimit), bound(body)) << "kind " << int{kind};
     }
 }

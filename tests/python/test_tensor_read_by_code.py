@@ -330,7 +330,7 @@ def test_a_thread_still_in_a_mode_after_another_left_one() -> None:
                 assert _python_dispatch._is_in_any_mode_without_ignore_compile_internals is False
                 agree_with_torch("B inside, A left", built)
                 assert not any(theirs.check({"t": t}) for t, _, theirs in built)
-        except BaseException as e:  # noqa: BLE001 - reported on the main thread
+        except BaseException as e:  # reported on the main thread
             errors.append(e)
             ev["b_in"].set()
 

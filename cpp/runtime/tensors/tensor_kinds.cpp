@@ -423,7 +423,8 @@ int tensor_match(const RuntimeGuard& g, PyObject* v) {
         // Python reader reads (here user code may run: this is no region).
         TwTensorFields m;
         TensorFields f;
-        if (native_fields(v, m, f) != NativeRead::ByCode || !python_readers().tensor) return 0;
+        if (!g.reads_by_code || native_fields(v, m, f) != NativeRead::ByCode || !python_readers().tensor)
+            return 0;
     }
     PythonTensor keep;
     TensorFields f;
@@ -441,7 +442,8 @@ bool tensor_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMism
     PythonTensor keep;
     TensorFields f;
     const NativeRead native = g.via_python ? NativeRead::ByCode : native_fields(v, m, f);
-    if (native == NativeRead::Unreadable || (native == NativeRead::ByCode && !python_readers().tensor)) {
+    if (native == NativeRead::Unreadable ||
+        (native == NativeRead::ByCode && (!python_readers().tensor || !(g.via_python || g.reads_by_code)))) {
         out.push_back({Field::Unreadable, -1, 0, 0});
         return true;
     }
