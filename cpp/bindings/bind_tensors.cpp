@@ -105,6 +105,11 @@ void register_tensors(nb::module_& m) {
         "torch_adapter_installed", [] { return runtime::torch_adapter() != nullptr; },
         "Whether tensors and torch's state are read through the compiled torch adapter.");
     m.def(
+        "_masks_python_keys", [] { return runtime::mask_python_keys(); },
+        "Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards "
+        "do: torch's thread-local flag through the adapter when it found it, else the module global "
+        "torch.utils._python_dispatch._is_in_any_mode_without_ignore_compile_internals.");
+    m.def(
         "_set_python_readers",
         [](nb::handle tensor, nb::handle array, nb::handle torch_state, nb::handle mode_stack,
            nb::handle default_device, nb::handle saved_hooks, nb::handle dual_level) {

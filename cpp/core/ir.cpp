@@ -135,7 +135,9 @@ bool guard_runs_user_code(GuardKind k) {
     return true;
 }
 
-bool guard_runs_user_code(const GuardDecl& d) { return d.via_python || guard_runs_user_code(d.kind); }
+bool guard_runs_user_code(const GuardDecl& d) {
+    return d.via_python || d.reads_by_code || guard_runs_user_code(d.kind);
+}
 
 bool is_relational(GuardKind k) {
     return k == GuardKind::Alias || k == GuardKind::NoAlias || k == GuardKind::StorageOverlapping;

@@ -145,6 +145,11 @@ struct GuardDecl {
     /// adapter, a dtype numpy must compare). Set by the runtime when it binds the declaration,
     /// never trusted from the caller; counts as user code (guard_runs_user_code).
     bool via_python = false;
+    /// TENSOR_MATCH only: a value of this type may be a tensor whose metadata is answered by code
+    /// (a torch.Tensor subclass: a __torch_dispatch__ wrapper with a custom sizes, device or layout
+    /// policy), which the check then reads through the Python reader. Set by the runtime when it
+    /// binds the declaration, never trusted from the caller; counts as user code.
+    bool reads_by_code = false;
     /// SHAPE only: one relation among symbols (docs/guards.md, SHAPE).
     std::string relation;             ///< its text, in the syntax of core/shape/parser.hpp
     std::vector<SourcePath> symbols;  ///< each distinct symbol's source, in the order the text names them

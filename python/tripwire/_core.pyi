@@ -652,6 +652,11 @@ def torch_adapter_installed() -> bool:
     Whether tensors and torch's state are read through the compiled torch adapter.
     """
 
+def _masks_python_keys() -> bool:
+    """
+    Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards do: torch's thread-local flag through the adapter when it found it, else the module global torch.utils._python_dispatch._is_in_any_mode_without_ignore_compile_internals.
+    """
+
 def _set_python_readers(tensor: object | None, array: object | None, torch_state: object | None, mode_stack: object | None, default_device: object | None, saved_hooks: object | None, dual_level: object | None) -> None:
     """
     Register the Python readers used without the adapter or the numpy struct (None: keep).

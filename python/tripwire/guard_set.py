@@ -328,14 +328,21 @@ class GuardSet(_core.GuardSetCore):
         references (``module:qualname`` plus a fingerprint), never pickled. A guard that cannot
         survive the process (an ID_MATCH on an object no module attribute holds, DICT_VERSION,
         LAMBDA, a closure-cell source...) raises :class:`tripwire.NotSerializable` listing every
-        such guard; ``drop=`` leaves out guards by source (``"L['f']"``) or kind (``"ID_MATCH"``),
-        and the bytes record what was dropped (:attr:`dropped` of the loaded set). Before
+        such guard; ``drop=`` leaves out guards by source (``"L['f']"``) or kind (``"ID_MATCH"``;
+        for a set imported by ``tripwire.torch.guards_of`` also torch's kind names, as its
+        ``torch_import`` lists them: ``"NO_TENSOR_ALIASING"`` drops the NO_ALIAS guards that
+        implement it), and the bytes record what was dropped (:attr:`dropped` of the loaded set). Before
         returning, the bytes are decoded and rebuilt and compared with this set. This set is
         never changed.
         """
         from .serialization import dumps
 
         return dumps(self, drop)
+
+    def _drop_aliases(self) -> dict[int, frozenset[str]]:
+        """Names other than its kind and source that ``to_bytes(drop=...)`` drops a guard by,
+        by guard index (none here; an imported set adds torch's kind names)."""
+        return {}
 
     @classmethod
     def from_bytes(

@@ -216,8 +216,8 @@ def _module_of_globals(g: dict | None) -> str | None:
     return name if isinstance(mod, types.ModuleType) and mod.__dict__ is g else None
 
 
-def _matches(spec: GuardSpec, names: set[str]) -> set[str]:
-    hit = {spec.kind.name} & names
+def _matches(spec: GuardSpec, names: set[str], aliases: Iterable[str] = ()) -> set[str]:
+    hit = ({spec.kind.name} | set(aliases)) & names
     if spec.source is not None and str(spec.source) in names:
         hit.add(str(spec.source))
     return hit
@@ -238,8 +238,11 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
     dropped: list[tuple[str, str, str]] = []
     used: set[str] = set()
     problems: list[tuple[str, str | None, str]] = []
+    # Other names a guard answers to: an imported set's torch kinds (NO_TENSOR_ALIASING for the
+    # NO_ALIAS that implements it, DUAL_LEVEL_MATCH for its GLOBAL_STATE, ...).
+    aliases = gs._drop_aliases()
     for spec in gs.guards:
-        hit = _matches(spec, names)
+        hit = _matches(spec, names, aliases.get(spec.index, ()))
         if hit:
             used |= hit
             dropped.append((spec.kind.name, "" if spec.source is None else str(spec.source), spec.describe()))

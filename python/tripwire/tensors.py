@@ -259,7 +259,11 @@ def dispatch_key_names(bits: int) -> str:
 # -- the Python readers (the engine's path without the adapter / the array struct) -----------------
 def _mask_python_keys(torch: Any) -> bool:
     # torch's guards mask the Python keys unless a dispatch mode without ignore_compile_internals
-    # is active (torch/csrc/dynamo/guards.h LocalState::apply); the flag lives here.
+    # is active (torch/csrc/dynamo/guards.h LocalState::apply). torch reads a C++ thread-local flag
+    # the modes set from a module global; the adapter reads that flag (the engine's decision),
+    # and only without it is the global read here (shared by all threads: docs/torch.md).
+    if _core.torch_adapter_installed():
+        return _core._masks_python_keys()
     dispatch = sys.modules.get("torch.utils._python_dispatch")
     return not (dispatch is not None and dispatch._is_in_any_mode_without_ignore_compile_internals is True)
 

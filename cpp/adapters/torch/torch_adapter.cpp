@@ -27,8 +27,13 @@
 #include <pybind11/pybind11.h>
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #if AT_PARALLEL_OPENMP
 #include <omp.h>
 #endif
@@ -73,6 +78,209 @@ c10::DispatchKeySet apply_local(c10::DispatchKeySet ks, int mask_python_keys) {
     return out;
 }
 
+// -- tensors whose metadata is answered by code ----------------------------------------------
+//
+// A TensorImpl answers sizes(), strides(), dim(), numel(), storage_offset(), is_contiguous(),
+// device() and layout() from its own fields unless a policy sends them to a virtual *_custom
+// method. For a __torch_dispatch__ wrapper subclass built with `dispatch_sizes_strides_policy`,
+// `dispatch_device` or `dispatch_layout` (_make_wrapper_subclass), those methods call the
+// subclass's Python __torch_dispatch__: user code, which may collect garbage, free what a region
+// borrows, mutate the guarded dict or raise. A C++ impl's custom methods may do the same by
+// delegating to a wrapped tensor (functionalization's wrapper). The readers below never call a
+// custom method: such a tensor is "read by code" and the caller decides it outside its region
+// (TENSOR_MATCH through the Python reader, which reads what torch's own guard reads).
+
+// The sizes/strides policy: TensorImpl::matches_policy is protected; a pointer to it is formed
+// in a derived class's scope (the one place the language allows naming it) and applied to any
+// TensorImpl. The class is never instantiated.
+struct PolicyOf : c10::TensorImpl {
+    static bool custom(const c10::TensorImpl* impl, SizesStridesPolicy policy) {
+        constexpr bool (c10::TensorImpl::*matches)(SizesStridesPolicy) const = &PolicyOf::matches_policy;
+        return (impl->*matches)(policy);
+    }
+};
+
+// device_policy_ and layout_policy_ are private bit-fields with no accessor: where each lives in
+// the object is found once at load, on a fresh tensor of our own, as the one bit that both of
+// its public setters (custom_ and python_custom_) flip (refresh_*_policy: the policy is their
+// OR). Unknown (ok false) when the probe is ambiguous: then every tensor with the Python key
+// counts as read by code (stricter, never laxer).
+struct PolicyBit {
+    std::size_t byte = 0;
+    unsigned char mask = 0;
+};
+struct PolicyBits {
+    PolicyBit device, layout;
+    bool ok = false;
+};
+PolicyBits g_policy_bits;
+
+using ImplBytes = std::array<unsigned char, sizeof(c10::TensorImpl)>;
+ImplBytes bytes_of(const c10::TensorImpl* impl) {
+    ImplBytes out{};
+    // The object representation, read through unsigned char (allowed for any object).
+    const auto* p = reinterpret_cast<const unsigned char*>(impl);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = p[i];
+    return out;
+}
+
+std::optional<PolicyBit> probe_policy_bit(c10::TensorImpl* impl, void (c10::TensorImpl::*set_custom)(bool),
+                                          void (c10::TensorImpl::*set_python)(bool)) {
+    const ImplBytes base = bytes_of(impl);
+    (impl->*set_custom)(true);
+    const ImplBytes a = bytes_of(impl);
+    (impl->*set_custom)(false);
+    (impl->*set_python)(true);
+    const ImplBytes b = bytes_of(impl);
+    (impl->*set_python)(false);
+    if (bytes_of(impl) != base) return std::nullopt;
+    std::optional<PolicyBit> found;
+    for (std::size_t i = 0; i < base.size(); ++i) {
+        const auto common = static_cast<unsigned char>((a[i] ^ base[i]) & (b[i] ^ base[i]));
+        if (common == 0) continue;
+        if (found || (common & (common - 1)) != 0) return std::nullopt;  // more than one bit
+        found = PolicyBit{i, common};
+    }
+    return found;
+}
+
+void probe_policy_bits() {
+    at::Tensor t = at::empty({0});
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    const auto device = probe_policy_bit(impl, &c10::TensorImpl::set_custom_device,
+                                         &c10::TensorImpl::set_python_custom_device);
+    const auto layout = probe_policy_bit(impl, &c10::TensorImpl::set_custom_layout,
+                                         &c10::TensorImpl::set_python_custom_layout);
+    if (!device || !layout) return;
+    // The probe must read what the policies do: set through the public setter, seen at the bit.
+    const auto bit = [impl](const PolicyBit& b) {
+        return (reinterpret_cast<const unsigned char*>(impl)[b.byte] & b.mask) != 0;
+    };
+    impl->set_custom_device(true);
+    const bool device_seen = bit(*device) && !bit(*layout);
+    impl->set_custom_device(false);
+    impl->set_custom_layout(true);
+    const bool layout_seen = bit(*layout) && !bit(*device);
+    impl->set_custom_layout(false);
+    if (!device_seen || !layout_seen || bit(*device) || bit(*layout)) return;
+    g_policy_bits = PolicyBits{*device, *layout, true};
+}
+
+// True when reading the fields TENSOR_MATCH compares (dim, sizes, strides of a strided tensor,
+// storage offset, device, layout) would call a custom method: the readers refuse such a tensor.
+bool read_by_code(const c10::TensorImpl* impl) {
+    if (!g_policy_bits.ok) {
+        if (impl->key_set().has(c10::DispatchKey::Python)) return true;
+    } else {
+        const auto* p = reinterpret_cast<const unsigned char*>(impl);
+        if ((p[g_policy_bits.device.byte] & g_policy_bits.device.mask) != 0 ||
+            (p[g_policy_bits.layout.byte] & g_policy_bits.layout.mask) != 0)
+            return true;
+    }
+    if (PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomSizes)) return true;
+    // Custom strides matter only where strides are read (a sparse tensor's throw, never read).
+    return PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomStrides) &&
+           impl->layout() == c10::kStrided;
+}
+
+// -- torch's "dispatch mode without ignore_compile_internals" flag -------------------------------
+//
+// torch's guards mask the Python keys unless torch::dynamo::tls_is_in_mode_without_ignore_
+// compile_internals is set (guards.h LocalState): a C++ thread_local that TorchDispatchMode's
+// __enter__/__exit__ set from the Python module global _is_in_any_mode_without_ignore_compile_
+// internals. The two differ: the global is shared by all threads, the flag is per thread (a
+// thread still inside a mode after another thread left one reads the global False while its own
+// flag is True), and anyone may call torch._C._dynamo.guards.set_is_in_mode_without_ignore_
+// compile_internals directly. Reading the global where torch reads its flag let a guard pass that
+// torch's fails. torch exports no getter: get_is_in_mode_without_ignore_compile_internals() is a
+// hidden symbol of libtorch_python.so, present in its symbol table (.symtab), not its dynamic one.
+// It is found there once at load and verified by setting the flag through torch's own setter;
+// unfound or unverified, the core falls back to the module global (docs/torch.md says so).
+using ModeFlagGetter = bool (*)();
+ModeFlagGetter g_mode_flag = nullptr;
+
+ModeFlagGetter find_mode_flag_getter() {
+    static const char kName[] = "_ZN5torch6dynamo47get_is_in_mode_without_ignore_compile_internalsEv";
+    Dl_info info{};
+    link_map* map = nullptr;
+    // Any exported symbol of libtorch_python.so (here a variable) names the file and its load bias.
+    if (dladdr1(static_cast<void*>(&THPVariableClass), &info, reinterpret_cast<void**>(&map),
+                RTLD_DL_LINKMAP) == 0 ||
+        map == nullptr || info.dli_fname == nullptr)
+        return nullptr;
+    const int fd = open(info.dli_fname, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat st {};
+    void* file = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size > static_cast<off_t>(sizeof(Elf64_Ehdr)))
+        file = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (file == MAP_FAILED) return nullptr;
+    const auto size = static_cast<std::size_t>(st.st_size);
+    const auto* base = static_cast<const unsigned char*>(file);
+    ModeFlagGetter found = nullptr;
+    const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(base);
+    const auto in_file = [size](std::uint64_t off, std::uint64_t len) {
+        return off <= size && len <= size - off;
+    };
+    if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == ELFCLASS64 &&
+        eh->e_shentsize == sizeof(Elf64_Shdr) &&
+        in_file(eh->e_shoff, std::uint64_t{eh->e_shnum} * sizeof(Elf64_Shdr))) {
+        const auto* sh = reinterpret_cast<const Elf64_Shdr*>(base + eh->e_shoff);
+        for (unsigned i = 0; i < eh->e_shnum && found == nullptr; ++i) {
+            if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_entsize != sizeof(Elf64_Sym) ||
+                sh[i].sh_link >= eh->e_shnum)
+                continue;
+            const Elf64_Shdr& strtab = sh[sh[i].sh_link];
+            if (!in_file(sh[i].sh_offset, sh[i].sh_size) || !in_file(strtab.sh_offset, strtab.sh_size))
+                continue;
+            const auto* syms = reinterpret_cast<const Elf64_Sym*>(base + sh[i].sh_offset);
+            const char* names = reinterpret_cast<const char*>(base + strtab.sh_offset);
+            for (std::size_t k = 0; k < sh[i].sh_size / sizeof(Elf64_Sym); ++k) {
+                const Elf64_Sym& sym = syms[k];
+                if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC || sym.st_value == 0 ||
+                    sym.st_name >= strtab.sh_size || strtab.sh_size - sym.st_name < sizeof(kName) ||
+                    std::memcmp(names + sym.st_name, kName, sizeof(kName)) != 0)
+                    continue;
+                found = reinterpret_cast<ModeFlagGetter>(map->l_addr + sym.st_value);
+                break;
+            }
+        }
+    }
+    munmap(file, size);
+    return found;
+}
+
+// The getter, if it reads the flag torch's setter sets (checked both ways, then restored).
+// Called from the module's init: the GIL is held and Python may run.
+ModeFlagGetter verified_mode_flag_getter() {
+    const ModeFlagGetter get = find_mode_flag_getter();
+    if (get == nullptr) return nullptr;
+    PyObject* mod = PyImport_ImportModule("torch._C._dynamo.guards");
+    PyObject* set = mod != nullptr
+                        ? PyObject_GetAttrString(mod, "set_is_in_mode_without_ignore_compile_internals")
+                        : nullptr;
+    Py_XDECREF(mod);
+    if (set == nullptr) {
+        PyErr_Clear();
+        return nullptr;
+    }
+    const bool was = get();
+    bool ok = true;
+    for (const bool v : {!was, was}) {
+        PyObject* r = PyObject_CallOneArg(set, v ? Py_True : Py_False);
+        if (r == nullptr) PyErr_Clear();
+        ok = ok && r != nullptr && get() == v;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(set);
+    return ok ? get : nullptr;
+}
+
+// 1: torch's guards mask the Python keys now, on this thread; 0: they do not; -1: unknown (the
+// getter was not found: the caller decides by the module global).
+int torch_masks_python_keys() noexcept { return g_mode_flag == nullptr ? -1 : (g_mode_flag() ? 0 : 1); }
+
 int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept {
     try {
         if (THPVariableClass == nullptr ||
@@ -81,6 +289,7 @@ int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (!t.defined()) return 0;
         c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        if (read_by_code(impl)) return -1;
         const c10::DispatchKeySet ks = impl->key_set();
         out->raw_dispatch_keys = ks.raw_repr();
         out->dispatch_keys = apply_local(ks, mask_python_keys).raw_repr();
@@ -115,6 +324,7 @@ int tensor_fields(PyObject* obj, TwTensorFields* out) noexcept {
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (!t.defined()) return 0;
         c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        if (read_by_code(impl)) return 2;  // the caller reads it outside its region, by Python
         out->dispatch_keys = apply_local(impl->key_set(), 0).raw_repr();
         out->dtype = static_cast<int32_t>(impl->dtype().toScalarType());
         out->device_index = impl->device().index();
@@ -147,7 +357,8 @@ bool is_torch_tensor(PyObject* obj) {
 // answered by Python code (a wrapper subclass's custom sizes policy), which these readers must
 // never run. They say "could not read" instead (a fail: stricter than torch, which calls it).
 bool may_dispatch_to_python(const at::Tensor& t) {
-    return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    return impl->key_set().has(c10::DispatchKey::Python) || read_by_code(impl);
 }
 
 // TensorPropertyGuardAccessor::check_nopybind, read for read (guards.cpp).
@@ -186,6 +397,10 @@ int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (!t.defined()) return 0;
         c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        // Before any field: with the Python key excluded by the thread-local sets (inside
+        // _DisableTorchDispatch, or a __torch_dispatch__ body) the key test below would pass a
+        // wrapper subclass on to sizes(), which would call its Python.
+        if (read_by_code(impl)) return 0;
         const uint64_t raw = impl->key_set().raw_repr();
         uint64_t keys = memo->last_applied;
         if (memo->valid == 0 || raw != memo->last_raw) {
@@ -815,6 +1030,11 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
         g_all_autocast_bits |= c10::DispatchKeySet(g_autocast_keys[i]).raw_repr();
     }
     try {
+        probe_policy_bits();
+    } catch (...) {
+        g_policy_bits.ok = false;  // every tensor with the Python key counts as read by code
+    }
+    try {
         bind_context();
     } catch (...) {
         g_ctx_ok = false;  // the accessors then read the context
@@ -841,6 +1061,8 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     verify_key_set_reader();
     g_table.dispatch_key_set_type = g_key_set_type;
     g_table.dispatch_key_set_bits = dispatch_key_set_bits;
+    g_mode_flag = verified_mode_flag_getter();
+    g_table.masks_python_keys = torch_masks_python_keys;
 
     PyObject* m = PyModule_Create(&g_module);
     if (m == nullptr) return nullptr;

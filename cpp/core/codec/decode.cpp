@@ -63,7 +63,7 @@ class Decoder {
 
     void strings(Reader& r) {
         const std::size_t n = r.count("string count");
-        strings_.reserve(n);
+        reserve_declared(strings_, n);
         for (std::size_t i = 0; i < n; ++i) {
             const std::size_t at = r.offset();
             std::string_view s = r.bytes("string");
@@ -78,7 +78,7 @@ class Decoder {
 
     void references(Reader& r) {
         const std::size_t n = r.count("reference count", 4);
-        doc.references.reserve(n);
+        reserve_declared(doc.references, n);
         for (std::size_t i = 0; i < n; ++i) {
             Reference ref;
             ref.offset = r.offset();
@@ -145,13 +145,13 @@ class Decoder {
             case ValueTag::Set:
             case ValueTag::FrozenSet: {
                 const std::size_t n = r.count("container length");
-                v.items.reserve(n);
+                reserve_declared(v.items, n);
                 for (std::size_t k = 0; k < n; ++k) v.items.push_back(value(r, depth + 1));
                 break;
             }
             case ValueTag::Dict: {
                 const std::size_t n = r.count("dict length", 2);
-                v.items.reserve(2 * n);
+                reserve_declared(v.items, 2 * n);
                 for (std::size_t k = 0; k < 2 * n; ++k) v.items.push_back(value(r, depth + 1));
                 break;
             }
@@ -173,9 +173,9 @@ class Decoder {
 
     void constants(Reader& r) {
         const std::size_t n = r.count("constant count", 2);
-        doc.constants.reserve(n);
-        doc.const_flags.reserve(n);
-        doc.const_offsets.reserve(n);
+        reserve_declared(doc.constants, n);
+        reserve_declared(doc.const_flags, n);
+        reserve_declared(doc.const_offsets, n);
         for (std::size_t i = 0; i < n; ++i) {
             const std::size_t at = r.offset();
             const std::uint8_t flags = r.u8("constant flags");
@@ -189,7 +189,7 @@ class Decoder {
     void guards(Reader& r) {
         const std::size_t n_consts = doc.constants.size();
         const std::size_t n = r.count("guard count", 6);
-        doc.guards.reserve(n);
+        reserve_declared(doc.guards, n);
         for (std::size_t gi = 0; gi < n; ++gi) {
             // Read in place (a GuardRecord is large: moving one in would cost a copy's worth).
             GuardRecord& g = doc.guards.emplace_back();

@@ -58,7 +58,7 @@ void write_data(const std::vector<std::int64_t>& data, Writer& w) {
 void read_data(Reader& r, std::vector<std::int64_t>& data) {
     const std::size_t n = r.count("data length");
     data.clear();
-    data.reserve(n);
+    reserve_declared(data, n);
     for (std::size_t i = 0; i < n; ++i) data.push_back(r.zigzag("data"));
 }
 
@@ -97,7 +97,7 @@ void read_source(Reader& r, SourcePath& s, const PayloadContext& ctx) {
         r.fail_at(depth_at, "source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
     }
     s.steps.clear();
-    s.steps.reserve(n);
+    s.steps.reserve(n);  // n <= kMaxSourceDepth
     for (std::size_t k = 0; k < n; ++k) {
         const std::size_t step_at = r.offset();
         const std::uint8_t kind = r.u8("step kind");
@@ -308,15 +308,17 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
             if (d.relation.empty()) r.fail("SHAPE relation text is empty");
             // Each symbol is a source (root kind, name, step count, one text) and a type byte.
             const std::size_t n = r.count("symbol count", 5);
-            d.symbols.resize(n);
-            d.symbol_types.resize(n);
+            d.symbols.clear();
+            d.symbol_types.clear();
+            reserve_declared(d.symbols, n);
+            reserve_declared(d.symbol_types, n);
             for (std::size_t k = 0; k < n; ++k) {
-                read_source(r, d.symbols[k], ctx);
+                read_source(r, d.symbols.emplace_back(), ctx);
                 const std::size_t at = r.offset();
                 const std::uint8_t t = r.u8("symbol type");
                 if (t > 1)
                     r.fail_at(at, "symbol type " + std::to_string(t) + " is neither int (0) nor float (1)");
-                d.symbol_types[k] = t;
+                d.symbol_types.push_back(t);
             }
             check_relation(d, r);
             break;
@@ -343,8 +345,9 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
             if (d.kind == GuardKind::Alias ? n != 1 : (n < 1 || n > kMaxRelationalSources)) {
                 r.fail_at(count_at, name + " with " + std::to_string(n) + " other sources");
             }
-            d.more_sources.resize(n);
-            for (SourcePath& s : d.more_sources) read_source(r, s, ctx);
+            d.more_sources.clear();
+            reserve_declared(d.more_sources, n);
+            for (std::size_t k = 0; k < n; ++k) read_source(r, d.more_sources.emplace_back(), ctx);
             break;
         }
         case GuardKind::StorageOverlapping: {
@@ -353,8 +356,9 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
             if (n < 1 || n > kMaxRelationalSources) {
                 r.fail_at(count_at, name + " with " + std::to_string(n) + " other sources");
             }
-            d.more_sources.resize(n);
-            for (SourcePath& s : d.more_sources) read_source(r, s, ctx);
+            d.more_sources.clear();
+            reserve_declared(d.more_sources, n);
+            for (std::size_t k = 0; k < n; ++k) read_source(r, d.more_sources.emplace_back(), ctx);
             const std::size_t over_at = r.offset();
             const std::uint64_t over = r.varint("overlapping count");
             if (over == 1 || over > n + 1) r.fail_at(over_at, name + " with a bad overlapping count");

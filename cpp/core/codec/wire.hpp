@@ -1,11 +1,16 @@
 // tripwire/cpp/core/codec/wire.hpp -- the format's primitives: little-endian integers, LEB128
 // varints, length-prefixed byte strings; a bounds-checked reader that reports byte offsets.
 //
-// Every length or count the reader hands out has been checked against the bytes that remain, so a
-// caller that reserves `count` elements of at least one byte each never allocates more than the
-// input could describe.
+// Every length or count the reader hands out has been checked against the bytes that remain. That
+// bounds the number of items, not their memory: an item of one input byte may decode to a hundred
+// bytes (a Value, a GuardRecord), and nested containers each declare their count against the same
+// remaining bytes while the outer ones stay reserved (a 64 KiB body asked 800 MB that way).
+// So a declared count never sizes memory directly: reserve_declared reserves at most
+// kReserveBytes, and the vector grows with the items actually decoded, each of which consumed
+// input (tests/cpp/test_codec_memory.cpp pins the peak).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +20,16 @@
 #include "core/codec/document.hpp"
 
 namespace tripwire::core::codec {
+
+/// The most a declared count may reserve up front, in bytes.
+inline constexpr std::size_t kReserveBytes = std::size_t{64} << 10;
+
+/// Reserve for `count` declared items, capped at kReserveBytes' worth of elements.
+template <class Vector>
+void reserve_declared(Vector& v, std::size_t count) {
+    constexpr std::size_t cap = std::max<std::size_t>(1, kReserveBytes / sizeof(typename Vector::value_type));
+    v.reserve(std::min(count, cap));
+}
 
 class Writer {
   public:

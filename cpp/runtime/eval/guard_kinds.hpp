@@ -25,7 +25,9 @@ struct DictWatch {
 struct RuntimeGuard {
     core::GuardKind kind = core::GuardKind::TypeMatch;
     bool flag = false;
-    bool via_python = false;     ///< may run Python code (GuardDecl::via_python)
+    bool via_python = false;  ///< may run Python code (GuardDecl::via_python)
+    bool reads_by_code =
+        false;  ///< TENSOR_MATCH: may read a tensor through Python (GuardDecl::reads_by_code)
     bool python_reader = false;  ///< reads its value through a Python reader (tensors/readers.hpp)
     PyObject* a = nullptr;       ///< operand
     PyObject* b = nullptr;       ///< operand2

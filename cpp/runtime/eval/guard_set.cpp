@@ -98,6 +98,20 @@ bool derives_from(PyObject* t, const char* module, const char* name) {
            PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), reinterpret_cast<PyTypeObject*>(base.get()));
 }
 
+// Whether `t` is the class `name` of module `module` itself (not a subclass).
+bool is_class(PyObject* t, const char* module, const char* name) {
+    Ref key = Ref::steal(PyUnicode_FromString(module));
+    if (!key) throw_python_error();
+    Ref mod = Ref::steal(PyImport_GetModule(key.get()));
+    if (!mod) {
+        if (PyErr_Occurred()) throw_python_error();
+        return false;
+    }
+    Ref cls = Ref::steal(PyObject_GetAttrString(mod.get(), name));
+    if (!cls) throw_python_error();
+    return cls.get() == t;
+}
+
 }  // namespace
 
 std::uint64_t invalidation_epoch() { return g_invalidation_epoch; }
@@ -106,7 +120,8 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                                  std::vector<std::pair<std::uint32_t, Ref>>& derived_by_id) {
     using core::GuardKind;
     for (core::GuardDecl& d : decls) {
-        d.via_python = false;                   // decided here, never taken from the caller
+        d.via_python = false;  // decided here, never taken from the caller
+        d.reads_by_code = false;
         core::validate_decl(d, consts.size());  // operand indices in range before reading them
         refuse_cpp_tensor_steps_without_adapter(d);
         switch (d.kind) {
@@ -118,6 +133,13 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
                     // The adapter reads the tensor struct of any type deriving from TensorBase.
                     if (!PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), a->tensor_base_type))
                         throw core::InvalidProgram("TENSOR_MATCH needs a torch tensor type");
+                    // A subclass's instance may be a wrapper whose metadata is its Python
+                    // (tensor_fields answers 2): the check then reads it through the Python
+                    // reader, so the walk must hold what it borrows. torch.Tensor and Parameter
+                    // instances never call Python for their metadata (a C++ custom policy, a
+                    // nested tensor, is unreadable there: the guard fails).
+                    d.reads_by_code =
+                        !is_class(t, "torch", "Tensor") && !is_class(t, "torch.nn", "Parameter");
                 } else if (!python_readers().tensor) {
                     throw core::InvalidProgram("TENSOR_MATCH needs torch support (tripwire.tensors)");
                 } else {
@@ -265,6 +287,7 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
         g.n3 = d.n3;
         g.id = d.id;
         g.via_python = d.via_python;
+        g.reads_by_code = d.reads_by_code;
         // Arrays may read from the struct yet compare a dtype through numpy (via_python).
         g.python_reader = d.via_python && (d.kind != core::GuardKind::ArrayMatch || force_python_readers() ||
                                            numpy_ndarray_type() == nullptr);

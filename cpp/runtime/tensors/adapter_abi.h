@@ -22,7 +22,8 @@
 #define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
     5 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
          3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad,                     \
-         tensors_may_overlap, tensor_matches; 5: dispatch_key_set_type, dispatch_key_set_bits */
+         tensors_may_overlap, tensor_matches; 5: dispatch_key_set_type,                     \
+         dispatch_key_set_bits, masks_python_keys */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -112,15 +113,19 @@ typedef struct TwTorchAdapter {
 
     /* 1 and `out` filled when `obj` is a tensor whose fields could be read; 0 when obj is not a
      * tensor (its type does not derive from TensorBase) or holds no tensor; -1 when torch
-     * refused to read a field (an exception inside torch, swallowed here). `mask_python_keys`:
+     * refused to read a field (an exception inside torch, swallowed here) or reading it would
+     * call code (tensor_fields' 2). `mask_python_keys`:
      * remove the Python, PythonTLSSnapshot and PythonDispatcher keys after applying the
      * thread-local sets (torch masks them unless a dispatch mode without
      * ignore_compile_internals is active). */
     int (*read_tensor)(PyObject* obj, int mask_python_keys, TwTensorMeta* out);
 
     /* The per-check reader of TENSOR_MATCH: `obj` must be an instance of a type deriving from
-     * tensor_base_type (the caller checked its exact type against one). 1 and `out` filled, or 0
-     * when torch refused (an undefined tensor, an exception). The Python keys are left in:
+     * tensor_base_type (the caller checked its exact type against one). 1 and `out` filled, 0
+     * when torch refused (an undefined tensor, an exception), or 2 when reading the fields would
+     * call code: a custom sizes/strides, device or layout policy (a __torch_dispatch__ wrapper
+     * subclass's Python, a C++ impl's virtual override); nothing is read then, and the caller
+     * reads the tensor outside its region (the Python reader). The Python keys are left in:
      * the caller masks them (python_keys_mask) only when present, so the flag that decides it
      * is read only then. */
     int (*tensor_fields)(PyObject* obj, TwTensorFields* out);
@@ -184,13 +189,14 @@ typedef struct TwTorchAdapter {
      * may, -1 when either is not a torch.Tensor instance or torch threw (swallowed). Reads
      * metadata only (is_same, numel, storage_offset, is_contiguous, sizes, strides), as torch
      * does: the storages themselves are not compared. -1 for a tensor with the Python dispatch
-     * key (its metadata may be answered by Python code). */
+     * key or whose fields would be read by code (its metadata may be answered by Python). */
     int (*tensors_may_overlap)(PyObject* x, PyObject* y);
     /* TENSOR_MATCH's common case in one call: 1 when `obj` (an instance of a type deriving from
      * tensor_base_type; the caller checked its exact type) is a strided tensor whose fields all
      * equal the expected record `want` (layout above), with the thread-local key sets applied
      * through `memo` and no Python key in the result; else 0 (a difference, a layout without
-     * strides, Python keys, an unreadable tensor: the caller's full reader decides). */
+     * strides, Python keys, an unreadable tensor, one whose fields would be read by code: the
+     * caller's full reader decides). */
     int (*tensor_matches)(PyObject* obj, const int64_t* want, TwKeyMemo* memo);
 
     /* ABI 5: DISPATCH_KEY_SET_MATCH. torch._C.DispatchKeySet (borrowed; torch keeps it alive), or
@@ -203,6 +209,12 @@ typedef struct TwTorchAdapter {
      * derives from another pybind11 class). Reads the C++ value in place: none of the object's
      * methods (which a subclass may override) is called. */
     int (*dispatch_key_set_bits)(PyObject* obj, uint64_t* out);
+
+    /* Whether torch's guards mask the Python keys now, on this thread: 1 yes, 0 no (a dispatch
+     * mode without ignore_compile_internals: torch's C++ thread-local flag, which guards.h
+     * LocalState reads), -1 when the adapter could not find that flag (the caller then reads
+     * torch.utils._python_dispatch's module global, which is shared by all threads). */
+    int (*masks_python_keys)(void);
 } TwTorchAdapter;
 
 #ifdef __cplusplus

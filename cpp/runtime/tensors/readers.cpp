@@ -74,6 +74,11 @@ bool install_torch_adapter(PyObject* capsule, const char* torch_version) {
 }
 
 bool mask_python_keys() {
+    // torch's own per-thread flag when the adapter found it; else the module global it is set from.
+    if (g_adapter != nullptr) {
+        const int torch_masks = g_adapter->masks_python_keys();
+        if (torch_masks >= 0) return torch_masks == 1;
+    }
     if (g_dispatch_ns == nullptr) return true;
     PyObject* v = dict_get_hinted(g_dispatch_ns, g_mode_flag_name, &g_mode_flag_hint);
     if (v == nullptr && dict_has_only_str_keys(g_dispatch_ns)) {

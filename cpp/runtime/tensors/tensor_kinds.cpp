@@ -124,11 +124,22 @@ inline bool tensor_equal(const std::int64_t* d, const TensorFields& f) {
 
 // -- reading tensors --------------------------------------------------------------------------------------
 
+// What the adapter's reader answered.
+enum class NativeRead : std::uint8_t {
+    Ok,          ///< `f` filled
+    Unreadable,  ///< torch refused (an undefined tensor, an exception): the guard fails
+    ByCode,      ///< its metadata is answered by code (a wrapper subclass's __torch_dispatch__):
+                 ///< read it outside any region, through the Python reader
+};
+
 // `v` must be an instance of a type deriving from the adapter's TensorBase (callers checked its
 // exact type against a verified tensor type, or TypeCheck'd it).
-bool native_fields(PyObject* v, TwTensorFields& m, TensorFields& f) {
+NativeRead native_fields(PyObject* v, TwTensorFields& m, TensorFields& f) {
     const TwTorchAdapter* a = torch_adapter();
-    if (a == nullptr || a->tensor_fields(v, &m) != 1) return false;
+    if (a == nullptr) return NativeRead::Unreadable;
+    const int r = a->tensor_fields(v, &m);
+    if (r == 2) return NativeRead::ByCode;
+    if (r != 1) return NativeRead::Unreadable;
     f.keys = m.dispatch_keys;
     // torch masks the Python keys unless a dispatch mode without ignore_compile_internals is
     // active; the flag is read only when the tensor carries one of them (rarely).
@@ -140,7 +151,7 @@ bool native_fields(PyObject* v, TwTensorFields& m, TensorFields& f) {
     f.sizes = m.sizes;
     f.strides = m.has_strides ? m.strides : nullptr;
     f.storage_offset = m.storage_offset;
-    return true;
+    return NativeRead::Ok;
 }
 
 // An int tuple into `out`; false (error set or not) when it is not one.
@@ -395,7 +406,7 @@ bool tensor_match_pure(const RuntimeGuard& g, PyObject* v, TwKeyMemo& memo) {
     if (tensor_match_quick(g, v, memo)) return true;
     TwTensorFields m;
     TensorFields f;
-    return native_fields(v, m, f) && tensor_equal(g.data, f);
+    return native_fields(v, m, f) == NativeRead::Ok && tensor_equal(g.data, f);
 }
 
 bool tensor_match_pure(const RuntimeGuard& g, PyObject* v) {
@@ -406,7 +417,15 @@ bool tensor_match_pure(const RuntimeGuard& g, PyObject* v) {
 int tensor_match(const RuntimeGuard& g, PyObject* v) {
     // The exact Python type first (a Parameter is not a Tensor), as torch does.
     if (reinterpret_cast<PyObject*>(Py_TYPE(v)) != g.a) return 0;
-    if (!g.via_python) return tensor_match_pure(g, v) ? 1 : 0;
+    if (!g.via_python) {
+        if (tensor_match_pure(g, v)) return 1;
+        // Not decided natively: a difference, or metadata answered by code, which only the
+        // Python reader reads (here user code may run: this is no region).
+        TwTensorFields m;
+        TensorFields f;
+        if (!g.reads_by_code || native_fields(v, m, f) != NativeRead::ByCode || !python_readers().tensor)
+            return 0;
+    }
     PythonTensor keep;
     TensorFields f;
     const int r = python_fields(v, keep, f);
@@ -422,12 +441,13 @@ bool tensor_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMism
     TwTensorFields m;
     PythonTensor keep;
     TensorFields f;
-    if (!g.via_python) {
-        if (!native_fields(v, m, f)) {
-            out.push_back({Field::Unreadable, -1, 0, 0});
-            return true;
-        }
-    } else {
+    const NativeRead native = g.via_python ? NativeRead::ByCode : native_fields(v, m, f);
+    if (native == NativeRead::Unreadable ||
+        (native == NativeRead::ByCode && (!python_readers().tensor || !(g.via_python || g.reads_by_code)))) {
+        out.push_back({Field::Unreadable, -1, 0, 0});
+        return true;
+    }
+    if (native == NativeRead::ByCode) {
         const int r = python_fields(v, keep, f);
         if (r < 0) return false;
         if (r == 0) {
@@ -597,11 +617,14 @@ Ref read_tensor_fields(PyObject* v, bool native) {
     TensorFields f;
     PythonTensor keep;
     if (native) {
-        if (torch_adapter() == nullptr || !PyObject_TypeCheck(v, torch_adapter()->tensor_base_type) ||
-            !native_fields(v, m, f)) {
+        if (torch_adapter() == nullptr || !PyObject_TypeCheck(v, torch_adapter()->tensor_base_type))
             return Ref::borrow(Py_None);
-        }
-    } else {
+        const NativeRead r = native_fields(v, m, f);
+        if (r == NativeRead::Unreadable || (r == NativeRead::ByCode && !python_readers().tensor))
+            return Ref::borrow(Py_None);
+        native = r == NativeRead::Ok;
+    }
+    if (!native) {
         const int r = python_fields(v, keep, f);
         if (r < 0) return Ref();
         if (r == 0) return Ref::borrow(Py_None);

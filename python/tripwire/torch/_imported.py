@@ -170,5 +170,13 @@ class ImportedGuardSet(GuardSet):
             f"from {self.torch_import.code_name}{state}>"
         )
 
+    def _drop_aliases(self) -> dict[int, frozenset[str]]:
+        # Each tripwire guard also answers to the kind of every torch guard it implements.
+        out: dict[int, set[str]] = {}
+        for g in self.torch_import.guards:
+            for i in g.guards:
+                out.setdefault(i, set()).add(g.kind)
+        return {i: frozenset(kinds) for i, kinds in out.items()}
+
     def explain(self) -> str:
         return super().explain() + "\n" + self.torch_import.report()

@@ -18,7 +18,6 @@ reports the DictGuardManager as not importable instead of importing a wrong leng
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from typing import Any
 
 __all__ = ["LayoutUnknown", "dict_manager_length"]
@@ -43,11 +42,14 @@ def _value_pointer(wrapper: Any) -> int:
 
 
 def _usable_size(ptr: int) -> int:
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
-    fn = getattr(libc, "malloc_usable_size", None)
+    # The allocator that allocated the manager is the one the process resolves `malloc` to: an
+    # LD_PRELOADed jemalloc/tcmalloc or ASan's runtime interposes glibc's. Their
+    # malloc_usable_size must answer for their blocks, so the symbol is looked up the same way
+    # (the global namespace, dlsym(RTLD_DEFAULT)), never in libc.so itself: glibc's would read a
+    # chunk header that a foreign allocator's block does not have (garbage, or a crash under ASan).
+    fn = getattr(ctypes.CDLL(None), "malloc_usable_size", None)
     if fn is None:
-        raise LayoutUnknown("malloc_usable_size is not available (not glibc)")
+        raise LayoutUnknown("malloc_usable_size is not available (not glibc or an allocator providing it)")
     fn.restype = ctypes.c_size_t
     fn.argtypes = [ctypes.c_void_p]
     return int(fn(ptr))

@@ -1,0 +1,420 @@
+"""Tensors whose metadata is answered by code, and the Python-key mask.
+
+The second part: torch's guards mask the Python dispatch keys unless its C++ thread-local flag
+says a dispatch mode without ignore_compile_internals is active (guards.h LocalState). The flag is
+set from a module global that all threads share; the engine reads torch's flag (found by the
+adapter), and these tests construct the cases where the two differ (threads, the setter called
+directly) and nested modes, _DisableTorchDispatch and modes pushed without __enter__.
+
+A ``__torch_dispatch__`` wrapper subclass built with ``dispatch_sizes_strides_policy``,
+``dispatch_device`` or ``dispatch_layout`` answers ``sizes()``, ``strides()``, ``dim()``,
+``storage_offset()``, ``device()`` or ``layout()`` by calling its Python ``__torch_dispatch__``.
+The engine's native readers run inside regions without user code (docs/cpp.md): they must never
+ask such a tensor (its dispatch may collect garbage, free what the region borrows, mutate the
+guarded dict or raise). TENSOR_MATCH reads it through the Python reader outside any region, so
+the decision is still torch's. These tests build such subclasses whose dispatch does each of
+those things and compare every decision with torch's own guard (``RootGuardManager``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from typing import Any
+
+import pytest
+
+import tripwire as tw
+from engine_switches import assert_passes_on_the_fast_pass, switches
+from gc_stress import scaled
+from tripwire import _core, reference
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+from torch._C._dynamo import guards as torch_guards  # noqa: E402
+from torch._dynamo.guards import GuardManagerType  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+tw.tensors.ensure_torch()
+aten = torch.ops.aten
+ADAPTER = _core.torch_adapter_installed()
+# The native readers and torch's per-thread flag are the adapter's (the ASan build has none).
+needs_adapter = pytest.mark.skipif(not ADAPTER, reason="the torch adapter is not built here")
+
+# What the dispatch does besides answering: set per test, read by every Wrapper.
+ACTION: dict[str, Any] = {"do": None}
+CALLS: list[str] = []
+
+
+class Wrapper(torch.Tensor):
+    """A wrapper subclass around ``elem``; ``policy`` picks what torch asks its Python for."""
+
+    elem: Any
+
+    @staticmethod
+    def __new__(cls, elem: Any, policy: str = "sizes") -> Any:
+        kwargs: dict[str, Any] = {}
+        if policy in ("sizes", "strides"):
+            kwargs["dispatch_sizes_strides_policy"] = policy
+        elif policy == "device":
+            kwargs["dispatch_device"] = True
+        elif policy == "layout":
+            kwargs["dispatch_layout"] = True
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=elem.device, **kwargs
+        )
+        r.elem = elem
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        CALLS.append(str(func))
+        if ACTION["do"] is not None:
+            ACTION["do"]()
+        e = args[0].elem
+        answers = {
+            aten.sym_size.default: lambda: tuple(e.size()),
+            aten.size.default: lambda: tuple(e.size()),
+            aten.sym_stride.default: lambda: tuple(e.stride()),
+            aten.stride.default: lambda: tuple(e.stride()),
+            aten.dim.default: e.dim,
+            aten.sym_storage_offset.default: e.storage_offset,
+            aten.storage_offset.default: e.storage_offset,
+            aten.sym_numel.default: e.numel,
+            aten.numel.default: e.numel,
+            torch.ops.prim.device.default: lambda: e.device,
+            torch.ops.prim.layout.default: lambda: e.layout,
+            aten.is_contiguous.default: e.is_contiguous,
+            aten.is_contiguous.memory_format: e.is_contiguous,
+            aten.detach.default: lambda: Wrapper(e.detach()),
+        }
+        if func in answers:
+            return answers[func]()
+        return NotImplemented
+
+
+POLICIES = ["sizes", "strides", "device", "layout"]
+
+
+@contextlib.contextmanager
+def dispatch_does(action: Any) -> Any:
+    ACTION["do"] = action
+    try:
+        yield
+    finally:
+        ACTION["do"] = None
+
+
+def torch_root(example: Any, exp: tw.tensors.TensorExpectation) -> Any:
+    """torch's TENSOR_MATCH leaf for ``example`` with the same unchecked dimensions."""
+    root = torch_guards.RootGuardManager()
+    m = root.getitem_manager(
+        key="t", source="L['t']", example_value=example, guard_manager_enum=GuardManagerType.GUARD_MANAGER
+    )
+    m.add_tensor_match_guard(
+        example, list(exp.sizes), list(exp.strides), "L['t']", ["tm"], None, type(example),
+        torch._C._dispatch_keys(example),
+    )  # fmt: skip
+    return root
+
+
+def build(example: Any) -> tuple[tw.GuardSet, Any]:
+    b = tw.GuardBuilder({"t": example})
+    spec = b.tensor_match("L['t']")
+    return b.build(), spec.args[1]
+
+
+def candidates(policy: str) -> list[Any]:
+    return [
+        Wrapper(torch.zeros(2, 3), policy),
+        Wrapper(torch.zeros(2, 4), policy),
+        Wrapper(torch.zeros(3, 2).t(), policy),
+        Wrapper(torch.zeros(2, 3, dtype=torch.float64), policy),
+        Wrapper(torch.zeros(6)[1:].view(5), policy),
+        torch.zeros(2, 3),
+    ]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_decides_as_torch_without_asking_inside_a_region(policy: str) -> None:
+    """Every decision equals torch's, on the fast pass and the walk, through the adapter."""
+    example = Wrapper(torch.zeros(2, 3), policy)
+    gs, exp = build(example)
+    assert gs._guard_path(0) == ("native" if ADAPTER else "python")
+    theirs = torch_root(example, exp)
+    for v in candidates(policy):
+        L = {"t": v}
+        want = theirs.check(L)
+        for fast in (True, False):
+            with switches(fast=fast):
+                assert gs.check(L) == want, (policy, v.shape, fast)
+        assert (gs.why_not(L) is None) == want
+        assert reference.check(gs.guards, L) == want
+
+
+@needs_adapter
+@pytest.mark.parametrize("policy", POLICIES)
+def test_reading_by_code_goes_through_the_python_reader(policy: str) -> None:
+    """The native reader answers "read by code" without one dispatch; the fields then come from
+    the Python reader (the same ones), so the builder and the diagnostics still name them."""
+    w = Wrapper(torch.zeros(2, 3), policy)
+    CALLS.clear()
+    with switches(python=True):
+        by_python = _core.read_tensor_fields(w, False)
+    assert _core.read_tensor_fields(w, True) == by_python
+    assert by_python[4] == (2, 3)
+
+
+@needs_adapter
+def test_a_wrapper_without_custom_policies_is_read_natively() -> None:
+    """A wrapper subclass that leaves its metadata to torch is read from its fields: no dispatch,
+    and its guard passes on the fast pass (the Python keys masked as torch masks them)."""
+    w = torch.Tensor._make_wrapper_subclass(Wrapper, (2, 3), dtype=torch.float32)
+    w.elem = torch.zeros(2, 3)
+    gs, exp = build(w)
+    CALLS.clear()
+    assert_passes_on_the_fast_pass(gs, {"t": w})
+    assert CALLS == []
+    assert torch_root(w, exp).check({"t": w})
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_dispatch_that_collects_garbage(policy: str) -> None:
+    """The dispatch runs gc.collect() (finalizers, weakref callbacks) on every metadata read."""
+    example = Wrapper(torch.zeros(2, 3), policy)
+    gs, exp = build(example)
+    theirs = torch_root(example, exp)
+    with dispatch_does(gc.collect):
+        for _ in range(scaled(5, 5)):
+            for v in candidates(policy)[:3]:
+                L = {"t": v}
+                assert gs.check(L) == theirs.check(L)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_dispatch_that_raises(policy: str) -> None:
+    """A raising dispatch: torch's guard raises; tripwire's guard fails, no error left set."""
+    example = Wrapper(torch.zeros(2, 3), policy)
+    gs, _ = build(example)
+
+    def boom() -> None:
+        raise RuntimeError("dispatch says no")
+
+    with dispatch_does(boom):
+        for fast in (True, False):
+            with switches(fast=fast):
+                assert gs.check({"t": example}) is False
+        assert gs.why_not({"t": example}) is not None
+    assert gs.check({"t": example}) is True
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_dispatch_that_mutates_the_guarded_dict(policy: str) -> None:
+    """The dispatch replaces a value the check has already fetched (the only reference to the old
+    one): the check must not read the freed object (ASan), and the next check sees the new one."""
+    example = Wrapper(torch.zeros(2, 3), policy)
+    b = tw.GuardBuilder({"u": [1, 2], "t": example})
+    b.type_match("L['u']")
+    b.tensor_match("L['t']")
+    b.length("L['u']")
+    gs = b.build()
+    for fast in (True, False):
+        with switches(fast=fast):
+            L: dict[str, Any] = {"u": [1, 2], "t": example}
+
+            def swap(L: dict[str, Any] = L) -> None:
+                L["u"] = [object() for _ in range(5)]  # frees the list the check fetched
+
+            with dispatch_does(swap):
+                got = gs.check(L)
+            assert got in (True, False)
+            assert gs.check(L) is reference.check(gs.guards, L) is False  # length 5 now
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_inside_disabled_torch_dispatch(policy: str) -> None:
+    """Under _DisableTorchDispatch the Python key is excluded from the thread-local sets, so the key
+    comparison no longer stops a wrapper before its sizes: the one-call reader must still not read
+    them. Decided as torch's guard built and checked inside the same context. (No assertion
+    message shows a Wrapper: its repr segfaults in torch with the dispatch disabled.)"""
+    example = Wrapper(torch.zeros(2, 3), policy)
+    other = Wrapper(torch.zeros(2, 4), policy)
+    with torch._C._DisableTorchDispatch():
+        gs, exp = build(example)
+        theirs = torch_root(example, exp)
+        for fast in (True, False):
+            with switches(fast=fast):
+                for v in (example, other):
+                    same = gs.check({"t": v}) == theirs.check({"t": v})
+                    assert same, (policy, fast)
+
+
+# -- the Python-key mask: torch's per-thread flag, not the module global ---------------------------------
+class VisibleMode(TorchDispatchMode):
+    """A dispatch mode without ignore_compile_internals: torch stops masking the Python keys."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+class QuietMode(VisibleMode):
+    """A dispatch mode that ignores compile internals: torch keeps masking."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
+def plain_and_wrapper() -> list[Any]:
+    """A plain tensor (Python keys only from a mode's thread-local include set) and a wrapper
+    subclass without custom policies (Python keys of its own, read natively)."""
+    w = torch.Tensor._make_wrapper_subclass(Wrapper, (2, 3), dtype=torch.float32)
+    w.elem = torch.zeros(2, 3)
+    return [torch.zeros(2, 3), w]
+
+
+def agree_with_torch(where: str, built: list[tuple[Any, tw.GuardSet, Any]]) -> None:
+    for t, gs, theirs in built:
+        want = theirs.check({"t": t})
+        for fast in (True, False):
+            with switches(fast=fast):
+                assert gs.check({"t": t}) == want, (where, type(t).__name__, fast)
+        assert (gs.why_not({"t": t}) is None) == want, where
+
+
+def built_outside() -> list[tuple[Any, tw.GuardSet, Any]]:
+    out = []
+    for t in plain_and_wrapper():
+        gs, exp = build(t)
+        out.append((t, gs, torch_root(t, exp)))
+    return out
+
+
+@contextlib.contextmanager
+def module_global_restored() -> Any:
+    """torch's module global as found: after A leaves, then B, it is left True (B restores the
+    value it saw on entry, A's): torch's own cross-thread bug, which must not leak into other tests."""
+    from torch.utils import _python_dispatch
+
+    was = _python_dispatch._is_in_any_mode_without_ignore_compile_internals
+    try:
+        yield
+    finally:
+        _python_dispatch._is_in_any_mode_without_ignore_compile_internals = was
+
+
+@needs_adapter
+def test_a_thread_still_in_a_mode_after_another_left_one() -> None:
+    """Thread A enters a visible mode, B enters one, A leaves: the module global is False again
+    while B's flag (torch's) is still True. torch does not mask on B: its guard fails where the
+    global would have masked, and passed (a false pass before tripwire read torch's flag)."""
+    built = built_outside()
+    ev = {k: threading.Event() for k in ("a_in", "b_in", "a_out")}
+    errors: list[BaseException] = []
+
+    def a() -> None:
+        with VisibleMode():
+            ev["a_in"].set()
+            ev["b_in"].wait(30)
+        ev["a_out"].set()
+
+    def b() -> None:
+        try:
+            ev["a_in"].wait(30)
+            with VisibleMode():
+                ev["b_in"].set()
+                ev["a_out"].wait(30)
+                from torch.utils import _python_dispatch
+
+                assert _python_dispatch._is_in_any_mode_without_ignore_compile_internals is False
+                agree_with_torch("B inside, A left", built)
+                assert not any(theirs.check({"t": t}) for t, _, theirs in built)
+        except BaseException as e:  # reported on the main thread
+            errors.append(e)
+            ev["b_in"].set()
+
+    with module_global_restored():
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+    assert not errors, errors
+
+
+@needs_adapter
+def test_a_thread_outside_modes_while_another_is_inside_one() -> None:
+    """The reverse: the global is True (thread A is in a visible mode), this thread's flag False:
+    torch masks here, so tripwire must too (it was stricter than torch before)."""
+    built = built_outside()
+    inside, done = threading.Event(), threading.Event()
+
+    def a() -> None:
+        with VisibleMode():
+            inside.set()
+            done.wait(30)
+
+    th = threading.Thread(target=a)
+    th.start()
+    try:
+        inside.wait(30)
+        agree_with_torch("A inside, here outside", built)
+        assert all(theirs.check({"t": t}) for t, _, theirs in built)
+    finally:
+        done.set()
+        th.join(60)
+
+
+@needs_adapter
+def test_the_flag_set_directly() -> None:
+    """torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals, called without a
+    mode: torch stops masking; the module global does not move."""
+    from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_internals as set_flag
+
+    built = built_outside()
+    set_flag(True)
+    try:
+        agree_with_torch("flag set directly", built)
+    finally:
+        set_flag(False)
+    agree_with_torch("flag cleared", built)
+
+
+@pytest.mark.parametrize(
+    "contexts",
+    [
+        pytest.param(lambda: [VisibleMode()], id="visible"),
+        pytest.param(lambda: [QuietMode()], id="quiet"),
+        pytest.param(lambda: [QuietMode(), VisibleMode()], id="quiet-then-visible"),
+        pytest.param(lambda: [VisibleMode(), QuietMode()], id="visible-then-quiet"),
+        pytest.param(lambda: [VisibleMode(), torch._C._DisableTorchDispatch()], id="visible-disabled"),
+        pytest.param(lambda: [torch._C._DisableTorchDispatch(), VisibleMode()], id="disabled-visible"),
+    ],
+)
+def test_nested_modes_and_disabled_dispatch(contexts: Any) -> None:
+    """Guards built outside and inside, checked inside and outside, as torch decides."""
+    for built_inside in (False, True):
+        with contextlib.ExitStack() as stack:
+            if built_inside:
+                for c in contexts():
+                    stack.enter_context(c)
+            built = built_outside()
+        for inside in (False, True):
+            with contextlib.ExitStack() as stack:
+                if inside:
+                    for c in contexts():
+                        stack.enter_context(c)
+                agree_with_torch(f"built inside={built_inside} checked inside={inside}", built)
+
+
+def test_modes_pushed_on_the_cpp_stack_without_enter() -> None:
+    """A mode pushed without __enter__ (torch's _push_mode): neither flag moves; torch masks."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+    built = built_outside()
+    _push_mode(VisibleMode())
+    try:
+        agree_with_torch("pushed without __enter__", built)
+    finally:
+        _pop_mode()
