@@ -267,14 +267,19 @@ def test_python_keys_are_masked_as_torch_masks_them() -> None:
     with_python = KS.add(DK.Python)
     assert gs.check({"ks": with_python}) is True
     import torch.utils._python_dispatch as pd
+    from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_internals as set_flag
 
+    # torch's guards read its C++ per-thread flag (the engine reads it through the adapter); the
+    # reference reads the module global it is set from: set both, as entering a mode does.
     old = pd._is_in_any_mode_without_ignore_compile_internals
     pd._is_in_any_mode_without_ignore_compile_internals = True
+    set_flag(True)
     try:
         assert gs.check({"ks": with_python}) is False
         assert reference.check(gs.guards, {"ks": with_python}, {}) is False
         assert gs.check({"ks": KS}) is True
     finally:
+        set_flag(bool(old))
         pd._is_in_any_mode_without_ignore_compile_internals = old
 
 
