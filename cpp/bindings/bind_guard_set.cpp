@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <memory>
 #include <unordered_map>
 #include <utility>
@@ -74,22 +75,43 @@ std::pair<PyObject* const*, Py_ssize_t> exact_sequence(PyObject* o, const char* 
 /// The SHAPE declarations of a set, made here from the specs' own argument tuples
 /// (text, symbols, types) instead of one nanobind GuardDecl per relation with a copy of every
 /// symbol's SourcePath (about a fifth of building 20 relations). `symbols[k]` is the Source
-/// object whose declaration is `paths[k]`; each relation's symbols are found by identity.
+/// object whose declaration is `paths[k]`; each relation's symbols are found by identity. When
+/// `remaps[k]` is not None, `paths[k]` is a template whose constant ids (the root's name, the
+/// steps' operands) index `remaps[k]`, which holds the set's own pool ids (guard_set.py,
+/// _symbol_template: a template is made once per symbol, not once per set).
 /// `at[r]` is the position among the other declarations where relation r was declared, so the
 /// declarations keep the specs' order. Only exact tuples, lists, str and int are read: no user
 /// code runs here, so the borrowed items stay alive (the caller's lists hold them).
 void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list ids, nb::list args,
-                     nb::list symbols, nb::list paths) {
+                     nb::list symbols, nb::list paths, nb::list remaps) {
     const std::size_t n = args.size();
-    if (at.size() != n || ids.size() != n || symbols.size() != paths.size())
+    if (at.size() != n || ids.size() != n || symbols.size() != paths.size() || remaps.size() != paths.size())
         throw nb::value_error("SHAPE declarations: mismatched lengths");
     std::unordered_map<PyObject*, std::uint32_t> symbol_index;
     symbol_index.reserve(symbols.size());
-    std::vector<const core::SourcePath*> symbol_paths;
+    std::vector<core::SourcePath> symbol_paths;
     symbol_paths.reserve(paths.size());
     for (std::size_t k = 0; k < symbols.size(); ++k) {
         symbol_index.emplace(symbols[k].ptr(), static_cast<std::uint32_t>(k));
-        symbol_paths.push_back(&nb::cast<const core::SourcePath&>(paths[k]));
+        core::SourcePath& p = symbol_paths.emplace_back(nb::cast<const core::SourcePath&>(paths[k]));
+        PyObject* remap = remaps[k].ptr();
+        if (remap == Py_None) continue;
+        if (!PyList_CheckExact(remap)) throw nb::type_error("a SHAPE symbol's constant ids are a list");
+        const auto resolve = [remap](core::ConstId local) -> core::ConstId {
+            if (local >= static_cast<std::size_t>(PyList_GET_SIZE(remap)))
+                throw nb::value_error("SHAPE declarations: a constant id out of range");
+            PyObject* id = PyList_GET_ITEM(remap, local);
+            const unsigned long v = PyLong_CheckExact(id) ? PyLong_AsUnsignedLong(id) : 0xFFFFFFFFul;
+            if (v >= core::kNoConst) {
+                PyErr_Clear();
+                throw nb::value_error("SHAPE declarations: a bad constant id");
+            }
+            return static_cast<core::ConstId>(v);
+        };
+        p.name = resolve(p.name);
+        for (core::Step& st : p.steps) {
+            if (st.operand != core::kNoConst) st.operand = resolve(st.operand);
+        }
     }
     std::vector<core::GuardDecl> merged;
     merged.reserve(decls.size() + n);
@@ -123,7 +145,7 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         for (Py_ssize_t k = 0; k < n_syms; ++k) {
             const auto it = symbol_index.find(syms[k]);
             if (it == symbol_index.end()) throw nb::value_error("SHAPE declarations: a symbol without its source");
-            d.symbols.push_back(*symbol_paths[it->second]);
+            d.symbols.push_back(symbol_paths[it->second]);
         }
         d.symbol_types.reserve(static_cast<std::size_t>(n_types));
         for (Py_ssize_t k = 0; k < n_types; ++k) d.symbol_types.push_back(symbol_type_code(types[k]));
@@ -142,6 +164,29 @@ std::shared_ptr<runtime::GuardSet> shared_guard_set_of(PyObject* o) {
 }
 
 void register_guard_set(nb::module_& m) {
+    m.def(
+        "shape_distinct_symbols",
+        [](nb::list args) {
+            // Exact tuples and lists only (exact_sequence): no user code runs, so the borrowed
+            // items stay alive while they are compared by identity.
+            std::vector<PyObject*> seen;
+            nb::list out;
+            for (nb::handle a : args) {
+                if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3)
+                    throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
+                const auto [syms, n] =
+                    exact_sequence(PyTuple_GET_ITEM(a.ptr(), 1), "SHAPE symbols are a tuple of sources");
+                for (Py_ssize_t k = 0; k < n; ++k) {
+                    if (std::find(seen.begin(), seen.end(), syms[k]) != seen.end()) continue;
+                    seen.push_back(syms[k]);
+                }
+            }
+            for (PyObject* sym : seen) out.append(nb::handle(sym));
+            return out;
+        },
+        nb::arg("args"),
+        "The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, "
+        "symbols, types): GuardSet's encoding.");
     auto cls =
         nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
                                  "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")
@@ -150,10 +195,11 @@ void register_guard_set(nb::module_& m) {
                 [](GuardSetCore* self, std::vector<core::GuardDecl> decls, nb::list consts,
                    nb::list hold_weakly, nb::object globals, nb::object closure, bool strict,
                    nb::object eval_error_type, nb::list shape_at, nb::list shape_ids, nb::list shape_args,
-                   nb::list shape_symbols, nb::list shape_paths) {
+                   nb::list shape_symbols, nb::list shape_paths, nb::list shape_remaps) {
                     runtime::GuardSetInputs in;
                     if (shape_args.size() != 0)
-                        add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols, shape_paths);
+                        add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols, shape_paths,
+                                        shape_remaps);
                     in.decls = std::move(decls);
                     for (nb::handle c : consts) in.consts.push_back(c.ptr());
                     for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));
@@ -171,7 +217,7 @@ void register_guard_set(nb::module_& m) {
                 nb::arg("closure").none(), nb::arg("strict"), nb::arg("eval_error_type").none(),
                 nb::arg("shape_at") = nb::list(), nb::arg("shape_ids") = nb::list(),
                 nb::arg("shape_args") = nb::list(), nb::arg("shape_symbols") = nb::list(),
-                nb::arg("shape_paths") = nb::list())
+                nb::arg("shape_paths") = nb::list(), nb::arg("shape_remaps") = nb::list())
             .def(
                 "__init__",
                 [](GuardSetCore* self, nb::handle decoded, nb::list consts, nb::object globals, bool strict,

@@ -117,9 +117,56 @@ class _ShapeDecls:
         self.args: list[tuple] = []
 
     def symbols(self, pool: _Pool) -> tuple[list[Source], list[_core.SourcePath]]:
+        """Each distinct symbol (by identity, in order of first use) and its declaration."""
         syms = list({id(sym): sym for a in self.args for sym in a[1]}.values())
         sources = pool.sources
         return syms, [sources.get(id(sym)) or _source_decl(sym, pool) for sym in syms]
+
+    def symbol_templates(self, pool: _Pool) -> tuple[list[Source], list[_core.SourcePath], list[list[int] | None]]:
+        """Each distinct symbol, its declaration or template, and the template's constant ids in
+        ``pool`` (None for a declaration another guard of the set made: its ids are the pool's)."""
+        syms = _core.shape_distinct_symbols(self.args)
+        sources = pool.sources
+        intern = pool.intern
+        paths: list[_core.SourcePath] = []
+        remaps: list[list[int] | None] = []
+        for sym in syms:
+            decl = sources.get(id(sym))
+            if decl is not None:
+                paths.append(decl)
+                remaps.append(None)
+                continue
+            _, template, consts, cpp_tensor = _SYMBOL_TEMPLATES.get(id(sym)) or _symbol_template(sym)
+            paths.append(template)
+            remaps.append([intern(c) for c in consts])
+            if cpp_tensor:
+                pool.reads_cpp_tensor = True
+        return syms, paths, remaps
+
+
+# id(symbol) -> (the symbol, its SourcePath template, the template's constants, whether a step reads
+# the C++ tensor). The entry holds the symbol, so its id names no other object while it is here.
+_SYMBOL_TEMPLATES: dict[int, tuple[Source, _core.SourcePath, tuple[Any, ...], bool]] = {}
+
+
+def _symbol_template(sym: Source) -> tuple[Source, _core.SourcePath, tuple[Any, ...], bool]:
+    """A SHAPE symbol's declaration with its constants numbered locally (0: the root's name, then
+    each step operand): made once per Source object; a set maps the numbers to its own pool's ids
+    (bind_guard_set.cpp, add_shape_decls). Bounded: emptied at 4096 symbols."""
+    name, recipe, texts, cpp_tensor = _source_recipe(sym)
+    consts: list[Any] = [name]
+    steps = []
+    for kind, arg, index, has_operand in recipe:
+        if has_operand:
+            steps.append(_Step(kind, len(consts)))
+            consts.append(arg)
+        else:
+            steps.append(_Step(kind, None, index))
+    entry = (sym, _core.SourcePath(sym.root, 0, steps, texts), tuple(consts), cpp_tensor)
+    if len(_SYMBOL_TEMPLATES) >= 4096:
+        _SYMBOL_TEMPLATES.clear()
+    _SYMBOL_TEMPLATES[id(sym)] = entry
+    return entry
 
 
 def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_core.GuardDecl]:
@@ -255,7 +302,7 @@ class GuardSet(_core.GuardSetCore):
         shape = _ShapeDecls()
         decls = _encode(specs, pool, shape)
         closure = dict(f_closure) if f_closure is not None else None
-        symbols, paths = shape.symbols(pool) if shape.args else ([], [])
+        symbols, paths, remaps = shape.symbol_templates(pool) if shape.args else ([], [], [])
         try:
             super().__init__(
                 decls,
@@ -270,16 +317,20 @@ class GuardSet(_core.GuardSetCore):
                 shape.args,
                 symbols,
                 paths,
+                remaps,
             )
         except GuardBuildError:
             raise
         except ValueError as e:
             raise GuardBuildError(str(e)) from None
         self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
+        self._built_symbols = symbols  # for build_guard_set's reader facts
 
     # What decided the SHAPE symbols' readers on the example the set was built from
     # (build_guard_set; formatted by explain()); None for a set built from specs or loaded.
     _example_reader_facts: dict[Source, tuple] | None = None
+    # The distinct SHAPE symbols declared by __init__ (empty for a loaded set).
+    _built_symbols: list[Source] = []  # noqa: RUF012 - never mutated: replaced per instance
 
     def _set_state(
         self,
@@ -504,14 +555,20 @@ class GuardSet(_core.GuardSetCore):
         from). Reading the tensor runs the same steps a check runs (user code included)."""
         return _format_readers(self._reader_facts(f_locals))
 
-    def _reader_facts(self, f_locals: Mapping[str, Any]) -> dict[Source, tuple]:
-        """What decides each symbol's reader on this frame (formatted only when asked for)."""
-        # Distinct by identity first (relations share their Source objects), in order of use.
-        symbols = {id(sym): sym for spec in self._specs if spec.kind is _SHAPE for sym in spec.args[1]}
+    def _reader_facts(
+        self, f_locals: Mapping[str, Any], symbols: Iterable[Source] | None = None
+    ) -> dict[Source, tuple]:
+        """What decides each symbol's reader on this frame (formatted only when asked for).
+        ``symbols``: the set's distinct symbols when the caller has them (build_guard_set)."""
+        if symbols is None:
+            # Distinct by identity first (relations share their Source objects), in order of use.
+            symbols = {
+                id(sym): sym for spec in self._specs if spec.kind is _SHAPE for sym in spec.args[1]
+            }.values()
         facts: dict[Source, tuple] = {}
         parents: dict[str, tuple] = {}  # each tensor read once
         f_globals = self._f_globals
-        for sym in symbols.values():
+        for sym in symbols:
             if sym not in facts:
                 facts[sym] = _reader_fact(sym, f_locals, f_globals, parents)
         return facts
@@ -600,7 +657,7 @@ def build_guard_set(
         f = gs.why_not(f_locals)
         why = f.reason if f is not None else "unknown guard"
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
-    facts = gs._reader_facts(f_locals)  # {} without SHAPE symbols
+    facts = gs._reader_facts(f_locals, gs._built_symbols)  # {} without SHAPE symbols
     if facts:
         gs._example_reader_facts = facts
     return gs
