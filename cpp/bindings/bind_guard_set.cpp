@@ -120,19 +120,22 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         PyObject* pos = at[r].ptr();
         PyObject* id = ids[r].ptr();
         PyObject* a = args[r].ptr();
-        if (!PyLong_CheckExact(pos) || !PyLong_CheckExact(id)) throw nb::type_error("a SHAPE guard's index is an int");
+        if (!PyLong_CheckExact(pos) || !PyLong_CheckExact(id))
+            throw nb::type_error("a SHAPE guard's index is an int");
         const std::size_t where = PyLong_AsSize_t(pos);
         const unsigned long gid = PyLong_AsUnsignedLong(id);
         if (PyErr_Occurred() || gid > 0xFFFFFFFFul || where < next || where > decls.size()) {
             PyErr_Clear();
             throw nb::value_error("SHAPE declarations: a bad index or position");
         }
-        if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != 3 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(a, 0)))
+        if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != 3 ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(a, 0)))
             throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
         Py_ssize_t text_len = 0;
         const char* text = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(a, 0), &text_len);
         if (text == nullptr) throw nb::python_error();
-        const auto [syms, n_syms] = exact_sequence(PyTuple_GET_ITEM(a, 1), "SHAPE symbols are a tuple of sources");
+        const auto [syms, n_syms] =
+            exact_sequence(PyTuple_GET_ITEM(a, 1), "SHAPE symbols are a tuple of sources");
         const auto [types, n_types] =
             exact_sequence(PyTuple_GET_ITEM(a, 2), "SHAPE symbol types are a tuple of 'int'/'float'");
         while (next < where) merged.push_back(std::move(decls[next++]));
@@ -144,7 +147,8 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         d.symbols.reserve(static_cast<std::size_t>(n_syms));
         for (Py_ssize_t k = 0; k < n_syms; ++k) {
             const auto it = symbol_index.find(syms[k]);
-            if (it == symbol_index.end()) throw nb::value_error("SHAPE declarations: a symbol without its source");
+            if (it == symbol_index.end())
+                throw nb::value_error("SHAPE declarations: a symbol without its source");
             d.symbols.push_back(symbol_paths[it->second]);
         }
         d.symbol_types.reserve(static_cast<std::size_t>(n_types));
@@ -165,7 +169,7 @@ std::shared_ptr<runtime::GuardSet> shared_guard_set_of(PyObject* o) {
 
 void register_guard_set(nb::module_& m) {
     m.def(
-        "shape_distinct_symbols",
+        "_shape_distinct_symbols",
         [](nb::list args) {
             // Exact tuples and lists only (exact_sequence): no user code runs, so the borrowed
             // items stay alive while they are compared by identity.
@@ -197,9 +201,10 @@ void register_guard_set(nb::module_& m) {
                    nb::object eval_error_type, nb::list shape_at, nb::list shape_ids, nb::list shape_args,
                    nb::list shape_symbols, nb::list shape_paths, nb::list shape_remaps) {
                     runtime::GuardSetInputs in;
-                    if (shape_args.size() != 0)
+                    if (!shape_args.empty()) {
                         add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols, shape_paths,
                                         shape_remaps);
+                    }
                     in.decls = std::move(decls);
                     for (nb::handle c : consts) in.consts.push_back(c.ptr());
                     for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));

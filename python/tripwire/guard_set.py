@@ -122,10 +122,12 @@ class _ShapeDecls:
         sources = pool.sources
         return syms, [sources.get(id(sym)) or _source_decl(sym, pool) for sym in syms]
 
-    def symbol_templates(self, pool: _Pool) -> tuple[list[Source], list[_core.SourcePath], list[list[int] | None]]:
+    def symbol_templates(
+        self, pool: _Pool
+    ) -> tuple[list[Source], list[_core.SourcePath], list[list[int] | None]]:
         """Each distinct symbol, its declaration or template, and the template's constant ids in
         ``pool`` (None for a declaration another guard of the set made: its ids are the pool's)."""
-        syms = _core.shape_distinct_symbols(self.args)
+        syms = _core._shape_distinct_symbols(self.args)
         sources = pool.sources
         intern = pool.intern
         paths: list[_core.SourcePath] = []
@@ -178,7 +180,7 @@ def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_co
     for s in specs:
         k, a = s.kind, s.args
         if k is _SHAPE:
-            if type(a) is list:  # a spec made by hand
+            if type(a) is not tuple:  # a spec made by hand may hold a list
                 a = tuple(a)
             if type(a) is not tuple or len(a) != 3:
                 raise GuardBuildError(f"SHAPE takes (relation text, symbols, symbol types), not {a!r}")
@@ -266,16 +268,21 @@ def encode_decls(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
     path_of = {id(sym): p for sym, p in zip(syms, paths, strict=True)}
     out: list[_core.GuardDecl] = []
     done = 0
-    for at, gid, (text, symbols, types) in zip(shape.at, shape.ids, shape.args, strict=True):
+    for at, gid, (text, symbols, type_names) in zip(shape.at, shape.ids, shape.args, strict=True):
         out += decls[done:at]
         done = at
         try:
-            codes = [_SYMBOL_TYPES[t] for t in types]
+            codes = [_SYMBOL_TYPES[t] for t in type_names]
         except (KeyError, TypeError):
             raise GuardBuildError("a SHAPE symbol's type is 'int' or 'float'") from None
         out.append(
             _GuardDecl(
-                _SHAPE, None, id=gid, relation=text, symbols=[path_of[id(x)] for x in symbols], symbol_types=codes
+                _SHAPE,
+                None,
+                id=gid,
+                relation=text,
+                symbols=[path_of[id(x)] for x in symbols],
+                symbol_types=codes,
             )
         )
     out += decls[done:]

@@ -1144,7 +1144,7 @@ def test_builder_survives_collections_and_threads() -> None:
                     Finalizer()  # a cycle-free object: its finalizer runs at once
                 gs = b.build()
                 assert gs.check({"x": T(16)}) and not gs.check({"x": T(6)})
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # reported below
             errors.append(e)
 
     old = gc.get_threshold()
