@@ -185,12 +185,12 @@ def main() -> None:
         d.constants(objs)
 
     # The encoder alone, on the declarations to_bytes hands it.
-    from tripwire.guard_set import _encode, _Pool
+    from tripwire.guard_set import _Pool, encode_decls
 
     saver = serialization._Saver(gs)
     kept = [saver.check(s) for s in gs.guards]
     pool = _Pool()
-    decls = _encode(kept, pool)
+    decls = encode_decls(kept, pool)
     weak = [1 if w else 0 for w in pool.weak]
     labels = [""] * len(kept)
     stacks = [list(s.stack) for s in kept]

@@ -6,9 +6,12 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <new>
+#include <unordered_map>
+#include <utility>
 
 #include "core/codec/document.hpp"
 #include "core/ir.hpp"
@@ -89,6 +92,108 @@ PyType_Slot g_core_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(core_trav
 // Set once at registration; the module owns the type.
 PyTypeObject* g_core_type = nullptr;
 
+/// A SHAPE symbol's type code from its name in a spec ("int" 0, "float" 1: shape::ValueType).
+std::uint8_t symbol_type_code(PyObject* name) {
+    if (PyUnicode_CheckExact(name)) {
+        if (PyUnicode_CompareWithASCIIString(name, "int") == 0) return 0;
+        if (PyUnicode_CompareWithASCIIString(name, "float") == 0) return 1;
+    }
+    throw nb::value_error("a SHAPE symbol's type is 'int' or 'float'");
+}
+
+/// The items of an exact tuple or list (a spec made by hand may hold a list), borrowed.
+std::pair<PyObject* const*, Py_ssize_t> exact_sequence(PyObject* o, const char* what) {
+    if (PyTuple_CheckExact(o)) return {&PyTuple_GET_ITEM(o, 0), PyTuple_GET_SIZE(o)};
+    if (PyList_CheckExact(o)) return {reinterpret_cast<PyListObject*>(o)->ob_item, PyList_GET_SIZE(o)};
+    throw nb::type_error(what);
+}
+
+/// The SHAPE declarations of a set, made here from the specs' own argument tuples
+/// (text, symbols, types) instead of one nanobind GuardDecl per relation with a copy of every
+/// symbol's SourcePath (about a fifth of building 20 relations). `symbols[k]` is the Source
+/// object whose declaration is `paths[k]`; each relation's symbols are found by identity. When
+/// `remaps[k]` is not None, `paths[k]` is a template whose constant ids (the root's name, the
+/// steps' operands) index `remaps[k]`, which holds the set's own pool ids (guard_set.py,
+/// _symbol_template: a template is made once per symbol, not once per set).
+/// `at[r]` is the position among the other declarations where relation r was declared, so the
+/// declarations keep the specs' order. Only exact tuples, lists, str and int are read: no user
+/// code runs here, so the borrowed items stay alive (the caller's lists hold them).
+void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list ids, nb::list args,
+                     nb::list symbols, nb::list paths, nb::list remaps) {
+    const std::size_t n = args.size();
+    if (at.size() != n || ids.size() != n || symbols.size() != paths.size() || remaps.size() != paths.size())
+        throw nb::value_error("SHAPE declarations: mismatched lengths");
+    std::unordered_map<PyObject*, std::uint32_t> symbol_index;
+    symbol_index.reserve(symbols.size());
+    std::vector<core::SourcePath> symbol_paths;
+    symbol_paths.reserve(paths.size());
+    for (std::size_t k = 0; k < symbols.size(); ++k) {
+        symbol_index.emplace(symbols[k].ptr(), static_cast<std::uint32_t>(k));
+        core::SourcePath& p = symbol_paths.emplace_back(nb::cast<const core::SourcePath&>(paths[k]));
+        PyObject* remap = remaps[k].ptr();
+        if (remap == Py_None) continue;
+        if (!PyList_CheckExact(remap)) throw nb::type_error("a SHAPE symbol's constant ids are a list");
+        const auto resolve = [remap](core::ConstId local) -> core::ConstId {
+            if (local >= static_cast<std::size_t>(PyList_GET_SIZE(remap)))
+                throw nb::value_error("SHAPE declarations: a constant id out of range");
+            PyObject* id = PyList_GET_ITEM(remap, local);
+            const unsigned long v = PyLong_CheckExact(id) ? PyLong_AsUnsignedLong(id) : 0xFFFFFFFFul;
+            if (v >= core::kNoConst) {
+                PyErr_Clear();
+                throw nb::value_error("SHAPE declarations: a bad constant id");
+            }
+            return static_cast<core::ConstId>(v);
+        };
+        p.name = resolve(p.name);
+        for (core::Step& st : p.steps) {
+            if (st.operand != core::kNoConst) st.operand = resolve(st.operand);
+        }
+    }
+    std::vector<core::GuardDecl> merged;
+    merged.reserve(decls.size() + n);
+    std::size_t next = 0;  // the next of `decls` to move into `merged`
+    for (std::size_t r = 0; r < n; ++r) {
+        PyObject* pos = at[r].ptr();
+        PyObject* id = ids[r].ptr();
+        PyObject* a = args[r].ptr();
+        if (!PyLong_CheckExact(pos) || !PyLong_CheckExact(id))
+            throw nb::type_error("a SHAPE guard's index is an int");
+        const std::size_t where = PyLong_AsSize_t(pos);
+        const unsigned long gid = PyLong_AsUnsignedLong(id);
+        if (PyErr_Occurred() || gid > 0xFFFFFFFFul || where < next || where > decls.size()) {
+            PyErr_Clear();
+            throw nb::value_error("SHAPE declarations: a bad index or position");
+        }
+        if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != 3 ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(a, 0)))
+            throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
+        Py_ssize_t text_len = 0;
+        const char* text = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(a, 0), &text_len);
+        if (text == nullptr) throw nb::python_error();
+        const auto [syms, n_syms] =
+            exact_sequence(PyTuple_GET_ITEM(a, 1), "SHAPE symbols are a tuple of sources");
+        const auto [types, n_types] =
+            exact_sequence(PyTuple_GET_ITEM(a, 2), "SHAPE symbol types are a tuple of 'int'/'float'");
+        while (next < where) merged.push_back(std::move(decls[next++]));
+        core::GuardDecl& d = merged.emplace_back();
+        d.kind = core::GuardKind::Shape;
+        d.has_source = false;
+        d.id = static_cast<std::uint32_t>(gid);
+        d.relation.assign(text, static_cast<std::size_t>(text_len));
+        d.symbols.reserve(static_cast<std::size_t>(n_syms));
+        for (Py_ssize_t k = 0; k < n_syms; ++k) {
+            const auto it = symbol_index.find(syms[k]);
+            if (it == symbol_index.end())
+                throw nb::value_error("SHAPE declarations: a symbol without its source");
+            d.symbols.push_back(symbol_paths[it->second]);
+        }
+        d.symbol_types.reserve(static_cast<std::size_t>(n_types));
+        for (Py_ssize_t k = 0; k < n_types; ++k) d.symbol_types.push_back(symbol_type_code(types[k]));
+    }
+    while (next < decls.size()) merged.push_back(std::move(decls[next++]));
+    decls = std::move(merged);
+}
+
 }  // namespace
 
 runtime::GuardSet* guard_set_of(PyObject* o) { return shared_guard_set_of(o).get(); }
@@ -99,6 +204,29 @@ std::shared_ptr<runtime::GuardSet> shared_guard_set_of(PyObject* o) {
 }
 
 void register_guard_set(nb::module_& m) {
+    m.def(
+        "_shape_distinct_symbols",
+        [](nb::list args) {
+            // Exact tuples and lists only (exact_sequence): no user code runs, so the borrowed
+            // items stay alive while they are compared by identity.
+            std::vector<PyObject*> seen;
+            nb::list out;
+            for (nb::handle a : args) {
+                if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3)
+                    throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
+                const auto [syms, n] =
+                    exact_sequence(PyTuple_GET_ITEM(a.ptr(), 1), "SHAPE symbols are a tuple of sources");
+                for (Py_ssize_t k = 0; k < n; ++k) {
+                    if (std::find(seen.begin(), seen.end(), syms[k]) != seen.end()) continue;
+                    seen.push_back(syms[k]);
+                }
+            }
+            for (PyObject* sym : seen) out.append(nb::handle(sym));
+            return out;
+        },
+        nb::arg("args"),
+        "The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, "
+        "symbols, types): GuardSet's encoding.");
     auto cls =
         nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
                                  "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")
@@ -106,8 +234,13 @@ void register_guard_set(nb::module_& m) {
                 "__init__",
                 [](GuardSetCore* self, std::vector<core::GuardDecl> decls, nb::list consts,
                    nb::list hold_weakly, nb::object globals, nb::object closure, bool strict,
-                   nb::object eval_error_type) {
+                   nb::object eval_error_type, nb::list shape_at, nb::list shape_ids, nb::list shape_args,
+                   nb::list shape_symbols, nb::list shape_paths, nb::list shape_remaps) {
                     runtime::GuardSetInputs in;
+                    if (!shape_args.empty()) {
+                        add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols, shape_paths,
+                                        shape_remaps);
+                    }
                     in.decls = std::move(decls);
                     for (nb::handle c : consts) in.consts.push_back(c.ptr());
                     for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));
@@ -122,7 +255,10 @@ void register_guard_set(nb::module_& m) {
                     new (self) GuardSetCore{std::make_shared<runtime::GuardSet>(std::move(in))};
                 },
                 nb::arg("decls"), nb::arg("consts"), nb::arg("hold_weakly"), nb::arg("globals").none(),
-                nb::arg("closure").none(), nb::arg("strict"), nb::arg("eval_error_type").none())
+                nb::arg("closure").none(), nb::arg("strict"), nb::arg("eval_error_type").none(),
+                nb::arg("shape_at") = nb::list(), nb::arg("shape_ids") = nb::list(),
+                nb::arg("shape_args") = nb::list(), nb::arg("shape_symbols") = nb::list(),
+                nb::arg("shape_paths") = nb::list(), nb::arg("shape_remaps") = nb::list())
             .def(
                 "__init__",
                 [](GuardSetCore* self, nb::handle decoded, nb::list consts, nb::object globals, bool strict,

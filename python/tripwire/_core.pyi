@@ -277,11 +277,16 @@ def builtin_probes() -> list[str]:
 
 MAX_CONSTANT_DEPTH: int = 100
 
+def _shape_distinct_symbols(args: list) -> list:
+    """
+    The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, symbols, types): GuardSet's encoding.
+    """
+
 class GuardSetCore:
     """The compiled guard set. Use tripwire.GuardSet, which subclasses it."""
 
     @overload
-    def __init__(self, decls: Sequence[GuardDecl], consts: list, hold_weakly: list, globals: object | None, closure: object | None, strict: bool, eval_error_type: object | None) -> None: ...
+    def __init__(self, decls: Sequence[GuardDecl], consts: list, hold_weakly: list, globals: object | None, closure: object | None, strict: bool, eval_error_type: object | None, shape_at: list = [], shape_ids: list = [], shape_args: list = [], shape_symbols: list = [], shape_paths: list = [], shape_remaps: list = []) -> None: ...
 
     @overload
     def __init__(self, decoded: object, consts: list, globals: object | None, strict: bool, eval_error_type: object | None) -> None: ...

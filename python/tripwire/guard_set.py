@@ -26,7 +26,6 @@ __all__ = ["GuardSet", "build_guard_set"]
 
 _PROBE_IDS = {name: i for i, name in enumerate(_core.builtin_probes())}  # core::BuiltinProbe
 _WEAK_KINDS = (GuardKind.TYPE_MATCH, GuardKind.ID_MATCH, GuardKind.CODE_MATCH)
-_SYMBOL_TYPES = {"int": 0, "float": 1}  # core::shape::ValueType
 _SHAPE = GuardKind.SHAPE
 # The kinds GuardSpec.weakened() may change (the others it returns as they are).
 _MAY_WEAKEN = catalogue._WEAKENED_KINDS | {GuardKind.EQUALS_MATCH}
@@ -48,6 +47,8 @@ class _Pool:
         self.weak: list[bool] = []
         self._interned: dict[Any, int] = {}
         self.sources: dict[int, _core.SourcePath] = {}
+        # Whether a declared source has a step that reads the C++ tensor (TENSOR_SIZE, ...).
+        self.reads_cpp_tensor = False
 
     def intern(self, value: Any) -> int:
         key: Any
@@ -74,11 +75,13 @@ def _private_constant(c: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=4096)
-def _source_recipe(src: Source) -> tuple[str, tuple[tuple[Any, Any, int, bool], ...], list[str]]:
-    """(name, steps as (kind, arg, index, has operand), printed prefixes root first) of a source:
-    computed once per distinct source (sources are immutable)."""
+def _source_recipe(
+    src: Source,
+) -> tuple[str, tuple[tuple[Any, Any, int, bool], ...], list[str], bool]:
+    """(name, steps as (kind, arg, index, has operand), printed prefixes root first, whether a step
+    reads the C++ tensor) of a source: computed once per distinct source (sources are immutable)."""
     steps = tuple((st.kind, st.arg, st.index, st.has_operand) for st in src.steps)
-    return src.name, steps, [str(p) for p in src.prefixes()]
+    return src.name, steps, [str(p) for p in src.prefixes()], src.reads_cpp_tensor
 
 
 def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
@@ -87,72 +90,103 @@ def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
     # declarations, which the engine merges into one node.
     decl = pool.sources.get(id(src))
     if decl is None:
-        name, recipe, texts = _source_recipe(src)
+        name, recipe, texts, cpp_tensor = _source_recipe(src)
         steps = [
             _Step(kind, pool.intern(arg)) if has_operand else _Step(kind, None, index)
             for kind, arg, index, has_operand in recipe
         ]
         decl = pool.sources[id(src)] = _core.SourcePath(src.root, pool.intern(name), steps, texts)
+        if cpp_tensor:
+            pool.reads_cpp_tensor = True
     return decl
 
 
 _Step = _core.Step
 _GuardDecl = _core.GuardDecl
-_SYMBOL_CODES: dict[tuple[str, ...], list[int]] = {}
 
 
-def _symbol_codes(types: tuple[str, ...]) -> list[int]:
-    """The engine's type codes of a SHAPE spec's symbol types (memoised per tuple; bounded)."""
-    if type(types) is not tuple:  # a spec made by hand may hold a list
-        return [_SYMBOL_TYPES[t] for t in types]
-    codes = _SYMBOL_CODES.get(types)
-    if codes is None:
-        if len(_SYMBOL_CODES) >= 4096:
-            _SYMBOL_CODES.clear()
-        codes = _SYMBOL_CODES[types] = [_SYMBOL_TYPES[t] for t in types]
-    return codes
+class _ShapeDecls:
+    """A set's SHAPE relations as GuardSetCore takes them in one call (bind_guard_set.cpp,
+    add_shape_decls): per relation its position among the other declarations, its id and its
+    spec's own argument tuple (text, symbols, types); each distinct symbol (by identity) once,
+    with its declaration. No Python object per relation is made here."""
+
+    def __init__(self) -> None:
+        self.at: list[int] = []
+        self.ids: list[int] = []
+        self.args: list[tuple] = []
+
+    def symbols(self, pool: _Pool) -> tuple[list[Source], list[_core.SourcePath]]:
+        """Each distinct symbol (by identity, in order of first use) and its declaration."""
+        syms = list({id(sym): sym for a in self.args for sym in a[1]}.values())
+        sources = pool.sources
+        return syms, [sources.get(id(sym)) or _source_decl(sym, pool) for sym in syms]
+
+    def symbol_templates(
+        self, pool: _Pool
+    ) -> tuple[list[Source], list[_core.SourcePath], list[list[int] | None]]:
+        """Each distinct symbol, its declaration or template, and the template's constant ids in
+        ``pool`` (None for a declaration another guard of the set made: its ids are the pool's)."""
+        syms = _core._shape_distinct_symbols(self.args)
+        sources = pool.sources
+        intern = pool.intern
+        paths: list[_core.SourcePath] = []
+        remaps: list[list[int] | None] = []
+        for sym in syms:
+            decl = sources.get(id(sym))
+            if decl is not None:
+                paths.append(decl)
+                remaps.append(None)
+                continue
+            _, template, consts, cpp_tensor = _SYMBOL_TEMPLATES.get(id(sym)) or _symbol_template(sym)
+            paths.append(template)
+            remaps.append([intern(c) for c in consts])
+            if cpp_tensor:
+                pool.reads_cpp_tensor = True
+        return syms, paths, remaps
 
 
-def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
-    """The specs as the engine's typed declarations, their objects in ``pool``. Which slot holds
-    what per kind is the catalogue's table (catalogue.py); the engine checks the slots a kind
-    uses against its own (core::guard_shape) when it compiles."""
-    decls = []
-    sources = pool.sources
-    shape_support = False
-    if any(reads_cpp_tensor(s) for s in specs):
-        tensors.ensure_torch()  # the C++ tensor steps read only through the adapter
+# id(symbol) -> (the symbol, its SourcePath template, the template's constants, whether a step reads
+# the C++ tensor). The entry holds the symbol, so its id names no other object while it is here.
+_SYMBOL_TEMPLATES: dict[int, tuple[Source, _core.SourcePath, tuple[Any, ...], bool]] = {}
+
+
+def _symbol_template(sym: Source) -> tuple[Source, _core.SourcePath, tuple[Any, ...], bool]:
+    """A SHAPE symbol's declaration with its constants numbered locally (0: the root's name, then
+    each step operand): made once per Source object; a set maps the numbers to its own pool's ids
+    (bind_guard_set.cpp, add_shape_decls). Bounded: emptied at 4096 symbols."""
+    name, recipe, texts, cpp_tensor = _source_recipe(sym)
+    consts: list[Any] = [name]
+    steps = []
+    for kind, arg, index, has_operand in recipe:
+        if has_operand:
+            steps.append(_Step(kind, len(consts)))
+            consts.append(arg)
+        else:
+            steps.append(_Step(kind, None, index))
+    entry = (sym, _core.SourcePath(sym.root, 0, steps, texts), tuple(consts), cpp_tensor)
+    if len(_SYMBOL_TEMPLATES) >= 4096:
+        _SYMBOL_TEMPLATES.clear()
+    _SYMBOL_TEMPLATES[id(sym)] = entry
+    return entry
+
+
+def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_core.GuardDecl]:
+    """The specs as the engine's typed declarations, their objects in ``pool``; the SHAPE
+    relations go to ``shape`` (declared by the engine in one call). Which slot holds what per kind
+    is the catalogue's table (catalogue.py); the engine checks the slots a kind uses against its
+    own (core::guard_shape) when it compiles."""
+    decls: list[_core.GuardDecl] = []
     for s in specs:
         k, a = s.kind, s.args
         if k is _SHAPE:
-            if not shape_support:
-                # Sizes and strides read in C++ where exact (runtime/tensors/property_reader.hpp);
-                # neither call imports its framework.
-                tensors.ensure_torch()
-                tensors.ensure_numpy()
-                shape_support = True
-            text, symbols, types = a
-            syms = []
-            for sym in symbols:
-                sym_decl = sources.get(id(sym))
-                syms.append(sym_decl if sym_decl is not None else _source_decl(sym, pool))
-            codes = _SYMBOL_CODES.get(types) if type(types) is tuple else None
-            decls.append(
-                _GuardDecl(  # positional: kind, source, operand, operand2, n, n2, n3, flag, id, ...
-                    k,
-                    None,
-                    None,
-                    None,
-                    0,
-                    0,
-                    0,
-                    False,
-                    s.index,
-                    text,
-                    syms,
-                    codes if codes is not None else _symbol_codes(types),
-                )
-            )
+            if type(a) is not tuple:  # a spec made by hand may hold a list
+                a = tuple(a)
+            if type(a) is not tuple or len(a) != 3:
+                raise GuardBuildError(f"SHAPE takes (relation text, symbols, symbol types), not {a!r}")
+            shape.at.append(len(decls))
+            shape.ids.append(s.index)
+            shape.args.append(a)
             continue
         op = op2 = None
         n = n2 = 0
@@ -213,7 +247,49 @@ def _encode(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
                 k, source, op, op2, n=n, n2=n2, flag=bool(flag), id=s.index, data=data, more_sources=more
             )
         )
+    if shape.args:
+        # Sizes and strides read in C++ where exact (runtime/tensors/property_reader.hpp);
+        # neither call imports its framework.
+        tensors.ensure_torch()
+        tensors.ensure_numpy()
+    elif pool.reads_cpp_tensor:
+        tensors.ensure_torch()  # the C++ tensor steps read only through the adapter
     return decls
+
+
+_SYMBOL_TYPES = {"int": 0, "float": 1}  # core::shape::ValueType
+
+
+def encode_decls(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
+    """Every spec as a GuardDecl, SHAPE relations included, in the specs' order (to_bytes; a
+    GuardSet declares its SHAPE relations in one call instead)."""
+    shape = _ShapeDecls()
+    decls = _encode(specs, pool, shape)
+    if not shape.args:
+        return decls
+    syms, paths = shape.symbols(pool)
+    path_of = {id(sym): p for sym, p in zip(syms, paths, strict=True)}
+    out: list[_core.GuardDecl] = []
+    done = 0
+    for at, gid, (text, symbols, type_names) in zip(shape.at, shape.ids, shape.args, strict=True):
+        out += decls[done:at]
+        done = at
+        try:
+            codes = [_SYMBOL_TYPES[t] for t in type_names]
+        except (KeyError, TypeError):
+            raise GuardBuildError("a SHAPE symbol's type is 'int' or 'float'") from None
+        out.append(
+            _GuardDecl(
+                _SHAPE,
+                None,
+                id=gid,
+                relation=text,
+                symbols=[path_of[id(x)] for x in symbols],
+                symbol_types=codes,
+            )
+        )
+    out += decls[done:]
+    return out
 
 
 class GuardSet(_core.GuardSetCore):
@@ -233,15 +309,32 @@ class GuardSet(_core.GuardSetCore):
         baselines: Mapping[str, Any] | None = None,
     ) -> None:
         pool = _Pool()
-        decls = _encode(specs, pool)
+        shape = _ShapeDecls()
+        decls = _encode(specs, pool, shape)
         closure = dict(f_closure) if f_closure is not None else None
+        symbols, paths, remaps = shape.symbol_templates(pool) if shape.args else ([], [], [])
         try:
-            super().__init__(decls, pool.consts, pool.weak, f_globals, closure, strict, GuardEvalError)
+            super().__init__(
+                decls,
+                pool.consts,
+                pool.weak,
+                f_globals,
+                closure,
+                strict,
+                GuardEvalError,
+                shape.at,
+                shape.ids,
+                shape.args,
+                symbols,
+                paths,
+                remaps,
+            )
         except GuardBuildError:
             raise
         except ValueError as e:
             raise GuardBuildError(str(e)) from None
         self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
+        self._built_symbols = symbols  # for build_guard_set's reader facts
 
     if TYPE_CHECKING:
         # The hot path is a plain C method (METH_O, _core's stub types it as a method descriptor):
@@ -254,6 +347,8 @@ class GuardSet(_core.GuardSetCore):
     # What decided the SHAPE symbols' readers on the example the set was built from
     # (build_guard_set; formatted by explain()); None for a set built from specs or loaded.
     _example_reader_facts: dict[Source, tuple] | None = None
+    # The distinct SHAPE symbols declared by __init__ (empty for a loaded set).
+    _built_symbols: list[Source] = []  # noqa: RUF012 - never mutated: replaced per instance
 
     def _set_state(
         self,
@@ -485,14 +580,20 @@ class GuardSet(_core.GuardSetCore):
         from). Reading the tensor runs the same steps a check runs (user code included)."""
         return _format_readers(self._reader_facts(f_locals))
 
-    def _reader_facts(self, f_locals: Mapping[str, Any]) -> dict[Source, tuple]:
-        """What decides each symbol's reader on this frame (formatted only when asked for)."""
-        # Distinct by identity first (relations share their Source objects), in order of use.
-        symbols = {id(sym): sym for spec in self._specs if spec.kind is _SHAPE for sym in spec.args[1]}
+    def _reader_facts(
+        self, f_locals: Mapping[str, Any], symbols: Iterable[Source] | None = None
+    ) -> dict[Source, tuple]:
+        """What decides each symbol's reader on this frame (formatted only when asked for).
+        ``symbols``: the set's distinct symbols when the caller has them (build_guard_set)."""
+        if symbols is None:
+            # Distinct by identity first (relations share their Source objects), in order of use.
+            symbols = {
+                id(sym): sym for spec in self._specs if spec.kind is _SHAPE for sym in spec.args[1]
+            }.values()
         facts: dict[Source, tuple] = {}
         parents: dict[str, tuple] = {}  # each tensor read once
         f_globals = self._f_globals
-        for sym in symbols.values():
+        for sym in symbols:
             if sym not in facts:
                 facts[sym] = _reader_fact(sym, f_locals, f_globals, parents)
         return facts
@@ -583,7 +684,7 @@ def build_guard_set(
         f = gs.why_not(f_locals)
         why = f.reason if f is not None else "unknown guard"
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
-    facts = gs._reader_facts(f_locals)  # {} without SHAPE symbols
+    facts = gs._reader_facts(f_locals, gs._built_symbols)  # {} without SHAPE symbols
     if facts:
         gs._example_reader_facts = facts
     return gs

@@ -225,7 +225,7 @@ def _matches(spec: GuardSpec, names: set[str], aliases: Iterable[str] = ()) -> s
 
 def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
     """``gs.to_bytes(drop=...)``: see GuardSet.to_bytes."""
-    from .guard_set import _encode, _Pool
+    from .guard_set import _Pool, encode_decls
 
     if isinstance(drop, str):
         drop = (drop,)
@@ -259,7 +259,7 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
     if gs.invalid:
         raise NotSerializable([("", None, f"the set can never pass again: {gs.invalid_reason}")])
     pool = _Pool()
-    decls = _encode(kept, pool)
+    decls = encode_decls(kept, pool)
     # Objects a guard names by identity are held weakly, as in the live set (GuardSet.__init__).
     # The label: GLOBAL_STATE's name; TENSOR_MATCH's device string (for messages: explain() and
     # why_not show it, and the data holds only the device index).

@@ -99,6 +99,8 @@ def ensure_torch() -> bool:
     constants. Never imports torch itself.
     """
     global _torch_status
+    if _torch_status is not None:  # set once, after torch was imported (every GuardSet asks)
+        return True
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "_C"):
         return False
@@ -154,6 +156,8 @@ def ensure_numpy() -> bool:
     str) are also EQUALS_MATCH constants. Otherwise arrays are read through Python.
     """
     global _numpy_status
+    if _numpy_status is not None:  # set once, after numpy was imported (every GuardSet asks)
+        return True
     np = sys.modules.get("numpy")
     if np is None or not hasattr(np, "ndarray"):
         return False

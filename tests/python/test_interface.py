@@ -22,7 +22,7 @@ import tripwire as tw
 from gc_stress import examples
 from tripwire import _core, reference
 from tripwire.catalogue import GuardSpec
-from tripwire.guard_set import _encode, _Pool
+from tripwire.guard_set import _Pool, encode_decls
 from tripwire.source import Source
 
 PACKAGE = pathlib.Path(tw.__file__).parent
@@ -94,7 +94,7 @@ def test_each_kinds_operands_sit_in_the_slots_the_engine_expects():
     # guard_shape are three statements of one layout: pin them together for every kind.
     specs = _one_spec_per_kind()
     assert {s.kind for s in specs} == set(tw.GuardKind)
-    for spec, decl in zip(specs, _encode(specs, _Pool())):
+    for spec, decl in zip(specs, encode_decls(specs, _Pool()), strict=True):
         needs_source, allows_source, operand, operand2 = _core.guard_shape(spec.kind)
         assert decl.kind is spec.kind
         has_source = decl.source is not None

@@ -580,7 +580,7 @@ def test_many_sets_built_checked_and_dropped_do_not_grow():
     # references and their capsules, programs, failure records) would accumulate in. The Python
     # wrapper is exercised by the full GuardSet and builder cycles below.
     pool = _gs_mod._Pool()
-    decls = _gs_mod._encode(specs, pool)
+    decls = _gs_mod.encode_decls(specs, pool)
 
     def core_cycle():
         core = _core.GuardSetCore(decls, pool.consts, pool.weak, None, None, False, tw.GuardEvalError)

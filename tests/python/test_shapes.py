@@ -1059,3 +1059,102 @@ def test_structured_and_text_relations_share_the_one_call() -> None:
     assert tw.shapes.relations_from_torch(f"{X0} >= 2  # why") is not tw.shapes.relations_from_torch(
         f"{X0} >= 2  # why"
     )  # a new list each call (the memo holds a tuple)
+
+
+# -- the SHAPE declarations made in GuardSetCore's one call (bind_guard_set.cpp, add_shape_decls) --
+def test_hand_made_shape_specs_are_refused_with_clear_errors() -> None:
+    from tripwire.catalogue import GuardKind, GuardSpec
+
+    xs = tw.Source.parse(X0)
+    good = GuardSpec(GuardKind.SHAPE, None, (f"{X0} >= 2", (xs,), ("int",)), 0)
+    assert tw.GuardSet([good]).check({"x": T(4)})
+    # A list where a tuple is expected is accepted (a spec made by hand), with the same meaning.
+    listed = GuardSpec(GuardKind.SHAPE, None, [f"{X0} >= 2", [xs], ["int"]], 0)
+    gs = tw.GuardSet([listed])
+    assert gs.check({"x": T(4)}) and not gs.check({"x": T(1)})
+    bad_args = [
+        ((f"{X0} >= 2", (xs,)), tw.GuardBuildError),  # two fields
+        ((f"{X0} >= 2", (xs,), ("complex",)), tw.GuardBuildError),  # not a symbol type
+        ((f"{X0} >= 2", (xs,), (0,)), tw.GuardBuildError),  # a code, not a name
+        ((f"{X0} >= 2", (xs,), ()), tw.GuardBuildError),  # one type per symbol
+        ((f"{X0} >= 2", xs, ("int",)), TypeError),  # symbols not a sequence
+        ((b"L['x'].size()[0] >= 2", (xs,), ("int",)), TypeError),  # text not a str
+    ]
+    for args, err in bad_args:
+        with pytest.raises(err):
+            tw.GuardSet([GuardSpec(GuardKind.SHAPE, None, args, 0)])
+
+    class LyingIndex(int):  # an index that runs code when read is never read as an int
+        def __index__(self) -> int:
+            raise AssertionError("ran")
+
+    with pytest.raises(TypeError, match="index is an int"):
+        tw.GuardSet([GuardSpec(GuardKind.SHAPE, None, good.args, LyingIndex(0))])
+    with pytest.raises((tw.GuardBuildError, ValueError)):
+        tw.GuardSet([GuardSpec(GuardKind.SHAPE, None, good.args, -1)])
+
+
+def test_shape_declarations_keep_the_specs_order_and_sharing() -> None:
+    # SHAPE relations interleaved with other guards on the same sources: ids, order, why_not and a
+    # save/load round trip are those of the specs, and a symbol that is also a guard's source is
+    # one node.
+    ex = {"x": T(8, 4), "n": 4}
+    b = tw.GuardBuilder(ex)
+    b.equals("L['n']")
+    b.shape(f"{X0} % L['n'] == 0")
+    b.equals(X0)
+    b.shape("L['x'].size()[1] <= L['n']")
+    b.shape(f"{X0} % L['n'] == 0")  # a duplicate: merged
+    gs = b.build()
+    assert [s.index for s in gs.guards] == [0, 1, 2, 3, 4]
+    assert not gs.check({"x": T(8, 5), "n": 4})
+    f = gs.why_not({"x": T(8, 5), "n": 4})
+    assert f.kind == "SHAPE" and f.guard.index == 3
+    assert "L['x'].size()[1] = 5" in f.reason and "L['n'] = 4" in f.reason
+    assert "3 declared, 2 evaluated (1 merged as duplicates" in gs.explain()
+    assert gs.node_count == 4  # L['n'], L['x'] and its two sizes: X0 is one node
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    for f_locals in ({"x": T(8, 4), "n": 4}, {"x": T(8, 5), "n": 4}, {"x": T(6, 4), "n": 4}):
+        assert loaded.check(f_locals) is gs.check(f_locals)
+
+
+def test_builder_survives_collections_and_threads() -> None:
+    # The builder's C++ declaration path borrows the spec tuples; a collection (finalizers that
+    # build other sets) and other threads building sets from the same relation objects never change
+    # what a set decides.
+    import gc
+
+    rels = [tw.shapes.parse(f"{X0} % {k} == 0") for k in (1, 2, 4)] + [tw.shapes.parse(f"{X0} >= 2")]
+
+    class Finalizer:
+        def __del__(self) -> None:
+            bb = tw.GuardBuilder({"x": T(8)})
+            for r in rels:
+                bb.shape(r)
+            bb.build()
+
+    errors: list[BaseException] = []
+
+    def build_many() -> None:
+        try:
+            for _ in range(scaled(40, 5)):
+                b = tw.GuardBuilder({"x": T(8)})
+                for r in rels:
+                    b.shape(r)
+                    Finalizer()  # a cycle-free object: its finalizer runs at once
+                gs = b.build()
+                assert gs.check({"x": T(16)}) and not gs.check({"x": T(6)})
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    old = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        threads = [threading.Thread(target=build_many) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.set_threshold(*old)
+    assert not errors, errors
