@@ -22,7 +22,7 @@
 #define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
     5 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
          3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad,                     \
-         tensors_may_overlap, tensor_matches; 5: dispatch_key_set_type,                     \
+         tensors_may_overlap, tensor_matches; 5: dispatch_key_set_type,                           \
          dispatch_key_set_bits, masks_python_keys */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
