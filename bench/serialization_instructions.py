@@ -29,6 +29,8 @@ DIR = os.environ.get("TRIPWIRE_BENCH_DIR", os.path.join(tempfile.gettempdir(), "
 
 
 def main() -> None:
+    if len(sys.argv) < 2 or (sys.argv[1] != "prepare" and len(sys.argv) < 3):
+        raise SystemExit(__doc__)
     mode = sys.argv[1]
     if mode == "prepare":
         os.makedirs(DIR, exist_ok=True)
