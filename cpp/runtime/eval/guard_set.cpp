@@ -80,36 +80,33 @@ void refuse_cpp_tensor_steps_without_adapter(const core::GuardDecl& d) {
     }
 }
 
-// Whether `t` derives from `module.name` (torch._C.TensorBase, numpy.ndarray), looked up in
-// sys.modules without importing: the type checks of the Python-reader path, where no adapter or
-// array struct supplies the base type. A tensor or array type cannot exist before its module is
-// imported, so a module not imported yet means "no".
-bool derives_from(PyObject* t, const char* module, const char* name) {
+// `module.name`, looked up in sys.modules without importing; null when the module is not imported
+// yet. A tensor or array type cannot exist before its module is imported, so the type checks of the
+// Python-reader path (where no adapter or array struct supplies the base type) read "no" then.
+Ref imported_attr(const char* module, const char* name) {
     Ref key = Ref::steal(PyUnicode_FromString(module));
     if (!key) throw_python_error();
     Ref mod = Ref::steal(PyImport_GetModule(key.get()));
     if (!mod) {
         if (PyErr_Occurred()) throw_python_error();
-        return false;
+        return Ref();
     }
-    Ref base = Ref::steal(PyObject_GetAttrString(mod.get(), name));
-    if (!base) throw_python_error();
-    return PyType_Check(base.get()) &&
+    Ref attr = Ref::steal(PyObject_GetAttrString(mod.get(), name));
+    if (!attr) throw_python_error();
+    return attr;
+}
+
+// Whether `t` derives from `module.name` (torch._C.TensorBase, numpy.ndarray).
+bool derives_from(PyObject* t, const char* module, const char* name) {
+    const Ref base = imported_attr(module, name);
+    return base && PyType_Check(base.get()) &&
            PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(t), reinterpret_cast<PyTypeObject*>(base.get()));
 }
 
 // Whether `t` is the class `name` of module `module` itself (not a subclass).
 bool is_class(PyObject* t, const char* module, const char* name) {
-    Ref key = Ref::steal(PyUnicode_FromString(module));
-    if (!key) throw_python_error();
-    Ref mod = Ref::steal(PyImport_GetModule(key.get()));
-    if (!mod) {
-        if (PyErr_Occurred()) throw_python_error();
-        return false;
-    }
-    Ref cls = Ref::steal(PyObject_GetAttrString(mod.get(), name));
-    if (!cls) throw_python_error();
-    return cls.get() == t;
+    const Ref cls = imported_attr(module, name);
+    return cls && cls.get() == t;
 }
 
 }  // namespace
