@@ -25,6 +25,8 @@ torch = pytest.importorskip("torch")
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
+from tensor_step_entry import entry_with_tensor_step_leaves, f_two  # noqa: E402
+
 pytestmark = pytest.mark.torch
 
 tw.tensors.ensure_torch()
@@ -257,37 +259,9 @@ print(tw._core.torch_adapter_installed())
 # -- against torch's own accessors -----------------------------------------------------------------
 
 
-def f_two(x, z):
-    return x + 1
-
-
-def _torch_entry():
-    """A compiled entry with leaves added below real TensorPropertyGuardAccessor and GradGuardAccessor
-    nodes of a local ``z`` that has no TENSOR_MATCH (so non-tensors and subclasses reach them)."""
-    from torch._dynamo.guards import GuardManagerType
-
-    torch._dynamo.reset()
-    x, z = torch.randn(8, 3), torch.randn(8, 3)
-    torch.compile(f_two, backend="eager")(x, z)
-    gm = _debug_get_cache_entry_list(f_two.__code__)[0].guard_manager
-    kind = GuardManagerType.GUARD_MANAGER
-    zn = gm.root.framelocals_manager(key=("z", 1), source="L['z']", example_value=z, guard_manager_enum=kind)
-    zn.tensor_property_size_manager(0, "L['z'].size()[0]", 8, kind).add_equals_match_guard(
-        8, ["L['z'].size()[0] == 8"], None
-    )
-    zn.tensor_property_stride_manager(1, "L['z'].stride()[1]", 1, kind).add_equals_match_guard(
-        1, ["L['z'].stride()[1] == 1"], None
-    )
-    zn.tensor_property_storage_offset_manager(
-        None, "L['z'].storage_offset()", 0, kind
-    ).add_equals_match_guard(0, ["L['z'].storage_offset() == 0"], None)
-    zn.grad_manager("L['z'].grad", None, kind).add_none_match_guard(["L['z'].grad is None"], None)
-    return gm, x
-
-
 @needs_adapter
 def test_guards_of_imports_tensor_property_and_grad_accessors_and_decides_as_torch() -> None:
-    gm, x = _torch_entry()
+    gm, x, _ = entry_with_tensor_step_leaves()
     gs = tw.torch.guards_of(f_two)
     by_source = {g.source: g for g in gs.torch_import.guards}
     for s in ("L['z'].size()[0]", "L['z'].stride()[1]", "L['z'].storage_offset()", "L['z'].grad"):

@@ -20,7 +20,8 @@ import tripwire as tw
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 import torch.autograd.forward_ad as fwAD  # noqa: E402
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
+
+from tensor_step_entry import entry_with_tensor_step_leaves, f_two  # noqa: E402
 
 tw.tensors.ensure_torch()
 needs_adapter = pytest.mark.skipif(
@@ -37,10 +38,6 @@ def dual_fn(x: Any, t: Any) -> Any:
     with fwAD.dual_level():
         d = fwAD.make_dual(x, t)
         return fwAD.unpack_dual(d * 2).tangent
-
-
-def f_two(x: Any, z: Any) -> Any:
-    return x + 1
 
 
 def import_views() -> tuple[Any, dict]:
@@ -62,21 +59,7 @@ def import_dual() -> tuple[Any, dict]:
 
 def import_tensor_steps() -> tuple[Any, dict]:
     """An entry with leaves below torch's TensorPropertyGuardAccessor and GradGuardAccessor."""
-    from torch._dynamo.guards import GuardManagerType
-
-    torch._dynamo.reset()
-    x, z = torch.randn(8, 3), torch.randn(8, 3)
-    torch.compile(f_two, backend="eager")(x, z)
-    gm = _debug_get_cache_entry_list(f_two.__code__)[0].guard_manager
-    kind = GuardManagerType.GUARD_MANAGER
-    zn = gm.root.framelocals_manager(key=("z", 1), source="L['z']", example_value=z, guard_manager_enum=kind)
-    zn.tensor_property_size_manager(0, "L['z'].size()[0]", 8, kind).add_equals_match_guard(
-        8, ["L['z'].size()[0] == 8"], None
-    )
-    zn.tensor_property_stride_manager(1, "L['z'].stride()[1]", 1, kind).add_equals_match_guard(
-        1, ["L['z'].stride()[1] == 1"], None
-    )
-    zn.grad_manager("L['z'].grad", None, kind).add_none_match_guard(["L['z'].grad is None"], None)
+    _, x, z = entry_with_tensor_step_leaves()
     return tw.torch.guards_of(f_two), {"x": x, "z": z}
 
 
