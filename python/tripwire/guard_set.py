@@ -81,7 +81,7 @@ def _source_recipe(
     """(name, steps as (kind, arg, index, has operand), printed prefixes root first, whether a step
     reads the C++ tensor) of a source: computed once per distinct source (sources are immutable)."""
     steps = tuple((st.kind, st.arg, st.index, st.has_operand) for st in src.steps)
-    return src.name, steps, [str(p) for p in src.prefixes()], src.reads_cpp_tensor
+    return src.name, steps, src.printed_prefixes(), src.reads_cpp_tensor
 
 
 def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
@@ -733,10 +733,9 @@ def _property_read(sym: Source) -> tuple[str, list[tuple[Any, Any, int]], Any, i
     last = sym.steps[-1] if sym.steps else None
     if last is None or last.kind not in _PROPERTY_CALLS:
         return None
-    parent = Source(sym.root, sym.name, sym.steps[:-1])
-    steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in parent.steps]
+    steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in sym.steps[:-1]]
     index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
-    return str(parent), steps, last.kind, index
+    return sym.printed_prefixes()[-2], steps, last.kind, index
 
 
 def _reader_fact(

@@ -161,39 +161,48 @@ def _parse_text(text: str) -> Relation:
         code_end, spans, raw_symbols = _core.parse_relation(text)
     except ShapeSyntaxError as e:
         raise ShapeSyntaxError(e.message, e.offset, text) from None
-    first_at: dict[int, int] = {}
-    for begin, _end, k in spans:
-        first_at.setdefault(k, begin)
     canonical: list[Source] = []
+    printed_of: list[str] = []
+    as_printed = True  # every symbol written as tripwire prints it (torch's text is)
     for k, raw in enumerate(raw_symbols):
         try:
-            canonical.append(Source.parse(raw, shape_is_size=True))
+            src = Source.parse(raw, shape_is_size=True)
         except SourceParseError as e:
-            raise ShapeSyntaxError(str(e), first_at[k], text) from None
-    # Rebuild the text with canonical symbols, remembering where each one came from.
-    out: list[str] = []
-    out_spans = []
-    pos = 0
-    length = 0
+            first = next(begin for begin, _end, j in spans if j == k)
+            raise ShapeSyntaxError(str(e), first, text) from None
+        canonical.append(src)
+        printed = str(src)
+        printed_of.append(printed)
+        if printed != raw:
+            as_printed = False
     lead = len(text) - len(text.lstrip())
-    for begin, end, k in spans:
-        piece = text[pos:begin]
-        out.append(piece)
-        length += len(piece)
-        printed = str(canonical[k])
-        out_spans.append((length - lead, length - lead + len(printed), begin, end))
-        out.append(printed)
-        length += len(printed)
-        pos = end
-    out.append(text[pos:code_end])
-    canonical_text = "".join(out).strip()
-    symbols: list[Source] = []
-    for s in canonical:
-        if s not in symbols:
-            symbols.append(s)
+    if as_printed:
+        # The canonical text is the code as given: each symbol where it was (what the loop below
+        # computes when every printed symbol has its raw text's length).
+        canonical_text = text[:code_end].strip()
+        out_spans = [(begin - lead, end - lead, begin, end) for begin, end, _k in spans]
+    else:
+        # Rebuild the text with canonical symbols, remembering where each one came from.
+        out: list[str] = []
+        out_spans = []
+        pos = 0
+        length = 0
+        for begin, end, k in spans:
+            piece = text[pos:begin]
+            out.append(piece)
+            length += len(piece)
+            printed = printed_of[k]
+            out_spans.append((length - lead, length - lead + len(printed), begin, end))
+            out.append(printed)
+            length += len(printed)
+            pos = end
+        out.append(text[pos:code_end])
+        canonical_text = "".join(out).strip()
+    # Distinct by equality, in order of first use (a dict: identity first, then hash and ==).
+    symbols = tuple(dict.fromkeys(canonical))
     comment = text[code_end:].strip()
     comment = comment[1:].strip() if comment.startswith("#") else comment
-    return Relation(canonical_text, tuple(symbols), comment or None, text, tuple(out_spans))
+    return Relation(canonical_text, symbols, comment or None, text, tuple(out_spans))
 
 
 def relations_from_torch(code_part: str) -> list[Relation]:

@@ -47,6 +47,7 @@ import ast
 import functools
 import keyword
 import math
+import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, cast
@@ -301,8 +302,37 @@ class Source:
         """The root and every longer prefix, ending with this source."""
         return [Source(self.root, self.name, self.steps[:i]) for i in range(len(self.steps) + 1)]
 
+    def printed_prefixes(self) -> list[str]:
+        """``[str(p) for p in self.prefixes()]``, without making the prefixes."""
+        base = f"{_ROOT_LETTER[self.root]}[{self.name!r}]"
+        texts = [base]
+        steps = self.steps
+        last = len(steps) - 1
+        for i, s in enumerate(steps):
+            texts.append(s.render(base))
+            # As __str__ prints it: `X.size` followed by a call prints through getattr().
+            if (
+                i < last
+                and s.kind is StepKind.ATTR
+                and s.arg in _PROPERTY_METHODS
+                and steps[i + 1].kind is StepKind.WEAKREF_CALL
+            ):
+                base = f"getattr({base}, {s.arg!r})"
+            else:
+                base = texts[-1]
+        return texts
+
     # -- printing and parsing -----------------------------------------------------------------
     def __str__(self) -> str:
+        # Computed once per object, like the hash: relations print their symbols per occurrence,
+        # and explain() and failure reasons print them again.
+        text = self.__dict__.get("_text")
+        if text is None:
+            text = self._print()
+            object.__setattr__(self, "_text", text)
+        return text
+
+    def _print(self) -> str:
         text = f"{_ROOT_LETTER[self.root]}[{self.name!r}]"
         for i, s in enumerate(self.steps):
             if (
@@ -340,6 +370,79 @@ class Source:
 @functools.lru_cache(maxsize=4096)
 def _parse_text(text: str, shape_is_size: bool) -> Source:
     """Source.parse of an exact str, memoised (a Source is immutable; errors are not cached)."""
+    fast = _parse_plain(text, shape_is_size)
+    if fast is not None:
+        return fast
+    return _parse_ast(text, shape_is_size)
+
+
+# The plain printed forms (what torch prints for shape symbols, and most guard sources), read
+# without Python's compiler: a root ``L['x']`` / ``G['x']`` / ``C['x']`` with a printable-ASCII
+# name, then steps ``.name`` (an ASCII identifier that is neither a keyword nor a dunder),
+# ``['key']`` (printable ASCII), ``[i]``, ``.size()[i]``, ``.stride()[i]``, ``.size(i)``,
+# ``.stride(i)``, ``.storage_offset()`` and, in shape relations, ``.shape[i]`` (``i``: decimal,
+# no sign, at most 18 digits). Anything else (blanks inside, other quotes, escapes, calls,
+# dunders) goes to _parse_ast; tests/python/test_source.py checks both give the same Source.
+_KEY = r"'([ -&(-\[\]-~]*)'"
+_INT = r"(0|[1-9][0-9]{0,17})"
+_PLAIN_ROOT = re.compile(rf"([LGC])\[{_KEY}\]")
+_PLAIN_STEP = re.compile(
+    rf"\.(?:(size|stride)\(\)\[{_INT}\]|(size|stride)\({_INT}\)|(storage_offset)\(\)"
+    rf"|(shape)\[{_INT}\]|([A-Za-z_][A-Za-z0-9_]*))|\[(?:{_KEY}|{_INT})\]"
+)
+_PROPERTY_STEP = {"size": StepKind.SIZE, "stride": StepKind.STRIDE}
+
+
+def _plain_step(kind: StepKind, arg: Any) -> Step:
+    # The arguments were checked by the grammar above (what Step.__post_init__ checks).
+    st = object.__new__(Step)
+    object.__setattr__(st, "kind", kind)
+    object.__setattr__(st, "arg", arg)
+    return st
+
+
+def _parse_plain(text: str, shape_is_size: bool) -> Source | None:
+    """Source.parse of a plain printed form (above), or None for any other text."""
+    text = text.strip()
+    m = _PLAIN_ROOT.match(text)
+    if m is None:
+        return None
+    steps: list[Step] = []
+    pos = m.end()
+    end = len(text)
+    match = _PLAIN_STEP.match
+    while pos < end:
+        s = match(text, pos)
+        if s is None:
+            return None
+        pos = s.end()
+        prop, prop_i, call, call_i, offset, shape, shape_i, attr, key, item = s.groups()
+        if prop is not None:
+            steps.append(_plain_step(_PROPERTY_STEP[prop], int(prop_i)))
+        elif call is not None:
+            steps.append(_plain_step(_PROPERTY_STEP[call], int(call_i)))
+        elif offset is not None:
+            steps.append(_plain_step(StepKind.STORAGE_OFFSET, None))
+        elif shape is not None:
+            if shape_is_size:
+                steps.append(_plain_step(StepKind.SIZE, int(shape_i)))
+            else:
+                steps += (_plain_step(StepKind.ATTR, "shape"), _plain_step(StepKind.ITEM, int(shape_i)))
+        elif attr is not None:
+            if attr.startswith("__") or keyword.iskeyword(attr):
+                return None
+            steps.append(_plain_step(StepKind.ATTR, attr))
+        else:
+            steps.append(_plain_step(StepKind.ITEM, key if key is not None else int(item)))
+    src = object.__new__(Source)
+    object.__setattr__(src, "root", _LETTER_ROOT[m.group(1)])
+    object.__setattr__(src, "name", m.group(2))
+    object.__setattr__(src, "steps", tuple(steps))
+    return src
+
+
+def _parse_ast(text: str, shape_is_size: bool) -> Source:
+    """Source.parse by Python's parser: every printed form."""
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as e:

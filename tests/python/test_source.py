@@ -295,3 +295,69 @@ def test_truncated_printed_sources_never_raise_anything_else(s: Source, cut: int
 def test_steps_render_on_any_base(step: Step) -> None:
     s = Source(RootKind.GLOBAL, "g", (step,))
     assert Source.parse(str(s)).steps == (step,)
+
+
+# -- the plain-form reader (source._parse_plain) agrees with Python's parser -----------------------
+# Pieces of printed sources, plain and not: concatenations of them exercise the reader's grammar
+# edges (blanks, other quotes, escapes, leading zeros, keywords, dunders, calls, long ints).
+_PIECES = [
+    "L['x']", "G['g']", "C['c']", "L['']", "L[\"x\"]", "L['a b']", "L['\\n']", "L['é']", "X['x']",
+    ".size()[0]", ".size()[12]", ".size()[01]", ".size(1)", ".size()", ".size", ".stride()[3]",
+    ".stride(0)", ".storage_offset()", ".storage_offset", ".shape[2]", ".shape", ".shape['k']",
+    ".a", "._b1", ".if", ".True", ".__dict__", ".__code__", ".__closure__[0].cell_contents",
+    ".match", "['k']", "[0]", "[00]", "[-1]", "[True]", "[None]", "[1.5]", "[ 0]", " .a", ".a ",
+    "[123456789012345678]", "[1234567890123456789]", "()", "[b'k']", ".__defaults__[0]",
+    "['it\\'s']", "['a]']", "['[']", " ", "\t",
+]  # fmt: skip
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=6), st.booleans())
+def test_plain_reader_agrees_with_python_parser(pieces: list[str], shape_is_size: bool) -> None:
+    from tripwire.source import _parse_ast, _parse_plain
+
+    text = "".join(pieces)
+    plain = _parse_plain(text, shape_is_size)
+    try:
+        full: Source | None = _parse_ast(text, shape_is_size)
+    except SourceParseError:
+        full = None
+    if plain is None:
+        return  # not a plain form: Source.parse asks Python's parser (full)
+    assert full is not None, text
+    assert plain == full and hash(plain) == hash(full), text
+    assert str(plain) == str(full)
+    assert [(s.kind, type(s.arg), s.arg) for s in plain.steps] == [
+        (s.kind, type(s.arg), s.arg) for s in full.steps
+    ]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(sources(max_steps=4), st.booleans())
+def test_plain_reader_reads_generated_sources_as_python_does(s: Source, shape_is_size: bool) -> None:
+    from tripwire.source import _parse_ast, _parse_plain
+
+    text = str(s)
+    plain = _parse_plain(text, shape_is_size)
+    if plain is not None:
+        assert plain == _parse_ast(text, shape_is_size)
+
+
+def test_plain_reader_covers_what_torch_prints() -> None:
+    from tripwire.source import _parse_plain
+
+    for text in ["L['x'].size()[0]", "L['x'].stride()[1]", "L['x'].storage_offset()", "L['n']",
+                 "L['self'].cfg.k", "L['x'].shape[0]", "G['t'].w.size()[2]", "L['d']['k'][3]"]:  # fmt: skip
+        assert _parse_plain(text, True) is not None, text
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(sources(max_steps=5))
+def test_printed_prefixes_are_the_prefixes_printed(s: Source) -> None:
+    assert s.printed_prefixes() == [str(p) for p in s.prefixes()]
+
+
+def test_printed_prefixes_of_a_property_method_call() -> None:
+    s = L("x").attr("size").step(StepKind.WEAKREF_CALL).item(0)
+    assert str(s) == "getattr(L['x'], 'size')()[0]"
+    assert s.printed_prefixes() == ["L['x']", "L['x'].size", "getattr(L['x'], 'size')()", str(s)]
