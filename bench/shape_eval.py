@@ -180,6 +180,8 @@ def _clear_memos() -> None:
     builder._is_machinery.cache_clear()
     guard_set._source_recipe.cache_clear()
     guard_set._property_read.cache_clear()
+    guard_set._SYMBOL_TEMPLATES.clear()
+    builder._TYPE_NAMES.clear()
 
 
 def bench_build(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:

@@ -121,14 +121,17 @@ void register_shape(nb::module_& m) {
         [](const std::string& text) {
             return translating(text, [&] {
                 const core::shape::ParsedRelation r = core::shape::parse_relation(text);
+                // Offsets are code points; in ASCII text (what torch prints) they are the bytes,
+                // without a scan from the start per offset.
+                bool ascii = true;
+                for (const char c : text) ascii = ascii && (static_cast<unsigned char>(c) & 0x80U) == 0;
+                const auto at = [&](std::size_t byte) { return ascii ? byte : code_points(text, byte); };
                 nb::list spans;
-                for (const core::shape::SymbolSpan& s : r.spans) {
-                    spans.append(
-                        nb::make_tuple(code_points(text, s.begin), code_points(text, s.end), s.symbol));
-                }
+                for (const core::shape::SymbolSpan& s : r.spans)
+                    spans.append(nb::make_tuple(at(s.begin), at(s.end), s.symbol));
                 nb::list symbols;
                 for (std::string_view s : r.symbols) symbols.append(nb::str(s.data(), s.size()));
-                return nb::make_tuple(code_points(text, r.code_end), spans, symbols);
+                return nb::make_tuple(at(r.code_end), spans, symbols);
             });
         },
         nb::arg("text"),

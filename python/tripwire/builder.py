@@ -76,12 +76,17 @@ def _symbol_reads(rel: shapes.Relation) -> tuple[tuple[Any, str, tuple[tuple[Any
     memoises the Relation of a text), kept in its instance dict as Source keeps its hash."""
     reads = rel.__dict__.get("_symbol_reads")
     if reads is None:
-        reads = tuple(
-            (s.root, s.name, tuple((st.kind, st.arg if st.has_operand else None, st.index) for st in s.steps))
-            for s in rel.symbols
-        )
+        reads = tuple(s.__dict__.get("_symbol_read") or _symbol_read(s) for s in rel.symbols)
         object.__setattr__(rel, "_symbol_reads", reads)
     return reads
+
+
+def _symbol_read(s: Source) -> tuple[Any, str, tuple[tuple[Any, Any, int], ...]]:
+    """(root, name, steps) of one symbol: once per Source object (relations share them), kept in
+    its instance dict as its hash is."""
+    read = (s.root, s.name, tuple((st.kind, st.arg if st.has_operand else None, st.index) for st in s.steps))
+    object.__setattr__(s, "_symbol_read", read)
+    return read
 
 
 class Checkpoint:

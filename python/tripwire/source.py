@@ -431,6 +431,8 @@ def _parse_plain(text: str, shape_is_size: bool) -> Source | None:
         elif attr is not None:
             if attr.startswith("__") or keyword.iskeyword(attr):
                 return None
+            if shape_is_size and attr == "shape" and text.startswith("[", pos):
+                return None  # `.shape[k]` with a k other than a position: Python's parser refuses it
             steps.append(_plain_step(StepKind.ATTR, attr))
         else:
             steps.append(_plain_step(StepKind.ITEM, key if key is not None else int(item)))

@@ -1158,3 +1158,70 @@ def test_builder_survives_collections_and_threads() -> None:
     finally:
         gc.set_threshold(*old)
     assert not errors, errors
+
+
+def _empty_every_memo() -> None:
+    """What bench/shape_eval.py's cold build empties (a process seeing these texts the first time)."""
+    from tripwire import builder, guard_set, shapes, source
+
+    _core._clear_shape_memos()
+    _core._clear_install_site_memo()
+    for cache in (shapes._parse_text, shapes._relations_of_text, source._parse_text, builder._read_args,
+                  builder._is_machinery, guard_set._source_recipe, guard_set._property_read):  # fmt: skip
+        cache.cache_clear()
+    guard_set._SYMBOL_TEMPLATES.clear()
+    builder._TYPE_NAMES.clear()
+
+
+_COLD_TEXTS = [
+    "((L['x'].size()[1]*L['x'].size()[0]) % 4) == 0  # z = x.reshape(-1, 4)",
+    "(L['x'].shape[0] // 2) <= L['y'].size(0)",  # spelled otherwise: the canonical text differs
+    "2 <= L['x'].size()[0] and L['x'].size()[0] <= 1024",  # split into two relations
+    "not math.isnan(L['s'])",
+    "L['x'].stride()[0] == L['x'].size()[1]",
+    "Eq(Mod(L['n'], 4), 1)",
+]
+
+
+def _cold_or_warm_set(ex: dict) -> tw.GuardSet:
+    b = tw.GuardBuilder(ex)
+    for text in _COLD_TEXTS:
+        for rel in tw.shapes.relations_from_torch(text):
+            b.shape(rel)
+    return b.build()
+
+
+def test_cold_and_warm_builds_give_the_same_guards_and_reasons() -> None:
+    import torch
+
+    ex = {"x": torch.zeros(8, 3), "y": torch.zeros(10), "s": 0.5, "n": 5}
+    _empty_every_memo()
+    cold = _cold_or_warm_set(ex)
+    warm = _cold_or_warm_set(ex)
+    assert [(g.kind, g.args[0], tuple(map(str, g.args[1])), g.args[2]) for g in cold.guards] == [
+        (g.kind, g.args[0], tuple(map(str, g.args[1])), g.args[2]) for g in warm.guards
+    ]
+    assert [g.args[1] for g in cold.guards] == [g.args[1] for g in warm.guards]  # equal Sources
+    assert cold.explain() == warm.explain()
+    for bad in ({"x": torch.zeros(9, 3)}, {"y": torch.zeros(2)}, {"s": math.nan}, {"n": 6}, {"s": 1}):
+        frame = {**ex, **bad}
+        assert cold.check(frame) is False and warm.check(frame) is False
+        assert [f.reason for f in cold.failures(frame)] == [f.reason for f in warm.failures(frame)]
+        assert all(f.kind == "SHAPE" for f in cold.failures(frame))
+    assert cold.check(ex) and warm.check(ex)
+
+
+@pytest.mark.parametrize(
+    "text,offset,fragment",
+    [
+        ("L['x'].if > 1", 0, "invalid syntax"),  # not a plain form: Python's parser says why
+        ("L['x'].size()[01] > 1", 0, "cannot parse source"),
+        ("L['x'].__closure__ > 1", 0, "must be indexed"),
+    ],
+)
+def test_malformed_symbols_give_the_same_error_cold(text: str, offset: int, fragment: str) -> None:
+    _empty_every_memo()
+    for _ in range(2):  # cold, then with the memos filled by the successful parts
+        with pytest.raises(tw.ShapeSyntaxError) as info:
+            tw.shapes.parse(text)
+        assert info.value.offset == offset and fragment in info.value.message, info.value

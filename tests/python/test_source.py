@@ -332,6 +332,30 @@ def test_plain_reader_agrees_with_python_parser(pieces: list[str], shape_is_size
     ]
 
 
+_PLAIN_ROOTS = ["L['x']", "G['g']", "C['c']", "L['']", "L['a b']", "L['[]']", "L['#']"]
+_PLAIN_STEPS = [
+    ".size()[0]", ".size()[12]", ".size(1)", ".stride()[3]", ".stride(0)", ".storage_offset()", ".shape[2]",
+    ".shape", ".shape['k']", ".shape[x]", ".a", "._b1", ".match", ".type", ".size", ".stride",
+    ".storage_offset", "['k']", "[0]", "[7]", "['a]']", "['[']", "['']", "[123456789012345678]", "['\"']",
+]  # fmt: skip
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(st.sampled_from(_PLAIN_ROOTS), st.lists(st.sampled_from(_PLAIN_STEPS), max_size=5), st.booleans())
+def test_plain_reader_agrees_on_mostly_plain_text(root: str, steps: list[str], shape_is_size: bool) -> None:
+    from tripwire.source import _parse_ast, _parse_plain
+
+    text = root + "".join(steps)
+    plain = _parse_plain(text, shape_is_size)
+    try:
+        full: Source | None = _parse_ast(text, shape_is_size)
+    except SourceParseError:
+        full = None
+    if plain is not None:
+        assert plain == full and str(plain) == str(full), text
+        assert [type(s.arg) for s in plain.steps] == [type(s.arg) for s in full.steps]
+
+
 @settings(max_examples=examples(300), deadline=None)
 @given(sources(max_steps=4), st.booleans())
 def test_plain_reader_reads_generated_sources_as_python_does(s: Source, shape_is_size: bool) -> None:
