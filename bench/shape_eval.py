@@ -139,8 +139,8 @@ def build_contenders() -> tuple[dict[str, Callable[[], Any]], tw.GuardSet]:
 
     def tw_builder_cold() -> tw.GuardSet:
         # Every memo emptied first: the engine's parsed and compiled relations, the parse and
-        # source caches, install-site strings (what a process building these texts the first time
-        # pays).
+        # source caches, install-site strings, the symbol templates and type-name tuples (what a
+        # process building these texts the first time pays).
         _clear_memos()
         return _tripwire_set(parts, example)[0]
 
