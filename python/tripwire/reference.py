@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import copy
 import enum
 import functools
 import gc
@@ -861,11 +862,14 @@ def shape_holds(
     """Whether relation ``text`` holds with ``values`` ({printed symbol: value}). A symbol whose
     value is not an exact int / float (as declared in ``types_``) makes it fail; so does any
     exception the evaluation raises."""
+    by_form: dict[str, Any] = {}
     for src, t in zip(symbols, types_, strict=True):
-        if type(values[str(src)]) is not {"int": int, "float": float}[t]:
+        value = values[str(src)]
+        if type(value) is not {"int": int, "float": float}[t]:
             return False
+        by_form[_symbol_form(ast.parse(str(src), mode="eval").body)] = value
     try:
-        result = _ShapeInterpreter(text, values).run()
+        result = _ShapeInterpreter(text, by_form).run()
     except (_ShapeError, ArithmeticError, ValueError, TypeError):
         return False
     return result is True
@@ -990,6 +994,40 @@ def _is_symbol(n: ast.AST) -> bool:
             return False
 
 
+class _SizeForms(ast.NodeTransformer):
+    """The spellings torch prints for one size or stride, made one: ``X.shape[i]`` and
+    ``X.size(i)`` are ``X.size()[i]``, ``X.stride(i)`` is ``X.stride()[i]``, ``getattr(X, 'a')``
+    is ``X.a``. The oracle's own reading of a symbol (it shares no parser with the engine)."""
+
+    def visit_Subscript(self, n: ast.Subscript) -> ast.AST:
+        self.generic_visit(n)
+        if isinstance(n.value, ast.Attribute) and n.value.attr == "shape":
+            size = ast.Call(ast.Attribute(n.value.value, "size", ast.Load()), [], [])
+            return ast.Subscript(size, n.slice, ast.Load())
+        return n
+
+    def visit_Call(self, n: ast.Call) -> ast.AST:
+        self.generic_visit(n)
+        f = n.func
+        if isinstance(f, ast.Attribute) and f.attr in ("size", "stride") and len(n.args) == 1:
+            whole = ast.Call(ast.Attribute(f.value, f.attr, ast.Load()), [], [])
+            return ast.Subscript(whole, n.args[0], ast.Load())
+        if (
+            isinstance(f, ast.Name)
+            and f.id == "getattr"
+            and len(n.args) == 2
+            and isinstance(n.args[1], ast.Constant)
+            and type(n.args[1].value) is str
+        ):
+            return ast.Attribute(n.args[0], n.args[1].value, ast.Load())
+        return n
+
+
+def _symbol_form(n: ast.AST) -> str:
+    """A symbol's spelling-independent form: the dump of its normalized tree (no positions)."""
+    return ast.dump(_SizeForms().visit(copy.deepcopy(n)))
+
+
 class _ShapeInterpreter:
     def __init__(self, text: str, values: Mapping[str, Any]) -> None:
         self.text = text
@@ -999,11 +1037,10 @@ class _ShapeInterpreter:
         return self.eval(ast.parse(self.text.strip(), mode="eval").body)
 
     def symbol(self, n: ast.AST) -> Any:
-        segment = ast.get_source_segment(self.text.strip(), n)
-        if segment is None:
-            raise _ShapeError("no source text")
-        key = str(Source.parse(segment, shape_is_size=True))
-        return _int(self.values[key])
+        form = _symbol_form(n)
+        if form not in self.values:
+            raise _ShapeError(f"no value for symbol {ast.unparse(n)}")
+        return _int(self.values[form])
 
     def eval(self, n: ast.AST) -> Any:
         if _is_symbol(n):

@@ -240,6 +240,12 @@ class Source:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The fields only: the cached hash is seeded per process (str and enum hashes), so a
+        # pickled one would be wrong in the process that loads it; the cached print is dropped
+        # with it and recomputed on first use.
+        return {"root": self.root, "name": self.name, "steps": self.steps}
+
     # -- construction -------------------------------------------------------------------------
     @staticmethod
     def local(name: str) -> Source:

@@ -137,6 +137,19 @@ def test_no_production_module_imports_the_oracle():
                 assert all(a.name != "tripwire.reference" for a in node.names), path.name
 
 
+def test_the_oracle_reads_relation_text_with_its_own_parser():
+    # Shape relations name sources in text: the oracle reads them with Python's ast and its own
+    # normal form (reference._symbol_form), never the engine's readers (Source.parse and its fast
+    # plain-text reader, shapes' parser, _core.parse_relation): a bug there must show as a mismatch.
+    engine_readers = {"parse", "_parse_text", "_parse_plain", "_parse_ast", "parse_relation"}
+    tree = ast.parse((PACKAGE / "reference.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in engine_readers:
+            assert not (
+                isinstance(node.value, ast.Name) and node.value.id in ("Source", "_core", "shapes")
+            ), ast.unparse(node)
+
+
 def test_builtin_probes_agree():
     assert _core.builtin_probes() == list(reference.BUILTIN_PROBES)
     for name, read in reference.BUILTIN_PROBES.items():

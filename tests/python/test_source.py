@@ -385,3 +385,29 @@ def test_printed_prefixes_of_a_property_method_call() -> None:
     s = L("x").attr("size").step(StepKind.WEAKREF_CALL).item(0)
     assert str(s) == "getattr(L['x'], 'size')()[0]"
     assert s.printed_prefixes() == ["L['x']", "L['x'].size", "getattr(L['x'], 'size')()", str(s)]
+
+
+def test_a_pickled_source_hashes_as_the_loading_process_does() -> None:
+    # The hash is cached on the object and seeded per process: a pickle must not carry it, or a
+    # source loaded in another process would miss itself in every dict and set there.
+    import pickle
+    import subprocess
+    import sys
+
+    s = Source.parse("L['x'].cfg.size()[0]")
+    hash(s), str(s)
+    assert "_hash" not in pickle.loads(pickle.dumps(s)).__dict__
+    code = (
+        "import pickle, sys; from tripwire.source import Source; "
+        "s = pickle.loads(sys.stdin.buffer.read()); t = Source.parse(\"L['x'].cfg.size()[0]\"); "
+        "print(hash(s) == hash(t) and s in {t} and str(s) == str(t))"
+    )
+    for seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            input=pickle.dumps(s),
+            capture_output=True,
+            env={**__import__("os").environ, "PYTHONHASHSEED": seed},
+            check=True,
+        )
+        assert out.stdout.strip() == b"True", out
