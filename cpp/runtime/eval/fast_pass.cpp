@@ -235,11 +235,16 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
         // Read through the adapter / the array struct; a Python reader is a residue.
         case core::GuardKind::TensorMatch:
             g.code = guards_[gi].via_python ? Code::SlowGuard : Code::TensorMatch;
+            if (g.code == Code::TensorMatch) g.hot = guards_[gi].data - 1;  // its record (tensor_records_)
             break;
         case core::GuardKind::ArrayMatch:
             g.code = guards_[gi].via_python ? Code::SlowGuard : Code::ArrayMatch;
             break;
-        case core::GuardKind::DimensionMarking: g.code = Code::DimensionMarking; break;
+        case core::GuardKind::DimensionMarking:
+            g.code = Code::DimensionMarking;
+            // The record whose first member the guard's inline cache is (set when binding).
+            g.hot = reinterpret_cast<const MarkingCache*>(guards_[gi].attr_cache);
+            break;
         case core::GuardKind::DispatchKeySetMatch: g.code = Code::DispatchKeySetMatch; break;
         // Relational guards are never a node's guard (program_.relational); listed for -Wswitch.
         case core::GuardKind::Alias:
@@ -1492,9 +1497,9 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             next = opp + 1;
             // Not decided without user code (not the adapter's tensor, a mismatch): the walk's
             // code decides in place, which also names the failure.
-            const RuntimeGuard& g = guards[op.guard];
-            if (!tensor_match_quick(g, r[op.node], ps.key_memo) &&
-                !tensor_match_pure(g, r[op.node], ps.key_memo) && !slow_guard(ps, op))
+            // The record first (one line of ours); the RuntimeGuard only when it does not decide.
+            if (!tensor_match_record(static_cast<const std::int64_t*>(op.hot), r[op.node], ps.key_memo) &&
+                !tensor_match_pure(guards[op.guard], r[op.node], ps.key_memo) && !slow_guard(ps, op))
                 next = end;
             break;
         } while (false);
@@ -1513,9 +1518,9 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            const RuntimeGuard& g = guards[op.guard];
-            if (!dimension_marking_quick(g, r[op.node]) && !dimension_marking_pure(g, r[op.node]) &&
-                !slow_guard(ps, op))
+            const auto* mc = static_cast<const MarkingCache*>(op.hot);
+            if (!dimension_marking_quick(&mc->cache, mc->absent, r[op.node]) &&
+                !dimension_marking_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op))
                 next = end;
             break;
         } while (false);

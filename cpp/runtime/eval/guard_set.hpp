@@ -10,9 +10,11 @@
 // before its memory can be reused, so a new object at the same address can never pass.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/program.hpp"
@@ -269,6 +271,8 @@ class GuardSet {
         // both: they share the last 8 bytes.
         union {
             PyObject* a = nullptr;  ///< guards: the operand
+            /// TENSOR_MATCH: its record in tensor_records_; DIMENSION_MARKING: its MarkingCache
+            const void* hot;
             struct {
                 std::uint32_t parent;  ///< fetches: the parent's node (its register)
                 std::uint32_t skip;    ///< fetches: first op after the subtree
@@ -407,8 +411,20 @@ class GuardSet {
     // Objects derived when binding guards (ARRAY_MATCH dtypes, DIMENSION_MARKING sets) and the
     // inline caches of DIMENSION_MARKING (sized once: RuntimeGuard points into it).
     std::vector<Ref> derived_;
-    std::vector<AttrCache> attr_caches_;
-    std::vector<std::uint64_t> absent_memos_;  // DIMENSION_MARKING: RuntimeGuard::absent_memo
+    // DIMENSION_MARKING's inline cache and absence memo side by side (RuntimeGuard::attr_cache
+    // and absent_memo point into it; the fast op reads it directly: one line, not three).
+    struct MarkingCache {
+        AttrCache cache;
+        std::uint64_t absent = 0;
+    };
+    static_assert(std::is_standard_layout_v<MarkingCache> && offsetof(MarkingCache, cache) == 0,
+                  "a pointer to the cache is a pointer to its record");
+    std::vector<MarkingCache> marking_caches_;
+    // TENSOR_MATCH's records, contiguous in guard order, each the expected type's address then
+    // the guard's data (RuntimeGuard::data points here): the fast op reads its record only, not
+    // the RuntimeGuard and a separate heap block (tensor_match_record). Never resized after
+    // binding.
+    std::vector<std::int64_t> tensor_records_;
     // Relational guards: slot base per guard (index into program_.guards), the check's slots
     // (strong references while a walk holds them), the nodes of each slot for the fast pass, and
     // sort scratch for large NO_ALIAS.
