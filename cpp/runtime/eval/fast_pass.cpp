@@ -875,16 +875,15 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         const FastOp* const ops = fast_ops_.data();
         // Local copies: stores through the registers could alias the members for the compiler.
         NodeRt* const nodes = nodes_.data();
-        NodeMemo* const memos = memos_.data();
         const RuntimeGuard* const guards = guards_.data();
         const std::size_t n_ops = fast_ops_.size() - 1;  // without the End op
         // The skip (docs/cpp.md, "Skipping unchanged subtrees"). A fetch whose parent's dict is in
         // the state of this node's claim reads the claimed value: the same live object (the dict
         // holds it), on which the identity-implied guards that follow held.
-        auto settled = [memos, r, tags, &skipped](const FastOp& op) {
+        auto settled = [this, r, tags, &skipped](const FastOp& op) {
             if (!op.settle) return false;
             const std::uint64_t t = tags[op.parent];
-            const NodeMemo& m = memos[op.node];
+            const NodeMemo& m = memos_[op.node];
             if (t == 0 || t != m.parent_tag) return false;
             r[op.node] = m.value;
             skipped += op.jumped;
@@ -892,11 +891,11 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         };
         // After a fetch from the dict the tag was read from, with no user code since: claim the
         // value. Made before the identity-implied guards run; fail() withdraws it if one fails.
-        auto claim = [memos, tags](const FastOp& op, PyObject* v) {
+        auto claim = [this, tags](const FastOp& op, PyObject* v) {
             if (!op.settle) return;
             const std::uint64_t t = tags[op.parent];
             if (t == 0) return;
-            NodeMemo& m = memos[op.node];
+            NodeMemo& m = memos_[op.node];
             m.parent_tag = t;
             m.value = v;
         };
@@ -1391,7 +1390,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
             tags[op.node] = t;
             if (t == 0) break;
-            NodeMemo& m = memos[op.node];
+            NodeMemo& m = memos_[op.node];
             if (t == m.tag) {
                 skipped += op.jumped;  // this state was proved: its state-implied guards hold
                 next = ops + op.jump;
@@ -1421,7 +1420,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // user code since): every child of the run yields the value it yielded then, on which
             // all its guards (identity-implied) held. Nothing later reads their registers.
             const std::uint64_t t = tags[op.node];
-            if (t != 0 && t == memos[op.node].run_tag) {
+            if (t != 0 && t == memos_[op.node].run_tag) {
                 skipped += op.jumped;
                 next = ops + op.jump;
             }
@@ -1437,7 +1436,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // residue below the node forgets the tags of its path, this node's included), so each
             // child of the run was settled or fetched under this tag and passed all its guards.
             const std::uint64_t t = tags[op.node];
-            if (t != 0) memos[op.node].run_tag = t;
+            if (t != 0) memos_[op.node].run_tag = t;
             break;
         } while (false);
         opp = next;

@@ -171,8 +171,8 @@ class GuardSet {
         RuntimeRoot root;        ///< for roots (names and cells borrowed from the pool)
         bool borrow_ok = false;  ///< the subtree runs no user code: borrowed values are safe
         core::shape::ValueType symbol_type = core::shape::ValueType::Int;
-        std::uint32_t symbol = core::kNoSymbol;  ///< the SHAPE symbol this value is, if any
-        std::uint32_t subtree_guards = 0;        ///< guards on this node and below
+        std::uint32_t symbol = core::kNoSymbol;          ///< the SHAPE symbol this value is, if any
+        std::uint32_t subtree_guards = 0;                ///< guards on this node and below
         std::uint32_t member_begin = 0, member_end = 0;  ///< relational operands (core::Node)
     };
 
