@@ -168,6 +168,17 @@ void probe_policy_bits() {
 
 // True when reading the fields TENSOR_MATCH compares (dim, sizes, strides of a strided tensor,
 // storage offset, device, layout) would call a custom method: the readers refuse such a tensor.
+//
+// A cheaper order was proposed (speed5, issue 10): test the impl's own Python key first and read
+// the policy bits only when it is set, on the claim that only _make_wrapper_subclass-style paths
+// (which give the impl the Python key) set a Python custom device/layout/sizes policy. It does not
+// hold: TensorImpl::set_python_custom_device/_layout/_sizes_strides are public members of
+// c10/core/TensorImpl.h (2.13: under `public:`, next to set_custom_device), callable by any C++
+// extension on any impl, keys untouched; the header's refresh_device_policy() sets
+// `device_policy_ = custom_device_ || python_custom_device_` (no key consulted), so device() then
+// calls the virtual device_custom() (likewise layout, sizes), which for a base TensorImpl with
+// the python bit asks the Python interpreter (TensorImpl.cpp; not in the headers, so not relied
+// on here either way). So the bits are read on every tensor, as below.
 bool read_by_code(const c10::TensorImpl* impl) {
     if (!g_policy_bits.ok) {
         if (impl->key_set().has(c10::DispatchKey::Python)) return true;

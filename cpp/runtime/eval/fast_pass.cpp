@@ -235,11 +235,16 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
         // Read through the adapter / the array struct; a Python reader is a residue.
         case core::GuardKind::TensorMatch:
             g.code = guards_[gi].via_python ? Code::SlowGuard : Code::TensorMatch;
+            if (g.code == Code::TensorMatch) g.hot = guards_[gi].data - 1;  // its record (tensor_records_)
             break;
         case core::GuardKind::ArrayMatch:
             g.code = guards_[gi].via_python ? Code::SlowGuard : Code::ArrayMatch;
             break;
-        case core::GuardKind::DimensionMarking: g.code = Code::DimensionMarking; break;
+        case core::GuardKind::DimensionMarking:
+            g.code = Code::DimensionMarking;
+            // The record whose first member the guard's inline cache is (set when binding).
+            g.hot = reinterpret_cast<const MarkingCache*>(guards_[gi].attr_cache);
+            break;
         case core::GuardKind::DispatchKeySetMatch: g.code = Code::DispatchKeySetMatch; break;
         // Relational guards are never a node's guard (program_.relational); listed for -Wswitch.
         case core::GuardKind::Alias:
@@ -451,7 +456,7 @@ void GuardSet::build_fast_pass() {
     };
     std::size_t run_at = 0;  // the open run's LeafRun op
     std::vector<Item> children;
-    for (NodeRt& rt : nodes_) rt.memo_run_tag = 0;  // a claim about the previous program's runs
+    for (NodeMemo& m : memos_) m.run_tag = 0;  // a claim about the previous program's runs
     std::vector<std::uint32_t> node_fetch_op(n_nodes, 0);
     for (std::uint32_t k = static_cast<std::uint32_t>(root_order_.size()); k-- > 0;)
         stack.push_back({root_order_[k], root_order_[k], k});
@@ -741,9 +746,9 @@ void GuardSet::decide_shape_in_pass(Pass& p, core::shape::ShapeFrame& frame) {
 
 void GuardSet::fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos) {
     // A claim made optimistically at this node's fetch or stamp did not hold up.
-    nodes_[ni].memo_parent_tag = 0;
-    nodes_[ni].memo_tag = 0;
-    nodes_[ni].memo_run_tag = 0;
+    memos_[ni].parent_tag = 0;
+    memos_[ni].tag = 0;
+    memos_[ni].run_tag = 0;
     if (!p.ran_user_code) {
         p.result = kUndecided;  // nothing ran: the walk decides, on the same objects
         return;
@@ -784,9 +789,9 @@ bool GuardSet::slow_guard(Pass& p, const FastOp& op) {
     // Evaluated with user code, or not at all (no user code allowed): no claim on this node's
     // state or value may stand on it. A claim is made before the guards it covers run, so one
     // left standing here would let a later check jump over a guard that was never decided.
-    nodes_[op.node].memo_tag = 0;
-    nodes_[op.node].memo_parent_tag = 0;
-    nodes_[op.node].memo_run_tag = 0;
+    memos_[op.node].tag = 0;
+    memos_[op.node].parent_tag = 0;
+    memos_[op.node].run_tag = 0;
     if (!p.allow_user_code) {
         p.result = kUndecided;
         return false;
@@ -875,24 +880,24 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // The skip (docs/cpp.md, "Skipping unchanged subtrees"). A fetch whose parent's dict is in
         // the state of this node's claim reads the claimed value: the same live object (the dict
         // holds it), on which the identity-implied guards that follow held.
-        auto settled = [nodes, r, tags, &skipped](const FastOp& op) {
+        auto settled = [this, r, tags, &skipped](const FastOp& op) {
             if (!op.settle) return false;
             const std::uint64_t t = tags[op.parent];
-            NodeRt& n = nodes[op.node];
-            if (t == 0 || t != n.memo_parent_tag) return false;
-            r[op.node] = n.memo_value;
+            const NodeMemo& m = memos_[op.node];
+            if (t == 0 || t != m.parent_tag) return false;
+            r[op.node] = m.value;
             skipped += op.jumped;
             return true;
         };
         // After a fetch from the dict the tag was read from, with no user code since: claim the
         // value. Made before the identity-implied guards run; fail() withdraws it if one fails.
-        auto claim = [nodes, tags](const FastOp& op, PyObject* v) {
+        auto claim = [this, tags](const FastOp& op, PyObject* v) {
             if (!op.settle) return;
             const std::uint64_t t = tags[op.parent];
             if (t == 0) return;
-            NodeRt& n = nodes[op.node];
-            n.memo_parent_tag = t;
-            n.memo_value = v;
+            NodeMemo& m = memos_[op.node];
+            m.parent_tag = t;
+            m.value = v;
         };
         // The program ends with an End op: no bounds check per op. `next` is the op to run next.
         const FastOp* const end = ops + n_ops;
@@ -1385,15 +1390,15 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
             tags[op.node] = t;
             if (t == 0) break;
-            NodeRt& n = nodes[op.node];
-            if (t == n.memo_tag) {
+            NodeMemo& m = memos_[op.node];
+            if (t == m.tag) {
                 skipped += op.jumped;  // this state was proved: its state-implied guards hold
                 next = ops + op.jump;
                 break;
             }
             // Claimed before the state-implied guards run; a failing one (fail()) or one
             // evaluated with user code (slow_guard) withdraws it.
-            n.memo_tag = t;
+            m.tag = t;
             break;
         } while (false);
         opp = next;
@@ -1415,7 +1420,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // user code since): every child of the run yields the value it yielded then, on which
             // all its guards (identity-implied) held. Nothing later reads their registers.
             const std::uint64_t t = tags[op.node];
-            if (t != 0 && t == nodes[op.node].memo_run_tag) {
+            if (t != 0 && t == memos_[op.node].run_tag) {
                 skipped += op.jumped;
                 next = ops + op.jump;
             }
@@ -1431,7 +1436,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // residue below the node forgets the tags of its path, this node's included), so each
             // child of the run was settled or fetched under this tag and passed all its guards.
             const std::uint64_t t = tags[op.node];
-            if (t != 0) nodes[op.node].memo_run_tag = t;
+            if (t != 0) memos_[op.node].run_tag = t;
             break;
         } while (false);
         opp = next;
@@ -1491,9 +1496,9 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             next = opp + 1;
             // Not decided without user code (not the adapter's tensor, a mismatch): the walk's
             // code decides in place, which also names the failure.
-            const RuntimeGuard& g = guards[op.guard];
-            if (!tensor_match_quick(g, r[op.node], ps.key_memo) &&
-                !tensor_match_pure(g, r[op.node], ps.key_memo) && !slow_guard(ps, op))
+            // The record first (one line of ours); the RuntimeGuard only when it does not decide.
+            if (!tensor_match_record(static_cast<const std::int64_t*>(op.hot), r[op.node], ps.key_memo) &&
+                !tensor_match_pure(guards[op.guard], r[op.node], ps.key_memo) && !slow_guard(ps, op))
                 next = end;
             break;
         } while (false);
@@ -1512,9 +1517,9 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            const RuntimeGuard& g = guards[op.guard];
-            if (!dimension_marking_quick(g, r[op.node]) && !dimension_marking_pure(g, r[op.node]) &&
-                !slow_guard(ps, op))
+            const auto* mc = static_cast<const MarkingCache*>(op.hot);
+            if (!dimension_marking_quick(&mc->cache, mc->absent, r[op.node]) &&
+                !dimension_marking_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op))
                 next = end;
             break;
         } while (false);

@@ -339,13 +339,24 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     // Objects derived when binding (held here), and DIMENSION_MARKING's inline caches.
     std::size_t markings = 0;
     for (const RuntimeGuard& g : guards_) markings += g.kind == core::GuardKind::DimensionMarking ? 1 : 0;
-    attr_caches_.resize(markings);
-    absent_memos_.assign(markings, 0);
+    marking_caches_.resize(markings);
     markings = 0;
+    std::size_t record_words = 0;
+    for (const RuntimeGuard& g : guards_)
+        record_words += g.kind == core::GuardKind::TensorMatch ? 1 + g.data_size : 0;
+    tensor_records_.reserve(record_words);  // pointers into it are taken below: no reallocation
     for (RuntimeGuard& g : guards_) {
         if (g.kind == core::GuardKind::DimensionMarking) {
-            g.absent_memo = &absent_memos_[markings];
-            g.attr_cache = &attr_caches_[markings++];
+            MarkingCache& m = marking_caches_[markings++];
+            g.absent_memo = &m.absent;
+            g.attr_cache = &m.cache;
+        } else if (g.kind == core::GuardKind::TensorMatch) {
+            // The record: the type's address (compared, never dereferenced), then a copy of the
+            // data, which g.data then points at (the program's own copy is never written).
+            tensor_records_.push_back(static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(g.a)));
+            const std::size_t at = tensor_records_.size();
+            tensor_records_.insert(tensor_records_.end(), g.data, g.data + g.data_size);
+            g.data = tensor_records_.data() + at;
         }
     }
     for (auto& [id, obj] : derived_by_id) {
@@ -356,6 +367,7 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     }
 
     nodes_.resize(program_.nodes.size());
+    memos_.assign(program_.nodes.size(), NodeMemo{});
     for (std::size_t ni = 0; ni < program_.nodes.size(); ++ni) {
         const core::Node& n = program_.nodes[ni];
         NodeRt& r = nodes_[ni];

@@ -10,9 +10,11 @@
 // before its memory can be reused, so a new object at the same address can never pass.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/program.hpp"
@@ -169,24 +171,32 @@ class GuardSet {
         RuntimeRoot root;        ///< for roots (names and cells borrowed from the pool)
         bool borrow_ok = false;  ///< the subtree runs no user code: borrowed values are safe
         core::shape::ValueType symbol_type = core::shape::ValueType::Int;
-        std::uint32_t symbol = core::kNoSymbol;  ///< the SHAPE symbol this value is, if any
-        std::uint32_t subtree_guards = 0;        ///< guards on this node and below
-        // The skip's claims (docs/cpp.md, "Skipping unchanged subtrees"). Each is a fact about
-        // one state of one dict, true forever once made, since tags never repeat:
-        PyObject* memo_value =
-            nullptr;  ///< the value fetched from the parent's dict in state memo_parent_tag
-        std::uint64_t memo_parent_tag = 0;  ///< ...and its identity-implied guards held on it (0: no claim)
-        std::uint64_t memo_tag = 0;  ///< in this state of this node's dict, its state-implied guards held
-        /// in this state of this node's dict, every child of its leaf run (LeafRun) was fetched
-        /// and all its guards held (0: no claim; cleared when the program is rebuilt)
-        std::uint64_t memo_run_tag = 0;
+        std::uint32_t symbol = core::kNoSymbol;          ///< the SHAPE symbol this value is, if any
+        std::uint32_t subtree_guards = 0;                ///< guards on this node and below
         std::uint32_t member_begin = 0, member_end = 0;  ///< relational operands (core::Node)
     };
+
+    /// The skip's claims for one node (docs/cpp.md, "Skipping unchanged subtrees"), kept in an
+    /// array of their own (memos_, 32 bytes a node, two to a cache line) rather than in NodeRt,
+    /// whose ~170 bytes would cost a check a line per node for 16 bytes it reads. Each claim is
+    /// a fact about one state of one dict, true forever once made, since tags never repeat.
+    struct NodeMemo {
+        /// the value fetched from the parent's dict in state `parent_tag`...
+        PyObject* value = nullptr;
+        /// ...on which its identity-implied guards held (0: no claim)
+        std::uint64_t parent_tag = 0;
+        /// in this state of this node's dict, its state-implied guards held (0: no claim)
+        std::uint64_t tag = 0;
+        /// in this state of this node's dict, every child of its leaf run (LeafRun) was fetched
+        /// and all its guards held (0: no claim; cleared when the program is rebuilt)
+        std::uint64_t run_tag = 0;
+    };
+    static_assert(sizeof(NodeMemo) == 32, "two memos to a cache line");
 
     /// One instruction of the fast program (fast_pass.cpp). Adding a guard kind to the fast
     /// path is local: a Code below, its case in GuardSet::guard_op (the builder) and its case in
     /// GuardSet::fast_pass (docs/cpp.md, "Adding a guard kind to the fast path").
-    struct FastOp {
+    struct alignas(32) FastOp {
         enum class Code : std::uint8_t {
             // Loads and fetches: regs[node] = the value. `skip` is the first op after the node's
             // subtree: when the fast form does not apply to the objects at hand, the walk
@@ -247,18 +257,29 @@ class GuardSet {
             Relational,
             End,  // the last op of every program
         };
+        // 32 bytes, aligned to 32: two ops to a cache line, none straddling two (the program is
+        // read once per check, in order; at 48 bytes it was a third of the check's L1 misses).
         Code code = Code::LoadLocal;
+        bool settle = false;  ///< fetches: the value may be settled by the parent's tag (a claim)
         std::uint32_t node = 0;
-        std::uint32_t parent = 0;
-        std::uint32_t guard = 0;  ///< guard index (into guards_)
+        std::uint32_t guard = 0;  ///< guard index (into guards_); Symbol/TensorProp: the symbol
         std::uint32_t pos =
             0;  ///< guard: position in the node's guard range; fetch: in the parent's child range
-        std::uint32_t skip = 0;    ///< fetches: first op after the subtree
         std::uint32_t jump = 0;    ///< settled fetch / stamp hit: first op after the guards it proves
         std::uint32_t jumped = 0;  ///< how many guard ops that jump passes over
-        bool settle = false;       ///< fetches: the value may be settled by the parent's tag (a claim)
-        PyObject* a = nullptr;
+        // Guards read an operand, fetches their parent's register and their subtree's end, never
+        // both: they share the last 8 bytes.
+        union {
+            PyObject* a = nullptr;  ///< guards: the operand
+            /// TENSOR_MATCH: its record in tensor_records_; DIMENSION_MARKING: its MarkingCache
+            const void* hot;
+            struct {
+                std::uint32_t parent;  ///< fetches: the parent's node (its register)
+                std::uint32_t skip;    ///< fetches: first op after the subtree
+            };
+        };
     };
+    static_assert(sizeof(FastOp) == 32, "two ops to a cache line");
     /// Compile the fast program from the tree in its current adaptive order.
     void build_fast_pass();
     /// The fast op for guard `gi` at position `pos` of node `ni`'s range (a residue op when the
@@ -371,6 +392,7 @@ class GuardSet {
     std::vector<Ref> holders_;     // strong refs: the constant itself or its weak reference
     std::vector<PyObject*> objs_;  // raw constant pointers used for comparisons
     std::vector<NodeRt> nodes_;
+    std::vector<NodeMemo> memos_;  // per node, the skip's claims (hot: read by every settled fetch)
     std::vector<RuntimeGuard> guards_;
     std::vector<std::unique_ptr<DictWatch>> watches_;  // DICT_VERSION change flags (3.12+)
     std::vector<std::uint32_t> guard_order_;           // permutation of program_.node_guards ranges
@@ -389,8 +411,20 @@ class GuardSet {
     // Objects derived when binding guards (ARRAY_MATCH dtypes, DIMENSION_MARKING sets) and the
     // inline caches of DIMENSION_MARKING (sized once: RuntimeGuard points into it).
     std::vector<Ref> derived_;
-    std::vector<AttrCache> attr_caches_;
-    std::vector<std::uint64_t> absent_memos_;  // DIMENSION_MARKING: RuntimeGuard::absent_memo
+    // DIMENSION_MARKING's inline cache and absence memo side by side (RuntimeGuard::attr_cache
+    // and absent_memo point into it; the fast op reads it directly: one line, not three).
+    struct MarkingCache {
+        AttrCache cache;
+        std::uint64_t absent = 0;
+    };
+    static_assert(std::is_standard_layout_v<MarkingCache> && offsetof(MarkingCache, cache) == 0,
+                  "a pointer to the cache is a pointer to its record");
+    std::vector<MarkingCache> marking_caches_;
+    // TENSOR_MATCH's records, contiguous in guard order, each the expected type's address then
+    // the guard's data (RuntimeGuard::data points here): the fast op reads its record only, not
+    // the RuntimeGuard and a separate heap block (tensor_match_record). Never resized after
+    // binding.
+    std::vector<std::int64_t> tensor_records_;
     // Relational guards: slot base per guard (index into program_.guards), the check's slots
     // (strong references while a walk holds them), the nodes of each slot for the fast pass, and
     // sort scratch for large NO_ALIAS.

@@ -67,13 +67,23 @@ inline bool tensor_match_quick(const RuntimeGuard& g, PyObject* v, TwKeyMemo& me
     const TwTorchAdapter* a = torch_adapter();
     return a != nullptr && a->tensor_matches(v, g.data, &memo) == 1;
 }
+/// tensor_match_quick on a TENSOR_MATCH record (GuardSet's tensor_records_): the expected type's
+/// address, then the guard's data, for a guard not read through Python (the fast op reads the
+/// record alone, one cache line of ours instead of the RuntimeGuard's and its data's).
+inline bool tensor_match_record(const std::int64_t* rec, PyObject* v, TwKeyMemo& memo) {
+    if (static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(Py_TYPE(v))) != rec[0]) return false;
+    const TwTorchAdapter* a = torch_adapter();
+    return a != nullptr && a->tensor_matches(v, rec + 1, &memo) == 1;
+}
 /// DIMENSION_MARKING: no class of the type defines the marking flag (the inline cache, under the
 /// type's version tag) and the tensor's instance dict is in a state already proved to lack it
 /// (instance_absence_memo_holds): the flag is absent, so no marking.
-inline bool dimension_marking_quick(const RuntimeGuard& g, PyObject* v) {
-    const AttrCache* c = g.attr_cache;
+inline bool dimension_marking_quick(const AttrCache* c, std::uint64_t absent_memo, PyObject* v) {
     return c != nullptr && attr_cache_valid(*c, Py_TYPE(v)) && c->mode == AttrCache::Mode::InstanceDict &&
-           instance_absence_memo_holds(v, *g.absent_memo);
+           instance_absence_memo_holds(v, absent_memo);
+}
+inline bool dimension_marking_quick(const RuntimeGuard& g, PyObject* v) {
+    return g.attr_cache != nullptr && dimension_marking_quick(g.attr_cache, *g.absent_memo, v);
 }
 
 /// DISPATCH_KEY_SET_MATCH (adapter only): `v`'s key set with the current thread's include/exclude
