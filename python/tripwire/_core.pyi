@@ -792,9 +792,9 @@ class Decoded:
     def info(self, i: int) -> tuple:
         """(label, install stack, byte offset) of the guard at position i."""
 
-    def check_loaded(self, consts: list) -> tuple[bool, list[int]]:
+    def check_loaded(self, consts: list) -> tuple[bool, list[int], bool]:
         """
-        Check every source's texts against its steps and the common kinds' operands against the built constants, interning names in place (runtime/serial/loaded.hpp). Returns (reads_globals, positions of the guards the Python loader checks); raises _CodecError.
+        Check every source's texts against its steps and the common kinds' operands against the built constants, interning names in place (runtime/serial/loaded.hpp). Returns (reads_globals, positions of the guards the Python loader checks, whether a guard reads through the torch adapter only); raises _CodecError.
         """
 
     def hold_weakly(self, consts: list) -> tuple[list, list[int]]:

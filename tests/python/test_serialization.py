@@ -1224,7 +1224,7 @@ def test_a_load_moves_the_declarations_into_the_set() -> None:
     assert [(d.kind, d.id, d.operand, d.operand2, d.n) for d in loaded._decls()] == before
     assert [stack for _, stack, _ in core.guard_info()] == stacks
     # A second set from the same document is refused, never built from nothing.
-    again = tw.GuardSet.__new__(tw.GuardSet)
+    again = _core.GuardSetCore.__new__(tw.GuardSet)
     with pytest.raises(RuntimeError, match="moved into the guard set"):
         _core.GuardSetCore.__init__(again, core, list(loaded._lazy[1]), None, False, None)
     assert [s.describe() for s in loaded.guards] == [s.describe() for s in gs.guards]
