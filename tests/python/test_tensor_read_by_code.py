@@ -542,3 +542,42 @@ def test_the_getter_is_found_only_where_it_is_and_verified_by_torch_setter() -> 
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("how", READINGS[:2])
+def test_threads_entering_and_leaving_modes_at_random(how: tuple[str, bool]) -> None:
+    """Four threads enter and leave a visible mode at random, with a 1 us switch interval (the
+    module global flips under every thread's feet): each check equals torch's guard on the same
+    thread, on both reading paths."""
+    import random
+
+    with reading(how):
+        built = built_outside()
+    counts = {"agree": 0, "disagree": 0}
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(scaled(150, 10)):
+                mode = VisibleMode() if rng.random() < 0.5 else contextlib.nullcontext()
+                with mode:
+                    for t, gs, theirs in built:
+                        same = gs.check({"t": t}) == theirs.check({"t": t})
+                        counts["agree" if same else "disagree"] += 1
+        except BaseException as e:  # reported on the main thread
+            errors.append(e)
+
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with module_global_restored():
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(120)
+    finally:
+        sys.setswitchinterval(was)
+    assert not errors, errors
+    assert counts["disagree"] == 0 and counts["agree"] > 0, counts
