@@ -125,7 +125,7 @@ void register_tensors(nb::module_& m) {
         [](const std::string& module_path, nb::handle setter, std::uint64_t python_key_bits) {
             return runtime::find_torch_mode_flag(module_path.c_str(), setter.ptr(), python_key_bits);
         },
-        nb::arg("module_path"), nb::arg("setter"), nb::arg("python_key_bits"),
+        nb::arg("module_path"), nb::arg("setter").none(), nb::arg("python_key_bits"),
         "Find torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' "
         "flag in the libtorch_python.so that the extension `module_path` (torch._C's file) links, and "
         "verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_"

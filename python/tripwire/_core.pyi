@@ -662,7 +662,7 @@ def _masks_python_keys() -> bool | None:
     Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards do: torch's own thread-local flag, read through its getter found in libtorch_python.so (_find_torch_mode_flag); None when the getter was not found (or is hidden): the engine then fails a key set carrying a Python key closed.
     """
 
-def _find_torch_mode_flag(module_path: str, setter: object, python_key_bits: int) -> bool:
+def _find_torch_mode_flag(module_path: str, setter: object | None, python_key_bits: int) -> bool:
     """
     Find torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' flag in the libtorch_python.so that the extension `module_path` (torch._C's file) links, and verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals). `python_key_bits`: the raw bits of the Python keys. Whether it was found.
     """

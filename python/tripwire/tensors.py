@@ -278,17 +278,20 @@ def _mask_python_keys() -> bool | None:
 
 
 def _find_mode_flag(torch: Any) -> bool:
-    """Find and verify torch's per-thread mode-flag getter (once; whether it was found)."""
+    """Find and verify torch's per-thread mode-flag getter (once; whether it was found). The Python
+    keys' bits are registered even when it is not, so that a key set carrying one fails closed."""
     C = torch._C
+    bits = 0
+    for name in ("Python", "PythonTLSSnapshot", "PythonDispatcher"):
+        key = getattr(C.DispatchKey, name, None)
+        if key is not None:
+            bits |= C.DispatchKeySet(key).raw_repr()
     try:
         setter = C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals
-        bits = C.DispatchKeySet(C.DispatchKey.Python)
-        for k in (C.DispatchKey.PythonTLSSnapshot, C.DispatchKey.PythonDispatcher):
-            bits = bits.add(k)
         path = C.__file__
     except Exception:  # noqa: BLE001 - another torch: no flag, every Python-key set fails closed
-        return False
-    return _core._find_torch_mode_flag(path, setter, bits.raw_repr())
+        setter, path = None, ""
+    return _core._find_torch_mode_flag(path, setter, bits)
 
 
 def _read_tensor(t: Any) -> tuple | None:

@@ -531,6 +531,7 @@ def test_the_getter_is_found_only_where_it_is_and_verified_by_torch_setter() -> 
         assert not _core._find_torch_mode_flag("/nonexistent/lib.so", setter, bits)
         assert not _core._find_torch_mode_flag(C.__file__, lambda v: None, bits)
         assert not _core._find_torch_mode_flag(C.__file__, print, bits)
+        assert not _core._find_torch_mode_flag("", None, bits)  # only registers the key bits
         assert _core._masks_python_keys() is None
         assert _core._find_torch_mode_flag(C.__file__, setter, bits)
         assert _core._masks_python_keys() is True
@@ -581,3 +582,47 @@ def test_threads_entering_and_leaving_modes_at_random(how: tuple[str, bool]) -> 
         sys.setswitchinterval(was)
     assert not errors, errors
     assert counts["disagree"] == 0 and counts["agree"] > 0, counts
+
+
+def test_no_adapter_and_no_flag_end_to_end() -> None:
+    """A fresh process where the adapter does not load and torch's getter fails verification (its
+    setter replaced while tripwire looks for it): adapter_status() says the flag was not found, the
+    mask is unknown (never the module global), a plain tensor's guard passes outside a mode and
+    fails closed inside a visible one (torch fails there too: the mode's include set carries the
+    Python keys), with a reason saying why."""
+    code = textwrap.dedent(
+        """
+        import sys, warnings
+        sys.modules["tripwire._torch_adapter"] = None  # the adapter does not load
+        import torch, tripwire as tw
+        from torch.utils._python_dispatch import TorchDispatchMode
+        guards = torch._C._dynamo.guards
+        real = guards.set_is_in_mode_without_ignore_compile_internals
+        guards.set_is_in_mode_without_ignore_compile_internals = lambda v: None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the adapter did not load"
+            assert tw.tensors.ensure_torch()
+        guards.set_is_in_mode_without_ignore_compile_internals = real
+        assert not tw._core.torch_adapter_installed()
+        assert tw._core._masks_python_keys() is None
+        assert "flag was not found" in tw.tensors.adapter_status(), tw.tensors.adapter_status()
+
+        class Visible(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        t = torch.zeros(2, 3)
+        b = tw.GuardBuilder({"t": t})
+        b.tensor_match("L['t']")
+        gs = b.build()
+        assert gs.check({"t": t}) is True
+        with Visible():
+            assert gs.check({"t": t}) is False
+            f = gs.why_not({"t": t})
+            assert f is not None and "fails closed" in f.reason, f
+        assert gs.check({"t": t}) is True
+        print("ok")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

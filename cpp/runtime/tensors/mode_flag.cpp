@@ -170,7 +170,8 @@ ModeFlagGetter locate_getter(const char*) { return nullptr; }
 bool find_torch_mode_flag(const char* module_path, PyObject* setter, std::uint64_t python_key_bits) {
     g_python_key_bits.store(python_key_bits, std::memory_order_relaxed);
     if (g_getter.load(std::memory_order_acquire) != nullptr) return true;
-    if (module_path == nullptr || setter == nullptr) return false;
+    if (module_path == nullptr || module_path[0] == '\0' || setter == nullptr || setter == Py_None)
+        return false;
     const ModeFlagGetter get = locate_getter(module_path);
     if (get == nullptr) return false;
     // The getter must read the flag torch's setter sets: both ways, then the value put back.

@@ -32,7 +32,8 @@ enum class PythonKeyMask : std::uint8_t {
 /// (torch._C's file) depends on, and verify it: `setter` (torch._C._dynamo.guards.
 /// set_is_in_mode_without_ignore_compile_internals) is called with the flag's opposite and then
 /// its value, and the getter must follow both. `python_key_bits` are the raw DispatchKeySet bits
-/// of Python, PythonTLSSnapshot and PythonDispatcher. Returns whether the getter was found and
+/// of Python, PythonTLSSnapshot and PythonDispatcher, registered even when the getter is not found
+/// (an empty path or a None setter only register them). Returns whether the getter was found and
 /// verified; never raises (a Python error on the way is cleared). GIL held; Python may run.
 bool find_torch_mode_flag(const char* module_path, PyObject* setter, std::uint64_t python_key_bits);
 
