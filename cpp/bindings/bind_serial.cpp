@@ -210,12 +210,15 @@ void register_serial(nb::module_& m) {
             "check_loaded",
             [](const Decoded& d, nb::list consts) {
                 runtime::serial::LoadedFacts f = runtime::serial::check_loaded(with_decls(d), consts.ptr());
-                return std::make_pair(f.reads_globals, std::move(f.python_checked));
+                return nb::make_tuple(f.reads_globals, nb::cast(std::move(f.python_checked)),
+                                      f.reads_torch_adapter);
             },
             nb::arg("consts"),
+            nb::sig("def check_loaded(self, consts: list) -> tuple[bool, list[int], bool]"),
             "Check every source's texts against its steps and the common kinds' operands against "
             "the built constants, interning names in place (runtime/serial/loaded.hpp). Returns "
-            "(reads_globals, positions of the guards the Python loader checks); raises _CodecError.")
+            "(reads_globals, positions of the guards the Python loader checks, whether a guard reads "
+            "through the torch adapter only); raises _CodecError.")
         .def(
             "hold_weakly",
             [](const Decoded& d, nb::list consts) {

@@ -14,6 +14,7 @@
 #include "core/ir.hpp"
 #include "register.hpp"
 #include "runtime/eval/constant_types.hpp"
+#include "runtime/tensors/mode_flag.hpp"
 #include "runtime/tensors/property_reader.hpp"
 #include "runtime/tensors/readers.hpp"
 #include "runtime/tensors/tensor_kinds.hpp"
@@ -105,10 +106,34 @@ void register_tensors(nb::module_& m) {
         "torch_adapter_installed", [] { return runtime::torch_adapter() != nullptr; },
         "Whether tensors and torch's state are read through the compiled torch adapter.");
     m.def(
-        "_masks_python_keys", [] { return runtime::mask_python_keys(); },
+        "_masks_python_keys",
+        []() -> nb::object {
+            switch (runtime::python_key_mask()) {
+                case runtime::PythonKeyMask::Masked: return nb::bool_(true);
+                case runtime::PythonKeyMask::Kept: return nb::bool_(false);
+                case runtime::PythonKeyMask::Unknown: break;
+            }
+            return nb::none();
+        },
+        nb::sig("def _masks_python_keys() -> bool | None"),
         "Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards "
-        "do: torch's thread-local flag through the adapter when it found it, else the module global "
-        "torch.utils._python_dispatch._is_in_any_mode_without_ignore_compile_internals.");
+        "do: torch's own thread-local flag, read through its getter found in libtorch_python.so "
+        "(_find_torch_mode_flag); None when the getter was not found (or is hidden): the engine then "
+        "fails a key set carrying a Python key closed.");
+    m.def(
+        "_find_torch_mode_flag",
+        [](const std::string& module_path, nb::handle setter, std::uint64_t python_key_bits) {
+            return runtime::find_torch_mode_flag(module_path.c_str(), setter.ptr(), python_key_bits);
+        },
+        nb::arg("module_path"), nb::arg("setter").none(), nb::arg("python_key_bits"),
+        "Find torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' "
+        "flag in the libtorch_python.so that the extension `module_path` (torch._C's file) links, and "
+        "verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_"
+        "internals). `python_key_bits`: the raw bits of the Python keys. Whether it was found.");
+    m.def(
+        "_hide_torch_mode_flag", [](bool on) { return runtime::hide_torch_mode_flag(on); }, nb::arg("on"),
+        "Test switch: act as if torch's mode-flag getter had not been found (a stripped library). "
+        "Returns the previous setting.");
     m.def(
         "_set_python_readers",
         [](nb::handle tensor, nb::handle array, nb::handle torch_state, nb::handle mode_stack,

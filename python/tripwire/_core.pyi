@@ -657,9 +657,19 @@ def torch_adapter_installed() -> bool:
     Whether tensors and torch's state are read through the compiled torch adapter.
     """
 
-def _masks_python_keys() -> bool:
+def _masks_python_keys() -> bool | None:
     """
-    Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards do: torch's thread-local flag through the adapter when it found it, else the module global torch.utils._python_dispatch._is_in_any_mode_without_ignore_compile_internals.
+    Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards do: torch's own thread-local flag, read through its getter found in libtorch_python.so (_find_torch_mode_flag); None when the getter was not found (or is hidden): the engine then fails a key set carrying a Python key closed.
+    """
+
+def _find_torch_mode_flag(module_path: str, setter: object | None, python_key_bits: int) -> bool:
+    """
+    Find torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' flag in the libtorch_python.so that the extension `module_path` (torch._C's file) links, and verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals). `python_key_bits`: the raw bits of the Python keys. Whether it was found.
+    """
+
+def _hide_torch_mode_flag(on: bool) -> bool:
+    """
+    Test switch: act as if torch's mode-flag getter had not been found (a stripped library). Returns the previous setting.
     """
 
 def _set_python_readers(tensor: object | None, array: object | None, torch_state: object | None, mode_stack: object | None, default_device: object | None, saved_hooks: object | None, dual_level: object | None) -> None:
@@ -782,9 +792,9 @@ class Decoded:
     def info(self, i: int) -> tuple:
         """(label, install stack, byte offset) of the guard at position i."""
 
-    def check_loaded(self, consts: list) -> tuple[bool, list[int]]:
+    def check_loaded(self, consts: list) -> tuple[bool, list[int], bool]:
         """
-        Check every source's texts against its steps and the common kinds' operands against the built constants, interning names in place (runtime/serial/loaded.hpp). Returns (reads_globals, positions of the guards the Python loader checks); raises _CodecError.
+        Check every source's texts against its steps and the common kinds' operands against the built constants, interning names in place (runtime/serial/loaded.hpp). Returns (reads_globals, positions of the guards the Python loader checks, whether a guard reads through the torch adapter only); raises _CodecError.
         """
 
     def hold_weakly(self, consts: list) -> tuple[list, list[int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -550,6 +551,12 @@ class GuardBuilder:
         if expected is None:
             v = self.value(source)
             expected = _core.applied_dispatch_keys(v)
+            if expected is None and _core._masks_python_keys() is None and _is_dispatch_key_set(v):
+                raise GuardBuildError(
+                    f"DISPATCH_KEY_SET_MATCH on {Source.parse(source)}: the set has a Python dispatch key and "
+                    "torch's per-thread dispatch-mode flag, which decides whether torch masks it, was not "
+                    "found (tripwire.tensors.adapter_status())"
+                )
             if expected is None:
                 raise GuardBuildError(
                     f"DISPATCH_KEY_SET_MATCH on {Source.parse(source)}: {_type_name(v)} is not a "
@@ -680,3 +687,8 @@ def _closure_cells(f_closure: Any) -> dict[str, Any] | None:
             out[str(k)] = c
         return out
     raise TypeError("f_closure must be a function or a mapping name -> cell")
+
+
+def _is_dispatch_key_set(v: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and issubclass(type(v), torch._C.DispatchKeySet)

@@ -71,6 +71,20 @@ def _key_names(bits: int) -> list[str]:
     return [n for n in inner.split(", ") if n]
 
 
+_MASK_UNKNOWN = (
+    "torch masks those keys unless a dispatch mode without ignore_compile_internals is active on "
+    "this thread, and its per-thread flag could not be found (tripwire.tensors.adapter_status()), "
+    "so the guard fails closed"
+)
+
+
+def _is_key_set(value: Any) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and issubclass(type(value), torch._C.DispatchKeySet)
+
+
 def _key_set_text(spec: GuardSpec, value: Any, where: str) -> tuple[Any, str]:
     """DISPATCH_KEY_SET_MATCH's (actual, reason): the applied set the engine reads now and the keys
     that differ from the expected one, by torch's key names."""
@@ -82,6 +96,11 @@ def _key_set_text(spec: GuardSpec, value: Any, where: str) -> tuple[Any, str]:
         now = _core.applied_dispatch_keys(value)
     except Exception:  # noqa: BLE001 - diagnostics must not raise
         now = None
+    if now is None and _core._masks_python_keys() is None and _is_key_set(value):
+        return value, (
+            f"{where}: DISPATCH_KEY_SET_MATCH expected applied keys {dispatch_key_names(want)}, got a set "
+            f"with a Python dispatch key: {_MASK_UNKNOWN}"
+        )
     if now is None:
         return value, (
             f"{where}: DISPATCH_KEY_SET_MATCH expected a torch._C.DispatchKeySet with applied keys "
@@ -124,6 +143,9 @@ def _field_text(spec: GuardSpec, field: str, dim: int, expected: int, actual: An
         return f"type expected {_qualname(want)}, got {_qualname(type(value))}"
     if field == "unreadable":
         return "the fields could not be read"
+    if field == "python_key_mask":
+        got = tensors.dispatch_key_names(actual & ((1 << 64) - 1))
+        return f"dispatch keys {got} include a Python dispatch key: {_MASK_UNKNOWN}"
     where = f"{field}[{dim}]" if dim >= 0 else field
     if field == "stride" and actual == tensors.ANY_DIM:
         return f"{where} expected {expected}, got none (the layout has no strides)"

@@ -299,22 +299,29 @@ class GuardSet(_core.GuardSetCore):
     given at build time; ``C[...]`` sources the closure cells given at build time.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         specs: list[GuardSpec],
         f_globals: dict | None = None,
         f_closure: Mapping[str, Any] | None = None,
         *,
         strict: bool = False,
         baselines: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> GuardSet:
+        # The whole construction happens here, not in __init__: when the engine refuses the
+        # program, the half-made object is dropped before the error is raised, so no frame of
+        # the traceback holds an instance whose C++ part was never constructed (nanobind warns
+        # "uninitialized instance" on any later use of one, e.g. a traceback printer's repr).
         pool = _Pool()
         shape = _ShapeDecls()
         decls = _encode(specs, pool, shape)
         closure = dict(f_closure) if f_closure is not None else None
         symbols, paths, remaps = shape.symbol_templates(pool) if shape.args else ([], [], [])
+        self = _core.GuardSetCore.__new__(cls)
+        error: Exception
         try:
-            super().__init__(
+            _core.GuardSetCore.__init__(
+                self,
                 decls,
                 pool.consts,
                 pool.weak,
@@ -329,12 +336,19 @@ class GuardSet(_core.GuardSetCore):
                 paths,
                 remaps,
             )
-        except GuardBuildError:
-            raise
+        except GuardBuildError as e:
+            error = GuardBuildError(*e.args)
         except ValueError as e:
-            raise GuardBuildError(str(e)) from None
-        self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
-        self._built_symbols = symbols  # for build_guard_set's reader facts
+            error = GuardBuildError(str(e))
+        else:
+            self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
+            self._built_symbols = symbols  # for build_guard_set's reader facts
+            return self
+        del self  # the only reference: the instance is freed here, never seen again
+        raise error
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Built by __new__ (the arguments are __new__'s); nothing is left to do."""
 
     if TYPE_CHECKING:
         # The hot path is a plain C method (METH_O, _core's stub types it as a method descriptor):

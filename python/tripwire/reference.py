@@ -681,7 +681,12 @@ def _dims_match(want: tuple, got: tuple) -> bool:
 def _applied_key_set(v: Any) -> int | None:
     """DISPATCH_KEY_SET_MATCH's reading, as torch's leaf: a value whose type derives from
     DispatchKeySet (pybind11's cast), its C++ keys read through the class's own methods (never a
-    subclass's overrides), then guards.h LocalState::apply with this thread's state now."""
+    subclass's overrides), then guards.h LocalState::apply with this thread's state now.
+
+    The Python-key mask: torch reads a C++ per-thread flag that Python cannot read; this oracle
+    reads the module global the modes set it from (is_in_any_mode_without_ignore_compile_internals),
+    which equals the flag on one thread with modes entered by ``with``. Across threads, or with
+    torch's setter called directly, the tests compare the engine with torch's own guard instead."""
     C = _torch()._C
     KS = C.DispatchKeySet
     if not issubclass(type(v), KS):

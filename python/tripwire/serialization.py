@@ -472,7 +472,7 @@ def loads(
 def _load(
     data: bytes, lookup: Callable[..., Any], f_globals: dict | None, use_module_globals: bool = False
 ) -> GuardSet:
-    from .guard_set import GuardSet, reads_cpp_tensor
+    from .guard_set import GuardSet
 
     doc = _decode(data)
     refs = doc.references
@@ -485,7 +485,7 @@ def _load(
         consts = doc.constants(objects)
         # Every source's texts against its steps, step keys, root names, and the operands of the
         # common kinds, in one C++ pass (runtime/serial/loaded.hpp); names interned in place.
-        reads_globals, python_checked = doc.check_loaded(consts)
+        reads_globals, python_checked, reads_torch_adapter = doc.check_loaded(consts)
     except _core._CodecError as e:
         raise _format_error(e) from None
     # The kinds whose operands this module checks (GLOBAL_STATE, SHAPE, the tensor kinds): their
@@ -512,11 +512,9 @@ def _load(
         s.kind is GuardKind.GLOBAL_STATE and s.args[0] in _TORCH_PROBES for s in checked
     ):
         tensors.ensure_torch()
-    if (
-        GuardKind.STORAGE_OVERLAPPING in kinds
-        or GuardKind.DISPATCH_KEY_SET_MATCH in kinds
-        or any(reads_cpp_tensor(s) for s in checked)
-    ):  # adapter only
+    if reads_torch_adapter:
+        # STORAGE_OVERLAPPING, DISPATCH_KEY_SET_MATCH or a C++ tensor step on any guard (the C++
+        # pass sees every guard; `checked` holds only the kinds whose operands are checked here).
         tensors.ensure_torch()
     if GuardKind.ARRAY_MATCH in kinds:
         tensors.ensure_numpy()
@@ -524,11 +522,17 @@ def _load(
         tensors.ensure_torch()
         tensors.ensure_numpy()
     del checked, memo
-    gs = GuardSet.__new__(GuardSet)
+    gs = _core.GuardSetCore.__new__(GuardSet)
+    error: FormatError
     try:
         _core.GuardSetCore.__init__(gs, doc, consts, f_globals, doc.strict, GuardEvalError)
     except (ValueError, TypeError, RuntimeError) as e:
-        raise FormatError(f"the guard program is invalid: {e}") from None
+        error = FormatError(f"the guard program is invalid: {e}")
+    else:
+        error = None  # type: ignore[assignment]
+    if error is not None:
+        del gs  # never constructed: no frame of the traceback may hold it (GuardSet.__new__)
+        raise error
     held, weak_positions = doc.hold_weakly(consts)
     gs._set_loaded_state((doc, held, weak_positions), f_globals, doc.strict, tuple(doc.dropped), baselines)
     return gs

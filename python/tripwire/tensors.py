@@ -107,6 +107,7 @@ def ensure_torch() -> bool:
     with _lock:
         if _torch_status is not None:
             return True
+        mode_flag = _find_mode_flag(torch)
         _core._set_python_readers(
             _read_tensor,
             None,
@@ -144,6 +145,11 @@ def ensure_torch() -> bool:
             _core._set_plain_tensor_types((torch.Tensor, torch.nn.Parameter))
         _core.register_constant_type(torch.layout, "identity")
         _core.register_constant_type(torch.memory_format, "identity")
+        if not mode_flag:
+            status += (
+                "; torch's per-thread dispatch-mode flag was not found: TENSOR_MATCH and"
+                " DISPATCH_KEY_SET_MATCH fail closed on key sets with a Python key"
+            )
         _torch_status = status
         return True
 
@@ -261,21 +267,39 @@ def dispatch_key_names(bits: int) -> str:
 
 
 # -- the Python readers (the engine's path without the adapter / the array struct) -----------------
-def _mask_python_keys(torch: Any) -> bool:
-    # torch's guards mask the Python keys unless a dispatch mode without ignore_compile_internals
-    # is active (torch/csrc/dynamo/guards.h LocalState::apply). torch reads a C++ thread-local flag
-    # the modes set from a module global; the adapter reads that flag (the engine's decision),
-    # and only without it is the global read here (shared by all threads: docs/torch.md).
-    if _core.torch_adapter_installed():
-        return _core._masks_python_keys()
-    dispatch = sys.modules.get("torch.utils._python_dispatch")
-    return not (dispatch is not None and dispatch._is_in_any_mode_without_ignore_compile_internals is True)
+def _mask_python_keys() -> bool | None:
+    """Whether torch's guards mask the Python dispatch keys now, on this thread: unless a dispatch
+    mode without ignore_compile_internals is active (torch/csrc/dynamo/guards.h
+    LocalState::apply). torch reads a C++ thread-local flag; the core reads that same flag through
+    torch's hidden getter (cpp/runtime/tensors/mode_flag.hpp), with or without the adapter. None
+    when the getter was not found: callers then fail a key set with a Python key closed. The
+    module global the modes set the flag from is never read: it is shared by all threads."""
+    return _core._masks_python_keys()
+
+
+def _find_mode_flag(torch: Any) -> bool:
+    """Find and verify torch's per-thread mode-flag getter (once; whether it was found). The Python
+    keys' bits are registered even when it is not, so that a key set carrying one fails closed."""
+    C = torch._C
+    bits = 0
+    for name in ("Python", "PythonTLSSnapshot", "PythonDispatcher"):
+        key = getattr(C.DispatchKey, name, None)
+        if key is not None:
+            bits |= C.DispatchKeySet(key).raw_repr()
+    try:
+        setter = C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals
+        path = C.__file__
+    except Exception:  # noqa: BLE001 - another torch: no flag, every Python-key set fails closed
+        setter, path = None, ""
+    return _core._find_torch_mode_flag(path, setter, bits)
 
 
 def _read_tensor(t: Any) -> tuple | None:
     """TENSOR_MATCH's fields, read through torch's C-level descriptors (never a subclass's Python
     overrides) with torch functions disabled: (dispatch_keys, dtype, device_index, requires_grad,
-    sizes, strides or None, storage_offset); None when torch cannot read them."""
+    sizes, strides or None, storage_offset); None when torch cannot read them. The keys have the
+    thread-local include/exclude sets applied, not the Python-key mask: the engine applies that by
+    torch's own flag (tensor_kinds.cpp, the same as on the adapter's path)."""
     torch = sys.modules["torch"]
     C = torch._C
     base = C.TensorBase
@@ -284,13 +308,6 @@ def _read_tensor(t: Any) -> tuple | None:
             keys = (
                 C._dispatch_keys(t) | C._dispatch_tls_local_include_set()
             ) - C._dispatch_tls_local_exclude_set()
-            if _mask_python_keys(torch):
-                for k in (
-                    C.DispatchKey.Python,
-                    C.DispatchKey.PythonTLSSnapshot,
-                    C.DispatchKey.PythonDispatcher,
-                ):
-                    keys = keys.remove(k)
             dtype = base.dtype.__get__(t)
             device = base.device.__get__(t)
             requires_grad = base.requires_grad.__get__(t)

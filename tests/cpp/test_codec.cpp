@@ -439,6 +439,188 @@ TEST(Codec, BadBodies) {
     EXPECT_NE(error_of(encode(g)).find("unknown reference kind 9"), std::string::npos);
 }
 
+// -- kinds 24 (STORAGE_OVERLAPPING) and 25 (DISPATCH_KEY_SET_MATCH): their payloads alone --------
+
+struct PayloadTable : StringTable {
+    std::vector<std::string> all;
+    std::uint32_t index(const std::string& s) override {
+        all.push_back(s);
+        return static_cast<std::uint32_t>(all.size() - 1);
+    }
+};
+
+GuardDecl storage_overlapping(std::size_t others, std::int64_t n_overlapping) {
+    GuardDecl d;
+    d.kind = GuardKind::StorageOverlapping;
+    d.source = source(RootKind::Local, 0);
+    for (std::size_t k = 0; k < others; ++k)
+        d.more_sources.push_back(source(RootKind::Local, static_cast<ConstId>(k % 2), {attr(1)}));
+    d.n = n_overlapping;
+    return d;
+}
+
+GuardDecl dispatch_key_set_match(std::uint64_t bits) {
+    GuardDecl d;
+    d.kind = GuardKind::DispatchKeySetMatch;
+    d.source = source(RootKind::Local, 0);
+    d.n = static_cast<std::int64_t>(bits);
+    return d;
+}
+
+// Read `payload` as a record of `like.kind` (version as this build writes it), against `table`
+// and 2 constants.
+GuardDecl read_as(const GuardDecl& like, const std::string& payload, const std::vector<std::string>& table) {
+    GuardDecl d;
+    d.kind = like.kind;
+    Reader r(reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size(), 0);
+    read_payload(d, record_version(like), r, PayloadContext{table, 2});
+    return d;
+}
+
+// What reading `payload` raises: FormatError's message, "" when it reads, "other" for any other
+// exception (a bug: the decoder's only domain error is FormatError).
+std::string payload_error(const GuardDecl& like, const std::string& payload,
+                          const std::vector<std::string>& table) {
+    try {
+        (void)read_as(like, payload, table);
+    } catch (const FormatError& e) {
+        return std::string("FormatError: ") + e.what();
+    } catch (...) {
+        return "other";
+    }
+    return "";
+}
+
+TEST(CodecKinds24And25, PayloadsRoundTrip) {
+    EXPECT_EQ(static_cast<int>(GuardKind::StorageOverlapping), 24);
+    EXPECT_EQ(static_cast<int>(GuardKind::DispatchKeySetMatch), 25);
+    std::vector<GuardDecl> decls;
+    for (const auto& [others, over] :
+         {std::pair<std::size_t, std::int64_t>{1, 0}, {1, 2}, {2, 0}, {2, 2}, {2, 3}, {5, 6}, {300, 4}})
+        decls.push_back(storage_overlapping(others, over));
+    // Any 64 bits are a key set, the top bit among them (stored as an int64, written unsigned).
+    for (const std::uint64_t bits : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{0x8000'0000'0000'0000},
+                                     ~std::uint64_t{0}, std::uint64_t{0x0000'4000'0020'8001}})
+        decls.push_back(dispatch_key_set_match(bits));
+    for (const GuardDecl& d : decls) {
+        EXPECT_EQ(record_version(d), 1) << guard_kind_name(d.kind);
+        PayloadTable table;
+        Writer w;
+        write_payload(d, w, table);
+        const GuardDecl back = read_as(d, w.out, table.all);
+        EXPECT_EQ(back.n, d.n) << guard_kind_name(d.kind);
+        ASSERT_EQ(back.more_sources.size(), d.more_sources.size());
+        for (std::size_t k = 0; k < d.more_sources.size(); ++k) {
+            EXPECT_EQ(back.more_sources[k].root, d.more_sources[k].root);
+            EXPECT_EQ(back.more_sources[k].name, d.more_sources[k].name);
+            EXPECT_EQ(back.more_sources[k].steps, d.more_sources[k].steps);
+            EXPECT_EQ(back.more_sources[k].texts, d.more_sources[k].texts);
+        }
+        // Canonical: the decoded record writes the same bytes.
+        PayloadTable again;
+        Writer w2;
+        write_payload(back, w2, again);
+        EXPECT_EQ(w2.out, w.out) << guard_kind_name(d.kind);
+    }
+}
+
+TEST(CodecKinds24And25, TruncatedPayloadsAreFormatErrors) {
+    for (const GuardDecl& d :
+         {storage_overlapping(2, 2), storage_overlapping(3, 0), dispatch_key_set_match(~0ULL),
+          dispatch_key_set_match(0x8000'0000'0000'0000ULL)}) {
+        PayloadTable table;
+        Writer w;
+        write_payload(d, w, table);
+        for (std::size_t len = 0; len < w.out.size(); ++len) {
+            const std::string err = payload_error(d, w.out.substr(0, len), table.all);
+            EXPECT_EQ(err.rfind("FormatError: ", 0), 0u)
+                << guard_kind_name(d.kind) << " cut at " << len << ": " << err;
+        }
+        const std::string err = payload_error(d, w.out + '\x00', table.all);
+        EXPECT_NE(err.find("unread bytes"), std::string::npos) << guard_kind_name(d.kind) << ": " << err;
+    }
+}
+
+TEST(CodecKinds24And25, MalformedPayloadsAreFormatErrors) {
+    const GuardDecl so = storage_overlapping(1, 0);
+    const GuardDecl dks = dispatch_key_set_match(0);
+    PayloadTable table;
+    Writer one;  // one valid other source
+    write_source(so.more_sources[0], one, table);
+    auto varint = [](std::uint64_t v) {
+        Writer w;
+        w.varint(v);
+        return w.out;
+    };
+    auto expect_error = [&](const GuardDecl& like, const std::string& payload, const char* needle) {
+        const std::string err = payload_error(like, payload, table.all);
+        EXPECT_NE(err.find(needle), std::string::npos) << "wanted '" << needle << "', got: " << err;
+    };
+    // STORAGE_OVERLAPPING: no other source, more than the limit, an overlapping count of one (it
+    // could never hold) or above the number of sources, a source naming a constant out of range.
+    expect_error(so, varint(0) + varint(0), "with 0 other sources");
+    expect_error(so, varint(kMaxRelationalSources + 1), "other sources");
+    expect_error(so, varint(~0ULL), "FormatError");  // a count no payload can hold: never allocated
+    expect_error(so, varint(1) + one.out + varint(1), "bad overlapping count");
+    expect_error(so, varint(1) + one.out + varint(3), "bad overlapping count");
+    expect_error(so, varint(1) + one.out + varint(~0ULL), "bad overlapping count");
+    EXPECT_EQ(payload_error(so, varint(1) + one.out + varint(2), table.all), "");
+    {
+        GuardDecl far = so;
+        far.more_sources[0].name = 7;  // constant 7 of 2
+        PayloadTable t;
+        Writer w;
+        write_payload(far, w, t);
+        const std::string err = payload_error(so, w.out, t.all);
+        EXPECT_EQ(err.rfind("FormatError: ", 0), 0u) << err;
+    }
+    // A declared count of other sources far above what the payload holds: refused before the
+    // vector is sized (reserve_declared), not an allocation failure.
+    expect_error(so, varint(60000) + one.out, "FormatError");
+    // DISPATCH_KEY_SET_MATCH: a varint longer than 64 bits, one that never ends, an empty payload.
+    expect_error(dks, std::string(10, '\xff') + '\x7f', "FormatError");
+    expect_error(dks, std::string(11, '\x80'), "FormatError");
+    expect_error(dks, "", "FormatError");
+    expect_error(dks, varint(5) + varint(5), "unread bytes");
+}
+
+TEST(CodecKinds24And25, DocumentsRoundTripAndRefuseDamage) {
+    Document d = sample();
+    d.guards.clear();
+    auto add = [&](GuardDecl decl) {
+        decl.id = static_cast<std::uint32_t>(d.guards.size());
+        decl.source.texts = {"L['c0']"};
+        for (SourcePath& p : decl.more_sources) p.texts = {"L['c" + std::to_string(p.name) + "']", "x"};
+        GuardRecord g;
+        g.decl = std::move(decl);
+        d.guards.push_back(std::move(g));
+    };
+    add(storage_overlapping(2, 3));
+    add(storage_overlapping(1, 0));
+    add(dispatch_key_set_match(0x8000'0000'0000'0001ULL));
+    const std::string bytes = encode(d);
+    const Document e = roundtrip(d);
+    ASSERT_EQ(e.guards.size(), 3u);
+    EXPECT_EQ(e.guards[0].decl.n, 3);
+    EXPECT_EQ(e.guards[0].decl.more_sources.size(), 2u);
+    EXPECT_EQ(static_cast<std::uint64_t>(e.guards[2].decl.n), 0x8000'0000'0000'0001ULL);
+    EXPECT_EQ(encode(e), bytes);
+    std::vector<GuardDecl> decls;
+    for (const auto& g : e.guards) decls.push_back(g.decl);
+    EXPECT_NO_THROW(compile(decls, e.constants.size()));
+    // Every truncation of the file and of its body (under a valid header and hash) is refused
+    // with FormatError.
+    const std::string body = bytes.substr(kHeaderSize);
+    for (std::size_t len = 0; len < bytes.size(); ++len) {
+        try {
+            (void)decode(reinterpret_cast<const std::uint8_t*>(bytes.data()), len);
+            ADD_FAILURE() << "decoded a file cut at " << len;
+        } catch (const FormatError&) {}
+    }
+    for (std::size_t len = 0; len < body.size(); ++len)
+        EXPECT_NE(body_error(body.substr(0, len)), "") << "body cut at " << len;
+}
+
 TEST(Codec, RecordsNameTheirOffset) {
     Document g = sample();
     g.guards[0].decl.kind = GuardKind::Length;  // a negative length is written as a huge varint

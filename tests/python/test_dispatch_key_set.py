@@ -283,6 +283,57 @@ def test_python_keys_are_masked_as_torch_masks_them() -> None:
         pd._is_in_any_mode_without_ignore_compile_internals = old
 
 
+@contextlib.contextmanager
+def _flag_hidden() -> Iterator[None]:
+    """As if torch's per-thread mode-flag getter had not been found (a stripped libtorch_python.so)."""
+    was = tw._core._hide_torch_mode_flag(True)
+    try:
+        yield
+    finally:
+        tw._core._hide_torch_mode_flag(was)
+
+
+@needs_adapter
+def test_without_torch_flag_a_set_with_python_keys_fails_closed() -> None:
+    """Without torch's flag the masked and unmasked sets differ, so whether a set with a Python key
+    matches depends on a flag tripwire cannot read: it fails, saying why; the builder refuses such
+    an example; a set without Python keys is decided as before."""
+    from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_internals as set_flag
+
+    gs = _built()
+    with_python = KS.add(DK.Python)
+    with _flag_hidden():
+        assert tw._core._masks_python_keys() is None
+        for flag in (False, True):  # torch: True with the flag clear, False with it set
+            set_flag(flag)
+            try:
+                assert gs.check({"ks": with_python}) is False
+                f = gs.why_not({"ks": with_python})
+                assert f is not None and "could not be found" in f.reason and "fails closed" in f.reason, (
+                    f.reason
+                )
+                assert gs.check({"ks": KS}) is True
+            finally:
+                set_flag(False)
+        with pytest.raises(
+            tw.GuardBuildError, match="flag, which decides whether torch masks it, was not found"
+        ):
+            tw.GuardBuilder({"ks": with_python}).dispatch_key_set_match("L['ks']")
+
+
+def test_the_python_predicate_without_torch_flag_fails_closed() -> None:
+    """The importer's Python form (the path without the adapter) decides the same way."""
+    from tripwire.torch._rules import DispatchKeySetMatch, _applied_keys
+
+    match = DispatchKeySetMatch(_applied_keys(torch, KS))
+    with_python = KS.add(DK.Python)
+    assert match(with_python) is True and match(KS) is True
+    with _flag_hidden():
+        assert _applied_keys(torch, with_python) is None
+        assert match(with_python) is False
+        assert match(KS) is True
+
+
 @needs_adapter
 def test_reason_names_the_keys_that_differ() -> None:
     gs = _built()

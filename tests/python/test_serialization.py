@@ -1224,7 +1224,7 @@ def test_a_load_moves_the_declarations_into_the_set() -> None:
     assert [(d.kind, d.id, d.operand, d.operand2, d.n) for d in loaded._decls()] == before
     assert [stack for _, stack, _ in core.guard_info()] == stacks
     # A second set from the same document is refused, never built from nothing.
-    again = tw.GuardSet.__new__(tw.GuardSet)
+    again = _core.GuardSetCore.__new__(tw.GuardSet)
     with pytest.raises(RuntimeError, match="moved into the guard set"):
         _core.GuardSetCore.__init__(again, core, list(loaded._lazy[1]), None, False, None)
     assert [s.describe() for s in loaded.guards] == [s.describe() for s in gs.guards]
@@ -1403,6 +1403,19 @@ def _tensor_kind_seed() -> bytes:
     return b.build().to_bytes()
 
 
+def _storage_and_key_set_seed() -> bytes:
+    """A set with kinds 24 and 25 (STORAGE_OVERLAPPING over three views, DISPATCH_KEY_SET_MATCH),
+    for the fuzz corpus (needs torch with the adapter to regenerate)."""
+    import torch
+
+    base = torch.arange(20.0)
+    L = {"a": base[0:6], "b": base[4:10], "c": base[12:18], "ks": torch._C._dispatch_keys(base)}
+    b = tw.GuardBuilder(L)
+    b.storage_overlapping(overlapping=["L['a']", "L['b']"], non_overlapping=["L['c']"])
+    b.dispatch_key_set_match("L['ks']")
+    return b.build().to_bytes()
+
+
 def test_fuzz_seed_corpus_is_current() -> None:
     """tests/fuzz/corpus_codec holds the blobs of the fixture frames (mode byte 0: the whole
     file), so the libFuzzer run starts from real guard sets. Regenerate with
@@ -1412,6 +1425,7 @@ def test_fuzz_seed_corpus_is_current() -> None:
     for i in range(len(_FUZZ_SEEDS)):
         assert f"guards_for_{i}" in names
     assert {"tensor_kinds", "tensor_kinds_body"} <= names
+    assert {"storage_and_key_set", "storage_and_key_set_body"} <= names
 
 
 if __name__ == "__main__":
@@ -1423,7 +1437,10 @@ if __name__ == "__main__":
     blob = _tensor_kind_seed()
     (out / "tensor_kinds").write_bytes(b"\x00" + blob)
     (out / "tensor_kinds_body").write_bytes(b"\x01" + blob[64:])
-    print(f"wrote {2 * len(_FUZZ_SEEDS) + 2} seeds to {out}")
+    blob = _storage_and_key_set_seed()
+    (out / "storage_and_key_set").write_bytes(b"\x00" + blob)
+    (out / "storage_and_key_set_body").write_bytes(b"\x01" + blob[64:])
+    print(f"wrote {2 * len(_FUZZ_SEEDS) + 4} seeds to {out}")
     _ = os
 
 

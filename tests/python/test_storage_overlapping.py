@@ -12,6 +12,9 @@ views (the only way torch 2.13 emits the guard), imported with ``guards_of`` and
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -144,3 +147,98 @@ def test_guards_of_imports_storage_overlapping_and_decides_as_torch() -> None:
                 by_overlap_only += 1
     assert decisions[True] and decisions[False], decisions
     assert by_overlap_only, "some inputs fail on the overlap relation alone"
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _saved_sets() -> tuple[bytes, bytes]:
+    """A STORAGE_OVERLAPPING set, and a set whose only guard reads a C++ tensor step (no tensor
+    kind that would switch torch support on by itself)."""
+    base = torch.arange(20.0)
+    L = {"a": base[0:6], "b": base[4:10], "c": base[12:18]}
+    b = GuardBuilder(L)
+    b.storage_overlapping(overlapping=["L['a']", "L['b']"], non_overlapping=["L['c']"])
+    b2 = GuardBuilder({"x": torch.zeros(8, 3)})
+    b2.equals(tw.Source.local("x").tensor_size(0), 8)
+    return b.build().to_bytes(), b2.build().to_bytes()
+
+
+@needs_adapter
+def test_loads_in_a_fresh_process_before_torch_support_is_on() -> None:
+    """A fresh process that imported torch but never switched tripwire's torch support on: the
+    load sees the adapter-only guards (the C++ pass reports them: STORAGE_OVERLAPPING was missing
+    from the loader's kinds, and a C++ tensor step under EQUALS was never seen, so both were
+    refused as "needs the torch adapter" although the adapter was there) and switches it on."""
+    overlap, step = _saved_sets()
+    r = _run(
+        f"""
+        import torch, tripwire as tw
+        assert tw.tensors._torch_status is None and not tw._core.torch_adapter_installed()
+        gs = tw.GuardSet.from_bytes({overlap!r})
+        assert tw._core.torch_adapter_installed()
+        base = torch.arange(20.0)
+        L = {{"a": base[0:6], "b": base[4:10], "c": base[12:18]}}
+        assert gs.check(L) is True
+        assert gs.check({{**L, "b": base[6:12]}}) is False
+        assert gs.check({{**L, "c": base[2:8]}}) is False
+        gs2 = tw.GuardSet.from_bytes({step!r})
+        assert gs2.check({{"x": torch.zeros(8, 3)}}) is True
+        assert gs2.check({{"x": torch.zeros(9, 3)}}) is False
+        print("ok")
+        """
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_refused_without_the_adapter_leaving_no_half_built_set() -> None:
+    """Without the adapter (it does not load) the loader and the importer's set refuse
+    STORAGE_OVERLAPPING with an error saying why, and the refused construction leaves no
+    instance behind: nothing in the traceback holds one, none is alive after a collection, and
+    no nanobind "uninitialized instance" warning (an error here: -W error) comes from printing
+    the traceback with its locals. (The saved sets need the adapter to be made: in a build
+    without it, the ASan build, only the constructors are tried.)"""
+    blobs = _saved_sets() if tw._core.torch_adapter_installed() else ()
+    r = _run(
+        f"""
+        import gc, sys, traceback, warnings
+        sys.modules["tripwire._torch_adapter"] = None  # the adapter does not load
+        import torch, tripwire as tw
+        from tripwire.catalogue import GuardKind, GuardSpec
+        from tripwire.torch._imported import ImportedGuardSet
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ensure_torch's "the adapter did not load"
+            assert tw.tensors.ensure_torch() and not tw._core.torch_adapter_installed()
+        names = [tw.Source.local(n) for n in "abc"]
+        spec = GuardSpec(GuardKind.STORAGE_OVERLAPPING, names[0], (tuple(names[1:]), 2), 0, ())
+        attempts = [
+            (lambda: ImportedGuardSet([spec], None, None), tw.GuardBuildError),
+            (lambda: tw.GuardSet([spec]), tw.GuardBuildError),
+            *((lambda blob=blob: tw.GuardSet.from_bytes(blob), tw.FormatError) for blob in {blobs!r}),
+        ]
+        assert len(attempts) == {2 + len(blobs)}
+        for make, error in attempts:
+            try:
+                make()
+            except error as e:
+                assert "torch adapter" in str(e), e
+                text = "".join(traceback.TracebackException.from_exception(e, capture_locals=True).format())
+                tb = e.__traceback__
+                while tb is not None:
+                    held = [v for v in tb.tb_frame.f_locals.values() if isinstance(v, tw._core.GuardSetCore)]
+                    assert not held, (tb.tb_frame.f_code.co_name, text)
+                    tb = tb.tb_next
+            else:
+                raise AssertionError("built without the adapter")
+        gc.collect()
+        assert not [o for o in gc.get_objects() if isinstance(o, tw._core.GuardSetCore)]
+        print("ok")
+        """
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

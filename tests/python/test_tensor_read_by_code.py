@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import subprocess
+import sys
+import textwrap
 import threading
 from typing import Any
 
 import pytest
 
 import tripwire as tw
-from engine_switches import assert_passes_on_the_fast_pass, switches
+from engine_switches import assert_passes_on_the_fast_pass, fast_pass, python_readers, switches
 from gc_stress import scaled
 from tripwire import _core, reference
 
@@ -274,13 +277,65 @@ def plain_and_wrapper() -> list[Any]:
     return [torch.zeros(2, 3), w]
 
 
-def agree_with_torch(where: str, built: list[tuple[Any, tw.GuardSet, Any]]) -> None:
+# How the engine reads the tensors and torch's flag: the adapter, the Python readers (the path
+# without the adapter: the ASan build, a build without it), and each with torch's getter hidden
+# (as if libtorch_python.so were stripped: no flag, so Python-key sets fail closed).
+READINGS = [
+    pytest.param(("native", False), id="adapter", marks=needs_adapter),
+    pytest.param(("python", False), id="python-readers"),
+    pytest.param(("native", True), id="adapter-no-flag", marks=needs_adapter),
+    pytest.param(("python", True), id="python-readers-no-flag"),
+]
+
+
+@contextlib.contextmanager
+def reading(how: tuple[str, bool]) -> Any:
+    """Guard sets built inside read through the adapter or the Python readers as `how` says;
+    yields whether agree_with_torch checks with torch's flag hidden. (They are built with it: a
+    guard on a tensor with Python keys is refused at build without the flag,
+    test_no_flag_refuses_to_build_on_python_keys; checking without it is the case of a set loaded
+    in a process whose libtorch_python.so has no symbol table.)"""
+    readers, hidden = how
+    with python_readers(readers == "python"):
+        yield hidden
+
+
+@contextlib.contextmanager
+def flag_hidden(on: bool) -> Any:
+    was = _core._hide_torch_mode_flag(on)
+    try:
+        yield
+    finally:
+        _core._hide_torch_mode_flag(was)
+
+
+def has_python_key(t: Any) -> bool:
+    """Whether torch's applied key set of `t` on this thread, before its Python-key mask, has a
+    Python key: where the mask decides, so where tripwire without torch's flag fails closed."""
+    C = torch._C
+    keys = (C._dispatch_keys(t) | C._dispatch_tls_local_include_set()) - C._dispatch_tls_local_exclude_set()
+    return any(
+        keys.has(k)
+        for k in (C.DispatchKey.Python, C.DispatchKey.PythonTLSSnapshot, C.DispatchKey.PythonDispatcher)
+    )
+
+
+def agree_with_torch(where: str, built: list[tuple[Any, tw.GuardSet, Any]], hidden: bool = False) -> None:
+    """tripwire decides as torch's own guard; with torch's flag hidden, a tensor whose applied
+    keys carry a Python key fails (closed, with a reason saying why), every other as torch."""
     for t, gs, theirs in built:
         want = theirs.check({"t": t})
-        for fast in (True, False):
-            with switches(fast=fast):
-                assert gs.check({"t": t}) == want, (where, type(t).__name__, fast)
-        assert (gs.why_not({"t": t}) is None) == want, where
+        undecidable = hidden and has_python_key(t)
+        if undecidable:
+            want = False
+        with flag_hidden(hidden):
+            for fast in (True, False):
+                with fast_pass(fast):
+                    assert gs.check({"t": t}) == want, (where, type(t).__name__, fast)
+            f = gs.why_not({"t": t})
+        assert (f is None) == want, where
+        if undecidable:
+            assert f is not None and "could not be found" in f.reason and "fails closed" in f.reason, f.reason
 
 
 def built_outside() -> list[tuple[Any, tw.GuardSet, Any]]:
@@ -304,11 +359,18 @@ def module_global_restored() -> Any:
         _python_dispatch._is_in_any_mode_without_ignore_compile_internals = was
 
 
-@needs_adapter
-def test_a_thread_still_in_a_mode_after_another_left_one() -> None:
+@pytest.mark.parametrize("how", READINGS)
+def test_a_thread_still_in_a_mode_after_another_left_one(how: tuple[str, bool]) -> None:
     """Thread A enters a visible mode, B enters one, A leaves: the module global is False again
     while B's flag (torch's) is still True. torch does not mask on B: its guard fails where the
-    global would have masked, and passed (a false pass before tripwire read torch's flag)."""
+    global would have masked, and passed (a false pass before tripwire read torch's flag; on the
+    Python readers until stop 19). The reference reads the module global, so it cannot know B's
+    flag: the oracle here is torch's own guard."""
+    with reading(how) as hidden:
+        run_a_thread_still_in_a_mode(hidden)
+
+
+def run_a_thread_still_in_a_mode(hidden: bool) -> None:
     built = built_outside()
     ev = {k: threading.Event() for k in ("a_in", "b_in", "a_out")}
     errors: list[BaseException] = []
@@ -328,8 +390,11 @@ def test_a_thread_still_in_a_mode_after_another_left_one() -> None:
                 from torch.utils import _python_dispatch
 
                 assert _python_dispatch._is_in_any_mode_without_ignore_compile_internals is False
-                agree_with_torch("B inside, A left", built)
+                assert _core._masks_python_keys() is False
+                agree_with_torch("B inside, A left", built, hidden)
                 assert not any(theirs.check({"t": t}) for t, _, theirs in built)
+                with flag_hidden(hidden):
+                    assert not any(gs.check({"t": t}) for t, gs, _ in built)
         except BaseException as e:  # reported on the main thread
             errors.append(e)
             ev["b_in"].set()
@@ -343,10 +408,16 @@ def test_a_thread_still_in_a_mode_after_another_left_one() -> None:
     assert not errors, errors
 
 
-@needs_adapter
-def test_a_thread_outside_modes_while_another_is_inside_one() -> None:
+@pytest.mark.parametrize("how", READINGS)
+def test_a_thread_outside_modes_while_another_is_inside_one(how: tuple[str, bool]) -> None:
     """The reverse: the global is True (thread A is in a visible mode), this thread's flag False:
-    torch masks here, so tripwire must too (it was stricter than torch before)."""
+    torch masks here, so tripwire must too (it was stricter than torch before). Without the flag
+    the wrapper (Python keys of its own) fails closed, the plain tensor passes as in torch."""
+    with reading(how) as hidden:
+        run_a_thread_outside_modes(hidden)
+
+
+def run_a_thread_outside_modes(hidden: bool) -> None:
     built = built_outside()
     inside, done = threading.Event(), threading.Event()
 
@@ -359,26 +430,45 @@ def test_a_thread_outside_modes_while_another_is_inside_one() -> None:
     th.start()
     try:
         inside.wait(30)
-        agree_with_torch("A inside, here outside", built)
+        agree_with_torch("A inside, here outside", built, hidden)
         assert all(theirs.check({"t": t}) for t, _, theirs in built)
     finally:
         done.set()
         th.join(60)
 
 
-@needs_adapter
-def test_the_flag_set_directly() -> None:
+@pytest.mark.parametrize("how", READINGS)
+def test_the_flag_set_directly(how: tuple[str, bool]) -> None:
     """torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals, called without a
     mode: torch stops masking; the module global does not move."""
     from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_internals as set_flag
 
-    built = built_outside()
-    set_flag(True)
-    try:
-        agree_with_torch("flag set directly", built)
-    finally:
-        set_flag(False)
-    agree_with_torch("flag cleared", built)
+    with reading(how) as hidden:
+        built = built_outside()
+        set_flag(True)
+        try:
+            agree_with_torch("flag set directly", built, hidden)
+        finally:
+            set_flag(False)
+        agree_with_torch("flag cleared", built, hidden)
+
+
+@pytest.mark.parametrize("readers", ["native", "python"])
+def test_no_flag_refuses_to_build_on_python_keys(readers: str) -> None:
+    """Without torch's flag a TENSOR_MATCH on a tensor whose applied keys carry a Python key cannot
+    be decided: building it raises (the set would fail on its own example), saying why; a tensor
+    without one builds and passes as before."""
+    if readers == "native" and not ADAPTER:
+        pytest.skip("the torch adapter is not built here")
+    plain, wrapper = plain_and_wrapper()
+    with python_readers(readers == "python"), flag_hidden(True):
+        assert _core._masks_python_keys() is None
+        with pytest.raises(tw.GuardBuildError, match="flag could not be found"):
+            build(wrapper)
+        gs, _ = build(plain)
+        assert gs.check({"t": plain})
+        with VisibleMode(), pytest.raises(tw.GuardBuildError, match="fails closed"):
+            build(plain)
 
 
 @pytest.mark.parametrize(
@@ -392,29 +482,147 @@ def test_the_flag_set_directly() -> None:
         pytest.param(lambda: [torch._C._DisableTorchDispatch(), VisibleMode()], id="disabled-visible"),
     ],
 )
-def test_nested_modes_and_disabled_dispatch(contexts: Any) -> None:
+@pytest.mark.parametrize("how", READINGS)
+def test_nested_modes_and_disabled_dispatch(contexts: Any, how: tuple[str, bool]) -> None:
     """Guards built outside and inside, checked inside and outside, as torch decides."""
-    for built_inside in (False, True):
-        with contextlib.ExitStack() as stack:
-            if built_inside:
-                for c in contexts():
-                    stack.enter_context(c)
-            built = built_outside()
-        for inside in (False, True):
+    with reading(how) as hidden:
+        for built_inside in (False, True):
             with contextlib.ExitStack() as stack:
-                if inside:
+                if built_inside:
                     for c in contexts():
                         stack.enter_context(c)
-                agree_with_torch(f"built inside={built_inside} checked inside={inside}", built)
+                built = built_outside()
+            for inside in (False, True):
+                with contextlib.ExitStack() as stack:
+                    if inside:
+                        for c in contexts():
+                            stack.enter_context(c)
+                    agree_with_torch(f"built inside={built_inside} checked inside={inside}", built, hidden)
 
 
-def test_modes_pushed_on_the_cpp_stack_without_enter() -> None:
+@pytest.mark.parametrize("how", READINGS)
+def test_modes_pushed_on_the_cpp_stack_without_enter(how: tuple[str, bool]) -> None:
     """A mode pushed without __enter__ (torch's _push_mode): neither flag moves; torch masks."""
     from torch.utils._python_dispatch import _pop_mode, _push_mode
 
-    built = built_outside()
-    _push_mode(VisibleMode())
+    with reading(how) as hidden:
+        built = built_outside()
+        _push_mode(VisibleMode())
+        try:
+            agree_with_torch("pushed without __enter__", built, hidden)
+        finally:
+            _pop_mode()
+
+
+def test_the_getter_is_found_only_where_it_is_and_verified_by_torch_setter() -> None:
+    """In a fresh process (the getter not found yet): an extension that does not link
+    libtorch_python.so, a path that is not loaded, or a setter that does not move torch's flag
+    leave it unfound (the mask unknown, so Python-key sets fail closed); torch._C with torch's
+    setter finds it, and then the mask follows the flag."""
+    code = textwrap.dedent(
+        """
+        import numpy, torch
+        from tripwire import _core
+        C = torch._C
+        setter = C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals
+        bits = C.DispatchKeySet(C.DispatchKey.Python).raw_repr()
+        assert _core._masks_python_keys() is None
+        assert not _core._find_torch_mode_flag(numpy._core._multiarray_umath.__file__, setter, bits)
+        assert not _core._find_torch_mode_flag("/nonexistent/lib.so", setter, bits)
+        assert not _core._find_torch_mode_flag(C.__file__, lambda v: None, bits)
+        assert not _core._find_torch_mode_flag(C.__file__, print, bits)
+        assert not _core._find_torch_mode_flag("", None, bits)  # only registers the key bits
+        assert _core._masks_python_keys() is None
+        assert _core._find_torch_mode_flag(C.__file__, setter, bits)
+        assert _core._masks_python_keys() is True
+        setter(True)
+        assert _core._masks_python_keys() is False
+        setter(False)
+        print("ok")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("how", READINGS[:2])
+def test_threads_entering_and_leaving_modes_at_random(how: tuple[str, bool]) -> None:
+    """Four threads enter and leave a visible mode at random, with a 1 us switch interval (the
+    module global flips under every thread's feet): each check equals torch's guard on the same
+    thread, on both reading paths."""
+    import random
+
+    with reading(how):
+        built = built_outside()
+    counts = {"agree": 0, "disagree": 0}
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(scaled(150, 10)):
+                mode = VisibleMode() if rng.random() < 0.5 else contextlib.nullcontext()
+                with mode:
+                    for t, gs, theirs in built:
+                        same = gs.check({"t": t}) == theirs.check({"t": t})
+                        counts["agree" if same else "disagree"] += 1
+        except BaseException as e:  # reported on the main thread
+            errors.append(e)
+
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
     try:
-        agree_with_torch("pushed without __enter__", built)
+        with module_global_restored():
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(120)
     finally:
-        _pop_mode()
+        sys.setswitchinterval(was)
+    assert not errors, errors
+    assert counts["disagree"] == 0 and counts["agree"] > 0, counts
+
+
+def test_no_adapter_and_no_flag_end_to_end() -> None:
+    """A fresh process where the adapter does not load and torch's getter fails verification (its
+    setter replaced while tripwire looks for it): adapter_status() says the flag was not found, the
+    mask is unknown (never the module global), a plain tensor's guard passes outside a mode and
+    fails closed inside a visible one (torch fails there too: the mode's include set carries the
+    Python keys), with a reason saying why."""
+    code = textwrap.dedent(
+        """
+        import sys, warnings
+        sys.modules["tripwire._torch_adapter"] = None  # the adapter does not load
+        import torch, tripwire as tw
+        from torch.utils._python_dispatch import TorchDispatchMode
+        guards = torch._C._dynamo.guards
+        real = guards.set_is_in_mode_without_ignore_compile_internals
+        guards.set_is_in_mode_without_ignore_compile_internals = lambda v: None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the adapter did not load"
+            assert tw.tensors.ensure_torch()
+        guards.set_is_in_mode_without_ignore_compile_internals = real
+        assert not tw._core.torch_adapter_installed()
+        assert tw._core._masks_python_keys() is None
+        assert "flag was not found" in tw.tensors.adapter_status(), tw.tensors.adapter_status()
+
+        class Visible(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        t = torch.zeros(2, 3)
+        b = tw.GuardBuilder({"t": t})
+        b.tensor_match("L['t']")
+        gs = b.build()
+        assert gs.check({"t": t}) is True
+        with Visible():
+            assert gs.check({"t": t}) is False
+            f = gs.why_not({"t": t})
+            assert f is not None and "fails closed" in f.reason, f
+        assert gs.check({"t": t}) is True
+        print("ok")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

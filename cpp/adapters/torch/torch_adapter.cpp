@@ -28,12 +28,8 @@
 
 #include <dlfcn.h>
 #include <elf.h>
-#include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #if AT_PARALLEL_OPENMP
 #include <omp.h>
 #endif
@@ -196,101 +192,10 @@ bool read_by_code(const c10::TensorImpl* impl) {
 
 // -- torch's "dispatch mode without ignore_compile_internals" flag -------------------------------
 //
-// torch's guards mask the Python keys unless torch::dynamo::tls_is_in_mode_without_ignore_
-// compile_internals is set (guards.h LocalState): a C++ thread_local that TorchDispatchMode's
-// __enter__/__exit__ set from the Python module global _is_in_any_mode_without_ignore_compile_
-// internals. The two differ: the global is shared by all threads, the flag is per thread (a
-// thread still inside a mode after another thread left one reads the global False while its own
-// flag is True), and anyone may call torch._C._dynamo.guards.set_is_in_mode_without_ignore_
-// compile_internals directly. Reading the global where torch reads its flag let a guard pass that
-// torch's fails. torch exports no getter: get_is_in_mode_without_ignore_compile_internals() is a
-// hidden symbol of libtorch_python.so, present in its symbol table (.symtab), not its dynamic one.
-// It is found there once at load and verified by setting the flag through torch's own setter;
-// unfound or unverified, the core falls back to the module global (docs/torch.md says so).
-using ModeFlagGetter = bool (*)();
-ModeFlagGetter g_mode_flag = nullptr;
-
-ModeFlagGetter find_mode_flag_getter() {
-    static const char kName[] = "_ZN5torch6dynamo47get_is_in_mode_without_ignore_compile_internalsEv";
-    Dl_info info{};
-    link_map* map = nullptr;
-    // Any exported symbol of libtorch_python.so (here a variable) names the file and its load bias.
-    if (dladdr1(static_cast<void*>(&THPVariableClass), &info, reinterpret_cast<void**>(&map),
-                RTLD_DL_LINKMAP) == 0 ||
-        map == nullptr || info.dli_fname == nullptr)
-        return nullptr;
-    const int fd = open(info.dli_fname, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nullptr;
-    struct stat st {};
-    void* file = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && st.st_size > static_cast<off_t>(sizeof(Elf64_Ehdr)))
-        file = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (file == MAP_FAILED) return nullptr;
-    const auto size = static_cast<std::size_t>(st.st_size);
-    const auto* base = static_cast<const unsigned char*>(file);
-    ModeFlagGetter found = nullptr;
-    const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(base);
-    const auto in_file = [size](std::uint64_t off, std::uint64_t len) {
-        return off <= size && len <= size - off;
-    };
-    if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == ELFCLASS64 &&
-        eh->e_shentsize == sizeof(Elf64_Shdr) &&
-        in_file(eh->e_shoff, std::uint64_t{eh->e_shnum} * sizeof(Elf64_Shdr))) {
-        const auto* sh = reinterpret_cast<const Elf64_Shdr*>(base + eh->e_shoff);
-        for (unsigned i = 0; i < eh->e_shnum && found == nullptr; ++i) {
-            if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_entsize != sizeof(Elf64_Sym) ||
-                sh[i].sh_link >= eh->e_shnum)
-                continue;
-            const Elf64_Shdr& strtab = sh[sh[i].sh_link];
-            if (!in_file(sh[i].sh_offset, sh[i].sh_size) || !in_file(strtab.sh_offset, strtab.sh_size))
-                continue;
-            const auto* syms = reinterpret_cast<const Elf64_Sym*>(base + sh[i].sh_offset);
-            const char* names = reinterpret_cast<const char*>(base + strtab.sh_offset);
-            for (std::size_t k = 0; k < sh[i].sh_size / sizeof(Elf64_Sym); ++k) {
-                const Elf64_Sym& sym = syms[k];
-                if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC || sym.st_value == 0 ||
-                    sym.st_name >= strtab.sh_size || strtab.sh_size - sym.st_name < sizeof(kName) ||
-                    std::memcmp(names + sym.st_name, kName, sizeof(kName)) != 0)
-                    continue;
-                found = reinterpret_cast<ModeFlagGetter>(map->l_addr + sym.st_value);
-                break;
-            }
-        }
-    }
-    munmap(file, size);
-    return found;
-}
-
-// The getter, if it reads the flag torch's setter sets (checked both ways, then restored).
-// Called from the module's init: the GIL is held and Python may run.
-ModeFlagGetter verified_mode_flag_getter() {
-    const ModeFlagGetter get = find_mode_flag_getter();
-    if (get == nullptr) return nullptr;
-    PyObject* mod = PyImport_ImportModule("torch._C._dynamo.guards");
-    PyObject* set = mod != nullptr
-                        ? PyObject_GetAttrString(mod, "set_is_in_mode_without_ignore_compile_internals")
-                        : nullptr;
-    Py_XDECREF(mod);
-    if (set == nullptr) {
-        PyErr_Clear();
-        return nullptr;
-    }
-    const bool was = get();
-    bool ok = true;
-    for (const bool v : {!was, was}) {
-        PyObject* r = PyObject_CallOneArg(set, v ? Py_True : Py_False);
-        if (r == nullptr) PyErr_Clear();
-        ok = ok && r != nullptr && get() == v;
-        Py_XDECREF(r);
-    }
-    Py_DECREF(set);
-    return ok ? get : nullptr;
-}
-
-// 1: torch's guards mask the Python keys now, on this thread; 0: they do not; -1: unknown (the
-// getter was not found: the caller decides by the module global).
-int torch_masks_python_keys() noexcept { return g_mode_flag == nullptr ? -1 : (g_mode_flag() ? 0 : 1); }
+// Found and read by the core since stop 19 (cpp/runtime/tensors/mode_flag.hpp: ELF parsing, no
+// torch header), so the path without the adapter reads the same flag. The ABI 5 entry stays and
+// answers "unknown"; the core never asks it.
+int torch_masks_python_keys() noexcept { return -1; }
 
 int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept {
     try {
@@ -1072,7 +977,6 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     verify_key_set_reader();
     g_table.dispatch_key_set_type = g_key_set_type;
     g_table.dispatch_key_set_bits = dispatch_key_set_bits;
-    g_mode_flag = verified_mode_flag_getter();
     g_table.masks_python_keys = torch_masks_python_keys;
 
     PyObject* m = PyModule_Create(&g_module);

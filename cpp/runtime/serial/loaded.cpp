@@ -315,12 +315,16 @@ LoadedFacts check_loaded(const core::codec::Document& doc, PyObject* consts) {
         auto one = [&](const SourcePath& p) {
             sources.check(p, kind, g.offset);
             facts.reads_globals = facts.reads_globals || p.root == RootKind::Global;
+            for (const core::Step& s : p.steps)
+                facts.reads_torch_adapter = facts.reads_torch_adapter || core::is_cpp_tensor_step(s.kind);
         };
         if (d.has_source) one(d.source);
         for (const SourcePath& p : d.more_sources) one(p);
         for (const SourcePath& p : d.symbols) one(p);
         check_operands(g, consts, kind);
         if (python_checks(d.kind)) facts.python_checked.push_back(static_cast<std::uint32_t>(i));
+        if (d.kind == GuardKind::StorageOverlapping || d.kind == GuardKind::DispatchKeySetMatch)
+            facts.reads_torch_adapter = true;
     }
     return facts;
 }

@@ -22,6 +22,10 @@ namespace tripwire::runtime::serial {
 struct LoadedFacts {
     bool reads_globals = false;                 ///< a source or shape symbol has a G[...] root
     std::vector<std::uint32_t> python_checked;  ///< positions in doc.guards the Python loader checks
+    /// A guard the engine reads through the torch adapter only: STORAGE_OVERLAPPING,
+    /// DISPATCH_KEY_SET_MATCH, or a source or symbol with a C++ tensor step (TENSOR_SIZE,
+    /// TENSOR_STRIDE, TENSOR_STORAGE_OFFSET, GRAD). The loader switches torch support on first.
+    bool reads_torch_adapter = false;
 };
 
 /// Check `doc` against its built constants (`consts`, a list, one object per constant) and intern

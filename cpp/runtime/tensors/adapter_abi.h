@@ -210,10 +210,10 @@ typedef struct TwTorchAdapter {
      * methods (which a subclass may override) is called. */
     int (*dispatch_key_set_bits)(PyObject* obj, uint64_t* out);
 
-    /* Whether torch's guards mask the Python keys now, on this thread: 1 yes, 0 no (a dispatch
-     * mode without ignore_compile_internals: torch's C++ thread-local flag, which guards.h
-     * LocalState reads), -1 when the adapter could not find that flag (the caller then reads
-     * torch.utils._python_dispatch's module global, which is shared by all threads). */
+    /* Whether torch's guards mask the Python keys now, on this thread: 1 yes, 0 no, -1 unknown.
+     * Since stop 19 the adapter answers -1 always and the core never calls it: the core finds
+     * torch's per-thread flag itself (runtime/tensors/mode_flag.hpp), with or without the adapter.
+     * Kept so the table's layout (ABI 5) does not change. */
     int (*masks_python_keys)(void);
 } TwTorchAdapter;
 

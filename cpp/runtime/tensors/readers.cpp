@@ -5,7 +5,6 @@
 #include <string>
 
 #include "runtime/eval/constant_types.hpp"
-#include "runtime/eval/dict_hint.hpp"
 #include "runtime/tensors/property_reader.hpp"
 
 #ifdef TRIPWIRE_HAVE_NUMPY
@@ -20,11 +19,6 @@ namespace tripwire::runtime {
 const TwTorchAdapter* g_adapter = nullptr;  // readers.hpp: read inline by torch_adapter()
 
 namespace {
-// torch.utils._python_dispatch's namespace and the name of its flag (both held for the process).
-PyObject* g_dispatch_ns = nullptr;
-PyObject* g_mode_flag_name = nullptr;
-Py_ssize_t g_mode_flag_hint = -1;
-
 PyTypeObject* g_ndarray = nullptr;
 PyTypeObject* g_dtype_base = nullptr;
 
@@ -47,45 +41,14 @@ bool install_torch_adapter(PyObject* capsule, const char* torch_version) {
                      table->torch_version ? table->torch_version : "?", torch_version ? torch_version : "?");
         return false;
     }
-    PyObject* mod = PyImport_ImportModule("torch.utils._python_dispatch");
-    if (mod == nullptr) return false;
-    PyObject* ns = PyModule_GetDict(mod);  // borrowed; the module lives in sys.modules
-    Py_XINCREF(ns);
-    Py_DECREF(mod);
-    PyObject* name = PyUnicode_InternFromString("_is_in_any_mode_without_ignore_compile_internals");
-    if (ns == nullptr || name == nullptr) {
-        Py_XDECREF(ns);
-        Py_XDECREF(name);
-        return false;
-    }
     // torch's value-like objects become EQUALS_MATCH constants (constant_types.hpp).
     if (!register_constant_type(table->dtype_type, ConstantCompare::Identity, nullptr, false) ||
         !register_constant_type(table->size_type, ConstantCompare::Tuple, nullptr, false) ||
-        !register_constant_type(table->device_type, ConstantCompare::Native, table->device_equal, false)) {
-        Py_DECREF(ns);
-        Py_DECREF(name);
+        !register_constant_type(table->device_type, ConstantCompare::Native, table->device_equal, false))
         return false;
-    }
-    g_dispatch_ns = ns;
-    g_mode_flag_name = name;
     g_adapter = table;
     install_property_reader();  // SIZE/STRIDE/STORAGE_OFFSET of plain tensors (property_reader.hpp)
     return true;
-}
-
-bool mask_python_keys() {
-    // torch's own per-thread flag when the adapter found it; else the module global it is set from.
-    if (g_adapter != nullptr) {
-        const int torch_masks = g_adapter->masks_python_keys();
-        if (torch_masks >= 0) return torch_masks == 1;
-    }
-    if (g_dispatch_ns == nullptr) return true;
-    PyObject* v = dict_get_hinted(g_dispatch_ns, g_mode_flag_name, &g_mode_flag_hint);
-    if (v == nullptr && dict_has_only_str_keys(g_dispatch_ns)) {
-        v = PyDict_GetItemWithError(g_dispatch_ns, g_mode_flag_name);  // str keys only: no user code
-        if (v == nullptr) PyErr_Clear();
-    }
-    return v != Py_True;
 }
 
 namespace {

@@ -25,17 +25,12 @@ namespace tripwire::runtime {
 /// Install the adapter table found in `capsule` (a PyCapsule named
 /// TRIPWIRE_TORCH_ADAPTER_CAPSULE). False with a Python error set when the table is unusable
 /// (another ABI version, a torch the adapter was not built for). Once installed it stays: guard
-/// sets keep raw pointers into torch's types. Imports torch.utils._python_dispatch.
+/// sets keep raw pointers into torch's types.
 bool install_torch_adapter(PyObject* capsule, const char* torch_version);
 /// The installed adapter (set once by install_torch_adapter, never changed after), or null.
 /// Inline: GLOBAL_STATE's fast form calls through it on every check.
 extern const TwTorchAdapter* g_adapter;
 inline const TwTorchAdapter* torch_adapter() { return g_adapter; }
-
-/// Whether torch's guards mask the Python dispatch keys right now: true unless a dispatch mode
-/// without ignore_compile_internals is active (torch.utils._python_dispatch keeps the flag, the
-/// thread-local C++ copy torch reads is not exported). Runs no user code; false before install.
-bool mask_python_keys();
 
 // -- Python readers (the path without the adapter or the numpy struct) ------------------------------
 

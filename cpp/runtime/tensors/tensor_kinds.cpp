@@ -6,6 +6,7 @@
 #include "core/kind_data.hpp"
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/fetch.hpp"
+#include "runtime/tensors/mode_flag.hpp"
 #include "runtime/tensors/readers.hpp"
 
 namespace tripwire::runtime {
@@ -23,7 +24,22 @@ struct TensorFields {
     const std::int64_t* sizes = nullptr;
     const std::int64_t* strides = nullptr;  // null: the layout has none
     std::int64_t storage_offset = 0;
+    // The keys carry a Python key and torch's mode flag could not be found (mode_flag.hpp): the
+    // masked and the unmasked set differ, so the guard passes for one flag value and fails for the
+    // other. Undecidable without the flag: the comparison fails closed.
+    bool mask_unknown = false;
 };
+
+// torch's guards remove the Python keys unless a dispatch mode without ignore_compile_internals
+// is active (guards.h LocalState::apply): the flag is read only when one of them is present.
+inline void apply_python_key_mask(std::uint64_t bits, std::uint64_t& keys, bool& unknown) {
+    if ((keys & bits) == 0) return;
+    switch (python_key_mask()) {
+        case PythonKeyMask::Masked: keys &= ~bits; break;
+        case PythonKeyMask::Kept: break;
+        case PythonKeyMask::Unknown: unknown = true; break;
+    }
+}
 
 // The fields ARRAY_MATCH compares.
 struct ArrayFields {
@@ -72,7 +88,11 @@ bool compare_tensor(const std::int64_t* d, const TensorFields& f, std::vector<Fi
         core::tensor_data::kHeader, core::tensor_data::kNdim, core::tensor_data::kRequiresGrad,
         core::tensor_data::kStorageOffset;
     bool ok = true;
-    if (static_cast<std::uint64_t>(d[kDispatchKeys]) != f.keys) {
+    if (f.mask_unknown) {
+        ok = false;
+        if (!differs(out, Field::PythonKeyMask, d[kDispatchKeys], static_cast<std::int64_t>(f.keys)))
+            return false;
+    } else if (static_cast<std::uint64_t>(d[kDispatchKeys]) != f.keys) {
         ok = false;
         if (!differs(out, Field::DispatchKeys, d[kDispatchKeys], static_cast<std::int64_t>(f.keys)))
             return false;
@@ -108,8 +128,8 @@ bool compare_tensor(const std::int64_t* d, const TensorFields& f, std::vector<Fi
 // of listing differences (the diagnostics use compare_tensor; the tests hold them together).
 inline bool tensor_equal(const std::int64_t* d, const TensorFields& f) {
     namespace td = core::tensor_data;
-    if (static_cast<std::uint64_t>(d[td::kDispatchKeys]) != f.keys || d[td::kDtype] != f.dtype ||
-        d[td::kDeviceIndex] != f.device_index ||
+    if (f.mask_unknown || static_cast<std::uint64_t>(d[td::kDispatchKeys]) != f.keys ||
+        d[td::kDtype] != f.dtype || d[td::kDeviceIndex] != f.device_index ||
         d[td::kRequiresGrad] != static_cast<std::int64_t>(f.requires_grad) || d[td::kNdim] != f.ndim) {
         return false;
     }
@@ -141,9 +161,7 @@ NativeRead native_fields(PyObject* v, TwTensorFields& m, TensorFields& f) {
     if (r == 2) return NativeRead::ByCode;
     if (r != 1) return NativeRead::Unreadable;
     f.keys = m.dispatch_keys;
-    // torch masks the Python keys unless a dispatch mode without ignore_compile_internals is
-    // active; the flag is read only when the tensor carries one of them (rarely).
-    if ((f.keys & a->python_keys_mask) != 0 && mask_python_keys()) f.keys &= ~a->python_keys_mask;
+    apply_python_key_mask(a->python_keys_mask, f.keys, f.mask_unknown);
     f.dtype = m.dtype;
     f.device_index = m.device_index;
     f.requires_grad = m.requires_grad != 0;
@@ -185,7 +203,10 @@ int python_fields(PyObject* v, PythonTensor& keep, TensorFields& f) {
         PyErr_SetString(PyExc_TypeError, "the tensor reader returned a malformed tuple");
         return -1;
     }
+    // The reader applies the thread-local include/exclude sets; the Python-key mask is applied
+    // here, by the flag the native path reads (mode_flag.hpp), never by a module global.
     f.keys = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(t, 0));
+    apply_python_key_mask(python_key_bits(), f.keys, f.mask_unknown);
     f.dtype = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
     f.device_index = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
     const int rg = PyObject_IsTrue(PyTuple_GET_ITEM(t, 3));
@@ -383,6 +404,7 @@ const char* field_name(Field f) {
         case Field::FContiguous: return "f_contiguous";
         case Field::Aligned: return "aligned";
         case Field::Writeable: return "writeable";
+        case Field::PythonKeyMask: return "python_key_mask";
     }
     return "unknown";
 }
@@ -666,9 +688,10 @@ bool applied_key_set(PyObject* v, std::uint64_t& out) {
     // LocalState::apply); then the Python keys, unless a dispatch mode without
     // ignore_compile_internals is active (read only when one of them is present).
     std::uint64_t keys = a->apply_local_keys(raw, 0);
-    if ((keys & a->python_keys_mask) != 0 && mask_python_keys()) keys &= ~a->python_keys_mask;
+    bool unknown = false;
+    apply_python_key_mask(a->python_keys_mask, keys, unknown);
     out = keys;
-    return true;
+    return !unknown;  // torch's flag not found and a Python key present: undecidable, fails closed
 }
 
 int dispatch_key_set_match(const RuntimeGuard& g, PyObject* v) {

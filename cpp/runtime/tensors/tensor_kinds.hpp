@@ -34,7 +34,9 @@ struct FieldMismatch {
         CContiguous,  ///< required, missing
         FContiguous,
         Aligned,
-        Writeable,  ///< expected/actual: 0 or 1
+        Writeable,      ///< expected/actual: 0 or 1
+        PythonKeyMask,  ///< tensors: the keys carry a Python key and torch's mode flag could not be
+                        ///< found (mode_flag.hpp): undecidable, fails closed; expected/actual: keys
     };
     Field field = Field::Type;
     std::int64_t dim = -1;
@@ -88,10 +90,12 @@ inline bool dimension_marking_quick(const RuntimeGuard& g, PyObject* v) {
 
 /// DISPATCH_KEY_SET_MATCH (adapter only): `v`'s key set with the current thread's include/exclude
 /// sets applied and the Python keys masked as torch's guards mask them (applied_key_set) equals the
-/// guard's `n`. 1 or 0; runs no user code, allocates nothing, sets no error.
+/// guard's `n`. 1 or 0 (0 also when the set carries a Python key and torch's mode flag was not
+/// found: undecidable, fails closed); runs no user code, allocates nothing, sets no error.
 int dispatch_key_set_match(const RuntimeGuard& g, PyObject* v);
 /// torch's LocalState::apply on `v`'s key set, now: true and the raw bits when `v` is a
-/// DispatchKeySet the adapter reads, false otherwise (not one, or no adapter).
+/// DispatchKeySet the adapter reads, false otherwise (not one, no adapter, or a Python key in the
+/// set while torch's mode flag is unknown: mode_flag.hpp).
 bool applied_key_set(PyObject* v, std::uint64_t& out);
 
 /// Every field where `v` differs (empty: the guard holds). False with a Python error set when a

@@ -148,6 +148,19 @@ class ImportedGuardSet(GuardSet):
     ``{"self": model, ...}``; closure variables by name). ``torch_import`` is the record.
     """
 
+    def __new__(
+        cls,
+        specs: list[GuardSpec],
+        f_globals: dict | None,
+        record: TorchImport,
+        *,
+        keep_alive: Any = None,
+        strict: bool = False,
+    ) -> ImportedGuardSet:
+        # GuardSet.__new__ builds the engine's set, or raises leaving no instance behind (an
+        # unbuildable set, e.g. STORAGE_OVERLAPPING without the torch adapter).
+        return super().__new__(cls, specs, f_globals, None, strict=strict)  # type: ignore[return-value]
+
     def __init__(
         self,
         specs: list[GuardSpec],
@@ -157,7 +170,6 @@ class ImportedGuardSet(GuardSet):
         keep_alive: Any = None,
         strict: bool = False,
     ) -> None:
-        super().__init__(specs, f_globals, None, strict=strict)
         self.torch_import = record
         self.f_globals = f_globals  # what G[...] sources read (the frame's globals)
         # Guards evaluated by torch's own leaf objects call into torch's tree: keep it alive.

@@ -1152,7 +1152,12 @@ class Converter:
             ks = ks | torch._C.DispatchKeySet(k)
         if str(ks) != m.group(2):
             raise _Fallback(f"{m.group(2)} does not rebuild from its key names")
-        match = DispatchKeySetMatch(_applied_keys(torch, ks))
+        applied = _applied_keys(torch, ks)
+        if applied is None:
+            raise _Fallback(
+                "the set has a Python key and torch's per-thread dispatch-mode flag was not found"
+            )
+        match = DispatchKeySetMatch(applied)
         self.refresh_local_state()
         if bool(leaf(ks)) is not True:
             raise _Fallback("torch's leaf does not accept the printed set under the current dispatch state")
@@ -1182,17 +1187,24 @@ class Converter:
         return self._probe("torch_dual_level", level, site), ""
 
 
-def _applied_keys(torch: Any, ks: Any) -> int:
+def _applied_keys(torch: Any, ks: Any) -> int | None:
     """torch's LocalState::apply with the current thread's state: (ks | included) - excluded,
-    the Python keys removed unless a dispatch mode without ignore_compile_internals is active."""
+    the Python keys removed unless a dispatch mode without ignore_compile_internals is active
+    (torch's per-thread flag, tensors._mask_python_keys). None when the set has a Python key and
+    that flag is unknown: the masked and unmasked sets differ, so no answer is sound."""
     from ..tensors import _mask_python_keys
 
     C = torch._C
     KS = C.DispatchKeySet
     out = KS.__sub__(KS.__or__(ks, C._dispatch_tls_local_include_set()), C._dispatch_tls_local_exclude_set())
-    if _mask_python_keys(torch):
-        for k in (C.DispatchKey.Python, C.DispatchKey.PythonTLSSnapshot, C.DispatchKey.PythonDispatcher):
-            out = KS.remove(out, k)
+    python_keys = (C.DispatchKey.Python, C.DispatchKey.PythonTLSSnapshot, C.DispatchKey.PythonDispatcher)
+    if any(KS.has(out, k) for k in python_keys):
+        mask = _mask_python_keys()
+        if mask is None:
+            return None
+        if mask:
+            for k in python_keys:
+                out = KS.remove(out, k)
     return int(KS.raw_repr(out))
 
 
@@ -1209,7 +1221,8 @@ class DispatchKeySetMatch:
         torch = sys.modules["torch"]
         if not issubclass(type(value), torch._C.DispatchKeySet):
             return False
-        return _applied_keys(torch, value) == self.expected
+        applied = _applied_keys(torch, value)
+        return applied is not None and applied == self.expected  # None: undecidable, fails closed
 
     def __repr__(self) -> str:
         from ..tensors import dispatch_key_names
