@@ -1,6 +1,7 @@
 """The engine's test switches as context managers, shared by the tensor, array and torch-state tests:
 the fast pass on or off, and reading tensors, arrays and torch's state through the Python readers
-even where the adapter or the numpy struct is available. Each restores what it found."""
+even where the adapter or the numpy struct is available. Each restores what it found. Also the
+skip tests' four-way agreement (skipping engine, no skip, tree walk, reference)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tripwire import _core
+from tripwire import _core, reference
 
 
 @contextlib.contextmanager
@@ -49,3 +50,19 @@ def assert_passes_on_the_fast_pass(gs: Any, f_locals: dict) -> None:
     n = gs._fast_pass_count
     assert gs.check(f_locals)
     assert gs._fast_pass_count == n + 1
+
+
+def agree_with_and_without_skip(gs: Any, specs: list, f_locals: dict, f_globals: dict | None = None) -> bool:
+    """The decision on ``f_locals``, asserted equal four ways: the skipping engine, the engine with
+    the skip off, the tree walk (fast pass off) and the reference."""
+    skip = gs.check(f_locals)
+    was = _core._set_skip(False)
+    try:
+        noskip = gs.check(f_locals)
+    finally:
+        _core._set_skip(was)
+    with fast_pass(False):
+        walk = gs.check(f_locals)
+    ref = reference.check(specs, f_locals, f_globals)
+    assert skip == noskip == walk == ref, (skip, noskip, walk, ref)
+    return skip

@@ -18,8 +18,9 @@ import pytest
 
 import skip_world
 import tripwire as tw
+from engine_switches import agree_with_and_without_skip
 from gc_stress import scaled
-from tripwire import _core, reference
+from tripwire import _core
 
 
 def test_skip_is_on() -> None:
@@ -79,23 +80,6 @@ def _guards(f_locals: dict) -> tw.GuardSet:
         b.dict_keys(f"{m}.__dict__['_parameters']")
         b.id_match(f"{m}.__dict__['_parameters']['w']")
     return b.build()
-
-
-def _agree(gs: tw.GuardSet, specs: list, f_locals: dict, f_globals: dict | None = None) -> bool:
-    skip = gs.check(f_locals)
-    was = _core._set_skip(False)
-    try:
-        noskip = gs.check(f_locals)
-    finally:
-        _core._set_skip(was)
-    was = _core._set_fast_pass(False)
-    try:
-        walk = gs.check(f_locals)
-    finally:
-        _core._set_fast_pass(was)
-    ref = reference.check(specs, f_locals, f_globals)
-    assert skip == noskip == walk == ref, (skip, noskip, walk, ref)
-    return skip
 
 
 def _warm(gs: tw.GuardSet, f_locals: dict) -> None:
@@ -165,7 +149,7 @@ def test_each_mutation_kind_is_seen(name: str, mutate: Any) -> None:
     try:
         mutate(root)
         for _ in range(3):  # the first check after the change, and the claims it made
-            _agree(gs, specs, f_locals)
+            agree_with_and_without_skip(gs, specs, f_locals)
     finally:
         if not had_k and "k" in Sub.__dict__:
             del Sub.k
@@ -221,9 +205,9 @@ def test_length_of_a_fixed_size_value_is_implied_by_identity(name: str, value: A
     d[name] = value
     same = type(value) is tuple and len(value) == 2  # only the equal new tuple still passes
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) == same
+        assert agree_with_and_without_skip(gs, specs, f_locals) == same
     d["dims"].append(3)  # in place, under the unchanged dict: the list's LENGTH sees it
-    assert not _agree(gs, specs, f_locals)
+    assert not agree_with_and_without_skip(gs, specs, f_locals)
 
 
 def test_slots_and_properties_are_evaluated_every_time() -> None:
@@ -254,13 +238,13 @@ def test_slots_and_properties_are_evaluated_every_time() -> None:
     specs = list(gs.guards)
     _warm(gs, f_locals)
     s.a = 6
-    assert not _agree(gs, specs, f_locals)
+    assert not agree_with_and_without_skip(gs, specs, f_locals)
     s.a = 5
-    assert _agree(gs, specs, f_locals)
+    assert agree_with_and_without_skip(gs, specs, f_locals)
     state["v"] = 2  # the dicts on the path are unchanged; the computed values are not
-    assert not _agree(gs, specs, f_locals)
+    assert not agree_with_and_without_skip(gs, specs, f_locals)
     state["v"] = 1
-    assert _agree(gs, specs, f_locals)
+    assert agree_with_and_without_skip(gs, specs, f_locals)
 
 
 def test_module_globals_and_function_fields() -> None:
@@ -301,11 +285,11 @@ def test_module_globals_and_function_fields() -> None:
     ]:
         code = f.__code__
         mutate()
-        assert not _agree(gs, specs, {}, f_globals)
+        assert not agree_with_and_without_skip(gs, specs, {}, f_globals)
         undo()
         if f.__code__ is not code:
             f.__code__ = code
-        _agree(gs, specs, {}, f_globals)
+        agree_with_and_without_skip(gs, specs, {}, f_globals)
 
 
 def test_embedded_instance_dict_on_313_is_never_trusted() -> None:
@@ -328,7 +312,7 @@ def test_embedded_instance_dict_on_313_is_never_trusted() -> None:
     _warm(gs, f_locals)
     for v in (5, 1, 6, 1):
         o.a = v  # STORE_ATTR: on 3.13 through the inline values
-        assert _agree(gs, specs, f_locals) == (v == 1)
+        assert agree_with_and_without_skip(gs, specs, f_locals) == (v == 1)
 
 
 def test_dict_version_refuses_an_embedded_dict_on_313() -> None:
@@ -387,7 +371,7 @@ def test_a_thread_mutating_the_tree_while_another_checks() -> None:
         t.join()
     assert results <= {True, False}
     m.k = 11
-    assert _agree(gs, specs, f_locals)
+    assert agree_with_and_without_skip(gs, specs, f_locals)
 
 
 def test_a_lying_user_key_in_the_dict_is_never_claimed() -> None:
@@ -413,7 +397,7 @@ def test_a_lying_user_key_in_the_dict_is_never_claimed() -> None:
     _warm(gs, f_locals)
     for lie in (True, False, True, False):
         state["lie"] = lie
-        _agree(gs, specs, f_locals)
+        agree_with_and_without_skip(gs, specs, f_locals)
 
 
 def test_a_predicate_that_checks_the_set_again_and_mutates() -> None:
@@ -509,9 +493,9 @@ def test_dict_version_flags_under_the_skip(name: str, mutate: Any, modified: boo
     del other  # its flag unregisters while the dict's next events are still to come
     gc.collect()
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is not modified
+        assert agree_with_and_without_skip(gs, specs, f_locals) is not modified
     holder["t"]["z"] = 0  # later events on the dict: the (freed) flag of `other` is not touched
-    assert not _agree(gs, specs, f_locals)
+    assert not agree_with_and_without_skip(gs, specs, f_locals)
 
 
 def test_the_skip_through_the_frame_hook() -> None:

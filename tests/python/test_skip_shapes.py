@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import tripwire as tw
+from engine_switches import agree_with_and_without_skip
 from gc_stress import scaled
 from tripwire import _core, reference
 
@@ -36,29 +37,6 @@ class Module:
 class Box:
     def __init__(self, **kw: Any) -> None:
         self.__dict__.update(kw)
-
-
-def _decisions(gs: tw.GuardSet, specs: list, f_locals: dict) -> tuple[bool, bool, bool, bool]:
-    """The skipping engine, the engine without the skip, the tree walk and the reference."""
-    skip = gs.check(f_locals)
-    was = _core._set_skip(False)
-    try:
-        noskip = gs.check(f_locals)
-    finally:
-        _core._set_skip(was)
-    was = _core._set_fast_pass(False)
-    try:
-        walk = gs.check(f_locals)
-    finally:
-        _core._set_fast_pass(was)
-    ref = reference.check(specs, f_locals)
-    return skip, noskip, walk, ref
-
-
-def _agree(gs: tw.GuardSet, specs: list, f_locals: dict) -> bool:
-    d = _decisions(gs, specs, f_locals)
-    assert len(set(d)) == 1, d
-    return d[0]
 
 
 T = "L['self'].__dict__['_modules']['m1'].__dict__['_buffers']['t']"
@@ -108,7 +86,7 @@ def _warm_and_change(value: Any, relation: str, change: Any, root_change: bool =
     _warm(gs, f_locals)
     change(root if root_change else value)
     for _ in range(3):  # the first check after the change, and whatever claims it made
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
     fails = gs._shape_info["relations"][0][3]
     assert fails > 0, gs.explain()  # the relation failed, not some other guard
 
@@ -181,10 +159,10 @@ def test_int_symbol_of_a_settled_module_attribute_changed_fails_the_relation() -
     _warm(gs, f_locals)
     mod.n = 5  # type: ignore[attr-defined]
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
     mod.n = 4  # type: ignore[attr-defined]
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True
 
 
 def test_a_symbol_is_never_settled_even_with_guards_on_its_node() -> None:
@@ -204,11 +182,11 @@ def test_a_symbol_is_never_settled_even_with_guards_on_its_node() -> None:
     _warm(gs, f_locals)
     f_locals["d"]["m"] = 4
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
     f_locals["d"]["m"] = 3
     f_locals["d"]["n"] = 4
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
 
 
 # -- residues between symbol reads --------------------------------------------------------------
@@ -231,19 +209,19 @@ def test_a_residue_between_symbol_reads_changes_a_later_symbol() -> None:
     gs = b.build()
     specs = list(gs.guards)
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True
     residues_before = gs._residue_pass_count
     assert gs.check(f_locals)
     assert gs._residue_pass_count == residues_before + 1  # decided with the residue in place
     state["write"] = 4
     for _ in range(3):
         box.n = 3  # the lambda rewrites it during the check
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
     fails = gs._shape_info["relations"][0][3]
     assert fails > 0, gs.explain()
     state["write"] = 3
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True
 
 
 @pytest.mark.parametrize("size", ["array", "int"])
@@ -267,14 +245,14 @@ def test_a_residue_resizing_a_later_array_fails_the_relation(size: str) -> None:
     gs = b.build()
     specs = list(gs.guards)
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True
     state["shape"] = (4, 3)
     for _ in range(3):
         _reshape(arr, (3, 4))
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
     state["shape"] = (3, 4)
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True
 
 
 class _BigSource:
@@ -342,7 +320,7 @@ def test_a_symbol_of_the_wrong_type_after_a_residue_fails() -> None:
     armed[0] = True
     for _ in range(3):
         box.n = 3
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
 
 
 def test_explain_has_the_fast_path_summary_and_the_shape_section() -> None:
@@ -384,7 +362,7 @@ def test_symbols_stored_by_residue_subtrees_and_by_the_program_meet_in_one_frame
     gs = b.build()
     specs = list(gs.guards)
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True
     residues_before = gs._residue_pass_count
     assert gs.check(f_locals)
     assert gs._residue_pass_count == residues_before + 1  # the property and the subclass: residues
@@ -396,6 +374,6 @@ def test_symbols_stored_by_residue_subtrees_and_by_the_program_meet_in_one_frame
     ):
         changed = dict(f_locals, **{key: value})
         for _ in range(2):
-            assert _agree(gs, specs, changed) is False, key
+            assert agree_with_and_without_skip(gs, specs, changed) is False, key
     for _ in range(2):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 import tripwire as tw
+from engine_switches import agree_with_and_without_skip
 from gc_stress import scaled
-from tripwire import _core, reference
+from tripwire import _core
 
 
 class Module:
@@ -36,23 +37,6 @@ class Module:
 class Box:
     def __init__(self, **kw: Any) -> None:
         self.__dict__.update(kw)
-
-
-def _agree(gs: tw.GuardSet, specs: list, f_locals: dict) -> bool:
-    skip = gs.check(f_locals)
-    was = _core._set_skip(False)
-    try:
-        noskip = gs.check(f_locals)
-    finally:
-        _core._set_skip(was)
-    was = _core._set_fast_pass(False)
-    try:
-        walk = gs.check(f_locals)
-    finally:
-        _core._set_fast_pass(was)
-    ref = reference.check(specs, f_locals)
-    assert skip == noskip == walk == ref, (skip, noskip, walk, ref)
-    return skip
 
 
 def _tree(value: Any) -> tuple[Module, dict]:
@@ -109,7 +93,7 @@ def _warm_and_mutate(value: Any, match: str, mutate: Any) -> None:
     assert gs._last_fast_guards == len(gs) - (0 if native else 1), gs.explain()
     mutate(value)
     for _ in range(3):  # the first check after the change, and whatever claims it made
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
 
 
 def _torch() -> Any:
@@ -210,15 +194,15 @@ def test_alias_over_settled_sources_sees_a_replaced_config() -> None:
     assert gs._last_fast_guards == len(gs), gs.explain()
     root._modules["b2"].cfg = Box(causal=True)  # equal fields, another object
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
     root._modules["b2"].cfg = cfg
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True
     # A mutation inside the shared config (no dict of the tree is written) keeps the alias true
     # but fails the field guard on block 0.
     cfg.causal = False
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
 
 
 def test_no_alias_over_settled_sources_sees_a_shared_dict() -> None:
@@ -231,7 +215,7 @@ def test_no_alias_over_settled_sources_sees_a_shared_dict() -> None:
     # Block 2 now shares block 0's _modules dict: only block 2's instance dict is written.
     root._modules["b2"].__dict__["_modules"] = root._modules["b0"]._modules
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
 
 
 class Freer:

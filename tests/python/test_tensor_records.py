@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import tripwire as tw
-from tripwire import _core, reference
+from engine_switches import agree_with_and_without_skip
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -30,23 +30,6 @@ class Module:
         self.training = False
         self._modules: dict[str, Any] = {}
         self._parameters: dict[str, Any] = {}
-
-
-def _agree(gs: tw.GuardSet, specs: list, f_locals: dict) -> bool:
-    skip = gs.check(f_locals)
-    was = _core._set_skip(False)
-    try:
-        noskip = gs.check(f_locals)
-    finally:
-        _core._set_skip(was)
-    was = _core._set_fast_pass(False)
-    try:
-        walk = gs.check(f_locals)
-    finally:
-        _core._set_fast_pass(was)
-    ref = reference.check(specs, f_locals)
-    assert skip == noskip == walk == ref, (skip, noskip, walk, ref)
-    return skip
 
 
 P = "L['self'].__dict__['_modules']['m1'].__dict__['_parameters']"
@@ -130,12 +113,12 @@ def _mutations() -> dict[str, Any]:
 def test_one_tensor_changed_among_records_of_other_ranks_fails(name: str, index: int) -> None:
     root, f_locals, gs = _world()
     specs = list(gs.guards)
-    assert _agree(gs, specs, f_locals) is True
+    assert agree_with_and_without_skip(gs, specs, f_locals) is True
     assert gs.check(f_locals)
     assert gs._last_skipped_guards > 0, gs.explain()  # the skip is at work around the tensors
     _mutations()[name](_param(root, index))
     for _ in range(3):  # the first check after the change, and whatever claims it made
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
 
 
 @pytest.mark.parametrize("index", range(len(SHAPES)))
@@ -148,9 +131,9 @@ def test_a_tensor_given_another_record_s_metadata_fails(index: int) -> None:
         if SHAPES[j] == SHAPES[index]:
             continue
         _param(root, index).data = torch.zeros(shape)
-        assert _agree(gs, specs, f_locals) is False, (index, j)
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False, (index, j)
     _param(root, index).data = torch.zeros(SHAPES[index])
-    assert _agree(gs, specs, f_locals) is True
+    assert agree_with_and_without_skip(gs, specs, f_locals) is True
 
 
 @pytest.mark.parametrize("index", range(len(SHAPES)))
@@ -162,7 +145,7 @@ def test_a_tensor_swapped_for_its_other_type_fails(index: int) -> None:
     old = _param(root, index)
     new = torch.zeros(old.shape) if isinstance(old, torch.nn.Parameter) else torch.nn.Parameter(old.detach())
     root._modules["m1"]._parameters[f"p{index}"] = new
-    assert _agree(gs, specs, f_locals) is False
+    assert agree_with_and_without_skip(gs, specs, f_locals) is False
 
 
 def test_marking_after_a_class_change_fails() -> None:
@@ -181,19 +164,19 @@ def test_marking_after_a_class_change_fails() -> None:
     gs = b.build()
     specs = list(gs.guards)
     for _ in range(3):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True
     Sub.unrelated = 1  # the type's version tag moves on
     for _ in range(2):
-        assert _agree(gs, specs, f_locals) is True
+        assert agree_with_and_without_skip(gs, specs, f_locals) is True
     torch._dynamo.mark_dynamic(t, 0)
     for _ in range(2):
-        assert _agree(gs, specs, f_locals) is False
+        assert agree_with_and_without_skip(gs, specs, f_locals) is False
 
 
 def test_records_survive_a_save_load_round_trip() -> None:
     root, f_locals, gs = _world()
     loaded = tw.GuardSet.from_bytes(gs.to_bytes())
     specs = list(loaded.guards)
-    assert _agree(loaded, specs, f_locals) is True
+    assert agree_with_and_without_skip(loaded, specs, f_locals) is True
     _param(root, 2).data = torch.zeros(2, 3, 5)
-    assert _agree(loaded, specs, f_locals) is False
+    assert agree_with_and_without_skip(loaded, specs, f_locals) is False
