@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..catalogue import GuardSpec
 from ..guard_set import GuardSet
@@ -148,6 +148,10 @@ class ImportedGuardSet(GuardSet):
     ``{"self": model, ...}``; closure variables by name). ``torch_import`` is the record.
     """
 
+    torch_import: TorchImport
+    f_globals: dict | None
+    _keep_alive: Any
+
     def __new__(
         cls,
         specs: list[GuardSpec],
@@ -158,22 +162,14 @@ class ImportedGuardSet(GuardSet):
         strict: bool = False,
     ) -> ImportedGuardSet:
         # GuardSet.__new__ builds the engine's set, or raises leaving no instance behind (an
-        # unbuildable set, e.g. STORAGE_OVERLAPPING without the torch adapter).
-        return super().__new__(cls, specs, f_globals, None, strict=strict)  # type: ignore[return-value]
-
-    def __init__(
-        self,
-        specs: list[GuardSpec],
-        f_globals: dict | None,
-        record: TorchImport,
-        *,
-        keep_alive: Any = None,
-        strict: bool = False,
-    ) -> None:
+        # unbuildable set, e.g. STORAGE_OVERLAPPING without the torch adapter); GuardSet's
+        # __init__, which Python calls next with these arguments, does nothing.
+        self = cast("ImportedGuardSet", super().__new__(cls, specs, f_globals, None, strict=strict))
         self.torch_import = record
         self.f_globals = f_globals  # what G[...] sources read (the frame's globals)
         # Guards evaluated by torch's own leaf objects call into torch's tree: keep it alive.
         self._keep_alive = keep_alive
+        return self
 
     def __repr__(self) -> str:
         state = " INVALID" if self.invalid else ""
