@@ -523,16 +523,11 @@ def _load(
         tensors.ensure_numpy()
     del checked, memo
     gs = _core.GuardSetCore.__new__(GuardSet)
-    error: FormatError
     try:
         _core.GuardSetCore.__init__(gs, doc, consts, f_globals, doc.strict, GuardEvalError)
     except (ValueError, TypeError, RuntimeError) as e:
-        error = FormatError(f"the guard program is invalid: {e}")
-    else:
-        error = None  # type: ignore[assignment]
-    if error is not None:
         del gs  # never constructed: no frame of the traceback may hold it (GuardSet.__new__)
-        raise error
+        raise FormatError(f"the guard program is invalid: {e}") from None
     held, weak_positions = doc.hold_weakly(consts)
     gs._set_loaded_state((doc, held, weak_positions), f_globals, doc.strict, tuple(doc.dropped), baselines)
     return gs
