@@ -768,12 +768,26 @@ def test_threads_checking_while_another_mutates() -> None:
     decisive = [0]  # checks whose window admits one answer only
 
     min_checks = scaled(2000, 200)
+    min_decisive = 5
 
     def mutate() -> None:
-        # Every state once, then on round again until the checkers have done enough checks (a
-        # slow build, ASan, --gc-stress: the checkers may get few turns); bounded.
+        # Every state once, then on round again until the checkers have done enough checks, with
+        # both answers and enough decisive windows (a slow build, ASan, --gc-stress: the checkers
+        # may get few turns). Bounded by time, not by states: under --gc-stress the mutator once
+        # ran its whole state budget while the checkers finished 33 checks. When the checkers lag
+        # behind, the mutator yields for real (a sleep, not sleep(0)) so they get turns.
         i = 0
-        while (i < len(states) or sum(answers.values()) < min_checks) and i < 50 * len(states):
+        deadline = time.monotonic() + 120.0
+
+        def enough() -> bool:
+            return (
+                sum(answers.values()) >= min_checks
+                and decisive[0] >= min_decisive
+                and answers[True] > 0
+                and answers[False] > 0
+            )
+
+        while (i < len(states) or not enough()) and time.monotonic() < deadline:
             state = states[i % len(states)]
             i += 1
             sx0, sx1, sn, sk = state
@@ -783,7 +797,8 @@ def test_threads_checking_while_another_mutates() -> None:
             shared["o"].k = sk
             history.append(state)
             done[0] += 1
-            time.sleep(0)  # let the checkers run between states (else one side starves)
+            # let the checkers run between states (else one side starves)
+            time.sleep(0 if sum(answers.values()) >= i // 4 else 0.001)
         stop.set()
 
     def check() -> None:
@@ -823,7 +838,7 @@ def test_threads_checking_while_another_mutates() -> None:
         sys.setswitchinterval(old)
     assert not errors, errors[:5]
     assert answers[True] and answers[False], answers
-    assert decisive[0] >= 5, (decisive, answers)  # windows that admit one answer: a wrong one fails
+    assert decisive[0] >= min_decisive, (decisive, answers)  # windows that admit one answer: a wrong one fails
     # And the set still decides each state exactly when nothing moves.
     for state in states[:50]:
         sx0, sx1, sn, sk = state
