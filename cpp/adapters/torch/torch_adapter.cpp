@@ -17,12 +17,14 @@
 #include <c10/core/AutogradState.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <pybind11/pybind11.h>
 
@@ -35,6 +37,8 @@
 #endif
 
 #include <array>
+#include <memory>
+#include <typeinfo>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -190,6 +194,89 @@ bool read_by_code(const c10::TensorImpl* impl) {
            impl->layout() == c10::kStrided;
 }
 
+// A private member named through explicit template instantiation, the one place the language does
+// not check access: the compiler takes the member's place from the header torch was built with, so
+// the read is sound only against those exact headers (the adapter is compiled against the installed
+// torch's, and _core refuses it under any other torch version: readers.cpp install_torch_adapter).
+// Each use is checked against its public accessor when the adapter loads.
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+    friend typename Tag::type member_of(Tag) { return Member; }
+};
+
+// -- requires_grad without out-of-line calls ------------------------------------------------------
+//
+// TensorImpl::requires_grad() (c10/core/TensorImpl.cpp, out of line in libc10) is
+// `autograd_meta_ ? autograd_meta_->requires_grad() : false`, and the virtual call lands, for all
+// but views, in torch::autograd::AutogradMeta::requires_grad() (`requires_grad_ || grad_fn_`,
+// defined inline in torch/csrc/autograd/variable.h on public fields). TENSOR_MATCH asks it of every
+// tensor on every check: two calls into torch's libraries per tensor (62 a check on bench/
+// real_models.py's cnn). requires_grad_of decides the same way with neither call when it can:
+//  - the impl's autograd_meta_ read in place (TensorImpl::autograd_meta() is out of line in 2.13
+//    too: no public inline route exists), through the member's name (PrivateMember), verified at
+//    load (verify_requires_grad_reader) against autograd_meta() and requires_grad() on tensors of
+//    every meta kind; on any disagreement, or when the probe throws, every tensor takes torch's
+//    own requires_grad();
+//  - no meta: false, as torch's own first test;
+//  - a meta whose dynamic type is exactly AutogradMeta: the header's inline AutogradMeta::
+//    requires_grad(), called non-virtually (what the virtual call would run, compiled from the
+//    same header);
+//  - any other meta (a DifferentiableViewMeta, whose override also asks the view's base; an
+//    extension's own AutogradMetaInterface): the virtual call, as torch makes it.
+// Nothing is cached: each check reads the fields now, so requires_grad_() flipped after the guard
+// was built, a new grad_fn (an in-place op on a leaf's clone), detach() or set_autograd_meta() are
+// all seen.
+struct ImplAutogradMeta {
+    using type = std::unique_ptr<c10::AutogradMetaInterface> c10::TensorImpl::*;
+    friend type member_of(ImplAutogradMeta);
+};
+template struct PrivateMember<ImplAutogradMeta, &c10::TensorImpl::autograd_meta_>;
+
+bool g_meta_direct = false;  // set by verify_requires_grad_reader
+
+inline bool requires_grad_of(const c10::TensorImpl* impl) {
+    if (!g_meta_direct) return impl->requires_grad();
+    const c10::AutogradMetaInterface* meta = (impl->*member_of(ImplAutogradMeta{})).get();
+    if (meta == nullptr) return false;
+    if (typeid(*meta) == typeid(torch::autograd::AutogradMeta))
+        return static_cast<const torch::autograd::AutogradMeta*>(meta)->AutogradMeta::requires_grad();
+    return meta->requires_grad();
+}
+
+// The direct route against torch's own on tensors of each kind: no meta, a leaf that requires grad,
+// a non-leaf (grad_fn), a view of each (DifferentiableViewMeta), a detached one, a flipped one.
+void verify_requires_grad_reader() {
+    g_meta_direct = false;
+    // Whatever mode the adapter is loaded under: grad on (a non-leaf gets its grad_fn), inference off.
+    const c10::AutoGradMode grad(true);
+    const c10::InferenceMode no_inference(false);
+    at::Tensor leaf = at::ones({2, 3});
+    at::Tensor plain = at::ones({2, 3});
+    leaf.set_requires_grad(true);
+    at::Tensor nonleaf = leaf * 2;
+    const std::vector<at::Tensor> probes{plain,
+                                         leaf,
+                                         nonleaf,
+                                         leaf.view({3, 2}),
+                                         nonleaf.view({6}),
+                                         plain.view({6}),
+                                         leaf.detach(),
+                                         nonleaf.detach()};
+    bool ok = true;
+    g_meta_direct = true;
+    for (const at::Tensor& t : probes) {
+        const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        ok = ok && (impl->*member_of(ImplAutogradMeta{})).get() == impl->autograd_meta() &&
+             requires_grad_of(impl) == impl->requires_grad();
+    }
+    // A flip is seen both ways (the meta created by the first flip stays when it is cleared).
+    plain.set_requires_grad(true);
+    ok = ok && requires_grad_of(plain.unsafeGetTensorImpl()) && plain.unsafeGetTensorImpl()->requires_grad();
+    plain.set_requires_grad(false);
+    ok = ok && !requires_grad_of(plain.unsafeGetTensorImpl()) && !plain.unsafeGetTensorImpl()->requires_grad();
+    g_meta_direct = ok;
+}
+
 // -- torch's "dispatch mode without ignore_compile_internals" flag -------------------------------
 //
 // Found and read by the core since stop 19 (cpp/runtime/tensors/mode_flag.hpp: ELF parsing, no
@@ -215,7 +302,7 @@ int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept
         out->device_index = device.index();
         const c10::Layout layout = impl->layout();
         out->layout = static_cast<int32_t>(layout);
-        out->requires_grad = impl->requires_grad() ? 1 : 0;
+        out->requires_grad = requires_grad_of(impl) ? 1 : 0;
         out->ndim = impl->dim();
         out->sizes = impl->sizes().data();
         out->has_strides = layout == c10::kStrided ? 1 : 0;
@@ -244,7 +331,7 @@ int tensor_fields(PyObject* obj, TwTensorFields* out) noexcept {
         out->dispatch_keys = apply_local(impl->key_set(), 0).raw_repr();
         out->dtype = static_cast<int32_t>(impl->dtype().toScalarType());
         out->device_index = impl->device().index();
-        out->requires_grad = impl->requires_grad() ? 1 : 0;
+        out->requires_grad = requires_grad_of(impl) ? 1 : 0;
         out->ndim = impl->dim();
         out->sizes = impl->sizes().data();
         if (impl->layout() == c10::kStrided) {
@@ -340,7 +427,7 @@ int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept
             return 0;
         if (static_cast<int64_t>(impl->dtype().toScalarType()) != want[TW_TENSOR_DTYPE] ||
             impl->device().index() != want[TW_TENSOR_DEVICE_INDEX] ||
-            (impl->requires_grad() ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
+            (requires_grad_of(impl) ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
             return 0;
         const int64_t ndim = impl->dim();
         if (ndim != want[TW_TENSOR_NDIM] || impl->layout() != c10::kStrided) return 0;
@@ -477,10 +564,6 @@ uint64_t g_all_autocast_bits = 0;
 //    of through one out-of-line call and one __tls_get_addr per field per check.
 // read_global_state (snapshots and failure reasons) keeps torch's accessors.
 
-template <typename Tag, typename Tag::type Member>
-struct PrivateMember {
-    friend typename Tag::type member_of(Tag) { return Member; }
-};
 using Fp32Key = std::pair<at::Float32Backend, at::Float32Op>;
 using Fp32Map = std::unordered_map<Fp32Key, at::Float32Precision, c10::hash<Fp32Key>>;
 struct CtxDeterministic {
@@ -946,6 +1029,11 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
         g_all_autocast_bits |= c10::DispatchKeySet(g_autocast_keys[i]).raw_repr();
     }
     try {
+        verify_requires_grad_reader();
+    } catch (...) {
+        g_meta_direct = false;  // torch's requires_grad() for every tensor
+    }
+    try {
         probe_policy_bits();
     } catch (...) {
         g_policy_bits.ok = false;  // every tensor with the Python key counts as read by code
@@ -991,7 +1079,9 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     // accessor), for the tests and for diagnostics.
     if (PyModule_AddIntConstant(m, "autocast_cache_flag_offset", static_cast<long>(g_cache_flag.offset)) <
             0 ||
-        PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0) {
+        PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0 ||
+        // Whether requires_grad is read in place (requires_grad_of) or through torch's call.
+        PyModule_AddIntConstant(m, "requires_grad_direct", g_meta_direct ? 1 : 0) < 0) {
         Py_DECREF(m);
         return nullptr;
     }
