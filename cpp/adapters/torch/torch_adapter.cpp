@@ -179,7 +179,7 @@ void probe_policy_bits() {
 // calls the virtual device_custom() (likewise layout, sizes), which for a base TensorImpl with
 // the python bit asks the Python interpreter (TensorImpl.cpp; not in the headers, so not relied
 // on here either way). So the bits are read on every tensor, as below.
-bool read_by_code(const c10::TensorImpl* impl) {
+inline bool read_by_code(const c10::TensorImpl* impl) {
     if (!g_policy_bits.ok) {
         if (impl->key_set().has(c10::DispatchKey::Python)) return true;
     } else {
@@ -233,14 +233,27 @@ struct ImplAutogradMeta {
 template struct PrivateMember<ImplAutogradMeta, &c10::TensorImpl::autograd_meta_>;
 
 bool g_meta_direct = false;  // set by verify_requires_grad_reader
+bool g_meta_exact = false;   // a leaf's AutogradMeta is recognised by its type_info's address
 
+// kDirect: the route above (the table's tensor_matches is the instance verify_requires_grad_reader
+// chose, so the per-tensor path tests no flag); else torch's own call.
+template <bool kDirect>
 inline bool requires_grad_of(const c10::TensorImpl* impl) {
-    if (!g_meta_direct) return impl->requires_grad();
-    const c10::AutogradMetaInterface* meta = (impl->*member_of(ImplAutogradMeta{})).get();
-    if (meta == nullptr) return false;
-    if (typeid(*meta) == typeid(torch::autograd::AutogradMeta))
-        return static_cast<const torch::autograd::AutogradMeta*>(meta)->AutogradMeta::requires_grad();
-    return meta->requires_grad();
+    if constexpr (!kDirect) {
+        return impl->requires_grad();
+    } else {
+        const c10::AutogradMetaInterface* meta = (impl->*member_of(ImplAutogradMeta{})).get();
+        if (meta == nullptr) return false;
+        // The same type_info object: exactly an AutogradMeta. (A second copy of the type_info in
+        // another library would compare unequal here, and take the virtual call: slower, never
+        // wrong. typeid's operator== would compare the names instead: two more loads a tensor.)
+        if (&typeid(*meta) == &typeid(torch::autograd::AutogradMeta))
+            return static_cast<const torch::autograd::AutogradMeta*>(meta)->AutogradMeta::requires_grad();
+        return meta->requires_grad();
+    }
+}
+inline bool requires_grad_of(const c10::TensorImpl* impl) {
+    return g_meta_direct ? requires_grad_of<true>(impl) : requires_grad_of<false>(impl);
 }
 
 // The direct route against torch's own on tensors of each kind: no meta, a leaf that requires grad,
@@ -254,7 +267,12 @@ void verify_requires_grad_reader() {
     at::Tensor plain = at::ones({2, 3});
     leaf.set_requires_grad(true);
     at::Tensor nonleaf = leaf * 2;
+    // A view whose own fields are a plain meta's but whose base requires grad (the override's case).
+    at::Tensor base = at::ones({6});
+    at::Tensor view_of_base = base.view({2, 3});
+    base.set_requires_grad(true);
     const std::vector<at::Tensor> probes{plain,
+                                         view_of_base,
                                          leaf,
                                          nonleaf,
                                          leaf.view({3, 2}),
@@ -263,17 +281,18 @@ void verify_requires_grad_reader() {
                                          leaf.detach(),
                                          nonleaf.detach()};
     bool ok = true;
-    g_meta_direct = true;
     for (const at::Tensor& t : probes) {
         const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
         ok = ok && (impl->*member_of(ImplAutogradMeta{})).get() == impl->autograd_meta() &&
-             requires_grad_of(impl) == impl->requires_grad();
+             requires_grad_of<true>(impl) == impl->requires_grad();
     }
     // A flip is seen both ways (the meta created by the first flip stays when it is cleared).
     plain.set_requires_grad(true);
-    ok = ok && requires_grad_of(plain.unsafeGetTensorImpl()) && plain.unsafeGetTensorImpl()->requires_grad();
+    ok = ok && requires_grad_of<true>(plain.unsafeGetTensorImpl()) && plain.unsafeGetTensorImpl()->requires_grad();
     plain.set_requires_grad(false);
-    ok = ok && !requires_grad_of(plain.unsafeGetTensorImpl()) && !plain.unsafeGetTensorImpl()->requires_grad();
+    ok = ok && !requires_grad_of<true>(plain.unsafeGetTensorImpl()) && !plain.unsafeGetTensorImpl()->requires_grad();
+    const c10::AutogradMetaInterface* meta = leaf.unsafeGetTensorImpl()->autograd_meta();
+    g_meta_exact = meta != nullptr && &typeid(*meta) == &typeid(torch::autograd::AutogradMeta);
     g_meta_direct = ok;
 }
 
@@ -395,6 +414,16 @@ int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) no
 // TENSOR_MATCH in one call (the fast program's common case). The same fields and order as the
 // core's tensor_equal on tensor_fields' reading; anything it does not decide (Python keys, a layout
 // without strides, a difference) answers 0 and the core's full reader decides, naming the field.
+//
+// Once read_by_code has answered false for a strided tensor, its sizes/strides policy is Default
+// (read_by_code refuses CustomSizes, and CustomStrides on a strided layout), so sizes(), strides(),
+// dim() and storage_offset() are the impl's own sizes_and_strides_ and storage_offset_: the
+// *_default accessors read exactly those, testing the symbolic flag instead of the policy (a
+// symbolic tensor throws there, caught: 0, the full reader decides). One read of the sizes gives
+// the rank too. (Each policy accessor re-read the policy bits: stop 19's callgrind showed them
+// reloaded four times per tensor.) kDirect: requires_grad_of's route (the table holds the instance
+// verify_requires_grad_reader chose).
+template <bool kDirect>
 int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept {
     try {
         const at::Tensor& t = THPVariable_Unpack(obj);
@@ -427,21 +456,23 @@ int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept
             return 0;
         if (static_cast<int64_t>(impl->dtype().toScalarType()) != want[TW_TENSOR_DTYPE] ||
             impl->device().index() != want[TW_TENSOR_DEVICE_INDEX] ||
-            (requires_grad_of(impl) ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
+            (requires_grad_of<kDirect>(impl) ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
             return 0;
-        const int64_t ndim = impl->dim();
-        if (ndim != want[TW_TENSOR_NDIM] || impl->layout() != c10::kStrided) return 0;
-        const int64_t* sizes = impl->sizes().data();
-        const int64_t* strides = impl->strides().data();
+        if (impl->layout() != c10::kStrided) return 0;
+        const c10::IntArrayRef sizes = impl->sizes_default();
+        const int64_t ndim = static_cast<int64_t>(sizes.size());
+        if (ndim != want[TW_TENSOR_NDIM]) return 0;
+        const int64_t* size = sizes.data();
+        const int64_t* stride = impl->strides_default().data();
         const int64_t* pairs = want + TW_TENSOR_HEADER;
         for (int64_t i = 0; i < ndim; ++i) {
-            const int64_t size = pairs[2 * i], stride = pairs[2 * i + 1];
-            if ((size != TW_TENSOR_ANY && size != sizes[i]) ||
-                (stride != TW_TENSOR_ANY && stride != strides[i]))
+            const int64_t want_size = pairs[2 * i], want_stride = pairs[2 * i + 1];
+            if ((want_size != TW_TENSOR_ANY && want_size != size[i]) ||
+                (want_stride != TW_TENSOR_ANY && want_stride != stride[i]))
                 return 0;
         }
         const int64_t offset = want[TW_TENSOR_STORAGE_OFFSET];
-        return offset == TW_TENSOR_ANY || offset == impl->storage_offset() ? 1 : 0;
+        return offset == TW_TENSOR_ANY || offset == impl->storage_offset_default() ? 1 : 0;
     } catch (...) {
         return 0;
     }
@@ -1061,7 +1092,7 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.cpp_tensor_property = cpp_tensor_property;
     g_table.cpp_tensor_grad = cpp_tensor_grad;
     g_table.tensors_may_overlap = tensors_may_overlap;
-    g_table.tensor_matches = tensor_matches;
+    g_table.tensor_matches = g_meta_direct ? tensor_matches<true> : tensor_matches<false>;
     verify_key_set_reader();
     g_table.dispatch_key_set_type = g_key_set_type;
     g_table.dispatch_key_set_bits = dispatch_key_set_bits;
@@ -1081,7 +1112,9 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
             0 ||
         PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0 ||
         // Whether requires_grad is read in place (requires_grad_of) or through torch's call.
-        PyModule_AddIntConstant(m, "requires_grad_direct", g_meta_direct ? 1 : 0) < 0) {
+        PyModule_AddIntConstant(m, "requires_grad_direct", g_meta_direct ? 1 : 0) < 0 ||
+        // Whether a plain AutogradMeta is answered inline (else through its virtual call).
+        PyModule_AddIntConstant(m, "requires_grad_inline", g_meta_exact ? 1 : 0) < 0) {
         Py_DECREF(m);
         return nullptr;
     }
