@@ -37,13 +37,13 @@
 #endif
 
 #include <array>
-#include <memory>
-#include <typeinfo>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -271,15 +271,9 @@ void verify_requires_grad_reader() {
     at::Tensor base = at::ones({6});
     at::Tensor view_of_base = base.view({2, 3});
     base.set_requires_grad(true);
-    const std::vector<at::Tensor> probes{plain,
-                                         view_of_base,
-                                         leaf,
-                                         nonleaf,
-                                         leaf.view({3, 2}),
-                                         nonleaf.view({6}),
-                                         plain.view({6}),
-                                         leaf.detach(),
-                                         nonleaf.detach()};
+    const std::vector<at::Tensor> probes{plain,           view_of_base,      leaf,
+                                         nonleaf,         leaf.view({3, 2}), nonleaf.view({6}),
+                                         plain.view({6}), leaf.detach(),     nonleaf.detach()};
     bool ok = true;
     for (const at::Tensor& t : probes) {
         const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
@@ -288,9 +282,11 @@ void verify_requires_grad_reader() {
     }
     // A flip is seen both ways (the meta created by the first flip stays when it is cleared).
     plain.set_requires_grad(true);
-    ok = ok && requires_grad_of<true>(plain.unsafeGetTensorImpl()) && plain.unsafeGetTensorImpl()->requires_grad();
+    ok = ok && requires_grad_of<true>(plain.unsafeGetTensorImpl()) &&
+         plain.unsafeGetTensorImpl()->requires_grad();
     plain.set_requires_grad(false);
-    ok = ok && !requires_grad_of<true>(plain.unsafeGetTensorImpl()) && !plain.unsafeGetTensorImpl()->requires_grad();
+    ok = ok && !requires_grad_of<true>(plain.unsafeGetTensorImpl()) &&
+         !plain.unsafeGetTensorImpl()->requires_grad();
     const c10::AutogradMetaInterface* meta = leaf.unsafeGetTensorImpl()->autograd_meta();
     g_meta_exact = meta != nullptr && &typeid(*meta) == &typeid(torch::autograd::AutogradMeta);
     g_meta_direct = ok;
