@@ -69,7 +69,7 @@ def _torch_decides(gm: Any, x: Any) -> bool:
         return False
 
 
-def test_the_adapter_reads_requires_grad_in_place() -> None:
+def test_the_adapter_s_direct_routes_were_verified_at_load() -> None:
     if not ADAPTER:
         pytest.skip("the torch adapter is not loaded in this build")
     import tripwire._torch_adapter as adapter
@@ -79,6 +79,11 @@ def test_the_adapter_reads_requires_grad_in_place() -> None:
     assert adapter.requires_grad_direct == 1
     # And a plain AutogradMeta is recognised (its type_info is torch's own): answered inline.
     assert adapter.requires_grad_inline == 1
+    # read_by_code's "every policy Default" as one masked load was verified on a tensor whose
+    # policies were set one by one through torch's public setters (the policies' tests are
+    # test_tensor_read_by_code.py: wrapper subclasses whose sizes, strides, device or layout are
+    # answered by their Python).
+    assert adapter.policy_window == 1
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@
 #include <omp.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -166,6 +167,89 @@ void probe_policy_bits() {
     g_policy_bits = PolicyBits{*device, *layout, true};
 }
 
+inline bool read_by_code(const c10::TensorImpl* impl);
+
+// -- All policies Default, in one test -----------------------------------------------------------
+//
+// read_by_code's common answer (every policy Default: no custom device, layout, sizes or strides)
+// from one 8-byte load: the policy bits all live in the impl's bit-fields, within a few bytes. The
+// window (an offset into the impl and a mask over the 8 bytes there, in the load's byte order) is
+// found at load on a fresh tensor of our own: every bit that the policies' public setters flip
+// (set_custom_/set_python_custom_sizes_strides to CustomStrides and CustomSizes, which refresh
+// sizes_strides_policy_: its two bits, plus the setters' own fields; the device and layout policy
+// bits of probe_policy_bits). A masked bit set does not mean "read by code": the full test below
+// decides then. A clear window means every policy is zero (Default): the mask holds every bit of
+// each policy field (each bit is flipped by some setter value), and may hold more (the setters'
+// own fields, which only send more tensors to the full test). Without a verified window the mask
+// is all ones over offset 0 (the vtable pointer, never zero): the full test for every tensor.
+struct PolicyWindow {
+    std::size_t offset = 0;
+    uint64_t mask = ~uint64_t{0};
+};
+PolicyWindow g_policy_window;
+
+inline uint64_t window_of(const c10::TensorImpl* impl, std::size_t offset) {
+    uint64_t w = 0;
+    // The object representation, read as bytes (memcpy: allowed for any trivially copyable bytes).
+    std::memcpy(&w, reinterpret_cast<const unsigned char*>(impl) + offset, sizeof w);
+    return w;
+}
+
+void probe_policy_window() {
+    if (!g_policy_bits.ok) return;  // the device and layout bits are unknown
+    using Policy = c10::TensorImpl::SizesStridesPolicy;
+    at::Tensor t = at::empty({0});
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    const ImplBytes base = bytes_of(impl);
+    ImplBytes flipped{};
+    const auto collect = [&] {
+        const ImplBytes now = bytes_of(impl);
+        for (std::size_t i = 0; i < now.size(); ++i)
+            flipped[i] |= static_cast<unsigned char>(now[i] ^ base[i]);
+    };
+    for (const Policy p : {Policy::CustomStrides, Policy::CustomSizes}) {
+        impl->set_python_custom_sizes_strides(p);
+        collect();
+        impl->set_python_custom_sizes_strides(Policy::Default);
+        impl->set_custom_sizes_strides(p);
+        collect();
+        impl->set_custom_sizes_strides(Policy::Default);
+    }
+    if (bytes_of(impl) != base) return;
+    flipped[g_policy_bits.device.byte] |= g_policy_bits.device.mask;
+    flipped[g_policy_bits.layout.byte] |= g_policy_bits.layout.mask;
+    std::size_t first = flipped.size(), last = 0;
+    for (std::size_t i = 0; i < flipped.size(); ++i) {
+        if (flipped[i] == 0) continue;
+        first = std::min(first, i);
+        last = i;
+    }
+    if (first == flipped.size() || last - first >= sizeof(uint64_t)) return;
+    const std::size_t offset = std::min(first, flipped.size() - sizeof(uint64_t));
+    uint64_t mask = 0;
+    std::memcpy(&mask, flipped.data() + offset, sizeof mask);
+    // The window must say "Default" on this tensor and "not Default" under each policy, and the
+    // full test must agree both ways.
+    const auto clear = [&] { return (window_of(impl, offset) & mask) == 0; };
+    bool ok = clear() && !read_by_code(impl);
+    for (const Policy p : {Policy::CustomStrides, Policy::CustomSizes}) {
+        impl->set_python_custom_sizes_strides(p);
+        ok = ok && !clear();
+        impl->set_python_custom_sizes_strides(Policy::Default);
+        impl->set_custom_sizes_strides(p);
+        ok = ok && !clear();
+        impl->set_custom_sizes_strides(Policy::Default);
+    }
+    impl->set_custom_device(true);
+    ok = ok && !clear() && read_by_code(impl);
+    impl->set_custom_device(false);
+    impl->set_python_custom_layout(true);
+    ok = ok && !clear() && read_by_code(impl);
+    impl->set_python_custom_layout(false);
+    ok = ok && clear() && bytes_of(impl) == base;
+    if (ok) g_policy_window = PolicyWindow{offset, mask};
+}
+
 // True when reading the fields TENSOR_MATCH compares (dim, sizes, strides of a strided tensor,
 // storage offset, device, layout) would call a custom method: the readers refuse such a tensor.
 //
@@ -178,8 +262,10 @@ void probe_policy_bits() {
 // `device_policy_ = custom_device_ || python_custom_device_` (no key consulted), so device() then
 // calls the virtual device_custom() (likewise layout, sizes), which for a base TensorImpl with
 // the python bit asks the Python interpreter (TensorImpl.cpp; not in the headers, so not relied
-// on here either way). So the bits are read on every tensor, as below.
+// on here either way). So the bits are read on every tensor, as below: first all at once
+// (g_policy_window), then, when any is set, one by one.
 inline bool read_by_code(const c10::TensorImpl* impl) {
+    if ((window_of(impl, g_policy_window.offset) & g_policy_window.mask) == 0) return false;
     if (!g_policy_bits.ok) {
         if (impl->key_set().has(c10::DispatchKey::Python)) return true;
     } else {
@@ -188,10 +274,11 @@ inline bool read_by_code(const c10::TensorImpl* impl) {
             (p[g_policy_bits.layout.byte] & g_policy_bits.layout.mask) != 0)
             return true;
     }
+    // Default (below CustomStrides): neither sizes nor strides are custom.
+    if (!PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomStrides)) return false;
     if (PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomSizes)) return true;
     // Custom strides matter only where strides are read (a sparse tensor's throw, never read).
-    return PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomStrides) &&
-           impl->layout() == c10::kStrided;
+    return impl->layout() == c10::kStrided;
 }
 
 // A private member named through explicit template instantiation, the one place the language does
@@ -419,8 +506,10 @@ int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) no
 // the rank too. (Each policy accessor re-read the policy bits: stop 19's callgrind showed them
 // reloaded four times per tensor.) kDirect: requires_grad_of's route (the table holds the instance
 // verify_requires_grad_reader chose).
+// flatten: torch's inline accessors inlined whatever GCC's budget says (strides_default() was
+// left as an out-of-line call, 6 instructions plus the call each).
 template <bool kDirect>
-int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept {
+[[gnu::flatten]] int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept {
     try {
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (!t.defined()) return 0;
@@ -1062,8 +1151,10 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     }
     try {
         probe_policy_bits();
+        probe_policy_window();
     } catch (...) {
-        g_policy_bits.ok = false;  // every tensor with the Python key counts as read by code
+        g_policy_window = PolicyWindow{};  // the full test for every tensor
+        g_policy_bits.ok = false;          // every tensor with the Python key counts as read by code
     }
     try {
         bind_context();
@@ -1110,7 +1201,9 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
         // Whether requires_grad is read in place (requires_grad_of) or through torch's call.
         PyModule_AddIntConstant(m, "requires_grad_direct", g_meta_direct ? 1 : 0) < 0 ||
         // Whether a plain AutogradMeta is answered inline (else through its virtual call).
-        PyModule_AddIntConstant(m, "requires_grad_inline", g_meta_exact ? 1 : 0) < 0) {
+        PyModule_AddIntConstant(m, "requires_grad_inline", g_meta_exact ? 1 : 0) < 0 ||
+        // Whether read_by_code's "every policy Default" is one masked load (probe_policy_window).
+        PyModule_AddIntConstant(m, "policy_window", g_policy_window.mask != ~uint64_t{0} ? 1 : 0) < 0) {
         Py_DECREF(m);
         return nullptr;
     }
