@@ -16,6 +16,9 @@ guard_manager.check on the same value.
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -248,3 +251,24 @@ def test_random_requires_grad_states_decide_as_torch_reads_them() -> None:
                     assert ours == reference.check(gs.guards, L, {}), (n, m, op)
                     decided.add(ours)
     assert decided == {True, False}
+
+
+@pytest.mark.parametrize("context", ["torch.inference_mode()", "torch.no_grad()"])
+def test_the_load_checks_pass_when_the_adapter_loads_inside_a_mode(context: str) -> None:
+    # The adapter's load checks build tensors with autograd (a non-leaf needs grad mode, flips
+    # need a non-inference tensor): they set their own modes and restore the caller's.
+    if not ADAPTER:
+        pytest.skip("the torch adapter is not loaded in this build")
+    code = textwrap.dedent(f"""
+        import torch
+        with {context}:
+            import tripwire
+            tripwire.tensors.ensure_torch()
+            import tripwire._torch_adapter as a
+            print(a.requires_grad_direct, a.requires_grad_inline, a.policy_window,
+                  torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    inference = "inference" in context
+    assert out.stdout.split() == ["1", "1", "1", "False", str(inference)], out.stdout
