@@ -17,12 +17,14 @@
 #include <c10/core/AutogradState.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <pybind11/pybind11.h>
 
@@ -34,12 +36,15 @@
 #include <omp.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -162,6 +167,89 @@ void probe_policy_bits() {
     g_policy_bits = PolicyBits{*device, *layout, true};
 }
 
+inline bool read_by_code(const c10::TensorImpl* impl);
+
+// -- All policies Default, in one test -----------------------------------------------------------
+//
+// read_by_code's common answer (every policy Default: no custom device, layout, sizes or strides)
+// from one 8-byte load: the policy bits all live in the impl's bit-fields, within a few bytes. The
+// window (an offset into the impl and a mask over the 8 bytes there, in the load's byte order) is
+// found at load on a fresh tensor of our own: every bit that the policies' public setters flip
+// (set_custom_/set_python_custom_sizes_strides to CustomStrides and CustomSizes, which refresh
+// sizes_strides_policy_: its two bits, plus the setters' own fields; the device and layout policy
+// bits of probe_policy_bits). A masked bit set does not mean "read by code": the full test below
+// decides then. A clear window means every policy is zero (Default): the mask holds every bit of
+// each policy field (each bit is flipped by some setter value), and may hold more (the setters'
+// own fields, which only send more tensors to the full test). Without a verified window the mask
+// is all ones over offset 0 (the vtable pointer, never zero): the full test for every tensor.
+struct PolicyWindow {
+    std::size_t offset = 0;
+    uint64_t mask = ~uint64_t{0};
+};
+PolicyWindow g_policy_window;
+
+inline uint64_t window_of(const c10::TensorImpl* impl, std::size_t offset) {
+    uint64_t w = 0;
+    // The object representation, read as bytes (memcpy: allowed for any trivially copyable bytes).
+    std::memcpy(&w, reinterpret_cast<const unsigned char*>(impl) + offset, sizeof w);
+    return w;
+}
+
+void probe_policy_window() {
+    if (!g_policy_bits.ok) return;  // the device and layout bits are unknown
+    using Policy = c10::TensorImpl::SizesStridesPolicy;
+    at::Tensor t = at::empty({0});
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    const ImplBytes base = bytes_of(impl);
+    ImplBytes flipped{};
+    const auto collect = [&] {
+        const ImplBytes now = bytes_of(impl);
+        for (std::size_t i = 0; i < now.size(); ++i)
+            flipped[i] |= static_cast<unsigned char>(now[i] ^ base[i]);
+    };
+    for (const Policy p : {Policy::CustomStrides, Policy::CustomSizes}) {
+        impl->set_python_custom_sizes_strides(p);
+        collect();
+        impl->set_python_custom_sizes_strides(Policy::Default);
+        impl->set_custom_sizes_strides(p);
+        collect();
+        impl->set_custom_sizes_strides(Policy::Default);
+    }
+    if (bytes_of(impl) != base) return;
+    flipped[g_policy_bits.device.byte] |= g_policy_bits.device.mask;
+    flipped[g_policy_bits.layout.byte] |= g_policy_bits.layout.mask;
+    std::size_t first = flipped.size(), last = 0;
+    for (std::size_t i = 0; i < flipped.size(); ++i) {
+        if (flipped[i] == 0) continue;
+        first = std::min(first, i);
+        last = i;
+    }
+    if (first == flipped.size() || last - first >= sizeof(uint64_t)) return;
+    const std::size_t offset = std::min(first, flipped.size() - sizeof(uint64_t));
+    uint64_t mask = 0;
+    std::memcpy(&mask, flipped.data() + offset, sizeof mask);
+    // The window must say "Default" on this tensor and "not Default" under each policy, and the
+    // full test must agree both ways.
+    const auto clear = [&] { return (window_of(impl, offset) & mask) == 0; };
+    bool ok = clear() && !read_by_code(impl);
+    for (const Policy p : {Policy::CustomStrides, Policy::CustomSizes}) {
+        impl->set_python_custom_sizes_strides(p);
+        ok = ok && !clear();
+        impl->set_python_custom_sizes_strides(Policy::Default);
+        impl->set_custom_sizes_strides(p);
+        ok = ok && !clear();
+        impl->set_custom_sizes_strides(Policy::Default);
+    }
+    impl->set_custom_device(true);
+    ok = ok && !clear() && read_by_code(impl);
+    impl->set_custom_device(false);
+    impl->set_python_custom_layout(true);
+    ok = ok && !clear() && read_by_code(impl);
+    impl->set_python_custom_layout(false);
+    ok = ok && clear() && bytes_of(impl) == base;
+    if (ok) g_policy_window = PolicyWindow{offset, mask};
+}
+
 // True when reading the fields TENSOR_MATCH compares (dim, sizes, strides of a strided tensor,
 // storage offset, device, layout) would call a custom method: the readers refuse such a tensor.
 //
@@ -174,8 +262,10 @@ void probe_policy_bits() {
 // `device_policy_ = custom_device_ || python_custom_device_` (no key consulted), so device() then
 // calls the virtual device_custom() (likewise layout, sizes), which for a base TensorImpl with
 // the python bit asks the Python interpreter (TensorImpl.cpp; not in the headers, so not relied
-// on here either way). So the bits are read on every tensor, as below.
-bool read_by_code(const c10::TensorImpl* impl) {
+// on here either way). So the bits are read on every tensor, as below: first all at once
+// (g_policy_window), then, when any is set, one by one.
+inline bool read_by_code(const c10::TensorImpl* impl) {
+    if ((window_of(impl, g_policy_window.offset) & g_policy_window.mask) == 0) return false;
     if (!g_policy_bits.ok) {
         if (impl->key_set().has(c10::DispatchKey::Python)) return true;
     } else {
@@ -184,10 +274,109 @@ bool read_by_code(const c10::TensorImpl* impl) {
             (p[g_policy_bits.layout.byte] & g_policy_bits.layout.mask) != 0)
             return true;
     }
+    // Default (below CustomStrides): neither sizes nor strides are custom.
+    if (!PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomStrides)) return false;
     if (PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomSizes)) return true;
     // Custom strides matter only where strides are read (a sparse tensor's throw, never read).
-    return PolicyOf::custom(impl, c10::TensorImpl::SizesStridesPolicy::CustomStrides) &&
-           impl->layout() == c10::kStrided;
+    return impl->layout() == c10::kStrided;
+}
+
+// A private member named through explicit template instantiation, the one place the language does
+// not check access: the compiler takes the member's place from the header torch was built with, so
+// the read is sound only against those exact headers (the adapter is compiled against the installed
+// torch's, and _core refuses it under any other torch version: readers.cpp install_torch_adapter).
+// Each use is checked against its public accessor when the adapter loads.
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+    friend typename Tag::type member_of(Tag) { return Member; }
+};
+
+// -- requires_grad without out-of-line calls ------------------------------------------------------
+//
+// TensorImpl::requires_grad() (c10/core/TensorImpl.cpp, out of line in libc10) is
+// `autograd_meta_ ? autograd_meta_->requires_grad() : false`, and the virtual call lands, for all
+// but views, in torch::autograd::AutogradMeta::requires_grad() (`requires_grad_ || grad_fn_`,
+// defined inline in torch/csrc/autograd/variable.h on public fields). TENSOR_MATCH asks it of every
+// tensor on every check: two calls into torch's libraries per tensor (62 a check on bench/
+// real_models.py's cnn). requires_grad_of decides the same way with neither call when it can:
+//  - the impl's autograd_meta_ read in place (TensorImpl::autograd_meta() is out of line in 2.13
+//    too: no public inline route exists), through the member's name (PrivateMember), verified at
+//    load (verify_requires_grad_reader) against autograd_meta() and requires_grad() on tensors of
+//    every meta kind; on any disagreement, or when the probe throws, every tensor takes torch's
+//    own requires_grad();
+//  - no meta: false, as torch's own first test;
+//  - a meta whose dynamic type is exactly AutogradMeta: the header's inline AutogradMeta::
+//    requires_grad(), called non-virtually (what the virtual call would run, compiled from the
+//    same header);
+//  - any other meta (a DifferentiableViewMeta, whose override also asks the view's base; an
+//    extension's own AutogradMetaInterface): the virtual call, as torch makes it.
+// Nothing is cached: each check reads the fields now, so requires_grad_() flipped after the guard
+// was built, a new grad_fn (an in-place op on a leaf's clone), detach() or set_autograd_meta() are
+// all seen.
+struct ImplAutogradMeta {
+    using type = std::unique_ptr<c10::AutogradMetaInterface> c10::TensorImpl::*;
+    friend type member_of(ImplAutogradMeta);
+};
+template struct PrivateMember<ImplAutogradMeta, &c10::TensorImpl::autograd_meta_>;
+
+bool g_meta_direct = false;  // set by verify_requires_grad_reader
+bool g_meta_exact = false;   // a leaf's AutogradMeta is recognised by its type_info's address
+
+// kDirect: the route above (the table's tensor_matches is the instance verify_requires_grad_reader
+// chose, so the per-tensor path tests no flag); else torch's own call.
+template <bool kDirect>
+inline bool requires_grad_of(const c10::TensorImpl* impl) {
+    if constexpr (!kDirect) {
+        return impl->requires_grad();
+    } else {
+        const c10::AutogradMetaInterface* meta = (impl->*member_of(ImplAutogradMeta{})).get();
+        if (meta == nullptr) return false;
+        // The same type_info object: exactly an AutogradMeta. (A second copy of the type_info in
+        // another library would compare unequal here, and take the virtual call: slower, never
+        // wrong. typeid's operator== would compare the names instead: two more loads a tensor.)
+        if (&typeid(*meta) == &typeid(torch::autograd::AutogradMeta))
+            return static_cast<const torch::autograd::AutogradMeta*>(meta)->AutogradMeta::requires_grad();
+        return meta->requires_grad();
+    }
+}
+inline bool requires_grad_of(const c10::TensorImpl* impl) {
+    return g_meta_direct ? requires_grad_of<true>(impl) : requires_grad_of<false>(impl);
+}
+
+// The direct route against torch's own on tensors of each kind: no meta, a leaf that requires grad,
+// a non-leaf (grad_fn), a view of each (DifferentiableViewMeta), a detached one, a flipped one.
+void verify_requires_grad_reader() {
+    g_meta_direct = false;
+    // Whatever mode the adapter is loaded under: grad on (a non-leaf gets its grad_fn), inference off.
+    const c10::AutoGradMode grad(true);
+    const c10::InferenceMode no_inference(false);
+    at::Tensor leaf = at::ones({2, 3});
+    at::Tensor plain = at::ones({2, 3});
+    leaf.set_requires_grad(true);
+    at::Tensor nonleaf = leaf * 2;
+    // A view whose own fields are a plain meta's but whose base requires grad (the override's case).
+    at::Tensor base = at::ones({6});
+    at::Tensor view_of_base = base.view({2, 3});
+    base.set_requires_grad(true);
+    const std::vector<at::Tensor> probes{plain,           view_of_base,      leaf,
+                                         nonleaf,         leaf.view({3, 2}), nonleaf.view({6}),
+                                         plain.view({6}), leaf.detach(),     nonleaf.detach()};
+    bool ok = true;
+    for (const at::Tensor& t : probes) {
+        const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        ok = ok && (impl->*member_of(ImplAutogradMeta{})).get() == impl->autograd_meta() &&
+             requires_grad_of<true>(impl) == impl->requires_grad();
+    }
+    // A flip is seen both ways (the meta created by the first flip stays when it is cleared).
+    plain.set_requires_grad(true);
+    ok = ok && requires_grad_of<true>(plain.unsafeGetTensorImpl()) &&
+         plain.unsafeGetTensorImpl()->requires_grad();
+    plain.set_requires_grad(false);
+    ok = ok && !requires_grad_of<true>(plain.unsafeGetTensorImpl()) &&
+         !plain.unsafeGetTensorImpl()->requires_grad();
+    const c10::AutogradMetaInterface* meta = leaf.unsafeGetTensorImpl()->autograd_meta();
+    g_meta_exact = meta != nullptr && &typeid(*meta) == &typeid(torch::autograd::AutogradMeta);
+    g_meta_direct = ok;
 }
 
 // -- torch's "dispatch mode without ignore_compile_internals" flag -------------------------------
@@ -215,7 +404,7 @@ int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept
         out->device_index = device.index();
         const c10::Layout layout = impl->layout();
         out->layout = static_cast<int32_t>(layout);
-        out->requires_grad = impl->requires_grad() ? 1 : 0;
+        out->requires_grad = requires_grad_of(impl) ? 1 : 0;
         out->ndim = impl->dim();
         out->sizes = impl->sizes().data();
         out->has_strides = layout == c10::kStrided ? 1 : 0;
@@ -244,7 +433,7 @@ int tensor_fields(PyObject* obj, TwTensorFields* out) noexcept {
         out->dispatch_keys = apply_local(impl->key_set(), 0).raw_repr();
         out->dtype = static_cast<int32_t>(impl->dtype().toScalarType());
         out->device_index = impl->device().index();
-        out->requires_grad = impl->requires_grad() ? 1 : 0;
+        out->requires_grad = requires_grad_of(impl) ? 1 : 0;
         out->ndim = impl->dim();
         out->sizes = impl->sizes().data();
         if (impl->layout() == c10::kStrided) {
@@ -308,7 +497,19 @@ int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) no
 // TENSOR_MATCH in one call (the fast program's common case). The same fields and order as the
 // core's tensor_equal on tensor_fields' reading; anything it does not decide (Python keys, a layout
 // without strides, a difference) answers 0 and the core's full reader decides, naming the field.
-int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept {
+//
+// Once read_by_code has answered false for a strided tensor, its sizes/strides policy is Default
+// (read_by_code refuses CustomSizes, and CustomStrides on a strided layout), so sizes(), strides(),
+// dim() and storage_offset() are the impl's own sizes_and_strides_ and storage_offset_: the
+// *_default accessors read exactly those, testing the symbolic flag instead of the policy (a
+// symbolic tensor throws there, caught: 0, the full reader decides). One read of the sizes gives
+// the rank too. (Each policy accessor re-read the policy bits: stop 19's callgrind showed them
+// reloaded four times per tensor.) kDirect: requires_grad_of's route (the table holds the instance
+// verify_requires_grad_reader chose).
+// flatten: torch's inline accessors inlined whatever GCC's budget says (strides_default() was
+// left as an out-of-line call, 6 instructions plus the call each).
+template <bool kDirect>
+[[gnu::flatten]] int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept {
     try {
         const at::Tensor& t = THPVariable_Unpack(obj);
         if (!t.defined()) return 0;
@@ -340,21 +541,23 @@ int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept
             return 0;
         if (static_cast<int64_t>(impl->dtype().toScalarType()) != want[TW_TENSOR_DTYPE] ||
             impl->device().index() != want[TW_TENSOR_DEVICE_INDEX] ||
-            (impl->requires_grad() ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
+            (requires_grad_of<kDirect>(impl) ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
             return 0;
-        const int64_t ndim = impl->dim();
-        if (ndim != want[TW_TENSOR_NDIM] || impl->layout() != c10::kStrided) return 0;
-        const int64_t* sizes = impl->sizes().data();
-        const int64_t* strides = impl->strides().data();
+        if (impl->layout() != c10::kStrided) return 0;
+        const c10::IntArrayRef sizes = impl->sizes_default();
+        const int64_t ndim = static_cast<int64_t>(sizes.size());
+        if (ndim != want[TW_TENSOR_NDIM]) return 0;
+        const int64_t* size = sizes.data();
+        const int64_t* stride = impl->strides_default().data();
         const int64_t* pairs = want + TW_TENSOR_HEADER;
         for (int64_t i = 0; i < ndim; ++i) {
-            const int64_t size = pairs[2 * i], stride = pairs[2 * i + 1];
-            if ((size != TW_TENSOR_ANY && size != sizes[i]) ||
-                (stride != TW_TENSOR_ANY && stride != strides[i]))
+            const int64_t want_size = pairs[2 * i], want_stride = pairs[2 * i + 1];
+            if ((want_size != TW_TENSOR_ANY && want_size != size[i]) ||
+                (want_stride != TW_TENSOR_ANY && want_stride != stride[i]))
                 return 0;
         }
         const int64_t offset = want[TW_TENSOR_STORAGE_OFFSET];
-        return offset == TW_TENSOR_ANY || offset == impl->storage_offset() ? 1 : 0;
+        return offset == TW_TENSOR_ANY || offset == impl->storage_offset_default() ? 1 : 0;
     } catch (...) {
         return 0;
     }
@@ -477,10 +680,6 @@ uint64_t g_all_autocast_bits = 0;
 //    of through one out-of-line call and one __tls_get_addr per field per check.
 // read_global_state (snapshots and failure reasons) keeps torch's accessors.
 
-template <typename Tag, typename Tag::type Member>
-struct PrivateMember {
-    friend typename Tag::type member_of(Tag) { return Member; }
-};
 using Fp32Key = std::pair<at::Float32Backend, at::Float32Op>;
 using Fp32Map = std::unordered_map<Fp32Key, at::Float32Precision, c10::hash<Fp32Key>>;
 struct CtxDeterministic {
@@ -946,9 +1145,16 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
         g_all_autocast_bits |= c10::DispatchKeySet(g_autocast_keys[i]).raw_repr();
     }
     try {
-        probe_policy_bits();
+        verify_requires_grad_reader();
     } catch (...) {
-        g_policy_bits.ok = false;  // every tensor with the Python key counts as read by code
+        g_meta_direct = false;  // torch's requires_grad() for every tensor
+    }
+    try {
+        probe_policy_bits();
+        probe_policy_window();
+    } catch (...) {
+        g_policy_window = PolicyWindow{};  // the full test for every tensor
+        g_policy_bits.ok = false;          // every tensor with the Python key counts as read by code
     }
     try {
         bind_context();
@@ -973,7 +1179,7 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.cpp_tensor_property = cpp_tensor_property;
     g_table.cpp_tensor_grad = cpp_tensor_grad;
     g_table.tensors_may_overlap = tensors_may_overlap;
-    g_table.tensor_matches = tensor_matches;
+    g_table.tensor_matches = g_meta_direct ? tensor_matches<true> : tensor_matches<false>;
     verify_key_set_reader();
     g_table.dispatch_key_set_type = g_key_set_type;
     g_table.dispatch_key_set_bits = dispatch_key_set_bits;
@@ -991,7 +1197,13 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     // accessor), for the tests and for diagnostics.
     if (PyModule_AddIntConstant(m, "autocast_cache_flag_offset", static_cast<long>(g_cache_flag.offset)) <
             0 ||
-        PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0) {
+        PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0 ||
+        // Whether requires_grad is read in place (requires_grad_of) or through torch's call.
+        PyModule_AddIntConstant(m, "requires_grad_direct", g_meta_direct ? 1 : 0) < 0 ||
+        // Whether a plain AutogradMeta is answered inline (else through its virtual call).
+        PyModule_AddIntConstant(m, "requires_grad_inline", g_meta_exact ? 1 : 0) < 0 ||
+        // Whether read_by_code's "every policy Default" is one masked load (probe_policy_window).
+        PyModule_AddIntConstant(m, "policy_window", g_policy_window.mask != ~uint64_t{0} ? 1 : 0) < 0) {
         Py_DECREF(m);
         return nullptr;
     }
