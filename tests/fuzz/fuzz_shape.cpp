@@ -168,6 +168,12 @@ void check_parse_tree(const std::string& text, const ParsedRelation& r) {
 }
 
 // A symbol value drawn from the input.
+std::uint64_t bits_of(double d) {
+    std::uint64_t b = 0;
+    std::memcpy(&b, &d, sizeof b);
+    return b;
+}
+
 // Two parses give the same tree, spans, symbol texts and code end (NaN constants compare by bits).
 bool same_parse(const ParsedRelation& a, const ParsedRelation& b) {
     if (a.root != b.root || a.code_end != b.code_end || a.symbols != b.symbols ||
@@ -181,8 +187,8 @@ bool same_parse(const ParsedRelation& a, const ParsedRelation& b) {
         const AstNode &x = a.nodes[k], &y = b.nodes[k];
         if (x.op != y.op || x.offset != y.offset || x.args.n != y.args.n || x.int_small != y.int_small ||
             x.int_big != y.int_big || (x.int_big && x.int_value != y.int_value) ||
-            std::memcmp(&x.float_value, &y.float_value, sizeof(double)) != 0 ||
-            x.bool_value != y.bool_value || x.symbol != y.symbol)
+            bits_of(x.float_value) != bits_of(y.float_value) || x.bool_value != y.bool_value ||
+            x.symbol != y.symbol)
             return false;
         for (std::size_t j = 0; j < x.args.n; ++j)
             if (x.args.v[j] != y.args.v[j]) return false;
