@@ -120,7 +120,7 @@ void register_shape(nb::module_& m) {
         "parse_relation",
         [](const std::string& text) {
             return translating(text, [&] {
-                const core::shape::ParsedRelation r = core::shape::parse_relation(text);
+                const core::shape::ParsedRelation r = core::shape::parse_relation_remembering_code(text);
                 // Offsets are code points; in ASCII text (what torch prints) they are the bytes,
                 // without a scan from the start per offset.
                 bool ascii = true;

@@ -34,6 +34,7 @@ from typing import Any
 from . import _core
 from .errors import GuardBuildError, ShapeSyntaxError
 from .source import RootKind, Source, SourceParseError
+from .source import _parse_text as _source_parse_text
 
 __all__ = [
     "Abs",
@@ -91,6 +92,24 @@ class Relation:
     original: str = ""
     # (canonical begin, canonical end, original begin, original end) of each symbol occurrence
     _spans: tuple[tuple[int, int, int, int], ...] = field(default=(), repr=False, compare=False)
+
+    def __init__(
+        self,
+        text: str,
+        symbols: tuple[Source, ...],
+        comment: str | None = None,
+        original: str = "",
+        _spans: tuple[tuple[int, int, int, int], ...] = (),
+    ) -> None:
+        # The fields go straight into the instance dict, as GuardSpec's do: the frozen dataclass's
+        # generated __init__ calls object.__setattr__ per field, and a cold build of torch's code
+        # parts makes one Relation per part. Assignment afterwards still raises FrozenInstanceError.
+        d = self.__dict__
+        d["text"] = text
+        d["symbols"] = symbols
+        d["comment"] = comment
+        d["original"] = original
+        d["_spans"] = _spans
 
     def __str__(self) -> str:
         return self.text
@@ -158,51 +177,52 @@ def _parse_text(text: str) -> Relation:
     """parse() of an exact str, memoised: a JIT that recompiles a function sees the same texts
     again (a Relation is immutable; errors are not cached)."""
     try:
+        # The engine keeps this parse for the code alone (without blanks and comment): when the
+        # canonical text is that code, the builder's compile of it parses nothing again.
         code_end, spans, raw_symbols = _core.parse_relation(text)
     except ShapeSyntaxError as e:
         raise ShapeSyntaxError(e.message, e.offset, text) from None
     canonical: list[Source] = []
-    printed_of: list[str] = []
     as_printed = True  # every symbol written as tripwire prints it (torch's text is)
     for k, raw in enumerate(raw_symbols):
         try:
-            src = Source.parse(raw, shape_is_size=True)
+            src = _source_of_symbol(raw, True)
         except SourceParseError as e:
             first = next(begin for begin, _end, j in spans if j == k)
             raise ShapeSyntaxError(str(e), first, text) from None
         canonical.append(src)
-        printed = str(src)
-        printed_of.append(printed)
-        if printed != raw:
+        if as_printed and str(src) != raw:
             as_printed = False
     lead = len(text) - len(text.lstrip())
-    if as_printed:
-        # The canonical text is the code as given: each symbol where it was (what the loop below
-        # computes when every printed symbol has its raw text's length).
-        canonical_text = text[:code_end].strip()
-        out_spans = [(begin - lead, end - lead, begin, end) for begin, end, _k in spans]
-    else:
-        # Rebuild the text with canonical symbols, remembering where each one came from.
-        out: list[str] = []
-        out_spans = []
-        pos = 0
-        length = 0
-        for begin, end, k in spans:
-            piece = text[pos:begin]
-            out.append(piece)
-            length += len(piece)
-            printed = printed_of[k]
-            out_spans.append((length - lead, length - lead + len(printed), begin, end))
-            out.append(printed)
-            length += len(printed)
-            pos = end
-        out.append(text[pos:code_end])
-        canonical_text = "".join(out).strip()
-    # Distinct by equality, in order of first use (a dict: identity first, then hash and ==).
-    symbols = tuple(dict.fromkeys(canonical))
     comment = text[code_end:].strip()
     comment = comment[1:].strip() if comment.startswith("#") else comment
-    return Relation(canonical_text, symbols, comment or None, text, tuple(out_spans))
+    if as_printed:
+        # The canonical text is the code as given, each symbol where it was (what the loop below
+        # computes when every printed symbol has its raw text's length). The distinct raw texts
+        # are distinct sources: equal sources print the same, and each prints as its raw text.
+        out_spans = [(begin - lead, end - lead, begin, end) for begin, end, _k in spans]
+        return Relation(text[:code_end].strip(), tuple(canonical), comment or None, text, tuple(out_spans))
+    # Rebuild the text with canonical symbols, remembering where each one came from.
+    out: list[str] = []
+    out_spans = []
+    pos = 0
+    length = 0
+    for begin, end, k in spans:
+        piece = text[pos:begin]
+        out.append(piece)
+        length += len(piece)
+        printed = str(canonical[k])
+        out_spans.append((length - lead, length - lead + len(printed), begin, end))
+        out.append(printed)
+        length += len(printed)
+        pos = end
+    out.append(text[pos:code_end])
+    # Distinct by equality, in order of first use (a dict: identity first, then hash and ==).
+    symbols = tuple(dict.fromkeys(canonical))
+    return Relation("".join(out).strip(), symbols, comment or None, text, tuple(out_spans))
+
+
+_source_of_symbol = _source_parse_text
 
 
 def relations_from_torch(code_part: str) -> list[Relation]:
@@ -228,7 +248,7 @@ def _relations_of_text(code_part: str) -> tuple[Relation, ...]:
 
 
 def _split_relations(code_part: str) -> tuple[Relation, ...]:
-    rel = parse(code_part)
+    rel = _parse_text(code_part) if type(code_part) is str else parse(code_part)
     if " and " not in rel.text and "And(" not in rel.text:
         return (rel,)
     try:

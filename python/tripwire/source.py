@@ -310,6 +310,15 @@ class Source:
 
     def printed_prefixes(self) -> list[str]:
         """``[str(p) for p in self.prefixes()]``, without making the prefixes."""
+        # Computed once per object, like the print: the encoder's recipe and the reader facts
+        # of a SHAPE symbol both ask for them.
+        texts = self.__dict__.get("_prefixes")
+        if texts is None:
+            texts = self._print_prefixes()
+            object.__setattr__(self, "_prefixes", texts)
+        return list(texts)
+
+    def _print_prefixes(self) -> tuple[str, ...]:
         base = f"{_ROOT_LETTER[self.root]}[{self.name!r}]"
         texts = [base]
         steps = self.steps
@@ -326,7 +335,7 @@ class Source:
                 base = f"getattr({base}, {s.arg!r})"
             else:
                 base = texts[-1]
-        return texts
+        return tuple(texts)
 
     # -- printing and parsing -----------------------------------------------------------------
     def __str__(self) -> str:
@@ -417,6 +426,7 @@ def _parse_plain(text: str, shape_is_size: bool) -> Source | None:
     pos = m.end()
     end = len(text)
     match = _PLAIN_STEP.match
+    as_printed = True  # the text is what __str__ prints: no `.size(i)`, `.stride(i)`, `.shape[i]`
     while pos < end:
         s = match(text, pos)
         if s is None:
@@ -426,10 +436,12 @@ def _parse_plain(text: str, shape_is_size: bool) -> Source | None:
         if prop is not None:
             steps.append(_plain_step(_PROPERTY_STEP[prop], int(prop_i)))
         elif call is not None:
+            as_printed = False
             steps.append(_plain_step(_PROPERTY_STEP[call], int(call_i)))
         elif offset is not None:
             steps.append(_plain_step(StepKind.STORAGE_OFFSET, None))
         elif shape is not None:
+            as_printed = False
             if shape_is_size:
                 steps.append(_plain_step(StepKind.SIZE, int(shape_i)))
             else:
@@ -446,6 +458,11 @@ def _parse_plain(text: str, shape_is_size: bool) -> Source | None:
     object.__setattr__(src, "root", _LETTER_ROOT[m.group(1)])
     object.__setattr__(src, "name", m.group(2))
     object.__setattr__(src, "steps", tuple(steps))
+    if as_printed:
+        # Every other plain form prints as written (the grammar admits no quote, backslash or
+        # non-ASCII character in a name or key, no leading zero, no dunder, no call after an
+        # attribute): __str__'s cache, filled without printing. test_source checks it equals _print.
+        object.__setattr__(src, "_text", text)
     return src
 
 

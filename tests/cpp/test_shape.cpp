@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
@@ -195,6 +196,29 @@ TEST(ShapeParser, TorchSpellings) {
     const ParsedRelation sympy = parse_relation("Eq(Mod(L['a'], 8), 0)");
     EXPECT_EQ(sympy.nodes[sympy.root].op, Op::Eq);
     EXPECT_EQ(sympy.nodes[sympy.nodes[sympy.root].args[0]].op, Op::Mod);
+}
+
+TEST(ShapeParser, OneParseOfACodePartServesItsCode) {
+    clear_shape_memos();
+    const std::string part = "  (L['x'].size()[0] // 2) <= L['y'].size()[0]   # y[: x.shape[0] // 2]";
+    const ParsedRelation full = parse_relation_remembering_code(part);
+    EXPECT_EQ(full.code_end, part.find("   #"));
+    const std::string code = part.substr(2, full.code_end - 2);
+    const std::shared_ptr<const ParsedRelation> m = parse_relation_shared(code);  // from the memo
+    const ParsedRelation alone = parse_relation(code);
+    ASSERT_EQ(m->nodes.size(), alone.nodes.size());
+    for (std::size_t k = 0; k < alone.nodes.size(); ++k) {
+        EXPECT_EQ(m->nodes[k].op, alone.nodes[k].op);
+        EXPECT_EQ(m->nodes[k].offset, alone.nodes[k].offset);
+    }
+    EXPECT_EQ(m->symbols, alone.symbols);
+    EXPECT_EQ(m->code_end, code.size());
+    ASSERT_EQ(m->spans.size(), 2u);
+    EXPECT_EQ(m->spans[1].begin, alone.spans[1].begin);
+    EXPECT_EQ(code.substr(m->spans[1].begin, m->spans[1].end - m->spans[1].begin), "L['y'].size()[0]");
+    // The symbol views point into the memo's own copy, not into `part`.
+    EXPECT_FALSE(m->symbols[0].data() >= part.data() && m->symbols[0].data() < part.data() + part.size());
+    clear_shape_memos();
 }
 
 TEST(ShapeParser, SourcesAreWholePostfixChains) {

@@ -5,7 +5,8 @@
 // the typed compiler and both evaluators get deep inputs). The rules:
 //   - parse_relation returns or throws ShapeSyntaxError with an offset inside the text; a parsed
 //     tree has operands before their users, symbol spans in order, inside the text, naming the
-//     symbol texts they cover;
+//     symbol texts they cover; the parse parse_relation_remembering_code leaves in the memo for
+//     the code alone (no leading blanks, no comment) is exactly parse_relation of that code;
 //   - compile_relations returns or throws ShapeSyntaxError (a type error); a program passes
 //     validate_shape;
 //   - on values drawn from the input (zero, +-1, int64 extremes, ints beyond int64, NaN,
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -166,6 +168,45 @@ void check_parse_tree(const std::string& text, const ParsedRelation& r) {
 }
 
 // A symbol value drawn from the input.
+std::uint64_t bits_of(double d) {
+    std::uint64_t b = 0;
+    std::memcpy(&b, &d, sizeof b);
+    return b;
+}
+
+// Two parses give the same tree, spans, symbol texts and code end (NaN constants compare by bits).
+bool same_parse(const ParsedRelation& a, const ParsedRelation& b) {
+    if (a.root != b.root || a.code_end != b.code_end || a.symbols != b.symbols ||
+        a.nodes.size() != b.nodes.size() || a.spans.size() != b.spans.size())
+        return false;
+    for (std::size_t k = 0; k < a.spans.size(); ++k) {
+        const SymbolSpan &x = a.spans[k], &y = b.spans[k];
+        if (x.begin != y.begin || x.end != y.end || x.symbol != y.symbol) return false;
+    }
+    for (std::size_t k = 0; k < a.nodes.size(); ++k) {
+        const AstNode &x = a.nodes[k], &y = b.nodes[k];
+        if (x.op != y.op || x.offset != y.offset || x.args.n != y.args.n || x.int_small != y.int_small ||
+            x.int_big != y.int_big || (x.int_big && x.int_value != y.int_value) ||
+            bits_of(x.float_value) != bits_of(y.float_value) || x.bool_value != y.bool_value ||
+            x.symbol != y.symbol)
+            return false;
+        for (std::size_t j = 0; j < x.args.n; ++j)
+            if (x.args.v[j] != y.args.v[j]) return false;
+    }
+    return true;
+}
+
+// The builder's one parse of a code part (parse_relation_remembering_code) answers the parse of
+// the text and leaves in the memo the parse of its code alone, which must be that parse exactly.
+void check_remembered_code(const std::string& text, const ParsedRelation& r) {
+    if (!same_parse(parse_relation_remembering_code(text), r)) bug("the remembering parse differs");
+    std::size_t lead = 0;
+    while (lead < r.code_end && (text[lead] == ' ' || (text[lead] >= '\t' && text[lead] <= '\r'))) ++lead;
+    const std::string code = text.substr(lead, r.code_end - lead);
+    const std::shared_ptr<const ParsedRelation> m = parse_relation_shared(code);
+    if (!same_parse(*m, parse_relation(code))) bug("the remembered parse of the code differs:", code);
+}
+
 void set_value(ShapeFrame& f, std::uint32_t sym, ValueType t, Bytes& b) {
     if (t == ValueType::Float) {
         static const double values[] = {0.0,
@@ -320,6 +361,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 std::abort();
             }
             if ((mode & 2) != 0) tripwire::core::shape::clear_shape_memos();  // a cold path now and then
+            tripwire::core::shape::check_remembered_code(text, r);
         } catch (const ShapeSyntaxError& e) {
             if (e.offset() > text.size()) std::abort();
             return 0;

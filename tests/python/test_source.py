@@ -327,6 +327,7 @@ def test_plain_reader_agrees_with_python_parser(pieces: list[str], shape_is_size
     assert full is not None, text
     assert plain == full and hash(plain) == hash(full), text
     assert str(plain) == str(full)
+    assert str(plain) == plain._print()  # the print the reader may cache without printing
     assert [(s.kind, type(s.arg), s.arg) for s in plain.steps] == [
         (s.kind, type(s.arg), s.arg) for s in full.steps
     ]
@@ -352,7 +353,7 @@ def test_plain_reader_agrees_on_mostly_plain_text(root: str, steps: list[str], s
     except SourceParseError:
         full = None
     if plain is not None:
-        assert plain == full and str(plain) == str(full), text
+        assert plain == full and str(plain) == str(full) == plain._print(), text
         assert [type(s.arg) for s in plain.steps] == [type(s.arg) for s in full.steps]
 
 

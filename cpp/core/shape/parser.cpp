@@ -622,6 +622,45 @@ std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view tex
     return {done, &done->parsed};
 }
 
+ParsedRelation parse_relation_remembering_code(std::string_view text) {
+    ParsedRelation full = parse_relation(text);
+    std::size_t lead = 0;
+    while (lead < full.code_end && is_space(text[lead])) ++lead;
+    const std::string_view code = text.substr(lead, full.code_end - lead);
+    {
+        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
+        if (parse_memo().find(code) != parse_memo().end()) return full;
+    }
+    // The parse of `code` alone is the parse of `text` shifted by `lead`: the parser skips the
+    // leading blanks, and stops before the comment and the blanks in front of it, in both.
+    auto entry = std::make_shared<ParseMemoEntry>();
+    entry->text = std::string(code);
+    ParsedRelation& mine = entry->parsed;
+    mine.nodes = full.nodes;
+    for (AstNode& n : mine.nodes) n.offset -= static_cast<std::uint32_t>(lead);
+    mine.root = full.root;
+    mine.spans = full.spans;
+    for (SymbolSpan& sp : mine.spans) {
+        sp.begin -= static_cast<std::uint32_t>(lead);
+        sp.end -= static_cast<std::uint32_t>(lead);
+    }
+    mine.symbols.reserve(full.symbols.size());
+    const std::string_view own(entry->text);
+    for (const std::string_view sym : full.symbols) {
+        const auto at = static_cast<std::size_t>(sym.data() - text.data()) - lead;
+        mine.symbols.push_back(own.substr(at, sym.size()));
+    }
+    mine.code_end = full.code_end - lead;
+    std::shared_ptr<const ParseMemoEntry> done = std::move(entry);
+    {
+        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
+        auto& memo = parse_memo();
+        if (memo.size() >= kParseMemo) memo.clear();
+        memo.emplace(std::string_view(done->text), done);
+    }
+    return full;
+}
+
 void clear_parse_memo() {
     std::unordered_map<std::string_view, std::shared_ptr<const ParseMemoEntry>> old;
     {

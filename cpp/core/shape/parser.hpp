@@ -127,6 +127,12 @@ ParsedRelation parse_relation(std::string_view text);
 std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view text);
 inline constexpr std::size_t kParseMemo = 4096;
 
+/// parse_relation of `text` (a relation, optionally with a comment), which also leaves in the
+/// memo of parse_relation_shared the parse of its code alone (the text without leading blanks,
+/// the comment and the blanks before it; offsets shifted to match): the builder parses a code
+/// part once to find its symbols, then compiles that code under the same text, parsed no more.
+ParsedRelation parse_relation_remembering_code(std::string_view text);
+
 /// Empty the memo of parse_relation_shared (benchmarks measure cold builds with it).
 void clear_parse_memo();
 
