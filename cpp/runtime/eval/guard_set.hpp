@@ -262,7 +262,11 @@ class GuardSet {
         Code code = Code::LoadLocal;
         bool settle = false;  ///< fetches: the value may be settled by the parent's tag (a claim)
         std::uint32_t node = 0;
-        std::uint32_t guard = 0;  ///< guard index (into guards_); Symbol/TensorProp: the symbol
+        union {
+            std::uint32_t guard = 0;  ///< guard index (into guards_); Symbol/TensorProp: the symbol
+            /// fetches, Stamp, LeafRun, RunClaim: the node's claims, memos_[memo] (fetch order)
+            std::uint32_t memo;
+        };
         std::uint32_t pos =
             0;  ///< guard: position in the node's guard range; fetch: in the parent's child range
         std::uint32_t jump = 0;    ///< settled fetch / stamp hit: first op after the guards it proves
@@ -392,7 +396,11 @@ class GuardSet {
     std::vector<Ref> holders_;     // strong refs: the constant itself or its weak reference
     std::vector<PyObject*> objs_;  // raw constant pointers used for comparisons
     std::vector<NodeRt> nodes_;
-    std::vector<NodeMemo> memos_;  // per node, the skip's claims (hot: read by every settled fetch)
+    // The skip's claims (hot: read by every settled fetch), in the fast program's fetch order, so
+    // that consecutive fetches, stamps and runs read consecutive memos (two to a line) rather
+    // than memos scattered in node-id order; memo_slot_[node] is a node's index into memos_.
+    std::vector<NodeMemo> memos_;
+    std::vector<std::uint32_t> memo_slot_;
     std::vector<RuntimeGuard> guards_;
     std::vector<std::unique_ptr<DictWatch>> watches_;  // DICT_VERSION change flags (3.12+)
     std::vector<std::uint32_t> guard_order_;           // permutation of program_.node_guards ranges
