@@ -551,3 +551,38 @@ def test_the_skip_through_the_frame_hook() -> None:
                 for _ in range(3):  # the first call compiles or hits; the next ones use the claims
                     got = target(m)
                     assert got[1:] == (m.k, m.cfg.scale, ns["TABLE"][1]), (i, got)
+
+
+def test_claims_follow_their_node_when_the_program_is_rebuilt() -> None:
+    """The claims live in arrays laid out in the program's order (fast_pass.cpp); an adaptive
+    reorder rebuilds the program and moves every claim to its node's new slot. A claim moved to
+    the wrong node would hand one node's value to another while their parent dict is unchanged:
+    the LENGTH guards below (mutable lists of one length: evaluated on every check, never implied)
+    would then read a sibling's list and miss the one grown in place: a false pass."""
+    for grown in "abcdef":
+        lists = {k: [0] for k in "abcdef"}
+        d = dict(lists)
+        f_locals = {"d": d, "z": {"k": 1}}
+        b = tw.GuardBuilder(f_locals)
+        b.type_match("L['d']")
+        for k in "abcdef":
+            b.id_match(f"L['d'][{k!r}]")
+            b.length(f"L['d'][{k!r}]")
+        b.type_match("L['z']")
+        b.equals("L['z']['k']", 1)
+        gs = b.build()
+        for _ in range(3):
+            assert gs.check(f_locals)
+        assert gs._last_skipped_guards >= 6  # the claims on d's children are in use
+        # Failures on z (d unchanged: its claims stay valid) move it before d: the next check
+        # rebuilds the program, z's settled fetch takes the first slot, every claim on d's
+        # children moves, and that check is the first to use the moved claims.
+        bad = {"d": d, "z": {"k": 2}}
+        for _ in range(20):
+            assert not gs.check(bad)
+        lists[grown].append(1)
+        assert not gs.check(f_locals)
+        assert not reference.check(b.guards, f_locals)
+        lists[grown].pop()
+        assert gs.check(f_locals)
+        assert gs._last_skipped_guards >= 6

@@ -456,7 +456,19 @@ void GuardSet::build_fast_pass() {
     };
     std::size_t run_at = 0;  // the open run's LeafRun op
     std::vector<Item> children;
-    for (NodeMemo& m : memos_) m.run_tag = 0;  // a claim about the previous program's runs
+    // The memos in the program's order: a node's fetch slot is given at its settling fetch op,
+    // its state slot at its Stamp, so that the claims the program reads follow one another in
+    // memory as its ops do (the others, never read by the program, come last).
+    struct Slots {
+        std::vector<std::uint32_t> of;
+        std::uint32_t n = 0;
+        std::uint32_t operator()(std::uint32_t ni) {
+            if (of[ni] == ~0U) of[ni] = n++;
+            return of[ni];
+        }
+    };
+    Slots fetch_slot{std::vector<std::uint32_t>(n_nodes, ~0U)};
+    Slots state_slot{std::vector<std::uint32_t>(n_nodes, ~0U)};
     std::vector<std::uint32_t> node_fetch_op(n_nodes, 0);
     for (std::uint32_t k = static_cast<std::uint32_t>(root_order_.size()); k-- > 0;)
         stack.push_back({root_order_[k], root_order_[k], k});
@@ -477,6 +489,7 @@ void GuardSet::build_fast_pass() {
             close_until(n.depth + 1);  // the previous sibling's subtree (or the run's last leaf)
             FastOp mark;
             mark.node = item.node;
+            mark.memo = state_slot(item.node);  // given at the node's Stamp, before its children
             if (item.mark == Mark::RunBegin) {
                 run_at = fast_ops_.size();
                 mark.code = Code::LeafRun;
@@ -568,6 +581,7 @@ void GuardSet::build_fast_pass() {
             fast_ops_.push_back(op);
             continue;  // no guard or child ops: the walk evaluates the subtree if it has any
         }
+        if (op.settle) op.memo = fetch_slot(item.node);
         fast_ops_.push_back(op);
         if (n.symbol != core::kNoSymbol) {
             // Right after the fetch, as the walk stores it before the node's guards: no settled
@@ -606,6 +620,7 @@ void GuardSet::build_fast_pass() {
             FastOp st;
             st.code = Code::Stamp;
             st.node = item.node;
+            st.memo = state_slot(item.node);
             const std::size_t stamp_at = fast_ops_.size();
             fast_ops_.push_back(st);
             fast_ops_.insert(fast_ops_.end(), state_ops.begin(), state_ops.end());
@@ -636,6 +651,18 @@ void GuardSet::build_fast_pass() {
         for (std::size_t k = children.size(); k-- > 0;) stack.push_back(children[k]);
     }
     close_until(0);
+    // The nodes the program does not fetch (below a TensorProp) last; the claims move to their
+    // node's new slot, all but the run claims (a claim about the previous program's runs).
+    std::vector<FetchMemo> fetch_laid(n_nodes);
+    std::vector<StateMemo> state_laid(n_nodes);
+    for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
+        fetch_laid[fetch_slot(ni)] = fetch_memos_[fetch_slot_.empty() ? ni : fetch_slot_[ni]];
+        state_laid[state_slot(ni)].tag = state_memos_[state_slot_.empty() ? ni : state_slot_[ni]].tag;
+    }
+    fetch_memos_.swap(fetch_laid);
+    state_memos_.swap(state_laid);
+    fetch_slot_.swap(fetch_slot.of);
+    state_slot_.swap(state_slot.of);
     // Relational guards last, never inside a jump: every source's register is filled (or its
     // value recorded by the walk of a residue subtree) by then, and no claim ever covers them.
     for (std::uint32_t gi : program_.relational) {
@@ -746,9 +773,7 @@ void GuardSet::decide_shape_in_pass(Pass& p, core::shape::ShapeFrame& frame) {
 
 void GuardSet::fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos) {
     // A claim made optimistically at this node's fetch or stamp did not hold up.
-    memos_[ni].parent_tag = 0;
-    memos_[ni].tag = 0;
-    memos_[ni].run_tag = 0;
+    withdraw_claims(ni);
     if (!p.ran_user_code) {
         p.result = kUndecided;  // nothing ran: the walk decides, on the same objects
         return;
@@ -789,9 +814,7 @@ bool GuardSet::slow_guard(Pass& p, const FastOp& op) {
     // Evaluated with user code, or not at all (no user code allowed): no claim on this node's
     // state or value may stand on it. A claim is made before the guards it covers run, so one
     // left standing here would let a later check jump over a guard that was never decided.
-    memos_[op.node].tag = 0;
-    memos_[op.node].parent_tag = 0;
-    memos_[op.node].run_tag = 0;
+    withdraw_claims(op.node);
     if (!p.allow_user_code) {
         p.result = kUndecided;
         return false;
@@ -883,7 +906,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         auto settled = [this, r, tags, &skipped](const FastOp& op) {
             if (!op.settle) return false;
             const std::uint64_t t = tags[op.parent];
-            const NodeMemo& m = memos_[op.node];
+            const FetchMemo& m = fetch_memos_[op.memo];
             if (t == 0 || t != m.parent_tag) return false;
             r[op.node] = m.value;
             skipped += op.jumped;
@@ -895,7 +918,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (!op.settle) return;
             const std::uint64_t t = tags[op.parent];
             if (t == 0) return;
-            NodeMemo& m = memos_[op.node];
+            FetchMemo& m = fetch_memos_[op.memo];
             m.parent_tag = t;
             m.value = v;
         };
@@ -1390,7 +1413,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
             tags[op.node] = t;
             if (t == 0) break;
-            NodeMemo& m = memos_[op.node];
+            StateMemo& m = state_memos_[op.memo];
             if (t == m.tag) {
                 skipped += op.jumped;  // this state was proved: its state-implied guards hold
                 next = ops + op.jump;
@@ -1420,7 +1443,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // user code since): every child of the run yields the value it yielded then, on which
             // all its guards (identity-implied) held. Nothing later reads their registers.
             const std::uint64_t t = tags[op.node];
-            if (t != 0 && t == memos_[op.node].run_tag) {
+            if (t != 0 && t == state_memos_[op.memo].run_tag) {
                 skipped += op.jumped;
                 next = ops + op.jump;
             }
@@ -1436,7 +1459,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // residue below the node forgets the tags of its path, this node's included), so each
             // child of the run was settled or fetched under this tag and passed all its guards.
             const std::uint64_t t = tags[op.node];
-            if (t != 0) memos_[op.node].run_tag = t;
+            if (t != 0) state_memos_[op.memo].run_tag = t;
             break;
         } while (false);
         opp = next;

@@ -176,22 +176,26 @@ class GuardSet {
         std::uint32_t member_begin = 0, member_end = 0;  ///< relational operands (core::Node)
     };
 
-    /// The skip's claims for one node (docs/cpp.md, "Skipping unchanged subtrees"), kept in an
-    /// array of their own (memos_, 32 bytes a node, two to a cache line) rather than in NodeRt,
-    /// whose ~170 bytes would cost a check a line per node for 16 bytes it reads. Each claim is
-    /// a fact about one state of one dict, true forever once made, since tags never repeat.
-    struct NodeMemo {
+    /// The skip's claims (docs/cpp.md, "Skipping unchanged subtrees"), kept in arrays of their
+    /// own rather than in NodeRt, whose ~170 bytes would cost a check a line per node for the 16
+    /// bytes it reads. Each claim is a fact about one state of one dict, true forever once made,
+    /// since tags never repeat. A fetch's claim and a stamp's are read by different ops (a
+    /// settled leaf has no stamp): two 16-byte records, four to a line, each array in the order
+    /// the fast program reads it.
+    struct FetchMemo {
         /// the value fetched from the parent's dict in state `parent_tag`...
         PyObject* value = nullptr;
         /// ...on which its identity-implied guards held (0: no claim)
         std::uint64_t parent_tag = 0;
+    };
+    struct StateMemo {
         /// in this state of this node's dict, its state-implied guards held (0: no claim)
         std::uint64_t tag = 0;
         /// in this state of this node's dict, every child of its leaf run (LeafRun) was fetched
         /// and all its guards held (0: no claim; cleared when the program is rebuilt)
         std::uint64_t run_tag = 0;
     };
-    static_assert(sizeof(NodeMemo) == 32, "two memos to a cache line");
+    static_assert(sizeof(FetchMemo) == 16 && sizeof(StateMemo) == 16, "four memos to a cache line");
 
     /// One instruction of the fast program (fast_pass.cpp). Adding a guard kind to the fast
     /// path is local: a Code below, its case in GuardSet::guard_op (the builder) and its case in
@@ -262,7 +266,11 @@ class GuardSet {
         Code code = Code::LoadLocal;
         bool settle = false;  ///< fetches: the value may be settled by the parent's tag (a claim)
         std::uint32_t node = 0;
-        std::uint32_t guard = 0;  ///< guard index (into guards_); Symbol/TensorProp: the symbol
+        union {
+            std::uint32_t guard = 0;  ///< guard index (into guards_); Symbol/TensorProp: the symbol
+            /// settling fetches: fetch_memos_[memo]; Stamp, LeafRun, RunClaim: state_memos_[memo]
+            std::uint32_t memo;
+        };
         std::uint32_t pos =
             0;  ///< guard: position in the node's guard range; fetch: in the parent's child range
         std::uint32_t jump = 0;    ///< settled fetch / stamp hit: first op after the guards it proves
@@ -392,7 +400,18 @@ class GuardSet {
     std::vector<Ref> holders_;     // strong refs: the constant itself or its weak reference
     std::vector<PyObject*> objs_;  // raw constant pointers used for comparisons
     std::vector<NodeRt> nodes_;
-    std::vector<NodeMemo> memos_;  // per node, the skip's claims (hot: read by every settled fetch)
+    // The skip's claims (hot: read by every settled fetch and stamp), each array in the order
+    // the fast program reads it, so that consecutive settled fetches (stamps) read consecutive
+    // records, four to a line, rather than records scattered in node-id order; fetch_slot_[node]
+    // and state_slot_[node] are a node's indices into them.
+    std::vector<FetchMemo> fetch_memos_;
+    std::vector<StateMemo> state_memos_;
+    std::vector<std::uint32_t> fetch_slot_, state_slot_;
+    /// Withdraw every claim on node `ni` (a guard it covers failed or was decided with user code).
+    void withdraw_claims(std::uint32_t ni) {
+        fetch_memos_[fetch_slot_[ni]] = FetchMemo{};
+        state_memos_[state_slot_[ni]] = StateMemo{};
+    }
     std::vector<RuntimeGuard> guards_;
     std::vector<std::unique_ptr<DictWatch>> watches_;  // DICT_VERSION change flags (3.12+)
     std::vector<std::uint32_t> guard_order_;           // permutation of program_.node_guards ranges
