@@ -20,7 +20,7 @@ import skip_world
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip
 from gc_stress import scaled
-from tripwire import _core
+from tripwire import _core, reference
 
 
 def test_skip_is_on() -> None:
