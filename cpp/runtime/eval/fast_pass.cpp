@@ -427,10 +427,14 @@ void GuardSet::build_fast_pass() {
         fast_ops_.push_back(op);
     }
     // Depth first in the current order: a node's fetch, its guards, then its children, as the
-    // walk does. A node's guards are laid out in three blocks, each in the current order: those
-    // a settled value proves (a settled fetch jumps over them), then the stamp and those an
-    // unchanged dict proves (a hit jumps over them), then the others. Reordering a node's guards
-    // among themselves is the walk's own latitude (adaptive order), never across nodes.
+    // walk does. A node's guards are evaluated in three blocks, each in the current order: those
+    // a settled value proves, then the stamp and those an unchanged dict proves, then the others.
+    // Reordering a node's guards among themselves is the walk's own latitude (adaptive order),
+    // never across nodes. The first two blocks are laid out of line, after the End op, each
+    // ended by a Resume op back to the op after its fetch or stamp: a claim that holds goes on
+    // to the next op, one that misses runs its block (`jump`) and returns, so the evaluation
+    // order is the same, and a check of an unchanged tree reads only the ops it runs, in one
+    // stream. Every index below is an index into the in-line program, except the blocks'.
     // A marker item opens (LeafRun) or closes (RunClaim) a leaf run of node `node`'s children.
     enum class Mark : std::uint8_t { None, RunBegin, RunEnd };
     struct Item {
@@ -481,6 +485,28 @@ void GuardSet::build_fast_pass() {
         }
     };
     std::vector<FastOp> identity_ops, state_ops, other_ops;
+    // The out-of-line blocks, and the ops that enter them: (op index, the block's offset).
+    std::vector<FastOp> blocks;
+    std::vector<std::pair<std::size_t, std::size_t>> entries;
+    // The ops proved by the claim of the fetch or stamp at `from`: out of line when there are
+    // any (`jump` is fixed up once the in-line program's length is known), else `jump` is the
+    // next op. Each op out of line keeps its place in the order in `jump` (op_order).
+    auto out_of_line = [&](std::size_t from, const std::vector<FastOp>& proved) {
+        const auto back = static_cast<std::uint32_t>(from + 1);
+        fast_ops_[from].jump = back;
+        fast_ops_[from].jumped = static_cast<std::uint32_t>(proved.size());
+        if (proved.empty()) return;
+        entries.emplace_back(from, blocks.size());
+        for (FastOp g : proved) {
+            g.jump = back;
+            blocks.push_back(g);
+        }
+        FastOp resume;
+        resume.code = Code::Resume;
+        resume.node = fast_ops_[from].node;
+        resume.jump = back;
+        blocks.push_back(resume);
+    };
     while (!stack.empty()) {
         const Item item = stack.back();
         stack.pop_back();
@@ -498,13 +524,14 @@ void GuardSet::build_fast_pass() {
             }
             mark.code = Code::RunClaim;
             fast_ops_.push_back(mark);
-            // Check what was emitted: only settled fetches of this node's children, each jumping
-            // over its whole subtree (its guards). Anything else disables the run's skip.
+            // Check what was emitted: only settling fetches of this node's children, each with its
+            // whole subtree (its guards) out of line, proved by its claim. Anything else disables
+            // the run's skip.
             bool ok = true;
             std::uint32_t jumped = 0;
             for (std::size_t i = run_at + 1; i + 1 < fast_ops_.size();) {
                 const FastOp& f = fast_ops_[i];
-                if (!f.settle || f.parent != item.node || f.jump != f.skip || f.skip <= i) {
+                if (!f.settle || f.parent != item.node || f.skip != i + 1) {
                     ok = false;
                     break;
                 }
@@ -564,6 +591,15 @@ void GuardSet::build_fast_pass() {
         // A SHAPE symbol is read afresh on every check: never settled, so that no claim stands
         // in for its value (the Symbol op below is then outside every jump).
         if (n.symbol != core::kNoSymbol) op.settle = false;
+        if (op.settle) {
+            switch (op.code) {
+                case Code::FetchAttr: op.code = Code::SettleAttr; break;
+                case Code::FetchItem: op.code = Code::SettleItem; break;
+                case Code::FetchDictItem: op.code = Code::SettleDictItem; break;
+                case Code::FetchPure: op.code = Code::SettlePure; break;
+                default: break;  // LoadGlobal reads `settle`
+            }
+        }
         const std::size_t fetch_at = fast_ops_.size();
         node_fetch_op[item.node] = static_cast<std::uint32_t>(fetch_at);
         open.emplace_back(fetch_at, item.node);
@@ -613,9 +649,9 @@ void GuardSet::build_fast_pass() {
                 other_ops.push_back(g);
             }
         }
-        fast_ops_.insert(fast_ops_.end(), identity_ops.begin(), identity_ops.end());
-        fast_ops_[fetch_at].jump = static_cast<std::uint32_t>(fast_ops_.size());
-        fast_ops_[fetch_at].jumped = static_cast<std::uint32_t>(identity_ops.size());
+        // Only a settling fetch has identity-implied ops apart (op.settle above), right after it
+        // (a symbol node never settles, so its Symbol op is never between).
+        out_of_line(fetch_at, identity_ops);
         if (stamped[item.node]) {
             FastOp st;
             st.code = Code::Stamp;
@@ -623,9 +659,7 @@ void GuardSet::build_fast_pass() {
             st.memo = state_slot(item.node);
             const std::size_t stamp_at = fast_ops_.size();
             fast_ops_.push_back(st);
-            fast_ops_.insert(fast_ops_.end(), state_ops.begin(), state_ops.end());
-            fast_ops_[stamp_at].jump = static_cast<std::uint32_t>(fast_ops_.size());
-            fast_ops_[stamp_at].jumped = static_cast<std::uint32_t>(state_ops.size());
+            out_of_line(stamp_at, state_ops);
         }
         fast_ops_.insert(fast_ops_.end(), other_ops.begin(), other_ops.end());
         // In evaluation order; the first maximal run of two or more leaf children between a
@@ -682,7 +716,12 @@ void GuardSet::build_fast_pass() {
     for (std::size_t s = 0; s < rel_nodes_.size(); ++s) rel_fetch_op_[s] = node_fetch_op[rel_nodes_[s]];
     FastOp end;
     end.code = Code::End;
+    fast_end_ = static_cast<std::uint32_t>(fast_ops_.size());
     fast_ops_.push_back(end);
+    // The out-of-line blocks after the End op; their entries now know where they are.
+    for (const auto& [from, offset] : entries)
+        fast_ops_[from].jump = static_cast<std::uint32_t>(fast_ops_.size() + offset);
+    fast_ops_.insert(fast_ops_.end(), blocks.begin(), blocks.end());
     fast_enabled_ = true;
 }
 
@@ -792,11 +831,11 @@ std::size_t GuardSet::slow_subtree(Pass& p, const FastOp& op) {
     p.slow_guards += nodes_[op.node].subtree_guards;
     if (!p.allow_user_code) {
         p.result = kUndecided;
-        return fast_ops_.size() - 1;  // the End op
+        return fast_end_;  // the End op
     }
     int rr;
     const bool is_root = program_.nodes[op.node].is_root;
-    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
+    hold_relational(p, op_order(op));
     hold_path(p, is_root ? ~0U : op.parent);
     {
         const UserCodeWindow window;
@@ -804,7 +843,7 @@ std::size_t GuardSet::slow_subtree(Pass& p, const FastOp& op) {
     }
     if (!after_residue(p, rr)) {
         if (rr == 0 && !is_root) record_path_failure(op.parent);
-        return fast_ops_.size() - 1;  // the End op
+        return fast_end_;  // the End op
     }
     return op.skip;
 }
@@ -819,7 +858,7 @@ bool GuardSet::slow_guard(Pass& p, const FastOp& op) {
         p.result = kUndecided;
         return false;
     }
-    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
+    hold_relational(p, op_order(op));
     hold_path(p, op.node);
     int rr;
     {
@@ -839,7 +878,7 @@ bool GuardSet::slow_ambient(Pass& p, const FastOp& op) {
         p.result = kUndecided;
         return false;
     }
-    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
+    hold_relational(p, op_order(op));
     hold_path(p, ~0U);
     int rr;
     {
@@ -899,12 +938,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // Local copies: stores through the registers could alias the members for the compiler.
         NodeRt* const nodes = nodes_.data();
         const RuntimeGuard* const guards = guards_.data();
-        const std::size_t n_ops = fast_ops_.size() - 1;  // without the End op
         // The skip (docs/cpp.md, "Skipping unchanged subtrees"). A fetch whose parent's dict is in
         // the state of this node's claim reads the claimed value: the same live object (the dict
         // holds it), on which the identity-implied guards that follow held.
         auto settled = [this, r, tags, &skipped](const FastOp& op) {
-            if (!op.settle) return false;
             const std::uint64_t t = tags[op.parent];
             const FetchMemo& m = fetch_memos_[op.memo];
             if (t == 0 || t != m.parent_tag) return false;
@@ -913,17 +950,70 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             return true;
         };
         // After a fetch from the dict the tag was read from, with no user code since: claim the
-        // value. Made before the identity-implied guards run; fail() withdraws it if one fails.
+        // value. Made before the identity-implied guards run (out of line, at op.jump); fail()
+        // withdraws it if one fails.
         auto claim = [this, tags](const FastOp& op, PyObject* v) {
-            if (!op.settle) return;
             const std::uint64_t t = tags[op.parent];
             if (t == 0) return;
             FetchMemo& m = fetch_memos_[op.memo];
             m.parent_tag = t;
             m.value = v;
         };
+        // The fast forms of the fetches, shared by a fetch and its settling twin (inlined into
+        // both). An attribute through the inline cache, or null: a stale cache, a class
+        // attribute, a property, __getattr__, a slot, or missing (the walk's fetch decides, and
+        // refills the cache).
+        auto attr_value = [r, nodes](const FastOp& op) __attribute__((always_inline)) -> PyObject* {
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            PyTypeObject* tp = Py_TYPE(p);
+            AttrCache& ic = n.step.cache;
+            // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop
+            // into one that costs 2-12% more instructions per check (callgrind).
+            if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
+                if (ic.mode == AttrCache::Mode::InstanceDict)
+                    return instance_attr_hinted(p, n.step.operand, &ic.hint);
+                if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p))
+                    return pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                if (ic.mode == AttrCache::Mode::FunctionField) return function_field(p, n.step.operand);
+            }
+            return nullptr;
+        };
+        // An item of a dict, list or tuple: false when a key, table or container of a user type
+        // needs CPython's lookup (a residue subtree); else *v is the item, or null (missing).
+        auto item_value = [r, nodes](const FastOp& op, PyObject** v) __attribute__((always_inline)) {
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            if (PyDict_CheckExact(p))  // the hint matches keys by identity: no __eq__ runs
+                return pure_dict_find(p, n.step.operand, &n.step.cache.hint, v) >= 0;
+            if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
+                Py_ssize_t k = n.step.index;  // the key, converted once at build
+                const Py_ssize_t size = Py_SIZE(p);
+                if (k < 0) k += size;
+                if (k >= 0 && k < size) *v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
+                return true;
+            }
+            return false;  // __getitem__ of another type
+        };
+        // A dict item (`X.__dict__[k]` & co.): as item_value, a non-dict parent is missing.
+        auto dict_item_value = [r, nodes](const FastOp& op, PyObject** v) __attribute__((always_inline)) {
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            return !PyDict_Check(p) || pure_dict_find(p, n.step.operand, &n.step.cache.hint, v) >= 0;
+        };
+        // A step that never runs user code nor allocates, or null (missing, or an owned result,
+        // which would need a reference we do not keep).
+        auto pure_value = [r, nodes](const FastOp& op) __attribute__((always_inline)) -> PyObject* {
+            Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
+            if (f.status != FetchStatus::Ok || f.owned) {
+                if (f.owned) Py_DECREF(f.value);
+                if (f.status == FetchStatus::Error) PyErr_Clear();
+                return nullptr;
+            }
+            return f.value;
+        };
         // The program ends with an End op: no bounds check per op. `next` is the op to run next.
-        const FastOp* const end = ops + n_ops;
+        const FastOp* const end = ops + fast_end_;
         // Direct threading: each op's code ends by jumping straight to the next op's (one
         // indirect jump per op, no loop counter); `break` inside an op's do/while leaves it.
 #define TW_DISPATCH() \
@@ -937,6 +1027,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_FetchDict,
                                           &&op_FetchFunction,
                                           &&op_FetchPure,
+                                          &&op_SettleAttr,
+                                          &&op_SettleItem,
+                                          &&op_SettleDictItem,
+                                          &&op_SettlePure,
                                           &&op_TypeIs,
                                           &&op_IdIs,
                                           &&op_IsNone,
@@ -958,6 +1052,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_StampGlobals,
                                           &&op_LeafRun,
                                           &&op_RunClaim,
+                                          &&op_Resume,
                                           &&op_SlowGuard,
                                           &&op_SlowAmbient,
                                           &&op_Symbol,
@@ -1006,10 +1101,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (settled(op)) {
-                next = ops + op.jump;
-                break;
-            }
+            if (op.settle && settled(op)) break;
             NodeRt& n = nodes[op.node];
             PyObject* v = globals_ ? pure_dict_get(globals_.get(), n.root.name, &n.root.hint) : nullptr;
             if (v == nullptr) {
@@ -1022,7 +1114,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                 break;
             }
             r[op.node] = v;
-            claim(op, v);
+            if (op.settle) {
+                claim(op, v);
+                next = ops + op.jump;
+            }
             break;
         } while (false);
         opp = next;
@@ -1046,34 +1141,29 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (settled(op)) {
-                next = ops + op.jump;
+            PyObject* v = attr_value(op);
+            if (v == nullptr) {
+                next = ops + slow_subtree(ps, op);
                 break;
             }
-            NodeRt& n = nodes[op.node];
-            PyObject* p = r[op.parent];
-            PyTypeObject* tp = Py_TYPE(p);
-            AttrCache& ic = n.step.cache;
-            // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop
-            // into one that costs 2-12% more instructions per check (callgrind).
-            PyObject* v = nullptr;
-            if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
-                if (ic.mode == AttrCache::Mode::InstanceDict) {
-                    v = instance_attr_hinted(p, n.step.operand, &ic.hint);
-                } else if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p)) {
-                    v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
-                } else if (ic.mode == AttrCache::Mode::FunctionField) {
-                    v = function_field(p, n.step.operand);
-                }
-            }
+            r[op.node] = v;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SettleAttr:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) break;
+            PyObject* v = attr_value(op);
             if (v == nullptr) {
-                // A stale cache, a class attribute, a property, __getattr__, a slot, or
-                // missing: the walk's fetch decides (and refills the cache).
                 next = ops + slow_subtree(ps, op);
                 break;
             }
             r[op.node] = v;
             claim(op, v);
+            next = ops + op.jump;
             break;
         } while (false);
         opp = next;
@@ -1082,28 +1172,9 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (settled(op)) {
-                next = ops + op.jump;
-                break;
-            }
-            NodeRt& n = nodes[op.node];
-            PyObject* p = r[op.parent];
-            PyObject* key = n.step.operand;
             PyObject* v = nullptr;
-            if (PyDict_CheckExact(p)) {
-                // The hint matches keys by identity: no __eq__ of any key runs.
-                if (pure_dict_find(p, key, &n.step.cache.hint, &v) < 0) {
-                    next = ops + slow_subtree(ps, op);  // a key or a table of a user type: CPython's lookup
-                    break;
-                }
-            } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
-                Py_ssize_t k = n.step.index;  // the key, converted once at build
-                const Py_ssize_t size = Py_SIZE(p);
-                if (k < 0) k += size;
-                if (k >= 0 && k < size)
-                    v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
-            } else {
-                next = ops + slow_subtree(ps, op);  // __getitem__ of another type
+            if (!item_value(op, &v)) {
+                next = ops + slow_subtree(ps, op);
                 break;
             }
             if (v == nullptr) {
@@ -1112,23 +1183,17 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                 break;
             }
             r[op.node] = v;
-            claim(op, v);
             break;
         } while (false);
         opp = next;
         TW_DISPATCH();
-    op_FetchDictItem:
+    op_SettleItem:
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (settled(op)) {
-                next = ops + op.jump;
-                break;
-            }
-            NodeRt& n = nodes[op.node];
-            PyObject* p = r[op.parent];
+            if (settled(op)) break;
             PyObject* v = nullptr;
-            if (PyDict_Check(p) && pure_dict_find(p, n.step.operand, &n.step.cache.hint, &v) < 0) {
+            if (!item_value(op, &v)) {
                 next = ops + slow_subtree(ps, op);
                 break;
             }
@@ -1139,6 +1204,48 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             }
             r[op.node] = v;
             claim(op, v);
+            next = ops + op.jump;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchDictItem:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = nullptr;
+            if (!dict_item_value(op, &v)) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SettleDictItem:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) break;
+            PyObject* v = nullptr;
+            if (!dict_item_value(op, &v)) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            claim(op, v);
+            next = ops + op.jump;
             break;
         } while (false);
         opp = next;
@@ -1198,21 +1305,32 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const FastOp& op = *opp;
             next = opp + 1;
             // Steps that never run user code nor allocate (type, weakref target, dict key
-            // or value by position). An owned result would need a reference we do not keep.
-            if (settled(op)) {
-                next = ops + op.jump;
-                break;
-            }
-            Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
-            if (f.status != FetchStatus::Ok || f.owned) {
-                if (f.owned) Py_DECREF(f.value);
-                if (f.status == FetchStatus::Error) PyErr_Clear();
+            // or value by position).
+            PyObject* v = pure_value(op);
+            if (v == nullptr) {
                 fail(ps, op.node, ~0U);
                 next = end;
                 break;
             }
-            r[op.node] = f.value;
-            claim(op, f.value);
+            r[op.node] = v;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SettlePure:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) break;
+            PyObject* v = pure_value(op);
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            claim(op, v);
+            next = ops + op.jump;
             break;
         } while (false);
         opp = next;
@@ -1412,16 +1530,19 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? PyModule_GetDict(v) : nullptr;
             const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
             tags[op.node] = t;
-            if (t == 0) break;
+            if (t == 0) {
+                next = ops + op.jump;  // no tag: the state-implied guards are evaluated
+                break;
+            }
             StateMemo& m = state_memos_[op.memo];
             if (t == m.tag) {
                 skipped += op.jumped;  // this state was proved: its state-implied guards hold
-                next = ops + op.jump;
                 break;
             }
-            // Claimed before the state-implied guards run; a failing one (fail()) or one
-            // evaluated with user code (slow_guard) withdraws it.
+            // Claimed before the state-implied guards run (out of line); a failing one (fail())
+            // or one evaluated with user code (slow_guard) withdraws it.
             m.tag = t;
+            next = ops + op.jump;
             break;
         } while (false);
         opp = next;
@@ -1462,6 +1583,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (t != 0) state_memos_[op.memo].run_tag = t;
             break;
         } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_Resume:
+        next = ops + opp->jump;
         opp = next;
         TW_DISPATCH();
     op_SlowGuard:

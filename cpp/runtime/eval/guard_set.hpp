@@ -214,6 +214,15 @@ class GuardSet {
             FetchDict,
             FetchFunction,  // __code__, __defaults__[i], __kwdefaults__[k], __closure__[i] of a function
             FetchPure,      // type, weakref target, dict key/value by position
+            // The same fetches by a settling step (the skip): a value settled by its claim goes
+            // on to the next op; one fetched is claimed and goes to `jump`, the node's
+            // identity-implied guards out of line (or the next op when it has none). Separate
+            // codes, so that a fetch that never settles tests nothing for it. LoadGlobal settles
+            // when the globals dict is stamped (`settle`).
+            SettleAttr,
+            SettleItem,
+            SettleDictItem,
+            SettlePure,
             // Guards on regs[node]. A guard that fails ends the pass; one whose fast form does not
             // apply to the value is evaluated by the walk's code in place (a residue).
             TypeIs,
@@ -234,8 +243,10 @@ class GuardSet {
             TorchGlobalState,   // ... on torch's global state, bound through the adapter: `a` is g.derived
             TorchNoSavedHooks,  // ... on torch's saved-tensor hooks, snapshot None, through the adapter
             // The skip: read the version tag of regs[node] (an exact dict, or an exact module's
-            // dict) into the node's tag slot; equal to its claim: jump over its state-implied
-            // guards. StampGlobals does the same for the globals dict G[...] roots read.
+            // dict) into the node's tag slot; equal to its claim: go on to the next op, its
+            // state-implied guards proved; else claim and go to `jump`, those guards out of line
+            // (or the next op when it has none). StampGlobals reads the globals dict's tag, which
+            // G[...] roots settle under.
             Stamp,
             StampGlobals,
             // A run of a stamped node's children that are settled leaves (every guard implied by
@@ -244,6 +255,8 @@ class GuardSet {
             // the run's end, makes that claim when no user code ran since the node's stamp.
             LeafRun,
             RunClaim,
+            // The end of an out-of-line block (the guards a claim proves): back to `jump`.
+            Resume,
             // Residues: kinds with no form free of user code, evaluated in place as the walk does,
             // the current path's values held (SlowGuard on regs[node], SlowAmbient on the locals).
             SlowGuard,
@@ -273,8 +286,12 @@ class GuardSet {
         };
         std::uint32_t pos =
             0;  ///< guard: position in the node's guard range; fetch: in the parent's child range
-        std::uint32_t jump = 0;    ///< settled fetch / stamp hit: first op after the guards it proves
-        std::uint32_t jumped = 0;  ///< how many guard ops that jump passes over
+        /// Settling fetch / stamp: where a miss of its claim goes (the out-of-line block of the
+        /// guards the claim proves, or the next op); LeafRun: the first op after the run;
+        /// Resume: the op after the fetch or stamp whose block it ends; a guard op out of line:
+        /// that same op, its place in the program's order (op_order, for hold_relational).
+        std::uint32_t jump = 0;
+        std::uint32_t jumped = 0;  ///< how many guard ops a hit of the claim proves
         // Guards read an operand, fetches their parent's register and their subtree's end, never
         // both: they share the last 8 bytes.
         union {
@@ -423,7 +440,17 @@ class GuardSet {
     bool ambient_reads_locals_ = false;          // an ambient guard (a LAMBDA) takes f_locals itself
     bool reads_globals_ = false;                 // some root is G[...]
     bool reads_closure_ = false;                 // some root is C[...]
+    // The fast program: the ops run in order from 0 to the End op at fast_end_, then the
+    // out-of-line blocks (the guards a claim proves, each ended by a Resume op), entered only when
+    // a claim misses. A check of an unchanged tree reads one contiguous stream of ops.
     std::vector<FastOp> fast_ops_;
+    std::uint32_t fast_end_ = 0;
+    /// Op `op`'s place in the program's evaluation order: its index, or for an op out of line
+    /// the index of the op after the fetch or stamp whose claim it belongs to.
+    std::size_t op_order(const FastOp& op) const {
+        const auto i = static_cast<std::size_t>(&op - fast_ops_.data());
+        return i > fast_end_ ? op.jump : i;
+    }
     bool fast_enabled_ = false;
     std::uint32_t fast_guards_ = 0;     // guards the fast program decides without user code
     std::uint32_t residue_guards_ = 0;  // guards it leaves to the residue phase by kind
