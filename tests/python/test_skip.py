@@ -586,3 +586,41 @@ def test_claims_follow_their_node_when_the_program_is_rebuilt() -> None:
         lists[grown].pop()
         assert gs.check(f_locals)
         assert gs._last_skipped_guards >= 6
+
+
+def test_a_residue_out_of_line_holds_only_the_sources_read_before_it() -> None:
+    """The guards a claim proves run out of line (after the program's End op) when the claim
+    misses. A residue there (an element's own __eq__) takes strong references to the relational
+    sources read so far, by the residue's place in the evaluation order (GuardSet::op_order), not
+    by where its op sits in the array: by the array, every source would count as read, and the
+    registers of sources not yet fetched in this check (still holding the previous check's values)
+    would decide the ALIAS below: a wrong answer, or a reference to a dead object."""
+
+    class Loud(int):
+        calls = 0
+
+        def __eq__(self, other: object) -> bool:
+            Loud.calls += 1
+            return int(self) == other
+
+        __hash__ = int.__hash__
+
+    shared, other = object(), object()
+    d: dict[str, Any] = {"pad": (1, 2), "x": shared}
+    b = tw.GuardBuilder({"d": d, "y": shared})
+    b.type_match("L['d']")
+    b.equals("L['d']['pad']", python_eq=True)  # identity-implied: behind the settling fetch
+    b.alias("L['d']['x']", "L['y']")  # both sources are read after L['d']['pad']
+    gs = b.build()
+    for k in range(scaled(6)):
+        good, bad = {"d": d, "y": shared}, {"d": d, "y": other}
+        assert gs.check(good) and gs.check(good)
+        assert not gs.check(bad)  # the registers now hold `other` for L['y']
+        d["pad"] = (Loud(1), 2) if k % 2 == 0 else (1, 2)  # a new tag: the claim on pad misses
+        calls = Loud.calls
+        assert gs.check(good) is True
+        assert reference.check(b.guards, good)
+        if k % 2 == 0:
+            assert Loud.calls > calls  # the residue ran, out of line
+        assert not gs.check(bad)
+        assert not reference.check(b.guards, bad)
