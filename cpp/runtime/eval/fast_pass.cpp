@@ -122,9 +122,13 @@ class RegisterFile {
     return v;
 }
 
-/// dict_get_pure, its hinted read inline.
+/// dict_get_pure, its hinted read (dict_get_hinted) inline.
 [[gnu::always_inline]] inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
-    if (PyObject* v = dict_get_hinted(d, key, hint)) return v;
+    if (g_dict_hints_enabled) {
+        auto* mp = reinterpret_cast<layout::Dict*>(d);
+        if (PyObject* v = layout::lookup(mp->ma_keys, layout::split_values(mp->ma_values), key, hint))
+            return v;
+    }
     return dict_lookup_str(d, key);
 }
 
