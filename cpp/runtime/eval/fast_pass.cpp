@@ -436,7 +436,22 @@ void GuardSet::build_fast_pass() {
         bool settles_children = false;
         for (std::uint32_t k = n.child_begin; k < n.child_end; ++k)
             settles_children = settles_children || settle_step(program_.nodes[program_.children[k]], module);
-        stamped[ni] = dict_like || settles_children;
+        // A value that passes its node's guards is never an exact dict or module when one of them
+        // is a TYPE_MATCH or ID_MATCH to something else (a tuple whose items settle, say): its
+        // stamp would read no tag on every passing check and send it through the out-of-line
+        // block of its guards. No stamp, so its guards run in line and nothing settles under it
+        // (fewer claims, never more).
+        bool never_tagged = false;
+        for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+            const RuntimeGuard& g = guards_[program_.node_guards[k]];
+            const bool other_type = g.kind == core::GuardKind::TypeMatch &&
+                                    g.a != reinterpret_cast<PyObject*>(&PyDict_Type) &&
+                                    g.a != reinterpret_cast<PyObject*>(&PyModule_Type);
+            const bool other_object = g.kind == core::GuardKind::IdMatch && g.a != nullptr &&
+                                      !PyDict_CheckExact(g.a) && !PyModule_CheckExact(g.a);
+            never_tagged = never_tagged || other_type || other_object;
+        }
+        stamped[ni] = (dict_like || settles_children) && !never_tagged;
     }
     if (stamp_globals) {
         FastOp op;
