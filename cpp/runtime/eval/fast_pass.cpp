@@ -995,7 +995,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // both). An attribute through the inline cache, or null: a stale cache, a class
         // attribute, a property, __getattr__, a slot, or missing (the walk's fetch decides, and
         // refills the cache).
-        auto attr_value = [r, nodes](const FastOp& op) __attribute__((always_inline)) -> PyObject* {
+        auto attr_value = [ r, nodes ](const FastOp& op) __attribute__((always_inline))->PyObject* {
             NodeRt& n = nodes[op.node];
             PyObject* p = r[op.parent];
             PyTypeObject* tp = Py_TYPE(p);
@@ -1013,7 +1013,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         };
         // An item of a dict, list or tuple: false when a key, table or container of a user type
         // needs CPython's lookup (a residue subtree); else *v is the item, or null (missing).
-        auto item_value = [r, nodes](const FastOp& op, PyObject** v) __attribute__((always_inline)) {
+        auto item_value = [ r, nodes ](const FastOp& op, PyObject** v) __attribute__((always_inline)) {
             NodeRt& n = nodes[op.node];
             PyObject* p = r[op.parent];
             if (PyDict_CheckExact(p))  // the hint matches keys by identity: no __eq__ runs
@@ -1022,20 +1022,21 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                 Py_ssize_t k = n.step.index;  // the key, converted once at build
                 const Py_ssize_t size = Py_SIZE(p);
                 if (k < 0) k += size;
-                if (k >= 0 && k < size) *v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
+                if (k >= 0 && k < size)
+                    *v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
                 return true;
             }
             return false;  // __getitem__ of another type
         };
         // A dict item (`X.__dict__[k]` & co.): as item_value, a non-dict parent is missing.
-        auto dict_item_value = [r, nodes](const FastOp& op, PyObject** v) __attribute__((always_inline)) {
+        auto dict_item_value = [ r, nodes ](const FastOp& op, PyObject** v) __attribute__((always_inline)) {
             NodeRt& n = nodes[op.node];
             PyObject* p = r[op.parent];
             return !PyDict_Check(p) || pure_dict_find(p, n.step.operand, &n.step.cache.hint, v) >= 0;
         };
         // A step that never runs user code nor allocates, or null (missing, or an owned result,
         // which would need a reference we do not keep).
-        auto pure_value = [r, nodes](const FastOp& op) __attribute__((always_inline)) -> PyObject* {
+        auto pure_value = [ r, nodes ](const FastOp& op) __attribute__((always_inline))->PyObject* {
             Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
             if (f.status != FetchStatus::Ok || f.owned) {
                 if (f.owned) Py_DECREF(f.value);
