@@ -838,7 +838,10 @@ def test_threads_checking_while_another_mutates() -> None:
         sys.setswitchinterval(old)
     assert not errors, errors[:5]
     assert answers[True] and answers[False], answers
-    assert decisive[0] >= min_decisive, (decisive, answers)  # windows that admit one answer: a wrong one fails
+    assert decisive[0] >= min_decisive, (
+        decisive,
+        answers,
+    )  # windows that admit one answer: a wrong one fails
     # And the set still decides each state exactly when nothing moves.
     for state in states[:50]:
         sx0, sx1, sn, sk = state
