@@ -20,7 +20,7 @@ import skip_world
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip
 from gc_stress import scaled
-from tripwire import _core
+from tripwire import _core, reference
 
 
 def test_skip_is_on() -> None:
@@ -551,3 +551,76 @@ def test_the_skip_through_the_frame_hook() -> None:
                 for _ in range(3):  # the first call compiles or hits; the next ones use the claims
                     got = target(m)
                     assert got[1:] == (m.k, m.cfg.scale, ns["TABLE"][1]), (i, got)
+
+
+def test_claims_follow_their_node_when_the_program_is_rebuilt() -> None:
+    """The claims live in arrays laid out in the program's order (fast_pass.cpp); an adaptive
+    reorder rebuilds the program and moves every claim to its node's new slot. A claim moved to
+    the wrong node would hand one node's value to another while their parent dict is unchanged:
+    the LENGTH guards below (mutable lists of one length: evaluated on every check, never implied)
+    would then read a sibling's list and miss the one grown in place: a false pass."""
+    for grown in "abcdef":
+        lists = {k: [0] for k in "abcdef"}
+        d = dict(lists)
+        f_locals = {"d": d, "z": {"k": 1}}
+        b = tw.GuardBuilder(f_locals)
+        b.type_match("L['d']")
+        for k in "abcdef":
+            b.id_match(f"L['d'][{k!r}]")
+            b.length(f"L['d'][{k!r}]")
+        b.type_match("L['z']")
+        b.equals("L['z']['k']", 1)
+        gs = b.build()
+        for _ in range(3):
+            assert gs.check(f_locals)
+        assert gs._last_skipped_guards >= 6  # the claims on d's children are in use
+        # Failures on z (d unchanged: its claims stay valid) move it before d: the next check
+        # rebuilds the program, z's settled fetch takes the first slot, every claim on d's
+        # children moves, and that check is the first to use the moved claims.
+        bad = {"d": d, "z": {"k": 2}}
+        for _ in range(20):
+            assert not gs.check(bad)
+        lists[grown].append(1)
+        assert not gs.check(f_locals)
+        assert not reference.check(b.guards, f_locals)
+        lists[grown].pop()
+        assert gs.check(f_locals)
+        assert gs._last_skipped_guards >= 6
+
+
+def test_a_residue_out_of_line_holds_only_the_sources_read_before_it() -> None:
+    """The guards a claim proves run out of line (after the program's End op) when the claim
+    misses. A residue there (an element's own __eq__) takes strong references to the relational
+    sources read so far, by the residue's place in the evaluation order (GuardSet::op_order), not
+    by where its op sits in the array: by the array, every source would count as read, and the
+    registers of sources not yet fetched in this check (still holding the previous check's values)
+    would decide the ALIAS below: a wrong answer, or a reference to a dead object."""
+
+    class Loud(int):
+        calls = 0
+
+        def __eq__(self, other: object) -> bool:
+            Loud.calls += 1
+            return int(self) == other
+
+        __hash__ = int.__hash__
+
+    shared, other = object(), object()
+    d: dict[str, Any] = {"pad": (1, 2), "x": shared}
+    b = tw.GuardBuilder({"d": d, "y": shared})
+    b.type_match("L['d']")
+    b.equals("L['d']['pad']", python_eq=True)  # identity-implied: behind the settling fetch
+    b.alias("L['d']['x']", "L['y']")  # both sources are read after L['d']['pad']
+    gs = b.build()
+    for k in range(scaled(6)):
+        good, bad = {"d": d, "y": shared}, {"d": d, "y": other}
+        assert gs.check(good) and gs.check(good)
+        assert not gs.check(bad)  # the registers now hold `other` for L['y']
+        d["pad"] = (Loud(1), 2) if k % 2 == 0 else (1, 2)  # a new tag: the claim on pad misses
+        calls = Loud.calls
+        assert gs.check(good) is True
+        assert reference.check(b.guards, good)
+        if k % 2 == 0:
+            assert Loud.calls > calls  # the residue ran, out of line
+        assert not gs.check(bad)
+        assert not reference.check(b.guards, bad)

@@ -111,8 +111,25 @@ class RegisterFile {
     bool pooled_ = false;
 };
 
-inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
-    return dict_get_pure(d, key, hint);
+// dict_get_pure's second half (no hint hit: a real lookup of a str key in a table of str keys),
+// out of line; the first half inlined into every op that reads a dict. With the whole of it
+// inline in each op that uses it, GCC 12 stopped inlining it into the program's loop once the
+// settling fetches had ops of their own (W3 +14% instructions, callgrind).
+[[gnu::noinline]] PyObject* dict_lookup_str(PyObject* d, PyObject* key) {
+    if (!PyUnicode_CheckExact(key) || !dict_has_only_str_keys(d)) return nullptr;
+    PyObject* v = PyDict_GetItemWithError(d, key);
+    if (v == nullptr) PyErr_Clear();  // cannot raise for str keys; be safe
+    return v;
+}
+
+/// dict_get_pure, its hinted read (dict_get_hinted) inline.
+[[gnu::always_inline]] inline PyObject* pure_dict_get(PyObject* d, PyObject* key, Py_ssize_t* hint) {
+    if (g_dict_hints_enabled) {
+        auto* mp = reinterpret_cast<layout::Dict*>(d);
+        if (PyObject* v = layout::lookup(mp->ma_keys, layout::split_values(mp->ma_values), key, hint))
+            return v;
+    }
+    return dict_lookup_str(d, key);
 }
 
 // Exact built-in types whose hash and equality are the interpreter's own and never call back
@@ -419,7 +436,22 @@ void GuardSet::build_fast_pass() {
         bool settles_children = false;
         for (std::uint32_t k = n.child_begin; k < n.child_end; ++k)
             settles_children = settles_children || settle_step(program_.nodes[program_.children[k]], module);
-        stamped[ni] = dict_like || settles_children;
+        // A value that passes its node's guards is never an exact dict or module when one of them
+        // is a TYPE_MATCH or ID_MATCH to something else (a tuple whose items settle, say): its
+        // stamp would read no tag on every passing check and send it through the out-of-line
+        // block of its guards. No stamp, so its guards run in line and nothing settles under it
+        // (fewer claims, never more).
+        bool never_tagged = false;
+        for (std::uint32_t k = n.guard_begin; k < n.guard_end; ++k) {
+            const RuntimeGuard& g = guards_[program_.node_guards[k]];
+            const bool other_type = g.kind == core::GuardKind::TypeMatch &&
+                                    g.a != reinterpret_cast<PyObject*>(&PyDict_Type) &&
+                                    g.a != reinterpret_cast<PyObject*>(&PyModule_Type);
+            const bool other_object = g.kind == core::GuardKind::IdMatch && g.a != nullptr &&
+                                      !PyDict_CheckExact(g.a) && !PyModule_CheckExact(g.a);
+            never_tagged = never_tagged || other_type || other_object;
+        }
+        stamped[ni] = (dict_like || settles_children) && !never_tagged;
     }
     if (stamp_globals) {
         FastOp op;
@@ -427,10 +459,14 @@ void GuardSet::build_fast_pass() {
         fast_ops_.push_back(op);
     }
     // Depth first in the current order: a node's fetch, its guards, then its children, as the
-    // walk does. A node's guards are laid out in three blocks, each in the current order: those
-    // a settled value proves (a settled fetch jumps over them), then the stamp and those an
-    // unchanged dict proves (a hit jumps over them), then the others. Reordering a node's guards
-    // among themselves is the walk's own latitude (adaptive order), never across nodes.
+    // walk does. A node's guards are evaluated in three blocks, each in the current order: those
+    // a settled value proves, then the stamp and those an unchanged dict proves, then the others.
+    // Reordering a node's guards among themselves is the walk's own latitude (adaptive order),
+    // never across nodes. The first two blocks are laid out of line, after the End op, each
+    // ended by a Resume op back to the op after its fetch or stamp: a claim that holds goes on
+    // to the next op, one that misses runs its block (`jump`) and returns, so the evaluation
+    // order is the same, and a check of an unchanged tree reads only the ops it runs, in one
+    // stream. Every index below is an index into the in-line program, except the blocks'.
     // A marker item opens (LeafRun) or closes (RunClaim) a leaf run of node `node`'s children.
     enum class Mark : std::uint8_t { None, RunBegin, RunEnd };
     struct Item {
@@ -456,7 +492,19 @@ void GuardSet::build_fast_pass() {
     };
     std::size_t run_at = 0;  // the open run's LeafRun op
     std::vector<Item> children;
-    for (NodeMemo& m : memos_) m.run_tag = 0;  // a claim about the previous program's runs
+    // The memos in the program's order: a node's fetch slot is given at its settling fetch op,
+    // its state slot at its Stamp, so that the claims the program reads follow one another in
+    // memory as its ops do (the others, never read by the program, come last).
+    struct Slots {
+        std::vector<std::uint32_t> of;
+        std::uint32_t n = 0;
+        std::uint32_t operator()(std::uint32_t ni) {
+            if (of[ni] == ~0U) of[ni] = n++;
+            return of[ni];
+        }
+    };
+    Slots fetch_slot{std::vector<std::uint32_t>(n_nodes, ~0U)};
+    Slots state_slot{std::vector<std::uint32_t>(n_nodes, ~0U)};
     std::vector<std::uint32_t> node_fetch_op(n_nodes, 0);
     for (std::uint32_t k = static_cast<std::uint32_t>(root_order_.size()); k-- > 0;)
         stack.push_back({root_order_[k], root_order_[k], k});
@@ -469,6 +517,28 @@ void GuardSet::build_fast_pass() {
         }
     };
     std::vector<FastOp> identity_ops, state_ops, other_ops;
+    // The out-of-line blocks, and the ops that enter them: (op index, the block's offset).
+    std::vector<FastOp> blocks;
+    std::vector<std::pair<std::size_t, std::size_t>> entries;
+    // The ops proved by the claim of the fetch or stamp at `from`: out of line when there are
+    // any (`jump` is fixed up once the in-line program's length is known), else `jump` is the
+    // next op. Each op out of line keeps its place in the order in `jump` (op_order).
+    auto out_of_line = [&](std::size_t from, const std::vector<FastOp>& proved) {
+        const auto back = static_cast<std::uint32_t>(from + 1);
+        fast_ops_[from].jump = back;
+        fast_ops_[from].jumped = static_cast<std::uint32_t>(proved.size());
+        if (proved.empty()) return;
+        entries.emplace_back(from, blocks.size());
+        for (FastOp g : proved) {
+            g.jump = back;
+            blocks.push_back(g);
+        }
+        FastOp resume;
+        resume.code = Code::Resume;
+        resume.node = fast_ops_[from].node;
+        resume.jump = back;
+        blocks.push_back(resume);
+    };
     while (!stack.empty()) {
         const Item item = stack.back();
         stack.pop_back();
@@ -477,6 +547,7 @@ void GuardSet::build_fast_pass() {
             close_until(n.depth + 1);  // the previous sibling's subtree (or the run's last leaf)
             FastOp mark;
             mark.node = item.node;
+            mark.memo = state_slot(item.node);  // given at the node's Stamp, before its children
             if (item.mark == Mark::RunBegin) {
                 run_at = fast_ops_.size();
                 mark.code = Code::LeafRun;
@@ -485,13 +556,14 @@ void GuardSet::build_fast_pass() {
             }
             mark.code = Code::RunClaim;
             fast_ops_.push_back(mark);
-            // Check what was emitted: only settled fetches of this node's children, each jumping
-            // over its whole subtree (its guards). Anything else disables the run's skip.
+            // Check what was emitted: only settling fetches of this node's children, each with its
+            // whole subtree (its guards) out of line, proved by its claim. Anything else disables
+            // the run's skip.
             bool ok = true;
             std::uint32_t jumped = 0;
             for (std::size_t i = run_at + 1; i + 1 < fast_ops_.size();) {
                 const FastOp& f = fast_ops_[i];
-                if (!f.settle || f.parent != item.node || f.jump != f.skip || f.skip <= i) {
+                if (!f.settle || f.parent != item.node || f.skip != i + 1) {
                     ok = false;
                     break;
                 }
@@ -551,6 +623,15 @@ void GuardSet::build_fast_pass() {
         // A SHAPE symbol is read afresh on every check: never settled, so that no claim stands
         // in for its value (the Symbol op below is then outside every jump).
         if (n.symbol != core::kNoSymbol) op.settle = false;
+        if (op.settle) {
+            switch (op.code) {
+                case Code::FetchAttr: op.code = Code::SettleAttr; break;
+                case Code::FetchItem: op.code = Code::SettleItem; break;
+                case Code::FetchDictItem: op.code = Code::SettleDictItem; break;
+                case Code::FetchPure: op.code = Code::SettlePure; break;
+                default: break;  // LoadGlobal reads `settle`
+            }
+        }
         const std::size_t fetch_at = fast_ops_.size();
         node_fetch_op[item.node] = static_cast<std::uint32_t>(fetch_at);
         open.emplace_back(fetch_at, item.node);
@@ -568,6 +649,7 @@ void GuardSet::build_fast_pass() {
             fast_ops_.push_back(op);
             continue;  // no guard or child ops: the walk evaluates the subtree if it has any
         }
+        if (op.settle) op.memo = fetch_slot(item.node);
         fast_ops_.push_back(op);
         if (n.symbol != core::kNoSymbol) {
             // Right after the fetch, as the walk stores it before the node's guards: no settled
@@ -599,18 +681,17 @@ void GuardSet::build_fast_pass() {
                 other_ops.push_back(g);
             }
         }
-        fast_ops_.insert(fast_ops_.end(), identity_ops.begin(), identity_ops.end());
-        fast_ops_[fetch_at].jump = static_cast<std::uint32_t>(fast_ops_.size());
-        fast_ops_[fetch_at].jumped = static_cast<std::uint32_t>(identity_ops.size());
+        // Only a settling fetch has identity-implied ops apart (op.settle above), right after it
+        // (a symbol node never settles, so its Symbol op is never between).
+        out_of_line(fetch_at, identity_ops);
         if (stamped[item.node]) {
             FastOp st;
             st.code = Code::Stamp;
             st.node = item.node;
+            st.memo = state_slot(item.node);
             const std::size_t stamp_at = fast_ops_.size();
             fast_ops_.push_back(st);
-            fast_ops_.insert(fast_ops_.end(), state_ops.begin(), state_ops.end());
-            fast_ops_[stamp_at].jump = static_cast<std::uint32_t>(fast_ops_.size());
-            fast_ops_[stamp_at].jumped = static_cast<std::uint32_t>(state_ops.size());
+            out_of_line(stamp_at, state_ops);
         }
         fast_ops_.insert(fast_ops_.end(), other_ops.begin(), other_ops.end());
         // In evaluation order; the first maximal run of two or more leaf children between a
@@ -636,6 +717,18 @@ void GuardSet::build_fast_pass() {
         for (std::size_t k = children.size(); k-- > 0;) stack.push_back(children[k]);
     }
     close_until(0);
+    // The nodes the program does not fetch (below a TensorProp) last; the claims move to their
+    // node's new slot, all but the run claims (a claim about the previous program's runs).
+    std::vector<FetchMemo> fetch_laid(n_nodes);
+    std::vector<StateMemo> state_laid(n_nodes);
+    for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
+        fetch_laid[fetch_slot(ni)] = fetch_memos_[fetch_slot_.empty() ? ni : fetch_slot_[ni]];
+        state_laid[state_slot(ni)].tag = state_memos_[state_slot_.empty() ? ni : state_slot_[ni]].tag;
+    }
+    fetch_memos_.swap(fetch_laid);
+    state_memos_.swap(state_laid);
+    fetch_slot_.swap(fetch_slot.of);
+    state_slot_.swap(state_slot.of);
     // Relational guards last, never inside a jump: every source's register is filled (or its
     // value recorded by the walk of a residue subtree) by then, and no claim ever covers them.
     for (std::uint32_t gi : program_.relational) {
@@ -655,7 +748,12 @@ void GuardSet::build_fast_pass() {
     for (std::size_t s = 0; s < rel_nodes_.size(); ++s) rel_fetch_op_[s] = node_fetch_op[rel_nodes_[s]];
     FastOp end;
     end.code = Code::End;
+    fast_end_ = static_cast<std::uint32_t>(fast_ops_.size());
     fast_ops_.push_back(end);
+    // The out-of-line blocks after the End op; their entries now know where they are.
+    for (const auto& [from, offset] : entries)
+        fast_ops_[from].jump = static_cast<std::uint32_t>(fast_ops_.size() + offset);
+    fast_ops_.insert(fast_ops_.end(), blocks.begin(), blocks.end());
     fast_enabled_ = true;
 }
 
@@ -746,9 +844,7 @@ void GuardSet::decide_shape_in_pass(Pass& p, core::shape::ShapeFrame& frame) {
 
 void GuardSet::fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos) {
     // A claim made optimistically at this node's fetch or stamp did not hold up.
-    memos_[ni].parent_tag = 0;
-    memos_[ni].tag = 0;
-    memos_[ni].run_tag = 0;
+    withdraw_claims(ni);
     if (!p.ran_user_code) {
         p.result = kUndecided;  // nothing ran: the walk decides, on the same objects
         return;
@@ -767,11 +863,11 @@ std::size_t GuardSet::slow_subtree(Pass& p, const FastOp& op) {
     p.slow_guards += nodes_[op.node].subtree_guards;
     if (!p.allow_user_code) {
         p.result = kUndecided;
-        return fast_ops_.size() - 1;  // the End op
+        return fast_end_;  // the End op
     }
     int rr;
     const bool is_root = program_.nodes[op.node].is_root;
-    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
+    hold_relational(p, op_order(op));
     hold_path(p, is_root ? ~0U : op.parent);
     {
         const UserCodeWindow window;
@@ -779,7 +875,7 @@ std::size_t GuardSet::slow_subtree(Pass& p, const FastOp& op) {
     }
     if (!after_residue(p, rr)) {
         if (rr == 0 && !is_root) record_path_failure(op.parent);
-        return fast_ops_.size() - 1;  // the End op
+        return fast_end_;  // the End op
     }
     return op.skip;
 }
@@ -789,14 +885,12 @@ bool GuardSet::slow_guard(Pass& p, const FastOp& op) {
     // Evaluated with user code, or not at all (no user code allowed): no claim on this node's
     // state or value may stand on it. A claim is made before the guards it covers run, so one
     // left standing here would let a later check jump over a guard that was never decided.
-    memos_[op.node].tag = 0;
-    memos_[op.node].parent_tag = 0;
-    memos_[op.node].run_tag = 0;
+    withdraw_claims(op.node);
     if (!p.allow_user_code) {
         p.result = kUndecided;
         return false;
     }
-    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
+    hold_relational(p, op_order(op));
     hold_path(p, op.node);
     int rr;
     {
@@ -816,7 +910,7 @@ bool GuardSet::slow_ambient(Pass& p, const FastOp& op) {
         p.result = kUndecided;
         return false;
     }
-    hold_relational(p, static_cast<std::size_t>(&op - fast_ops_.data()));
+    hold_relational(p, op_order(op));
     hold_path(p, ~0U);
     int rr;
     {
@@ -876,31 +970,83 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // Local copies: stores through the registers could alias the members for the compiler.
         NodeRt* const nodes = nodes_.data();
         const RuntimeGuard* const guards = guards_.data();
-        const std::size_t n_ops = fast_ops_.size() - 1;  // without the End op
         // The skip (docs/cpp.md, "Skipping unchanged subtrees"). A fetch whose parent's dict is in
         // the state of this node's claim reads the claimed value: the same live object (the dict
         // holds it), on which the identity-implied guards that follow held.
         auto settled = [this, r, tags, &skipped](const FastOp& op) {
-            if (!op.settle) return false;
             const std::uint64_t t = tags[op.parent];
-            const NodeMemo& m = memos_[op.node];
+            const FetchMemo& m = fetch_memos_[op.memo];
             if (t == 0 || t != m.parent_tag) return false;
             r[op.node] = m.value;
             skipped += op.jumped;
             return true;
         };
         // After a fetch from the dict the tag was read from, with no user code since: claim the
-        // value. Made before the identity-implied guards run; fail() withdraws it if one fails.
+        // value. Made before the identity-implied guards run (out of line, at op.jump); fail()
+        // withdraws it if one fails.
         auto claim = [this, tags](const FastOp& op, PyObject* v) {
-            if (!op.settle) return;
             const std::uint64_t t = tags[op.parent];
             if (t == 0) return;
-            NodeMemo& m = memos_[op.node];
+            FetchMemo& m = fetch_memos_[op.memo];
             m.parent_tag = t;
             m.value = v;
         };
+        // The fast forms of the fetches, shared by a fetch and its settling twin (inlined into
+        // both). An attribute through the inline cache, or null: a stale cache, a class
+        // attribute, a property, __getattr__, a slot, or missing (the walk's fetch decides, and
+        // refills the cache).
+        auto attr_value = [ r, nodes ](const FastOp& op) __attribute__((always_inline))->PyObject* {
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            PyTypeObject* tp = Py_TYPE(p);
+            AttrCache& ic = n.step.cache;
+            // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop
+            // into one that costs 2-12% more instructions per check (callgrind).
+            if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
+                if (ic.mode == AttrCache::Mode::InstanceDict)
+                    return instance_attr_hinted(p, n.step.operand, &ic.hint);
+                if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p))
+                    return pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                if (ic.mode == AttrCache::Mode::FunctionField) return function_field(p, n.step.operand);
+            }
+            return nullptr;
+        };
+        // An item of a dict, list or tuple: false when a key, table or container of a user type
+        // needs CPython's lookup (a residue subtree); else *v is the item, or null (missing).
+        auto item_value = [ r, nodes ](const FastOp& op, PyObject** v) __attribute__((always_inline)) {
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            if (PyDict_CheckExact(p))  // the hint matches keys by identity: no __eq__ runs
+                return pure_dict_find(p, n.step.operand, &n.step.cache.hint, v) >= 0;
+            if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
+                Py_ssize_t k = n.step.index;  // the key, converted once at build
+                const Py_ssize_t size = Py_SIZE(p);
+                if (k < 0) k += size;
+                if (k >= 0 && k < size)
+                    *v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
+                return true;
+            }
+            return false;  // __getitem__ of another type
+        };
+        // A dict item (`X.__dict__[k]` & co.): as item_value, a non-dict parent is missing.
+        auto dict_item_value = [ r, nodes ](const FastOp& op, PyObject** v) __attribute__((always_inline)) {
+            NodeRt& n = nodes[op.node];
+            PyObject* p = r[op.parent];
+            return !PyDict_Check(p) || pure_dict_find(p, n.step.operand, &n.step.cache.hint, v) >= 0;
+        };
+        // A step that never runs user code nor allocates, or null (missing, or an owned result,
+        // which would need a reference we do not keep).
+        auto pure_value = [ r, nodes ](const FastOp& op) __attribute__((always_inline))->PyObject* {
+            Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
+            if (f.status != FetchStatus::Ok || f.owned) {
+                if (f.owned) Py_DECREF(f.value);
+                if (f.status == FetchStatus::Error) PyErr_Clear();
+                return nullptr;
+            }
+            return f.value;
+        };
         // The program ends with an End op: no bounds check per op. `next` is the op to run next.
-        const FastOp* const end = ops + n_ops;
+        const FastOp* const end = ops + fast_end_;
         // Direct threading: each op's code ends by jumping straight to the next op's (one
         // indirect jump per op, no loop counter); `break` inside an op's do/while leaves it.
 #define TW_DISPATCH() \
@@ -914,6 +1060,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_FetchDict,
                                           &&op_FetchFunction,
                                           &&op_FetchPure,
+                                          &&op_SettleAttr,
+                                          &&op_SettleItem,
+                                          &&op_SettleDictItem,
+                                          &&op_SettlePure,
                                           &&op_TypeIs,
                                           &&op_IdIs,
                                           &&op_IsNone,
@@ -935,6 +1085,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_StampGlobals,
                                           &&op_LeafRun,
                                           &&op_RunClaim,
+                                          &&op_Resume,
                                           &&op_SlowGuard,
                                           &&op_SlowAmbient,
                                           &&op_Symbol,
@@ -983,10 +1134,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (settled(op)) {
-                next = ops + op.jump;
-                break;
-            }
+            if (op.settle && settled(op)) break;
             NodeRt& n = nodes[op.node];
             PyObject* v = globals_ ? pure_dict_get(globals_.get(), n.root.name, &n.root.hint) : nullptr;
             if (v == nullptr) {
@@ -999,7 +1147,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                 break;
             }
             r[op.node] = v;
-            claim(op, v);
+            if (op.settle) {
+                claim(op, v);
+                next = ops + op.jump;
+            }
             break;
         } while (false);
         opp = next;
@@ -1023,34 +1174,29 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (settled(op)) {
-                next = ops + op.jump;
+            PyObject* v = attr_value(op);
+            if (v == nullptr) {
+                next = ops + slow_subtree(ps, op);
                 break;
             }
-            NodeRt& n = nodes[op.node];
-            PyObject* p = r[op.parent];
-            PyTypeObject* tp = Py_TYPE(p);
-            AttrCache& ic = n.step.cache;
-            // attr_cache_valid, spelled out: with the helper GCC 12 compiled this loop
-            // into one that costs 2-12% more instructions per check (callgrind).
-            PyObject* v = nullptr;
-            if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
-                if (ic.mode == AttrCache::Mode::InstanceDict) {
-                    v = instance_attr_hinted(p, n.step.operand, &ic.hint);
-                } else if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p)) {
-                    v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
-                } else if (ic.mode == AttrCache::Mode::FunctionField) {
-                    v = function_field(p, n.step.operand);
-                }
-            }
+            r[op.node] = v;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SettleAttr:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) break;
+            PyObject* v = attr_value(op);
             if (v == nullptr) {
-                // A stale cache, a class attribute, a property, __getattr__, a slot, or
-                // missing: the walk's fetch decides (and refills the cache).
                 next = ops + slow_subtree(ps, op);
                 break;
             }
             r[op.node] = v;
             claim(op, v);
+            next = ops + op.jump;
             break;
         } while (false);
         opp = next;
@@ -1059,28 +1205,9 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (settled(op)) {
-                next = ops + op.jump;
-                break;
-            }
-            NodeRt& n = nodes[op.node];
-            PyObject* p = r[op.parent];
-            PyObject* key = n.step.operand;
             PyObject* v = nullptr;
-            if (PyDict_CheckExact(p)) {
-                // The hint matches keys by identity: no __eq__ of any key runs.
-                if (pure_dict_find(p, key, &n.step.cache.hint, &v) < 0) {
-                    next = ops + slow_subtree(ps, op);  // a key or a table of a user type: CPython's lookup
-                    break;
-                }
-            } else if ((PyList_CheckExact(p) || PyTuple_CheckExact(p)) && n.step.int_key) {
-                Py_ssize_t k = n.step.index;  // the key, converted once at build
-                const Py_ssize_t size = Py_SIZE(p);
-                if (k < 0) k += size;
-                if (k >= 0 && k < size)
-                    v = PyList_CheckExact(p) ? PyList_GET_ITEM(p, k) : PyTuple_GET_ITEM(p, k);
-            } else {
-                next = ops + slow_subtree(ps, op);  // __getitem__ of another type
+            if (!item_value(op, &v)) {
+                next = ops + slow_subtree(ps, op);
                 break;
             }
             if (v == nullptr) {
@@ -1089,23 +1216,17 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                 break;
             }
             r[op.node] = v;
-            claim(op, v);
             break;
         } while (false);
         opp = next;
         TW_DISPATCH();
-    op_FetchDictItem:
+    op_SettleItem:
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            if (settled(op)) {
-                next = ops + op.jump;
-                break;
-            }
-            NodeRt& n = nodes[op.node];
-            PyObject* p = r[op.parent];
+            if (settled(op)) break;
             PyObject* v = nullptr;
-            if (PyDict_Check(p) && pure_dict_find(p, n.step.operand, &n.step.cache.hint, &v) < 0) {
+            if (!item_value(op, &v)) {
                 next = ops + slow_subtree(ps, op);
                 break;
             }
@@ -1116,6 +1237,48 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             }
             r[op.node] = v;
             claim(op, v);
+            next = ops + op.jump;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchDictItem:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = nullptr;
+            if (!dict_item_value(op, &v)) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SettleDictItem:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) break;
+            PyObject* v = nullptr;
+            if (!dict_item_value(op, &v)) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            claim(op, v);
+            next = ops + op.jump;
             break;
         } while (false);
         opp = next;
@@ -1175,21 +1338,32 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const FastOp& op = *opp;
             next = opp + 1;
             // Steps that never run user code nor allocate (type, weakref target, dict key
-            // or value by position). An owned result would need a reference we do not keep.
-            if (settled(op)) {
-                next = ops + op.jump;
-                break;
-            }
-            Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
-            if (f.status != FetchStatus::Ok || f.owned) {
-                if (f.owned) Py_DECREF(f.value);
-                if (f.status == FetchStatus::Error) PyErr_Clear();
+            // or value by position).
+            PyObject* v = pure_value(op);
+            if (v == nullptr) {
                 fail(ps, op.node, ~0U);
                 next = end;
                 break;
             }
-            r[op.node] = f.value;
-            claim(op, f.value);
+            r[op.node] = v;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SettlePure:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            if (settled(op)) break;
+            PyObject* v = pure_value(op);
+            if (v == nullptr) {
+                fail(ps, op.node, ~0U);
+                next = end;
+                break;
+            }
+            r[op.node] = v;
+            claim(op, v);
+            next = ops + op.jump;
             break;
         } while (false);
         opp = next;
@@ -1389,16 +1563,19 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? PyModule_GetDict(v) : nullptr;
             const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
             tags[op.node] = t;
-            if (t == 0) break;
-            NodeMemo& m = memos_[op.node];
-            if (t == m.tag) {
-                skipped += op.jumped;  // this state was proved: its state-implied guards hold
-                next = ops + op.jump;
+            if (t == 0) {
+                next = ops + op.jump;  // no tag: the state-implied guards are evaluated
                 break;
             }
-            // Claimed before the state-implied guards run; a failing one (fail()) or one
-            // evaluated with user code (slow_guard) withdraws it.
+            StateMemo& m = state_memos_[op.memo];
+            if (t == m.tag) {
+                skipped += op.jumped;  // this state was proved: its state-implied guards hold
+                break;
+            }
+            // Claimed before the state-implied guards run (out of line); a failing one (fail())
+            // or one evaluated with user code (slow_guard) withdraws it.
             m.tag = t;
+            next = ops + op.jump;
             break;
         } while (false);
         opp = next;
@@ -1420,7 +1597,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // user code since): every child of the run yields the value it yielded then, on which
             // all its guards (identity-implied) held. Nothing later reads their registers.
             const std::uint64_t t = tags[op.node];
-            if (t != 0 && t == memos_[op.node].run_tag) {
+            if (t != 0 && t == state_memos_[op.memo].run_tag) {
                 skipped += op.jumped;
                 next = ops + op.jump;
             }
@@ -1436,9 +1613,13 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // residue below the node forgets the tags of its path, this node's included), so each
             // child of the run was settled or fetched under this tag and passed all its guards.
             const std::uint64_t t = tags[op.node];
-            if (t != 0) memos_[op.node].run_tag = t;
+            if (t != 0) state_memos_[op.memo].run_tag = t;
             break;
         } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_Resume:
+        next = ops + opp->jump;
         opp = next;
         TW_DISPATCH();
     op_SlowGuard:

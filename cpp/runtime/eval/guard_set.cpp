@@ -367,7 +367,10 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     }
 
     nodes_.resize(program_.nodes.size());
-    memos_.assign(program_.nodes.size(), NodeMemo{});
+    fetch_memos_.assign(program_.nodes.size(), FetchMemo{});
+    state_memos_.assign(program_.nodes.size(), StateMemo{});
+    fetch_slot_.clear();  // build_fast_pass() lays the memos out in the program's order
+    state_slot_.clear();
     for (std::size_t ni = 0; ni < program_.nodes.size(); ++ni) {
         const core::Node& n = program_.nodes[ni];
         NodeRt& r = nodes_[ni];

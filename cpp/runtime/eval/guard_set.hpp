@@ -176,22 +176,26 @@ class GuardSet {
         std::uint32_t member_begin = 0, member_end = 0;  ///< relational operands (core::Node)
     };
 
-    /// The skip's claims for one node (docs/cpp.md, "Skipping unchanged subtrees"), kept in an
-    /// array of their own (memos_, 32 bytes a node, two to a cache line) rather than in NodeRt,
-    /// whose ~170 bytes would cost a check a line per node for 16 bytes it reads. Each claim is
-    /// a fact about one state of one dict, true forever once made, since tags never repeat.
-    struct NodeMemo {
+    /// The skip's claims (docs/cpp.md, "Skipping unchanged subtrees"), kept in arrays of their
+    /// own rather than in NodeRt, whose ~170 bytes would cost a check a line per node for the 16
+    /// bytes it reads. Each claim is a fact about one state of one dict, true forever once made,
+    /// since tags never repeat. A fetch's claim and a stamp's are read by different ops (a
+    /// settled leaf has no stamp): two 16-byte records, four to a line, each array in the order
+    /// the fast program reads it.
+    struct FetchMemo {
         /// the value fetched from the parent's dict in state `parent_tag`...
         PyObject* value = nullptr;
         /// ...on which its identity-implied guards held (0: no claim)
         std::uint64_t parent_tag = 0;
+    };
+    struct StateMemo {
         /// in this state of this node's dict, its state-implied guards held (0: no claim)
         std::uint64_t tag = 0;
         /// in this state of this node's dict, every child of its leaf run (LeafRun) was fetched
         /// and all its guards held (0: no claim; cleared when the program is rebuilt)
         std::uint64_t run_tag = 0;
     };
-    static_assert(sizeof(NodeMemo) == 32, "two memos to a cache line");
+    static_assert(sizeof(FetchMemo) == 16 && sizeof(StateMemo) == 16, "four memos to a cache line");
 
     /// One instruction of the fast program (fast_pass.cpp). Adding a guard kind to the fast
     /// path is local: a Code below, its case in GuardSet::guard_op (the builder) and its case in
@@ -210,6 +214,15 @@ class GuardSet {
             FetchDict,
             FetchFunction,  // __code__, __defaults__[i], __kwdefaults__[k], __closure__[i] of a function
             FetchPure,      // type, weakref target, dict key/value by position
+            // The same fetches by a settling step (the skip): a value settled by its claim goes
+            // on to the next op; one fetched is claimed and goes to `jump`, the node's
+            // identity-implied guards out of line (or the next op when it has none). Separate
+            // codes, so that a fetch that never settles tests nothing for it. LoadGlobal settles
+            // when the globals dict is stamped (`settle`).
+            SettleAttr,
+            SettleItem,
+            SettleDictItem,
+            SettlePure,
             // Guards on regs[node]. A guard that fails ends the pass; one whose fast form does not
             // apply to the value is evaluated by the walk's code in place (a residue).
             TypeIs,
@@ -230,8 +243,10 @@ class GuardSet {
             TorchGlobalState,   // ... on torch's global state, bound through the adapter: `a` is g.derived
             TorchNoSavedHooks,  // ... on torch's saved-tensor hooks, snapshot None, through the adapter
             // The skip: read the version tag of regs[node] (an exact dict, or an exact module's
-            // dict) into the node's tag slot; equal to its claim: jump over its state-implied
-            // guards. StampGlobals does the same for the globals dict G[...] roots read.
+            // dict) into the node's tag slot; equal to its claim: go on to the next op, its
+            // state-implied guards proved; else claim and go to `jump`, those guards out of line
+            // (or the next op when it has none). StampGlobals reads the globals dict's tag, which
+            // G[...] roots settle under.
             Stamp,
             StampGlobals,
             // A run of a stamped node's children that are settled leaves (every guard implied by
@@ -240,6 +255,8 @@ class GuardSet {
             // the run's end, makes that claim when no user code ran since the node's stamp.
             LeafRun,
             RunClaim,
+            // The end of an out-of-line block (the guards a claim proves): back to `jump`.
+            Resume,
             // Residues: kinds with no form free of user code, evaluated in place as the walk does,
             // the current path's values held (SlowGuard on regs[node], SlowAmbient on the locals).
             SlowGuard,
@@ -262,11 +279,19 @@ class GuardSet {
         Code code = Code::LoadLocal;
         bool settle = false;  ///< fetches: the value may be settled by the parent's tag (a claim)
         std::uint32_t node = 0;
-        std::uint32_t guard = 0;  ///< guard index (into guards_); Symbol/TensorProp: the symbol
+        union {
+            std::uint32_t guard = 0;  ///< guard index (into guards_); Symbol/TensorProp: the symbol
+            /// settling fetches: fetch_memos_[memo]; Stamp, LeafRun, RunClaim: state_memos_[memo]
+            std::uint32_t memo;
+        };
         std::uint32_t pos =
             0;  ///< guard: position in the node's guard range; fetch: in the parent's child range
-        std::uint32_t jump = 0;    ///< settled fetch / stamp hit: first op after the guards it proves
-        std::uint32_t jumped = 0;  ///< how many guard ops that jump passes over
+        /// Settling fetch / stamp: where a miss of its claim goes (the out-of-line block of the
+        /// guards the claim proves, or the next op); LeafRun: the first op after the run;
+        /// Resume: the op after the fetch or stamp whose block it ends; a guard op out of line:
+        /// that same op, its place in the program's order (op_order, for hold_relational).
+        std::uint32_t jump = 0;
+        std::uint32_t jumped = 0;  ///< how many guard ops a hit of the claim proves
         // Guards read an operand, fetches their parent's register and their subtree's end, never
         // both: they share the last 8 bytes.
         union {
@@ -392,7 +417,18 @@ class GuardSet {
     std::vector<Ref> holders_;     // strong refs: the constant itself or its weak reference
     std::vector<PyObject*> objs_;  // raw constant pointers used for comparisons
     std::vector<NodeRt> nodes_;
-    std::vector<NodeMemo> memos_;  // per node, the skip's claims (hot: read by every settled fetch)
+    // The skip's claims (hot: read by every settled fetch and stamp), each array in the order
+    // the fast program reads it, so that consecutive settled fetches (stamps) read consecutive
+    // records, four to a line, rather than records scattered in node-id order; fetch_slot_[node]
+    // and state_slot_[node] are a node's indices into them.
+    std::vector<FetchMemo> fetch_memos_;
+    std::vector<StateMemo> state_memos_;
+    std::vector<std::uint32_t> fetch_slot_, state_slot_;
+    /// Withdraw every claim on node `ni` (a guard it covers failed or was decided with user code).
+    void withdraw_claims(std::uint32_t ni) {
+        fetch_memos_[fetch_slot_[ni]] = FetchMemo{};
+        state_memos_[state_slot_[ni]] = StateMemo{};
+    }
     std::vector<RuntimeGuard> guards_;
     std::vector<std::unique_ptr<DictWatch>> watches_;  // DICT_VERSION change flags (3.12+)
     std::vector<std::uint32_t> guard_order_;           // permutation of program_.node_guards ranges
@@ -404,7 +440,17 @@ class GuardSet {
     bool ambient_reads_locals_ = false;          // an ambient guard (a LAMBDA) takes f_locals itself
     bool reads_globals_ = false;                 // some root is G[...]
     bool reads_closure_ = false;                 // some root is C[...]
+    // The fast program: the ops run in order from 0 to the End op at fast_end_, then the
+    // out-of-line blocks (the guards a claim proves, each ended by a Resume op), entered only when
+    // a claim misses. A check of an unchanged tree reads one contiguous stream of ops.
     std::vector<FastOp> fast_ops_;
+    std::uint32_t fast_end_ = 0;
+    /// Op `op`'s place in the program's evaluation order: its index, or for an op out of line
+    /// the index of the op after the fetch or stamp whose claim it belongs to.
+    std::size_t op_order(const FastOp& op) const {
+        const auto i = static_cast<std::size_t>(&op - fast_ops_.data());
+        return i > fast_end_ ? op.jump : i;
+    }
     bool fast_enabled_ = false;
     std::uint32_t fast_guards_ = 0;     // guards the fast program decides without user code
     std::uint32_t residue_guards_ = 0;  // guards it leaves to the residue phase by kind
