@@ -31,6 +31,21 @@ using core::codec::Document;
 
 nb::bytes as_bytes(const std::string& s) { return nb::bytes(s.data(), s.size()); }
 
+// A guard's label and install sites as str. The codec accepts any string Python's "surrogatepass"
+// writes (a str constant may hold lone surrogates), and a corrupt label or site may name any string
+// of the table: decode them the same way (nanobind's std::string caster is strict and would raise
+// from a diagnostic long after the load).
+nb::str display_text(const std::string& s) {
+    PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogatepass");
+    if (o == nullptr) throw nb::python_error();
+    return nb::steal<nb::str>(o);
+}
+nb::list display_texts(const std::vector<std::string>& sites) {
+    nb::list out;
+    for (const std::string& s : sites) out.append(display_text(s));
+    return out;
+}
+
 /// A decoded, validated document; constants are built on request, once references are resolved.
 struct Decoded {
     Document doc;
@@ -203,7 +218,8 @@ void register_serial(nb::module_& m) {
             [](const Decoded& d, std::size_t i) {
                 if (i >= d.doc.guards.size()) throw nb::index_error("no such guard");
                 const auto& g = d.doc.guards[i];
-                return nb::make_tuple(g.label, nb::cast(core::codec::stack_of(d.doc, g)), g.offset);
+                return nb::make_tuple(display_text(g.label), display_texts(core::codec::stack_of(d.doc, g)),
+                                      g.offset);
             },
             nb::arg("i"), "(label, install stack, byte offset) of the guard at position i.")
         .def(
@@ -234,8 +250,10 @@ void register_serial(nb::module_& m) {
             "guard_info",
             [](const Decoded& d) {
                 nb::list out;
-                for (const auto& g : d.doc.guards)
-                    out.append(nb::make_tuple(g.label, nb::cast(core::codec::stack_of(d.doc, g)), g.offset));
+                for (const auto& g : d.doc.guards) {
+                    out.append(nb::make_tuple(display_text(g.label),
+                                              display_texts(core::codec::stack_of(d.doc, g)), g.offset));
+                }
                 return out;
             },
             "[(label, install stack, byte offset)] per guard.")

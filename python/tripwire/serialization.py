@@ -377,9 +377,18 @@ def _decode(data: bytes | bytearray | memoryview) -> Any:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"from_bytes needs bytes, not {type(data).__name__}")
     try:
-        return _core.decode_guard_set(bytes(data))
+        doc = _core.decode_guard_set(bytes(data))
     except _core._CodecError as e:
         raise _format_error(e) from None
+    # The string table takes what Python's "surrogatepass" writes, since a str constant may hold
+    # lone surrogates; a name (reference module/qualname, baseline, dropped guard, globals module)
+    # or the writer's version may not. Read them once here, strictly, so that a corrupt document
+    # whose name points at such a string is refused at load, never later by a diagnostic.
+    try:
+        doc.references, doc.baselines, doc.dropped, doc.globals_module, doc.tripwire_version  # noqa: B018
+    except UnicodeDecodeError as e:
+        raise FormatError(f"a name in the document is not valid text: {e}") from None
+    return doc
 
 
 # What each kind of reference must resolve to (checked before its fingerprint is computed, so that
@@ -488,6 +497,8 @@ def _load(
         reads_globals, python_checked, reads_torch_adapter = doc.check_loaded(consts)
     except _core._CodecError as e:
         raise _format_error(e) from None
+    except UnicodeDecodeError as e:  # a source's name pointing at a str constant's lone surrogate
+        raise FormatError(f"a name in the document is not valid text: {e}") from None
     # The kinds whose operands this module checks (GLOBAL_STATE, SHAPE, the tensor kinds): their
     # specs are built now for the checks and dropped; all specs are built on the first diagnostic.
     memo: dict = {}

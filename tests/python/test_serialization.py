@@ -1392,6 +1392,28 @@ def test_from_bytes_fuzz(data: st.DataObject) -> None:
 _FUZZ_SEEDS = [tw.guards_for(f, fx.__dict__).to_bytes() for f in fx.frames()] + [_shape_blob()]
 
 
+def test_a_name_or_label_pointing_at_a_lone_surrogate() -> None:
+    """The string table takes lone surrogates (a str constant may hold one), so a corrupt index can
+    make a name or a label point at one. Stop 20's CI found this through test_from_bytes_fuzz: the
+    load passed and explain() raised UnicodeDecodeError. Every one-byte edit of the seed whose constants
+    hold 'café \\ud800' to 4 either is refused with FormatError or loads a set whose
+    check and explain() work; both a refused name and a label shown with its surrogate occur."""
+    lone = "café \ud800".encode("utf-8", "surrogatepass")
+    blob = next(b for b in _FUZZ_SEEDS if lone in b)  # the fixture frame whose constants hold it
+    body = blob[64:]
+    refused_name = shown_label = 0
+    for i in range(len(body)):
+        edited = rewrap(body[:i] + b"\x04" + body[i + 1 :])
+        try:
+            gs = tw.GuardSet.from_bytes(edited)
+        except tw.FormatError as e:
+            refused_name += "not valid text" in str(e)
+            continue
+        gs.check({})
+        shown_label += "\ud800" in gs.explain()
+    assert refused_name and shown_label, (refused_name, shown_label)
+
+
 def _tensor_kind_seed() -> bytes:
     """A set with every tensor kind (TENSOR_MATCH, ARRAY_MATCH, DIMENSION_MARKING, ALIAS,
     NO_ALIAS, torch's probes), for the fuzz corpus (needs torch and numpy to regenerate)."""
