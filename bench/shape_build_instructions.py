@@ -14,7 +14,11 @@ itself). The modes are the rows of bench/shape_eval.py's build table:
 - ``builder``: ``GuardBuilder(example)``, ``relations_from_torch`` + ``GuardBuilder.shape`` per
   part, ``build()`` (what a JIT does);
 - ``engine``: ``GuardSet(specs)`` on the builder's specs (encoding and the C++ build);
-- ``cold``: ``builder`` with every memo emptied first (bench/shape_eval.py ``_clear_memos``).
+- ``cold``: ``builder`` with every memo emptied first (bench/shape_eval.py ``_clear_memos``);
+- ``cold_parse``, ``cold_shape`` (not run by default): the cold build up to the end of its parse
+  (``relations_from_torch`` of every part) and of its ``GuardBuilder.shape`` calls (no
+  ``build()``). The phases are the differences: parse = cold_parse, shape = cold_shape -
+  cold_parse, build = cold - cold_shape (``--modes cold_parse,cold_shape,cold``).
 
 ``--modes builder,engine`` picks modes; ``--keep`` keeps the callgrind outputs (for
 ``callgrind_annotate``) and prints where they are.
@@ -33,6 +37,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("builder", "engine", "cold")
+PHASE_MODES = ("cold_parse", "cold_shape")
 LO, HI = 20, 120
 
 
@@ -58,12 +63,28 @@ def child(mode: str, parts_file: str) -> None:
         bench._clear_memos()
         bench._tripwire_set(parts, example)
 
+    def cold_parse(_: object) -> None:
+        bench._clear_memos()
+        for part in parts:
+            tw.shapes.relations_from_torch(part)
+
+    def cold_shape(_: object) -> None:
+        bench._clear_memos()
+        b = tw.GuardBuilder(example)
+        for part in parts:
+            for rel in tw.shapes.relations_from_torch(part):
+                b.shape(rel)
+
     runs = {
         "cold": cold,
+        "cold_parse": cold_parse,
+        "cold_shape": cold_shape,
         "builder": lambda _: bench._tripwire_set(parts, example),
         "engine": lambda _: tw.GuardSet(specs),
     }
     runs["cold"](None)
+    if mode in PHASE_MODES:
+        runs[mode](None)
     gs, b = bench._tripwire_set(parts, example)  # the memos as the builder rows leave them
     assert gs.check(example) and len(gs.guards) == 20
     # The engine row builds the specs of a build made after the memos were filled: its sources are
@@ -123,7 +144,7 @@ def main() -> int:
         json.dump(parts, f)
     print(f"instructions per build of 20 relations (callgrind, {HI} - {LO} builds, PYTHONHASHSEED=0)")
     for mode in args.modes.split(","):
-        print(f"  {mode:8} {count(mode, parts_file, out_dir):12,.0f}", flush=True)
+        print(f"  {mode:10} {count(mode, parts_file, out_dir):12,.0f}", flush=True)
     if args.keep:
         print(f"callgrind outputs: {out_dir}")
     else:
