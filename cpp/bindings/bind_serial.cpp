@@ -31,18 +31,33 @@ using core::codec::Document;
 
 nb::bytes as_bytes(const std::string& s) { return nb::bytes(s.data(), s.size()); }
 
-// A guard's label and install sites as str. The codec accepts any string Python's "surrogatepass"
-// writes (a str constant may hold lone surrogates), and a corrupt label or site may name any string
-// of the table: decode them the same way (nanobind's std::string caster is strict and would raise
-// from a diagnostic long after the load).
-nb::str display_text(const std::string& s) {
+// An install site as str. A site names a file whose path may hold bytes that are not UTF-8, which
+// Python decodes into lone surrogates ("surrogateescape"), so the codec stores sites as
+// "surrogatepass" writes them and they are read back the same way (nanobind's std::string caster
+// is strict). A label is text: the decoder refuses one that is not.
+nb::str site_str(const std::string& s) {
     PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogatepass");
     if (o == nullptr) throw nb::python_error();
     return nb::steal<nb::str>(o);
 }
-nb::list display_texts(const std::vector<std::string>& sites) {
+nb::list site_strs(const std::vector<std::string>& sites) {
     nb::list out;
-    for (const std::string& s : sites) out.append(display_text(s));
+    for (const std::string& s : sites) out.append(site_str(s));
+    return out;
+}
+
+// An install stack as the codec stores it: each site's UTF-8 with "surrogatepass", since a site
+// names a file whose path may hold bytes that are not UTF-8 (Python decodes those with
+// "surrogateescape" into lone surrogates).
+std::vector<std::string> site_texts(nb::handle stack) {
+    std::vector<std::string> out;
+    for (nb::handle site : stack) {
+        if (!PyUnicode_Check(site.ptr())) throw nb::type_error("an install site is a str");
+        PyObject* b = PyUnicode_AsEncodedString(site.ptr(), "utf-8", "surrogatepass");
+        if (b == nullptr) throw nb::python_error();
+        out.emplace_back(PyBytes_AS_STRING(b), static_cast<std::size_t>(PyBytes_GET_SIZE(b)));
+        Py_DECREF(b);
+    }
     return out;
 }
 
@@ -95,8 +110,8 @@ void register_serial(nb::module_& m) {
     m.def(
         "encode_guard_set",
         [](std::vector<core::GuardDecl> decls, nb::list consts, std::vector<std::uint8_t> const_flags,
-           std::vector<std::string> labels, std::vector<std::vector<std::string>> stacks, nb::list references,
-           nb::callable ref_of, std::optional<std::string> globals_module,
+           std::vector<std::string> labels, nb::list stacks, nb::list references, nb::callable ref_of,
+           std::optional<std::string> globals_module,
            const std::vector<std::pair<std::string, core::ConstId>>& baselines,
            const std::vector<std::tuple<std::string, std::string, std::string>>& dropped, bool strict,
            std::string version, std::pair<int, int> python) {
@@ -104,7 +119,7 @@ void register_serial(nb::module_& m) {
             doc.tripwire_version = std::move(version);
             doc.python_major = static_cast<std::uint8_t>(python.first);
             doc.python_minor = static_cast<std::uint8_t>(python.second);
-            if (labels.size() != decls.size() || stacks.size() != decls.size())
+            if (labels.size() != decls.size() || nb::len(stacks) != decls.size())
                 throw nb::value_error("one label and one stack per declaration");
             // Constants first: ref_of appends to `references` as it meets objects.
             doc.constants.resize(nb::len(consts));
@@ -125,7 +140,7 @@ void register_serial(nb::module_& m) {
                 core::codec::GuardRecord g;
                 g.decl = std::move(decls[i]);
                 g.label = std::move(labels[i]);
-                g.stack = std::move(stacks[i]);
+                g.stack = site_texts(stacks[i]);
                 doc.guards.push_back(std::move(g));
             }
             doc.has_globals_module = globals_module.has_value();
@@ -218,8 +233,7 @@ void register_serial(nb::module_& m) {
             [](const Decoded& d, std::size_t i) {
                 if (i >= d.doc.guards.size()) throw nb::index_error("no such guard");
                 const auto& g = d.doc.guards[i];
-                return nb::make_tuple(display_text(g.label), display_texts(core::codec::stack_of(d.doc, g)),
-                                      g.offset);
+                return nb::make_tuple(g.label, site_strs(core::codec::stack_of(d.doc, g)), g.offset);
             },
             nb::arg("i"), "(label, install stack, byte offset) of the guard at position i.")
         .def(
@@ -251,8 +265,7 @@ void register_serial(nb::module_& m) {
             [](const Decoded& d) {
                 nb::list out;
                 for (const auto& g : d.doc.guards) {
-                    out.append(nb::make_tuple(display_text(g.label),
-                                              display_texts(core::codec::stack_of(d.doc, g)), g.offset));
+                    out.append(nb::make_tuple(g.label, site_strs(core::codec::stack_of(d.doc, g)), g.offset));
                 }
                 return out;
             },

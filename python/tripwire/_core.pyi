@@ -741,7 +741,7 @@ def constant_types() -> list:
 class _CodecError(ValueError):
     pass
 
-def encode_guard_set(decls: Sequence[GuardDecl], consts: list, const_flags: Sequence[int], labels: Sequence[str], stacks: Sequence[Sequence[str]], references: list, ref_of: Callable, globals_module: str | None, baselines: Sequence[tuple[str, int]], dropped: Sequence[tuple[str, str, str]], strict: bool, version: str, python: tuple[int, int]) -> bytes:
+def encode_guard_set(decls: Sequence[GuardDecl], consts: list, const_flags: Sequence[int], labels: Sequence[str], stacks: list, references: list, ref_of: Callable, globals_module: str | None, baselines: Sequence[tuple[str, int]], dropped: Sequence[tuple[str, str, str]], strict: bool, version: str, python: tuple[int, int]) -> bytes:
     """
     The bytes of a guard set (docs/format.md). Constants that are not plain values go through ref_of(obj) -> reference index, which appends (kind, module, qualname, fingerprint) to `references` or raises.
     """

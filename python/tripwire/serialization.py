@@ -106,6 +106,17 @@ def _live(arg: Any) -> Any:
     return arg
 
 
+def _is_text(s: str) -> bool:
+    """Whether ``s`` is valid text: no lone surrogate, so strict UTF-8 can encode it."""
+    if s.isascii():
+        return True
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class _Saver:
     def __init__(self, gs: GuardSet) -> None:
         self.gs = gs
@@ -147,6 +158,13 @@ class _Saver:
                 raise Unnamed(f"C[...] reads a closure cell of this process ({other})")
         if any(s.root is RootKind.GLOBAL for s in spec.sources) and self.gs._f_globals is None:
             raise Unnamed("G[...] with no globals given")
+        # Names and labels are stored as text (the decoder refuses any other string there); only
+        # str constants and install sites may hold lone surrogates.
+        for named in (*spec.sources, *(spec.args[1] if k is GuardKind.SHAPE else ())):
+            if not _is_text(str(named)):
+                raise Unnamed(f"the source {str(named)!a} is not valid text (a lone surrogate)")
+        if k is GuardKind.GLOBAL_STATE and not _is_text(str(spec.args[2])):
+            raise Unnamed(f"the label {str(spec.args[2])!a} is not valid text (a lone surrogate)")
         if k is GuardKind.SHAPE:
             for sym in spec.args[1]:
                 if sym.root is RootKind.CLOSURE:
@@ -377,18 +395,9 @@ def _decode(data: bytes | bytearray | memoryview) -> Any:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"from_bytes needs bytes, not {type(data).__name__}")
     try:
-        doc = _core.decode_guard_set(bytes(data))
+        return _core.decode_guard_set(bytes(data))
     except _core._CodecError as e:
         raise _format_error(e) from None
-    # The string table takes what Python's "surrogatepass" writes, since a str constant may hold
-    # lone surrogates; a name (reference module/qualname, baseline, dropped guard, globals module)
-    # or the writer's version may not. Read them once here, strictly, so that a corrupt document
-    # whose name points at such a string is refused at load, never later by a diagnostic.
-    try:
-        doc.references, doc.baselines, doc.dropped, doc.globals_module, doc.tripwire_version  # noqa: B018
-    except UnicodeDecodeError as e:
-        raise FormatError(f"a name in the document is not valid text: {e}") from None
-    return doc
 
 
 # What each kind of reference must resolve to (checked before its fingerprint is computed, so that
@@ -497,8 +506,6 @@ def _load(
         reads_globals, python_checked, reads_torch_adapter = doc.check_loaded(consts)
     except _core._CodecError as e:
         raise _format_error(e) from None
-    except UnicodeDecodeError as e:  # a source's name pointing at a str constant's lone surrogate
-        raise FormatError(f"a name in the document is not valid text: {e}") from None
     # The kinds whose operands this module checks (GLOBAL_STATE, SHAPE, the tensor kinds): their
     # specs are built now for the checks and dropped; all specs are built on the first diagnostic.
     memo: dict = {}

@@ -248,6 +248,42 @@ TEST(Codec, PayloadsCanCarryExtraSources) {
     EXPECT_THROW(read_source(bad, back, PayloadContext{table.all, 1}), FormatError);  // constant 1 of 1
 }
 
+/// A source's texts are names: one that points at a string holding a lone surrogate (which the
+/// strings section allows, for str constants and install sites) is refused at its index's offset.
+TEST(Codec, SourceTextsMustBeValidText) {
+    struct Table : StringTable {
+        std::vector<std::string> all;
+        std::uint32_t index(const std::string& s) override {
+            all.push_back(s);
+            return static_cast<std::uint32_t>(all.size() - 1);
+        }
+    } table;
+    Writer w;
+    const SourcePath src = source(RootKind::Global, 1, {attr(0), test_util::defaults(2)});
+    write_source(src, w, table);
+    SourcePath back;
+    for (std::size_t bad = 0; bad < table.all.size(); ++bad) {
+        std::vector<bool> lone(table.all.size(), false);
+        lone[bad] = true;
+        Reader r(reinterpret_cast<const std::uint8_t*>(w.out.data()), w.out.size(), 0);
+        try {
+            read_source(r, back, PayloadContext{table.all, 2, &lone});
+            ADD_FAILURE() << "source text " << bad << " was taken";
+        } catch (const FormatError& e) {
+            EXPECT_NE(std::string(e.what()).find("source text " + std::to_string(bad) +
+                                                 " names a string "
+                                                 "that is not valid text"),
+                      std::string::npos)
+                << e.what();
+            EXPECT_EQ(e.offset(), w.out.size() - table.all.size() + bad);  // one-byte indices, in order
+        }
+    }
+    std::vector<bool> none(table.all.size(), false);
+    Reader r(reinterpret_cast<const std::uint8_t*>(w.out.data()), w.out.size(), 0);
+    read_source(r, back, PayloadContext{table.all, 2, &none});
+    EXPECT_EQ(back.texts, src.texts);
+}
+
 /// EQUALS_MATCH's python_eq flag is record version 2; version 1 stays the type-exact form.
 TEST(Codec, EqualsPythonEqIsRecordVersion2) {
     GuardDecl plain;

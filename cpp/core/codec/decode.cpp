@@ -21,9 +21,14 @@ namespace {
 
 constexpr int kMaxValueDepth = 128;
 
-/// UTF-8 as Python's "surrogatepass" writes it: well-formed sequences, shortest form, at most
-/// U+10FFFF; surrogate code points are allowed (a Python str may hold them).
-bool valid_utf8(std::string_view s) {
+/// What a string of the strings section is: UTF-8 as Python's "surrogatepass" writes it
+/// (well-formed sequences, shortest form, at most U+10FFFF) is Text, or Surrogates when it
+/// encodes a surrogate code point (a Python str may hold one: a str constant, or a file name
+/// decoded with "surrogateescape" in an install site). Anything else is Invalid.
+enum class Utf8 { Invalid, Text, Surrogates };
+
+Utf8 classify_utf8(std::string_view s) {
+    bool surrogates = false;
     std::size_t i = 0;
     const auto* p = reinterpret_cast<const unsigned char*>(s.data());
     while (i < s.size()) {
@@ -43,18 +48,19 @@ bool valid_utf8(std::string_view s) {
             n = 3;
             cp = c & 0x07;
         } else {
-            return false;
+            return Utf8::Invalid;
         }
-        if (i + n >= s.size()) return false;
+        if (i + n >= s.size()) return Utf8::Invalid;
         for (std::size_t k = 1; k <= n; ++k) {
-            if (i + k >= s.size() || (p[i + k] & 0xC0) != 0x80) return false;
+            if (i + k >= s.size() || (p[i + k] & 0xC0) != 0x80) return Utf8::Invalid;
             cp = (cp << 6) | (p[i + k] & 0x3F);
         }
         static constexpr std::uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
-        if (cp < kMin[n] || cp > 0x10FFFF) return false;
+        if (cp < kMin[n] || cp > 0x10FFFF) return Utf8::Invalid;
+        surrogates = surrogates || (cp >= 0xD800 && cp <= 0xDFFF);
         i += n + 1;
     }
-    return true;
+    return surrogates ? Utf8::Surrogates : Utf8::Text;
 }
 
 class Decoder {
@@ -64,15 +70,26 @@ class Decoder {
     void strings(Reader& r) {
         const std::size_t n = r.count("string count");
         reserve_declared(strings_, n);
+        reserve_declared(lone_surrogates_, n);
         for (std::size_t i = 0; i < n; ++i) {
             const std::size_t at = r.offset();
             std::string_view s = r.bytes("string");
-            if (!valid_utf8(s)) r.fail_at(at, "string " + std::to_string(i) + " is not valid UTF-8");
+            const Utf8 kind = classify_utf8(s);
+            if (kind == Utf8::Invalid) r.fail_at(at, "string " + std::to_string(i) + " is not valid UTF-8");
             strings_.emplace_back(s);
+            lone_surrogates_.push_back(kind == Utf8::Surrogates);
         }
     }
 
-    const std::string& str(Reader& r, const char* what) { return strings_[r.index(what, strings_.size())]; }
+    /// A string where a str constant's value or an install site stands: any string of the section.
+    const std::string& any_str(Reader& r, const char* what) {
+        return strings_[r.index(what, strings_.size())];
+    }
+    /// A string where a name, a label or a text stands: valid text only (what an honest writer
+    /// writes there), refused with the index's offset otherwise, so that no diagnostic or name
+    /// lookup meets a lone surrogate after the load.
+    const std::string& text(Reader& r, const char* what) { return context().text(r, what); }
+    PayloadContext context() const { return {strings_, doc.constants.size(), &lone_surrogates_}; }
 
     std::vector<std::string> take_strings() { return std::move(strings_); }
 
@@ -86,8 +103,8 @@ class Decoder {
             if (kind >= kRefKindCount)
                 r.fail_at(ref.offset, "unknown reference kind " + std::to_string(kind));
             ref.kind = static_cast<RefKind>(kind);
-            ref.module = str(r, "reference module string");
-            ref.qualname = str(r, "reference qualname string");
+            ref.module = text(r, "reference module string");
+            ref.qualname = text(r, "reference qualname string");
             ref.fingerprint = std::string(r.bytes("fingerprint", kMaxFingerprint));
             if (ref.module.empty()) r.fail_at(ref.offset, "reference without a module name");
             if ((ref.kind == RefKind::Module) != ref.qualname.empty()) {
@@ -129,7 +146,7 @@ class Decoder {
                 v.re = from_bits(r.u64("complex"));
                 v.im = from_bits(r.u64("complex"));
                 break;
-            case ValueTag::Str: v.bytes = str(r, "string"); break;
+            case ValueTag::Str: v.bytes = any_str(r, "string"); break;
             case ValueTag::Bytes: v.bytes = std::string(r.bytes("bytes")); break;
             case ValueTag::Ref:
                 v.index = r.index("reference", doc.references.size());
@@ -210,15 +227,18 @@ class Decoder {
                 r.fail_at(g.offset, "guards are not in increasing id order (duplicate or unsorted id " +
                                         std::to_string(d.id) + ")");
             }
-            const PayloadContext ctx{strings_, n_consts};
+            const PayloadContext ctx = context();
             d.has_source = r.flag("source flag");
             if (d.has_source) read_source(r, d.source, ctx);
             std::string_view payload = r.bytes("payload");
             Reader pr(reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size(),
                       r.offset() - payload.size());
             read_payload(d, version, pr, ctx);
+            const std::size_t label_at = r.offset();
             const std::uint64_t label = r.varint("label");
             if (label > strings_.size()) r.fail("label string out of range");
+            if (label != 0 && lone_surrogates_[label - 1])
+                r.fail_at(label_at, not_text_reason("label string", label - 1));
             if (label != 0) g.label = strings_[label - 1];
             const std::size_t depth = r.count("stack depth");
             g.stack_begin = static_cast<std::uint32_t>(doc.stack_strings.size());
@@ -239,22 +259,22 @@ class Decoder {
         doc.strict = r.flag("strict flag");
         doc.has_globals_module = r.flag("globals module flag");
         if (doc.has_globals_module) {
-            doc.globals_module = str(r, "globals module");
+            doc.globals_module = text(r, "globals module");
             if (doc.globals_module.empty()) r.fail("empty globals module name");
         }
         const std::size_t nb = r.count("baseline count", 2);
         for (std::size_t k = 0; k < nb; ++k) {
             Baseline b;
-            b.name = str(r, "baseline name");
+            b.name = text(r, "baseline name");
             b.value = r.index("baseline constant", doc.constants.size());
             doc.baselines.push_back(std::move(b));
         }
         const std::size_t nd = r.count("dropped count", 3);
         for (std::size_t k = 0; k < nd; ++k) {
             Dropped d;
-            d.kind = str(r, "dropped kind");
-            d.source = str(r, "dropped source");
-            d.description = str(r, "dropped description");
+            d.kind = text(r, "dropped kind");
+            d.source = text(r, "dropped source");
+            d.description = text(r, "dropped description");
             doc.dropped.push_back(std::move(d));
         }
     }
@@ -285,6 +305,7 @@ class Decoder {
     }
 
     std::vector<std::string> strings_;
+    std::vector<bool> lone_surrogates_;  // per string of strings_
 };
 
 }  // namespace

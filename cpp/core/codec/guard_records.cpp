@@ -85,6 +85,19 @@ void write_source(const SourcePath& s, Writer& w, StringTable& strings) {
     for (const std::string& t : s.texts) w.varint(strings.index(t));
 }
 
+std::string not_text_reason(const char* what, std::size_t index) {
+    return std::string(what) + " " + std::to_string(index) +
+           " names a string that is not valid text (it holds a lone surrogate; only str constants and "
+           "install sites may)";
+}
+
+const std::string& PayloadContext::text(Reader& r, const char* what) const {
+    const std::size_t at = r.offset();
+    const std::uint32_t i = r.index(what, strings.size());
+    if (lone_surrogates != nullptr && (*lone_surrogates)[i]) r.fail_at(at, not_text_reason(what, i));
+    return strings[i];
+}
+
 void read_source(Reader& r, SourcePath& s, const PayloadContext& ctx) {
     const std::size_t at = r.offset();
     const std::uint8_t root = r.u8("root kind");
@@ -114,8 +127,7 @@ void read_source(Reader& r, SourcePath& s, const PayloadContext& ctx) {
     }
     s.texts.clear();
     s.texts.reserve(n + 1);
-    for (std::size_t k = 0; k <= n; ++k)
-        s.texts.push_back(ctx.strings[r.index("source text", ctx.strings.size())]);
+    for (std::size_t k = 0; k <= n; ++k) s.texts.push_back(ctx.text(r, "source text"));
 }
 
 std::uint8_t record_version(GuardKind k) { return never_stored_reason(k) == nullptr ? 1 : 0; }
@@ -304,7 +316,7 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
             break;
         }
         case GuardKind::Shape: {
-            d.relation = ctx.strings[r.index("relation text", ctx.strings.size())];
+            d.relation = ctx.text(r, "relation text");
             if (d.relation.empty()) r.fail("SHAPE relation text is empty");
             // Each symbol is a source (root kind, name, step count, one text) and a type byte.
             const std::size_t n = r.count("symbol count", 5);

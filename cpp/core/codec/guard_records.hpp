@@ -26,7 +26,17 @@ class StringTable {
 struct PayloadContext {
     const std::vector<std::string>& strings;
     std::size_t n_consts;
+    /// Per string: whether it holds a lone surrogate (nullptr: none does). The section takes
+    /// what Python's "surrogatepass" writes, since a str constant may hold one; a name or text
+    /// read by position may not.
+    const std::vector<bool>* lone_surrogates = nullptr;
+
+    /// The string a `what` index names, refused (at the index's offset) unless it is valid text.
+    const std::string& text(Reader& r, const char* what) const;
 };
+
+/// Whether a string index may name `s` where text is required: the refusal's message, or empty.
+std::string not_text_reason(const char* what, std::size_t index);
 
 /// A source path: root kind, root-name constant, steps, printed prefixes (docs/format.md, the
 /// guard record's "source"). The guard's own source is written with these; a kind that relates
