@@ -1049,6 +1049,41 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         const FastOp* const end = ops + fast_end_;
         // Direct threading: each op's code ends by jumping straight to the next op's (one
         // indirect jump per op, no loop counter); `break` inside an op's do/while leaves it.
+        // What a fetch's read found: a value; nothing (the guard fails, as the walk would); or a case
+        // only the walk decides (user code could run, or an unusual type).
+        enum class Read : std::uint8_t { Value, Missing, Walk };
+// One fetch handler in its plain form (SETTLE false) or its settling form (true). The settling
+// form skips a fetch its claim proves unchanged, and after a fresh read claims the value and jumps
+// over the guards the claim proves (they sit out of line, after End). One body keeps the two the
+// same; the plain form carries no claim test, which is why they are separate op codes. READ sets
+// `v` and yields a Read.
+#define TW_FETCH_OP(LABEL, SETTLE, READ)       \
+    LABEL:                                     \
+    do {                                       \
+        const FastOp& op = *opp;               \
+        next = opp + 1;                        \
+        if constexpr (SETTLE) {                \
+            if (settled(op)) break;            \
+        }                                      \
+        PyObject* v = nullptr;                 \
+        const Read got = READ;                 \
+        if (got == Read::Walk) {               \
+            next = ops + slow_subtree(ps, op); \
+            break;                             \
+        }                                      \
+        if (got == Read::Missing) {            \
+            fail(ps, op.node, ~0U);            \
+            next = end;                        \
+            break;                             \
+        }                                      \
+        r[op.node] = v;                        \
+        if constexpr (SETTLE) {                \
+            claim(op, v);                      \
+            next = ops + op.jump;              \
+        }                                      \
+    } while (false);                           \
+    opp = next;                                \
+    TW_DISPATCH();
 #define TW_DISPATCH() \
     goto* kDispatch[static_cast<std::size_t>(opp->code)]  // NOLINT(bugprone-macro-parentheses)
         static void* const kDispatch[] = {&&op_LoadLocal,
@@ -1170,119 +1205,24 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         } while (false);
         opp = next;
         TW_DISPATCH();
-    op_FetchAttr:
-        do {
-            const FastOp& op = *opp;
-            next = opp + 1;
-            PyObject* v = attr_value(op);
-            if (v == nullptr) {
-                next = ops + slow_subtree(ps, op);
-                break;
-            }
-            r[op.node] = v;
-            break;
-        } while (false);
-        opp = next;
-        TW_DISPATCH();
-    op_SettleAttr:
-        do {
-            const FastOp& op = *opp;
-            next = opp + 1;
-            if (settled(op)) break;
-            PyObject* v = attr_value(op);
-            if (v == nullptr) {
-                next = ops + slow_subtree(ps, op);
-                break;
-            }
-            r[op.node] = v;
-            claim(op, v);
-            next = ops + op.jump;
-            break;
-        } while (false);
-        opp = next;
-        TW_DISPATCH();
-    op_FetchItem:
-        do {
-            const FastOp& op = *opp;
-            next = opp + 1;
-            PyObject* v = nullptr;
-            if (!item_value(op, &v)) {
-                next = ops + slow_subtree(ps, op);
-                break;
-            }
-            if (v == nullptr) {
-                fail(ps, op.node, ~0U);
-                next = end;
-                break;
-            }
-            r[op.node] = v;
-            break;
-        } while (false);
-        opp = next;
-        TW_DISPATCH();
-    op_SettleItem:
-        do {
-            const FastOp& op = *opp;
-            next = opp + 1;
-            if (settled(op)) break;
-            PyObject* v = nullptr;
-            if (!item_value(op, &v)) {
-                next = ops + slow_subtree(ps, op);
-                break;
-            }
-            if (v == nullptr) {
-                fail(ps, op.node, ~0U);
-                next = end;
-                break;
-            }
-            r[op.node] = v;
-            claim(op, v);
-            next = ops + op.jump;
-            break;
-        } while (false);
-        opp = next;
-        TW_DISPATCH();
-    op_FetchDictItem:
-        do {
-            const FastOp& op = *opp;
-            next = opp + 1;
-            PyObject* v = nullptr;
-            if (!dict_item_value(op, &v)) {
-                next = ops + slow_subtree(ps, op);
-                break;
-            }
-            if (v == nullptr) {
-                fail(ps, op.node, ~0U);
-                next = end;
-                break;
-            }
-            r[op.node] = v;
-            break;
-        } while (false);
-        opp = next;
-        TW_DISPATCH();
-    op_SettleDictItem:
-        do {
-            const FastOp& op = *opp;
-            next = opp + 1;
-            if (settled(op)) break;
-            PyObject* v = nullptr;
-            if (!dict_item_value(op, &v)) {
-                next = ops + slow_subtree(ps, op);
-                break;
-            }
-            if (v == nullptr) {
-                fail(ps, op.node, ~0U);
-                next = end;
-                break;
-            }
-            r[op.node] = v;
-            claim(op, v);
-            next = ops + op.jump;
-            break;
-        } while (false);
-        opp = next;
-        TW_DISPATCH();
+        TW_FETCH_OP(op_FetchAttr, false, (v = attr_value(op)) != nullptr ? Read::Value : Read::Walk)
+        TW_FETCH_OP(op_SettleAttr, true, (v = attr_value(op)) != nullptr ? Read::Value : Read::Walk)
+        TW_FETCH_OP(op_FetchItem, false,
+                    !item_value(op, &v) ? Read::Walk
+                    : v != nullptr      ? Read::Value
+                                        : Read::Missing)
+        TW_FETCH_OP(op_SettleItem, true,
+                    !item_value(op, &v) ? Read::Walk
+                    : v != nullptr      ? Read::Value
+                                        : Read::Missing)
+        TW_FETCH_OP(op_FetchDictItem, false,
+                    !dict_item_value(op, &v) ? Read::Walk
+                    : v != nullptr           ? Read::Value
+                                             : Read::Missing)
+        TW_FETCH_OP(op_SettleDictItem, true,
+                    !dict_item_value(op, &v) ? Read::Walk
+                    : v != nullptr           ? Read::Value
+                                             : Read::Missing)
     op_FetchDict:
         do {
             const FastOp& op = *opp;
@@ -1333,41 +1273,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         } while (false);
         opp = next;
         TW_DISPATCH();
-    op_FetchPure:
-        do {
-            const FastOp& op = *opp;
-            next = opp + 1;
-            // Steps that never run user code nor allocate (type, weakref target, dict key
-            // or value by position).
-            PyObject* v = pure_value(op);
-            if (v == nullptr) {
-                fail(ps, op.node, ~0U);
-                next = end;
-                break;
-            }
-            r[op.node] = v;
-            break;
-        } while (false);
-        opp = next;
-        TW_DISPATCH();
-    op_SettlePure:
-        do {
-            const FastOp& op = *opp;
-            next = opp + 1;
-            if (settled(op)) break;
-            PyObject* v = pure_value(op);
-            if (v == nullptr) {
-                fail(ps, op.node, ~0U);
-                next = end;
-                break;
-            }
-            r[op.node] = v;
-            claim(op, v);
-            next = ops + op.jump;
-            break;
-        } while (false);
-        opp = next;
-        TW_DISPATCH();
+        // Steps that never run user code nor allocate (type, weakref target, dict key or value by
+        // position): nothing found fails the guard, as the walk would.
+        TW_FETCH_OP(op_FetchPure, false, (v = pure_value(op)) != nullptr ? Read::Value : Read::Missing)
+        TW_FETCH_OP(op_SettlePure, true, (v = pure_value(op)) != nullptr ? Read::Value : Read::Missing)
     op_TypeIs:
         do {
             const FastOp& op = *opp;
@@ -1745,6 +1654,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
     failed:
         fail(ps, opp->node, opp->pos);
 #undef TW_DISPATCH
+#undef TW_FETCH_OP
     done:;
     }
     int result = ps.result;
