@@ -175,6 +175,7 @@ def _clear_memos() -> None:
     _core._clear_install_site_memo()
     shapes._parse_text.cache_clear()
     shapes._relations_of_text.cache_clear()
+    shapes._PLAIN_SYMBOLS.clear()
     source._parse_text.cache_clear()
     builder._read_args.cache_clear()
     builder._is_machinery.cache_clear()

@@ -16,6 +16,7 @@
 
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
+#include "core/shape/symbol.hpp"
 #include "register.hpp"
 #include "runtime/eval/fetch.hpp"
 #include "runtime/eval/shape_symbols.hpp"
@@ -29,7 +30,7 @@ namespace {
 PyObject* g_syntax_error_type = nullptr;
 
 // The code-point index of byte offset `byte` in UTF-8 `text`.
-std::size_t code_points(const std::string& text, std::size_t byte) {
+std::size_t code_points(std::string_view text, std::size_t byte) {
     std::size_t n = 0;
     for (std::size_t i = 0; i < byte && i < text.size(); ++i)
         if ((static_cast<unsigned char>(text[i]) & 0xC0U) != 0x80U) ++n;
@@ -100,6 +101,118 @@ runtime::Ref read_symbol(nb::handle symbol, nb::handle f_locals, nb::handle f_gl
     return v;
 }
 
+// Python's str.isspace() of an ASCII character (str.strip() strips these).
+bool is_python_space(char c) { return (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= ' '); }
+
+// Sources of plain symbols the memo holds at most (then it is emptied).
+constexpr Py_ssize_t kSymbolMemo = 4096;
+
+nb::object owned(PyObject* o) {
+    if (o == nullptr) throw nb::python_error();
+    return nb::steal(o);
+}
+
+// The Source of one plain symbol: from `memo` (keyed by its text, which is its printed form), or
+// made by `make_source(text, root, name, ((kind, arg), ...))` and remembered.
+nb::object plain_source(std::string_view text, const core::shape::PlainSymbol& sym, nb::handle memo,
+                        const nb::callable& make_source) {
+    nb::object key = owned(PyUnicode_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size())));
+    PyObject* known = PyDict_GetItemWithError(memo.ptr(), key.ptr());  // an exact str key: no user code
+    if (known != nullptr) return nb::borrow(known);
+    if (PyErr_Occurred()) throw nb::python_error();
+    nb::object steps = owned(PyTuple_New(static_cast<Py_ssize_t>(sym.steps.size())));
+    for (std::size_t i = 0; i < sym.steps.size(); ++i) {
+        const core::shape::PlainStep& st = sym.steps[i];
+        nb::object arg;
+        switch (st.arg) {
+            case core::shape::PlainStep::Arg::None: arg = nb::none(); break;
+            case core::shape::PlainStep::Arg::Index: arg = owned(PyLong_FromLongLong(st.index)); break;
+            case core::shape::PlainStep::Arg::Name:
+                arg = owned(
+                    PyUnicode_FromStringAndSize(st.name.data(), static_cast<Py_ssize_t>(st.name.size())));
+                break;
+        }
+        PyTuple_SET_ITEM(steps.ptr(), static_cast<Py_ssize_t>(i),
+                         nb::make_tuple(nb::cast(st.kind), arg).release().ptr());
+    }
+    nb::str name(sym.name.data(), sym.name.size());
+    nb::object src = make_source(key, nb::cast(sym.root), name, steps);
+    if (PyDict_GET_SIZE(memo.ptr()) >= kSymbolMemo) PyDict_Clear(memo.ptr());
+    if (PyDict_SetItem(memo.ptr(), key.ptr(), src.ptr()) != 0) throw nb::python_error();
+    return src;
+}
+
+// shapes.Relation's fields (text, symbols, comment, spans) of `text`, when every symbol is
+// written in its printed plain form (symbol.hpp); None otherwise (the caller then reads the
+// symbols with the source parser). What python/tripwire/shapes.py's general path computes:
+// the code without leading blanks, the comment stripped as str.strip() does, the spans in code
+// points as (canonical begin, canonical end, original begin, original end).
+nb::object relation_parts(const nb::str& text, const nb::dict& memo, const nb::callable& make_source) {
+    Py_ssize_t size = 0;
+    const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+    if (data == nullptr) {
+        PyErr_Clear();  // a lone surrogate: the general path says what it always said
+        return nb::none();
+    }
+    const std::string_view s(data, static_cast<std::size_t>(size));
+    const bool ascii = PyUnicode_IS_ASCII(text.ptr()) != 0;
+    const auto at = [&](std::size_t byte) {
+        return static_cast<Py_ssize_t>(ascii ? byte : code_points(s, byte));
+    };
+    // The parse of the code alone, as the memo keeps it for the builder's compile of that code:
+    // offsets from the code's start, `lead` bytes (ASCII blanks, one code point each) into `s`.
+    std::size_t lead = 0;
+    std::shared_ptr<const core::shape::ParsedRelation> parsed;
+    try {
+        parsed = core::shape::parse_code_remembering(s, lead);
+    } catch (const core::shape::ShapeSyntaxError& e) {
+        raise_syntax_error(e.what(), static_cast<std::size_t>(at(e.offset())));
+    }
+    const core::shape::ParsedRelation& r = *parsed;
+    std::vector<core::shape::PlainSymbol> plain(r.symbols.size());
+    for (std::size_t k = 0; k < plain.size(); ++k) {
+        if (!core::shape::parse_plain_symbol(r.symbols[k], plain[k]) || !plain[k].as_printed)
+            return nb::none();
+    }
+
+    const std::size_t code_end = lead + r.code_end;
+    nb::object code = owned(PyUnicode_Substring(text.ptr(), static_cast<Py_ssize_t>(lead), at(code_end)));
+
+    nb::object comment = nb::none();
+    std::size_t hash = code_end;
+    while (hash < s.size() && core::shape::is_blank(s[hash])) ++hash;
+    if (hash < s.size()) {  // a '#': the parser stops nowhere else
+        if (ascii) {
+            std::size_t b = hash + 1, e = s.size();
+            while (b < e && is_python_space(s[b])) ++b;
+            while (e > b && is_python_space(s[e - 1])) --e;
+            if (e > b) {
+                comment = owned(
+                    PyUnicode_Substring(text.ptr(), static_cast<Py_ssize_t>(b), static_cast<Py_ssize_t>(e)));
+            }
+        } else {
+            nb::object body =
+                owned(PyUnicode_Substring(text.ptr(), at(hash) + 1, PyUnicode_GET_LENGTH(text.ptr())));
+            nb::object stripped = owned(PyObject_CallMethod(body.ptr(), "strip", nullptr));
+            if (PyUnicode_GET_LENGTH(stripped.ptr()) > 0) comment = std::move(stripped);
+        }
+    }
+
+    nb::object spans = owned(PyTuple_New(static_cast<Py_ssize_t>(r.spans.size())));
+    const auto lead_cp = static_cast<Py_ssize_t>(lead);
+    for (std::size_t i = 0; i < r.spans.size(); ++i) {
+        const Py_ssize_t b = at(lead + r.spans[i].begin), e = at(lead + r.spans[i].end);
+        PyTuple_SET_ITEM(spans.ptr(), static_cast<Py_ssize_t>(i),
+                         nb::make_tuple(b - lead_cp, e - lead_cp, b, e).release().ptr());
+    }
+    nb::object symbols = owned(PyTuple_New(static_cast<Py_ssize_t>(plain.size())));
+    for (std::size_t k = 0; k < plain.size(); ++k) {
+        PyTuple_SET_ITEM(symbols.ptr(), static_cast<Py_ssize_t>(k),
+                         plain_source(r.symbols[k], plain[k], memo, make_source).release().ptr());
+    }
+    return nb::make_tuple(code, symbols, comment, spans);
+}
+
 }  // namespace
 
 void register_shape(nb::module_& m) {
@@ -138,6 +251,11 @@ void register_shape(nb::module_& m) {
         "(code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), "
         "every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape "
         "syntax error with the offset of the problem.");
+    m.def("relation_parts", &relation_parts, nb::arg("text"), nb::arg("symbol_memo"), nb::arg("make_source"),
+          "(code, symbols, comment, spans): shapes.Relation's fields of a relation whose symbols are all "
+          "written in their printed plain forms, each symbol's Source taken from symbol_memo (a dict keyed "
+          "by its text) or made by make_source(text, root, name, ((kind, arg), ...)) and remembered there; "
+          "None for any other relation. Raises the shape syntax error with the offset of the problem.");
     m.def(
         "evaluate_relation",
         [](const std::string& text, const std::vector<int>& types, nb::list values, bool both_paths) {

@@ -607,6 +607,11 @@ def parse_relation(text: str) -> tuple:
     (code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape syntax error with the offset of the problem.
     """
 
+def relation_parts(text: str, symbol_memo: dict, make_source: Callable) -> object:
+    """
+    (code, symbols, comment, spans): shapes.Relation's fields of a relation whose symbols are all written in their printed plain forms, each symbol's Source taken from symbol_memo (a dict keyed by its text) or made by make_source(text, root, name, ((kind, arg), ...)) and remembered there; None for any other relation. Raises the shape syntax error with the offset of the problem.
+    """
+
 def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths: bool = True) -> tuple:
     """
     (holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, types). both_paths: also run the exact path when the fast one decides, and raise if they disagree (the reference tests); without it a fast pass returns at once.

@@ -29,11 +29,11 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from . import _core
 from .errors import GuardBuildError, ShapeSyntaxError
-from .source import RootKind, Source, SourceParseError
+from .source import RootKind, Source, SourceParseError, _source_of_plain
 from .source import _parse_text as _source_parse_text
 
 __all__ = [
@@ -176,6 +176,33 @@ def parse(relation: str | Expr | Relation) -> Relation:
 def _parse_text(text: str) -> Relation:
     """parse() of an exact str, memoised: a JIT that recompiles a function sees the same texts
     again (a Relation is immutable; errors are not cached)."""
+    return _relation_of_text(text)
+
+
+# The Source of each plain symbol text the engine has read (its printed form), shared by the
+# relations naming it: a cold import of torch's code parts meets a few symbols many times.
+# Bounded by the engine (emptied at 4096 texts); bench/shape_eval.py _clear_memos empties it.
+_PLAIN_SYMBOLS: dict[str, Source] = {}
+# (text, symbols, comment, spans): what _core.relation_parts gives for a relation
+_RelationParts = tuple[str, tuple[Source, ...], str | None, tuple[tuple[int, int, int, int], ...]]
+
+
+def _relation_of_text(text: str) -> Relation:
+    """parse() of an exact str, not memoised."""
+    try:
+        # Torch's code parts: every symbol in its printed plain form, read by the engine with the
+        # relation, the fields computed there (what _parse_symbols computes for any text).
+        parts = cast(_RelationParts | None, _core.relation_parts(text, _PLAIN_SYMBOLS, _source_of_plain))
+    except ShapeSyntaxError as e:
+        raise ShapeSyntaxError(e.message, e.offset, text) from None
+    if parts is None:
+        return _parse_symbols(text)
+    code, symbols, comment, spans = parts
+    return Relation(code, symbols, comment, text, spans)
+
+
+def _parse_symbols(text: str) -> Relation:
+    """parse() of an exact str whose symbols the source parser reads (python/tripwire/source.py)."""
     try:
         # The engine keeps this parse for the code alone (without blanks and comment): when the
         # canonical text is that code, the builder's compile of it parses nothing again.
@@ -244,13 +271,29 @@ def relations_from_torch(code_part: str) -> list[Relation]:
 def _relations_of_text(code_part: str) -> tuple[Relation, ...]:
     """relations_from_torch of an exact str, memoised like _parse_text (a JIT importing torch's
     guards sees the same code parts again; errors are not cached)."""
-    return _split_relations(code_part)
+    # _relation_of_text, inline (one Python call less per code part of a cold import).
+    try:
+        parts = cast(_RelationParts | None, _core.relation_parts(code_part, _PLAIN_SYMBOLS, _source_of_plain))
+    except ShapeSyntaxError as e:
+        raise ShapeSyntaxError(e.message, e.offset, code_part) from None
+    if parts is None:
+        rel = _parse_symbols(code_part)
+    else:
+        rel = Relation(parts[0], parts[1], parts[2], code_part, parts[3])
+    if " and " not in rel.text and "And(" not in rel.text:
+        return (rel,)
+    return _conjuncts(rel)
 
 
 def _split_relations(code_part: str) -> tuple[Relation, ...]:
     rel = _parse_text(code_part) if type(code_part) is str else parse(code_part)
     if " and " not in rel.text and "And(" not in rel.text:
         return (rel,)
+    return _conjuncts(rel)
+
+
+def _conjuncts(rel: Relation) -> tuple[Relation, ...]:
+    """One relation per conjunct of a top-level ``and`` (each with ``rel``'s comment), or ``(rel,)``."""
     try:
         tree = ast.parse(rel.text, mode="eval").body
     except SyntaxError:

@@ -416,6 +416,29 @@ def _plain_step(kind: StepKind, arg: Any) -> Step:
     return st
 
 
+def _source_of_plain(text: str, root: RootKind, name: str, steps: tuple[tuple[StepKind, Any], ...]) -> Source:
+    """The Source of a symbol the engine read in a plain form already printed (cpp/core/shape/
+    symbol.hpp; the grammar of _parse_plain, which gives an equal Source: test_shapes checks).
+    ``text`` is its printed form: __str__'s cache, as _parse_plain fills it."""
+    src = _new_object(Source)
+    d = src.__dict__  # the frozen dataclass's fields, set as _parse_plain sets them
+    d["root"] = root
+    d["name"] = name
+    made = []
+    for kind, arg in steps:
+        st = _new_object(Step)
+        sd = st.__dict__
+        sd["kind"] = kind
+        sd["arg"] = arg
+        made.append(st)
+    d["steps"] = tuple(made)
+    d["_text"] = text
+    return src
+
+
+_new_object = object.__new__
+
+
 def _parse_plain(text: str, shape_is_size: bool) -> Source | None:
     """Source.parse of a plain printed form (above), or None for any other text."""
     text = text.strip()

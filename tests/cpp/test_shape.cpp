@@ -17,6 +17,7 @@
 #include "core/shape/bigint.hpp"
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
+#include "core/shape/symbol.hpp"
 #include "testing.hpp"
 
 // Every heap allocation of this test binary is counted (ShapeFrame.FastPathAllocatesNothing).
@@ -219,6 +220,38 @@ TEST(ShapeParser, OneParseOfACodePartServesItsCode) {
     // The symbol views point into the memo's own copy, not into `part`.
     EXPECT_FALSE(m->symbols[0].data() >= part.data() && m->symbols[0].data() < part.data() + part.size());
     clear_shape_memos();
+}
+
+TEST(ShapeSymbol, PlainFormsAreReadAndOthersRefused) {
+    PlainSymbol p;
+    ASSERT_TRUE(parse_plain_symbol("L['x'].size()[0]", p));
+    EXPECT_EQ(p.root, RootKind::Local);
+    EXPECT_EQ(p.name, "x");
+    ASSERT_EQ(p.steps.size(), 1u);
+    EXPECT_EQ(p.steps[0].kind, StepKind::Size);
+    EXPECT_EQ(p.steps[0].index, 0);
+    EXPECT_TRUE(p.as_printed);
+    ASSERT_TRUE(parse_plain_symbol("G['m'].cfg['k'][3].stride(2).storage_offset()", p));
+    EXPECT_EQ(p.root, RootKind::Global);
+    ASSERT_EQ(p.steps.size(), 5u);
+    EXPECT_EQ(p.steps[0].kind, StepKind::Attr);
+    EXPECT_EQ(p.steps[0].name, "cfg");
+    EXPECT_EQ(p.steps[1].kind, StepKind::Item);
+    EXPECT_EQ(p.steps[1].name, "k");
+    EXPECT_EQ(p.steps[2].arg, PlainStep::Arg::Index);
+    EXPECT_EQ(p.steps[2].index, 3);
+    EXPECT_EQ(p.steps[3].kind, StepKind::Stride);
+    EXPECT_EQ(p.steps[4].kind, StepKind::StorageOffset);
+    EXPECT_FALSE(p.as_printed);  // `.stride(2)` prints as `.stride()[2]`
+    ASSERT_TRUE(parse_plain_symbol("C['c'].shape[1].size[2]", p));
+    EXPECT_FALSE(p.as_printed);
+    EXPECT_EQ(p.steps[0].kind, StepKind::Size);
+    EXPECT_EQ(p.steps[1].kind, StepKind::Attr);  // `.size` without a call is an attribute
+    for (const char* text : {"L[\"x\"]", "L ['x']", "L['x'] .y", "L['x'].__dict__", "L['x'].if",
+                             "L['x'].size()", "L['x'].size(x)", "L['x'][01]", "L['x'][-1]",
+                             "L['x'][1234567890123456789]", "L['x'].shape['a']", "L['x']()", "L['\xc3\xa9']",
+                             "L['a\\'b']", "X['x']", "L[1]", "getattr(L['x'], 'y')", "L['x'].size()[0] "})
+        EXPECT_FALSE(parse_plain_symbol(text, p)) << text;
 }
 
 TEST(ShapeParser, SourcesAreWholePostfixChains) {

@@ -30,6 +30,7 @@
 #include "core/shape/bigint.hpp"
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
+#include "core/shape/symbol.hpp"
 
 namespace tripwire::core::shape {
 namespace {
@@ -205,6 +206,25 @@ void check_remembered_code(const std::string& text, const ParsedRelation& r) {
     const std::string code = text.substr(lead, r.code_end - lead);
     const std::shared_ptr<const ParsedRelation> m = parse_relation_shared(code);
     if (!same_parse(*m, parse_relation(code))) bug("the remembered parse of the code differs:", code);
+    // The binding's form (no copy) answers the same parse of the code, memoised or not.
+    for (int fresh = 0; fresh < 2; ++fresh) {
+        if (fresh != 0) clear_parse_memo();
+        std::size_t at = 0;
+        const std::shared_ptr<const ParsedRelation> c = parse_code_remembering(text, at);
+        if (at != lead || !same_parse(*c, *m)) bug("parse_code_remembering differs:", code);
+    }
+    // A symbol read as plain is a root with steps, its views inside the symbol's text.
+    for (const std::string_view sym : r.symbols) {
+        PlainSymbol p;
+        if (!parse_plain_symbol(sym, p)) continue;
+        CHECK(sym.size() >= 5 && (sym[0] == 'L' || sym[0] == 'G' || sym[0] == 'C'));
+        CHECK(p.name.data() >= sym.data() && p.name.data() + p.name.size() <= sym.data() + sym.size());
+        for (const PlainStep& st : p.steps) {
+            CHECK(
+                st.arg != PlainStep::Arg::Name ||
+                (st.name.data() >= sym.data() && st.name.data() + st.name.size() <= sym.data() + sym.size()));
+        }
+    }
 }
 
 void set_value(ShapeFrame& f, std::uint32_t sym, ValueType t, Bytes& b) {

@@ -1241,3 +1241,117 @@ def test_malformed_symbols_give_the_same_error_cold(text: str, offset: int, frag
         with pytest.raises(tw.ShapeSyntaxError) as info:
             tw.shapes.parse(text)
         assert info.value.offset == offset and fragment in info.value.message, info.value
+
+
+# -- the engine's reading of plain symbols (cpp/core/shape/symbol.hpp) --------------------------
+_SYMBOL_ROOTS = (
+    "L['x']",
+    "G['g']",
+    "C['c']",
+    "L['']",
+    "L['a b~&(]']",
+    'L["x"]',
+    "L['é']",
+    "L[1]",
+    "X['x']",
+    "L ['x']",
+    "L['x'",
+    "getattr(L['x'], 'k')",
+    "L['it\\'s']",
+)
+_SYMBOL_STEPS = (
+    ".size()[0]",
+    ".stride()[7]",
+    ".size(3)",
+    ".stride(0)",
+    ".shape[2]",
+    ".shape['a']",
+    ".shape",
+    ".storage_offset()",
+    ".storage_offset",
+    ".storage_offset(1)",
+    ".size",
+    ".size[1]",
+    ".size()",
+    ".sizes()[0]",
+    ".size(x)",
+    ".size(03)",
+    ".size()[01]",
+    "[0]",
+    "[01]",
+    "[-1]",
+    "['k']",
+    '["k"]',
+    "['']",
+    "[' #']",
+    ".__dict__",
+    ".__x",
+    "._x",
+    ".if",
+    ".match",
+    ".type",
+    "._",
+    ".x1",
+    ".é",
+    " .x",
+    ". x",
+    "()",
+    "[1]()",
+    "[123456789012345678]",
+    "[1234567890123456789]",
+    ".size()[123456789012345678]",
+    ".shape[0 ]",
+    "[True]",
+    "['a\\'b']",
+    "[0.5]",
+    ".size()[-1]",
+)
+
+
+def _relation_fields(make):
+    try:
+        r = make()
+    except tw.ShapeSyntaxError as e:
+        return ("error", e.message, e.offset, e.text)
+    return (r.text, r.symbols, tuple(map(str, r.symbols)), r.comment, r.original, r._spans)
+
+
+def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
+    """Every relation reads as it did through the source parser (shapes._parse_symbols): the same
+    text, symbols (equal, printing the same), comment, spans, or the same error at the same offset;
+    and each symbol the engine reads itself equals Source.parse's, and prints as that one prints."""
+    rng = random.Random(21)
+    texts = [
+        root + "".join(rng.choice(_SYMBOL_STEPS) for _ in range(rng.randrange(4)))
+        for root in _SYMBOL_ROOTS
+        for _ in range(60)
+    ]
+    texts += [root + step for root in _SYMBOL_ROOTS for step in _SYMBOL_STEPS]
+    forms = (
+        "{s} == 1",
+        "  {s} == 1  # a comment  ",
+        "{s}+{s} < 2 #",
+        "\t{s}\x0b== 1 #\x1c x é \x1f\u00a0",
+        "é == {s}",
+        "{s} <= 3 and 1 <= {s}  # both",
+        "(-1) + {s} > L['w'].size()[0]#x",
+    )
+    fast = 0
+    for s in texts:
+        for form in forms:
+            text = form.format(s=s)
+            tw.shapes._PLAIN_SYMBOLS.clear()
+            try:
+                fast += _core.relation_parts(text, {}, tw.source._source_of_plain) is not None
+            except tw.ShapeSyntaxError:
+                pass
+            new = _relation_fields(lambda: tw.shapes._relation_of_text(text))
+            old = _relation_fields(lambda: tw.shapes._parse_symbols(text))
+            assert new == old, text
+            if new[0] != "error":
+                for src in new[1]:
+                    assert src == tw.Source.parse(str(src), shape_is_size=True)
+                    assert str(src) == src._print()
+                    assert hash(src) == hash(tw.Source.parse(src._print(), shape_is_size=True))
+                assert tw.shapes.relations_from_torch(text) == list(tw.shapes._split_relations(text))
+    assert fast > 1000  # the engine's reader is exercised, not only the fallback

@@ -6,6 +6,7 @@
 // left: `-a ** 2` is `-(a ** 2)`).
 #include "core/shape/parser.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <initializer_list>
@@ -21,7 +22,7 @@ namespace {
 bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool is_ident_char(char c) { return is_ident_start(c) || (c >= '0' && c <= '9'); }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) { return is_blank(c); }
 
 struct Function {
     std::string_view name;
@@ -80,7 +81,8 @@ constexpr int kMaxArgs = 64;
 class Parser {
   public:
     explicit Parser(std::string_view text) : s_(text) {
-        out_.nodes.reserve(text.size() / 4 + 4);
+        // Torch's code parts carry long comments the tree never sees: a bounded first guess.
+        out_.nodes.reserve(std::min<std::size_t>(text.size() / 4 + 4, 32));
         out_.spans.reserve(8);
     }
 
@@ -354,7 +356,9 @@ class Parser {
 
     // A balanced bracket group opening at `i`; returns the index after its closer.
     std::size_t skip_group(std::size_t i) const {
-        std::string closers;
+        // The closers expected, innermost last: a fixed stack (the nesting is bounded), no allocation.
+        char closers[kMaxNesting];
+        std::size_t depth = 0;
         for (std::size_t j = i; j < s_.size();) {
             const char c = s_[j];
             if (c == '\'' || c == '"') {
@@ -362,13 +366,12 @@ class Parser {
                 continue;
             }
             if (c == '(' || c == '[' || c == '{') {
-                if (closers.size() >= static_cast<std::size_t>(kMaxNesting))
+                if (depth >= static_cast<std::size_t>(kMaxNesting))
                     fail(j, "source nested more than " + std::to_string(kMaxNesting) + " levels deep");
-                closers.push_back(c == '(' ? ')' : c == '[' ? ']' : '}');
+                closers[depth++] = c == '(' ? ')' : c == '[' ? ']' : '}';
             } else if (c == ')' || c == ']' || c == '}') {
-                if (closers.empty() || closers.back() != c) fail(j, std::string("unmatched '") + c + "'");
-                closers.pop_back();
-                if (closers.empty()) return j + 1;
+                if (depth == 0 || closers[depth - 1] != c) fail(j, std::string("unmatched '") + c + "'");
+                if (--depth == 0) return j + 1;
             } else if (c == '#') {
                 fail(j, "'#' inside a source");
             }
@@ -600,6 +603,36 @@ std::unordered_map<std::string_view, std::shared_ptr<const ParseMemoEntry>>& par
     return *memo;  // never destroyed: no order-of-destruction question at exit
 }
 
+// Keep `parsed`, the parse of a text whose code (no leading blanks, no comment) is `code`, found
+// `lead` bytes in, as the parse of `code` alone: the parser skips the leading blanks and stops
+// before the comment and the blanks in front of it in both, so only the offsets shift. The symbol
+// views of `parsed` view bytes of `code`; they are moved to the entry's own copy of it.
+std::shared_ptr<const ParsedRelation> remember_code_parse(std::string_view code, std::size_t lead,
+                                                          ParsedRelation parsed) {
+    auto entry = std::make_shared<ParseMemoEntry>();
+    entry->text = std::string(code);
+    ParsedRelation& mine = entry->parsed;
+    mine = std::move(parsed);
+    const auto shift = static_cast<std::uint32_t>(lead);
+    for (AstNode& n : mine.nodes) n.offset -= shift;
+    for (SymbolSpan& sp : mine.spans) {
+        sp.begin -= shift;
+        sp.end -= shift;
+    }
+    const std::string_view own(entry->text);
+    for (std::string_view& sym : mine.symbols)
+        sym = own.substr(static_cast<std::size_t>(sym.data() - code.data()), sym.size());
+    mine.code_end -= lead;
+    std::shared_ptr<const ParseMemoEntry> done = std::move(entry);
+    {
+        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
+        auto& memo = parse_memo();
+        if (memo.size() >= kParseMemo) memo.clear();
+        memo.emplace(std::string_view(done->text), done);  // the key views the entry's own text
+    }
+    return {done, &done->parsed};
+}
+
 }  // namespace
 
 std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view text) {
@@ -631,34 +664,21 @@ ParsedRelation parse_relation_remembering_code(std::string_view text) {
         const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
         if (parse_memo().find(code) != parse_memo().end()) return full;
     }
-    // The parse of `code` alone is the parse of `text` shifted by `lead`: the parser skips the
-    // leading blanks, and stops before the comment and the blanks in front of it, in both.
-    auto entry = std::make_shared<ParseMemoEntry>();
-    entry->text = std::string(code);
-    ParsedRelation& mine = entry->parsed;
-    mine.nodes = full.nodes;
-    for (AstNode& n : mine.nodes) n.offset -= static_cast<std::uint32_t>(lead);
-    mine.root = full.root;
-    mine.spans = full.spans;
-    for (SymbolSpan& sp : mine.spans) {
-        sp.begin -= static_cast<std::uint32_t>(lead);
-        sp.end -= static_cast<std::uint32_t>(lead);
-    }
-    mine.symbols.reserve(full.symbols.size());
-    const std::string_view own(entry->text);
-    for (const std::string_view sym : full.symbols) {
-        const auto at = static_cast<std::size_t>(sym.data() - text.data()) - lead;
-        mine.symbols.push_back(own.substr(at, sym.size()));
-    }
-    mine.code_end = full.code_end - lead;
-    std::shared_ptr<const ParseMemoEntry> done = std::move(entry);
+    remember_code_parse(code, lead, full);  // a copy: the caller keeps the parse of the whole text
+    return full;
+}
+
+std::shared_ptr<const ParsedRelation> parse_code_remembering(std::string_view text, std::size_t& lead) {
+    ParsedRelation full = parse_relation(text);
+    lead = 0;
+    while (lead < full.code_end && is_space(text[lead])) ++lead;
+    const std::string_view code = text.substr(lead, full.code_end - lead);
     {
         const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
-        auto& memo = parse_memo();
-        if (memo.size() >= kParseMemo) memo.clear();
-        memo.emplace(std::string_view(done->text), done);
+        auto it = parse_memo().find(code);
+        if (it != parse_memo().end()) return {it->second, &it->second->parsed};
     }
-    return full;
+    return remember_code_parse(code, lead, std::move(full));
 }
 
 void clear_parse_memo() {

@@ -117,6 +117,11 @@ struct ParsedRelation {
     std::size_t code_end = 0;               ///< where the expression ends (before a comment and blanks)
 };
 
+/// The blanks the parser skips between tokens, before the relation and before its comment.
+inline bool is_blank(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
 /// Parse one relation. Throws ShapeSyntaxError.
 ParsedRelation parse_relation(std::string_view text);
 
@@ -132,6 +137,11 @@ inline constexpr std::size_t kParseMemo = 4096;
 /// the comment and the blanks before it; offsets shifted to match): the builder parses a code
 /// part once to find its symbols, then compiles that code under the same text, parsed no more.
 ParsedRelation parse_relation_remembering_code(std::string_view text);
+
+/// parse_relation_remembering_code's work without a copy: the parse of the code alone as the memo
+/// holds it (offsets from the code's start), `lead` set to where the code starts in `text` (the
+/// blanks before it). Throws ShapeSyntaxError, with offsets into `text`.
+std::shared_ptr<const ParsedRelation> parse_code_remembering(std::string_view text, std::size_t& lead);
 
 /// Empty the memo of parse_relation_shared (benchmarks measure cold builds with it).
 void clear_parse_memo();
