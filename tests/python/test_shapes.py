@@ -54,6 +54,19 @@ def test_generated_single_relations_match_the_reference_on_both_paths() -> None:
     assert stats["fast"] > 0 and stats["exact"] > 0
 
 
+def test_generated_builder_checks_match_the_exact_evaluator_and_the_reference() -> None:
+    # GuardBuilder.shape's scratch compile and C++ symbol reads against evaluate_relation (the
+    # memoised compile, both paths) and tripwire.reference; the long run is shape_cases.py's.
+    stats = shape_cases.run_builder(scaled(2000, 200), seed=21)
+    assert stats["held"] > 0 and stats["refused"] > 0 and stats["unreadable"] > 0
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_builder_checks_match_for_any_seed(seed: int) -> None:
+    shape_cases.run_builder(8, seed)
+
+
 @settings(max_examples=examples(60), deadline=None)
 @given(st.integers(min_value=0, max_value=2**32))
 def test_relation_sets_match_the_reference_for_any_seed(seed: int) -> None:
