@@ -235,8 +235,8 @@ void register_shape(nb::module_& m) {
                         if (!runtime::store_symbol(frame, k, types[k], values[k].get())) return nb::none();
                     }
                     const std::int32_t fast = core::shape::run_fast(p, frame);
-                    holds = fast == core::shape::kShapePass ||
-                            (fast == core::shape::kShapeUndecided && core::shape::run_exact(p, frame)[0].holds);
+                    holds = fast == core::shape::kShapePass || (fast == core::shape::kShapeUndecided &&
+                                                                core::shape::run_exact(p, frame)[0].holds);
                 }
                 if (!holds) return nb::none();
                 PyObject* codes = PyTuple_New(static_cast<Py_ssize_t>(n));
@@ -249,8 +249,8 @@ void register_shape(nb::module_& m) {
                 return nb::steal(codes);
             });
         },
-        nb::arg("text"), nb::arg("symbols"), nb::arg("index_kinds"), nb::arg("no_arg_kinds"), nb::arg("f_locals"),
-        nb::arg("f_globals").none(), nb::arg("f_closure").none(),
+        nb::arg("text"), nb::arg("symbols"), nb::arg("index_kinds"), nb::arg("no_arg_kinds"),
+        nb::arg("f_locals"), nb::arg("f_globals").none(), nb::arg("f_closure").none(),
         "GuardBuilder.shape's one call: read each symbol (a Source: root, name, steps of kind and arg; "
         "bit k of index_kinds / no_arg_kinds set when StepKind k takes a position / no argument) from "
         "the example, in order of first use, and evaluate the relation on the values as a check does "

@@ -374,7 +374,13 @@ class GuardBuilder:
         codes: Any
         try:
             codes = _core.relation_holds_on(
-                rel.text, rel.symbols, _INDEX_KINDS, _NO_ARG_KINDS, self.f_locals, self.f_globals, self.f_closure
+                rel.text,
+                rel.symbols,
+                _INDEX_KINDS,
+                _NO_ARG_KINDS,
+                self.f_locals,
+                self.f_globals,
+                self.f_closure,
             )
         except Exception:  # noqa: BLE001 - redone below, where the error is reported
             codes = None

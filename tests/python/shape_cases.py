@@ -387,10 +387,12 @@ def run_builder(n: int, seed: int) -> dict[str, int]:
         f_locals, g = frame(r)
         b = tw.GuardBuilder(f_locals, g)
         try:
-            got: Any = _core.relation_holds_on(rel.text, rel.symbols, _INDEX_KINDS, _NO_ARG_KINDS, f_locals, g, None)
+            got: Any = _core.relation_holds_on(
+                rel.text, rel.symbols, _INDEX_KINDS, _NO_ARG_KINDS, f_locals, g, None
+            )
         except tw.ShapeSyntaxError as e:
             got = ("syntax", e.offset, e.message)
-        except Exception as e:  # noqa: BLE001 - a read that raised: compared below
+        except Exception as e:  # a read that raised: compared below
             got = ("raised", type(e))
         values = []
         want: Any = None
@@ -420,7 +422,9 @@ def run_builder(n: int, seed: int) -> dict[str, int]:
             stats["type_errors"] += 1
             continue
         types = ["int" if c == 0 else "float" for c in codes]
-        ref = reference.shape_holds(rel.text, rel.symbols, types, {str(s): v for s, v in zip(rel.symbols, values)})
+        ref = reference.shape_holds(
+            rel.text, rel.symbols, types, {str(s): v for s, v in zip(rel.symbols, values)}
+        )
         assert holds == ref, f"evaluate_relation {holds}, reference {ref}: {detail}"
         assert got == (tuple(codes) if holds else None), f"got {got}, holds {holds}: {detail}"
         stats["held" if holds else "refused"] += 1
