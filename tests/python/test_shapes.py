@@ -1254,3 +1254,28 @@ def test_malformed_symbols_give_the_same_error_cold(text: str, offset: int, frag
         with pytest.raises(tw.ShapeSyntaxError) as info:
             tw.shapes.parse(text)
         assert info.value.offset == offset and fragment in info.value.message, info.value
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["", ".", "..", "a", ".venv", "tripwire", "demo.py", "b.py", "x..y"]), max_size=6
+    ),
+    st.booleans(),
+    st.booleans(),
+)
+def test_is_machinery_without_abspath_agrees_with_abspath(
+    parts: list, absolute: bool, in_package: bool
+) -> None:
+    """builder._is_machinery splits a normal absolute path itself: the same answer as abspath's."""
+    import os
+
+    from tripwire import builder
+
+    base = builder._PKG_DIR if in_package else "/tmp"
+    path = "/".join([base, *parts]) if absolute else "/".join(parts)
+    want = (
+        os.path.dirname(os.path.abspath(path)) == builder._PKG_DIR
+        and os.path.basename(os.path.abspath(path)) != "demo.py"
+    )
+    assert builder._is_machinery.__wrapped__(path) == want, path
