@@ -66,18 +66,41 @@ std::vector<core::shape::ValueType> value_types(const std::vector<int>& types) {
     return out;
 }
 
-// The value at one symbol given as (root, name, steps), steps as (kind, operand, index): what
-// read_source (bind_values.cpp) takes. `symbol` is kept alive by the caller's tuple for the call
-// (tuples are immutable: the borrowed operands cannot be dropped while reading runs user code).
-runtime::Ref read_symbol(nb::handle symbol, nb::handle f_locals, nb::handle f_globals, nb::handle f_closure) {
-    if (!PyTuple_CheckExact(symbol.ptr()) || PyTuple_GET_SIZE(symbol.ptr()) != 3)
-        throw nb::value_error("a symbol is (root, name, steps)");
-    nb::handle name = PyTuple_GET_ITEM(symbol.ptr(), 1);
-    nb::handle steps = PyTuple_GET_ITEM(symbol.ptr(), 2);
+// An interned attribute name, made once (the GIL is held).
+PyObject* interned(PyObject*& slot, const char* name) {
+    if (slot == nullptr) {
+        slot = PyUnicode_InternFromString(name);
+        if (slot == nullptr) throw nb::python_error();
+    }
+    return slot;
+}
+
+nb::object get_attr(nb::handle obj, PyObject* name) {
+    PyObject* v = PyObject_GetAttr(obj.ptr(), name);
+    if (v == nullptr) throw nb::python_error();
+    return nb::steal(v);
+}
+
+// The value at one symbol given as a Source (its fields root, name and steps; each step's kind
+// and arg), read as read_source (bind_values.cpp) reads it, with each step's operand and index
+// as tripwire.source.Step gives them (`arg if has_operand else None`, `index`): bit k of
+// `index_kinds` (`no_arg_kinds`) set when StepKind k takes a position (no argument).
+runtime::Ref read_source_symbol(nb::handle source, std::uint64_t index_kinds, std::uint64_t no_arg_kinds,
+                                nb::handle f_locals, nb::handle f_globals, nb::handle f_closure) {
+    static PyObject* s_root = nullptr;
+    static PyObject* s_name = nullptr;
+    static PyObject* s_steps = nullptr;
+    static PyObject* s_kind = nullptr;
+    static PyObject* s_arg = nullptr;
+    // Owned: reading runs user code, which could replace a field (by object.__setattr__) while the
+    // read holds its operands.
+    const nb::object root = get_attr(source, interned(s_root, "root"));
+    const nb::object name = get_attr(source, interned(s_name, "name"));
+    const nb::object steps = get_attr(source, interned(s_steps, "steps"));
     if (!PyUnicode_CheckExact(name.ptr()) || !PyTuple_CheckExact(steps.ptr()))
-        throw nb::value_error("a symbol is (root, name: str, steps: tuple)");
+        throw nb::value_error("a symbol is a Source (name: str, steps: tuple)");
     runtime::RuntimeRoot r;
-    r.kind = nb::cast<core::RootKind>(nb::handle(PyTuple_GET_ITEM(symbol.ptr(), 0)));
+    r.kind = nb::cast<core::RootKind>(root);
     r.name = name.ptr();
     if (r.kind == core::RootKind::Closure && PyDict_Check(f_closure.ptr())) {
         PyObject* cell = PyDict_GetItemWithError(f_closure.ptr(), name.ptr());
@@ -86,14 +109,18 @@ runtime::Ref read_symbol(nb::handle symbol, nb::handle f_locals, nb::handle f_gl
     }
     const Py_ssize_t n = PyTuple_GET_SIZE(steps.ptr());
     std::vector<runtime::RuntimeStep> rs(static_cast<std::size_t>(n));
+    std::vector<nb::object> args(static_cast<std::size_t>(n));
     for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* st = PyTuple_GET_ITEM(steps.ptr(), i);
-        if (!PyTuple_CheckExact(st) || PyTuple_GET_SIZE(st) != 3)
-            throw nb::value_error("a step is (kind, operand, index)");
+        const nb::handle st = PyTuple_GET_ITEM(steps.ptr(), i);
         auto& out = rs[static_cast<std::size_t>(i)];
-        out.kind = nb::cast<core::StepKind>(nb::handle(PyTuple_GET_ITEM(st, 0)));
-        out.operand = PyTuple_GET_ITEM(st, 1);  // borrowed from `symbol`
-        out.index = nb::cast<Py_ssize_t>(nb::handle(PyTuple_GET_ITEM(st, 2)));
+        out.kind = nb::cast<core::StepKind>(get_attr(st, interned(s_kind, "kind")));
+        nb::object& arg = args[static_cast<std::size_t>(i)] = get_attr(st, interned(s_arg, "arg"));
+        const auto k = static_cast<unsigned>(out.kind);
+        if (k >= 64) throw nb::value_error("a step kind over 63");
+        const bool positional = ((index_kinds >> k) & 1U) != 0;
+        const bool no_arg = ((no_arg_kinds >> k) & 1U) != 0;
+        out.operand = positional || no_arg ? Py_None : arg.ptr();  // borrowed from `args`
+        out.index = positional ? nb::cast<Py_ssize_t>(arg) : 0;
     }
     PyObject* globals = PyDict_Check(f_globals.ptr()) ? f_globals.ptr() : nullptr;
     runtime::Ref v = runtime::read_source(r, rs, runtime::Locals::of_mapping(f_locals.ptr()), globals);
@@ -291,8 +318,8 @@ void register_shape(nb::module_& m) {
         "(the reference tests); without it a fast pass returns at once.");
     m.def(
         "relation_holds_on",
-        [](const std::string& text, nb::tuple symbols, nb::handle f_locals, nb::handle f_globals,
-           nb::handle f_closure) -> nb::object {
+        [](const std::string& text, nb::tuple symbols, std::uint64_t index_kinds, std::uint64_t no_arg_kinds,
+           nb::handle f_locals, nb::handle f_globals, nb::handle f_closure) -> nb::object {
             // Every symbol is read before anything is evaluated (reading runs user code); the
             // values stay referenced here until the relation has been evaluated on them.
             const std::size_t n = symbols.size();
@@ -301,7 +328,8 @@ void register_shape(nb::module_& m) {
             values.reserve(n);
             types.reserve(n);
             for (std::size_t k = 0; k < n; ++k) {
-                runtime::Ref v = read_symbol(symbols[k], f_locals, f_globals, f_closure);
+                runtime::Ref v =
+                    read_source_symbol(symbols[k], index_kinds, no_arg_kinds, f_locals, f_globals, f_closure);
                 if (PyLong_CheckExact(v.get())) {
                     types.push_back(core::shape::ValueType::Int);
                 } else if (PyFloat_CheckExact(v.get())) {
@@ -312,18 +340,23 @@ void register_shape(nb::module_& m) {
                 values.push_back(std::move(v));
             }
             return translating(text, [&]() -> nb::object {
-                const std::shared_ptr<const core::shape::ShapeProgram> memo =
-                    core::shape::compile_relation_shared(text, types);
-                const core::shape::ShapeProgram& p = *memo;
-                core::shape::ShapeFrame frame(p);
-                for (std::uint32_t k = 0; k < n; ++k) {
-                    if (!runtime::store_symbol(frame, k, types[k], values[k].get())) return nb::none();
+                // Compiled into the thread's scratch program (nothing memoised, nothing allocated
+                // once warm), decided as a check decides: the fast path, else the exact one. The
+                // program is given back before anything below can run Python code.
+                bool holds = false;
+                {
+                    const core::shape::ScratchProgram lent =
+                        core::shape::compile_relation_scratch(text, types.data(), types.size());
+                    const core::shape::ShapeProgram& p = *lent;
+                    core::shape::ShapeFrame frame(p);
+                    for (std::uint32_t k = 0; k < n; ++k) {
+                        if (!runtime::store_symbol(frame, k, types[k], values[k].get())) return nb::none();
+                    }
+                    const std::int32_t fast = core::shape::run_fast(p, frame);
+                    holds = fast == core::shape::kShapePass || (fast == core::shape::kShapeUndecided &&
+                                                                core::shape::run_exact(p, frame)[0].holds);
                 }
-                const std::int32_t fast = core::shape::run_fast(p, frame);
-                if (fast != core::shape::kShapePass &&
-                    (fast != core::shape::kShapeUndecided || !core::shape::run_exact(p, frame)[0].holds)) {
-                    return nb::none();
-                }
+                if (!holds) return nb::none();
                 PyObject* codes = PyTuple_New(static_cast<Py_ssize_t>(n));
                 if (codes == nullptr) throw nb::python_error();
                 for (std::size_t k = 0; k < n; ++k) {
@@ -334,12 +367,13 @@ void register_shape(nb::module_& m) {
                 return nb::steal(codes);
             });
         },
-        nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"), nb::arg("f_globals").none(),
-        nb::arg("f_closure").none(),
-        "GuardBuilder.shape's one call: read each symbol from the example ((root, name, steps) as "
-        "read_source takes them, in order of first use), and evaluate the relation on the values as a "
-        "check does (compiled program memoised by (text, types)). The symbols' type codes (0 int, 1 "
-        "float) when it holds; None when it does not or a value is neither an exact int nor an exact "
+        nb::arg("text"), nb::arg("symbols"), nb::arg("index_kinds"), nb::arg("no_arg_kinds"),
+        nb::arg("f_locals"), nb::arg("f_globals").none(), nb::arg("f_closure").none(),
+        "GuardBuilder.shape's one call: read each symbol (a Source: root, name, steps of kind and arg; "
+        "bit k of index_kinds / no_arg_kinds set when StepKind k takes a position / no argument) from "
+        "the example, in order of first use, and evaluate the relation on the values as a check does "
+        "(compiled into a per-thread scratch program, nothing memoised). The symbols' type codes (0 int, "
+        "1 float) when it holds; None when it does not or a value is neither an exact int nor an exact "
         "float (the builder then redoes the work symbol by symbol to say why). Raises what a read "
         "raised, or the shape syntax error of a type error.");
     m.def(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import _core, shapes, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, ShapeSyntaxError
-from .source import Source, SourceLike
+from .source import _INDEX_STEPS, _NO_ARG_STEPS, Source, SourceLike
 from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
 
 if TYPE_CHECKING:
@@ -29,6 +29,9 @@ __all__ = ["Checkpoint", "GuardBuilder"]
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _UNSET: Any = object()
 _STACK_DEPTH = 8
+# POSIX paths: _is_machinery splits an absolute, normal filename itself (os.path.abspath is the
+# most of a cold builder's stack walk).
+_NORMAL_ABSOLUTE = os.sep == "/" and os.altsep is None and not _PKG_DIR.endswith("/")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -38,6 +41,18 @@ def _is_machinery(filename: str) -> bool:
     importlib frames."""
     if filename.startswith("<frozen "):
         return True
+    if (
+        _NORMAL_ABSOLUTE
+        and filename[:1] == "/"
+        and "//" not in filename
+        and "/./" not in filename
+        and "/../" not in filename
+        and not filename.endswith(("/", "/.", "/.."))
+    ):
+        # Absolute and already normal (no empty, "." or ".." component, no trailing slash):
+        # abspath would return it unchanged, so its dirname and basename split at the last "/".
+        head, _, tail = filename.rpartition("/")
+        return head == _PKG_DIR and tail != "demo.py"
     path = os.path.abspath(filename)
     return os.path.dirname(path) == _PKG_DIR and os.path.basename(path) != "demo.py"
 
@@ -60,6 +75,7 @@ def _read_args(src: Source) -> tuple[Any, str, list[tuple[Any, Any, int]]]:
 # the tuples shared by every spec with these types. Bounded (emptied at 4096 entries).
 _TYPE_NAMES: dict[tuple[int, ...], tuple[str, ...]] = {}
 _Relation = shapes.Relation
+_SHAPE = GuardKind.SHAPE  # an enum member from its class is an attribute lookup through the metaclass
 
 
 def _type_names(codes: tuple[int, ...]) -> tuple[str, ...]:
@@ -71,23 +87,10 @@ def _type_names(codes: tuple[int, ...]) -> tuple[str, ...]:
     return names
 
 
-def _symbol_reads(rel: shapes.Relation) -> tuple[tuple[Any, str, tuple[tuple[Any, Any, int], ...]], ...]:
-    """(root, name, steps) of each of a relation's symbols, as ``_core.relation_holds_on`` takes
-    them: computed once per Relation object (relations and sources are immutable; parse()
-    memoises the Relation of a text), kept in its instance dict as Source keeps its hash."""
-    reads = rel.__dict__.get("_symbol_reads")
-    if reads is None:
-        reads = tuple(s.__dict__.get("_symbol_read") or _symbol_read(s) for s in rel.symbols)
-        object.__setattr__(rel, "_symbol_reads", reads)
-    return reads
-
-
-def _symbol_read(s: Source) -> tuple[Any, str, tuple[tuple[Any, Any, int], ...]]:
-    """(root, name, steps) of one symbol: once per Source object (relations share them), kept in
-    its instance dict as its hash is."""
-    read = (s.root, s.name, tuple((st.kind, st.arg if st.has_operand else None, st.index) for st in s.steps))
-    object.__setattr__(s, "_symbol_read", read)
-    return read
+# The StepKinds that take a position, and those that take no argument, as bit masks:
+# ``_core.relation_holds_on`` reads each symbol's steps as Step.has_operand and Step.index do.
+_INDEX_KINDS = sum(1 << int(k) for k in _INDEX_STEPS)
+_NO_ARG_KINDS = sum(1 << int(k) for k in _NO_ARG_STEPS)
 
 
 class Checkpoint:
@@ -364,21 +367,28 @@ class GuardBuilder:
         example (naming the values).
         """
         rel = relation if type(relation) is _Relation else shapes.parse(relation)
-        # One C++ call reads the symbols and evaluates the relation on them (compiled program
-        # memoised by (text, types)); it answers the symbols' types when the relation holds.
+        # One C++ call reads the symbols and evaluates the relation on them (compiled into a
+        # per-thread scratch program); it answers the symbols' types when the relation holds.
         # Anything else (a read that raised, a value of another type, a relation that does not
         # hold, a type error) is redone symbol by symbol below, which says why.
-        reads = rel.__dict__.get("_symbol_reads") or _symbol_reads(rel)
         codes: Any
         try:
-            codes = _core.relation_holds_on(rel.text, reads, self.f_locals, self.f_globals, self.f_closure)
+            codes = _core.relation_holds_on(
+                rel.text,
+                rel.symbols,
+                _INDEX_KINDS,
+                _NO_ARG_KINDS,
+                self.f_locals,
+                self.f_globals,
+                self.f_closure,
+            )
         except Exception:  # noqa: BLE001 - redone below, where the error is reported
             codes = None
         types = (_TYPE_NAMES.get(codes) or _type_names(codes)) if codes is not None else None
         if types is None:
             types = self._checked_symbol_types(rel)
         spec = GuardSpec(
-            GuardKind.SHAPE,
+            _SHAPE,
             None,
             (rel.text, rel.symbols, types),
             self._next_index,

@@ -374,6 +374,21 @@ Outcome eval(const std::string& text, const std::vector<Sym>& syms) {
     if (fast != kShapeUndecided) {
         EXPECT_EQ(fast == kShapePass, exact[0].holds) << text;
     }
+    // The builder's scratch compile of the same relation decides the same on both paths.
+    {
+        const ScratchProgram lent = compile_relation_scratch(text, types.data(), types.size());
+        const ShapeProgram& sp = *lent;
+        ShapeFrame sf(sp);
+        for (std::uint32_t k = 0; k < syms.size(); ++k) {
+            if (syms[k].i) sf.set_int(k, *syms[k].i);
+            if (syms[k].f) sf.set_float(k, *syms[k].f);
+            if (syms[k].b) sf.set_big(k, *syms[k].b);
+        }
+        const std::vector<ExactResult> sexact = run_exact(sp, sf);
+        EXPECT_EQ(sexact[0].holds, exact[0].holds) << text;
+        EXPECT_EQ(sexact[0].error, exact[0].error) << text;
+        EXPECT_EQ(run_fast(sp, sf), fast) << text;
+    }
     return out;
 }
 
@@ -476,11 +491,20 @@ TEST(ShapeEval, TypeErrorsHaveOffsets) {
         RelationInput in;
         in.text = text;
         for (std::uint32_t k = 0; k < types.size(); ++k) in.symbols.push_back(k);
+        std::string message;
         try {
             compile_relations({in}, types);
             ADD_FAILURE() << "no error for " << text;
         } catch (const ShapeSyntaxError& e) {
             EXPECT_EQ(e.offset(), offset) << text << ": " << e.what();
+            message = e.what();
+        }
+        try {  // the builder's scratch compile: the same error
+            compile_relation_scratch(text, types.data(), types.size());
+            ADD_FAILURE() << "no scratch error for " << text;
+        } catch (const ShapeSyntaxError& e) {
+            EXPECT_EQ(e.offset(), offset) << text << ": " << e.what();
+            EXPECT_EQ(message, e.what());
         }
     };
     // Operations point at their operator, calls at their name.
@@ -491,6 +515,40 @@ TEST(ShapeEval, TypeErrorsHaveOffsets) {
     type_error_at("L['n'] > 0 and L['n']", {ValueType::Int}, 11);
     type_error_at("1 < 2 < (L['n'] < 3)", {ValueType::Int}, 6);
     type_error_at("IntTrueDiv(L['s'], 2) > 0", {ValueType::Float}, 0);
+}
+
+TEST(ShapeProgram, ScratchCompileIsAllocationFreeWhenWarmAndLendsOneProgramAtATime) {
+    const std::string text = "(6*L['x'].size()[0] + L['n']) % 4 == 0 and L['f'] < 2.5";
+    const std::vector<ValueType> types = {ValueType::Int, ValueType::Int, ValueType::Float};
+    auto holds = [&](const ShapeProgram& p, std::int64_t x, std::int64_t n, double f) {
+        ShapeFrame fr(p);
+        fr.set_int(0, x);
+        fr.set_int(1, n);
+        fr.set_float(2, f);
+        return run_fast(p, fr) == kShapePass;
+    };
+    { (void)compile_relation_scratch(text, types.data(), types.size()); }  // warm: the scratch grows
+    const long before = g_allocations.load();
+    bool a = false, b = false;
+    {
+        const ScratchProgram lent = compile_relation_scratch(text, types.data(), types.size());
+        a = holds(*lent, 2, 0, 1.0);  // 12 % 4 == 0
+        b = holds(*lent, 1, 0, 1.0);  // 6 % 4 != 0
+    }
+    EXPECT_EQ(g_allocations.load() - before, 0);
+    EXPECT_TRUE(a);
+    EXPECT_FALSE(b);
+    // A second lease while the first is held gets a program of its own; the first is untouched.
+    const ScratchProgram first = compile_relation_scratch(text, types.data(), types.size());
+    const std::vector<ValueType> one = {ValueType::Int};
+    const ScratchProgram second = compile_relation_scratch("L['n'] > 3", one.data(), one.size());
+    EXPECT_NE(&*first, &*second);
+    EXPECT_TRUE(holds(*first, 2, 0, 1.0));
+    ShapeFrame fr(*second);
+    fr.set_int(0, 4);
+    EXPECT_EQ(run_fast(*second, fr), kShapePass);
+    fr.set_int(0, 3);
+    EXPECT_EQ(run_fast(*second, fr), 0);
 }
 
 TEST(ShapeProgram, SharesSubexpressionsAcrossRelations) {

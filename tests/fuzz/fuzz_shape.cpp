@@ -294,12 +294,22 @@ void exercise(const std::vector<std::string>& texts, Bytes& b, bool generated) {
         }
         inputs.push_back(std::move(in));
     }
+    // The first relation's symbols are 0..n0-1 in first-use order: what the builder's scratch
+    // compile (compile_relation_scratch) takes.
+    const std::size_t n0 = inputs[0].symbols.size();
     ShapeProgram set;
     try {
         set = compile_relations(inputs, types);
     } catch (const ShapeSyntaxError& e) {
         if (generated) bug("a generated relation was refused:", e.what());
         CHECK(texts.size() == 1 && e.offset() <= texts[0].size());
+        // The scratch compile refuses it with the same error.
+        try {
+            (void)compile_relation_scratch(texts[0], types.data(), n0);
+            bug("the scratch compile took a relation compile_relations refused:", texts[0]);
+        } catch (const ShapeSyntaxError& e2) {
+            CHECK(e2.offset() == e.offset() && std::string(e2.what()) == e.what());
+        }
         return;
     }
     validate_shape(set);
@@ -337,6 +347,26 @@ void exercise(const std::vector<std::string>& texts, Bytes& b, bool generated) {
                 }
             }
             const bool alone = run_exact(singles[k], g)[0].holds;
+            if (k == 0) {
+                // The builder's scratch compile decides as the memoised one, on both paths.
+                const ScratchProgram lent = compile_relation_scratch(texts[0], types.data(), n0);
+                ShapeFrame h(*lent);
+                for (std::uint32_t s = 0; s < n0; ++s) {
+                    switch (f.state(s)) {
+                        case SymbolState::Small: h.set_int(s, f.regs()[s].i); break;
+                        case SymbolState::Float: h.set_float(s, f.regs()[s].f); break;
+                        case SymbolState::Big: h.set_big(s, *f.big(s)); break;
+                        default: break;
+                    }
+                }
+                const std::vector<ExactResult> scratch_exact = run_exact(*lent, h);
+                CHECK(scratch_exact[0].holds == alone);
+                CHECK(scratch_exact[0].error == run_exact(singles[0], g)[0].error);
+                // (The set-wide frame g may hold a big value of another relation's symbol,
+                // which makes the memoised program's fast path undecided; h holds only these.)
+                const std::int32_t scratch_fast = run_fast(*lent, h);
+                if (scratch_fast != kShapeUndecided) CHECK((scratch_fast == kShapePass) == alone);
+            }
             const ShapeRelation& rel = set.relations[k];
             if (rel.status == RelationStatus::Kept) {
                 CHECK(exact[k].holds == alone);

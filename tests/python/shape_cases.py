@@ -372,6 +372,65 @@ def run_relations(n: int, seed: int) -> dict[str, int]:
     return stats
 
 
+def run_builder(n: int, seed: int) -> dict[str, int]:
+    """GuardBuilder.shape's one call (``_core.relation_holds_on``: the relation compiled into the
+    thread's scratch program, its symbols read from their Sources in C++) against what the builder
+    reads symbol by symbol and the memoised single-relation compile (``_core.evaluate_relation``,
+    fast path checked against the exact one) and the reference decide, on generated relations and
+    frames (values of the wrong type, missing locals and size indices past the rank included)."""
+    from tripwire.builder import _INDEX_KINDS, _NO_ARG_KINDS
+
+    r = random.Random(seed)
+    stats = {"relations": 0, "held": 0, "refused": 0, "unreadable": 0, "type_errors": 0}
+    while stats["relations"] < n:
+        rel = tw.shapes.parse(relation(r))
+        f_locals, g = frame(r)
+        b = tw.GuardBuilder(f_locals, g)
+        try:
+            got: Any = _core.relation_holds_on(
+                rel.text, rel.symbols, _INDEX_KINDS, _NO_ARG_KINDS, f_locals, g, None
+            )
+        except tw.ShapeSyntaxError as e:
+            got = ("syntax", e.offset, e.message)
+        except Exception as e:  # a read that raised: compared below
+            got = ("raised", type(e))
+        values = []
+        want: Any = None
+        for src in rel.symbols:
+            try:
+                values.append(b.value(src))
+            except tw.GuardBuildError:
+                want = "raised"
+                break
+            if type(values[-1]) not in (int, float):
+                break  # the one call stops at the first value of another type, read in order
+        detail = f"{rel.text} on {f_locals} / {g}"
+        stats["relations"] += 1
+        if want is not None:
+            assert type(got) is tuple and got[0] == want, f"unreadable: got {got}: {detail}"
+            stats["unreadable"] += 1
+            continue
+        if any(type(v) not in (int, float) for v in values):
+            assert got is None, f"a value of another type: got {got}: {detail}"
+            stats["refused"] += 1
+            continue
+        codes = [0 if type(v) is int else 1 for v in values]
+        try:
+            holds, _error, _path = _core.evaluate_relation(rel.text, codes, values)
+        except tw.ShapeSyntaxError as e:
+            assert got == ("syntax", e.offset, e.message), f"type error: got {got}, want {e}: {detail}"
+            stats["type_errors"] += 1
+            continue
+        types = ["int" if c == 0 else "float" for c in codes]
+        ref = reference.shape_holds(
+            rel.text, rel.symbols, types, {str(s): v for s, v in zip(rel.symbols, values)}
+        )
+        assert holds == ref, f"evaluate_relation {holds}, reference {ref}: {detail}"
+        assert got == (tuple(codes) if holds else None), f"got {got}, holds {holds}: {detail}"
+        stats["held" if holds else "refused"] += 1
+    return stats
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=int, default=100_000)
@@ -383,7 +442,10 @@ def main(argv: list[str]) -> int:
     t1 = time.perf_counter()
     print(f"pairs: {stats} in {t1 - t0:.1f} s: zero mismatches")
     rstats = run_relations(args.relations, args.seed)
-    print(f"single relations: {rstats} in {time.perf_counter() - t1:.1f} s: zero mismatches")
+    t2 = time.perf_counter()
+    print(f"single relations: {rstats} in {t2 - t1:.1f} s: zero mismatches")
+    bstats = run_builder(args.relations, args.seed)
+    print(f"builder checks: {bstats} in {time.perf_counter() - t2:.1f} s: zero mismatches")
     return 0
 
 

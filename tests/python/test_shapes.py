@@ -54,6 +54,19 @@ def test_generated_single_relations_match_the_reference_on_both_paths() -> None:
     assert stats["fast"] > 0 and stats["exact"] > 0
 
 
+def test_generated_builder_checks_match_the_exact_evaluator_and_the_reference() -> None:
+    # GuardBuilder.shape's scratch compile and C++ symbol reads against evaluate_relation (the
+    # memoised compile, both paths) and tripwire.reference; the long run is shape_cases.py's.
+    stats = shape_cases.run_builder(scaled(2000, 200), seed=21)
+    assert stats["held"] > 0 and stats["refused"] > 0 and stats["unreadable"] > 0
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_builder_checks_match_for_any_seed(seed: int) -> None:
+    shape_cases.run_builder(8, seed)
+
+
 @settings(max_examples=examples(60), deadline=None)
 @given(st.integers(min_value=0, max_value=2**32))
 def test_relation_sets_match_the_reference_for_any_seed(seed: int) -> None:
@@ -1355,3 +1368,28 @@ def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
                     assert hash(src) == hash(tw.Source.parse(src._print(), shape_is_size=True))
                 assert tw.shapes.relations_from_torch(text) == list(tw.shapes._split_relations(text))
     assert fast > 1000  # the engine's reader is exercised, not only the fallback
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["", ".", "..", "a", ".venv", "tripwire", "demo.py", "b.py", "x..y"]), max_size=6
+    ),
+    st.booleans(),
+    st.booleans(),
+)
+def test_is_machinery_without_abspath_agrees_with_abspath(
+    parts: list, absolute: bool, in_package: bool
+) -> None:
+    """builder._is_machinery splits a normal absolute path itself: the same answer as abspath's."""
+    import os
+
+    from tripwire import builder
+
+    base = builder._PKG_DIR if in_package else "/tmp"
+    path = "/".join([base, *parts]) if absolute else "/".join(parts)
+    want = (
+        os.path.dirname(os.path.abspath(path)) == builder._PKG_DIR
+        and os.path.basename(os.path.abspath(path)) != "demo.py"
+    )
+    assert builder._is_machinery.__wrapped__(path) == want, path
