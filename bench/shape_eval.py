@@ -179,8 +179,6 @@ def _clear_memos() -> None:
     builder._read_args.cache_clear()
     builder._is_machinery.cache_clear()
     guard_set._source_recipe.cache_clear()
-    guard_set._property_read.cache_clear()
-    guard_set._SYMBOL_TEMPLATES.clear()
     builder._TYPE_NAMES.clear()
 
 
