@@ -20,7 +20,7 @@ from . import _core, catalogue, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
-from .source import _ROOT_LETTER, CPP_TENSOR_STEPS, Source, key_identity
+from .source import _INDEX_STEPS, _NO_ARG_STEPS, _ROOT_LETTER, CPP_TENSOR_STEPS, Source, Step, key_identity
 
 __all__ = ["GuardSet", "build_guard_set"]
 
@@ -162,11 +162,17 @@ def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, 
     cpp_tensor = False
     for st in sym.steps:
         kind = st.kind
-        if st.has_operand:
+        if type(st) is Step:  # Step.has_operand and Step.index, without two Python calls
+            by_index = kind in _INDEX_STEPS
+            has_operand = not by_index and kind not in _NO_ARG_STEPS
+            index = st.arg if by_index else 0
+        else:
+            has_operand, index = st.has_operand, st.index
+        if has_operand:
             steps.append(_Step(kind, len(consts)))
             consts.append(st.arg)
         else:
-            steps.append(_Step(kind, None, st.index))
+            steps.append(_Step(kind, None, index))
         if kind in CPP_TENSOR_STEPS:
             cpp_tensor = True
     texts = _symbol_texts(sym) if exact else sym.printed_prefixes()

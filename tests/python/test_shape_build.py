@@ -105,3 +105,17 @@ def test_cold_sources_give_the_same_set_as_shared_ones() -> None:
     assert [f.reason for f in one.failures(bad)] == [f.reason for f in many.failures(bad)]
     assert one.failures(bad) and not one.check(bad)
     assert _core.SourcePath  # the engine's declaration type the templates are made of
+
+
+class _OddStep(Step):
+    """A Step subclass whose properties say otherwise: they decide, not the kind's rule."""
+
+    @property
+    def index(self) -> int:
+        return 7
+
+
+def test_a_step_subclass_is_read_through_its_properties() -> None:
+    src = Source(tw.RootKind.LOCAL, "x", (_OddStep(StepKind.SIZE, 0),))
+    path, _, _, _ = guard_set._symbol_decl(src)
+    assert path.steps[0].index == 7
