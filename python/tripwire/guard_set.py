@@ -150,13 +150,12 @@ def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, 
     """A SHAPE symbol's declaration with its constants numbered locally (0: the root's name, then
     each step operand), which a set maps to its own pool's ids (bind_guard_set.cpp,
     add_shape_decls); whether a step reads the C++ tensor; how _reader_fact reads it. Made once per
-    Source object and kept in its instance dict, as its hash and print are (sources are
-    immutable; a cold build parses new ones, so nothing here outlives the benchmark's memos)."""
+    Source object (sources are immutable), in _SYMBOL_DECLS."""
     exact = type(sym) is Source
     if exact:
-        entry = sym.__dict__.get("_shape_decl")
-        if entry is not None:
-            return entry
+        held = _SYMBOL_DECLS.get(id(sym))
+        if held is not None:
+            return held[1]
     consts: list[Any] = [sym.name]
     steps = []
     cpp_tensor = False
@@ -183,8 +182,17 @@ def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, 
         _property_read(sym, texts),
     )
     if exact:
-        object.__setattr__(sym, "_shape_decl", entry)
+        if len(_SYMBOL_DECLS) >= 4096:
+            _SYMBOL_DECLS.clear()
+        _SYMBOL_DECLS[id(sym)] = (sym, entry)
     return entry
+
+
+# id(symbol) -> (the symbol, _symbol_decl's answer). The entry holds the symbol, so its id names no
+# other object while it is here; a module dict (not the Source's instance dict) so that no
+# SourcePath outlives the module at exit. Bounded: emptied at 4096 symbols; _clear_memos empties it.
+_SymbolDecl = tuple[_core.SourcePath, tuple[Any, ...], bool, "_PropertyRead | None"]
+_SYMBOL_DECLS: dict[int, tuple[Source, _SymbolDecl]] = {}
 
 
 def _symbol_texts(sym: Source) -> list[str]:

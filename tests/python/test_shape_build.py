@@ -77,7 +77,7 @@ def test_a_source_subclass_is_declared_from_its_own_prefixes_and_not_kept() -> N
     path, _, _, read = guard_set._symbol_decl(src)
     assert path.texts == ["L['x']", "also a lie"]
     assert read is not None and read[0] == "L['x']"
-    assert "_shape_decl" not in src.__dict__
+    assert id(src) not in guard_set._SYMBOL_DECLS
     assert guard_set._symbol_decl(src) is not guard_set._symbol_decl(src)
 
 

@@ -1185,6 +1185,7 @@ def _empty_every_memo() -> None:
     for cache in (shapes._parse_text, shapes._relations_of_text, source._parse_text, builder._read_args,
                   builder._is_machinery, guard_set._source_recipe):  # fmt: skip
         cache.cache_clear()
+    guard_set._SYMBOL_DECLS.clear()
     builder._TYPE_NAMES.clear()
 
 
