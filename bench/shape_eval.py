@@ -180,8 +180,7 @@ def _clear_memos() -> None:
     builder._read_args.cache_clear()
     builder._is_machinery.cache_clear()
     guard_set._source_recipe.cache_clear()
-    guard_set._property_read.cache_clear()
-    guard_set._SYMBOL_TEMPLATES.clear()
+    guard_set._SYMBOL_DECLS.clear()
     builder._TYPE_NAMES.clear()
 
 

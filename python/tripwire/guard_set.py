@@ -20,7 +20,7 @@ from . import _core, catalogue, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
-from .source import CPP_TENSOR_STEPS, Source, key_identity
+from .source import _INDEX_STEPS, _NO_ARG_STEPS, _ROOT_LETTER, CPP_TENSOR_STEPS, Source, Step, key_identity
 
 __all__ = ["GuardSet", "build_guard_set"]
 
@@ -138,7 +138,7 @@ class _ShapeDecls:
                 paths.append(decl)
                 remaps.append(None)
                 continue
-            _, template, consts, cpp_tensor = _SYMBOL_TEMPLATES.get(id(sym)) or _symbol_template(sym)
+            template, consts, cpp_tensor, _ = _symbol_decl(sym)
             paths.append(template)
             remaps.append([intern(c) for c in consts])
             if cpp_tensor:
@@ -146,29 +146,64 @@ class _ShapeDecls:
         return syms, paths, remaps
 
 
-# id(symbol) -> (the symbol, its SourcePath template, the template's constants, whether a step reads
-# the C++ tensor). The entry holds the symbol, so its id names no other object while it is here.
-_SYMBOL_TEMPLATES: dict[int, tuple[Source, _core.SourcePath, tuple[Any, ...], bool]] = {}
-
-
-def _symbol_template(sym: Source) -> tuple[Source, _core.SourcePath, tuple[Any, ...], bool]:
+def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, _PropertyRead | None]:
     """A SHAPE symbol's declaration with its constants numbered locally (0: the root's name, then
-    each step operand): made once per Source object; a set maps the numbers to its own pool's ids
-    (bind_guard_set.cpp, add_shape_decls). Bounded: emptied at 4096 symbols."""
-    name, recipe, texts, cpp_tensor = _source_recipe(sym)
-    consts: list[Any] = [name]
+    each step operand), which a set maps to its own pool's ids (bind_guard_set.cpp,
+    add_shape_decls); whether a step reads the C++ tensor; how _reader_fact reads it. Made once per
+    Source object (sources are immutable), in _SYMBOL_DECLS."""
+    exact = type(sym) is Source
+    if exact:
+        held = _SYMBOL_DECLS.get(id(sym))
+        if held is not None:
+            return held[1]
+    consts: list[Any] = [sym.name]
     steps = []
-    for kind, arg, index, has_operand in recipe:
+    cpp_tensor = False
+    for st in sym.steps:
+        kind = st.kind
+        if type(st) is Step:  # Step.has_operand and Step.index, without two Python calls
+            by_index = kind in _INDEX_STEPS
+            has_operand = not by_index and kind not in _NO_ARG_STEPS
+            index = st.arg if by_index else 0
+        else:
+            has_operand, index = st.has_operand, st.index
         if has_operand:
             steps.append(_Step(kind, len(consts)))
-            consts.append(arg)
+            consts.append(st.arg)
         else:
             steps.append(_Step(kind, None, index))
-    entry = (sym, _core.SourcePath(sym.root, 0, steps, texts), tuple(consts), cpp_tensor)
-    if len(_SYMBOL_TEMPLATES) >= 4096:
-        _SYMBOL_TEMPLATES.clear()
-    _SYMBOL_TEMPLATES[id(sym)] = entry
+        if kind in CPP_TENSOR_STEPS:
+            cpp_tensor = True
+    texts = _symbol_texts(sym) if exact else sym.printed_prefixes()
+    entry = (
+        _core.SourcePath(sym.root, 0, steps, texts),
+        tuple(consts),
+        cpp_tensor,
+        _property_read(sym, texts),
+    )
+    if exact:
+        if len(_SYMBOL_DECLS) >= 4096:
+            _SYMBOL_DECLS.clear()
+        _SYMBOL_DECLS[id(sym)] = (sym, entry)
     return entry
+
+
+# id(symbol) -> (the symbol, _symbol_decl's answer). The entry holds the symbol, so its id names no
+# other object while it is here; a module dict (not the Source's instance dict) so that no
+# SourcePath outlives the module at exit. Bounded: emptied at 4096 symbols; _clear_memos empties it.
+_SymbolDecl = tuple[_core.SourcePath, tuple[Any, ...], bool, "_PropertyRead | None"]
+_SYMBOL_DECLS: dict[int, tuple[Source, _SymbolDecl]] = {}
+
+
+def _symbol_texts(sym: Source) -> list[str]:
+    """``sym.printed_prefixes()`` of an exact Source: a symbol of at most one step (nearly every
+    one: ``L['x'].size()[0]``, ``L['n']``) is its root's print and its own, which the relation's
+    text already printed (Source.__str__ keeps it); the step is not rendered again."""
+    steps = sym.steps
+    if len(steps) > 1:
+        return sym.printed_prefixes()
+    base = f"{_ROOT_LETTER[sym.root]}[{sym.name!r}]"
+    return [base, Source.__str__(sym)] if steps else [base]
 
 
 def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_core.GuardDecl]:
@@ -739,17 +774,21 @@ _PROPERTY_CALLS = {_core.StepKind.SIZE: "size()", _core.StepKind.STRIDE: "stride
 _ARRAY_ATTRS = {_core.StepKind.SIZE: "shape", _core.StepKind.STRIDE: "strides"}
 
 
-@functools.lru_cache(maxsize=4096)
-def _property_read(sym: Source) -> tuple[str, list[tuple[Any, Any, int]], Any, int] | None:
-    """How _reader_fact reads a tensor-property symbol: (its tensor's printed source, the tensor's
-    steps as ``_core.read_source`` takes them, the property's step kind, its index); None for a
-    symbol read from the frame. Computed once per distinct source (sources are immutable)."""
-    last = sym.steps[-1] if sym.steps else None
+# How _reader_fact reads a tensor-property symbol: (its tensor's printed source, the tensor's steps
+# as ``_core.read_source`` takes them, the property's step kind, its index).
+_PropertyRead = tuple[str, list[tuple[Any, Any, int]], Any, int]
+
+
+def _property_read(sym: Source, texts: list[str]) -> _PropertyRead | None:
+    """How _reader_fact reads ``sym`` (``texts``: its printed prefixes); None for a symbol read
+    from the frame (its last step is not SIZE, STRIDE or STORAGE_OFFSET)."""
+    all_steps = sym.steps
+    last = all_steps[-1] if all_steps else None
     if last is None or last.kind not in _PROPERTY_CALLS:
         return None
-    steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in sym.steps[:-1]]
+    steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in all_steps[:-1]]
     index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
-    return sym.printed_prefixes()[-2], steps, last.kind, index
+    return texts[-2], steps, last.kind, index
 
 
 def _reader_fact(
@@ -758,7 +797,7 @@ def _reader_fact(
     """What decides one symbol's reader on one frame: ("frame",), ("unreadable", error name), or
     ("property", value type, C-level answered, is an array, is a tensor); ``parents`` memoises
     each tensor's value and what its type says, by printed source."""
-    how = _property_read(sym)
+    how = _symbol_decl(sym)[3]
     if how is None:
         return ("frame",)
     key, steps, kind, index = how

@@ -1196,9 +1196,9 @@ def _empty_every_memo() -> None:
     _core._clear_shape_memos()
     _core._clear_install_site_memo()
     for cache in (shapes._parse_text, shapes._relations_of_text, source._parse_text, builder._read_args,
-                  builder._is_machinery, guard_set._source_recipe, guard_set._property_read):  # fmt: skip
+                  builder._is_machinery, guard_set._source_recipe):  # fmt: skip
         cache.cache_clear()
-    guard_set._SYMBOL_TEMPLATES.clear()
+    guard_set._SYMBOL_DECLS.clear()
     builder._TYPE_NAMES.clear()
 
 

@@ -1,0 +1,121 @@
+"""A SHAPE symbol's declaration as GuardSet builds it (guard_set.py, _symbol_decl): the same texts,
+steps, constants and reader as the general source encoding, once per Source object."""
+
+from __future__ import annotations
+
+import pytest
+
+import tripwire as tw
+from tripwire import _core, guard_set
+from tripwire.source import Source, Step, StepKind
+
+_TEXTS = [
+    "L['n']",
+    "G['n']",
+    "C['n']",
+    "L['x'].size()[0]",
+    "L['x'].stride()[3]",
+    "L['x'].storage_offset()",
+    "L['é名'].size()[1]",  # non-ASCII root name
+    "L['x\\'y\"'].size()[0]",  # quotes in the name: repr picks its own
+    "L['self'].n",
+    "L['self'].layers[0].weight.size()[2]",
+    "L['d']['k'].size()[0]",
+    "getattr(L['x'], 'size')().n",  # prints through getattr(): more than one step
+]
+
+
+def _sources() -> list[Source]:
+    out = [Source.parse(t, shape_is_size=True) for t in _TEXTS]
+    x = Source.local("x")
+    out += [x.tensor_size(0), x.tensor_stride(1), x.tensor_storage_offset(), x.attr("𝕊"), x.item(None)]
+    out.append(Source.local("x").step(StepKind.ATTR, "size").step(StepKind.WEAKREF_CALL))
+    return out
+
+
+@pytest.mark.parametrize("src", _sources(), ids=str)
+def test_symbol_decl_matches_the_source_recipe(src: Source) -> None:
+    fresh = Source(src.root, src.name, src.steps)  # nothing cached on it yet
+    path, consts, cpp_tensor, read = guard_set._symbol_decl(fresh)
+    name, recipe, texts, reads_cpp = guard_set._source_recipe(src)
+    assert path.texts == texts == src.printed_prefixes()
+    assert path.root == src.root and path.name == 0
+    assert consts[0] == name
+    assert len(path.steps) == len(recipe)
+    operands = iter(consts[1:])
+    for step, (kind, arg, index, has_operand) in zip(path.steps, recipe, strict=True):
+        assert step.kind == kind
+        if has_operand:
+            assert consts[step.operand] is next(operands) is arg
+        else:
+            assert step.operand is None and step.index == index
+    assert cpp_tensor is reads_cpp is src.reads_cpp_tensor
+    last = src.steps[-1] if src.steps else None
+    if last is None or last.kind not in (StepKind.SIZE, StepKind.STRIDE, StepKind.STORAGE_OFFSET):
+        assert read is None
+    else:
+        assert read is not None
+        assert read[0] == src.printed_prefixes()[-2]
+        assert read[2] is last.kind
+        assert read[3] == (0 if last.kind is StepKind.STORAGE_OFFSET else last.arg)
+    # Made once per object: the second call answers the same entry.
+    assert guard_set._symbol_decl(fresh) is guard_set._symbol_decl(fresh)
+
+
+class _LyingSource(Source):
+    """A subclass printing otherwise: its own printed_prefixes() are used, nothing is kept on it."""
+
+    def __str__(self) -> str:
+        return "lie"
+
+    def printed_prefixes(self) -> list[str]:
+        return ["L['x']", "also a lie"]
+
+
+def test_a_source_subclass_is_declared_from_its_own_prefixes_and_not_kept() -> None:
+    src = _LyingSource(tw.RootKind.LOCAL, "x", (Step(StepKind.SIZE, 0),))
+    path, _, _, read = guard_set._symbol_decl(src)
+    assert path.texts == ["L['x']", "also a lie"]
+    assert read is not None and read[0] == "L['x']"
+    assert id(src) not in guard_set._SYMBOL_DECLS
+    assert guard_set._symbol_decl(src) is not guard_set._symbol_decl(src)
+
+
+def test_cold_sources_give_the_same_set_as_shared_ones() -> None:
+    """Equal sources that are distinct objects (each with its own declaration) build the set that
+    one shared object builds: same symbols, explain(), failure reasons."""
+    rels = ["L['a'] + L['b'] <= 10", "L['a'] >= 1", "L['b'] * 2 != L['a']"]
+    ex = {"a": 3, "b": 4}
+
+    def build(share: bool) -> tw.GuardSet:
+        b = tw.GuardBuilder(ex)
+        for text in rels:
+            rel = tw.shapes.parse(text)
+            if not share:
+                rel = tw.shapes.Relation(
+                    rel.text, tuple(Source(s.root, s.name, s.steps) for s in rel.symbols)
+                )
+            b.shape(rel)
+        return b.build()
+
+    one, many = build(True), build(False)
+    assert one._shape_info == many._shape_info
+    assert one.explain().split("shape relations")[1] == many.explain().split("shape relations")[1]
+    bad = {"a": 8, "b": 4}
+    assert [f.reason for f in one.failures(bad)] == [f.reason for f in many.failures(bad)]
+    assert one.failures(bad) and not one.check(bad)
+    assert _core.SourcePath  # the engine's declaration type the templates are made of
+
+
+class _OddStep(Step):
+    """A Step subclass whose properties say otherwise: they decide, not the kind's rule."""
+
+    @property
+    def index(self) -> int:
+        return 7
+
+
+def test_a_step_subclass_is_read_through_its_properties() -> None:
+    src = Source(tw.RootKind.LOCAL, "x", (_OddStep(StepKind.SIZE, 0),))
+    path, _, _, _ = guard_set._symbol_decl(src)
+    assert path.steps[0].index == 7
