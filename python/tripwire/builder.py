@@ -169,10 +169,19 @@ class GuardBuilder:
     def add(self, kind: GuardKind, source: SourceLike | None, args: tuple = ()) -> GuardSpec:
         """Declare a guard directly (the typed methods below are the usual way)."""
         src = None if source is None else Source.parse(source)
-        spec = GuardSpec(GuardKind(kind), src, tuple(args), self._next_index, _user_stack())
-        self._next_index += 1
+        kind, args, stack = GuardKind(kind), tuple(args), _user_stack()
+        spec = GuardSpec(kind, src, args, self._take_index(), stack)
         self._specs.append(spec)
         return spec
+
+    def _take_index(self) -> int:
+        """The next guard's index, taken at once. Anything that allocates can run a collection,
+        and with it finalizers that declare guards on this builder: the index is read and advanced
+        with nothing in between that could (an int is not tracked by the collector), after every
+        call that can run user code, so no two guards share one. build() orders specs by index."""
+        index = self._next_index
+        self._next_index = index + 1
+        return index
 
     # -- the catalogue ------------------------------------------------------------------------------
     def type_match(self, source: SourceLike, type: type = _UNSET) -> GuardSpec:
@@ -387,14 +396,9 @@ class GuardBuilder:
         types = (_TYPE_NAMES.get(codes) or _type_names(codes)) if codes is not None else None
         if types is None:
             types = self._checked_symbol_types(rel)
-        spec = GuardSpec(
-            _SHAPE,
-            None,
-            (rel.text, rel.symbols, types),
-            self._next_index,
-            _core.user_stack(_is_machinery, _STACK_DEPTH),
-        )
-        self._next_index += 1
+        args = (rel.text, rel.symbols, types)
+        stack = _core.user_stack(_is_machinery, _STACK_DEPTH)
+        spec = GuardSpec(_SHAPE, None, args, self._take_index(), stack)
         self._specs.append(spec)
         return spec
 

@@ -58,7 +58,9 @@ def test_generated_builder_checks_match_the_exact_evaluator_and_the_reference() 
     # GuardBuilder.shape's scratch compile and C++ symbol reads against evaluate_relation (the
     # memoised compile, both paths) and tripwire.reference; the long run is shape_cases.py's.
     stats = shape_cases.run_builder(scaled(2000, 200), seed=21)
-    assert stats["held"] > 0 and stats["refused"] > 0 and stats["unreadable"] > 0
+    assert stats["held"] > 0 and stats["refused"] > 0
+    if stats["relations"] >= 1000:  # unreadable frames are ~2% of the generated ones
+        assert stats["unreadable"] > 0 and stats["type_errors"] > 0
 
 
 @settings(max_examples=examples(60), deadline=None)
@@ -1198,6 +1200,7 @@ def _empty_every_memo() -> None:
     for cache in (shapes._parse_text, shapes._relations_of_text, source._parse_text, builder._read_args,
                   builder._is_machinery, guard_set._source_recipe):  # fmt: skip
         cache.cache_clear()
+    shapes._PLAIN_SYMBOLS.clear()
     guard_set._SYMBOL_DECLS.clear()
     builder._TYPE_NAMES.clear()
 
