@@ -225,15 +225,18 @@ TEST(Codec, RoundTripsEveryStoredKind) {
     EXPECT_NO_THROW(compile(decls, e.constants.size()));
 }
 
+/// A string table that lists every string it is given, in order (one index per call).
+struct ListingTable : StringTable {
+    std::vector<std::string> all;
+    std::uint32_t index(const std::string& s) override {
+        all.push_back(s);
+        return static_cast<std::uint32_t>(all.size() - 1);
+    }
+};
+
 /// A kind relating several sources (as ALIAS will) writes its others with write_source.
 TEST(Codec, PayloadsCanCarryExtraSources) {
-    struct Table : StringTable {
-        std::vector<std::string> all;
-        std::uint32_t index(const std::string& s) override {
-            all.push_back(s);
-            return static_cast<std::uint32_t>(all.size() - 1);
-        }
-    } table;
+    ListingTable table;
     Writer w;
     const SourcePath src = source(RootKind::Global, 1, {attr(0), test_util::defaults(2)});
     write_source(src, w, table);
@@ -251,13 +254,7 @@ TEST(Codec, PayloadsCanCarryExtraSources) {
 /// A source's texts are names: one that points at a string holding a lone surrogate (which the
 /// strings section allows, for str constants and install sites) is refused at its index's offset.
 TEST(Codec, SourceTextsMustBeValidText) {
-    struct Table : StringTable {
-        std::vector<std::string> all;
-        std::uint32_t index(const std::string& s) override {
-            all.push_back(s);
-            return static_cast<std::uint32_t>(all.size() - 1);
-        }
-    } table;
+    ListingTable table;
     Writer w;
     const SourcePath src = source(RootKind::Global, 1, {attr(0), test_util::defaults(2)});
     write_source(src, w, table);

@@ -603,6 +603,18 @@ std::unordered_map<std::string_view, std::shared_ptr<const ParseMemoEntry>>& par
     return *memo;  // never destroyed: no order-of-destruction question at exit
 }
 
+/// Put a finished entry in the memo (emptied when full) and give its parse, kept alive by it.
+std::shared_ptr<const ParsedRelation> remember(std::shared_ptr<ParseMemoEntry> entry) {
+    std::shared_ptr<const ParseMemoEntry> done = std::move(entry);
+    {
+        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
+        auto& memo = parse_memo();
+        if (memo.size() >= kParseMemo) memo.clear();
+        memo.emplace(std::string_view(done->text), done);  // the key views the entry's own text
+    }
+    return {done, &done->parsed};
+}
+
 // Keep `parsed`, the parse of a text whose code (no leading blanks, no comment) is `code`, found
 // `lead` bytes in, as the parse of `code` alone: the parser skips the leading blanks and stops
 // before the comment and the blanks in front of it in both, so only the offsets shift. The symbol
@@ -623,14 +635,7 @@ std::shared_ptr<const ParsedRelation> remember_code_parse(std::string_view code,
     for (std::string_view& sym : mine.symbols)
         sym = own.substr(static_cast<std::size_t>(sym.data() - code.data()), sym.size());
     mine.code_end -= lead;
-    std::shared_ptr<const ParseMemoEntry> done = std::move(entry);
-    {
-        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
-        auto& memo = parse_memo();
-        if (memo.size() >= kParseMemo) memo.clear();
-        memo.emplace(std::string_view(done->text), done);  // the key views the entry's own text
-    }
-    return {done, &done->parsed};
+    return remember(std::move(entry));
 }
 
 }  // namespace
@@ -645,14 +650,7 @@ std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view tex
     auto entry = std::make_shared<ParseMemoEntry>();
     entry->text = std::string(text);
     entry->parsed = parse_relation(entry->text);  // views into entry->text, which never moves
-    std::shared_ptr<const ParseMemoEntry> done = std::move(entry);
-    {
-        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
-        auto& memo = parse_memo();
-        if (memo.size() >= kParseMemo) memo.clear();
-        memo.emplace(std::string_view(done->text), done);  // the key views the entry's own text
-    }
-    return {done, &done->parsed};
+    return remember(std::move(entry));
 }
 
 ParsedRelation parse_relation_remembering_code(std::string_view text) {
