@@ -271,29 +271,17 @@ def relations_from_torch(code_part: str) -> list[Relation]:
 def _relations_of_text(code_part: str) -> tuple[Relation, ...]:
     """relations_from_torch of an exact str, memoised like _parse_text (a JIT importing torch's
     guards sees the same code parts again; errors are not cached)."""
-    # _relation_of_text, inline (one Python call less per code part of a cold import).
-    try:
-        parts = cast(_RelationParts | None, _core.relation_parts(code_part, _PLAIN_SYMBOLS, _source_of_plain))
-    except ShapeSyntaxError as e:
-        raise ShapeSyntaxError(e.message, e.offset, code_part) from None
-    if parts is None:
-        rel = _parse_symbols(code_part)
-    else:
-        rel = Relation(parts[0], parts[1], parts[2], code_part, parts[3])
-    if " and " not in rel.text and "And(" not in rel.text:
-        return (rel,)
-    return _conjuncts(rel)
+    return _conjuncts(_relation_of_text(code_part))
 
 
 def _split_relations(code_part: str) -> tuple[Relation, ...]:
-    rel = _parse_text(code_part) if type(code_part) is str else parse(code_part)
-    if " and " not in rel.text and "And(" not in rel.text:
-        return (rel,)
-    return _conjuncts(rel)
+    return _conjuncts(_parse_text(code_part) if type(code_part) is str else parse(code_part))
 
 
 def _conjuncts(rel: Relation) -> tuple[Relation, ...]:
     """One relation per conjunct of a top-level ``and`` (each with ``rel``'s comment), or ``(rel,)``."""
+    if " and " not in rel.text and "And(" not in rel.text:
+        return (rel,)
     try:
         tree = ast.parse(rel.text, mode="eval").body
     except SyntaxError:

@@ -411,8 +411,9 @@ _PROPERTY_STEP = {"size": StepKind.SIZE, "stride": StepKind.STRIDE}
 def _plain_step(kind: StepKind, arg: Any) -> Step:
     # The arguments were checked by the grammar above (what Step.__post_init__ checks).
     st = object.__new__(Step)
-    object.__setattr__(st, "kind", kind)
-    object.__setattr__(st, "arg", arg)
+    d = st.__dict__  # the frozen dataclass's fields, written as its __init__ would leave them
+    d["kind"] = kind
+    d["arg"] = arg
     return st
 
 
@@ -424,14 +425,7 @@ def _source_of_plain(text: str, root: RootKind, name: str, steps: tuple[tuple[St
     d = src.__dict__  # the frozen dataclass's fields, set as _parse_plain sets them
     d["root"] = root
     d["name"] = name
-    made = []
-    for kind, arg in steps:
-        st = _new_object(Step)
-        sd = st.__dict__
-        sd["kind"] = kind
-        sd["arg"] = arg
-        made.append(st)
-    d["steps"] = tuple(made)
+    d["steps"] = tuple([_plain_step(kind, arg) for kind, arg in steps])
     d["_text"] = text
     return src
 
