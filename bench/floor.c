@@ -503,9 +503,23 @@ static PyObject *start_instrumentation(PyObject *mod, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* toggle_collect(): switch callgrind's event collection off or back on inside a measured call, for
+ * a set-up step that must not count (bench/shape_build_instructions.py: emptying the memos before a
+ * cold build). Called in pairs. A no-op outside valgrind or without valgrind's headers. */
+static PyObject *toggle_collect(PyObject *mod, PyObject *unused) {
+    (void)mod;
+    (void)unused;
+#ifdef TW_HAVE_CALLGRIND
+    CALLGRIND_TOGGLE_COLLECT;
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"start_instrumentation", start_instrumentation, METH_NOARGS,
      "start_instrumentation(): turn callgrind's instrumentation on (--instr-atstart=no)."},
+    {"toggle_collect", toggle_collect, METH_NOARGS,
+     "toggle_collect(): switch callgrind's event collection off, or back on (in pairs)."},
     {"repeat_call", (PyCFunction)(void (*)(void))tw_bench_repeat_call, METH_FASTCALL,
      "repeat_call(fn, arg, n): call fn(arg) n times from C, return the last result."},
     {"repeat_vectorcall", (PyCFunction)(void (*)(void))tw_bench_repeat_vectorcall, METH_FASTCALL,

@@ -14,7 +14,10 @@ itself). The modes are the rows of bench/shape_eval.py's build table:
 - ``builder``: ``GuardBuilder(example)``, ``relations_from_torch`` + ``GuardBuilder.shape`` per
   part, ``build()`` (what a JIT does);
 - ``engine``: ``GuardSet(specs)`` on the builder's specs (encoding and the C++ build);
-- ``cold``: ``builder`` with every memo emptied first (bench/shape_eval.py ``_clear_memos``);
+- ``cold``: ``builder`` with every memo emptied first (bench/shape_eval.py ``_clear_memos``). The
+  emptying is set-up, not building: it runs with collection switched off (``_floor.toggle_collect``);
+- ``clear``: that emptying alone, the build after it uncollected (what earlier counts of ``cold``,
+  before stop 22, included: about 60K);
 - ``cold_parse``, ``cold_shape`` (not run by default): the cold build up to the end of its parse
   (``relations_from_torch`` of every part) and of its ``GuardBuilder.shape`` calls (no
   ``build()``). The phases are the differences: parse = cold_parse, shape = cold_shape -
@@ -37,7 +40,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("builder", "engine", "cold")
-PHASE_MODES = ("cold_parse", "cold_shape")
+PHASE_MODES = ("cold_parse", "cold_shape", "clear")
 LO, HI = 20, 120
 
 
@@ -59,17 +62,29 @@ def child(mode: str, parts_file: str) -> None:
     example = _example()
     specs: list = []
 
-    def cold(_: object) -> None:
+    def clear_uncounted() -> None:
+        # Collection is on inside repeat_call: off for the emptying, back on for the build.
+        floor.toggle_collect()
         bench._clear_memos()
+        floor.toggle_collect()
+
+    def cold(_: object) -> None:
+        clear_uncounted()
         bench._tripwire_set(parts, example)
 
-    def cold_parse(_: object) -> None:
+    def clear(_: object) -> None:
         bench._clear_memos()
+        floor.toggle_collect()
+        bench._tripwire_set(parts, example)
+        floor.toggle_collect()
+
+    def cold_parse(_: object) -> None:
+        clear_uncounted()
         for part in parts:
             tw.shapes.relations_from_torch(part)
 
     def cold_shape(_: object) -> None:
-        bench._clear_memos()
+        clear_uncounted()
         b = tw.GuardBuilder(example)
         for part in parts:
             for rel in tw.shapes.relations_from_torch(part):
@@ -77,6 +92,7 @@ def child(mode: str, parts_file: str) -> None:
 
     runs = {
         "cold": cold,
+        "clear": clear,
         "cold_parse": cold_parse,
         "cold_shape": cold_shape,
         "builder": lambda _: bench._tripwire_set(parts, example),
