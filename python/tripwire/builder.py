@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import _core, shapes, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, ShapeSyntaxError
-from .source import _INDEX_STEPS, _NO_ARG_STEPS, Source, SourceLike
+from .source import _INDEX_STEPS, _NO_ARG_STEPS, Source, SourceLike, Step
 from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
 
 if TYPE_CHECKING:
@@ -71,20 +71,14 @@ def _read_args(src: Source) -> tuple[Any, str, list[tuple[Any, Any, int]]]:
     return src.root, src.name, [(st.kind, st.arg if st.has_operand else None, st.index) for st in src.steps]
 
 
-# The symbol types of GuardBuilder.shape's specs, by the engine's type codes (0 int, 1 float):
-# the tuples shared by every spec with these types. Bounded (emptied at 4096 entries).
-_TYPE_NAMES: dict[tuple[int, ...], tuple[str, ...]] = {}
+# The symbol types of GuardBuilder.shape's specs: one tuple per combination, shared by every spec
+# with these types, keyed by ``(1 << n) | sum(code_k << k)`` over the engine's type codes (0 int,
+# 1 float); ``_core.relation_holds_on`` looks them up and fills it (emptied at 4096 entries).
+_TYPE_NAMES: dict[int, tuple[str, ...]] = {}
 _Relation = shapes.Relation
 _SHAPE = GuardKind.SHAPE  # an enum member from its class is an attribute lookup through the metaclass
-
-
-def _type_names(codes: tuple[int, ...]) -> tuple[str, ...]:
-    names = _TYPE_NAMES.get(codes)
-    if names is None:
-        if len(_TYPE_NAMES) >= 4096:
-            _TYPE_NAMES.clear()
-        names = _TYPE_NAMES[codes] = tuple("float" if c else "int" for c in codes)
-    return names
+# relation_holds_on decodes a symbol of these exact classes once (frozen: a decoding stays valid).
+_core._set_symbol_types(Source, Step)
 
 
 # The StepKinds that take a position, and those that take no argument, as bit masks:
@@ -380,9 +374,9 @@ class GuardBuilder:
         # per-thread scratch program); it answers the symbols' types when the relation holds.
         # Anything else (a read that raised, a value of another type, a relation that does not
         # hold, a type error) is redone symbol by symbol below, which says why.
-        codes: Any
+        types: Any
         try:
-            codes = _core.relation_holds_on(
+            types = _core.relation_holds_on(
                 rel.text,
                 rel.symbols,
                 _INDEX_KINDS,
@@ -390,10 +384,10 @@ class GuardBuilder:
                 self.f_locals,
                 self.f_globals,
                 self.f_closure,
+                _TYPE_NAMES,
             )
         except Exception:  # noqa: BLE001 - redone below, where the error is reported
-            codes = None
-        types = (_TYPE_NAMES.get(codes) or _type_names(codes)) if codes is not None else None
+            types = None
         if types is None:
             types = self._checked_symbol_types(rel)
         args = (rel.text, rel.symbols, types)
