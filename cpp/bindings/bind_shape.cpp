@@ -9,6 +9,7 @@
 
 #include <array>
 #include <chrono>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,7 @@
 #include "register.hpp"
 #include "runtime/eval/fetch.hpp"
 #include "runtime/eval/shape_symbols.hpp"
+#include "runtime/frame/install_site.hpp"
 
 namespace nb = nanobind;
 
@@ -324,6 +326,30 @@ void set_symbol_types(nb::handle source, nb::handle step) {
     g_step_type = step.inc_ref().ptr();
 }
 
+// What GuardBuilder.shape's spec_of_shape call needs besides the relation and the example, set
+// once by tripwire.builder (_set_shape_builder); kept for the life of the process.
+struct ShapeBuilder {
+    nb::object spec_type;   // tripwire.catalogue.GuardSpec
+    nb::object shape_kind;  // GuardKind.SHAPE
+    std::uint64_t index_kinds = 0;
+    std::uint64_t no_arg_kinds = 0;
+    nb::object type_names;    // builder._TYPE_NAMES
+    nb::object is_machinery;  // builder._is_machinery
+    int depth = 0;            // builder._STACK_DEPTH
+};
+ShapeBuilder* g_shape_builder = nullptr;
+
+void set_shape_builder(nb::handle source, nb::handle step, nb::handle spec_type, nb::handle shape_kind,
+                       std::uint64_t index_kinds, std::uint64_t no_arg_kinds, nb::handle type_names,
+                       nb::handle is_machinery, int depth) {
+    if (!PyType_Check(spec_type.ptr())) throw nb::type_error("spec_type must be a class");
+    set_symbol_types(source, step);
+    auto* b = new ShapeBuilder{nb::borrow(spec_type),  nb::borrow(shape_kind),   index_kinds, no_arg_kinds,
+                               nb::borrow(type_names), nb::borrow(is_machinery), depth};
+    std::swap(b, g_shape_builder);
+    delete b;  // NOLINT(cppcoreguidelines-owning-memory): the previous objects, replaced
+}
+
 // Type-name tuples `type_names` holds at most (then it is emptied).
 constexpr Py_ssize_t kTypeNames = 4096;
 
@@ -413,6 +439,46 @@ nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std:
     return symbol_type_names(types, n, type_names);
 }
 
+// A new instance of `cls` with `fields` (interned name, value) set as object.__setattr__ sets
+// them (what a frozen dataclass's own __init__ does), without calling its __init__.
+nb::object new_frozen(nb::handle cls, std::initializer_list<std::pair<PyObject*, nb::handle>> fields) {
+    auto* tp = reinterpret_cast<PyTypeObject*>(cls.ptr());
+    const nb::object no_args = owned(PyTuple_New(0));
+    nb::object o = owned(tp->tp_new(tp, no_args.ptr(), nullptr));
+    for (const auto& [name, value] : fields)
+        if (PyObject_GenericSetAttr(o.ptr(), name, value.ptr()) != 0) throw nb::python_error();
+    return o;
+}
+
+// GuardBuilder.shape's call: relation_holds_on with the builder's settings, then, when it holds,
+// the spec GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with the caller's stack;
+// None otherwise. The builder gives the spec its index afterwards (an index is taken after every
+// call that can run user code).
+nb::object spec_of_shape(const nb::str& text, const nb::tuple& symbols, nb::handle f_locals,
+                         nb::handle f_globals, nb::handle f_closure) {
+    const ShapeBuilder* b = g_shape_builder;
+    if (b == nullptr) throw std::logic_error("tripwire.builder did not call _set_shape_builder");
+    nb::object types = relation_holds_on(text, symbols, b->index_kinds, b->no_arg_kinds, f_locals, f_globals,
+                                         f_closure, b->type_names);
+    if (types.is_none()) return types;
+    PyObject* stack = runtime::user_stack(b->is_machinery.ptr(), b->depth);
+    if (stack == nullptr) throw nb::python_error();
+    const nb::object site = nb::steal(stack);
+    const nb::object args = nb::make_tuple(text, symbols, types);
+    static PyObject* s_kind = nullptr;
+    static PyObject* s_source = nullptr;
+    static PyObject* s_args = nullptr;
+    static PyObject* s_index = nullptr;
+    static PyObject* s_stack = nullptr;
+    const nb::object zero = owned(PyLong_FromLong(0));
+    // GuardSpec's fields in its __init__'s order (the instance's attribute order).
+    return new_frozen(b->spec_type, {{interned(s_kind, "kind"), b->shape_kind},
+                                     {interned(s_source, "source"), nb::none()},
+                                     {interned(s_args, "args"), args},
+                                     {interned(s_index, "index"), zero},
+                                     {interned(s_stack, "stack"), site}});
+}
+
 }  // namespace
 
 void register_shape(nb::module_& m) {
@@ -489,9 +555,19 @@ void register_shape(nb::module_& m) {
         "use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, "
         "types). both_paths: also run the exact path when the fast one decides, and raise if they disagree "
         "(the reference tests); without it a fast pass returns at once.");
-    m.def("_set_symbol_types", &set_symbol_types, nb::arg("source"), nb::arg("step"),
-          "The exact classes tripwire.source.Source and Step (set once by tripwire.builder): "
-          "relation_holds_on decodes a symbol of these classes once and memoises it.");
+    m.def("_set_shape_builder", &set_shape_builder, nb::arg("source"), nb::arg("step"), nb::arg("spec"),
+          nb::arg("shape_kind"), nb::arg("index_kinds"), nb::arg("no_arg_kinds"), nb::arg("type_names"),
+          nb::arg("is_machinery"), nb::arg("depth"),
+          "Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a "
+          "symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, "
+          "GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth.");
+    m.def(
+        "spec_of_shape", &spec_of_shape, nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"),
+        nb::arg("f_globals").none(), nb::arg("f_closure").none(),
+        "GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); "
+        "when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with "
+        "the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. "
+        "Raises what relation_holds_on or the stack walk raised.");
     m.def("relation_holds_on", &relation_holds_on, nb::arg("text"), nb::arg("symbols"),
           nb::arg("index_kinds"), nb::arg("no_arg_kinds"), nb::arg("f_locals"), nb::arg("f_globals").none(),
           nb::arg("f_closure").none(), nb::arg("type_names"),

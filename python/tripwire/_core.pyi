@@ -617,9 +617,14 @@ def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths:
     (holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, types). both_paths: also run the exact path when the fast one decides, and raise if they disagree (the reference tests); without it a fast pass returns at once.
     """
 
-def _set_symbol_types(source: object, step: object) -> None:
+def _set_shape_builder(source: object, step: object, spec: object, shape_kind: object, index_kinds: int, no_arg_kinds: int, type_names: object, is_machinery: object, depth: int) -> None:
     """
-    The exact classes tripwire.source.Source and Step (set once by tripwire.builder): relation_holds_on decodes a symbol of these classes once and memoises it.
+    Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth.
+    """
+
+def spec_of_shape(text: str, symbols: tuple, f_locals: object, f_globals: object | None, f_closure: object | None) -> object:
+    """
+    GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. Raises what relation_holds_on or the stack walk raised.
     """
 
 def relation_holds_on(text: str, symbols: tuple, index_kinds: int, no_arg_kinds: int, f_locals: object, f_globals: object | None, f_closure: object | None, type_names: object) -> object:
