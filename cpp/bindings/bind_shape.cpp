@@ -7,10 +7,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <chrono>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -20,6 +24,7 @@
 #include "register.hpp"
 #include "runtime/eval/fetch.hpp"
 #include "runtime/eval/shape_symbols.hpp"
+#include "runtime/frame/install_site.hpp"
 
 namespace nb = nanobind;
 
@@ -49,7 +54,7 @@ std::size_t code_points(std::string_view text, std::size_t byte) {
 
 // Run `f`, turning the core's ShapeSyntaxError into the Python class with a code-point offset.
 template <typename F>
-auto translating(const std::string& text, F&& f) {
+auto translating(std::string_view text, F&& f) {
     try {
         return f();
     } catch (const core::shape::ShapeSyntaxError& e) {
@@ -81,49 +86,121 @@ nb::object get_attr(nb::handle obj, PyObject* name) {
     return nb::steal(v);
 }
 
-// The value at one symbol given as a Source (its fields root, name and steps; each step's kind
-// and arg), read as read_source (bind_values.cpp) reads it, with each step's operand and index
-// as tripwire.source.Step gives them (`arg if has_operand else None`, `index`): bit k of
-// `index_kinds` (`no_arg_kinds`) set when StepKind k takes a position (no argument).
-runtime::Ref read_source_symbol(nb::handle source, std::uint64_t index_kinds, std::uint64_t no_arg_kinds,
-                                nb::handle f_locals, nb::handle f_globals, nb::handle f_closure) {
+// The exact classes tripwire.source.Source and Step, set by tripwire.builder when it loads:
+// a symbol of these classes is decoded once and its decoding memoised (below).
+PyObject* g_source_type = nullptr;
+PyObject* g_step_type = nullptr;
+
+// One symbol (a Source: its fields root, name and steps; each step's kind and arg) as
+// read_source (bind_values.cpp) takes it, each step's operand and index as tripwire.source.Step
+// gives them (`arg if has_operand else None`, `index`): bit k of `index_kinds` (`no_arg_kinds`)
+// set when StepKind k takes a position (no argument). It owns what the read borrows: reading
+// runs user code, which could drop a field of the Source while the read holds its operands.
+struct SymbolRead {
+    runtime::Ref source;  // the memo's key, kept alive so that its address names no other object
+    std::uint64_t index_kinds = 0;
+    std::uint64_t no_arg_kinds = 0;
+    core::RootKind root = core::RootKind::Local;
+    runtime::Ref name;
+    std::vector<runtime::RuntimeStep> steps;  // operands borrowed from `operands`
+    std::vector<runtime::Ref> operands;
+};
+
+// Decoded symbols of the exact classes, by object. A Source and its Steps are frozen dataclasses
+// (tripwire treats them as immutable everywhere: builder._read_args, guard_set._source_recipe),
+// so a decoding stays the object's for as long as the memo holds the object. Bounded (emptied at
+// kSymbolReads entries); emptied by _clear_shape_memos.
+constexpr std::size_t kSymbolReads = 4096;
+using SymbolReads = std::unordered_map<PyObject*, std::shared_ptr<const SymbolRead>>;
+SymbolReads& symbol_reads() {
+    static auto* m = new SymbolReads();  // never destroyed: it holds Python objects
+    return *m;
+}
+
+void clear_symbol_reads() {
+    SymbolReads old;
+    old.swap(symbol_reads());  // swapped out first: dropping a Source may run user code
+}
+
+std::shared_ptr<const SymbolRead> decode_symbol(nb::handle source, std::uint64_t index_kinds,
+                                                std::uint64_t no_arg_kinds, bool& memoisable) {
     static PyObject* s_root = nullptr;
     static PyObject* s_name = nullptr;
     static PyObject* s_steps = nullptr;
     static PyObject* s_kind = nullptr;
     static PyObject* s_arg = nullptr;
-    // Owned: reading runs user code, which could replace a field (by object.__setattr__) while the
-    // read holds its operands.
+    auto d = std::make_shared<SymbolRead>();
+    d->source = runtime::Ref::borrow(source.ptr());
+    d->index_kinds = index_kinds;
+    d->no_arg_kinds = no_arg_kinds;
     const nb::object root = get_attr(source, interned(s_root, "root"));
-    const nb::object name = get_attr(source, interned(s_name, "name"));
+    nb::object name = get_attr(source, interned(s_name, "name"));
     const nb::object steps = get_attr(source, interned(s_steps, "steps"));
     if (!PyUnicode_CheckExact(name.ptr()) || !PyTuple_CheckExact(steps.ptr()))
         throw nb::value_error("a symbol is a Source (name: str, steps: tuple)");
-    runtime::RuntimeRoot r;
-    r.kind = nb::cast<core::RootKind>(root);
-    r.name = name.ptr();
-    if (r.kind == core::RootKind::Closure && PyDict_Check(f_closure.ptr())) {
-        PyObject* cell = PyDict_GetItemWithError(f_closure.ptr(), name.ptr());
-        if (cell == nullptr && PyErr_Occurred()) throw nb::python_error();
-        r.cell = cell != nullptr && PyCell_Check(cell) ? cell : nullptr;
-    }
-    const Py_ssize_t n = PyTuple_GET_SIZE(steps.ptr());
-    std::vector<runtime::RuntimeStep> rs(static_cast<std::size_t>(n));
-    std::vector<nb::object> args(static_cast<std::size_t>(n));
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        const nb::handle st = PyTuple_GET_ITEM(steps.ptr(), i);
-        auto& out = rs[static_cast<std::size_t>(i)];
+    d->root = nb::cast<core::RootKind>(root);
+    d->name = runtime::Ref::steal(name.release().ptr());
+    const auto n = static_cast<std::size_t>(PyTuple_GET_SIZE(steps.ptr()));
+    d->steps.resize(n);
+    d->operands.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        const nb::handle st = PyTuple_GET_ITEM(steps.ptr(), static_cast<Py_ssize_t>(i));
+        memoisable = memoisable && Py_TYPE(st.ptr()) == reinterpret_cast<PyTypeObject*>(g_step_type);
+        auto& out = d->steps[i];
         out.kind = nb::cast<core::StepKind>(get_attr(st, interned(s_kind, "kind")));
-        nb::object& arg = args[static_cast<std::size_t>(i)] = get_attr(st, interned(s_arg, "arg"));
+        nb::object arg = get_attr(st, interned(s_arg, "arg"));
         const auto k = static_cast<unsigned>(out.kind);
         if (k >= 64) throw nb::value_error("a step kind over 63");
         const bool positional = ((index_kinds >> k) & 1U) != 0;
         const bool no_arg = ((no_arg_kinds >> k) & 1U) != 0;
-        out.operand = positional || no_arg ? Py_None : arg.ptr();  // borrowed from `args`
         out.index = positional ? nb::cast<Py_ssize_t>(arg) : 0;
+        d->operands[i] = runtime::Ref::steal(arg.release().ptr());
+        out.operand = positional || no_arg ? Py_None : d->operands[i].get();
     }
+    return d;
+}
+
+// The decoding of one symbol: the memoised one for a Source of the exact class whose steps are
+// all exact Steps, decoded under the same masks; else decoded now (and memoised if it may be).
+std::shared_ptr<const SymbolRead> symbol_read(nb::handle source, std::uint64_t index_kinds,
+                                              std::uint64_t no_arg_kinds) {
+    bool memoisable =
+        g_source_type != nullptr && Py_TYPE(source.ptr()) == reinterpret_cast<PyTypeObject*>(g_source_type);
+    if (memoisable) {
+        const SymbolReads& memo = symbol_reads();
+        const auto it = memo.find(source.ptr());
+        if (it != memo.end() && it->second->index_kinds == index_kinds &&
+            it->second->no_arg_kinds == no_arg_kinds)
+            return it->second;
+    }
+    std::shared_ptr<const SymbolRead> d = decode_symbol(source, index_kinds, no_arg_kinds, memoisable);
+    if (memoisable) {
+        // Decoding ran Python code (getattr), which may have changed the memo: it is looked up
+        // again. Whatever is dropped (the entries of a full memo, an entry decoded under other
+        // masks) is dropped once the memo is consistent: a Source's last reference may run code.
+        if (symbol_reads().size() >= kSymbolReads) clear_symbol_reads();
+        std::shared_ptr<const SymbolRead>& slot = symbol_reads()[source.ptr()];
+        const std::shared_ptr<const SymbolRead> replaced = std::move(slot);
+        slot = d;
+    }
+    return d;
+}
+
+// The value of one symbol on the example (a new reference), read as read_source reads it;
+// `steps` is the caller's scratch (read_source fills its steps' inline caches).
+runtime::Ref read_symbol(const SymbolRead& d, std::vector<runtime::RuntimeStep>& steps, nb::handle f_locals,
+                         nb::handle f_globals, nb::handle f_closure) {
+    runtime::RuntimeRoot r;
+    r.kind = d.root;
+    r.name = d.name.get();
+    if (r.kind == core::RootKind::Closure && PyDict_Check(f_closure.ptr())) {
+        PyObject* cell = PyDict_GetItemWithError(f_closure.ptr(), r.name);
+        if (cell == nullptr && PyErr_Occurred()) throw nb::python_error();
+        r.cell = cell != nullptr && PyCell_Check(cell) ? cell : nullptr;
+    }
+    steps.assign(d.steps.begin(), d.steps.end());
     PyObject* globals = PyDict_Check(f_globals.ptr()) ? f_globals.ptr() : nullptr;
-    runtime::Ref v = runtime::read_source(r, rs, runtime::Locals::of_mapping(f_locals.ptr()), globals);
+    runtime::Ref v = runtime::read_source(r, steps, runtime::Locals::of_mapping(f_locals.ptr()), globals);
     if (!v) throw nb::python_error();
     return v;
 }
@@ -240,6 +317,168 @@ nb::object relation_parts(const nb::str& text, const nb::dict& memo, const nb::c
     return nb::make_tuple(code, symbols, comment, spans);
 }
 
+void set_symbol_types(nb::handle source, nb::handle step) {
+    if (!PyType_Check(source.ptr()) || !PyType_Check(step.ptr())) throw nb::type_error("needs two classes");
+    clear_symbol_reads();
+    Py_XDECREF(g_source_type);
+    Py_XDECREF(g_step_type);
+    g_source_type = source.inc_ref().ptr();  // kept for the life of the process
+    g_step_type = step.inc_ref().ptr();
+}
+
+// What GuardBuilder.shape's spec_of_shape call needs besides the relation and the example, set
+// once by tripwire.builder (_set_shape_builder); kept for the life of the process.
+struct ShapeBuilder {
+    nb::object spec_type;   // tripwire.catalogue.GuardSpec
+    nb::object shape_kind;  // GuardKind.SHAPE
+    std::uint64_t index_kinds = 0;
+    std::uint64_t no_arg_kinds = 0;
+    nb::object type_names;    // builder._TYPE_NAMES
+    nb::object is_machinery;  // builder._is_machinery
+    int depth = 0;            // builder._STACK_DEPTH
+};
+ShapeBuilder* g_shape_builder = nullptr;
+
+void set_shape_builder(nb::handle source, nb::handle step, nb::handle spec_type, nb::handle shape_kind,
+                       std::uint64_t index_kinds, std::uint64_t no_arg_kinds, nb::handle type_names,
+                       nb::handle is_machinery, int depth) {
+    if (!PyType_Check(spec_type.ptr())) throw nb::type_error("spec_type must be a class");
+    set_symbol_types(source, step);
+    auto* b = new ShapeBuilder{nb::borrow(spec_type),  nb::borrow(shape_kind),   index_kinds, no_arg_kinds,
+                               nb::borrow(type_names), nb::borrow(is_machinery), depth};
+    std::swap(b, g_shape_builder);
+    delete b;  // NOLINT(cppcoreguidelines-owning-memory): the previous objects, replaced
+}
+
+// Type-name tuples `type_names` holds at most (then it is emptied).
+constexpr Py_ssize_t kTypeNames = 4096;
+
+// Symbols one call keeps in arrays on the stack (more take a heap array).
+constexpr std::size_t kInlineSymbols = 8;
+
+// The type names of a relation's symbols, as `type_names` shares them (see relation_holds_on's
+// docstring): a new reference.
+nb::object symbol_type_names(const core::shape::ValueType* types, std::size_t n, nb::handle type_names) {
+    static PyObject* s_int = nullptr;
+    static PyObject* s_float = nullptr;
+    interned(s_int, "int");
+    interned(s_float, "float");
+    nb::object key;
+    if (n < 63 && PyDict_CheckExact(type_names.ptr())) {
+        std::uint64_t bits = std::uint64_t{1} << n;
+        for (std::size_t k = 0; k < n; ++k)
+            if (types[k] == core::shape::ValueType::Float) bits |= std::uint64_t{1} << k;
+        key = owned(PyLong_FromUnsignedLongLong(bits));  // an exact int: the lookup runs no user code
+        PyObject* known = PyDict_GetItemWithError(type_names.ptr(), key.ptr());
+        if (known != nullptr) return nb::borrow(known);
+        if (PyErr_Occurred()) throw nb::python_error();
+    }
+    nb::object names = owned(PyTuple_New(static_cast<Py_ssize_t>(n)));
+    for (std::size_t k = 0; k < n; ++k) {
+        PyObject* name = types[k] == core::shape::ValueType::Float ? s_float : s_int;
+        Py_INCREF(name);
+        PyTuple_SET_ITEM(names.ptr(), static_cast<Py_ssize_t>(k), name);
+    }
+    if (key.is_valid()) {
+        if (PyDict_GET_SIZE(type_names.ptr()) >= kTypeNames) PyDict_Clear(type_names.ptr());
+        if (PyDict_SetItem(type_names.ptr(), key.ptr(), names.ptr()) != 0) throw nb::python_error();
+    }
+    return names;
+}
+
+nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std::uint64_t index_kinds,
+                             std::uint64_t no_arg_kinds, nb::handle f_locals, nb::handle f_globals,
+                             nb::handle f_closure, nb::handle type_names) {
+    Py_ssize_t size = 0;
+    const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+    if (data == nullptr) throw nb::python_error();
+    const std::string_view code(data, static_cast<std::size_t>(size));
+    // Every symbol is read before anything is evaluated (reading runs user code); the values stay
+    // referenced here until the relation has been evaluated on them.
+    const std::size_t n = symbols.size();
+    std::array<runtime::Ref, kInlineSymbols> inline_values;
+    std::array<core::shape::ValueType, kInlineSymbols> inline_types{};
+    std::vector<runtime::Ref> heap_values;
+    std::vector<core::shape::ValueType> heap_types;
+    runtime::Ref* values = inline_values.data();
+    core::shape::ValueType* types = inline_types.data();
+    if (n > kInlineSymbols) {
+        heap_values.resize(n);
+        heap_types.resize(n);
+        values = heap_values.data();
+        types = heap_types.data();
+    }
+    std::vector<runtime::RuntimeStep> steps;
+    for (std::size_t k = 0; k < n; ++k) {
+        const std::shared_ptr<const SymbolRead> d = symbol_read(
+            PyTuple_GET_ITEM(symbols.ptr(), static_cast<Py_ssize_t>(k)), index_kinds, no_arg_kinds);
+        runtime::Ref v = read_symbol(*d, steps, f_locals, f_globals, f_closure);
+        if (PyLong_CheckExact(v.get())) {
+            types[k] = core::shape::ValueType::Int;
+        } else if (PyFloat_CheckExact(v.get())) {
+            types[k] = core::shape::ValueType::Float;
+        } else {
+            return nb::none();  // not a symbol's type: the caller says which, and why
+        }
+        values[k] = std::move(v);
+    }
+    const bool holds = translating(code, [&] {
+        // Compiled into the thread's scratch program (nothing memoised, nothing allocated once
+        // warm), decided as a check decides: the fast path, else the exact one. The program is
+        // given back before anything below can run Python code.
+        const core::shape::ScratchProgram lent = core::shape::compile_relation_scratch(code, types, n);
+        const core::shape::ShapeProgram& p = *lent;
+        core::shape::ShapeFrame frame(p);
+        for (std::uint32_t k = 0; k < n; ++k)
+            if (!runtime::store_symbol(frame, k, types[k], values[k].get())) return false;
+        const std::int32_t fast = core::shape::run_fast(p, frame);
+        return fast == core::shape::kShapePass ||
+               (fast == core::shape::kShapeUndecided && core::shape::run_exact(p, frame)[0].holds);
+    });
+    if (!holds) return nb::none();
+    return symbol_type_names(types, n, type_names);
+}
+
+// A new instance of `cls` with `fields` (interned name, value) set as object.__setattr__ sets
+// them (what a frozen dataclass's own __init__ does), without calling its __init__.
+nb::object new_frozen(nb::handle cls, std::initializer_list<std::pair<PyObject*, nb::handle>> fields) {
+    auto* tp = reinterpret_cast<PyTypeObject*>(cls.ptr());
+    const nb::object no_args = owned(PyTuple_New(0));
+    nb::object o = owned(tp->tp_new(tp, no_args.ptr(), nullptr));
+    for (const auto& [name, value] : fields)
+        if (PyObject_GenericSetAttr(o.ptr(), name, value.ptr()) != 0) throw nb::python_error();
+    return o;
+}
+
+// GuardBuilder.shape's call: relation_holds_on with the builder's settings, then, when it holds,
+// the spec GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with the caller's stack;
+// None otherwise. The builder gives the spec its index afterwards (an index is taken after every
+// call that can run user code).
+nb::object spec_of_shape(const nb::str& text, const nb::tuple& symbols, nb::handle f_locals,
+                         nb::handle f_globals, nb::handle f_closure) {
+    const ShapeBuilder* b = g_shape_builder;
+    if (b == nullptr) throw std::logic_error("tripwire.builder did not call _set_shape_builder");
+    nb::object types = relation_holds_on(text, symbols, b->index_kinds, b->no_arg_kinds, f_locals, f_globals,
+                                         f_closure, b->type_names);
+    if (types.is_none()) return types;
+    PyObject* stack = runtime::user_stack(b->is_machinery.ptr(), b->depth);
+    if (stack == nullptr) throw nb::python_error();
+    const nb::object site = nb::steal(stack);
+    const nb::object args = nb::make_tuple(text, symbols, types);
+    static PyObject* s_kind = nullptr;
+    static PyObject* s_source = nullptr;
+    static PyObject* s_args = nullptr;
+    static PyObject* s_index = nullptr;
+    static PyObject* s_stack = nullptr;
+    const nb::object zero = owned(PyLong_FromLong(0));
+    // GuardSpec's fields in its __init__'s order (the instance's attribute order).
+    return new_frozen(b->spec_type, {{interned(s_kind, "kind"), b->shape_kind},
+                                     {interned(s_source, "source"), nb::none()},
+                                     {interned(s_args, "args"), args},
+                                     {interned(s_index, "index"), zero},
+                                     {interned(s_stack, "stack"), site}});
+}
+
 }  // namespace
 
 void register_shape(nb::module_& m) {
@@ -316,69 +555,39 @@ void register_shape(nb::module_& m) {
         "use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, "
         "types). both_paths: also run the exact path when the fast one decides, and raise if they disagree "
         "(the reference tests); without it a fast pass returns at once.");
+    m.def("_set_shape_builder", &set_shape_builder, nb::arg("source"), nb::arg("step"), nb::arg("spec"),
+          nb::arg("shape_kind"), nb::arg("index_kinds"), nb::arg("no_arg_kinds"), nb::arg("type_names"),
+          nb::arg("is_machinery"), nb::arg("depth"),
+          "Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a "
+          "symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, "
+          "GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth.");
     m.def(
-        "relation_holds_on",
-        [](const std::string& text, nb::tuple symbols, std::uint64_t index_kinds, std::uint64_t no_arg_kinds,
-           nb::handle f_locals, nb::handle f_globals, nb::handle f_closure) -> nb::object {
-            // Every symbol is read before anything is evaluated (reading runs user code); the
-            // values stay referenced here until the relation has been evaluated on them.
-            const std::size_t n = symbols.size();
-            std::vector<runtime::Ref> values;
-            std::vector<core::shape::ValueType> types;
-            values.reserve(n);
-            types.reserve(n);
-            for (std::size_t k = 0; k < n; ++k) {
-                runtime::Ref v =
-                    read_source_symbol(symbols[k], index_kinds, no_arg_kinds, f_locals, f_globals, f_closure);
-                if (PyLong_CheckExact(v.get())) {
-                    types.push_back(core::shape::ValueType::Int);
-                } else if (PyFloat_CheckExact(v.get())) {
-                    types.push_back(core::shape::ValueType::Float);
-                } else {
-                    return nb::none();  // not a symbol's type: the caller says which, and why
-                }
-                values.push_back(std::move(v));
-            }
-            return translating(text, [&]() -> nb::object {
-                // Compiled into the thread's scratch program (nothing memoised, nothing allocated
-                // once warm), decided as a check decides: the fast path, else the exact one. The
-                // program is given back before anything below can run Python code.
-                bool holds = false;
-                {
-                    const core::shape::ScratchProgram lent =
-                        core::shape::compile_relation_scratch(text, types.data(), types.size());
-                    const core::shape::ShapeProgram& p = *lent;
-                    core::shape::ShapeFrame frame(p);
-                    for (std::uint32_t k = 0; k < n; ++k) {
-                        if (!runtime::store_symbol(frame, k, types[k], values[k].get())) return nb::none();
-                    }
-                    const std::int32_t fast = core::shape::run_fast(p, frame);
-                    holds = fast == core::shape::kShapePass || (fast == core::shape::kShapeUndecided &&
-                                                                core::shape::run_exact(p, frame)[0].holds);
-                }
-                if (!holds) return nb::none();
-                PyObject* codes = PyTuple_New(static_cast<Py_ssize_t>(n));
-                if (codes == nullptr) throw nb::python_error();
-                for (std::size_t k = 0; k < n; ++k) {
-                    // 0 and 1: CPython's cached small ints (no allocation, cannot fail).
-                    PyTuple_SET_ITEM(codes, static_cast<Py_ssize_t>(k),
-                                     PyLong_FromLong(static_cast<long>(types[k])));
-                }
-                return nb::steal(codes);
-            });
+        "spec_of_shape", &spec_of_shape, nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"),
+        nb::arg("f_globals").none(), nb::arg("f_closure").none(),
+        "GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); "
+        "when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with "
+        "the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. "
+        "Raises what relation_holds_on or the stack walk raised.");
+    m.def("relation_holds_on", &relation_holds_on, nb::arg("text"), nb::arg("symbols"),
+          nb::arg("index_kinds"), nb::arg("no_arg_kinds"), nb::arg("f_locals"), nb::arg("f_globals").none(),
+          nb::arg("f_closure").none(), nb::arg("type_names"),
+          "GuardBuilder.shape's one call: read each symbol (a Source: root, name, steps of kind and arg; "
+          "bit k of index_kinds / no_arg_kinds set when StepKind k takes a position / no argument) from "
+          "the example, in order of first use, and evaluate the relation on the values as a check does "
+          "(compiled into a per-thread scratch program, nothing memoised but each symbol's decoding). "
+          "The symbols' type names ('int', 'float') when it holds, one tuple per combination: "
+          "type_names[(1 << n) | sum(code_k << k)] (codes 0 int, 1 float), made and remembered there "
+          "when missing (the dict is emptied at 4096 entries); None when it does not hold or a value "
+          "is neither an exact int nor an exact float (the builder then redoes the work symbol by symbol "
+          "to say why). Raises what a read raised, or the shape syntax error of a type error.");
+    m.def(
+        "_clear_shape_memos",
+        [] {
+            core::shape::clear_shape_memos();
+            clear_symbol_reads();
         },
-        nb::arg("text"), nb::arg("symbols"), nb::arg("index_kinds"), nb::arg("no_arg_kinds"),
-        nb::arg("f_locals"), nb::arg("f_globals").none(), nb::arg("f_closure").none(),
-        "GuardBuilder.shape's one call: read each symbol (a Source: root, name, steps of kind and arg; "
-        "bit k of index_kinds / no_arg_kinds set when StepKind k takes a position / no argument) from "
-        "the example, in order of first use, and evaluate the relation on the values as a check does "
-        "(compiled into a per-thread scratch program, nothing memoised). The symbols' type codes (0 int, "
-        "1 float) when it holds; None when it does not or a value is neither an exact int nor an exact "
-        "float (the builder then redoes the work symbol by symbol to say why). Raises what a read "
-        "raised, or the shape syntax error of a type error.");
-    m.def(
-        "_clear_shape_memos", [] { core::shape::clear_shape_memos(); },
-        "Empty the engine's memos of parsed and compiled relations (cold-build benchmarks).");
+        "Empty the engine's memos of parsed and compiled relations and relation_holds_on's decoded "
+        "symbols (cold-build benchmarks).");
     m.def(
         "_shape_time",
         [](const std::vector<std::string>& texts, nb::dict values, long iterations) {

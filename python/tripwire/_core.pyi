@@ -617,14 +617,24 @@ def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths:
     (holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, types). both_paths: also run the exact path when the fast one decides, and raise if they disagree (the reference tests); without it a fast pass returns at once.
     """
 
-def relation_holds_on(text: str, symbols: tuple, index_kinds: int, no_arg_kinds: int, f_locals: object, f_globals: object | None, f_closure: object | None) -> object:
+def _set_shape_builder(source: object, step: object, spec: object, shape_kind: object, index_kinds: int, no_arg_kinds: int, type_names: object, is_machinery: object, depth: int) -> None:
     """
-    GuardBuilder.shape's one call: read each symbol (a Source: root, name, steps of kind and arg; bit k of index_kinds / no_arg_kinds set when StepKind k takes a position / no argument) from the example, in order of first use, and evaluate the relation on the values as a check does (compiled into a per-thread scratch program, nothing memoised). The symbols' type codes (0 int, 1 float) when it holds; None when it does not or a value is neither an exact int nor an exact float (the builder then redoes the work symbol by symbol to say why). Raises what a read raised, or the shape syntax error of a type error.
+    Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth.
+    """
+
+def spec_of_shape(text: str, symbols: tuple, f_locals: object, f_globals: object | None, f_closure: object | None) -> object:
+    """
+    GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. Raises what relation_holds_on or the stack walk raised.
+    """
+
+def relation_holds_on(text: str, symbols: tuple, index_kinds: int, no_arg_kinds: int, f_locals: object, f_globals: object | None, f_closure: object | None, type_names: object) -> object:
+    """
+    GuardBuilder.shape's one call: read each symbol (a Source: root, name, steps of kind and arg; bit k of index_kinds / no_arg_kinds set when StepKind k takes a position / no argument) from the example, in order of first use, and evaluate the relation on the values as a check does (compiled into a per-thread scratch program, nothing memoised but each symbol's decoding). The symbols' type names ('int', 'float') when it holds, one tuple per combination: type_names[(1 << n) | sum(code_k << k)] (codes 0 int, 1 float), made and remembered there when missing (the dict is emptied at 4096 entries); None when it does not hold or a value is neither an exact int nor an exact float (the builder then redoes the work symbol by symbol to say why). Raises what a read raised, or the shape syntax error of a type error.
     """
 
 def _clear_shape_memos() -> None:
     """
-    Empty the engine's memos of parsed and compiled relations (cold-build benchmarks).
+    Empty the engine's memos of parsed and compiled relations and relation_holds_on's decoded symbols (cold-build benchmarks).
     """
 
 def _shape_time(relations: Sequence[str], values: dict, iterations: int) -> tuple:

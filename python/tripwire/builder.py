@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import _core, shapes, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, ShapeSyntaxError
-from .source import _INDEX_STEPS, _NO_ARG_STEPS, Source, SourceLike
+from .source import _INDEX_STEPS, _NO_ARG_STEPS, Source, SourceLike, Step
 from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
 
 if TYPE_CHECKING:
@@ -71,26 +71,24 @@ def _read_args(src: Source) -> tuple[Any, str, list[tuple[Any, Any, int]]]:
     return src.root, src.name, [(st.kind, st.arg if st.has_operand else None, st.index) for st in src.steps]
 
 
-# The symbol types of GuardBuilder.shape's specs, by the engine's type codes (0 int, 1 float):
-# the tuples shared by every spec with these types. Bounded (emptied at 4096 entries).
-_TYPE_NAMES: dict[tuple[int, ...], tuple[str, ...]] = {}
+# The symbol types of GuardBuilder.shape's specs: one tuple per combination, shared by every spec
+# with these types, keyed by ``(1 << n) | sum(code_k << k)`` over the engine's type codes (0 int,
+# 1 float); ``_core.relation_holds_on`` looks them up and fills it (emptied at 4096 entries).
+_TYPE_NAMES: dict[int, tuple[str, ...]] = {}
 _Relation = shapes.Relation
 _SHAPE = GuardKind.SHAPE  # an enum member from its class is an attribute lookup through the metaclass
-
-
-def _type_names(codes: tuple[int, ...]) -> tuple[str, ...]:
-    names = _TYPE_NAMES.get(codes)
-    if names is None:
-        if len(_TYPE_NAMES) >= 4096:
-            _TYPE_NAMES.clear()
-        names = _TYPE_NAMES[codes] = tuple("float" if c else "int" for c in codes)
-    return names
 
 
 # The StepKinds that take a position, and those that take no argument, as bit masks:
 # ``_core.relation_holds_on`` reads each symbol's steps as Step.has_operand and Step.index do.
 _INDEX_KINDS = sum(1 << int(k) for k in _INDEX_STEPS)
 _NO_ARG_KINDS = sum(1 << int(k) for k in _NO_ARG_STEPS)
+_set_field = object.__setattr__  # a frozen spec's field, as its dataclass __init__ sets one
+# What GuardBuilder.shape's C++ call uses; it decodes a symbol of the exact classes Source and
+# Step once (frozen: a decoding stays the object's).
+_core._set_shape_builder(
+    Source, Step, GuardSpec, _SHAPE, _INDEX_KINDS, _NO_ARG_KINDS, _TYPE_NAMES, _is_machinery, _STACK_DEPTH
+)
 
 
 class Checkpoint:
@@ -376,29 +374,23 @@ class GuardBuilder:
         example (naming the values).
         """
         rel = relation if type(relation) is _Relation else shapes.parse(relation)
-        # One C++ call reads the symbols and evaluates the relation on them (compiled into a
-        # per-thread scratch program); it answers the symbols' types when the relation holds.
+        # One C++ call reads the symbols, evaluates the relation on them (compiled into a
+        # per-thread scratch program) and, when it holds, makes the spec with the install site.
         # Anything else (a read that raised, a value of another type, a relation that does not
         # hold, a type error) is redone symbol by symbol below, which says why.
-        codes: Any
+        spec: Any
         try:
-            codes = _core.relation_holds_on(
-                rel.text,
-                rel.symbols,
-                _INDEX_KINDS,
-                _NO_ARG_KINDS,
-                self.f_locals,
-                self.f_globals,
-                self.f_closure,
-            )
+            spec = _core.spec_of_shape(rel.text, rel.symbols, self.f_locals, self.f_globals, self.f_closure)
         except Exception:  # noqa: BLE001 - redone below, where the error is reported
-            codes = None
-        types = (_TYPE_NAMES.get(codes) or _type_names(codes)) if codes is not None else None
-        if types is None:
-            types = self._checked_symbol_types(rel)
-        args = (rel.text, rel.symbols, types)
-        stack = _core.user_stack(_is_machinery, _STACK_DEPTH)
-        spec = GuardSpec(_SHAPE, None, args, self._take_index(), stack)
+            spec = None
+        if spec is None:
+            args = (rel.text, rel.symbols, self._checked_symbol_types(rel))
+            spec = GuardSpec(_SHAPE, None, args, 0, _core.user_stack(_is_machinery, _STACK_DEPTH))
+        # The index last, as _take_index takes it (read and advanced with nothing in between that
+        # could collect; replacing a field allocates nothing).
+        index = self._next_index
+        self._next_index = index + 1
+        _set_field(spec, "index", index)
         self._specs.append(spec)
         return spec
 

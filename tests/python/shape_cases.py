@@ -378,7 +378,7 @@ def run_builder(n: int, seed: int) -> dict[str, int]:
     reads symbol by symbol and the memoised single-relation compile (``_core.evaluate_relation``,
     fast path checked against the exact one) and the reference decide, on generated relations and
     frames (values of the wrong type, missing locals and size indices past the rank included)."""
-    from tripwire.builder import _INDEX_KINDS, _NO_ARG_KINDS
+    from tripwire.builder import _INDEX_KINDS, _NO_ARG_KINDS, _TYPE_NAMES
 
     r = random.Random(seed)
     stats = {"relations": 0, "held": 0, "refused": 0, "unreadable": 0, "type_errors": 0}
@@ -388,7 +388,7 @@ def run_builder(n: int, seed: int) -> dict[str, int]:
         b = tw.GuardBuilder(f_locals, g)
         try:
             got: Any = _core.relation_holds_on(
-                rel.text, rel.symbols, _INDEX_KINDS, _NO_ARG_KINDS, f_locals, g, None
+                rel.text, rel.symbols, _INDEX_KINDS, _NO_ARG_KINDS, f_locals, g, None, _TYPE_NAMES
             )
         except tw.ShapeSyntaxError as e:
             got = ("syntax", e.offset, e.message)
@@ -426,7 +426,7 @@ def run_builder(n: int, seed: int) -> dict[str, int]:
             rel.text, rel.symbols, types, {str(s): v for s, v in zip(rel.symbols, values)}
         )
         assert holds == ref, f"evaluate_relation {holds}, reference {ref}: {detail}"
-        assert got == (tuple(codes) if holds else None), f"got {got}, holds {holds}: {detail}"
+        assert got == (tuple(types) if holds else None), f"got {got}, holds {holds}: {detail}"
         stats["held" if holds else "refused"] += 1
     return stats
 

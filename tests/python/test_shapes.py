@@ -1396,3 +1396,54 @@ def test_is_machinery_without_abspath_agrees_with_abspath(
         and os.path.basename(os.path.abspath(path)) != "demo.py"
     )
     assert builder._is_machinery.__wrapped__(path) == want, path
+
+
+def test_shape_spec_made_by_the_one_call_is_an_ordinary_spec() -> None:
+    """GuardBuilder.shape's spec comes from C++ (spec_of_shape): a GuardSpec like any other, its
+    fields in __init__'s order, frozen, indexed in declaration order, its install site the
+    caller's (the same as user_stack gives the line below it)."""
+    import dataclasses
+
+    b = tw.GuardBuilder({"x": T(8, 4), "n": 4})
+    first = b.shape("L['x'].size()[0] > L['n']")
+    second = b.shape("L['n'] >= 1")
+    want_site = f"{__file__}:{sys._getframe().f_lineno - 1} in test_shape_spec_made_by_the_one_call_is_an_ordinary_spec"
+    assert type(first) is tw.GuardSpec and type(second) is tw.GuardSpec
+    assert list(vars(first)) == ["kind", "source", "args", "index", "stack"]
+    assert (first.kind, first.source, first.index, second.index) == (tw.GuardKind.SHAPE, None, 0, 1)
+    assert first.args == ("L['x'].size()[0] > L['n']", first.args[1], ("int", "int"))
+    assert [str(s) for s in first.args[1]] == ["L['x'].size()[0]", "L['n']"]
+    assert second.stack[-1] == want_site
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.index = 5  # type: ignore[misc]
+    assert b.guards == [first, second]
+
+
+def test_symbol_decoding_is_memoised_only_for_exact_sources_and_per_step_masks() -> None:
+    """relation_holds_on decodes a Source of the exact class once per object and per step masks;
+    anything else (here an object answering the fields through __getattr__) is decoded per call."""
+    from tripwire.builder import _INDEX_KINDS, _NO_ARG_KINDS, _TYPE_NAMES
+
+    reads: list[str] = []
+    real = tw.Source.parse("L['x'].size()[1]")
+
+    class Duck:
+        def __getattr__(self, name: str) -> object:
+            reads.append(name)
+            return getattr(real, name)
+
+    rel = tw.shapes.Relation("L['x'].size()[1] == 4", (Duck(),))
+    b = tw.GuardBuilder({"x": T(8, 4)})
+    b.shape(rel)
+    b.shape(rel)
+    assert reads.count("root") == 2  # decoded on each call: not memoised
+    # The same exact Source under other masks (no step takes a position): a SIZE step then reads
+    # position 0, so the relation no longer holds: a decoding is not reused across masks.
+    exact = tw.shapes.Relation("L['x'].size()[1] == 4", (real,))
+    args = ({"x": T(8, 4)}, None, None, _TYPE_NAMES)
+    assert _core.relation_holds_on(exact.text, exact.symbols, _INDEX_KINDS, _NO_ARG_KINDS, *args) == ("int",)
+    assert _core.relation_holds_on(exact.text, exact.symbols, 0, _NO_ARG_KINDS, *args) is None
+    assert _core.relation_holds_on(exact.text, exact.symbols, _INDEX_KINDS, _NO_ARG_KINDS, *args) == ("int",)
+    # A relation that does not hold is refused as before, with the values, memo or not.
+    with pytest.raises(tw.GuardBuildError, match=r"is false with L\['x'\]\.size\(\)\[1\] = 4"):
+        b.shape(tw.shapes.Relation("L['x'].size()[1] == 5", (real,)))

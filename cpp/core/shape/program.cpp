@@ -951,11 +951,18 @@ struct Scratch {
     bool leased = false;
 };
 
+// The calling thread's scratch. Not inlined: the compiler would otherwise recompute a
+// thread-local's address (a __tls_get_addr call in a shared library) at each use instead of
+// keeping it, dozens of times per relation.
+[[gnu::noinline]] Scratch* thread_scratch() {
+    static thread_local Scratch tls;
+    return &tls;
+}
+
 }  // namespace
 
 ScratchProgram compile_relation_scratch(std::string_view text, const ValueType* types, std::size_t n) {
-    static thread_local Scratch tls;
-    Scratch* s = &tls;
+    Scratch* s = thread_scratch();
     if (s->leased) {
         // A second lease on the thread while the first is held (nothing in the core calls back,
         // but a caller might): the memoised compile, a program of its own.

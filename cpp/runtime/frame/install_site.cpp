@@ -1,6 +1,9 @@
 // tripwire/cpp/runtime/frame/install_site.cpp -- where a guard was installed (see the header).
 #include "runtime/frame/install_site.hpp"
 
+#include <array>
+#include <charconv>
+#include <cstring>
 #include <map>
 #include <utility>
 #include <vector>
@@ -12,6 +15,8 @@ namespace {
 // could see many, so each memo is emptied when it reaches its bound.
 constexpr std::size_t kMaxFiles = 1024;
 constexpr std::size_t kMaxSites = 8192;
+// Sites one walk keeps in an array on the stack (a deeper walk takes a heap array).
+constexpr int kInlineSites = 16;
 
 // filename object -> whether it is machinery. The key holds a strong reference (so the pointer
 // cannot be reused by another object while it is a key).
@@ -51,6 +56,32 @@ int is_machinery_file(PyObject* is_machinery, PyObject* filename) {
     return truth;
 }
 
+// "file:line in func", as PyUnicode_FromFormat("%U:%d in %U") makes it: copied byte by byte when
+// both names are exact ASCII str (the format's parsing and its writer are most of a new site's
+// cost), else through the format.
+PyObject* format_site(PyObject* filename, int line, PyObject* name) {
+    if (!PyUnicode_CheckExact(filename) || !PyUnicode_CheckExact(name) || !PyUnicode_IS_ASCII(filename) ||
+        !PyUnicode_IS_ASCII(name))
+        return PyUnicode_FromFormat("%U:%d in %U", filename, line, name);
+    char digits[16];
+    const std::to_chars_result r = std::to_chars(digits, digits + sizeof digits, line);
+    const auto n_digits = static_cast<Py_ssize_t>(r.ptr - digits);
+    const Py_ssize_t n_file = PyUnicode_GET_LENGTH(filename), n_name = PyUnicode_GET_LENGTH(name);
+    PyObject* text = PyUnicode_New(n_file + 1 + n_digits + 4 + n_name, 127);
+    if (text == nullptr) return nullptr;
+    char* out = static_cast<char*>(PyUnicode_DATA(text));
+    const auto put = [&out](const void* data, Py_ssize_t n) {
+        std::memcpy(out, data, static_cast<std::size_t>(n));
+        out += n;
+    };
+    put(PyUnicode_DATA(filename), n_file);
+    put(":", 1);
+    put(digits, n_digits);
+    put(" in ", 4);
+    put(PyUnicode_DATA(name), n_name);
+    return text;
+}
+
 // A new reference to "file:line in func" for frame `f` running `code`, or null with an error set.
 PyObject* site_text(PyCodeObject* code, PyFrameObject* f) {
     PyObject* key_code = reinterpret_cast<PyObject*>(code);
@@ -63,8 +94,7 @@ PyObject* site_text(PyCodeObject* code, PyFrameObject* f) {
             return it->second;
         }
     }
-    PyObject* text =
-        PyUnicode_FromFormat("%U:%d in %U", code->co_filename, PyFrame_GetLineNumber(f), code->co_name);
+    PyObject* text = format_site(code->co_filename, PyFrame_GetLineNumber(f), code->co_name);
     if (text == nullptr) return nullptr;
     auto& memo = site_memo();
     if (memo.size() >= kMaxSites) {
@@ -89,11 +119,19 @@ PyObject* site_text(PyCodeObject* code, PyFrameObject* f) {
 }  // namespace
 
 PyObject* user_stack(PyObject* is_machinery, int depth) {
-    std::vector<Ref> out;
+    // The sites found, innermost first: on the stack up to kInlineSites, else in a heap array.
+    std::array<Ref, kInlineSites> inline_sites;
+    std::vector<Ref> heap_sites;
+    Ref* sites = inline_sites.data();
+    if (depth > kInlineSites) {
+        heap_sites.resize(static_cast<std::size_t>(depth));
+        sites = heap_sites.data();
+    }
+    int n = 0;
     PyFrameObject* f = PyEval_GetFrame();  // borrowed
     Py_XINCREF(f);
     Ref frame = Ref::steal(reinterpret_cast<PyObject*>(f));
-    while (frame && static_cast<int>(out.size()) < depth) {
+    while (frame && n < depth) {
         auto* fo = reinterpret_cast<PyFrameObject*>(frame.get());
         Ref code = Ref::steal(reinterpret_cast<PyObject*>(PyFrame_GetCode(fo)));
         auto* co = reinterpret_cast<PyCodeObject*>(code.get());
@@ -102,16 +140,14 @@ PyObject* user_stack(PyObject* is_machinery, int depth) {
         if (m == 0) {
             PyObject* text = site_text(co, fo);
             if (text == nullptr) return nullptr;
-            out.push_back(Ref::steal(text));
+            sites[n++] = Ref::steal(text);
         }
         frame = Ref::steal(reinterpret_cast<PyObject*>(PyFrame_GetBack(fo)));
     }
-    PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(out.size()));
+    PyObject* t = PyTuple_New(n);
     if (t == nullptr) return nullptr;
     // Innermost last.
-    const std::size_t n = out.size();
-    for (std::size_t k = 0; k < n; ++k)
-        PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(k), out[n - 1 - k].release());
+    for (int k = 0; k < n; ++k) PyTuple_SET_ITEM(t, k, sites[n - 1 - k].release());
     return t;
 }
 
