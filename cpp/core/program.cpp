@@ -10,6 +10,16 @@
 #include <utility>
 
 namespace tripwire::core {
+
+bool step_takes_operand(StepKind k) {
+    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem || k == StepKind::KwDefaults;
+}
+bool step_takes_index(StepKind k) {
+    return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
+           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride ||
+           k == StepKind::TensorSize || k == StepKind::TensorStride;
+}
+
 namespace {
 
 [[noreturn]] void fail(const std::string& why) { throw InvalidProgram(why); }
@@ -22,24 +32,15 @@ inline void check_const(ConstId c, std::size_t n_consts, const char* what) {
     if (c != kNoConst && c >= n_consts) fail_const(c, n_consts, what);
 }
 
-bool step_has_operand(StepKind k) {
-    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem || k == StepKind::KwDefaults;
-}
-bool step_has_index(StepKind k) {
-    return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride ||
-           k == StepKind::TensorSize || k == StepKind::TensorStride;
-}
-
 void validate_step(const Step& s, std::size_t n_consts) {
     if (static_cast<int>(s.kind) >= kStepKindCount) fail("unknown step kind");
-    if (step_has_operand(s.kind)) {
+    if (step_takes_operand(s.kind)) {
         if (s.operand == kNoConst) fail(std::string(step_kind_name(s.kind)) + " step needs an operand");
         check_const(s.operand, n_consts, "step");
     } else if (s.operand != kNoConst) {
         fail(std::string(step_kind_name(s.kind)) + " step takes no operand");
     }
-    if (step_has_index(s.kind) ? s.index < 0 : s.index != 0) {
+    if (step_takes_index(s.kind) ? s.index < 0 : s.index != 0) {
         fail(std::string(step_kind_name(s.kind)) + " step has a bad index");
     }
 }

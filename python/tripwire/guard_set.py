@@ -151,11 +151,24 @@ def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, 
     each step operand), which a set maps to its own pool's ids (bind_guard_set.cpp,
     add_shape_decls); whether a step reads the C++ tensor; how _reader_fact reads it. Made once per
     Source object (sources are immutable), in _SYMBOL_DECLS."""
-    exact = type(sym) is Source
-    if exact:
-        held = _SYMBOL_DECLS.get(id(sym))
-        if held is not None:
-            return held[1]
+    if type(sym) is not Source:
+        return _symbol_decl_of_fields(sym, False)
+    held = _SYMBOL_DECLS.get(id(sym))
+    if held is not None:
+        return held[1]
+    # Its fields read in C++ (no nanobind Step per step, no Python loop); None when a step
+    # is not exactly a Step.
+    entry = _core._symbol_template(sym.root, sym.name, sym.steps, _symbol_texts(sym), Step)
+    if entry is None:
+        entry = _symbol_decl_of_fields(sym, True)
+    if len(_SYMBOL_DECLS) >= 4096:
+        _SYMBOL_DECLS.clear()
+    _SYMBOL_DECLS[id(sym)] = (sym, entry)
+    return entry
+
+
+def _symbol_decl_of_fields(sym: Source, exact: bool) -> _SymbolDecl:
+    """_symbol_decl's answer made in Python: a Source subclass, or a step that is not exactly Step."""
     consts: list[Any] = [sym.name]
     steps = []
     cpp_tensor = False
@@ -175,17 +188,12 @@ def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, 
         if kind in CPP_TENSOR_STEPS:
             cpp_tensor = True
     texts = _symbol_texts(sym) if exact else sym.printed_prefixes()
-    entry = (
+    return (
         _core.SourcePath(sym.root, 0, steps, texts),
         tuple(consts),
         cpp_tensor,
         _property_read(sym, texts),
     )
-    if exact:
-        if len(_SYMBOL_DECLS) >= 4096:
-            _SYMBOL_DECLS.clear()
-        _SYMBOL_DECLS[id(sym)] = (sym, entry)
-    return entry
 
 
 # id(symbol) -> (the symbol, _symbol_decl's answer). The entry holds the symbol, so its id names no
@@ -395,7 +403,7 @@ class GuardSet(_core.GuardSetCore):
 
     # What decided the SHAPE symbols' readers on the example the set was built from
     # (build_guard_set; formatted by explain()); None for a set built from specs or loaded.
-    _example_reader_facts: dict[Source, tuple] | None = None
+    _example_reader_facts: dict[str, tuple[Source, tuple]] | None = None
     # The distinct SHAPE symbols declared by __init__ (empty for a loaded set).
     _built_symbols: list[Source] = []  # noqa: RUF012 - never mutated: replaced per instance
 
@@ -631,20 +639,24 @@ class GuardSet(_core.GuardSetCore):
 
     def _reader_facts(
         self, f_locals: Mapping[str, Any], symbols: Iterable[Source] | None = None
-    ) -> dict[Source, tuple]:
-        """What decides each symbol's reader on this frame (formatted only when asked for).
+    ) -> dict[str, tuple[Source, tuple]]:
+        """What decides each symbol's reader on this frame (formatted only when asked for), by
+        printed symbol.
         ``symbols``: the set's distinct symbols when the caller has them (build_guard_set)."""
         if symbols is None:
             # Distinct by identity first (relations share their Source objects), in order of use.
             symbols = {
                 id(sym): sym for spec in self._specs if spec.kind is _SHAPE for sym in spec.args[1]
             }.values()
-        facts: dict[Source, tuple] = {}
+        # By printed symbol, which is what the readers are reported by: equal symbols print
+        # alike (and a symbol's print is kept on it), where hashing a new Source hashes its steps.
+        facts: dict[str, tuple[Source, tuple]] = {}
         parents: dict[str, tuple] = {}  # each tensor read once
         f_globals = self._f_globals
         for sym in symbols:
-            if sym not in facts:
-                facts[sym] = _reader_fact(sym, f_locals, f_globals, parents)
+            text = str(sym)
+            if text not in facts:
+                facts[text] = (sym, _reader_fact(sym, f_locals, f_globals, parents))
         return facts
 
     def _explain_shape(self) -> list[str]:
@@ -813,11 +825,11 @@ def _reader_fact(
     return ("property", t, answered, is_array, is_tensor)
 
 
-def _format_readers(facts: dict[Source, tuple]) -> dict[str, str]:
+def _format_readers(facts: dict[str, tuple[Source, tuple]]) -> dict[str, str]:
     forced = _core._force_python_readers(False)  # read the switch (and put it back)
     _core._force_python_readers(forced)
     adapter = _core.torch_adapter_installed()
-    return {str(sym): _format_reader(sym, fact, forced, adapter) for sym, fact in facts.items()}
+    return {text: _format_reader(sym, fact, forced, adapter) for text, (sym, fact) in facts.items()}
 
 
 def _format_reader(sym: Source, fact: tuple, forced: bool, adapter: bool) -> str:
