@@ -30,6 +30,7 @@ _SHAPE = GuardKind.SHAPE
 # The kinds GuardSpec.weakened() may change (the others it returns as they are).
 _MAY_WEAKEN = catalogue._WEAKENED_KINDS | {GuardKind.EQUALS_MATCH}
 _index_of = operator.attrgetter("index")
+_kind_of = operator.attrgetter("kind")
 _TORCH_PROBES = (
     "torch_global_state",
     "torch_function_mode_stack",
@@ -132,15 +133,19 @@ class _ShapeDecls:
         intern = pool.intern
         paths: list[_core.SourcePath] = []
         remaps: list[list[int] | None] = []
+        held_decls = _SYMBOL_DECLS
         for sym in syms:
-            decl = sources.get(id(sym))
+            key = id(sym)
+            decl = sources.get(key)
             if decl is not None:
                 paths.append(decl)
                 remaps.append(None)
                 continue
-            template, consts, cpp_tensor, _ = _symbol_decl(sym)
+            held = held_decls.get(key)  # _symbol_decl's memo, read here (a call less per symbol)
+            template, consts, cpp_tensor, _ = held[1] if held is not None else _symbol_decl(sym)
             paths.append(template)
-            remaps.append([intern(c) for c in consts])
+            # Nearly every symbol has one constant, its root's name.
+            remaps.append([intern(consts[0])] if len(consts) == 1 else [intern(c) for c in consts])
             if cpp_tensor:
                 pool.reads_cpp_tensor = True
         return syms, paths, remaps
@@ -417,10 +422,16 @@ class GuardSet(_core.GuardSetCore):
     ) -> None:
         # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
         # strong reference to the objects it names by identity.
-        weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in sorted(specs, key=_index_of))
+        ordered = sorted(specs, key=_index_of)
+        if _MAY_WEAKEN.isdisjoint(map(_kind_of, ordered)):
+            # Nothing to weaken (a set of SHAPE relations): the specs as they are, with no Python
+            # loop over them.
+            weakened = tuple(ordered)
+        else:
+            weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in ordered)
         self._built: tuple[tuple[GuardSpec, ...], dict[int, GuardSpec]] | None = (
             weakened,
-            {s.index: s for s in weakened},
+            dict(zip(map(_index_of, weakened), weakened, strict=True)),
         )
         self._lazy: Any = None
         self.strict = strict
