@@ -820,7 +820,8 @@ def _reader_fact(
     """What decides one symbol's reader on one frame: ("frame",), ("unreadable", error name), or
     ("property", value type, C-level answered, is an array, is a tensor); ``parents`` memoises
     each tensor's value and what its type says, by printed source."""
-    how = _symbol_decl(sym)[3]
+    held = _SYMBOL_DECLS.get(id(sym))  # _symbol_decl's memo, read here (a call less per symbol)
+    how = held[1][3] if held is not None else _symbol_decl(sym)[3]
     if how is None:
         return ("frame",)
     key, steps, kind, index = how

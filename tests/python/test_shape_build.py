@@ -30,6 +30,8 @@ def _sources() -> list[Source]:
     x = Source.local("x")
     out += [x.tensor_size(0), x.tensor_stride(1), x.tensor_storage_offset(), x.attr("𝕊"), x.item(None)]
     out.append(Source.local("x").step(StepKind.ATTR, "size").step(StepKind.WEAKREF_CALL))
+    # A positional step before the property: its read step has no operand, only an index.
+    out.append(Source.local("f").step(StepKind.DEFAULTS, 2).step(StepKind.SIZE, 1))
     return out
 
 
