@@ -10,6 +10,16 @@
 #include <utility>
 
 namespace tripwire::core {
+
+bool step_takes_operand(StepKind k) {
+    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem || k == StepKind::KwDefaults;
+}
+bool step_takes_index(StepKind k) {
+    return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
+           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride ||
+           k == StepKind::TensorSize || k == StepKind::TensorStride;
+}
+
 namespace {
 
 [[noreturn]] void fail(const std::string& why) { throw InvalidProgram(why); }
@@ -22,24 +32,15 @@ inline void check_const(ConstId c, std::size_t n_consts, const char* what) {
     if (c != kNoConst && c >= n_consts) fail_const(c, n_consts, what);
 }
 
-bool step_has_operand(StepKind k) {
-    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem || k == StepKind::KwDefaults;
-}
-bool step_has_index(StepKind k) {
-    return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride ||
-           k == StepKind::TensorSize || k == StepKind::TensorStride;
-}
-
 void validate_step(const Step& s, std::size_t n_consts) {
     if (static_cast<int>(s.kind) >= kStepKindCount) fail("unknown step kind");
-    if (step_has_operand(s.kind)) {
+    if (step_takes_operand(s.kind)) {
         if (s.operand == kNoConst) fail(std::string(step_kind_name(s.kind)) + " step needs an operand");
         check_const(s.operand, n_consts, "step");
     } else if (s.operand != kNoConst) {
         fail(std::string(step_kind_name(s.kind)) + " step takes no operand");
     }
-    if (step_has_index(s.kind) ? s.index < 0 : s.index != 0) {
+    if (step_takes_index(s.kind) ? s.index < 0 : s.index != 0) {
         fail(std::string(step_kind_name(s.kind)) + " step has a bad index");
     }
 }
@@ -158,10 +159,14 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
     Program p;
     // At most one node per root and step of every source: reserved, so that nodes are not moved.
     std::size_t most_nodes = 0;
+    std::size_t n_shape = 0;
+    std::size_t most_symbols = 0;
     for (const GuardDecl& d : decls) {
         if (d.has_source) most_nodes += d.source.steps.size() + 1;
         for (const SourcePath& m : d.more_sources) most_nodes += m.steps.size() + 1;
         for (const SourcePath& m : d.symbols) most_nodes += m.steps.size() + 1;
+        n_shape += d.kind == GuardKind::Shape;
+        most_symbols += d.symbols.size();
     }
     p.nodes.reserve(most_nodes);
     // Intern nodes: first appearance order, so children and guards stay in installation order.
@@ -223,12 +228,18 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
     // Shape symbols: one per distinct source (so per node), numbered in order of first use.
     std::vector<shape::ValueType> symbol_types;
     std::vector<shape::RelationInput> relations;
+    relations.reserve(n_shape);
+    p.shape_guards.reserve(n_shape);
+    symbol_types.reserve(most_symbols);
+    p.symbol_nodes.reserve(most_symbols);
+    p.symbol_min_id.reserve(most_symbols);
     for (std::uint32_t gi = 0; gi < decls.size(); ++gi) {
         const GuardDecl& d = decls[gi];
         if (d.kind == GuardKind::Shape) {
             shape::RelationInput rel;
             rel.id = d.id;
             rel.text = d.relation;
+            rel.symbols.reserve(d.symbols.size());
             for (std::size_t k = 0; k < d.symbols.size(); ++k) {
                 const auto type = static_cast<shape::ValueType>(d.symbol_types[k]);
                 const std::uint32_t node = intern_path(d.symbols[k]);
@@ -267,6 +278,15 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts) {
     }
 
     // Flatten into contiguous ranges.
+    std::size_t n_guards_on_nodes = 0;
+    std::size_t n_members = 0;
+    for (std::uint32_t ni = 0; ni < p.nodes.size(); ++ni) {
+        n_guards_on_nodes += guards[ni].size();
+        n_members += members[ni].size();
+    }
+    p.node_guards.reserve(n_guards_on_nodes);
+    p.children.reserve(p.nodes.size());  // every node but a root is one child
+    p.node_members.reserve(n_members);
     for (std::uint32_t ni = 0; ni < p.nodes.size(); ++ni) {
         Node& n = p.nodes[ni];
         n.guard_begin = static_cast<std::uint32_t>(p.node_guards.size());

@@ -83,6 +83,12 @@ struct Program {
     std::vector<std::uint32_t> symbol_min_id;  ///< per symbol: the smallest id of a relation reading it
 };
 
+/// Whether a step of this kind compares with an operand (a name or key: Attr, Item, DictItem,
+/// KwDefaults).
+bool step_takes_operand(StepKind k);
+/// Whether a step of this kind takes a position (`Step::index`), as Size or Defaults do.
+bool step_takes_index(StepKind k);
+
 /// Build the tree. Guards are sorted by id; ids must be unique. Throws InvalidProgram.
 Program compile(std::vector<GuardDecl> decls, std::size_t n_consts);
 

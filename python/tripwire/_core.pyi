@@ -282,6 +282,11 @@ def _shape_distinct_symbols(args: list) -> list:
     The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, symbols, types): GuardSet's encoding.
     """
 
+def _symbol_template(root: RootKind, name: str, steps: tuple[Any, ...], texts: list[str], step_type: type) -> tuple[SourcePath, tuple[Any, ...], bool, tuple[str, list[tuple[Any, Any, int]], Any, int] | None] | None:
+    """
+    A SHAPE symbol's declaration template from its fields: (SourcePath, constants, reads the C++ tensor, property read or None), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).
+    """
+
 class GuardSetCore:
     """The compiled guard set. Use tripwire.GuardSet, which subclasses it."""
 

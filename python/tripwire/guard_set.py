@@ -30,6 +30,7 @@ _SHAPE = GuardKind.SHAPE
 # The kinds GuardSpec.weakened() may change (the others it returns as they are).
 _MAY_WEAKEN = catalogue._WEAKENED_KINDS | {GuardKind.EQUALS_MATCH}
 _index_of = operator.attrgetter("index")
+_kind_of = operator.attrgetter("kind")
 _TORCH_PROBES = (
     "torch_global_state",
     "torch_function_mode_stack",
@@ -132,15 +133,19 @@ class _ShapeDecls:
         intern = pool.intern
         paths: list[_core.SourcePath] = []
         remaps: list[list[int] | None] = []
+        held_decls = _SYMBOL_DECLS
         for sym in syms:
-            decl = sources.get(id(sym))
+            key = id(sym)
+            decl = sources.get(key)
             if decl is not None:
                 paths.append(decl)
                 remaps.append(None)
                 continue
-            template, consts, cpp_tensor, _ = _symbol_decl(sym)
+            held = held_decls.get(key)  # _symbol_decl's memo, read here (a call less per symbol)
+            template, consts, cpp_tensor, _ = held[1] if held is not None else _symbol_decl(sym)
             paths.append(template)
-            remaps.append([intern(c) for c in consts])
+            # Nearly every symbol has one constant, its root's name.
+            remaps.append([intern(consts[0])] if len(consts) == 1 else [intern(c) for c in consts])
             if cpp_tensor:
                 pool.reads_cpp_tensor = True
         return syms, paths, remaps
@@ -151,11 +156,24 @@ def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, 
     each step operand), which a set maps to its own pool's ids (bind_guard_set.cpp,
     add_shape_decls); whether a step reads the C++ tensor; how _reader_fact reads it. Made once per
     Source object (sources are immutable), in _SYMBOL_DECLS."""
-    exact = type(sym) is Source
-    if exact:
-        held = _SYMBOL_DECLS.get(id(sym))
-        if held is not None:
-            return held[1]
+    if type(sym) is not Source:
+        return _symbol_decl_of_fields(sym, False)
+    held = _SYMBOL_DECLS.get(id(sym))
+    if held is not None:
+        return held[1]
+    # Its fields read in C++ (no nanobind Step per step, no Python loop); None when a step
+    # is not exactly a Step.
+    entry = _core._symbol_template(sym.root, sym.name, sym.steps, _symbol_texts(sym), Step)
+    if entry is None:
+        entry = _symbol_decl_of_fields(sym, True)
+    if len(_SYMBOL_DECLS) >= 4096:
+        _SYMBOL_DECLS.clear()
+    _SYMBOL_DECLS[id(sym)] = (sym, entry)
+    return entry
+
+
+def _symbol_decl_of_fields(sym: Source, exact: bool) -> _SymbolDecl:
+    """_symbol_decl's answer made in Python: a Source subclass, or a step that is not exactly Step."""
     consts: list[Any] = [sym.name]
     steps = []
     cpp_tensor = False
@@ -175,17 +193,12 @@ def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, 
         if kind in CPP_TENSOR_STEPS:
             cpp_tensor = True
     texts = _symbol_texts(sym) if exact else sym.printed_prefixes()
-    entry = (
+    return (
         _core.SourcePath(sym.root, 0, steps, texts),
         tuple(consts),
         cpp_tensor,
         _property_read(sym, texts),
     )
-    if exact:
-        if len(_SYMBOL_DECLS) >= 4096:
-            _SYMBOL_DECLS.clear()
-        _SYMBOL_DECLS[id(sym)] = (sym, entry)
-    return entry
 
 
 # id(symbol) -> (the symbol, _symbol_decl's answer). The entry holds the symbol, so its id names no
@@ -395,7 +408,7 @@ class GuardSet(_core.GuardSetCore):
 
     # What decided the SHAPE symbols' readers on the example the set was built from
     # (build_guard_set; formatted by explain()); None for a set built from specs or loaded.
-    _example_reader_facts: dict[Source, tuple] | None = None
+    _example_reader_facts: dict[str, tuple[Source, tuple]] | None = None
     # The distinct SHAPE symbols declared by __init__ (empty for a loaded set).
     _built_symbols: list[Source] = []  # noqa: RUF012 - never mutated: replaced per instance
 
@@ -409,10 +422,16 @@ class GuardSet(_core.GuardSetCore):
     ) -> None:
         # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
         # strong reference to the objects it names by identity.
-        weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in sorted(specs, key=_index_of))
+        ordered = sorted(specs, key=_index_of)
+        if _MAY_WEAKEN.isdisjoint(map(_kind_of, ordered)):
+            # Nothing to weaken (a set of SHAPE relations): the specs as they are, with no Python
+            # loop over them.
+            weakened = tuple(ordered)
+        else:
+            weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in ordered)
         self._built: tuple[tuple[GuardSpec, ...], dict[int, GuardSpec]] | None = (
             weakened,
-            {s.index: s for s in weakened},
+            dict(zip(map(_index_of, weakened), weakened, strict=True)),
         )
         self._lazy: Any = None
         self.strict = strict
@@ -631,20 +650,24 @@ class GuardSet(_core.GuardSetCore):
 
     def _reader_facts(
         self, f_locals: Mapping[str, Any], symbols: Iterable[Source] | None = None
-    ) -> dict[Source, tuple]:
-        """What decides each symbol's reader on this frame (formatted only when asked for).
+    ) -> dict[str, tuple[Source, tuple]]:
+        """What decides each symbol's reader on this frame (formatted only when asked for), by
+        printed symbol.
         ``symbols``: the set's distinct symbols when the caller has them (build_guard_set)."""
         if symbols is None:
             # Distinct by identity first (relations share their Source objects), in order of use.
             symbols = {
                 id(sym): sym for spec in self._specs if spec.kind is _SHAPE for sym in spec.args[1]
             }.values()
-        facts: dict[Source, tuple] = {}
+        # By printed symbol, which is what the readers are reported by: equal symbols print
+        # alike (and a symbol's print is kept on it), where hashing a new Source hashes its steps.
+        facts: dict[str, tuple[Source, tuple]] = {}
         parents: dict[str, tuple] = {}  # each tensor read once
         f_globals = self._f_globals
         for sym in symbols:
-            if sym not in facts:
-                facts[sym] = _reader_fact(sym, f_locals, f_globals, parents)
+            text = str(sym)
+            if text not in facts:
+                facts[text] = (sym, _reader_fact(sym, f_locals, f_globals, parents))
         return facts
 
     def _explain_shape(self) -> list[str]:
@@ -797,7 +820,8 @@ def _reader_fact(
     """What decides one symbol's reader on one frame: ("frame",), ("unreadable", error name), or
     ("property", value type, C-level answered, is an array, is a tensor); ``parents`` memoises
     each tensor's value and what its type says, by printed source."""
-    how = _symbol_decl(sym)[3]
+    held = _SYMBOL_DECLS.get(id(sym))  # _symbol_decl's memo, read here (a call less per symbol)
+    how = held[1][3] if held is not None else _symbol_decl(sym)[3]
     if how is None:
         return ("frame",)
     key, steps, kind, index = how
@@ -813,11 +837,11 @@ def _reader_fact(
     return ("property", t, answered, is_array, is_tensor)
 
 
-def _format_readers(facts: dict[Source, tuple]) -> dict[str, str]:
+def _format_readers(facts: dict[str, tuple[Source, tuple]]) -> dict[str, str]:
     forced = _core._force_python_readers(False)  # read the switch (and put it back)
     _core._force_python_readers(forced)
     adapter = _core.torch_adapter_installed()
-    return {str(sym): _format_reader(sym, fact, forced, adapter) for sym, fact in facts.items()}
+    return {text: _format_reader(sym, fact, forced, adapter) for text, (sym, fact) in facts.items()}
 
 
 def _format_reader(sym: Source, fact: tuple, forced: bool, adapter: bool) -> str:

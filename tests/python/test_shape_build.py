@@ -30,6 +30,8 @@ def _sources() -> list[Source]:
     x = Source.local("x")
     out += [x.tensor_size(0), x.tensor_stride(1), x.tensor_storage_offset(), x.attr("𝕊"), x.item(None)]
     out.append(Source.local("x").step(StepKind.ATTR, "size").step(StepKind.WEAKREF_CALL))
+    # A positional step before the property: its read step has no operand, only an index.
+    out.append(Source.local("f").step(StepKind.DEFAULTS, 2).step(StepKind.SIZE, 1))
     return out
 
 
@@ -119,3 +121,37 @@ def test_a_step_subclass_is_read_through_its_properties() -> None:
     src = Source(tw.RootKind.LOCAL, "x", (_OddStep(StepKind.SIZE, 0),))
     path, _, _, _ = guard_set._symbol_decl(src)
     assert path.steps[0].index == 7
+
+
+def _decl_fields(entry: tuple) -> tuple:
+    path, consts, cpp_tensor, read = entry
+    steps = [(st.kind, st.operand, st.index) for st in path.steps]
+    return (path.root, path.name, steps, path.texts), consts, cpp_tensor, read
+
+
+@pytest.mark.parametrize("src", _sources(), ids=str)
+def test_the_cpp_template_answers_as_the_python_fields(src: Source) -> None:
+    """_core._symbol_template (made in C++ from the fields) and _symbol_decl_of_fields agree on
+    every part: the steps, constants, C++ tensor flag and the property read with its parent steps."""
+    texts = guard_set._symbol_texts(src)
+    made = _core._symbol_template(src.root, src.name, src.steps, texts, Step)
+    assert made is not None
+    assert _decl_fields(made) == _decl_fields(guard_set._symbol_decl_of_fields(src, True))
+
+
+class _OwnStep(Step):
+    """A Step subclass: the C++ template refuses it, the Python fields path reads its properties."""
+
+
+def test_a_step_subclass_is_declared_in_python() -> None:
+    steps = (Step(StepKind.ATTR, "w"), _OwnStep(StepKind.SIZE, 1))
+    assert _core._symbol_template(tw.RootKind.LOCAL, "x", steps, ["a", "b", "c"], Step) is None
+    src = Source(tw.RootKind.LOCAL, "x", steps)
+    path, consts, _, read = guard_set._symbol_decl(src)
+    assert consts == ("x", "w") and [st.index for st in path.steps] == [0, 1]
+    assert read == ("L['x'].w", [(StepKind.ATTR, "w", 0)], StepKind.SIZE, 1)
+
+
+def test_a_template_with_texts_that_do_not_match_its_steps_is_refused() -> None:
+    with pytest.raises(ValueError, match="texts do not match"):
+        _core._symbol_template(tw.RootKind.LOCAL, "x", (Step(StepKind.SIZE, 0),), ["L['x']"], Step)

@@ -452,11 +452,13 @@ struct Bound {
     std::optional<std::int64_t> lower, upper;
 };
 
-// The bounds a relation is made of, when it is a conjunction of comparisons of one int symbol
-// with an int64 constant; nullopt otherwise.
-std::optional<std::vector<Bound>> bounds_of(const ShapeProgram& p, const Compiler& comp, std::uint32_t root) {
-    std::vector<Bound> out;
-    std::vector<std::uint32_t> todo{root};
+// The bounds a relation is made of, in `out`, when it is a conjunction of comparisons of one int
+// symbol with an int64 constant; false otherwise. `out` and `todo` are the caller's scratch
+// (emptied here; kept for their capacity across relations).
+bool bounds_of(const ShapeProgram& p, const Compiler& comp, std::uint32_t root, std::vector<Bound>& out,
+               std::vector<std::uint32_t>& todo) {
+    out.clear();
+    todo.assign(1, root);
     while (!todo.empty()) {
         const std::uint32_t n = todo.back();
         todo.pop_back();
@@ -466,7 +468,7 @@ std::optional<std::vector<Bound>> bounds_of(const ShapeProgram& p, const Compile
             todo.push_back(node.b);
             continue;
         }
-        if (node.code != Code::ILe && node.code != Code::ILt && node.code != Code::IEq) return std::nullopt;
+        if (node.code != Code::ILe && node.code != Code::ILt && node.code != Code::IEq) return false;
         const ShapeNode& x = p.nodes[node.a];
         const ShapeNode& y = p.nodes[node.b];
         // An int64 constant (bigger ones are never bounds here).
@@ -480,7 +482,7 @@ std::optional<std::vector<Bound>> bounds_of(const ShapeProgram& p, const Compile
         if (x.code == Code::Symbol && y.code == Code::Const && small(node.b, c)) {
             b.symbol = x.a;  // s <= c, s < c, s == c
             if (node.code == Code::ILt) {
-                if (c == INT64_MIN) return std::nullopt;
+                if (c == INT64_MIN) return false;
                 b.upper = c - 1;
             } else {
                 b.upper = c;
@@ -489,18 +491,18 @@ std::optional<std::vector<Bound>> bounds_of(const ShapeProgram& p, const Compile
         } else if (y.code == Code::Symbol && x.code == Code::Const && small(node.a, c)) {
             b.symbol = y.a;  // c <= s, c < s, c == s
             if (node.code == Code::ILt) {
-                if (c == INT64_MAX) return std::nullopt;
+                if (c == INT64_MAX) return false;
                 b.lower = c + 1;
             } else {
                 b.lower = c;
                 if (node.code == Code::IEq) b.upper = c;
             }
         } else {
-            return std::nullopt;
+            return false;
         }
         out.push_back(b);
     }
-    return out;
+    return true;
 }
 
 }  // namespace
@@ -541,55 +543,60 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
         }
         ShapeRelation rel;
         rel.id = in.id;
-        rel.text = in.text.substr(0, parsed.code_end);
-        rel.symbols = in.symbols;
         rel.root = comp.lower(parsed, in.symbols);
+        // The input's text and symbols are not read again: moved, not copied.
+        rel.text = std::move(in.text);
+        rel.text.resize(parsed.code_end);
+        rel.symbols = std::move(in.symbols);
         p.relations.push_back(std::move(rel));
     }
 
     // Merge duplicates, drop bounds implied by earlier kept bounds.
-    std::map<std::uint32_t, std::uint32_t> kept_root;  // root node -> id of the kept relation
+    // Per node: 1 + the index of the kept relation whose root it is (0: none). Roots are nodes.
+    std::vector<std::uint32_t> kept_root(p.nodes.size(), 0);
     struct Tightest {
+        bool any = false;  ///< some kept bound relation bounds this symbol
         std::optional<std::int64_t> lower, upper;
         std::uint32_t lower_by = 0, upper_by = 0;
     };
-    std::map<std::uint32_t, Tightest> tightest;  // per symbol, over kept bound relations
+    std::vector<Tightest> tightest(p.n_symbols());  // per symbol, over kept bound relations
+    std::vector<Bound> bounds;
+    std::vector<std::uint32_t> todo;
+    p.kept.reserve(p.relations.size());
     for (std::uint32_t r = 0; r < p.relations.size(); ++r) {
         ShapeRelation& rel = p.relations[r];
-        auto dup = kept_root.find(rel.root);
-        if (dup != kept_root.end()) {
+        if (kept_root[rel.root] != 0) {
             rel.status = RelationStatus::Merged;
-            rel.by = dup->second;
+            rel.by = p.relations[kept_root[rel.root] - 1].id;
             continue;
         }
-        const auto bounds = bounds_of(p, comp, rel.root);
-        if (bounds) {
+        if (bounds_of(p, comp, rel.root, bounds, todo)) {
             bool implied = true;
             std::uint32_t by = 0;
-            for (const Bound& b : *bounds) {
-                auto it = tightest.find(b.symbol);
-                if (it == tightest.end()) {
+            for (const Bound& b : bounds) {
+                const Tightest& t = tightest[b.symbol];
+                if (!t.any) {
                     implied = false;
                     break;
                 }
-                const Tightest& t = it->second;
                 if (b.lower && !(t.lower && *t.lower >= *b.lower)) implied = false;
                 if (b.upper && !(t.upper && *t.upper <= *b.upper)) implied = false;
                 if (!implied) break;
                 by = b.lower ? t.lower_by : t.upper_by;
             }
-            if (implied && !bounds->empty()) {
+            if (implied && !bounds.empty()) {
                 rel.status = RelationStatus::Implied;
                 rel.by = by;
                 continue;
             }
-            for (const Bound& b : *bounds) {
+            for (const Bound& b : bounds) {
                 Tightest& t = tightest[b.symbol];
+                t.any = true;
                 if (b.lower && (!t.lower || *b.lower > *t.lower)) t.lower = b.lower, t.lower_by = rel.id;
                 if (b.upper && (!t.upper || *b.upper < *t.upper)) t.upper = b.upper, t.upper_by = rel.id;
             }
         }
-        kept_root.emplace(rel.root, rel.id);
+        kept_root[rel.root] = r + 1;
         p.kept.push_back(r);
     }
 
@@ -599,7 +606,7 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
     std::vector<std::uint8_t> reach(p.nodes.size(), 0);
     for (std::uint32_t s = 0; s < n_sym; ++s) reach[s] = 1;
     {
-        std::vector<std::uint32_t> todo;
+        todo.clear();
         for (std::uint32_t r : p.kept) todo.push_back(p.relations[r].root);
         while (!todo.empty()) {
             const std::uint32_t n = todo.back();
@@ -612,6 +619,7 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
         }
     }
     std::vector<std::uint32_t> order;
+    order.reserve(p.nodes.size());
     for (std::uint32_t s = 0; s < n_sym; ++s) order.push_back(s);
     for (std::uint32_t n = static_cast<std::uint32_t>(n_sym); n < p.nodes.size(); ++n)
         if (reach[n] && p.nodes[n].code == Code::Const) order.push_back(n);
@@ -650,8 +658,10 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
     // (post-order), then its check.
     std::vector<std::uint8_t> done(p.nodes.size(), 0);
     for (std::uint32_t k = 0; k < const_end; ++k) done[k] = 1;
+    std::vector<std::pair<std::uint32_t, bool>> stack;  // one for every relation: its capacity kept
+    p.code.reserve(p.nodes.size() - const_end + p.kept.size());
     for (std::uint32_t r : p.kept) {
-        std::vector<std::pair<std::uint32_t, bool>> stack{{p.relations[r].root, false}};
+        stack.assign(1, {p.relations[r].root, false});
         while (!stack.empty()) {
             auto [n, expanded] = stack.back();
             stack.pop_back();
