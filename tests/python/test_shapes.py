@@ -1358,12 +1358,23 @@ def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
             text = form.format(s=s)
             tw.shapes._PLAIN_SYMBOLS.clear()
             try:
-                fast += _core.relation_parts(text, {}, tw.source._source_of_plain) is not None
+                engine = _core.relations_of_text(text, {}, tw.shapes.Relation, tw.Source, tw.source.Step)
             except tw.ShapeSyntaxError:
-                pass
+                engine = None
+            fast += engine is not None
             new = _relation_fields(lambda: tw.shapes._relation_of_text(text))
             old = _relation_fields(lambda: tw.shapes._parse_symbols(text))
             assert new == old, text
+            if engine is not None:
+                # Built as Relation.__init__ and source._parse_plain build them: the same fields.
+                rel = engine[0] if type(engine) is tuple else engine
+                assert vars(rel) == vars(tw.shapes._parse_symbols(text)), text
+                assert (type(engine) is tuple) == (" and " not in rel.text and "And(" not in rel.text)
+                for src in rel.symbols:
+                    plain = tw.source._parse_plain(str(src), True)
+                    assert type(src) is tw.Source and vars(src) == vars(plain), text
+                    assert [vars(st) for st in src.steps] == [vars(st) for st in plain.steps], text
+                    assert all(type(st) is tw.source.Step for st in src.steps)
             if new[0] != "error":
                 for src in new[1]:
                     assert src == tw.Source.parse(str(src), shape_is_size=True)
