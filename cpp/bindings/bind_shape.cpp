@@ -185,10 +185,11 @@ nb::object plain_step(const core::shape::PlainStep& st, PyTypeObject* step_class
     return step;
 }
 
-// The Source of one plain symbol: from `memo` (keyed by its text, which is its printed form), or
-// made as source._source_of_plain makes it (fields root, name, steps; `_text`, __str__'s cache)
-// and remembered.
-nb::object plain_source(std::string_view text, const core::shape::PlainSymbol& sym, nb::handle memo,
+// The Source of one plain symbol: from `memo` (keyed by its text, which is its printed form; it
+// holds only those), or made as source._parse_plain makes it (fields root, name, steps; `_text`,
+// __str__'s cache) and remembered; null when the text is not a plain symbol as printed. `scratch`
+// is the reader's output, reused from symbol to symbol.
+nb::object plain_source(std::string_view text, core::shape::PlainSymbol& scratch, nb::handle memo,
                         const PlainClasses& classes) {
     static PyObject* s_root = nullptr;
     static PyObject* s_name = nullptr;
@@ -198,6 +199,8 @@ nb::object plain_source(std::string_view text, const core::shape::PlainSymbol& s
     PyObject* known = PyDict_GetItemWithError(memo.ptr(), key.ptr());  // an exact str key: no user code
     if (known != nullptr) return nb::borrow(known);
     if (PyErr_Occurred()) throw nb::python_error();
+    const core::shape::PlainSymbol& sym = scratch;
+    if (!core::shape::parse_plain_symbol(text, scratch) || !sym.as_printed) return {};
     nb::object steps = owned(PyTuple_New(static_cast<Py_ssize_t>(sym.steps.size())));
     for (std::size_t i = 0; i < sym.steps.size(); ++i) {
         PyTuple_SET_ITEM(steps.ptr(), static_cast<Py_ssize_t>(i), plain_step(sym.steps[i], classes.step).release().ptr());
@@ -210,6 +213,14 @@ nb::object plain_source(std::string_view text, const core::shape::PlainSymbol& s
     if (PyDict_GET_SIZE(memo.ptr()) >= kSymbolMemo) PyDict_Clear(memo.ptr());
     if (PyDict_SetItem(memo.ptr(), key.ptr(), src.ptr()) != 0) throw nb::python_error();
     return src;
+}
+
+// The tuple of four ints (a span of shapes.Relation._spans).
+nb::object int_tuple(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, Py_ssize_t d) {
+    nb::object t = owned(PyTuple_New(4));
+    const Py_ssize_t v[4] = {a, b, c, d};
+    for (Py_ssize_t i = 0; i < 4; ++i) PyTuple_SET_ITEM(t.ptr(), i, owned(PyLong_FromSsize_t(v[i])).release().ptr());
+    return t;
 }
 
 // Whether a relation's code may be a top-level conjunction: shapes._conjuncts splits nothing
@@ -255,10 +266,14 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::hand
         raise_syntax_error(e.what(), static_cast<std::size_t>(at(e.offset())));
     }
     const core::shape::ParsedRelation& r = *parsed;
-    std::vector<core::shape::PlainSymbol> plain(r.symbols.size());
-    for (std::size_t k = 0; k < plain.size(); ++k) {
-        if (!core::shape::parse_plain_symbol(r.symbols[k], plain[k]) || !plain[k].as_printed)
-            return nb::none();
+    // The symbols first: any not plain as printed makes this None (the Sources already made are
+    // those of their texts, kept in the memo for the next relation naming them).
+    nb::object symbols = owned(PyTuple_New(static_cast<Py_ssize_t>(r.symbols.size())));
+    core::shape::PlainSymbol scratch;
+    for (std::size_t k = 0; k < r.symbols.size(); ++k) {
+        nb::object src = plain_source(r.symbols[k], scratch, memo, classes);
+        if (!src.is_valid()) return nb::none();
+        PyTuple_SET_ITEM(symbols.ptr(), static_cast<Py_ssize_t>(k), src.release().ptr());
     }
 
     const std::size_t code_end = lead + r.code_end;
@@ -288,13 +303,7 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::hand
     const auto lead_cp = static_cast<Py_ssize_t>(lead);
     for (std::size_t i = 0; i < r.spans.size(); ++i) {
         const Py_ssize_t b = at(lead + r.spans[i].begin), e = at(lead + r.spans[i].end);
-        PyTuple_SET_ITEM(spans.ptr(), static_cast<Py_ssize_t>(i),
-                         nb::make_tuple(b - lead_cp, e - lead_cp, b, e).release().ptr());
-    }
-    nb::object symbols = owned(PyTuple_New(static_cast<Py_ssize_t>(plain.size())));
-    for (std::size_t k = 0; k < plain.size(); ++k) {
-        PyTuple_SET_ITEM(symbols.ptr(), static_cast<Py_ssize_t>(k),
-                         plain_source(r.symbols[k], plain[k], memo, classes).release().ptr());
+        PyTuple_SET_ITEM(spans.ptr(), static_cast<Py_ssize_t>(i), int_tuple(b - lead_cp, e - lead_cp, b, e).release().ptr());
     }
     nb::object rel = new_instance(classes.relation);
     set_field(rel, interned(s_text, "text"), code);

@@ -605,10 +605,12 @@ std::shared_ptr<const ParsedRelation> remember_code_parse(std::string_view code,
     ParsedRelation& mine = entry->parsed;
     mine = std::move(parsed);
     const auto shift = static_cast<std::uint32_t>(lead);
-    for (AstNode& n : mine.nodes) n.offset -= shift;
-    for (SymbolSpan& sp : mine.spans) {
-        sp.begin -= shift;
-        sp.end -= shift;
+    if (shift != 0) {  // torch's code parts start with their code
+        for (AstNode& n : mine.nodes) n.offset -= shift;
+        for (SymbolSpan& sp : mine.spans) {
+            sp.begin -= shift;
+            sp.end -= shift;
+        }
     }
     const std::string_view own(entry->text);
     for (std::string_view& sym : mine.symbols)
