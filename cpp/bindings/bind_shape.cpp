@@ -215,14 +215,6 @@ nb::object plain_source(std::string_view text, core::shape::PlainSymbol& scratch
     return src;
 }
 
-// The tuple of four ints (a span of shapes.Relation._spans).
-nb::object int_tuple(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, Py_ssize_t d) {
-    nb::object t = owned(PyTuple_New(4));
-    const Py_ssize_t v[4] = {a, b, c, d};
-    for (Py_ssize_t i = 0; i < 4; ++i) PyTuple_SET_ITEM(t.ptr(), i, owned(PyLong_FromSsize_t(v[i])).release().ptr());
-    return t;
-}
-
 // Whether a relation's code may be a top-level conjunction: shapes._conjuncts splits nothing
 // else (the same test on the same text: UTF-8 holds these ASCII bytes only as themselves).
 bool may_be_conjunction(std::string_view code) {
@@ -231,9 +223,9 @@ bool may_be_conjunction(std::string_view code) {
 
 // shapes.relations_from_torch's relations of `text` when every symbol is written in its printed
 // plain form (symbol.hpp): the fields python/tripwire/shapes.py's general path computes (the code
-// without leading blanks, the comment stripped as str.strip() does, the spans in code points as
-// (canonical begin, canonical end, original begin, original end)), in a Relation made as
-// Relation.__init__ leaves it. A 1-tuple of it when the code has no conjunction to split, the
+// without leading blanks, the comment stripped as str.strip() does), in a Relation made as
+// Relation.__init__ leaves it but for `_spans`, which the Relation computes when first asked for
+// it (only an error's offset in `original` uses it). A 1-tuple of it when the code has no conjunction to split, the
 // Relation alone when it may have one (the caller splits it); None for any other relation (the
 // caller reads its symbols with the source parser).
 nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::handle relation_class,
@@ -242,7 +234,6 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::hand
     static PyObject* s_symbols = nullptr;
     static PyObject* s_comment = nullptr;
     static PyObject* s_original = nullptr;
-    static PyObject* s_spans = nullptr;
     const PlainClasses classes{plain_class(relation_class, "relation_class"), plain_class(source_class, "source_class"),
                                plain_class(step_class, "step_class")};
     Py_ssize_t size = 0;
@@ -299,18 +290,11 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::hand
         }
     }
 
-    nb::object spans = owned(PyTuple_New(static_cast<Py_ssize_t>(r.spans.size())));
-    const auto lead_cp = static_cast<Py_ssize_t>(lead);
-    for (std::size_t i = 0; i < r.spans.size(); ++i) {
-        const Py_ssize_t b = at(lead + r.spans[i].begin), e = at(lead + r.spans[i].end);
-        PyTuple_SET_ITEM(spans.ptr(), static_cast<Py_ssize_t>(i), int_tuple(b - lead_cp, e - lead_cp, b, e).release().ptr());
-    }
     nb::object rel = new_instance(classes.relation);
     set_field(rel, interned(s_text, "text"), code);
     set_field(rel, interned(s_symbols, "symbols"), symbols);
     set_field(rel, interned(s_comment, "comment"), comment);
     set_field(rel, interned(s_original, "original"), text);
-    set_field(rel, interned(s_spans, "_spans"), spans);
     if (may_be_conjunction(s.substr(lead, r.code_end))) return rel;
     return owned(PyTuple_Pack(1, rel.ptr()));
 }
@@ -357,7 +341,7 @@ void register_shape(nb::module_& m) {
           nb::arg("relation_class"), nb::arg("source_class"), nb::arg("step_class"),
           "shapes.relations_from_torch's relations of a relation whose symbols are all written in their "
           "printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields "
-          "text, symbols, comment, original, _spans), or the Relation alone when its code may be a top-level "
+          "text, symbols, comment, original; not _spans, which the class computes on first use), or the Relation alone when its code may be a top-level "
           "conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each "
           "symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and "
           "step_class as source._source_of_plain makes it, and remembered there. Raises the shape syntax "

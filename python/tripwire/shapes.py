@@ -111,6 +111,16 @@ class Relation:
         d["original"] = original
         d["_spans"] = _spans
 
+    def __getattr__(self, name: str) -> Any:
+        # Called for attributes the instance lacks: `_spans` of a relation the engine made for a
+        # code part (_core.relations_of_text leaves it out: only an error's offset uses it) is
+        # computed on first use, as the general path computes it for the same text.
+        if name != "_spans" or "original" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        spans = _parse_symbols(self.original)._spans
+        self.__dict__["_spans"] = spans
+        return spans
+
     def __str__(self) -> str:
         return self.text
 
@@ -146,6 +156,11 @@ class Relation:
         head = f"{self.text} is false" if error is None else f"{self.text} raised {error}"
         pairs = ", ".join(f"{s} = {_short(v)}" for s, v in zip(self.symbols, values, strict=True))
         return f"{head} with {pairs}" if pairs else head
+
+
+# The dataclass keeps the default of `_spans` as a class attribute, which an instance without
+# one would read: without it, __getattr__ computes the instance's own.
+del Relation._spans
 
 
 def _short(v: Any) -> str:
@@ -187,8 +202,8 @@ _PLAIN_SYMBOLS: dict[str, Source] = {}
 
 def _engine_relations(text: str) -> tuple[Relation, ...] | Relation | None:
     """The engine's relations of ``text`` when it writes every symbol in its printed plain form
-    (torch's code parts; the Relation as ``_parse_symbols`` makes it, its Sources as
-    ``source._parse_plain`` makes them): a 1-tuple, or the Relation alone when it may be a
+    (torch's code parts; the Relation as ``_parse_symbols`` makes it, ``_spans`` computed on first
+    use, its Sources as ``source._parse_plain`` makes them): a 1-tuple, or the Relation alone when it may be a
     conjunction to split (``_conjuncts``); None for any other text."""
     try:
         return _core.relations_of_text(text, _PLAIN_SYMBOLS, Relation, Source, Step)  # type: ignore[return-value]

@@ -4,6 +4,7 @@ errors, the structured form, explain(), failures, inference, and hostile objects
 from __future__ import annotations
 
 import math
+import pickle
 import random
 import sys
 import threading
@@ -1368,7 +1369,10 @@ def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
             if engine is not None:
                 # Built as Relation.__init__ and source._parse_plain build them: the same fields.
                 rel = engine[0] if type(engine) is tuple else engine
-                assert vars(rel) == vars(tw.shapes._parse_symbols(text)), text
+                general = tw.shapes._parse_symbols(text)
+                assert sorted(vars(rel)) == ["comment", "original", "symbols", "text"], text
+                assert rel._spans == general._spans  # computed on first use, then kept
+                assert vars(rel) == vars(general), text
                 assert (type(engine) is tuple) == (" and " not in rel.text and "And(" not in rel.text)
                 for src in rel.symbols:
                     plain = tw.source._parse_plain(str(src), True)
@@ -1382,6 +1386,32 @@ def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
                     assert hash(src) == hash(tw.Source.parse(src._print(), shape_is_size=True))
                 assert tw.shapes.relations_from_torch(text) == list(tw.shapes._split_relations(text))
     assert fast > 1000  # the engine's reader is exercised, not only the fallback
+
+
+def test_engine_relations_compute_their_spans_on_first_use() -> None:
+    """A relation the engine makes has no `_spans` until asked: then the spans of each symbol
+    occurrence (canonical, then original offsets), which place an error in `original`."""
+    tw.shapes._relations_of_text.cache_clear()
+    (rel,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
+    assert "_spans" not in vars(rel)
+    assert rel._spans == ((0, 16, 2, 18), (19, 25, 21, 27))
+    assert vars(rel)["_spans"] is rel._spans
+    assert rel.original_offset(20) == 21 and rel.original_offset(26) == 28
+    with pytest.raises(AttributeError, match="no attribute 'spans'"):
+        rel.spans  # noqa: B018 - only _spans is computed
+    bare = object.__new__(tw.shapes.Relation)
+    with pytest.raises(AttributeError, match="no attribute '_spans'"):
+        bare._spans  # noqa: B018 - nothing to compute it from
+    assert tw.shapes.Relation("x", ())._spans == ()
+    twice = pickle.loads(pickle.dumps(rel))
+    assert twice == rel and twice._spans == rel._spans
+    text = "  L['x'].size()[0] + L['y'] > 1 // 0.5 ** 2.5"
+    offsets = []
+    for made in (tw.shapes.relations_from_torch(text)[0], tw.shapes._parse_symbols(text)):
+        with pytest.raises(tw.ShapeSyntaxError) as info:
+            made.evaluate([1, 2])
+        offsets.append(info.value.offset)
+    assert offsets[0] == offsets[1] and text[offsets[0]] != " ", offsets
 
 
 @settings(max_examples=examples(300), deadline=None)
