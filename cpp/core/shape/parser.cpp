@@ -341,8 +341,29 @@ class Parser {
         fail(i, "unterminated string");
     }
 
+    // The index after the group opening at `i` when it is one of the groups of printed sources,
+    // `()`, `[digits]` or `['chars']` (no quote, backslash or newline inside): where skip_group's
+    // general scan ends for them. 0 for any other group (the general scan then reads it).
+    std::size_t skip_simple_group(std::size_t i) const {
+        const std::size_t n = s_.size();
+        if (s_[i] == '(') return i + 1 < n && s_[i + 1] == ')' ? i + 2 : 0;
+        if (s_[i] != '[' || i + 1 >= n) return 0;
+        std::size_t j = i + 1;
+        if (s_[j] == '\'') {
+            for (++j; j < n && s_[j] != '\'' && s_[j] != '\\' && s_[j] != '\n'; ++j) {
+            }
+            if (j >= n || s_[j] != '\'') return 0;
+            ++j;
+        } else {
+            while (j < n && is_digit(s_[j])) ++j;
+        }
+        return j < n && s_[j] == ']' ? j + 1 : 0;
+    }
+
     // A balanced bracket group opening at `i`; returns the index after its closer.
     std::size_t skip_group(std::size_t i) const {
+        const std::size_t simple = skip_simple_group(i);
+        if (simple != 0) return simple;
         // The closers expected, innermost last: a fixed stack (the nesting is bounded), no allocation.
         char closers[kMaxNesting];
         std::size_t depth = 0;
