@@ -3,6 +3,8 @@ errors, the structured form, explain(), failures, inference, and hostile objects
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import pickle
 import random
@@ -1405,13 +1407,30 @@ def test_engine_relations_compute_their_spans_on_first_use() -> None:
     assert tw.shapes.Relation("x", ())._spans == ()
     twice = pickle.loads(pickle.dumps(rel))
     assert twice == rel and twice._spans == rel._spans
-    text = "  L['x'].size()[0] + L['y'] > 1 // 0.5 ** 2.5"
-    offsets = []
-    for made in (tw.shapes.relations_from_torch(text)[0], tw.shapes._parse_symbols(text)):
-        with pytest.raises(tw.ShapeSyntaxError) as info:
-            made.evaluate([1, 2])
-        offsets.append(info.value.offset)
-    assert offsets[0] == offsets[1] and text[offsets[0]] != " ", offsets
+    tw.shapes._relations_of_text.cache_clear()
+    (fresh,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
+    for made in (copy.copy(fresh), dataclasses.replace(fresh), pickle.loads(pickle.dumps(fresh))):
+        assert made == fresh and made._spans == rel._spans
+
+
+def test_engine_relations_refuse_classes_object_new_cannot_make() -> None:
+    """The engine makes its Relation, Sources and Steps as object.__new__ does: a class with a
+    __new__ of its own (or a builtin's) is refused before anything is made."""
+
+    class WithNew:
+        def __new__(cls) -> WithNew:
+            raise AssertionError("not called")
+
+    text = "L['x'].size()[0] == 1"
+    args = [tw.shapes.Relation, tw.Source, tw.source.Step]
+    for k in range(3):
+        for wrong in (int, dict, WithNew, "Step"):
+            bad = list(args)
+            bad[k] = wrong
+            memo: dict = {}
+            with pytest.raises(TypeError, match="object.__new__"):
+                _core.relations_of_text(text, memo, *bad)
+            assert memo == {}
 
 
 @settings(max_examples=examples(300), deadline=None)
