@@ -155,7 +155,8 @@ void set_field(nb::handle obj, PyObject* name, nb::handle value) {
 
 // A class whose instances object.__new__ makes (a plain Python class: a dataclass here).
 PyTypeObject* plain_class(nb::handle type, const char* what) {
-    if (!PyType_Check(type.ptr()) || reinterpret_cast<PyTypeObject*>(type.ptr())->tp_new != PyBaseObject_Type.tp_new)
+    if (!PyType_Check(type.ptr()) ||
+        reinterpret_cast<PyTypeObject*>(type.ptr())->tp_new != PyBaseObject_Type.tp_new)
         throw nb::type_error((std::string(what) + " must be a class made by object.__new__").c_str());
     return reinterpret_cast<PyTypeObject*>(type.ptr());
 }
@@ -203,7 +204,8 @@ nb::object plain_source(std::string_view text, core::shape::PlainSymbol& scratch
     if (!core::shape::parse_plain_symbol(text, scratch) || !sym.as_printed) return {};
     nb::object steps = owned(PyTuple_New(static_cast<Py_ssize_t>(sym.steps.size())));
     for (std::size_t i = 0; i < sym.steps.size(); ++i) {
-        PyTuple_SET_ITEM(steps.ptr(), static_cast<Py_ssize_t>(i), plain_step(sym.steps[i], classes.step).release().ptr());
+        PyTuple_SET_ITEM(steps.ptr(), static_cast<Py_ssize_t>(i),
+                         plain_step(sym.steps[i], classes.step).release().ptr());
     }
     nb::object src = new_instance(classes.source);
     set_field(src, interned(s_root, "root"), nb::cast(sym.root));
@@ -225,8 +227,8 @@ bool may_be_conjunction(std::string_view code) {
 // plain form (symbol.hpp): the fields python/tripwire/shapes.py's general path computes (the code
 // without leading blanks, the comment stripped as str.strip() does), in a Relation made as
 // Relation.__init__ leaves it but for `_spans`, which the Relation computes when first asked for
-// it (only an error's offset in `original` uses it). A 1-tuple of it when the code has no conjunction to split, the
-// Relation alone when it may have one (the caller splits it); None for any other relation (the
+// it (only an error's offset in `original` uses it). A 1-tuple of it when the code has no conjunction to
+// split, the Relation alone when it may have one (the caller splits it); None for any other relation (the
 // caller reads its symbols with the source parser).
 nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::handle relation_class,
                              nb::handle source_class, nb::handle step_class) {
@@ -234,7 +236,8 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::hand
     static PyObject* s_symbols = nullptr;
     static PyObject* s_comment = nullptr;
     static PyObject* s_original = nullptr;
-    const PlainClasses classes{plain_class(relation_class, "relation_class"), plain_class(source_class, "source_class"),
+    const PlainClasses classes{plain_class(relation_class, "relation_class"),
+                               plain_class(source_class, "source_class"),
                                plain_class(step_class, "step_class")};
     Py_ssize_t size = 0;
     const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
@@ -341,10 +344,11 @@ void register_shape(nb::module_& m) {
           nb::arg("relation_class"), nb::arg("source_class"), nb::arg("step_class"),
           "shapes.relations_from_torch's relations of a relation whose symbols are all written in their "
           "printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields "
-          "text, symbols, comment, original; not _spans, which the class computes on first use), or the Relation alone when its code may be a top-level "
+          "text, symbols, comment, original; not _spans, which the class computes on first use), or the "
+          "Relation alone when its code may be a top-level "
           "conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each "
           "symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and "
-          "step_class as source._source_of_plain makes it, and remembered there. Raises the shape syntax "
+          "step_class as source._parse_plain makes them, and remembered there. Raises the shape syntax "
           "error with the offset of the problem.");
     m.def(
         "evaluate_relation",

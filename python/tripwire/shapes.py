@@ -29,7 +29,7 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from . import _core
 from .errors import GuardBuildError, ShapeSyntaxError
@@ -214,7 +214,7 @@ def _engine_relations(text: str) -> tuple[Relation, ...] | Relation | None:
 def _relation_of_text(text: str) -> Relation:
     """parse() of an exact str, not memoised."""
     rel = _engine_relations(text)
-    if type(rel) is tuple:
+    if isinstance(rel, tuple):
         return rel[0]
     return _parse_symbols(text) if rel is None else rel
 
@@ -290,7 +290,7 @@ def _relations_of_text(code_part: str) -> tuple[Relation, ...]:
     """relations_from_torch of an exact str, memoised like _parse_text (a JIT importing torch's
     guards sees the same code parts again; errors are not cached)."""
     rel = _engine_relations(code_part)
-    if type(rel) is tuple:
+    if isinstance(rel, tuple):
         return rel  # no conjunction: what _conjuncts gives
     return _conjuncts(_parse_symbols(code_part) if rel is None else rel)
 

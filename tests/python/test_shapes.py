@@ -1400,10 +1400,10 @@ def test_engine_relations_compute_their_spans_on_first_use() -> None:
     assert vars(rel)["_spans"] is rel._spans
     assert rel.original_offset(20) == 21 and rel.original_offset(26) == 28
     with pytest.raises(AttributeError, match="no attribute 'spans'"):
-        rel.spans  # noqa: B018 - only _spans is computed
+        rel.spans  # only _spans is computed
     bare = object.__new__(tw.shapes.Relation)
     with pytest.raises(AttributeError, match="no attribute '_spans'"):
-        bare._spans  # noqa: B018 - nothing to compute it from
+        bare._spans  # nothing to compute it from
     assert tw.shapes.Relation("x", ())._spans == ()
     twice = pickle.loads(pickle.dumps(rel))
     assert twice == rel and twice._spans == rel._spans
@@ -1428,7 +1428,7 @@ def test_engine_relations_refuse_classes_object_new_cannot_make() -> None:
             bad = list(args)
             bad[k] = wrong
             memo: dict = {}
-            with pytest.raises(TypeError, match="object.__new__"):
+            with pytest.raises(TypeError, match=r"object\.__new__"):
                 _core.relations_of_text(text, memo, *bad)
             assert memo == {}
 

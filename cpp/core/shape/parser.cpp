@@ -230,9 +230,7 @@ class Parser {
                 level = kCompareLevel;
                 return true;
             case '+':
-            case '-':
-                op = c == '+' ? Op::Add : Op::Sub, level = kArithLevel;
-                return true;
+            case '-': op = c == '+' ? Op::Add : Op::Sub, level = kArithLevel; return true;
             case '*':
                 if (d == '*') return false;  // `**`: power() takes it
                 op = Op::Mul, level = kTermLevel;
@@ -240,9 +238,7 @@ class Parser {
             case '/':
                 op = d == '/' ? Op::FloorDiv : Op::TrueDiv, level = kTermLevel, width = d == '/' ? 2 : 1;
                 return true;
-            case '%':
-                op = Op::Mod, level = kTermLevel;
-                return true;
+            case '%': op = Op::Mod, level = kTermLevel; return true;
             default: return false;
         }
     }
@@ -277,7 +273,8 @@ class Parser {
             int count = 0;
             for (;;) {
                 const std::size_t cmp_at = pos_ - width;
-                if (++count > kMaxArgs) fail(cmp_at, "comparison chain longer than " + std::to_string(kMaxArgs));
+                if (++count > kMaxArgs)
+                    fail(cmp_at, "comparison chain longer than " + std::to_string(kMaxArgs));
                 const std::uint32_t right = binary(kArithLevel);
                 const std::uint32_t cmp = node(op, cmp_at, {left, right});
                 result = count > 1 ? node(Op::And, cmp_at, {result, cmp}) : cmp;
@@ -350,8 +347,7 @@ class Parser {
         if (s_[i] != '[' || i + 1 >= n) return 0;
         std::size_t j = i + 1;
         if (s_[j] == '\'') {
-            for (++j; j < n && s_[j] != '\'' && s_[j] != '\\' && s_[j] != '\n'; ++j) {
-            }
+            for (++j; j < n && s_[j] != '\'' && s_[j] != '\\' && s_[j] != '\n'; ++j) {}
             if (j >= n || s_[j] != '\'') return 0;
             ++j;
         } else {
