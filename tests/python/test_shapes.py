@@ -1413,6 +1413,22 @@ def test_engine_relations_compute_their_spans_on_first_use() -> None:
         assert made == fresh and made._spans == rel._spans
 
 
+@pytest.mark.parametrize(
+    "text,count",
+    [
+        ("And(L['x'] > 1, L['y'] > 2)and(L['z'] > 3)  # c", 2),  # 'And(' alone: _conjuncts splits it
+        ("(L['x'] > 1)and(L['z'] > 3)", 1),  # neither ' and ' nor 'And(': not split, as before
+        ("And(L['x'] > 1, L['y'] > 2)", 1),  # a call, not a BoolOp
+        ("L['x'] > 1 and L['z'] > 3", 2),
+    ],
+)
+def test_engine_relations_split_conjunctions_as_conjuncts_does(text: str, count: int) -> None:
+    tw.shapes._relations_of_text.cache_clear()
+    rels = tw.shapes.relations_from_torch(text)
+    assert rels == list(tw.shapes._split_relations(text)) and len(rels) == count
+    assert all(r.comment == tw.shapes.parse(text).comment for r in rels)
+
+
 def test_engine_relations_refuse_classes_object_new_cannot_make() -> None:
     """The engine makes its Relation, Sources and Steps as object.__new__ does: a class with a
     __new__ of its own (or a builtin's) is refused before anything is made."""
