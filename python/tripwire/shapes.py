@@ -111,16 +111,6 @@ class Relation:
         d["original"] = original
         d["_spans"] = _spans
 
-    def __getattr__(self, name: str) -> Any:
-        # Called for attributes the instance lacks: `_spans` of a relation the engine made for a
-        # code part (_core.relations_of_text leaves it out: only an error's offset uses it) is
-        # computed on first use, as the general path computes it for the same text.
-        if name != "_spans" or "original" not in self.__dict__:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        spans = _parse_symbols(self.original)._spans
-        self.__dict__["_spans"] = spans
-        return spans
-
     def __str__(self) -> str:
         return self.text
 
@@ -158,9 +148,25 @@ class Relation:
         return f"{head} with {pairs}" if pairs else head
 
 
-# The dataclass keeps the default of `_spans` as a class attribute, which an instance without
-# one would read: without it, __getattr__ computes the instance's own.
-del Relation._spans
+class _SpansOnFirstUse:
+    """``Relation._spans`` of a relation the engine made for a code part (_core.relations_of_text
+    leaves it out: only an error's offset in ``original`` reads it): computed on first use, as the
+    general path computes it for the same text, and kept in the instance, which then answers.
+
+    A descriptor rather than ``__getattr__``: a class with ``__getattr__`` loses CPython's fast
+    attribute reads for every field, which the builder reads on every relation."""
+
+    def __get__(self, rel: Relation | None, owner: type | None = None) -> Any:
+        if rel is None:
+            return ()  # the dataclass field's default, as the class gave it
+        if "original" not in rel.__dict__:
+            raise AttributeError("'Relation' object has no attribute '_spans'")
+        spans = _parse_symbols(rel.original)._spans
+        rel.__dict__["_spans"] = spans
+        return spans
+
+
+Relation._spans = _SpansOnFirstUse()  # type: ignore[assignment]
 
 
 def _short(v: Any) -> str:
