@@ -216,42 +216,106 @@ nb::object owned(PyObject* o) {
     return nb::steal(o);
 }
 
-// The Source of one plain symbol: from `memo` (keyed by its text, which is its printed form), or
-// made by `make_source(text, root, name, ((kind, arg), ...))` and remembered.
-nb::object plain_source(std::string_view text, const core::shape::PlainSymbol& sym, nb::handle memo,
-                        const nb::callable& make_source) {
+// A new instance of `type` as `object.__new__(type)` makes it (no __init__, no __post_init__):
+// the objects below are built from fields the engine has checked, as the Python fast
+// constructors build them (python/tripwire/source.py _source_of_plain).
+nb::object new_instance(PyTypeObject* type) {
+    static PyObject* empty = nullptr;
+    if (empty == nullptr && (empty = PyTuple_New(0)) == nullptr) throw nb::python_error();
+    return owned(PyBaseObject_Type.tp_new(type, empty, nullptr));
+}
+
+// `object.__setattr__(obj, name, value)`: past a frozen dataclass's __setattr__.
+void set_field(nb::handle obj, PyObject* name, nb::handle value) {
+    if (PyObject_GenericSetAttr(obj.ptr(), name, value.ptr()) != 0) throw nb::python_error();
+}
+
+// A class whose instances object.__new__ makes (a plain Python class: a dataclass here).
+PyTypeObject* plain_class(nb::handle type, const char* what) {
+    if (!PyType_Check(type.ptr()) ||
+        reinterpret_cast<PyTypeObject*>(type.ptr())->tp_new != PyBaseObject_Type.tp_new)
+        throw nb::type_error((std::string(what) + " must be a class made by object.__new__").c_str());
+    return reinterpret_cast<PyTypeObject*>(type.ptr());
+}
+
+// The classes relations_of_text builds instances of.
+struct PlainClasses {
+    PyTypeObject* relation;
+    PyTypeObject* source;
+    PyTypeObject* step;
+};
+
+// A Step(kind, arg) of one plain step, as source._plain_step makes it.
+nb::object plain_step(const core::shape::PlainStep& st, PyTypeObject* step_class) {
+    static PyObject* s_kind = nullptr;
+    static PyObject* s_arg = nullptr;
+    nb::object arg;
+    switch (st.arg) {
+        case core::shape::PlainStep::Arg::None: arg = nb::none(); break;
+        case core::shape::PlainStep::Arg::Index: arg = owned(PyLong_FromLongLong(st.index)); break;
+        case core::shape::PlainStep::Arg::Name:
+            arg = owned(PyUnicode_FromStringAndSize(st.name.data(), static_cast<Py_ssize_t>(st.name.size())));
+            break;
+    }
+    nb::object step = new_instance(step_class);
+    set_field(step, interned(s_kind, "kind"), nb::cast(st.kind));
+    set_field(step, interned(s_arg, "arg"), arg);
+    return step;
+}
+
+// The Source of one plain symbol: from `memo` (keyed by its text, which is its printed form; it
+// holds only those), or made as source._parse_plain makes it (fields root, name, steps; `_text`,
+// __str__'s cache) and remembered; null when the text is not a plain symbol as printed. `scratch`
+// is the reader's output, reused from symbol to symbol.
+nb::object plain_source(std::string_view text, core::shape::PlainSymbol& scratch, nb::handle memo,
+                        const PlainClasses& classes) {
+    static PyObject* s_root = nullptr;
+    static PyObject* s_name = nullptr;
+    static PyObject* s_steps = nullptr;
+    static PyObject* s_text = nullptr;
     nb::object key = owned(PyUnicode_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size())));
     PyObject* known = PyDict_GetItemWithError(memo.ptr(), key.ptr());  // an exact str key: no user code
     if (known != nullptr) return nb::borrow(known);
     if (PyErr_Occurred()) throw nb::python_error();
+    const core::shape::PlainSymbol& sym = scratch;
+    if (!core::shape::parse_plain_symbol(text, scratch) || !sym.as_printed) return {};
     nb::object steps = owned(PyTuple_New(static_cast<Py_ssize_t>(sym.steps.size())));
     for (std::size_t i = 0; i < sym.steps.size(); ++i) {
-        const core::shape::PlainStep& st = sym.steps[i];
-        nb::object arg;
-        switch (st.arg) {
-            case core::shape::PlainStep::Arg::None: arg = nb::none(); break;
-            case core::shape::PlainStep::Arg::Index: arg = owned(PyLong_FromLongLong(st.index)); break;
-            case core::shape::PlainStep::Arg::Name:
-                arg = owned(
-                    PyUnicode_FromStringAndSize(st.name.data(), static_cast<Py_ssize_t>(st.name.size())));
-                break;
-        }
         PyTuple_SET_ITEM(steps.ptr(), static_cast<Py_ssize_t>(i),
-                         nb::make_tuple(nb::cast(st.kind), arg).release().ptr());
+                         plain_step(sym.steps[i], classes.step).release().ptr());
     }
-    nb::str name(sym.name.data(), sym.name.size());
-    nb::object src = make_source(key, nb::cast(sym.root), name, steps);
+    nb::object src = new_instance(classes.source);
+    set_field(src, interned(s_root, "root"), nb::cast(sym.root));
+    set_field(src, interned(s_name, "name"), nb::str(sym.name.data(), sym.name.size()));
+    set_field(src, interned(s_steps, "steps"), steps);
+    set_field(src, interned(s_text, "_text"), key);
     if (PyDict_GET_SIZE(memo.ptr()) >= kSymbolMemo) PyDict_Clear(memo.ptr());
     if (PyDict_SetItem(memo.ptr(), key.ptr(), src.ptr()) != 0) throw nb::python_error();
     return src;
 }
 
-// shapes.Relation's fields (text, symbols, comment, spans) of `text`, when every symbol is
-// written in its printed plain form (symbol.hpp); None otherwise (the caller then reads the
-// symbols with the source parser). What python/tripwire/shapes.py's general path computes:
-// the code without leading blanks, the comment stripped as str.strip() does, the spans in code
-// points as (canonical begin, canonical end, original begin, original end).
-nb::object relation_parts(const nb::str& text, const nb::dict& memo, const nb::callable& make_source) {
+// Whether a relation's code may be a top-level conjunction: shapes._conjuncts splits nothing
+// else (the same test on the same text: UTF-8 holds these ASCII bytes only as themselves).
+bool may_be_conjunction(std::string_view code) {
+    return code.find(" and ") != std::string_view::npos || code.find("And(") != std::string_view::npos;
+}
+
+// shapes.relations_from_torch's relations of `text` when every symbol is written in its printed
+// plain form (symbol.hpp): the fields python/tripwire/shapes.py's general path computes (the code
+// without leading blanks, the comment stripped as str.strip() does), in a Relation made as
+// Relation.__init__ leaves it but for `_spans`, which the Relation computes when first asked for
+// it (only an error's offset in `original` uses it). A 1-tuple of it when the code has no conjunction to
+// split, the Relation alone when it may have one (the caller splits it); None for any other relation (the
+// caller reads its symbols with the source parser).
+nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::handle relation_class,
+                             nb::handle source_class, nb::handle step_class) {
+    static PyObject* s_text = nullptr;
+    static PyObject* s_symbols = nullptr;
+    static PyObject* s_comment = nullptr;
+    static PyObject* s_original = nullptr;
+    const PlainClasses classes{plain_class(relation_class, "relation_class"),
+                               plain_class(source_class, "source_class"),
+                               plain_class(step_class, "step_class")};
     Py_ssize_t size = 0;
     const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
     if (data == nullptr) {
@@ -273,10 +337,14 @@ nb::object relation_parts(const nb::str& text, const nb::dict& memo, const nb::c
         raise_syntax_error(e.what(), static_cast<std::size_t>(at(e.offset())));
     }
     const core::shape::ParsedRelation& r = *parsed;
-    std::vector<core::shape::PlainSymbol> plain(r.symbols.size());
-    for (std::size_t k = 0; k < plain.size(); ++k) {
-        if (!core::shape::parse_plain_symbol(r.symbols[k], plain[k]) || !plain[k].as_printed)
-            return nb::none();
+    // The symbols first: any not plain as printed makes this None (the Sources already made are
+    // those of their texts, kept in the memo for the next relation naming them).
+    nb::object symbols = owned(PyTuple_New(static_cast<Py_ssize_t>(r.symbols.size())));
+    core::shape::PlainSymbol scratch;
+    for (std::size_t k = 0; k < r.symbols.size(); ++k) {
+        nb::object src = plain_source(r.symbols[k], scratch, memo, classes);
+        if (!src.is_valid()) return nb::none();
+        PyTuple_SET_ITEM(symbols.ptr(), static_cast<Py_ssize_t>(k), src.release().ptr());
     }
 
     const std::size_t code_end = lead + r.code_end;
@@ -302,19 +370,13 @@ nb::object relation_parts(const nb::str& text, const nb::dict& memo, const nb::c
         }
     }
 
-    nb::object spans = owned(PyTuple_New(static_cast<Py_ssize_t>(r.spans.size())));
-    const auto lead_cp = static_cast<Py_ssize_t>(lead);
-    for (std::size_t i = 0; i < r.spans.size(); ++i) {
-        const Py_ssize_t b = at(lead + r.spans[i].begin), e = at(lead + r.spans[i].end);
-        PyTuple_SET_ITEM(spans.ptr(), static_cast<Py_ssize_t>(i),
-                         nb::make_tuple(b - lead_cp, e - lead_cp, b, e).release().ptr());
-    }
-    nb::object symbols = owned(PyTuple_New(static_cast<Py_ssize_t>(plain.size())));
-    for (std::size_t k = 0; k < plain.size(); ++k) {
-        PyTuple_SET_ITEM(symbols.ptr(), static_cast<Py_ssize_t>(k),
-                         plain_source(r.symbols[k], plain[k], memo, make_source).release().ptr());
-    }
-    return nb::make_tuple(code, symbols, comment, spans);
+    nb::object rel = new_instance(classes.relation);
+    set_field(rel, interned(s_text, "text"), code);
+    set_field(rel, interned(s_symbols, "symbols"), symbols);
+    set_field(rel, interned(s_comment, "comment"), comment);
+    set_field(rel, interned(s_original, "original"), text);
+    if (may_be_conjunction(s.substr(lead, r.code_end))) return rel;
+    return owned(PyTuple_Pack(1, rel.ptr()));
 }
 
 void set_symbol_types(nb::handle source, nb::handle step) {
@@ -517,11 +579,16 @@ void register_shape(nb::module_& m) {
         "(code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), "
         "every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape "
         "syntax error with the offset of the problem.");
-    m.def("relation_parts", &relation_parts, nb::arg("text"), nb::arg("symbol_memo"), nb::arg("make_source"),
-          "(code, symbols, comment, spans): shapes.Relation's fields of a relation whose symbols are all "
-          "written in their printed plain forms, each symbol's Source taken from symbol_memo (a dict keyed "
-          "by its text) or made by make_source(text, root, name, ((kind, arg), ...)) and remembered there; "
-          "None for any other relation. Raises the shape syntax error with the offset of the problem.");
+    m.def("relations_of_text", &relations_of_text, nb::arg("text"), nb::arg("symbol_memo"),
+          nb::arg("relation_class"), nb::arg("source_class"), nb::arg("step_class"),
+          "shapes.relations_from_torch's relations of a relation whose symbols are all written in their "
+          "printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields "
+          "text, symbols, comment, original; not _spans, which the class computes on first use), or the "
+          "Relation alone when its code may be a top-level "
+          "conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each "
+          "symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and "
+          "step_class as source._parse_plain makes them, and remembered there. Raises the shape syntax "
+          "error with the offset of the problem.");
     m.def(
         "evaluate_relation",
         [](const std::string& text, const std::vector<int>& types, nb::list values, bool both_paths) {

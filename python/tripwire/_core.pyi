@@ -612,9 +612,9 @@ def parse_relation(text: str) -> tuple:
     (code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape syntax error with the offset of the problem.
     """
 
-def relation_parts(text: str, symbol_memo: dict, make_source: Callable) -> object:
+def relations_of_text(text: str, symbol_memo: dict, relation_class: object, source_class: object, step_class: object) -> object:
     """
-    (code, symbols, comment, spans): shapes.Relation's fields of a relation whose symbols are all written in their printed plain forms, each symbol's Source taken from symbol_memo (a dict keyed by its text) or made by make_source(text, root, name, ((kind, arg), ...)) and remembered there; None for any other relation. Raises the shape syntax error with the offset of the problem.
+    shapes.relations_from_torch's relations of a relation whose symbols are all written in their printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields text, symbols, comment, original; not _spans, which the class computes on first use), or the Relation alone when its code may be a top-level conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and step_class as source._parse_plain makes them, and remembered there. Raises the shape syntax error with the offset of the problem.
     """
 
 def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths: bool = True) -> tuple:

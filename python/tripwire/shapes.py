@@ -29,11 +29,11 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from . import _core
 from .errors import GuardBuildError, ShapeSyntaxError
-from .source import RootKind, Source, SourceParseError, _source_of_plain
+from .source import RootKind, Source, SourceParseError, Step
 from .source import _parse_text as _source_parse_text
 
 __all__ = [
@@ -148,6 +148,27 @@ class Relation:
         return f"{head} with {pairs}" if pairs else head
 
 
+class _SpansOnFirstUse:
+    """``Relation._spans`` of a relation the engine made for a code part (_core.relations_of_text
+    leaves it out: only an error's offset in ``original`` reads it): computed on first use, as the
+    general path computes it for the same text, and kept in the instance, which then answers.
+
+    A descriptor rather than ``__getattr__``: a class with ``__getattr__`` loses CPython's fast
+    attribute reads for every field, which the builder reads on every relation."""
+
+    def __get__(self, rel: Relation | None, owner: type | None = None) -> Any:
+        if rel is None:
+            return ()  # the dataclass field's default, as the class gave it
+        if "original" not in rel.__dict__:
+            raise AttributeError("'Relation' object has no attribute '_spans'")
+        spans = _parse_symbols(rel.original)._spans
+        rel.__dict__["_spans"] = spans
+        return spans
+
+
+Relation._spans = _SpansOnFirstUse()  # type: ignore[assignment]
+
+
 def _short(v: Any) -> str:
     try:
         r = repr(v)
@@ -183,22 +204,25 @@ def _parse_text(text: str) -> Relation:
 # relations naming it: a cold import of torch's code parts meets a few symbols many times.
 # Bounded by the engine (emptied at 4096 texts); bench/shape_eval.py _clear_memos empties it.
 _PLAIN_SYMBOLS: dict[str, Source] = {}
-# (text, symbols, comment, spans): what _core.relation_parts gives for a relation
-_RelationParts = tuple[str, tuple[Source, ...], str | None, tuple[tuple[int, int, int, int], ...]]
+
+
+def _engine_relations(text: str) -> tuple[Relation, ...] | Relation | None:
+    """The engine's relations of ``text`` when it writes every symbol in its printed plain form
+    (torch's code parts; the Relation as ``_parse_symbols`` makes it, ``_spans`` computed on first
+    use, its Sources as ``source._parse_plain`` makes them): a 1-tuple, or the Relation alone when it may be a
+    conjunction to split (``_conjuncts``); None for any other text."""
+    try:
+        return _core.relations_of_text(text, _PLAIN_SYMBOLS, Relation, Source, Step)  # type: ignore[return-value]
+    except ShapeSyntaxError as e:
+        raise ShapeSyntaxError(e.message, e.offset, text) from None
 
 
 def _relation_of_text(text: str) -> Relation:
     """parse() of an exact str, not memoised."""
-    try:
-        # Torch's code parts: every symbol in its printed plain form, read by the engine with the
-        # relation, the fields computed there (what _parse_symbols computes for any text).
-        parts = cast(_RelationParts | None, _core.relation_parts(text, _PLAIN_SYMBOLS, _source_of_plain))
-    except ShapeSyntaxError as e:
-        raise ShapeSyntaxError(e.message, e.offset, text) from None
-    if parts is None:
-        return _parse_symbols(text)
-    code, symbols, comment, spans = parts
-    return Relation(code, symbols, comment, text, spans)
+    rel = _engine_relations(text)
+    if isinstance(rel, tuple):
+        return rel[0]
+    return _parse_symbols(text) if rel is None else rel
 
 
 def _parse_symbols(text: str) -> Relation:
@@ -271,7 +295,10 @@ def relations_from_torch(code_part: str) -> list[Relation]:
 def _relations_of_text(code_part: str) -> tuple[Relation, ...]:
     """relations_from_torch of an exact str, memoised like _parse_text (a JIT importing torch's
     guards sees the same code parts again; errors are not cached)."""
-    return _conjuncts(_relation_of_text(code_part))
+    rel = _engine_relations(code_part)
+    if isinstance(rel, tuple):
+        return rel  # no conjunction: what _conjuncts gives
+    return _conjuncts(_parse_symbols(code_part) if rel is None else rel)
 
 
 def _split_relations(code_part: str) -> tuple[Relation, ...]:

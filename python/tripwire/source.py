@@ -409,28 +409,14 @@ _PROPERTY_STEP = {"size": StepKind.SIZE, "stride": StepKind.STRIDE}
 
 
 def _plain_step(kind: StepKind, arg: Any) -> Step:
-    # The arguments were checked by the grammar above (what Step.__post_init__ checks).
+    # The arguments were checked by the grammar above (what Step.__post_init__ checks). The engine
+    # builds the Steps and Sources of plain symbols in shape relations the same way, fields and
+    # all (cpp/bindings/bind_shape.cpp plain_source; tests/python/test_shapes.py compares them).
     st = object.__new__(Step)
     d = st.__dict__  # the frozen dataclass's fields, written as its __init__ would leave them
     d["kind"] = kind
     d["arg"] = arg
     return st
-
-
-def _source_of_plain(text: str, root: RootKind, name: str, steps: tuple[tuple[StepKind, Any], ...]) -> Source:
-    """The Source of a symbol the engine read in a plain form already printed (cpp/core/shape/
-    symbol.hpp; the grammar of _parse_plain, which gives an equal Source: test_shapes checks).
-    ``text`` is its printed form: __str__'s cache, as _parse_plain fills it."""
-    src = _new_object(Source)
-    d = src.__dict__  # the frozen dataclass's fields, set as _parse_plain sets them
-    d["root"] = root
-    d["name"] = name
-    d["steps"] = tuple([_plain_step(kind, arg) for kind, arg in steps])
-    d["_text"] = text
-    return src
-
-
-_new_object = object.__new__
 
 
 def _parse_plain(text: str, shape_is_size: bool) -> Source | None:

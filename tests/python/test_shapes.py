@@ -3,7 +3,10 @@ errors, the structured form, explain(), failures, inference, and hostile objects
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
+import pickle
 import random
 import sys
 import threading
@@ -1358,12 +1361,26 @@ def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
             text = form.format(s=s)
             tw.shapes._PLAIN_SYMBOLS.clear()
             try:
-                fast += _core.relation_parts(text, {}, tw.source._source_of_plain) is not None
+                engine = _core.relations_of_text(text, {}, tw.shapes.Relation, tw.Source, tw.source.Step)
             except tw.ShapeSyntaxError:
-                pass
+                engine = None
+            fast += engine is not None
             new = _relation_fields(lambda: tw.shapes._relation_of_text(text))
             old = _relation_fields(lambda: tw.shapes._parse_symbols(text))
             assert new == old, text
+            if engine is not None:
+                # Built as Relation.__init__ and source._parse_plain build them: the same fields.
+                rel = engine[0] if type(engine) is tuple else engine
+                general = tw.shapes._parse_symbols(text)
+                assert sorted(vars(rel)) == ["comment", "original", "symbols", "text"], text
+                assert rel._spans == general._spans  # computed on first use, then kept
+                assert vars(rel) == vars(general), text
+                assert (type(engine) is tuple) == (" and " not in rel.text and "And(" not in rel.text)
+                for src in rel.symbols:
+                    plain = tw.source._parse_plain(str(src), True)
+                    assert type(src) is tw.Source and vars(src) == vars(plain), text
+                    assert [vars(st) for st in src.steps] == [vars(st) for st in plain.steps], text
+                    assert all(type(st) is tw.source.Step for st in src.steps)
             if new[0] != "error":
                 for src in new[1]:
                     assert src == tw.Source.parse(str(src), shape_is_size=True)
@@ -1371,6 +1388,65 @@ def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
                     assert hash(src) == hash(tw.Source.parse(src._print(), shape_is_size=True))
                 assert tw.shapes.relations_from_torch(text) == list(tw.shapes._split_relations(text))
     assert fast > 1000  # the engine's reader is exercised, not only the fallback
+
+
+def test_engine_relations_compute_their_spans_on_first_use() -> None:
+    """A relation the engine makes has no `_spans` until asked: then the spans of each symbol
+    occurrence (canonical, then original offsets), which place an error in `original`."""
+    tw.shapes._relations_of_text.cache_clear()
+    (rel,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
+    assert "_spans" not in vars(rel)
+    assert rel._spans == ((0, 16, 2, 18), (19, 25, 21, 27))
+    assert vars(rel)["_spans"] is rel._spans
+    assert rel.original_offset(20) == 21 and rel.original_offset(26) == 28
+    with pytest.raises(AttributeError, match="no attribute 'spans'"):
+        rel.spans  # only _spans is computed
+    bare = object.__new__(tw.shapes.Relation)
+    with pytest.raises(AttributeError, match="no attribute '_spans'"):
+        bare._spans  # nothing to compute it from
+    assert tw.shapes.Relation("x", ())._spans == ()
+    twice = pickle.loads(pickle.dumps(rel))
+    assert twice == rel and twice._spans == rel._spans
+    tw.shapes._relations_of_text.cache_clear()
+    (fresh,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
+    for made in (copy.copy(fresh), dataclasses.replace(fresh), pickle.loads(pickle.dumps(fresh))):
+        assert made == fresh and made._spans == rel._spans
+
+
+@pytest.mark.parametrize(
+    "text,count",
+    [
+        ("And(L['x'] > 1, L['y'] > 2)and(L['z'] > 3)  # c", 2),  # 'And(' alone: _conjuncts splits it
+        ("(L['x'] > 1)and(L['z'] > 3)", 1),  # neither ' and ' nor 'And(': not split, as before
+        ("And(L['x'] > 1, L['y'] > 2)", 1),  # a call, not a BoolOp
+        ("L['x'] > 1 and L['z'] > 3", 2),
+    ],
+)
+def test_engine_relations_split_conjunctions_as_conjuncts_does(text: str, count: int) -> None:
+    tw.shapes._relations_of_text.cache_clear()
+    rels = tw.shapes.relations_from_torch(text)
+    assert rels == list(tw.shapes._split_relations(text)) and len(rels) == count
+    assert all(r.comment == tw.shapes.parse(text).comment for r in rels)
+
+
+def test_engine_relations_refuse_classes_object_new_cannot_make() -> None:
+    """The engine makes its Relation, Sources and Steps as object.__new__ does: a class with a
+    __new__ of its own (or a builtin's) is refused before anything is made."""
+
+    class WithNew:
+        def __new__(cls) -> WithNew:
+            raise AssertionError("not called")
+
+    text = "L['x'].size()[0] == 1"
+    args = [tw.shapes.Relation, tw.Source, tw.source.Step]
+    for k in range(3):
+        for wrong in (int, dict, WithNew, "Step"):
+            bad = list(args)
+            bad[k] = wrong
+            memo: dict = {}
+            with pytest.raises(TypeError, match=r"object\.__new__"):
+                _core.relations_of_text(text, memo, *bad)
+            assert memo == {}
 
 
 @settings(max_examples=examples(300), deadline=None)

@@ -81,8 +81,10 @@ constexpr int kMaxArgs = 64;
 class Parser {
   public:
     explicit Parser(std::string_view text) : s_(text) {
-        // Torch's code parts carry long comments the tree never sees: a bounded first guess.
-        out_.nodes.reserve(std::min<std::size_t>(text.size() / 4 + 4, 32));
+        // Torch's code parts carry long comments the tree never sees: a first guess from the text
+        // before the first '#' (no more than one node per few bytes of code), bounded.
+        const std::size_t code = std::min(text.find('#'), text.size());
+        out_.nodes.reserve(std::min<std::size_t>(code / 4 + 4, 32));
         out_.spans.reserve(8);
     }
 
@@ -141,12 +143,18 @@ class Parser {
         out_.nodes.push_back(std::move(n));
         return static_cast<std::uint32_t>(out_.nodes.size() - 1);
     }
-    std::uint32_t node(Op op, std::size_t at, std::initializer_list<std::uint32_t> args) {
-        AstNode n;
+    // A node made in place at the end of the tree (a node is ~90 bytes: none is moved).
+    AstNode& fresh(Op op, std::size_t at) {
+        AstNode& n = out_.nodes.emplace_back();
         n.op = op;
         n.offset = static_cast<std::uint32_t>(at);
+        return n;
+    }
+    std::uint32_t last() const { return static_cast<std::uint32_t>(out_.nodes.size() - 1); }
+    std::uint32_t node(Op op, std::size_t at, std::initializer_list<std::uint32_t> args) {
+        AstNode& n = fresh(op, at);
         for (std::uint32_t a : args) n.args.v[n.args.n++] = a;
-        return add(std::move(n));
+        return last();
     }
 
     // A keyword (not followed by an identifier character) at the current position.
@@ -181,126 +189,102 @@ class Parser {
         const Nest nest(*this, pos_);
         skip_space();
         const std::size_t at = pos_;
-        const std::uint32_t then = or_expr();
+        const std::uint32_t then = binary(kOrLevel);
         if (!eat_keyword("if")) return then;
-        const std::uint32_t cond = or_expr();
+        const std::uint32_t cond = binary(kOrLevel);
         if (!eat_keyword("else")) fail(pos_, "expected 'else' after 'if', found " + describe_here());
         const std::uint32_t otherwise = expr();
         return node(Op::Select, at, {cond, then, otherwise});
     }
 
-    // Binary operations carry the offset of their operator (where a type error points).
-    std::uint32_t or_expr() {
-        std::uint32_t left = and_expr();
-        for (;;) {
-            skip_space();
-            const std::size_t at = pos_;
-            if (!eat_keyword("or")) return left;
-            left = node(Op::Or, at, {left, and_expr()});
-        }
-    }
+    // The binary levels, loosest first: `or`, `and`, `not` (a prefix), comparisons, `+ -`,
+    // `* / // %`. One precedence-climbing loop parses them (what a function per level, each
+    // calling the next, parses: the same tree, nodes made in the same order, the same errors),
+    // so an operand costs one call rather than one per level.
+    enum Level : int { kOrLevel, kAndLevel, kNotLevel, kCompareLevel, kArithLevel, kTermLevel };
 
-    std::uint32_t and_expr() {
-        std::uint32_t left = not_expr();
-        for (;;) {
-            skip_space();
-            const std::size_t at = pos_;
-            if (!eat_keyword("and")) return left;
-            left = node(Op::And, at, {left, not_expr()});
-        }
-    }
-
-    std::uint32_t not_expr() {
-        skip_space();
-        const std::size_t at = pos_;
-        if (eat_keyword("not")) {
-            const Nest nest(*this, at);
-            return node(Op::Not, at, {not_expr()});
-        }
-        return comparison();
-    }
-
-    // Comparison operator at the current position, or none.
-    bool comparison_op(Op& op) {
+    // The binary operator at the current position (after blanks): its operation, level and width.
+    bool binary_op(Op& op, int& level, std::size_t& width) {
         skip_space();
         const char c = peek(), d = peek(1);
-        // Two-character operators first; `<<` and `>>` are not comparisons.
-        struct Candidate {
-            char first, second;  // second: '\0' for a one-character operator
-            Op op;
-        };
-        static constexpr Candidate kOps[] = {{'=', '=', Op::Eq}, {'!', '=', Op::Ne},  {'<', '=', Op::Le},
-                                             {'>', '=', Op::Ge}, {'<', '\0', Op::Lt}, {'>', '\0', Op::Gt}};
-        for (const Candidate& k : kOps) {
-            if (c != k.first) continue;
-            if (k.second != '\0' ? d != k.second : d == c) continue;
-            op = k.op;
-            pos_ += k.second != '\0' ? 2 : 1;
-            return true;
-        }
-        return false;
-    }
-
-    std::uint32_t comparison() {
-        std::uint32_t left = arith();
-        std::uint32_t result = 0;
-        bool any = false;
-        Op op;
-        int count = 0;
-        for (;;) {
-            skip_space();
-            const std::size_t at = pos_;
-            if (!comparison_op(op)) break;
-            if (++count > kMaxArgs) fail(at, "comparison chain longer than " + std::to_string(kMaxArgs));
-            const std::uint32_t right = arith();
-            const std::uint32_t cmp = node(op, at, {left, right});
-            result = any ? node(Op::And, at, {result, cmp}) : cmp;
-            any = true;
-            left = right;  // shared: evaluated once, as in Python
-        }
-        return any ? result : left;
-    }
-
-    std::uint32_t arith() {
-        std::uint32_t left = term();
-        for (;;) {
-            skip_space();
-            const std::size_t at = pos_;
-            if (peek() == '+') {
-                ++pos_;
-                left = node(Op::Add, at, {left, term()});
-            } else if (peek() == '-') {
-                ++pos_;
-                left = node(Op::Sub, at, {left, term()});
-            } else {
-                return left;
-            }
+        width = 1;
+        switch (c) {
+            case 'o':
+                if (!at_keyword("or")) return false;
+                op = Op::Or, level = kOrLevel, width = 2;
+                return true;
+            case 'a':
+                if (!at_keyword("and")) return false;
+                op = Op::And, level = kAndLevel, width = 3;
+                return true;
+            case '=':
+            case '!':
+                if (d != '=') return false;
+                op = c == '=' ? Op::Eq : Op::Ne, level = kCompareLevel, width = 2;
+                return true;
+            case '<':
+            case '>':
+                if (d == c) return false;  // `<<` and `>>` are not comparisons
+                width = d == '=' ? 2 : 1;
+                op = c == '<' ? (width == 2 ? Op::Le : Op::Lt) : (width == 2 ? Op::Ge : Op::Gt);
+                level = kCompareLevel;
+                return true;
+            case '+':
+            case '-': op = c == '+' ? Op::Add : Op::Sub, level = kArithLevel; return true;
+            case '*':
+                if (d == '*') return false;  // `**`: power() takes it
+                op = Op::Mul, level = kTermLevel;
+                return true;
+            case '/':
+                op = d == '/' ? Op::FloorDiv : Op::TrueDiv, level = kTermLevel, width = d == '/' ? 2 : 1;
+                return true;
+            case '%': op = Op::Mod, level = kTermLevel; return true;
+            default: return false;
         }
     }
 
-    std::uint32_t term() {
-        std::uint32_t left = unary();
-        for (;;) {
-            skip_space();
+    // An expression of the binary levels from `min_level` on (`or` chains from kOrLevel). Binary
+    // operations carry the offset of their operator (where a type error points).
+    std::uint32_t binary(int min_level) {
+        std::uint32_t left = 0;
+        skip_space();
+        const std::size_t not_at = pos_;
+        if (min_level <= kNotLevel && eat_keyword("not")) {
+            const Nest nest(*this, not_at);
+            left = node(Op::Not, not_at, {binary(kNotLevel)});
+        } else {
+            left = unary();
+        }
+        Op op = Op::Add;
+        int level = 0;
+        std::size_t width = 1;
+        // Every operator of a level above the one just parsed was taken by the call that parsed
+        // its right operand: the next one is of a level at most that one's.
+        while (binary_op(op, level, width) && level >= min_level) {
             const std::size_t at = pos_;
-            const char c = peek(), d = peek(1);
-            Op op = Op::Mul;
-            std::size_t width = 1;
-            if (c == '*' && d != '*') {
-                op = Op::Mul;
-            } else if (c == '/' && d == '/') {
-                op = Op::FloorDiv;
-                width = 2;
-            } else if (c == '/') {
-                op = Op::TrueDiv;
-            } else if (c == '%') {
-                op = Op::Mod;
-            } else {
-                return left;
-            }
             pos_ += width;
-            left = node(op, at, {left, unary()});
+            if (level != kCompareLevel) {
+                // Left-associative: the right operand is of the levels above.
+                left = node(op, at, {left, binary(level + 1)});
+                continue;
+            }
+            // Chained: `a < b < c` is `a < b and b < c`, `b` shared (evaluated once, as in Python).
+            std::uint32_t result = 0;
+            int count = 0;
+            for (;;) {
+                const std::size_t cmp_at = pos_ - width;
+                if (++count > kMaxArgs)
+                    fail(cmp_at, "comparison chain longer than " + std::to_string(kMaxArgs));
+                const std::uint32_t right = binary(kArithLevel);
+                const std::uint32_t cmp = node(op, cmp_at, {left, right});
+                result = count > 1 ? node(Op::And, cmp_at, {result, cmp}) : cmp;
+                left = right;
+                if (!binary_op(op, level, width) || level != kCompareLevel) break;
+                pos_ += width;
+            }
+            left = result;
         }
+        return left;
     }
 
     std::uint32_t unary() {
@@ -354,8 +338,28 @@ class Parser {
         fail(i, "unterminated string");
     }
 
+    // The index after the group opening at `i` when it is one of the groups of printed sources,
+    // `()`, `[digits]` or `['chars']` (no quote, backslash or newline inside): where skip_group's
+    // general scan ends for them. 0 for any other group (the general scan then reads it).
+    std::size_t skip_simple_group(std::size_t i) const {
+        const std::size_t n = s_.size();
+        if (s_[i] == '(') return i + 1 < n && s_[i + 1] == ')' ? i + 2 : 0;
+        if (s_[i] != '[' || i + 1 >= n) return 0;
+        std::size_t j = i + 1;
+        if (s_[j] == '\'') {
+            for (++j; j < n && s_[j] != '\'' && s_[j] != '\\' && s_[j] != '\n'; ++j) {}
+            if (j >= n || s_[j] != '\'') return 0;
+            ++j;
+        } else {
+            while (j < n && is_digit(s_[j])) ++j;
+        }
+        return j < n && s_[j] == ']' ? j + 1 : 0;
+    }
+
     // A balanced bracket group opening at `i`; returns the index after its closer.
     std::size_t skip_group(std::size_t i) const {
+        const std::size_t simple = skip_simple_group(i);
+        if (simple != 0) return simple;
         // The closers expected, innermost last: a fixed stack (the nesting is bounded), no allocation.
         char closers[kMaxNesting];
         std::size_t depth = 0;
@@ -404,11 +408,8 @@ class Parser {
         if (sym == out_.symbols.size()) out_.symbols.push_back(text);
         out_.spans.push_back({static_cast<std::uint32_t>(begin), static_cast<std::uint32_t>(end), sym});
 
-        AstNode n;
-        n.op = Op::Symbol;
-        n.offset = static_cast<std::uint32_t>(begin);
-        n.symbol = sym;
-        return add(std::move(n));
+        fresh(Op::Symbol, begin).symbol = sym;
+        return last();
     }
 
     std::uint32_t number() {
@@ -626,10 +627,12 @@ std::shared_ptr<const ParsedRelation> remember_code_parse(std::string_view code,
     ParsedRelation& mine = entry->parsed;
     mine = std::move(parsed);
     const auto shift = static_cast<std::uint32_t>(lead);
-    for (AstNode& n : mine.nodes) n.offset -= shift;
-    for (SymbolSpan& sp : mine.spans) {
-        sp.begin -= shift;
-        sp.end -= shift;
+    if (shift != 0) {  // torch's code parts start with their code
+        for (AstNode& n : mine.nodes) n.offset -= shift;
+        for (SymbolSpan& sp : mine.spans) {
+            sp.begin -= shift;
+            sp.end -= shift;
+        }
     }
     const std::string_view own(entry->text);
     for (std::string_view& sym : mine.symbols)
