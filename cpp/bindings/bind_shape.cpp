@@ -218,7 +218,7 @@ nb::object owned(PyObject* o) {
 
 // A new instance of `type` as `object.__new__(type)` makes it (no __init__, no __post_init__):
 // the objects below are built from fields the engine has checked, as the Python fast
-// constructors build them (python/tripwire/source.py _source_of_plain).
+// constructors build them (python/tripwire/source.py _parse_plain, _plain_step).
 nb::object new_instance(PyTypeObject* type) {
     static PyObject* empty = nullptr;
     if (empty == nullptr && (empty = PyTuple_New(0)) == nullptr) throw nb::python_error();
