@@ -206,19 +206,9 @@ def build_contenders() -> tuple[dict[str, Callable[[], Any]], tw.GuardSet]:
 
 
 def _clear_memos() -> None:
-    from tripwire import builder, guard_set, shapes, source
+    from tripwire import guard_set
 
-    _core._clear_shape_memos()
-    _core._clear_install_site_memo()
-    shapes._parse_text.cache_clear()
-    shapes._relations_of_text.cache_clear()
-    shapes._PLAIN_SYMBOLS.clear()
-    source._parse_text.cache_clear()
-    builder._read_args.cache_clear()
-    builder._is_machinery.cache_clear()
-    guard_set._source_recipe.cache_clear()
-    guard_set._SYMBOL_DECLS.clear()
-    builder._TYPE_NAMES.clear()
+    guard_set._clear_build_memos()
 
 
 def bench_build(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:

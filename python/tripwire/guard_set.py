@@ -737,6 +737,24 @@ def _short_site(site: str) -> str:
     return "/".join(parts[-2:]) + sep + rest
 
 
+def _clear_build_memos() -> None:
+    """Empty every memo a build of SHAPE relations fills (what a process building these texts for
+    the first time starts with): the engine's parsed and compiled relations and decoded symbols,
+    install-site strings, the parse and source caches, the plain symbols' Sources, the symbols'
+    declarations and recipes, the type-name tuples. For cold-build benchmarks
+    (bench/shape_eval.py) and the tests that empty them mid-build."""
+    from . import builder, shapes, source
+
+    _core._clear_shape_memos()
+    _core._clear_install_site_memo()
+    for cache in (shapes._parse_text, shapes._relations_of_text, source._parse_text, builder._read_args,
+                  builder._is_machinery, _source_recipe):  # fmt: skip
+        cache.cache_clear()
+    shapes._PLAIN_SYMBOLS.clear()
+    _SYMBOL_DECLS.clear()
+    builder._TYPE_NAMES.clear()
+
+
 def build_guard_set(
     specs: list[GuardSpec],
     f_locals: Mapping[str, Any],

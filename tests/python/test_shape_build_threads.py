@@ -20,7 +20,7 @@ import pytest
 
 import tripwire as tw
 from gc_stress import scaled
-from tripwire import _core, builder, guard_set, reference, shapes, source
+from tripwire import guard_set, reference, shapes
 
 torch = pytest.importorskip("torch")
 
@@ -38,19 +38,6 @@ TEMPLATES = [
 ]
 
 
-def empty_memos() -> None:
-    _core._clear_shape_memos()
-    _core._clear_install_site_memo()
-    shapes._parse_text.cache_clear()
-    shapes._relations_of_text.cache_clear()
-    shapes._PLAIN_SYMBOLS.clear()
-    source._parse_text.cache_clear()
-    builder._read_args.cache_clear()
-    guard_set._source_recipe.cache_clear()
-    guard_set._SYMBOL_DECLS.clear()
-    builder._TYPE_NAMES.clear()
-
-
 class MemoEmptier:
     """A garbage cycle whose finalizer empties the memos and, when it runs on the thread that owns
     ``b`` (a builder is used by one thread), declares a guard on it, possibly in the middle of
@@ -62,7 +49,7 @@ class MemoEmptier:
         self.cycle = self
 
     def __del__(self) -> None:
-        empty_memos()
+        guard_set._clear_build_memos()  # what the cold benchmark empties
         if self.b is not None and threading.get_ident() == self.owner:
             self.b.shape("L['n'] >= 0")  # holds on every example: it must never be refused
             FINALIZER_DECLARATIONS.append(1)

@@ -1196,16 +1196,9 @@ def test_builder_survives_collections_and_threads() -> None:
 
 def _empty_every_memo() -> None:
     """What bench/shape_eval.py's cold build empties (a process seeing these texts the first time)."""
-    from tripwire import builder, guard_set, shapes, source
+    from tripwire import guard_set
 
-    _core._clear_shape_memos()
-    _core._clear_install_site_memo()
-    for cache in (shapes._parse_text, shapes._relations_of_text, source._parse_text, builder._read_args,
-                  builder._is_machinery, guard_set._source_recipe):  # fmt: skip
-        cache.cache_clear()
-    shapes._PLAIN_SYMBOLS.clear()
-    guard_set._SYMBOL_DECLS.clear()
-    builder._TYPE_NAMES.clear()
+    guard_set._clear_build_memos()
 
 
 _COLD_TEXTS = [

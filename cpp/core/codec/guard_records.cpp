@@ -11,15 +11,6 @@
 namespace tripwire::core::codec {
 namespace {
 
-bool step_has_operand(StepKind k) {
-    return k == StepKind::Attr || k == StepKind::Item || k == StepKind::DictItem || k == StepKind::KwDefaults;
-}
-bool step_has_index(StepKind k) {
-    return k == StepKind::Defaults || k == StepKind::ClosureCell || k == StepKind::DictKey ||
-           k == StepKind::DictValue || k == StepKind::Size || k == StepKind::Stride ||
-           k == StepKind::TensorSize || k == StepKind::TensorStride;
-}
-
 /// A SHAPE record's relation compiles on its own with its symbols bound in the text's order, and
 /// the text names exactly the stored symbols (each symbol's printed source is the text's symbol),
 /// so a record decode accepts is one core::compile accepts and one that reads what it says.
@@ -79,8 +70,8 @@ void write_source(const SourcePath& s, Writer& w, StringTable& strings) {
     w.varint(s.steps.size());
     for (const Step& st : s.steps) {
         w.u8(static_cast<std::uint8_t>(st.kind));
-        if (step_has_operand(st.kind)) w.varint(st.operand);
-        if (step_has_index(st.kind)) w.varint(static_cast<std::uint64_t>(st.index));
+        if (step_takes_operand(st.kind)) w.varint(st.operand);
+        if (step_takes_index(st.kind)) w.varint(static_cast<std::uint64_t>(st.index));
     }
     for (const std::string& t : s.texts) w.varint(strings.index(t));
 }
@@ -117,8 +108,8 @@ void read_source(Reader& r, SourcePath& s, const PayloadContext& ctx) {
         if (kind >= kStepKindCount) r.fail_at(step_at, "unknown step kind " + std::to_string(kind));
         Step st;
         st.kind = static_cast<StepKind>(kind);
-        if (step_has_operand(st.kind)) st.operand = r.index("step operand constant", ctx.n_consts);
-        if (step_has_index(st.kind)) {
+        if (step_takes_operand(st.kind)) st.operand = r.index("step operand constant", ctx.n_consts);
+        if (step_takes_index(st.kind)) {
             const std::uint64_t i = r.varint("step index");
             if (i > 0x7FFFFFFFu) r.fail_at(step_at, "step index out of range");
             st.index = static_cast<std::int64_t>(i);
