@@ -404,7 +404,7 @@ ShapeBuilder* g_shape_builder = nullptr;
 void set_shape_builder(nb::handle source, nb::handle step, nb::handle spec_type, nb::handle shape_kind,
                        std::uint64_t index_kinds, std::uint64_t no_arg_kinds, nb::handle type_names,
                        nb::handle is_machinery, int depth) {
-    if (!PyType_Check(spec_type.ptr())) throw nb::type_error("spec_type must be a class");
+    plain_class(spec_type, "spec_type");
     set_symbol_types(source, step);
     auto* b = new ShapeBuilder{nb::borrow(spec_type),  nb::borrow(shape_kind),   index_kinds, no_arg_kinds,
                                nb::borrow(type_names), nb::borrow(is_machinery), depth};
@@ -501,14 +501,12 @@ nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std:
     return symbol_type_names(types, n, type_names);
 }
 
-// A new instance of `cls` with `fields` (interned name, value) set as object.__setattr__ sets
-// them (what a frozen dataclass's own __init__ does), without calling its __init__.
+// A new instance of `cls` (a class object.__new__ makes: set_shape_builder checked) with `fields`
+// (interned name, value) set as object.__setattr__ sets them (what a frozen dataclass's own
+// __init__ does), without calling its __init__.
 nb::object new_frozen(nb::handle cls, std::initializer_list<std::pair<PyObject*, nb::handle>> fields) {
-    auto* tp = reinterpret_cast<PyTypeObject*>(cls.ptr());
-    const nb::object no_args = owned(PyTuple_New(0));
-    nb::object o = owned(tp->tp_new(tp, no_args.ptr(), nullptr));
-    for (const auto& [name, value] : fields)
-        if (PyObject_GenericSetAttr(o.ptr(), name, value.ptr()) != 0) throw nb::python_error();
+    nb::object o = new_instance(reinterpret_cast<PyTypeObject*>(cls.ptr()));
+    for (const auto& [name, value] : fields) set_field(o, name, value);
     return o;
 }
 
