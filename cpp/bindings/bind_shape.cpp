@@ -42,9 +42,14 @@ std::size_t code_points(std::string_view text, std::size_t byte) {
     return n;
 }
 
-[[noreturn]] void raise_syntax_error(const std::string& message, std::size_t offset) {
+// Raise the shape syntax error (message, offset), or (message, offset, text) when `text` is given.
+[[noreturn]] void raise_syntax_error(const std::string& message, std::size_t offset,
+                                     PyObject* text = nullptr) {
     PyObject* type = g_syntax_error_type != nullptr ? g_syntax_error_type : PyExc_ValueError;
-    PyObject* exc = PyObject_CallFunction(type, "sn", message.c_str(), static_cast<Py_ssize_t>(offset));
+    PyObject* exc =
+        text != nullptr
+            ? PyObject_CallFunction(type, "snO", message.c_str(), static_cast<Py_ssize_t>(offset), text)
+            : PyObject_CallFunction(type, "sn", message.c_str(), static_cast<Py_ssize_t>(offset));
     if (exc != nullptr) {
         PyErr_SetObject(type, exc);
         Py_DECREF(exc);
@@ -334,7 +339,7 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::hand
     try {
         parsed = core::shape::parse_code_remembering(s, lead);
     } catch (const core::shape::ShapeSyntaxError& e) {
-        raise_syntax_error(e.what(), static_cast<std::size_t>(at(e.offset())));
+        raise_syntax_error(e.what(), static_cast<std::size_t>(at(e.offset())), text.ptr());
     }
     const core::shape::ParsedRelation& r = *parsed;
     // The symbols first: any not plain as printed makes this None (the Sources already made are
@@ -586,7 +591,7 @@ void register_shape(nb::module_& m) {
           "conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each "
           "symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and "
           "step_class as source._parse_plain makes them, and remembered there. Raises the shape syntax "
-          "error with the offset of the problem.");
+          "error with the offset of the problem and the text.");
     m.def(
         "evaluate_relation",
         [](const std::string& text, const std::vector<int>& types, nb::list values, bool both_paths) {

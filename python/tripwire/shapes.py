@@ -210,17 +210,15 @@ def _engine_relations(text: str) -> tuple[Relation, ...] | Relation | None:
     """The engine's relations of ``text`` when it writes every symbol in its printed plain form
     (torch's code parts; the Relation as ``_parse_symbols`` makes it, ``_spans`` computed on first
     use, its Sources as ``source._parse_plain`` makes them): a 1-tuple, or the Relation alone when it may be a
-    conjunction to split (``_conjuncts``); None for any other text."""
-    try:
-        return _core.relations_of_text(text, _PLAIN_SYMBOLS, Relation, Source, Step)  # type: ignore[return-value]
-    except ShapeSyntaxError as e:
-        raise ShapeSyntaxError(e.message, e.offset, text) from None
+    conjunction to split (``_conjuncts``); None for any other text. Its ShapeSyntaxError carries
+    ``text``."""
+    return _core.relations_of_text(text, _PLAIN_SYMBOLS, Relation, Source, Step)  # type: ignore[return-value]
 
 
 def _relation_of_text(text: str) -> Relation:
     """parse() of an exact str, not memoised."""
     rel = _engine_relations(text)
-    if isinstance(rel, tuple):
+    if type(rel) is tuple:
         return rel[0]
     return _parse_symbols(text) if rel is None else rel
 
@@ -295,8 +293,9 @@ def relations_from_torch(code_part: str) -> list[Relation]:
 def _relations_of_text(code_part: str) -> tuple[Relation, ...]:
     """relations_from_torch of an exact str, memoised like _parse_text (a JIT importing torch's
     guards sees the same code parts again; errors are not cached)."""
-    rel = _engine_relations(code_part)
-    if isinstance(rel, tuple):
+    # _engine_relations inline: a cold import of torch's code parts makes this call per part.
+    rel = _core.relations_of_text(code_part, _PLAIN_SYMBOLS, Relation, Source, Step)
+    if type(rel) is tuple:
         return rel  # no conjunction: what _conjuncts gives
     return _conjuncts(_parse_symbols(code_part) if rel is None else rel)
 

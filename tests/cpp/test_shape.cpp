@@ -324,9 +324,9 @@ TEST(ShapeParser, ErrorsHaveOffsets) {
 
 TEST(ShapeParser, Literals) {
     ParsedRelation r = parse_relation("L['x'] < 123456789012345678901234567890");
-    EXPECT_EQ(r.nodes[r.nodes[r.root].args[1]].int_literal().to_string(), "123456789012345678901234567890");
+    EXPECT_EQ(r.int_literal(r.nodes[r.nodes[r.root].args[1]]).to_string(), "123456789012345678901234567890");
     r = parse_relation("L['x'] < 9223372036854775807");
-    EXPECT_FALSE(r.nodes[r.nodes[r.root].args[1]].int_big);
+    EXPECT_EQ(r.nodes[r.nodes[r.root].args[1]].big_int, 0U);
     EXPECT_EQ(r.nodes[r.nodes[r.root].args[1]].int_small, INT64_MAX);
     r = parse_relation("L['x'] < 1e400");
     EXPECT_TRUE(std::isinf(r.nodes[r.nodes[r.root].args[1]].float_value));

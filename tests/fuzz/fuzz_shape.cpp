@@ -187,7 +187,7 @@ bool same_parse(const ParsedRelation& a, const ParsedRelation& b) {
     for (std::size_t k = 0; k < a.nodes.size(); ++k) {
         const AstNode &x = a.nodes[k], &y = b.nodes[k];
         if (x.op != y.op || x.offset != y.offset || x.args.n != y.args.n || x.int_small != y.int_small ||
-            x.int_big != y.int_big || (x.int_big && x.int_value != y.int_value) ||
+            (x.big_int != 0) != (y.big_int != 0) || a.int_literal(x) != b.int_literal(y) ||
             bits_of(x.float_value) != bits_of(y.float_value) || x.bool_value != y.bool_value ||
             x.symbol != y.symbol)
             return false;

@@ -78,17 +78,30 @@ constexpr Function kFunctions[] = {
 // Most operands a variadic call takes: keeps every chain built from it short.
 constexpr int kMaxArgs = 64;
 
+// Nodes a thread's scratch tree keeps room for between parses (a larger one is freed after use).
+constexpr std::size_t kScratchNodes = 1024;
+
+// The tree being parsed, one per thread, reused from parse to parse: once it has held a relation
+// as large, parsing allocates nothing; each result is then copied out once, exactly sized.
+ParsedRelation& scratch_tree() {
+    thread_local ParsedRelation tree;
+    return tree;
+}
+
 class Parser {
   public:
-    explicit Parser(std::string_view text) : s_(text) {
-        // Torch's code parts carry long comments the tree never sees: a first guess from the text
-        // before the first '#' (no more than one node per few bytes of code), bounded.
-        const std::size_t code = std::min(text.find('#'), text.size());
-        out_.nodes.reserve(std::min<std::size_t>(code / 4 + 4, 32));
-        out_.spans.reserve(8);
+    // Parses into `out`, emptied first (its capacity kept).
+    Parser(std::string_view text, ParsedRelation& out) : s_(text), out_(out) {
+        if (out_.nodes.capacity() > kScratchNodes) out_ = ParsedRelation();
+        out_.nodes.clear();
+        out_.symbols.clear();
+        out_.spans.clear();
+        out_.big_ints.clear();
+        out_.root = 0;
+        out_.code_end = 0;
     }
 
-    ParsedRelation run() {
+    void run() {
         skip_space();
         if (at_end()) fail(pos_, "empty relation");
         out_.root = expr();
@@ -98,7 +111,6 @@ class Parser {
         std::size_t end = pos_;
         while (end > 0 && is_space(s_[end - 1])) --end;
         out_.code_end = end;
-        return std::move(out_);
     }
 
   private:
@@ -139,11 +151,11 @@ class Parser {
         Nest& operator=(const Nest&) = delete;
     };
 
-    std::uint32_t add(AstNode n) {
-        out_.nodes.push_back(std::move(n));
+    std::uint32_t add(const AstNode& n) {
+        out_.nodes.push_back(n);
         return static_cast<std::uint32_t>(out_.nodes.size() - 1);
     }
-    // A node made in place at the end of the tree (a node is ~90 bytes: none is moved).
+    // A node made in place at the end of the tree.
     AstNode& fresh(Op op, std::size_t at) {
         AstNode& n = out_.nodes.emplace_back();
         n.op = op;
@@ -444,11 +456,14 @@ class Parser {
             n.op = Op::IntConst;
             const auto r = std::from_chars(lit.data(), lit.data() + lit.size(), n.int_small);
             if (r.ec != std::errc() || r.ptr != lit.data() + lit.size()) {
-                // Beyond int64: an exact big literal.
-                n.int_big = true;
-                if (!BigInt::from_decimal(lit, n.int_value)) fail(at, "malformed int literal");
+                // Beyond int64: an exact big literal, kept beside the tree.
+                n.int_small = 0;
+                BigInt big;
+                if (!BigInt::from_decimal(lit, big)) fail(at, "malformed int literal");
+                out_.big_ints.push_back(std::move(big));
+                n.big_int = static_cast<std::uint32_t>(out_.big_ints.size());
             }
-            return add(std::move(n));
+            return add(n);
         }
         n.op = Op::FloatConst;
         double v = 0;
@@ -463,7 +478,7 @@ class Parser {
             fail(at, "malformed float literal");
         }
         n.float_value = v;
-        return add(std::move(n));
+        return add(n);
     }
 
     std::uint32_t call(const Function& f, std::size_t at) {
@@ -516,7 +531,7 @@ class Parser {
         nd.offset = static_cast<std::uint32_t>(at);
         for (std::uint32_t a : args) nd.args.v[nd.args.n++] = a;  // at most 2 here
         nd.bool_value = f.int_only;  // IntTrueDiv: the type checker insists on ints
-        return add(std::move(nd));
+        return add(nd);
     }
 
     std::uint32_t atom() {
@@ -563,7 +578,7 @@ class Parser {
             n.op = Op::BoolConst;
             n.offset = static_cast<std::uint32_t>(at);
             n.bool_value = name == "True";
-            return add(std::move(n));
+            return add(n);
         }
         if (name == "math.inf" || name == "math.nan") {
             pos_ += name.size();
@@ -572,7 +587,7 @@ class Parser {
             n.offset = static_cast<std::uint32_t>(at);
             n.float_value = name == "math.inf" ? std::numeric_limits<double>::infinity()
                                                : std::numeric_limits<double>::quiet_NaN();
-            return add(std::move(n));
+            return add(n);
         }
         if (name == "and" || name == "or" || name == "not" || name == "if" || name == "else")
             fail(at, "expected an operand, found '" + std::string(name) + "'");
@@ -583,12 +598,46 @@ class Parser {
     std::string_view s_;
     std::size_t pos_ = 0;
     int depth_ = 0;
-    ParsedRelation out_;
+    ParsedRelation& out_;
 };
+
+// `from`, the parse of `text`, as the parse of `to`, the bytes of `text` from `lead` on (or an
+// equal copy of them): offsets shifted by `lead`, symbol views moved into `to`. Exactly sized.
+ParsedRelation copy_parse(const ParsedRelation& from, std::string_view text, std::size_t lead,
+                          std::string_view to) {
+    ParsedRelation out;
+    out.nodes.assign(from.nodes.begin(), from.nodes.end());  // trivially copyable: one memcpy
+    out.spans.assign(from.spans.begin(), from.spans.end());
+    out.big_ints = from.big_ints;
+    out.root = from.root;
+    out.code_end = from.code_end - lead;
+    const auto shift = static_cast<std::uint32_t>(lead);
+    if (shift != 0) {  // torch's code parts start with their code
+        for (AstNode& n : out.nodes) n.offset -= shift;
+        for (SymbolSpan& sp : out.spans) {
+            sp.begin -= shift;
+            sp.end -= shift;
+        }
+    }
+    out.symbols.reserve(from.symbols.size());
+    for (const std::string_view sym : from.symbols)
+        out.symbols.push_back(
+            to.substr(static_cast<std::size_t>(sym.data() - text.data()) - lead, sym.size()));
+    return out;
+}
+
+// Parse `text` into this thread's scratch tree (valid until its next parse on this thread).
+const ParsedRelation& parse_into_scratch(std::string_view text) {
+    ParsedRelation& tree = scratch_tree();
+    Parser(text, tree).run();
+    return tree;
+}
 
 }  // namespace
 
-ParsedRelation parse_relation(std::string_view text) { return Parser(text).run(); }
+ParsedRelation parse_relation(std::string_view text) {
+    return copy_parse(parse_into_scratch(text), text, 0, text);
+}
 
 namespace {
 
@@ -616,70 +665,53 @@ std::shared_ptr<const ParsedRelation> remember(std::shared_ptr<ParseMemoEntry> e
     return {done, &done->parsed};
 }
 
-// Keep `parsed`, the parse of a text whose code (no leading blanks, no comment) is `code`, found
-// `lead` bytes in, as the parse of `code` alone: the parser skips the leading blanks and stops
-// before the comment and the blanks in front of it in both, so only the offsets shift. The symbol
-// views of `parsed` view bytes of `code`; they are moved to the entry's own copy of it.
-std::shared_ptr<const ParsedRelation> remember_code_parse(std::string_view code, std::size_t lead,
-                                                          ParsedRelation parsed) {
+// The memo's parse of `text`, or null.
+std::shared_ptr<const ParsedRelation> remembered(std::string_view text) {
+    const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
+    auto it = parse_memo().find(text);
+    if (it == parse_memo().end()) return nullptr;
+    return {it->second, &it->second->parsed};
+}
+
+// Keep `parsed`, the parse of `text`, as the parse of `code`, the bytes of `text` from `lead` on
+// (the parser skips the leading blanks and stops before the comment and the blanks in front of
+// it in both, so only the offsets shift), in an entry that owns a copy of `code`.
+std::shared_ptr<const ParsedRelation> remember_code(const ParsedRelation& parsed, std::string_view text,
+                                                    std::size_t lead, std::string_view code) {
     auto entry = std::make_shared<ParseMemoEntry>();
     entry->text = std::string(code);
-    ParsedRelation& mine = entry->parsed;
-    mine = std::move(parsed);
-    const auto shift = static_cast<std::uint32_t>(lead);
-    if (shift != 0) {  // torch's code parts start with their code
-        for (AstNode& n : mine.nodes) n.offset -= shift;
-        for (SymbolSpan& sp : mine.spans) {
-            sp.begin -= shift;
-            sp.end -= shift;
-        }
-    }
-    const std::string_view own(entry->text);
-    for (std::string_view& sym : mine.symbols)
-        sym = own.substr(static_cast<std::size_t>(sym.data() - code.data()), sym.size());
-    mine.code_end -= lead;
+    entry->parsed = copy_parse(parsed, text, lead, entry->text);  // views into entry->text, which never moves
     return remember(std::move(entry));
+}
+
+// The code of `text` parsed as `parsed`: where it starts (after leading blanks) and its bytes.
+std::string_view code_of(const ParsedRelation& parsed, std::string_view text, std::size_t& lead) {
+    lead = 0;
+    while (lead < parsed.code_end && is_space(text[lead])) ++lead;
+    return text.substr(lead, parsed.code_end - lead);
 }
 
 }  // namespace
 
 std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view text) {
-    {
-        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
-        auto it = parse_memo().find(text);
-        if (it != parse_memo().end()) return {it->second, &it->second->parsed};
-    }
+    if (auto known = remembered(text)) return known;
     // Parsed outside the lock (another thread may parse the same text: both results are equal).
-    auto entry = std::make_shared<ParseMemoEntry>();
-    entry->text = std::string(text);
-    entry->parsed = parse_relation(entry->text);  // views into entry->text, which never moves
-    return remember(std::move(entry));
+    return remember_code(parse_into_scratch(text), text, 0, text);
 }
 
 ParsedRelation parse_relation_remembering_code(std::string_view text) {
-    ParsedRelation full = parse_relation(text);
+    const ParsedRelation& scratch = parse_into_scratch(text);
     std::size_t lead = 0;
-    while (lead < full.code_end && is_space(text[lead])) ++lead;
-    const std::string_view code = text.substr(lead, full.code_end - lead);
-    {
-        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
-        if (parse_memo().find(code) != parse_memo().end()) return full;
-    }
-    remember_code_parse(code, lead, full);  // a copy: the caller keeps the parse of the whole text
-    return full;
+    const std::string_view code = code_of(scratch, text, lead);
+    if (!remembered(code)) remember_code(scratch, text, lead, code);
+    return copy_parse(scratch, text, 0, text);  // the caller keeps the parse of the whole text
 }
 
 std::shared_ptr<const ParsedRelation> parse_code_remembering(std::string_view text, std::size_t& lead) {
-    ParsedRelation full = parse_relation(text);
-    lead = 0;
-    while (lead < full.code_end && is_space(text[lead])) ++lead;
-    const std::string_view code = text.substr(lead, full.code_end - lead);
-    {
-        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
-        auto it = parse_memo().find(code);
-        if (it != parse_memo().end()) return {it->second, &it->second->parsed};
-    }
-    return remember_code_parse(code, lead, std::move(full));
+    const ParsedRelation& scratch = parse_into_scratch(text);
+    const std::string_view code = code_of(scratch, text, lead);
+    if (auto known = remembered(code)) return known;
+    return remember_code(scratch, text, lead, code);
 }
 
 void clear_parse_memo() {

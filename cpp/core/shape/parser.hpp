@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core/shape/bigint.hpp"
@@ -85,21 +86,19 @@ struct ArgList {
     const std::uint32_t* end() const { return v + n; }
 };
 
-/// One node of a parsed expression.
+/// One node of a parsed expression. Trivially copyable and 48 bytes: the rare int literal beyond
+/// int64 lives in ParsedRelation::big_ints, so a tree is copied (into the parse memo) by one memcpy.
 struct AstNode {
     Op op = Op::IntConst;
+    bool bool_value = false;     ///< BoolConst; for TrueDiv, "IntTrueDiv" (both operands must be ints)
     std::uint32_t offset = 0;    ///< where it starts (an operation: where its operator is)
     ArgList args;                ///< operand node indices, all smaller than this node's
-    std::int64_t int_small = 0;  ///< IntConst that fits int64
-    bool int_big = false;        ///< IntConst that does not: in int_value
-    BigInt int_value;            ///< IntConst beyond int64
-    double float_value = 0.0;    ///< FloatConst
-    bool bool_value = false;     ///< BoolConst; for TrueDiv, "IntTrueDiv" (both operands must be ints)
     std::uint32_t symbol = 0;    ///< Symbol: index into ParsedRelation::symbols
-
-    /// The value of an IntConst.
-    BigInt int_literal() const { return int_big ? int_value : BigInt(int_small); }
+    std::uint32_t big_int = 0;   ///< IntConst beyond int64: 1 + its index in ParsedRelation::big_ints
+    std::int64_t int_small = 0;  ///< IntConst that fits int64 (big_int == 0)
+    double float_value = 0.0;    ///< FloatConst
 };
+static_assert(std::is_trivially_copyable_v<AstNode>);
 
 /// One occurrence of a symbol in the text.
 struct SymbolSpan {
@@ -115,6 +114,12 @@ struct ParsedRelation {
     std::vector<std::string_view> symbols;  ///< distinct symbol texts, in order of first appearance
     std::vector<SymbolSpan> spans;          ///< every occurrence, in text order
     std::size_t code_end = 0;               ///< where the expression ends (before a comment and blanks)
+    std::vector<BigInt> big_ints;           ///< the int literals beyond int64 (AstNode::big_int)
+
+    /// The value of an IntConst node of this tree.
+    BigInt int_literal(const AstNode& n) const {
+        return n.big_int != 0 ? big_ints[n.big_int - 1] : BigInt(n.int_small);
+    }
 };
 
 /// The blanks the parser skips between tokens, before the relation and before its comment.

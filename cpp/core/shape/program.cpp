@@ -273,7 +273,7 @@ class Compiler {
         std::vector<std::uint32_t>& dag = dag_;
         dag.assign(r.nodes.size(), 0);
         // Children precede parents in the parse tree: one pass, no recursion.
-        for (std::size_t k = 0; k < r.nodes.size(); ++k) dag[k] = lower_node(r.nodes[k], dag, symbols);
+        for (std::size_t k = 0; k < r.nodes.size(); ++k) dag[k] = lower_node(r, r.nodes[k], dag, symbols);
         const std::uint32_t root = dag[r.root];
         if (type(root) != ValueType::Bool) {
             throw ShapeSyntaxError(r.nodes[r.root].offset,
@@ -293,7 +293,7 @@ class Compiler {
         return t == ValueType::Int ? "an int" : t == ValueType::Float ? "a float" : "a comparison (a bool)";
     }
 
-    std::uint32_t lower_node(const AstNode& n, const std::vector<std::uint32_t>& dag,
+    std::uint32_t lower_node(const ParsedRelation& r, const AstNode& n, const std::vector<std::uint32_t>& dag,
                              const std::vector<std::uint32_t>& symbols) {
         auto arg = [&](std::size_t k) { return dag[n.args[k]]; };
         auto number = [&](std::uint32_t x) {
@@ -312,10 +312,10 @@ class Compiler {
         };
         switch (n.op) {
             case Op::IntConst:
-                if (!n.int_big) return constant(ValueType::Int, n.int_small);
-                if (n.int_value.bit_length() > kMaxIntBits)
+                if (n.big_int == 0) return constant(ValueType::Int, n.int_small);
+                if (r.big_ints[n.big_int - 1].bit_length() > kMaxIntBits)
                     type_error(n, "int literal over " + std::to_string(kMaxIntBits) + " bits");
-                return constant(ValueType::Int, 0, &n.int_value);
+                return constant(ValueType::Int, 0, &r.big_ints[n.big_int - 1]);
             case Op::FloatConst: return constant(ExactValue::of_float(n.float_value));
             case Op::BoolConst: return constant(ValueType::Bool, n.bool_value ? 1 : 0);
             case Op::Symbol:
