@@ -384,6 +384,44 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::hand
     return owned(PyTuple_Pack(1, rel.ptr()));
 }
 
+// What relations_of_part passes to relations_of_text, and the general path it falls back to; set
+// once by tripwire.shapes (_set_plain_relations), kept for the life of the process.
+struct PlainRelations {
+    nb::dict memo;       // shapes._PLAIN_SYMBOLS
+    nb::object classes;  // (Relation, Source, Step)
+    nb::object general;  // shapes._general_relations(code_part, relation or None) -> tuple
+};
+PlainRelations* g_plain_relations = nullptr;
+
+void set_plain_relations(const nb::dict& memo, nb::handle relation_class, nb::handle source_class,
+                         nb::handle step_class, nb::handle general) {
+    plain_class(relation_class, "relation_class");
+    plain_class(source_class, "source_class");
+    plain_class(step_class, "step_class");
+    auto* p = new PlainRelations{memo, nb::make_tuple(relation_class, source_class, step_class),
+                                 nb::borrow(general)};
+    std::swap(p, g_plain_relations);
+    delete p;  // NOLINT(cppcoreguidelines-owning-memory): the previous objects, replaced
+}
+
+// shapes.relations_from_torch's relations of an exact str, the C++ call that shapes' lru_cache
+// wraps (no Python frame between the cache and the engine): relations_of_text's 1-tuple, or what
+// the general path makes of its Relation (a conjunction to split) or of its None.
+nb::tuple relations_of_part(const nb::str& text) {
+    if (g_plain_relations == nullptr)
+        throw nb::type_error("tripwire.shapes has not set the relation classes");
+    // A reference for the call: a re-entrant _set_plain_relations may replace the struct.
+    const nb::object classes = g_plain_relations->classes;
+    const nb::dict memo = g_plain_relations->memo;
+    const nb::object general = g_plain_relations->general;
+    nb::object rel =
+        relations_of_text(text, memo, PyTuple_GET_ITEM(classes.ptr(), 0), PyTuple_GET_ITEM(classes.ptr(), 1),
+                          PyTuple_GET_ITEM(classes.ptr(), 2));
+    if (!PyTuple_CheckExact(rel.ptr())) rel = general(text, rel);
+    if (!PyTuple_Check(rel.ptr())) throw nb::type_error("the general path must give a tuple of relations");
+    return nb::borrow<nb::tuple>(rel);
+}
+
 void set_symbol_types(nb::handle source, nb::handle step) {
     if (!PyType_Check(source.ptr()) || !PyType_Check(step.ptr())) throw nb::type_error("needs two classes");
     clear_symbol_reads();
@@ -592,6 +630,14 @@ void register_shape(nb::module_& m) {
           "symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and "
           "step_class as source._parse_plain makes them, and remembered there. Raises the shape syntax "
           "error with the offset of the problem and the text.");
+    m.def("_set_plain_relations", &set_plain_relations, nb::arg("symbol_memo"), nb::arg("relation_class"),
+          nb::arg("source_class"), nb::arg("step_class"), nb::arg("general"),
+          "What relations_of_part passes to relations_of_text (kept for the life of the process), and the "
+          "general path: general(text, relation or None) -> tuple of relations.");
+    m.def("relations_of_part", &relations_of_part, nb::arg("text"),
+          "relations_from_torch's relations of a str: relations_of_text's 1-tuple with the arguments "
+          "_set_plain_relations set, else general(text, what it gave). Raises the shape syntax error "
+          "with the offset of the problem and the text.");
     m.def(
         "evaluate_relation",
         [](const std::string& text, const std::vector<int>& types, nb::list values, bool both_paths) {

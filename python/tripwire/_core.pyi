@@ -614,7 +614,17 @@ def parse_relation(text: str) -> tuple:
 
 def relations_of_text(text: str, symbol_memo: dict, relation_class: object, source_class: object, step_class: object) -> object:
     """
-    shapes.relations_from_torch's relations of a relation whose symbols are all written in their printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields text, symbols, comment, original; not _spans, which the class computes on first use), or the Relation alone when its code may be a top-level conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and step_class as source._parse_plain makes them, and remembered there. Raises the shape syntax error with the offset of the problem.
+    shapes.relations_from_torch's relations of a relation whose symbols are all written in their printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields text, symbols, comment, original; not _spans, which the class computes on first use), or the Relation alone when its code may be a top-level conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and step_class as source._parse_plain makes them, and remembered there. Raises the shape syntax error with the offset of the problem and the text.
+    """
+
+def _set_plain_relations(symbol_memo: dict, relation_class: object, source_class: object, step_class: object, general: object) -> None:
+    """
+    What relations_of_part passes to relations_of_text (kept for the life of the process), and the general path: general(text, relation or None) -> tuple of relations.
+    """
+
+def relations_of_part(text: str) -> tuple:
+    """
+    relations_from_torch's relations of a str: relations_of_text's 1-tuple with the arguments _set_plain_relations set, else general(text, what it gave). Raises the shape syntax error with the offset of the problem and the text.
     """
 
 def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths: bool = True) -> tuple:

@@ -289,15 +289,18 @@ def relations_from_torch(code_part: str) -> list[Relation]:
     return list(_split_relations(code_part))
 
 
-@functools.lru_cache(maxsize=4096)
-def _relations_of_text(code_part: str) -> tuple[Relation, ...]:
-    """relations_from_torch of an exact str, memoised like _parse_text (a JIT importing torch's
-    guards sees the same code parts again; errors are not cached)."""
-    # _engine_relations inline: a cold import of torch's code parts makes this call per part.
-    rel = _core.relations_of_text(code_part, _PLAIN_SYMBOLS, Relation, Source, Step)
-    if type(rel) is tuple:
-        return rel  # no conjunction: what _conjuncts gives
+def _general_relations(code_part: str, rel: Relation | None) -> tuple[Relation, ...]:
+    """relations_from_torch of an exact str that is not one relation whose symbols are all
+    printed plain (_core.relations_of_text gave the Relation of a conjunction to split, or None)."""
     return _conjuncts(_parse_symbols(code_part) if rel is None else rel)
+
+
+_core._set_plain_relations(_PLAIN_SYMBOLS, Relation, Source, Step, _general_relations)
+
+# relations_from_torch of an exact str, memoised like _parse_text (a JIT importing torch's guards
+# sees the same code parts again; errors are not cached): the cache calls the engine directly
+# (_core.relations_of_part: relations_of_text, else _general_relations), no Python frame between.
+_relations_of_text = functools.lru_cache(maxsize=4096)(_core.relations_of_part)
 
 
 def _split_relations(code_part: str) -> tuple[Relation, ...]:

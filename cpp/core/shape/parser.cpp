@@ -169,9 +169,17 @@ class Parser {
         return last();
     }
 
+    // Whether `tok` is at the current position: a byte loop the compiler unrolls for the short
+    // literals asked for (no memcmp call per operand).
+    bool at(std::string_view tok) const {
+        if (pos_ > s_.size() || s_.size() - pos_ < tok.size()) return false;
+        for (std::size_t k = 0; k < tok.size(); ++k)
+            if (s_[pos_ + k] != tok[k]) return false;
+        return true;
+    }
     // A keyword (not followed by an identifier character) at the current position.
     bool at_keyword(std::string_view kw) const {
-        if (s_.compare(pos_, kw.size(), kw) != 0) return false;
+        if (!at(kw)) return false;
         const std::size_t e = pos_ + kw.size();
         return e >= s_.size() || !is_ident_char(s_[e]);
     }
@@ -179,12 +187,6 @@ class Parser {
         skip_space();
         if (!at_keyword(kw)) return false;
         pos_ += kw.size();
-        return true;
-    }
-    bool eat(std::string_view tok) {
-        skip_space();
-        if (s_.compare(pos_, tok.size(), tok) != 0) return false;
-        pos_ += tok.size();
         return true;
     }
     void expect(char c, std::size_t opened_at) {

@@ -124,7 +124,11 @@ struct ParsedRelation {
 
 /// The blanks the parser skips between tokens, before the relation and before its comment.
 inline bool is_blank(char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+    // One compare for the usual byte (above ' '): the parser asks before every token.
+    constexpr std::uint64_t kBlanks =
+        (1ULL << ' ') | (1ULL << '\t') | (1ULL << '\n') | (1ULL << '\r') | (1ULL << '\f') | (1ULL << '\v');
+    const auto u = static_cast<unsigned char>(c);
+    return u <= ' ' && ((kBlanks >> u) & 1U) != 0;
 }
 
 /// Parse one relation. Throws ShapeSyntaxError.
