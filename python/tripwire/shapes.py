@@ -218,7 +218,7 @@ def _engine_relations(text: str) -> tuple[Relation, ...] | Relation | None:
 def _relation_of_text(text: str) -> Relation:
     """parse() of an exact str, not memoised."""
     rel = _engine_relations(text)
-    if type(rel) is tuple:
+    if isinstance(rel, tuple):
         return rel[0]
     return _parse_symbols(text) if rel is None else rel
 
