@@ -268,6 +268,35 @@ nb::object plain_step(const core::shape::PlainStep& st, PyTypeObject* step_class
     return step;
 }
 
+// The str of each symbol text plain_source has looked up, its hash kept in it: a cold build names
+// a few symbols in many relations, each looked up without a new str and its hashing. A key views
+// the UTF-8 bytes of its own str (which holds a strong reference). Emptied with the symbol memo
+// (relations_of_text finds it empty: _clear_build_memos) and when it holds kSymbolMemo texts.
+std::unordered_map<std::string_view, PyObject*>& symbol_keys() {
+    static auto* keys = new std::unordered_map<std::string_view, PyObject*>();
+    return *keys;  // never destroyed: no order-of-destruction question at exit
+}
+
+void clear_symbol_keys() {
+    std::unordered_map<std::string_view, PyObject*> old;
+    old.swap(symbol_keys());
+    for (auto& kv : old) Py_DECREF(kv.second);  // a str: its dealloc runs no Python code
+}
+
+// The str of `text` (a new reference).
+nb::object symbol_key(std::string_view text) {
+    auto& keys = symbol_keys();
+    auto it = keys.find(text);
+    if (it != keys.end()) return nb::borrow(it->second);
+    nb::object key = owned(PyUnicode_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size())));
+    Py_ssize_t size = 0;
+    const char* bytes = PyUnicode_AsUTF8AndSize(key.ptr(), &size);  // kept by the str for its life
+    if (bytes == nullptr) throw nb::python_error();
+    if (static_cast<Py_ssize_t>(keys.size()) >= kSymbolMemo) clear_symbol_keys();
+    symbol_keys().emplace(std::string_view(bytes, static_cast<std::size_t>(size)), key.inc_ref().ptr());
+    return key;
+}
+
 // The Source of one plain symbol: from `memo` (keyed by its text, which is its printed form; it
 // holds only those), or made as source._parse_plain makes it (fields root, name, steps; `_text`,
 // __str__'s cache) and remembered; null when the text is not a plain symbol as printed. `scratch`
@@ -278,7 +307,7 @@ nb::object plain_source(std::string_view text, core::shape::PlainSymbol& scratch
     static PyObject* s_name = nullptr;
     static PyObject* s_steps = nullptr;
     static PyObject* s_text = nullptr;
-    nb::object key = owned(PyUnicode_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size())));
+    nb::object key = symbol_key(text);
     PyObject* known = PyDict_GetItemWithError(memo.ptr(), key.ptr());  // an exact str key: no user code
     if (known != nullptr) return nb::borrow(known);
     if (PyErr_Occurred()) throw nb::python_error();
@@ -342,6 +371,7 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::hand
         raise_syntax_error(e.what(), static_cast<std::size_t>(at(e.offset())), text.ptr());
     }
     const core::shape::ParsedRelation& r = *parsed;
+    if (PyDict_GET_SIZE(memo.ptr()) == 0) clear_symbol_keys();  // emptied with the memo
     // The symbols first: any not plain as printed makes this None (the Sources already made are
     // those of their texts, kept in the memo for the next relation naming them).
     nb::object symbols = owned(PyTuple_New(static_cast<Py_ssize_t>(r.symbols.size())));
