@@ -373,7 +373,11 @@ class Parser {
     // A balanced bracket group opening at `i`; returns the index after its closer.
     std::size_t skip_group(std::size_t i) const {
         const std::size_t simple = skip_simple_group(i);
-        if (simple != 0) return simple;
+        return simple != 0 ? simple : skip_any_group(i);
+    }
+
+    // skip_group's general scan, out of line: its stack of closers is no cost to the simple groups.
+    [[gnu::noinline]] std::size_t skip_any_group(std::size_t i) const {
         // The closers expected, innermost last: a fixed stack (the nesting is bounded), no allocation.
         char closers[kMaxNesting];
         std::size_t depth = 0;
@@ -655,14 +659,16 @@ std::unordered_map<std::string_view, std::shared_ptr<const ParseMemoEntry>>& par
     return *memo;  // never destroyed: no order-of-destruction question at exit
 }
 
-/// Put a finished entry in the memo (emptied when full) and give its parse, kept alive by it.
+/// Put a finished entry in the memo (emptied when full) and give its parse, kept alive by it; the
+/// memo's own when it already holds the text (an equal parse: one lookup, not a find first).
 std::shared_ptr<const ParsedRelation> remember(std::shared_ptr<ParseMemoEntry> entry) {
     std::shared_ptr<const ParseMemoEntry> done = std::move(entry);
     {
         const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
         auto& memo = parse_memo();
         if (memo.size() >= kParseMemo) memo.clear();
-        memo.emplace(std::string_view(done->text), done);  // the key views the entry's own text
+        const auto [it, added] = memo.emplace(std::string_view(done->text), done);  // the key views its text
+        if (!added) done = it->second;
     }
     return {done, &done->parsed};
 }
@@ -705,15 +711,14 @@ ParsedRelation parse_relation_remembering_code(std::string_view text) {
     const ParsedRelation& scratch = parse_into_scratch(text);
     std::size_t lead = 0;
     const std::string_view code = code_of(scratch, text, lead);
-    if (!remembered(code)) remember_code(scratch, text, lead, code);
+    remember_code(scratch, text, lead, code);
     return copy_parse(scratch, text, 0, text);  // the caller keeps the parse of the whole text
 }
 
 std::shared_ptr<const ParsedRelation> parse_code_remembering(std::string_view text, std::size_t& lead) {
     const ParsedRelation& scratch = parse_into_scratch(text);
-    const std::string_view code = code_of(scratch, text, lead);
-    if (auto known = remembered(code)) return known;
-    return remember_code(scratch, text, lead, code);
+    // Remembered whether or not the memo has the code (the cold build's case: one lookup, not two).
+    return remember_code(scratch, text, lead, code_of(scratch, text, lead));
 }
 
 void clear_parse_memo() {
