@@ -718,7 +718,8 @@ ParsedRelation parse_relation_remembering_code(std::string_view text) {
 std::shared_ptr<const ParsedRelation> parse_code_remembering(std::string_view text, std::size_t& lead) {
     const ParsedRelation& scratch = parse_into_scratch(text);
     // Remembered whether or not the memo has the code (the cold build's case: one lookup, not two).
-    return remember_code(scratch, text, lead, code_of(scratch, text, lead));
+    const std::string_view code = code_of(scratch, text, lead);  // sets lead: before the call reads it
+    return remember_code(scratch, text, lead, code);
 }
 
 void clear_parse_memo() {
