@@ -626,9 +626,10 @@ ParsedRelation copy_parse(const ParsedRelation& from, std::string_view text, std
         }
     }
     out.symbols.reserve(from.symbols.size());
-    for (const std::string_view sym : from.symbols)
+    for (const std::string_view sym : from.symbols) {
         out.symbols.push_back(
             to.substr(static_cast<std::size_t>(sym.data() - text.data()) - lead, sym.size()));
+    }
     return out;
 }
 
