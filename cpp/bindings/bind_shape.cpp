@@ -20,6 +20,7 @@
 
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
+#include "core/shape/small_eval.hpp"
 #include "core/shape/symbol.hpp"
 #include "register.hpp"
 #include "runtime/eval/fetch.hpp"
@@ -448,6 +449,22 @@ nb::object symbol_type_names(const core::shape::ValueType* types, std::size_t n,
     return names;
 }
 
+// holds_on_small_ints of the relation's parse on `values` when they are all ints that fit int64
+// (read without running code: exact ints); Undecided otherwise.
+core::shape::SmallTruth holds_on_small_ints(std::string_view code, const core::shape::ValueType* types,
+                                            const runtime::Ref* values, std::size_t n) {
+    std::array<std::int64_t, kInlineSymbols> ints{};
+    if (n > kInlineSymbols) return core::shape::SmallTruth::Undecided;
+    for (std::size_t k = 0; k < n; ++k) {
+        int overflow = 0;
+        if (types[k] != core::shape::ValueType::Int) return core::shape::SmallTruth::Undecided;
+        ints[k] = PyLong_AsLongLongAndOverflow(values[k].get(), &overflow);
+        if (overflow != 0) return core::shape::SmallTruth::Undecided;
+    }
+    const std::shared_ptr<const core::shape::ParsedRelation> parsed = core::shape::parse_relation_shared(code);
+    return core::shape::holds_on_small_ints(*parsed, ints.data(), n);
+}
+
 nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std::uint64_t index_kinds,
                              std::uint64_t no_arg_kinds, nb::handle f_locals, nb::handle f_globals,
                              nb::handle f_closure, nb::handle type_names) {
@@ -485,6 +502,10 @@ nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std:
         values[k] = std::move(v);
     }
     const bool holds = translating(code, [&] {
+        // Ints that fit int64 (nearly every example): the parse tree evaluated directly, which
+        // decides exactly as the compiled program or leaves it to the compiled program.
+        const core::shape::SmallTruth small = holds_on_small_ints(code, types, values, n);
+        if (small != core::shape::SmallTruth::Undecided) return small == core::shape::SmallTruth::Holds;
         // Compiled into the thread's scratch program (nothing memoised, nothing allocated once
         // warm), decided as a check decides: the fast path, else the exact one. The program is
         // given back before anything below can run Python code.
