@@ -1536,6 +1536,31 @@ def test_is_machinery_without_abspath_agrees_with_abspath(
     assert builder._is_machinery.__wrapped__(path) == want, path
 
 
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["", ".", "..", "a", "tripwire", "demo.py", "b.py", "é", "\udc80", "<frozen x>"]),
+        max_size=5,
+    ),
+    st.sampled_from(["package", "/tmp", "relative", "<frozen "]),
+)
+def test_stack_walk_answers_machinery_as_is_machinery(parts: list, base: str) -> None:
+    """The stack walk answers builder._is_machinery itself for "<frozen ..." and absolute normal
+    paths (install_site.cpp, set_machinery_rule): a frame of code compiled under any filename is
+    left out exactly when _is_machinery says it is machinery."""
+    import functools
+
+    from tripwire import builder
+
+    head = {"package": builder._PKG_DIR, "relative": ""}.get(base, base)
+    filename = "/".join([head, *parts]) if head else "/".join(parts)
+    ns: dict = {}
+    exec(compile("def inner(walk):\n    return walk()\n", filename, "exec"), ns)
+    stack = ns["inner"](functools.partial(_core.user_stack, builder._is_machinery, 2))
+    shown = stack[-1].startswith(f"{filename}:2 in inner")
+    assert shown == (not builder._is_machinery.__wrapped__(filename)), (filename, stack)
+
+
 def test_shape_spec_made_by_the_one_call_is_an_ordinary_spec() -> None:
     """GuardBuilder.shape's spec comes from C++ (spec_of_shape): a GuardSpec like any other, its
     fields in __init__'s order, frozen, indexed in declaration order, its install site the
