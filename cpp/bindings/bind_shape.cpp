@@ -538,42 +538,14 @@ nb::object new_frozen(nb::handle cls, std::initializer_list<std::pair<PyObject*,
     return o;
 }
 
-// The spec's index, taken as GuardBuilder._take_index takes it (`index = self._next_index;
-// self._next_index = index + 1`, nothing that could collect between the read and the write), set
-// on the spec (replacing a field allocates nothing), then the spec appended to the builder's
-// specs. Last: every call before it can run user code (which may declare guards itself).
-void take_index_and_append(nb::handle builder, nb::handle spec) {
-    static PyObject* s_next_index = nullptr;
-    static PyObject* s_index = nullptr;
-    static PyObject* s_specs = nullptr;
-    static PyObject* s_one = nullptr;
-    interned(s_index, "index");
-    if (s_one == nullptr) s_one = owned(PyLong_FromLong(1)).release().ptr();  // kept for the process
-    const nb::object index = get_attr(builder, interned(s_next_index, "_next_index"));
-    const nb::object next = owned(PyNumber_Add(index.ptr(), s_one));
-    if (PyObject_SetAttr(builder.ptr(), s_next_index, next.ptr()) != 0) throw nb::python_error();
-    set_field(spec, s_index, index);
-    const nb::object specs = get_attr(builder, interned(s_specs, "_specs"));
-    if (PyList_CheckExact(specs.ptr())) {
-        if (PyList_Append(specs.ptr(), spec.ptr()) != 0) throw nb::python_error();
-    } else {
-        specs.attr("append")(spec);
-    }
-}
-
-// GuardBuilder.shape's call: relation_holds_on on the builder's example with its settings; when
-// the relation holds, the spec GuardSpec(SHAPE, None, (text, symbols, types), index, stack) with
-// the caller's stack, given the builder's next index and appended to its specs (as
-// take_index_and_append says); None otherwise (nothing declared).
-nb::object spec_of_shape(nb::handle builder, const nb::str& text, const nb::tuple& symbols) {
+// GuardBuilder.shape's call: relation_holds_on with the builder's settings, then, when it holds,
+// the spec GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with the caller's stack;
+// None otherwise. The builder gives the spec its index afterwards (an index is taken after every
+// call that can run user code).
+nb::object spec_of_shape(const nb::str& text, const nb::tuple& symbols, nb::handle f_locals,
+                         nb::handle f_globals, nb::handle f_closure) {
     const ShapeBuilder* b = g_shape_builder;
     if (b == nullptr) throw std::logic_error("tripwire.builder did not call _set_shape_builder");
-    static PyObject* s_f_locals = nullptr;
-    static PyObject* s_f_globals = nullptr;
-    static PyObject* s_f_closure = nullptr;
-    const nb::object f_locals = get_attr(builder, interned(s_f_locals, "f_locals"));
-    const nb::object f_globals = get_attr(builder, interned(s_f_globals, "f_globals"));
-    const nb::object f_closure = get_attr(builder, interned(s_f_closure, "f_closure"));
     nb::object types = relation_holds_on(text, symbols, b->index_kinds, b->no_arg_kinds, f_locals, f_globals,
                                          f_closure, b->type_names);
     if (types.is_none()) return types;
@@ -588,13 +560,11 @@ nb::object spec_of_shape(nb::handle builder, const nb::str& text, const nb::tupl
     static PyObject* s_stack = nullptr;
     const nb::object zero = owned(PyLong_FromLong(0));
     // GuardSpec's fields in its __init__'s order (the instance's attribute order).
-    nb::object spec = new_frozen(b->spec_type, {{interned(s_kind, "kind"), b->shape_kind},
-                                                {interned(s_source, "source"), nb::none()},
-                                                {interned(s_args, "args"), args},
-                                                {interned(s_index, "index"), zero},
-                                                {interned(s_stack, "stack"), site}});
-    take_index_and_append(builder, spec);
-    return spec;
+    return new_frozen(b->spec_type, {{interned(s_kind, "kind"), b->shape_kind},
+                                     {interned(s_source, "source"), nb::none()},
+                                     {interned(s_args, "args"), args},
+                                     {interned(s_index, "index"), zero},
+                                     {interned(s_stack, "stack"), site}});
 }
 
 }  // namespace
@@ -688,13 +658,12 @@ void register_shape(nb::module_& m) {
           "for '<frozen ...' filenames and absolute normal POSIX paths, as builder._is_machinery does "
           "(runtime/frame/install_site.hpp, set_machinery_rule).");
     m.def(
-        "spec_of_shape", &spec_of_shape, nb::arg("builder"), nb::arg("text"), nb::arg("symbols"),
-        "GuardBuilder.shape's one call: relation_holds_on on the builder's f_locals, f_globals and "
-        "f_closure with its settings (_set_shape_builder); when the relation holds, a new GuardSpec(SHAPE, "
-        "None, (text, symbols, types), index, stack) with the caller's stack outside tripwire (its fields "
-        "set as object.__setattr__ sets them), its index the builder's next (taken last, as _take_index "
-        "takes it), appended to the builder's specs; else None, nothing declared. Raises what "
-        "relation_holds_on or the stack walk raised.");
+        "spec_of_shape", &spec_of_shape, nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"),
+        nb::arg("f_globals").none(), nb::arg("f_closure").none(),
+        "GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); "
+        "when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with "
+        "the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. "
+        "Raises what relation_holds_on or the stack walk raised.");
     m.def("relation_holds_on", &relation_holds_on, nb::arg("text"), nb::arg("symbols"),
           nb::arg("index_kinds"), nb::arg("no_arg_kinds"), nb::arg("f_locals"), nb::arg("f_globals").none(),
           nb::arg("f_closure").none(), nb::arg("type_names"),

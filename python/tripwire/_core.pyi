@@ -627,9 +627,9 @@ def _set_shape_builder(source: object, step: object, spec: object, shape_kind: o
     Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth. machinery_dir (the package's directory; None: no rule): user_stack answers is_machinery itself for '<frozen ...' filenames and absolute normal POSIX paths, as builder._is_machinery does (runtime/frame/install_site.hpp, set_machinery_rule).
     """
 
-def spec_of_shape(builder: object, text: str, symbols: tuple) -> object:
+def spec_of_shape(text: str, symbols: tuple, f_locals: object, f_globals: object | None, f_closure: object | None) -> object:
     """
-    GuardBuilder.shape's one call: relation_holds_on on the builder's f_locals, f_globals and f_closure with its settings (_set_shape_builder); when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), index, stack) with the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), its index the builder's next (taken last, as _take_index takes it), appended to the builder's specs; else None, nothing declared. Raises what relation_holds_on or the stack walk raised.
+    GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. Raises what relation_holds_on or the stack walk raised.
     """
 
 def relation_holds_on(text: str, symbols: tuple, index_kinds: int, no_arg_kinds: int, f_locals: object, f_globals: object | None, f_closure: object | None, type_names: object) -> object:

@@ -385,25 +385,24 @@ class GuardBuilder:
         example (naming the values).
         """
         rel = relation if type(relation) is _Relation else shapes.parse(relation)
-        # One C++ call reads the symbols, evaluates the relation on them and, when it holds, makes
-        # the spec with the install site, gives it the next index (last, as _take_index takes it)
-        # and appends it. Anything else (a read that raised, a value of another type, a relation
-        # that does not hold, a type error) declares nothing and is redone symbol by symbol
-        # below, which says why.
+        # One C++ call reads the symbols, evaluates the relation on them (compiled into a
+        # per-thread scratch program) and, when it holds, makes the spec with the install site.
+        # Anything else (a read that raised, a value of another type, a relation that does not
+        # hold, a type error) is redone symbol by symbol below, which says why.
         spec: Any
         try:
-            spec = _core.spec_of_shape(self, rel.text, rel.symbols)
+            spec = _core.spec_of_shape(rel.text, rel.symbols, self.f_locals, self.f_globals, self.f_closure)
         except Exception:  # noqa: BLE001 - redone below, where the error is reported
             spec = None
         if spec is None:
             args = (rel.text, rel.symbols, self._checked_symbol_types(rel))
             spec = GuardSpec(_SHAPE, None, args, 0, _core.user_stack(_is_machinery, _STACK_DEPTH))
-            # The index last, as _take_index takes it (read and advanced with nothing in between
-            # that could collect; replacing a field allocates nothing).
-            index = self._next_index
-            self._next_index = index + 1
-            _set_field(spec, "index", index)
-            self._specs.append(spec)
+        # The index last, as _take_index takes it (read and advanced with nothing in between that
+        # could collect; replacing a field allocates nothing).
+        index = self._next_index
+        self._next_index = index + 1
+        _set_field(spec, "index", index)
+        self._specs.append(spec)
         return spec
 
     def _checked_symbol_types(self, rel: shapes.Relation) -> tuple[str, ...]:
