@@ -208,6 +208,41 @@ runtime::Ref read_symbol(const SymbolRead& d, std::vector<runtime::RuntimeStep>&
     return v;
 }
 
+// read_symbol's steps for one relation_holds_on: the calling thread's vector (kept, so a build
+// allocates it once) unless a call on the thread already holds it (a read runs user code, which
+// may declare a guard and so call relation_holds_on again): that call takes a vector of its own.
+// RuntimeStep is trivially destructible (borrowed pointers, overwritten before any use).
+class StepsScratch {
+  public:
+    StepsScratch() {
+        Thread* t = thread();
+        if (!t->lent) {
+            t->lent = true;
+            lent_ = &t->lent;
+            steps_ = &t->steps;
+        }
+    }
+    ~StepsScratch() {
+        if (lent_ != nullptr) *lent_ = false;
+    }
+    StepsScratch(const StepsScratch&) = delete;
+    StepsScratch& operator=(const StepsScratch&) = delete;
+    std::vector<runtime::RuntimeStep>& steps() { return *steps_; }
+
+  private:
+    struct Thread {
+        std::vector<runtime::RuntimeStep> steps;
+        bool lent = false;
+    };
+    [[gnu::noinline]] static Thread* thread() {
+        static thread_local Thread t;
+        return &t;
+    }
+    std::vector<runtime::RuntimeStep> own_;
+    std::vector<runtime::RuntimeStep>* steps_ = &own_;
+    bool* lent_ = nullptr;
+};
+
 // Python's str.isspace() of an ASCII character (str.strip() strips these).
 bool is_python_space(char c) { return (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= ' '); }
 
@@ -494,11 +529,11 @@ nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std:
         values = heap_values.data();
         types = heap_types.data();
     }
-    std::vector<runtime::RuntimeStep> steps;
+    StepsScratch steps;
     for (std::size_t k = 0; k < n; ++k) {
         const std::shared_ptr<const SymbolRead> d = symbol_read(
             PyTuple_GET_ITEM(symbols.ptr(), static_cast<Py_ssize_t>(k)), index_kinds, no_arg_kinds);
-        runtime::Ref v = read_symbol(*d, steps, f_locals, f_globals, f_closure);
+        runtime::Ref v = read_symbol(*d, steps.steps(), f_locals, f_globals, f_closure);
         if (PyLong_CheckExact(v.get())) {
             types[k] = core::shape::ValueType::Int;
         } else if (PyFloat_CheckExact(v.get())) {
