@@ -503,7 +503,8 @@ core::shape::SmallTruth holds_on_small_ints(std::string_view code, const core::s
         ints[k] = PyLong_AsLongLongAndOverflow(values[k].get(), &overflow);
         if (overflow != 0) return core::shape::SmallTruth::Undecided;
     }
-    const std::shared_ptr<const core::shape::ParsedRelation> parsed = core::shape::parse_relation_shared(code);
+    const std::shared_ptr<const core::shape::ParsedRelation> parsed =
+        core::shape::parse_relation_shared(code);
     return core::shape::holds_on_small_ints(*parsed, ints.data(), n);
 }
 
