@@ -4,6 +4,7 @@
 // offsets) and checks it on the example before declaring it. Offsets cross into Python as
 // code-point indices into the str (the core counts UTF-8 bytes).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -12,6 +13,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -20,6 +22,7 @@
 
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
+#include "core/shape/small_eval.hpp"
 #include "core/shape/symbol.hpp"
 #include "register.hpp"
 #include "runtime/eval/fetch.hpp"
@@ -209,6 +212,41 @@ runtime::Ref read_symbol(const SymbolRead& d, std::vector<runtime::RuntimeStep>&
     if (!v) throw nb::python_error();
     return v;
 }
+
+// read_symbol's steps for one relation_holds_on: the calling thread's vector (kept, so a build
+// allocates it once) unless a call on the thread already holds it (a read runs user code, which
+// may declare a guard and so call relation_holds_on again): that call takes a vector of its own.
+// RuntimeStep is trivially destructible (borrowed pointers, overwritten before any use).
+class StepsScratch {
+  public:
+    StepsScratch() {
+        Thread* t = thread();
+        if (!t->lent) {
+            t->lent = true;
+            lent_ = &t->lent;
+            steps_ = &t->steps;
+        }
+    }
+    ~StepsScratch() {
+        if (lent_ != nullptr) *lent_ = false;
+    }
+    StepsScratch(const StepsScratch&) = delete;
+    StepsScratch& operator=(const StepsScratch&) = delete;
+    std::vector<runtime::RuntimeStep>& steps() { return *steps_; }
+
+  private:
+    struct Thread {
+        std::vector<runtime::RuntimeStep> steps;
+        bool lent = false;
+    };
+    [[gnu::noinline]] static Thread* thread() {
+        static thread_local Thread t;
+        return &t;
+    }
+    std::vector<runtime::RuntimeStep> own_;
+    std::vector<runtime::RuntimeStep>* steps_ = &own_;
+    bool* lent_ = nullptr;
+};
 
 // Python's str.isspace() of an ASCII character (str.strip() strips these).
 bool is_python_space(char c) { return (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= ' '); }
@@ -476,9 +514,14 @@ ShapeBuilder* g_shape_builder = nullptr;
 
 void set_shape_builder(nb::handle source, nb::handle step, nb::handle spec_type, nb::handle shape_kind,
                        std::uint64_t index_kinds, std::uint64_t no_arg_kinds, nb::handle type_names,
-                       nb::handle is_machinery, int depth) {
+                       nb::handle is_machinery, int depth, const std::optional<std::string>& machinery_dir) {
     plain_class(spec_type, "spec_type");
     set_symbol_types(source, step);
+    if (machinery_dir) {
+        runtime::set_machinery_rule(is_machinery.ptr(), *machinery_dir);
+    } else {
+        runtime::set_machinery_rule(nullptr, std::string());
+    }
     auto* b = new ShapeBuilder{nb::borrow(spec_type),  nb::borrow(shape_kind),   index_kinds, no_arg_kinds,
                                nb::borrow(type_names), nb::borrow(is_machinery), depth};
     std::swap(b, g_shape_builder);
@@ -521,6 +564,23 @@ nb::object symbol_type_names(const core::shape::ValueType* types, std::size_t n,
     return names;
 }
 
+// holds_on_small_ints of the relation's parse on `values` when they are all ints that fit int64
+// (read without running code: exact ints); Undecided otherwise.
+core::shape::SmallTruth holds_on_small_ints(std::string_view code, const core::shape::ValueType* types,
+                                            const runtime::Ref* values, std::size_t n) {
+    std::array<std::int64_t, kInlineSymbols> ints{};
+    if (n > kInlineSymbols) return core::shape::SmallTruth::Undecided;
+    for (std::size_t k = 0; k < n; ++k) {
+        int overflow = 0;
+        if (types[k] != core::shape::ValueType::Int) return core::shape::SmallTruth::Undecided;
+        ints[k] = PyLong_AsLongLongAndOverflow(values[k].get(), &overflow);
+        if (overflow != 0) return core::shape::SmallTruth::Undecided;
+    }
+    const std::shared_ptr<const core::shape::ParsedRelation> parsed =
+        core::shape::parse_relation_shared(code);
+    return core::shape::holds_on_small_ints(*parsed, ints.data(), n);
+}
+
 nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std::uint64_t index_kinds,
                              std::uint64_t no_arg_kinds, nb::handle f_locals, nb::handle f_globals,
                              nb::handle f_closure, nb::handle type_names) {
@@ -543,11 +603,11 @@ nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std:
         values = heap_values.data();
         types = heap_types.data();
     }
-    std::vector<runtime::RuntimeStep> steps;
+    StepsScratch steps;
     for (std::size_t k = 0; k < n; ++k) {
         const std::shared_ptr<const SymbolRead> d = symbol_read(
             PyTuple_GET_ITEM(symbols.ptr(), static_cast<Py_ssize_t>(k)), index_kinds, no_arg_kinds);
-        runtime::Ref v = read_symbol(*d, steps, f_locals, f_globals, f_closure);
+        runtime::Ref v = read_symbol(*d, steps.steps(), f_locals, f_globals, f_closure);
         if (PyLong_CheckExact(v.get())) {
             types[k] = core::shape::ValueType::Int;
         } else if (PyFloat_CheckExact(v.get())) {
@@ -558,6 +618,10 @@ nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std:
         values[k] = std::move(v);
     }
     const bool holds = translating(code, [&] {
+        // Ints that fit int64 (nearly every example): the parse tree evaluated directly, which
+        // decides exactly as the compiled program or leaves it to the compiled program.
+        const core::shape::SmallTruth small = holds_on_small_ints(code, types, values, n);
+        if (small != core::shape::SmallTruth::Undecided) return small == core::shape::SmallTruth::Holds;
         // Compiled into the thread's scratch program (nothing memoised, nothing allocated once
         // warm), decided as a check decides: the fast path, else the exact one. The program is
         // given back before anything below can run Python code.
@@ -703,10 +767,13 @@ void register_shape(nb::module_& m) {
         "(the reference tests); without it a fast pass returns at once.");
     m.def("_set_shape_builder", &set_shape_builder, nb::arg("source"), nb::arg("step"), nb::arg("spec"),
           nb::arg("shape_kind"), nb::arg("index_kinds"), nb::arg("no_arg_kinds"), nb::arg("type_names"),
-          nb::arg("is_machinery"), nb::arg("depth"),
+          nb::arg("is_machinery"), nb::arg("depth"), nb::arg("machinery_dir").none(),
           "Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a "
           "symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, "
-          "GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth.");
+          "GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth. "
+          "machinery_dir (the package's directory; None: no rule): user_stack answers is_machinery itself "
+          "for '<frozen ...' filenames and absolute normal POSIX paths, as builder._is_machinery does "
+          "(runtime/frame/install_site.hpp, set_machinery_rule).");
     m.def(
         "spec_of_shape", &spec_of_shape, nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"),
         nb::arg("f_globals").none(), nb::arg("f_closure").none(),

@@ -632,9 +632,9 @@ def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths:
     (holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, types). both_paths: also run the exact path when the fast one decides, and raise if they disagree (the reference tests); without it a fast pass returns at once.
     """
 
-def _set_shape_builder(source: object, step: object, spec: object, shape_kind: object, index_kinds: int, no_arg_kinds: int, type_names: object, is_machinery: object, depth: int) -> None:
+def _set_shape_builder(source: object, step: object, spec: object, shape_kind: object, index_kinds: int, no_arg_kinds: int, type_names: object, is_machinery: object, depth: int, machinery_dir: str | None) -> None:
     """
-    Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth.
+    Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth. machinery_dir (the package's directory; None: no rule): user_stack answers is_machinery itself for '<frozen ...' filenames and absolute normal POSIX paths, as builder._is_machinery does (runtime/frame/install_site.hpp, set_machinery_rule).
     """
 
 def spec_of_shape(text: str, symbols: tuple, f_locals: object, f_globals: object | None, f_closure: object | None) -> object:

@@ -86,8 +86,19 @@ _NO_ARG_KINDS = sum(1 << int(k) for k in _NO_ARG_STEPS)
 _set_field = object.__setattr__  # a frozen spec's field, as its dataclass __init__ sets one
 # What GuardBuilder.shape's C++ call uses; it decodes a symbol of the exact classes Source and
 # Step once (frozen: a decoding stays the object's).
+# On POSIX, the stack walk answers _is_machinery itself for "<frozen ..." and absolute normal
+# paths (the same tests, in C++): a cold walk's callbacks were most of its cost.
 _core._set_shape_builder(
-    Source, Step, GuardSpec, _SHAPE, _INDEX_KINDS, _NO_ARG_KINDS, _TYPE_NAMES, _is_machinery, _STACK_DEPTH
+    Source,
+    Step,
+    GuardSpec,
+    _SHAPE,
+    _INDEX_KINDS,
+    _NO_ARG_KINDS,
+    _TYPE_NAMES,
+    _is_machinery,
+    _STACK_DEPTH,
+    _PKG_DIR if _NORMAL_ABSOLUTE and not any("\ud800" <= c <= "\udfff" for c in _PKG_DIR) else None,
 )
 
 

@@ -62,6 +62,7 @@ def test_generated_builder_checks_match_the_exact_evaluator_and_the_reference() 
     # memoised compile, both paths) and tripwire.reference; the long run is shape_cases.py's.
     stats = shape_cases.run_builder(scaled(2000, 200), seed=21)
     assert stats["held"] > 0 and stats["refused"] > 0
+    assert stats["small_ints"] > 0  # decided on the parse tree (core/shape/small_eval.hpp) or left
     if stats["relations"] >= 1000:  # unreadable frames are ~2% of the generated ones
         assert stats["unreadable"] > 0 and stats["type_errors"] > 0
 
@@ -1061,6 +1062,74 @@ def test_builder_one_call_reads_each_symbol_once_and_refuses_as_before() -> None
     assert not gs.check({"x": T(1, 4), "n": 4, "f": 0.5, "s": "", "y": T(3)})
 
 
+# Relations on int locals where the builder's one call evaluates the parse tree on int64 values
+# (core/shape/small_eval.hpp) or must leave it to the compiled program: an overflow, an error in
+# a branch a short circuit skips, INT64_MIN negated, a negative power, a bool compared, a float,
+# a type error (with its offset), a big literal.
+_SMALL_INT_CASES = [
+    ("L['a'] * L['b'] > 0", (2**62, 2**62)),
+    ("L['a'] * L['b'] > 0", (3, -4)),
+    ("L['a'] + L['b'] < 0", (2**63 - 1, 1)),
+    ("L['a'] - L['b'] < 0", (-(2**63), 1)),
+    ("L['a'] == 0 or 10 // L['a'] > 1", (0, 0)),
+    ("L['a'] == 0 or 10 // L['a'] > 1", (5, 0)),
+    ("L['a'] != 0 and 10 % L['a'] == 1", (0, 0)),
+    ("L['a'] != 0 and 10 % L['a'] == 1", (-3, 0)),
+    ("-L['a'] < 0", (-(2**63), 0)),
+    ("abs(L['a']) > L['b']", (-(2**63), 7)),
+    ("abs(L['a']) > L['b']", (-8, 7)),
+    ("L['a'] // L['b'] == -1", (-(2**63), -1)),
+    ("L['a'] // L['b'] == -3", (7, -3)),
+    ("L['a'] % L['b'] == 0", (-(2**63), -1)),
+    ("L['a'] % L['b'] == 2", (-7, 3)),
+    ("L['a'] ** 3 == 8", (2, 0)),
+    ("L['a'] ** L['b'] >= 1", (2, -1)),
+    ("L['a'] ** L['b'] > 0", (3, 40)),
+    ("max(L['a'], L['b'], 3) == 3 and min(L['a'], L['b']) < 0", (-1, 2)),
+    ("math.floor(L['a']) == L['a'] and round(L['b']) >= L['b']", (4, -5)),
+    ("(L['a'] if L['b'] > 0 else L['b']) <= 2", (9, 1)),
+    ("(L['a'] if L['b'] > 0 else L['b']) <= 2", (9, -1)),
+    ("not L['a'] < L['b'] or L['a'] >= 0", (-2, 1)),
+    ("(L['a'] == 1) == (L['b'] == 2)", (1, 3)),
+    ("L['a'] / 2 == 1.5", (3, 0)),
+    ("L['a'] > 99999999999999999999", (3, 0)),
+    ("L['a'] > -99999999999999999999 == True", (3, 0)),
+    ("L['a'] + (L['b'] == 1) > 0", (1, 1)),
+    ("L['a'] + L['b']", (1, 1)),
+    ("(L['a'] if L['b'] > 0 else L['b'] > 0) == True", (1, 1)),
+    ("L['a'] > 0 and L['b']", (1, 1)),
+]
+
+
+@pytest.mark.parametrize(("text", "values"), _SMALL_INT_CASES)
+def test_builder_one_call_on_small_ints_decides_as_the_compiled_program(text: str, values: tuple) -> None:
+    """The builder's one call (relation_holds_on) decides as the memoised compiled program
+    (evaluate_relation, both paths) and the reference, with the same type errors and offsets."""
+    from tripwire.builder import _INDEX_KINDS, _NO_ARG_KINDS, _TYPE_NAMES
+
+    rel = tw.shapes.parse(text)
+    f_locals = dict(zip("ab", values, strict=True))
+    codes = [0] * len(rel.symbols)
+    got: object
+    want: object
+    try:
+        got = _core.relation_holds_on(rel.text, rel.symbols, _INDEX_KINDS, _NO_ARG_KINDS, f_locals, {}, None,
+                                      _TYPE_NAMES)  # fmt: skip
+    except tw.ShapeSyntaxError as e:
+        got = ("syntax", e.offset, e.message)
+    try:
+        holds, _error, _path = _core.evaluate_relation(
+            rel.text, codes, [f_locals[s.name] for s in rel.symbols]
+        )
+        want = ("int",) * len(rel.symbols) if holds else None
+        ref = reference.shape_holds(rel.text, rel.symbols, ["int"] * len(rel.symbols),
+                                    {str(s): f_locals[s.name] for s in rel.symbols})  # fmt: skip
+        assert holds == ref
+    except tw.ShapeSyntaxError as e:
+        want = ("syntax", e.offset, e.message)
+    assert got == want
+
+
 def test_builder_one_call_a_read_that_raises_once() -> None:
     """A symbol source that raises on its first read and answers afterwards: the one-call path
     fails, the per-symbol path reads again (user code runs again, as a second check would) and
@@ -1465,6 +1534,31 @@ def test_is_machinery_without_abspath_agrees_with_abspath(
         and os.path.basename(os.path.abspath(path)) != "demo.py"
     )
     assert builder._is_machinery.__wrapped__(path) == want, path
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["", ".", "..", "a", "tripwire", "demo.py", "b.py", "é", "\udc80", "<frozen x>"]),
+        max_size=5,
+    ),
+    st.sampled_from(["package", "/tmp", "relative", "<frozen "]),
+)
+def test_stack_walk_answers_machinery_as_is_machinery(parts: list, base: str) -> None:
+    """The stack walk answers builder._is_machinery itself for "<frozen ..." and absolute normal
+    paths (install_site.cpp, set_machinery_rule): a frame of code compiled under any filename is
+    left out exactly when _is_machinery says it is machinery."""
+    import functools
+
+    from tripwire import builder
+
+    head = {"package": builder._PKG_DIR, "relative": ""}.get(base, base)
+    filename = "/".join([head, *parts]) if head else "/".join(parts)
+    ns: dict = {}
+    exec(compile("def inner(walk):\n    return walk()\n", filename, "exec"), ns)
+    stack = ns["inner"](functools.partial(_core.user_stack, builder._is_machinery, 2))
+    shown = stack[-1].startswith(f"{filename}:2 in inner")
+    assert shown == (not builder._is_machinery.__wrapped__(filename)), (filename, stack)
 
 
 def test_shape_spec_made_by_the_one_call_is_an_ordinary_spec() -> None:

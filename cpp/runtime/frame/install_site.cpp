@@ -5,6 +5,8 @@
 #include <charconv>
 #include <cstring>
 #include <map>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,6 +36,45 @@ std::map<std::pair<PyObject*, int>, PyObject*>& site_memo() {
     return *m;
 }
 
+// set_machinery_rule's callable (a strong reference) and directory.
+struct MachineryRule {
+    PyObject* is_machinery = nullptr;
+    std::string dir;
+};
+MachineryRule& machinery_rule() {
+    static auto* r = new MachineryRule();  // never destroyed: it holds a Python object
+    return *r;
+}
+
+bool ends_with(std::string_view s, std::string_view end) {
+    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+}
+
+// The rule's answer for `filename` (1 machinery, 0 user code), or -1 when the rule does not
+// decide (the callable is asked). Runs no Python code. The tests are _is_machinery's on the
+// UTF-8 bytes, which agree with its tests on code points: '/', '.' and "<frozen " are ASCII, and
+// no byte of a multi-byte UTF-8 sequence is ASCII.
+int machinery_by_rule(PyObject* is_machinery, PyObject* filename) {
+    const MachineryRule& rule = machinery_rule();
+    if (rule.is_machinery == nullptr || is_machinery != rule.is_machinery || !PyUnicode_CheckExact(filename))
+        return -1;
+    Py_ssize_t size = 0;
+    const char* data = PyUnicode_AsUTF8AndSize(filename, &size);
+    if (data == nullptr) {  // not encodable (a lone surrogate): the callable decides
+        PyErr_Clear();
+        return -1;
+    }
+    const std::string_view f(data, static_cast<std::size_t>(size));
+    constexpr std::string_view kFrozen = "<frozen ";
+    if (f.compare(0, kFrozen.size(), kFrozen) == 0) return 1;
+    constexpr auto npos = std::string_view::npos;
+    if (f.empty() || f[0] != '/' || f.find("//") != npos || f.find("/./") != npos || f.find("/../") != npos ||
+        ends_with(f, "/") || ends_with(f, "/.") || ends_with(f, "/.."))
+        return -1;
+    const std::size_t slash = f.rfind('/');
+    return f.substr(0, slash) == rule.dir && f.substr(slash + 1) != "demo.py" ? 1 : 0;
+}
+
 // 1 machinery, 0 user code, -1 error.
 int is_machinery_file(PyObject* is_machinery, PyObject* filename) {
     {
@@ -41,11 +82,14 @@ int is_machinery_file(PyObject* is_machinery, PyObject* filename) {
         auto it = memo.find(filename);
         if (it != memo.end()) return it->second ? 1 : 0;
     }
-    PyObject* r = PyObject_CallOneArg(is_machinery, filename);  // user code may run
-    if (r == nullptr) return -1;
-    const int truth = PyObject_IsTrue(r);
-    Py_DECREF(r);
-    if (truth < 0) return -1;
+    int truth = machinery_by_rule(is_machinery, filename);
+    if (truth < 0) {
+        PyObject* r = PyObject_CallOneArg(is_machinery, filename);  // user code may run
+        if (r == nullptr) return -1;
+        truth = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (truth < 0) return -1;
+    }
     auto& memo = machinery_memo();
     if (memo.size() >= kMaxFiles) {
         std::map<PyObject*, bool> old;
@@ -149,6 +193,15 @@ PyObject* user_stack(PyObject* is_machinery, int depth) {
     // Innermost last.
     for (int k = 0; k < n; ++k) PyTuple_SET_ITEM(t, k, sites[n - 1 - k].release());
     return t;
+}
+
+void set_machinery_rule(PyObject* is_machinery, std::string dir) {
+    MachineryRule& rule = machinery_rule();
+    Py_XINCREF(is_machinery);
+    PyObject* old = rule.is_machinery;
+    rule.is_machinery = is_machinery;
+    rule.dir = std::move(dir);
+    Py_XDECREF(old);  // after the rule is consistent: dropping a callable may run code
 }
 
 void clear_install_site_memo() {

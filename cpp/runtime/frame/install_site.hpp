@@ -5,6 +5,8 @@
 // this walks the frames in C and formats each (code, instruction) once: the strings are memoised.
 #pragma once
 
+#include <string>
+
 #include "runtime/py.hpp"
 
 namespace tripwire::runtime {
@@ -18,6 +20,14 @@ namespace tripwire::runtime {
 /// `__del__`, which may declare a guard and so call this again): no iterator into the memos is
 /// held across either, and entries are dropped only after the memo is swapped out.
 PyObject* user_stack(PyObject* is_machinery, int depth);
+
+/// Let user_stack answer `is_machinery` itself for the filenames whose answer is plain, as
+/// tripwire.builder._is_machinery answers them (its callback is most of a cold stack walk): a
+/// "<frozen ..." filename is machinery; an absolute, normal POSIX path (no empty, "." or ".."
+/// component, no trailing slash) is machinery when its directory is `dir` and its base name is not
+/// demo.py. Only for the callable `is_machinery` (kept for the life of the process); any other
+/// filename, or another callable, is asked as before. Null `is_machinery`: no rule. GIL held.
+void set_machinery_rule(PyObject* is_machinery, std::string dir);
 
 /// Drop the memos (tests; the memos are bounded anyway).
 void clear_install_site_memo();
