@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <unordered_map>
@@ -19,6 +20,7 @@
 #include "core/shape/program.hpp"
 #include "register.hpp"
 #include "runtime/eval/guard_set.hpp"
+#include "runtime/tensors/property_reader.hpp"
 #include "runtime/tensors/tensor_kinds.hpp"
 
 namespace nb = nanobind;
@@ -263,6 +265,89 @@ nb::object symbol_template(core::RootKind root, nb::str name, nb::tuple steps, n
     return nb::make_tuple(nb::cast(std::move(path)), nb::tuple(consts), cpp_tensor, read);
 }
 
+/// `module.attrs...` when `module` is imported (sys.modules: nothing is imported here) and has
+/// them, else None (tensors.is_tensor's and is_array's lookups).
+nb::object imported_attr(const char* module, std::initializer_list<const char*> attrs) {
+    nb::object o = nb::steal(PyImport_GetModule(nb::str(module).ptr()));
+    if (!o.is_valid()) {
+        if (PyErr_Occurred()) throw nb::python_error();
+        return nb::none();
+    }
+    for (const char* a : attrs) {
+        PyObject* next = PyObject_GetAttrString(o.ptr(), a);
+        if (next == nullptr) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw nb::python_error();
+            PyErr_Clear();
+            return nb::none();
+        }
+        o = nb::steal(next);
+    }
+    return o;
+}
+
+/// issubclass(t, base), False when base is None.
+bool derives(nb::handle t, nb::handle base) {
+    if (base.is_none()) return false;
+    const int r = PyObject_IsSubclass(t.ptr(), base.ptr());
+    if (r < 0) throw nb::python_error();
+    return r == 1;
+}
+
+/// What decides each SHAPE symbol's reader on this frame (guard_set.py, _reader_facts), per
+/// symbol in the program's order: (printed symbol, fact), the fact ("frame",) for a symbol read
+/// from the frame (its last step is no SIZE, STRIDE or STORAGE_OFFSET), ("unreadable", the
+/// exception's type name) when its tensor cannot be read here, else ("property", the tensor's
+/// type, whether the C-level reader answers, is an array, is a tensor). Each tensor is read once
+/// (the same steps a check runs, user code included).
+nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::handle f_globals) {
+    const core::Program& p = gs.program();
+    PyObject* globals = PyDict_Check(f_globals.ptr()) ? f_globals.ptr() : nullptr;
+    const nb::object ndarray = imported_attr("numpy", {"ndarray"});
+    const nb::object tensor_base = imported_attr("torch", {"_C", "TensorBase"});
+    struct Parent {
+        nb::object value, type;
+        bool is_array = false, is_tensor = false;
+    };
+    std::unordered_map<std::uint32_t, Parent> parents;  // by node: each tensor read once
+    nb::list out;
+    for (const std::uint32_t ni : p.symbol_nodes) {
+        const core::Node& n = p.nodes[ni];
+        nb::str text(n.text.data(), n.text.size());
+        const core::StepKind kind = n.step.kind;
+        if (n.is_root || (kind != core::StepKind::Size && kind != core::StepKind::Stride &&
+                          kind != core::StepKind::StorageOffset)) {
+            out.append(nb::make_tuple(text, nb::make_tuple("frame")));
+            continue;
+        }
+        auto it = parents.find(n.parent);
+        if (it == parents.end()) {
+            runtime::Ref v = gs.read_node(n.parent, f_locals.ptr(), globals);
+            if (!v) {
+                // The frame has no such value (or a step raised): said, as `type(e).__name__`.
+                if (!PyErr_ExceptionMatches(PyExc_Exception)) throw nb::python_error();
+                nb::python_error e;
+                out.append(nb::make_tuple(text, nb::make_tuple("unreadable", e.type().attr("__name__"))));
+                continue;
+            }
+            Parent parent;
+            parent.value = nb::steal(v.release());
+            parent.type = nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(parent.value.ptr())));
+            parent.is_array = derives(parent.type, ndarray);
+            parent.is_tensor = derives(parent.type, tensor_base);
+            it = parents.emplace(n.parent, std::move(parent)).first;
+        }
+        const Parent& parent = it->second;
+        std::int64_t value = 0;
+        const std::int64_t index = kind == core::StepKind::StorageOffset ? 0 : n.step.index;
+        const bool answered = runtime::read_tensor_property(parent.value.ptr(), kind, index, &value) !=
+                              runtime::PropertyRead::Unknown;
+        if (PyErr_Occurred()) throw nb::python_error();
+        out.append(nb::make_tuple(
+            text, nb::make_tuple("property", parent.type, answered, parent.is_array, parent.is_tensor)));
+    }
+    return out;
+}
+
 }  // namespace
 
 runtime::GuardSet* guard_set_of(PyObject* o) { return shared_guard_set_of(o).get(); }
@@ -390,6 +475,18 @@ void register_guard_set(nb::module_& m) {
                 },
                 "The guard tree, preorder: (depth, text, [guard ids in current order], node fails, "
                 "[guard fails], SHAPE symbol index or -1), for explain().")
+            .def(
+                "_symbol_reader_facts",
+                [](GuardSetCore& s, nb::handle f_locals, nb::handle f_globals) {
+                    return reader_facts(s.get(), f_locals, f_globals);
+                },
+                nb::arg("f_locals"), nb::arg("f_globals").none(),
+                nb::sig(
+                    "def _symbol_reader_facts(self, f_locals: collections.abc.Mapping[str, typing.Any], "
+                    "f_globals: dict[str, typing.Any] | None) -> list[tuple[str, tuple[typing.Any, ...]]]"),
+                "What decides each SHAPE symbol's reader on this frame: [(printed symbol, ('frame',) | "
+                "('unreadable', error type name) | ('property', tensor type, C-level answered, is array, is "
+                "tensor))], in the program's symbol order (GuardSet.symbol_readers, explain()).")
             .def_prop_ro(
                 "_shape_info",
                 [](GuardSetCore& s) {

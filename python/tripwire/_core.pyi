@@ -308,6 +308,11 @@ class GuardSetCore:
         The guard tree, preorder: (depth, text, [guard ids in current order], node fails, [guard fails], SHAPE symbol index or -1), for explain().
         """
 
+    def _symbol_reader_facts(self, f_locals: Mapping[str, Any], f_globals: dict[str, Any] | None) -> list[tuple[str, tuple[Any, ...]]]:
+        """
+        What decides each SHAPE symbol's reader on this frame: [(printed symbol, ('frame',) | ('unreadable', error type name) | ('property', tensor type, C-level answered, is array, is tensor))], in the program's symbol order (GuardSet.symbol_readers, explain()).
+        """
+
     @property
     def _shape_info(self) -> dict:
         """

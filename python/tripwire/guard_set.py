@@ -406,9 +406,10 @@ class GuardSet(_core.GuardSetCore):
             (only in strict mode, or for KeyboardInterrupt and other non-Exception errors)."""
             ...
 
-    # What decided the SHAPE symbols' readers on the example the set was built from
-    # (build_guard_set; formatted by explain()); None for a set built from specs or loaded.
-    _example_reader_facts: dict[str, tuple[Source, tuple]] | None = None
+    # The engine's reader facts on the example the set was built from, per symbol in its own order
+    # (build_guard_set; _example_reader_facts maps them to the symbols); None for a set built
+    # from specs or loaded.
+    _example_facts: list[tuple[str, tuple]] | None = None
     # The distinct SHAPE symbols declared by __init__ (empty for a loaded set).
     _built_symbols: list[Source] = []  # noqa: RUF012 - never mutated: replaced per instance
 
@@ -652,23 +653,22 @@ class GuardSet(_core.GuardSetCore):
         self, f_locals: Mapping[str, Any], symbols: Iterable[Source] | None = None
     ) -> dict[str, tuple[Source, tuple]]:
         """What decides each symbol's reader on this frame (formatted only when asked for), by
-        printed symbol.
-        ``symbols``: the set's distinct symbols when the caller has them (build_guard_set)."""
+        printed symbol: the engine reads each symbol's tensor once (_symbol_reader_facts).
+        ``symbols``: the set's distinct symbols when the caller has them."""
         if symbols is None:
             # Distinct by identity first (relations share their Source objects), in order of use.
             symbols = {
                 id(sym): sym for spec in self._specs if spec.kind is _SHAPE for sym in spec.args[1]
             }.values()
-        # By printed symbol, which is what the readers are reported by: equal symbols print
-        # alike (and a symbol's print is kept on it), where hashing a new Source hashes its steps.
-        facts: dict[str, tuple[Source, tuple]] = {}
-        parents: dict[str, tuple] = {}  # each tensor read once
-        f_globals = self._f_globals
-        for sym in symbols:
-            text = str(sym)
-            if text not in facts:
-                facts[text] = (sym, _reader_fact(sym, f_locals, f_globals, parents))
-        return facts
+        return _facts_by_symbol(self._symbol_reader_facts(f_locals, self._f_globals), symbols)
+
+    @property
+    def _example_reader_facts(self) -> dict[str, tuple[Source, tuple]] | None:
+        """What decided the SHAPE symbols' readers on the example the set was built from
+        (build_guard_set records the engine's answer; explain() formats it); None for a set
+        built from specs or loaded."""
+        found = self._example_facts
+        return None if found is None else _facts_by_symbol(found, self._built_symbols)
 
     def _explain_shape(self) -> list[str]:
         """The SHAPE section of explain(): counts before and after merging, the reader of each
@@ -774,9 +774,8 @@ def build_guard_set(
         f = gs.why_not(f_locals)
         why = f.reason if f is not None else "unknown guard"
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
-    facts = gs._reader_facts(f_locals, gs._built_symbols)  # {} without SHAPE symbols
-    if facts:
-        gs._example_reader_facts = facts
+    if gs._built_symbols:
+        gs._example_facts = gs._symbol_reader_facts(f_locals, f_globals)
     return gs
 
 
@@ -832,27 +831,18 @@ def _property_read(sym: Source, texts: list[str]) -> _PropertyRead | None:
     return texts[-2], steps, last.kind, index
 
 
-def _reader_fact(
-    sym: Source, f_locals: Mapping[str, Any], f_globals: dict | None, parents: dict[str, tuple]
-) -> tuple:
-    """What decides one symbol's reader on one frame: ("frame",), ("unreadable", error name), or
-    ("property", value type, C-level answered, is an array, is a tensor); ``parents`` memoises
-    each tensor's value and what its type says, by printed source."""
-    held = _SYMBOL_DECLS.get(id(sym))  # _symbol_decl's memo, read here (a call less per symbol)
-    how = held[1][3] if held is not None else _symbol_decl(sym)[3]
-    if how is None:
-        return ("frame",)
-    key, steps, kind, index = how
-    parent = parents.get(key)
-    if parent is None:
-        try:
-            v = _core.read_source(sym.root, sym.name, steps, f_locals, f_globals, None)
-        except Exception as e:  # noqa: BLE001 - the frame has no such value: say so
-            return ("unreadable", type(e).__name__)
-        parent = parents[key] = (v, type(v), tensors.is_array(v), tensors.is_tensor(v))
-    v, t, is_array, is_tensor = parent
-    answered = _core._read_tensor_property(v, kind, index) is not None
-    return ("property", t, answered, is_array, is_tensor)
+def _facts_by_symbol(
+    found: list[tuple[str, tuple]], symbols: Iterable[Source]
+) -> dict[str, tuple[Source, tuple]]:
+    """The engine's reader facts (by printed symbol) as {printed symbol: (symbol, fact)}, in the
+    order the symbols are given. Equal symbols print alike (and a symbol's print is kept on it)."""
+    by_text = dict(found)
+    facts: dict[str, tuple[Source, tuple]] = {}
+    for sym in symbols:
+        text = str(sym)
+        if text not in facts and text in by_text:
+            facts[text] = (sym, by_text[text])
+    return facts
 
 
 def _format_readers(facts: dict[str, tuple[Source, tuple]]) -> dict[str, str]:
