@@ -389,7 +389,7 @@ class GuardSet(_core.GuardSetCore):
         except ValueError as e:
             error = GuardBuildError(str(e))
         else:
-            self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
+            self._set_state(specs, f_globals, strict, (), dict(baselines or {}), shape.ids)
             self._built_symbols = symbols  # for build_guard_set's reader facts
             return self
         del self  # the only reference: the instance is freed here, never seen again
@@ -420,20 +420,24 @@ class GuardSet(_core.GuardSetCore):
         strict: bool,
         dropped: tuple[tuple[str, str, str], ...],
         baselines: dict[str, Any],
+        shape_ids: list[int] | None = None,
     ) -> None:
         # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
-        # strong reference to the objects it names by identity.
-        ordered = sorted(specs, key=_index_of)
-        if _MAY_WEAKEN.isdisjoint(map(_kind_of, ordered)):
-            # Nothing to weaken (a set of SHAPE relations): the specs as they are, with no Python
-            # loop over them.
+        # strong reference to the objects it names by identity. ``shape_ids``: the SHAPE specs'
+        # indices as _encode read them, in the specs' order.
+        if shape_ids is not None and len(shape_ids) == len(specs):
+            # Every spec is a SHAPE relation (nothing to weaken), and their indices are known: no
+            # Python call per spec when they come in index order, as a builder's do.
+            ordered = specs if shape_ids == sorted(shape_ids) else sorted(specs, key=_index_of)
             weakened = tuple(ordered)
         else:
-            weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in ordered)
-        self._built: tuple[tuple[GuardSpec, ...], dict[int, GuardSpec]] | None = (
-            weakened,
-            dict(zip(map(_index_of, weakened), weakened, strict=True)),
-        )
+            ordered = sorted(specs, key=_index_of)
+            if _MAY_WEAKEN.isdisjoint(map(_kind_of, ordered)):
+                weakened = tuple(ordered)  # nothing to weaken: no Python loop over them
+            else:
+                weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in ordered)
+        # By index: made on the first diagnostic that asks (_diagnostic_state).
+        self._built: tuple[tuple[GuardSpec, ...], dict[int, GuardSpec] | None] | None = (weakened, None)
         self._lazy: Any = None
         self.strict = strict
         self._f_globals = f_globals  # the runtime set holds it too; kept for to_bytes
@@ -474,7 +478,11 @@ class GuardSet(_core.GuardSetCore):
             built = (specs, {s.index: s for s in specs})
             self._built = built
             self._lazy = None
-        return built
+        by_id = built[1]
+        if by_id is None:  # a built set's specs, by index on the first diagnostic
+            by_id = {s.index: s for s in built[0]}
+            self._built = (built[0], by_id)
+        return built[0], by_id
 
     @property
     def _specs(self) -> tuple[GuardSpec, ...]:
