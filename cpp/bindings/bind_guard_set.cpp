@@ -209,60 +209,61 @@ nb::object field(PyObject* obj, PyObject*& name_slot, const char* name) {
 }
 
 /// A SHAPE symbol's declaration template from its fields (guard_set.py, _symbol_decl): constant 0
-/// is the root's name, then each step's operand in order; `texts` are its printed prefixes.
-/// Returns (SourcePath, constants, whether a step reads the C++ tensor, the property read
-/// _reader_fact uses or None), or None when a step is not exactly `step_type` (a subclass may
-/// answer has_operand and index its own way: the caller reads those in Python).
-nb::object symbol_template(core::RootKind root, nb::str name, nb::tuple steps, nb::list texts,
-                           nb::handle step_type) {
+/// is the root's name, then each step's operand in order. Its texts are its printed prefixes: for
+/// a symbol of at most one step (nearly every one: ``L['x'].size()[0]``, ``L['n']``) the root's
+/// print and ``str(sym)`` (kept on the Source), else ``sym.printed_prefixes()``. Returns
+/// (SourcePath, constants, whether a step reads the C++ tensor), or None when a step is not
+/// exactly `step_type` (a subclass may answer has_operand and index its own way: the caller
+/// reads those in Python). `sym` is an exact tripwire.source.Source (the caller checks).
+nb::object symbol_template(nb::handle sym, nb::handle step_type) {
     static PyObject* s_kind = nullptr;
     static PyObject* s_arg = nullptr;
+    static PyObject* s_root = nullptr;
+    static PyObject* s_name = nullptr;
+    static PyObject* s_steps = nullptr;
+    const nb::object root_obj = field(sym.ptr(), s_root, "root");
+    const nb::object name = field(sym.ptr(), s_name, "name");
+    const nb::object steps_obj = field(sym.ptr(), s_steps, "steps");
+    if (!PyTuple_CheckExact(steps_obj.ptr())) return nb::none();
+    const auto steps = nb::borrow<nb::tuple>(steps_obj);
     const std::size_t n = steps.size();
-    if (texts.size() != n + 1) throw nb::value_error("a symbol's texts do not match its steps");
     for (nb::handle st : steps) {
         if (Py_TYPE(st.ptr()) != reinterpret_cast<PyTypeObject*>(step_type.ptr())) return nb::none();
     }
     core::SourcePath path;
-    path.root = root;
+    path.root = nb::cast<core::RootKind>(root_obj);
     path.name = 0;
     path.steps.reserve(n);
     path.texts.reserve(n + 1);
-    for (nb::handle t : texts) path.texts.push_back(nb::cast<std::string>(t));
+    if (n <= 1) {
+        static const char* const letter[] = {"L", "G", "C"};
+        const auto root = static_cast<std::size_t>(path.root);
+        if (root > 2) throw nb::value_error("unknown root kind");
+        path.texts.push_back(std::string(letter[root]) + "[" + nb::cast<std::string>(nb::repr(name)) + "]");
+        if (n == 1) path.texts.push_back(nb::cast<std::string>(nb::str(sym)));
+    } else {
+        for (nb::handle t : nb::list(sym.attr("printed_prefixes")())) path.texts.push_back(nb::cast<std::string>(t));
+        if (path.texts.size() != n + 1) throw nb::value_error("a symbol's texts do not match its steps");
+    }
     nb::list consts;
     consts.append(name);
-    nb::list parent_steps;  // (kind, operand or None, index) of every step but the last
-    nb::object last_kind = nb::none();
-    std::int64_t last_index = 0;
     bool cpp_tensor = false;
     for (std::size_t i = 0; i < n; ++i) {
         PyObject* st = steps[i].ptr();
-        nb::object kind_obj = field(st, s_kind, "kind");
-        nb::object arg = field(st, s_arg, "arg");
+        const nb::object kind_obj = field(st, s_kind, "kind");
+        const nb::object arg = field(st, s_arg, "arg");
         const auto kind = nb::cast<core::StepKind>(kind_obj);
         core::Step& out = path.steps.emplace_back();
         out.kind = kind;
-        const bool operand = core::step_takes_operand(kind);
-        if (operand) {
+        if (core::step_takes_operand(kind)) {
             out.operand = static_cast<core::ConstId>(consts.size());
             consts.append(arg);
         } else if (core::step_takes_index(kind)) {
             out.index = nb::cast<std::int64_t>(arg);
         }
         cpp_tensor = cpp_tensor || core::is_cpp_tensor_step(kind);
-        if (i + 1 < n) {
-            parent_steps.append(nb::make_tuple(kind_obj, operand ? arg : nb::none(), out.index));
-        } else {
-            last_kind = kind_obj;
-            last_index = kind == core::StepKind::StorageOffset ? 0 : out.index;
-        }
     }
-    nb::object read = nb::none();
-    if (n > 0) {
-        const core::StepKind k = path.steps.back().kind;
-        if (k == core::StepKind::Size || k == core::StepKind::Stride || k == core::StepKind::StorageOffset)
-            read = nb::make_tuple(texts[n - 1], parent_steps, last_kind, last_index);
-    }
-    return nb::make_tuple(nb::cast(std::move(path)), nb::tuple(consts), cpp_tensor, read);
+    return nb::make_tuple(nb::cast(std::move(path)), nb::tuple(consts), cpp_tensor);
 }
 
 /// `module.attrs...` when `module` is imported (sys.modules: nothing is imported here) and has
@@ -381,14 +382,11 @@ void register_guard_set(nb::module_& m) {
         nb::arg("args"),
         "The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, "
         "symbols, types): GuardSet's encoding.");
-    m.def("_symbol_template", &symbol_template, nb::arg("root"), nb::arg("name"), nb::arg("steps"),
-          nb::arg("texts"), nb::arg("step_type"),
-          nb::sig("def _symbol_template(root: RootKind, name: str, steps: tuple[typing.Any, ...], "
-                  "texts: list[str], step_type: type) -> tuple[SourcePath, tuple[typing.Any, ...], bool, "
-                  "tuple[str, list[tuple[typing.Any, typing.Any, int]], typing.Any, int] | None] | None"),
-          "A SHAPE symbol's declaration template from its fields: (SourcePath, constants, reads the C++ "
-          "tensor, property read or None), or None when a step is not exactly step_type "
-          "(guard_set.py, _symbol_decl).");
+    m.def("_symbol_template", &symbol_template, nb::arg("sym"), nb::arg("step_type"),
+          nb::sig("def _symbol_template(sym: typing.Any, step_type: type) -> "
+                  "tuple[SourcePath, tuple[typing.Any, ...], bool] | None"),
+          "A SHAPE symbol's declaration template from an exact Source: (SourcePath, constants, reads the "
+          "C++ tensor), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).");
     auto cls =
         nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
                                  "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")

@@ -142,7 +142,7 @@ class _ShapeDecls:
                 remaps.append(None)
                 continue
             held = held_decls.get(key)  # _symbol_decl's memo, read here (a call less per symbol)
-            template, consts, cpp_tensor, _ = held[1] if held is not None else _symbol_decl(sym)
+            template, consts, cpp_tensor = held[1] if held is not None else _symbol_decl(sym)
             paths.append(template)
             # Nearly every symbol has one constant, its root's name.
             remaps.append([intern(consts[0])] if len(consts) == 1 else [intern(c) for c in consts])
@@ -151,19 +151,19 @@ class _ShapeDecls:
         return syms, paths, remaps
 
 
-def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, _PropertyRead | None]:
+def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool]:
     """A SHAPE symbol's declaration with its constants numbered locally (0: the root's name, then
     each step operand), which a set maps to its own pool's ids (bind_guard_set.cpp,
-    add_shape_decls); whether a step reads the C++ tensor; how _reader_fact reads it. Made once per
-    Source object (sources are immutable), in _SYMBOL_DECLS."""
+    add_shape_decls); whether a step reads the C++ tensor. Made once per Source object (sources
+    are immutable), in _SYMBOL_DECLS."""
     if type(sym) is not Source:
         return _symbol_decl_of_fields(sym, False)
     held = _SYMBOL_DECLS.get(id(sym))
     if held is not None:
         return held[1]
-    # Its fields read in C++ (no nanobind Step per step, no Python loop); None when a step
-    # is not exactly a Step.
-    entry = _core._symbol_template(sym.root, sym.name, sym.steps, _symbol_texts(sym), Step)
+    # Its fields and texts read in C++ (no nanobind Step per step, no Python loop); None when a
+    # step is not exactly a Step.
+    entry = _core._symbol_template(sym, Step)
     if entry is None:
         entry = _symbol_decl_of_fields(sym, True)
     if len(_SYMBOL_DECLS) >= 4096:
@@ -193,18 +193,13 @@ def _symbol_decl_of_fields(sym: Source, exact: bool) -> _SymbolDecl:
         if kind in CPP_TENSOR_STEPS:
             cpp_tensor = True
     texts = _symbol_texts(sym) if exact else sym.printed_prefixes()
-    return (
-        _core.SourcePath(sym.root, 0, steps, texts),
-        tuple(consts),
-        cpp_tensor,
-        _property_read(sym, texts),
-    )
+    return _core.SourcePath(sym.root, 0, steps, texts), tuple(consts), cpp_tensor
 
 
 # id(symbol) -> (the symbol, _symbol_decl's answer). The entry holds the symbol, so its id names no
 # other object while it is here; a module dict (not the Source's instance dict) so that no
 # SourcePath outlives the module at exit. Bounded: emptied at 4096 symbols; _clear_memos empties it.
-_SymbolDecl = tuple[_core.SourcePath, tuple[Any, ...], bool, "_PropertyRead | None"]
+_SymbolDecl = tuple[_core.SourcePath, tuple[Any, ...], bool]
 _SYMBOL_DECLS: dict[int, tuple[Source, _SymbolDecl]] = {}
 
 
@@ -820,23 +815,6 @@ def _python_eq(args: tuple) -> bool:
 _PROPERTY_CALLS = {_core.StepKind.SIZE: "size()", _core.StepKind.STRIDE: "stride()",
                    _core.StepKind.STORAGE_OFFSET: "storage_offset()"}  # fmt: skip
 _ARRAY_ATTRS = {_core.StepKind.SIZE: "shape", _core.StepKind.STRIDE: "strides"}
-
-
-# How _reader_fact reads a tensor-property symbol: (its tensor's printed source, the tensor's steps
-# as ``_core.read_source`` takes them, the property's step kind, its index).
-_PropertyRead = tuple[str, list[tuple[Any, Any, int]], Any, int]
-
-
-def _property_read(sym: Source, texts: list[str]) -> _PropertyRead | None:
-    """How _reader_fact reads ``sym`` (``texts``: its printed prefixes); None for a symbol read
-    from the frame (its last step is not SIZE, STRIDE or STORAGE_OFFSET)."""
-    all_steps = sym.steps
-    last = all_steps[-1] if all_steps else None
-    if last is None or last.kind not in _PROPERTY_CALLS:
-        return None
-    steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in all_steps[:-1]]
-    index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
-    return texts[-2], steps, last.kind, index
 
 
 def _facts_by_symbol(
