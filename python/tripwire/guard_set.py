@@ -141,8 +141,15 @@ class _ShapeDecls:
                 paths.append(decl)
                 remaps.append(None)
                 continue
-            held = held_decls.get(key)  # _symbol_decl's memo, read here (a call less per symbol)
-            template, consts, cpp_tensor = held[1] if held is not None else _symbol_decl(sym)
+            # _symbol_decl's memo and its exact-Source path, here (a Python call less per symbol).
+            held = held_decls.get(key)
+            if held is not None:
+                entry = held[1]
+            elif type(sym) is not Source or (entry := _core._symbol_template(sym, Step)) is None:
+                entry = _symbol_decl(sym)
+            else:
+                _remember_symbol_decl(sym, entry)
+            template, consts, cpp_tensor = entry
             paths.append(template)
             # Nearly every symbol has one constant, its root's name.
             remaps.append([intern(consts[0])] if len(consts) == 1 else [intern(c) for c in consts])
@@ -166,10 +173,15 @@ def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool]:
     entry = _core._symbol_template(sym, Step)
     if entry is None:
         entry = _symbol_decl_of_fields(sym, True)
+    _remember_symbol_decl(sym, entry)
+    return entry
+
+
+def _remember_symbol_decl(sym: Source, entry: _SymbolDecl) -> None:
+    """Keep an exact Source's declaration in _SYMBOL_DECLS (bounded: emptied at 4096)."""
     if len(_SYMBOL_DECLS) >= 4096:
         _SYMBOL_DECLS.clear()
     _SYMBOL_DECLS[id(sym)] = (sym, entry)
-    return entry
 
 
 def _symbol_decl_of_fields(sym: Source, exact: bool) -> _SymbolDecl:
