@@ -266,6 +266,29 @@ nb::object symbol_template(nb::handle sym, nb::handle step_type) {
     return nb::make_tuple(nb::cast(std::move(path)), nb::tuple(consts), cpp_tensor);
 }
 
+/// GuardSet's encoding of a set whose specs are all SHAPE relations (guard_set.py, _encode): the
+/// specs' indices and argument tuples, read from exact `spec_type` instances (plain dataclass
+/// fields: no user code runs) whose kind is `shape_kind` and whose arguments are an exact 3-tuple;
+/// None when any spec is otherwise (the caller's general encoding decides).
+nb::object shape_specs(nb::list specs, nb::handle spec_type, nb::handle shape_kind) {
+    static PyObject* s_kind = nullptr;
+    static PyObject* s_args = nullptr;
+    static PyObject* s_index = nullptr;
+    nb::list ids;
+    nb::list args;
+    for (nb::handle spec : specs) {
+        if (Py_TYPE(spec.ptr()) != reinterpret_cast<PyTypeObject*>(spec_type.ptr())) return nb::none();
+        if (field(spec.ptr(), s_kind, "kind").ptr() != shape_kind.ptr()) return nb::none();
+        nb::object a = field(spec.ptr(), s_args, "args");
+        nb::object index = field(spec.ptr(), s_index, "index");
+        if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3 || !PyLong_CheckExact(index.ptr()))
+            return nb::none();
+        ids.append(index);
+        args.append(a);
+    }
+    return nb::make_tuple(ids, args);
+}
+
 /// `module.attrs...` when `module` is imported (sys.modules: nothing is imported here) and has
 /// them, else None (tensors.is_tensor's and is_array's lookups).
 nb::object imported_attr(const char* module, std::initializer_list<const char*> attrs) {
@@ -382,6 +405,11 @@ void register_guard_set(nb::module_& m) {
         nb::arg("args"),
         "The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, "
         "symbols, types): GuardSet's encoding.");
+    m.def("_shape_specs", &shape_specs, nb::arg("specs"), nb::arg("spec_type"), nb::arg("shape_kind"),
+          nb::sig("def _shape_specs(specs: list[typing.Any], spec_type: type, shape_kind: typing.Any) -> "
+                  "tuple[list[int], list[tuple[typing.Any, ...]]] | None"),
+          "(indices, argument tuples) of specs that are all exact spec_type SHAPE relations with exact "
+          "3-tuples, else None (guard_set.py, _encode).");
     m.def("_symbol_template", &symbol_template, nb::arg("sym"), nb::arg("step_type"),
           nb::sig("def _symbol_template(sym: typing.Any, step_type: type) -> "
                   "tuple[SourcePath, tuple[typing.Any, ...], bool] | None"),

@@ -231,6 +231,15 @@ def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_co
     relations go to ``shape`` (declared by the engine in one call). Which slot holds what per kind
     is the catalogue's table (catalogue.py); the engine checks the slots a kind uses against its
     own (core::guard_shape) when it compiles."""
+    if type(specs) is list and not shape.args:
+        found = _core._shape_specs(specs, GuardSpec, _SHAPE)
+        if found is not None:
+            # Every spec an exact SHAPE relation (a set a builder made of shape() calls): read in
+            # one call, with no Python step per spec. Each is declared before any other (none).
+            shape.ids, shape.args = found
+            shape.at = [0] * len(specs)
+            _ensure_shape_readers()
+            return []
     decls: list[_core.GuardDecl] = []
     for s in specs:
         k, a = s.kind, s.args
@@ -303,13 +312,17 @@ def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_co
             )
         )
     if shape.args:
-        # Sizes and strides read in C++ where exact (runtime/tensors/property_reader.hpp);
-        # neither call imports its framework.
-        tensors.ensure_torch()
-        tensors.ensure_numpy()
+        _ensure_shape_readers()
     elif pool.reads_cpp_tensor:
         tensors.ensure_torch()  # the C++ tensor steps read only through the adapter
     return decls
+
+
+def _ensure_shape_readers() -> None:
+    # Sizes and strides read in C++ where exact (runtime/tensors/property_reader.hpp); neither
+    # call imports its framework.
+    tensors.ensure_torch()
+    tensors.ensure_numpy()
 
 
 _SYMBOL_TYPES = {"int": 0, "float": 1}  # core::shape::ValueType
