@@ -128,13 +128,21 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         throw nb::value_error("SHAPE declarations: mismatched lengths");
     std::unordered_map<PyObject*, std::uint32_t> symbol_index;
     symbol_index.reserve(symbols.size());
-    std::vector<core::SourcePath> symbol_paths;
-    symbol_paths.reserve(paths.size());
+    // Per symbol, its declaration: the caller's own (alive in `paths` for the call) when its ids
+    // are the pool's, else a copy with the template's ids remapped.
+    std::vector<const core::SourcePath*> symbol_paths(paths.size(), nullptr);
+    std::vector<core::SourcePath> remapped;
+    remapped.reserve(paths.size());  // symbol_paths points into it: no reallocation
+    std::vector<core::SourcePath*> owned(paths.size(), nullptr);  // the copies, moved at last use
     for (std::size_t k = 0; k < symbols.size(); ++k) {
         symbol_index.emplace(symbols[k].ptr(), static_cast<std::uint32_t>(k));
-        core::SourcePath& p = symbol_paths.emplace_back(nb::cast<const core::SourcePath&>(paths[k]));
+        const auto& given = nb::cast<const core::SourcePath&>(paths[k]);
+        symbol_paths[k] = &given;
         PyObject* remap = remaps[k].ptr();
         if (remap == Py_None) continue;
+        core::SourcePath& p = remapped.emplace_back(given);
+        symbol_paths[k] = &p;
+        owned[k] = &p;
         if (!PyList_CheckExact(remap)) throw nb::type_error("a SHAPE symbol's constant ids are a list");
         const auto resolve = [remap](core::ConstId local) -> core::ConstId {
             if (local >= static_cast<std::size_t>(PyList_GET_SIZE(remap)))
@@ -150,6 +158,18 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         p.name = resolve(p.name);
         for (core::Step& st : p.steps) {
             if (st.operand != core::kNoConst) st.operand = resolve(st.operand);
+        }
+    }
+    // How many relations name each symbol: the last takes a remapped copy itself, not a copy of it.
+    std::vector<std::uint32_t> uses_left(paths.size(), 0);
+    for (nb::handle a : args) {
+        if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3) continue;  // refused below
+        PyObject* listed = PyTuple_GET_ITEM(a.ptr(), 1);
+        if (!PyTuple_CheckExact(listed) && !PyList_CheckExact(listed)) continue;
+        const auto [syms, n_syms] = exact_sequence(listed, "");
+        for (Py_ssize_t k = 0; k < n_syms; ++k) {
+            const auto it = symbol_index.find(syms[k]);
+            if (it != symbol_index.end()) ++uses_left[it->second];
         }
     }
     std::vector<core::GuardDecl> merged;
@@ -188,7 +208,12 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
             const auto it = symbol_index.find(syms[k]);
             if (it == symbol_index.end())
                 throw nb::value_error("SHAPE declarations: a symbol without its source");
-            d.symbols.push_back(symbol_paths[it->second]);
+            const std::uint32_t sym = it->second;
+            if (--uses_left[sym] == 0 && owned[sym] != nullptr) {
+                d.symbols.push_back(std::move(*owned[sym]));  // its last use: nothing reads it after
+            } else {
+                d.symbols.push_back(*symbol_paths[sym]);
+            }
         }
         d.symbol_types.reserve(static_cast<std::size_t>(n_types));
         for (Py_ssize_t k = 0; k < n_types; ++k) d.symbol_types.push_back(symbol_type_code(types[k]));
