@@ -267,7 +267,8 @@ nb::object symbol_template(nb::handle sym, nb::handle step_type) {
         path.texts.push_back(std::string(letter[root]) + "[" + nb::cast<std::string>(nb::repr(name)) + "]");
         if (n == 1) path.texts.push_back(nb::cast<std::string>(nb::str(sym)));
     } else {
-        for (nb::handle t : nb::list(sym.attr("printed_prefixes")())) path.texts.push_back(nb::cast<std::string>(t));
+        for (nb::handle t : nb::list(sym.attr("printed_prefixes")()))
+            path.texts.push_back(nb::cast<std::string>(t));
         if (path.texts.size() != n + 1) throw nb::value_error("a symbol's texts do not match its steps");
     }
     nb::list consts;

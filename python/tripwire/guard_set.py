@@ -145,10 +145,13 @@ class _ShapeDecls:
             held = held_decls.get(key)
             if held is not None:
                 entry = held[1]
-            elif type(sym) is not Source or (entry := _core._symbol_template(sym, Step)) is None:
-                entry = _symbol_decl(sym)
             else:
-                _remember_symbol_decl(sym, entry)
+                made = _core._symbol_template(sym, Step) if type(sym) is Source else None
+                if made is None:  # a subclass, or a step that is not exactly Step
+                    entry = _symbol_decl(sym)
+                else:
+                    entry = made
+                    _remember_symbol_decl(sym, entry)
             template, consts, cpp_tensor = entry
             paths.append(template)
             # Nearly every symbol has one constant, its root's name.
@@ -491,13 +494,13 @@ class GuardSet(_core.GuardSetCore):
             if lazy is None:  # another thread published between the two reads
                 built = self._built
                 assert built is not None
-                return built
-            from .serialization import loaded_specs
+            else:
+                from .serialization import loaded_specs
 
-            specs = tuple(loaded_specs(lazy, self._decls()))
-            built = (specs, {s.index: s for s in specs})
-            self._built = built
-            self._lazy = None
+                specs = tuple(loaded_specs(lazy, self._decls()))
+                built = (specs, {s.index: s for s in specs})
+                self._built = built
+                self._lazy = None
         by_id = built[1]
         if by_id is None:  # a built set's specs, by index on the first diagnostic
             by_id = {s.index: s for s in built[0]}

@@ -223,7 +223,8 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     verify_dict_hints();
     std::vector<std::pair<std::uint32_t, Ref>> derived_by_id;
     bind_declarations(in.decls, in.consts, derived_by_id);
-    program_ = core::compile(std::move(in.decls), n_consts, /*decls_validated=*/true);  // by bind_declarations
+    program_ =
+        core::compile(std::move(in.decls), n_consts, /*decls_validated=*/true);  // by bind_declarations
 
     holders_.reserve(n_consts);
     objs_.reserve(n_consts);
