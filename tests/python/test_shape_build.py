@@ -153,3 +153,32 @@ def test_a_template_with_texts_that_do_not_match_its_steps_is_refused() -> None:
     src = _ShortPrefixes(tw.RootKind.LOCAL, "x", (Step(StepKind.ATTR, "w"), Step(StepKind.SIZE, 0)))
     with pytest.raises(ValueError, match="texts do not match"):
         _core._symbol_template(src, Step)
+
+
+def _shape_specs_of(ex: dict, rels: list[str]) -> list:
+    b = tw.GuardBuilder(ex)
+    for text in rels:
+        b.shape(tw.shapes.parse(text))
+    return list(b.guards)
+
+
+def test_shape_only_specs_out_of_index_order_keep_the_index_order() -> None:
+    """GuardSet of SHAPE specs only, given out of order: guards and explain() in index order, and
+    the same decisions (the encoding reads them in one call, _core._shape_specs)."""
+    ex = {"a": 3, "b": 4}
+    specs = _shape_specs_of(ex, ["L['a'] >= 1", "L['b'] <= 9", "L['a'] + L['b'] == 7"])
+    gs = tw.GuardSet(list(reversed(specs)))
+    assert [s.index for s in gs.guards] == sorted(s.index for s in specs)
+    assert gs.check(ex) and not gs.check({"a": 3, "b": 5})
+    assert gs.why_not({"a": 0, "b": 7}).guard.index == specs[0].index
+
+
+def test_a_hand_made_shape_spec_with_list_arguments_takes_the_general_encoding() -> None:
+    ex = {"a": 3}
+    (spec,) = _shape_specs_of(ex, ["L['a'] >= 1"])
+    text, symbols, types = spec.args
+    assert _core._shape_specs([spec], type(spec), spec.kind) == ([spec.index], [spec.args])
+    hand = tw.GuardSpec(spec.kind, None, [text, symbols, types], index=spec.index)
+    assert _core._shape_specs([hand], type(spec), spec.kind) is None
+    gs = tw.GuardSet([hand])
+    assert gs.check(ex) and not gs.check({"a": 0})
