@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <unordered_map>
@@ -19,6 +20,7 @@
 #include "core/shape/program.hpp"
 #include "register.hpp"
 #include "runtime/eval/guard_set.hpp"
+#include "runtime/tensors/property_reader.hpp"
 #include "runtime/tensors/tensor_kinds.hpp"
 
 namespace nb = nanobind;
@@ -126,13 +128,21 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         throw nb::value_error("SHAPE declarations: mismatched lengths");
     std::unordered_map<PyObject*, std::uint32_t> symbol_index;
     symbol_index.reserve(symbols.size());
-    std::vector<core::SourcePath> symbol_paths;
-    symbol_paths.reserve(paths.size());
+    // Per symbol, its declaration: the caller's own (alive in `paths` for the call) when its ids
+    // are the pool's, else a copy with the template's ids remapped.
+    std::vector<const core::SourcePath*> symbol_paths(paths.size(), nullptr);
+    std::vector<core::SourcePath> remapped;
+    remapped.reserve(paths.size());  // symbol_paths points into it: no reallocation
+    std::vector<core::SourcePath*> owned(paths.size(), nullptr);  // the copies, moved at last use
     for (std::size_t k = 0; k < symbols.size(); ++k) {
         symbol_index.emplace(symbols[k].ptr(), static_cast<std::uint32_t>(k));
-        core::SourcePath& p = symbol_paths.emplace_back(nb::cast<const core::SourcePath&>(paths[k]));
+        const auto& given = nb::cast<const core::SourcePath&>(paths[k]);
+        symbol_paths[k] = &given;
         PyObject* remap = remaps[k].ptr();
         if (remap == Py_None) continue;
+        core::SourcePath& p = remapped.emplace_back(given);
+        symbol_paths[k] = &p;
+        owned[k] = &p;
         if (!PyList_CheckExact(remap)) throw nb::type_error("a SHAPE symbol's constant ids are a list");
         const auto resolve = [remap](core::ConstId local) -> core::ConstId {
             if (local >= static_cast<std::size_t>(PyList_GET_SIZE(remap)))
@@ -148,6 +158,18 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         p.name = resolve(p.name);
         for (core::Step& st : p.steps) {
             if (st.operand != core::kNoConst) st.operand = resolve(st.operand);
+        }
+    }
+    // How many relations name each symbol: the last takes a remapped copy itself, not a copy of it.
+    std::vector<std::uint32_t> uses_left(paths.size(), 0);
+    for (nb::handle a : args) {
+        if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3) continue;  // refused below
+        PyObject* listed = PyTuple_GET_ITEM(a.ptr(), 1);
+        if (!PyTuple_CheckExact(listed) && !PyList_CheckExact(listed)) continue;
+        const auto [syms, n_syms] = exact_sequence(listed, "");
+        for (Py_ssize_t k = 0; k < n_syms; ++k) {
+            const auto it = symbol_index.find(syms[k]);
+            if (it != symbol_index.end()) ++uses_left[it->second];
         }
     }
     std::vector<core::GuardDecl> merged;
@@ -186,7 +208,12 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
             const auto it = symbol_index.find(syms[k]);
             if (it == symbol_index.end())
                 throw nb::value_error("SHAPE declarations: a symbol without its source");
-            d.symbols.push_back(symbol_paths[it->second]);
+            const std::uint32_t sym = it->second;
+            if (--uses_left[sym] == 0 && owned[sym] != nullptr) {
+                d.symbols.push_back(std::move(*owned[sym]));  // its last use: nothing reads it after
+            } else {
+                d.symbols.push_back(*symbol_paths[sym]);
+            }
         }
         d.symbol_types.reserve(static_cast<std::size_t>(n_types));
         for (Py_ssize_t k = 0; k < n_types; ++k) d.symbol_types.push_back(symbol_type_code(types[k]));
@@ -207,60 +234,168 @@ nb::object field(PyObject* obj, PyObject*& name_slot, const char* name) {
 }
 
 /// A SHAPE symbol's declaration template from its fields (guard_set.py, _symbol_decl): constant 0
-/// is the root's name, then each step's operand in order; `texts` are its printed prefixes.
-/// Returns (SourcePath, constants, whether a step reads the C++ tensor, the property read
-/// _reader_fact uses or None), or None when a step is not exactly `step_type` (a subclass may
-/// answer has_operand and index its own way: the caller reads those in Python).
-nb::object symbol_template(core::RootKind root, nb::str name, nb::tuple steps, nb::list texts,
-                           nb::handle step_type) {
+/// is the root's name, then each step's operand in order. Its texts are its printed prefixes: for
+/// a symbol of at most one step (nearly every one: ``L['x'].size()[0]``, ``L['n']``) the root's
+/// print and ``str(sym)`` (kept on the Source), else ``sym.printed_prefixes()``. Returns
+/// (SourcePath, constants, whether a step reads the C++ tensor), or None when a step is not
+/// exactly `step_type` (a subclass may answer has_operand and index its own way: the caller
+/// reads those in Python). `sym` is an exact tripwire.source.Source (the caller checks).
+nb::object symbol_template(nb::handle sym, nb::handle step_type) {
     static PyObject* s_kind = nullptr;
     static PyObject* s_arg = nullptr;
+    static PyObject* s_root = nullptr;
+    static PyObject* s_name = nullptr;
+    static PyObject* s_steps = nullptr;
+    const nb::object root_obj = field(sym.ptr(), s_root, "root");
+    const nb::object name = field(sym.ptr(), s_name, "name");
+    const nb::object steps_obj = field(sym.ptr(), s_steps, "steps");
+    if (!PyTuple_CheckExact(steps_obj.ptr())) return nb::none();
+    const auto steps = nb::borrow<nb::tuple>(steps_obj);
     const std::size_t n = steps.size();
-    if (texts.size() != n + 1) throw nb::value_error("a symbol's texts do not match its steps");
     for (nb::handle st : steps) {
         if (Py_TYPE(st.ptr()) != reinterpret_cast<PyTypeObject*>(step_type.ptr())) return nb::none();
     }
     core::SourcePath path;
-    path.root = root;
+    path.root = nb::cast<core::RootKind>(root_obj);
     path.name = 0;
     path.steps.reserve(n);
     path.texts.reserve(n + 1);
-    for (nb::handle t : texts) path.texts.push_back(nb::cast<std::string>(t));
+    if (n <= 1) {
+        static const char* const letter[] = {"L", "G", "C"};
+        const auto root = static_cast<std::size_t>(path.root);
+        if (root > 2) throw nb::value_error("unknown root kind");
+        path.texts.push_back(std::string(letter[root]) + "[" + nb::cast<std::string>(nb::repr(name)) + "]");
+        if (n == 1) path.texts.push_back(nb::cast<std::string>(nb::str(sym)));
+    } else {
+        for (nb::handle t : nb::list(sym.attr("printed_prefixes")()))
+            path.texts.push_back(nb::cast<std::string>(t));
+        if (path.texts.size() != n + 1) throw nb::value_error("a symbol's texts do not match its steps");
+    }
     nb::list consts;
     consts.append(name);
-    nb::list parent_steps;  // (kind, operand or None, index) of every step but the last
-    nb::object last_kind = nb::none();
-    std::int64_t last_index = 0;
     bool cpp_tensor = false;
     for (std::size_t i = 0; i < n; ++i) {
         PyObject* st = steps[i].ptr();
-        nb::object kind_obj = field(st, s_kind, "kind");
-        nb::object arg = field(st, s_arg, "arg");
+        const nb::object kind_obj = field(st, s_kind, "kind");
+        const nb::object arg = field(st, s_arg, "arg");
         const auto kind = nb::cast<core::StepKind>(kind_obj);
         core::Step& out = path.steps.emplace_back();
         out.kind = kind;
-        const bool operand = core::step_takes_operand(kind);
-        if (operand) {
+        if (core::step_takes_operand(kind)) {
             out.operand = static_cast<core::ConstId>(consts.size());
             consts.append(arg);
         } else if (core::step_takes_index(kind)) {
             out.index = nb::cast<std::int64_t>(arg);
         }
         cpp_tensor = cpp_tensor || core::is_cpp_tensor_step(kind);
-        if (i + 1 < n) {
-            parent_steps.append(nb::make_tuple(kind_obj, operand ? arg : nb::none(), out.index));
-        } else {
-            last_kind = kind_obj;
-            last_index = kind == core::StepKind::StorageOffset ? 0 : out.index;
+    }
+    return nb::make_tuple(nb::cast(std::move(path)), nb::tuple(consts), cpp_tensor);
+}
+
+/// GuardSet's encoding of a set whose specs are all SHAPE relations (guard_set.py, _encode): the
+/// specs' indices and argument tuples, read from exact `spec_type` instances (plain dataclass
+/// fields: no user code runs) whose kind is `shape_kind` and whose arguments are an exact 3-tuple;
+/// None when any spec is otherwise (the caller's general encoding decides).
+nb::object shape_specs(nb::list specs, nb::handle spec_type, nb::handle shape_kind) {
+    static PyObject* s_kind = nullptr;
+    static PyObject* s_args = nullptr;
+    static PyObject* s_index = nullptr;
+    nb::list ids;
+    nb::list args;
+    for (nb::handle spec : specs) {
+        if (Py_TYPE(spec.ptr()) != reinterpret_cast<PyTypeObject*>(spec_type.ptr())) return nb::none();
+        if (field(spec.ptr(), s_kind, "kind").ptr() != shape_kind.ptr()) return nb::none();
+        nb::object a = field(spec.ptr(), s_args, "args");
+        nb::object index = field(spec.ptr(), s_index, "index");
+        if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3 || !PyLong_CheckExact(index.ptr()))
+            return nb::none();
+        ids.append(index);
+        args.append(a);
+    }
+    return nb::make_tuple(ids, args);
+}
+
+/// `module.attrs...` when `module` is imported (sys.modules: nothing is imported here) and has
+/// them, else None (tensors.is_tensor's and is_array's lookups).
+nb::object imported_attr(const char* module, std::initializer_list<const char*> attrs) {
+    nb::object o = nb::steal(PyImport_GetModule(nb::str(module).ptr()));
+    if (!o.is_valid()) {
+        if (PyErr_Occurred()) throw nb::python_error();
+        return nb::none();
+    }
+    for (const char* a : attrs) {
+        PyObject* next = PyObject_GetAttrString(o.ptr(), a);
+        if (next == nullptr) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw nb::python_error();
+            PyErr_Clear();
+            return nb::none();
         }
+        o = nb::steal(next);
     }
-    nb::object read = nb::none();
-    if (n > 0) {
-        const core::StepKind k = path.steps.back().kind;
-        if (k == core::StepKind::Size || k == core::StepKind::Stride || k == core::StepKind::StorageOffset)
-            read = nb::make_tuple(texts[n - 1], parent_steps, last_kind, last_index);
+    return o;
+}
+
+/// issubclass(t, base), False when base is None.
+bool derives(nb::handle t, nb::handle base) {
+    if (base.is_none()) return false;
+    const int r = PyObject_IsSubclass(t.ptr(), base.ptr());
+    if (r < 0) throw nb::python_error();
+    return r == 1;
+}
+
+/// What decides each SHAPE symbol's reader on this frame (guard_set.py, _reader_facts), per
+/// symbol in the program's order: (printed symbol, fact), the fact ("frame",) for a symbol read
+/// from the frame (its last step is no SIZE, STRIDE or STORAGE_OFFSET), ("unreadable", the
+/// exception's type name) when its tensor cannot be read here, else ("property", the tensor's
+/// type, whether the C-level reader answers, is an array, is a tensor). Each tensor is read once
+/// (the same steps a check runs, user code included).
+nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::handle f_globals) {
+    const core::Program& p = gs.program();
+    PyObject* globals = PyDict_Check(f_globals.ptr()) ? f_globals.ptr() : nullptr;
+    const nb::object ndarray = imported_attr("numpy", {"ndarray"});
+    const nb::object tensor_base = imported_attr("torch", {"_C", "TensorBase"});
+    struct Parent {
+        nb::object value, type;
+        bool is_array = false, is_tensor = false;
+    };
+    std::unordered_map<std::uint32_t, Parent> parents;  // by node: each tensor read once
+    nb::list out;
+    for (const std::uint32_t ni : p.symbol_nodes) {
+        const core::Node& n = p.nodes[ni];
+        nb::str text(n.text.data(), n.text.size());
+        const core::StepKind kind = n.step.kind;
+        if (n.is_root || (kind != core::StepKind::Size && kind != core::StepKind::Stride &&
+                          kind != core::StepKind::StorageOffset)) {
+            out.append(nb::make_tuple(text, nb::make_tuple("frame")));
+            continue;
+        }
+        auto it = parents.find(n.parent);
+        if (it == parents.end()) {
+            runtime::Ref v = gs.read_node(n.parent, f_locals.ptr(), globals);
+            if (!v) {
+                // The frame has no such value (or a step raised): said, as `type(e).__name__`.
+                if (!PyErr_ExceptionMatches(PyExc_Exception)) throw nb::python_error();
+                nb::python_error e;
+                out.append(nb::make_tuple(text, nb::make_tuple("unreadable", e.type().attr("__name__"))));
+                continue;
+            }
+            Parent parent;
+            parent.value = nb::steal(v.release());
+            parent.type = nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(parent.value.ptr())));
+            parent.is_array = derives(parent.type, ndarray);
+            parent.is_tensor = derives(parent.type, tensor_base);
+            it = parents.emplace(n.parent, std::move(parent)).first;
+        }
+        const Parent& parent = it->second;
+        std::int64_t value = 0;
+        const std::int64_t index = kind == core::StepKind::StorageOffset ? 0 : n.step.index;
+        const bool answered = runtime::read_tensor_property(parent.value.ptr(), kind, index, &value) !=
+                              runtime::PropertyRead::Unknown;
+        if (PyErr_Occurred()) throw nb::python_error();
+        out.append(nb::make_tuple(
+            text, nb::make_tuple("property", parent.type, answered, parent.is_array, parent.is_tensor)));
     }
-    return nb::make_tuple(nb::cast(std::move(path)), nb::tuple(consts), cpp_tensor, read);
+    return out;
 }
 
 }  // namespace
@@ -296,14 +431,16 @@ void register_guard_set(nb::module_& m) {
         nb::arg("args"),
         "The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, "
         "symbols, types): GuardSet's encoding.");
-    m.def("_symbol_template", &symbol_template, nb::arg("root"), nb::arg("name"), nb::arg("steps"),
-          nb::arg("texts"), nb::arg("step_type"),
-          nb::sig("def _symbol_template(root: RootKind, name: str, steps: tuple[typing.Any, ...], "
-                  "texts: list[str], step_type: type) -> tuple[SourcePath, tuple[typing.Any, ...], bool, "
-                  "tuple[str, list[tuple[typing.Any, typing.Any, int]], typing.Any, int] | None] | None"),
-          "A SHAPE symbol's declaration template from its fields: (SourcePath, constants, reads the C++ "
-          "tensor, property read or None), or None when a step is not exactly step_type "
-          "(guard_set.py, _symbol_decl).");
+    m.def("_shape_specs", &shape_specs, nb::arg("specs"), nb::arg("spec_type"), nb::arg("shape_kind"),
+          nb::sig("def _shape_specs(specs: list[typing.Any], spec_type: type, shape_kind: typing.Any) -> "
+                  "tuple[list[int], list[tuple[typing.Any, ...]]] | None"),
+          "(indices, argument tuples) of specs that are all exact spec_type SHAPE relations with exact "
+          "3-tuples, else None (guard_set.py, _encode).");
+    m.def("_symbol_template", &symbol_template, nb::arg("sym"), nb::arg("step_type"),
+          nb::sig("def _symbol_template(sym: typing.Any, step_type: type) -> "
+                  "tuple[SourcePath, tuple[typing.Any, ...], bool] | None"),
+          "A SHAPE symbol's declaration template from an exact Source: (SourcePath, constants, reads the "
+          "C++ tensor), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).");
     auto cls =
         nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
                                  "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")
@@ -390,6 +527,18 @@ void register_guard_set(nb::module_& m) {
                 },
                 "The guard tree, preorder: (depth, text, [guard ids in current order], node fails, "
                 "[guard fails], SHAPE symbol index or -1), for explain().")
+            .def(
+                "_symbol_reader_facts",
+                [](GuardSetCore& s, nb::handle f_locals, nb::handle f_globals) {
+                    return reader_facts(s.get(), f_locals, f_globals);
+                },
+                nb::arg("f_locals"), nb::arg("f_globals").none(),
+                nb::sig(
+                    "def _symbol_reader_facts(self, f_locals: collections.abc.Mapping[str, typing.Any], "
+                    "f_globals: dict[str, typing.Any] | None) -> list[tuple[str, tuple[typing.Any, ...]]]"),
+                "What decides each SHAPE symbol's reader on this frame: [(printed symbol, ('frame',) | "
+                "('unreadable', error type name) | ('property', tensor type, C-level answered, is array, is "
+                "tensor))], in the program's symbol order (GuardSet.symbol_readers, explain()).")
             .def_prop_ro(
                 "_shape_info",
                 [](GuardSetCore& s) {

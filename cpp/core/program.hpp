@@ -90,7 +90,9 @@ bool step_takes_operand(StepKind k);
 bool step_takes_index(StepKind k);
 
 /// Build the tree. Guards are sorted by id; ids must be unique. Throws InvalidProgram.
-Program compile(std::vector<GuardDecl> decls, std::size_t n_consts);
+/// `decls_validated`: the caller ran validate_decl on every declaration against `n_consts`
+/// (runtime::GuardSet does, before binding them), so compile does not run it again.
+Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_validated = false);
 
 /// Check a program's internal consistency (ranges, parents, constant ids < n_consts, operand
 /// shapes). compile() calls it; loaders of untrusted data must too. Throws InvalidProgram.

@@ -282,9 +282,14 @@ def _shape_distinct_symbols(args: list) -> list:
     The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, symbols, types): GuardSet's encoding.
     """
 
-def _symbol_template(root: RootKind, name: str, steps: tuple[Any, ...], texts: list[str], step_type: type) -> tuple[SourcePath, tuple[Any, ...], bool, tuple[str, list[tuple[Any, Any, int]], Any, int] | None] | None:
+def _shape_specs(specs: list[Any], spec_type: type, shape_kind: Any) -> tuple[list[int], list[tuple[Any, ...]]] | None:
     """
-    A SHAPE symbol's declaration template from its fields: (SourcePath, constants, reads the C++ tensor, property read or None), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).
+    (indices, argument tuples) of specs that are all exact spec_type SHAPE relations with exact 3-tuples, else None (guard_set.py, _encode).
+    """
+
+def _symbol_template(sym: Any, step_type: type) -> tuple[SourcePath, tuple[Any, ...], bool] | None:
+    """
+    A SHAPE symbol's declaration template from an exact Source: (SourcePath, constants, reads the C++ tensor), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).
     """
 
 class GuardSetCore:
@@ -306,6 +311,11 @@ class GuardSetCore:
     def _tree(self) -> list:
         """
         The guard tree, preorder: (depth, text, [guard ids in current order], node fails, [guard fails], SHAPE symbol index or -1), for explain().
+        """
+
+    def _symbol_reader_facts(self, f_locals: Mapping[str, Any], f_globals: dict[str, Any] | None) -> list[tuple[str, tuple[Any, ...]]]:
+        """
+        What decides each SHAPE symbol's reader on this frame: [(printed symbol, ('frame',) | ('unreadable', error type name) | ('property', tensor type, C-level answered, is array, is tensor))], in the program's symbol order (GuardSet.symbol_readers, explain()).
         """
 
     @property

@@ -141,8 +141,18 @@ class _ShapeDecls:
                 paths.append(decl)
                 remaps.append(None)
                 continue
-            held = held_decls.get(key)  # _symbol_decl's memo, read here (a call less per symbol)
-            template, consts, cpp_tensor, _ = held[1] if held is not None else _symbol_decl(sym)
+            # _symbol_decl's memo and its exact-Source path, here (a Python call less per symbol).
+            held = held_decls.get(key)
+            if held is not None:
+                entry = held[1]
+            else:
+                made = _core._symbol_template(sym, Step) if type(sym) is Source else None
+                if made is None:  # a subclass, or a step that is not exactly Step
+                    entry = _symbol_decl(sym)
+                else:
+                    entry = made
+                    _remember_symbol_decl(sym, entry)
+            template, consts, cpp_tensor = entry
             paths.append(template)
             # Nearly every symbol has one constant, its root's name.
             remaps.append([intern(consts[0])] if len(consts) == 1 else [intern(c) for c in consts])
@@ -151,25 +161,30 @@ class _ShapeDecls:
         return syms, paths, remaps
 
 
-def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool, _PropertyRead | None]:
+def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool]:
     """A SHAPE symbol's declaration with its constants numbered locally (0: the root's name, then
     each step operand), which a set maps to its own pool's ids (bind_guard_set.cpp,
-    add_shape_decls); whether a step reads the C++ tensor; how _reader_fact reads it. Made once per
-    Source object (sources are immutable), in _SYMBOL_DECLS."""
+    add_shape_decls); whether a step reads the C++ tensor. Made once per Source object (sources
+    are immutable), in _SYMBOL_DECLS."""
     if type(sym) is not Source:
         return _symbol_decl_of_fields(sym, False)
     held = _SYMBOL_DECLS.get(id(sym))
     if held is not None:
         return held[1]
-    # Its fields read in C++ (no nanobind Step per step, no Python loop); None when a step
-    # is not exactly a Step.
-    entry = _core._symbol_template(sym.root, sym.name, sym.steps, _symbol_texts(sym), Step)
+    # Its fields and texts read in C++ (no nanobind Step per step, no Python loop); None when a
+    # step is not exactly a Step.
+    entry = _core._symbol_template(sym, Step)
     if entry is None:
         entry = _symbol_decl_of_fields(sym, True)
+    _remember_symbol_decl(sym, entry)
+    return entry
+
+
+def _remember_symbol_decl(sym: Source, entry: _SymbolDecl) -> None:
+    """Keep an exact Source's declaration in _SYMBOL_DECLS (bounded: emptied at 4096)."""
     if len(_SYMBOL_DECLS) >= 4096:
         _SYMBOL_DECLS.clear()
     _SYMBOL_DECLS[id(sym)] = (sym, entry)
-    return entry
 
 
 def _symbol_decl_of_fields(sym: Source, exact: bool) -> _SymbolDecl:
@@ -193,18 +208,13 @@ def _symbol_decl_of_fields(sym: Source, exact: bool) -> _SymbolDecl:
         if kind in CPP_TENSOR_STEPS:
             cpp_tensor = True
     texts = _symbol_texts(sym) if exact else sym.printed_prefixes()
-    return (
-        _core.SourcePath(sym.root, 0, steps, texts),
-        tuple(consts),
-        cpp_tensor,
-        _property_read(sym, texts),
-    )
+    return _core.SourcePath(sym.root, 0, steps, texts), tuple(consts), cpp_tensor
 
 
 # id(symbol) -> (the symbol, _symbol_decl's answer). The entry holds the symbol, so its id names no
 # other object while it is here; a module dict (not the Source's instance dict) so that no
 # SourcePath outlives the module at exit. Bounded: emptied at 4096 symbols; _clear_memos empties it.
-_SymbolDecl = tuple[_core.SourcePath, tuple[Any, ...], bool, "_PropertyRead | None"]
+_SymbolDecl = tuple[_core.SourcePath, tuple[Any, ...], bool]
 _SYMBOL_DECLS: dict[int, tuple[Source, _SymbolDecl]] = {}
 
 
@@ -224,6 +234,15 @@ def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_co
     relations go to ``shape`` (declared by the engine in one call). Which slot holds what per kind
     is the catalogue's table (catalogue.py); the engine checks the slots a kind uses against its
     own (core::guard_shape) when it compiles."""
+    if type(specs) is list and not shape.args:
+        found = _core._shape_specs(specs, GuardSpec, _SHAPE)
+        if found is not None:
+            # Every spec an exact SHAPE relation (a set a builder made of shape() calls): read in
+            # one call, with no Python step per spec. Each is declared before any other (none).
+            shape.ids, shape.args = found
+            shape.at = [0] * len(specs)
+            _ensure_shape_readers()
+            return []
     decls: list[_core.GuardDecl] = []
     for s in specs:
         k, a = s.kind, s.args
@@ -296,13 +315,17 @@ def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_co
             )
         )
     if shape.args:
-        # Sizes and strides read in C++ where exact (runtime/tensors/property_reader.hpp);
-        # neither call imports its framework.
-        tensors.ensure_torch()
-        tensors.ensure_numpy()
+        _ensure_shape_readers()
     elif pool.reads_cpp_tensor:
         tensors.ensure_torch()  # the C++ tensor steps read only through the adapter
     return decls
+
+
+def _ensure_shape_readers() -> None:
+    # Sizes and strides read in C++ where exact (runtime/tensors/property_reader.hpp); neither
+    # call imports its framework.
+    tensors.ensure_torch()
+    tensors.ensure_numpy()
 
 
 _SYMBOL_TYPES = {"int": 0, "float": 1}  # core::shape::ValueType
@@ -389,7 +412,7 @@ class GuardSet(_core.GuardSetCore):
         except ValueError as e:
             error = GuardBuildError(str(e))
         else:
-            self._set_state(specs, f_globals, strict, (), dict(baselines or {}))
+            self._set_state(specs, f_globals, strict, (), dict(baselines or {}), shape.ids)
             self._built_symbols = symbols  # for build_guard_set's reader facts
             return self
         del self  # the only reference: the instance is freed here, never seen again
@@ -406,9 +429,10 @@ class GuardSet(_core.GuardSetCore):
             (only in strict mode, or for KeyboardInterrupt and other non-Exception errors)."""
             ...
 
-    # What decided the SHAPE symbols' readers on the example the set was built from
-    # (build_guard_set; formatted by explain()); None for a set built from specs or loaded.
-    _example_reader_facts: dict[str, tuple[Source, tuple]] | None = None
+    # The engine's reader facts on the example the set was built from, per symbol in its own order
+    # (build_guard_set; _example_reader_facts maps them to the symbols); None for a set built
+    # from specs or loaded.
+    _example_facts: list[tuple[str, tuple]] | None = None
     # The distinct SHAPE symbols declared by __init__ (empty for a loaded set).
     _built_symbols: list[Source] = []  # noqa: RUF012 - never mutated: replaced per instance
 
@@ -419,20 +443,24 @@ class GuardSet(_core.GuardSetCore):
         strict: bool,
         dropped: tuple[tuple[str, str, str], ...],
         baselines: dict[str, Any],
+        shape_ids: list[int] | None = None,
     ) -> None:
         # Diagnostics keep the specs, with identity-held objects weakened: a GuardSet holds no
-        # strong reference to the objects it names by identity.
-        ordered = sorted(specs, key=_index_of)
-        if _MAY_WEAKEN.isdisjoint(map(_kind_of, ordered)):
-            # Nothing to weaken (a set of SHAPE relations): the specs as they are, with no Python
-            # loop over them.
+        # strong reference to the objects it names by identity. ``shape_ids``: the SHAPE specs'
+        # indices as _encode read them, in the specs' order.
+        if shape_ids is not None and len(shape_ids) == len(specs):
+            # Every spec is a SHAPE relation (nothing to weaken), and their indices are known: no
+            # Python call per spec when they come in index order, as a builder's do.
+            ordered = specs if shape_ids == sorted(shape_ids) else sorted(specs, key=_index_of)
             weakened = tuple(ordered)
         else:
-            weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in ordered)
-        self._built: tuple[tuple[GuardSpec, ...], dict[int, GuardSpec]] | None = (
-            weakened,
-            dict(zip(map(_index_of, weakened), weakened, strict=True)),
-        )
+            ordered = sorted(specs, key=_index_of)
+            if _MAY_WEAKEN.isdisjoint(map(_kind_of, ordered)):
+                weakened = tuple(ordered)  # nothing to weaken: no Python loop over them
+            else:
+                weakened = tuple(s.weakened() if s.kind in _MAY_WEAKEN else s for s in ordered)
+        # By index: made on the first diagnostic that asks (_diagnostic_state).
+        self._built: tuple[tuple[GuardSpec, ...], dict[int, GuardSpec] | None] | None = (weakened, None)
         self._lazy: Any = None
         self.strict = strict
         self._f_globals = f_globals  # the runtime set holds it too; kept for to_bytes
@@ -466,14 +494,18 @@ class GuardSet(_core.GuardSetCore):
             if lazy is None:  # another thread published between the two reads
                 built = self._built
                 assert built is not None
-                return built
-            from .serialization import loaded_specs
+            else:
+                from .serialization import loaded_specs
 
-            specs = tuple(loaded_specs(lazy, self._decls()))
-            built = (specs, {s.index: s for s in specs})
-            self._built = built
-            self._lazy = None
-        return built
+                specs = tuple(loaded_specs(lazy, self._decls()))
+                built = (specs, {s.index: s for s in specs})
+                self._built = built
+                self._lazy = None
+        by_id = built[1]
+        if by_id is None:  # a built set's specs, by index on the first diagnostic
+            by_id = {s.index: s for s in built[0]}
+            self._built = (built[0], by_id)
+        return built[0], by_id
 
     @property
     def _specs(self) -> tuple[GuardSpec, ...]:
@@ -652,23 +684,22 @@ class GuardSet(_core.GuardSetCore):
         self, f_locals: Mapping[str, Any], symbols: Iterable[Source] | None = None
     ) -> dict[str, tuple[Source, tuple]]:
         """What decides each symbol's reader on this frame (formatted only when asked for), by
-        printed symbol.
-        ``symbols``: the set's distinct symbols when the caller has them (build_guard_set)."""
+        printed symbol: the engine reads each symbol's tensor once (_symbol_reader_facts).
+        ``symbols``: the set's distinct symbols when the caller has them."""
         if symbols is None:
             # Distinct by identity first (relations share their Source objects), in order of use.
             symbols = {
                 id(sym): sym for spec in self._specs if spec.kind is _SHAPE for sym in spec.args[1]
             }.values()
-        # By printed symbol, which is what the readers are reported by: equal symbols print
-        # alike (and a symbol's print is kept on it), where hashing a new Source hashes its steps.
-        facts: dict[str, tuple[Source, tuple]] = {}
-        parents: dict[str, tuple] = {}  # each tensor read once
-        f_globals = self._f_globals
-        for sym in symbols:
-            text = str(sym)
-            if text not in facts:
-                facts[text] = (sym, _reader_fact(sym, f_locals, f_globals, parents))
-        return facts
+        return _facts_by_symbol(self._symbol_reader_facts(f_locals, self._f_globals), symbols)
+
+    @property
+    def _example_reader_facts(self) -> dict[str, tuple[Source, tuple]] | None:
+        """What decided the SHAPE symbols' readers on the example the set was built from
+        (build_guard_set records the engine's answer; explain() formats it); None for a set
+        built from specs or loaded."""
+        found = self._example_facts
+        return None if found is None else _facts_by_symbol(found, self._built_symbols)
 
     def _explain_shape(self) -> list[str]:
         """The SHAPE section of explain(): counts before and after merging, the reader of each
@@ -774,9 +805,8 @@ def build_guard_set(
         f = gs.why_not(f_locals)
         why = f.reason if f is not None else "unknown guard"
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
-    facts = gs._reader_facts(f_locals, gs._built_symbols)  # {} without SHAPE symbols
-    if facts:
-        gs._example_reader_facts = facts
+    if gs._built_symbols:
+        gs._example_facts = gs._symbol_reader_facts(f_locals, f_globals)
     return gs
 
 
@@ -815,44 +845,18 @@ _PROPERTY_CALLS = {_core.StepKind.SIZE: "size()", _core.StepKind.STRIDE: "stride
 _ARRAY_ATTRS = {_core.StepKind.SIZE: "shape", _core.StepKind.STRIDE: "strides"}
 
 
-# How _reader_fact reads a tensor-property symbol: (its tensor's printed source, the tensor's steps
-# as ``_core.read_source`` takes them, the property's step kind, its index).
-_PropertyRead = tuple[str, list[tuple[Any, Any, int]], Any, int]
-
-
-def _property_read(sym: Source, texts: list[str]) -> _PropertyRead | None:
-    """How _reader_fact reads ``sym`` (``texts``: its printed prefixes); None for a symbol read
-    from the frame (its last step is not SIZE, STRIDE or STORAGE_OFFSET)."""
-    all_steps = sym.steps
-    last = all_steps[-1] if all_steps else None
-    if last is None or last.kind not in _PROPERTY_CALLS:
-        return None
-    steps = [(st.kind, st.arg if st.has_operand else None, st.index) for st in all_steps[:-1]]
-    index = last.index if last.kind is not _core.StepKind.STORAGE_OFFSET else 0
-    return texts[-2], steps, last.kind, index
-
-
-def _reader_fact(
-    sym: Source, f_locals: Mapping[str, Any], f_globals: dict | None, parents: dict[str, tuple]
-) -> tuple:
-    """What decides one symbol's reader on one frame: ("frame",), ("unreadable", error name), or
-    ("property", value type, C-level answered, is an array, is a tensor); ``parents`` memoises
-    each tensor's value and what its type says, by printed source."""
-    held = _SYMBOL_DECLS.get(id(sym))  # _symbol_decl's memo, read here (a call less per symbol)
-    how = held[1][3] if held is not None else _symbol_decl(sym)[3]
-    if how is None:
-        return ("frame",)
-    key, steps, kind, index = how
-    parent = parents.get(key)
-    if parent is None:
-        try:
-            v = _core.read_source(sym.root, sym.name, steps, f_locals, f_globals, None)
-        except Exception as e:  # noqa: BLE001 - the frame has no such value: say so
-            return ("unreadable", type(e).__name__)
-        parent = parents[key] = (v, type(v), tensors.is_array(v), tensors.is_tensor(v))
-    v, t, is_array, is_tensor = parent
-    answered = _core._read_tensor_property(v, kind, index) is not None
-    return ("property", t, answered, is_array, is_tensor)
+def _facts_by_symbol(
+    found: list[tuple[str, tuple]], symbols: Iterable[Source]
+) -> dict[str, tuple[Source, tuple]]:
+    """The engine's reader facts (by printed symbol) as {printed symbol: (symbol, fact)}, in the
+    order the symbols are given. Equal symbols print alike (and a symbol's print is kept on it)."""
+    by_text = dict(found)
+    facts: dict[str, tuple[Source, tuple]] = {}
+    for sym in symbols:
+        text = str(sym)
+        if text not in facts and text in by_text:
+            facts[text] = (sym, by_text[text])
+    return facts
 
 
 def _format_readers(facts: dict[str, tuple[Source, tuple]]) -> dict[str, str]:

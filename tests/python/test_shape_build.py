@@ -1,5 +1,5 @@
 """A SHAPE symbol's declaration as GuardSet builds it (guard_set.py, _symbol_decl): the same texts,
-steps, constants and reader as the general source encoding, once per Source object."""
+steps and constants as the general source encoding, once per Source object."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _sources() -> list[Source]:
 @pytest.mark.parametrize("src", _sources(), ids=str)
 def test_symbol_decl_matches_the_source_recipe(src: Source) -> None:
     fresh = Source(src.root, src.name, src.steps)  # nothing cached on it yet
-    path, consts, cpp_tensor, read = guard_set._symbol_decl(fresh)
+    path, consts, cpp_tensor = guard_set._symbol_decl(fresh)
     name, recipe, texts, reads_cpp = guard_set._source_recipe(src)
     assert path.texts == texts == src.printed_prefixes()
     assert path.root == src.root and path.name == 0
@@ -52,14 +52,6 @@ def test_symbol_decl_matches_the_source_recipe(src: Source) -> None:
         else:
             assert step.operand is None and step.index == index
     assert cpp_tensor is reads_cpp is src.reads_cpp_tensor
-    last = src.steps[-1] if src.steps else None
-    if last is None or last.kind not in (StepKind.SIZE, StepKind.STRIDE, StepKind.STORAGE_OFFSET):
-        assert read is None
-    else:
-        assert read is not None
-        assert read[0] == src.printed_prefixes()[-2]
-        assert read[2] is last.kind
-        assert read[3] == (0 if last.kind is StepKind.STORAGE_OFFSET else last.arg)
     # Made once per object: the second call answers the same entry.
     assert guard_set._symbol_decl(fresh) is guard_set._symbol_decl(fresh)
 
@@ -76,9 +68,8 @@ class _LyingSource(Source):
 
 def test_a_source_subclass_is_declared_from_its_own_prefixes_and_not_kept() -> None:
     src = _LyingSource(tw.RootKind.LOCAL, "x", (Step(StepKind.SIZE, 0),))
-    path, _, _, read = guard_set._symbol_decl(src)
+    path, _, _ = guard_set._symbol_decl(src)
     assert path.texts == ["L['x']", "also a lie"]
-    assert read is not None and read[0] == "L['x']"
     assert id(src) not in guard_set._SYMBOL_DECLS
     assert guard_set._symbol_decl(src) is not guard_set._symbol_decl(src)
 
@@ -119,22 +110,21 @@ class _OddStep(Step):
 
 def test_a_step_subclass_is_read_through_its_properties() -> None:
     src = Source(tw.RootKind.LOCAL, "x", (_OddStep(StepKind.SIZE, 0),))
-    path, _, _, _ = guard_set._symbol_decl(src)
+    path, _, _ = guard_set._symbol_decl(src)
     assert path.steps[0].index == 7
 
 
 def _decl_fields(entry: tuple) -> tuple:
-    path, consts, cpp_tensor, read = entry
+    path, consts, cpp_tensor = entry
     steps = [(st.kind, st.operand, st.index) for st in path.steps]
-    return (path.root, path.name, steps, path.texts), consts, cpp_tensor, read
+    return (path.root, path.name, steps, path.texts), consts, cpp_tensor
 
 
 @pytest.mark.parametrize("src", _sources(), ids=str)
 def test_the_cpp_template_answers_as_the_python_fields(src: Source) -> None:
     """_core._symbol_template (made in C++ from the fields) and _symbol_decl_of_fields agree on
-    every part: the steps, constants, C++ tensor flag and the property read with its parent steps."""
-    texts = guard_set._symbol_texts(src)
-    made = _core._symbol_template(src.root, src.name, src.steps, texts, Step)
+    every part: the steps, constants, texts and C++ tensor flag."""
+    made = _core._symbol_template(Source(src.root, src.name, src.steps), Step)
     assert made is not None
     assert _decl_fields(made) == _decl_fields(guard_set._symbol_decl_of_fields(src, True))
 
@@ -145,13 +135,50 @@ class _OwnStep(Step):
 
 def test_a_step_subclass_is_declared_in_python() -> None:
     steps = (Step(StepKind.ATTR, "w"), _OwnStep(StepKind.SIZE, 1))
-    assert _core._symbol_template(tw.RootKind.LOCAL, "x", steps, ["a", "b", "c"], Step) is None
     src = Source(tw.RootKind.LOCAL, "x", steps)
-    path, consts, _, read = guard_set._symbol_decl(src)
+    assert _core._symbol_template(src, Step) is None
+    path, consts, _ = guard_set._symbol_decl(src)
     assert consts == ("x", "w") and [st.index for st in path.steps] == [0, 1]
-    assert read == ("L['x'].w", [(StepKind.ATTR, "w", 0)], StepKind.SIZE, 1)
+    assert path.texts == ["L['x']", "L['x'].w", "L['x'].w.size()[1]"]
+
+
+class _ShortPrefixes(Source):
+    """Prints fewer prefixes than it has steps."""
+
+    def printed_prefixes(self) -> list[str]:
+        return ["L['x']"]
 
 
 def test_a_template_with_texts_that_do_not_match_its_steps_is_refused() -> None:
+    src = _ShortPrefixes(tw.RootKind.LOCAL, "x", (Step(StepKind.ATTR, "w"), Step(StepKind.SIZE, 0)))
     with pytest.raises(ValueError, match="texts do not match"):
-        _core._symbol_template(tw.RootKind.LOCAL, "x", (Step(StepKind.SIZE, 0),), ["L['x']"], Step)
+        _core._symbol_template(src, Step)
+
+
+def _shape_specs_of(ex: dict, rels: list[str]) -> list:
+    b = tw.GuardBuilder(ex)
+    for text in rels:
+        b.shape(tw.shapes.parse(text))
+    return list(b.guards)
+
+
+def test_shape_only_specs_out_of_index_order_keep_the_index_order() -> None:
+    """GuardSet of SHAPE specs only, given out of order: guards and explain() in index order, and
+    the same decisions (the encoding reads them in one call, _core._shape_specs)."""
+    ex = {"a": 3, "b": 4}
+    specs = _shape_specs_of(ex, ["L['a'] >= 1", "L['b'] <= 9", "L['a'] + L['b'] == 7"])
+    gs = tw.GuardSet(list(reversed(specs)))
+    assert [s.index for s in gs.guards] == sorted(s.index for s in specs)
+    assert gs.check(ex) and not gs.check({"a": 3, "b": 5})
+    assert gs.why_not({"a": 0, "b": 7}).guard.index == specs[0].index
+
+
+def test_a_hand_made_shape_spec_with_list_arguments_takes_the_general_encoding() -> None:
+    ex = {"a": 3}
+    (spec,) = _shape_specs_of(ex, ["L['a'] >= 1"])
+    text, symbols, types = spec.args
+    assert _core._shape_specs([spec], type(spec), spec.kind) == ([spec.index], [spec.args])
+    hand = tw.GuardSpec(spec.kind, None, [text, symbols, types], index=spec.index)
+    assert _core._shape_specs([hand], type(spec), spec.kind) is None
+    gs = tw.GuardSet([hand])
+    assert gs.check(ex) and not gs.check({"a": 0})

@@ -223,7 +223,8 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     verify_dict_hints();
     std::vector<std::pair<std::uint32_t, Ref>> derived_by_id;
     bind_declarations(in.decls, in.consts, derived_by_id);
-    program_ = core::compile(std::move(in.decls), n_consts);
+    program_ =
+        core::compile(std::move(in.decls), n_consts, /*decls_validated=*/true);  // by bind_declarations
 
     holders_.reserve(n_consts);
     objs_.reserve(n_consts);
@@ -478,6 +479,22 @@ std::vector<std::uint32_t> GuardSet::relational_ids() const {
     std::vector<std::uint32_t> ids;
     for (std::uint32_t gi : program_.relational) ids.push_back(program_.guards[gi].id);
     return ids;
+}
+
+Ref GuardSet::read_node(std::uint32_t ni, PyObject* f_locals, PyObject* globals) const {
+    // The path root first; each operand is the set's own constant (a name is interned).
+    std::vector<RuntimeStep> steps(program_.nodes[ni].depth);
+    std::uint32_t at = ni;
+    for (std::size_t k = steps.size(); k-- > 0; at = program_.nodes[at].parent) {
+        const core::Step& st = program_.nodes[at].step;
+        steps[k].kind = st.kind;
+        steps[k].operand = st.operand == core::kNoConst ? nullptr : objs_[st.operand];
+        steps[k].index = static_cast<Py_ssize_t>(st.index);
+    }
+    RuntimeRoot root;
+    root.kind = program_.nodes[at].root;
+    root.name = objs_[program_.nodes[at].root_name];
+    return read_source(root, steps, Locals::of_mapping(f_locals), globals);
 }
 
 PyObject* GuardSet::constant(core::ConstId c) const {

@@ -158,6 +158,10 @@ class GuardSet {
     const RuntimeGuard& runtime_guard(std::uint32_t gi) const { return guards_[gi]; }
     /// The object behind constant `c`, or null if it was held weakly and died. Borrowed.
     PyObject* constant(core::ConstId c) const;
+    /// The value at node `ni` read from these locals and `globals` as read_source (fetch.hpp)
+    /// reads it, C[...] roots without their cell: a new reference, or null with a Python error
+    /// set. For explain()'s reader facts (GuardSet.symbol_readers), never on a check.
+    Ref read_node(std::uint32_t ni, PyObject* f_locals, PyObject* globals) const;
     /// Visit every strong reference (for tp_traverse of the owning Python object).
     int traverse(visitproc visit, void* arg) const;
 
