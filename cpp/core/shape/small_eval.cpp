@@ -41,7 +41,7 @@ bool eval_node(const AstNode& n, const Small* vals, const std::int64_t* values, 
         return true;
     };
     switch (n.op) {
-        case Op::IntConst: out.v = n.int_small; return !n.int_big;
+        case Op::IntConst: out.v = n.int_small; return n.big_int == 0;
         case Op::BoolConst: return as_bool(n.bool_value);
         case Op::Symbol:
             if (n.symbol >= n_values) return false;
