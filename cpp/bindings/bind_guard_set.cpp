@@ -112,8 +112,8 @@ std::pair<PyObject* const*, Py_ssize_t> exact_sequence(PyObject* o, const char* 
 }
 
 /// The SHAPE declarations of a set, made here from the specs' own argument tuples
-/// (text, symbols, types) instead of one nanobind GuardDecl per relation with a copy of every
-/// symbol's SourcePath (about a fifth of building 20 relations). `symbols[k]` is the Source
+/// (text, symbols, types) instead of one nanobind GuardDecl per relation, each symbol's
+/// SourcePath made once and shared (core::SharedPath). `symbols[k]` is the Source
 /// object whose declaration is `paths[k]`; each relation's symbols are found by identity. When
 /// `remaps[k]` is not None, `paths[k]` is a template whose constant ids (the root's name, the
 /// steps' operands) index `remaps[k]`, which holds the set's own pool ids (guard_set.py,
@@ -128,49 +128,32 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         throw nb::value_error("SHAPE declarations: mismatched lengths");
     std::unordered_map<PyObject*, std::uint32_t> symbol_index;
     symbol_index.reserve(symbols.size());
-    // Per symbol, its declaration: the caller's own (alive in `paths` for the call) when its ids
-    // are the pool's, else a copy with the template's ids remapped.
-    std::vector<const core::SourcePath*> symbol_paths(paths.size(), nullptr);
-    std::vector<core::SourcePath> remapped;
-    remapped.reserve(paths.size());  // symbol_paths points into it: no reallocation
-    std::vector<core::SourcePath*> owned(paths.size(), nullptr);  // the copies, moved at last use
+    // Per symbol, its declaration made once and shared by every relation that names it: a copy
+    // of the caller's own when its ids are the pool's, else with the template's ids remapped.
+    std::vector<core::SharedPath> shared(paths.size());
     for (std::size_t k = 0; k < symbols.size(); ++k) {
         symbol_index.emplace(symbols[k].ptr(), static_cast<std::uint32_t>(k));
-        const auto& given = nb::cast<const core::SourcePath&>(paths[k]);
-        symbol_paths[k] = &given;
+        auto p = std::make_shared<core::SourcePath>(nb::cast<const core::SourcePath&>(paths[k]));
         PyObject* remap = remaps[k].ptr();
-        if (remap == Py_None) continue;
-        core::SourcePath& p = remapped.emplace_back(given);
-        symbol_paths[k] = &p;
-        owned[k] = &p;
-        if (!PyList_CheckExact(remap)) throw nb::type_error("a SHAPE symbol's constant ids are a list");
-        const auto resolve = [remap](core::ConstId local) -> core::ConstId {
-            if (local >= static_cast<std::size_t>(PyList_GET_SIZE(remap)))
-                throw nb::value_error("SHAPE declarations: a constant id out of range");
-            PyObject* id = PyList_GET_ITEM(remap, local);
-            const unsigned long v = PyLong_CheckExact(id) ? PyLong_AsUnsignedLong(id) : 0xFFFFFFFFul;
-            if (v >= core::kNoConst) {
-                PyErr_Clear();
-                throw nb::value_error("SHAPE declarations: a bad constant id");
+        if (remap != Py_None) {
+            if (!PyList_CheckExact(remap)) throw nb::type_error("a SHAPE symbol's constant ids are a list");
+            const auto resolve = [remap](core::ConstId local) -> core::ConstId {
+                if (local >= static_cast<std::size_t>(PyList_GET_SIZE(remap)))
+                    throw nb::value_error("SHAPE declarations: a constant id out of range");
+                PyObject* id = PyList_GET_ITEM(remap, local);
+                const unsigned long v = PyLong_CheckExact(id) ? PyLong_AsUnsignedLong(id) : 0xFFFFFFFFul;
+                if (v >= core::kNoConst) {
+                    PyErr_Clear();
+                    throw nb::value_error("SHAPE declarations: a bad constant id");
+                }
+                return static_cast<core::ConstId>(v);
+            };
+            p->name = resolve(p->name);
+            for (core::Step& st : p->steps) {
+                if (st.operand != core::kNoConst) st.operand = resolve(st.operand);
             }
-            return static_cast<core::ConstId>(v);
-        };
-        p.name = resolve(p.name);
-        for (core::Step& st : p.steps) {
-            if (st.operand != core::kNoConst) st.operand = resolve(st.operand);
         }
-    }
-    // How many relations name each symbol: the last takes a remapped copy itself, not a copy of it.
-    std::vector<std::uint32_t> uses_left(paths.size(), 0);
-    for (nb::handle a : args) {
-        if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3) continue;  // refused below
-        PyObject* listed = PyTuple_GET_ITEM(a.ptr(), 1);
-        if (!PyTuple_CheckExact(listed) && !PyList_CheckExact(listed)) continue;
-        const auto [syms, n_syms] = exact_sequence(listed, "");
-        for (Py_ssize_t k = 0; k < n_syms; ++k) {
-            const auto it = symbol_index.find(syms[k]);
-            if (it != symbol_index.end()) ++uses_left[it->second];
-        }
+        shared[k] = std::move(p);
     }
     std::vector<core::GuardDecl> merged;
     merged.reserve(decls.size() + n);
@@ -208,12 +191,7 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
             const auto it = symbol_index.find(syms[k]);
             if (it == symbol_index.end())
                 throw nb::value_error("SHAPE declarations: a symbol without its source");
-            const std::uint32_t sym = it->second;
-            if (--uses_left[sym] == 0 && owned[sym] != nullptr) {
-                d.symbols.push_back(std::move(*owned[sym]));  // its last use: nothing reads it after
-            } else {
-                d.symbols.push_back(*symbol_paths[sym]);
-            }
+            d.symbols.push_back(shared[it->second]);
         }
         d.symbol_types.reserve(static_cast<std::size_t>(n_types));
         for (Py_ssize_t k = 0; k < n_types; ++k) d.symbol_types.push_back(symbol_type_code(types[k]));

@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <memory>
 #include <optional>
 
 #include "core/ir.hpp"
@@ -25,6 +26,22 @@ std::optional<core::ConstId> optional_id(core::ConstId c) {
     return c == core::kNoConst ? std::nullopt : std::optional<core::ConstId>(c);
 }
 core::ConstId id_or_none(std::optional<core::ConstId> c) { return c.value_or(core::kNoConst); }
+
+/// A SHAPE declaration's symbols from Python: each its own shared path.
+std::vector<core::SharedPath> shared_paths(std::vector<core::SourcePath> paths) {
+    std::vector<core::SharedPath> out;
+    out.reserve(paths.size());
+    for (core::SourcePath& p : paths) out.push_back(std::make_shared<const core::SourcePath>(std::move(p)));
+    return out;
+}
+
+/// A SHAPE declaration's symbols for Python: copies (a SourcePath is a value there).
+std::vector<core::SourcePath> plain_paths(const std::vector<core::SharedPath>& paths) {
+    std::vector<core::SourcePath> out;
+    out.reserve(paths.size());
+    for (const core::SharedPath& p : paths) out.push_back(*p);
+    return out;
+}
 
 template <typename E, typename Name>
 void bind_enum(nb::module_& m, const char* py_name, int count, Name name, const char* doc) {
@@ -94,7 +111,7 @@ void register_ir(nb::module_& m) {
                 d->flag = flag;
                 d->id = id;
                 d->relation = std::move(relation);
-                d->symbols = std::move(symbols);
+                d->symbols = shared_paths(std::move(symbols));
                 d->symbol_types = std::move(symbol_types);
                 d->data = std::move(data);
                 d->more_sources = std::move(more_sources);
@@ -119,8 +136,12 @@ void register_ir(nb::module_& m) {
         .def_rw("flag", &core::GuardDecl::flag)
         .def_rw("id", &core::GuardDecl::id)
         .def_rw("relation", &core::GuardDecl::relation, "SHAPE: the relation's text.")
-        .def_rw("symbols", &core::GuardDecl::symbols,
-                "SHAPE: each distinct symbol's source, in order of first use.")
+        .def_prop_rw(
+            "symbols", [](const core::GuardDecl& d) { return plain_paths(d.symbols); },
+            [](core::GuardDecl& d, std::vector<core::SourcePath> symbols) {
+                d.symbols = shared_paths(std::move(symbols));
+            },
+            "SHAPE: each distinct symbol's source, in order of first use.")
         .def_rw("symbol_types", &core::GuardDecl::symbol_types, "SHAPE: per symbol, 0 for int, 1 for float.")
         .def_rw("data", &core::GuardDecl::data, "Per-kind plain data (cpp/core/kind_data.hpp).")
         .def_rw("more_sources", &core::GuardDecl::more_sources,

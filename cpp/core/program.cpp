@@ -81,7 +81,10 @@ void validate_decl(const GuardDecl& d, std::size_t n_consts) {
     if (d.kind == GuardKind::Shape) {
         if (d.relation.empty()) fail("SHAPE needs a relation");
         if (d.symbols.size() != d.symbol_types.size()) fail("SHAPE needs one type per symbol");
-        for (const SourcePath& sym : d.symbols) validate_source(sym, n_consts);
+        for (const SharedPath& sym : d.symbols) {
+            if (sym == nullptr) fail("a SHAPE symbol without a source");
+            validate_source(*sym, n_consts);
+        }
         for (std::uint8_t t : d.symbol_types) {
             if (t > 1) fail("a SHAPE symbol is an int (0) or a float (1)");
         }
@@ -164,7 +167,7 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
     for (const GuardDecl& d : decls) {
         if (d.has_source) most_nodes += d.source.steps.size() + 1;
         for (const SourcePath& m : d.more_sources) most_nodes += m.steps.size() + 1;
-        for (const SourcePath& m : d.symbols) most_nodes += m.steps.size() + 1;
+        for (const SharedPath& m : d.symbols) most_nodes += m->steps.size() + 1;
         n_shape += d.kind == GuardKind::Shape;
         most_symbols += d.symbols.size();
     }
@@ -242,7 +245,7 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
             rel.symbols.reserve(d.symbols.size());
             for (std::size_t k = 0; k < d.symbols.size(); ++k) {
                 const auto type = static_cast<shape::ValueType>(d.symbol_types[k]);
-                const std::uint32_t node = intern_path(d.symbols[k]);
+                const std::uint32_t node = intern_path(*d.symbols[k]);
                 std::uint32_t sym = p.nodes[node].symbol;
                 if (sym == kNoSymbol) {
                     sym = static_cast<std::uint32_t>(symbol_types.size());
@@ -251,7 +254,7 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
                     p.symbol_nodes.push_back(node);
                     p.symbol_min_id.push_back(d.id);
                 } else if (symbol_types[sym] != type) {
-                    fail("symbol " + d.symbols[k].texts.back() + " is declared both an int and a float");
+                    fail("symbol " + d.symbols[k]->texts.back() + " is declared both an int and a float");
                 }
                 rel.symbols.push_back(sym);
             }
@@ -366,7 +369,7 @@ void validate_structure(const Program& p, std::size_t n_consts) {
             min_ids[sym] = std::min(min_ids[sym], d.id);
             // The symbol's node is the symbol's source.
             std::uint32_t at = p.symbol_nodes[sym];
-            const SourcePath& src = d.symbols[j];
+            const SourcePath& src = *d.symbols[j];
             if (p.nodes[at].depth != src.steps.size()) fail("shape symbol on the wrong node");
             for (std::size_t s = src.steps.size(); s-- > 0; at = p.nodes[at].parent) {
                 if (at >= n_nodes || !(p.nodes[at].step == src.steps[s]))

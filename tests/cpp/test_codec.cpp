@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "core/codec/document.hpp"
@@ -158,12 +159,15 @@ Document sample() {
     // (SIZE/STRIDE carry an index, STORAGE_OFFSET none), each symbol's printed source as the text names it.
     GuardDecl& shape = add(GuardKind::Shape, false);
     shape.relation = "L['c0'].size()[1] + L['c0'].stride()[0] >= L['c0'].storage_offset()";
-    shape.symbols = {source(RootKind::Local, 0, {Step{StepKind::Size, kNoConst, 1}}),
-                     source(RootKind::Local, 0, {Step{StepKind::Stride, kNoConst, 0}}),
-                     source(RootKind::Local, 0, {Step{StepKind::StorageOffset, kNoConst, 0}})};
-    shape.symbols[0].texts[1] = "L['c0'].size()[1]";
-    shape.symbols[1].texts[1] = "L['c0'].stride()[0]";
-    shape.symbols[2].texts[1] = "L['c0'].storage_offset()";
+    const std::pair<Step, const char*> symbols[] = {
+        {Step{StepKind::Size, kNoConst, 1}, "L['c0'].size()[1]"},
+        {Step{StepKind::Stride, kNoConst, 0}, "L['c0'].stride()[0]"},
+        {Step{StepKind::StorageOffset, kNoConst, 0}, "L['c0'].storage_offset()"}};
+    for (const auto& [step, text] : symbols) {
+        SourcePath p = source(RootKind::Local, 0, {step});
+        p.texts[1] = text;
+        shape.symbols.push_back(std::make_shared<const SourcePath>(std::move(p)));
+    }
     shape.symbol_types = {0, 0, 0};
     d.has_globals_module = true;
     d.globals_module = "mod";
@@ -197,8 +201,8 @@ TEST(Codec, RoundTripsEveryStoredKind) {
         EXPECT_EQ(a.symbol_types, b.symbol_types);
         ASSERT_EQ(a.symbols.size(), b.symbols.size());
         for (std::size_t k = 0; k < a.symbols.size(); ++k) {
-            EXPECT_EQ(a.symbols[k].steps, b.symbols[k].steps);
-            EXPECT_EQ(a.symbols[k].texts, b.symbols[k].texts);
+            EXPECT_EQ(a.symbols[k]->steps, b.symbols[k]->steps);
+            EXPECT_EQ(a.symbols[k]->texts, b.symbols[k]->texts);
         }
         EXPECT_EQ(a.data, b.data) << guard_kind_name(a.kind);
         ASSERT_EQ(a.more_sources.size(), b.more_sources.size()) << guard_kind_name(a.kind);
@@ -340,6 +344,8 @@ TEST(Codec, BadShapeRecordsAreRefused) {
                   g.source = source(RootKind::Local, 0);
               }))),
               "");
+    // A symbol without a source: refused by the encoder, never dereferenced.
+    EXPECT_THROW(encode(with_shape([](GuardDecl& g) { g.symbols[1] = nullptr; })), FormatError);
     // Text that does not parse, names fewer symbols than are bound, names them in another order
     // or names other ones, or does not type-check: refused by the decoder, never left to compile.
     for (const char* text : {"L['c0'].size()[1] +", "L['c0'].size()[1] >= 0",

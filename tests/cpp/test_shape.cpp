@@ -698,7 +698,7 @@ GuardDecl shape_guard(std::uint32_t id, const std::string& text, std::vector<Sou
     d.has_source = false;
     d.id = id;
     d.relation = text;
-    d.symbols = std::move(symbols);
+    for (SourcePath& p : symbols) d.symbols.push_back(std::make_shared<const SourcePath>(std::move(p)));
     d.symbol_types = std::move(types);
     return d;
 }
@@ -750,6 +750,11 @@ TEST(ShapeGuards, DeclarationsAreChecked) {
         InvalidProgram);
     // Text errors keep their type (the caller reports the offset).
     EXPECT_THROW(compile({shape_guard(0, "L['c0'] >", {n}, {0})}, 2), ShapeSyntaxError);
+    // A symbol without a source (a null shared path) is refused, never read.
+    GuardDecl null_symbol = shape_guard(0, "L['c0'] > 1", {n}, {0});
+    null_symbol.symbols[0] = nullptr;
+    EXPECT_THROW(compile({null_symbol}, 2), InvalidProgram);
+    EXPECT_THROW(validate_decl(null_symbol, 2), InvalidProgram);
     // Other kinds take no relation.
     GuardDecl t = test_util::on(0, n);
     t.relation = "1 < 2";

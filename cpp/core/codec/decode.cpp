@@ -285,7 +285,7 @@ class Decoder {
     std::map<std::string, std::uint8_t> symbol_types_;
     void shape_symbol_types(const GuardDecl& d, Reader& r, std::size_t offset) {
         for (std::size_t k = 0; k < d.symbols.size(); ++k) {
-            const SourcePath& p = d.symbols[k];
+            const SourcePath& p = *d.symbols[k];
             std::string key = std::to_string(static_cast<int>(p.root)) + ":" + std::to_string(p.name);
             for (const Step& st : p.steps) {
                 key += "/" + std::to_string(static_cast<int>(st.kind)) + "," + std::to_string(st.operand) +

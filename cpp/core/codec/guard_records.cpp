@@ -1,6 +1,7 @@
 // tripwire/cpp/core/codec/guard_records.cpp -- the per-kind payloads (record version 1 of each).
 #include "core/codec/guard_records.hpp"
 
+#include <memory>
 #include <string>
 
 #include "core/kind_data.hpp"
@@ -23,8 +24,8 @@ void check_relation(const GuardDecl& d, Reader& r) {
         }
         shape::RelationInput in;
         for (std::size_t k = 0; k < d.symbols.size(); ++k) {
-            if (d.symbols[k].texts.back() != parsed.symbols[k]) {
-                r.fail("SHAPE symbol " + std::to_string(k) + " is " + d.symbols[k].texts.back() +
+            if (d.symbols[k]->texts.back() != parsed.symbols[k]) {
+                r.fail("SHAPE symbol " + std::to_string(k) + " is " + d.symbols[k]->texts.back() +
                        " but the relation names " + std::string(parsed.symbols[k]));
             }
             in.symbols.push_back(static_cast<std::uint32_t>(k));
@@ -218,7 +219,9 @@ void write_payload(const GuardDecl& d, Writer& w, StringTable& strings) {
             w.varint(strings.index(d.relation));
             w.varint(d.symbols.size());
             for (std::size_t k = 0; k < d.symbols.size(); ++k) {
-                write_source(d.symbols[k], w, strings);
+                if (d.symbols[k] == nullptr)
+                    throw FormatError(w.out.size(), "a SHAPE symbol without a source");
+                write_source(*d.symbols[k], w, strings);
                 w.u8(d.symbol_types[k]);
             }
             break;
@@ -316,7 +319,9 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
             reserve_declared(d.symbols, n);
             reserve_declared(d.symbol_types, n);
             for (std::size_t k = 0; k < n; ++k) {
-                read_source(r, d.symbols.emplace_back(), ctx);
+                auto sym = std::make_shared<SourcePath>();
+                read_source(r, *sym, ctx);
+                d.symbols.push_back(std::move(sym));
                 const std::size_t at = r.offset();
                 const std::uint8_t t = r.u8("symbol type");
                 if (t > 1)

@@ -72,7 +72,7 @@ void refuse_cpp_tensor_steps_without_adapter(const core::GuardDecl& d) {
     if (torch_adapter() != nullptr) return;
     bool any = has_cpp_tensor_step(d.source);
     for (const core::SourcePath& p : d.more_sources) any = any || has_cpp_tensor_step(p);
-    for (const core::SourcePath& p : d.symbols) any = any || has_cpp_tensor_step(p);
+    for (const core::SharedPath& p : d.symbols) any = any || has_cpp_tensor_step(*p);
     if (any) {
         throw core::InvalidProgram(
             "TENSOR_SIZE/TENSOR_STRIDE/TENSOR_STORAGE_OFFSET/GRAD steps read the C++ tensor and need the "

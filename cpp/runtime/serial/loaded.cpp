@@ -320,7 +320,7 @@ LoadedFacts check_loaded(const core::codec::Document& doc, PyObject* consts) {
         };
         if (d.has_source) one(d.source);
         for (const SourcePath& p : d.more_sources) one(p);
-        for (const SourcePath& p : d.symbols) one(p);
+        for (const core::SharedPath& p : d.symbols) one(*p);
         check_operands(g, consts, kind);
         if (python_checks(d.kind)) facts.python_checked.push_back(static_cast<std::uint32_t>(i));
         if (d.kind == GuardKind::StorageOverlapping || d.kind == GuardKind::DispatchKeySetMatch)
