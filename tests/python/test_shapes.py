@@ -1455,7 +1455,7 @@ def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
 def test_engine_relations_compute_their_spans_on_first_use() -> None:
     """A relation the engine makes has no `_spans` until asked: then the spans of each symbol
     occurrence (canonical, then original offsets), which place an error in `original`."""
-    tw.shapes._relations_of_text.cache_clear()
+    tw.shapes._RELATIONS.clear()
     (rel,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
     assert "_spans" not in vars(rel)
     assert rel._spans == ((0, 16, 2, 18), (19, 25, 21, 27))
@@ -1469,7 +1469,7 @@ def test_engine_relations_compute_their_spans_on_first_use() -> None:
     assert tw.shapes.Relation("x", ())._spans == ()
     twice = pickle.loads(pickle.dumps(rel))
     assert twice == rel and twice._spans == rel._spans
-    tw.shapes._relations_of_text.cache_clear()
+    tw.shapes._RELATIONS.clear()
     (fresh,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
     for made in (copy.copy(fresh), dataclasses.replace(fresh), pickle.loads(pickle.dumps(fresh))):
         assert made == fresh and made._spans == rel._spans
@@ -1485,7 +1485,7 @@ def test_engine_relations_compute_their_spans_on_first_use() -> None:
     ],
 )
 def test_engine_relations_split_conjunctions_as_conjuncts_does(text: str, count: int) -> None:
-    tw.shapes._relations_of_text.cache_clear()
+    tw.shapes._RELATIONS.clear()
     rels = tw.shapes.relations_from_torch(text)
     assert rels == list(tw.shapes._split_relations(text)) and len(rels) == count
     assert all(r.comment == tw.shapes.parse(text).comment for r in rels)
