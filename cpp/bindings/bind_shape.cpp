@@ -396,7 +396,11 @@ nb::object plain_source(std::string_view text, core::shape::PlainSymbol& scratch
 // Whether a relation's code may be a top-level conjunction: shapes._conjuncts splits nothing
 // else (the same test on the same text: UTF-8 holds these ASCII bytes only as themselves).
 bool may_be_conjunction(std::string_view code) {
-    return code.find(" and ") != std::string_view::npos || code.find("And(") != std::string_view::npos;
+    // " and " found as "and " after a blank: a search from 'a' (rare in torch's code parts), not
+    // from ' ' (between every operand).
+    for (std::size_t at = code.find("and "); at != std::string_view::npos; at = code.find("and ", at + 1))
+        if (at > 0 && code[at - 1] == ' ') return true;
+    return code.find("And(") != std::string_view::npos;
 }
 
 // shapes.relations_from_torch's relations of `text` when every symbol is written in its printed
@@ -531,16 +535,17 @@ void set_plain_relations(const nb::dict& memo, nb::handle relation_class, nb::ha
 // (reading a shared step's fields runs code) may replace the struct while a call uses them.
 struct PlainRelationsCall {
     nb::object classes, general, split;
-    nb::dict memo, relations;
+    nb::dict memo, relations;  // copied, not default-made: nb::dict() would make a new dict
     std::shared_ptr<const SharedSteps> shared;
 
-    PlainRelationsCall() {
+    PlainRelationsCall() : PlainRelationsCall(current()) {}
+    explicit PlainRelationsCall(const PlainRelations& p)
+        : classes(p.classes), general(p.general), split(p.split), memo(p.memo), relations(p.relations),
+          shared(p.shared) {}
+    static const PlainRelations& current() {
         if (g_plain_relations == nullptr)
             throw nb::type_error("tripwire.shapes has not set the relation classes");
-        const PlainRelations& p = *g_plain_relations;
-        classes = p.classes, general = p.general, split = p.split;
-        memo = p.memo, relations = p.relations;
-        shared = p.shared;
+        return *g_plain_relations;
     }
     PlainClasses plain_classes() const {
         return {reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(classes.ptr(), 0)),
