@@ -157,7 +157,8 @@ class Parser {
     }
     // A node made in place at the end of the tree.
     AstNode& fresh(Op op, std::size_t at) {
-        AstNode& n = out_.nodes.emplace_back();
+        out_.nodes.push_back(AstNode{});  // inlined when there is room (emplace_back() is a call)
+        AstNode& n = out_.nodes.back();
         n.op = op;
         n.offset = static_cast<std::uint32_t>(at);
         return n;
@@ -726,9 +727,15 @@ class Parser {
         while (n_ops > keep) reduce(ops, n_ops, values, n_values);
     }
 
-    // Whether `call` (`.name()`, a segment and a group source() reads one by one) is at `i`.
-    bool at_plain_call(std::size_t i, std::string_view call) const {
-        return s_.size() - i >= call.size() && s_.compare(i, call.size(), call) == 0;
+    // Whether `call` (`.name()`, a segment and a group source() reads one by one) is at `i`: a
+    // byte loop the compiler unrolls for the literal (no compare or memcmp call).
+    template <std::size_t N>
+    bool at_plain_call(std::size_t i, const char (&call)[N]) const {
+        constexpr std::size_t kLength = N - 1;
+        if (s_.size() - i < kLength) return false;
+        for (std::size_t k = 0; k < kLength; ++k)
+            if (s_[i + k] != call[k]) return false;
+        return true;
     }
 
     // A plain source or a decimal int within int64 at `i` (its node made, `i` moved past it), as
@@ -756,9 +763,9 @@ class Parser {
             if (e >= n) break;
             const char d = s_[e];
             if (d == '.' && at_plain_call(e, ".size()")) {
-                e += std::string_view(".size()").size();  // `.size` and `()`, read at once
+                e += sizeof(".size()") - 1;  // `.size` and `()`, read at once
             } else if (d == '.' && at_plain_call(e, ".stride()")) {
-                e += std::string_view(".stride()").size();
+                e += sizeof(".stride()") - 1;
             } else if (d == '.' && e + 1 < n && is_ident_start(s_[e + 1])) {
                 e += 2;
                 while (e < n && is_ident_char(s_[e])) ++e;
