@@ -476,7 +476,9 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, const Pl
     set_field(rel, interned(s_comment, "comment"), comment);
     set_field(rel, interned(s_original, "original"), text);
     if (may_be_conjunction(s.substr(lead, r.code_end))) return rel;
-    return owned(PyTuple_Pack(1, rel.ptr()));
+    nb::object one = owned(PyTuple_New(1));
+    PyTuple_SET_ITEM(one.ptr(), 0, rel.release().ptr());
+    return one;
 }
 
 // What relations_of_part and relations_from_torch pass to relations_of_text, the general paths
@@ -939,9 +941,10 @@ void register_shape(nb::module_& m) {
         [] {
             core::shape::clear_shape_memos();
             clear_symbol_reads();
+            clear_symbol_keys();  // relations_of_text's symbol strs (it also empties them with its memo)
         },
-        "Empty the engine's memos of parsed and compiled relations and relation_holds_on's decoded "
-        "symbols (cold-build benchmarks).");
+        "Empty the engine's memos of parsed and compiled relations, relation_holds_on's decoded "
+        "symbols and relations_of_text's symbol texts (cold-build benchmarks).");
     m.def(
         "_shape_time",
         [](const std::vector<std::string>& texts, nb::dict values, long iterations) {

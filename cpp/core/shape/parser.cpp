@@ -727,6 +727,15 @@ class Parser {
         while (n_ops > keep) reduce(ops, n_ops, values, n_values);
     }
 
+    // skip_simple_group of the root's group at `i` (a '['), the usual `['name']` read here.
+    std::size_t plain_root_group(std::size_t i) const {
+        const std::size_t n = s_.size();
+        if (i + 2 >= n || s_[i + 1] != '\'') return skip_simple_group(i);
+        std::size_t j = i + 2;
+        while (j < n && s_[j] != '\'' && s_[j] != '\\' && s_[j] != '\n') ++j;
+        return j + 1 < n && s_[j] == '\'' && s_[j + 1] == ']' ? j + 2 : 0;
+    }
+
     // Whether `call` (`.name()`, a segment and a group source() reads one by one) is at `i`: a
     // byte loop the compiler unrolls for the literal (no compare or memcmp call).
     template <std::size_t N>
@@ -757,7 +766,7 @@ class Parser {
             return true;
         }
         if ((c != 'L' && c != 'G' && c != 'C') || i + 1 >= n || s_[i + 1] != '[') return false;
-        std::size_t e = skip_simple_group(i + 1);
+        std::size_t e = plain_root_group(i + 1);
         if (e == 0) return false;
         for (;;) {
             if (e >= n) break;
