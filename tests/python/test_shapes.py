@@ -1610,3 +1610,67 @@ def test_symbol_decoding_is_memoised_only_for_exact_sources_and_per_step_masks()
     # A relation that does not hold is refused as before, with the values, memo or not.
     with pytest.raises(tw.GuardBuildError, match=r"is false with L\['x'\]\.size\(\)\[1\] = 4"):
         b.shape(tw.shapes.Relation("L['x'].size()[1] == 5", (real,)))
+
+
+# -- stop 24, lean2-parse ------------------------------------------------------------------------
+def test_relations_from_torch_is_memoised_and_gives_a_new_list_each_call() -> None:
+    tw.shapes._RELATIONS.clear()
+    text = "L['x'].size()[1] * 4 == L['w'].stride()[0]  # c"
+    first = tw.shapes.relations_from_torch(text)
+    first.append("mutated")  # the caller's list, not the memo's
+    again = tw.shapes.relations_from_torch(text)
+    assert again == first[:1] and again[0] is first[0] and type(again) is list
+    assert tw.shapes._RELATIONS[text] == tuple(again)
+    # Anything but an exact str is split as before and not memoised.
+
+    class S(str):
+        pass
+
+    for part in (S(text), tw.shapes.parse(text)):
+        rels = tw.shapes.relations_from_torch(part)
+        assert type(rels) is list and rels == again
+    assert list(tw.shapes._RELATIONS) == [text]
+    with pytest.raises(tw.ShapeSyntaxError):
+        tw.shapes.relations_from_torch("L['x'].size()[0] +")
+    assert list(tw.shapes._RELATIONS) == [text]  # errors are not memoised
+
+
+def test_engine_sources_share_one_step_per_kind_and_position() -> None:
+    tw.shapes._RELATIONS.clear()
+    tw.shapes._PLAIN_SYMBOLS.clear()
+    (rel,) = tw.shapes.relations_from_torch("L['a'].size()[3] + L['b'].stride()[3] + L['c'].size()[16] > 0")
+    a, b, c = (src.steps[0] for src in rel.symbols)
+    StepKind = tw.source.StepKind
+    assert a is tw.shapes._SHARED_STEPS[(StepKind.SIZE, 3)]
+    assert b is tw.shapes._SHARED_STEPS[(StepKind.STRIDE, 3)]
+    assert (StepKind.SIZE, 16) not in tw.shapes._SHARED_STEPS and type(c) is tw.source.Step
+    for st, (kind, arg) in ((a, (StepKind.SIZE, 3)), (b, (StepKind.STRIDE, 3)), (c, (StepKind.SIZE, 16))):
+        assert st == tw.source.Step(kind, arg) and vars(st) == {"kind": kind, "arg": arg}
+    # Another step class (relations_of_text's own argument) never gets the shared Steps.
+
+    class MyStep(tw.source.Step):
+        pass
+
+    (mine,) = _core.relations_of_text("L['a'].size()[3] > 0", {}, tw.shapes.Relation, tw.Source, MyStep)
+    assert type(mine.symbols[0].steps[0]) is MyStep
+
+
+def test_shared_steps_are_checked_when_set() -> None:
+    shapes = tw.shapes
+    StepKind = tw.source.StepKind
+    args = (shapes._PLAIN_SYMBOLS, shapes.Relation, tw.Source, tw.source.Step, shapes._general_relations,
+            shapes._RELATIONS, shapes._split_relations)  # fmt: skip
+    bad = [
+        {(StepKind.SIZE, 1): tw.source.Step(StepKind.SIZE, 2)},  # keyed by another position
+        {(StepKind.SIZE, 99): tw.source.Step(StepKind.SIZE, 99)},  # beyond the table
+        {(StepKind.ATTR, 0): tw.source.Step(StepKind.ATTR, "x")},  # not a position
+        {(StepKind.SIZE, 1): (StepKind.SIZE, 1)},  # not a Step
+    ]
+    try:
+        for steps in bad:
+            with pytest.raises((TypeError, ValueError)):
+                _core._set_plain_relations(*args, steps)
+    finally:
+        _core._set_plain_relations(*args, shapes._SHARED_STEPS)
+    (rel,) = shapes.relations_from_torch("L['z'].size()[2] > 1")
+    assert rel.symbols[0].steps[0] is shapes._SHARED_STEPS[(StepKind.SIZE, 2)]
