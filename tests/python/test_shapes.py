@@ -1674,3 +1674,15 @@ def test_shared_steps_are_checked_when_set() -> None:
         _core._set_plain_relations(*args, shapes._SHARED_STEPS)
     (rel,) = shapes.relations_from_torch("L['z'].size()[2] > 1")
     assert rel.symbols[0].steps[0] is shapes._SHARED_STEPS[(StepKind.SIZE, 2)]
+
+
+def test_emptying_the_build_memos_empties_relations_from_torch_memo() -> None:
+    """The cold benchmark's set-up (guard_set._clear_build_memos) leaves relations_from_torch with
+    nothing remembered: its next call parses and makes new Relations and Sources."""
+    text = "L['x'].size()[0] * 2 >= L['y'].size()[0]  # c"
+    (before,) = tw.shapes.relations_from_torch(text)
+    assert text in tw.shapes._RELATIONS and tw.shapes._PLAIN_SYMBOLS
+    _empty_every_memo()
+    assert not tw.shapes._RELATIONS and not tw.shapes._PLAIN_SYMBOLS
+    (after,) = tw.shapes.relations_from_torch(text)
+    assert after == before and after is not before and after.symbols[0] is not before.symbols[0]
