@@ -291,7 +291,7 @@ struct SharedSteps {
     static constexpr std::int64_t kPositions = 16;
     nb::object owner;  // the dict the Steps were read from: holds them
     PyTypeObject* step_class = nullptr;
-    std::array<PyObject*, kKinds * static_cast<std::size_t>(kPositions)> steps{};  // borrowed from owner
+    std::array<PyObject*, kKinds* static_cast<std::size_t>(kPositions)> steps{};  // borrowed from owner
 
     // The shared Step of `st`, or null.
     PyObject* find(const core::shape::PlainStep& st, PyTypeObject* cls) const {
@@ -504,16 +504,18 @@ std::shared_ptr<const SharedSteps> shared_steps(const nb::dict& steps, PyTypeObj
     out->step_class = step_class;
     for (const auto& [key, step] : steps) {
         if (Py_TYPE(step.ptr()) != step_class) throw nb::type_error("a shared step is an exact step_class");
-        const auto kind = static_cast<std::size_t>(nb::cast<core::StepKind>(get_attr(step, interned(s_kind, "kind"))));
+        const auto kind =
+            static_cast<std::size_t>(nb::cast<core::StepKind>(get_attr(step, interned(s_kind, "kind"))));
         const nb::object arg = get_attr(step, interned(s_arg, "arg"));
-        if (!PyLong_CheckExact(arg.ptr())) throw nb::value_error("a shared step's argument is an int position");
+        if (!PyLong_CheckExact(arg.ptr()))
+            throw nb::value_error("a shared step's argument is an int position");
         const auto position = nb::cast<std::int64_t>(arg);
         if (position < 0 || position >= SharedSteps::kPositions || kind >= SharedSteps::kKinds)
             throw nb::value_error("a shared step's kind or position is out of the table");
         if (!key.equal(nb::make_tuple(get_attr(step, s_kind), arg)))
             throw nb::value_error("a shared step is keyed by (kind, position)");
-        out->steps[kind * static_cast<std::size_t>(SharedSteps::kPositions) + static_cast<std::size_t>(position)] =
-            step.ptr();
+        out->steps[kind * static_cast<std::size_t>(SharedSteps::kPositions) +
+                   static_cast<std::size_t>(position)] = step.ptr();
     }
     return out;
 }
@@ -542,7 +544,11 @@ struct PlainRelationsCall {
 
     PlainRelationsCall() : PlainRelationsCall(current()) {}
     explicit PlainRelationsCall(const PlainRelations& p)
-        : classes(p.classes), general(p.general), split(p.split), memo(p.memo), relations(p.relations),
+        : classes(p.classes),
+          general(p.general),
+          split(p.split),
+          memo(p.memo),
+          relations(p.relations),
           shared(p.shared) {}
     static const PlainRelations& current() {
         if (g_plain_relations == nullptr)
@@ -560,8 +566,8 @@ struct PlainRelationsCall {
 // set when `step_class` is theirs.
 nb::object relations_of_text_of(const nb::str& text, const nb::dict& memo, nb::handle relation_class,
                                 nb::handle source_class, nb::handle step_class) {
-    PlainClasses classes{plain_class(relation_class, "relation_class"), plain_class(source_class, "source_class"),
-                         plain_class(step_class, "step_class")};
+    PlainClasses classes{plain_class(relation_class, "relation_class"),
+                         plain_class(source_class, "source_class"), plain_class(step_class, "step_class")};
     std::shared_ptr<const SharedSteps> shared;  // kept for the call
     if (g_plain_relations != nullptr) shared = g_plain_relations->shared;
     classes.shared = shared.get();
@@ -603,7 +609,8 @@ nb::list relations_from_torch(nb::handle code_part) {
     const PlainRelationsCall call;
     if (!PyUnicode_CheckExact(code_part.ptr())) {
         const nb::object rels = call.split(code_part);
-        if (!PyTuple_Check(rels.ptr())) throw nb::type_error("the general path must give a tuple of relations");
+        if (!PyTuple_Check(rels.ptr()))
+            throw nb::type_error("the general path must give a tuple of relations");
         return list_of(rels);
     }
     PyObject* known = PyDict_GetItemWithError(call.relations.ptr(), code_part.ptr());

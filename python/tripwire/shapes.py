@@ -34,8 +34,8 @@ from typing import Any
 from . import _core
 from .errors import GuardBuildError, ShapeSyntaxError
 from .source import RootKind, Source, SourceParseError, Step, StepKind
-from .source import _plain_step as _source_plain_step
 from .source import _parse_text as _source_parse_text
+from .source import _plain_step as _source_plain_step
 
 __all__ = [
     "Abs",

@@ -1644,8 +1644,8 @@ def test_engine_sources_share_one_step_per_kind_and_position() -> None:
     assert a is tw.shapes._SHARED_STEPS[(StepKind.SIZE, 3)]
     assert b is tw.shapes._SHARED_STEPS[(StepKind.STRIDE, 3)]
     assert (StepKind.SIZE, 16) not in tw.shapes._SHARED_STEPS and type(c) is tw.source.Step
-    for st, (kind, arg) in ((a, (StepKind.SIZE, 3)), (b, (StepKind.STRIDE, 3)), (c, (StepKind.SIZE, 16))):
-        assert st == tw.source.Step(kind, arg) and vars(st) == {"kind": kind, "arg": arg}
+    for step, (kind, arg) in ((a, (StepKind.SIZE, 3)), (b, (StepKind.STRIDE, 3)), (c, (StepKind.SIZE, 16))):
+        assert step == tw.source.Step(kind, arg) and vars(step) == {"kind": kind, "arg": arg}
     # Another step class (relations_of_text's own argument) never gets the shared Steps.
 
     class MyStep(tw.source.Step):

@@ -622,7 +622,7 @@ class Parser {
     bool run_plain() {
         Frame frames[kPlainFrames];
         Pending ops[kPlainOps];
-        std::uint32_t values[kPlainOps + 1];  // one more operand than operators
+        std::uint32_t values[kPlainOps + 1];     // one more operand than operators
         std::uint32_t prefixes[kPlainPrefixes];  // offsets of pending unary minuses
         std::size_t n_frames = 1, n_ops = 0, n_values = 0, n_prefixes = 0, n_all_prefixes = 0;
         frames[0] = Frame{0, 0, 0, false};
@@ -656,8 +656,8 @@ class Parser {
                     if (n_frames == 1) return false;
                     reduce_to(ops, n_ops, values, n_values, frames[n_frames - 1].ops);
                     --n_frames;
-                    values[n_values - 1] =
-                        apply_prefixes(values[n_values - 1], prefixes, n_prefixes, frames[n_frames - 1].prefixes);
+                    values[n_values - 1] = apply_prefixes(values[n_values - 1], prefixes, n_prefixes,
+                                                          frames[n_frames - 1].prefixes);
                     ++i;
                     continue;
                 }
@@ -698,11 +698,11 @@ class Parser {
     // would not refuse what run_plain() accepts.
     static_assert(1 + 2 * kPlainFrames + kPlainPrefixes < static_cast<std::size_t>(kMaxNesting));
 
-    struct Frame {              // the top level or one open parenthesis
-        std::uint32_t at;       // where the '(' is
-        std::uint32_t ops;      // operators pending outside it
-        std::uint32_t prefixes; // prefix minuses pending outside it
-        bool has_compare;       // a comparison seen inside it
+    struct Frame {               // the top level or one open parenthesis
+        std::uint32_t at;        // where the '(' is
+        std::uint32_t ops;       // operators pending outside it
+        std::uint32_t prefixes;  // prefix minuses pending outside it
+        bool has_compare;        // a comparison seen inside it
     };
     struct Pending {
         Op op;
@@ -712,8 +712,8 @@ class Parser {
 
     // The Neg nodes of the prefix minuses above `from` applied to `operand`, innermost first
     // (unary() makes them on its way out).
-    std::uint32_t apply_prefixes(std::uint32_t operand, const std::uint32_t* prefixes, std::size_t& n_prefixes,
-                                 std::size_t from) {
+    std::uint32_t apply_prefixes(std::uint32_t operand, const std::uint32_t* prefixes,
+                                 std::size_t& n_prefixes, std::size_t from) {
         while (n_prefixes > from) operand = node(Op::Neg, prefixes[--n_prefixes], {operand});
         return operand;
     }
@@ -848,7 +848,9 @@ ParsedRelation parse_relation_general(std::string_view text) {
     return out;
 }
 
-bool parse_relation_plain(std::string_view text, ParsedRelation& out) { return Parser(text, out).run_plain(); }
+bool parse_relation_plain(std::string_view text, ParsedRelation& out) {
+    return Parser(text, out).run_plain();
+}
 
 namespace {
 
@@ -873,7 +875,8 @@ struct ParseMemoEntry {
     ParsedRelation parsed;
 
   private:
-    char inline_text[kInlineText];  // NOLINT(cppcoreguidelines-avoid-c-arrays,modernize-avoid-c-arrays): written before use
+    char inline_text[kInlineText];  // NOLINT(cppcoreguidelines-avoid-c-arrays,modernize-avoid-c-arrays):
+                                    // written before use
     std::string heap_text;
 };
 
