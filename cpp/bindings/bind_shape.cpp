@@ -289,7 +289,7 @@ PyTypeObject* plain_class(nb::handle type, const char* what) {
 struct SharedSteps {
     static constexpr std::size_t kKinds = 64;
     static constexpr std::int64_t kPositions = 16;
-    nb::object owner;  // the dict the Steps were read from: holds them
+    nb::object owner;  // a tuple of the Steps: holds them
     PyTypeObject* step_class = nullptr;
     std::array<PyObject*, kKinds* static_cast<std::size_t>(kPositions)> steps{};  // borrowed from owner
 
@@ -495,24 +495,31 @@ struct PlainRelations {
 PlainRelations* g_plain_relations = nullptr;
 
 // The shared Steps of `steps` ({(kind, position): Step}): each an exact `step_class` whose fields
-// are that kind and that int position, as source._plain_step makes it.
+// are that kind and that int position, as source._plain_step makes it. The table holds its Steps
+// in a tuple of its own: the dict may be changed later, or by the code its keys' == runs now.
 std::shared_ptr<const SharedSteps> shared_steps(const nb::dict& steps, PyTypeObject* step_class) {
     static PyObject* s_kind = nullptr;
     static PyObject* s_arg = nullptr;
+    const nb::object items = owned(PyDict_Items(steps.ptr()));  // a list of new (key, Step) tuples
+    const Py_ssize_t n = PyList_GET_SIZE(items.ptr());
     auto out = std::make_shared<SharedSteps>();
-    out->owner = nb::borrow(steps);
+    out->owner = owned(PyTuple_New(n));
     out->step_class = step_class;
-    for (const auto& [key, step] : steps) {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        const nb::handle item = PyList_GET_ITEM(items.ptr(), i);
+        const nb::handle key = PyTuple_GET_ITEM(item.ptr(), 0);
+        const nb::handle step = PyTuple_GET_ITEM(item.ptr(), 1);
+        PyTuple_SET_ITEM(out->owner.ptr(), i, step.inc_ref().ptr());
         if (Py_TYPE(step.ptr()) != step_class) throw nb::type_error("a shared step is an exact step_class");
-        const auto kind =
-            static_cast<std::size_t>(nb::cast<core::StepKind>(get_attr(step, interned(s_kind, "kind"))));
+        const nb::object kind_obj = get_attr(step, interned(s_kind, "kind"));
+        const auto kind = static_cast<std::size_t>(nb::cast<core::StepKind>(kind_obj));
         const nb::object arg = get_attr(step, interned(s_arg, "arg"));
         if (!PyLong_CheckExact(arg.ptr()))
             throw nb::value_error("a shared step's argument is an int position");
         const auto position = nb::cast<std::int64_t>(arg);
         if (position < 0 || position >= SharedSteps::kPositions || kind >= SharedSteps::kKinds)
             throw nb::value_error("a shared step's kind or position is out of the table");
-        if (!key.equal(nb::make_tuple(get_attr(step, s_kind), arg)))
+        if (!key.equal(nb::make_tuple(kind_obj, arg)))
             throw nb::value_error("a shared step is keyed by (kind, position)");
         out->steps[kind * static_cast<std::size_t>(SharedSteps::kPositions) +
                    static_cast<std::size_t>(position)] = step.ptr();

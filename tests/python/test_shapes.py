@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import math
 import pickle
 import random
@@ -1670,8 +1671,20 @@ def test_shared_steps_are_checked_when_set() -> None:
         for steps in bad:
             with pytest.raises((TypeError, ValueError)):
                 _core._set_plain_relations(*args, steps)
+        # The engine holds the Steps itself: emptying the dict it read them from frees none.
+        mine = {(StepKind.SIZE, 5): tw.source._plain_step(StepKind.SIZE, 5)}
+        _core._set_plain_relations(*args, mine)
+        mine.clear()
+        gc.collect()
+        shapes._RELATIONS.clear()
+        shapes._PLAIN_SYMBOLS.clear()
+        (rel,) = shapes.relations_from_torch("L['z'].size()[5] > 1")
+        st = rel.symbols[0].steps[0]
+        assert st == tw.source.Step(StepKind.SIZE, 5) and vars(st) == {"kind": StepKind.SIZE, "arg": 5}
     finally:
         _core._set_plain_relations(*args, shapes._SHARED_STEPS)
+        shapes._RELATIONS.clear()
+        shapes._PLAIN_SYMBOLS.clear()
     (rel,) = shapes.relations_from_torch("L['z'].size()[2] > 1")
     assert rel.symbols[0].steps[0] is shapes._SHARED_STEPS[(StepKind.SIZE, 2)]
 
