@@ -281,17 +281,44 @@ PyTypeObject* plain_class(nb::handle type, const char* what) {
     return reinterpret_cast<PyTypeObject*>(type.ptr());
 }
 
-// The classes relations_of_text builds instances of.
+// Steps shared by every Source that names them: one immutable Step per (kind, position) of the
+// positional steps a plain symbol names most (shapes._SHARED_STEPS, made when tripwire.shapes
+// loads: `.size()[i]`, `.stride()[i]`), found by kind and position without a Python lookup. A
+// Step is a frozen dataclass that tripwire never mutates, so Sources may share one as they share
+// the StepKind members. Only Steps of `step_class` are shared.
+struct SharedSteps {
+    static constexpr std::size_t kKinds = 64;
+    static constexpr std::int64_t kPositions = 16;
+    nb::object owner;  // a tuple of the Steps: holds them
+    PyTypeObject* step_class = nullptr;
+    std::array<PyObject*, kKinds* static_cast<std::size_t>(kPositions)> steps{};  // borrowed from owner
+
+    // The shared Step of `st`, or null.
+    PyObject* find(const core::shape::PlainStep& st, PyTypeObject* cls) const {
+        const auto kind = static_cast<std::size_t>(st.kind);
+        if (cls != step_class || st.arg != core::shape::PlainStep::Arg::Index || st.index < 0 ||
+            st.index >= kPositions || kind >= kKinds)
+            return nullptr;
+        return steps[kind * static_cast<std::size_t>(kPositions) + static_cast<std::size_t>(st.index)];
+    }
+};
+
+// The classes relations_of_text builds instances of, and the Steps it may share (or null).
 struct PlainClasses {
     PyTypeObject* relation;
     PyTypeObject* source;
     PyTypeObject* step;
+    const SharedSteps* shared = nullptr;
 };
 
-// A Step(kind, arg) of one plain step, as source._plain_step makes it.
-nb::object plain_step(const core::shape::PlainStep& st, PyTypeObject* step_class) {
+// A Step(kind, arg) of one plain step, as source._plain_step makes it (or the shared one).
+nb::object plain_step(const core::shape::PlainStep& st, const PlainClasses& classes) {
     static PyObject* s_kind = nullptr;
     static PyObject* s_arg = nullptr;
+    if (classes.shared != nullptr) {
+        if (PyObject* known = classes.shared->find(st, classes.step)) return nb::borrow(known);
+    }
+    PyTypeObject* step_class = classes.step;
     nb::object arg;
     switch (st.arg) {
         case core::shape::PlainStep::Arg::None: arg = nb::none(); break;
@@ -354,7 +381,7 @@ nb::object plain_source(std::string_view text, core::shape::PlainSymbol& scratch
     nb::object steps = owned(PyTuple_New(static_cast<Py_ssize_t>(sym.steps.size())));
     for (std::size_t i = 0; i < sym.steps.size(); ++i) {
         PyTuple_SET_ITEM(steps.ptr(), static_cast<Py_ssize_t>(i),
-                         plain_step(sym.steps[i], classes.step).release().ptr());
+                         plain_step(sym.steps[i], classes).release().ptr());
     }
     nb::object src = new_instance(classes.source);
     set_field(src, interned(s_root, "root"), nb::cast(sym.root));
@@ -369,7 +396,11 @@ nb::object plain_source(std::string_view text, core::shape::PlainSymbol& scratch
 // Whether a relation's code may be a top-level conjunction: shapes._conjuncts splits nothing
 // else (the same test on the same text: UTF-8 holds these ASCII bytes only as themselves).
 bool may_be_conjunction(std::string_view code) {
-    return code.find(" and ") != std::string_view::npos || code.find("And(") != std::string_view::npos;
+    // " and " found as "and " after a blank: a search from 'a' (rare in torch's code parts), not
+    // from ' ' (between every operand).
+    for (std::size_t at = code.find("and "); at != std::string_view::npos; at = code.find("and ", at + 1))
+        if (at > 0 && code[at - 1] == ' ') return true;
+    return code.find("And(") != std::string_view::npos;
 }
 
 // shapes.relations_from_torch's relations of `text` when every symbol is written in its printed
@@ -379,15 +410,11 @@ bool may_be_conjunction(std::string_view code) {
 // it (only an error's offset in `original` uses it). A 1-tuple of it when the code has no conjunction to
 // split, the Relation alone when it may have one (the caller splits it); None for any other relation (the
 // caller reads its symbols with the source parser).
-nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::handle relation_class,
-                             nb::handle source_class, nb::handle step_class) {
+nb::object relations_of_text(const nb::str& text, const nb::dict& memo, const PlainClasses& classes) {
     static PyObject* s_text = nullptr;
     static PyObject* s_symbols = nullptr;
     static PyObject* s_comment = nullptr;
     static PyObject* s_original = nullptr;
-    const PlainClasses classes{plain_class(relation_class, "relation_class"),
-                               plain_class(source_class, "source_class"),
-                               plain_class(step_class, "step_class")};
     Py_ssize_t size = 0;
     const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
     if (data == nullptr) {
@@ -449,45 +476,161 @@ nb::object relations_of_text(const nb::str& text, const nb::dict& memo, nb::hand
     set_field(rel, interned(s_comment, "comment"), comment);
     set_field(rel, interned(s_original, "original"), text);
     if (may_be_conjunction(s.substr(lead, r.code_end))) return rel;
-    return owned(PyTuple_Pack(1, rel.ptr()));
+    nb::object one = owned(PyTuple_New(1));
+    PyTuple_SET_ITEM(one.ptr(), 0, rel.release().ptr());
+    return one;
 }
 
-// What relations_of_part passes to relations_of_text, and the general path it falls back to; set
-// once by tripwire.shapes (_set_plain_relations), kept for the life of the process.
+// What relations_of_part and relations_from_torch pass to relations_of_text, the general paths
+// they fall back to and relations_from_torch's memo; set once by tripwire.shapes
+// (_set_plain_relations), kept for the life of the process.
 struct PlainRelations {
     nb::dict memo;       // shapes._PLAIN_SYMBOLS
     nb::object classes;  // (Relation, Source, Step)
     nb::object general;  // shapes._general_relations(code_part, relation or None) -> tuple
+    nb::dict relations;  // shapes._RELATIONS: relations_from_torch's tuple of each exact str
+    nb::object split;    // shapes._split_relations(code_part) -> tuple, for any other code part
+    std::shared_ptr<const SharedSteps> shared;  // shapes._SHARED_STEPS, read
 };
 PlainRelations* g_plain_relations = nullptr;
 
+// The shared Steps of `steps` ({(kind, position): Step}): each an exact `step_class` whose fields
+// are that kind and that int position, as source._plain_step makes it. The table holds its Steps
+// in a tuple of its own: the dict may be changed later, or by the code its keys' == runs now.
+std::shared_ptr<const SharedSteps> shared_steps(const nb::dict& steps, PyTypeObject* step_class) {
+    static PyObject* s_kind = nullptr;
+    static PyObject* s_arg = nullptr;
+    const nb::object items = owned(PyDict_Items(steps.ptr()));  // a list of new (key, Step) tuples
+    const Py_ssize_t n = PyList_GET_SIZE(items.ptr());
+    auto out = std::make_shared<SharedSteps>();
+    out->owner = owned(PyTuple_New(n));
+    out->step_class = step_class;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        const nb::handle item = PyList_GET_ITEM(items.ptr(), i);
+        const nb::handle key = PyTuple_GET_ITEM(item.ptr(), 0);
+        const nb::handle step = PyTuple_GET_ITEM(item.ptr(), 1);
+        PyTuple_SET_ITEM(out->owner.ptr(), i, step.inc_ref().ptr());
+        if (Py_TYPE(step.ptr()) != step_class) throw nb::type_error("a shared step is an exact step_class");
+        const nb::object kind_obj = get_attr(step, interned(s_kind, "kind"));
+        const auto kind = static_cast<std::size_t>(nb::cast<core::StepKind>(kind_obj));
+        const nb::object arg = get_attr(step, interned(s_arg, "arg"));
+        if (!PyLong_CheckExact(arg.ptr()))
+            throw nb::value_error("a shared step's argument is an int position");
+        const auto position = nb::cast<std::int64_t>(arg);
+        if (position < 0 || position >= SharedSteps::kPositions || kind >= SharedSteps::kKinds)
+            throw nb::value_error("a shared step's kind or position is out of the table");
+        if (!key.equal(nb::make_tuple(kind_obj, arg)))
+            throw nb::value_error("a shared step is keyed by (kind, position)");
+        out->steps[kind * static_cast<std::size_t>(SharedSteps::kPositions) +
+                   static_cast<std::size_t>(position)] = step.ptr();
+    }
+    return out;
+}
+
 void set_plain_relations(const nb::dict& memo, nb::handle relation_class, nb::handle source_class,
-                         nb::handle step_class, nb::handle general) {
+                         nb::handle step_class, nb::handle general, const nb::dict& relations,
+                         nb::handle split, const nb::dict& shared) {
     plain_class(relation_class, "relation_class");
     plain_class(source_class, "source_class");
-    plain_class(step_class, "step_class");
-    auto* p = new PlainRelations{memo, nb::make_tuple(relation_class, source_class, step_class),
-                                 nb::borrow(general)};
+    auto* p = new PlainRelations{memo,
+                                 nb::make_tuple(relation_class, source_class, step_class),
+                                 nb::borrow(general),
+                                 relations,
+                                 nb::borrow(split),
+                                 shared_steps(shared, plain_class(step_class, "step_class"))};
     std::swap(p, g_plain_relations);
     delete p;  // NOLINT(cppcoreguidelines-owning-memory): the previous objects, replaced
 }
 
-// shapes.relations_from_torch's relations of an exact str, the C++ call that shapes' lru_cache
-// wraps (no Python frame between the cache and the engine): relations_of_text's 1-tuple, or what
-// the general path makes of its Relation (a conjunction to split) or of its None.
-nb::tuple relations_of_part(const nb::str& text) {
-    if (g_plain_relations == nullptr)
-        throw nb::type_error("tripwire.shapes has not set the relation classes");
-    // A reference for the call: a re-entrant _set_plain_relations may replace the struct.
-    const nb::object classes = g_plain_relations->classes;
-    const nb::dict memo = g_plain_relations->memo;
-    const nb::object general = g_plain_relations->general;
-    nb::object rel =
-        relations_of_text(text, memo, PyTuple_GET_ITEM(classes.ptr(), 0), PyTuple_GET_ITEM(classes.ptr(), 1),
-                          PyTuple_GET_ITEM(classes.ptr(), 2));
-    if (!PyTuple_CheckExact(rel.ptr())) rel = general(text, rel);
+// The settings of _set_plain_relations, referenced for one call: a re-entrant _set_plain_relations
+// (reading a shared step's fields runs code) may replace the struct while a call uses them.
+struct PlainRelationsCall {
+    nb::object classes, general, split;
+    nb::dict memo, relations;  // copied, not default-made: nb::dict() would make a new dict
+    std::shared_ptr<const SharedSteps> shared;
+
+    PlainRelationsCall() : PlainRelationsCall(current()) {}
+    explicit PlainRelationsCall(const PlainRelations& p)
+        : classes(p.classes),
+          general(p.general),
+          split(p.split),
+          memo(p.memo),
+          relations(p.relations),
+          shared(p.shared) {}
+    static const PlainRelations& current() {
+        if (g_plain_relations == nullptr)
+            throw nb::type_error("tripwire.shapes has not set the relation classes");
+        return *g_plain_relations;
+    }
+    PlainClasses plain_classes() const {
+        return {reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(classes.ptr(), 0)),
+                reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(classes.ptr(), 1)),
+                reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(classes.ptr(), 2)), shared.get()};
+    }
+};
+
+// relations_of_text with the classes given (checked here), sharing the Steps _set_plain_relations
+// set when `step_class` is theirs.
+nb::object relations_of_text_of(const nb::str& text, const nb::dict& memo, nb::handle relation_class,
+                                nb::handle source_class, nb::handle step_class) {
+    PlainClasses classes{plain_class(relation_class, "relation_class"),
+                         plain_class(source_class, "source_class"), plain_class(step_class, "step_class")};
+    std::shared_ptr<const SharedSteps> shared;  // kept for the call
+    if (g_plain_relations != nullptr) shared = g_plain_relations->shared;
+    classes.shared = shared.get();
+    return relations_of_text(text, memo, classes);
+}
+
+// The relations of an exact str: relations_of_text's 1-tuple, or what the general path makes of
+// its Relation (a conjunction to split) or of its None.
+nb::tuple relations_of_str(const nb::str& text, const PlainRelationsCall& call) {
+    nb::object rel = relations_of_text(text, call.memo, call.plain_classes());
+    if (!PyTuple_CheckExact(rel.ptr())) rel = call.general(text, rel);
     if (!PyTuple_Check(rel.ptr())) throw nb::type_error("the general path must give a tuple of relations");
     return nb::borrow<nb::tuple>(rel);
+}
+
+// shapes.relations_from_torch's relations of an exact str, without its memo.
+nb::tuple relations_of_part(const nb::str& text) { return relations_of_str(text, PlainRelationsCall()); }
+
+// Relations shapes._RELATIONS holds at most (then it is emptied).
+constexpr Py_ssize_t kRelationsMemo = 4096;
+
+// A new list of the items of `tuple`.
+nb::list list_of(nb::handle tuple) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(tuple.ptr());
+    nb::object out = owned(PyList_New(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = PyTuple_GET_ITEM(tuple.ptr(), i);
+        Py_INCREF(item);
+        PyList_SET_ITEM(out.ptr(), i, item);
+    }
+    return nb::borrow<nb::list>(out);
+}
+
+// shapes.relations_from_torch: a new list (the caller may change it) of the relations of
+// `code_part`. An exact str's tuple is memoised in shapes._RELATIONS (keyed by the str: its hash
+// and == run no user code; errors are not memoised): a JIT that recompiles sees the same code
+// parts again. Anything else takes shapes._split_relations, not memoised.
+nb::list relations_from_torch(nb::handle code_part) {
+    const PlainRelationsCall call;
+    if (!PyUnicode_CheckExact(code_part.ptr())) {
+        const nb::object rels = call.split(code_part);
+        if (!PyTuple_Check(rels.ptr()))
+            throw nb::type_error("the general path must give a tuple of relations");
+        return list_of(rels);
+    }
+    PyObject* known = PyDict_GetItemWithError(call.relations.ptr(), code_part.ptr());
+    if (known != nullptr) {
+        // Referenced first: making the list may collect, and a finaliser may empty the memo.
+        const nb::object rels = nb::borrow(known);
+        return list_of(rels);
+    }
+    if (PyErr_Occurred()) throw nb::python_error();
+    const nb::tuple rels = relations_of_str(nb::borrow<nb::str>(code_part), call);
+    if (PyDict_GET_SIZE(call.relations.ptr()) >= kRelationsMemo) PyDict_Clear(call.relations.ptr());
+    if (PyDict_SetItem(call.relations.ptr(), code_part.ptr(), rels.ptr()) != 0) throw nb::python_error();
+    return list_of(rels);
 }
 
 void set_symbol_types(nb::handle source, nb::handle step) {
@@ -714,7 +857,7 @@ void register_shape(nb::module_& m) {
         "(code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), "
         "every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape "
         "syntax error with the offset of the problem.");
-    m.def("relations_of_text", &relations_of_text, nb::arg("text"), nb::arg("symbol_memo"),
+    m.def("relations_of_text", &relations_of_text_of, nb::arg("text"), nb::arg("symbol_memo"),
           nb::arg("relation_class"), nb::arg("source_class"), nb::arg("step_class"),
           "shapes.relations_from_torch's relations of a relation whose symbols are all written in their "
           "printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields "
@@ -722,16 +865,30 @@ void register_shape(nb::module_& m) {
           "Relation alone when its code may be a top-level "
           "conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each "
           "symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and "
-          "step_class as source._parse_plain makes them, and remembered there. Raises the shape syntax "
-          "error with the offset of the problem and the text.");
+          "step_class as source._parse_plain makes them (a positional step is the shared one "
+          "_set_plain_relations set, when step_class is its class), and remembered there. Raises the shape "
+          "syntax error with the offset of the problem and the text.");
     m.def("_set_plain_relations", &set_plain_relations, nb::arg("symbol_memo"), nb::arg("relation_class"),
-          nb::arg("source_class"), nb::arg("step_class"), nb::arg("general"),
-          "What relations_of_part passes to relations_of_text (kept for the life of the process), and the "
-          "general path: general(text, relation or None) -> tuple of relations.");
+          nb::arg("source_class"), nb::arg("step_class"), nb::arg("general"), nb::arg("relations_memo"),
+          nb::arg("split"), nb::arg("shared_steps"),
+          "What relations_of_part and relations_from_torch pass to relations_of_text (kept for the life of "
+          "the process); the general path of a str, general(text, relation or None) -> tuple of relations; "
+          "relations_from_torch's memo (a dict) and its path for anything but a str, split(code_part) -> "
+          "tuple of relations; the shared steps, {(kind, position): Step}.");
     m.def("relations_of_part", &relations_of_part, nb::arg("text"),
-          "relations_from_torch's relations of a str: relations_of_text's 1-tuple with the arguments "
-          "_set_plain_relations set, else general(text, what it gave). Raises the shape syntax error "
-          "with the offset of the problem and the text.");
+          "relations_from_torch's relations of a str, not memoised: relations_of_text's 1-tuple with the "
+          "arguments _set_plain_relations set, else general(text, what it gave). Raises the shape syntax "
+          "error with the offset of the problem and the text.");
+    m.def("relations_from_torch", &relations_from_torch, nb::arg("code_part"),
+          "The relations of one code part of torch's shape guard, a new list.\n\n"
+          "Accepts what torch 2.13 prints in its shape-environment code parts, verbose or not: a "
+          "relation, optionally followed by the ``# ...`` comment torch appends (the user's source "
+          "line, or why the guard exists). A top-level conjunction (``2 <= s and s <= 1024``, how the "
+          "non-verbose form prints a range) becomes one relation per conjunct, so a failure names the "
+          "conjunct that is false; a chained comparison (``2 <= s <= 1024``) stays one relation. Every "
+          "relation keeps the part's comment. Raises ShapeSyntaxError for text tripwire cannot use.\n\n"
+          "The relations of an exact str are memoised (the memo that _set_plain_relations set; errors are "
+          "not); anything else takes the split path it set.");
     m.def(
         "evaluate_relation",
         [](const std::string& text, const std::vector<int>& types, nb::list values, bool both_paths) {
@@ -798,9 +955,10 @@ void register_shape(nb::module_& m) {
         [] {
             core::shape::clear_shape_memos();
             clear_symbol_reads();
+            clear_symbol_keys();  // relations_of_text's symbol strs (it also empties them with its memo)
         },
-        "Empty the engine's memos of parsed and compiled relations and relation_holds_on's decoded "
-        "symbols (cold-build benchmarks).");
+        "Empty the engine's memos of parsed and compiled relations, relation_holds_on's decoded "
+        "symbols and relations_of_text's symbol texts (cold-build benchmarks).");
     m.def(
         "_shape_time",
         [](const std::vector<std::string>& texts, nb::dict values, long iterations) {

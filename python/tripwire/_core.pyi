@@ -624,17 +624,26 @@ def parse_relation(text: str) -> tuple:
 
 def relations_of_text(text: str, symbol_memo: dict, relation_class: object, source_class: object, step_class: object) -> object:
     """
-    shapes.relations_from_torch's relations of a relation whose symbols are all written in their printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields text, symbols, comment, original; not _spans, which the class computes on first use), or the Relation alone when its code may be a top-level conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and step_class as source._parse_plain makes them, and remembered there. Raises the shape syntax error with the offset of the problem and the text.
+    shapes.relations_from_torch's relations of a relation whose symbols are all written in their printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields text, symbols, comment, original; not _spans, which the class computes on first use), or the Relation alone when its code may be a top-level conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and step_class as source._parse_plain makes them (a positional step is the shared one _set_plain_relations set, when step_class is its class), and remembered there. Raises the shape syntax error with the offset of the problem and the text.
     """
 
-def _set_plain_relations(symbol_memo: dict, relation_class: object, source_class: object, step_class: object, general: object) -> None:
+def _set_plain_relations(symbol_memo: dict, relation_class: object, source_class: object, step_class: object, general: object, relations_memo: dict, split: object, shared_steps: dict) -> None:
     """
-    What relations_of_part passes to relations_of_text (kept for the life of the process), and the general path: general(text, relation or None) -> tuple of relations.
+    What relations_of_part and relations_from_torch pass to relations_of_text (kept for the life of the process); the general path of a str, general(text, relation or None) -> tuple of relations; relations_from_torch's memo (a dict) and its path for anything but a str, split(code_part) -> tuple of relations; the shared steps, {(kind, position): Step}.
     """
 
 def relations_of_part(text: str) -> tuple:
     """
-    relations_from_torch's relations of a str: relations_of_text's 1-tuple with the arguments _set_plain_relations set, else general(text, what it gave). Raises the shape syntax error with the offset of the problem and the text.
+    relations_from_torch's relations of a str, not memoised: relations_of_text's 1-tuple with the arguments _set_plain_relations set, else general(text, what it gave). Raises the shape syntax error with the offset of the problem and the text.
+    """
+
+def relations_from_torch(code_part: object) -> list:
+    """
+    The relations of one code part of torch's shape guard, a new list.
+
+    Accepts what torch 2.13 prints in its shape-environment code parts, verbose or not: a relation, optionally followed by the ``# ...`` comment torch appends (the user's source line, or why the guard exists). A top-level conjunction (``2 <= s and s <= 1024``, how the non-verbose form prints a range) becomes one relation per conjunct, so a failure names the conjunct that is false; a chained comparison (``2 <= s <= 1024``) stays one relation. Every relation keeps the part's comment. Raises ShapeSyntaxError for text tripwire cannot use.
+
+    The relations of an exact str are memoised (the memo that _set_plain_relations set; errors are not); anything else takes the split path it set.
     """
 
 def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths: bool = True) -> tuple:
@@ -659,7 +668,7 @@ def relation_holds_on(text: str, symbols: tuple, index_kinds: int, no_arg_kinds:
 
 def _clear_shape_memos() -> None:
     """
-    Empty the engine's memos of parsed and compiled relations and relation_holds_on's decoded symbols (cold-build benchmarks).
+    Empty the engine's memos of parsed and compiled relations, relation_holds_on's decoded symbols and relations_of_text's symbol texts (cold-build benchmarks).
     """
 
 def _shape_time(relations: Sequence[str], values: dict, iterations: int) -> tuple:

@@ -778,9 +778,10 @@ def _clear_build_memos() -> None:
 
     _core._clear_shape_memos()
     _core._clear_install_site_memo()
-    for cache in (shapes._parse_text, shapes._relations_of_text, source._parse_text, builder._read_args,
-                  builder._is_machinery, _source_recipe):  # fmt: skip
+    for cache in (shapes._parse_text, source._parse_text, builder._read_args, builder._is_machinery,
+                  _source_recipe):  # fmt: skip
         cache.cache_clear()
+    shapes._RELATIONS.clear()
     shapes._PLAIN_SYMBOLS.clear()
     _SYMBOL_DECLS.clear()
     builder._TYPE_NAMES.clear()

@@ -33,8 +33,9 @@ from typing import Any
 
 from . import _core
 from .errors import GuardBuildError, ShapeSyntaxError
-from .source import RootKind, Source, SourceParseError, Step
+from .source import RootKind, Source, SourceParseError, Step, StepKind
 from .source import _parse_text as _source_parse_text
+from .source import _plain_step as _source_plain_step
 
 __all__ = [
     "Abs",
@@ -274,37 +275,34 @@ def _parse_symbols(text: str) -> Relation:
 _source_of_symbol = _source_parse_text
 
 
-def relations_from_torch(code_part: str) -> list[Relation]:
-    """The relations of one code part of torch's shape guard.
-
-    Accepts what torch 2.13 prints in its shape-environment code parts, verbose or not: a
-    relation, optionally followed by the ``# ...`` comment torch appends (the user's source
-    line, or why the guard exists). A top-level conjunction (``2 <= s and s <= 1024``, how the
-    non-verbose form prints a range) becomes one relation per conjunct, so a failure names the
-    conjunct that is false; a chained comparison (``2 <= s <= 1024``) stays one relation. Every
-    relation keeps the part's comment. Raises ShapeSyntaxError for text tripwire cannot use.
-    """
-    if type(code_part) is str:
-        return list(_relations_of_text(code_part))
-    return list(_split_relations(code_part))
-
-
 def _general_relations(code_part: str, rel: Relation | None) -> tuple[Relation, ...]:
     """relations_from_torch of an exact str that is not one relation whose symbols are all
     printed plain (_core.relations_of_text gave the Relation of a conjunction to split, or None)."""
     return _conjuncts(_parse_symbols(code_part) if rel is None else rel)
 
 
-_core._set_plain_relations(_PLAIN_SYMBOLS, Relation, Source, Step, _general_relations)
-
-# relations_from_torch of an exact str, memoised like _parse_text (a JIT importing torch's guards
-# sees the same code parts again; errors are not cached): the cache calls the engine directly
-# (_core.relations_of_part: relations_of_text, else _general_relations), no Python frame between.
-_relations_of_text = functools.lru_cache(maxsize=4096)(_core.relations_of_part)
-
-
 def _split_relations(code_part: str) -> tuple[Relation, ...]:
     return _conjuncts(_parse_text(code_part) if type(code_part) is str else parse(code_part))
+
+
+# relations_from_torch's memo: the relations of each exact str it was given (a JIT importing
+# torch's guards sees the same code parts again; errors are not memoised). Bounded by the engine
+# (emptied at 4096 texts); guard_set._clear_build_memos empties it.
+_RELATIONS: dict[str, tuple[Relation, ...]] = {}
+
+# One Step per (kind, position) of the positional steps plain symbols name most, shared by every
+# Source the engine makes that names it (a Step is immutable): made here, once per process.
+_SHARED_STEPS: dict[tuple[StepKind, int], Step] = {
+    (kind, i): _source_plain_step(kind, i) for kind in (StepKind.SIZE, StepKind.STRIDE) for i in range(16)
+}
+
+_core._set_plain_relations(
+    _PLAIN_SYMBOLS, Relation, Source, Step, _general_relations, _RELATIONS, _split_relations, _SHARED_STEPS
+)
+
+# The relations of one code part of torch's shape guard (a new list: the caller may change it),
+# made by the engine directly: no Python frame, no lru_cache, no list() call on the cold path.
+relations_from_torch: Callable[[str], list[Relation]] = _core.relations_from_torch
 
 
 def _conjuncts(rel: Relation) -> tuple[Relation, ...]:

@@ -199,6 +199,126 @@ TEST(ShapeParser, TorchSpellings) {
     EXPECT_EQ(sympy.nodes[sympy.nodes[sympy.root].args[0]].op, Op::Mod);
 }
 
+// Whether two parses are the same tree (every field of every node), spans, symbols and code end.
+bool same_parse(const ParsedRelation& a, const ParsedRelation& b) {
+    if (a.root != b.root || a.code_end != b.code_end || a.symbols != b.symbols ||
+        a.nodes.size() != b.nodes.size() || a.spans.size() != b.spans.size() || !a.big_ints.empty() ||
+        !b.big_ints.empty())
+        return false;
+    for (std::size_t k = 0; k < a.spans.size(); ++k) {
+        const SymbolSpan &x = a.spans[k], &y = b.spans[k];
+        if (x.begin != y.begin || x.end != y.end || x.symbol != y.symbol) return false;
+    }
+    for (std::size_t k = 0; k < a.nodes.size(); ++k) {
+        const AstNode &x = a.nodes[k], &y = b.nodes[k];
+        if (x.op != y.op || x.offset != y.offset || x.bool_value != y.bool_value || x.args.n != y.args.n ||
+            x.symbol != y.symbol || x.big_int != y.big_int || x.int_small != y.int_small ||
+            x.float_value != y.float_value)
+            return false;
+        for (std::size_t j = 0; j < 3; ++j)
+            if (x.args.v[j] != y.args.v[j]) return false;
+    }
+    return true;
+}
+
+// A random relation of the tokens torch's common form is made of, and of near misses the plain
+// parser must leave to the general one (chains, `**`, calls, floats, blanks inside a source, ...).
+std::string random_relation(std::uint64_t& seed, int depth = 0) {
+    const auto next = [&seed](std::uint32_t k) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        return static_cast<std::uint32_t>(seed >> 33) % k;
+    };
+    static const char* const kOperands[] = {
+        "L['x'].size()[0]",
+        "L['x'].size()[1]",
+        "L['w'].stride()[0]",
+        "G['g']",
+        "C['c'].n",
+        "L['y']",
+        "0",
+        "1",
+        "4",
+        "9223372036854775807",
+        "123456789012345678",
+        "00",
+        "07",
+        "1.5",
+        "2e3",
+        "L['x'] .size()[0]",
+        "L ['x']",
+        "L['x'].size(0)",
+        "L['x'][\"k\"]",
+        "Max(1, L['y'])",
+        "x",
+        "True",
+        "L['a'].b.c[3]",
+        "L['a']()",
+        "L['x'].size()[0] ",
+        "-1",
+        "+2",
+        "- 3",
+        "-L['y']",
+    };
+    static const char* const kOps[] = {
+        "+",  "-",   "*",   "/",    "//",   "%",   "==", "!=",    "<",    "<=", ">",
+        ">=", " + ", " * ", " // ", " == ", " < ", "**", " and ", " or ", "<<", ""};
+    std::string out;
+    if (depth < 4 && next(4) == 0) {
+        out = (next(6) == 0 ? "-(" : "(") + random_relation(seed, depth + 1) + (next(40) == 0 ? "" : ")");
+    } else {
+        out = kOperands[next(std::size(kOperands) - (next(3) == 0 ? 0 : 15))];
+    }
+    const std::uint32_t more = next(depth == 0 ? 5 : 3);
+    for (std::uint32_t k = 0; k < more; ++k) {
+        out += kOps[next(std::size(kOps) - (next(3) == 0 ? 0 : 10))];
+        out += depth < 4 && next(3) == 0 ? "(" + random_relation(seed, depth + 1) + ")"
+                                         : std::string(kOperands[next(std::size(kOperands) - 15)]);
+    }
+    if (depth == 0) {
+        if (next(3) == 0) out = "  " + out;
+        if (next(2) == 0) out += "  # a comment (with ')' and 'L['x']')";
+        if (next(20) == 0) out += ")";
+    }
+    return out;
+}
+
+TEST(ShapeParser, PlainParserAgreesWithTheGeneralOne) {
+    // The torch forms of bench/shape_eval.py's f_twenty first, then random ones.
+    const char* const kTorch[] = {
+        "L['x'].stride()[0] == L['x'].size()[1]  # (unknown source L['x'].stride()[0], please file a bug)",
+        "(L['x'].size()[1]*L['x'].size()[0]) == (4*((L['x'].size()[1]*L['x'].size()[0]) // 4))  # a",
+        "(L['x'].size()[0] % ((L['x'].size()[1]*L['x'].size()[0]) // 4)) != 0  # a = x.reshape(-1, 4)",
+        "(-1) + L['y'].size()[0] > L['w'].size()[0]  # return a.sum()",
+        "2 <= L['x'].size()[0]  # a = x.reshape(-1, 4)",
+        "-(-(L['x'].size()[0])) * - 2 < +3",
+    };
+    for (const char* text : kTorch) {
+        ParsedRelation plain;
+        ASSERT_TRUE(parse_relation_plain(text, plain)) << text;
+        EXPECT_TRUE(same_parse(plain, parse_relation_general(text))) << text;
+    }
+    std::uint64_t seed = 1;
+    int taken = 0, refused = 0;
+    for (int k = 0; k < 200000; ++k) {
+        const std::string text = random_relation(seed);
+        ParsedRelation plain;
+        const bool took = parse_relation_plain(text, plain);
+        std::optional<ParsedRelation> general;
+        try {
+            general = parse_relation_general(text);
+        } catch (const ShapeSyntaxError&) {
+            ASSERT_FALSE(took) << "the plain parser took what the general one refuses: " << text;
+            ++refused;
+            continue;
+        }
+        if (!took) continue;
+        ++taken;
+        ASSERT_TRUE(same_parse(plain, *general)) << text;
+    }
+    EXPECT_GT(taken, 20000);  // both kinds of text are exercised
+    EXPECT_GT(refused, 20000);
+}
+
 TEST(ShapeParser, OneParseOfACodePartServesItsCode) {
     clear_shape_memos();
     const std::string part = "  (L['x'].size()[0] // 2) <= L['y'].size()[0]   # y[: x.shape[0] // 2]";

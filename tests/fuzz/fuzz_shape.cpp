@@ -7,6 +7,8 @@
 //     tree has operands before their users, symbol spans in order, inside the text, naming the
 //     symbol texts they cover; the parse parse_relation_remembering_code leaves in the memo for
 //     the code alone (no leading blanks, no comment) is exactly parse_relation of that code;
+//     the non-recursive parser of torch's common form, when it takes a text, gives exactly the
+//     general parser's parse of it;
 //   - compile_relations returns or throws ShapeSyntaxError (a type error); a program passes
 //     validate_shape;
 //   - on values drawn from the input (zero, +-1, int64 extremes, ints beyond int64, NaN,
@@ -197,6 +199,20 @@ bool same_parse(const ParsedRelation& a, const ParsedRelation& b) {
     return true;
 }
 
+// The non-recursive parser of torch's common form, when it takes a text, gives the general
+// parser's parse of it (which must not refuse it).
+void check_plain_parse(const std::string& text) {
+    ParsedRelation plain;
+    if (!parse_relation_plain(text, plain)) return;
+    ParsedRelation general;
+    try {
+        general = parse_relation_general(text);
+    } catch (const ShapeSyntaxError&) {
+        bug("the plain parser took a text the general one refuses:", text);
+    }
+    if (!same_parse(plain, general)) bug("the plain parser's parse differs:", text);
+}
+
 // The builder's one parse of a code part (parse_relation_remembering_code) answers the parse of
 // the text and leaves in the memo the parse of its code alone, which must be that parse exactly.
 void check_remembered_code(const std::string& text, const ParsedRelation& r) {
@@ -271,6 +287,7 @@ void exercise(const std::vector<std::string>& texts, Bytes& b, bool generated) {
     std::vector<ValueType> types;
     std::vector<RelationInput> inputs;
     for (std::uint32_t k = 0; k < texts.size(); ++k) {
+        check_plain_parse(texts[k]);
         ParsedRelation parsed;
         try {
             parsed = parse_relation(texts[k]);
@@ -398,6 +415,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         Bytes values(data + 1 + (cut == std::string::npos ? n - 1 : cut),
                      cut == std::string::npos ? 0 : n - 1 - cut);
         if (cut != std::string::npos) text.resize(cut);
+        tripwire::core::shape::check_plain_parse(text);
         try {
             const ParsedRelation r = parse_relation(text);
             check_parse_tree(text, r);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import math
 import pickle
 import random
@@ -1455,7 +1456,7 @@ def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
 def test_engine_relations_compute_their_spans_on_first_use() -> None:
     """A relation the engine makes has no `_spans` until asked: then the spans of each symbol
     occurrence (canonical, then original offsets), which place an error in `original`."""
-    tw.shapes._relations_of_text.cache_clear()
+    tw.shapes._RELATIONS.clear()
     (rel,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
     assert "_spans" not in vars(rel)
     assert rel._spans == ((0, 16, 2, 18), (19, 25, 21, 27))
@@ -1469,7 +1470,7 @@ def test_engine_relations_compute_their_spans_on_first_use() -> None:
     assert tw.shapes.Relation("x", ())._spans == ()
     twice = pickle.loads(pickle.dumps(rel))
     assert twice == rel and twice._spans == rel._spans
-    tw.shapes._relations_of_text.cache_clear()
+    tw.shapes._RELATIONS.clear()
     (fresh,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
     for made in (copy.copy(fresh), dataclasses.replace(fresh), pickle.loads(pickle.dumps(fresh))):
         assert made == fresh and made._spans == rel._spans
@@ -1485,7 +1486,7 @@ def test_engine_relations_compute_their_spans_on_first_use() -> None:
     ],
 )
 def test_engine_relations_split_conjunctions_as_conjuncts_does(text: str, count: int) -> None:
-    tw.shapes._relations_of_text.cache_clear()
+    tw.shapes._RELATIONS.clear()
     rels = tw.shapes.relations_from_torch(text)
     assert rels == list(tw.shapes._split_relations(text)) and len(rels) == count
     assert all(r.comment == tw.shapes.parse(text).comment for r in rels)
@@ -1610,3 +1611,91 @@ def test_symbol_decoding_is_memoised_only_for_exact_sources_and_per_step_masks()
     # A relation that does not hold is refused as before, with the values, memo or not.
     with pytest.raises(tw.GuardBuildError, match=r"is false with L\['x'\]\.size\(\)\[1\] = 4"):
         b.shape(tw.shapes.Relation("L['x'].size()[1] == 5", (real,)))
+
+
+# -- stop 24, lean2-parse ------------------------------------------------------------------------
+def test_relations_from_torch_is_memoised_and_gives_a_new_list_each_call() -> None:
+    tw.shapes._RELATIONS.clear()
+    text = "L['x'].size()[1] * 4 == L['w'].stride()[0]  # c"
+    first = tw.shapes.relations_from_torch(text)
+    first.append("mutated")  # the caller's list, not the memo's
+    again = tw.shapes.relations_from_torch(text)
+    assert again == first[:1] and again[0] is first[0] and type(again) is list
+    assert tw.shapes._RELATIONS[text] == tuple(again)
+    # Anything but an exact str is split as before and not memoised.
+
+    class S(str):
+        pass
+
+    for part in (S(text), tw.shapes.parse(text)):
+        rels = tw.shapes.relations_from_torch(part)
+        assert type(rels) is list and rels == again
+    assert list(tw.shapes._RELATIONS) == [text]
+    with pytest.raises(tw.ShapeSyntaxError):
+        tw.shapes.relations_from_torch("L['x'].size()[0] +")
+    assert list(tw.shapes._RELATIONS) == [text]  # errors are not memoised
+
+
+def test_engine_sources_share_one_step_per_kind_and_position() -> None:
+    tw.shapes._RELATIONS.clear()
+    tw.shapes._PLAIN_SYMBOLS.clear()
+    (rel,) = tw.shapes.relations_from_torch("L['a'].size()[3] + L['b'].stride()[3] + L['c'].size()[16] > 0")
+    a, b, c = (src.steps[0] for src in rel.symbols)
+    StepKind = tw.source.StepKind
+    assert a is tw.shapes._SHARED_STEPS[(StepKind.SIZE, 3)]
+    assert b is tw.shapes._SHARED_STEPS[(StepKind.STRIDE, 3)]
+    assert (StepKind.SIZE, 16) not in tw.shapes._SHARED_STEPS and type(c) is tw.source.Step
+    for step, (kind, arg) in ((a, (StepKind.SIZE, 3)), (b, (StepKind.STRIDE, 3)), (c, (StepKind.SIZE, 16))):
+        assert step == tw.source.Step(kind, arg) and vars(step) == {"kind": kind, "arg": arg}
+    # Another step class (relations_of_text's own argument) never gets the shared Steps.
+
+    class MyStep(tw.source.Step):
+        pass
+
+    (mine,) = _core.relations_of_text("L['a'].size()[3] > 0", {}, tw.shapes.Relation, tw.Source, MyStep)
+    assert type(mine.symbols[0].steps[0]) is MyStep
+
+
+def test_shared_steps_are_checked_when_set() -> None:
+    shapes = tw.shapes
+    StepKind = tw.source.StepKind
+    args = (shapes._PLAIN_SYMBOLS, shapes.Relation, tw.Source, tw.source.Step, shapes._general_relations,
+            shapes._RELATIONS, shapes._split_relations)  # fmt: skip
+    bad = [
+        {(StepKind.SIZE, 1): tw.source.Step(StepKind.SIZE, 2)},  # keyed by another position
+        {(StepKind.SIZE, 99): tw.source.Step(StepKind.SIZE, 99)},  # beyond the table
+        {(StepKind.ATTR, 0): tw.source.Step(StepKind.ATTR, "x")},  # not a position
+        {(StepKind.SIZE, 1): (StepKind.SIZE, 1)},  # not a Step
+    ]
+    try:
+        for steps in bad:
+            with pytest.raises((TypeError, ValueError)):
+                _core._set_plain_relations(*args, steps)
+        # The engine holds the Steps itself: emptying the dict it read them from frees none.
+        mine = {(StepKind.SIZE, 5): tw.source._plain_step(StepKind.SIZE, 5)}
+        _core._set_plain_relations(*args, mine)
+        mine.clear()
+        gc.collect()
+        shapes._RELATIONS.clear()
+        shapes._PLAIN_SYMBOLS.clear()
+        (rel,) = shapes.relations_from_torch("L['z'].size()[5] > 1")
+        st = rel.symbols[0].steps[0]
+        assert st == tw.source.Step(StepKind.SIZE, 5) and vars(st) == {"kind": StepKind.SIZE, "arg": 5}
+    finally:
+        _core._set_plain_relations(*args, shapes._SHARED_STEPS)
+        shapes._RELATIONS.clear()
+        shapes._PLAIN_SYMBOLS.clear()
+    (rel,) = shapes.relations_from_torch("L['z'].size()[2] > 1")
+    assert rel.symbols[0].steps[0] is shapes._SHARED_STEPS[(StepKind.SIZE, 2)]
+
+
+def test_emptying_the_build_memos_empties_relations_from_torch_memo() -> None:
+    """The cold benchmark's set-up (guard_set._clear_build_memos) leaves relations_from_torch with
+    nothing remembered: its next call parses and makes new Relations and Sources."""
+    text = "L['x'].size()[0] * 2 >= L['y'].size()[0]  # c"
+    (before,) = tw.shapes.relations_from_torch(text)
+    assert text in tw.shapes._RELATIONS and tw.shapes._PLAIN_SYMBOLS
+    _empty_every_memo()
+    assert not tw.shapes._RELATIONS and not tw.shapes._PLAIN_SYMBOLS
+    (after,) = tw.shapes.relations_from_torch(text)
+    assert after == before and after is not before and after.symbols[0] is not before.symbols[0]

@@ -134,6 +134,13 @@ inline bool is_blank(char c) {
 /// Parse one relation. Throws ShapeSyntaxError.
 ParsedRelation parse_relation(std::string_view text);
 
+/// For tests (tests/cpp/test_shape.cpp, tests/fuzz/fuzz_shape.cpp): parse_relation tries a
+/// non-recursive parser of the form torch prints most first (parse_relation_plain: true when it
+/// took the text, `out` then the parse) and gives the text to the general recursive-descent parser
+/// (parse_relation_general) when it does not; both must give the same parse.
+ParsedRelation parse_relation_general(std::string_view text);
+bool parse_relation_plain(std::string_view text, ParsedRelation& out);
+
 /// parse_relation, memoised by text: the builder's check of a relation on its example and the
 /// set's compile parse each relation once, and a JIT that recompiles sees the same texts again.
 /// The result owns a copy of the text its symbol views point into. Errors are not memoised.
