@@ -648,11 +648,12 @@ nb::object new_frozen(nb::handle cls, std::initializer_list<std::pair<PyObject*,
 }
 
 // GuardBuilder.shape's call: relation_holds_on with the builder's settings, then, when it holds,
-// the spec GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with the caller's stack;
-// None otherwise. The builder gives the spec its index afterwards (an index is taken after every
-// call that can run user code).
+// the spec GuardSpec(SHAPE, None, (text, symbols, types), index, stack) with the caller's stack;
+// None otherwise. The builder took `index` before the call (read and advanced with nothing in
+// between that could collect), so a guard declared while this runs (a read's user code, a
+// finalizer) takes another one; the spec is made with it, not given it afterwards.
 nb::object spec_of_shape(const nb::str& text, const nb::tuple& symbols, nb::handle f_locals,
-                         nb::handle f_globals, nb::handle f_closure) {
+                         nb::handle f_globals, nb::handle f_closure, const nb::int_& index) {
     const ShapeBuilder* b = g_shape_builder;
     if (b == nullptr) throw std::logic_error("tripwire.builder did not call _set_shape_builder");
     nb::object types = relation_holds_on(text, symbols, b->index_kinds, b->no_arg_kinds, f_locals, f_globals,
@@ -667,12 +668,11 @@ nb::object spec_of_shape(const nb::str& text, const nb::tuple& symbols, nb::hand
     static PyObject* s_args = nullptr;
     static PyObject* s_index = nullptr;
     static PyObject* s_stack = nullptr;
-    const nb::object zero = owned(PyLong_FromLong(0));
     // GuardSpec's fields in its __init__'s order (the instance's attribute order).
     return new_frozen(b->spec_type, {{interned(s_kind, "kind"), b->shape_kind},
                                      {interned(s_source, "source"), nb::none()},
                                      {interned(s_args, "args"), args},
-                                     {interned(s_index, "index"), zero},
+                                     {interned(s_index, "index"), index},
                                      {interned(s_stack, "stack"), site}});
 }
 
@@ -776,9 +776,9 @@ void register_shape(nb::module_& m) {
           "(runtime/frame/install_site.hpp, set_machinery_rule).");
     m.def(
         "spec_of_shape", &spec_of_shape, nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"),
-        nb::arg("f_globals").none(), nb::arg("f_closure").none(),
+        nb::arg("f_globals").none(), nb::arg("f_closure").none(), nb::arg("index"),
         "GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); "
-        "when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with "
+        "when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), index, stack) with "
         "the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. "
         "Raises what relation_holds_on or the stack walk raised.");
     m.def("relation_holds_on", &relation_holds_on, nb::arg("text"), nb::arg("symbols"),
