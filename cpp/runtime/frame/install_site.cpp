@@ -202,34 +202,109 @@ PyObject* format_site(PyObject* filename, int line, PyObject* name) {
     return text;
 }
 
-// What the frame running `code` at `lasti` (bytes; PyFrame_GetLasti's value) adds to a stack
-// (`is_machinery` as user_stack's): 1 with a new reference to "file:line in func" in `site`, 0 for
-// a machinery frame, -1 with an error set. `fo` is the frame's object when the walk has one (the
-// line is then PyFrame_GetLineNumber's, which a tracer may set); without one the line is the
-// instruction's (what that function computes when no tracer set it).
-int frame_site(PyObject* is_machinery, PyCodeObject* code, int lasti, PyFrameObject* fo, Ref& site) {
-    auto* key = reinterpret_cast<PyObject*>(code);
-    if (const SiteTable::Entry* e = site_memo().find(key, lasti)) {
-        if (e->site == nullptr) return 0;
-        site = Ref::borrow(e->site);
-        return 1;
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+// One entry of a location table (3.11-3.13 alike: CPython's Objects/locations.md): a first byte
+// 1cccclll (code c, length l + 1 code units), then what code c carries. Its line delta is read
+// and the rest skipped: short forms (0-9) one byte, one-line forms (10-12: delta c - 10) two
+// bytes, no-columns (13) a signed varint, long (14) a signed varint and three varints, none (15)
+// nothing. Varints are 6-bit chunks, low first, bit 6 set on all but the last. Returns the byte
+// after the entry, or null when the entry is not what this says (the caller then asks CPython).
+const std::uint8_t* next_location(const std::uint8_t* p, const std::uint8_t* end, int& line_delta) {
+    const auto varint = [&p, end](unsigned int& value) {
+        unsigned int shift = 0;
+        value = 0;
+        while (p < end && shift < 30) {
+            const std::uint8_t b = *p++;
+            value |= (b & 63U) << shift;
+            if ((b & 64U) == 0) return true;
+            shift += 6;
+        }
+        return false;
+    };
+    const int code = (*p >> 3) & 15;
+    ++p;
+    line_delta = 0;
+    unsigned int v = 0;
+    if (code <= 9) {
+        p += 1;
+    } else if (code <= 12) {
+        line_delta = code - 10;
+        p += 2;
+    } else if (code <= 14) {
+        if (!varint(v)) return nullptr;
+        line_delta = (v & 1U) != 0 ? -static_cast<int>(v >> 1) : static_cast<int>(v >> 1);
+        if (code == 14 && !(varint(v) && varint(v) && varint(v))) return nullptr;
     }
-    // Not seen: ask is_machinery (Python code may run) and format the site (allocates: a
-    // collection may run). Either may walk a stack again, so the table is probed afresh below.
+    // The next entry starts with bit 7 set (or the table ends here).
+    if (p > end || (p < end && (*p & 128U) == 0)) return nullptr;
+    return p;
+}
+#endif
+
+// PyCode_Addr2Line(code, offset) (`offset` in bytes), which scans the location table from its
+// start through CPython's general range iterator (most of a cold install-site walk); here the
+// same scan reads only lines. What CPython answers: the code's first line before the first
+// instruction, -1 for an instruction without a line or past the table. Another version, or an
+// entry this does not read as it expects, asks CPython.
+int line_of_instruction(PyCodeObject* code, int offset) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+    if (offset < 0) return code->co_firstlineno;
+    PyObject* table = code->co_linetable;
+    if (table == nullptr || !PyBytes_CheckExact(table)) return PyCode_Addr2Line(code, offset);
+    const auto* p = reinterpret_cast<const std::uint8_t*>(PyBytes_AS_STRING(table));
+    const std::uint8_t* const end = p + PyBytes_GET_SIZE(table);
+    const int unit = offset / 2;  // sizeof(_Py_CODEUNIT)
+    int line = code->co_firstlineno;
+    int entry_end = 0;  // in code units
+    while (p < end) {
+        if ((*p & 128U) == 0) return PyCode_Addr2Line(code, offset);
+        const bool no_line = (*p >> 3) == 0x1F;
+        entry_end += (*p & 7) + 1;
+        int delta = 0;
+        p = next_location(p, end, delta);
+        if (p == nullptr) return PyCode_Addr2Line(code, offset);
+        line += delta;
+        if (unit < entry_end) return no_line ? -1 : line;
+    }
+    return -1;
+#else
+    return PyCode_Addr2Line(code, offset);
+#endif
+}
+
+// frame_site for a (code, lasti) the memo does not hold: asks is_machinery (Python code may run)
+// and formats the site (allocates: a collection may run). Either may walk a stack again, so the
+// memo is probed afresh before the entry is added.
+__attribute__((noinline)) int new_frame_site(PyObject* is_machinery, PyCodeObject* code, int lasti,
+                                             PyFrameObject* fo, Ref& site) {
     Ref text;
     const int m = is_machinery_file(is_machinery, code->co_filename);
     if (m < 0) return -1;
     if (m == 0) {
-        const int line = fo != nullptr ? PyFrame_GetLineNumber(fo) : PyCode_Addr2Line(code, lasti);
+        const int line = fo != nullptr ? PyFrame_GetLineNumber(fo) : line_of_instruction(code, lasti);
         text = Ref::steal(format_site(code->co_filename, line, code->co_name));
         if (!text) return -1;
     }
     SiteTable& memo = site_memo();
     if (memo.size() >= kMaxSites) memo.clear();  // may run code (a code object's weakref callback)
-    site_memo().insert(key, lasti, text.get());
+    site_memo().insert(reinterpret_cast<PyObject*>(code), lasti, text.get());
     if (m == 1) return 0;
     site = std::move(text);
     return 1;
+}
+
+// What the frame running `code` at `lasti` (bytes; PyFrame_GetLasti's value) adds to a stack
+// (`is_machinery` as user_stack's): 1 with a new reference to "file:line in func" in `site`, 0 for
+// a machinery frame, -1 with an error set. `fo` is the frame's object when the walk has one (the
+// line is then PyFrame_GetLineNumber's, which a tracer may set); without one the line is the
+// instruction's (what that function computes when no tracer set it).
+inline int frame_site(PyObject* is_machinery, PyCodeObject* code, int lasti, PyFrameObject* fo, Ref& site) {
+    if (const SiteTable::Entry* e = site_memo().find(reinterpret_cast<PyObject*>(code), lasti)) {
+        if (e->site == nullptr) return 0;
+        site = Ref::borrow(e->site);
+        return 1;
+    }
+    return new_frame_site(is_machinery, code, lasti, fo, site);
 }
 
 // Whether the frames can be walked without frame objects (frame::thread_top_frame ...): a build
@@ -343,5 +418,16 @@ void clear_install_site_memo() {
     for (auto& [k, _] : files) Py_DECREF(k);
     site_memo().clear();
 }
+
+int instruction_line(PyCodeObject* code, int offset) { return line_of_instruction(code, offset); }
+
+bool set_frame_object_walk(bool on) {
+    const bool was = !raw_walk();
+    if (frame::kHasFrameLayout && g_raw_walk != RawWalk::Checking)
+        g_raw_walk = on ? RawWalk::Disagrees : RawWalk::Unchecked;  // off: checked again by the next walk
+    return was;
+}
+
+bool frame_walks_agree() { return frame::kHasFrameLayout && raw_walk_agrees(); }
 
 }  // namespace tripwire::runtime
