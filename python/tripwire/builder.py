@@ -131,7 +131,7 @@ class GuardBuilder:
         *,
         guard_filter: Callable[[list[GuardSpec]], list[bool]] | None = None,
     ) -> None:
-        if not isinstance(f_locals, Mapping):
+        if type(f_locals) is not dict and not isinstance(f_locals, Mapping):  # a dict: no ABC check
             raise TypeError(f"f_locals must be a mapping, not {type(f_locals).__name__}")
         if f_globals is not None and type(f_globals) is not dict:
             raise TypeError("f_globals must be a dict")
@@ -399,17 +399,21 @@ class GuardBuilder:
         except Exception:  # noqa: BLE001 - redone below, where the error is reported
             spec = None
         if spec is None:
-            try:
-                args = (rel.text, rel.symbols, self._checked_symbol_types(rel))
-                spec = GuardSpec(_SHAPE, None, args, index, _core.user_stack(_is_machinery, _STACK_DEPTH))
-            except BaseException:
-                # Refused: the index goes back when no guard took one since (as before, a refused
-                # relation leaves no gap in the indices).
-                if self._next_index == index + 1:
-                    self._next_index = index
-                raise
+            spec = self._shape_checked(rel, index)
         self._specs.append(spec)
         return spec
+
+    def _shape_checked(self, rel: shapes.Relation, index: int) -> GuardSpec:
+        """shape()'s relation redone symbol by symbol (the one C++ call gave None or raised): the
+        spec with `index`, or the error that says why it cannot be declared. A refused relation
+        gives its index back when no guard took one since (a refusal leaves no gap)."""
+        try:
+            args = (rel.text, rel.symbols, self._checked_symbol_types(rel))
+            return GuardSpec(_SHAPE, None, args, index, _core.user_stack(_is_machinery, _STACK_DEPTH))
+        except BaseException:
+            if self._next_index == index + 1:
+                self._next_index = index
+            raise
 
     def _checked_symbol_types(self, rel: shapes.Relation) -> tuple[str, ...]:
         """The types of a relation's symbols on the example, read one by one; raises the error
@@ -620,6 +624,13 @@ class GuardBuilder:
             specs, self.f_locals, self.f_globals, self.f_closure, strict=strict, baselines=self._baselines
         )
 
+
+# GuardBuilder.shape of an exact GuardBuilder on an exact Relation runs in C++, with no Python frame
+# (bind_shape.cpp, make_shape_method): the same steps as the method above, which stays the path for
+# anything else (a subclass, a text or an Expr, keywords) and gives the method its docstring.
+GuardBuilder.shape = _core._shape_method(  # type: ignore[method-assign]
+    GuardBuilder, _Relation, GuardBuilder.shape, GuardBuilder._shape_checked
+)
 
 builtins_type = type
 builtins_hasattr = hasattr

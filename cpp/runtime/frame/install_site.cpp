@@ -202,50 +202,15 @@ PyObject* format_site(PyObject* filename, int line, PyObject* name) {
     return text;
 }
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
-// One entry of a location table (3.11-3.13 alike: CPython's Objects/locations.md): a first byte
-// 1cccclll (code c, length l + 1 code units), then what code c carries. Its line delta is read
-// and the rest skipped: short forms (0-9) one byte, one-line forms (10-12: delta c - 10) two
-// bytes, no-columns (13) a signed varint, long (14) a signed varint and three varints, none (15)
-// nothing. Varints are 6-bit chunks, low first, bit 6 set on all but the last. Returns the byte
-// after the entry, or null when the entry is not what this says (the caller then asks CPython).
-const std::uint8_t* next_location(const std::uint8_t* p, const std::uint8_t* end, int& line_delta) {
-    const auto varint = [&p, end](unsigned int& value) {
-        unsigned int shift = 0;
-        value = 0;
-        while (p < end && shift < 30) {
-            const std::uint8_t b = *p++;
-            value |= (b & 63U) << shift;
-            if ((b & 64U) == 0) return true;
-            shift += 6;
-        }
-        return false;
-    };
-    const int code = (*p >> 3) & 15;
-    ++p;
-    line_delta = 0;
-    unsigned int v = 0;
-    if (code <= 9) {
-        p += 1;
-    } else if (code <= 12) {
-        line_delta = code - 10;
-        p += 2;
-    } else if (code <= 14) {
-        if (!varint(v)) return nullptr;
-        line_delta = (v & 1U) != 0 ? -static_cast<int>(v >> 1) : static_cast<int>(v >> 1);
-        if (code == 14 && !(varint(v) && varint(v) && varint(v))) return nullptr;
-    }
-    // The next entry starts with bit 7 set (or the table ends here).
-    if (p > end || (p < end && (*p & 128U) == 0)) return nullptr;
-    return p;
-}
-#endif
-
 // PyCode_Addr2Line(code, offset) (`offset` in bytes), which scans the location table from its
 // start through CPython's general range iterator (most of a cold install-site walk); here the
-// same scan reads only lines. What CPython answers: the code's first line before the first
-// instruction, -1 for an instruction without a line or past the table. Another version, or an
-// entry this does not read as it expects, asks CPython.
+// same scan reads only lines. The table's format is 3.11-3.13's (CPython's Objects/locations.md):
+// each entry starts with a byte 1cccclll (code c, length l + 1 code units) and no other byte has
+// bit 7 set; c 15 has no line, 14 and 13 carry a signed varint line delta first (6-bit chunks,
+// low first, bit 6 set on all but the last, the sign in bit 0), 10-12 a delta of c - 10, 0-9 none.
+// The walk from entry to entry is CPython's (to the next byte with bit 7 set), and so are the
+// answers: the code's first line before the first instruction, -1 for an instruction without a
+// line or past the table. Another version asks CPython.
 int line_of_instruction(PyCodeObject* code, int offset) {
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
     if (offset < 0) return code->co_firstlineno;
@@ -257,14 +222,25 @@ int line_of_instruction(PyCodeObject* code, int offset) {
     int line = code->co_firstlineno;
     int entry_end = 0;  // in code units
     while (p < end) {
-        if ((*p & 128U) == 0) return PyCode_Addr2Line(code, offset);
-        const bool no_line = (*p >> 3) == 0x1F;
-        entry_end += (*p & 7) + 1;
-        int delta = 0;
-        p = next_location(p, end, delta);
-        if (p == nullptr) return PyCode_Addr2Line(code, offset);
-        line += delta;
-        if (unit < entry_end) return no_line ? -1 : line;
+        const unsigned int first = *p;
+        const unsigned int kind = (first >> 3) & 15U;
+        entry_end += static_cast<int>(first & 7U) + 1;
+        if (kind >= 10 && kind <= 12) {
+            line += static_cast<int>(kind) - 10;
+        } else if (kind == 13 || kind == 14) {
+            unsigned int v = 0;
+            unsigned int shift = 0;
+            for (const std::uint8_t* q = p + 1; q < end && shift < 32; shift += 6) {
+                const unsigned int b = *q++;
+                v |= (b & 63U) << shift;
+                if ((b & 64U) == 0) break;
+            }
+            line += (v & 1U) != 0 ? -static_cast<int>(v >> 1) : static_cast<int>(v >> 1);
+        }
+        if (unit < entry_end) return (first >> 3) == 0x1FU ? -1 : line;
+        do {
+            ++p;
+        } while (p < end && (*p & 128U) == 0);
     }
     return -1;
 #else
