@@ -395,7 +395,9 @@ class GuardBuilder:
         # that does not hold, a type error) is redone symbol by symbol below, which says why.
         spec: Any
         try:
-            spec = _core.spec_of_shape(rel.text, rel.symbols, self.f_locals, self.f_globals, self.f_closure, index)
+            spec = _core.spec_of_shape(
+                rel.text, rel.symbols, self.f_locals, self.f_globals, self.f_closure, index
+            )
         except Exception:  # noqa: BLE001 - redone below, where the error is reported
             spec = None
         if spec is None:
@@ -628,7 +630,7 @@ class GuardBuilder:
 # GuardBuilder.shape of an exact GuardBuilder on an exact Relation runs in C++, with no Python frame
 # (bind_shape.cpp, make_shape_method): the same steps as the method above, which stays the path for
 # anything else (a subclass, a text or an Expr, keywords) and gives the method its docstring.
-GuardBuilder.shape = _core._shape_method(  # type: ignore[method-assign]
+GuardBuilder.shape = _core._shape_method(  # type: ignore[method-assign,assignment]
     GuardBuilder, _Relation, GuardBuilder.shape, GuardBuilder._shape_checked
 )
 

@@ -112,7 +112,12 @@ def test_instruction_lines_of_replaced_line_tables() -> None:
 
     code = f.__code__
     table = code.co_linetable
-    for variant in (table, b"", table[: len(table) // 2], bytes([0xF8 | (len(code.co_code) // 2 - 1) % 8]) * 40):
+    for variant in (
+        table,
+        b"",
+        table[: len(table) // 2],
+        bytes([0xF8 | (len(code.co_code) // 2 - 1) % 8]) * 40,
+    ):
         try:
             replaced = code.replace(co_linetable=variant)
         except (ValueError, TypeError):
