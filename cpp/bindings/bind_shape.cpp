@@ -697,7 +697,6 @@ struct ShapeMethod {
     unsigned int builder_tag = 0;      // the types' version tags when their names were last checked
     unsigned int relation_tag = 0;
     PyObject* general = nullptr;  // the Python GuardBuilder.shape
-    PyObject* checked = nullptr;  // GuardBuilder._shape_checked(self, rel, index)
     HintedName text, symbols, f_locals, f_globals, f_closure, next_index, specs;
     PyMethodDef def{};
     std::string doc;  // def.ml_doc
@@ -805,8 +804,11 @@ int shape_fast(ShapeMethod& m, PyObject* self, PyObject* rel, PyObject** out) {
     runtime::Ref spec =
         runtime::Ref::steal(spec_or_none(text, symbols, f_locals, f_globals, f_closure, index));
     if (!spec) return -1;
-    if (spec.get() == Py_None) {
-        spec = runtime::Ref::steal(PyObject_CallFunctionObjArgs(m.checked, self, rel, index.get(), nullptr));
+    if (spec.get() == Py_None) {  // self._shape_checked(rel, index), as the Python method calls it
+        static PyObject* s_checked = nullptr;
+        PyObject* call[] = {self, rel, index.get()};
+        spec = runtime::Ref::steal(PyObject_VectorcallMethod(interned(s_checked, "_shape_checked"), call,
+                                                             3 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
         if (!spec) return -1;
     }
     if (!append_spec(m, self, spec.get())) return -1;
@@ -814,14 +816,9 @@ int shape_fast(ShapeMethod& m, PyObject* self, PyObject* rel, PyObject** out) {
     return 1;
 }
 
-// The method (METH_FASTCALL | METH_KEYWORDS): the fast path for shape(rel), else `general`.
-PyObject* shape_method(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-    ShapeMethod& m = *g_shape_method;
-    if (nargs == 1 && kwnames == nullptr && Py_TYPE(self) == m.builder && Py_TYPE(args[0]) == m.relation) {
-        PyObject* spec = nullptr;
-        const int r = shape_fast(m, self, args[0], &spec);
-        if (r != 0) return spec;
-    }
+// general(self, *args, **kwargs) from a vectorcall of the method.
+PyObject* call_general(const ShapeMethod& m, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                       PyObject* kwnames) {
     const Py_ssize_t n_kw = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
     std::vector<PyObject*> call(static_cast<std::size_t>(1 + nargs + n_kw));
     call[0] = self;
@@ -829,18 +826,36 @@ PyObject* shape_method(PyObject* self, PyObject* const* args, Py_ssize_t nargs, 
     return PyObject_Vectorcall(m.general, call.data(), static_cast<std::size_t>(1 + nargs), kwnames);
 }
 
-nb::object make_shape_method(nb::handle builder, nb::handle relation, nb::handle general,
-                             nb::handle checked) {
-    if (!PyType_Check(builder.ptr()) || !PyType_Check(relation.ptr()) || !PyCallable_Check(general.ptr()) ||
-        !PyCallable_Check(checked.ptr()))
-        throw nb::type_error("needs two classes and two callables");
+// The method (METH_FASTCALL | METH_KEYWORDS): the fast path for shape(rel), else `general`. No C++
+// exception leaves it (a C function): the fast path turns spec_of_shape's into a refusal, as the
+// Python method's `except Exception` does, and anything else here is an allocation failure.
+PyObject* shape_method(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const ShapeMethod& m = *g_shape_method;
+    try {
+        if (nargs == 1 && kwnames == nullptr && Py_TYPE(self) == m.builder &&
+            Py_TYPE(args[0]) == m.relation) {
+            PyObject* spec = nullptr;
+            const int r = shape_fast(*g_shape_method, self, args[0], &spec);
+            if (r != 0) return spec;
+        }
+        return call_general(m, self, args, nargs, kwnames);
+    } catch (const std::bad_alloc&) {
+        return PyErr_NoMemory();
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+}
+
+nb::object make_shape_method(nb::handle builder, nb::handle relation, nb::handle general) {
+    if (!PyType_Check(builder.ptr()) || !PyType_Check(relation.ptr()) || !PyCallable_Check(general.ptr()))
+        throw nb::type_error("needs two classes and a callable");
     runtime::verify_dict_hints();  // the own-storage reads (off when the layout is not verified)
     auto* m = new ShapeMethod();   // NOLINT(cppcoreguidelines-owning-memory): kept for the process (the
                                    // descriptor points at its PyMethodDef)
     m->builder = reinterpret_cast<PyTypeObject*>(builder.inc_ref().ptr());
     m->relation = reinterpret_cast<PyTypeObject*>(relation.inc_ref().ptr());
     m->general = general.inc_ref().ptr();
-    m->checked = checked.inc_ref().ptr();
     for (auto [n, name] : {std::pair{&m->text, "text"},
                            {&m->symbols, "symbols"},
                            {&m->f_locals, "f_locals"},
@@ -967,11 +982,10 @@ void register_shape(nb::module_& m) {
         "Raises what relation_holds_on or the stack walk raised.");
     m.def(
         "_shape_method", &make_shape_method, nb::arg("builder"), nb::arg("relation"), nb::arg("general"),
-        nb::arg("checked"),
         "GuardBuilder.shape as a method descriptor of `builder` (set once by tripwire.builder): for an exact "
         "`builder` instance and an exact `relation` instance (shapes.Relation) it does what the Python "
         "method `general` does without a Python frame: takes the index, makes the spec with spec_of_shape "
-        "(or, when that gives None or raises an Exception, checked(self, relation, index)) and appends "
+        "(or, when that gives None or raises an Exception, self._shape_checked(relation, index)) and appends "
         "it to self._specs. Anything else (a subclass, a text, keywords, attributes it cannot read from "
         "the instances' own storage) calls general(self, ...).");
     m.def("relation_holds_on", &relation_holds_on, nb::arg("text"), nb::arg("symbols"),

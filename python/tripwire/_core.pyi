@@ -652,9 +652,9 @@ def spec_of_shape(text: str, symbols: tuple, f_locals: object, f_globals: object
     GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), index, stack) with the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. Raises what relation_holds_on or the stack walk raised.
     """
 
-def _shape_method(builder: object, relation: object, general: object, checked: object) -> object:
+def _shape_method(builder: object, relation: object, general: object) -> object:
     """
-    GuardBuilder.shape as a method descriptor of `builder` (set once by tripwire.builder): for an exact `builder` instance and an exact `relation` instance (shapes.Relation) it does what the Python method `general` does without a Python frame: takes the index, makes the spec with spec_of_shape (or, when that gives None or raises an Exception, checked(self, relation, index)) and appends it to self._specs. Anything else (a subclass, a text, keywords, attributes it cannot read from the instances' own storage) calls general(self, ...).
+    GuardBuilder.shape as a method descriptor of `builder` (set once by tripwire.builder): for an exact `builder` instance and an exact `relation` instance (shapes.Relation) it does what the Python method `general` does without a Python frame: takes the index, makes the spec with spec_of_shape (or, when that gives None or raises an Exception, self._shape_checked(relation, index)) and appends it to self._specs. Anything else (a subclass, a text, keywords, attributes it cannot read from the instances' own storage) calls general(self, ...).
     """
 
 def relation_holds_on(text: str, symbols: tuple, index_kinds: int, no_arg_kinds: int, f_locals: object, f_globals: object | None, f_closure: object | None, type_names: object) -> object:

@@ -630,9 +630,7 @@ class GuardBuilder:
 # GuardBuilder.shape of an exact GuardBuilder on an exact Relation runs in C++, with no Python frame
 # (bind_shape.cpp, make_shape_method): the same steps as the method above, which stays the path for
 # anything else (a subclass, a text or an Expr, keywords) and gives the method its docstring.
-GuardBuilder.shape = _core._shape_method(  # type: ignore[method-assign,assignment]
-    GuardBuilder, _Relation, GuardBuilder.shape, GuardBuilder._shape_checked
-)
+GuardBuilder.shape = _core._shape_method(GuardBuilder, _Relation, GuardBuilder.shape)  # type: ignore[method-assign,assignment]
 
 builtins_type = type
 builtins_hasattr = hasattr
