@@ -25,6 +25,7 @@
 #include "core/shape/small_eval.hpp"
 #include "core/shape/symbol.hpp"
 #include "register.hpp"
+#include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/fetch.hpp"
 #include "runtime/eval/shape_symbols.hpp"
 #include "runtime/frame/install_site.hpp"
@@ -791,11 +792,12 @@ nb::object new_frozen(nb::handle cls, std::initializer_list<std::pair<PyObject*,
 }
 
 // GuardBuilder.shape's call: relation_holds_on with the builder's settings, then, when it holds,
-// the spec GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with the caller's stack;
-// None otherwise. The builder gives the spec its index afterwards (an index is taken after every
-// call that can run user code).
+// the spec GuardSpec(SHAPE, None, (text, symbols, types), index, stack) with the caller's stack;
+// None otherwise. The builder took `index` before the call (read and advanced with nothing in
+// between that could collect), so a guard declared while this runs (a read's user code, a
+// finalizer) takes another one; the spec is made with it, not given it afterwards.
 nb::object spec_of_shape(const nb::str& text, const nb::tuple& symbols, nb::handle f_locals,
-                         nb::handle f_globals, nb::handle f_closure) {
+                         nb::handle f_globals, nb::handle f_closure, const nb::int_& index) {
     const ShapeBuilder* b = g_shape_builder;
     if (b == nullptr) throw std::logic_error("tripwire.builder did not call _set_shape_builder");
     nb::object types = relation_holds_on(text, symbols, b->index_kinds, b->no_arg_kinds, f_locals, f_globals,
@@ -810,13 +812,210 @@ nb::object spec_of_shape(const nb::str& text, const nb::tuple& symbols, nb::hand
     static PyObject* s_args = nullptr;
     static PyObject* s_index = nullptr;
     static PyObject* s_stack = nullptr;
-    const nb::object zero = owned(PyLong_FromLong(0));
     // GuardSpec's fields in its __init__'s order (the instance's attribute order).
     return new_frozen(b->spec_type, {{interned(s_kind, "kind"), b->shape_kind},
                                      {interned(s_source, "source"), nb::none()},
                                      {interned(s_args, "args"), args},
-                                     {interned(s_index, "index"), zero},
+                                     {interned(s_index, "index"), index},
                                      {interned(s_stack, "stack"), site}});
+}
+
+// -- GuardBuilder.shape without a Python frame --------------------------------------------------
+// GuardBuilder.shape is this method (a method descriptor of the class) when tripwire.builder
+// installs it (_shape_method): for an exact GuardBuilder and an exact shapes.Relation it does what
+// the Python method does (kept as `general`) with no Python frame, reading the instance
+// attributes from the objects' own storage (dict_hint.hpp's verified reads, as LOAD_ATTR's
+// specialisations do); anything else calls `general`. The Python method's frame and attribute
+// loads were about a fifth of a cold build's shape phase.
+
+// An attribute name and the hint of where it was last found (dict_hint.hpp).
+struct HintedName {
+    PyObject* name = nullptr;
+    Py_ssize_t hint = runtime::kHintUnknown;
+};
+
+struct ShapeMethod {
+    PyTypeObject* builder = nullptr;   // exact tripwire.GuardBuilder (kept for the process)
+    PyTypeObject* relation = nullptr;  // exact shapes.Relation
+    unsigned int builder_tag = 0;      // the types' version tags when their names were last checked
+    unsigned int relation_tag = 0;
+    PyObject* general = nullptr;  // the Python GuardBuilder.shape
+    HintedName text, symbols, f_locals, f_globals, f_closure, next_index, specs;
+    PyMethodDef def{};
+    std::string doc;  // def.ml_doc
+};
+ShapeMethod* g_shape_method = nullptr;
+
+// Whether instances of `tp` read `names` from their own storage as Python does (and, with
+// `stores`, assign them there): the type's own attribute access (and assignment), and no data
+// descriptor of those names on the class or its bases (_PyType_Lookup reads the MRO's dicts,
+// exact str keys: no user code runs). A type's version tag changes with any class attribute
+// assignment on it or a base, and is never handed out again, so the answer holds while the tag
+// does.
+bool plain_instance_attributes(PyTypeObject* tp, bool stores, std::initializer_list<HintedName*> names) {
+    if (tp->tp_getattro != PyObject_GenericGetAttr || (stores && tp->tp_setattro != PyObject_GenericSetAttr))
+        return false;
+    for (const HintedName* n : names) {
+        PyObject* attr = _PyType_Lookup(tp, n->name);
+        if (attr != nullptr && Py_TYPE(attr)->tp_descr_set != nullptr) return false;
+    }
+    return tp->tp_version_tag != 0;
+}
+
+bool plain_types(ShapeMethod& m) {
+    if (m.builder_tag == 0 || m.builder->tp_version_tag != m.builder_tag) {
+        m.builder_tag = 0;
+        if (!plain_instance_attributes(m.builder, true,
+                                       {&m.f_locals, &m.f_globals, &m.f_closure, &m.next_index, &m.specs}))
+            return false;
+        m.builder_tag = m.builder->tp_version_tag;
+    }
+    if (m.relation_tag == 0 || m.relation->tp_version_tag != m.relation_tag) {
+        m.relation_tag = 0;
+        if (!plain_instance_attributes(m.relation, false, {&m.text, &m.symbols})) return false;  // read only
+        m.relation_tag = m.relation->tp_version_tag;
+    }
+    return true;
+}
+
+// obj.<name> from obj's own storage (plain_types checked), a new reference; empty when it is not
+// found there (the caller then leaves it to Python).
+runtime::Ref own_attribute(PyObject* obj, HintedName& n) {
+    return runtime::Ref::borrow(runtime::instance_attr_hinted(obj, n.name, &n.hint));
+}
+
+// The spec, as spec_of_shape makes it, or None when the relation is to be redone symbol by symbol
+// (what the Python method's `except Exception` does: a C++ error here is one the binding would
+// have raised as an Exception). Null with a Python error set for anything else (an exception
+// outside Exception, such as KeyboardInterrupt).
+PyObject* spec_or_none(const runtime::Ref& text, const runtime::Ref& symbols, const runtime::Ref& f_locals,
+                       const runtime::Ref& f_globals, const runtime::Ref& f_closure,
+                       const runtime::Ref& index) {
+    try {
+        return spec_of_shape(nb::borrow<nb::str>(text.get()), nb::borrow<nb::tuple>(symbols.get()),
+                             f_locals.get(), f_globals.get(), f_closure.get(),
+                             nb::borrow<nb::int_>(index.get()))
+            .release()
+            .ptr();
+    } catch (nb::python_error& e) {
+        e.restore();
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+        PyErr_Clear();
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): redone below, which says why
+    }
+    Py_RETURN_NONE;
+}
+
+// self._specs.append(spec), read again after the user code the declaration ran.
+bool append_spec(ShapeMethod& m, PyObject* self, PyObject* spec) {
+    if (plain_types(m)) {
+        const runtime::Ref specs = own_attribute(self, m.specs);
+        if (specs && PyList_CheckExact(specs.get())) return PyList_Append(specs.get(), spec) == 0;
+    }
+    const runtime::Ref specs = runtime::Ref::steal(PyObject_GetAttr(self, m.specs.name));
+    if (!specs) return false;
+    static PyObject* s_append = nullptr;
+    const runtime::Ref r =
+        runtime::Ref::steal(PyObject_CallMethodOneArg(specs.get(), interned(s_append, "append"), spec));
+    return static_cast<bool>(r);
+}
+
+// GuardBuilder.shape(self, rel) for an exact builder and relation: `*out` the spec (new
+// reference), null with an error set, or left null with 0 returned when this path does not apply
+// (nothing done yet: the caller calls the Python method).
+int shape_fast(ShapeMethod& m, PyObject* self, PyObject* rel, PyObject** out) {
+    *out = nullptr;
+    if (!plain_types(m)) return 0;
+    const runtime::Ref text = own_attribute(rel, m.text);
+    const runtime::Ref symbols = own_attribute(rel, m.symbols);
+    const runtime::Ref f_locals = own_attribute(self, m.f_locals);
+    const runtime::Ref f_globals = own_attribute(self, m.f_globals);
+    const runtime::Ref f_closure = own_attribute(self, m.f_closure);
+    const runtime::Ref index = own_attribute(self, m.next_index);
+    if (!text || !PyUnicode_CheckExact(text.get()) || !symbols || !PyTuple_CheckExact(symbols.get()) ||
+        !f_locals || !f_globals || !f_closure || !index || !PyLong_CheckExact(index.get()))
+        return 0;
+    // The index first, as the Python method takes it: read and advanced with nothing in between
+    // that could collect (an int is not tracked by the collector, and the store replaces a value).
+    const Py_ssize_t i = PyLong_AsSsize_t(index.get());
+    if (i < 0 || i == PY_SSIZE_T_MAX) {
+        PyErr_Clear();
+        return 0;
+    }
+    const runtime::Ref next = runtime::Ref::steal(PyLong_FromSsize_t(i + 1));
+    if (!next || PyObject_GenericSetAttr(self, m.next_index.name, next.get()) != 0) return -1;
+    runtime::Ref spec =
+        runtime::Ref::steal(spec_or_none(text, symbols, f_locals, f_globals, f_closure, index));
+    if (!spec) return -1;
+    if (spec.get() == Py_None) {  // self._shape_checked(rel, index), as the Python method calls it
+        static PyObject* s_checked = nullptr;
+        PyObject* call[] = {self, rel, index.get()};
+        spec = runtime::Ref::steal(PyObject_VectorcallMethod(interned(s_checked, "_shape_checked"), call,
+                                                             3 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
+        if (!spec) return -1;
+    }
+    if (!append_spec(m, self, spec.get())) return -1;
+    *out = spec.release();
+    return 1;
+}
+
+// general(self, *args, **kwargs) from a vectorcall of the method.
+PyObject* call_general(const ShapeMethod& m, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                       PyObject* kwnames) {
+    const Py_ssize_t n_kw = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
+    std::vector<PyObject*> call(static_cast<std::size_t>(1 + nargs + n_kw));
+    call[0] = self;
+    for (Py_ssize_t k = 0; k < nargs + n_kw; ++k) call[static_cast<std::size_t>(1 + k)] = args[k];
+    return PyObject_Vectorcall(m.general, call.data(), static_cast<std::size_t>(1 + nargs), kwnames);
+}
+
+// The method (METH_FASTCALL | METH_KEYWORDS): the fast path for shape(rel), else `general`. No C++
+// exception leaves it (a C function): the fast path turns spec_of_shape's into a refusal, as the
+// Python method's `except Exception` does, and anything else here is an allocation failure.
+PyObject* shape_method(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const ShapeMethod& m = *g_shape_method;
+    try {
+        if (nargs == 1 && kwnames == nullptr && Py_TYPE(self) == m.builder &&
+            Py_TYPE(args[0]) == m.relation) {
+            PyObject* spec = nullptr;
+            const int r = shape_fast(*g_shape_method, self, args[0], &spec);
+            if (r != 0) return spec;
+        }
+        return call_general(m, self, args, nargs, kwnames);
+    } catch (const std::bad_alloc&) {
+        return PyErr_NoMemory();
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+}
+
+nb::object make_shape_method(nb::handle builder, nb::handle relation, nb::handle general) {
+    if (!PyType_Check(builder.ptr()) || !PyType_Check(relation.ptr()) || !PyCallable_Check(general.ptr()))
+        throw nb::type_error("needs two classes and a callable");
+    runtime::verify_dict_hints();  // the own-storage reads (off when the layout is not verified)
+    auto* m = new ShapeMethod();   // NOLINT(cppcoreguidelines-owning-memory): kept for the process (the
+                                   // descriptor points at its PyMethodDef)
+    m->builder = reinterpret_cast<PyTypeObject*>(builder.inc_ref().ptr());
+    m->relation = reinterpret_cast<PyTypeObject*>(relation.inc_ref().ptr());
+    m->general = general.inc_ref().ptr();
+    for (auto [n, name] : {std::pair{&m->text, "text"},
+                           {&m->symbols, "symbols"},
+                           {&m->f_locals, "f_locals"},
+                           {&m->f_globals, "f_globals"},
+                           {&m->f_closure, "f_closure"},
+                           {&m->next_index, "_next_index"},
+                           {&m->specs, "_specs"}})
+        n->name = interned(n->name, name);
+    const nb::object doc = nb::getattr(general, "__doc__", nb::none());
+    m->doc =
+        "shape($self, /, relation)\n--\n\n" + (doc.is_none() ? std::string() : nb::cast<std::string>(doc));
+    m->def.ml_name = "shape";
+    m->def.ml_meth = reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&shape_method));
+    m->def.ml_flags = METH_FASTCALL | METH_KEYWORDS;
+    m->def.ml_doc = m->doc.c_str();
+    g_shape_method = m;
+    return owned(PyDescr_NewMethod(m->builder, &m->def));
 }
 
 }  // namespace
@@ -933,11 +1132,19 @@ void register_shape(nb::module_& m) {
           "(runtime/frame/install_site.hpp, set_machinery_rule).");
     m.def(
         "spec_of_shape", &spec_of_shape, nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"),
-        nb::arg("f_globals").none(), nb::arg("f_closure").none(),
+        nb::arg("f_globals").none(), nb::arg("f_closure").none(), nb::arg("index"),
         "GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); "
-        "when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with "
+        "when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), index, stack) with "
         "the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. "
         "Raises what relation_holds_on or the stack walk raised.");
+    m.def(
+        "_shape_method", &make_shape_method, nb::arg("builder"), nb::arg("relation"), nb::arg("general"),
+        "GuardBuilder.shape as a method descriptor of `builder` (set once by tripwire.builder): for an exact "
+        "`builder` instance and an exact `relation` instance (shapes.Relation) it does what the Python "
+        "method `general` does without a Python frame: takes the index, makes the spec with spec_of_shape "
+        "(or, when that gives None or raises an Exception, self._shape_checked(relation, index)) and appends "
+        "it to self._specs. Anything else (a subclass, a text, keywords, attributes it cannot read from "
+        "the instances' own storage) calls general(self, ...).");
     m.def("relation_holds_on", &relation_holds_on, nb::arg("text"), nb::arg("symbols"),
           nb::arg("index_kinds"), nb::arg("no_arg_kinds"), nb::arg("f_locals"), nb::arg("f_globals").none(),
           nb::arg("f_closure").none(), nb::arg("type_names"),

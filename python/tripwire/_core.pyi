@@ -656,9 +656,14 @@ def _set_shape_builder(source: object, step: object, spec: object, shape_kind: o
     Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth. machinery_dir (the package's directory; None: no rule): user_stack answers is_machinery itself for '<frozen ...' filenames and absolute normal POSIX paths, as builder._is_machinery does (runtime/frame/install_site.hpp, set_machinery_rule).
     """
 
-def spec_of_shape(text: str, symbols: tuple, f_locals: object, f_globals: object | None, f_closure: object | None) -> object:
+def spec_of_shape(text: str, symbols: tuple, f_locals: object, f_globals: object | None, f_closure: object | None, index: int) -> object:
     """
-    GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), 0, stack) with the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. Raises what relation_holds_on or the stack walk raised.
+    GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), index, stack) with the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. Raises what relation_holds_on or the stack walk raised.
+    """
+
+def _shape_method(builder: object, relation: object, general: object) -> object:
+    """
+    GuardBuilder.shape as a method descriptor of `builder` (set once by tripwire.builder): for an exact `builder` instance and an exact `relation` instance (shapes.Relation) it does what the Python method `general` does without a Python frame: takes the index, makes the spec with spec_of_shape (or, when that gives None or raises an Exception, self._shape_checked(relation, index)) and appends it to self._specs. Anything else (a subclass, a text, keywords, attributes it cannot read from the instances' own storage) calls general(self, ...).
     """
 
 def relation_holds_on(text: str, symbols: tuple, index_kinds: int, no_arg_kinds: int, f_locals: object, f_globals: object | None, f_closure: object | None, type_names: object) -> object:
@@ -865,6 +870,21 @@ def decode_guard_set(data: bytes) -> Decoded:
 def user_stack(is_machinery: object, depth: int) -> tuple:
     """
     The caller's stack outside tripwire's machinery, innermost last, at most `depth` entries, as 'file:line in func' (is_machinery(filename) is asked once per file).
+    """
+
+def _instruction_lines(code: object, offset: int) -> tuple:
+    """
+    Test hook: (the install-site walk's line of the instruction at byte `offset` of `code`, PyCode_Addr2Line's): the two must agree.
+    """
+
+def _set_frame_object_walk(on: bool) -> bool:
+    """
+    Test hook: user_stack walks frame objects (on) or reads the frames without making them (off: once the next walk has checked that the two agree, where this build can read them); returns whether frame objects were walked.
+    """
+
+def _frame_walks_agree() -> bool:
+    """
+    Test hook: whether reading the calling thread's frames gives the frame-object walk's (code, instruction) list here and now (False without the frame layout mirror).
     """
 
 def _clear_install_site_memo() -> None:

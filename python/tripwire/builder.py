@@ -83,7 +83,6 @@ _SHAPE = GuardKind.SHAPE  # an enum member from its class is an attribute lookup
 # ``_core.relation_holds_on`` reads each symbol's steps as Step.has_operand and Step.index do.
 _INDEX_KINDS = sum(1 << int(k) for k in _INDEX_STEPS)
 _NO_ARG_KINDS = sum(1 << int(k) for k in _NO_ARG_STEPS)
-_set_field = object.__setattr__  # a frozen spec's field, as its dataclass __init__ sets one
 # What GuardBuilder.shape's C++ call uses; it decodes a symbol of the exact classes Source and
 # Step once (frozen: a decoding stays the object's).
 # On POSIX, the stack walk answers _is_machinery itself for "<frozen ..." and absolute normal
@@ -132,7 +131,7 @@ class GuardBuilder:
         *,
         guard_filter: Callable[[list[GuardSpec]], list[bool]] | None = None,
     ) -> None:
-        if not isinstance(f_locals, Mapping):
+        if type(f_locals) is not dict and not isinstance(f_locals, Mapping):  # a dict: no ABC check
             raise TypeError(f"f_locals must be a mapping, not {type(f_locals).__name__}")
         if f_globals is not None and type(f_globals) is not dict:
             raise TypeError("f_globals must be a dict")
@@ -385,25 +384,38 @@ class GuardBuilder:
         example (naming the values).
         """
         rel = relation if type(relation) is _Relation else shapes.parse(relation)
-        # One C++ call reads the symbols, evaluates the relation on them (compiled into a
-        # per-thread scratch program) and, when it holds, makes the spec with the install site.
-        # Anything else (a read that raised, a value of another type, a relation that does not
-        # hold, a type error) is redone symbol by symbol below, which says why.
+        # The index first, as _take_index takes it (read and advanced with nothing in between that
+        # could collect): a guard declared while the relation is read and checked (user code, a
+        # finalizer) takes the next one, and the spec is made with this one (no field replaced).
+        index = self._next_index
+        self._next_index = index + 1
+        # One C++ call reads the symbols, evaluates the relation on them (the parse tree on small
+        # ints, else a per-thread scratch program) and, when it holds, makes the spec with the
+        # install site. Anything else (a read that raised, a value of another type, a relation
+        # that does not hold, a type error) is redone symbol by symbol below, which says why.
         spec: Any
         try:
-            spec = _core.spec_of_shape(rel.text, rel.symbols, self.f_locals, self.f_globals, self.f_closure)
+            spec = _core.spec_of_shape(
+                rel.text, rel.symbols, self.f_locals, self.f_globals, self.f_closure, index
+            )
         except Exception:  # noqa: BLE001 - redone below, where the error is reported
             spec = None
         if spec is None:
-            args = (rel.text, rel.symbols, self._checked_symbol_types(rel))
-            spec = GuardSpec(_SHAPE, None, args, 0, _core.user_stack(_is_machinery, _STACK_DEPTH))
-        # The index last, as _take_index takes it (read and advanced with nothing in between that
-        # could collect; replacing a field allocates nothing).
-        index = self._next_index
-        self._next_index = index + 1
-        _set_field(spec, "index", index)
+            spec = self._shape_checked(rel, index)
         self._specs.append(spec)
         return spec
+
+    def _shape_checked(self, rel: shapes.Relation, index: int) -> GuardSpec:
+        """shape()'s relation redone symbol by symbol (the one C++ call gave None or raised): the
+        spec with `index`, or the error that says why it cannot be declared. A refused relation
+        gives its index back when no guard took one since (a refusal leaves no gap)."""
+        try:
+            args = (rel.text, rel.symbols, self._checked_symbol_types(rel))
+            return GuardSpec(_SHAPE, None, args, index, _core.user_stack(_is_machinery, _STACK_DEPTH))
+        except BaseException:
+            if self._next_index == index + 1:
+                self._next_index = index
+            raise
 
     def _checked_symbol_types(self, rel: shapes.Relation) -> tuple[str, ...]:
         """The types of a relation's symbols on the example, read one by one; raises the error
@@ -614,6 +626,11 @@ class GuardBuilder:
             specs, self.f_locals, self.f_globals, self.f_closure, strict=strict, baselines=self._baselines
         )
 
+
+# GuardBuilder.shape of an exact GuardBuilder on an exact Relation runs in C++, with no Python frame
+# (bind_shape.cpp, make_shape_method): the same steps as the method above, which stays the path for
+# anything else (a subclass, a text or an Expr, keywords) and gives the method its docstring.
+GuardBuilder.shape = _core._shape_method(GuardBuilder, _Relation, GuardBuilder.shape)  # type: ignore[method-assign,assignment]
 
 builtins_type = type
 builtins_hasattr = hasattr

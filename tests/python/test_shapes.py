@@ -1583,6 +1583,39 @@ def test_shape_spec_made_by_the_one_call_is_an_ordinary_spec() -> None:
     assert b.guards == [first, second]
 
 
+def test_shape_index_is_taken_before_the_call_and_given_back_on_refusal() -> None:
+    """GuardBuilder.shape takes its index before the C++ call (which makes the spec with it): a
+    guard declared while the relation's symbols are read (user code) takes the next one, so no
+    two guards share an index; a refused relation gives its index back when nothing took one
+    since, so indices stay dense across refusals."""
+    b = tw.GuardBuilder({"x": T(8, 4), "n": 4})
+
+    class Declaring(T):
+        def size(self) -> tuple:
+            b.shape("L['n'] >= 1")  # declared in the middle of the outer declaration
+            return super().size()
+
+    b.f_locals["d"] = Declaring(5)
+    outer = b.shape("L['d'].size()[0] == 5")
+    inner = [s for s in b.guards if s is not outer]
+    assert len(inner) == 1 and (outer.index, inner[0].index) == (0, 1)
+    with pytest.raises(tw.GuardBuildError):
+        b.shape("L['n'] > 100")
+    with pytest.raises(tw.GuardBuildError):
+        b.shape("L['missing'] > 1")
+    after = b.shape("L['n'] == 4")
+    assert after.index == 2
+    # A refusal after a nested declaration took an index: the refused one stays a gap.
+    b.f_locals["e"] = Declaring(3)
+    with pytest.raises(tw.GuardBuildError):
+        b.shape("L['e'].size()[0] == 5")
+    last = b.shape("L['n'] == 4")
+    indices = [s.index for s in b.guards]
+    assert len(set(indices)) == len(indices) and last.index == max(indices)
+    gs = b.build()
+    assert [s.index for s in gs.guards] == sorted(indices)
+
+
 def test_symbol_decoding_is_memoised_only_for_exact_sources_and_per_step_masks() -> None:
     """relation_holds_on decodes a Source of the exact class once per object and per step masks;
     anything else (here an object answering the fields through __getattr__) is decoded per call."""

@@ -14,9 +14,11 @@ constexpr std::size_t kMaxNodes = 128;
 
 // A node's value: an int, or a bool (0 or 1). The compiler types every node of an accepted tree
 // the same way (an int operation of ints is an int, a comparison or logical operation a bool).
+// No member initialisers: holds_on_small_ints' array of them is left uninitialised (zeroing 128
+// of them was a quarter of an evaluation); eval_node writes both fields of every node it decides.
 struct Small {
-    std::int64_t v = 0;
-    bool is_bool = false;
+    std::int64_t v;
+    bool is_bool;
 };
 
 // The value of node `n` from its operands' values; false when it is left undecided (an operand of
@@ -40,6 +42,8 @@ bool eval_node(const AstNode& n, const Small* vals, const std::int64_t* values, 
         out.is_bool = true;
         return true;
     };
+    // An int unless the case below makes it a bool (as_bool, or Select copying an operand).
+    out.is_bool = false;
     switch (n.op) {
         case Op::IntConst: out.v = n.int_small; return n.big_int == 0;
         case Op::BoolConst: return as_bool(n.bool_value);
@@ -112,7 +116,8 @@ bool eval_node(const AstNode& n, const Small* vals, const std::int64_t* values, 
 SmallTruth holds_on_small_ints(const ParsedRelation& r, const std::int64_t* values, std::size_t n) {
     const std::size_t nn = r.nodes.size();
     if (r.symbols.size() != n || nn > kMaxNodes || r.root >= nn) return SmallTruth::Undecided;
-    std::array<Small, kMaxNodes> vals;
+    std::array<Small, kMaxNodes>
+        vals;  // NOLINT(cppcoreguidelines-pro-type-member-init): each written before read
     // Operands precede their users in the parse: one pass in node order.
     for (std::size_t k = 0; k < nn; ++k)
         if (!eval_node(r.nodes[k], vals.data(), values, n, vals[k])) return SmallTruth::Undecided;

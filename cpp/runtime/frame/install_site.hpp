@@ -32,4 +32,18 @@ void set_machinery_rule(PyObject* is_machinery, std::string dir);
 /// Drop the memos (tests; the memos are bounded anyway).
 void clear_install_site_memo();
 
+/// The line of the instruction at `offset` (bytes) in `code`, as PyCode_Addr2Line answers it
+/// (the line a walk without frame objects gives a site). Exposed for the test that compares the
+/// two on every instruction of many code objects.
+int instruction_line(PyCodeObject* code, int offset);
+
+/// Test hook: walk through frame objects (PyEval_GetFrame, PyFrame_GetBack) instead of reading
+/// the frames (on), or read them again once the next walk has checked that the two agree (off);
+/// returns whether the frame-object walk was in use.
+bool set_frame_object_walk(bool on);
+
+/// Test hook: whether reading the calling thread's frames gives the same (code, instruction) list
+/// as the frame-object walk, here and now (false on a build without the frame layout mirror).
+bool frame_walks_agree();
+
 }  // namespace tripwire::runtime
