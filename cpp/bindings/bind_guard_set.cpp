@@ -97,6 +97,20 @@ PyTypeObject* g_core_type = nullptr;
 
 /// A SHAPE symbol's type code from its name in a spec ("int" 0, "float" 1: shape::ValueType).
 std::uint8_t symbol_type_code(PyObject* name) {
+    // The builder's names are the interned "int" and "float" (bind_shape.cpp, symbol_type_names):
+    // found by address, compared by value only otherwise.
+    static PyObject* s_int = nullptr;
+    static PyObject* s_float = nullptr;
+    if (s_int == nullptr) {
+        s_int = PyUnicode_InternFromString("int");
+        if (s_int == nullptr) throw nb::python_error();
+    }
+    if (s_float == nullptr) {
+        s_float = PyUnicode_InternFromString("float");
+        if (s_float == nullptr) throw nb::python_error();
+    }
+    if (name == s_int) return 0;
+    if (name == s_float) return 1;
     if (PyUnicode_CheckExact(name)) {
         if (PyUnicode_CompareWithASCIIString(name, "int") == 0) return 0;
         if (PyUnicode_CompareWithASCIIString(name, "float") == 0) return 1;
@@ -200,6 +214,15 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
     decls = std::move(merged);
 }
 
+/// An interned str made once (the GIL is held; never freed, as the module's own names).
+PyObject* interned_name(PyObject*& slot, const char* text) {
+    if (slot == nullptr) {
+        slot = PyUnicode_InternFromString(text);
+        if (slot == nullptr) throw nb::python_error();
+    }
+    return slot;
+}
+
 /// A field of an exact tripwire.source.Step, owned (a plain dataclass: no user code runs).
 nb::object field(PyObject* obj, PyObject*& name_slot, const char* name) {
     if (name_slot == nullptr) {
@@ -209,6 +232,43 @@ nb::object field(PyObject* obj, PyObject*& name_slot, const char* name) {
     PyObject* v = PyObject_GetAttr(obj, name_slot);
     if (v == nullptr) throw nb::python_error();
     return nb::steal(v);
+}
+
+/// `repr(name)` appended to `out`: written directly for an exact str of printable ASCII without a
+/// quote or backslash (every root name Python's grammar admits: `'x'`), else Python's repr.
+void append_str_repr(std::string& out, nb::handle name) {
+    PyObject* s = name.ptr();
+    if (PyUnicode_CheckExact(s) && PyUnicode_IS_ASCII(s)) {
+        const auto* c = static_cast<const char*>(PyUnicode_DATA(s));
+        const Py_ssize_t len = PyUnicode_GET_LENGTH(s);
+        bool plain = true;
+        for (Py_ssize_t i = 0; i < len && plain; ++i)
+            plain = c[i] >= 0x20 && c[i] < 0x7f && c[i] != '\'' && c[i] != '\\';
+        if (plain) {
+            out += '\'';
+            out.append(c, static_cast<std::size_t>(len));
+            out += '\'';
+            return;
+        }
+    }
+    out += nb::cast<std::string>(nb::repr(name));
+}
+
+/// `str(sym)` of an exact tripwire.source.Source: the print Source.__str__ keeps in the instance
+/// (`_text`, set when the source was parsed or first printed) when it is there and an exact str,
+/// without calling __str__ (a Python frame); else str(sym), which computes and keeps it.
+std::string printed_source(nb::handle sym) {
+    static PyObject* s_text = nullptr;
+    PyObject* kept = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+    const int found = PyObject_GetOptionalAttr(sym.ptr(), interned_name(s_text, "_text"), &kept);
+#else
+    const int found = _PyObject_LookupAttr(sym.ptr(), interned_name(s_text, "_text"), &kept);
+#endif
+    if (found < 0) throw nb::python_error();
+    const nb::object text = found == 1 ? nb::steal(kept) : nb::object();
+    if (text.is_valid() && PyUnicode_CheckExact(text.ptr())) return nb::cast<std::string>(text);
+    return nb::cast<std::string>(nb::str(sym));
 }
 
 /// A SHAPE symbol's declaration template from its fields (guard_set.py, _symbol_decl): constant 0
@@ -242,8 +302,11 @@ nb::object symbol_template(nb::handle sym, nb::handle step_type) {
         static const char* const letter[] = {"L", "G", "C"};
         const auto root = static_cast<std::size_t>(path.root);
         if (root > 2) throw nb::value_error("unknown root kind");
-        path.texts.push_back(std::string(letter[root]) + "[" + nb::cast<std::string>(nb::repr(name)) + "]");
-        if (n == 1) path.texts.push_back(nb::cast<std::string>(nb::str(sym)));
+        std::string& base = path.texts.emplace_back(letter[root]);
+        base += '[';
+        append_str_repr(base, name);
+        base += ']';
+        if (n == 1) path.texts.push_back(printed_source(sym));
     } else {
         for (nb::handle t : nb::list(sym.attr("printed_prefixes")()))
             path.texts.push_back(nb::cast<std::string>(t));
@@ -294,15 +357,16 @@ nb::object shape_specs(nb::list specs, nb::handle spec_type, nb::handle shape_ki
 }
 
 /// `module.attrs...` when `module` is imported (sys.modules: nothing is imported here) and has
-/// them, else None (tensors.is_tensor's and is_array's lookups).
-nb::object imported_attr(const char* module, std::initializer_list<const char*> attrs) {
-    nb::object o = nb::steal(PyImport_GetModule(nb::str(module).ptr()));
+/// them, else None (tensors.is_tensor's and is_array's lookups). The names are interned strs,
+/// each made once: a lookup is then one dict probe per name, with no str made per call.
+nb::object imported_attr(PyObject* module, std::initializer_list<PyObject*> attrs) {
+    nb::object o = nb::steal(PyImport_GetModule(module));
     if (!o.is_valid()) {
         if (PyErr_Occurred()) throw nb::python_error();
         return nb::none();
     }
-    for (const char* a : attrs) {
-        PyObject* next = PyObject_GetAttrString(o.ptr(), a);
+    for (PyObject* a : attrs) {
+        PyObject* next = PyObject_GetAttr(o.ptr(), a);
         if (next == nullptr) {
             if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw nb::python_error();
             PyErr_Clear();
@@ -330,8 +394,22 @@ bool derives(nb::handle t, nb::handle base) {
 nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::handle f_globals) {
     const core::Program& p = gs.program();
     PyObject* globals = PyDict_Check(f_globals.ptr()) ? f_globals.ptr() : nullptr;
-    const nb::object ndarray = imported_attr("numpy", {"ndarray"});
-    const nb::object tensor_base = imported_attr("torch", {"_C", "TensorBase"});
+    static PyObject* s_numpy = nullptr;
+    static PyObject* s_ndarray = nullptr;
+    static PyObject* s_torch = nullptr;
+    static PyObject* s_c = nullptr;
+    static PyObject* s_tensor_base = nullptr;
+    static PyObject* s_frame = nullptr;
+    static PyObject* s_property = nullptr;
+    static PyObject* s_unreadable = nullptr;
+    const nb::object ndarray =
+        imported_attr(interned_name(s_numpy, "numpy"), {interned_name(s_ndarray, "ndarray")});
+    const nb::object tensor_base = imported_attr(
+        interned_name(s_torch, "torch"), {interned_name(s_c, "_C"), interned_name(s_tensor_base, "TensorBase")});
+    // The facts' tags, made once: a str per fact per build was a tenth of this call.
+    const nb::handle frame_tag = interned_name(s_frame, "frame");
+    const nb::handle property_tag = interned_name(s_property, "property");
+    const nb::handle unreadable_tag = interned_name(s_unreadable, "unreadable");
     struct Parent {
         nb::object value, type;
         bool is_array = false, is_tensor = false;
@@ -344,7 +422,7 @@ nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::hand
         const core::StepKind kind = n.step.kind;
         if (n.is_root || (kind != core::StepKind::Size && kind != core::StepKind::Stride &&
                           kind != core::StepKind::StorageOffset)) {
-            out.append(nb::make_tuple(text, nb::make_tuple("frame")));
+            out.append(nb::make_tuple(text, nb::make_tuple(frame_tag)));
             continue;
         }
         auto it = parents.find(n.parent);
@@ -354,7 +432,7 @@ nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::hand
                 // The frame has no such value (or a step raised): said, as `type(e).__name__`.
                 if (!PyErr_ExceptionMatches(PyExc_Exception)) throw nb::python_error();
                 nb::python_error e;
-                out.append(nb::make_tuple(text, nb::make_tuple("unreadable", e.type().attr("__name__"))));
+                out.append(nb::make_tuple(text, nb::make_tuple(unreadable_tag, e.type().attr("__name__"))));
                 continue;
             }
             Parent parent;
@@ -371,7 +449,7 @@ nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::hand
                               runtime::PropertyRead::Unknown;
         if (PyErr_Occurred()) throw nb::python_error();
         out.append(nb::make_tuple(
-            text, nb::make_tuple("property", parent.type, answered, parent.is_array, parent.is_tensor)));
+            text, nb::make_tuple(property_tag, parent.type, answered, parent.is_array, parent.is_tensor)));
     }
     return out;
 }

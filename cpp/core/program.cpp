@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 
 namespace tripwire::core {
@@ -67,6 +68,34 @@ using StepKey = std::tuple<std::uint32_t, int, ConstId, std::int64_t>;
 
 /// validate() without validate_decl on each declaration: the tree, its ranges and derived facts.
 void validate_structure(const Program& p, std::size_t n_consts);
+
+/// compile()'s node per distinct SharedPath (by address): a scan of a few entries while the set
+/// has few distinct symbols (no allocation beyond one vector), a hash map past that.
+class SharedPathNodes {
+  public:
+    std::uint32_t find(const SourcePath* path) const {
+        if (!map_.empty()) {
+            const auto it = map_.find(path);
+            return it == map_.end() ? kNoNode : it->second;
+        }
+        for (const auto& [p, node] : few_)
+            if (p == path) return node;
+        return kNoNode;
+    }
+    void insert(const SourcePath* path, std::uint32_t node) {
+        if (map_.empty() && few_.size() < kFew) {
+            few_.emplace_back(path, node);
+            return;
+        }
+        if (map_.empty()) map_.insert(few_.begin(), few_.end());
+        map_.emplace(path, node);
+    }
+
+  private:
+    static constexpr std::size_t kFew = 32;
+    std::vector<std::pair<const SourcePath*, std::uint32_t>> few_;
+    std::unordered_map<const SourcePath*, std::uint32_t> map_;
+};
 }  // namespace
 
 void validate_decl(const GuardDecl& d, std::size_t n_consts) {
@@ -228,6 +257,19 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
         return cur;
     };
 
+    // A SHAPE symbol's node by its SharedPath: the declarations of one set share one SourcePath
+    // per distinct symbol (bindings' add_shape_decls), so the ~2 uses in 3 of a symbol find its
+    // node without walking the interning maps again (the pointer is one path: the same node).
+    SharedPathNodes path_nodes;
+    auto symbol_node = [&](const SharedPath& path) {
+        std::uint32_t node = path_nodes.find(path.get());
+        if (node == kNoNode) {
+            node = intern_path(*path);
+            path_nodes.insert(path.get(), node);
+        }
+        return node;
+    };
+
     // Shape symbols: one per distinct source (so per node), numbered in order of first use.
     std::vector<shape::ValueType> symbol_types;
     std::vector<shape::RelationInput> relations;
@@ -245,7 +287,7 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
             rel.symbols.reserve(d.symbols.size());
             for (std::size_t k = 0; k < d.symbols.size(); ++k) {
                 const auto type = static_cast<shape::ValueType>(d.symbol_types[k]);
-                const std::uint32_t node = intern_path(*d.symbols[k]);
+                const std::uint32_t node = symbol_node(d.symbols[k]);
                 std::uint32_t sym = p.nodes[node].symbol;
                 if (sym == kNoSymbol) {
                     sym = static_cast<std::uint32_t>(symbol_types.size());

@@ -525,8 +525,10 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
     p.symbol_types = std::move(symbol_types);
     p.nodes.reserve(p.symbol_types.size() + 8 * relations.size());
     p.relations.reserve(relations.size());
-    std::sort(relations.begin(), relations.end(),
-              [](const RelationInput& a, const RelationInput& b) { return a.id < b.id; });
+    // A set's relations come in id order (compile() sorts its declarations): checked, not sorted.
+    const auto by_id = [](const RelationInput& a, const RelationInput& b) { return a.id < b.id; };
+    if (!std::is_sorted(relations.begin(), relations.end(), by_id))
+        std::sort(relations.begin(), relations.end(), by_id);
     Compiler comp(p);
     for (std::size_t k = 0; k < relations.size(); ++k) {
         RelationInput& in = relations[k];
