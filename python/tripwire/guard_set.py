@@ -126,9 +126,19 @@ class _ShapeDecls:
 
     def symbol_templates(
         self, pool: _Pool
-    ) -> tuple[list[Source], list[_core.SourcePath], list[list[int] | None]]:
+    ) -> tuple[list[Source], list[_core.SourcePath] | _core._SymbolPaths, list[list[int] | None] | None]:
         """Each distinct symbol, its declaration or template, and the template's constant ids in
-        ``pool`` (None for a declaration another guard of the set made: its ids are the pool's)."""
+        ``pool`` (None for a declaration another guard of the set made: its ids are the pool's).
+        When no other guard declared a source and every symbol is an exact Source with plain
+        constants, one C++ call makes the declarations with the pool's ids (``_SymbolPaths``, no
+        constant ids: None), from templates it keeps per Source object."""
+        if not pool.sources:
+            made = _core._shape_symbol_decls(self.args, pool.consts, pool.weak, pool._interned, Source, Step)
+            if made is not None:
+                syms, decls, cpp_tensor = made
+                if cpp_tensor:
+                    pool.reads_cpp_tensor = True
+                return syms, decls, None
         syms = _core._shape_distinct_symbols(self.args)
         sources = pool.sources
         intern = pool.intern
@@ -782,6 +792,7 @@ def _clear_build_memos() -> None:
     from . import builder, shapes, source
 
     _core._clear_shape_memos()
+    _core._clear_symbol_templates()
     _core._clear_install_site_memo()
     for cache in (shapes._parse_text, shapes._relations_of_text, source._parse_text, builder._read_args,
                   builder._is_machinery, _source_recipe):  # fmt: skip
