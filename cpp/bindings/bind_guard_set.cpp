@@ -172,12 +172,30 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
     const std::size_t n = args.size();
     if (at.size() != n || ids.size() != n || symbols.size() != shared.size())
         throw nb::value_error("SHAPE declarations: mismatched lengths");
-    std::unordered_map<PyObject*, std::uint32_t> symbol_index;
-    symbol_index.reserve(symbols.size());
-    for (std::size_t k = 0; k < symbols.size(); ++k) {
-        if (shared[k] == nullptr) throw nb::value_error("SHAPE declarations: a symbol without its source");
-        symbol_index.emplace(symbols[k].ptr(), static_cast<std::uint32_t>(k));
+    for (const core::SharedPath& path : shared) {
+        if (path == nullptr) throw nb::value_error("SHAPE declarations: a symbol without its source");
     }
+    // Each relation's symbols by identity: a scan of the set's few symbols (borrowed from the
+    // caller's list, in its order), a hash map when there are many.
+    constexpr std::size_t kScanned = 16;
+    PyObject* const* const symbol_items = reinterpret_cast<PyListObject*>(symbols.ptr())->ob_item;
+    const std::size_t n_symbols = symbols.size();
+    std::unordered_map<PyObject*, std::uint32_t> symbol_index;
+    if (n_symbols > kScanned) {
+        symbol_index.reserve(n_symbols);
+        for (std::size_t k = 0; k < n_symbols; ++k)
+            symbol_index.emplace(symbol_items[k], static_cast<std::uint32_t>(k));
+    }
+    const auto shared_of = [&](PyObject* sym) -> const core::SharedPath& {
+        if (n_symbols > kScanned) {
+            const auto it = symbol_index.find(sym);
+            if (it != symbol_index.end()) return shared[it->second];
+        } else {
+            for (std::size_t k = 0; k < n_symbols; ++k)
+                if (symbol_items[k] == sym) return shared[k];
+        }
+        throw nb::value_error("SHAPE declarations: a symbol without its source");
+    };
     std::vector<core::GuardDecl> merged;
     merged.reserve(decls.size() + n);
     std::size_t next = 0;  // the next of `decls` to move into `merged`
@@ -210,12 +228,7 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         d.id = static_cast<std::uint32_t>(gid);
         d.relation.assign(text, static_cast<std::size_t>(text_len));
         d.symbols.reserve(static_cast<std::size_t>(n_syms));
-        for (Py_ssize_t k = 0; k < n_syms; ++k) {
-            const auto it = symbol_index.find(syms[k]);
-            if (it == symbol_index.end())
-                throw nb::value_error("SHAPE declarations: a symbol without its source");
-            d.symbols.push_back(shared[it->second]);
-        }
+        for (Py_ssize_t k = 0; k < n_syms; ++k) d.symbols.push_back(shared_of(syms[k]));
         d.symbol_types.reserve(static_cast<std::size_t>(n_types));
         for (Py_ssize_t k = 0; k < n_types; ++k) d.symbol_types.push_back(symbol_type_code(types[k]));
     }
@@ -280,6 +293,20 @@ std::string printed_source(nb::handle sym) {
     return nb::cast<std::string>(nb::str(sym));
 }
 
+/// `obj` as the engine's enum `T` (RootKind, StepKind). A member of T's own Python class is
+/// converted once and then found by address (a member lives as long as its class; the cache
+/// holds it too): nanobind's conversion reads the member's value each time (an attribute lookup).
+template <typename T>
+T enum_value(nb::handle obj) {
+    static std::vector<std::pair<PyObject*, T>> seen;  // strong references, never dropped
+    for (const auto& [member, value] : seen)
+        if (member == obj.ptr()) return value;
+    const T value = nb::cast<T>(obj);
+    if (Py_TYPE(obj.ptr()) == reinterpret_cast<PyTypeObject*>(nb::type<T>().ptr()) && seen.size() < 256)
+        seen.emplace_back(Py_NewRef(obj.ptr()), value);
+    return value;
+}
+
 /// A SHAPE symbol's declaration template (guard_set.py, _symbol_decl): constant 0 is the root's
 /// name, then each step's operand in order.
 struct SymbolTemplate {
@@ -313,7 +340,7 @@ bool make_symbol_template(nb::handle sym, nb::handle step_type, SymbolTemplate& 
         if (Py_TYPE(st.ptr()) != reinterpret_cast<PyTypeObject*>(step_type.ptr())) return false;
     }
     core::SourcePath& path = out.path;
-    path.root = nb::cast<core::RootKind>(root_obj);
+    path.root = enum_value<core::RootKind>(root_obj);
     path.name = 0;
     path.steps.reserve(n);
     path.texts.reserve(n + 1);
@@ -339,7 +366,7 @@ bool make_symbol_template(nb::handle sym, nb::handle step_type, SymbolTemplate& 
         PyObject* st = steps[i].ptr();
         const nb::object kind_obj = field(st, s_kind, "kind");
         const nb::object arg = field(st, s_arg, "arg");
-        const auto kind = nb::cast<core::StepKind>(kind_obj);
+        const auto kind = enum_value<core::StepKind>(kind_obj);
         core::Step& step = path.steps.emplace_back();
         step.kind = kind;
         if (core::step_takes_operand(kind)) {
@@ -580,6 +607,9 @@ nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::hand
         bool is_array = false, is_tensor = false;
     };
     std::unordered_map<std::uint32_t, Parent> parents;  // by node: each tensor read once
+    nb::object last_type;
+    bool last_is_array = false;
+    bool last_is_tensor = false;
     nb::list out;
     for (const std::uint32_t ni : p.symbol_nodes) {
         const core::Node& n = p.nodes[ni];
@@ -603,8 +633,15 @@ nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::hand
             Parent parent;
             parent.value = nb::steal(v.release());
             parent.type = nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(parent.value.ptr())));
-            parent.is_array = derives(parent.type, ndarray);
-            parent.is_tensor = derives(parent.type, tensor_base);
+            // The symbols' tensors are nearly always of one type: the answers for the type
+            // asked last are reused (`last_type` holds it, so its address names that type).
+            if (parent.type.ptr() != last_type.ptr()) {
+                last_type = parent.type;
+                last_is_array = derives(parent.type, ndarray);
+                last_is_tensor = derives(parent.type, tensor_base);
+            }
+            parent.is_array = last_is_array;
+            parent.is_tensor = last_is_tensor;
             it = parents.emplace(n.parent, std::move(parent)).first;
         }
         const Parent& parent = it->second;
