@@ -488,6 +488,7 @@ nb::object shape_symbol_decls(nb::list args, nb::list consts, nb::list weak, nb:
     nb::list syms;
     {
         std::vector<PyObject*> seen;
+        seen.reserve(16);
         for (nb::handle a : args) {
             if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3)
                 throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
@@ -737,7 +738,9 @@ void register_guard_set(nb::module_& m) {
                         }
                     }
                     in.decls = std::move(decls);
+                    in.consts.reserve(consts.size());
                     for (nb::handle c : consts) in.consts.push_back(c.ptr());
+                    in.hold_weakly.reserve(hold_weakly.size());
                     for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));
                     if (!globals.is_none() && !PyDict_Check(globals.ptr()))
                         throw nb::type_error("globals must be a dict");
