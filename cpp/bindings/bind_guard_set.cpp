@@ -482,7 +482,8 @@ struct SymbolPaths {
 /// those (a subclass prints and numbers its own way).
 nb::object shape_symbol_decls(nb::list args, nb::list consts, nb::list weak, nb::dict interned,
                               nb::handle source_type, nb::handle step_type) {
-    if (!PyList_CheckExact(consts.ptr()) || !PyList_CheckExact(weak.ptr()) || !PyDict_CheckExact(interned.ptr()))
+    if (!PyList_CheckExact(consts.ptr()) || !PyList_CheckExact(weak.ptr()) ||
+        !PyDict_CheckExact(interned.ptr()))
         throw nb::type_error("the pool is an exact list, list and dict");
     // The distinct symbols, held by `syms` (Python code may run below: a symbol's print).
     nb::list syms;
@@ -495,7 +496,8 @@ nb::object shape_symbol_decls(nb::list args, nb::list consts, nb::list weak, nb:
             const auto [items, n] =
                 exact_sequence(PyTuple_GET_ITEM(a.ptr(), 1), "SHAPE symbols are a tuple of sources");
             for (Py_ssize_t k = 0; k < n; ++k) {
-                if (Py_TYPE(items[k]) != reinterpret_cast<PyTypeObject*>(source_type.ptr())) return nb::none();
+                if (Py_TYPE(items[k]) != reinterpret_cast<PyTypeObject*>(source_type.ptr()))
+                    return nb::none();
                 if (std::find(seen.begin(), seen.end(), items[k]) != seen.end()) continue;
                 seen.push_back(items[k]);
             }
@@ -597,8 +599,9 @@ nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::hand
     static PyObject* s_unreadable = nullptr;
     const nb::object ndarray =
         imported_attr(interned_name(s_numpy, "numpy"), {interned_name(s_ndarray, "ndarray")});
-    const nb::object tensor_base = imported_attr(
-        interned_name(s_torch, "torch"), {interned_name(s_c, "_C"), interned_name(s_tensor_base, "TensorBase")});
+    const nb::object tensor_base =
+        imported_attr(interned_name(s_torch, "torch"),
+                      {interned_name(s_c, "_C"), interned_name(s_tensor_base, "TensorBase")});
     // The facts' tags, made once: a str per fact per build was a tenth of this call.
     const nb::handle frame_tag = interned_name(s_frame, "frame");
     const nb::handle property_tag = interned_name(s_property, "property");
@@ -730,7 +733,8 @@ void register_guard_set(nb::module_& m) {
                             add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols,
                                             nb::cast<const SymbolPaths&>(shape_paths).paths);
                         } else {
-                            if (!PyList_CheckExact(shape_paths.ptr()) || !PyList_CheckExact(shape_remaps.ptr()))
+                            if (!PyList_CheckExact(shape_paths.ptr()) ||
+                                !PyList_CheckExact(shape_remaps.ptr()))
                                 throw nb::type_error("SHAPE symbol declarations are lists (or _SymbolPaths)");
                             add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols,
                                             shared_paths_of(nb::borrow<nb::list>(shape_paths),

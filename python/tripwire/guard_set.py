@@ -133,9 +133,11 @@ class _ShapeDecls:
         constants, one C++ call makes the declarations with the pool's ids (``_SymbolPaths``, no
         constant ids: None), from templates it keeps per Source object."""
         if not pool.sources:
-            made = _core._shape_symbol_decls(self.args, pool.consts, pool.weak, pool._interned, Source, Step)
-            if made is not None:
-                syms, decls, cpp_tensor = made
+            declared = _core._shape_symbol_decls(
+                self.args, pool.consts, pool.weak, pool._interned, Source, Step
+            )
+            if declared is not None:
+                syms, decls, cpp_tensor = declared
                 if cpp_tensor:
                     pool.reads_cpp_tensor = True
                 return syms, decls, None
