@@ -703,9 +703,11 @@ void register_guard_set(nb::module_& m) {
                   "tuple[SourcePath, tuple[typing.Any, ...], bool] | None"),
           "A SHAPE symbol's declaration template from an exact Source: (SourcePath, constants, reads the "
           "C++ tensor), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).");
-    nb::class_<SymbolPaths>(m, "_SymbolPaths",
-                            "A set's SHAPE symbol declarations, made by _shape_symbol_decls for "
-                            "GuardSetCore.__init__ (opaque).");
+    const auto symbol_paths =
+        nb::class_<SymbolPaths>(m, "_SymbolPaths",
+                                "A set's SHAPE symbol declarations, made by _shape_symbol_decls for "
+                                "GuardSetCore.__init__ (opaque).");
+    (void)symbol_paths;  // registered: the class object lives in the module
     m.def("_shape_symbol_decls", &shape_symbol_decls, nb::arg("args"), nb::arg("consts"), nb::arg("weak"),
           nb::arg("interned"), nb::arg("source_type"), nb::arg("step_type"),
           nb::sig("def _shape_symbol_decls(args: list[tuple[typing.Any, ...]], consts: list[typing.Any], "

@@ -212,10 +212,11 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
         n_shape += d.kind == GuardKind::Shape;
         most_symbols += d.symbols.size();
         if (d.kind != GuardKind::Shape && d.has_source) {
-            if (is_relational(d.kind))
+            if (is_relational(d.kind)) {
                 n_members += d.more_sources.size() + 1;
-            else
+            } else {
                 ++n_guards_on_nodes;
+            }
         }
     }
     p.nodes.reserve(most_nodes);

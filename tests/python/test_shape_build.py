@@ -297,3 +297,16 @@ def test_the_template_memo_is_emptied_with_the_build_memos() -> None:
     before = _decl_parts(tw.GuardSet(specs))
     guard_set._clear_build_memos()
     assert _decl_parts(tw.GuardSet(specs)) == before
+    # A template is the object's until the memos are emptied: a print changed behind the frozen
+    # Source's back (what tripwire never does) is seen only once they are.
+    src = Source.local("x").step(StepKind.SIZE, 0)
+    object.__setattr__(src, "_text", "L['x'].size()[0]")
+
+    def printed() -> str:
+        return _decl_parts(tw.GuardSet(_one_shape_spec(src)))[0][1][0][3][1]
+
+    assert printed() == "L['x'].size()[0]"
+    object.__setattr__(src, "_text", "L['x'].size()[ 0 ]")
+    assert printed() == "L['x'].size()[0]"
+    guard_set._clear_build_memos()
+    assert printed() == "L['x'].size()[ 0 ]"
