@@ -20,6 +20,7 @@
 #include "core/shape/program.hpp"
 #include "register.hpp"
 #include "runtime/eval/guard_set.hpp"
+#include "runtime/py.hpp"
 #include "runtime/tensors/property_reader.hpp"
 #include "runtime/tensors/tensor_kinds.hpp"
 
@@ -97,6 +98,20 @@ PyTypeObject* g_core_type = nullptr;
 
 /// A SHAPE symbol's type code from its name in a spec ("int" 0, "float" 1: shape::ValueType).
 std::uint8_t symbol_type_code(PyObject* name) {
+    // The builder's names are the interned "int" and "float" (bind_shape.cpp, symbol_type_names):
+    // found by address, compared by value only otherwise.
+    static PyObject* s_int = nullptr;
+    static PyObject* s_float = nullptr;
+    if (s_int == nullptr) {
+        s_int = PyUnicode_InternFromString("int");
+        if (s_int == nullptr) throw nb::python_error();
+    }
+    if (s_float == nullptr) {
+        s_float = PyUnicode_InternFromString("float");
+        if (s_float == nullptr) throw nb::python_error();
+    }
+    if (name == s_int) return 0;
+    if (name == s_float) return 1;
     if (PyUnicode_CheckExact(name)) {
         if (PyUnicode_CompareWithASCIIString(name, "int") == 0) return 0;
         if (PyUnicode_CompareWithASCIIString(name, "float") == 0) return 1;
@@ -111,28 +126,15 @@ std::pair<PyObject* const*, Py_ssize_t> exact_sequence(PyObject* o, const char* 
     throw nb::type_error(what);
 }
 
-/// The SHAPE declarations of a set, made here from the specs' own argument tuples
-/// (text, symbols, types) instead of one nanobind GuardDecl per relation, each symbol's
-/// SourcePath made once and shared (core::SharedPath). `symbols[k]` is the Source
-/// object whose declaration is `paths[k]`; each relation's symbols are found by identity. When
-/// `remaps[k]` is not None, `paths[k]` is a template whose constant ids (the root's name, the
-/// steps' operands) index `remaps[k]`, which holds the set's own pool ids (guard_set.py,
+/// Each SHAPE symbol's declaration, made once per set and shared by every relation that names
+/// it (core::SharedPath): a copy of the caller's own `paths[k]` when `remaps[k]` is None (its ids
+/// are the pool's), else the template `paths[k]` with its constant ids (the root's name, the
+/// steps' operands) mapped through `remaps[k]`, which holds the set's own pool ids (guard_set.py,
 /// _symbol_template: a template is made once per symbol, not once per set).
-/// `at[r]` is the position among the other declarations where relation r was declared, so the
-/// declarations keep the specs' order. Only exact tuples, lists, str and int are read: no user
-/// code runs here, so the borrowed items stay alive (the caller's lists hold them).
-void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list ids, nb::list args,
-                     nb::list symbols, nb::list paths, nb::list remaps) {
-    const std::size_t n = args.size();
-    if (at.size() != n || ids.size() != n || symbols.size() != paths.size() || remaps.size() != paths.size())
-        throw nb::value_error("SHAPE declarations: mismatched lengths");
-    std::unordered_map<PyObject*, std::uint32_t> symbol_index;
-    symbol_index.reserve(symbols.size());
-    // Per symbol, its declaration made once and shared by every relation that names it: a copy
-    // of the caller's own when its ids are the pool's, else with the template's ids remapped.
+std::vector<core::SharedPath> shared_paths_of(nb::list paths, nb::list remaps) {
+    if (remaps.size() != paths.size()) throw nb::value_error("SHAPE declarations: mismatched lengths");
     std::vector<core::SharedPath> shared(paths.size());
-    for (std::size_t k = 0; k < symbols.size(); ++k) {
-        symbol_index.emplace(symbols[k].ptr(), static_cast<std::uint32_t>(k));
+    for (std::size_t k = 0; k < paths.size(); ++k) {
         auto p = std::make_shared<core::SourcePath>(nb::cast<const core::SourcePath&>(paths[k]));
         PyObject* remap = remaps[k].ptr();
         if (remap != Py_None) {
@@ -155,6 +157,45 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         }
         shared[k] = std::move(p);
     }
+    return shared;
+}
+
+/// The SHAPE declarations of a set, made here from the specs' own argument tuples
+/// (text, symbols, types) instead of one nanobind GuardDecl per relation. `symbols[k]` is the
+/// Source object whose declaration is `shared[k]` (shared_paths_of, or made by
+/// _shape_symbol_decls); each relation's symbols are found by identity.
+/// `at[r]` is the position among the other declarations where relation r was declared, so the
+/// declarations keep the specs' order. Only exact tuples, lists, str and int are read: no user
+/// code runs here, so the borrowed items stay alive (the caller's lists hold them).
+void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list ids, nb::list args,
+                     nb::list symbols, const std::vector<core::SharedPath>& shared) {
+    const std::size_t n = args.size();
+    if (at.size() != n || ids.size() != n || symbols.size() != shared.size())
+        throw nb::value_error("SHAPE declarations: mismatched lengths");
+    for (const core::SharedPath& path : shared) {
+        if (path == nullptr) throw nb::value_error("SHAPE declarations: a symbol without its source");
+    }
+    // Each relation's symbols by identity: a scan of the set's few symbols (borrowed from the
+    // caller's list, in its order), a hash map when there are many.
+    constexpr std::size_t kScanned = 16;
+    PyObject* const* const symbol_items = reinterpret_cast<PyListObject*>(symbols.ptr())->ob_item;
+    const std::size_t n_symbols = symbols.size();
+    std::unordered_map<PyObject*, std::uint32_t> symbol_index;
+    if (n_symbols > kScanned) {
+        symbol_index.reserve(n_symbols);
+        for (std::size_t k = 0; k < n_symbols; ++k)
+            symbol_index.emplace(symbol_items[k], static_cast<std::uint32_t>(k));
+    }
+    const auto shared_of = [&](PyObject* sym) -> const core::SharedPath& {
+        if (n_symbols > kScanned) {
+            const auto it = symbol_index.find(sym);
+            if (it != symbol_index.end()) return shared[it->second];
+        } else {
+            for (std::size_t k = 0; k < n_symbols; ++k)
+                if (symbol_items[k] == sym) return shared[k];
+        }
+        throw nb::value_error("SHAPE declarations: a symbol without its source");
+    };
     std::vector<core::GuardDecl> merged;
     merged.reserve(decls.size() + n);
     std::size_t next = 0;  // the next of `decls` to move into `merged`
@@ -187,17 +228,21 @@ void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list 
         d.id = static_cast<std::uint32_t>(gid);
         d.relation.assign(text, static_cast<std::size_t>(text_len));
         d.symbols.reserve(static_cast<std::size_t>(n_syms));
-        for (Py_ssize_t k = 0; k < n_syms; ++k) {
-            const auto it = symbol_index.find(syms[k]);
-            if (it == symbol_index.end())
-                throw nb::value_error("SHAPE declarations: a symbol without its source");
-            d.symbols.push_back(shared[it->second]);
-        }
+        for (Py_ssize_t k = 0; k < n_syms; ++k) d.symbols.push_back(shared_of(syms[k]));
         d.symbol_types.reserve(static_cast<std::size_t>(n_types));
         for (Py_ssize_t k = 0; k < n_types; ++k) d.symbol_types.push_back(symbol_type_code(types[k]));
     }
     while (next < decls.size()) merged.push_back(std::move(decls[next++]));
     decls = std::move(merged);
+}
+
+/// An interned str made once (the GIL is held; never freed, as the module's own names).
+PyObject* interned_name(PyObject*& slot, const char* text) {
+    if (slot == nullptr) {
+        slot = PyUnicode_InternFromString(text);
+        if (slot == nullptr) throw nb::python_error();
+    }
+    return slot;
 }
 
 /// A field of an exact tripwire.source.Step, owned (a plain dataclass: no user code runs).
@@ -211,14 +256,75 @@ nb::object field(PyObject* obj, PyObject*& name_slot, const char* name) {
     return nb::steal(v);
 }
 
-/// A SHAPE symbol's declaration template from its fields (guard_set.py, _symbol_decl): constant 0
-/// is the root's name, then each step's operand in order. Its texts are its printed prefixes: for
-/// a symbol of at most one step (nearly every one: ``L['x'].size()[0]``, ``L['n']``) the root's
-/// print and ``str(sym)`` (kept on the Source), else ``sym.printed_prefixes()``. Returns
-/// (SourcePath, constants, whether a step reads the C++ tensor), or None when a step is not
-/// exactly `step_type` (a subclass may answer has_operand and index its own way: the caller
-/// reads those in Python). `sym` is an exact tripwire.source.Source (the caller checks).
-nb::object symbol_template(nb::handle sym, nb::handle step_type) {
+/// `repr(name)` appended to `out`: written directly for an exact str of printable ASCII without a
+/// quote or backslash (every root name Python's grammar admits: `'x'`), else Python's repr.
+void append_str_repr(std::string& out, nb::handle name) {
+    PyObject* s = name.ptr();
+    if (PyUnicode_CheckExact(s) && PyUnicode_IS_ASCII(s)) {
+        const auto* c = static_cast<const char*>(PyUnicode_DATA(s));
+        const Py_ssize_t len = PyUnicode_GET_LENGTH(s);
+        bool plain = true;
+        for (Py_ssize_t i = 0; i < len && plain; ++i)
+            plain = c[i] >= 0x20 && c[i] < 0x7f && c[i] != '\'' && c[i] != '\\';
+        if (plain) {
+            out += '\'';
+            out.append(c, static_cast<std::size_t>(len));
+            out += '\'';
+            return;
+        }
+    }
+    out += nb::cast<std::string>(nb::repr(name));
+}
+
+/// `str(sym)` of an exact tripwire.source.Source: the print Source.__str__ keeps in the instance
+/// (`_text`, set when the source was parsed or first printed) when it is there and an exact str,
+/// without calling __str__ (a Python frame); else str(sym), which computes and keeps it.
+std::string printed_source(nb::handle sym) {
+    static PyObject* s_text = nullptr;
+    PyObject* kept = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+    const int found = PyObject_GetOptionalAttr(sym.ptr(), interned_name(s_text, "_text"), &kept);
+#else
+    const int found = _PyObject_LookupAttr(sym.ptr(), interned_name(s_text, "_text"), &kept);
+#endif
+    if (found < 0) throw nb::python_error();
+    const nb::object text = found == 1 ? nb::steal(kept) : nb::object();
+    if (text.is_valid() && PyUnicode_CheckExact(text.ptr())) return nb::cast<std::string>(text);
+    return nb::cast<std::string>(nb::str(sym));
+}
+
+/// `obj` as the engine's enum `T` (RootKind, StepKind). A member of T's own Python class is
+/// converted once and then found by address (a member lives as long as its class; the cache
+/// holds it too): nanobind's conversion reads the member's value each time (an attribute lookup).
+template <typename T>
+T enum_value(nb::handle obj) {
+    static std::vector<std::pair<PyObject*, T>> seen;  // strong references, never dropped
+    for (const auto& [member, value] : seen)
+        if (member == obj.ptr()) return value;
+    const T value = nb::cast<T>(obj);
+    if (Py_TYPE(obj.ptr()) == reinterpret_cast<PyTypeObject*>(nb::type<T>().ptr()) && seen.size() < 256)
+        seen.emplace_back(Py_NewRef(obj.ptr()), value);
+    return value;
+}
+
+/// A SHAPE symbol's declaration template (guard_set.py, _symbol_decl): constant 0 is the root's
+/// name, then each step's operand in order.
+struct SymbolTemplate {
+    runtime::Ref source;  ///< the C++ memo's key, kept alive so that its address names no other object
+    core::SourcePath path;
+    std::vector<runtime::Ref> consts;
+    bool cpp_tensor = false;  ///< a step reads the C++ tensor
+    /// Every constant an exact str or an exact int: _shape_symbol_decls interns them into the pool
+    /// itself (as _Pool.intern would); any other constant is interned by Python.
+    bool plain = true;
+};
+
+/// `out` made from the fields of `sym`, an exact tripwire.source.Source (the caller checks). Its
+/// texts are its printed prefixes: for a symbol of at most one step (nearly every one:
+/// ``L['x'].size()[0]``, ``L['n']``) the root's print and ``str(sym)`` (kept on the Source), else
+/// ``sym.printed_prefixes()``. False when a step is not exactly `step_type` (a subclass may
+/// answer has_operand and index its own way: the caller reads those in Python).
+bool make_symbol_template(nb::handle sym, nb::handle step_type, SymbolTemplate& out) {
     static PyObject* s_kind = nullptr;
     static PyObject* s_arg = nullptr;
     static PyObject* s_root = nullptr;
@@ -227,14 +333,14 @@ nb::object symbol_template(nb::handle sym, nb::handle step_type) {
     const nb::object root_obj = field(sym.ptr(), s_root, "root");
     const nb::object name = field(sym.ptr(), s_name, "name");
     const nb::object steps_obj = field(sym.ptr(), s_steps, "steps");
-    if (!PyTuple_CheckExact(steps_obj.ptr())) return nb::none();
+    if (!PyTuple_CheckExact(steps_obj.ptr())) return false;
     const auto steps = nb::borrow<nb::tuple>(steps_obj);
     const std::size_t n = steps.size();
     for (nb::handle st : steps) {
-        if (Py_TYPE(st.ptr()) != reinterpret_cast<PyTypeObject*>(step_type.ptr())) return nb::none();
+        if (Py_TYPE(st.ptr()) != reinterpret_cast<PyTypeObject*>(step_type.ptr())) return false;
     }
-    core::SourcePath path;
-    path.root = nb::cast<core::RootKind>(root_obj);
+    core::SourcePath& path = out.path;
+    path.root = enum_value<core::RootKind>(root_obj);
     path.name = 0;
     path.steps.reserve(n);
     path.texts.reserve(n + 1);
@@ -242,32 +348,184 @@ nb::object symbol_template(nb::handle sym, nb::handle step_type) {
         static const char* const letter[] = {"L", "G", "C"};
         const auto root = static_cast<std::size_t>(path.root);
         if (root > 2) throw nb::value_error("unknown root kind");
-        path.texts.push_back(std::string(letter[root]) + "[" + nb::cast<std::string>(nb::repr(name)) + "]");
-        if (n == 1) path.texts.push_back(nb::cast<std::string>(nb::str(sym)));
+        std::string& base = path.texts.emplace_back(letter[root]);
+        base += '[';
+        append_str_repr(base, name);
+        base += ']';
+        if (n == 1) path.texts.push_back(printed_source(sym));
     } else {
         for (nb::handle t : nb::list(sym.attr("printed_prefixes")()))
             path.texts.push_back(nb::cast<std::string>(t));
         if (path.texts.size() != n + 1) throw nb::value_error("a symbol's texts do not match its steps");
     }
-    nb::list consts;
-    consts.append(name);
-    bool cpp_tensor = false;
+    const auto plain_const = [](PyObject* c) { return PyUnicode_CheckExact(c) || PyLong_CheckExact(c); };
+    out.consts.reserve(n + 1);
+    out.consts.push_back(runtime::Ref::borrow(name.ptr()));
+    out.plain = PyUnicode_CheckExact(name.ptr());
     for (std::size_t i = 0; i < n; ++i) {
         PyObject* st = steps[i].ptr();
         const nb::object kind_obj = field(st, s_kind, "kind");
         const nb::object arg = field(st, s_arg, "arg");
-        const auto kind = nb::cast<core::StepKind>(kind_obj);
-        core::Step& out = path.steps.emplace_back();
-        out.kind = kind;
+        const auto kind = enum_value<core::StepKind>(kind_obj);
+        core::Step& step = path.steps.emplace_back();
+        step.kind = kind;
         if (core::step_takes_operand(kind)) {
-            out.operand = static_cast<core::ConstId>(consts.size());
-            consts.append(arg);
+            step.operand = static_cast<core::ConstId>(out.consts.size());
+            out.consts.push_back(runtime::Ref::borrow(arg.ptr()));
+            out.plain = out.plain && plain_const(arg.ptr());
         } else if (core::step_takes_index(kind)) {
-            out.index = nb::cast<std::int64_t>(arg);
+            step.index = nb::cast<std::int64_t>(arg);
         }
-        cpp_tensor = cpp_tensor || core::is_cpp_tensor_step(kind);
+        out.cpp_tensor = out.cpp_tensor || core::is_cpp_tensor_step(kind);
     }
-    return nb::make_tuple(nb::cast(std::move(path)), nb::tuple(consts), cpp_tensor);
+    return true;
+}
+
+/// The template as Python's _SYMBOL_DECLS keeps it: (SourcePath, constants, whether a step reads
+/// the C++ tensor), or None when a step is not exactly `step_type` (guard_set.py, _symbol_decl).
+/// `sym` is an exact tripwire.source.Source (the caller checks).
+nb::object symbol_template(nb::handle sym, nb::handle step_type) {
+    SymbolTemplate t;
+    if (!make_symbol_template(sym, step_type, t)) return nb::none();
+    nb::tuple consts = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(t.consts.size())));
+    if (!consts.is_valid()) throw nb::python_error();
+    for (std::size_t i = 0; i < t.consts.size(); ++i)
+        PyTuple_SET_ITEM(consts.ptr(), static_cast<Py_ssize_t>(i), t.consts[i].release());
+    return nb::make_tuple(nb::cast(std::move(t.path)), consts, t.cpp_tensor);
+}
+
+// Templates of exact Sources, by object (_shape_symbol_decls; Python's _SYMBOL_DECLS keeps those
+// made by _symbol_decl). A Source and its Steps are frozen dataclasses (tripwire treats them as
+// immutable everywhere), so a template stays the object's while the memo holds the object.
+// Bounded (emptied at kSymbolTemplates entries); emptied by _clear_symbol_templates
+// (guard_set._clear_build_memos).
+constexpr std::size_t kSymbolTemplates = 4096;
+using SymbolTemplates = std::unordered_map<PyObject*, std::shared_ptr<const SymbolTemplate>>;
+SymbolTemplates& symbol_templates() {
+    static auto* m = new SymbolTemplates();  // never destroyed: it holds Python objects
+    return *m;
+}
+
+void clear_symbol_templates() {
+    SymbolTemplates old;
+    old.swap(symbol_templates());  // swapped out first: dropping a Source may run code
+}
+
+/// The template of `sym`, an exact Source: the memoised one, else made now and memoised. Null
+/// when a step is not exactly `step_type`.
+std::shared_ptr<const SymbolTemplate> symbol_template_of(PyObject* sym, nb::handle step_type) {
+    {
+        const SymbolTemplates& memo = symbol_templates();
+        const auto it = memo.find(sym);
+        if (it != memo.end()) return it->second;
+    }
+    auto made = std::make_shared<SymbolTemplate>();
+    made->source = runtime::Ref::borrow(sym);
+    if (!make_symbol_template(sym, step_type, *made)) return nullptr;
+    // Making it may have run Python code (str(sym), printed_prefixes(), a collection), which may
+    // have changed the memo: looked up again. What is dropped (a full memo's entries, another
+    // thread's template for the same object) is dropped once the memo is consistent.
+    if (symbol_templates().size() >= kSymbolTemplates) clear_symbol_templates();
+    std::shared_ptr<const SymbolTemplate>& slot = symbol_templates()[sym];
+    const std::shared_ptr<const SymbolTemplate> replaced = std::move(slot);
+    slot = made;
+    return made;
+}
+
+/// `c` (an exact str or int) interned into a set's pool as _Pool.intern does: a str by its
+/// interned self, an int by (int, value) (source.key_identity); its id in `consts`, appended with
+/// a strong hold (`weak` False) when new. Exact containers and keys only: no user code runs.
+core::ConstId intern_plain_const(PyObject* c, PyObject* consts, PyObject* weak, PyObject* interned) {
+    nb::object key;
+    nb::object value;
+    if (PyUnicode_CheckExact(c)) {
+        PyObject* s = Py_NewRef(c);
+        PyUnicode_InternInPlace(&s);
+        key = nb::steal(s);
+        value = key;
+    } else {
+        key = nb::steal(PyTuple_Pack(2, reinterpret_cast<PyObject*>(&PyLong_Type), c));
+        if (!key.is_valid()) throw nb::python_error();
+        value = nb::borrow(c);
+    }
+    PyObject* found = PyDict_GetItemWithError(interned, key.ptr());  // borrowed
+    if (found != nullptr) {
+        const unsigned long v = PyLong_CheckExact(found) ? PyLong_AsUnsignedLong(found) : 0xFFFFFFFFul;
+        if (v >= core::kNoConst || v >= static_cast<unsigned long>(PyList_GET_SIZE(consts))) {
+            PyErr_Clear();
+            throw nb::value_error("SHAPE declarations: a bad interned constant id");
+        }
+        return static_cast<core::ConstId>(v);
+    }
+    if (PyErr_Occurred()) throw nb::python_error();
+    const Py_ssize_t i = PyList_GET_SIZE(consts);
+    if (static_cast<std::size_t>(i) >= core::kNoConst) throw nb::value_error("too many constants");
+    const nb::object index = nb::steal(PyLong_FromSsize_t(i));
+    if (!index.is_valid() || PyList_Append(consts, value.ptr()) < 0 || PyList_Append(weak, Py_False) < 0 ||
+        PyDict_SetItem(interned, key.ptr(), index.ptr()) < 0)
+        throw nb::python_error();
+    return static_cast<core::ConstId>(i);
+}
+
+/// A set's SHAPE symbol declarations, each made once and shared by its relations
+/// (_shape_symbol_decls' answer, taken by GuardSetCore.__init__ in place of paths and remaps).
+struct SymbolPaths {
+    std::vector<core::SharedPath> paths;
+};
+
+/// GuardSet's SHAPE symbols declared in one call (guard_set.py, _ShapeDecls.symbol_templates):
+/// the distinct symbols of the argument tuples `args` (by identity, in order of first use),
+/// their declarations with the set's constant ids (each template's constants interned into the
+/// pool `consts`/`weak`/`interned` in the symbols' order, as Python's loop interns them), and
+/// whether a step reads the C++ tensor. None, with nothing interned, when a symbol is not an
+/// exact `source_type` of exact `step_type` steps with str or int constants: Python declares
+/// those (a subclass prints and numbers its own way).
+nb::object shape_symbol_decls(nb::list args, nb::list consts, nb::list weak, nb::dict interned,
+                              nb::handle source_type, nb::handle step_type) {
+    if (!PyList_CheckExact(consts.ptr()) || !PyList_CheckExact(weak.ptr()) ||
+        !PyDict_CheckExact(interned.ptr()))
+        throw nb::type_error("the pool is an exact list, list and dict");
+    // The distinct symbols, held by `syms` (Python code may run below: a symbol's print).
+    nb::list syms;
+    {
+        std::vector<PyObject*> seen;
+        seen.reserve(16);
+        for (nb::handle a : args) {
+            if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3)
+                throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
+            const auto [items, n] =
+                exact_sequence(PyTuple_GET_ITEM(a.ptr(), 1), "SHAPE symbols are a tuple of sources");
+            for (Py_ssize_t k = 0; k < n; ++k) {
+                if (Py_TYPE(items[k]) != reinterpret_cast<PyTypeObject*>(source_type.ptr()))
+                    return nb::none();
+                if (std::find(seen.begin(), seen.end(), items[k]) != seen.end()) continue;
+                seen.push_back(items[k]);
+            }
+        }
+        for (PyObject* sym : seen) syms.append(nb::handle(sym));
+    }
+    const std::size_t n = syms.size();
+    std::vector<std::shared_ptr<const SymbolTemplate>> templates(n);
+    for (std::size_t k = 0; k < n; ++k) {
+        templates[k] = symbol_template_of(syms[k].ptr(), step_type);
+        if (templates[k] == nullptr || !templates[k]->plain) return nb::none();
+    }
+    SymbolPaths out;
+    out.paths.reserve(n);
+    bool cpp_tensor = false;
+    for (const std::shared_ptr<const SymbolTemplate>& t : templates) {
+        const auto intern = [&](core::ConstId local) {
+            return intern_plain_const(t->consts[local].get(), consts.ptr(), weak.ptr(), interned.ptr());
+        };
+        auto p = std::make_shared<core::SourcePath>(t->path);
+        p->name = intern(p->name);
+        for (core::Step& st : p->steps) {
+            if (st.operand != core::kNoConst) st.operand = intern(st.operand);
+        }
+        cpp_tensor = cpp_tensor || t->cpp_tensor;
+        out.paths.push_back(std::move(p));
+    }
+    return nb::make_tuple(syms, nb::cast(std::move(out)), cpp_tensor);
 }
 
 /// GuardSet's encoding of a set whose specs are all SHAPE relations (guard_set.py, _encode): the
@@ -294,15 +552,16 @@ nb::object shape_specs(nb::list specs, nb::handle spec_type, nb::handle shape_ki
 }
 
 /// `module.attrs...` when `module` is imported (sys.modules: nothing is imported here) and has
-/// them, else None (tensors.is_tensor's and is_array's lookups).
-nb::object imported_attr(const char* module, std::initializer_list<const char*> attrs) {
-    nb::object o = nb::steal(PyImport_GetModule(nb::str(module).ptr()));
+/// them, else None (tensors.is_tensor's and is_array's lookups). The names are interned strs,
+/// each made once: a lookup is then one dict probe per name, with no str made per call.
+nb::object imported_attr(PyObject* module, std::initializer_list<PyObject*> attrs) {
+    nb::object o = nb::steal(PyImport_GetModule(module));
     if (!o.is_valid()) {
         if (PyErr_Occurred()) throw nb::python_error();
         return nb::none();
     }
-    for (const char* a : attrs) {
-        PyObject* next = PyObject_GetAttrString(o.ptr(), a);
+    for (PyObject* a : attrs) {
+        PyObject* next = PyObject_GetAttr(o.ptr(), a);
         if (next == nullptr) {
             if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw nb::python_error();
             PyErr_Clear();
@@ -330,13 +589,31 @@ bool derives(nb::handle t, nb::handle base) {
 nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::handle f_globals) {
     const core::Program& p = gs.program();
     PyObject* globals = PyDict_Check(f_globals.ptr()) ? f_globals.ptr() : nullptr;
-    const nb::object ndarray = imported_attr("numpy", {"ndarray"});
-    const nb::object tensor_base = imported_attr("torch", {"_C", "TensorBase"});
+    static PyObject* s_numpy = nullptr;
+    static PyObject* s_ndarray = nullptr;
+    static PyObject* s_torch = nullptr;
+    static PyObject* s_c = nullptr;
+    static PyObject* s_tensor_base = nullptr;
+    static PyObject* s_frame = nullptr;
+    static PyObject* s_property = nullptr;
+    static PyObject* s_unreadable = nullptr;
+    const nb::object ndarray =
+        imported_attr(interned_name(s_numpy, "numpy"), {interned_name(s_ndarray, "ndarray")});
+    const nb::object tensor_base =
+        imported_attr(interned_name(s_torch, "torch"),
+                      {interned_name(s_c, "_C"), interned_name(s_tensor_base, "TensorBase")});
+    // The facts' tags, made once: a str per fact per build was a tenth of this call.
+    const nb::handle frame_tag = interned_name(s_frame, "frame");
+    const nb::handle property_tag = interned_name(s_property, "property");
+    const nb::handle unreadable_tag = interned_name(s_unreadable, "unreadable");
     struct Parent {
         nb::object value, type;
         bool is_array = false, is_tensor = false;
     };
     std::unordered_map<std::uint32_t, Parent> parents;  // by node: each tensor read once
+    nb::object last_type;
+    bool last_is_array = false;
+    bool last_is_tensor = false;
     nb::list out;
     for (const std::uint32_t ni : p.symbol_nodes) {
         const core::Node& n = p.nodes[ni];
@@ -344,7 +621,7 @@ nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::hand
         const core::StepKind kind = n.step.kind;
         if (n.is_root || (kind != core::StepKind::Size && kind != core::StepKind::Stride &&
                           kind != core::StepKind::StorageOffset)) {
-            out.append(nb::make_tuple(text, nb::make_tuple("frame")));
+            out.append(nb::make_tuple(text, nb::make_tuple(frame_tag)));
             continue;
         }
         auto it = parents.find(n.parent);
@@ -354,14 +631,21 @@ nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::hand
                 // The frame has no such value (or a step raised): said, as `type(e).__name__`.
                 if (!PyErr_ExceptionMatches(PyExc_Exception)) throw nb::python_error();
                 nb::python_error e;
-                out.append(nb::make_tuple(text, nb::make_tuple("unreadable", e.type().attr("__name__"))));
+                out.append(nb::make_tuple(text, nb::make_tuple(unreadable_tag, e.type().attr("__name__"))));
                 continue;
             }
             Parent parent;
             parent.value = nb::steal(v.release());
             parent.type = nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(parent.value.ptr())));
-            parent.is_array = derives(parent.type, ndarray);
-            parent.is_tensor = derives(parent.type, tensor_base);
+            // The symbols' tensors are nearly always of one type: the answers for the type
+            // asked last are reused (`last_type` holds it, so its address names that type).
+            if (parent.type.ptr() != last_type.ptr()) {
+                last_type = parent.type;
+                last_is_array = derives(parent.type, ndarray);
+                last_is_tensor = derives(parent.type, tensor_base);
+            }
+            parent.is_array = last_is_array;
+            parent.is_tensor = last_is_tensor;
             it = parents.emplace(n.parent, std::move(parent)).first;
         }
         const Parent& parent = it->second;
@@ -371,7 +655,7 @@ nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::hand
                               runtime::PropertyRead::Unknown;
         if (PyErr_Occurred()) throw nb::python_error();
         out.append(nb::make_tuple(
-            text, nb::make_tuple("property", parent.type, answered, parent.is_array, parent.is_tensor)));
+            text, nb::make_tuple(property_tag, parent.type, answered, parent.is_array, parent.is_tensor)));
     }
     return out;
 }
@@ -419,6 +703,21 @@ void register_guard_set(nb::module_& m) {
                   "tuple[SourcePath, tuple[typing.Any, ...], bool] | None"),
           "A SHAPE symbol's declaration template from an exact Source: (SourcePath, constants, reads the "
           "C++ tensor), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).");
+    const auto symbol_paths =
+        nb::class_<SymbolPaths>(m, "_SymbolPaths",
+                                "A set's SHAPE symbol declarations, made by _shape_symbol_decls for "
+                                "GuardSetCore.__init__ (opaque).");
+    (void)symbol_paths;  // registered: the class object lives in the module
+    m.def("_shape_symbol_decls", &shape_symbol_decls, nb::arg("args"), nb::arg("consts"), nb::arg("weak"),
+          nb::arg("interned"), nb::arg("source_type"), nb::arg("step_type"),
+          nb::sig("def _shape_symbol_decls(args: list[tuple[typing.Any, ...]], consts: list[typing.Any], "
+                  "weak: list[bool], interned: dict[typing.Any, int], source_type: type, step_type: type) -> "
+                  "tuple[list[typing.Any], _SymbolPaths, bool] | None"),
+          "(distinct symbols, their declarations, a step reads the C++ tensor) of SHAPE argument tuples, "
+          "their constants interned into the pool; None when a symbol needs Python's declaration "
+          "(guard_set.py, _ShapeDecls.symbol_templates).");
+    m.def("_clear_symbol_templates", &clear_symbol_templates,
+          "Empty _shape_symbol_decls' memo of symbol templates (guard_set._clear_build_memos).");
     auto cls =
         nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
                                  "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")
@@ -427,14 +726,27 @@ void register_guard_set(nb::module_& m) {
                 [](GuardSetCore* self, std::vector<core::GuardDecl> decls, nb::list consts,
                    nb::list hold_weakly, nb::object globals, nb::object closure, bool strict,
                    nb::object eval_error_type, nb::list shape_at, nb::list shape_ids, nb::list shape_args,
-                   nb::list shape_symbols, nb::list shape_paths, nb::list shape_remaps) {
+                   nb::list shape_symbols, nb::handle shape_paths, nb::handle shape_remaps) {
                     runtime::GuardSetInputs in;
                     if (!shape_args.empty()) {
-                        add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols, shape_paths,
-                                        shape_remaps);
+                        // The symbols' declarations: made by _shape_symbol_decls, or templates and
+                        // their pool ids from Python (guard_set.py, _ShapeDecls.symbol_templates).
+                        if (nb::isinstance<SymbolPaths>(shape_paths)) {
+                            add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols,
+                                            nb::cast<const SymbolPaths&>(shape_paths).paths);
+                        } else {
+                            if (!PyList_CheckExact(shape_paths.ptr()) ||
+                                !PyList_CheckExact(shape_remaps.ptr()))
+                                throw nb::type_error("SHAPE symbol declarations are lists (or _SymbolPaths)");
+                            add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols,
+                                            shared_paths_of(nb::borrow<nb::list>(shape_paths),
+                                                            nb::borrow<nb::list>(shape_remaps)));
+                        }
                     }
                     in.decls = std::move(decls);
+                    in.consts.reserve(consts.size());
                     for (nb::handle c : consts) in.consts.push_back(c.ptr());
+                    in.hold_weakly.reserve(hold_weakly.size());
                     for (nb::handle w : hold_weakly) in.hold_weakly.push_back(nb::cast<bool>(w));
                     if (!globals.is_none() && !PyDict_Check(globals.ptr()))
                         throw nb::type_error("globals must be a dict");
@@ -450,7 +762,7 @@ void register_guard_set(nb::module_& m) {
                 nb::arg("closure").none(), nb::arg("strict"), nb::arg("eval_error_type").none(),
                 nb::arg("shape_at") = nb::list(), nb::arg("shape_ids") = nb::list(),
                 nb::arg("shape_args") = nb::list(), nb::arg("shape_symbols") = nb::list(),
-                nb::arg("shape_paths") = nb::list(), nb::arg("shape_remaps") = nb::list())
+                nb::arg("shape_paths") = nb::list(), nb::arg("shape_remaps").none() = nb::list())
             .def(
                 "__init__",
                 [](GuardSetCore* self, nb::handle decoded, nb::list consts, nb::object globals, bool strict,

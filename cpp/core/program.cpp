@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 
 namespace tripwire::core {
@@ -67,6 +68,39 @@ using StepKey = std::tuple<std::uint32_t, int, ConstId, std::int64_t>;
 
 /// validate() without validate_decl on each declaration: the tree, its ranges and derived facts.
 void validate_structure(const Program& p, std::size_t n_consts);
+
+/// compile()'s node per distinct SharedPath (by address): add() each path first, then node()
+/// is its slot (kNoNode until set). A scan of a few entries while the set has few distinct
+/// symbols (no allocation beyond one vector), a hash map past that.
+class SharedPathNodes {
+  public:
+    /// Whether `path` was new (its slot is then kNoNode).
+    bool add(const SourcePath* path) {
+        if (map_.empty()) {
+            for (const auto& [p, node] : few_)
+                if (p == path) return false;
+            if (few_.size() < kFew) {
+                few_.emplace_back(path, kNoNode);
+                return true;
+            }
+            map_.insert(few_.begin(), few_.end());
+            few_.clear();
+        }
+        return map_.emplace(path, kNoNode).second;
+    }
+    /// The slot of a path add() was given (a reference valid until the next add()).
+    std::uint32_t& node(const SourcePath* path) {
+        if (!map_.empty()) return map_.at(path);
+        for (auto& [p, node] : few_)
+            if (p == path) return node;
+        throw std::logic_error("compile: a SHAPE symbol's path was not counted");
+    }
+
+  private:
+    static constexpr std::size_t kFew = 32;
+    std::vector<std::pair<const SourcePath*, std::uint32_t>> few_;
+    std::unordered_map<const SourcePath*, std::uint32_t> map_;
+};
 }  // namespace
 
 void validate_decl(const GuardDecl& d, std::size_t n_consts) {
@@ -161,32 +195,43 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
 
     Program p;
     // At most one node per root and step of every source: reserved, so that nodes are not moved.
+    // A SHAPE symbol's SharedPath counts once however many relations name it (its node is
+    // memoised by address: path_nodes, below).
     std::size_t most_nodes = 0;
     std::size_t n_shape = 0;
     std::size_t most_symbols = 0;
+    std::size_t n_guards_on_nodes = 0;
+    std::size_t n_members = 0;
+    SharedPathNodes path_nodes;
     for (const GuardDecl& d : decls) {
         if (d.has_source) most_nodes += d.source.steps.size() + 1;
         for (const SourcePath& m : d.more_sources) most_nodes += m.steps.size() + 1;
-        for (const SharedPath& m : d.symbols) most_nodes += m->steps.size() + 1;
+        for (const SharedPath& m : d.symbols) {
+            if (path_nodes.add(m.get())) most_nodes += m->steps.size() + 1;
+        }
         n_shape += d.kind == GuardKind::Shape;
         most_symbols += d.symbols.size();
+        if (d.kind != GuardKind::Shape && d.has_source) {
+            if (is_relational(d.kind)) {
+                n_members += d.more_sources.size() + 1;
+            } else {
+                ++n_guards_on_nodes;
+            }
+        }
     }
     p.nodes.reserve(most_nodes);
     // Intern nodes: first appearance order, so children and guards stay in installation order.
     std::map<RootKey, std::uint32_t> root_index;
     std::map<StepKey, std::uint32_t> step_index;
-    std::vector<std::vector<std::uint32_t>> kids;    // per node, child nodes in order
-    std::vector<std::vector<std::uint32_t>> guards;  // per node, guard indices in order
-    std::vector<std::vector<Member>> members;        // per node, relational operands in order
-    kids.reserve(most_nodes);
-    guards.reserve(most_nodes);
-    members.reserve(most_nodes);
+    // The guards and relational operands each node observes, as (node, entry) in installation
+    // order: laid out per node by a stable counting pass below (no vector per node).
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> node_guards;
+    std::vector<std::pair<std::uint32_t, Member>> node_members;
+    node_guards.reserve(n_guards_on_nodes);
+    node_members.reserve(n_members);
 
     auto new_node = [&](Node n) {
         p.nodes.push_back(std::move(n));
-        kids.emplace_back();
-        guards.emplace_back();
-        members.emplace_back();
         return static_cast<std::uint32_t>(p.nodes.size() - 1);
     };
 
@@ -218,7 +263,6 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
                 n.depth = p.nodes[cur].depth + 1;
                 n.text = src.texts[si + 1];
                 const std::uint32_t child = new_node(std::move(n));
-                kids[cur].push_back(child);
                 step_index.emplace(sk, child);
                 cur = child;
             } else {
@@ -226,6 +270,15 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
             }
         }
         return cur;
+    };
+
+    // A SHAPE symbol's node by its SharedPath: the declarations of one set share one SourcePath
+    // per distinct symbol (bindings' add_shape_decls), so the ~2 uses in 3 of a symbol find its
+    // node without walking the interning maps again (the pointer is one path: the same node).
+    auto symbol_node = [&](const SharedPath& path) {
+        std::uint32_t& node = path_nodes.node(path.get());  // every symbol's path was added above
+        if (node == kNoNode) node = intern_path(*path);
+        return node;
     };
 
     // Shape symbols: one per distinct source (so per node), numbered in order of first use.
@@ -245,7 +298,7 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
             rel.symbols.reserve(d.symbols.size());
             for (std::size_t k = 0; k < d.symbols.size(); ++k) {
                 const auto type = static_cast<shape::ValueType>(d.symbol_types[k]);
-                const std::uint32_t node = intern_path(*d.symbols[k]);
+                const std::uint32_t node = symbol_node(d.symbols[k]);
                 std::uint32_t sym = p.nodes[node].symbol;
                 if (sym == kNoSymbol) {
                     sym = static_cast<std::uint32_t>(symbol_types.size());
@@ -267,9 +320,9 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
         } else if (is_relational(d.kind)) {
             p.relational.push_back(gi);
             for (std::uint32_t slot = 0; slot <= d.more_sources.size(); ++slot)
-                members[intern_path(source_at(d, slot))].push_back({gi, slot});
+                node_members.emplace_back(intern_path(source_at(d, slot)), Member{gi, slot});
         } else {
-            guards[intern_path(d.source)].push_back(gi);
+            node_guards.emplace_back(intern_path(d.source), gi);
         }
     }
     try {
@@ -280,27 +333,34 @@ Program compile(std::vector<GuardDecl> decls, std::size_t n_consts, bool decls_v
         fail(e.what());
     }
 
-    // Flatten into contiguous ranges.
-    std::size_t n_guards_on_nodes = 0;
-    std::size_t n_members = 0;
-    for (std::uint32_t ni = 0; ni < p.nodes.size(); ++ni) {
-        n_guards_on_nodes += guards[ni].size();
-        n_members += members[ni].size();
+    // Flatten into contiguous ranges: per node, its guards, children and relational operands in
+    // the order they were attached (a stable counting pass; each range's end counts, then fills).
+    const auto n_nodes = static_cast<std::uint32_t>(p.nodes.size());
+    for (const auto& [node, gi] : node_guards) ++p.nodes[node].guard_end;
+    for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
+        if (!p.nodes[ni].is_root) ++p.nodes[p.nodes[ni].parent].child_end;
     }
-    p.node_guards.reserve(n_guards_on_nodes);
-    p.children.reserve(p.nodes.size());  // every node but a root is one child
-    p.node_members.reserve(n_members);
-    for (std::uint32_t ni = 0; ni < p.nodes.size(); ++ni) {
-        Node& n = p.nodes[ni];
-        n.guard_begin = static_cast<std::uint32_t>(p.node_guards.size());
-        p.node_guards.insert(p.node_guards.end(), guards[ni].begin(), guards[ni].end());
-        n.guard_end = static_cast<std::uint32_t>(p.node_guards.size());
-        n.child_begin = static_cast<std::uint32_t>(p.children.size());
-        p.children.insert(p.children.end(), kids[ni].begin(), kids[ni].end());
-        n.child_end = static_cast<std::uint32_t>(p.children.size());
-        n.member_begin = static_cast<std::uint32_t>(p.node_members.size());
-        p.node_members.insert(p.node_members.end(), members[ni].begin(), members[ni].end());
-        n.member_end = static_cast<std::uint32_t>(p.node_members.size());
+    for (const auto& [node, m] : node_members) ++p.nodes[node].member_end;
+    std::uint32_t guards_at = 0;
+    std::uint32_t children_at = 0;
+    std::uint32_t members_at = 0;
+    for (Node& n : p.nodes) {
+        n.guard_begin = guards_at;
+        guards_at += std::exchange(n.guard_end, guards_at);
+        n.child_begin = children_at;
+        children_at += std::exchange(n.child_end, children_at);
+        n.member_begin = members_at;
+        members_at += std::exchange(n.member_end, members_at);
+    }
+    p.node_guards.resize(guards_at);
+    p.children.resize(children_at);  // every node but a root is one child
+    p.node_members.resize(members_at);
+    for (const auto& [node, gi] : node_guards) p.node_guards[p.nodes[node].guard_end++] = gi;
+    for (std::uint32_t ni = 0; ni < n_nodes; ++ni) {
+        if (!p.nodes[ni].is_root) p.children[p.nodes[p.nodes[ni].parent].child_end++] = ni;
+    }
+    for (const auto& [node, m] : node_members) p.node_members[p.nodes[node].member_end++] = m;
+    for (const Node& n : p.nodes) {
         p.max_depth = std::max(p.max_depth, n.depth);
     }
     // Subtree facts, children before parents: nodes are created parent-first, so walk backwards.

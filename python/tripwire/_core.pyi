@@ -292,11 +292,26 @@ def _symbol_template(sym: Any, step_type: type) -> tuple[SourcePath, tuple[Any, 
     A SHAPE symbol's declaration template from an exact Source: (SourcePath, constants, reads the C++ tensor), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).
     """
 
+class _SymbolPaths:
+    """
+    A set's SHAPE symbol declarations, made by _shape_symbol_decls for GuardSetCore.__init__ (opaque).
+    """
+
+def _shape_symbol_decls(args: list[tuple[Any, ...]], consts: list[Any], weak: list[bool], interned: dict[Any, int], source_type: type, step_type: type) -> tuple[list[Any], _SymbolPaths, bool] | None:
+    """
+    (distinct symbols, their declarations, a step reads the C++ tensor) of SHAPE argument tuples, their constants interned into the pool; None when a symbol needs Python's declaration (guard_set.py, _ShapeDecls.symbol_templates).
+    """
+
+def _clear_symbol_templates() -> None:
+    """
+    Empty _shape_symbol_decls' memo of symbol templates (guard_set._clear_build_memos).
+    """
+
 class GuardSetCore:
     """The compiled guard set. Use tripwire.GuardSet, which subclasses it."""
 
     @overload
-    def __init__(self, decls: Sequence[GuardDecl], consts: list, hold_weakly: list, globals: object | None, closure: object | None, strict: bool, eval_error_type: object | None, shape_at: list = [], shape_ids: list = [], shape_args: list = [], shape_symbols: list = [], shape_paths: list = [], shape_remaps: list = []) -> None: ...
+    def __init__(self, decls: Sequence[GuardDecl], consts: list, hold_weakly: list, globals: object | None, closure: object | None, strict: bool, eval_error_type: object | None, shape_at: list = [], shape_ids: list = [], shape_args: list = [], shape_symbols: list = [], shape_paths: object = [], shape_remaps: object | None = []) -> None: ...
 
     @overload
     def __init__(self, decoded: object, consts: list, globals: object | None, strict: bool, eval_error_type: object | None) -> None: ...

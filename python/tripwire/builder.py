@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import _core, shapes, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, ShapeSyntaxError
+from .guard_set import build_guard_set
 from .source import _INDEX_STEPS, _NO_ARG_STEPS, Source, SourceLike, Step
 from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
 
@@ -614,8 +615,6 @@ class GuardBuilder:
         check() re-raise an exception from a source or guard as ``GuardEvalError`` instead of
         failing the guard.
         """
-        from .guard_set import build_guard_set
-
         specs = list(self._specs)
         if self.guard_filter is not None:
             keep = list(self.guard_filter(list(specs)))

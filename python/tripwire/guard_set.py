@@ -6,6 +6,7 @@ run only when asked, never on the hot path.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import enum
 import functools
@@ -125,9 +126,21 @@ class _ShapeDecls:
 
     def symbol_templates(
         self, pool: _Pool
-    ) -> tuple[list[Source], list[_core.SourcePath], list[list[int] | None]]:
+    ) -> tuple[list[Source], list[_core.SourcePath] | _core._SymbolPaths, list[list[int] | None] | None]:
         """Each distinct symbol, its declaration or template, and the template's constant ids in
-        ``pool`` (None for a declaration another guard of the set made: its ids are the pool's)."""
+        ``pool`` (None for a declaration another guard of the set made: its ids are the pool's).
+        When no other guard declared a source and every symbol is an exact Source with plain
+        constants, one C++ call makes the declarations with the pool's ids (``_SymbolPaths``, no
+        constant ids: None), from templates it keeps per Source object."""
+        if not pool.sources:
+            declared = _core._shape_symbol_decls(
+                self.args, pool.consts, pool.weak, pool._interned, Source, Step
+            )
+            if declared is not None:
+                syms, decls, cpp_tensor = declared
+                if cpp_tensor:
+                    pool.reads_cpp_tensor = True
+                return syms, decls, None
         syms = _core._shape_distinct_symbols(self.args)
         sources = pool.sources
         intern = pool.intern
@@ -216,6 +229,9 @@ def _symbol_decl_of_fields(sym: Source, exact: bool) -> _SymbolDecl:
 # SourcePath outlives the module at exit. Bounded: emptied at 4096 symbols; _clear_memos empties it.
 _SymbolDecl = tuple[_core.SourcePath, tuple[Any, ...], bool]
 _SYMBOL_DECLS: dict[int, tuple[Source, _SymbolDecl]] = {}
+# Emptied at exit, before modules are torn down: a module that holds one of this module's functions
+# (builder's build_guard_set) keeps this dict alive past nanobind's leak check otherwise.
+atexit.register(_SYMBOL_DECLS.clear)
 
 
 def _symbol_texts(sym: Source) -> list[str]:
@@ -241,7 +257,8 @@ def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_co
             # one call, with no Python step per spec. Each is declared before any other (none).
             shape.ids, shape.args = found
             shape.at = [0] * len(specs)
-            _ensure_shape_readers()
+            if tensors._torch_status is None or tensors._numpy_status is None:  # else both set up
+                _ensure_shape_readers()
             return []
     decls: list[_core.GuardDecl] = []
     for s in specs:
@@ -777,6 +794,7 @@ def _clear_build_memos() -> None:
     from . import builder, shapes, source
 
     _core._clear_shape_memos()
+    _core._clear_symbol_templates()
     _core._clear_install_site_memo()
     for cache in (shapes._parse_text, source._parse_text, builder._read_args, builder._is_machinery,
                   _source_recipe):  # fmt: skip
@@ -797,7 +815,9 @@ def build_guard_set(
     baselines: Mapping[str, Any] | None = None,
 ) -> GuardSet:
     """Compile specs and verify the set passes on the example it was built from."""
-    gs = GuardSet(specs, f_globals, f_closure, strict=strict, baselines=baselines)
+    # GuardSet.__new__ called as type.__call__ would, without type.__call__'s second step (the
+    # empty GuardSet.__init__, a Python frame taking every argument again).
+    gs = _new_guard_set(GuardSet, specs, f_globals, f_closure, strict=strict, baselines=baselines)
     try:
         ok = gs.check(f_locals)
     except GuardEvalError as e:
@@ -809,6 +829,9 @@ def build_guard_set(
     if gs._built_symbols:
         gs._example_facts = gs._symbol_reader_facts(f_locals, f_globals)
     return gs
+
+
+_new_guard_set = GuardSet.__new__
 
 
 def reads_cpp_tensor(spec: GuardSpec) -> bool:

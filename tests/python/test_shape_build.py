@@ -182,3 +182,131 @@ def test_a_hand_made_shape_spec_with_list_arguments_takes_the_general_encoding()
     assert _core._shape_specs([hand], type(spec), spec.kind) is None
     gs = tw.GuardSet([hand])
     assert gs.check(ex) and not gs.check({"a": 0})
+
+
+# -- the symbols' declarations in one C++ call (_core._shape_symbol_decls) --------------------------
+def _decl_parts(gs: tw.GuardSet) -> list:
+    """Per declaration: its id, and per SHAPE symbol (root, name id, steps, texts)."""
+    out = []
+    for d in gs._decls():
+        syms = [
+            (p.root, p.name, [(st.kind, st.operand, st.index) for st in p.steps], p.texts) for p in d.symbols
+        ]
+        out.append((d.id, syms))
+    return out
+
+
+def _shape_set(symbols: list, *, python: bool, monkeypatch: pytest.MonkeyPatch) -> tw.GuardSet:
+    """A set of one SHAPE relation per symbol (a text of one symbol: the engine binds by position),
+    through the C++ declarations or, with ``python``, through Python's templates."""
+    specs = [
+        tw.GuardSpec(tw.GuardKind.SHAPE, None, ("L['v'] >= 0", (sym,), ("int",)), index=i)
+        for i, sym in enumerate(symbols)
+    ]
+    made = []
+    real = _core._shape_symbol_decls
+
+    def spy(*a: object) -> object:
+        made.append(real(*a))
+        return made[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(_core, "_shape_symbol_decls", (lambda *a: None) if python else spy)
+        gs = tw.GuardSet(specs)
+    assert python or made[0] is not None  # the C++ declarations were used
+    return gs
+
+
+def test_the_cpp_declarations_give_the_python_templates_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every symbol form (plain, property, positional, C++ tensor steps, a float or None key, odd
+    names): the set _shape_symbol_decls declares equals the one Python's templates and pool
+    interning declare, constant ids included (the same constants, interned in the same order)."""
+    srcs = _sources() + [Source.local("x").item(2).step(StepKind.SIZE, 0), Source.local("x").item(-7)]
+    # Plain constants only (str and int: a None or float key sends the whole set to Python).
+    srcs = [s for s in srcs if all(type(st.arg) in (str, int) for st in s.steps if st.has_operand)]
+    try:
+        import torch  # noqa: F401  (the C++ tensor steps are read through torch's adapter)
+    except ImportError:
+        srcs = [s for s in srcs if not s.reads_cpp_tensor]
+    srcs += [Source(s.root, s.name, s.steps) for s in srcs]  # equal copies: their own templates
+    _core._clear_symbol_templates()
+    cold = _decl_parts(_shape_set(srcs, python=False, monkeypatch=monkeypatch))
+    warm = _decl_parts(_shape_set(srcs, python=False, monkeypatch=monkeypatch))
+    assert cold == warm == _decl_parts(_shape_set(srcs, python=True, monkeypatch=monkeypatch))
+
+
+def test_plain_constants_are_interned_as_the_pool_interns_them() -> None:
+    """An int key and a str name interned in C++: the same pool as _Pool.intern makes (a str by
+    its interned self, an int by (int, value): the int 1 and the str '1' stay apart)."""
+    x = Source.local("x")
+    syms = [x.item(1).step(StepKind.SIZE, 0), Source.local("1").item("1"), x.item(True)]
+    args = [("t", tuple(syms[:2]), ("int", "int"))]
+    pool = guard_set._Pool()
+    made = _core._shape_symbol_decls(args, pool.consts, pool.weak, pool._interned, Source, Step)
+    assert made is not None
+    assert made[0] == syms[:2] and made[2] is False
+    expected = guard_set._Pool()
+    for c in ("x", 1, "1"):
+        expected.intern(c)
+    assert pool.consts == expected.consts == ["x", 1, "1"]
+    assert pool.weak == expected.weak and pool._interned == expected._interned
+    # A bool key is no plain constant (True == 1): Python interns it, nothing is interned here.
+    pool = guard_set._Pool()
+    args = [("t", (syms[2],), ("int",))]
+    assert _core._shape_symbol_decls(args, pool.consts, pool.weak, pool._interned, Source, Step) is None
+    assert pool.consts == [] and pool._interned == {}
+
+
+def test_subclasses_and_other_symbols_take_the_python_declarations() -> None:
+    """A Source subclass, a Step subclass, a float key: no C++ declaration (None), nothing interned;
+    the set still builds through Python's templates."""
+    for sym in (
+        _LyingSource(tw.RootKind.LOCAL, "x", (Step(StepKind.SIZE, 0),)),
+        Source(tw.RootKind.LOCAL, "x", (_OwnStep(StepKind.SIZE, 1),)),
+        Source.local("x").item(0.5),
+    ):
+        pool = guard_set._Pool()
+        args = [("L['v'] >= 0", (Source.local("a"), sym), ("int", "int"))]
+        assert _core._shape_symbol_decls(args, pool.consts, pool.weak, pool._interned, Source, Step) is None
+        assert pool.consts == [] and pool.weak == [] and pool._interned == {}
+        spec = tw.GuardSpec(tw.GuardKind.SHAPE, None, ("L['v'] >= 0", (sym,), ("int",)), index=0)
+        assert len(tw.GuardSet([spec])) == 1
+
+
+def test_a_source_whose_kept_print_is_not_a_str_is_printed_by_str() -> None:
+    """The print kept on an exact Source (``_text``) is read in C++ only when it is an exact str:
+    otherwise str() decides, which refuses a print that is no str."""
+    src = Source.local("x").step(StepKind.SIZE, 0)
+    object.__setattr__(src, "_text", "L['x'].size()[0]")
+    assert _decl_parts(tw.GuardSet(_one_shape_spec(src)))[0][1][0][3] == ["L['x']", "L['x'].size()[0]"]
+    odd = Source.local("x").step(StepKind.SIZE, 0)
+    object.__setattr__(odd, "_text", 42)
+    with pytest.raises(TypeError):
+        tw.GuardSet(_one_shape_spec(odd))
+
+
+def _one_shape_spec(sym: Source) -> list:
+    return [tw.GuardSpec(tw.GuardKind.SHAPE, None, ("L['v'] >= 0", (sym,), ("int",)), index=0)]
+
+
+def test_the_template_memo_is_emptied_with_the_build_memos() -> None:
+    """_clear_build_memos empties the C++ templates too (cold builds start from nothing); a set
+    built after it is the same."""
+    ex = {"a": 3, "b": 4}
+    specs = _shape_specs_of(ex, ["L['a'] >= 1", "L['a'] + L['b'] == 7"])
+    before = _decl_parts(tw.GuardSet(specs))
+    guard_set._clear_build_memos()
+    assert _decl_parts(tw.GuardSet(specs)) == before
+    # A template is the object's until the memos are emptied: a print changed behind the frozen
+    # Source's back (what tripwire never does) is seen only once they are.
+    src = Source.local("x").step(StepKind.SIZE, 0)
+    object.__setattr__(src, "_text", "L['x'].size()[0]")
+
+    def printed() -> str:
+        return _decl_parts(tw.GuardSet(_one_shape_spec(src)))[0][1][0][3][1]
+
+    assert printed() == "L['x'].size()[0]"
+    object.__setattr__(src, "_text", "L['x'].size()[ 0 ]")
+    assert printed() == "L['x'].size()[0]"
+    guard_set._clear_build_memos()
+    assert printed() == "L['x'].size()[ 0 ]"

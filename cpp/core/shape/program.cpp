@@ -104,6 +104,27 @@ class NodeTable {
         place(k, node);
         ++used_;
     }
+    // The node stored under `k`, or kNone with `slot` the empty slot where `k` goes: a miss is
+    // then inserted there (insert_at) without hashing and probing again.
+    std::uint32_t find(const NodeKey& k, std::size_t& slot) const {
+        for (std::size_t i = k.hash() & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
+            const Slot& s = slots_[i];
+            if (s.node == kNone) {
+                slot = i;
+                return kNone;
+            }
+            if (s.key == k) return s.node;
+        }
+    }
+    // insert(k, node) after find(k, slot) missed, with nothing inserted in between.
+    void insert_at(std::size_t slot, const NodeKey& k, std::uint32_t node) {
+        if (2 * (used_ + 1) > slots_.size()) {
+            insert(k, node);  // grows: the slot moves
+            return;
+        }
+        slots_[slot] = {k, node};
+        ++used_;
+    }
     // Empty, keeping the slots (a scratch compiler reuses them: no allocation).
     void clear() {
         if (used_ == 0) return;
@@ -171,6 +192,7 @@ class Compiler {
         key.code = static_cast<std::uint8_t>(Code::Const);
         key.type = static_cast<std::uint8_t>(t);
         key.bits = bits;
+        std::size_t slot = 0;  // where a new key goes (table_.find)
         if (big_value != nullptr) {
             // Ints beyond int64 are rare: found by value among the others.
             for (std::size_t k = 0; k < bigs_.size(); ++k)
@@ -178,7 +200,7 @@ class Compiler {
             info.big = static_cast<std::int32_t>(bigs_.size());
             bigs_.push_back(*big_value);
         } else {
-            const std::uint32_t found = table_.find(key);
+            const std::uint32_t found = table_.find(key, slot);
             if (found != NodeTable::kNone) return found;
         }
         ShapeNode n;
@@ -190,7 +212,7 @@ class Compiler {
         if (big_value != nullptr) {
             big_nodes_.push_back(id);
         } else {
-            table_.insert(key, id);
+            table_.insert_at(slot, key, id);
         }
         return id;
     }
@@ -249,7 +271,8 @@ class Compiler {
         key.a = a;
         key.b = b;
         key.c = c;
-        const std::uint32_t found = table_.find(key);
+        std::size_t slot = 0;
+        const std::uint32_t found = table_.find(key, slot);
         if (found != NodeTable::kNone) return found;
         ShapeNode n;
         n.code = code;
@@ -260,7 +283,7 @@ class Compiler {
         p_.nodes.push_back(n);
         consts_.emplace_back();
         const auto id = static_cast<std::uint32_t>(p_.nodes.size() - 1);
-        table_.insert(key, id);
+        table_.insert_at(slot, key, id);
         return id;
     }
 
@@ -525,8 +548,10 @@ ShapeProgram compile_relations(std::vector<RelationInput> relations, std::vector
     p.symbol_types = std::move(symbol_types);
     p.nodes.reserve(p.symbol_types.size() + 8 * relations.size());
     p.relations.reserve(relations.size());
-    std::sort(relations.begin(), relations.end(),
-              [](const RelationInput& a, const RelationInput& b) { return a.id < b.id; });
+    // A set's relations come in id order (compile() sorts its declarations): checked, not sorted.
+    const auto by_id = [](const RelationInput& a, const RelationInput& b) { return a.id < b.id; };
+    if (!std::is_sorted(relations.begin(), relations.end(), by_id))
+        std::sort(relations.begin(), relations.end(), by_id);
     Compiler comp(p);
     for (std::size_t k = 0; k < relations.size(); ++k) {
         RelationInput& in = relations[k];

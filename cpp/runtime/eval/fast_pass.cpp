@@ -375,6 +375,10 @@ bool module_like(const core::Program& p, const std::vector<RuntimeGuard>& guards
 void GuardSet::build_fast_pass() {
     using Code = FastOp::Code;
     fast_ops_.clear();
+    // About one op per ambient guard, node fetch, node guard, symbol and stamp: reserved for a
+    // set's first layout, which otherwise grows the vector several times (aligned reallocations).
+    fast_ops_.reserve(program_.ambient.size() + 2 * program_.nodes.size() + program_.node_guards.size() +
+                      program_.symbol_nodes.size() + 2);
     fast_built_at_ = order_changes_;
     fast_guards_ = 0;
     residue_guards_ = 0;

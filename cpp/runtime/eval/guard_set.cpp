@@ -435,6 +435,7 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     guard_fails_.assign(program_.guards.size(), 0);
     node_fails_.assign(program_.nodes.size(), 0);
     relation_fails_.assign(program_.shape.relations.size(), 0);
+    symbol_texts_.reserve(program_.symbol_nodes.size());
     for (std::uint32_t node : program_.symbol_nodes) symbol_texts_.push_back(program_.nodes[node].text);
     fast_enabled_ = true;
     build_fast_pass();
