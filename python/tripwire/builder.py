@@ -122,6 +122,11 @@ class GuardBuilder:
             mapping name -> cell; ``C['x']`` sources read the cell's contents at check time.
         guard_filter: optional callable ``(list[GuardSpec]) -> list[bool]`` applied at build time;
             guards whose entry is False are dropped (Dynamo's ``guard_filter_fn``).
+
+    A builder belongs to the thread that declares on it: it is not thread-safe (two threads, or a
+    finalizer run by a collection in another thread, declaring on one builder may give two guards
+    one index). Build sets on as many threads as you like, one builder each; a built GuardSet is
+    safe to check from any thread.
     """
 
     def __init__(
