@@ -18,6 +18,7 @@
 #include "core/ir.hpp"
 #include "core/program.hpp"
 #include "core/shape/program.hpp"
+#include "object_memo.hpp"
 #include "register.hpp"
 #include "runtime/eval/guard_set.hpp"
 #include "runtime/py.hpp"
@@ -397,38 +398,26 @@ nb::object symbol_template(nb::handle sym, nb::handle step_type) {
 // Templates of exact Sources, by object (_shape_symbol_decls; Python's _SYMBOL_DECLS keeps those
 // made by _symbol_decl). A Source and its Steps are frozen dataclasses (tripwire treats them as
 // immutable everywhere), so a template stays the object's while the memo holds the object.
-// Bounded (emptied at kSymbolTemplates entries); emptied by _clear_symbol_templates
+// Bounded (emptied at 4096 entries); emptied by _clear_symbol_templates
 // (guard_set._clear_build_memos).
-constexpr std::size_t kSymbolTemplates = 4096;
-using SymbolTemplates = std::unordered_map<PyObject*, std::shared_ptr<const SymbolTemplate>>;
+using SymbolTemplates = ObjectMemo<SymbolTemplate, 4096>;
 SymbolTemplates& symbol_templates() {
     static auto* m = new SymbolTemplates();  // never destroyed: it holds Python objects
     return *m;
 }
 
-void clear_symbol_templates() {
-    SymbolTemplates old;
-    old.swap(symbol_templates());  // swapped out first: dropping a Source may run code
-}
+void clear_symbol_templates() { symbol_templates().clear(); }
 
 /// The template of `sym`, an exact Source: the memoised one, else made now and memoised. Null
 /// when a step is not exactly `step_type`.
 std::shared_ptr<const SymbolTemplate> symbol_template_of(PyObject* sym, nb::handle step_type) {
-    {
-        const SymbolTemplates& memo = symbol_templates();
-        const auto it = memo.find(sym);
-        if (it != memo.end()) return it->second;
-    }
+    if (std::shared_ptr<const SymbolTemplate> kept = symbol_templates().find(sym)) return kept;
     auto made = std::make_shared<SymbolTemplate>();
     made->source = runtime::Ref::borrow(sym);
     if (!make_symbol_template(sym, step_type, *made)) return nullptr;
     // Making it may have run Python code (str(sym), printed_prefixes(), a collection), which may
-    // have changed the memo: looked up again. What is dropped (a full memo's entries, another
-    // thread's template for the same object) is dropped once the memo is consistent.
-    if (symbol_templates().size() >= kSymbolTemplates) clear_symbol_templates();
-    std::shared_ptr<const SymbolTemplate>& slot = symbol_templates()[sym];
-    const std::shared_ptr<const SymbolTemplate> replaced = std::move(slot);
-    slot = made;
+    // have changed the memo: put() looks it up again.
+    symbol_templates().put(sym, made);
     return made;
 }
 

@@ -24,6 +24,7 @@
 #include "core/shape/program.hpp"
 #include "core/shape/small_eval.hpp"
 #include "core/shape/symbol.hpp"
+#include "object_memo.hpp"
 #include "register.hpp"
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/fetch.hpp"
@@ -118,18 +119,14 @@ struct SymbolRead {
 // Decoded symbols of the exact classes, by object. A Source and its Steps are frozen dataclasses
 // (tripwire treats them as immutable everywhere: builder._read_args, guard_set._source_recipe),
 // so a decoding stays the object's for as long as the memo holds the object. Bounded (emptied at
-// kSymbolReads entries); emptied by _clear_shape_memos.
-constexpr std::size_t kSymbolReads = 4096;
-using SymbolReads = std::unordered_map<PyObject*, std::shared_ptr<const SymbolRead>>;
+// 4096 entries); emptied by _clear_shape_memos.
+using SymbolReads = ObjectMemo<SymbolRead, 4096>;
 SymbolReads& symbol_reads() {
     static auto* m = new SymbolReads();  // never destroyed: it holds Python objects
     return *m;
 }
 
-void clear_symbol_reads() {
-    SymbolReads old;
-    old.swap(symbol_reads());  // swapped out first: dropping a Source may run user code
-}
+void clear_symbol_reads() { symbol_reads().clear(); }
 
 std::shared_ptr<const SymbolRead> decode_symbol(nb::handle source, std::uint64_t index_kinds,
                                                 std::uint64_t no_arg_kinds, bool& memoisable) {
@@ -176,22 +173,13 @@ std::shared_ptr<const SymbolRead> symbol_read(nb::handle source, std::uint64_t i
     bool memoisable =
         g_source_type != nullptr && Py_TYPE(source.ptr()) == reinterpret_cast<PyTypeObject*>(g_source_type);
     if (memoisable) {
-        const SymbolReads& memo = symbol_reads();
-        const auto it = memo.find(source.ptr());
-        if (it != memo.end() && it->second->index_kinds == index_kinds &&
-            it->second->no_arg_kinds == no_arg_kinds)
-            return it->second;
+        std::shared_ptr<const SymbolRead> kept = symbol_reads().find(source.ptr());
+        if (kept && kept->index_kinds == index_kinds && kept->no_arg_kinds == no_arg_kinds) return kept;
     }
     std::shared_ptr<const SymbolRead> d = decode_symbol(source, index_kinds, no_arg_kinds, memoisable);
-    if (memoisable) {
-        // Decoding ran Python code (getattr), which may have changed the memo: it is looked up
-        // again. Whatever is dropped (the entries of a full memo, an entry decoded under other
-        // masks) is dropped once the memo is consistent: a Source's last reference may run code.
-        if (symbol_reads().size() >= kSymbolReads) clear_symbol_reads();
-        std::shared_ptr<const SymbolRead>& slot = symbol_reads()[source.ptr()];
-        const std::shared_ptr<const SymbolRead> replaced = std::move(slot);
-        slot = d;
-    }
+    // Decoding ran Python code (getattr), which may have changed the memo: put() looks it up again
+    // (and replaces an entry decoded under other masks).
+    if (memoisable) symbol_reads().put(source.ptr(), d);
     return d;
 }
 

@@ -18,6 +18,7 @@
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
 #include "core/shape/symbol.hpp"
+#include "same_parse.hpp"
 #include "testing.hpp"
 
 // Every heap allocation of this test binary is counted (ShapeFrame.FastPathAllocatesNothing).
@@ -199,27 +200,7 @@ TEST(ShapeParser, TorchSpellings) {
     EXPECT_EQ(sympy.nodes[sympy.nodes[sympy.root].args[0]].op, Op::Mod);
 }
 
-// Whether two parses are the same tree (every field of every node), spans, symbols and code end.
-bool same_parse(const ParsedRelation& a, const ParsedRelation& b) {
-    if (a.root != b.root || a.code_end != b.code_end || a.symbols != b.symbols ||
-        a.nodes.size() != b.nodes.size() || a.spans.size() != b.spans.size() || !a.big_ints.empty() ||
-        !b.big_ints.empty())
-        return false;
-    for (std::size_t k = 0; k < a.spans.size(); ++k) {
-        const SymbolSpan &x = a.spans[k], &y = b.spans[k];
-        if (x.begin != y.begin || x.end != y.end || x.symbol != y.symbol) return false;
-    }
-    for (std::size_t k = 0; k < a.nodes.size(); ++k) {
-        const AstNode &x = a.nodes[k], &y = b.nodes[k];
-        if (x.op != y.op || x.offset != y.offset || x.bool_value != y.bool_value || x.args.n != y.args.n ||
-            x.symbol != y.symbol || x.big_int != y.big_int || x.int_small != y.int_small ||
-            x.float_value != y.float_value)
-            return false;
-        for (std::size_t j = 0; j < 3; ++j)
-            if (x.args.v[j] != y.args.v[j]) return false;
-    }
-    return true;
-}
+using parse_check::same_parse;
 
 // A random relation of the tokens torch's common form is made of, and of near misses the plain
 // parser must leave to the general one (chains, `**`, calls, floats, blanks inside a source, ...).

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "../cpp/same_parse.hpp"
 #include "core/program.hpp"
 #include "core/shape/bigint.hpp"
 #include "core/shape/parser.hpp"
@@ -170,34 +171,7 @@ void check_parse_tree(const std::string& text, const ParsedRelation& r) {
     }
 }
 
-// A symbol value drawn from the input.
-std::uint64_t bits_of(double d) {
-    std::uint64_t b = 0;
-    std::memcpy(&b, &d, sizeof b);
-    return b;
-}
-
-// Two parses give the same tree, spans, symbol texts and code end (NaN constants compare by bits).
-bool same_parse(const ParsedRelation& a, const ParsedRelation& b) {
-    if (a.root != b.root || a.code_end != b.code_end || a.symbols != b.symbols ||
-        a.nodes.size() != b.nodes.size() || a.spans.size() != b.spans.size())
-        return false;
-    for (std::size_t k = 0; k < a.spans.size(); ++k) {
-        const SymbolSpan &x = a.spans[k], &y = b.spans[k];
-        if (x.begin != y.begin || x.end != y.end || x.symbol != y.symbol) return false;
-    }
-    for (std::size_t k = 0; k < a.nodes.size(); ++k) {
-        const AstNode &x = a.nodes[k], &y = b.nodes[k];
-        if (x.op != y.op || x.offset != y.offset || x.args.n != y.args.n || x.int_small != y.int_small ||
-            (x.big_int != 0) != (y.big_int != 0) || a.int_literal(x) != b.int_literal(y) ||
-            bits_of(x.float_value) != bits_of(y.float_value) || x.bool_value != y.bool_value ||
-            x.symbol != y.symbol)
-            return false;
-        for (std::size_t j = 0; j < x.args.n; ++j)
-            if (x.args.v[j] != y.args.v[j]) return false;
-    }
-    return true;
-}
+using parse_check::same_parse;
 
 // The non-recursive parser of torch's common form, when it takes a text, gives the general
 // parser's parse of it (which must not refuse it).
