@@ -713,8 +713,8 @@ ShapeFrame::ShapeFrame(const ShapeProgram& p) : p_(p) {
     if (n <= kInlineRegs) {
         regs_ = inline_regs_;
     } else {
-        heap_regs_.resize(n);
-        regs_ = heap_regs_.data();
+        heap_regs_.reset(new ShapeReg[n]);  // NOLINT(cppcoreguidelines-owning-memory): default-initialised
+        regs_ = heap_regs_.get();
     }
     if (ns <= kInlineSymbols) {
         states_ = inline_states_;
