@@ -1184,6 +1184,15 @@ void register_shape(nb::module_& m) {
             const core::shape::ShapeProgram p = translating(texts.empty() ? std::string() : texts[0], [&] {
                 return core::shape::compile_relations(inputs, types);
             });
+            // Registers are uninitialised until stored: a value that does not store is refused
+            // here, before the timed loop runs the program on it.
+            {
+                core::shape::ShapeFrame probe(p);
+                for (std::uint32_t s = 0; s < vals.size(); ++s) {
+                    if (!runtime::store_symbol(probe, s, types[s], vals[s].ptr()))
+                        throw nb::type_error(("symbol " + std::to_string(s) + " does not store").c_str());
+                }
+            }
             // What a check does once its symbols are read: a frame, the stores, the relations.
             std::int32_t result = 0;
             const auto t0 = std::chrono::steady_clock::now();

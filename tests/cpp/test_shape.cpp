@@ -789,6 +789,79 @@ TEST(ShapeFrame, FastPathAllocatesNothing) {
     EXPECT_EQ(g_allocations.load() - before, 0);
 }
 
+TEST(ShapeFrame, RegistersAreWrittenBeforeTheyAreRead) {
+    // A frame's registers are uninitialised except the constants' (the inline array as the heap
+    // buffer of a large program): every computed register must be written by its instruction
+    // before any instruction reads it. Computed registers are filled with two different poisons
+    // before the stores; the decision must not change, and must agree with the exact path.
+    // Small (inline) and large (heap, more than 96 registers) programs both.
+    static const std::vector<std::string_view> names = {"L['a']", "L['b']", "L['c']", "L['d']"};
+    for (const int copies : {1, 12}) {
+        std::vector<RelationInput> rels;
+        std::vector<std::string> texts;
+        static const char* const forms[] = {
+            "((#*L['a']) % 4) != 3 or L['b'] == #", "(L['a'] // #) <= L['c'] + #",
+            "(L['a']*L['b']) - # != ((L['a']*L['b']) // 4)", "(L['c'] % #) + L['d'] >= -# or L['d'] < 0"};
+        for (int k = 0; k < copies; ++k) {
+            for (const char* form : forms) {  // each '#' is this copy's constant
+                std::string text;
+                for (const char* ch = form; *ch != '\0'; ++ch) {
+                    if (*ch == '#') {
+                        text += std::to_string(k + 2);
+                    } else {
+                        text += *ch;
+                    }
+                }
+                texts.push_back(text);
+            }
+        }
+        for (std::uint32_t k = 0; k < texts.size(); ++k) {
+            const ParsedRelation r = parse_relation(texts[k]);
+            RelationInput in{k, texts[k], {}};
+            for (std::string_view sym : r.symbols) {
+                in.symbols.push_back(
+                    static_cast<std::uint32_t>(std::find(names.begin(), names.end(), sym) - names.begin()));
+            }
+            rels.push_back(in);
+        }
+        const ShapeProgram p = compile_relations(rels, std::vector<ValueType>(4, ValueType::Int));
+        if (copies > 1) {
+            ASSERT_GT(p.nodes.size(), 96U);  // the heap path
+        } else {
+            ASSERT_LE(p.nodes.size(), 96U);  // the inline path
+        }
+        ASSERT_TRUE(p.fast_ok);
+        std::uint64_t seed = 7;
+        const auto value = [&seed] {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            return static_cast<std::int64_t>((seed >> 33) % 41) - 20;
+        };
+        int passes = 0, fails = 0;
+        for (int trial = 0; trial < 3000; ++trial) {
+            const std::int64_t v[4] = {value(), value(), value(), value()};
+            std::int32_t decided[2] = {0, 0};
+            for (int poison = 0; poison < 2; ++poison) {
+                ShapeFrame f(p);
+                for (std::size_t n = p.const_regs.size(); n < p.nodes.size(); ++n) {
+                    f.regs()[n].i = poison == 0 ? 0x5A5A5A5A5A5A5A5A : -1;
+                }
+                for (std::uint32_t s = 0; s < 4; ++s) f.set_int(s, v[s]);
+                decided[poison] = run_fast(p, f);
+                const std::vector<ExactResult> exact = run_exact(p, f);
+                if (decided[poison] == kShapePass) {
+                    for (std::uint32_t r : p.kept) EXPECT_TRUE(exact[r].holds) << texts[r];
+                } else if (decided[poison] >= 0) {
+                    EXPECT_FALSE(exact[static_cast<std::size_t>(decided[poison])].holds);
+                }
+            }
+            EXPECT_EQ(decided[0], decided[1]) << v[0] << " " << v[1] << " " << v[2] << " " << v[3];
+            (decided[0] == kShapePass ? passes : fails) += 1;
+        }
+        EXPECT_GT(passes, 100);  // both outcomes are exercised
+        EXPECT_GT(fails, 100);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // SHAPE guards in the tree compiler
 

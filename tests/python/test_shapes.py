@@ -1732,3 +1732,13 @@ def test_emptying_the_build_memos_empties_relations_from_torch_memo() -> None:
     assert not tw.shapes._RELATIONS and not tw.shapes._PLAIN_SYMBOLS
     (after,) = tw.shapes.relations_from_torch(text)
     assert after == before and after is not before and after.symbols[0] is not before.symbols[0]
+
+
+def test_the_timing_hook_refuses_a_value_that_does_not_store() -> None:
+    # A frame's registers are uninitialised until stored: bench/shape_eval.py's _shape_time must
+    # not run the program on a symbol it could not store (a bool is not the int it claims to be).
+    ns, result, kept, n_symbols, _ops = _core._shape_time(["L['a'] % 4 == 0"], {"L['a']": 8}, 10)
+    assert (result, kept, n_symbols) == (-1, 1, 1) and ns >= 0
+    assert _core._shape_time(["L['a'] % 4 == 0"], {"L['a']": 7}, 10)[1] == 0
+    with pytest.raises(TypeError, match="does not store"):
+        _core._shape_time(["L['a'] % 4 == 0"], {"L['a']": True}, 10)
