@@ -1006,6 +1006,18 @@ nb::object make_shape_method(nb::handle builder, nb::handle relation, nb::handle
     return owned(PyDescr_NewMethod(m->builder, &m->def));
 }
 
+// Stores `values[k]` as symbol k of a test hook's frame, or raises TypeError naming the first that
+// is not of its declared type: a frame's registers are unwritten until stored, so a hook never
+// runs a program on a symbol it could not store.
+template <typename Values>
+void store_symbols_or_raise(core::shape::ShapeFrame& frame, const std::vector<core::shape::ValueType>& types,
+                            const Values& values) {
+    for (std::uint32_t k = 0; k < types.size(); ++k) {
+        if (!runtime::store_symbol(frame, k, types[k], values[k].ptr()))
+            throw nb::type_error(("symbol " + std::to_string(k) + " is not of its declared type").c_str());
+    }
+}
+
 }  // namespace
 
 void register_shape(nb::module_& m) {
@@ -1085,12 +1097,7 @@ void register_shape(nb::module_& m) {
                     core::shape::compile_relation_shared(text, value_types(types));
                 const core::shape::ShapeProgram& p = *memo;
                 core::shape::ShapeFrame frame(p);
-                for (std::uint32_t k = 0; k < types.size(); ++k) {
-                    if (!runtime::store_symbol(frame, k, p.symbol_types[k], values[k].ptr())) {
-                        throw nb::type_error(
-                            ("symbol " + std::to_string(k) + " is not of its declared type").c_str());
-                    }
-                }
+                store_symbols_or_raise(frame, p.symbol_types, values);
                 const std::int32_t fast = core::shape::run_fast(p, frame);
                 if (fast == core::shape::kShapePass && !both_paths)
                     return nb::make_tuple(true, nb::none(), "fast");
@@ -1184,14 +1191,10 @@ void register_shape(nb::module_& m) {
             const core::shape::ShapeProgram p = translating(texts.empty() ? std::string() : texts[0], [&] {
                 return core::shape::compile_relations(inputs, types);
             });
-            // Registers are uninitialised until stored: a value that does not store is refused
-            // here, before the timed loop runs the program on it.
+            // Refused before the timed loop, which does not look at what its stores return.
             {
                 core::shape::ShapeFrame probe(p);
-                for (std::uint32_t s = 0; s < vals.size(); ++s) {
-                    if (!runtime::store_symbol(probe, s, types[s], vals[s].ptr()))
-                        throw nb::type_error(("symbol " + std::to_string(s) + " does not store").c_str());
-                }
+                store_symbols_or_raise(probe, types, vals);
             }
             // What a check does once its symbols are read: a frame, the stores, the relations.
             std::int32_t result = 0;

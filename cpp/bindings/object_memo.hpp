@@ -43,8 +43,6 @@ class ObjectMemo {
         old.swap(map_);
     }
 
-    [[nodiscard]] std::size_t size() const { return map_.size(); }
-
   private:
     using Map = std::unordered_map<PyObject*, std::shared_ptr<const T>>;
     Map map_;

@@ -752,24 +752,29 @@ TEST(ShapeProgram, ValidateRejectsCorruption) {
     }
 }
 
-TEST(ShapeFrame, FastPathAllocatesNothing) {
-    // A check stores its symbols and runs the relations without touching the heap: the frame
-    // is inline (up to 96 registers and 32 symbols), int64 and float values go into registers.
+// The inputs of `texts` (ids in order) with each symbol numbered by its place in `names`.
+std::vector<RelationInput> relations_over(const std::vector<std::string>& texts,
+                                          const std::vector<std::string_view>& names) {
     std::vector<RelationInput> rels;
-    const char* texts[] = {
-        "((6*L['a']) % 4) == 0", "(L['a'] // 2) <= L['c']", "(L['a']*L['b']) != ((L['a']*L['b']) // 4)",
-        "2 <= L['d']",           "not math.isnan(L['s'])",  "L['s'] * 2 < L['a']"};
-    for (std::uint32_t k = 0; k < 6; ++k) {
+    for (std::uint32_t k = 0; k < texts.size(); ++k) {
         const ParsedRelation r = parse_relation(texts[k]);
         RelationInput in{k, texts[k], {}};
         for (std::string_view sym : r.symbols) {
-            static const std::vector<std::string_view> names = {"L['a']", "L['b']", "L['c']", "L['d']",
-                                                                "L['s']"};
             in.symbols.push_back(
                 static_cast<std::uint32_t>(std::find(names.begin(), names.end(), sym) - names.begin()));
         }
         rels.push_back(in);
     }
+    return rels;
+}
+
+TEST(ShapeFrame, FastPathAllocatesNothing) {
+    // A check stores its symbols and runs the relations without touching the heap: the frame
+    // is inline (up to 96 registers and 32 symbols), int64 and float values go into registers.
+    const std::vector<RelationInput> rels = relations_over(
+        {"((6*L['a']) % 4) == 0", "(L['a'] // 2) <= L['c']", "(L['a']*L['b']) != ((L['a']*L['b']) // 4)",
+         "2 <= L['d']", "not math.isnan(L['s'])", "L['s'] * 2 < L['a']"},
+        {"L['a']", "L['b']", "L['c']", "L['d']", "L['s']"});
     const long compiling = g_allocations.load();
     const ShapeProgram p = compile_relations(
         rels, {ValueType::Int, ValueType::Int, ValueType::Int, ValueType::Int, ValueType::Float});
@@ -795,9 +800,7 @@ TEST(ShapeFrame, RegistersAreWrittenBeforeTheyAreRead) {
     // before any instruction reads it. Computed registers are filled with two different poisons
     // before the stores; the decision must not change, and must agree with the exact path.
     // Small (inline) and large (heap, more than 96 registers) programs both.
-    static const std::vector<std::string_view> names = {"L['a']", "L['b']", "L['c']", "L['d']"};
     for (const int copies : {1, 12}) {
-        std::vector<RelationInput> rels;
         std::vector<std::string> texts;
         static const char* const forms[] = {
             "((#*L['a']) % 4) != 3 or L['b'] == #", "(L['a'] // #) <= L['c'] + #",
@@ -815,16 +818,9 @@ TEST(ShapeFrame, RegistersAreWrittenBeforeTheyAreRead) {
                 texts.push_back(text);
             }
         }
-        for (std::uint32_t k = 0; k < texts.size(); ++k) {
-            const ParsedRelation r = parse_relation(texts[k]);
-            RelationInput in{k, texts[k], {}};
-            for (std::string_view sym : r.symbols) {
-                in.symbols.push_back(
-                    static_cast<std::uint32_t>(std::find(names.begin(), names.end(), sym) - names.begin()));
-            }
-            rels.push_back(in);
-        }
-        const ShapeProgram p = compile_relations(rels, std::vector<ValueType>(4, ValueType::Int));
+        const ShapeProgram p =
+            compile_relations(relations_over(texts, {"L['a']", "L['b']", "L['c']", "L['d']"}),
+                              std::vector<ValueType>(4, ValueType::Int));
         if (copies > 1) {
             ASSERT_GT(p.nodes.size(), 96U);  // the heap path
         } else {

@@ -1740,5 +1740,5 @@ def test_the_timing_hook_refuses_a_value_that_does_not_store() -> None:
     ns, result, kept, n_symbols, _ops = _core._shape_time(["L['a'] % 4 == 0"], {"L['a']": 8}, 10)
     assert (result, kept, n_symbols) == (-1, 1, 1) and ns >= 0
     assert _core._shape_time(["L['a'] % 4 == 0"], {"L['a']": 7}, 10)[1] == 0
-    with pytest.raises(TypeError, match="does not store"):
+    with pytest.raises(TypeError, match="symbol 0 is not of its declared type"):
         _core._shape_time(["L['a'] % 4 == 0"], {"L['a']": True}, 10)
