@@ -119,8 +119,11 @@ def _cache(i: int, c: CacheSummary) -> Iterable[str]:
                 why = '<td class="pass">matched (another entry was preferred)</td>'
             else:
                 why = f'<td class="fail">{_e(reason.reason)}</td>'
-            sites = "<br>".join(_e(site) for site in reason.installed_at)
-            yield f"<tr><td><code>{_e(reason.entry)}</code></td>{why}<td><code>{sites}</code></td></tr>"
+            sites = reason.installed_at
+            where = f"<code>{_e(sites[-1])}</code>" if sites else ""  # the innermost frame
+            if len(sites) > 1:
+                where += "<details><summary>stack</summary><pre>" + _e("\n".join(sites)) + "</pre></details>"
+            yield f"<tr><td><code>{_e(reason.entry)}</code></td>{why}<td>{where}</td></tr>"
         yield "</table></li>"
     yield "</ol></section>"
 
