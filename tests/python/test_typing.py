@@ -128,6 +128,7 @@ tw.Cache(on_limit="explode")  # E: arg-type
 tw.specialize(on_limit="nope")  # E: call-overload
 twf.Hook(lambda frame: None, on_limit="sometimes")  # E: arg-type
 tw.specialize(compiler=compiler)  # E: arg-type
+tw.torch.guards_of(f, equals="loose")  # E: arg-type
 """
 
 
