@@ -175,16 +175,22 @@ def run_and_report(out: str, argv: list[str]) -> int:
 
     from .cache import record_recompiles
 
+    script = argv[0]
+    if not os.path.isfile(script):
+        print(f"tripwire report: {script}: no such file", file=sys.stderr)
+        return 2
     record_recompiles(True)
-    saved = sys.argv[:]
+    saved = sys.argv[:], sys.path[:]
+    # As `python SCRIPT` runs it: its arguments, and its own directory first on the path.
     sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     status = 0
     try:
-        runpy.run_path(argv[0], run_name="__main__")
+        runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
-        sys.argv = saved
+        sys.argv, sys.path[:] = saved
         report(out)
         print(f"tripwire: report written to {out}", file=sys.stderr)
     return status

@@ -48,6 +48,7 @@ from .failure import Failure
 from .guard_set import GuardSet
 from .infer import Policy, infer_into
 from .logs import recompile_logging_enabled, report_recompile
+from .overview import summarize_cache
 from .references import RefKind, fingerprint
 from .store import (
     Codec,
@@ -233,8 +234,6 @@ class Specialized(FastDispatch, Generic[_Args, _Ret]):
         guard tree (where each guard was installed), and the compiles with why each cached entry
         did not match the call that caused it (as :func:`tripwire.summary` and
         :func:`tripwire.report` show it)."""
-        from .overview import summarize_cache
-
         return summarize_cache(self.cache, guards=True).describe(guards=True)
 
     def __repr__(self) -> str:

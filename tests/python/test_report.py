@@ -231,6 +231,22 @@ def test_report_command_runs_a_script(tmp_path):
     assert "L['w']: EQUALS_MATCH expected 1, got 3" in text
 
 
+def test_report_command_imports_beside_the_script_and_refuses_a_missing_one(tmp_path):
+    (tmp_path / "helper_mod.py").write_text("VALUE = 41\n")
+    script = tmp_path / "uses_helper.py"
+    script.write_text("import helper_mod\nprint(helper_mod.VALUE + 1)\n")
+    root = Path(__file__).resolve().parents[2]
+    env = {"PYTHONPATH": str(root / "python"), "PATH": "/usr/bin:/bin"}
+    run = [sys.executable, "-m", "tripwire", "report", str(tmp_path / "h.html")]
+    proc = subprocess.run([*run, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd="/")
+    assert proc.returncode == 0 and proc.stdout.strip() == "42", proc.stderr
+    proc = subprocess.run(
+        [*run, str(tmp_path / "missing.py")], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"tripwire report: {tmp_path / 'missing.py'}: no such file"
+
+
 def test_report_command_script_raises(tmp_path):
     script = tmp_path / "boom.py"
     script.write_text(
