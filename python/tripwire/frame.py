@@ -215,8 +215,8 @@ class Hook:
         if not isinstance(cache, Cache):  # none yet (or a bare CacheCore attached by hand)
             on_limit: OnLimit = "fallback" if self.on_limit == "run_only" else self.on_limit
             cache = Cache(self.recompile_limit, self.accumulated_limit, on_limit=on_limit)
-            backend = getattr(self.backend, "__qualname__", None) or repr(self.backend)
-            cache._owner = ("frame", code.co_qualname, f"{code.co_filename}:{code.co_firstlineno}", backend)
+            where = f"{code.co_filename}:{code.co_firstlineno}"
+            cache._owner = ("frame", code.co_qualname, where, _backend_name(self.backend))
             _core._frame_attach_cache(code, self.backend, cache)
         frame = Frame(
             code, types.MappingProxyType(f_locals), f_globals, f_builtins, function, cache, self.backend
@@ -299,6 +299,16 @@ class Hook:
         cache._frame_compiles = n + 1  # type: ignore[attr-defined]
         cache._record_compile(f"{frame.code.co_qualname}#{n}", *compile)
         return replacement
+
+
+def _backend_name(backend: Any) -> str:
+    """A label for summary() and report(). The backend is any object: its __qualname__ or
+    __repr__ may raise, and a label must not fail the intercepted call."""
+    try:
+        name = getattr(backend, "__qualname__", None)
+        return name if isinstance(name, str) else repr(backend)
+    except Exception:  # noqa: BLE001 - a lying backend gets its type's name
+        return type(backend).__qualname__
 
 
 def _where(code: types.CodeType) -> str:

@@ -165,6 +165,26 @@ def test_frame_caches_are_listed(recording):
     twf.reset(frame_target)
 
 
+def test_frame_cache_with_a_lying_backend(recording):
+    class Lying:
+        def __getattr__(self, name):
+            raise RuntimeError("no attributes here")
+
+        def __repr__(self):
+            raise RuntimeError("no repr either")
+
+        def __hash__(self):
+            return 1
+
+    comp = Compiler(frame_target, plan=lambda fr: (fr.code, guards(fr, equals=["L['n']"])))
+    backend = Lying()
+    with twf.hooked(comp, backend=backend):
+        assert frame_target(1, 2) == 3
+    (c,) = [c for c in tw.summary().caches if c.kind == "frame" and c.backend.endswith(".Lying")]
+    assert c.name == "frame_target" and len(c.entries) == 1
+    twf.reset(frame_target)
+
+
 def test_history_is_bounded(recording):
     f = tw.specialize(scale, on_limit="evict", recompile_limit=4, accumulated_limit=4)
     for i in range(70):
