@@ -216,13 +216,13 @@ class Cache(_core.CacheCore):
         failures: Sequence[Failure | None] | None,
     ) -> None:
         """Remember a compile that inserted entry ``name``: ``names`` and ``failures`` are the
-        entries cached before it and why each did not match (``why_not``; None when not
-        computed), both empty for the first compile."""
+        entries cached before it and why each did not match (``why_not``), both empty for the
+        first compile; ``failures`` is None when they were not computed."""
         reasons = None
-        if failures is not None or not names:
+        if failures is not None:
             reasons = tuple(
                 RecompileReason(n, None if f is None else f.reason, () if f is None else tuple(f.stack))
-                for n, f in zip(names, failures or (), strict=False)
+                for n, f in zip(names, failures, strict=False)
             )
         self._history.append(CompileRecord(name, seconds, time.time(), reasons))
         self._compile_count += 1

@@ -225,9 +225,10 @@ class Hook:
             # Why each entry missed, before the callback runs and only when asked for: logged,
             # or kept with the compile (record_recompiles(): summary(), report()). Inside the
             # try: diagnostics that raise must not fail the intercepted call.
-            names = [e.name for e in cache]
-            failures = None
-            if names and (recompile_logging_enabled() or recording_recompiles()):
+            names: list[str | None] = []
+            failures: list[Failure | None] | None = None if len(cache) else []  # []: a first compile
+            if failures is None and (recompile_logging_enabled() or recording_recompiles()):
+                names = [e.name for e in cache]
                 failures = cache.why_not(f_locals)
                 report_recompile(function, failures, names)
             start = time.perf_counter()

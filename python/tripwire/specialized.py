@@ -258,13 +258,15 @@ class Specialized(FastDispatch, Generic[_Args, _Ret]):
     def _compile(self, f_locals: dict[str, Any]) -> Callable | None:
         """Compile and cache for ``f_locals`` (called under the lock). Returns the compiled
         callable, or None when the cache refused it (fallback policy)."""
-        names = [e.name for e in self.cache]
+        cached = len(self.cache)
         # The cache would refuse any entry: do not compile for nothing.
-        full = self.on_limit == "fallback" and len(names) >= self._accumulated_limit
-        failures: list[Failure | None] | None = None
+        full = self.on_limit == "fallback" and cached >= self._accumulated_limit
+        names: list[str | None] = []
+        failures: list[Failure | None] | None = None if cached else []  # [] for a first compile
         # Why each entry missed, only when asked for: to raise, to log, or to record with the
         # compile (record_recompiles(): summary(), report()).
-        if names and (self.error_on_recompile or recompile_logging_enabled() or recording_recompiles()):
+        if cached and (self.error_on_recompile or recompile_logging_enabled() or recording_recompiles()):
+            names = [e.name for e in self.cache]
             failures = self.cache.why_not(f_locals)
             report_recompile(self._fn, failures, names, error=self.error_on_recompile)
         if full:
