@@ -12,9 +12,11 @@ Build guards against example values, check them in nanoseconds, explain failures
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import frame, shapes, store, tensors
 from .builder import Checkpoint, GuardBuilder
-from .cache import Cache, CacheEntry
+from .cache import Cache, CacheEntry, record_recompiles
 from .catalogue import GuardKind, GuardSpec, register_constant_type
 from .errors import (
     FormatError,
@@ -33,10 +35,16 @@ from .errors import (
 )
 from .failure import Failure
 from .guard_set import GuardSet
+from .html_report import report
 from .infer import Policy, guards_for, infer_into
 from .logs import format_recompile, set_logs
+from .overview import Summary, summary
 from .source import RootKind, Source, Step, StepKind
 from .specialized import Specialized, specialize
+
+if TYPE_CHECKING:
+    # For type checkers only: at run time ``tripwire.torch`` is imported on first use (below).
+    from . import torch as torch
 
 __version__ = "0.1.0"
 
@@ -76,16 +84,20 @@ __all__ = [
     "Specialized",
     "Step",
     "StepKind",
+    "Summary",
     "TorchImportError",
     "TripwireError",
     "format_recompile",
     "frame",
     "guards_for",
     "infer_into",
+    "record_recompiles",
     "register_constant_type",
+    "report",
     "set_logs",
     "shapes",
     "specialize",
     "store",
+    "summary",
     "tensors",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``python -m tripwire demo | inspect TARGET | diff A B``.
+"""Command line: ``tripwire demo | inspect TARGET | diff A B | report OUT.html SCRIPT [ARGS...]``.
 
 ``inspect`` and ``diff`` read saved guard sets (``GuardSet.to_bytes()``) or store entries
 (``tripwire.store``), from a file or from Redis (``redis://host:port/db/KEY`` or
@@ -93,7 +93,7 @@ def diff_command(a: str, b: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tripwire", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tripwire", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser(
         "demo", help="build guards for a small example: a pass, a failure with its reason, the tree"
@@ -103,7 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("diff", help="print the guards that differ between two saved sets (exit 1 if any)")
     p.add_argument("a")
     p.add_argument("b")
+    p = sub.add_parser(
+        "report", help="run a Python script, then write an HTML report of its caches and recompiles"
+    )
+    p.add_argument("out", help="the HTML file to write")
+    p.add_argument("script", help="the script to run (as __main__)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.command == "report":
+        from .html_report import run_and_report
+
+        return run_and_report(args.out, [args.script, *args.args])
     if args.command == "inspect":
         return inspect_command(args.target)
     if args.command == "diff":

@@ -8,9 +8,13 @@ the limit exception with reasons, ``why_not`` and ``stats``. See docs/cache.md.
 
 from __future__ import annotations
 
+import collections
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, cast
+import itertools
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, cast
 
 from . import _core
 from .catalogue import GuardKind, GuardSpec, short_repr
@@ -18,11 +22,79 @@ from .errors import RecompileLimitExceeded
 from .failure import Failure
 from .guard_set import GuardSet
 
-__all__ = ["Cache", "CacheEntry"]
+__all__ = ["Cache", "CacheEntry", "CompileRecord", "OnLimit", "RecompileReason", "record_recompiles"]
 
 CacheEntry = _core.CacheEntry
 
+OnLimit = Literal["raise", "fallback", "evict"]
+"""What ``Cache.insert`` does at a limit (see :class:`Cache`)."""
+
 _LIMIT_NAMES = {1: "recompile_limit", 2: "accumulated_limit"}
+
+# How many compiles each cache remembers (the oldest are forgotten first; the counts stay whole).
+HISTORY = 64
+
+
+class RecompileReason(NamedTuple):
+    """Why one cached entry did not match the call that caused a compile."""
+
+    entry: str | None  # the entry's name
+    reason: str | None  # the failing guard's reason; None: the entry would have matched
+    installed_at: tuple[str, ...]  # where the failing guard was installed (innermost last)
+
+
+class CompileRecord(NamedTuple):
+    """One compile that inserted an entry: what was compiled, how long it took, and why each entry
+    already cached did not match (empty for the first compile; None when the reasons were not
+    computed: see :func:`record_recompiles`). Strings only: a record keeps no value of the call
+    alive."""
+
+    entry: str | None  # the new entry's name
+    seconds: float | None  # the compile's wall time (None when the inserter did not time it)
+    at: float  # time.time() when it was inserted
+    reasons: tuple[RecompileReason, ...] | None
+
+
+# A miss explains itself only when asked (DESIGN: why_not is computed when asked or logged).
+_RECORD_REASONS = False
+
+
+def record_recompiles(enabled: bool = True) -> bool:
+    """Compute and keep, at every recompile of ``specialize`` and the frame runtime from now on,
+    why each cached entry did not match (shown by :func:`tripwire.summary`,
+    :func:`tripwire.report` and ``Specialized.explain()``). Off by default: the reasons cost one
+    ``why_not`` over the cached entries per recompile. They are kept whenever the
+    ``tripwire.recompiles`` log is enabled as well. Returns the previous setting."""
+    global _RECORD_REASONS
+    previous, _RECORD_REASONS = _RECORD_REASONS, bool(enabled)
+    return previous
+
+
+def recording_recompiles() -> bool:
+    """Whether recompile reasons are being recorded (:func:`record_recompiles`)."""
+    return _RECORD_REASONS
+
+
+# Every live Cache, for tripwire.summary() and tripwire.report(): insertion-ordered weak
+# references under a counter key. A plain dict, so that a snapshot (dict.copy) is one C call
+# that a garbage collection running __del__ or weakref callbacks cannot interleave with.
+_LIVE: dict[int, weakref.ref[Cache]] = {}
+_LIVE_KEYS = itertools.count()
+
+
+def _forget(key: int, live: dict[int, Any] = _LIVE) -> Callable[[Any], None]:
+    # Bound eagerly: at interpreter teardown the module's globals may already be None.
+    return lambda _ref: live.pop(key, None)
+
+
+def live_caches() -> list[Cache]:
+    """Every Cache alive in this process, oldest first."""
+    out = []
+    for ref in _LIVE.copy().values():
+        cache = ref()
+        if cache is not None:
+            out.append(cache)
+    return out
 
 
 class Cache(_core.CacheCore):
@@ -47,13 +119,21 @@ class Cache(_core.CacheCore):
         self,
         recompile_limit: int = 8,
         accumulated_limit: int = 256,
-        on_limit: str = "raise",
+        on_limit: OnLimit = "raise",
         *,
         probes: Iterable[str | Callable[[], Any]] = (),
     ) -> None:
         super().__init__(recompile_limit, accumulated_limit, on_limit)
         for p in probes:
             self.add_probe(p)
+        # What the cache belongs to, for summary() and report(): (kind, name, where, backend);
+        # set by specialize and the frame runtime.
+        self._owner: tuple[str, str, str | None, str | None] = ("cache", "Cache", None, None)
+        self._history: collections.deque[CompileRecord] = collections.deque(maxlen=HISTORY)
+        self._compile_count = 0
+        self._compile_seconds = 0.0
+        key = next(_LIVE_KEYS)
+        _LIVE[key] = weakref.ref(self, _forget(key))
 
     def add_probe(self, probe: str | Callable[[], Any], *, name: str | None = None) -> None:
         """Add a global-state probe. Only on an empty cache: existing entries hold no snapshot
@@ -128,11 +208,39 @@ class Cache(_core.CacheCore):
                 return Failure(None, "GLOBAL_STATE", then, now, reason, spec)
         return None
 
+    def _record_compile(
+        self,
+        name: str | None,
+        seconds: float | None,
+        names: Sequence[str | None],
+        failures: Sequence[Failure | None] | None,
+    ) -> None:
+        """Remember a compile that inserted entry ``name``: ``names`` and ``failures`` are the
+        entries cached before it and why each did not match (``why_not``), both empty for the
+        first compile; ``failures`` is None when they were not computed."""
+        reasons = None
+        if failures is not None:
+            reasons = tuple(
+                RecompileReason(n, None if f is None else f.reason, () if f is None else tuple(f.stack))
+                for n, f in zip(names, failures, strict=False)
+            )
+        self._history.append(CompileRecord(name, seconds, time.time(), reasons))
+        self._compile_count += 1
+        if seconds is not None:
+            self._compile_seconds += seconds
+
+    @property
+    def compiles(self) -> list[CompileRecord]:
+        """The compiles that inserted entries, oldest first (the last 64; ``specialize`` and the
+        frame runtime record them, an entry inserted by hand is not a compile)."""
+        return list(self._history)
+
     @property
     def stats(self) -> dict[str, Any]:
         """hits, misses, recompiles (inserts after the first), invalidations (entries dropped
-        because an identity-held object died, each once), evictions, entries (per-entry hits
-        as (name, hits), most recently used first)."""
+        because an identity-held object died, each once), evictions, compiles and
+        compile_seconds (the compiles recorded by specialize or the frame runtime, and their
+        total time), entries (per-entry hits as (name, hits), most recently used first)."""
         hits, misses, recompiles, invalidations, evictions = self._counters
         return {
             "hits": hits,
@@ -140,6 +248,8 @@ class Cache(_core.CacheCore):
             "recompiles": recompiles,
             "invalidations": invalidations,
             "evictions": evictions,
+            "compiles": self._compile_count,
+            "compile_seconds": self._compile_seconds,
             "entries": [(e.name, e.hits) for e in self._entries()],
         }
 

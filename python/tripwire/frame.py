@@ -51,12 +51,14 @@ import atexit
 import contextlib
 import logging
 import os
+import time
 import types
+import typing
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from . import _core
-from .cache import Cache
+from .cache import Cache, OnLimit, recording_recompiles
 from .errors import FrameError, IncompatibleCodeError, RecompileLimitExceeded
 from .failure import Failure
 from .guard_set import GuardSet
@@ -66,6 +68,7 @@ __all__ = [
     "RUN_ONLY",
     "SKIP",
     "Frame",
+    "FrameOnLimit",
     "Hook",
     "Replacement",
     "cache_of",
@@ -86,7 +89,9 @@ _core._frame_setup(FrameError)
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _STRATEGY_NAMES = {0: "default", 1: "skip", 2: "run_only"}
-_ON_LIMIT = ("run_only", "raise", "fallback", "evict")
+FrameOnLimit = Literal["run_only", "raise", "fallback", "evict"]
+"""What a code object's cache does at a limit (see :class:`Hook`)."""
+_ON_LIMIT: tuple[str, ...] = typing.get_args(FrameOnLimit)
 
 
 class _Marker:
@@ -173,7 +178,7 @@ class Hook:
         backend: Any = None,
         recompile_limit: int = 8,
         accumulated_limit: int = 256,
-        on_limit: str = "run_only",
+        on_limit: FrameOnLimit = "run_only",
         raise_errors: bool = False,
     ) -> None:
         if not callable(callback):
@@ -208,19 +213,27 @@ class Hook:
             return 1  # tripwire's own machinery (this module, the cache, the builder): skip
         cache: Any = _core._frame_cache(code, self.backend)
         if not isinstance(cache, Cache):  # none yet (or a bare CacheCore attached by hand)
-            cache = Cache(
-                self.recompile_limit,
-                self.accumulated_limit,
-                on_limit="fallback" if self.on_limit == "run_only" else self.on_limit,
-            )
+            on_limit: OnLimit = "fallback" if self.on_limit == "run_only" else self.on_limit
+            cache = Cache(self.recompile_limit, self.accumulated_limit, on_limit=on_limit)
+            where = f"{code.co_filename}:{code.co_firstlineno}"
+            cache._owner = ("frame", code.co_qualname, where, _backend_name(self.backend))
             _core._frame_attach_cache(code, self.backend, cache)
         frame = Frame(
             code, types.MappingProxyType(f_locals), f_globals, f_builtins, function, cache, self.backend
         )
-        if len(cache) and recompile_logging_enabled():
-            report_recompile(function, cache.why_not(f_locals), [e.name for e in cache])
         try:
-            return self._apply(frame, self.callback(frame))
+            # Why each entry missed, before the callback runs and only when asked for: logged,
+            # or kept with the compile (record_recompiles(): summary(), report()). Inside the
+            # try: diagnostics that raise must not fail the intercepted call.
+            names: list[str | None] = []
+            failures: list[Failure | None] | None = None if len(cache) else []  # []: a first compile
+            if failures is None and (recompile_logging_enabled() or recording_recompiles()):
+                names = [e.name for e in cache]
+                failures = cache.why_not(f_locals)
+                report_recompile(function, failures, names)
+            start = time.perf_counter()
+            result = self.callback(frame)
+            return self._apply(frame, result, (time.perf_counter() - start, names, failures))
         except RecompileLimitExceeded:
             raise  # on_limit="raise": the user asked for the call to fail
         except Exception:
@@ -234,7 +247,9 @@ class Hook:
             )
             return None
 
-    def _apply(self, frame: Frame, result: Any) -> Any:
+    def _apply(
+        self, frame: Frame, result: Any, compile: tuple[float, list[str | None], list[Failure | None] | None]
+    ) -> Any:
         if result is None:
             return None
         if isinstance(result, _Marker):
@@ -283,7 +298,18 @@ class Hook:
                 return RUN_ONLY._code
             return None
         cache._frame_compiles = n + 1  # type: ignore[attr-defined]
+        cache._record_compile(f"{frame.code.co_qualname}#{n}", *compile)
         return replacement
+
+
+def _backend_name(backend: Any) -> str:
+    """A label for summary() and report(). The backend is any object: its __qualname__ or
+    __repr__ may raise, and a label must not fail the intercepted call."""
+    try:
+        name = getattr(backend, "__qualname__", None)
+        return name if isinstance(name, str) else repr(backend)
+    except Exception:  # noqa: BLE001 - a lying backend gets its type's name
+        return type(backend).__qualname__
 
 
 def _where(code: types.CodeType) -> str:

@@ -34,18 +34,21 @@ import inspect
 import logging
 import sys
 import threading
+import time
 import types
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from ._core import FastDispatch, _enable_vectorcall, _fast_setup
 from .builder import GuardBuilder
-from .cache import Cache
+from .cache import Cache, OnLimit, recording_recompiles
 from .errors import FormatError, NotSerializable, RecompileLimitExceeded
+from .failure import Failure
 from .guard_set import GuardSet
 from .infer import Policy, infer_into
 from .logs import recompile_logging_enabled, report_recompile
+from .overview import summarize_cache
 from .references import RefKind, fingerprint
 from .store import (
     Codec,
@@ -62,7 +65,16 @@ _store_log = logging.getLogger("tripwire.store")
 # The codec name of an entry whose payload is the specialised function itself (empty payload).
 _SELF_CODEC = "tripwire:function"
 
-__all__ = ["Specialized", "specialize"]
+__all__ = ["Compiler", "Specialized", "specialize"]
+
+_Args = ParamSpec("_Args")
+_Ret = TypeVar("_Ret")
+_MArgs = ParamSpec("_MArgs")
+_MRet = TypeVar("_MRet")
+_T = TypeVar("_T")
+
+Compiler = Callable[[Callable[..., Any], dict[str, Any], GuardBuilder], Callable[..., Any]]
+"""``compiler(fn, example_args, builder) -> callable``: see :func:`specialize`."""
 
 
 def _identity_compiler(fn: Callable, example_args: Mapping[str, Any], builder: GuardBuilder) -> Callable:
@@ -71,7 +83,7 @@ def _identity_compiler(fn: Callable, example_args: Mapping[str, Any], builder: G
     return fn
 
 
-class Specialized(FastDispatch):
+class Specialized(FastDispatch, Generic[_Args, _Ret]):
     """A function specialised by :func:`specialize`. Call it like the function.
 
     Attributes:
@@ -92,17 +104,24 @@ class Specialized(FastDispatch):
 
     Methods: ``Specialized`` is a descriptor, so ``obj.method(...)`` binds ``self`` as the first
     argument (``L['self']`` in the guards; user objects are guarded by type).
+
+    Typing: ``Specialized[P, R]`` keeps the function's signature (a ParamSpec), so a type
+    checker checks calls of the decorated function, and of ``why_not``, as calls of the function.
     """
+
+    if TYPE_CHECKING:
+        # The call is FastDispatch's vectorcall; a __call__ defined at run time would replace it.
+        def __call__(self, *args: _Args.args, **kwargs: _Args.kwargs) -> _Ret: ...
 
     def __init__(
         self,
-        fn: Callable,
+        fn: Callable[_Args, _Ret],
         *,
-        compiler: Callable | None = None,
+        compiler: Compiler | None = None,
         backend: str | None = None,
         recompile_limit: int = 8,
         accumulated_limit: int = 256,
-        on_limit: str = "raise",
+        on_limit: OnLimit = "raise",
         policy: Policy | None = None,
         error_on_recompile: bool = False,
         store: Store | None = None,
@@ -128,6 +147,7 @@ class Specialized(FastDispatch):
         self.cache = Cache(
             recompile_limit=recompile_limit, accumulated_limit=accumulated_limit, on_limit=on_limit
         )
+        self.cache._owner = ("specialize", self._label, self._source_line(fn), str(self.backend))
         self._fn = fn
         self._accumulated_limit = accumulated_limit
         self._globals = getattr(fn, "__globals__", None)
@@ -189,10 +209,32 @@ class Specialized(FastDispatch):
         """A miss on the C++ path (f_locals bound and looked up once, the miss counted)."""
         return self._miss(args, kwargs or {}, f_locals)
 
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> Specialized[_Args, _Ret]: ...
+    @overload
+    def __get__(
+        self: Specialized[Concatenate[_T, _MArgs], _MRet], obj: _T, objtype: type | None = None
+    ) -> Callable[_MArgs, _MRet]: ...
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
             return self
         return types.MethodType(self, obj)
+
+    # -- diagnostics ---------------------------------------------------------------------------------
+    def why_not(self, *args: _Args.args, **kwargs: _Args.kwargs) -> list[Failure | None]:
+        """Why each cached entry (most recently used first) would not match a call with these
+        arguments: the first failing guard as a :class:`tripwire.Failure`, or None for an entry
+        that matches. Empty when nothing is cached. The arguments are bound as a call binds them
+        (a call the function would reject raises its TypeError); nothing is called, compiled or
+        counted. For a method, pass the instance first: ``C.method.why_not(obj, x)``."""
+        return self.cache.why_not(self._bind(args, kwargs))
+
+    def explain(self) -> str:
+        """What this function's cache holds and how it got there: the counts, each entry with its
+        guard tree (where each guard was installed), and the compiles with why each cached entry
+        did not match the call that caused it (as :func:`tripwire.summary` and
+        :func:`tripwire.report` show it)."""
+        return summarize_cache(self.cache, guards=True).describe(guards=True)
 
     def __repr__(self) -> str:
         return f"<tripwire.specialize {self._label} backend={self.backend!r} entries={len(self.cache)}>"
@@ -216,12 +258,20 @@ class Specialized(FastDispatch):
     def _compile(self, f_locals: dict[str, Any]) -> Callable | None:
         """Compile and cache for ``f_locals`` (called under the lock). Returns the compiled
         callable, or None when the cache refused it (fallback policy)."""
-        if len(self.cache) and (self.error_on_recompile or recompile_logging_enabled()):
-            entries = list(self.cache)
+        cached = len(self.cache)
+        # The cache would refuse any entry: do not compile for nothing.
+        full = self.on_limit == "fallback" and cached >= self._accumulated_limit
+        names: list[str | None] = []
+        failures: list[Failure | None] | None = None if cached else []  # [] for a first compile
+        # Why each entry missed, only when asked for: to raise, to log, or to record with the
+        # compile (record_recompiles(): summary(), report()).
+        if cached and (self.error_on_recompile or recompile_logging_enabled() or recording_recompiles()):
+            names = [e.name for e in self.cache]
             failures = self.cache.why_not(f_locals)
-            report_recompile(self._fn, failures, [e.name for e in entries], error=self.error_on_recompile)
-        if self.on_limit == "fallback" and len(self.cache) >= self._accumulated_limit:
-            return None  # the cache would refuse any entry: do not compile for nothing
+            report_recompile(self._fn, failures, names, error=self.error_on_recompile)
+        if full:
+            return None
+        start = time.perf_counter()
         builder = GuardBuilder(f_locals, f_globals=self._globals)
         infer_into(builder, f_locals, self.policy)
         self._local.compiling = True
@@ -245,10 +295,12 @@ class Specialized(FastDispatch):
         except Exception as e:  # e.g. a guard the compiler added does not hold on the example
             e.add_note(f"while building the guards of {self._where()} with tripwire.specialize")
             raise
+        seconds = time.perf_counter() - start
         name = f"{self._label}#{self._compiles}"
         if self.cache.insert(gs, compiled, name=name, f_locals=f_locals) is False:
             return None
         self._compiles += 1
+        self.cache._record_compile(name, seconds, names, failures)
         if self.store is not None:
             self._save_entry(gs, compiled)
         return compiled
@@ -355,10 +407,13 @@ class Specialized(FastDispatch):
         self.store.save(self._namespace(), key, data)
 
     def _where(self) -> str:
-        code = getattr(self._fn, "__code__", None)
-        if code is None:
-            return self._label
-        return f"{self._label} ({code.co_filename}:{code.co_firstlineno})"
+        line = self._source_line(self._fn)
+        return self._label if line is None else f"{self._label} ({line})"
+
+    @staticmethod
+    def _source_line(fn: Any) -> str | None:
+        code = getattr(fn, "__code__", None)
+        return None if code is None else f"{code.co_filename}:{code.co_firstlineno}"
 
 
 _enable_vectorcall(Specialized)
@@ -405,19 +460,47 @@ def bind_call(sig: inspect.Signature, args: tuple, kwargs: Mapping[str, Any], na
     return {p.name: bound[p.name] for p in params}
 
 
+@overload
 def specialize(
-    fn: Callable | None = None,
+    fn: Callable[_Args, _Ret],
     *,
-    compiler: Callable | None = None,
+    compiler: Compiler | None = None,
     backend: str | None = None,
     recompile_limit: int = 8,
     accumulated_limit: int = 256,
-    on_limit: str = "raise",
+    on_limit: OnLimit = "raise",
     policy: Policy | None = None,
     error_on_recompile: bool = False,
     store: Store | None = None,
     codec: Codec | None = None,
-) -> Any:
+) -> Specialized[_Args, _Ret]: ...
+@overload
+def specialize(
+    fn: None = None,
+    *,
+    compiler: Compiler | None = None,
+    backend: str | None = None,
+    recompile_limit: int = 8,
+    accumulated_limit: int = 256,
+    on_limit: OnLimit = "raise",
+    policy: Policy | None = None,
+    error_on_recompile: bool = False,
+    store: Store | None = None,
+    codec: Codec | None = None,
+) -> Callable[[Callable[_Args, _Ret]], Specialized[_Args, _Ret]]: ...
+def specialize(
+    fn: Callable[_Args, _Ret] | None = None,
+    *,
+    compiler: Compiler | None = None,
+    backend: str | None = None,
+    recompile_limit: int = 8,
+    accumulated_limit: int = 256,
+    on_limit: OnLimit = "raise",
+    policy: Policy | None = None,
+    error_on_recompile: bool = False,
+    store: Store | None = None,
+    codec: Codec | None = None,
+) -> Specialized[_Args, _Ret] | Callable[[Callable[_Args, _Ret]], Specialized[_Args, _Ret]]:
     """Specialise ``fn`` on its arguments: compile on a miss, cache with guards, dispatch on a hit.
 
     Use as ``@specialize`` or ``@specialize(compiler=..., ...)``.
@@ -451,7 +534,7 @@ def specialize(
         codec: turns payloads into bytes and back; default :class:`tripwire.store.ReferenceCodec`
             (a module-level object by name; never runs code from the data).
     """
-    make = functools.partial(
+    make: Callable[[Callable[_Args, _Ret]], Specialized[_Args, _Ret]] = functools.partial(
         Specialized,
         compiler=compiler,
         backend=backend,

@@ -18,7 +18,7 @@ import contextlib
 import inspect
 import types
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import GuardsNotImportable, TorchImportError
 from . import _rules
@@ -49,8 +49,8 @@ def guards_of(
     *,
     entry: int = 0,
     drop: Iterable[str] = (),
-    equals: str = "exact",
-    fallback: str = "torch",
+    equals: Literal["exact", "strict"] = "exact",
+    fallback: Literal["torch", "refuse"] = "torch",
     strict: bool = False,
 ) -> ImportedGuardSet:
     """The guards of one torch.compile cache entry, as a tripwire GuardSet.
