@@ -12,13 +12,17 @@ not lead to the very same object (a function defined inside another, a ``functoo
 shadowing what it wraps, an instance that no module attribute holds) is refused then, with the
 reason, so that ``to_bytes()`` never writes what cannot be loaded.
 
-Lookups read ``__dict__`` entries (a module's, the classes' of an MRO, code constants): no module
-``__getattr__``, metaclass hook, property or descriptor runs while a reference is resolved.
+Stored bytes are untrusted, and a reference names only what its own module defines
+(:func:`resolve_name`, the one rule every loader uses): the walk from the module never steps
+through another module, an instance, a class or function of another module or an attribute chain
+(``__globals__``, ``__dict__``...), and the object found must be that module's by its
+``__module__`` (or file, for code). Lookups read ``__dict__`` entries (a module's, a class's own,
+code constants) through the types' own descriptors: no module ``__getattr__``, metaclass hook,
+property or descriptor runs while a reference is resolved.
 """
 
 from __future__ import annotations
 
-import builtins
 import enum
 import functools
 import hashlib
@@ -29,7 +33,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["RefKind", "Reference", "Unnamed", "fingerprint", "name_of", "resolve_name"]
+__all__ = ["CALLED_KINDS", "RefKind", "Reference", "Unnamed", "fingerprint", "name_of", "resolve_name"]
 
 
 class RefKind(enum.IntEnum):
@@ -60,6 +64,13 @@ _TYPE_GETTERS = {
     name: type.__dict__[name]
     for name in ("__mro__", "__qualname__", "__module__", "__dict__", "__name__", "__flags__")
 }
+# The same for modules, functions and built-ins: a ModuleType subclass may define
+# __getattribute__ or a __dict__ property, and a module's __getattr__ runs for any name its dict
+# lacks. FunctionType and builtin_function_or_method cannot be subclassed, so their members are
+# what `type(obj) is ...` objects hold.
+_MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
+_FUNCTION_MODULE = types.FunctionType.__dict__["__module__"]
+_BUILTIN_MODULE = types.BuiltinFunctionType.__dict__["__module__"]
 
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created by a class statement (or type())
@@ -78,24 +89,77 @@ def _type_attr(t: type, name: str, default: Any = _MISSING) -> Any:
         return default
 
 
-def _static_attr(obj: Any, name: str) -> Any:
-    """``obj.name`` read from ``__dict__`` entries only: a module's dict, or the dicts of a class's
-    MRO; staticmethod and classmethod wrappers are unwrapped. Raises LookupError."""
-    if issubclass(type(obj), types.ModuleType):
-        d = obj.__dict__
-        if name in d:
-            return d[name]
-        raise LookupError(f"module {obj.__name__!r} has no attribute {name!r}")
-    if issubclass(type(obj), type):
-        for klass in _type_attr(obj, "__mro__"):
-            d = _type_attr(klass, "__dict__")
-            if name in d:
-                v = d[name]
-                if type(v) in (staticmethod, classmethod):
-                    v = v.__func__
-                return v
-        raise LookupError(f"class {_type_attr(obj, '__qualname__', '?')!r} has no attribute {name!r}")
-    raise LookupError(f"{name!r} is reached through a {type(obj).__name__}, not a module or a class")
+def _module_dict(mod: types.ModuleType) -> dict:
+    """A module's ``__dict__``, through ModuleType's own member (no hook of a subclass runs)."""
+    return _MODULE_DICT.__get__(mod)
+
+
+# Methods and slots of C types: callables of their class, whose module is not the one holding them.
+_DESCRIPTOR_TYPES = (
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.GetSetDescriptorType,
+    types.MemberDescriptorType,
+)
+
+
+def _home(obj: Any) -> Any:
+    """The name of the module that defines a function, a built-in, a class or a method: its
+    ``__module__``, read through the type's own member (no hook runs). None when there is none (a
+    built-in bound to an instance, a C type's method, a module, a code object); _MISSING for
+    any other object (an instance: a module defines one by holding it)."""
+    t = type(obj)  # type(), not isinstance(): isinstance may read a user's __class__
+    if t is types.FunctionType:
+        home = _FUNCTION_MODULE.__get__(obj)
+    elif t is types.BuiltinFunctionType:
+        home = _BUILTIN_MODULE.__get__(obj)
+    elif issubclass(t, type):
+        home = _type_attr(obj, "__module__", None)
+    elif t in (types.MethodType, staticmethod, classmethod):
+        inner = _home(obj.__func__)  # a member of each of these types
+        return None if inner is _MISSING else inner
+    elif t in _DESCRIPTOR_TYPES or t is types.CodeType or issubclass(t, types.ModuleType):
+        return None
+    else:
+        return _MISSING
+    return home if type(home) is str else None
+
+
+# Attribute chains out of a module. The type rules of _walk refuse each as well (a step enters
+# only a class or function of the reference's module, or a code object); naming them keeps the
+# message plain.
+_CHAINS = frozenset(
+    (
+        "__class__",
+        "__globals__",
+        "__builtins__",
+        "__dict__",
+        "__wrapped__",
+        "__module__",
+        "__func__",
+        "__self__",
+        "__code__",
+        "__closure__",
+        "__mro__",
+        "__bases__",
+        "__base__",
+        "__objclass__",
+        "__loader__",
+        "__spec__",
+    )
+)
+
+# Interpreter types that builtins does not export (function, NoneType, dict_keys, list_iterator)
+# are named by the stdlib modules that hold them (`types:FunctionType`): the one exception to "a
+# reference names what its own module defines". It admits only C types of builtins held directly
+# by one of these modules, and only for references that are never called.
+_TYPE_ALIAS_MODULES = ("types", "_collections_abc")
+
+# What a called reference (a GLOBAL_STATE probe, a store payload) may name: a function or a class
+# of its module, never an instance (whose __call__ is another module's) nor an alias.
+CALLED_KINDS = (RefKind.FUNCTION, RefKind.TYPE)
 
 
 def _code_of(obj: Any) -> types.CodeType | None:
@@ -107,51 +171,155 @@ def _code_of(obj: Any) -> types.CodeType | None:
     return None
 
 
-def _walk(module: types.ModuleType, qualname: str) -> Any:
-    """The object at ``qualname`` in ``module``. ``<locals>`` steps into the code of the function
-    before it, and a part after a code object is the code constant of that qualified name (a
-    closure's code is a constant of its enclosing function's code, a method's of its class body's;
-    the closure itself is not reachable, its code is)."""
+def _outside(what: str, home: Any, name: str) -> LookupError:
+    where = "no module" if home is None else f"{home!r}"
+    return LookupError(
+        f"{what} is defined in {where}, not in {name!r}: a reference names only what its module defines"
+    )
+
+
+def _walk(name: str, module: types.ModuleType, qualname: str) -> Any:
+    """The object at ``qualname`` in ``module`` (named ``name``), without leaving the module.
+
+    The first part is an entry of the module's ``__dict__``. Each later part is read from the
+    object before it, which must be a class or a function defined in ``name`` (by its
+    ``__module__``) or a code object: a class's own ``__dict__`` (not its bases', which may be
+    another module's; staticmethod and classmethod unwrapped); ``<locals>`` steps into a
+    function's code; a part after a code object is the code constant of that qualified name (a
+    closure's code is a constant of its enclosing function's code, a method's of its class
+    body's; the closure itself is not reachable, its code is). A module object, an instance, and
+    the attributes of _CHAINS are never stepped through."""
     parts = qualname.split(".")
-    obj: Any = module
-    for i, part in enumerate(parts):
-        if part == "<locals>":
-            code = _code_of(obj)
-            if code is None:
-                raise LookupError(f"'<locals>' follows a {type(obj).__name__} in {qualname!r}")
-            obj = code
-        elif type(obj) is types.CodeType:
+    for part in parts:
+        if not part:
+            raise LookupError(f"{qualname!r} has an empty part")
+        if part in _CHAINS:
+            raise LookupError(f"{qualname!r} steps through {part}, which leads out of its module")
+    d = _module_dict(module)
+    if parts[0] not in d:
+        raise LookupError(f"module {name!r} has no attribute {parts[0]!r}")
+    obj = d[parts[0]]
+    for i in range(1, len(parts)):
+        part, t = parts[i], type(obj)
+        here = ".".join(parts[:i])
+        if t is types.CodeType:
+            if part == "<locals>":
+                continue
             want = ".".join(parts[: i + 1])
-            found = [c for c in obj.co_consts if isinstance(c, types.CodeType) and c.co_qualname == want]
+            found = [c for c in obj.co_consts if type(c) is types.CodeType and c.co_qualname == want]
             if len(found) != 1:
                 how = "no" if not found else str(len(found))
                 raise LookupError(f"{how} code objects named {want!r} in {obj.co_qualname!r}")
             obj = found[0]
-        else:
-            obj = _static_attr(obj, part)
+            continue
+        if t is not types.FunctionType and not issubclass(t, type):
+            raise LookupError(
+                f"{qualname!r} steps through {here!r}, a {t.__name__}: only a class or a function is entered"
+            )
+        home = _home(obj)
+        if home != name:
+            raise _outside(repr(here), home, name)
+        if t is types.FunctionType:
+            if part != "<locals>":
+                raise LookupError(
+                    f"{qualname!r} reads {part!r} of the function {here!r}: only '<locals>' follows a function"
+                )
+            obj = obj.__code__
+            continue
+        cd = _type_attr(obj, "__dict__")
+        if part not in cd:
+            raise LookupError(f"class {here!r} has no attribute {part!r}")
+        obj = cd[part]
+        if type(obj) in (staticmethod, classmethod):
+            obj = obj.__func__
     return obj
 
 
-def resolve_name(kind: RefKind, module: types.ModuleType, qualname: str) -> Any:
-    """The object a reference of ``kind`` names in the (already imported) ``module``."""
+def resolve_name(
+    kind: RefKind, name: str, module: types.ModuleType, qualname: str, *, called: bool = False
+) -> Any:
+    """The object a reference of ``kind`` names in ``module`` (imported, under the name
+    ``name``), never one that another module defines; raises LookupError saying why not.
+
+    TYPE, FUNCTION: a class or function (Python or built-in) whose ``__module__`` is ``name``,
+    reached by _walk. ENUM_MEMBER: a member of such an enum class, from the class's own
+    ``_member_map_``. CODE: a code object reached by _walk whose qualified name is ``qualname``
+    and whose file is the module's ``__file__``. OBJECT: an entry of the module's ``__dict__``
+    (one step) that is not a module, and is not a function, class or method of another module.
+    MODULE: the module itself. A TYPE in ``types`` or ``_collections_abc`` may be a C type of
+    builtins held there (_TYPE_ALIAS_MODULES). ``called``: the caller will call the object, which
+    must then be a function or class of the module itself (CALLED_KINDS, no alias)."""
+    if not issubclass(type(module), types.ModuleType):
+        raise LookupError(f"{name!r} is a {type(module).__name__} in sys.modules, not a module")
+    if type(qualname) is not str:
+        raise LookupError(f"the qualified name is a {type(qualname).__name__}, not a str")
+    if called and kind not in CALLED_KINDS:
+        raise LookupError(
+            f"a {kind.name.lower()} is never called: a called reference is a function or a class"
+        )
     if kind is RefKind.MODULE:
+        if qualname:
+            raise LookupError(f"a module reference has no qualified name ({qualname!r})")
         return module
+    if kind is RefKind.OBJECT:
+        if "." in qualname:
+            raise LookupError(f"{qualname!r}: an object reference is one entry of its module")
+        obj = _walk(name, module, qualname)
+        home = _home(obj)
+        if home is not _MISSING and home != name:
+            raise _outside(f"{qualname!r} (a {type(obj).__name__})", home, name)
+        return obj
     if kind is RefKind.ENUM_MEMBER:
         cls_name, _, member = qualname.rpartition(".")
-        cls = _walk(module, cls_name)
+        if not cls_name:
+            raise LookupError(f"{qualname!r} is not Class.MEMBER")
+        cls = _walk(name, module, cls_name)
         if not (issubclass(type(cls), type) and issubclass(cls, enum.Enum)):
             raise LookupError(f"{cls_name!r} is not an enum class")
-        members = _type_attr(cls, "_member_map_")
+        if _home(cls) != name:
+            raise _outside(f"enum {cls_name!r}", _home(cls), name)
+        # The class's own dict: type.__getattribute__ would run a metaclass property.
+        members = _type_attr(cls, "__dict__").get("_member_map_")
         if type(members) is not dict or member not in members:
             raise LookupError(f"enum {cls_name!r} has no member {member!r}")
-        return members[member]
-    obj = _walk(module, qualname)
+        found = members[member]
+        if type(found) is not cls:
+            raise LookupError(f"{qualname!r} is a {type(found).__name__}, not a member of {cls_name!r}")
+        return found
+    obj = _walk(name, module, qualname)
     if kind is RefKind.CODE:
         code = _code_of(obj)
         if code is None:
             raise LookupError(f"{qualname!r} is a {type(obj).__name__}, not a function or code object")
+        file = _module_dict(module).get("__file__")
+        if code.co_qualname != qualname or type(file) is not str or code.co_filename != file:
+            raise LookupError(
+                f"{qualname!r} leads to the code of {code.co_qualname!r} in {code.co_filename!r}, "
+                f"not to code of {name!r} by that name"
+            )
         return code
-    return obj
+    t = type(obj)
+    if kind is RefKind.TYPE:
+        if not issubclass(t, type):
+            raise LookupError(f"{qualname!r} is a {t.__name__}, not a type")
+        home = _home(obj)
+        if home != name and not (
+            not called
+            and name in _TYPE_ALIAS_MODULES
+            and "." not in qualname
+            and home == "builtins"
+            and not _type_attr(obj, "__flags__") & _HEAPTYPE
+        ):
+            raise _outside(f"class {qualname!r}", home, name)
+        return obj
+    if kind is RefKind.FUNCTION:
+        if t is not types.FunctionType and t is not types.BuiltinFunctionType:
+            raise LookupError(f"{qualname!r} is a {t.__name__}, not a function")
+        home = _home(obj)
+        if home != name:
+            raise _outside(f"function {qualname!r}", home, name)
+        return obj
+    raise LookupError(f"unknown reference kind {kind!r}")
 
 
 # -- naming objects (save) ----------------------------------------------------------------------
@@ -161,9 +329,9 @@ def _module_named(name: Any) -> types.ModuleType:
     if type(name) is not str:
         raise Unnamed("it has no module name")
     mod = sys.modules.get(name)
-    if not isinstance(mod, types.ModuleType):
+    if not issubclass(type(mod), types.ModuleType):
         raise Unnamed(f"its module {name!r} is not imported")
-    return mod
+    return mod  # type: ignore[return-value]
 
 
 def _code_module(code: types.CodeType, modules_by_file: dict[str, list[str]]) -> str:
@@ -172,7 +340,7 @@ def _code_module(code: types.CodeType, modules_by_file: dict[str, list[str]]) ->
     for name in names:
         mod = sys.modules.get(name)
         try:
-            if mod is not None and resolve_name(RefKind.CODE, mod, code.co_qualname) is code:
+            if mod is not None and resolve_name(RefKind.CODE, name, mod, code.co_qualname) is code:
                 return name
         except LookupError:
             continue
@@ -185,17 +353,19 @@ def modules_by_file() -> dict[str, list[str]]:
     """Imported modules by source file (for code objects, which name their file, not their module)."""
     out: dict[str, list[str]] = {}
     for name, mod in list(sys.modules.items()):
-        f = getattr(mod, "__file__", None) if isinstance(mod, types.ModuleType) else None
-        if type(f) is str:
-            out.setdefault(f, []).append(name)
+        if issubclass(type(mod), types.ModuleType):
+            f = _module_dict(mod).get("__file__")  # a dict entry: no module __getattr__ runs
+            if type(f) is str:
+                out.setdefault(f, []).append(name)
     return out
 
 
-def _check_round_trip(kind: RefKind, module: str, qualname: str, obj: Any) -> Reference:
-    """The reference, after checking that it leads back to ``obj`` in this process."""
+def _check_round_trip(kind: RefKind, module: str, qualname: str, obj: Any, called: bool) -> Reference:
+    """The reference, after checking that it leads back to ``obj`` in this process, by the rules
+    of the load (resolve_name): a save never writes what a load refuses."""
     mod = _module_named(module)
     try:
-        found = resolve_name(kind, mod, qualname)
+        found = resolve_name(kind, module, mod, qualname, called=called)
     except LookupError as e:
         raise Unnamed(f"{module}:{qualname} does not resolve ({e})") from None
     if found is not obj:
@@ -203,45 +373,56 @@ def _check_round_trip(kind: RefKind, module: str, qualname: str, obj: Any) -> Re
     return (kind, module, qualname)
 
 
-_TYPE_ALIAS_MODULES = ("types", "_collections_abc")
+def _held_by(module: Any, obj: Any) -> list[str]:
+    """The names under which the module ``module`` (a name) holds ``obj`` directly."""
+    mod: Any = sys.modules.get(module) if type(module) is str else None
+    if not issubclass(type(mod), types.ModuleType):
+        return []
+    # A copy first: a finalizer run by an allocation of the loop may change the module's dict.
+    items = _module_dict(mod).copy().items()
+    return [k for k, v in items if v is obj and type(k) is str and k.isidentifier()]
 
 
 def name_of(
-    obj: Any, *, global_name: tuple[str, str] | None = None, files: Callable[[], dict[str, list[str]]]
+    obj: Any,
+    *,
+    global_name: tuple[str, str] | None = None,
+    files: Callable[[], dict[str, list[str]]],
+    called: bool = False,
 ) -> Reference:
     """The reference standing for ``obj``; raises Unnamed with the reason when there is none.
 
     ``global_name`` is ``(module, name)`` when the object was read from a module's globals as
-    ``G['name']``: any object a module attribute holds can be named that way.
+    ``G['name']``: an instance a module attribute holds can be named that way. ``called``: the
+    loader will call the object (a GLOBAL_STATE probe, a store payload), so it must be a function
+    or class its module defines (resolve_name).
     """
     t = type(obj)  # type(), not isinstance(): isinstance may read a user's __class__
     if issubclass(t, types.ModuleType):
-        name = obj.__name__
-        if sys.modules.get(name) is not obj:
+        name = _module_dict(obj).get("__name__")
+        if type(name) is not str or sys.modules.get(name) is not obj:
             raise Unnamed(f"module {name!r} is not the one imported under that name")
-        return (RefKind.MODULE, name, "")
+        return _check_round_trip(RefKind.MODULE, name, "", obj, called)
     if issubclass(t, type):
         qualname = _type_attr(obj, "__qualname__", None)
         module = _type_attr(obj, "__module__", None)
         if type(qualname) is not str or "<locals>" in qualname:
             raise Unnamed(f"class {qualname!r} is defined inside a function: no name leads to it")
         try:
-            return _check_round_trip(RefKind.TYPE, module, qualname, obj)
+            return _check_round_trip(RefKind.TYPE, module, qualname, obj, called)
         except Unnamed:
-            # Interpreter types that builtins does not export (function, NoneType, dict_keys,
-            # list_iterator...) are named by the stdlib modules that do.
-            for alias_module in _TYPE_ALIAS_MODULES:
-                mod = sys.modules.get(alias_module)
-                for name, value in (vars(mod) if mod is not None else {}).items():
-                    if value is obj and not name.startswith("__"):
-                        return _check_round_trip(RefKind.TYPE, alias_module, name, obj)
+            if module == "builtins" and not called:
+                for alias_module in _TYPE_ALIAS_MODULES:
+                    for name in _held_by(alias_module, obj):
+                        if not name.startswith("__"):
+                            return _check_round_trip(RefKind.TYPE, alias_module, name, obj, called)
             raise
     if issubclass(t, enum.Enum):
         cls_ref = name_of(t, files=files)
         member = obj._name_
-        return _check_round_trip(RefKind.ENUM_MEMBER, cls_ref[1], f"{cls_ref[2]}.{member}", obj)
+        return _check_round_trip(RefKind.ENUM_MEMBER, cls_ref[1], f"{cls_ref[2]}.{member}", obj, called)
     if t is types.CodeType:
-        return _check_round_trip(RefKind.CODE, _code_module(obj, files()), obj.co_qualname, obj)
+        return _check_round_trip(RefKind.CODE, _code_module(obj, files()), obj.co_qualname, obj, called)
     if t in (types.FunctionType, types.BuiltinFunctionType):
         qualname, module = obj.__qualname__, obj.__module__
         try:
@@ -249,21 +430,19 @@ def name_of(
                 raise Unnamed(f"function {qualname!r} is a closure or lambda: no name leads to it")
             if module is None and t is types.BuiltinFunctionType:
                 raise Unnamed(f"built-in {qualname!r} is bound to an object")
-            return _check_round_trip(RefKind.FUNCTION, module, qualname, obj)
+            return _check_round_trip(RefKind.FUNCTION, module, qualname, obj, called)
         except Unnamed:
-            # A functools.wraps wrapper carries the wrapped function's name; the module attribute
-            # that holds it is its name.
-            mod = sys.modules.get(module) if type(module) is str else None
-            for name, value in (vars(mod) if isinstance(mod, types.ModuleType) else {}).items():
-                if value is obj and type(name) is str and name.isidentifier():
-                    return _check_round_trip(RefKind.FUNCTION, module, name, obj)
+            # A functools.wraps wrapper carries the wrapped function's name (and module); the
+            # attribute of that module that holds it is its name.
+            for name in _held_by(module, obj):
+                return _check_round_trip(RefKind.FUNCTION, module, name, obj, called)
             if global_name is None:
                 raise
     if global_name is not None:
-        return _check_round_trip(RefKind.OBJECT, global_name[0], global_name[1], obj)
-    for name, value in builtins.__dict__.items():  # NotImplemented, Ellipsis and friends
-        if value is obj and not name.startswith("_"):
-            return (RefKind.OBJECT, "builtins", name)
+        return _check_round_trip(RefKind.OBJECT, global_name[0], global_name[1], obj, called)
+    for name in _held_by("builtins", obj):  # NotImplemented and the site helpers (exit, help)
+        if not name.startswith("_"):
+            return _check_round_trip(RefKind.OBJECT, "builtins", name, obj, called)
     raise Unnamed(f"a {t.__qualname__} instance is not held by any module attribute it was read from")
 
 

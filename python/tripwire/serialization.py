@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 from . import _core, tensors
 from .catalogue import GuardKind, GuardSpec, Weak
 from .errors import FormatError, GuardEvalError, NotSerializable
-from .references import RefKind, Unnamed, fingerprint, import_module, modules_by_file, name_of, resolve_name
+from .references import (
+    CALLED_KINDS,
+    RefKind,
+    Unnamed,
+    fingerprint,
+    import_module,
+    modules_by_file,
+    name_of,
+    resolve_name,
+)
 from .source import _PROPERTY_METHODS, RootKind, Source, Step, StepKind
 
 if TYPE_CHECKING:
@@ -131,11 +140,17 @@ class _Saver:
             self._files = modules_by_file()
         return self._files
 
-    def reference(self, obj: Any, global_name: tuple[str, str] | None = None) -> int:
+    def reference(self, obj: Any, global_name: tuple[str, str] | None = None, called: bool = False) -> int:
+        """The index of ``obj``'s reference, named by the rules its load will apply: ``called``
+        when the engine calls it (a GLOBAL_STATE probe), which the loader resolves strictly."""
         i = self._index.get(id(obj))
         if i is not None:
+            if called:
+                # Named for another guard, maybe by a rule a called reference does not have (a
+                # type alias): naming is deterministic, so this gives the same name or Unnamed.
+                name_of(obj, files=self.files, called=True)
             return i
-        kind, module, qualname = name_of(obj, global_name=global_name, files=self.files)
+        kind, module, qualname = name_of(obj, global_name=global_name, files=self.files, called=called)
         self.references.append((int(kind), module, qualname, fingerprint(kind, obj)))
         self.objects.append(obj)
         i = self._index[id(obj)] = len(self.objects) - 1
@@ -185,7 +200,7 @@ class _Saver:
         elif k in (GuardKind.TYPE_MATCH, GuardKind.CODE_MATCH):
             self.reference(args[0])
         elif k is GuardKind.GLOBAL_STATE and type(args[0]) is not str:
-            self.reference(args[0])
+            self.reference(args[0], called=True)
             self._constant(args[1])
         elif k is GuardKind.GLOBAL_STATE and args[0] == "torch_saved_tensors_hooks" and args[1] is not None:
             raise Unnamed(
@@ -417,11 +432,12 @@ def _admitted(module: str, allow: Sequence[str] | None) -> bool:
 def _importer(
     resolve: Resolver | None, allow_modules: Sequence[str] | None, call_modules: Sequence[str] = ()
 ) -> Callable[[int, tuple, bool], Any]:
-    """Resolves references by the loading rules. A reference the engine will *call* (a
-    GLOBAL_STATE probe, run by every check) resolves only in a module that ``allow_modules``
-    admits or that is in ``call_modules`` (the module of the ``f_globals`` the caller passed), or
-    through ``resolve``: the data must not choose which imported function runs (``os.abort`` is
-    always imported)."""
+    """Resolves references by the loading rules (docs/format.md, "References"): each names only
+    what its own module defines (references.resolve_name). A reference the engine will *call* (a
+    GLOBAL_STATE probe, run by every check) must also be a function or a class, and resolves only
+    in a module that ``allow_modules`` admits or that is in ``call_modules`` (the module of the
+    ``f_globals`` the caller passed), or else through ``resolve``, the caller's own choice: the
+    data must not choose which imported function runs (``os.abort`` is always imported)."""
     if isinstance(allow_modules, str):
         allow_modules = (allow_modules,)
 
@@ -429,23 +445,34 @@ def _importer(
         kind_n, module, qualname, fp, offset = ref
         kind = RefKind(kind_n)
         where = f"reference {module}:{qualname} ({kind.name.lower()}, at byte {offset})"
-        if called and resolve is None and not _admitted(module, allow_modules) and module not in call_modules:
+        if called and kind not in CALLED_KINDS:
             raise FormatError(
-                f"{where} refused: it is called by every check (a GLOBAL_STATE probe), and its module "
-                f"{module!r} is neither admitted by allow_modules= nor the module of the f_globals given",
+                f"{where} refused: it is called by every check (a GLOBAL_STATE probe), and only a "
+                "function or a class is called",
                 offset,
             )
-        mod = sys.modules.get(module)
+        admitted = _admitted(module, allow_modules)
+        mod: Any = sys.modules.get(module)
         try:
-            if isinstance(mod, types.ModuleType):
-                obj = resolve_name(kind, mod, qualname)
-            elif _admitted(module, allow_modules):
+            if called and not admitted and module not in call_modules:
+                if resolve is None:
+                    raise FormatError(
+                        f"{where} refused: it is called by every check (a GLOBAL_STATE probe), and its "
+                        f"module {module!r} is neither admitted by allow_modules= nor the module of the "
+                        "f_globals given",
+                        offset,
+                    )
+                obj = resolve(module, qualname)  # never sys.modules: the caller chooses what runs
+            elif issubclass(type(mod), types.ModuleType):
+                obj = resolve_name(kind, module, mod, qualname, called=called)
+            elif admitted:
                 try:
-                    obj = resolve_name(kind, import_module(module), qualname)
+                    mod = import_module(module)
                 except ImportError as e:
                     raise FormatError(
                         f"{where}: module {module!r} cannot be imported ({e})", offset
                     ) from None
+                obj = resolve_name(kind, module, mod, qualname, called=called)
             elif resolve is not None:
                 obj = resolve(module, qualname)
             else:

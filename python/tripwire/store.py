@@ -136,17 +136,20 @@ class Codec(Protocol):
 
 
 class ReferenceCodec:
-    """The default codec: a payload that a module attribute holds (a module-level function, a
-    class, a module) is stored as its reference, ``module:qualname`` plus fingerprint, and loaded
-    by looking the name up in an imported module and comparing the fingerprint. Closures,
-    lambdas, built-ins and instances are refused (NotSerializable): give ``@specialize`` a codec
-    of your own for them.
+    """The default codec: a payload that is a module-level Python function or a class is stored as
+    its reference, ``module:qualname`` plus fingerprint, and loaded by looking the name up in an
+    imported module and comparing the fingerprint. Closures, lambdas, built-ins and instances are
+    refused (NotSerializable): give ``@specialize`` a codec of your own for them.
 
     A payload is *called* on every hit, with the caller's arguments: the bytes must not choose
     which imported function that is (``subprocess.getoutput`` is a module-level function too).
     ``modules`` are the module-name prefixes payloads may come from (``"pkg"`` admits ``pkg``
     and ``pkg.sub``); ``@specialize`` gives its default codec the specialised function's module
-    and the compiler's. With no modules, nothing loads.
+    and the compiler's. With no modules, nothing loads. The name resolves as a called reference
+    (references.resolve_name): to a function or class that its admitted module itself defines,
+    never one it imported (``from subprocess import getoutput``) nor one reached through another
+    module, a class's base or an attribute chain. A fingerprint is a public function of its
+    target, so it is no defence; the admitted module and the resolution rule are.
     """
 
     name = "reference"
@@ -159,7 +162,7 @@ class ReferenceCodec:
 
     def encode(self, payload: Any) -> bytes:
         try:
-            kind, module, qualname = name_of(payload, files=dict)
+            kind, module, qualname = name_of(payload, files=dict, called=True)
             python_function = kind is RefKind.FUNCTION and type(payload) is types.FunctionType
             if not (python_function or kind is RefKind.TYPE):
                 raise Unnamed(
@@ -175,6 +178,12 @@ class ReferenceCodec:
         ).encode()
 
     def decode(self, data: bytes) -> Any:
+        # A reference is one flat JSON object: deeper nesting is refused before the parser, which
+        # would recurse once per level.
+        if isinstance(data, bytearray | memoryview):
+            data = bytes(data)
+        if type(data) is not bytes or data.count(b"{") + data.count(b"[") > 1:
+            raise FormatError("not a reference payload: one flat JSON object is expected")
         try:
             ref = json.loads(data)
             kind, module, qualname, fp = (
@@ -184,27 +193,27 @@ class ReferenceCodec:
                 ref["fingerprint"],
             )
         except (ValueError, KeyError, TypeError) as e:
-            raise FormatError(f"not a reference payload: {e}") from None
+            raise FormatError(f"not a reference payload: {type(e).__name__}: {e}") from None
+        if type(module) is not str or type(qualname) is not str or type(fp) is not str:
+            raise FormatError("not a reference payload: module, qualname and fingerprint are strings")
         if (
-            kind not in (RefKind.FUNCTION, RefKind.TYPE)
-            or not isinstance(module, str)
+            type(ref["kind"]) is not int
+            or kind not in (RefKind.FUNCTION, RefKind.TYPE)
             or not self._admits(module)
         ):
             raise FormatError(
                 f"payload {module}:{qualname} refused: a payload is called on every hit, and only "
                 f"functions and classes of the codec's modules {list(self.modules)} are loaded"
             )
-        mod = sys.modules.get(module)
-        if mod is None:
+        mod: Any = sys.modules.get(module)
+        if not issubclass(type(mod), types.ModuleType):
             raise FormatError(f"payload {module}:{qualname}: module {module!r} is not imported")
         try:
-            obj = resolve_name(kind, mod, qualname)
+            obj = resolve_name(kind, module, mod, qualname, called=True)
         except LookupError as e:
             raise FormatError(f"payload {module}:{qualname} does not resolve: {e}") from None
-        if not isinstance(obj, types.FunctionType if kind is RefKind.FUNCTION else type):
-            raise FormatError(
-                f"payload {module}:{qualname} is a {type(obj).__name__}, not a {kind.name.lower()}"
-            )
+        if type(obj) is not types.FunctionType and kind is RefKind.FUNCTION:
+            raise FormatError(f"payload {module}:{qualname} is a {type(obj).__name__}, not a Python function")
         if fingerprint(kind, obj).hex() != fp:
             raise FormatError(
                 f"payload {module}:{qualname} differs from the one saved (its fingerprint changed)"
