@@ -51,6 +51,7 @@ import atexit
 import contextlib
 import logging
 import os
+import time
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -60,7 +61,7 @@ from .cache import Cache
 from .errors import FrameError, IncompatibleCodeError, RecompileLimitExceeded
 from .failure import Failure
 from .guard_set import GuardSet
-from .logs import RECOMPILES, recompile_logging_enabled, report_recompile
+from .logs import RECOMPILES, recompile_logging_enabled, report_compile, report_recompile_of
 
 __all__ = [
     "RUN_ONLY",
@@ -218,9 +219,10 @@ class Hook:
             code, types.MappingProxyType(f_locals), f_globals, f_builtins, function, cache, self.backend
         )
         if len(cache) and recompile_logging_enabled():
-            report_recompile(function, cache.why_not(f_locals), [e.name for e in cache])
+            report_recompile_of(function, cache, f_locals)
         try:
-            return self._apply(frame, self.callback(frame))
+            started = time.perf_counter()
+            return self._apply(frame, self.callback(frame), started)
         except RecompileLimitExceeded:
             raise  # on_limit="raise": the user asked for the call to fail
         except Exception:
@@ -234,7 +236,7 @@ class Hook:
             )
             return None
 
-    def _apply(self, frame: Frame, result: Any) -> Any:
+    def _apply(self, frame: Frame, result: Any, started: float) -> Any:
         if result is None:
             return None
         if isinstance(result, _Marker):
@@ -283,6 +285,7 @@ class Hook:
                 return RUN_ONLY._code
             return None
         cache._frame_compiles = n + 1  # type: ignore[attr-defined]
+        report_compile(frame.function, f"{frame.code.co_qualname}#{n}", guards, time.perf_counter() - started)
         return replacement
 
 

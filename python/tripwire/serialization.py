@@ -271,7 +271,9 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
             problems.append((spec.kind.name, None if spec.source is None else str(spec.source), str(e)))
     unused = names - used
     if unused:
-        raise ValueError(f"drop= names what no guard of this set has: {sorted(unused)}")
+        raise ValueError(
+            f"drop= names what no guard of this set has: {sorted(unused)}{_did_you_mean(gs, unused, aliases)}"
+        )
     if problems:
         raise NotSerializable(problems)
     if gs.invalid:
@@ -339,6 +341,21 @@ def _device_label(label: str, device_index: int, bad: Callable[[str], FormatErro
     if index != device_index:
         raise bad(f"the device label {label!r} does not match the stored device index {device_index}")
     return label
+
+
+def _did_you_mean(gs: GuardSet, unused: set[str], aliases: dict[int, frozenset[str]]) -> str:
+    """``"; did you mean 'TYPE_MATCH'?"`` for the names closest to the misspelt ones, from the
+    kinds, sources and other names of this set's guards."""
+    import difflib
+
+    known: set[str] = set()
+    for spec in gs.guards:
+        known.add(spec.kind.name)
+        if spec.source is not None:
+            known.add(str(spec.source))
+        known |= aliases.get(spec.index, frozenset())
+    close = [c for n in sorted(unused) for c in difflib.get_close_matches(n, sorted(known), n=2)]
+    return f"; did you mean {' or '.join(repr(c) for c in dict.fromkeys(close))}?" if close else ""
 
 
 def _prove(gs: GuardSet, kept: list[GuardSpec], dropped: list, data: bytes, objects: list[Any]) -> None:

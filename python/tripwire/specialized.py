@@ -34,6 +34,7 @@ import inspect
 import logging
 import sys
 import threading
+import time
 import types
 import warnings
 from collections.abc import Callable, Mapping
@@ -45,7 +46,7 @@ from .cache import Cache
 from .errors import FormatError, NotSerializable, RecompileLimitExceeded
 from .guard_set import GuardSet
 from .infer import Policy, infer_into
-from .logs import recompile_logging_enabled, report_recompile
+from .logs import recompile_logging_enabled, report_compile, report_recompile_of
 from .references import RefKind, fingerprint
 from .store import (
     Codec,
@@ -217,11 +218,10 @@ class Specialized(FastDispatch):
         """Compile and cache for ``f_locals`` (called under the lock). Returns the compiled
         callable, or None when the cache refused it (fallback policy)."""
         if len(self.cache) and (self.error_on_recompile or recompile_logging_enabled()):
-            entries = list(self.cache)
-            failures = self.cache.why_not(f_locals)
-            report_recompile(self._fn, failures, [e.name for e in entries], error=self.error_on_recompile)
+            report_recompile_of(self._fn, self.cache, f_locals, error=self.error_on_recompile)
         if self.on_limit == "fallback" and len(self.cache) >= self._accumulated_limit:
             return None  # the cache would refuse any entry: do not compile for nothing
+        started = time.perf_counter()
         builder = GuardBuilder(f_locals, f_globals=self._globals)
         infer_into(builder, f_locals, self.policy)
         self._local.compiling = True
@@ -248,6 +248,7 @@ class Specialized(FastDispatch):
         name = f"{self._label}#{self._compiles}"
         if self.cache.insert(gs, compiled, name=name, f_locals=f_locals) is False:
             return None
+        report_compile(self._fn, name, gs, time.perf_counter() - started)
         self._compiles += 1
         if self.store is not None:
             self._save_entry(gs, compiled)
