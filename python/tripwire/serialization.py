@@ -414,6 +414,15 @@ def _decode(data: bytes | bytearray | memoryview) -> Any:
     try:
         return _core.decode_guard_set(bytes(data))
     except _core._CodecError as e:
+        from .store import ENTRY_MAGIC
+
+        if bytes(data[: len(ENTRY_MAGIC)]) == ENTRY_MAGIC:  # a whole store entry, not its guards
+            raise FormatError(
+                "these bytes are a tripwire store entry (tripwire.store), not a bare guard set: its "
+                "guards are tripwire.store.decode_entry(data).guards (python -m tripwire inspect "
+                "FILE shows them)",
+                0,
+            ) from None
         raise _format_error(e) from None
 
 
