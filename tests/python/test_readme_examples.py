@@ -10,11 +10,13 @@ import ast
 import gc
 import pathlib
 import re
+import types
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+import numpy as np  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import tripwire as tw  # noqa: E402
@@ -293,3 +295,100 @@ def test_frame_md_states_the_hooks_default_on_limit():
     default = inspect.signature(tw.frame.Hook).parameters["on_limit"].default
     text = " ".join((ROOT / "docs" / "frame.md").read_text().split())
     assert f'`on_limit="{default}"` (the default)' in text
+
+
+def test_a_misspelt_drop_name_gets_did_you_mean():
+    m = nn.Linear(3, 2)
+    compiled(m, torch.randn(4, 3))
+    with pytest.raises(ValueError, match=r"drop='TENSOR_MACH' is neither .*; did you mean 'TENSOR_MATCH'"):
+        twt.guards_of(m, drop=["TENSOR_MACH"])
+    with pytest.raises(ValueError, match=r"did you mean \"L\['fn'\]\""):
+        twt.guards_of(m, drop=["L['fm']"])
+    with pytest.raises(ValueError, match=r"drop='zzzzqqqq' is neither .*; kinds: "):  # nothing close
+        twt.guards_of(m, drop=["zzzzqqqq"])
+    gs = twt.guards_of(m)
+    with pytest.raises(ValueError, match=r"\['TENSOR_MACH'\]; did you mean 'TENSOR_MATCH'"):
+        gs.to_bytes(drop=["TENSOR_MACH"])
+    b = tw.GuardBuilder({"x": 3})
+    b.type_match("L['x']")
+    with pytest.raises(ValueError, match=r"did you mean 'TYPE_MATCH'"):
+        b.build().to_bytes(drop=["TYPE_MACH"])
+    with pytest.raises(ValueError, match=r"did you mean \"L\['x'\]\""):
+        b.build().to_bytes(drop=["L['y']"])
+
+
+# -- the guide ------------------------------------------------------------------------------------
+class GuideNet(nn.Module):
+    """The guide's `model`: layers, no `cache` attribute, a forward torch compiles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8)])
+
+    def forward(self, x):
+        return self.layers[0](x)
+
+
+def _guide_blocks() -> dict[str, str]:
+    """The guide's python blocks by the section they are in (``"1"``, ``"2b"``, ...)."""
+    text = (ROOT / "docs" / "guide.md").read_text()
+    out = {}
+    for section in re.split(r"\n## ", text)[1:]:
+        number = section.split(".", 1)[0]
+        blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+        if blocks:
+            out[number] = "\n".join(blocks)
+    return out
+
+
+def test_guide_examples_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = _guide_blocks()
+    assert {"1", "2b", "3", "7", "8", "9", "10"} <= set(blocks), sorted(blocks)
+    model, x = GuideNet(), torch.randn(4, 8)
+    cfg = types.SimpleNamespace(dtype=torch.float16, a=[1])
+    cfg.b = cfg.a
+    base = {"model": model, "x": x, "w": torch.randn(3, 3), "arr": np.zeros(3), "cfg": cfg}
+
+    ns = dict(base)
+    exec(compile(blocks["1"], "guide §1", "exec"), ns)
+    f_locals = ns["f_locals"]
+    ns["new_locals"] = {**f_locals, "n": 4}
+    exec(compile(blocks["3"], "guide §3", "exec"), ns)
+    assert ns["f"].source == "L['n']" and not ns["gs"].check(ns["new_locals"])
+
+    ns = dict(base)
+    exec(compile(blocks["2b"], "guide §2b", "exec"), ns)
+
+    calls = []
+    ns = {"tw": tw, "my_compiler": lambda fn, example_args, builder: calls.append(fn) or fn}
+    exec(compile(blocks["7"], "guide §7", "exec"), ns)
+    ns["f"](model, x)
+    assert calls
+
+    def f(x, n):
+        return x * n
+
+    seen = []
+    ns = {"tw": tw, "f": f, "x": 2, "my_transform": lambda code: seen.append(code) or code}
+    exec(compile(blocks["8"], "guide §8", "exec"), ns)
+    assert seen == [f.__code__]
+
+    # §9 lists alternatives: each on the set it applies to.
+    b = tw.GuardBuilder({"n": 3, "f": lambda: 0})
+    b.equals("L['n']")
+    b.id_match("L['f']")
+    gs = b.build()
+    lines = [ln for ln in blocks["9"].splitlines() if ln.strip() and not ln.startswith(("from ", "import "))]
+    assert lines[0].startswith("data = gs.to_bytes()")
+    ns = {"tw": tw, "gs": tw.GuardSet.from_bytes(gs.to_bytes(drop=["L['f']"]))}
+    exec(compile("\n".join(lines[:2]), "guide §9", "exec"), ns)
+    assert ns["gs2"].check({"n": 3}) and not ns["gs2"].check({"n": 4})
+    exec(compile(lines[2], "guide §9", "exec"), {"gs": gs})
+    lin = nn.Linear(3, 2)
+    compiled(lin, torch.randn(4, 3))
+    exec(compile(lines[3], "guide §9", "exec"), {"imported": twt.guards_of(lin)})
+
+    ns = dict(base)
+    exec(compile(blocks["10"], "guide §10", "exec"), ns)
+    assert ns["gs"].check(twt.frame_locals(model, x)) and isinstance(ns["gs"], twt.ImportedGuardSet)
