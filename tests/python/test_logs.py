@@ -290,3 +290,32 @@ def test_format_recompile_names_a_decorated_function():
 
     assert ".<locals>.Lying in <unknown>" in tw.format_recompile(Lying(), [])
     assert "in <unknown>" in tw.format_recompile(Loop(), [])
+
+
+def test_frame_runtime_logs_its_compiles_and_guards():
+    from tripwire import frame as twf
+
+    def target(n):
+        return n + 1
+
+    def compile_frame(frame):
+        if frame.code is not target.__code__:
+            return twf.SKIP
+        b = tw.GuardBuilder(frame.f_locals, f_globals=frame.f_globals)
+        b.equals("L['n']")
+        return frame.code, b.build()
+
+    out = io.StringIO()
+    tw.set_logs("compile,guards,recompiles", stream=out)
+    try:
+        with twf.hooked(compile_frame):
+            target(1)
+            target(2)
+    finally:
+        twf.reset(target)
+    text = out.getvalue()
+    assert text.count("[tripwire.compile] Compiled function ") == 2, text
+    assert "as 'test_frame_runtime_logs_its_compiles_and_guards.<locals>.target#1'" in text
+    assert text.count("[tripwire.guards] GUARDS of ") == 2
+    assert "EQUALS_MATCH: L['n'] == 2" in text
+    assert "[tripwire.recompiles] Recompiling function " in text
