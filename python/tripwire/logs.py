@@ -253,18 +253,30 @@ def report_recompile(
 
 def report_recompile_of(fn: Callable, cache: Any, f_locals: Any, *, error: bool = False) -> str | None:
     """Report (or raise, when ``error``) why each entry of ``cache`` failed on ``f_locals``:
-    each entry's first failing guard, or with ``recompiles_verbose`` every failing guard."""
+    each entry's first failing guard, or with ``recompiles_verbose`` every failing guard (the
+    error's ``failures`` stay one per entry)."""
     if not error and not RECOMPILES.isEnabledFor(logging.INFO):
         return None
-    names = [e.name for e in cache]
-    if RECOMPILES.isEnabledFor(logging.DEBUG):
-        failures: list[Any] = []
-        for e, first in zip(cache, cache.why_not(f_locals), strict=True):
-            # why_not's failure is a probe's (global state) or the set's first failing guard.
-            every = e.guards.failures(f_locals) if first is not None and first.guard.index >= 0 else []
-            failures.append(every or first)
-        return report_recompile(fn, failures, names, error=error)
-    return report_recompile(fn, cache.why_not(f_locals), names, error=error)
+    entries = list(cache)
+    firsts = cache.why_not(f_locals)
+    if len(firsts) != len(entries):
+        # An entry was dropped in between (an identity-held object died during a collection that
+        # ran inside why_not): the names would no longer line up with the failures.
+        names: list[str | None] | None = None
+        shown: list[Any] = list(firsts)
+    else:
+        names = [e.name for e in entries]
+        shown = list(firsts)
+        if RECOMPILES.isEnabledFor(logging.DEBUG):
+            for i, (e, first) in enumerate(zip(entries, firsts, strict=True)):
+                # why_not's failure is a probe's (global state, index -1) or the set's first guard.
+                if first is not None and first.guard.index >= 0:
+                    shown[i] = e.guards.failures(f_locals) or first
+    if error:
+        raise RecompileError(format_recompile(fn, shown, names), tuple(firsts))
+    msg = format_recompile(fn, shown, names)
+    RECOMPILES.info("%s", msg)
+    return msg
 
 
 def report_compile(fn: Callable, name: str, guards: Any, seconds: float) -> None:

@@ -319,3 +319,35 @@ def test_frame_runtime_logs_its_compiles_and_guards():
     assert text.count("[tripwire.guards] GUARDS of ") == 2
     assert "EQUALS_MATCH: L['n'] == 2" in text
     assert "[tripwire.recompiles] Recompiling function " in text
+
+
+def test_verbose_error_on_recompile_keeps_one_failure_per_entry():
+    tw.set_logs("recompiles_verbose", stream=io.StringIO())
+
+    @tw.specialize(error_on_recompile=True)
+    def g(x, n):
+        return x
+
+    g(2, 3)
+    with pytest.raises(tw.RecompileError) as ei:
+        g("a", 4)
+    assert "2 failing guards" in str(ei.value)
+    (only,) = ei.value.failures
+    assert isinstance(only, tw.Failure) and only.source == "L['x']"
+
+
+def test_an_entry_dropped_between_the_two_snapshots_does_not_break_the_report():
+    # A collection inside why_not can drop an entry whose identity-held object died: the entry
+    # list and the failures then differ in length, and the report goes without names.
+    fails = failures_for({"x": 1, "cfg": {"mode": "slow"}})
+
+    class Shrinking:
+        def __iter__(self):
+            return iter([])
+
+        def why_not(self, f_locals):
+            return fails
+
+    tw.set_logs("recompiles_verbose", stream=io.StringIO())
+    msg = logs.report_recompile_of(sample_fn, Shrinking(), {})
+    assert msg is not None and "- entry 0: L['cfg']['mode']" in msg
