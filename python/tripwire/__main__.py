@@ -49,9 +49,20 @@ def _read_redis(target: str) -> bytes:
     if not key:
         raise TargetError(f"no key in {target!r} (redis://host:port/KEY or redis://host:port/DB/KEY)")
     host, port = parts.hostname or "127.0.0.1", parts.port or 6379
-    # A short connect timeout: a server that is not there is reported in a second, not after the
-    # operating system's retries.
-    client = redis.Redis(host=host, port=port, db=int(db), socket_connect_timeout=1, socket_timeout=5)
+    # A short connect timeout and no retries (redis-py retries a refused connection with backoff,
+    # about 5 s): a server that is not there is reported at once, one that does not answer within
+    # a second.
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis(
+        host=host,
+        port=port,
+        db=int(db),
+        socket_connect_timeout=1,
+        socket_timeout=5,
+        retry=Retry(NoBackoff(), 0),
+    )
     try:
         data = client.get(key)
     except redis.exceptions.ConnectionError as e:
