@@ -174,6 +174,7 @@ void register_cache(nb::module_& m) {
         .def(
             "lookup",
             [](CacheCore& c, nb::handle f_locals, nb::handle default_) {
+                if (!require_locals_mapping(f_locals.ptr(), "Cache.lookup")) throw nb::python_error();
                 runtime::EntryPtr e;
                 if (!c.get().lookup(f_locals.ptr(), e)) throw nb::python_error();
                 return e ? nb::borrow(e->payload.get()) : nb::borrow(default_);
@@ -187,6 +188,7 @@ void register_cache(nb::module_& m) {
         .def(
             "lookup_entry",
             [](CacheCore& c, nb::handle f_locals) -> nb::object {
+                if (!require_locals_mapping(f_locals.ptr(), "Cache.lookup_entry")) throw nb::python_error();
                 runtime::EntryPtr e;
                 if (!c.get().lookup(f_locals.ptr(), e)) throw nb::python_error();
                 return view_of(std::move(e));
@@ -198,6 +200,7 @@ void register_cache(nb::module_& m) {
         .def(
             "_lookup_uncounted",
             [](CacheCore& c, nb::handle f_locals) -> nb::object {
+                if (!require_locals_mapping(f_locals.ptr(), "Cache.lookup_entry")) throw nb::python_error();
                 runtime::EntryPtr e;
                 if (!c.get().lookup(f_locals.ptr(), e, /*count=*/false)) throw nb::python_error();
                 return view_of(std::move(e));

@@ -56,6 +56,38 @@ int core_clear(PyObject* self) {
     return 0;
 }
 
+}  // namespace
+
+bool require_locals_mapping(PyObject* f_locals, const char* method) {
+    if (PyDict_Check(f_locals)) return true;
+    // collections.abc.Mapping, imported on the first non-dict argument and kept for the process
+    // (a module-level class: never freed while the interpreter runs).
+    static PyObject* mapping = nullptr;
+    if (mapping == nullptr) {
+        PyObject* abc = PyImport_ImportModule("collections.abc");
+        if (abc == nullptr) return false;
+        PyObject* cls = PyObject_GetAttrString(abc, "Mapping");
+        Py_DECREF(abc);
+        if (cls == nullptr) return false;
+        if (mapping == nullptr) {
+            mapping = cls;
+        } else {
+            Py_DECREF(cls);  // a re-entrant first call (the import ran Python) stored it already
+        }
+    }
+    const int r = PyObject_IsInstance(f_locals, mapping);
+    if (r < 0) return false;
+    if (r == 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: f_locals must be a dict (or a Mapping) of the frame's locals by name, not %.200s",
+                     method, Py_TYPE(f_locals)->tp_name);
+        return false;
+    }
+    return true;
+}
+
+namespace {
+
 // check(f_locals) as a plain METH_O method: the call every compiled frame's guard pays from
 // Python, so it skips nanobind's dispatcher (argument records, the instance lookup, the cleanup
 // list: about 250 instructions per call, more than a small set's whole check). Converts and
@@ -70,6 +102,7 @@ PyObject* core_check(PyObject* self, PyObject* f_locals) {
         PyErr_SetString(PyExc_RuntimeError, "this GuardSet was cleared by the garbage collector");
         return nullptr;
     }
+    if (!require_locals_mapping(f_locals, "GuardSet.check")) return nullptr;
     try {
         const int r = w->impl->check(f_locals);
         if (r < 0) return nullptr;
@@ -782,6 +815,9 @@ void register_guard_set(nb::module_& m) {
             .def(
                 "_failures",
                 [](GuardSetCore& s, nb::handle f_locals, bool first_only) {
+                    if (!require_locals_mapping(f_locals.ptr(),
+                                                first_only ? "GuardSet.why_not" : "GuardSet.failures"))
+                        throw nb::python_error();
                     std::vector<runtime::FailureRecord> recs;
                     if (!s.get().failures(f_locals.ptr(), recs, first_only)) throw nb::python_error();
                     nb::list out;

@@ -39,6 +39,12 @@ const core::codec::Document* decoded_document(PyObject* o);
 /// object and std::runtime_error when they were taken already.
 std::vector<core::GuardDecl> take_decoded_decls(PyObject* o);
 
+/// Whether `f_locals` may be given to a check or lookup: a dict (one type-flag test, the path
+/// every call takes) or another collections.abc.Mapping. Otherwise sets TypeError naming `method`
+/// and the type, and returns false: a list or None would fail every guard silently (a miss that
+/// looks like an answer). Needs the GIL.
+bool require_locals_mapping(PyObject* f_locals, const char* method);
+
 /// The IR: RootKind, StepKind, GuardKind, and the typed declarations (bind_ir.cpp). First.
 void register_ir(nanobind::module_& m);
 /// GuardSetCore: the compiled guard set (bind_guard_set.cpp).

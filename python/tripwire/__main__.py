@@ -14,29 +14,73 @@ import sys
 from urllib.parse import urlsplit
 
 
-def read_target(target: str) -> bytes:
-    """The bytes at a file path or a ``redis://`` URL naming a key."""
-    if target.startswith(("redis://", "rediss://")):
-        import redis
+class TargetError(Exception):
+    """A target that cannot be read: the message is one line for stderr."""
 
-        parts = urlsplit(target)
-        path = parts.path.lstrip("/")
-        db, sep, key = path.partition("/")
-        if not sep or not db.isdigit():
-            db, key = "0", path
-        if not key:
-            raise SystemExit(f"no key in {target!r} (redis://host:port/KEY or redis://host:port/DB/KEY)")
-        client = redis.Redis(
-            host=parts.hostname or "127.0.0.1", port=parts.port or 6379, db=int(db), socket_timeout=5
-        )
+
+def read_target(target: str) -> bytes:
+    """The bytes at a file path or a ``redis://`` URL naming a key. Raises TargetError with one
+    line saying what is wrong (no traceback: the file or server is the user's, not a bug)."""
+    if target.startswith(("redis://", "rediss://")):
+        return _read_redis(target)
+    try:
+        with open(target, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise TargetError(f"{target}: no such file") from None
+    except IsADirectoryError:
+        raise TargetError(f"{target}: is a directory, not a saved guard set or store entry") from None
+    except PermissionError:
+        raise TargetError(f"{target}: permission denied") from None
+    except OSError as e:
+        raise TargetError(f"{target}: cannot read: {e.strerror or e}") from None
+
+
+def _read_redis(target: str) -> bytes:
+    try:
+        import redis
+    except ImportError:
+        raise TargetError(f"{target}: reading from Redis needs redis-py: pip install redis") from None
+    parts = urlsplit(target)
+    path = parts.path.lstrip("/")
+    db, sep, key = path.partition("/")
+    if not sep or not db.isdigit():
+        db, key = "0", path
+    if not key:
+        raise TargetError(f"no key in {target!r} (redis://host:port/KEY or redis://host:port/DB/KEY)")
+    host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+    # A short connect timeout and no retries (redis-py retries a refused connection with backoff,
+    # about 5 s): a server that is not there is reported at once, one that does not answer within
+    # a second.
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis(
+        host=host,
+        port=port,
+        db=int(db),
+        socket_connect_timeout=1,
+        socket_timeout=5,
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
         data = client.get(key)
-        if data is None:
-            raise SystemExit(f"{target}: no such key")
-        if not isinstance(data, bytes):  # a client made with decode_responses=True
-            raise SystemExit(f"{target}: the client returned {type(data).__name__}, not bytes")
-        return data
-    with open(target, "rb") as f:
-        return f.read()
+    except redis.exceptions.ConnectionError as e:
+        raise TargetError(f"{target}: cannot connect to Redis at {host}:{port}: {_first_line(e)}") from None
+    except redis.exceptions.RedisError as e:
+        raise TargetError(f"{target}: Redis error: {_first_line(e)}") from None
+    finally:
+        client.close()
+    if data is None:
+        raise TargetError(f"{target}: no such key")
+    if not isinstance(data, bytes):  # a client made with decode_responses=True
+        raise TargetError(f"{target}: the client returned {type(data).__name__}, not bytes")
+    return data
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def split(data: bytes) -> tuple[bytes, str | None]:
@@ -59,8 +103,11 @@ def inspect_command(target: str) -> int:
     try:
         guards, entry = split(read_target(target))
         text = describe_bytes(guards)
+    except TargetError as e:
+        print(f"inspect: {e}", file=sys.stderr)
+        return 1
     except FormatError as e:
-        print(f"{target}: {e}", file=sys.stderr)
+        print(f"inspect: {target}: {e}", file=sys.stderr)
         return 1
     print(f"{target} ({len(guards)} bytes of guards)")
     if entry:
@@ -74,12 +121,17 @@ def diff_command(a: str, b: str) -> int:
     from .errors import FormatError
     from .serialization import guard_lines
 
-    try:
-        la = guard_lines(split(read_target(a))[0])
-        lb = guard_lines(split(read_target(b))[0])
-    except FormatError as e:
-        print(f"diff: {e}", file=sys.stderr)
-        return 2
+    lines = []
+    for target in (a, b):
+        try:
+            lines.append(guard_lines(split(read_target(target))[0]))
+        except TargetError as e:
+            print(f"diff: {e}", file=sys.stderr)
+            return 2
+        except FormatError as e:
+            print(f"diff: {target}: {e}", file=sys.stderr)
+            return 2
+    la, lb = lines
     changes = [
         line
         for line in difflib.unified_diff(sorted(la), sorted(lb), fromfile=a, tofile=b, lineterm="", n=0)

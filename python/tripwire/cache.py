@@ -187,6 +187,11 @@ class Cache(_core.CacheCore):
         """Per entry (most recently used first), why it does not match these locals: a probe
         whose value changed since the entry was inserted, or its guard set's first failing
         guard. None for an entry that would match. Computed on demand; counts no hit or miss."""
+        if type(f_locals) is not dict and not isinstance(f_locals, Mapping):  # as lookup: no silent miss
+            raise TypeError(
+                f"Cache.why_not: f_locals must be a dict (or a Mapping) of the frame's locals by name, "
+                f"not {type(f_locals).__name__}"
+            )
         entries = self._entries()
         current = self._probe_values()
         out: list[Failure | None] = []

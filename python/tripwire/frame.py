@@ -62,7 +62,7 @@ from .cache import Cache, OnLimit, recording_recompiles
 from .errors import FrameError, IncompatibleCodeError, RecompileLimitExceeded
 from .failure import Failure
 from .guard_set import GuardSet
-from .logs import RECOMPILES, recompile_logging_enabled, report_recompile
+from .logs import RECOMPILES, recompile_logging_enabled, report_compile, report_recompile_of
 
 __all__ = [
     "RUN_ONLY",
@@ -227,10 +227,11 @@ class Hook:
             # try: diagnostics that raise must not fail the intercepted call.
             names: list[str | None] = []
             failures: list[Failure | None] | None = None if len(cache) else []  # []: a first compile
-            if failures is None and (recompile_logging_enabled() or recording_recompiles()):
+            if failures is None and recompile_logging_enabled():
+                report_recompile_of(function, cache, f_locals)
+            if failures is None and recording_recompiles():
                 names = [e.name for e in cache]
                 failures = cache.why_not(f_locals)
-                report_recompile(function, failures, names)
             start = time.perf_counter()
             result = self.callback(frame)
             return self._apply(frame, result, (time.perf_counter() - start, names, failures))
@@ -299,6 +300,7 @@ class Hook:
             return None
         cache._frame_compiles = n + 1  # type: ignore[attr-defined]
         cache._record_compile(f"{frame.code.co_qualname}#{n}", *compile)
+        report_compile(frame.function, f"{frame.code.co_qualname}#{n}", guards, compile[0])
         return replacement
 
 

@@ -450,6 +450,9 @@ class GuardSet(_core.GuardSetCore):
     # (build_guard_set; _example_reader_facts maps them to the symbols); None for a set built
     # from specs or loaded.
     _example_facts: list[tuple[str, tuple]] | None = None
+    # The counters (checks, passes, fast passes, residue passes) after the set's own checks on its
+    # example (build_guard_set): explain() counts the caller's checks only.
+    _own_counts: tuple[int, int, int, int] = (0, 0, 0, 0)
     # The distinct SHAPE symbols declared by __init__ (empty for a loaded set).
     _built_symbols: list[Source] = []  # noqa: RUF012 - never mutated: replaced per instance
 
@@ -635,9 +638,10 @@ class GuardSet(_core.GuardSetCore):
     def explain(self) -> str:
         """The guard tree: one line per source, its guards below it with where they were installed
         and how often they failed, in the current (adaptive) evaluation order."""
+        checks = self.check_count - self._own_counts[0]
         lines = [
             f"GuardSet: {len(self)} guards on {self.node_count} sources; "
-            f"{self.check_count} checks, {self.pass_count} passed"
+            f"{checks} check{'' if checks == 1 else 's'}, {self.pass_count - self._own_counts[1]} passed"
             + (f"; INVALID: {self.invalid_reason}" if self.invalid else ""),
             self.fast_path_summary(),
         ]
@@ -677,12 +681,13 @@ class GuardSet(_core.GuardSetCore):
         n = len(self)
         fast = self._fast_guard_count
         line = f"fast path: {fast} of {n} guards ({100 * self.fast_path_fraction:.1f}%)"
-        if self.pass_count:
+        _, own_passes, own_fast, own_residue = self._own_counts
+        if self.pass_count > own_passes:
             line += (
                 f"; last passing check: {self._last_fast_guards} on the fast path, "
                 f"{n - self._last_fast_guards} residues, {self._last_skipped_guards} proved by unchanged "
-                f"dicts without evaluation; passes: {self._fast_pass_count} fast, "
-                f"{self._residue_pass_count} with residues"
+                f"dicts without evaluation; passes: {self._fast_pass_count - own_fast} fast, "
+                f"{self._residue_pass_count - own_residue} with residues"
             )
         return line
 
@@ -828,6 +833,7 @@ def build_guard_set(
         raise GuardBuildError(f"guard set fails on the example it was built from: {why}")
     if gs._built_symbols:
         gs._example_facts = gs._symbol_reader_facts(f_locals, f_globals)
+    gs._own_counts = (gs.check_count, gs.pass_count, gs._fast_pass_count, gs._residue_pass_count)
     return gs
 
 

@@ -286,7 +286,9 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
             problems.append((spec.kind.name, None if spec.source is None else str(spec.source), str(e)))
     unused = names - used
     if unused:
-        raise ValueError(f"drop= names what no guard of this set has: {sorted(unused)}")
+        raise ValueError(
+            f"drop= names what no guard of this set has: {sorted(unused)}{_did_you_mean(gs, unused, aliases)}"
+        )
     if problems:
         raise NotSerializable(problems)
     if gs.invalid:
@@ -356,6 +358,21 @@ def _device_label(label: str, device_index: int, bad: Callable[[str], FormatErro
     return label
 
 
+def _did_you_mean(gs: GuardSet, unused: set[str], aliases: dict[int, frozenset[str]]) -> str:
+    """``"; did you mean 'TYPE_MATCH'?"`` for the names closest to the misspelt ones, from the
+    kinds, sources and other names of this set's guards."""
+    import difflib
+
+    known: set[str] = set()
+    for spec in gs.guards:
+        known.add(spec.kind.name)
+        if spec.source is not None:
+            known.add(str(spec.source))
+        known |= aliases.get(spec.index, frozenset())
+    close = [c for n in sorted(unused) for c in difflib.get_close_matches(n, sorted(known), n=2)]
+    return f"; did you mean {' or '.join(repr(c) for c in dict.fromkeys(close))}?" if close else ""
+
+
 def _prove(gs: GuardSet, kept: list[GuardSpec], dropped: list, data: bytes, objects: list[Any]) -> None:
     """The bytes rebuild the same guards (decoded and compiled by the engine, with the saved
     objects for the references): what was kept and nothing else, with the same sources,
@@ -412,6 +429,15 @@ def _decode(data: bytes | bytearray | memoryview) -> Any:
     try:
         return _core.decode_guard_set(bytes(data))
     except _core._CodecError as e:
+        from .store import ENTRY_MAGIC
+
+        if bytes(data[: len(ENTRY_MAGIC)]) == ENTRY_MAGIC:  # a whole store entry, not its guards
+            raise FormatError(
+                "these bytes are a tripwire store entry (tripwire.store), not a bare guard set: its "
+                "guards are tripwire.store.decode_entry(data).guards (python -m tripwire inspect "
+                "FILE shows them)",
+                0,
+            ) from None
         raise _format_error(e) from None
 
 

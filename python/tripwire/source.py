@@ -539,6 +539,8 @@ class _Parser:
     def node(self, n: ast.AST) -> Source:
         # Roots: L['x'], G['x'], C['x']
         if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id in _LETTER_ROOT:
+            if isinstance(n.slice, ast.Name):  # L[x]: the name unquoted
+                raise self.fail(f"root names are str literals; did you mean {n.value.id}[{n.slice.id!r}]?")
             name = self.const(n.slice)
             if type(name) is not str:
                 raise self.fail("root names are str literals")
@@ -616,4 +618,20 @@ class _Parser:
                 return self.node(n.args[0]).dict_item(self.const(n.args[1]))
             if not n.args:
                 return self.node(f).step(StepKind.WEAKREF_CALL)
-        raise self.fail(f"unsupported expression {ast.dump(n)[:60]}")
+        raise self.fail(self.expected(n))
+
+    def expected(self, n: ast.AST) -> str:
+        """What was expected instead of ``n``, with a corrected source when one is obvious (a bare
+        name as the root: ``x`` -> ``L['x']``, ``self.w`` -> ``L['self'].w``). No AST dump: the
+        reader wrote text."""
+        text = ast.unparse(n)
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        why = (
+            f"unsupported expression `{shown}`: a source is L['name'], G['name'] or C['name'] "
+            "followed by .attr, [key], [index] and the other printed steps (docs/guards.md)"
+        )
+        whole = self.text.strip()
+        if isinstance(n, ast.Name) and n.id not in _LETTER_ROOT and whole.startswith(n.id):
+            # The bare name is the whole source's root (the parser recursed to it first).
+            why += f"; did you mean L[{n.id!r}]{whole[len(n.id) :]}?"
+        return why

@@ -47,7 +47,7 @@ from .errors import FormatError, NotSerializable, RecompileLimitExceeded
 from .failure import Failure
 from .guard_set import GuardSet
 from .infer import Policy, infer_into
-from .logs import recompile_logging_enabled, report_recompile
+from .logs import recompile_logging_enabled, report_compile, report_recompile_of
 from .overview import summarize_cache
 from .references import RefKind, fingerprint
 from .store import (
@@ -265,10 +265,11 @@ class Specialized(FastDispatch, Generic[_Args, _Ret]):
         failures: list[Failure | None] | None = None if cached else []  # [] for a first compile
         # Why each entry missed, only when asked for: to raise, to log, or to record with the
         # compile (record_recompiles(): summary(), report()).
-        if cached and (self.error_on_recompile or recompile_logging_enabled() or recording_recompiles()):
+        if cached and (self.error_on_recompile or recompile_logging_enabled()):
+            report_recompile_of(self._fn, self.cache, f_locals, error=self.error_on_recompile)
+        if cached and recording_recompiles():
             names = [e.name for e in self.cache]
             failures = self.cache.why_not(f_locals)
-            report_recompile(self._fn, failures, names, error=self.error_on_recompile)
         if full:
             return None
         start = time.perf_counter()
@@ -299,6 +300,7 @@ class Specialized(FastDispatch, Generic[_Args, _Ret]):
         name = f"{self._label}#{self._compiles}"
         if self.cache.insert(gs, compiled, name=name, f_locals=f_locals) is False:
             return None
+        report_compile(self._fn, name, gs, seconds)
         self._compiles += 1
         self.cache._record_compile(name, seconds, names, failures)
         if self.store is not None:

@@ -437,7 +437,10 @@ class Redis:
         pending_limit: int = 1024,
         client: Any = None,
     ) -> None:
-        import redis
+        try:
+            import redis
+        except ImportError:
+            raise ImportError("tripwire.store.Redis needs redis-py: pip install redis") from None
 
         self.url = url
         self.prefix = prefix

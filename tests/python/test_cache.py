@@ -403,8 +403,11 @@ def test_index_source_missing_raising_or_not_a_dict() -> None:
     from types import MappingProxyType
 
     assert c.lookup(MappingProxyType({"x": 2})) == "x2"
-    assert c.lookup(None, MISS) is MISS  # not a mapping: every guard set fails, as check() does
-    assert c.lookup_entry(42) is None
+    # Not a mapping: a TypeError, as check() raises (a silent miss would look like an answer).
+    for bad in (None, [1], 42, "x"):
+        for call in (c.lookup, c.lookup_entry, c._lookup_uncounted, c.why_not):
+            with pytest.raises(TypeError, match=r"f_locals must be a dict \(or a Mapping\).*, not "):
+                call(bad)
 
 
 def test_index_after_eviction_and_invalidation(collect) -> None:

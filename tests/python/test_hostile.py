@@ -13,6 +13,7 @@ Every test asserts the same three things, besides its own property:
 
 from __future__ import annotations
 
+import collections.abc
 import enum
 import gc
 import sys
@@ -237,15 +238,36 @@ def test_f_locals_that_is_not_a_dict():
     b.equals("L['x']")
     gs = b.build()
 
-    class BadMapping:
+    class BadMapping(collections.abc.Mapping):
         def __getitem__(self, k):
             raise RuntimeError("no")
 
-    class LyingMapping:
+        def __iter__(self):
+            return iter(())
+
+        def __len__(self):
+            return 0
+
+    class LyingMapping(BadMapping):
         def __getitem__(self, k):
             return 1
 
-    for bad in [None, 42, "x", [1], BadMapping(), (1,), object()]:
+    class DuckGetitem:  # __getitem__ alone: a list has one too, so it is not taken for locals
+        def __getitem__(self, k):
+            return 1
+
+    class ClaimsDict:  # __class__ says dict: isinstance believes it, the read then fails cleanly
+        @property
+        def __class__(self):
+            return dict
+
+    # Not a mapping: a clean TypeError (no false answer, nothing left set).
+    for bad in [None, 42, "x", [1], (1,), object(), DuckGetitem()]:
+        for call in (gs.check, gs.why_not):
+            with pytest.raises(TypeError, match="f_locals must be a dict"):
+                call(bad)
+            assert sys.exc_info() == (None, None, None)
+    for bad in [BadMapping(), ClaimsDict()]:  # a mapping whose reads fail: the guard fails
         assert clean_check(gs, bad) is False
         assert clean_why_not(gs, bad) is not None
     assert clean_check(gs, LyingMapping()) is True  # a mapping answering 1 for 'x' is fine

@@ -103,6 +103,12 @@ def test_parse_logs():
     assert logs.parse_logs("") == frozenset()
     assert logs.parse_logs(None) == frozenset()
     assert logs.parse_logs(["recompiles"]) == {"recompiles"}
+    assert logs.parse_logs("+recompiles,-guards,compile,recompiles_verbose") == {
+        "recompiles",
+        "guards",
+        "compile",
+        "recompiles_verbose",
+    }
     with pytest.raises(ValueError, match="unknown tripwire log 'graph'"):
         logs.parse_logs("recompiles,graph")
     with pytest.raises(TypeError):
@@ -168,7 +174,180 @@ def test_env_var_absent_or_bad_logs_nothing():
     r = _child(None)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False" and "Recompiling" not in r.stderr
-    r = _child("recompiles,bogus")
+    r = _child("-recompiles")  # quiet: errors only
     assert r.returncode == 0, r.stderr
-    assert "ignoring TRIPWIRE_LOGS='recompiles,bogus'" in r.stderr
-    assert "Recompiling" not in r.stderr
+    assert r.stdout.strip() == "False" and "Recompiling" not in r.stderr
+
+
+def test_env_var_unknown_name_is_ignored_alone_with_one_warning():
+    # guards is known now; bogus and +nope are not: one line names both, recompiles still applies.
+    r = _child("bogus, recompiles,+nope")
+    assert r.returncode == 0, r.stderr
+    warn = [ln for ln in r.stderr.splitlines() if "TRIPWIRE_LOGS" in ln]
+    assert len(warn) == 1, r.stderr
+    assert "ignoring unknown tripwire logs 'bogus', '+nope'" in warn[0]
+    assert r.stdout.strip() == "True"
+    assert "[tripwire.recompiles] Recompiling function f in <string>:" in r.stderr
+
+
+def test_env_var_guards_and_recompiles_both_apply():
+    # The issue's case: `guards` was unknown and made the whole value be ignored.
+    env = dict(os.environ, TRIPWIRE_LOGS="guards,recompiles")
+    child = "import tripwire as tw\n@tw.specialize\ndef f(x):\n    return x\nf(1); f('s')\n"
+    r = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "TRIPWIRE_LOGS" not in r.stderr  # no warning: both names are known
+    assert r.stderr.count("[tripwire.guards] GUARDS of f#") == 2, r.stderr
+    assert "[tripwire.recompiles] Recompiling function f in <string>:2" in r.stderr
+
+
+def _specialized_two_compiles(spec, stream):
+    tw.set_logs(spec, stream=stream)
+
+    @tw.specialize
+    def scaled(x, n):
+        return x * n
+
+    scaled(2, 3)
+    scaled("a", 4)  # the first entry fails on two guards: L['x']'s and L['n']'s value
+    return scaled
+
+
+def test_guards_log_prints_each_compiles_guard_set():
+    out = io.StringIO()
+    f = _specialized_two_compiles("guards", out)
+    text = out.getvalue()
+    assert text.count("[tripwire.guards] GUARDS of _specialized_two_compiles.<locals>.scaled#") == 2
+    assert "GuardSet: 2 guards on 2 sources; 0 checks, 0 passed" in text  # not build()'s own check
+    # the tree itself, not a summary: each entry's guards with their install sites
+    assert "  EQUALS_MATCH: L['x'] == 2   # #0, installed at" in text
+    assert "  EQUALS_MATCH: L['n'] == 4   # #1, installed at" in text
+    assert len(f.cache) == 2
+    assert "Recompiling" not in text and "Compiled function" not in text
+
+
+def test_compile_log_says_what_how_long_and_how_many_guards():
+    out = io.StringIO()
+    f = _specialized_two_compiles("compile", out)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("[tripwire.compile]")]
+    assert len(lines) == 2, out.getvalue()
+    code = f.__wrapped__.__code__
+    n = len(list(f.cache)[0].guards)
+    assert lines[1].startswith(
+        f"[tripwire.compile] Compiled function {code.co_qualname} in {code.co_filename}:{code.co_firstlineno} as "
+    )
+    assert f"ms: {n} guards on " in lines[1]
+    assert float(lines[1].split(" in ")[2].split(" ms")[0]) >= 0
+
+
+def test_recompiles_names_each_entrys_first_failure_verbose_names_every_failure():
+    out = io.StringIO()
+    _specialized_two_compiles("recompiles", out)
+    plain = out.getvalue()
+    assert plain.count("    - entry 0") == 1 and "failing guards" not in plain
+    for spec in ("recompiles_verbose", "+recompiles", "recompiles,recompiles_verbose"):
+        out = io.StringIO()
+        _specialized_two_compiles(spec, out)
+        verbose = out.getvalue()
+        assert "- entry 0 '_specialized_two_compiles.<locals>.scaled#0': 2 failing guards" in verbose, (
+            spec,
+            verbose,
+        )
+        assert "source: L['x']  kind: EQUALS_MATCH" in verbose
+        assert "source: L['n']  kind: EQUALS_MATCH" in verbose
+    assert logs.RECOMPILES.level == logging.DEBUG
+
+
+def test_minus_prefix_is_quiet_and_plus_is_debug():
+    out = io.StringIO()
+    assert tw.set_logs("-recompiles,+compile", stream=out) == {"recompiles", "compile"}
+    assert logs.RECOMPILES.level == logging.ERROR and logs.COMPILES.level == logging.DEBUG
+    assert not logs.recompile_logging_enabled()
+    with pytest.raises(ValueError, match="unknown tripwire log '-bogus'"):
+        tw.set_logs("recompiles,-bogus")
+    assert logs.COMPILES.level == logging.DEBUG  # a rejected spec changes nothing
+
+
+def test_format_recompile_names_a_decorated_function():
+    @tw.specialize
+    def decorated(x):
+        return x
+
+    code = decorated.__wrapped__.__code__
+    msg = tw.format_recompile(decorated, [])
+    assert msg.startswith(
+        f"Recompiling function {code.co_qualname} in {code.co_filename}:{code.co_firstlineno}"
+    )
+
+    class Lying:
+        def __getattr__(self, name):
+            raise RuntimeError("no")
+
+    class Loop:
+        @property
+        def __wrapped__(self):
+            return self
+
+    assert ".<locals>.Lying in <unknown>" in tw.format_recompile(Lying(), [])
+    assert "in <unknown>" in tw.format_recompile(Loop(), [])
+
+
+def test_frame_runtime_logs_its_compiles_and_guards():
+    from tripwire import frame as twf
+
+    def target(n):
+        return n + 1
+
+    def compile_frame(frame):
+        if frame.code is not target.__code__:
+            return twf.SKIP
+        b = tw.GuardBuilder(frame.f_locals, f_globals=frame.f_globals)
+        b.equals("L['n']")
+        return frame.code, b.build()
+
+    out = io.StringIO()
+    tw.set_logs("compile,guards,recompiles", stream=out)
+    try:
+        with twf.hooked(compile_frame):
+            target(1)
+            target(2)
+    finally:
+        twf.reset(target)
+    text = out.getvalue()
+    assert text.count("[tripwire.compile] Compiled function ") == 2, text
+    assert "as 'test_frame_runtime_logs_its_compiles_and_guards.<locals>.target#1'" in text
+    assert text.count("[tripwire.guards] GUARDS of ") == 2
+    assert "EQUALS_MATCH: L['n'] == 2" in text
+    assert "[tripwire.recompiles] Recompiling function " in text
+
+
+def test_verbose_error_on_recompile_keeps_one_failure_per_entry():
+    tw.set_logs("recompiles_verbose", stream=io.StringIO())
+
+    @tw.specialize(error_on_recompile=True)
+    def g(x, n):
+        return x
+
+    g(2, 3)
+    with pytest.raises(tw.RecompileError) as ei:
+        g("a", 4)
+    assert "2 failing guards" in str(ei.value)
+    (only,) = ei.value.failures
+    assert isinstance(only, tw.Failure) and only.source == "L['x']"
+
+
+def test_an_entry_dropped_between_the_two_snapshots_does_not_break_the_report():
+    # A collection inside why_not can drop an entry whose identity-held object died: the entry
+    # list and the failures then differ in length, and the report goes without names.
+    fails = failures_for({"x": 1, "cfg": {"mode": "slow"}})
+
+    class Shrinking:
+        def __iter__(self):
+            return iter([])
+
+        def why_not(self, f_locals):
+            return fails
+
+    tw.set_logs("recompiles_verbose", stream=io.StringIO())
+    msg = logs.report_recompile_of(sample_fn, Shrinking(), {})
+    assert msg is not None and "- entry 0: L['cfg']['mode']" in msg

@@ -412,3 +412,22 @@ def test_a_pickled_source_hashes_as_the_loading_process_does() -> None:
             check=True,
         )
         assert out.stdout.strip() == b"True", out
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ("x", "did you mean L['x']?"),
+        ("L[x]", "did you mean L['x']?"),
+        ("G[cfg].mode", "did you mean G['cfg']?"),
+        ("self.w[0]", "did you mean L['self'].w[0]?"),
+        ("x + 1", "a source is L['name'], G['name'] or C['name']"),
+        ("L['x'] + 1", "unsupported expression `L['x'] + 1`"),
+    ],
+)
+def test_parse_errors_say_what_is_expected_without_an_ast_dump(text, hint):
+    with pytest.raises(SourceParseError) as ei:
+        Source.parse(text)
+    msg = str(ei.value)
+    assert hint in msg, msg
+    assert "ctx=" not in msg and "BinOp(" not in msg and "Name(id=" not in msg

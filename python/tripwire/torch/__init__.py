@@ -15,6 +15,7 @@ mapping of every torch accessor and leaf kind is in docs/torch.md and in ``_rule
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import types
 from collections.abc import Iterable
@@ -57,7 +58,12 @@ def guards_of(
 
     Args:
         obj: the function, bound method, ``nn.Module`` (its ``forward``) or code object whose
-            frame torch compiled, or what ``torch.compile`` returned for one of them.
+            frame torch compiled, or what ``torch.compile`` returned for one of them (an
+            ``OptimizedModule`` or a function wrapper). For an object whose code Dynamo skips
+            (``nn.Linear``, ``nn.Sequential``, their bound methods) torch compiles the frame of
+            ``torch._dynamo.external_utils.wrap_inline(obj)``'s ``inner``; the entries of that
+            frame whose guards on ``fn`` accept ``obj`` are its entries, and ``check`` takes that
+            frame's locals (``frame_locals`` builds them).
         entry: which cache entry (0 = the most recently used; torch keeps them in LRU order).
         drop: torch kind names (``"TENSOR_MATCH"``, ``"GradGuardAccessor"``, ...) and torch printed
             sources (``"L['x']"``: the guards on that value and below it) not to import. Each
@@ -95,14 +101,12 @@ def guards_of(
         if not isinstance(d, str):
             raise TypeError(f"drop entries are kind names or sources (str), not {type(d).__name__}")
 
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
     from ._rules import Converter, known_kinds
-    from ._tree import find_entry, identity_objects, resolve_target, walk
+    from ._tree import count_entries, find_entry, identity_objects, resolve_target, walk
 
     target = resolve_target(obj)
     gm = find_entry(target, entry)
-    n_entries = len(_debug_get_cache_entry_list(target.code))
+    n_entries = count_entries(target)
     scope = getattr(gm, "global_scope", None) or {}
     f_globals = scope.get("G", target.f_globals)
     if target.f_globals is not None and f_globals is not target.f_globals:
@@ -120,9 +124,11 @@ def guards_of(
     sources = {tn.source for _, tn in conv.records}
     for d in drops:
         if d not in kinds and d not in sources and not _any_node_source(root, d):
+            close = difflib.get_close_matches(d, sorted(kinds | sources), n=3)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
             raise ValueError(
-                f"guards_of: drop={d!r} is neither a torch kind nor a source of this entry; kinds: "
-                f"{', '.join(sorted(kinds))}"
+                f"guards_of: drop={d!r} is neither a torch kind nor a source of this entry; {hint}"
+                f"kinds: {', '.join(sorted(kinds))}"
             )
     kind_drops = {d for d in drops if d in kinds}
     source_drops = {d for d in drops if d not in kinds}
@@ -271,10 +277,14 @@ def _exemptions(gm: Any, conv: Any) -> list[Exemption]:
 def frame_locals(obj: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """The locals torch's guards read for the call ``obj(*args, **kwargs)``: the arguments bound
     to the compiled function's parameters (defaults applied; ``self`` for a module or bound
-    method) and the closure variables by name, as torch's frame-locals mapping has them."""
+    method) and the closure variables by name, as torch's frame-locals mapping has them. When
+    torch compiled ``wrap_inline(obj)``'s frame (``nn.Linear``, ``nn.Sequential``: see
+    ``guards_of``), that frame's locals: ``{"args": args, "kwargs": kwargs, "fn": obj}``."""
     from ._tree import resolve_target
 
     target = resolve_target(obj)
+    if target.is_wrapped:
+        return {"args": args, "kwargs": kwargs, "fn": target.wrapped}
     fn = _function_for(obj)
     bound_self = _self_for(obj)
     call_args = (bound_self, *args) if bound_self is not _NOTHING else args

@@ -30,6 +30,7 @@ from ..errors import TorchImportError
 __all__ = [
     "Target",
     "TorchNode",
+    "count_entries",
     "find_entry",
     "identity_objects",
     "resolve_target",
@@ -40,11 +41,20 @@ __all__ = [
 @dataclass
 class Target:
     """What ``guards_of`` was given, resolved: the code torch compiled and the globals its frame
-    reads (``G[...]``), and the object the caller passed (for messages)."""
+    reads (``G[...]``), and the object the caller passed (for messages).
+
+    ``wrapped`` is set when torch compiled ``torch._dynamo.external_utils.wrap_inline(obj)``'s
+    ``inner`` frame rather than ``obj``'s own code: torch does so for what ``torch.compile`` is
+    given whose code Dynamo skips (``nn.Linear``, ``nn.Sequential``: their ``forward`` is in torch's
+    skipfiles). That one code object serves every such object, its frame locals are ``args``,
+    ``kwargs`` and ``fn`` (= ``wrapped``), and only the entries whose guards on ``L['fn']`` accept
+    ``wrapped`` belong to it."""
 
     code: types.CodeType
     f_globals: dict | None
     described: str
+    wrapped: Any = None
+    is_wrapped: bool = False
 
 
 def _torch() -> Any:
@@ -53,43 +63,156 @@ def _torch() -> Any:
     return torch
 
 
-def resolve_target(obj: Any) -> Target:
-    """The code object (and globals) torch compiled for ``obj``: a function, a bound method, an
-    ``nn.Module`` (its ``forward``), a code object, or what ``torch.compile`` returned for one."""
+def _inline_code() -> types.CodeType:
+    """The code of ``wrap_inline``'s ``inner``: a constant of ``wrap_inline``'s code, so one code
+    object whatever it wraps."""
+    from torch._dynamo import external_utils
+
+    return external_utils.wrap_inline(_inline_code).__code__
+
+
+def _wrap_target(obj: Any, described: str) -> Target:
+    from torch._dynamo import external_utils
+
+    return Target(
+        _inline_code(),
+        external_utils.__dict__,
+        f"{described} (torch compiled wrap_inline's inner frame)",
+        wrapped=obj,
+        is_wrapped=True,
+    )
+
+
+def _compiled_callee(wrapper: Any) -> Any:
+    """What a ``torch.compile`` wrapper runs under Dynamo's callback: its ``fn`` closure cell
+    (torch 2.13's ``compile_wrapper``), or None when it has no such cell."""
+    code = getattr(wrapper, "__code__", None)
+    cells = getattr(wrapper, "__closure__", None)
+    if not isinstance(code, types.CodeType) or not cells or "fn" not in code.co_freevars:
+        return None
+    try:
+        return cells[code.co_freevars.index("fn")].cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _own_target(obj: Any) -> Target | None:
+    """The code of ``obj`` itself (a module's ``forward``, a method's or function's code)."""
     torch = _torch()
-    orig = obj
-    # What torch.compile returned: an OptimizedModule (wraps _orig_mod) or a function wrapper.
-    if isinstance(obj, torch._dynamo.eval_frame.OptimizedModule):
-        obj = obj._orig_mod
-    elif callable(obj) and getattr(obj, "_torchdynamo_orig_callable", None) is not None:
-        obj = obj._torchdynamo_orig_callable
-        if isinstance(obj, torch._dynamo.eval_frame.OptimizedModule):
-            obj = obj._orig_mod
     if isinstance(obj, torch.nn.Module):
         fwd = type(obj).forward
         if isinstance(fwd, types.FunctionType):
             return Target(fwd.__code__, fwd.__globals__, f"{type(obj).__qualname__}.forward")
-        raise TypeError(f"guards_of: {type(obj).__qualname__}.forward is not a Python function ({fwd!r})")
-    if isinstance(obj, types.MethodType):
-        obj = obj.__func__
-    if isinstance(obj, types.FunctionType):
-        return Target(obj.__code__, obj.__globals__, obj.__qualname__)
+        return None
+    fn = obj.__func__ if isinstance(obj, types.MethodType) else obj
+    if isinstance(fn, types.FunctionType):
+        return Target(fn.__code__, fn.__globals__, fn.__qualname__)
     if isinstance(obj, types.CodeType):
         return Target(obj, None, obj.co_qualname)
-    raise TypeError(
-        "guards_of: expected a function, a bound method, an nn.Module, a code object or what "
-        f"torch.compile returned for one, not {type(orig).__name__}"
-    )
+    return None
+
+
+def _describe(obj: Any) -> str:
+    torch = _torch()
+    if isinstance(obj, torch.nn.Module):
+        return type(obj).__qualname__
+    return getattr(obj, "__qualname__", None) or type(obj).__qualname__
+
+
+def resolve_target(obj: Any) -> Target:
+    """The code object (and globals) torch compiled for ``obj``: a function, a bound method, an
+    ``nn.Module`` (its ``forward``, or ``wrap_inline``'s frame around it), a code object, or what
+    ``torch.compile`` returned for one (an ``OptimizedModule`` or a function wrapper).
+
+    What ``torch.compile`` returned says which frame it compiles (its wrapper's ``fn`` cell is
+    ``wrap_inline(...)`` or the object's own callable). For the object itself the question is
+    answered by the cache: its own code when that has entries, else ``wrap_inline``'s frame when
+    an entry of it accepts the object, else its own code (whose "no entry" error names it)."""
+    torch = _torch()
+    orig = obj
+    inline = _inline_code()
+    callee = None
+    if isinstance(obj, torch._dynamo.eval_frame.OptimizedModule):
+        callee = _compiled_callee(obj.__dict__.get("_forward", obj.__dict__.get("forward")))
+        obj = obj._orig_mod
+    elif callable(obj) and getattr(obj, "_torchdynamo_orig_callable", None) is not None:
+        callee = _compiled_callee(obj)
+        obj = obj._torchdynamo_orig_callable
+        if isinstance(obj, torch._dynamo.eval_frame.OptimizedModule):
+            return resolve_target(obj)
+    if getattr(callee, "__code__", None) is inline:
+        return _wrap_target(_compiled_callee(callee), _describe(obj))
+    own = _own_target(obj)
+    if own is None and isinstance(obj, torch.nn.Module):
+        raise TypeError(
+            f"guards_of: {type(obj).__qualname__}.forward is not a Python function ({type(obj).forward!r})"
+        )
+    if own is None:
+        raise TypeError(
+            "guards_of: expected a function, a bound method, an nn.Module, a code object or what "
+            f"torch.compile returned for one, not {type(orig).__name__}"
+        )
+    if callee is not None or isinstance(obj, types.CodeType) or _entries(own):
+        return own
+    wrapped = _wrap_target(obj, _describe(obj))
+    return wrapped if _entries(wrapped) else own
+
+
+def _entries(target: Target) -> list[Any]:
+    """torch's cache entries of ``target.code`` that belong to it, most recently used first."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    entries = list(_debug_get_cache_entry_list(target.code))
+    if not target.is_wrapped:
+        return entries
+    return [e for e in entries if _accepts_wrapped(e.guard_manager, target.wrapped)]
+
+
+# The leaves and steps that decide whether an entry of wrap_inline's frame is for the wrapped
+# object: identity and type checks only (they run no user code), on ``L['fn']`` and on a method's
+# ``__self__`` / ``__func__`` (and a function's ``__code__``), read with getattr on objects whose
+# attributes these are slots of (methods, functions): no property of a user class runs.
+_IDENTITY_LEAVES = ("TYPE_MATCH", "ID_MATCH")
+_IDENTITY_STEPS = {
+    ".__self__": (types.MethodType, "__self__"),
+    ".__func__": (types.MethodType, "__func__"),
+    ".__code__": (types.FunctionType, "__code__"),
+}
+
+
+def _accepts_wrapped(gm: Any, obj: Any) -> bool:
+    root = getattr(gm, "root", None)
+    if root is None:  # an invalidated entry: find_entry reports it
+        return True
+    for mgr in root.get_child_managers():
+        if mgr.get_source() == "L['fn']":
+            return _identity_leaves_pass(mgr, obj)
+    return True  # torch guards nothing on fn: the entry accepts any object
+
+
+def _identity_leaves_pass(mgr: Any, value: Any) -> bool:
+    for leaf in mgr.get_leaf_guards():
+        if type(leaf).__name__ in _IDENTITY_LEAVES and not leaf(value):
+            return False
+    source = mgr.get_source()
+    for child in mgr.get_child_managers():
+        step = _IDENTITY_STEPS.get(child.get_source()[len(source) :])
+        if (
+            step is not None
+            and isinstance(value, step[0])
+            and not _identity_leaves_pass(child, getattr(value, step[1]))
+        ):
+            return False
+    return True
 
 
 def find_entry(target: Target, entry: int) -> Any:
     """The ``GuardManagerWrapper`` of cache entry ``entry`` (0 = the most recently used)."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.guards import DeletedGuardManagerWrapper, GuardManagerWrapper
 
     code = target.code
     where = f"{target.described} ({code.co_filename}:{code.co_firstlineno})"
-    entries = _debug_get_cache_entry_list(code)
+    entries = _entries(target)
     if not entries:
         raise TorchImportError(
             f"guards_of: torch has no compiled cache entry for {where}: call the torch.compile'd "
@@ -107,6 +230,11 @@ def find_entry(target: Target, entry: int) -> Any:
         reason = getattr(gm, "invalidation_reason", None) or type(gm).__name__
         raise TorchImportError(f"guards_of: cache entry {entry} of {where} is invalidated: {reason}")
     return gm
+
+
+def count_entries(target: Target) -> int:
+    """How many of torch's cache entries belong to ``target``."""
+    return len(_entries(target))
 
 
 def identity_objects(gm: Any) -> dict[int, Any]:
