@@ -325,6 +325,8 @@ class Specialized(FastDispatch):
         ns = self._store_state()
         try:
             batch, self._store_position = self.store.read(ns, self._store_position, self._store_keys)
+        except Warning:
+            raise  # a store's report that the application's warning filters turned into an error
         except Exception as e:  # noqa: BLE001 - a store of the user's own (tripwire's report their problems)
             self._store_problem("the store could not be read", f"{type(e).__name__}: {e}")
             return False
@@ -398,6 +400,8 @@ class Specialized(FastDispatch):
             self.store.save(ns, key, data)
         except NotSerializable as e:
             self._store_problem("entry kept in memory only, not stored", str(e))
+        except Warning:
+            raise  # a store's report that the application's warning filters turned into an error
         except Exception as e:  # noqa: BLE001 - a codec or store of the user's own
             self._store_problem("entry kept in memory only, not stored", f"{type(e).__name__}: {e}")
 

@@ -387,6 +387,7 @@ _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _JOURNAL = "journal"
 _RECORD = 34  # b"\n" + 32 hex digits + b"\n"
 _TEMP_MAX_AGE = 3600  # seconds after which a killed writer's temporary file is removed
+_CHANCE = random.SystemRandom()  # whether a save collects; the application's random state is not touched
 
 
 def _read_regular(fd: int, limit: int) -> tuple[bytes | None, str]:
@@ -580,7 +581,7 @@ class Directory(_Reports):
             self._health.failed(f"tripwire: cannot write to the {self._health.name}: {e}")
             return
         self._health.ok()
-        if random.random() * self.max_bytes < 16 * len(data):
+        if _CHANCE.random() * self.max_bytes < 16 * len(data):
             self._collect()
 
     def _write(self, dfd: int, name: str, data: bytes) -> None:
