@@ -147,6 +147,7 @@ class Specialized(FastDispatch):
         # The store namespace read last, where its next read starts, and the keys of its entries
         # this process has (loaded, skipped or compiled): each entry is read and decoded once.
         self._store_namespace: str | None = None
+        self._code_digest: tuple[Any, str] | None = None
         self._store_position: Any = None
         self._store_keys: set[str] = set()
         self._store_warned: set[str] = set()
@@ -263,7 +264,15 @@ class Specialized(FastDispatch):
         backend, the codec, the Python version and the format."""
         fn = self._fn
         code = getattr(fn, "__code__", None)
-        digest = fingerprint(RefKind.CODE, code).hex() if code is not None else ""
+        # The code's digest walks all its bytecode and constants: computed once per code object,
+        # not on every miss (fn.__code__ may be replaced: the memo is checked by identity).
+        memo = self._code_digest
+        if memo is None or memo[0] is not code:
+            memo = self._code_digest = (
+                code,
+                fingerprint(RefKind.CODE, code).hex() if code is not None else "",
+            )
+        digest = memo[1]
         compiler = self.compiler
         parts = [
             str(getattr(fn, "__module__", "")),

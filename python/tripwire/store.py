@@ -7,11 +7,15 @@ through :meth:`tripwire.GuardSet.from_bytes`, payloads through the codec, whose 
 (:class:`ReferenceCodec`) stores a module-level object by name, like the guards' references.
 
 * :class:`Directory` (the default kind; under the user cache directory): atomic writes (a
-  temporary file, fsync, rename), safe with several writers, corrupt or foreign-version entries
-  skipped with one warning, size-based eviction.
+  temporary file, fsync, rename), safe with several writers, special files never read,
+  size-based eviction.
 * :class:`Redis`: a server shared by a fleet (redis-py). When it is down, or stops, lookups miss
-  and compiling goes on, with one warning; entries not written yet are kept and written when it is
-  back.
+  and compiling goes on, with one warning per outage; entries not written yet are kept and
+  written when it is back.
+
+Stored bytes are untrusted: every entry is served correctly or skipped with one report. Each
+namespace has a journal of its keys in the order saved, read from where the reader stopped, so a
+store costs O(1) amortised per entry (docs/store.md).
 
 Layout of an entry (all integers little-endian; docs/store.md)::
 
@@ -562,16 +566,16 @@ class Directory(_Reports):
         d = self._dir(namespace)
         _check_entry(_check_name("key", key), data)
         try:
-            (self.path / "v1").mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(d)
             try:
-                dfd = os.open(d, _OPEN_DIR)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    self._bad_namespace(namespace, str(d), "it is not a directory")
-                    return
-                raise
+                dfd = self._open_namespace(d)
+            except FileNotFoundError:
+                (self.path / "v1").mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(d)
+                dfd = self._open_namespace(d)
+            if dfd < 0:
+                self._bad_namespace(namespace, str(d), "it is not a directory")
+                return
             try:
                 self._write(dfd, f"{key}.twe", data)
                 self._append(dfd, namespace, d, key)
@@ -583,6 +587,16 @@ class Directory(_Reports):
         self._health.ok()
         if _CHANCE.random() * self.max_bytes < 16 * len(data):
             self._collect()
+
+    @staticmethod
+    def _open_namespace(d: Path) -> int:
+        """The namespace directory's descriptor; -1 if it is a link or not a directory."""
+        try:
+            return os.open(d, _OPEN_DIR)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                return -1
+            raise
 
     def _write(self, dfd: int, name: str, data: bytes) -> None:
         """``data`` under ``name``, atomically: written to a temporary file and fsynced before the

@@ -533,3 +533,127 @@ def test_a_default_user_sees_an_outage_once() -> None:
     )
     assert out.returncode == 0 and out.stdout.strip() == str(sum(2 * x for x in range(22)))
     assert out.stderr.count("StoreWarning") == 1 and out.stderr.count("unavailable") == 1, out.stderr
+
+
+# -- the boundary: user codecs and stores, re-entrancy ---------------------------------------------
+
+
+class _Codec:
+    """A codec of the user's own whose decode does what the test says."""
+
+    name = "mine"
+
+    def __init__(self, decode: Callable[[bytes], Any]) -> None:
+        self._decode = decode
+
+    def encode(self, payload: Any) -> bytes:
+        return b"fast"
+
+    def decode(self, data: bytes) -> Any:
+        return self._decode(data)
+
+
+def _stored_then(tmp_path: Path, decode: Callable[[bytes], Any]) -> Any:
+    """A function whose store holds its entry for x == 1, and whose codec decodes with ``decode``."""
+    first = tw.specialize(
+        fx.helper, compiler=compile_helper, store=Directory(tmp_path), codec=_Codec(lambda d: fast_helper)
+    )
+    first(1)
+    return tw.specialize(fx.helper, compiler=compile_helper, store=Directory(tmp_path), codec=_Codec(decode))
+
+
+def test_a_decode_that_calls_the_function_runs_it_uncompiled(tmp_path: Path) -> None:
+    """A finalizer, weakref callback or codec calling the function while an entry loads (the
+    function's lock is held by this thread) runs the function itself instead of deadlocking."""
+    inner: list[Any] = []
+
+    def decode(data: bytes) -> Any:
+        inner.append(f(5))
+        return fast_helper
+
+    f = _stored_then(tmp_path, decode)
+    COMPILES.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert f(1) == 2
+    assert inner == [10] and COMPILES == [] and f.store_loads == 1
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AttributeError("qualname"),
+        lambda: RecursionError("deep"),
+        MemoryError,
+        lambda: TypeError("x"),
+        lambda: UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"),
+    ],
+    ids=["AttributeError", "RecursionError", "MemoryError", "TypeError", "UnicodeDecodeError"],
+)
+def test_any_exception_from_one_entry_skips_it(tmp_path: Path, make: Callable[[], Exception]) -> None:
+    error = make()  # a fresh one per test: a raised exception holds its frames
+
+    def decode(data: bytes) -> Any:
+        raise error
+
+    f = _stored_then(tmp_path, decode)
+    COMPILES.clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert f(1) == 2 and f(1) == 2
+    assert COMPILES == [1] and len(w) == 1 and type(error).__name__ in str(w[0].message)
+    assert len(f.store_skipped) == 1
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_the_process_s_own_exceptions_propagate(tmp_path: Path, error: type[BaseException]) -> None:
+    def decode(data: bytes) -> Any:
+        raise error
+
+    f = _stored_then(tmp_path, decode)
+    with pytest.raises(error):
+        f(1)
+
+
+class _BrokenStore:
+    def read(self, namespace: str, position: Any = None, known: Any = ()) -> Any:
+        raise OSError("my store is broken")
+
+    def save(self, namespace: str, key: str, data: bytes) -> None:
+        raise RuntimeError("cannot save either")
+
+
+def test_a_store_of_the_user_s_own_that_raises() -> None:
+    f = specialized(_BrokenStore())
+    COMPILES.clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert [f(1), f(2), f(1)] == [2, 4, 2]
+    assert COMPILES == [1, 2]
+    assert sorted(str(x.message).split(": ")[2] for x in w) == [
+        "entry kept in memory only, not stored",
+        "the store could not be read",
+    ]
+
+
+def replaceable(x: Any) -> Any:
+    return x * 2
+
+
+def test_a_replaced_code_reads_its_own_namespace(tmp_path: Path) -> None:
+    """fn.__code__ replaced: another namespace, read from its start; the old code's entries are
+    found again when it is restored."""
+    original = replaceable.__code__
+    f = tw.specialize(replaceable, compiler=compile_helper, store=Directory(tmp_path))
+    try:
+        COMPILES.clear()
+        assert f(1) == 2
+        first = f._store_namespace
+        replaceable.__code__ = (lambda x: x * 2).__code__
+        assert f(1) == 2 and f._store_namespace != first
+        replaceable.__code__ = original
+        assert f(1) == 2 and f._store_namespace == first
+        assert COMPILES == [1, 1] and f.store_loads == 1  # the restored code's entry came back
+    finally:
+        replaceable.__code__ = original
+    assert len(list((tmp_path / "v1").iterdir())) == 2  # one namespace per code
