@@ -577,7 +577,11 @@ class Directory(_Reports):
                 self._bad_namespace(namespace, str(d), "it is not a directory")
                 return
             try:
-                self._write(dfd, f"{key}.twe", data)
+                try:
+                    self._write(dfd, f"{key}.twe", data)
+                except IsADirectoryError:  # a directory holds the entry's name: not an outage
+                    self._skip(namespace, key, str(d / f"{key}.twe"), "a directory holds its name")
+                    return
                 self._append(dfd, namespace, d, key)
             finally:
                 os.close(dfd)

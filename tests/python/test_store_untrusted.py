@@ -657,3 +657,52 @@ def test_a_replaced_code_reads_its_own_namespace(tmp_path: Path) -> None:
     finally:
         replaceable.__code__ = original
     assert len(list((tmp_path / "v1").iterdir())) == 2  # one namespace per code
+
+
+def test_a_directory_under_an_entry_name_is_reported_once_not_an_outage(tmp_path: Path) -> None:
+    d, blob = Directory(tmp_path), encode_entry_for(7)
+    ns, key = namespace_of(["dir"]), entry_key(blob)
+    (tmp_path / "v1" / ns / f"{key}.twe" / "inside").mkdir(parents=True)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        d.save(ns, key, blob)
+        d.save(ns, key, blob)
+        assert d.load(ns) == []
+    assert len(w) == 1 and "a directory holds its name" in str(w[0].message)
+    assert "unavailable" not in str(w[0].message) and "cannot write" not in str(w[0].message)
+
+
+def encode_entry_for(x: int) -> bytes:
+    b = tw.GuardBuilder({"x": x})
+    b.equals("L['x']")
+    return tw.store.encode_entry(b.build().to_bytes(), "bytes", b"")
+
+
+def test_threads_share_a_store(tmp_path: Path) -> None:
+    """Four threads, two functions, one Directory object: every answer right, each entry stored
+    once per function and loaded by a later reader."""
+    store = Directory(tmp_path)
+    fs = [
+        specialized(store),
+        tw.specialize(fx.other_helper, store=store, recompile_limit=64, accumulated_limit=64),
+    ]
+    errors: list[BaseException] = []
+
+    def run(seed: int) -> None:
+        try:
+            for i in range(60):
+                x = (i * 7 + seed) % 30
+                assert fs[0](x) == 2 * x and fs[1](x) == 3 * x
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        threads = [threading.Thread(target=run, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+    reader = Directory(tmp_path)
+    assert [len(reader.load(f._namespace())) for f in fs] == [30, 30]
