@@ -14,7 +14,7 @@ unchanged store is timed.
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 import shutil
 import socket
 import statistics
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import tripwire as tw
-from tripwire.store import Directory, Redis, encode_entry, entry_key
+from tripwire.store import Directory, Redis, encode_entry, entry_key, namespace_of
 
 
 def target(x: Any) -> Any:
@@ -48,29 +48,16 @@ def specialized(store: Any, n: int) -> Any:
     )
 
 
-def _waited() -> float:
-    """Seconds this process has waited on a run queue (Linux ``/proc/self/schedstat``; 0 elsewhere)."""
-    try:
-        with open("/proc/self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _clock() -> tuple[float, float, float]:
-    # Yield first: a wait that began before this point is then accounted before it (the kernel
-    # adds a wait to run_delay when the process runs again), not inside the next interval.
-    if hasattr(os, "sched_yield"):
-        os.sched_yield()
-    return time.perf_counter(), time.process_time(), _waited()
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
 
 
 def write_then_read(make_store: Callable[[], Any], n: int) -> list[float]:
     """Microseconds per entry to write n entries, then to read them back with a fresh reader
-    (each of its n calls): [write, write CPU, read, read CPU]. "write" and "read" are wall time
-    less the time spent waiting on a run queue: on a shared machine that wait is other
-    processes holding the CPU, and it grows with the length of a run (a run shorter than a
-    scheduler slice rarely waits). It keeps time blocked on I/O (fsync)."""
+    (each of its n calls): [write wall, write CPU, read wall, read CPU]. CPU is this process's
+    time (``time.process_time``): on a shared machine the wall clock also counts the time other
+    processes hold the CPU, which grows with the length of a run (a run shorter than a
+    scheduler slice rarely waits). Wall time keeps the time blocked on I/O (fsync)."""
     w = specialized(make_store(), n)
     a = _clock()
     for i in range(n):
@@ -82,11 +69,51 @@ def write_then_read(make_store: Callable[[], Any], n: int) -> list[float]:
         r(i)
     d = _clock()
     assert r.store_loads == n, (r.store_loads, n)
+    return [(y[k] - x[k]) / n * 1e6 for x, y in ((a, b), (c, d)) for k in (0, 1)]
 
-    def per_entry(x: tuple[float, float, float], y: tuple[float, float, float]) -> list[float]:
-        return [((y[0] - x[0]) - (y[2] - x[2])) / n * 1e6, (y[1] - x[1]) / n * 1e6]
 
-    return per_entry(a, b) + per_entry(c, d)
+@functools.cache
+def entries(n: int) -> list[tuple[str, bytes]]:
+    """n distinct entries of one function (guards x == i), as (key, bytes)."""
+    payload = tw.store.ReferenceCodec(modules=[__name__]).encode(fast_target)
+    out = []
+    for i in range(n):
+        b = tw.GuardBuilder({"x": i})
+        b.equals("L['x']")
+        data = encode_entry(b.build().to_bytes(), "reference", payload)
+        out.append((entry_key(data), data))
+    return out
+
+
+def store_alone(make_store: Callable[[], Any], n: int) -> list[float]:
+    """The store's own part of write_then_read, with the entries encoded beforehand: each write
+    is a miss's read (from the writer's position, passing over its own keys) and a save; the
+    read back is one read of all n by a fresh store object."""
+    ns, known, position, w = namespace_of([f"alone{n}"]), set(), None, make_store()
+    todo = entries(n)
+    a = _clock()
+    for key, data in todo:
+        _, position = w.read(ns, position, known)
+        known.add(key)
+        w.save(ns, key, data)
+    b = _clock()
+    got = make_store().read(ns)[0]
+    c = _clock()
+    assert len(got) == n, (len(got), n)
+    return [(y[k] - x[k]) / n * 1e6 for x, y in ((a, b), (b, c)) for k in (0, 1)]
+
+
+def no_store(make_store: Callable[[], Any], n: int) -> list[float]:
+    """@specialize without a store: n misses, then n hits (what the cache itself costs)."""
+    f = specialized(None, n)
+    a = _clock()
+    for i in range(n):
+        f(i)
+    b = _clock()
+    for i in range(n):
+        f(i)
+    c = _clock()
+    return [(y[k] - x[k]) / n * 1e6 for x, y in ((a, b), (b, c)) for k in (0, 1)]
 
 
 def start_redis() -> tuple[subprocess.Popen | None, str]:
@@ -113,24 +140,33 @@ def start_redis() -> tuple[subprocess.Popen | None, str]:
     return None, ""
 
 
-_COLUMNS = ("write", "write CPU", "read", "read CPU")
+_COLUMNS = ("write wall", "write CPU", "read wall", "read CPU")
 
 
-def scaling(name: str, fresh: Callable[[], Callable[[], Any]], sizes: list[int], repeat: int) -> None:
-    """Each size is repeated until about 100 x ``repeat`` entries are measured (at least
-    ``repeat`` times): a small store's run is short, and its minimum needs more samples."""
-    print(f"\n{name}: microseconds per entry (wall less run-queue wait, and CPU), min / median")
+def scaling(
+    name: str,
+    fresh: Callable[[], Callable[[], Any]],
+    sizes: list[int],
+    repeat: int,
+    run: Callable[[Callable[[], Any], int], list[float]] = write_then_read,
+) -> None:
+    """``repeat`` rounds; each round runs every size in turn (so a change in the machine's load
+    or the disk's speed touches all sizes alike), a size of N entries 100 / N times (at least
+    once): a small store's run is short, and its minimum needs more samples."""
+    print(f"\n{name}: microseconds per entry, min / median")
+    samples: dict[int, list[list[float]]] = {n: [] for n in sizes}
+    for _ in range(repeat):
+        for n in sizes:
+            for _ in range(max(1, 100 // n)):
+                samples[n].append(run(fresh(), n))
     print(f"{'N':>6} {'runs':>5} | " + " | ".join(f"{c:>17}" for c in _COLUMNS))
-    results = {}
+    cols = {n: list(zip(*samples[n], strict=True)) for n in sizes}
     for n in sizes:
-        runs = max(repeat, 100 * repeat // n)
-        samples = list(zip(*(write_then_read(fresh(), n) for _ in range(runs)), strict=True))
-        results[n] = samples
         print(
-            f"{n:>6} {runs:>5} | "
-            + " | ".join(f"{min(c):7.1f} / {statistics.median(c):7.1f}" for c in samples)
+            f"{n:>6} {len(samples[n]):>5} | "
+            + " | ".join(f"{min(c):7.1f} / {statistics.median(c):7.1f}" for c in cols[n])
         )
-    lo, hi = results[sizes[0]], results[sizes[-1]]
+    lo, hi = cols[sizes[0]], cols[sizes[-1]]
     for i, what in enumerate(_COLUMNS):
         print(
             f"ratio N={sizes[-1]} / N={sizes[0]}, {what}: {min(hi[i]) / min(lo[i]):.2f} (min), "
@@ -146,23 +182,18 @@ def killed_writers(root: Path, keys: int, temps: int) -> None:
     ns = probe._namespace()
     d = root / "v1" / ns
     d.mkdir(parents=True, exist_ok=True)
-    payload = tw.store.ReferenceCodec(modules=[__name__]).encode(fast_target)
     records = []
-    for i in range(keys):
-        b = tw.GuardBuilder({"x": i})
-        b.equals("L['x']")
-        data = encode_entry(b.build().to_bytes(), "reference", payload)
-        key = entry_key(data)
+    for key, data in entries(keys):
         (d / f"{key}.twe").write_bytes(data)
         records.append(b"\n" + key.encode() + b"\n")
     (d / "journal").write_bytes(b"".join(records))
     for i in range(temps):
         (d / f".tmp-{i:08x}.part").write_bytes(b"\x89TWE\r\n\x1a\n half an entry")
     r = specialized(Directory(root), keys)
-    t0, c0, q0 = _clock()
+    t0, c0 = _clock()
     for i in range(keys):
         assert r(i) == i + 1
-    t1, c1, q1 = _clock()
+    t1, c1 = _clock()
     assert r.store_loads == keys
     misses = []
     for i in range(200):  # misses in an unchanged store: one stat each, then a compile
@@ -171,7 +202,7 @@ def killed_writers(root: Path, keys: int, temps: int) -> None:
         misses.append(time.perf_counter() - t)
     print(
         f"\nkilled writers: {keys} entries + {temps} temporary files: a reader serves {keys} calls in "
-        f"{t1 - t0:.3f} s wall ({t1 - t0 - (q1 - q0):.3f} s less run-queue wait), {c1 - c0:.3f} s CPU "
+        f"{t1 - t0:.3f} s wall, {c1 - c0:.3f} s CPU "
         f"({(c1 - c0) / keys * 1e6:.1f} us CPU per entry); "
         f"a miss's store read in the unchanged store: {min(misses) * 1e6:.1f} / "
         f"{statistics.median(misses) * 1e6:.1f} us (min / median)"
@@ -194,7 +225,17 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / f"d{next(counter)}"
             return lambda: Directory(path)
 
-        scaling("Directory", fresh_directory, args.sizes, args.repeat)
+        scaling("@specialize, Directory", fresh_directory, args.sizes, args.repeat)
+        scaling(
+            "Directory alone (read + save per entry)", fresh_directory, args.sizes, args.repeat, store_alone
+        )
+        scaling(
+            "@specialize without a store (misses, then hits)",
+            fresh_directory,
+            args.sizes,
+            args.repeat,
+            no_store,
+        )
         killed_writers(Path(tmp) / "killed", 2000, 2000)
     if not args.no_redis:
         proc, url = start_redis()
@@ -207,7 +248,13 @@ def main(argv: list[str] | None = None) -> int:
                 prefix = f"b{next(counter)}"
                 return lambda: Redis(url, prefix=prefix)
 
-            scaling("Redis (loopback; the server's CPU is not counted)", fresh_redis, args.sizes, args.repeat)
+            scaling(
+                "@specialize, Redis (loopback; the server's CPU is not counted)",
+                fresh_redis,
+                args.sizes,
+                args.repeat,
+            )
+            scaling("Redis alone (read + save per entry)", fresh_redis, args.sizes, args.repeat, store_alone)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
