@@ -706,3 +706,29 @@ def test_threads_share_a_store(tmp_path: Path) -> None:
     assert errors == [] and not any(t.is_alive() for t in threads)
     reader = Directory(tmp_path)
     assert [len(reader.load(f._namespace())) for f in fs] == [30, 30]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        lambda good: json.dumps(dict(good, qualname=123)).encode(),
+        lambda good: b"[" * 100_000,
+        lambda good: b'{"a":' * 100_000,
+        lambda good: json.dumps(dict(good, kind="1")).encode(),
+        lambda good: json.dumps(dict(good, module=["serial_fixtures"])).encode(),
+    ],
+    ids=["qualname-123", "deep-list", "deep-object", "kind-str", "module-list"],
+)
+def test_the_reported_entries_are_skipped_with_one_report(tmp_path: Path, payload: Any) -> None:
+    """The review's entries, with the default codec: valid hash, the guards of x == 1."""
+    f = specialized(Directory(tmp_path))
+    data = raw_entry(genuine()["guards"][1], b"reference", payload(json.loads(genuine()["payload"])))
+    d = tmp_path / "v1" / f._namespace()
+    d.mkdir(parents=True)
+    (d / f"{entry_key(data)}.twe").write_bytes(data)
+    (d / "journal").write_bytes(b"\n" + entry_key(data).encode() + b"\n")
+    COMPILES.clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert f(1) == 2 and f(1) == 2 and f(2) == 4
+    assert COMPILES == [1, 2] and len(w) == 1 and entry_key(data) in str(w[0].message)
