@@ -36,7 +36,6 @@ import sys
 import threading
 import time
 import types
-import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -54,7 +53,7 @@ from .store import (
     Codec,
     ReferenceCodec,
     Store,
-    StoreWarning,
+    _report,
     decode_entry,
     encode_entry,
     entry_key,
@@ -165,9 +164,15 @@ class Specialized(FastDispatch, Generic[_Args, _Ret]):
             ]
             codec = ReferenceCodec(modules=[m for m in own if isinstance(m, str)])
         self.codec: Codec = codec
-        self._store_keys: set[str] = set()  # entries of the store this process has in its cache
+        # The store namespace read last, where its next read starts, and the keys of its entries
+        # this process has (loaded, skipped or compiled): each entry is read and decoded once.
+        self._store_namespace: str | None = None
+        self._code_digest: tuple[Any, str] | None = None
+        self._store_position: Any = None
+        self._store_keys: set[str] = set()
         self._store_warned: set[str] = set()
         self.store_loads = 0  # entries loaded from the store into the cache
+        self.store_skipped: list[tuple[str, str]] = []  # (key, why) of stored entries not used
         # The C++ call path: binds and looks up in C++; unbindable calls go to _call_python,
         # misses to _fast_miss.
         _fast_setup(self, self.cache, fn, Specialized._call_python, Specialized._fast_miss)
@@ -313,7 +318,15 @@ class Specialized(FastDispatch, Generic[_Args, _Ret]):
         backend, the codec, the Python version and the format."""
         fn = self._fn
         code = getattr(fn, "__code__", None)
-        digest = fingerprint(RefKind.CODE, code).hex() if code is not None else ""
+        # The code's digest walks all its bytecode and constants: computed once per code object,
+        # not on every miss (fn.__code__ may be replaced: the memo is checked by identity).
+        memo = self._code_digest
+        if memo is None or memo[0] is not code:
+            memo = self._code_digest = (
+                code,
+                fingerprint(RefKind.CODE, code).hex() if code is not None else "",
+            )
+        digest = memo[1]
         compiler = self.compiler
         parts = [
             str(getattr(fn, "__module__", "")),
@@ -328,14 +341,13 @@ class Specialized(FastDispatch, Generic[_Args, _Ret]):
         return namespace_of(parts)
 
     def _store_problem(self, what: str, why: str) -> None:
-        """One warning per kind of problem and function; debug logs after that."""
+        """One report per kind of problem and function; debug logs after that."""
         message = f"tripwire: {self._where()}: {what}: {why}"
         if what in self._store_warned:
             _store_log.debug("%s", message)
             return
         self._store_warned.add(what)
-        _store_log.warning("%s", message)
-        warnings.warn(message, StoreWarning, stacklevel=5)
+        _report(message)
 
     def _shareable(self) -> bool:
         """Whether entries of this function may be shared through a store: only a function that
@@ -353,60 +365,108 @@ class Specialized(FastDispatch, Generic[_Args, _Ret]):
             return False
         return True
 
+    def _store_state(self) -> str:
+        """The namespace for the function as it is now; a new one (its code was replaced) starts
+        reading from the beginning."""
+        ns = self._namespace()
+        if ns != self._store_namespace:
+            self._store_namespace, self._store_position = ns, None
+            self._store_keys = set()
+        return ns
+
     def _load_store(self) -> bool:
-        """Insert the store's entries this process has not seen; True if any was inserted."""
+        """Insert the stored entries this process has not seen; True if any was inserted.
+
+        Each entry is a boundary: whatever decoding, validating or resolving it raises (any
+        Exception, MemoryError and RecursionError included: an entry's size is capped, so they
+        come from its contents, and a process really out of memory or stack raises them again
+        in the compile that follows) skips it with one report, and the call compiles.
+        KeyboardInterrupt and SystemExit are the process's and propagate."""
         assert self.store is not None
         if not self._shareable():
             return False
+        ns = self._store_state()
+        try:
+            batch, self._store_position = self.store.read(ns, self._store_position, self._store_keys)
+        except Warning:
+            raise  # a store's report that the application's warning filters turned into an error
+        except Exception as e:  # noqa: BLE001 - a store of the user's own (tripwire's report their problems)
+            self._store_problem("the store could not be read", f"{type(e).__name__}: {e}")
+            return False
         inserted = False
-        for data in self.store.load(self._namespace()):
-            key = entry_key(data)
-            if key in self._store_keys:
-                continue
-            self._store_keys.add(key)
-            try:
-                entry = decode_entry(data)
-                if entry.codec == _SELF_CODEC:  # the function itself (the default compiler)
-                    gs = GuardSet.from_bytes(entry.guards, f_globals=self._globals)
-                    if entry.payload:
-                        raise FormatError("a stored 'the function itself' payload must be empty")
-                    self.cache.insert(gs, self._fn, name=f"{self._label}#stored-{key[:8]}")
-                    self.store_loads += 1
-                    inserted = True
-                    continue
-                if entry.codec != self.codec.name:
-                    raise FormatError(
-                        f"entry stored with codec {entry.codec!r}, this function uses {self.codec.name!r}"
-                    )
-                gs = GuardSet.from_bytes(entry.guards, f_globals=self._globals)
-                payload = self.codec.decode(entry.payload)
-            except (FormatError, NotSerializable) as e:
-                self._store_problem("skipped a stored entry", str(e))
-                continue
-            try:
-                if self.cache.insert(gs, payload, name=f"{self._label}#stored-{key[:8]}") is False:
+        # A finalizer or weakref callback that calls this function while an entry loads (this
+        # thread holds the lock) runs it uncompiled, as a call from the compiler does.
+        compiling = getattr(self._local, "compiling", False)
+        self._local.compiling = True
+        try:
+            for data in batch:
+                try:
+                    key = entry_key(data)
+                    if key in self._store_keys:
+                        continue
+                    self._store_keys.add(key)
+                    gs, payload = self._decode_stored(data)
+                    if self.cache.insert(gs, payload, name=f"{self._label}#stored-{key[:8]}") is False:
+                        break
+                except RecompileLimitExceeded:
                     break
-            except RecompileLimitExceeded:
-                break
-            self.store_loads += 1
-            inserted = True
+                except Exception as e:  # noqa: BLE001 - any failure of one entry skips it
+                    self._skip_stored(data, e)
+                    continue
+                self.store_loads += 1
+                inserted = True
+        finally:
+            self._local.compiling = compiling
         return inserted
 
+    def _decode_stored(self, data: bytes) -> tuple[GuardSet, Any]:
+        """An entry's guards and callable payload; raises for anything else."""
+        entry = decode_entry(data)
+        if entry.codec == _SELF_CODEC:  # the function itself (the default compiler)
+            if entry.payload:
+                raise FormatError("a stored 'the function itself' payload must be empty")
+            return GuardSet.from_bytes(entry.guards, f_globals=self._globals), self._fn
+        if entry.codec != self.codec.name:
+            raise FormatError(
+                f"entry stored with codec {entry.codec!r}, this function uses {self.codec.name!r}"
+            )
+        gs = GuardSet.from_bytes(entry.guards, f_globals=self._globals)
+        payload = self.codec.decode(entry.payload)
+        if not callable(payload):
+            raise FormatError(f"the codec decoded a {type(payload).__name__}, which is not callable")
+        return gs, payload
+
+    def _skip_stored(self, data: Any, e: BaseException) -> None:
+        """One report for a stored entry that is not used (its key is in _store_keys: never again)."""
+        try:
+            key = entry_key(data)
+        except Exception:  # noqa: BLE001 - a store of the user's own returned something else
+            key = f"<a {type(data).__name__}, not bytes>"
+        why = f"{type(e).__name__}: {e}" if not isinstance(e, FormatError) else str(e)
+        self.store_skipped.append((key, why))
+        _report(f"tripwire: {self._where()}: skipped stored entry {key}: {why}; compiling instead")
+
     def _save_entry(self, gs: GuardSet, compiled: Any) -> None:
+        """Store a new entry. Nothing raised here reaches the caller: the entry is cached
+        already, and one report per kind of problem says why it is not stored."""
         assert self.store is not None
         if not self._shareable():
             return
         try:
+            ns = self._store_state()
             if compiled is self._fn:  # the function itself: the loader has it
                 data = encode_entry(gs.to_bytes(), _SELF_CODEC, b"")
             else:
                 data = encode_entry(gs.to_bytes(), self.codec.name, self.codec.encode(compiled))
+            key = entry_key(data)
+            self._store_keys.add(key)
+            self.store.save(ns, key, data)
         except NotSerializable as e:
             self._store_problem("entry kept in memory only, not stored", str(e))
-            return
-        key = entry_key(data)
-        self._store_keys.add(key)
-        self.store.save(self._namespace(), key, data)
+        except Warning:
+            raise  # a store's report that the application's warning filters turned into an error
+        except Exception as e:  # noqa: BLE001 - a codec or store of the user's own
+            self._store_problem("entry kept in memory only, not stored", f"{type(e).__name__}: {e}")
 
     def _where(self) -> str:
         line = self._source_line(self._fn)

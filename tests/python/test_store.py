@@ -4,16 +4,14 @@ that stops and comes back."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import pytest
 
 import serial_fixtures as fx
 import tripwire as tw
+from redis_server import RedisServer, free_port, redis_server_fixture  # noqa: F401 (a fixture)
 from tripwire.store import (
     BytesCodec,
     Directory,
@@ -28,15 +27,43 @@ from tripwire.store import (
     StoreWarning,
     decode_entry,
     encode_entry,
+    entry_key,
+    namespace_of,
 )
 
 HERE = Path(__file__).parent
+NS = namespace_of(["test_store"])
 
 
+@functools.cache
 def a_blob(value: Any = 1) -> bytes:
+    """An entry whose payload names ``value`` (the same bytes for the same value in a process:
+    the guards record where they were installed)."""
     b = tw.GuardBuilder({"x": value})
     b.equals("L['x']")
     return encode_entry(b.build().to_bytes(), "bytes", b"payload-%d" % value)
+
+
+def ns(name: str) -> str:
+    return namespace_of([name])
+
+
+def save(store: Any, namespace: str, data: bytes) -> str:
+    key = entry_key(data)
+    store.save(namespace, key, data)
+    return key
+
+
+def plant(root: Path, namespace: str, key: str, content: bytes | None = None) -> Path:
+    """What a writer of the store (or a bit flip) leaves: a file under an entry's name, and its
+    journal record. ``content`` None: only the record."""
+    d = root / "v1" / namespace
+    d.mkdir(parents=True, exist_ok=True)
+    if content is not None:
+        (d / f"{key}.twe").write_bytes(content)
+    with open(d / "journal", "ab") as j:
+        j.write(b"\n" + key.encode() + b"\n")
+    return d / f"{key}.twe"
 
 
 def test_entry_round_trip_and_bad_entries() -> None:
@@ -56,23 +83,26 @@ def test_entry_round_trip_and_bad_entries() -> None:
             decode_entry(bad)
 
 
-def test_directory_save_load_skip_and_warn_once(tmp_path: Path) -> None:
+def test_directory_save_load_skip_and_report_each_once(tmp_path: Path) -> None:
     d = Directory(tmp_path)
-    d.save("ns", "a", a_blob(1))
-    d.save("ns", "b", a_blob(2))
-    d.save("ns", "a", a_blob(1))  # the same key again: nothing changes
-    assert len(d.load("ns")) == 2 and d.load("other") == []
-    ns = tmp_path / "v1" / "ns"
-    (ns / "c.twe").write_bytes(a_blob(3)[:-5])  # torn
-    future = bytearray(a_blob(4))
+    save(d, NS, a_blob(1))
+    save(d, NS, a_blob(2))
+    save(d, NS, a_blob(1))  # the same key again: nothing changes
+    assert d.load(NS) == [a_blob(1), a_blob(2)] and d.load(ns("other")) == []
+    torn, future = a_blob(3), bytearray(a_blob(4))
     future[8] = 9
-    (ns / "d.twe").write_bytes(bytes(future))  # a newer entry format
-    (ns / ".tmp-x.part").write_bytes(b"half")  # a killed writer's temporary file: never read
+    plant(tmp_path, NS, entry_key(torn), torn[:-5])  # torn
+    plant(tmp_path, NS, entry_key(bytes(future)), bytes(future))  # a newer entry format
+    (tmp_path / "v1" / NS / ".tmp-x.part").write_bytes(b"half")  # a killed writer's: never read
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        assert len(d.load("ns")) == 2
-    assert len([x for x in w if issubclass(x.category, StoreWarning)]) == 1  # one warning for both
-    assert {Path(p).name for p, _ in d.skipped} == {"c.twe", "d.twe"}
+        assert len(d.load(NS)) == 2
+        assert len(d.load(NS)) == 2  # reported once per store object
+    assert len([x for x in w if issubclass(x.category, StoreWarning)]) == 2  # one per entry
+    assert {Path(p).name for p, _ in d.skipped} == {
+        f"{entry_key(torn)}.twe",
+        f"{entry_key(bytes(future))}.twe",
+    }
     assert any("version 9" in why for _, why in d.skipped)
 
 
@@ -86,14 +116,20 @@ def test_directory_default_location(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
 def test_directory_evicts_oldest_first(tmp_path: Path) -> None:
     size = len(a_blob(0))
-    d = Directory(tmp_path, max_bytes=size * 5)
+    d = Directory(tmp_path, max_bytes=size * 5)  # every save lists the store (16 x size > max)
+    keys = []
     for i in range(12):
-        d.save(f"ns{i % 3}", f"k{i}", a_blob(i))
-        os.utime(tmp_path / "v1" / f"ns{i % 3}" / f"k{i}.twe", (1000 + i, 1000 + i))
+        keys.append(save(d, ns(f"n{i % 3}"), a_blob(i)))
+        path = tmp_path / "v1" / ns(f"n{i % 3}") / f"{keys[-1]}.twe"
+        os.utime(path, (1000 + i, 1000 + i))
     left = sorted(p.name for p, _, _ in d.entries())
     total = sum(s for _, s, _ in d.entries())
     assert total <= size * 5 and len(left) >= 4
-    assert "k11.twe" in left and "k0.twe" not in left  # the newest stays, the oldest went
+    assert f"{keys[11]}.twe" in left and f"{keys[0]}.twe" not in left  # the newest stays, the oldest went
+    reader = Directory(tmp_path)
+    assert sorted(entry_key(b) for i in range(3) for b in reader.load(ns(f"n{i}"))) == sorted(
+        n[:-4] for n in left
+    )
 
 
 _WRITER = """
@@ -101,10 +137,10 @@ import sys, os
 sys.path.insert(0, {here!r})
 from tripwire.store import Directory
 import tripwire as tw
-from test_store import a_blob
+from test_store import a_blob, save, NS
 d = Directory({root!r})
 for i in range({n}):
-    d.save("shared", "k%d" % (i % {distinct}), a_blob(i % {distinct}))
+    save(d, NS, a_blob(i % {distinct}))
 """
 
 
@@ -120,28 +156,30 @@ def test_concurrent_writers(tmp_path: Path) -> None:
     d = Directory(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no corrupt entry
-        blobs = d.load("shared")
-    assert len(blobs) == 7 and not d.skipped
-    assert not list((tmp_path / "v1" / "shared").glob(".tmp-*"))
+        blobs = d.load(NS)
+    assert sorted(decode_entry(b).payload for b in blobs) == sorted(b"payload-%d" % i for i in range(7))
+    assert not d.skipped
+    assert not list((tmp_path / "v1" / NS).glob(".tmp-*"))
+    journal = (tmp_path / "v1" / NS / "journal").read_bytes()
+    assert len(journal) == 34 * 160  # every save's record, none torn or interleaved
 
 
 _KILLED = """
 import sys, os, time
 sys.path.insert(0, {here!r})
 from tripwire.store import Directory
-from test_store import a_blob
+from test_store import a_blob, save, NS
 
 class Slow(Directory):
-    def _write(self, d, final, data):
-        import tempfile
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=d)
+    def _write(self, dfd, name, data):
+        fd = os.open(".tmp-killed.part", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=dfd)
         os.write(fd, data[: len(data) // 2])
         print("paused", flush=True)
         time.sleep(60)  # killed here, half written
 
 d = Directory({root!r})
-d.save("ns", "done", a_blob(1))
-Slow({root!r}).save("ns", "torn", a_blob(2))
+save(d, NS, a_blob(1))
+save(Slow({root!r}), NS, a_blob(2))
 """
 
 
@@ -155,12 +193,13 @@ def test_a_writer_killed_mid_write_leaves_no_corrupt_entry(tmp_path: Path) -> No
         assert p.stdout.readline().strip() == "paused"
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
-    ns = tmp_path / "v1" / "ns"
-    assert sorted(x.name for x in ns.glob("*.twe")) == ["done.twe"]
-    assert len(list(ns.glob(".tmp-*.part"))) == 1  # the half-written file, never served
+    d = tmp_path / "v1" / NS
+    (done,) = d.glob("*.twe")
+    assert decode_entry(done.read_bytes()).payload == b"payload-1"
+    assert len(list(d.glob(".tmp-*.part"))) == 1  # the half-written file, never served
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(Directory(tmp_path).load("ns")) == 1
+        assert [decode_entry(b).payload for b in Directory(tmp_path).load(NS)] == [b"payload-1"]
 
 
 def test_codecs() -> None:
@@ -305,75 +344,10 @@ def test_entries_that_cannot_be_stored_stay_in_memory_with_one_warning(tmp_path:
 # -- Redis -----------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    def __init__(self, port: int, workdir: Path) -> None:
-        self.port = port
-        self.workdir = workdir
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                shutil.which("redis-server") or "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    pytest.importorskip("redis")
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (scripts/install-deps installs it)")
-    server = RedisServer(_free_port(), tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def test_redis_store_round_trip_and_two_processes(redis_server: RedisServer, tmp_path: Path) -> None:
     r = tw.store.Redis(redis_server.url)
-    r.save("ns", "a", a_blob(1))
-    assert [decode_entry(x).payload for x in r.load("ns")] == [b"payload-1"]
+    save(r, NS, a_blob(1))
+    assert [decode_entry(x).payload for x in r.load(NS)] == [b"payload-1"]
     store = f"Redis({redis_server.url!r})"
     first = run_app(tmp_path, "Redis", store)
     second = run_app(tmp_path, "Redis", store)
@@ -384,7 +358,7 @@ def test_redis_store_round_trip_and_two_processes(redis_server: RedisServer, tmp
 def test_redis_down_falls_back_to_compiling_and_loses_nothing(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    store = tw.store.Redis(redis_server.url, timeout=0.3)
+    store = tw.store.Redis(redis_server.url, timeout=0.3, retry_after=0.5)
     calls: list[Any] = []
 
     def compiler(fn: Any, args: Any, b: Any) -> Any:
@@ -397,19 +371,27 @@ def test_redis_down_falls_back_to_compiling_and_loses_nothing(
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         assert f(2) == 4 and f(3) == 6 and f(2) == 4  # compiles go on, hits too
+        time.sleep(0.6)  # past the back-off: the server is tried again, still down
+        assert f(5) == 10
     assert len([x for x in w if issubclass(x.category, StoreWarning)]) == 1
-    assert calls == [1, 2, 3] and store.pending == 2
+    assert calls == [1, 2, 3, 5] and store.pending == 3
     redis_server.start()  # the same port, empty (no persistence): pending entries are rewritten
-    assert f(4) == 8
+    time.sleep(0.6)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert f(4) == 8
+    assert [str(x.message) for x in w] == [
+        f"tripwire: Redis store {redis_server.url} is available again; 3 kept entries written"
+    ]
     assert store.pending == 0
     g = tw.specialize(fx.helper, compiler=compiler, store=tw.store.Redis(redis_server.url))
-    assert g(2) == 4 and g(3) == 6 and g(4) == 8
-    assert calls == [1, 2, 3, 4] and g.store_loads == 3  # entry 1 was lost with the server's memory
+    assert g(2) == 4 and g(3) == 6 and g(4) == 8 and g(5) == 10
+    assert calls == [1, 2, 3, 5, 4] and g.store_loads == 4  # entry 1 was lost with the server's memory
 
 
 def test_redis_unreachable_from_the_start(tmp_path: Path) -> None:
     pytest.importorskip("redis")
-    store = tw.store.Redis(f"redis://127.0.0.1:{_free_port()}/0", timeout=0.2)
+    store = tw.store.Redis(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
     f = tw.specialize(fx.helper, store=store)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -452,7 +434,7 @@ def test_cli_inspect_and_diff(tmp_path: Path) -> None:
 
 def test_cli_inspect_from_redis(redis_server: RedisServer) -> None:
     r = tw.store.Redis(redis_server.url)
-    r.save("ns", "k", a_blob(5))
-    out = cli("inspect", f"redis://127.0.0.1:{redis_server.port}/{r.entry_key('ns', 'k')}")
+    key = save(r, NS, a_blob(5))
+    out = cli("inspect", f"redis://127.0.0.1:{redis_server.port}/{r.entry_key(NS, key)}")
     assert out.returncode == 0, out.stderr
     assert "EQUALS_MATCH: L['x'] == 5" in out.stdout and "payload 9 bytes" in out.stdout
