@@ -62,7 +62,7 @@ from .cache import Cache, OnLimit, recording_recompiles
 from .errors import FrameError, IncompatibleCodeError, RecompileLimitExceeded
 from .failure import Failure
 from .guard_set import GuardSet
-from .logs import RECOMPILES, recompile_logging_enabled, report_compile, report_recompile_of
+from .logs import RECOMPILES, report_compile, report_recompile_of
 
 __all__ = [
     "RUN_ONLY",
@@ -227,11 +227,10 @@ class Hook:
             # try: diagnostics that raise must not fail the intercepted call.
             names: list[str | None] = []
             failures: list[Failure | None] | None = None if len(cache) else []  # []: a first compile
-            if failures is None and recompile_logging_enabled():
-                report_recompile_of(function, cache, f_locals)
-            if failures is None and recording_recompiles():
-                names = [e.name for e in cache]
-                failures = cache.why_not(f_locals)
+            if failures is None:
+                got = report_recompile_of(function, cache, f_locals, record=recording_recompiles())
+                if got is not None:
+                    names, failures = got
             start = time.perf_counter()
             result = self.callback(frame)
             return self._apply(frame, result, (time.perf_counter() - start, names, failures))

@@ -251,11 +251,16 @@ def report_recompile(
     return msg
 
 
-def report_recompile_of(fn: Callable, cache: Any, f_locals: Any, *, error: bool = False) -> str | None:
-    """Report (or raise, when ``error``) why each entry of ``cache`` failed on ``f_locals``:
-    each entry's first failing guard, or with ``recompiles_verbose`` every failing guard (the
-    error's ``failures`` stay one per entry)."""
-    if not error and not RECOMPILES.isEnabledFor(logging.INFO):
+def report_recompile_of(
+    fn: Callable, cache: Any, f_locals: Any, *, error: bool = False, record: bool = False
+) -> tuple[list[str | None], list[Any]] | None:
+    """Why each entry of ``cache`` failed on ``f_locals``, computed only when it is used: logged
+    on ``tripwire.recompiles`` (each entry's first failing guard, or with ``recompiles_verbose``
+    every failing guard), raised as :class:`tripwire.RecompileError` when ``error`` (its
+    ``failures`` stay one per entry), or wanted by the caller (``record``). Returns the entries'
+    names and first failures when computed, else None."""
+    log = RECOMPILES.isEnabledFor(logging.INFO)
+    if not (error or log or record):
         return None
     entries = list(cache)
     firsts = cache.why_not(f_locals)
@@ -267,16 +272,16 @@ def report_recompile_of(fn: Callable, cache: Any, f_locals: Any, *, error: bool 
     else:
         names = [e.name for e in entries]
         shown = list(firsts)
-        if RECOMPILES.isEnabledFor(logging.DEBUG):
+        if (error or log) and RECOMPILES.isEnabledFor(logging.DEBUG):
             for i, (e, first) in enumerate(zip(entries, firsts, strict=True)):
                 # why_not's failure is a probe's (global state, index -1) or the set's first guard.
                 if first is not None and first.guard.index >= 0:
                     shown[i] = e.guards.failures(f_locals) or first
     if error:
         raise RecompileError(format_recompile(fn, shown, names), tuple(firsts))
-    msg = format_recompile(fn, shown, names)
-    RECOMPILES.info("%s", msg)
-    return msg
+    if log:
+        RECOMPILES.info("%s", format_recompile(fn, shown, names))
+    return (list(names) if names is not None else [None] * len(firsts)), list(firsts)
 
 
 def report_compile(fn: Callable, name: str, guards: Any, seconds: float) -> None:

@@ -46,7 +46,7 @@ from .errors import FormatError, NotSerializable, RecompileLimitExceeded
 from .failure import Failure
 from .guard_set import GuardSet
 from .infer import Policy, infer_into
-from .logs import recompile_logging_enabled, report_compile, report_recompile_of
+from .logs import report_compile, report_recompile_of
 from .overview import summarize_cache
 from .references import RefKind, fingerprint
 from .store import (
@@ -270,11 +270,12 @@ class Specialized(FastDispatch, Generic[_Args, _Ret]):
         failures: list[Failure | None] | None = None if cached else []  # [] for a first compile
         # Why each entry missed, only when asked for: to raise, to log, or to record with the
         # compile (record_recompiles(): summary(), report()).
-        if cached and (self.error_on_recompile or recompile_logging_enabled()):
-            report_recompile_of(self._fn, self.cache, f_locals, error=self.error_on_recompile)
-        if cached and recording_recompiles():
-            names = [e.name for e in self.cache]
-            failures = self.cache.why_not(f_locals)
+        if cached:
+            got = report_recompile_of(
+                self._fn, self.cache, f_locals, error=self.error_on_recompile, record=recording_recompiles()
+            )
+            if got is not None:
+                names, failures = got
         if full:
             return None
         start = time.perf_counter()

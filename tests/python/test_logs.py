@@ -348,6 +348,8 @@ def test_an_entry_dropped_between_the_two_snapshots_does_not_break_the_report():
         def why_not(self, f_locals):
             return fails
 
-    tw.set_logs("recompiles_verbose", stream=io.StringIO())
-    msg = logs.report_recompile_of(sample_fn, Shrinking(), {})
-    assert msg is not None and "- entry 0: L['cfg']['mode']" in msg
+    stream = io.StringIO()
+    tw.set_logs("recompiles_verbose", stream=stream)
+    names, firsts = logs.report_recompile_of(sample_fn, Shrinking(), {})
+    assert names == [None] and firsts == list(fails)
+    assert "- entry 0: L['cfg']['mode']" in stream.getvalue()
