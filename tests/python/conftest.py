@@ -72,6 +72,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Frozen objects are never collected, not even at exit: a module-level cycle through a
+    # nanobind object (a @specialize'd function and its module's globals) would then outlive the
+    # interpreter, and nanobind reports it as a leak.
+    gc.unfreeze()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     stress = config.stash.get(_STRESS, None)
     if stress is not None:
