@@ -183,7 +183,8 @@ class ReferenceCodec:
                 ref["qualname"],
                 ref["fingerprint"],
             )
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            # RecursionError: json nests arrays without limit ("[" * 100_000).
             raise FormatError(f"not a reference payload: {e}") from None
         if (
             kind not in (RefKind.FUNCTION, RefKind.TYPE)
