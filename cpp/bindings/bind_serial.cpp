@@ -11,6 +11,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstring>
+#include <exception>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -106,6 +108,24 @@ std::vector<core::GuardDecl> take_decoded_decls(PyObject* o) {
 void register_serial(nb::module_& m) {
     // The core's FormatError; tripwire.serialization re-raises it as tripwire.FormatError.
     static const nb::exception<core::codec::FormatError> codec_error(m, "_CodecError", PyExc_ValueError);
+    // Its message decoded with "backslashreplace": the decoder's messages quote only what it has
+    // checked is text, and should one ever quote a stray byte the load must still raise this
+    // error, not the UnicodeDecodeError nanobind's strict translation would raise instead.
+    nb::register_exception_translator(
+        [](const std::exception_ptr& p, void* type) {
+            try {
+                std::rethrow_exception(p);
+            } catch (const core::codec::FormatError& e) {
+                const char* what = e.what();
+                PyObject* msg = PyUnicode_DecodeUTF8(what, static_cast<Py_ssize_t>(std::strlen(what)),
+                                                     "backslashreplace");
+                if (msg != nullptr) {
+                    PyErr_SetObject(static_cast<PyObject*>(type), msg);
+                    Py_DECREF(msg);
+                }
+            }
+        },
+        codec_error.ptr());
 
     m.def(
         "encode_guard_set",

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -60,6 +61,30 @@ std::size_t code_points(std::string_view text, std::size_t byte) {
         Py_DECREF(exc);
     }
     throw nb::python_error();
+}
+
+// The UTF-8 of a relation's text (kept by the str for its life), or the shape syntax error naming
+// the first code point UTF-8 cannot hold: a lone surrogate (a str may hold one; a file name decoded
+// with "surrogateescape" does). The text is not a relation, and nanobind's strict std::string
+// conversion would have said only "incompatible function arguments".
+std::string_view relation_utf8(nb::handle text) {
+    Py_ssize_t size = 0;
+    const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+    if (data != nullptr) return {data, static_cast<std::size_t>(size)};
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) throw nb::python_error();
+    PyErr_Clear();
+    const Py_ssize_t n = PyUnicode_GET_LENGTH(text.ptr());
+    Py_ssize_t at = 0;
+    Py_UCS4 c = 0;
+    for (; at < n; ++at) {
+        c = PyUnicode_READ_CHAR(text.ptr(), at);
+        if (c >= 0xD800 && c <= 0xDFFF) break;
+    }
+    char code[8];
+    std::snprintf(code, sizeof code, "%04X", static_cast<unsigned>(c));
+    raise_syntax_error(std::string("a relation is text: U+") + code +
+                           " is a lone surrogate, which no source or operator spells",
+                       static_cast<std::size_t>(at), text.ptr());
 }
 
 // Run `f`, turning the core's ShapeSyntaxError into the Python class with a code-point offset.
@@ -716,10 +741,7 @@ core::shape::SmallTruth holds_on_small_ints(std::string_view code, const core::s
 nb::object relation_holds_on(const nb::str& text, const nb::tuple& symbols, std::uint64_t index_kinds,
                              std::uint64_t no_arg_kinds, nb::handle f_locals, nb::handle f_globals,
                              nb::handle f_closure, nb::handle type_names) {
-    Py_ssize_t size = 0;
-    const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
-    if (data == nullptr) throw nb::python_error();
-    const std::string_view code(data, static_cast<std::size_t>(size));
+    const std::string_view code = relation_utf8(text);
     // Every symbol is read before anything is evaluated (reading runs user code); the values stay
     // referenced here until the relation has been evaluated on them.
     const std::size_t n = symbols.size();
@@ -1036,7 +1058,8 @@ void register_shape(nb::module_& m) {
         "The class (a ValueError subclass taking (message, offset)) shape text errors raise.");
     m.def(
         "parse_relation",
-        [](const std::string& text) {
+        [](const nb::str& str) {
+            const std::string_view text = relation_utf8(str);
             return translating(text, [&] {
                 const core::shape::ParsedRelation r = core::shape::parse_relation_remembering_code(text);
                 // Offsets are code points; in ASCII text (what torch prints) they are the bytes,

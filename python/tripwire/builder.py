@@ -607,6 +607,9 @@ class GuardBuilder:
         in another process as it did here (GuardSet.baselines; docs/format.md, "Baselines")."""
         if type(name) is not str:
             raise TypeError("a baseline's name is a str")
+        if not name.isascii() and any("\ud800" <= c <= "\udfff" for c in name):
+            # Saved as text (docs/format.md: a lone surrogate only in str constants and sites).
+            raise GuardBuildError(f"baseline {name!a}: a name is text, not a lone surrogate")
         if not _core.is_constant(value):
             raise GuardBuildError(f"baseline {name!r}: {builtins_type(value).__name__} is not a constant")
         self._baselines[name] = _private_copy(value)

@@ -475,6 +475,8 @@ def _parse_ast(text: str, shape_is_size: bool) -> Source:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as e:
         raise SourceParseError(f"cannot parse source {text!r}: {e.msg}") from None
+    except UnicodeEncodeError as e:  # the parser reads UTF-8: a lone surrogate is no source
+        raise SourceParseError(f"cannot parse source {text!r}: {e.reason} ({e.object[e.start]!a})") from None
     try:
         return _Parser(text, shape_is_size).node(tree)
     except SourceParseError:

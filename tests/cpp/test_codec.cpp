@@ -416,6 +416,14 @@ TEST(Codec, TensorKindRecordsAreChecked) {
     }
 }
 
+std::string body_error(const std::string& body) { return error_of(wrap_body(body, "t")); }
+
+std::string varint_bytes(std::uint64_t v) {
+    Writer w;
+    w.varint(v);
+    return w.out;
+}
+
 TEST(Codec, BadHeaders) {
     const std::string good = encode(sample());
     EXPECT_NE(error_of("PK\x03\x04 not us").find("wrong magic"), std::string::npos);
@@ -434,9 +442,42 @@ TEST(Codec, BadHeaders) {
     std::string flags = good;
     flags[10] = 1;
     EXPECT_NE(error_of(flags).find("flags"), std::string::npos);
+    // A version field that is not printable ASCII is refused before any message quotes it (a
+    // message is text: Python decodes it as UTF-8), even in a document of another format version.
+    std::string writer = future;
+    writer[14] = static_cast<char>(0xCA);
+    EXPECT_NE(error_of(writer).find("not printable ASCII (at byte 12)"), std::string::npos)
+        << error_of(writer);
 }
 
-std::string body_error(const std::string& body) { return error_of(wrap_body(body, "t")); }
+// The body of a document: strings, no references, `constants` (its count first), no guards.
+std::string body_of(const std::vector<std::string>& strings, const std::string& constants) {
+    std::string strs = varint_bytes(strings.size());
+    for (const std::string& s : strings) strs += varint_bytes(s.size()) + s;
+    auto section = [](char tag, const std::string& c) {
+        return std::string(1, tag) + varint_bytes(c.size()) + c;
+    };
+    return std::string("\x03\x0b", 2) + section(1, strs) + section(2, std::string(1, '\0')) +
+           section(3, constants) + section(4, std::string(1, '\0')) + section(5, std::string(4, '\0'));
+}
+
+TEST(Codec, AStringNamedOverAndOverIsRefusedBeforeItIsCopied) {
+    // One string of 64 KiB named by a tuple of 32 Ki str items: 2 GiB of copies for 128 KiB of
+    // input. Refused by the text budget at the index that exceeds it, not after the copies.
+    const std::size_t n = 32 << 10;
+    std::string items;
+    for (std::size_t k = 0; k < n; ++k) items += std::string("\x07\x00", 2);
+    const std::string body =
+        body_of({std::string(64 << 10, 'x')}, "\x01" + std::string("\x00\x0a", 2) + varint_bytes(n) + items);
+    const std::string e = body_error(body);
+    EXPECT_NE(e.find("names its strings for more than 64 bytes per byte of its body"), std::string::npos)
+        << e;
+    // Within the budget (a few uses) it decodes.
+    std::string few;
+    for (int k = 0; k < 8; ++k) few += std::string("\x07\x00", 2);
+    EXPECT_EQ(body_error(body_of({std::string(64 << 10, 'x')}, std::string("\x01\x00\x0a\x08", 4) + few)),
+              "");
+}
 
 TEST(Codec, BadBodies) {
     // A huge declared string count with nothing behind it: refused before any allocation.

@@ -57,6 +57,13 @@ TEST(BigInt, DecimalRoundTrip) {
     EXPECT_FALSE(BigInt::from_decimal("", out));
     EXPECT_FALSE(BigInt::from_decimal("12a", out));
     EXPECT_EQ(big("000").to_string(), "0");
+    // Nine digits per pass: every length around the chunk boundaries, against to_string.
+    std::string digits = "1";
+    for (int n = 1; n <= 40; ++n) {
+        EXPECT_EQ(big(digits).to_string(), digits) << n;
+        digits += static_cast<char>('0' + (n * 7) % 10);
+    }
+    EXPECT_EQ(big("1" + std::string(100, '0')).to_string(), "1" + std::string(100, '0'));
 }
 
 TEST(BigInt, Int64Boundaries) {
@@ -437,6 +444,40 @@ TEST(ShapeParser, Literals) {
     EXPECT_EQ(r.nodes[r.nodes[r.root].args[1]].float_value, 0.1);
     r = parse_relation("L['x'] != math.nan");
     EXPECT_TRUE(std::isnan(r.nodes[r.nodes[r.root].args[1]].float_value));
+    // The largest literal of kMaxIntLiteralDigits digits converts; one digit more is refused by the
+    // parser before any conversion, whatever its length (a 10 MB literal took seconds to refuse).
+    const std::string most(kMaxIntLiteralDigits, '9');
+    r = parse_relation("L['x'] < " + most);
+    EXPECT_EQ(r.int_literal(r.nodes[r.nodes[r.root].args[1]]).to_string(), most);
+    for (const std::size_t n : {kMaxIntLiteralDigits + 1, std::size_t{10} << 20}) {
+        try {
+            (void)parse_relation("L['x'] < " + std::string(n, '7'));
+            ADD_FAILURE() << n;
+        } catch (const ShapeSyntaxError& e) {
+            EXPECT_EQ(std::string(e.what()), "int literal over 65536 bits") << n;
+            EXPECT_EQ(e.offset(), 9U);
+        }
+    }
+    // Zeros are one value however many (Python reads 000 as 0).
+    r = parse_relation("L['x'] < " + std::string(kMaxIntLiteralDigits + 5, '0'));
+    EXPECT_EQ(r.nodes[r.nodes[r.root].args[1]].int_small, 0);
+}
+
+TEST(ShapeParser, ManySymbolsAreNumberedInOrderOfFirstUse) {
+    // Past kScannedSymbols distinct symbols the parser finds them through a table: the numbering
+    // must be the scan's (first use), repeats included.
+    std::string text;
+    for (int k = 0; k < 200; ++k)
+        text += "L['a" + std::to_string(k) + "'] + L['a" + std::to_string(k / 2) + "'] + ";
+    text += "1 >= 0";
+    const ParsedRelation r = parse_relation(text);
+    ASSERT_EQ(r.symbols.size(), 200U);
+    for (int k = 0; k < 200; ++k) EXPECT_EQ(r.symbols[k], "L['a" + std::to_string(k) + "']") << k;
+    ASSERT_EQ(r.spans.size(), 400U);
+    for (int k = 0; k < 200; ++k) {
+        EXPECT_EQ(r.spans[2 * k].symbol, static_cast<std::uint32_t>(k));
+        EXPECT_EQ(r.spans[2 * k + 1].symbol, static_cast<std::uint32_t>(k / 2));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

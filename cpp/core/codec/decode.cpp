@@ -65,6 +65,8 @@ Utf8 classify_utf8(std::string_view s) {
 
 class Decoder {
   public:
+    explicit Decoder(std::size_t body_size) : budget_(body_size) {}
+
     Document doc;
 
     void strings(Reader& r) {
@@ -83,13 +85,16 @@ class Decoder {
 
     /// A string where a str constant's value or an install site stands: any string of the section.
     const std::string& any_str(Reader& r, const char* what) {
-        return strings_[r.index(what, strings_.size())];
+        const std::size_t at = r.offset();
+        const std::string& s = strings_[r.index(what, strings_.size())];
+        budget_.charge(r, at, s.size());
+        return s;
     }
     /// A string where a name, a label or a text stands: valid text only (what an honest writer
     /// writes there), refused with the index's offset otherwise, so that no diagnostic or name
     /// lookup meets a lone surrogate after the load.
     const std::string& text(Reader& r, const char* what) { return context().text(r, what); }
-    PayloadContext context() const { return {strings_, doc.constants.size(), &lone_surrogates_}; }
+    PayloadContext context() { return {strings_, doc.constants.size(), &lone_surrogates_, &budget_}; }
 
     std::vector<std::string> take_strings() { return std::move(strings_); }
 
@@ -239,12 +244,20 @@ class Decoder {
             if (label > strings_.size()) r.fail("label string out of range");
             if (label != 0 && lone_surrogates_[label - 1])
                 r.fail_at(label_at, not_text_reason("label string", label - 1));
-            if (label != 0) g.label = strings_[label - 1];
+            if (label != 0) {
+                budget_.charge(r, label_at, strings_[label - 1].size());
+                g.label = strings_[label - 1];
+            }
             const std::size_t depth = r.count("stack depth");
             g.stack_begin = static_cast<std::uint32_t>(doc.stack_strings.size());
             g.stack_count = static_cast<std::uint32_t>(depth);
-            for (std::size_t k = 0; k < depth; ++k)
-                doc.stack_strings.push_back(r.index("stack string", strings_.size()));
+            for (std::size_t k = 0; k < depth; ++k) {
+                // Not copied here, but each site becomes a str of its own on the first diagnostic.
+                const std::size_t site_at = r.offset();
+                const std::uint32_t site = r.index("stack string", strings_.size());
+                budget_.charge(r, site_at, strings_[site].size());
+                doc.stack_strings.push_back(site);
+            }
             try {
                 validate_decl(d, n_consts);
             } catch (const InvalidProgram& e) {
@@ -306,6 +319,7 @@ class Decoder {
 
     std::vector<std::string> strings_;
     std::vector<bool> lone_surrogates_;  // per string of strings_
+    TextBudget budget_;
 };
 
 }  // namespace
@@ -324,7 +338,7 @@ std::string_view ref_kind_name(RefKind k) {
 
 Document decode_body(const std::uint8_t* body, std::size_t size) {
     Reader r(body, size, kHeaderSize);
-    Decoder dec;
+    Decoder dec(size);
     dec.doc.python_major = r.u8("python major version");
     dec.doc.python_minor = r.u8("python minor version");
     static constexpr const char* kNames[] = {"", "strings", "references", "constants", "guards", "meta"};
@@ -381,15 +395,16 @@ Document decode(const std::uint8_t* data, std::size_t size) {
     const std::uint16_t flags = h.u16("flags");
     std::string writer(h.raw(kVersionField, "tripwire version"));
     writer.resize(std::strlen(writer.c_str()));
+    // Before any message quotes it: a message is text (Python decodes it as UTF-8).
+    for (char c : writer) {
+        if (c < 0x21 || c > 0x7E) throw FormatError(12, "the tripwire version field is not printable ASCII");
+    }
     if (version != kFormatVersion) {
         throw FormatError(8, "format version " + std::to_string(version) + " (written by tripwire " + writer +
                                  ") is not one this build reads (" + std::to_string(kFormatVersion) + ")" +
                                  (version > kFormatVersion ? ": it is newer" : ""));
     }
     if (flags != 0) throw FormatError(10, "unknown header flags " + std::to_string(flags));
-    for (char c : writer) {
-        if (c < 0x21 || c > 0x7E) throw FormatError(12, "the tripwire version field is not printable ASCII");
-    }
     const std::uint32_t body_len = h.u32("body length");
     const std::string_view digest = h.raw(32, "content hash");
     if (body_len > kMaxBody)

@@ -87,6 +87,7 @@ const std::string& PayloadContext::text(Reader& r, const char* what) const {
     const std::size_t at = r.offset();
     const std::uint32_t i = r.index(what, strings.size());
     if (lone_surrogates != nullptr && (*lone_surrogates)[i]) r.fail_at(at, not_text_reason(what, i));
+    if (budget != nullptr) budget->charge(r, at, strings[i].size());
     return strings[i];
 }
 
@@ -310,7 +311,9 @@ void read_payload(GuardDecl& d, std::uint8_t version, Reader& r, const PayloadCo
             break;
         }
         case GuardKind::Shape: {
+            const std::size_t relation_at = r.offset();
             d.relation = ctx.text(r, "relation text");
+            if (ctx.budget != nullptr) ctx.budget->charge_relation(r, relation_at, d.relation.size());
             if (d.relation.empty()) r.fail("SHAPE relation text is empty");
             // Each symbol is a source (root kind, name, step count, one text) and a type byte.
             const std::size_t n = r.count("symbol count", 5);

@@ -22,6 +22,49 @@ class StringTable {
     virtual std::uint32_t index(const std::string& s) = 0;
 };
 
+/// How many bytes of strings a document's string indices may name in all: kTextPerByte per byte
+/// of its body, plus kTextSlack. An index costs one or two bytes of input and names a string of any
+/// length, and each use copies the string (and the load then parses, renders or compares it): a
+/// 10 MB document naming a 5 MB string two million times would ask for 10 TB. Honest documents
+/// name each string a few times (a source's text and its prefixes, one per guard on it: a chain
+/// of 63 attributes guarded at every prefix names 18 bytes per byte). SHAPE relation texts have
+/// a budget of their own, kRelationPerByte: each is parsed and compiled at decode and again at
+/// load, and an honest set holds each relation once.
+class TextBudget {
+  public:
+    static constexpr std::size_t kTextPerByte = 64;
+    static constexpr std::size_t kTextSlack = std::size_t{1} << 20;
+    static constexpr std::size_t kRelationPerByte = 2;
+    static constexpr std::size_t kRelationSlack = std::size_t{64} << 10;
+
+    explicit TextBudget(std::size_t body_size)
+        : text_left_(body_size * kTextPerByte + kTextSlack),
+          relation_left_(body_size * kRelationPerByte + kRelationSlack) {}
+
+    /// Charge a use of a string of `bytes` bytes, named by the index at offset `at`.
+    void charge(const Reader& r, std::size_t at, std::size_t bytes) {
+        if (bytes > text_left_) {
+            r.fail_at(at, "the document names its strings for more than " + std::to_string(kTextPerByte) +
+                              " bytes per byte of its body (a long string named over and over): refused "
+                              "before it is copied");
+        }
+        text_left_ -= bytes;
+    }
+    /// Charge a SHAPE relation text of `bytes` bytes, named at `at`.
+    void charge_relation(const Reader& r, std::size_t at, std::size_t bytes) {
+        if (bytes > relation_left_) {
+            r.fail_at(at, "the SHAPE relation texts add up to more than " + std::to_string(kRelationPerByte) +
+                              " bytes per byte of the body (a relation named over and over): refused before "
+                              "they are parsed");
+        }
+        relation_left_ -= bytes;
+    }
+
+  private:
+    std::size_t text_left_;
+    std::size_t relation_left_;
+};
+
 /// What a payload may refer to when it is read: the strings section and the constant count.
 struct PayloadContext {
     const std::vector<std::string>& strings;
@@ -30,6 +73,9 @@ struct PayloadContext {
     /// what Python's "surrogatepass" writes, since a str constant may hold one; a name or text
     /// read by position may not.
     const std::vector<bool>* lone_surrogates = nullptr;
+    /// The bytes of strings the rest of the document may still name (nullptr: no limit). Every
+    /// index that names a string charges the string's length to it (TextBudget).
+    TextBudget* budget = nullptr;
 
     /// The string a `what` index names, refused (at the index's offset) unless it is valid text.
     const std::string& text(Reader& r, const char* what) const;

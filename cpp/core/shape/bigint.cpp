@@ -66,11 +66,20 @@ void BigInt::trim() {
 bool BigInt::from_decimal(std::string_view digits, BigInt& out) {
     if (digits.empty()) return false;
     Limbs mag;
-    for (char c : digits) {
-        if (c < '0' || c > '9') return false;
-        std::uint64_t carry = static_cast<std::uint64_t>(c - '0');
+    // Nine digits per pass over the limbs (10**9 < 2**32): quadratic still, nine times fewer passes
+    // (the parser bounds a literal's digits, parser.hpp kMaxIntLiteralDigits).
+    for (std::size_t i = 0; i < digits.size();) {
+        const std::size_t n = std::min<std::size_t>(9, digits.size() - i);
+        std::uint64_t chunk = 0, scale = 1;
+        for (std::size_t k = 0; k < n; ++k, ++i) {
+            const char c = digits[i];
+            if (c < '0' || c > '9') return false;
+            chunk = chunk * 10 + static_cast<std::uint64_t>(c - '0');
+            scale *= 10;
+        }
+        std::uint64_t carry = chunk;
         for (std::uint32_t& limb : mag) {
-            const std::uint64_t t = static_cast<std::uint64_t>(limb) * 10 + carry;
+            const std::uint64_t t = static_cast<std::uint64_t>(limb) * scale + carry;
             limb = static_cast<std::uint32_t>(t);
             carry = t >> 32;
         }

@@ -24,6 +24,9 @@ bool is_ident_char(char c) { return is_ident_start(c) || (c >= '0' && c <= '9');
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_space(char c) { return is_blank(c); }
 
+// Distinct symbols symbol_node finds by a scan; beyond, by a table.
+constexpr std::size_t kScannedSymbols = 16;
+
 struct Function {
     std::string_view name;
     Op op;
@@ -429,7 +432,21 @@ class Parser {
     std::uint32_t symbol_node(std::size_t begin, std::size_t end) {
         const std::string_view text = s_.substr(begin, end - begin);
         std::uint32_t sym = 0;
-        while (sym < out_.symbols.size() && out_.symbols[sym] != text) ++sym;
+        if (out_.symbols.size() <= kScannedSymbols) {
+            // A relation names a few symbols: a scan, no table.
+            while (sym < out_.symbols.size() && out_.symbols[sym] != text) ++sym;
+        } else {
+            // Many symbols (a hostile text: `L['a0'] + L['a1'] + ...`): a scan per occurrence would
+            // make the parse quadratic in the text, so they are found through a table from here on.
+            if (symbol_index_.empty()) {
+                for (std::uint32_t k = 0; k < out_.symbols.size(); ++k)
+                    symbol_index_.emplace(out_.symbols[k], k);
+            }
+            const auto [it, added] =
+                symbol_index_.emplace(text, static_cast<std::uint32_t>(out_.symbols.size()));
+            sym = it->second;
+            (void)added;
+        }
         if (sym == out_.symbols.size()) out_.symbols.push_back(text);
         out_.spans.push_back({static_cast<std::uint32_t>(begin), static_cast<std::uint32_t>(end), sym});
 
@@ -467,6 +484,10 @@ class Parser {
             if (lit.size() > 1 && lit[0] == '0' && lit.find_first_not_of('0') != std::string_view::npos)
                 fail(at, "leading zeros in an int literal");
             n.op = Op::IntConst;
+            // Over kMaxIntLiteralDigits digits (no leading zero: refused above) is over the limit,
+            // whose message program.cpp gives a literal just over it.
+            if (lit.size() > kMaxIntLiteralDigits && lit[0] != '0')
+                fail(at, "int literal over " + std::to_string(kMaxIntBits) + " bits");
             const auto r = std::from_chars(lit.data(), lit.data() + lit.size(), n.int_small);
             if (r.ec != std::errc() || r.ptr != lit.data() + lit.size()) {
                 // Beyond int64: an exact big literal, kept beside the tree.
@@ -800,6 +821,7 @@ class Parser {
     std::size_t pos_ = 0;
     int depth_ = 0;
     ParsedRelation& out_;
+    std::unordered_map<std::string_view, std::uint32_t> symbol_index_;  // symbol_node beyond kScannedSymbols
 };
 
 // `from`, the parse of `text`, as the parse of `to`, the bytes of `text` from `lead` on (or an

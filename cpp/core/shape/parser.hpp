@@ -39,6 +39,14 @@ class ShapeSyntaxError : public std::invalid_argument {
 /// Deepest nesting of sub-expressions the parser accepts (bounds every recursion on the tree).
 inline constexpr int kMaxNesting = 200;
 
+/// Integers over this many bits make a relation fail (Python would compute them; tripwire
+/// refuses to spend unbounded time and memory in a guard). Symbols, constants and every
+/// intermediate result are held to it, and a literal over it is a syntax error.
+inline constexpr std::uint64_t kMaxIntBits = 65536;
+/// 2**65536 - 1 has 19,729 decimal digits: a literal of more is refused before it is converted
+/// (so the conversion, quadratic in the digits, is bounded whatever the text's length).
+inline constexpr std::size_t kMaxIntLiteralDigits = 19729;
+
 /// Operations of the expression tree. The same enum names the typed operations of a compiled
 /// program (program.hpp), where the operand types select the arithmetic.
 enum class Op : std::uint8_t {

@@ -31,11 +31,6 @@ namespace tripwire::core::shape {
 /// Static type of a value. A symbol's type is its example value's (an exact int or float).
 enum class ValueType : std::uint8_t { Int = 0, Float = 1, Bool = 2 };
 
-/// Integers over this many bits make a relation fail (Python would compute them; tripwire
-/// refuses to spend unbounded time and memory in a guard). Symbols, constants and every
-/// intermediate result are held to it.
-inline constexpr std::uint64_t kMaxIntBits = 65536;
-
 /// Typed operations of the compiled DAG and code.
 enum class Code : std::uint8_t {
     Symbol,  ///< a symbol's register (filled by the runtime)
