@@ -189,7 +189,8 @@ def _private_dir(root: Path) -> Path:
         ) from None
     for d in (adapter_dir, root):
         _check_private(d, own=True)
-    for d in root.resolve().parents:
+    # The path as given and as resolved: a symbolic link on the way lives in its own parent.
+    for d in {*root.parents, *root.resolve().parents}:
         _check_private(d, own=False)
     return adapter_dir
 
@@ -408,7 +409,10 @@ def load(torch: Any) -> ModuleType:
         return module
     if disabled():
         raise AdapterDisabled(f"the first-use build is off: {ENV_SWITCH}=0")
-    build = ensure_built(torch)
+    try:
+        build = ensure_built(torch)
+    except (OSError, subprocess.SubprocessError, ImportError) as e:  # a full disk, a broken torch.utils
+        raise AdapterUnavailable(f"the torch adapter could not be built: {e}") from None
     spec = importlib.util.spec_from_file_location(MODULE, build.path)
     if spec is None or spec.loader is None:
         raise AdapterUnavailable(f"{build.path} is not an extension module")

@@ -42,7 +42,11 @@ def _torch_adapter() -> list[tuple[str, str]]:
     if not _installed("torch"):
         out.append(("torch adapter", "not needed: torch is not installed"))
         return out
-    importlib.import_module("torch")
+    try:
+        importlib.import_module("torch")
+    except Exception as e:  # noqa: BLE001 - a broken torch install is what doctor is for
+        out.append(("torch adapter", f"not in use: torch does not import ({type(e).__name__}: {e})"))
+        return out
     tensors.ensure_torch()
     out.append(("torch adapter", tensors.adapter_status()))
     build = _adapter_build.loaded_build()
@@ -65,7 +69,10 @@ def _torch_adapter() -> list[tuple[str, str]]:
 def _arrays() -> list[tuple[str, str]]:
     if not _installed("numpy"):
         return [("array reader", "not needed: numpy is not installed")]
-    importlib.import_module("numpy")
+    try:
+        importlib.import_module("numpy")
+    except Exception as e:  # noqa: BLE001
+        return [("array reader", f"not in use: numpy does not import ({type(e).__name__}: {e})")]
     tensors.ensure_numpy()
     return [("array reader", tensors.array_path())]
 
