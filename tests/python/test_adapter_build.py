@@ -117,6 +117,15 @@ def test_the_key_covers_every_input(tmp_path) -> None:
     assert key["tripwire"] == tripwire.__version__ and key["python"] == sys.implementation.cache_tag
 
 
+@pytest.mark.parametrize("version", ['2.13.0"; int evil', "2.13.0\\", "2.13.0\n", "", "x" * 65])
+def test_a_version_that_is_not_plain_is_refused_before_it_becomes_a_c_literal(fake, version) -> None:
+    """torch.__version__ is pasted into -DTRIPWIRE_TORCH_VERSION="...": nothing may end the literal."""
+    cache, log = fake
+    with pytest.raises(ab.AdapterUnavailable, match="not a plain version string"):
+        ab.ensure_built(fake_torch(__version__=version), announce=io.StringIO())
+    assert calls(log) == 0
+
+
 def test_a_build_is_private_verified_and_reused(fake) -> None:
     cache, log = fake
     first = build()
