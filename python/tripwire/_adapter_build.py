@@ -353,8 +353,11 @@ def ensure_built(torch: Any, *, announce: Any = None) -> Build:
                     stdin=subprocess.DEVNULL,
                 )
                 ok, output = r.returncode == 0 and so.is_file(), r.stdout + r.stderr
+                # A compile error is recorded; a compiler killed by a signal, or a temporary
+                # directory that vanished (a /tmp cleaner), may not happen again.
+                lasting = r.returncode > 0 and tmp.is_dir()
             except (OSError, subprocess.SubprocessError) as e:
-                ok, output = False, str(e)
+                ok, output, lasting = False, str(e), False
             seconds = time.monotonic() - start
             print(f" {'done' if ok else 'failed'} ({seconds:.0f} s)", file=announce, flush=True)
             if not ok:
@@ -363,8 +366,9 @@ def ensure_built(torch: Any, *, announce: Any = None) -> Build:
                     f"the torch adapter did not compile against torch {version} with {cxx[0]} "
                     f"(tripwire is tested with torch 2.13): {tail}"
                 )
-                with contextlib.suppress(OSError):
-                    failed.write_text(json.dumps({"compiler": cxx, "reason": reason, "command": cmd}))
+                if lasting:
+                    with contextlib.suppress(OSError):
+                        failed.write_text(json.dumps({"compiler": cxx, "reason": reason, "command": cmd}))
                 raise AdapterUnavailable(reason)
             os.chmod(so, 0o700)
             info = {
