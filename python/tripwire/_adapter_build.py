@@ -96,7 +96,10 @@ def find_compiler() -> list[str] | None:
     first of c++, g++, clang++ on PATH (torch.utils.cpp_extension's convention)."""
     env = os.environ.get("CXX", "").strip()
     if env:
-        cmd = shlex.split(env)
+        try:
+            cmd = shlex.split(env)
+        except ValueError:  # an unbalanced quote: not a command
+            return None
         exe = shutil.which(cmd[0]) if cmd else None
         return [exe, *cmd[1:]] if exe else None
     for name in ("c++", "g++", "clang++"):
@@ -415,7 +418,8 @@ def load(torch: Any) -> ModuleType:
         raise AdapterDisabled(f"the first-use build is off: {ENV_SWITCH}=0")
     try:
         build = ensure_built(torch)
-    except (OSError, subprocess.SubprocessError, ImportError) as e:  # a full disk, a broken torch.utils
+    # A full disk, a broken torch.utils, no home directory to put the cache in.
+    except (OSError, subprocess.SubprocessError, ImportError, ValueError, RuntimeError) as e:
         raise AdapterUnavailable(f"the torch adapter could not be built: {e}") from None
     spec = importlib.util.spec_from_file_location(MODULE, build.path)
     if spec is None or spec.loader is None:

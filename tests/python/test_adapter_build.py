@@ -247,6 +247,19 @@ def test_a_failed_build_is_not_repeated_by_every_process(fake, monkeypatch) -> N
     assert not list((cache / "torch-adapter").glob("*.failed"))
 
 
+def test_hostile_records_and_settings_are_refused_or_ignored(fake, monkeypatch) -> None:
+    """A failure record that is not one is ignored; a $CXX that is not a command is no compiler."""
+    cache, log = fake
+    key = ab.build_key(torch, ab.source_root())
+    (cache / "torch-adapter").mkdir(parents=True, mode=0o700)
+    for junk in ("[", "[1, 2]", '{"compiler": null}', "\x00\xff"):
+        (cache / "torch-adapter" / f"{ab.key_name(key)}.failed").write_text(junk)
+        assert ab._failure(cache / "torch-adapter" / f"{ab.key_name(key)}.failed") is None
+    assert build().built_now and calls(log) == 1
+    monkeypatch.setenv("CXX", "'unbalanced")
+    assert ab.find_compiler() is None
+
+
 def test_two_processes_build_once(fake, tmp_path) -> None:
     """The file lock: processes starting together build once; the others wait and load that build."""
     cache, log = fake
