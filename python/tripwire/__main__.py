@@ -1,5 +1,7 @@
-"""Command line: ``tripwire demo | inspect TARGET | diff A B | report OUT.html SCRIPT [ARGS...]``.
+"""Command line: ``tripwire demo | doctor | inspect TARGET | diff A B | report OUT.html SCRIPT [ARGS...]``.
 
+``doctor`` prints every path tripwire takes here (the torch adapter, the array reader, dict hints,
+frame layouts, store backends), each with its reason, after forcing their first use.
 ``inspect`` and ``diff`` read saved guard sets (``GuardSet.to_bytes()``) or store entries
 (``tripwire.store``), from a file or from Redis (``redis://host:port/db/KEY`` or
 ``redis://host:port/KEY``). They resolve no reference and import nothing: references are shown by
@@ -150,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "demo", help="build guards for a small example: a pass, a failure with its reason, the tree"
     )
+    sub.add_parser(
+        "doctor",
+        help="print every path in use (torch adapter, array reader, dict hints, frame layouts, stores) "
+        "with its reason; builds the torch adapter if this torch has none yet",
+    )
     p = sub.add_parser("inspect", help="print a saved guard set or store entry: metadata, references, guards")
     p.add_argument("target", help="a file, or redis://host:port/[DB/]KEY")
     p = sub.add_parser("diff", help="print the guards that differ between two saved sets (exit 1 if any)")
@@ -170,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         return inspect_command(args.target)
     if args.command == "diff":
         return diff_command(args.a, args.b)
+    if args.command == "doctor":
+        from .doctor import run as doctor
+
+        return doctor()
     from .demo import run
 
     return run()

@@ -8,8 +8,8 @@ How the engine reads these values:
 
 * torch tensors and torch's global state: through the **torch adapter** (``tripwire._torch_adapter``,
   cpp/adapters/torch), a separate extension module compiled against the installed torch's C++ API
-  and built only when torch is importable at build time (the project's scripts pass
-  ``-DTRIPWIRE_TORCH_ADAPTER=ON``). Without it, through the Python readers below, which count as user
+  on first use and cached per torch build (``_adapter_build``, docs/install.md). Without it (no
+  compiler, ``TRIPWIRE_TORCH_ADAPTER=0``), through the Python readers below, which count as user
   code (slower, and the fast pass skips such guards). ``GuardSet.explain()`` names the path each
   guard takes; ``adapter_status()`` says why the adapter is or is not in use.
 * numpy arrays: from the array struct (numpy's headers at build time), after ``ensure_numpy``
@@ -22,7 +22,6 @@ integers, tuples and strings; only the exact type is an object, referenced by id
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import sys
 import threading
@@ -31,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _core
+from . import _adapter_build, _core
 from .errors import GuardBuildError
 
 __all__ = [
@@ -86,6 +85,7 @@ _TORCH_STATE_BOOLS = (
 
 _lock = threading.RLock()
 _torch_status: str | None = None  # None: not initialized
+_torch_loading = False  # ensure_torch is building or loading the adapter (on the thread holding _lock)
 _numpy_status: str | None = None
 
 
@@ -94,11 +94,12 @@ def ensure_torch() -> bool:
     """Switch on tripwire's torch support if torch is imported; returns whether it is.
 
     Registers the Python readers (the path without the adapter), then loads the compiled adapter
-    when it was built for this torch, and makes torch's value-like objects (``torch.dtype``,
-    ``torch.device``, ``torch.Size``, ``torch.layout``, ``torch.memory_format``) EQUALS_MATCH
-    constants. Never imports torch itself.
+    for this torch: built on first use and cached (``_adapter_build``; one RuntimeWarning saying
+    why and how to fix it when it cannot be had), and makes torch's value-like objects
+    (``torch.dtype``, ``torch.device``, ``torch.Size``, ``torch.layout``, ``torch.memory_format``)
+    EQUALS_MATCH constants. Never imports torch itself.
     """
-    global _torch_status
+    global _torch_status, _torch_loading
     if _torch_status is not None:  # set once, after torch was imported (every GuardSet asks)
         return True
     torch = sys.modules.get("torch")
@@ -106,6 +107,11 @@ def ensure_torch() -> bool:
         return False
     with _lock:
         if _torch_status is not None:
+            return True
+        if _torch_loading:
+            # Re-entered on this thread while the adapter builds or loads (a __del__ or a weakref
+            # callback run by a collection, a signal handler): the Python readers are registered
+            # already, and starting a second build here would wait on our own file lock.
             return True
         mode_flag = _find_mode_flag(torch)
         _core._set_python_readers(
@@ -117,21 +123,24 @@ def ensure_torch() -> bool:
             _read_saved_tensors_hooks,
             _read_dual_level,
         )
-        status = "python readers (the torch adapter was not built: build with -DTRIPWIRE_TORCH_ADAPTER=ON)"
+        warning = None
+        _torch_loading = True
         try:
-            # By name: the module exists only in builds with the adapter (no stub to type it).
-            _torch_adapter: Any = importlib.import_module("._torch_adapter", __package__)
-        except ImportError as e:
-            if "No module named" not in str(e):
-                status = f"python readers (the torch adapter did not load: {e})"
-                warnings.warn(f"tripwire: {status}", RuntimeWarning, stacklevel=2)
+            _torch_adapter: Any = _adapter_build.load(torch)
+        except _adapter_build.AdapterDisabled as e:
+            status = f"python readers ({e})"  # the user's choice: no warning
+        except _adapter_build.AdapterUnavailable as e:
+            status = f"python readers ({e})"
+            warning = _adapter_build.unavailable_warning(str(e))
         else:
             try:
                 _core._install_torch_adapter(_torch_adapter.table, torch.__version__)
                 status = f"torch adapter (compiled against torch {_torch_adapter.torch_version})"
             except ImportError as e:
                 status = f"python readers ({e})"
-                warnings.warn(f"tripwire: {status}", RuntimeWarning, stacklevel=2)
+                warning = _adapter_build.unavailable_warning(str(e))
+        finally:
+            _torch_loading = False
         if not _core.torch_adapter_installed():
             # The adapter registers these with C comparisons; without it: torch.dtype objects are
             # singletons, torch.Size is a tuple of ints, and torch.device's own (static C type)
@@ -151,7 +160,9 @@ def ensure_torch() -> bool:
                 " DISPATCH_KEY_SET_MATCH fail closed on key sets with a Python key"
             )
         _torch_status = status
-        return True
+    if warning is not None:  # once: the status is set, so no later call gets here
+        warnings.warn(warning, RuntimeWarning, stacklevel=2)
+    return True
 
 
 def ensure_numpy() -> bool:
