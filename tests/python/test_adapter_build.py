@@ -465,8 +465,15 @@ def _install_after(tmp_path: Path) -> None:
         assert r.returncode == 0, (args, r.stdout[-3000:], r.stderr[-3000:])
         return r
 
-    # Its own build directory: the checkout's build/<wheel tag> may be in use by another run.
-    run(py, "-m", "pip", "install", "-q", f"--config-settings=build-dir={tmp_path / 'build'}", str(ROOT))
+    # The wheel scripts/setup built and installed (build/dist), when it is this interpreter's: a
+    # wheel built once and reused is a user's path, and building again costs CI minutes. Otherwise
+    # an isolated build of the checkout, in its own build directory (build/<wheel tag> may be in use).
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    wheels = sorted((ROOT / "build" / "dist").glob(f"tripwire-*-{tag}-{tag}-*.whl"))
+    if wheels:
+        run(py, "-m", "pip", "install", "-q", str(wheels[-1]))
+    else:
+        run(py, "-m", "pip", "install", "-q", f"--config-settings=build-dir={tmp_path / 'build'}", str(ROOT))
     r = subprocess.run([py, "-c", "import torch"], capture_output=True, env=env, cwd=tmp_path)
     assert r.returncode != 0, "torch is visible in the fresh environment: the test proves nothing"
     r = run(py, "-m", "tripwire", "doctor")
