@@ -586,3 +586,55 @@ def test_inline_cache_of_a_class_replaced_mid_check(mode):
         assert gs.check(loc) is False  # getattr(obj, "v") == 2 now
         reused += bool(armed[-1])
     assert reused > 0
+
+
+def test_frame_hook_decides_after_releasing_a_cache_dropped_during_the_lookup(mode):
+    # The hit's own predicate drops every frame cache (the slot's reference): the lookup's reference
+    # to the cache object is then the last, and releasing it clears the cache, whose other entry's
+    # finalizer kills the hit's ID_MATCH'd global and puts a new object at its address. The hook
+    # decides the hit after that release: a miss (the handler is asked again).
+    from tripwire import _core
+
+    reused = 0
+    for _ in range(ROUNDS):
+        g, target = _hooked_target()
+        consts = tuple("A" if c == "orig" else c for c in target.__code__.co_consts)
+        new_code = target.__code__.replace(co_consts=consts)
+        asked = []
+
+        def handler(frame, asked=asked, code=target.__code__):
+            if frame.code is not code:
+                return twf.SKIP
+            asked.append(frame.code)
+            return twf.RUN_ONLY if len(asked) > 1 else None
+
+        hits = []
+        with twf.hooked(handler):
+            assert target(0) == ("orig", 0)  # creates the cache; the handler lets it through
+            cache = twf.cache_of(target, handler)
+            boom = Boom(lambda g=g, hits=hits: hits.append(replace_at_same_address(g, "helper")))
+            other = tw.GuardBuilder({"k": 0}, f_globals=g)
+            other.predicate(lambda _v, boom=boom: False, source="L['k']")
+            cache.insert(tw.GuardSet(other.guards, g), twf.Replacement(target.__code__, target.__code__))
+            del other, boom
+            state = {"armed": False}
+
+            def drop_caches(_v, state=state):
+                if state["armed"]:
+                    state["armed"] = False
+                    _core._frame_release_all()
+                return True
+
+            a = tw.GuardBuilder({"k": 0}, f_globals=g)
+            a.predicate(drop_caches, source="L['k']")
+            a.id_match("G['helper']")
+            cache.insert(a.build(), twf.Replacement(target.__code__, new_code))  # most recent
+            del a, cache
+            state["armed"] = True
+            got = target(0)
+            assert hits, "the dropped cache's entry was not released during the lookup"
+            reused += hits[0]
+            assert got == ("orig", 0)  # a miss: the handler was asked again and let it through
+            assert len(asked) == 2
+        twf.reset(target)
+    assert reused > 0
