@@ -100,6 +100,17 @@ nb::object view_of(runtime::EntryPtr e) {
     return nb::cast(EntryView{std::move(e)});
 }
 
+// The view of a lookup's hit, or None. Making the view allocates, which may run a finalizer
+// that kills an object the entry's set names or removes the entry: re-read after it, so that a
+// lookup never hands out an entry that cannot hit (Cache::lookup's own rule, at this boundary).
+nb::object hit_view_of(runtime::EntryPtr e) {
+    if (!e) return nb::none();
+    const runtime::CacheEntry* entry = e.get();
+    nb::object view = view_of(std::move(e));
+    if (!entry->valid()) return nb::none();  // the view still holds it: the pointer is alive
+    return view;
+}
+
 }  // namespace
 
 runtime::Cache* cache_of(PyObject* o) {
@@ -191,7 +202,7 @@ void register_cache(nb::module_& m) {
                 if (!require_locals_mapping(f_locals.ptr(), "Cache.lookup_entry")) throw nb::python_error();
                 runtime::EntryPtr e;
                 if (!c.get().lookup(f_locals.ptr(), e)) throw nb::python_error();
-                return view_of(std::move(e));
+                return hit_view_of(std::move(e));
             },
             nb::arg("f_locals").none(),
             nb::sig("def lookup_entry(self, f_locals: typing.Mapping[str, typing.Any] | None) -> CacheEntry "
@@ -203,7 +214,7 @@ void register_cache(nb::module_& m) {
                 if (!require_locals_mapping(f_locals.ptr(), "Cache.lookup_entry")) throw nb::python_error();
                 runtime::EntryPtr e;
                 if (!c.get().lookup(f_locals.ptr(), e, /*count=*/false)) throw nb::python_error();
-                return view_of(std::move(e));
+                return hit_view_of(std::move(e));
             },
             nb::arg("f_locals").none(),
             nb::sig("def _lookup_uncounted(self, f_locals: typing.Mapping[str, typing.Any] | None) -> "

@@ -612,12 +612,21 @@ class GuardSet(_core.GuardSetCore):
         """The failing guards for these locals, in installation order. A source that cannot be
         read is reported once, under the first-installed guard on it or below it (the guards
         below it are not evaluated)."""
-        return [self._failure(rec) for rec in self._failures(f_locals, False)]
+        # An answer made while the set was valid is made again when it no longer is: building it
+        # allocates, and a collection there may run a finalizer that kills an object the set
+        # names. Asked again, a dead set reports the dead object without running any user code,
+        # so this loops at most twice, and a dead set never reads as passing.
+        while True:
+            out = [self._failure(rec) for rec in self._failures(f_locals, False)]
+            if out or not self.invalid:
+                return out
 
     def why_not(self, f_locals: Mapping[str, Any]) -> Failure | None:
         """The first failing guard (by installation order) as a Failure, or None if all hold."""
-        recs = self._failures(f_locals, True)
-        return self._failure(recs[0]) if recs else None
+        while True:  # as in failures(): a set that died while answering is asked again
+            recs = self._failures(f_locals, True)
+            if recs or not self.invalid:
+                return self._failure(recs[0]) if recs else None
 
     def _failure(self, rec: tuple) -> Failure:
         gid, value, reason, fetch_failed = rec

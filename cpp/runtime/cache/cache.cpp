@@ -588,6 +588,23 @@ int Cache::lookup_most_recent(const Locals& locals, Ref& payload, bool with_inde
 
 bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
     out.reset();
+    if (!find_entry(locals, out)) return false;
+    // find_entry's last acts release what it held (candidates that user code removed from the
+    // cache, the probe values): a finalizer run there may have killed an object the hit's set
+    // names, and put a new object at its address where the check read it, or removed the hit
+    // from this cache. Read after them, the hit's validity is final: nothing runs between here
+    // and the caller's use of the entry, and the cache owns a valid entry, so dropping the
+    // caller's reference to it runs nothing either (docs/cpp.md, "Regions without user code").
+    if (out && !out->valid()) out.reset();  // may run a finalizer: a miss, whatever it does
+    if (out) {
+        record_hit(out, count);
+    } else if (count) {
+        ++stats_.misses;
+    }
+    return true;
+}
+
+bool Cache::find_entry(const Locals& locals, EntryPtr& out) {
     if (invalidation_epoch() != seen_epoch_) {
         std::vector<EntryPtr> graveyard;  // released at the end of this block, once consistent
         purge_invalid(graveyard);
@@ -610,7 +627,6 @@ bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
         const int r = try_entry(front, locals, current.get(), memo);
         if (r < 0) return false;
         if (r == 1) {
-            record_hit(front, count);
             out = std::move(front);
             return true;
         }
@@ -632,15 +648,11 @@ bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
             const int r = try_entry(c, locals, current.get(), memo);
             if (r < 0) return false;
             if (r == 1) {
-                record_hit(c, count);
                 out = c;
                 return true;
             }
         }
-        if (k == n_few && mutations_ == before) {
-            if (count) ++stats_.misses;
-            return true;
-        }
+        if (k == n_few && mutations_ == before) return true;  // a miss
         // A check changed the cache: collect again, skipping what was tried.
     }
     const CandidateList list;  // reused storage: no allocation per lookup once warm
@@ -652,13 +664,11 @@ bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
         const int r = try_entry(c, locals, current.get(), memo);
         if (r < 0) return false;
         if (r == 1) {
-            record_hit(c, count);
             out = c;
             return true;
         }
     }
-    if (count) ++stats_.misses;
-    return true;
+    return true;  // a miss
 }
 
 void Cache::record_hit(const EntryPtr& e, bool count) {

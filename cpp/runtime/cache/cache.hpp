@@ -108,7 +108,10 @@ class Cache {
 
     /// The first entry, most recently used first, whose probes snapshot and guards hold; null
     /// on a miss. Returns false with a Python error set when a probe or a guard raised an error
-    /// that check() propagates.
+    /// that check() propagates. A hit is valid (CacheEntry::valid) when this returns, read after
+    /// the last thing the lookup released: an entry that a finalizer run by those releases
+    /// invalidated or removed is a miss. The cache owns the entry returned, so the caller's
+    /// reference to it is never the last one while nothing else runs.
     /// With `count` false the lookup is a probe: no hit or miss is counted (a caller looking up
     /// again under its own lock after a counted miss).
     bool lookup(const Locals& locals, EntryPtr& out, bool count = true);
@@ -179,6 +182,10 @@ class Cache {
     /// when every entry must be scanned.
     template <typename Add>
     bool bucket_entries(PyObject* o, Add add);
+    /// lookup() without counting: the first matching entry in `out` (null on a miss), false with
+    /// a Python error set. What it held (candidates, probe values) is released when it returns,
+    /// which may run user code: lookup() decides on `out` only after that.
+    bool find_entry(const Locals& locals, EntryPtr& out);
     void touch(const EntryPtr& e);
     void record_hit(const EntryPtr& e, bool count);
     /// The probe snapshot last compared, shared by consecutive entries with the same snapshot.

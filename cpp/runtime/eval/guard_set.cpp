@@ -946,71 +946,89 @@ bool GuardSet::failures(PyObject* f_locals, std::vector<FailureRecord>& out, boo
     }
     ++active_;
     bool fatal = false;
-    const bool has_shape = !program_.shape.empty();
-    std::optional<core::shape::ShapeFrame> frame;
-    std::vector<Ref> symbol_values(program_.shape.n_symbols());
-    std::optional<ShapeScope> scope;
-    if (has_shape) {
-        frame.emplace(program_.shape);
-        scope.emplace(&*frame, &symbol_values);
-    }
-    std::vector<Ref> slots(rel_slots_.size());
-    std::vector<Ref>* const outer_slots = diag_slots_;
-    diag_slots_ = &slots;
-    for (std::uint32_t gi : program_.ambient) {
-        if (fatal) break;
-        const int r = eval_guard(guards_[gi], f_locals);
-        if (r != 1 && !record_guard_failure(gi, r, nullptr, out)) fatal = true;  // no value: not a source
-    }
-    for (std::uint32_t ni : program_.roots) {
-        if (fatal) break;
-        if (first_only && !out.empty()) {
-            // Prune subtrees that cannot hold a smaller failing id than the best so far.
-            std::uint32_t best = out.front().guard_id;
-            for (const auto& rec : out) best = std::min(best, rec.guard_id);
-            if (program_.nodes[ni].min_guard_id > best) continue;
+    {
+        // The values the walk holds (relational slots, SHAPE symbols) live in this block and are
+        // released at its end, before `invalid` is read below: releasing the last reference to
+        // one (user code removed it from the locals) may run a finalizer that kills an object
+        // the set names.
+        const bool has_shape = !program_.shape.empty();
+        std::optional<core::shape::ShapeFrame> frame;
+        std::vector<Ref> symbol_values(program_.shape.n_symbols());
+        std::optional<ShapeScope> scope;
+        if (has_shape) {
+            frame.emplace(program_.shape);
+            scope.emplace(&*frame, &symbol_values);
         }
-        if (!visit_failures(ni, fetch_root(ni, Locals::of_mapping(f_locals)), f_locals, out)) fatal = true;
-    }
-    diag_slots_ = outer_slots;
-    // Relational guards whose every source was read: their value is the tuple of those values.
-    for (std::uint32_t gi : program_.relational) {
-        if (fatal) break;
-        const std::size_t n = program_.guards[gi].more_sources.size() + 1;
-        std::vector<PyObject*> values(n, nullptr);
-        bool complete = true;
-        for (std::size_t i = 0; i < n; ++i) {
-            values[i] = slots[rel_base_[gi] + i].get();
-            complete = complete && values[i] != nullptr;
+        std::vector<Ref> slots(rel_slots_.size());
+        std::vector<Ref>* const outer_slots = diag_slots_;
+        diag_slots_ = &slots;
+        for (std::uint32_t gi : program_.ambient) {
+            if (fatal) break;
+            const int r = eval_guard(guards_[gi], f_locals);
+            if (r != 1 && !record_guard_failure(gi, r, nullptr, out)) fatal = true;  // no value: not a source
         }
-        if (!complete || relation_holds(guards_[gi].kind, values.data(), n, rel_sort_, guards_[gi].n))
-            continue;
-        Ref tuple = Ref::steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
-        if (!tuple) {
-            fatal = true;
-            break;
+        for (std::uint32_t ni : program_.roots) {
+            if (fatal) break;
+            if (first_only && !out.empty()) {
+                // Prune subtrees that cannot hold a smaller failing id than the best so far.
+                std::uint32_t best = out.front().guard_id;
+                for (const auto& rec : out) best = std::min(best, rec.guard_id);
+                if (program_.nodes[ni].min_guard_id > best) continue;
+            }
+            if (!visit_failures(ni, fetch_root(ni, Locals::of_mapping(f_locals)), f_locals, out))
+                fatal = true;
         }
-        for (std::size_t i = 0; i < n; ++i)
-            PyTuple_SET_ITEM(tuple.get(), static_cast<Py_ssize_t>(i), Py_NewRef(values[i]));
-        out.push_back({guards_[gi].id, std::move(tuple), std::string()});
+        diag_slots_ = outer_slots;
+        // Relational guards whose every source was read: their value is the tuple of those values.
+        for (std::uint32_t gi : program_.relational) {
+            if (fatal) break;
+            const std::size_t n = program_.guards[gi].more_sources.size() + 1;
+            std::vector<PyObject*> values(n, nullptr);
+            bool complete = true;
+            for (std::size_t i = 0; i < n; ++i) {
+                values[i] = slots[rel_base_[gi] + i].get();
+                complete = complete && values[i] != nullptr;
+            }
+            if (!complete || relation_holds(guards_[gi].kind, values.data(), n, rel_sort_, guards_[gi].n))
+                continue;
+            Ref tuple = Ref::steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
+            if (!tuple) {
+                fatal = true;
+                break;
+            }
+            for (std::size_t i = 0; i < n; ++i)
+                PyTuple_SET_ITEM(tuple.get(), static_cast<Py_ssize_t>(i), Py_NewRef(values[i]));
+            out.push_back({guards_[gi].id, std::move(tuple), std::string()});
+        }
+        if (!fatal && has_shape) shape_failures(*frame, symbol_values, out);
     }
-    if (!fatal && has_shape) shape_failures(*frame, symbol_values, out);
     --active_;
     if (fatal) return false;
+    // By installation order; only the first when asked (dropping the others releases their
+    // values, which may run a finalizer: done before `invalid` is read).
+    auto order = [&out, first_only] {
+        std::stable_sort(out.begin(), out.end(), [](const FailureRecord& a, const FailureRecord& b) {
+            return a.guard_id < b.guard_id;
+        });
+        if (first_only && out.size() > 1) out.resize(1);
+    };
+    order();
     // User code run by the walk may have killed a guarded object (and put a new one at its
     // address before a later identity comparison passed): check() fails such a set, so the
-    // dead object is always among the failures, besides the guards that really failed.
+    // dead object is always among the failures, besides the guards that really failed. (What
+    // the caller does next may run a finalizer too: it re-reads `invalid` after, see
+    // bind_guard_set.cpp.)
     if (state_->invalid) {
         std::vector<FailureRecord> dead;
         report_invalid(dead);
         const bool listed = std::any_of(out.begin(), out.end(), [&](const FailureRecord& r) {
             return r.guard_id == dead.front().guard_id;
         });
-        if (!listed) out.push_back(std::move(dead.front()));
+        if (!listed) {
+            out.push_back(std::move(dead.front()));
+            order();
+        }
     }
-    std::stable_sort(out.begin(), out.end(),
-                     [](const FailureRecord& a, const FailureRecord& b) { return a.guard_id < b.guard_id; });
-    if (first_only && out.size() > 1) out.resize(1);
     return true;
 }
 

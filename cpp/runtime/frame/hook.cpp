@@ -99,9 +99,15 @@ int look_up(ThreadHook* h, BackendSlot* slot, const Locals& locals, PyObject** p
     }
     --h->busy;
     h->refresh();
-    if (ok && entry) *payload = Py_NewRef(entry->payload.get());  // ours: running it may evict the entry
-    entry.reset();
+    // The cache object first: user code run by the lookup may have replaced this code's caches,
+    // and dropping the last reference clears the cache, releasing entries, whose finalizers may
+    // kill an object the hit's set names (the cache marks its entries out of it). The hit is
+    // decided after that, when nothing else can run: a valid entry is owned by its cache, so
+    // dropping ours runs nothing.
     Py_DECREF(cache_object);
+    if (ok && entry && entry->valid())
+        *payload = Py_NewRef(entry->payload.get());  // ours: running it may evict the entry
+    entry.reset();                                   // may run a finalizer only when it was not a hit
     if (!ok) return -1;
     return *payload != nullptr ? 1 : 0;
 }
