@@ -1021,8 +1021,8 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
         assert f.kind == "EQUALS_MATCH" and "stride" in f.source
     finally:
         undo()
-    # The tuples are tripwire's own EQUALS_MATCH with python_eq (Python's ==), no longer a call
-    # into torch's leaf; only the saved-tensor-hooks lambda still is.
+    # The tuples are tripwire's own EQUALS_MATCH with python_eq (Python's ==) and the
+    # saved-tensor-hooks lambda is tripwire's probe: no guard calls torch's leaf.
     torch_evaluated = exact.torch_import.by_outcome("torch")
     assert not torch_evaluated
     tuples = [s for s in exact._specs if s.kind is tw.GuardKind.EQUALS_MATCH and type(s.args[0]) is tuple]
