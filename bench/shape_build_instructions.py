@@ -16,8 +16,8 @@ itself). The modes are the rows of bench/shape_eval.py's build table:
 - ``engine``: ``GuardSet(specs)`` on the builder's specs (encoding and the C++ build);
 - ``cold``: ``builder`` with every memo emptied first (bench/shape_eval.py ``_clear_memos``). The
   emptying is set-up, not building: it runs with collection switched off (``_floor.toggle_collect``);
-- ``clear``: that emptying alone, the build after it uncollected (what earlier counts of ``cold``,
-  before stop 22, included: about 60K);
+- ``clear``: that emptying alone, the build after it uncollected (about 60K: kept out of ``cold``
+  because a JIT does not empty its memos before a build);
 - ``cold_parse``, ``cold_shape`` (not run by default): the cold build up to the end of its parse
   (``relations_from_torch`` of every part) and of its ``GuardBuilder.shape`` calls (no
   ``build()``). The phases are the differences: parse = cold_parse, shape = cold_shape -

@@ -47,9 +47,9 @@ enum class StepKind : std::uint8_t {
     WeakrefCall = 9,  ///< v() for a weak reference
     DictKey = 10,     ///< list(dict.keys(v))[index]
     DictValue = 11,   ///< v[list(dict.keys(v))[index]]
-    // Tensor and array properties (docs/guards.md, Sources). Read by a Python-level call today;
-    // the runtime has one place where a C-level reader of tensor fields plugs in
-    // (runtime/eval/tensor_props.hpp).
+    // Tensor and array properties (docs/guards.md, Sources). Read by a Python-level call, or by
+    // the C-level reader of tensor fields where it answers (runtime/eval/tensor_props.hpp, the one
+    // place it plugs in).
     Size = 12,           ///< v.size()[index] (numpy arrays: v.shape[index])
     Stride = 13,         ///< v.stride()[index] (numpy arrays: v.strides[index], in bytes)
     StorageOffset = 14,  ///< v.storage_offset() (numpy arrays have none: missing)

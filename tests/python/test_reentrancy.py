@@ -783,7 +783,7 @@ def test_a_payload_holding_its_own_entry_view_is_collected():
     assert wc() is None and wp() is None
 
 
-# -- stop 24, lean2-parse: relations_from_torch is the engine's call, with its memo --------------
+# -- relations_from_torch is the engine's call, with its memo ------------------------------------
 
 
 def test_relations_from_torch_survives_its_memo_emptied_and_reentered_mid_call():

@@ -1397,9 +1397,9 @@ _FUZZ_SEEDS = [tw.guards_for(f, fx.__dict__).to_bytes() for f in fx.frames()] + 
 def test_a_name_or_label_pointing_at_a_lone_surrogate() -> None:
     """The string table takes lone surrogates (a str constant may hold one, an install site may name
     a file whose path is not UTF-8), so a corrupt index can make a name, a label or a text point at
-    one. Stop 20's CI found this through test_from_bytes_fuzz: the load passed and explain() raised
-    UnicodeDecodeError. The decoder now refuses such an index where text is required, with the
-    index's offset. Every one-byte edit of the seed whose constants hold 'café \\ud800' (string 4)
+    one; test_from_bytes_fuzz can reach it, and explain() would raise UnicodeDecodeError after a
+    load that passed. The decoder refuses such an index where text is required, with the index's
+    offset. Every one-byte edit of the seed whose constants hold 'café \\ud800' (string 4)
     to 4 or 5 (a label's index is one more) either is refused with FormatError or loads a set whose
     check and explain() work; refused names, labels and texts, and install sites shown with the
     surrogate, all occur."""

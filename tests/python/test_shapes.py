@@ -1646,7 +1646,7 @@ def test_symbol_decoding_is_memoised_only_for_exact_sources_and_per_step_masks()
         b.shape(tw.shapes.Relation("L['x'].size()[1] == 5", (real,)))
 
 
-# -- stop 24, lean2-parse ------------------------------------------------------------------------
+# -- relations_from_torch: memoised, a new list per call ------------------------------------------
 def test_relations_from_torch_is_memoised_and_gives_a_new_list_each_call() -> None:
     tw.shapes._RELATIONS.clear()
     text = "L['x'].size()[1] * 4 == L['w'].stride()[0]  # c"

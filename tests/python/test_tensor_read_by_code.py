@@ -363,8 +363,8 @@ def module_global_restored() -> Any:
 def test_a_thread_still_in_a_mode_after_another_left_one(how: tuple[str, bool]) -> None:
     """Thread A enters a visible mode, B enters one, A leaves: the module global is False again
     while B's flag (torch's) is still True. torch does not mask on B: its guard fails where the
-    global would have masked, and passed (a false pass before tripwire read torch's flag; on the
-    Python readers until stop 19). The reference reads the module global, so it cannot know B's
+    global would have masked and passed (a false pass, so tripwire reads torch's own flag on every
+    path, the Python readers included). The reference reads the module global, so it cannot know B's
     flag: the oracle here is torch's own guard."""
     with reading(how) as hidden:
         run_a_thread_still_in_a_mode(hidden)

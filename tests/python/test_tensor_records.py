@@ -1,4 +1,4 @@
-"""TENSOR_MATCH and DIMENSION_MARKING read from the fast program's own records (speed5, issue 10).
+"""TENSOR_MATCH and DIMENSION_MARKING read from the fast program's own records.
 
 The fast op of TENSOR_MATCH reads one contiguous record per guard (the expected type's address,
 then the guard's data), laid out back to back for all the set's tensor guards, and that of

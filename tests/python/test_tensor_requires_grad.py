@@ -1,4 +1,4 @@
-"""requires_grad as TENSOR_MATCH reads it (tensors5, issues 9 and 10).
+"""requires_grad as TENSOR_MATCH reads it.
 
 The torch adapter reads a tensor's requires_grad without torch's two out-of-line calls
 (cpp/adapters/torch/torch_adapter.cpp, requires_grad_of): the impl's autograd meta in place, no
@@ -218,8 +218,8 @@ def test_random_requires_grad_states_decide_as_torch_reads_them() -> None:
     # Random flips, in-place detaches, new views (under grad and no_grad) and new non-leaves over
     # tensors of every meta kind; every set checked against every tensor after each step. The
     # reference reads x.requires_grad through torch's Python attribute, i.e. torch's own
-    # TensorImpl::requires_grad(). (The same loop run for 30 s at stop 20: about 330,000 decisions,
-    # zero disagreements.)
+    # TensorImpl::requires_grad(). (The same loop run for 30 s gives about 330,000 decisions, zero
+    # disagreements.)
     rng = random.Random(20)
     decided = set()
     for _ in range(scaled(6, divisor=3)):

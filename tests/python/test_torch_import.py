@@ -1021,8 +1021,8 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
         assert f.kind == "EQUALS_MATCH" and "stride" in f.source
     finally:
         undo()
-    # The tuples are tripwire's own EQUALS_MATCH with python_eq (Python's ==), no longer a call
-    # into torch's leaf; only the saved-tensor-hooks lambda still is.
+    # The tuples are tripwire's own EQUALS_MATCH with python_eq (Python's ==) and the
+    # saved-tensor-hooks lambda is tripwire's probe: no guard calls torch's leaf.
     torch_evaluated = exact.torch_import.by_outcome("torch")
     assert not torch_evaluated
     tuples = [s for s in exact._specs if s.kind is tw.GuardKind.EQUALS_MATCH and type(s.args[0]) is tuple]
@@ -1689,8 +1689,8 @@ def test_differential_duplicate_input():
 
 def test_the_python_reader_path_imports_the_same_guards():
     # A build without the torch adapter reads tensors through Python (tripwire.tensors
-    # _read_tensor): about 100-300x slower per check of a model's set (bench/README.md, "Without
-    # the torch adapter"), which is why the default build now includes the adapter whenever torch
+    # _read_tensor): about 90x slower per check of gpt's set (bench/README.md, "Without the torch
+    # adapter"), which is why the default build includes the adapter whenever torch
     # imports (CMakeLists.txt, TRIPWIRE_TORCH_ADAPTER=AUTO). That cost must come from the readers
     # alone: guards_of imports the same guards, by kind and source, with the same answers, and
     # explain() names the path each tensor guard takes. (No timing here: bench/real_models.py.)

@@ -253,7 +253,7 @@ def _compiled_guard_manager(fn: Callable[..., Any], *args: Any) -> Any:
     compiled = torch.compile(fn, backend="eager", dynamic=False, fullgraph=True)
     # No collection while torch compiles: under --gc-stress a finalizer's frames entered while
     # Dynamo's frame hook is on are frames fullgraph=True counts as skipped, and torch then
-    # raised "found no compiled frames" (stop 21's CI). The test is about decisions after this.
+    # raises "found no compiled frames". The test is about decisions after this.
     was = gc.isenabled()
     gc.disable()
     try:

@@ -253,8 +253,8 @@ void probe_policy_window() {
 // True when reading the fields TENSOR_MATCH compares (dim, sizes, strides of a strided tensor,
 // storage offset, device, layout) would call a custom method: the readers refuse such a tensor.
 //
-// A cheaper order was proposed (speed5, issue 10): test the impl's own Python key first and read
-// the policy bits only when it is set, on the claim that only _make_wrapper_subclass-style paths
+// Testing the impl's own Python key first, and reading the policy bits only when it is set, would
+// be cheaper, on the claim that only _make_wrapper_subclass-style paths
 // (which give the impl the Python key) set a Python custom device/layout/sizes policy. It does not
 // hold: TensorImpl::set_python_custom_device/_layout/_sizes_strides are public members of
 // c10/core/TensorImpl.h (2.13: under `public:`, next to set_custom_device), callable by any C++
@@ -381,8 +381,8 @@ void verify_requires_grad_reader() {
 
 // -- torch's "dispatch mode without ignore_compile_internals" flag -------------------------------
 //
-// Found and read by the core since stop 19 (cpp/runtime/tensors/mode_flag.hpp: ELF parsing, no
-// torch header), so the path without the adapter reads the same flag. The ABI 5 entry stays and
+// Found and read by the core (cpp/runtime/tensors/mode_flag.hpp: ELF parsing, no torch header),
+// so the path without the adapter reads the same flag. The ABI 5 entry stays and
 // answers "unknown"; the core never asks it.
 int torch_masks_python_keys() noexcept { return -1; }
 
@@ -503,8 +503,8 @@ int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) no
 // dim() and storage_offset() are the impl's own sizes_and_strides_ and storage_offset_: the
 // *_default accessors read exactly those, testing the symbolic flag instead of the policy (a
 // symbolic tensor throws there, caught: 0, the full reader decides). One read of the sizes gives
-// the rank too. (Each policy accessor re-read the policy bits: stop 19's callgrind showed them
-// reloaded four times per tensor.) kDirect: requires_grad_of's route (the table holds the instance
+// the rank too. (Each policy accessor re-reads the policy bits: callgrind shows them reloaded
+// four times per tensor through those.) kDirect: requires_grad_of's route (the table holds the instance
 // verify_requires_grad_reader chose).
 // flatten: torch's inline accessors inlined whatever GCC's budget says (strides_default() was
 // left as an out-of-line call, 6 instructions plus the call each).

@@ -211,8 +211,8 @@ typedef struct TwTorchAdapter {
     int (*dispatch_key_set_bits)(PyObject* obj, uint64_t* out);
 
     /* Whether torch's guards mask the Python keys now, on this thread: 1 yes, 0 no, -1 unknown.
-     * Since stop 19 the adapter answers -1 always and the core never calls it: the core finds
-     * torch's per-thread flag itself (runtime/tensors/mode_flag.hpp), with or without the adapter.
+     * The adapter answers -1 always and the core never calls it: the core finds torch's
+     * per-thread flag itself (runtime/tensors/mode_flag.hpp), with or without the adapter.
      * Kept so the table's layout (ABI 5) does not change. */
     int (*masks_python_keys)(void);
 } TwTorchAdapter;
