@@ -230,6 +230,38 @@ def test_dict_of_a_class_dying_mid_check_is_kept_alive() -> None:
     assert gs.check({"o": o, "s": Swapper()}) in (True, False)
 
 
+def test_mro_replaced_by_user_code_inside_its_own_subtree() -> None:
+    # A metaclass property read below `type(o).__mro__` reassigns `__bases__` (freeing the MRO tuple
+    # the walk is reading) and collects; the guards read after it must see a live tuple.
+    class Alt:
+        def forward(self, x):
+            return x
+
+    class Meta(type):
+        @property
+        def hook(cls):
+            Swapped.__bases__ = (Alt,) if Swapped.__bases__ == (Base,) else (Base,)
+            gc.collect()
+            return 1
+
+    class Swapped(Base, metaclass=Meta):
+        pass
+
+    o = Swapped()
+    mro = L("o").type().type_mro()
+    b = tw.GuardBuilder({"o": o})
+    b.equals(mro.item(0).attr("hook"), 1)
+    b.type_match(mro, tuple)
+    b.length(mro, 3)
+    b.dict_contains(mro.item(1).type_dict(), "forward", True)
+    b.type_match(mro.item(1).type_dict().dict_item("forward"), type(_forward))
+    gs = b.build()
+    for _ in range(6):
+        assert gs.check({"o": o}) is True
+        assert gs.why_not({"o": o}) is None
+        assert reference.check(gs.guards, {"o": o}) is True
+
+
 def test_depth_limit_names_the_source() -> None:
     depth = tw._core.MAX_SOURCE_DEPTH
     assert depth >= 256
