@@ -226,7 +226,7 @@ def build(name: str) -> Workload:
 
         def fail(L: dict) -> dict:
             bad = copy.deepcopy(L["self"])
-            bad.b.register_forward_hook(m.double_output)  # a hook on the second Linear
+            bad.a._forward_hooks.clear()  # the hook removed
             return {**L, "self": bad}
 
         return Workload(
