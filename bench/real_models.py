@@ -19,7 +19,7 @@ locals:
 * ``torch``           torch's guard manager with all its guards;
 * ``no-op``           ``def f(L): return True``.
 
-    python bench/real_models.py                  # gpt, cnn, config; 15 repeats
+    python bench/real_models.py                  # every workload; 15 repeats
     python bench/real_models.py --quick          # smoke run
     python bench/real_models.py -w gpt --instructions   # + callgrind instructions per check
 
@@ -52,7 +52,7 @@ from contenders import Contender, fmt_ns, measure, ratio_columns, table  # noqa:
 # not import: none since the tensor engine (issue 9), so the filter keeps everything and
 # torch-same holds torch's whole set.
 TORCH_PENDING_GUARD_TYPES: frozenset[str] = frozenset()
-WORKLOAD_NAMES = ("gpt", "cnn", "config")
+WORKLOAD_NAMES = ("gpt", "cnn", "config", "lstm", "encoder", "hooked")
 
 
 # =================================================================================================
@@ -125,6 +125,7 @@ class Workload:
     args: tuple
     fail: Callable[[dict], dict]  # a failing variant of the passing locals (one value changed late)
     results: dict = field(default_factory=dict)
+    dynamo_config: dict = field(default_factory=dict)  # torch._dynamo.config while compiling
 
 
 def build(name: str) -> Workload:
@@ -181,6 +182,61 @@ def build(name: str) -> Workload:
             (x, config_value()),
             fail,
         )
+    if name == "lstm":
+        model = m.LSTMLM(vocab=128, d=64, layers=2)
+        idx = torch.randint(0, 128, (2, 16))
+
+        def fail(L: dict) -> dict:
+            bad = copy.deepcopy(L["self"])
+            lstm = bad.lstm
+            lstm._flat_weights[-1] = lstm._flat_weights[-1].detach().clone()  # no longer the parameter
+            return {**L, "self": bad}
+
+        return Workload(
+            "lstm",
+            "LSTM language model: Embedding, 2-layer LSTM (`a is b` over _flat_weights[i] and "
+            "_flat_weight_refs[i]()), Linear",
+            model,
+            (idx,),
+            fail,
+            dynamo_config={"allow_rnn": True},
+        )
+    if name == "encoder":
+        model = m.Encoder(d=64, heads=4, layers=4)
+        x = torch.randn(2, 16, 64)
+        pad = torch.zeros(2, 16, dtype=torch.bool)
+        pad[1, 12:] = True
+
+        def fail(L: dict) -> dict:
+            bad = copy.deepcopy(L["self"])
+            bad.enc.layers[-1].norm_first = True  # the last layer
+            return {**L, "self": bad}
+
+        return Workload(
+            "encoder",
+            "TransformerEncoder: 4 post-norm layers with a padding mask (MultiheadAttention's "
+            "defaults guarded through its class dict)",
+            model,
+            (x, pad),
+            fail,
+        )
+    if name == "hooked":
+        model = m.Hooked(d=64)
+        x = torch.randn(2, 64)
+
+        def fail(L: dict) -> dict:
+            bad = copy.deepcopy(L["self"])
+            bad.a._forward_hooks.clear()  # the hook removed
+            return {**L, "self": bad}
+
+        return Workload(
+            "hooked",
+            "two Linears, a forward hook on the first (hook dicts; nn.Module's _compiled_call_impl "
+            "through the MRO)",
+            model,
+            (x,),
+            fail,
+        )
     raise ValueError(name)
 
 
@@ -222,7 +278,8 @@ def prepare(
     torch._dynamo.reset()
     target = resolve_target(w.obj)
     t0 = time.perf_counter()
-    torch.compile(w.obj, backend="eager", dynamic=False)(*w.args)
+    with torch._dynamo.config.patch(**w.dynamo_config):
+        torch.compile(w.obj, backend="eager", dynamic=False)(*w.args)
     compile_all = time.perf_counter() - t0
     gs = twt.guards_of(w.obj, drop=twt.PENDING_KINDS)
     gs_strict = twt.guards_of(w.obj, drop=twt.PENDING_KINDS, equals="strict")
@@ -232,9 +289,10 @@ def prepare(
     # hitting the first; both read the same globals (torch.compile's reset would delete the
     # builtins dict Dynamo installed there, which the first entry's guards read). The new entry is
     # entry 0 (LRU order); importing it must need no drop= and give the same guards.
-    torch.compile(w.obj, backend=_eager_again, dynamic=False, options={"guard_filter_fn": _filter_pending})(
-        *w.args
-    )
+    with torch._dynamo.config.patch(**w.dynamo_config):
+        torch.compile(
+            w.obj, backend=_eager_again, dynamic=False, options={"guard_filter_fn": _filter_pending}
+        )(*w.args)
     entries = _debug_get_cache_entry_list(target.code)
     assert len(entries) == 2 and entries[1].guard_manager is gm_all
     gm_same = entries[0].guard_manager

@@ -37,12 +37,14 @@ def test_workload_contenders_and_like_for_like(name):
         assert fast["fraction"] == fast["fast"] / fast["guards"]
         assert 0 <= fast["skipped"] <= fast["last_fast"]
     # Off the fast path in the exact import: exactly the guards evaluated by torch's own leaf (each a
-    # LAMBDA, a residue). In the strict import every guard is tripwire's own and has a fast form
-    # (torch's saved-tensor-hooks lambda is the torch_saved_tensors_hooks probe).
+    # LAMBDA, a residue). In the strict import every container EQUALS is tripwire's own; what still
+    # calls torch's leaf is what no tripwire kind reads (the encoder's `... == torch.bool`, whose
+    # printed value is no literal): at most 1 in 200 of torch's guards.
     via_torch = sum(1 for g in rec.guards if g.outcome == "torch")
     assert r["fast"]["tripwire"]["guards"] - r["fast"]["tripwire"]["fast"] == via_torch
     strict_lambdas = sum(1 for g in r["gs_strict"].guards if g.kind.name == "LAMBDA")
-    assert strict_lambdas == 0
+    strict_via_torch = sum(1 for g in r["gs_strict"].torch_import.guards if g.outcome == "torch")
+    assert strict_lambdas == strict_via_torch <= len(rec.guards) // 200
     assert r["fast"]["tripwire-strict"]["guards"] - r["fast"]["tripwire-strict"]["fast"] == strict_lambdas
     text = bench.describe(w)
     assert "like for like" in text and "coverage" in text

@@ -25,7 +25,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["GPT", "MLP", "Attention", "Block", "ConvNet", "GPTConfig", "Residual", "act", "act_twin"]
+__all__ = [
+    "GPT",
+    "LSTMLM",
+    "MLP",
+    "Attention",
+    "Block",
+    "Chain",
+    "ConvNet",
+    "Encoder",
+    "GPTConfig",
+    "Hooked",
+    "ModulesLoop",
+    "Residual",
+    "act",
+    "act_twin",
+    "double_output",
+]
 
 
 @dataclasses.dataclass
@@ -135,3 +151,83 @@ class ConvNet(nn.Module):
 
     def forward(self, x):
         return self.fc(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
+
+
+class LSTMLM(nn.Module):
+    """An LSTM language model: embedding, a batch-first LSTM, a Linear head. torch guards the
+    LSTM's ``_flat_weights`` list against its parameters (``a is b``)."""
+
+    def __init__(self, vocab: int = 32, d: int = 16, layers: int = 2) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.lstm = nn.LSTM(d, d, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        h, _ = self.lstm(self.emb(idx))
+        return self.head(h)
+
+
+class Encoder(nn.Module):
+    """An ``nn.TransformerEncoder`` (pre- or post-norm) called with a padding mask. Its layers call
+    ``self.self_attn(...)``, an ``nn.MultiheadAttention`` whose ``forward`` has defaults: torch
+    guards them through the class dict (``dict(type(X).__dict__)['forward'].__defaults__``)."""
+
+    def __init__(self, d: int = 16, heads: int = 4, layers: int = 2, norm_first: bool = False) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(
+            d, heads, dim_feedforward=2 * d, dropout=0.0, batch_first=True, norm_first=norm_first
+        )
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+    def forward(self, x, pad):
+        return self.enc(x, src_key_padding_mask=pad)
+
+
+def double_output(module, args, output):  # a forward hook (module-level: one code object)
+    return output * 2
+
+
+class Hooked(nn.Module):
+    """Two Linears, the first with a forward hook: torch guards the hook dicts and, through the
+    class's MRO, ``nn.Module``'s ``_compiled_call_impl``."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.a = nn.Linear(d, d)
+        self.b = nn.Linear(d, d)
+        self.a.register_forward_hook(double_output)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class ModulesLoop(nn.Module):
+    """``self.modules()`` inside forward: torch guards ``nn.Module.modules``'s defaults through the
+    MRO (``dict(type(X).__mro__[1].__dict__)['modules'].__defaults__``)."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.a = nn.Linear(d, d)
+        self.act = nn.ReLU()
+        self.b = nn.Linear(d, d)
+
+    def forward(self, x):
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                x = m(x)
+        return x
+
+
+class Chain(nn.Module):
+    """``depth`` modules nested one in another, each with a Linear: the innermost parameter's
+    source is three steps per level deep (``._modules['inner']``, then ``._parameters['weight']``)."""
+
+    def __init__(self, depth: int = 25, d: int = 4) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.inner = Chain(depth - 1, d) if depth > 1 else None
+
+    def forward(self, x):
+        x = self.lin(x)
+        return x if self.inner is None else self.inner(x)

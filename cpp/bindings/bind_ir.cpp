@@ -180,6 +180,7 @@ void register_ir(nb::module_& m) {
         },
         "The built-in global-state probes by id (GuardDecl.n of a GLOBAL_STATE without operand).");
     m.attr("MAX_CONSTANT_DEPTH") = core::kMaxConstantDepth;
+    m.attr("MAX_SOURCE_DEPTH") = core::kMaxSourceDepth;
 }
 
 }  // namespace tripwire::bindings

@@ -86,6 +86,8 @@ std::string_view step_kind_name(StepKind k) {
         case StepKind::TensorStride: return "TENSOR_STRIDE";
         case StepKind::TensorStorageOffset: return "TENSOR_STORAGE_OFFSET";
         case StepKind::Grad: return "GRAD";
+        case StepKind::TypeDict: return "TYPE_DICT";
+        case StepKind::TypeMro: return "TYPE_MRO";
     }
     return "UNKNOWN";
 }
@@ -146,6 +148,9 @@ bool is_relational(GuardKind k) {
 bool step_runs_user_code(StepKind k) {
     switch (k) {
         case StepKind::Type:
+        // Fields of the type object, borrowed: no lookup, no allocation.
+        case StepKind::TypeDict:
+        case StepKind::TypeMro:
         case StepKind::WeakrefCall:
         case StepKind::DictKey:
         case StepKind::DictValue: return false;

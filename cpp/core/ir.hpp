@@ -61,8 +61,13 @@ enum class StepKind : std::uint8_t {
     TensorStride = 16,         ///< sym_stride(index) as an int; index >= dim or no strides: missing
     TensorStorageOffset = 17,  ///< sym_storage_offset() as an int; no strides: missing
     Grad = 18,                 ///< the C++ grad() field; None when undefined
+    // torch's TypeDictGuardAccessor and TypeMROGuardAccessor: a class's own fields, read from the
+    // type object and never through an attribute lookup (no metaclass __getattribute__, no
+    // descriptor). A value that is not a type is missing.
+    TypeDict = 19,  ///< the class namespace dict (tp_dict; `type.__dict__['__dict__']` without the proxy)
+    TypeMro = 20,   ///< the class's method resolution order (tp_mro, a tuple)
 };
-inline constexpr int kStepKindCount = 19;
+inline constexpr int kStepKindCount = 21;
 
 /// Whether a step reads the C++ tensor through the torch adapter only (TensorSize..Grad).
 constexpr bool is_cpp_tensor_step(StepKind k) {

@@ -51,7 +51,9 @@ void validate_source(const SourcePath& src, std::size_t n_consts) {
     if (src.name == kNoConst) fail("root needs a name");
     check_const(src.name, n_consts, "root");
     if (src.steps.size() > kMaxSourceDepth) {
-        fail("source deeper than " + std::to_string(kMaxSourceDepth) + " steps");
+        // Named, so that the caller can tell which source to leave out.
+        fail("source deeper than " + std::to_string(kMaxSourceDepth) + " steps (" +
+             std::to_string(src.steps.size()) + ")" + (src.texts.empty() ? "" : ": " + src.texts.back()));
     }
     if (src.texts.size() != src.steps.size() + 1) fail("source texts do not match steps");
     for (const Step& s : src.steps) validate_step(s, n_consts);

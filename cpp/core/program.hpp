@@ -24,8 +24,12 @@ class InvalidProgram : public std::invalid_argument {
     using std::invalid_argument::invalid_argument;
 };
 
-/// Deepest source the engine accepts; bounds the evaluator's recursion.
-inline constexpr std::size_t kMaxSourceDepth = 64;
+/// Deepest source the engine accepts. It bounds the walk's recursion (two small native frames
+/// per step) and the printed prefixes every source carries (their total length grows with the
+/// square of the depth). torch's module sources cost three steps per submodule level
+/// (`._modules['name']`, then the parameter dict), so 256 takes a parameter about 80 submodules
+/// deep.
+inline constexpr std::size_t kMaxSourceDepth = 256;
 /// Most sources one relational guard (NO_ALIAS) may relate.
 inline constexpr std::size_t kMaxRelationalSources = 65536;
 /// Index value meaning "none" for node parents.

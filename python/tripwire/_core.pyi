@@ -56,6 +56,10 @@ class StepKind(enum.IntEnum):
 
     GRAD = 18
 
+    TYPE_DICT = 19
+
+    TYPE_MRO = 20
+
 class GuardKind(enum.IntEnum):
     """The guard kinds of the catalogue (docs/guards.md)."""
 
@@ -276,6 +280,8 @@ def builtin_probes() -> list[str]:
     """
 
 MAX_CONSTANT_DEPTH: int = 100
+
+MAX_SOURCE_DEPTH: int = 256
 
 def _shape_distinct_symbols(args: list) -> list:
     """

@@ -216,6 +216,19 @@ _namespace = type.__dict__["__dict__"].__get__  # a class's own namespace, past 
 _mro = type.__dict__["__mro__"].__get__
 
 
+def _class_dict(cls: Any) -> dict:
+    """The namespace dict of class ``cls`` itself (not the read-only proxy Python shows).
+
+    type's own ``__dict__`` getset gives a mappingproxy over it (and raises TypeError for
+    anything that is not a type, whatever its ``__class__`` claims); the proxy's only referent is
+    that dict."""
+    proxy = _namespace(cls)
+    inner = gc.get_referents(proxy)
+    if len(inner) != 1 or type(inner[0]) is not dict:
+        raise TypeError("class namespace is not a dict")
+    return inner[0]
+
+
 def _class_attribute(cls: type, name: str) -> Any:
     """The first ``name`` in the own namespaces of ``cls``'s MRO, or a sentinel."""
     for base in _mro(cls):
@@ -383,6 +396,15 @@ def fetch_step(v: Any, step: Step) -> Any:
             return v.storage_offset()
         if k in (StepKind.TENSOR_SIZE, StepKind.TENSOR_STRIDE, StepKind.TENSOR_STORAGE_OFFSET, StepKind.GRAD):
             return _cpp_tensor_step(v, k, a)
+        if k is StepKind.TYPE_DICT:
+            return _class_dict(v)
+        if k is StepKind.TYPE_MRO:
+            # type's own getset reads tp_mro: no metaclass __getattribute__ or __mro__ override.
+            # Applied to anything that is not a type, it raises TypeError (whatever __class__ says).
+            mro = _mro(v)
+            if mro is None:
+                raise TypeError("class has no MRO yet")
+            return mro
         if k in (StepKind.DICT_KEY, StepKind.DICT_VALUE):
             if not isinstance(v, dict):
                 raise TypeError(f"dict position needs a dict, not {type(v).__name__}")

@@ -14,6 +14,13 @@ DICT_ITEM(key)     ``dict.__getitem__(X, 'k')``                 dict lookup that
                                                                never ``__missing__``
 TYPE               ``type(X)``                                  ``type(X)``
 DICT               ``X.__dict__``                               the instance dict (not for types)
+TYPE_DICT          ``dict(X.__dict__)``                         the namespace dict of class X
+                                                               itself (tp_dict; no lookup, so no
+                                                               metaclass code); missing when X
+                                                               is not a type
+TYPE_MRO           ``X.__mro__``                                class X's MRO tuple (tp_mro, read
+                                                               from the type); missing when X is
+                                                               not a type
 DEFAULTS(i)        ``X.__defaults__[i]``                        positional default i
 KWDEFAULTS(k)      ``X.__kwdefaults__['k']``                    keyword-only default k
 CODE               ``X.__code__``                               the function's code object
@@ -89,6 +96,8 @@ _NO_ARG_STEPS = (
     StepKind.STORAGE_OFFSET,
     StepKind.TENSOR_STORAGE_OFFSET,
     StepKind.GRAD,
+    StepKind.TYPE_DICT,
+    StepKind.TYPE_MRO,
 )
 # torch's TensorPropertyGuardAccessor / GradGuardAccessor, read from the C++ tensor through the
 # torch adapter: printed as torch prints their sources, which is also how SIZE / STRIDE /
@@ -104,7 +113,9 @@ _PROPERTY_METHODS = frozenset({"size", "stride", "storage_offset"})
 _KEY_TYPES = (str, int, bytes, float, bool, type(None))
 # Attribute names that print as another step kind (or not as Python at all) as ``X.name``; an ATTR
 # step with one of these names prints as ``getattr(X, 'name')`` so that parse(str(s)) == s.
-_RESERVED_ATTRS = frozenset({"__dict__", "__code__", "__defaults__", "__kwdefaults__", "__closure__"})
+_RESERVED_ATTRS = frozenset(
+    {"__dict__", "__code__", "__defaults__", "__kwdefaults__", "__closure__", "__mro__"}
+)
 
 
 def key_identity(arg: Any) -> tuple:
@@ -215,6 +226,11 @@ class Step:
             return f"{base}.stride()[{a}]"
         if k is StepKind.GRAD:
             return f"{base}.grad"
+        # As torch prints TypeDictSource / TypeMROSource.
+        if k is StepKind.TYPE_DICT:
+            return f"dict({base}.__dict__)"
+        if k is StepKind.TYPE_MRO:
+            return f"{base}.__mro__"
         return f"{base}[list(dict.keys({base}))[{a}]]"  # DICT_VALUE
 
 
@@ -274,6 +290,16 @@ class Source:
 
     def type(self) -> Source:
         return self.step(StepKind.TYPE)
+
+    def type_dict(self) -> Source:
+        """torch's ``TypeDictSource``: the namespace dict of the class this source holds (TYPE_DICT;
+        prints ``dict(X.__dict__)``)."""
+        return self.step(StepKind.TYPE_DICT)
+
+    def type_mro(self) -> Source:
+        """torch's ``TypeMROSource``: the MRO tuple of the class this source holds (TYPE_MRO;
+        prints ``X.__mro__``)."""
+        return self.step(StepKind.TYPE_MRO)
 
     def tensor_size(self, dim: int) -> Source:
         """torch's ``TensorPropertySource(SIZE, dim)``: the C++ ``sym_size(dim)`` of a tensor
@@ -560,6 +586,8 @@ class _Parser:
                 return self.node(n.value).step(StepKind.DICT)
             if n.attr == "__code__":
                 return self.node(n.value).step(StepKind.CODE)
+            if n.attr == "__mro__":
+                return self.node(n.value).step(StepKind.TYPE_MRO)
             if n.attr in ("__defaults__", "__kwdefaults__", "__closure__"):
                 raise self.fail(f"{n.attr} must be indexed")
             return self.node(n.value).attr(n.attr)
@@ -605,6 +633,14 @@ class _Parser:
                 return self.node(f.value).step(StepKind.STORAGE_OFFSET)
             if isinstance(f, ast.Name) and f.id == "type" and len(n.args) == 1:
                 return self.node(n.args[0]).type()
+            if (
+                isinstance(f, ast.Name)
+                and f.id == "dict"
+                and len(n.args) == 1
+                and isinstance(n.args[0], ast.Attribute)
+                and n.args[0].attr == "__dict__"
+            ):
+                return self.node(n.args[0].value).step(StepKind.TYPE_DICT)
             if isinstance(f, ast.Name) and f.id == "getattr" and len(n.args) == 2:
                 name = self.const(n.args[1])
                 if type(name) is not str:

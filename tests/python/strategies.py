@@ -69,6 +69,8 @@ def steps() -> st.SearchStrategy[Step]:
         _positions.map(lambda i: Step(StepKind.SIZE, i)),
         _positions.map(lambda i: Step(StepKind.STRIDE, i)),
         st.just(Step(StepKind.STORAGE_OFFSET)),
+        st.just(Step(StepKind.TYPE_DICT)),
+        st.just(Step(StepKind.TYPE_MRO)),
     )
 
 
@@ -248,14 +250,21 @@ def children(v: Any) -> list[tuple[Step, Any]]:
         out.append((Step(StepKind.ATTR, "name"), v.name))
     elif t is types.FunctionType:
         out.append((Step(StepKind.CODE), v.__code__))
-        out.append((Step(StepKind.DEFAULTS, 0), v.__defaults__[0]))
-        out.append((Step(StepKind.KWDEFAULTS, "k"), v.__kwdefaults__["k"]))
+        # A class's methods (reached through TYPE_DICT) may have neither.
+        if v.__defaults__:
+            out.append((Step(StepKind.DEFAULTS, 0), v.__defaults__[0]))
+        if v.__kwdefaults__ and "k" in v.__kwdefaults__:
+            out.append((Step(StepKind.KWDEFAULTS, "k"), v.__kwdefaults__["k"]))
         if v.__closure__:
             out.append((Step(StepKind.CLOSURE_CELL, 0), v.__closure__[0].cell_contents))
     elif t is weakref.ref:
         out.append((Step(StepKind.WEAKREF_CALL), v()))
     if t is not type:
         out.append((Step(StepKind.TYPE), t))
+    elif v in (Obj, Obj2, Slotted):
+        # A class's own namespace (the dict itself, which `v.__dict__` shows through a proxy) and MRO.
+        out.append((Step(StepKind.TYPE_DICT), gc.get_referents(v.__dict__)[0]))
+        out.append((Step(StepKind.TYPE_MRO), v.__mro__))
     return out
 
 

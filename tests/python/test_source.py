@@ -31,6 +31,13 @@ PRINTED = [
     (L("r").step(StepKind.WEAKREF_CALL), "L['r']()"),
     (L("o").step(StepKind.DICT), "L['o'].__dict__"),
     (L("fn").step(StepKind.CODE), "L['fn'].__code__"),
+    (L("x").type().type_dict(), "dict(type(L['x']).__dict__)"),
+    (L("x").type().type_mro(), "type(L['x']).__mro__"),
+    (
+        L("m").type().type_mro().item(1).type_dict().dict_item("forward").step(StepKind.DEFAULTS, 0),
+        "dict.__getitem__(dict(type(L['m']).__mro__[1].__dict__), 'forward').__defaults__[0]",
+    ),
+    (L("c").attr("__mro__"), "getattr(L['c'], '__mro__')"),
     (L("xs").item(-1), "L['xs'][-1]"),
     (L("d").item(b"k"), "L['d'][b'k']"),
     (L("d").item(None), "L['d'][None]"),

@@ -609,7 +609,9 @@ void GuardSet::build_fast_pass() {
                 case core::StepKind::Type:
                 case core::StepKind::WeakrefCall:
                 case core::StepKind::DictKey:
-                case core::StepKind::DictValue: op.code = Code::FetchPure; break;
+                case core::StepKind::DictValue:
+                case core::StepKind::TypeDict:
+                case core::StepKind::TypeMro: op.code = Code::FetchPure; break;
                 // A SHAPE symbol read by the C-level property reader straight into the frame.
                 case core::StepKind::Size:
                 case core::StepKind::Stride:

@@ -477,6 +477,23 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
         case StepKind::TensorStride:
         case StepKind::TensorStorageOffset:
         case StepKind::Grad: return fetch_cpp_tensor_step(s, v);
+        // torch's TypeDictGuardAccessor / TypeMROGuardAccessor read these fields of the type
+        // object itself. Neither goes through `type(X).__dict__` (a mappingproxy, and a metaclass
+        // may define `__dict__` or `__getattribute__`) or `type(X).__mro__` (same): no user code,
+        // nothing allocated, nothing cached, so a class attribute set or deleted (the dict's
+        // contents) or a `__bases__` assignment (a new tp_mro tuple) is seen by the next check.
+        // The walk keeps its own reference where a subtree can run user code (borrow_ok): a
+        // `__bases__` assignment frees the old tuple.
+        case StepKind::TypeDict: {
+            if (!PyType_Check(v)) return missing();
+            PyObject* d = class_dict(reinterpret_cast<PyTypeObject*>(v));
+            return d != nullptr ? ok_borrowed(d) : missing();
+        }
+        case StepKind::TypeMro: {
+            if (!PyType_Check(v)) return missing();
+            PyObject* mro = reinterpret_cast<PyTypeObject*>(v)->tp_mro;  // null while a class is made
+            return mro != nullptr ? ok_borrowed(mro) : missing();
+        }
     }
     return missing();
 }
@@ -529,6 +546,8 @@ std::string describe_missing(const RuntimeStep& s, PyObject* parent) {
             return "not a tensor, tensor has too few dimensions, or symbolic values found (" + tname +
                    ", read in C++)";
         case StepKind::Grad: return "not a tensor - grad field is accessed (" + tname + ")";
+        case StepKind::TypeDict: return "TypeError: " + tname + " is not a type (no class __dict__)";
+        case StepKind::TypeMro: return "TypeError: " + tname + " is not a type (no __mro__)";
         default: return "missing";
     }
 }

@@ -219,6 +219,9 @@ class SourceChecker {
                 case StepKind::TensorStride: expect(text, {base, ".stride()[", idx, "]"}, bad); break;
                 case StepKind::TensorStorageOffset: expect(text, {base, ".storage_offset()"}, bad); break;
                 case StepKind::Grad: expect(text, {base, ".grad"}, bad); break;
+                // torch's TypeDictSource / TypeMROSource print.
+                case StepKind::TypeDict: expect(text, {"dict(", base, ".__dict__)"}, bad); break;
+                case StepKind::TypeMro: expect(text, {base, ".__mro__"}, bad); break;
             }
         }
     }

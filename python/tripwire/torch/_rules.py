@@ -21,6 +21,7 @@ import math
 import re
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,9 @@ SHAPE_ENV = "SHAPE_ENV"
 # relational leaf fed by IndexedGuardAccessors; imported the same way (Converter.cpp_shape_guard).
 CPP_SHAPE_GUARD = "SYMBOLIC_SHAPE_GUARD"
 _SIZE_STEPS = (StepKind.SIZE, StepKind.STRIDE, StepKind.STORAGE_OFFSET)
+# The ``via`` of a guard whose source is deeper than the engine's limit (_core.MAX_SOURCE_DEPTH
+# steps); ``drop=`` takes it, or the guard's own torch source.
+SOURCE_DEPTH = "SOURCE_DEPTH"
 
 # Accessors that reach into a tensor map onto the C++ tensor steps (TENSOR_SIZE, TENSOR_STRIDE,
 # TENSOR_STORAGE_OFFSET, GRAD), which read what torch reads (the C++ ``sym_size(i)`` / ... /
@@ -86,8 +90,6 @@ _TENSOR_PROPERTY_STEPS = {
 }
 # Accessors with no tripwire step that reads the same thing.
 UNSUPPORTED_ACCESSORS: dict[str, str] = {
-    "TypeDictGuardAccessor": "reads a type's tp_dict directly; tripwire's __dict__ step refuses types",
-    "TypeMROGuardAccessor": "reads a type's tp_mro directly; tripwire has no such step",
     "TupleIteratorGetItemAccessor": "reads a tuple iterator's remaining items; tripwire has no such step",
     "SetGetItemGuardAccessor": "indexes a set by iteration order; tripwire has no such step",
     "CallFunctionNoArgsGuardAccessor": "calls an arbitrary function; tripwire only calls weak references",
@@ -198,6 +200,7 @@ class Converter:
         self.deferred: list[tuple] = []  # relational leaves, decided after the walk
         self.by_source: dict[str, _Node] = {}  # torch printed source -> node
         self._relational: dict[object, int] = {}  # id(torch leaf) (or a shared code) -> spec index
+        self._called_refs: list[Source] = []  # the `X` of each `X()` the current relation reads
         self._cpp_shape_ids: dict[int, tuple[int, ...]] = {}  # first spec index -> all its relations
         # Runs torch's root check once, which re-reads the thread's dispatch-key state into the
         # root's LocalState (the leaves read it from there); set by guards_of.
@@ -289,6 +292,15 @@ class Converter:
                 why = UNSUPPORTED_ACCESSORS.get(kind, "an accessor kind tripwire does not know")
                 raise _Blocked("unsupported", f"reached through {kind}: {why}", kind)
             rule(self, parent, node)
+            if node.src is not None and len(node.src.steps) > _core.MAX_SOURCE_DEPTH:
+                # Refused here rather than by the set (which would refuse the whole import): the
+                # report names each guard's torch source, and drop= takes it or SOURCE_DEPTH.
+                raise _Blocked(
+                    "unsupported",
+                    f"its source is {len(node.src.steps)} steps deep; tripwire's sources have at most "
+                    f"{_core.MAX_SOURCE_DEPTH}",
+                    SOURCE_DEPTH,
+                )
         except _Blocked as b:
             node.blocked = b
         return node
@@ -457,6 +469,18 @@ class Converter:
 
     def acc_type(self, parent: _Node, node: _Node) -> None:
         node.src = self._need_parent_src(parent, "TypeGuardAccessor").type()
+
+    def acc_type_dict(self, parent: _Node, node: _Node) -> None:
+        # TYPE_DICT reads what torch reads, the type's tp_dict (an exact dict: CPython copies a
+        # class body's namespace into a new dict). torch casts its value to a type unchecked; on a
+        # value that is not a type tripwire's step is missing (the check fails).
+        node.src = self._need_parent_src(parent, "TypeDictGuardAccessor").type_dict()
+        node.exact_type, node.is_dict = dict, True
+
+    def acc_type_mro(self, parent: _Node, node: _Node) -> None:
+        # TYPE_MRO reads tp_mro, always an exact tuple (CPython converts what mro() returns).
+        node.src = self._need_parent_src(parent, "TypeMROGuardAccessor").type_mro()
+        node.exact_type = tuple
 
     def acc_tensor_property(self, parent: _Node, node: _Node) -> None:
         kind = "TensorPropertyGuardAccessor"
@@ -941,6 +965,7 @@ class Converter:
         if done is not None:  # the same torch leaf under another tensor's node
             self.record(tn, kind, code, "native", (done,), site=site, why="shared with the first")
             return
+        self._called_refs = []
         try:
             if kind == "NO_TENSOR_ALIASING":
                 args = call_args(code.split("; ")[0], ("check_no_aliasing",))
@@ -961,6 +986,13 @@ class Converter:
                     b = self._relational_source(ast.unparse(t.comparators[0]))
                     ids.append(self.spec(GuardKind.ALIAS, a, (b,), site))
                 why = ""
+            # Each `X()` the relation reads is a WEAKREF_CALL of X, which is Python's call only
+            # when X is a weak reference whose __call__ is weakref.ref's own: part of this guard.
+            for ref in dict.fromkeys(self._called_refs):
+                ids.append(self.spec(GuardKind.TYPE_MATCH, ref, (weakref.ref,), site))
+                self.stricter.append(
+                    (str(ref), "type(X) is weakref.ref: torch's lambda calls X(), whatever X is")
+                )
             self._relational[key] = ids[0]
             self.record(tn, kind, code, "native", tuple(ids), why=why, site=site)
         except (_Fallback, ValueError, KeyError, SyntaxError, IndexError) as e:
@@ -992,8 +1024,11 @@ class Converter:
     def _relational_source(self, printed: str) -> Source:
         """The tripwire source of a source torch's lambda reads. A node of the walk gives it; else
         it is built from the printed expression, only where a step reads exactly what Python's
-        evaluation of the lambda reads: a frame local ``L['name']``, a global ``G['name']``, ``.attr`` (getattr), and
-        ``[key]`` on a node known to hold exact dicts."""
+        evaluation of the lambda reads: a frame local ``L['name']``, a global ``G['name']``,
+        ``.attr`` (getattr), ``[key]`` (``dict.__getitem__`` on a node known to hold exact dicts,
+        else operator.getitem: what Python's subscript calls), and ``X()`` (the referent of a weak
+        reference; the caller adds ``type(X) is weakref.ref``, see relational()). A missing value
+        fails the relation, as an exception in torch's lambda fails its guard."""
         n = self.by_source.get(printed)
         if n is not None and n.src is not None:
             return n.src
@@ -1010,6 +1045,12 @@ class Converter:
             parent = self.by_source.get(base)
             if parent is not None and parent.src is not None and parent.exact_type is dict:
                 return parent.src.dict_item(key)
+            if type(key) in (str, int, bytes, bool, type(None)) and base not in ("L", "G"):
+                return self._relational_source(base).item(key)
+        if isinstance(tree, ast.Call) and not tree.args and not tree.keywords:
+            ref = self._relational_source(ast.unparse(tree.func))
+            self._called_refs.append(ref)
+            return ref.step(StepKind.WEAKREF_CALL)
         raise _Fallback(f"{printed} is not a source this import reads exactly")
 
     def leaf_tensor_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
@@ -1324,6 +1365,8 @@ ACCESSOR_RULES: dict[str, Callable[[Converter, _Node, _Node], None]] = {
     "ListGetItemGuardAccessor": Converter.acc_list_getitem,
     "TupleGetItemGuardAccessor": Converter.acc_tuple_getitem,
     "TypeGuardAccessor": Converter.acc_type,
+    "TypeDictGuardAccessor": Converter.acc_type_dict,
+    "TypeMROGuardAccessor": Converter.acc_type_mro,
     "WeakRefCallGuardAccessor": Converter.acc_weakref_call,
     "CodeGuardAccessor": Converter.acc_code,
     "FuncDefaultsGuardAccessor": Converter.acc_func_defaults,
@@ -1341,6 +1384,7 @@ def known_kinds() -> frozenset[str]:
     return frozenset(
         {
             *LEAF_RULES,
+            *TENSOR_KINDS,
             *PENDING_KINDS,
             *PENDING_ACCESSORS,
             *UNSUPPORTED_ACCESSORS,
@@ -1348,6 +1392,7 @@ def known_kinds() -> frozenset[str]:
             "DictGuardManager",
             SHAPE_ENV,
             CPP_SHAPE_GUARD,
+            SOURCE_DEPTH,
         }
         - {"key", "value"}
     )
