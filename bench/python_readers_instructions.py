@@ -3,9 +3,9 @@
 without the torch adapter or the array struct), against the adapter and the struct:
 ``python bench/python_readers_instructions.py`` (bench/README.md, "The Python readers").
 
-Each contender runs in its own ``valgrind --tool=callgrind`` child, collecting only inside
-``_floor.repeat_call``, called twice (100 then 600 checks, one dump after each); per check = the
-difference / 500, so the call's own setup cancels; per value = (per check - the empty set's) / K.
+One ``valgrind --tool=callgrind`` child (torch is imported once) builds every contender, then
+collects only inside ``_floor.repeat_call``, called twice per contender (100 then 600 checks, one
+dump after each); per check = the difference / 500, so the call's own setup cancels; per value = (per check - the empty set's) / K.
 Contenders: tripwire's empty set; K=8 2-D tensors with ``tensor_match`` built under
 ``_force_python_readers(True)`` and without it (the adapter); K=8 2-D float32 arrays with
 ``array_match``, the same two ways (the struct). A noise-free second opinion to
@@ -19,22 +19,20 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 K = 8
 CONTENDERS = ("empty", "tensors_python", "tensors_adapter", "arrays_python", "arrays_struct")
 
 
-def child(which: str, counts: list[int]) -> None:
-    sys.path.insert(0, HERE)
+def build(which: str) -> tuple[Any, dict]:
     import numpy as np
     import torch
 
-    import floor_build
     import tripwire as tw
     from tripwire import _core
 
-    floor = floor_build.load()
     if which.startswith("tensors"):
         values = {sys.intern(f"x{i}"): torch.randn(4, 8) for i in range(K)}
     else:
@@ -50,14 +48,37 @@ def child(which: str, counts: list[int]) -> None:
         _core._force_python_readers(was)
     for _ in range(20):
         assert fn(values)
+    return fn, values
+
+
+def child(chosen: list[str], counts: list[int]) -> None:
+    sys.path.insert(0, HERE)
+    import floor_build
+    import tripwire as tw
+
+    tw.tensors.ensure_torch()
+    tw.tensors.ensure_numpy()
+    floor = floor_build.load()
+    built = [build(w) for w in chosen]
     gc.collect()
     gc.disable()
-    for n in counts:
-        floor.repeat_call(fn, values, n)
+    for fn, values in built:  # one dump after each call: len(counts) dumps per contender, in order
+        for n in counts:
+            floor.repeat_call(fn, values, n)
 
 
-def counts(which: str, ns: list[int], out_dir: str) -> list[int]:
-    base = os.path.join(out_dir, f"callgrind.{which}")
+def main() -> int:
+    if sys.argv[1:2] == ["--child"]:
+        n_counts = int(sys.argv[2])
+        rest = sys.argv[3:]
+        child(rest[n_counts:], [int(x) for x in rest[:n_counts]])
+        return 0
+    chosen = [w for w in CONTENDERS if w in sys.argv[1:]] or list(CONTENDERS)
+    if "empty" not in chosen:
+        chosen.insert(0, "empty")
+    lo, hi = 100, 600
+    out_dir = tempfile.mkdtemp(prefix="tripwire-readers-")
+    base = os.path.join(out_dir, "callgrind.readers")
     cmd = [
         "valgrind",
         "--tool=callgrind",
@@ -68,32 +89,19 @@ def counts(which: str, ns: list[int], out_dir: str) -> list[int]:
         sys.executable,
         os.path.abspath(__file__),
         "--child",
-        which,
-        *map(str, ns),
+        "2",
+        str(lo),
+        str(hi),
+        *chosen,
     ]
     subprocess.run(cmd, check=True, capture_output=True)
     totals = []
-    for i in range(1, len(ns) + 1):
+    for i in range(1, 2 * len(chosen) + 1):
         with open(f"{base}.{i}") as f:
             totals.append(
                 next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
             )
-    return totals
-
-
-def main() -> int:
-    if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], [int(x) for x in sys.argv[3:]])
-        return 0
-    chosen = [w for w in CONTENDERS if w in sys.argv[1:]] or list(CONTENDERS)
-    if "empty" not in chosen:
-        chosen.insert(0, "empty")
-    lo, hi = 100, 600
-    out_dir = tempfile.mkdtemp(prefix="tripwire-readers-")
-    per = {}
-    for w in chosen:
-        a, b = counts(w, [lo, hi], out_dir)
-        per[w] = (b - a) / (hi - lo)
+    per = {w: (totals[2 * j + 1] - totals[2 * j]) / (hi - lo) for j, w in enumerate(chosen)}
     print(f"instructions per check (callgrind, {hi} - {lo} checks; outputs in {out_dir})")
     for w in chosen:
         extra = (

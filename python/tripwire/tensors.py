@@ -330,6 +330,12 @@ _t_offset: Any = None
 # torch.dtype -> c10::ScalarType code, filled by dtype_code's answers: dtypes are immortal
 # singletons and a dtype's code never changes.
 _t_codes: dict[Any, int] = {}
+# (keys, TLS include, TLS exclude) as raw bits -> (keys | include) - exclude as raw bits, computed
+# by torch's own DispatchKeySet operators the first time those three values are seen: a pure
+# function of them, and reading three raw_repr()s costs far less than two pybind11 operators that
+# each allocate a DispatchKeySet. Bounded: cleared when full (a process sees few distinct triples).
+_t_key_memo: dict[tuple[int, int, int], int] = {}
+_T_KEY_MEMO_MAX = 256
 
 
 def _bind_tensor_readers() -> None:
@@ -381,7 +387,14 @@ def _read_tensor(t: Any) -> tuple | None:
 
 
 def _tensor_fields(t: Any) -> tuple:
-    keys = ((_t_keys(t) | _t_include()) - _t_exclude()).raw_repr()
+    k, inc, exc = _t_keys(t), _t_include(), _t_exclude()
+    raw = (k.raw_repr(), inc.raw_repr(), exc.raw_repr())
+    keys = _t_key_memo.get(raw)
+    if keys is None:
+        keys = ((k | inc) - exc).raw_repr()
+        if len(_t_key_memo) >= _T_KEY_MEMO_MAX:
+            _t_key_memo.clear()
+        _t_key_memo[raw] = keys
     dtype = _t_dtype(t)
     code = _t_codes.get(dtype)
     if code is None:

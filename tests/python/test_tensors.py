@@ -363,6 +363,39 @@ def test_python_reader_is_not_answered_by_torch_function() -> None:
     assert _core.read_tensor_fields(sub, False) == _core.read_tensor_fields(sub, ADAPTER)
 
 
+@pytest.mark.parametrize("cap", [1, 256])
+def test_python_reader_key_memo_follows_the_thread_local_sets(cap: int, monkeypatch: Any) -> None:
+    """The Python reader's memo of (keys | include) - exclude answers as torch's operators do,
+    in and out of contexts that change the thread-local sets, at any bound."""
+    monkeypatch.setattr(tw.tensors, "_T_KEY_MEMO_MAX", cap)
+    monkeypatch.setattr(tw.tensors, "_t_key_memo", {})  # the bound holds from an empty memo
+    C = torch._C
+    ts = [torch.zeros(2), torch.zeros(2, requires_grad=True), torch.zeros(1, dtype=torch.int64)]
+
+    def direct(t: Any) -> int:
+        return (
+            (C._dispatch_keys(t) | C._dispatch_tls_local_include_set()) - C._dispatch_tls_local_exclude_set()
+        ).raw_repr()
+
+    contexts = [
+        contextlib.nullcontext,
+        torch.inference_mode,
+        lambda: C._ExcludeDispatchKeyGuard(C.DispatchKeySet(C.DispatchKey.AutogradCPU)),
+        lambda: C._IncludeDispatchKeyGuard(C.DispatchKey.Python),
+        lambda: C._ExcludeDispatchKeyGuard(C.DispatchKeySet(C.DispatchKey.CPU)),
+    ]
+    seen = set()
+    for _ in range(2):
+        for context in contexts:
+            with context():
+                for t in ts:
+                    got = tw.tensors._read_tensor(t)
+                    assert got is not None and got[0] == direct(t)
+                    seen.add(got[0])
+            assert len(tw.tensors._t_key_memo) <= cap
+    assert len(seen) >= 4  # the contexts did change the keys
+
+
 def test_scalar_type_table_matches_the_adapter() -> None:
     """The name table the Python path uses (tensors._SCALAR_TYPE_NAMES) is c10::ScalarType's order."""
     if not ADAPTER:
