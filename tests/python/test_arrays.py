@@ -307,6 +307,15 @@ def test_struct_probe_on_bad_input() -> None:
         assert _core._numpy_struct_probe(a, np.ndarray, np.dtype, lay) is None
     assert _core._numpy_struct_probe(a, np.ndarray, int, layout) is None  # descr not of that type
     assert _core._numpy_struct_probe(a, int, np.dtype, layout) is None
+
+    class Big:  # instances as large as an ndarray's fields: still not numpy's type
+        __slots__ = tuple(f"s{i}" for i in range(16))
+
+    big = Big()
+    for i in range(16):
+        setattr(big, f"s{i}", i)
+    assert _core._numpy_struct_probe(big, Big, np.dtype, layout) is None
+    assert not _core._enable_numpy_struct(Big, np.dtype, layout)  # enabled already or not: refused
     with pytest.raises(TypeError):
         _core._numpy_struct_probe(a, 5, np.dtype, layout)
 

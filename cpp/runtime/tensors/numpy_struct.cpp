@@ -103,15 +103,31 @@ char normalized_byteorder(char c) {
 #endif
 }
 
+// numpy's own attribute `name` (borrowed), from the imported module's namespace: no code runs (no
+// module __getattr__), null when numpy is not imported.
+PyObject* numpy_attr(const char* name) {
+    PyObject* np = PyDict_GetItemString(PyImport_GetModuleDict(), "numpy");
+    return np != nullptr && PyModule_Check(np) ? PyDict_GetItemString(PyModule_GetDict(np), name) : nullptr;
+}
+// The struct reads trust the layout of these types' instances: only numpy's own ndarray and dtype
+// are accepted (a caller's other type, however large its instances, is refused).
+bool numpys_types(PyTypeObject* ndarray, PyTypeObject* dtype) {
+    return (ndarray == nullptr || numpy_attr("ndarray") == reinterpret_cast<PyObject*>(ndarray)) &&
+           numpy_attr("dtype") == reinterpret_cast<PyObject*>(dtype);
+}
+
 }  // namespace
 
 bool enable_numpy_struct(PyObject* ndarray_type, PyObject* dtype_type, int descr_layout) {
-    if (g_ndarray != nullptr) return true;  // once: guard sets keep pointers to the types
+    if (g_ndarray != nullptr)  // once: guard sets keep pointers to the types; the same call is a no-op
+        return ndarray_type == reinterpret_cast<PyObject*>(g_ndarray) &&
+               dtype_type == reinterpret_cast<PyObject*>(g_dtype_base) &&
+               descr_layout == static_cast<int>(g_layout);
     if (!PyType_Check(ndarray_type) || !PyType_Check(dtype_type) || !known_layout(descr_layout)) return false;
     auto* nd = reinterpret_cast<PyTypeObject*>(ndarray_type);
     auto* dt = reinterpret_cast<PyTypeObject*>(dtype_type);
     const auto layout = static_cast<NumpyDescrLayout>(descr_layout);
-    if (nd->tp_basicsize < static_cast<Py_ssize_t>(sizeof(NpyArray)) ||
+    if (!numpys_types(nd, dt) || nd->tp_basicsize < static_cast<Py_ssize_t>(sizeof(NpyArray)) ||
         dt->tp_basicsize < static_cast<Py_ssize_t>(descr_size(layout)))
         return false;
     g_layout = layout;  // written before g_ndarray: readers test g_ndarray first (all under the GIL)
@@ -127,7 +143,7 @@ bool read_array_struct(PyObject* obj, ArrayView& out) { return read_array(obj, g
 
 bool read_array_struct_of(PyObject* obj, PyTypeObject* ndarray, PyTypeObject* dtype, int descr_layout,
                           ArrayView& out) {
-    if (!known_layout(descr_layout) ||
+    if (!known_layout(descr_layout) || !numpys_types(ndarray, dtype) ||
         dtype->tp_basicsize <
             static_cast<Py_ssize_t>(descr_size(static_cast<NumpyDescrLayout>(descr_layout))))
         return false;
@@ -136,7 +152,8 @@ bool read_array_struct_of(PyObject* obj, PyTypeObject* ndarray, PyTypeObject* dt
 }
 
 bool read_descr_of(PyObject* d, PyTypeObject* dtype, int descr_layout, DescrView& out) {
-    if (!known_layout(descr_layout) || !PyObject_TypeCheck(d, dtype)) return false;
+    if (!known_layout(descr_layout) || !numpys_types(nullptr, dtype) || !PyObject_TypeCheck(d, dtype))
+        return false;
     const auto layout = static_cast<NumpyDescrLayout>(descr_layout);
     if (dtype->tp_basicsize < static_cast<Py_ssize_t>(descr_size(layout))) return false;
     const NpyDescrHead* h = head_of(d);

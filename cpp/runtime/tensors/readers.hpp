@@ -60,8 +60,9 @@ bool force_python_readers();
 enum class NumpyDescrLayout : std::uint8_t { V1 = 1, V2 = 2 };
 /// Turn on reading arrays from the struct for instances of `ndarray_type` and its subtypes (and
 /// numpy dtypes: instances of `dtype_type`), after the package verified the layout (read_array_struct_of
-/// and read_descr_of against numpy's own attributes). Once: later calls change nothing. False when
-/// a type is not usable (too small for the declared fields) or the layout is unknown.
+/// and read_descr_of against numpy's own attributes). Once: a later call changes nothing (true only
+/// when it names the same types and layout). False when a type is not numpy's own (the imported
+/// module's `ndarray` and `dtype`) or too small for the declared fields, or the layout is unknown.
 bool enable_numpy_struct(PyObject* ndarray_type, PyObject* dtype_type, int descr_layout);
 /// numpy.ndarray once enabled (borrowed), else null.
 PyTypeObject* numpy_ndarray_type();
