@@ -11,6 +11,12 @@ Four measurements, each against its yardstick in the same run (round-robin repea
   (bench/floor.c, a hand-written struct read) and tripwire's Python reader. Per array as above.
 * ``G1`` torch's global state: GLOBAL_STATE("torch_global_state") through the adapter against
   torch's GLOBAL_STATE leaf (a RootGuardManager holding only it), each minus its empty set.
+* ``P1`` the Python readers on purpose (the path without the torch adapter or the array struct):
+  TENSOR_MATCH per 2-D tensor and ARRAY_MATCH per 2-D array, K values, in sets built with
+  ``_force_python_readers(True)``, per value as above, against the same set through the adapter /
+  the struct; and one call of ``tripwire.tensors._read_tensor`` / ``_read_array`` (minus a call of
+  an empty lambda) on a plain tensor, a Tensor subclass (read inside DisableTorchFunction) and an
+  array.
 * ``D1`` Dynamo's ``dynamo_guard_eval`` workload: ``foo(x0..x99)`` compiled for sizes 10, 20, ...,
   100 (10 cache entries), called cycling through the sizes. Guards only: tripwire's
   ``Cache.lookup`` (entries built by ``guards_for`` plus the three torch probes) against torch's
@@ -190,6 +196,67 @@ def bench_global_state(repeat: int, target_s: float, log) -> list[str]:
     return [line]
 
 
+# -- P1: the Python readers ------------------------------------------------------------------------------
+def bench_python_readers(k: int, repeat: int, target_s: float, log) -> list[str]:
+    import numpy as np
+    import torch
+
+    from tripwire import tensors
+
+    class Sub(torch.Tensor):
+        pass
+
+    def built(values: dict, kind: str, python: bool) -> Any:
+        b = tw.GuardBuilder(values)
+        for name in values:
+            getattr(b, kind)(f"L['{name}']")
+        was = _core._force_python_readers(python)
+        try:
+            return b.build()
+        finally:
+            _core._force_python_readers(was)
+
+    xs = {sys.intern(f"x{i}"): torch.randn(4, 8) for i in range(k)}
+    arrays = {sys.intern(f"a{i}"): np.zeros((4, 8), dtype=np.float32) for i in range(k)}
+    t_py, t_native = built(xs, "tensor_match", True), built(xs, "tensor_match", False)
+    a_py, a_native = built(arrays, "array_match", True), built(arrays, "array_match", False)
+    empty_gs = tw.GuardBuilder({}).build()
+    for gs, vals in ((t_py, xs), (t_native, xs), (a_py, arrays), (a_native, arrays)):
+        assert gs.check(vals) is True
+    assert t_py._guard_path(0) == "python" and a_py._guard_path(0) == "python"
+    t, sub, a = xs["x0"], torch.randn(4, 8).as_subclass(Sub), arrays["a0"]
+    read_tensor, read_array = tensors._read_tensor, tensors._read_array
+    assert read_tensor(t) is not None and read_tensor(sub) is not None and read_array(a) is not None
+    items = [
+        Contender("tensors, python reader", lambda: t_py.check(xs)),
+        Contender("tensors, adapter", lambda: t_native.check(xs)),
+        Contender("arrays, python reader", lambda: a_py.check(arrays)),
+        Contender("arrays, struct", lambda: a_native.check(arrays)),
+        Contender("empty set (tensors)", lambda: empty_gs.check(xs)),
+        Contender("empty set (arrays)", lambda: empty_gs.check(arrays)),
+        Contender("_read_tensor(tensor)", lambda: read_tensor(t)),
+        Contender("_read_tensor(subclass)", lambda: read_tensor(sub)),
+        Contender("_read_array(array)", lambda: read_array(a)),
+        Contender("empty lambda", lambda: None),
+    ]
+    measure(items, repeat, target_s)
+    t_per, tn_per = per_unit(items[0], items[4], k), per_unit(items[1], items[4], k)
+    a_per, an_per = per_unit(items[2], items[5], k), per_unit(items[3], items[5], k)
+    calls = [per_unit(items[i], items[9], 1) for i in (6, 7, 8)]
+    lines = [
+        f"| P1 TENSOR_MATCH per tensor, python reader, K={k} | {fmt_ns(t_per[0])} / {fmt_ns(t_per[1])} | "
+        f"adapter {fmt_ns(tn_per[0])} / {fmt_ns(tn_per[1])} | {ratio(t_per, tn_per)} | "
+        f"_read_tensor: tensor {fmt_ns(calls[0][0])} / {fmt_ns(calls[0][1])}, "
+        f"subclass {fmt_ns(calls[1][0])} / {fmt_ns(calls[1][1])} |",
+        f"| P1 ARRAY_MATCH per array, python reader, K={k} | {fmt_ns(a_per[0])} / {fmt_ns(a_per[1])} | "
+        f"struct {fmt_ns(an_per[0])} / {fmt_ns(an_per[1])} | {ratio(a_per, an_per)} | "
+        f"_read_array {fmt_ns(calls[2][0])} / {fmt_ns(calls[2][1])} |",
+    ]
+    for line in lines:
+        log(line)
+    return lines
+
+
 # -- D1: dynamo_guard_eval ------------------------------------------------------------------------------------
 ARGS = [sys.intern(f"x{i}") for i in range(100)]  # frame locals are interned names
 FOO_SRC = (
@@ -284,11 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=11)
     p.add_argument("--time", type=float, default=0.02, help="seconds per repeat per contender")
     p.add_argument("--quick", action="store_true", help="3 short repeats")
-    p.add_argument("-w", "--workload", action="append", choices=["T1", "A1", "G1", "D1"])
+    p.add_argument("-w", "--workload", action="append", choices=["T1", "A1", "G1", "P1", "D1"])
     args = p.parse_args(argv)
     if args.quick:
         args.repeat, args.time = 3, 0.005
-    which = set(args.workload or ["T1", "A1", "G1", "D1"])
+    which = set(args.workload or ["T1", "A1", "G1", "P1", "D1"])
     log = print
     print(guard_eval.environment())
     try:
@@ -314,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_array_match([1, 8, 64], args.repeat, args.time, log)
     if "G1" in which and torch is not None:
         bench_global_state(args.repeat, args.time, log)
+    if "P1" in which and torch is not None:
+        bench_python_readers(64, args.repeat, args.time, log)
     if "D1" in which and torch is not None:
         bench_dynamo_guard_eval(args.repeat, args.time, log)
     return 0

@@ -151,12 +151,14 @@ void register_tensors(nb::module_& m) {
         nb::arg("mode_stack").none(), nb::arg("default_device").none(), nb::arg("saved_hooks").none(),
         nb::arg("dual_level").none(),
         "Register the Python readers used without the adapter or the numpy struct (None: keep).");
-    m.def("numpy_struct_compiled", &runtime::numpy_struct_compiled,
-          "Whether this build read numpy's headers (arrays can be read from their struct).");
     m.def(
         "_enable_numpy_struct",
-        [](nb::handle ndarray) { return runtime::enable_numpy_struct(ndarray.ptr()); }, nb::arg("ndarray"),
-        "Read arrays of this type (numpy.ndarray) from their struct; verified by the caller.");
+        [](nb::handle ndarray, nb::handle dtype, int descr_layout) {
+            return runtime::enable_numpy_struct(ndarray.ptr(), dtype.ptr(), descr_layout);
+        },
+        nb::arg("ndarray"), nb::arg("dtype"), nb::arg("descr_layout"),
+        "Read arrays of this type (numpy.ndarray) and dtypes (numpy.dtype) from their structs, with "
+        "PyArray_Descr's layout `descr_layout` (1: numpy 1.x, 2: numpy 2.x); verified by the caller.");
     m.def(
         "_register_numpy_dtype",
         [](nb::handle dtype_type) {
@@ -170,22 +172,29 @@ void register_tensors(nb::module_& m) {
         "Make simple numpy dtypes EQUALS_MATCH constants (after _enable_numpy_struct).");
     m.def(
         "_numpy_struct_probe",
-        [](nb::handle array, nb::handle ndarray) -> nb::object {
-            if (!PyType_Check(ndarray.ptr())) throw nb::type_error("numpy.ndarray expected");
+        [](nb::handle array, nb::handle ndarray, nb::handle dtype, int descr_layout) -> nb::object {
+            if (!PyType_Check(ndarray.ptr()) || !PyType_Check(dtype.ptr()))
+                throw nb::type_error("numpy.ndarray and numpy.dtype expected");
+            auto* dtype_type = reinterpret_cast<PyTypeObject*>(dtype.ptr());
             runtime::ArrayView a;
+            runtime::DescrView d;
             if (!runtime::read_array_struct_of(array.ptr(), reinterpret_cast<PyTypeObject*>(ndarray.ptr()),
-                                               a))
+                                               dtype_type, descr_layout, a) ||
+                !runtime::read_descr_of(a.descr, dtype_type, descr_layout, d))
                 return nb::none();
             std::vector<std::int64_t> sizes(a.sizes, a.sizes + a.ndim),
                 strides(a.strides, a.strides + a.ndim);
             const int bits = runtime::array_required_bits(a.flags);
             return nb::make_tuple(a.ndim, nb::tuple(nb::cast(sizes)), nb::tuple(nb::cast(strides)),
                                   (bits & 1) != 0, (bits & 2) != 0, (bits & 4) != 0,
-                                  runtime::array_writeable(a.flags), nb::borrow(a.descr), a.itemsize);
+                                  runtime::array_writeable(a.flags), nb::borrow(a.descr), a.itemsize,
+                                  d.type_num, std::string(1, d.kind), std::string(1, d.type),
+                                  std::string(1, d.byteorder));
         },
-        nb::arg("array"), nb::arg("ndarray"),
-        "What the struct reader sees in `array` (the fields of read_array_fields, then the itemsize), "
-        "before it is enabled: the layout check.");
+        nb::arg("array"), nb::arg("ndarray"), nb::arg("dtype"), nb::arg("descr_layout"),
+        "What the struct reader sees in `array` before it is enabled (the layout check): the fields "
+        "of read_array_fields, then its dtype's itemsize, type number, kind, type char and byte order "
+        "as read from the dtype's struct.");
     m.def(
         "_numpy_dtype_fields",
         [](nb::handle d) -> nb::object {

@@ -752,14 +752,9 @@ def _set_python_readers(tensor: object | None, array: object | None, torch_state
     Register the Python readers used without the adapter or the numpy struct (None: keep).
     """
 
-def numpy_struct_compiled() -> bool:
+def _enable_numpy_struct(ndarray: object, dtype: object, descr_layout: int) -> bool:
     """
-    Whether this build read numpy's headers (arrays can be read from their struct).
-    """
-
-def _enable_numpy_struct(ndarray: object) -> bool:
-    """
-    Read arrays of this type (numpy.ndarray) from their struct; verified by the caller.
+    Read arrays of this type (numpy.ndarray) and dtypes (numpy.dtype) from their structs, with PyArray_Descr's layout `descr_layout` (1: numpy 1.x, 2: numpy 2.x); verified by the caller.
     """
 
 def _register_numpy_dtype(dtype_type: object) -> None:
@@ -767,9 +762,9 @@ def _register_numpy_dtype(dtype_type: object) -> None:
     Make simple numpy dtypes EQUALS_MATCH constants (after _enable_numpy_struct).
     """
 
-def _numpy_struct_probe(array: object, ndarray: object) -> object:
+def _numpy_struct_probe(array: object, ndarray: object, dtype: object, descr_layout: int) -> object:
     """
-    What the struct reader sees in `array` (the fields of read_array_fields, then the itemsize), before it is enabled: the layout check.
+    What the struct reader sees in `array` before it is enabled (the layout check): the fields of read_array_fields, then its dtype's itemsize, type number, kind, type char and byte order as read from the dtype's struct.
     """
 
 def _numpy_dtype_fields(dtype: object) -> object:

@@ -12,8 +12,9 @@ How the engine reads these values:
   compiler, ``TRIPWIRE_TORCH_ADAPTER=0``), through the Python readers below, which count as user
   code (slower, and the fast pass skips such guards). ``GuardSet.explain()`` names the path each
   guard takes; ``adapter_status()`` says why the adapter is or is not in use.
-* numpy arrays: from the array struct (numpy's headers at build time), after ``ensure_numpy``
-  checked the layout against numpy's own attributes; else through ``_read_array``.
+* numpy arrays: from the array struct (its fields declared by tripwire for numpy 1.x and 2.x, no
+  numpy headers at build time), after ``ensure_numpy`` checked the layout against numpy's own
+  attributes; else through ``_read_array``, after one warning that says why.
 
 The expectations (``TensorExpectation``, ``ArrayExpectation``, ``DimensionMarkings``) are plain data:
 integers, tuples and strings; only the exact type is an object, referenced by identity.
@@ -168,9 +169,11 @@ def ensure_torch() -> bool:
 def ensure_numpy() -> bool:
     """Switch on tripwire's numpy support if numpy is imported; returns whether it is.
 
-    Arrays are read from their struct when this build has numpy's headers and the layout matches
-    numpy's own attributes on probe arrays; then simple numpy dtypes (numbers, bool, object, bytes,
-    str) are also EQUALS_MATCH constants. Otherwise arrays are read through Python.
+    Arrays are read from their struct (its fields declared in cpp/runtime/tensors/numpy_struct.cpp
+    for numpy 1.x and 2.x) once what the struct reader sees on probe arrays and dtypes matches
+    numpy's own attributes; then simple numpy dtypes (numbers, bool, object, bytes, str) are also
+    EQUALS_MATCH constants. Otherwise arrays are read through Python, after one RuntimeWarning that
+    says why: never silently slow.
     """
     global _numpy_status
     if _numpy_status is not None:  # set once, after numpy was imported (every GuardSet asks)
@@ -182,16 +185,27 @@ def ensure_numpy() -> bool:
         if _numpy_status is not None:
             return True
         _core._set_python_readers(None, _read_array, None, None, None, None, None)
-        if not _core.numpy_struct_compiled():
-            status = "python reader (this build has no numpy>=2 headers)"
-        elif not _numpy_layout_matches(np):
-            status = "python reader (the array struct does not match this numpy's layout)"
-        elif not _core._enable_numpy_struct(np.ndarray):
-            status = "python reader (numpy.ndarray is not usable)"
+        version = str(getattr(np, "__version__", "?"))
+        layout = _numpy_descr_layout(version)
+        why = ""
+        if layout is None:
+            why = f"tripwire knows the dtype struct of numpy 1.x and 2.x, not of numpy {version}"
+        elif not _numpy_layout_matches(np, layout):
+            why = f"the array struct as tripwire reads it does not match numpy {version}'s own attributes"
+        elif not _core._enable_numpy_struct(np.ndarray, np.dtype, layout):
+            why = f"numpy {version}'s ndarray or dtype type is smaller than the fields tripwire reads"
+        if why:
+            _numpy_status = f"python reader ({why})"
+            warnings.warn(
+                f"tripwire: numpy arrays are read through Python (a Python call per ARRAY_MATCH check"
+                f" instead of a struct read): {why}. Use numpy 1.x or 2.x, or report this numpy"
+                " version to tripwire.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         else:
             _core._register_numpy_dtype(np.dtype)
-            status = f"array struct (numpy {np.__version__})"
-        _numpy_status = status
+            _numpy_status = f"array struct (numpy {version})"
         return True
 
 
@@ -305,31 +319,100 @@ def _find_mode_flag(torch: Any) -> bool:
     return _core._find_torch_mode_flag(path, setter, bits)
 
 
+# torch's C-level accessors for _read_tensor, bound once (torch is imported before any tensor
+# reaches a reader): no module attribute is looked up per tensor. Each is TensorBase's own
+# descriptor or method, called on the tensor directly: never a subclass's Python override.
+_t_bound = False
+_t_tensor: Any = None  # torch.Tensor
+_t_parameter: Any = None  # torch.nn.Parameter
+_t_mode_enabled: Any = None
+_t_disable: Any = None
+_t_keys: Any = None
+_t_include: Any = None
+_t_exclude: Any = None
+_t_dtype: Any = None
+_t_device: Any = None
+_t_requires_grad: Any = None
+_t_layout: Any = None
+_t_strided: Any = None
+_t_size: Any = None
+_t_stride: Any = None
+_t_offset: Any = None
+# torch.dtype -> c10::ScalarType code, filled by dtype_code's answers: dtypes are immortal
+# singletons and a dtype's code never changes.
+_t_codes: dict[Any, int] = {}
+# (keys, TLS include, TLS exclude) as raw bits -> (keys | include) - exclude as raw bits, computed
+# by torch's own DispatchKeySet operators the first time those three values are seen: a pure
+# function of them, and reading three raw_repr()s costs far less than two pybind11 operators that
+# each allocate a DispatchKeySet. Bounded: cleared when full (a process sees few distinct triples).
+_t_key_memo: dict[tuple[int, int, int], int] = {}
+_T_KEY_MEMO_MAX = 256
+
+
+def _bind_tensor_readers() -> None:
+    global _t_bound, _t_tensor, _t_parameter, _t_mode_enabled, _t_disable, _t_keys, _t_include, _t_exclude
+    global _t_dtype, _t_device, _t_requires_grad, _t_layout, _t_strided, _t_size, _t_stride, _t_offset
+    torch = sys.modules["torch"]
+    C = torch._C
+    base = C.TensorBase
+    _t_tensor, _t_parameter = torch.Tensor, torch.nn.Parameter
+    _t_mode_enabled = C._is_torch_function_mode_enabled
+    _t_disable = C.DisableTorchFunction
+    _t_keys = C._dispatch_keys
+    _t_include = C._dispatch_tls_local_include_set
+    _t_exclude = C._dispatch_tls_local_exclude_set
+    _t_dtype = base.dtype.__get__
+    _t_device = base.get_device  # device.index, -1 for None: both read TensorImpl::device()
+    _t_requires_grad = base.requires_grad.__get__
+    _t_layout = base.layout.__get__
+    _t_strided = torch.strided
+    _t_size = base.size
+    _t_stride = base.stride
+    _t_offset = base.storage_offset
+    _t_bound = True
+
+
 def _read_tensor(t: Any) -> tuple | None:
     """TENSOR_MATCH's fields, read through torch's C-level descriptors (never a subclass's Python
     overrides) with torch functions disabled: (dispatch_keys, dtype, device_index, requires_grad,
     sizes, strides or None, storage_offset); None when torch cannot read them. The keys have the
     thread-local include/exclude sets applied, not the Python-key mask: the engine applies that by
-    torch's own flag (tensor_kinds.cpp, the same as on the adapter's path)."""
-    torch = sys.modules["torch"]
-    C = torch._C
-    base = C.TensorBase
+    torch's own flag (tensor_kinds.cpp, the same as on the adapter's path).
+
+    torch dispatches these reads to ``__torch_function__`` only for a type other than Tensor and
+    Parameter, or under a torch-function mode (``check_has_torch_function``): a plain tensor with
+    no mode active is read without entering DisableTorchFunction, with the same answers. Sizes
+    and strides are torch's own tuples (torch.Size, tuple), handed over uncopied."""
+    if not _t_bound:
+        _bind_tensor_readers()
     try:
-        with C.DisableTorchFunction():
-            keys = (
-                C._dispatch_keys(t) | C._dispatch_tls_local_include_set()
-            ) - C._dispatch_tls_local_exclude_set()
-            dtype = base.dtype.__get__(t)
-            device = base.device.__get__(t)
-            requires_grad = base.requires_grad.__get__(t)
-            strided = base.layout.__get__(t) == torch.strided
-            sizes = tuple(base.size(t))
-            strides = tuple(base.stride(t)) if strided else None
-            offset = base.storage_offset(t) if strided else 0
+        tp = type(t)  # by identity: a metaclass's __eq__ is not asked
+        if (tp is _t_tensor or tp is _t_parameter) and not _t_mode_enabled():
+            return _tensor_fields(t)
+        with _t_disable():
+            return _tensor_fields(t)
+    except GuardBuildError:  # a dtype tripwire has no code for (dtype_code): says which
+        raise
     except Exception:  # noqa: BLE001 - an undefined or unreadable tensor: the guard fails
         return None
-    index = -1 if device.index is None else device.index
-    return (keys.raw_repr(), dtype_code(dtype), index, bool(requires_grad), sizes, strides, offset)
+
+
+def _tensor_fields(t: Any) -> tuple:
+    k, inc, exc = _t_keys(t), _t_include(), _t_exclude()
+    raw = (k.raw_repr(), inc.raw_repr(), exc.raw_repr())
+    keys = _t_key_memo.get(raw)
+    if keys is None:
+        keys = ((k | inc) - exc).raw_repr()
+        if len(_t_key_memo) >= _T_KEY_MEMO_MAX:
+            _t_key_memo.clear()
+        _t_key_memo[raw] = keys
+    dtype = _t_dtype(t)
+    code = _t_codes.get(dtype)
+    if code is None:
+        code = _t_codes[dtype] = dtype_code(dtype)
+    if _t_layout(t) is _t_strided:  # layouts are singletons, compared by identity in torch too
+        return (keys, code, _t_device(t), _t_requires_grad(t), _t_size(t), _t_stride(t), _t_offset(t))
+    return (keys, code, _t_device(t), _t_requires_grad(t), _t_size(t), None, 0)
 
 
 def torch_state_from_json(state: dict | str) -> tuple[int, ...]:
@@ -426,27 +509,53 @@ def _read_dual_level() -> Any:
     return level if type(level) is int else ("not an int", type(level))
 
 
+# ndarray's own descriptors for _read_array, bound once (numpy is imported before any array
+# reaches the reader): never a subclass's overrides, no attribute lookup per array.
+_a_getters: tuple[Any, ...] | None = None
+
+
 def _read_array(a: Any) -> tuple | None:
-    """ARRAY_MATCH's fields through ndarray's own descriptors (never a subclass's overrides)."""
-    nd = sys.modules["numpy"].ndarray
+    """ARRAY_MATCH's fields through ndarray's own descriptors: (ndim, shape, strides, C-contiguous,
+    F-contiguous, aligned, writeable, dtype); None when numpy cannot read them."""
+    global _a_getters
+    if _a_getters is None:
+        nd = sys.modules["numpy"].ndarray
+        _a_getters = (
+            nd.ndim.__get__,
+            nd.shape.__get__,
+            nd.strides.__get__,
+            nd.flags.__get__,
+            nd.dtype.__get__,
+        )
+    ndim, shape, strides, flags, dtype = _a_getters
     try:
-        flags = nd.flags.__get__(a)
+        f = flags(a)
         return (
-            nd.ndim.__get__(a),
-            tuple(nd.shape.__get__(a)),
-            tuple(nd.strides.__get__(a)),
-            bool(flags.c_contiguous),
-            bool(flags.f_contiguous),
-            bool(flags.aligned),
-            bool(flags.writeable),
-            nd.dtype.__get__(a),
+            ndim(a),
+            shape(a),
+            strides(a),
+            f.c_contiguous,
+            f.f_contiguous,
+            f.aligned,
+            f.writeable,
+            dtype(a),
         )
     except Exception:  # noqa: BLE001
         return None
 
 
-def _numpy_layout_matches(np: Any) -> bool:
-    """Whether the struct reader sees, on probe arrays, exactly what numpy's attributes say."""
+def _numpy_descr_layout(version: str) -> int | None:
+    """PyArray_Descr's layout for a numpy version (readers.hpp NumpyDescrLayout): 1 for numpy 1.x,
+    2 for 2.x, None for any other (unknown: not read)."""
+    major = version.split(".", 1)[0]
+    return {"1": 1, "2": 2}.get(major)
+
+
+def _numpy_layout_matches(np: Any, layout: int) -> bool:
+    """Whether the struct reader sees, on probe arrays and their dtypes, exactly what numpy's own
+    attributes say: every flag bit both ways (views, negative and zero strides, Fortran order,
+    0-d, zero-size, read-only, unaligned) and the dtype fields it reads (type number, kind, type
+    char, byte order, item size) over dtypes of every size and both byte orders."""
     base = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
     ro = np.zeros(3, dtype="U5")
     ro.flags.writeable = False
@@ -461,13 +570,21 @@ def _numpy_layout_matches(np: Any) -> bool:
         np.broadcast_to(np.arange(3), (4, 3)),
         np.frombuffer(b"\x00" * 9, dtype=np.int32, count=2, offset=1),  # unaligned, read-only
     ]
+    for d in ("?", "i1", "u1", "<i2", ">u4", "<i8", ">f8", "f2", "c16", "g", "S3", ">U7", "O",
+              "M8[ns]", "m8[s]", [("x", "<i4"), ("y", "S5")], ("f4", (2, 3))):  # fmt: skip
+        probes.append(np.zeros(2, dtype=d))
+    native = "<" if sys.byteorder == "little" else ">"
     for a in probes:
-        got: Any = _core._numpy_struct_probe(a, np.ndarray)
+        got: Any = _core._numpy_struct_probe(a, np.ndarray, np.dtype, layout)
         fields = _read_array(a)
         if got is None or fields is None:
             return False
-        want = (*fields, a.dtype.itemsize)
-        if got[:7] != want[:7] or got[7] is not want[7] or got[8] != want[8]:
+        dt = fields[7]
+        order = native if dt.byteorder == "=" else dt.byteorder
+        want = (*fields, dt.itemsize, dt.num, dt.kind, dt.char, order)
+        if got[:7] != want[:7] or got[7] is not want[7] or got[8:12] != want[8:12]:
+            return False
+        if (native if got[12] == "=" else got[12]) != want[12]:
             return False
     return True
 

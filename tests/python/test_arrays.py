@@ -196,8 +196,8 @@ def test_array_expectation_given_explicitly() -> None:
 def test_struct_path_runs_no_python() -> None:
     """Through the struct the set keeps the fast pass; a structured dtype is compared by numpy and
     makes the guard a Python-level one."""
-    if not _core.numpy_struct_enabled():
-        pytest.skip(f"arrays are read through Python here: {tw.tensors.array_path()}")
+    tw.tensors.ensure_numpy()
+    assert _core.numpy_struct_enabled(), tw.tensors.array_path()
     b = tw.GuardBuilder({"a": np.zeros(3), "r": np.zeros(2, dtype=[("x", "i4")])})
     b.array_match("L['a']")
     gs = b.build()
@@ -261,3 +261,112 @@ def test_cache_index_dispatches_on_array_shapes() -> None:
         assert cache.lookup({"a": np.ones((n, 2), dtype=np.float32)}) is None
         assert cache.lookup({"a": np.ones((2, n)).T}) is None  # right sizes, wrong strides
     assert cache.lookup({"a": [[0.0, 0.0]]}) is None
+
+
+# -- the struct reader: layout check, and the warning when it cannot be had ----------------------------
+def test_this_numpy_is_read_from_its_struct() -> None:
+    """numpy 1.x and 2.x are read from the struct in every build (no numpy headers needed at build
+    time): the path is never silently the slow one."""
+    tw.tensors.ensure_numpy()
+    assert tw.tensors.array_path() == f"array struct (numpy {np.__version__})"
+    assert _core.numpy_struct_enabled()
+
+
+def test_the_layout_check_refuses_the_other_numpys_dtype_layout() -> None:
+    """The probes tell numpy 1.x's PyArray_Descr from 2.x's (elsize moved): the check can fail."""
+    mine = tw.tensors._numpy_descr_layout(np.__version__)
+    assert mine in (1, 2)
+    assert tw.tensors._numpy_layout_matches(np, mine)
+    assert not tw.tensors._numpy_layout_matches(np, 3 - mine)
+    assert tw.tensors._numpy_descr_layout("3.0.0") is None
+    assert tw.tensors._numpy_descr_layout("10.1") is None
+
+
+def test_struct_probe_on_bad_input() -> None:
+    """The probe reads nothing that is not an ndarray with a numpy dtype, under a known layout."""
+    layout = tw.tensors._numpy_descr_layout(np.__version__)
+    a = np.zeros((2, 3), dtype="<U4")
+    got = _core._numpy_struct_probe(a, np.ndarray, np.dtype, layout)
+    assert got is not None and got[8:] == (16, a.dtype.num, "U", "U", "=")  # numpy stores native as '='
+    big = np.zeros(2, dtype=">i2" if np.little_endian else "<i2")
+    assert _core._numpy_struct_probe(big, np.ndarray, np.dtype, layout)[8:] == (
+        2,
+        big.dtype.num,
+        "i",
+        "h",
+        big.dtype.byteorder,
+    )
+
+    class Sub(np.ndarray):
+        pass
+
+    assert _core._numpy_struct_probe(a.view(Sub), np.ndarray, np.dtype, layout) is not None
+    for bad in ([1, 2], 3, np.float64(1.0), np.dtype("f8")):
+        assert _core._numpy_struct_probe(bad, np.ndarray, np.dtype, layout) is None
+    for lay in (0, 3, -1, 255):
+        assert _core._numpy_struct_probe(a, np.ndarray, np.dtype, lay) is None
+    assert _core._numpy_struct_probe(a, np.ndarray, int, layout) is None  # descr not of that type
+    assert _core._numpy_struct_probe(a, int, np.dtype, layout) is None
+
+    class Big:  # instances as large as an ndarray's fields: still not numpy's type
+        __slots__ = tuple(f"s{i}" for i in range(16))
+
+    big = Big()
+    for i in range(16):
+        setattr(big, f"s{i}", i)
+    assert _core._numpy_struct_probe(big, Big, np.dtype, layout) is None
+    assert not _core._enable_numpy_struct(Big, np.dtype, layout)  # enabled already or not: refused
+    with pytest.raises(TypeError):
+        _core._numpy_struct_probe(a, 5, np.dtype, layout)
+
+
+_UNKNOWN_NUMPY = """
+import sys, warnings
+import numpy as np
+{patch}
+import tripwire as tw
+from tripwire import _core
+assert not _core._enable_numpy_struct(np.ndarray, np.dtype, 3)
+assert not _core._enable_numpy_struct(object, np.dtype, 2)
+assert not _core._enable_numpy_struct(np.ndarray, object, 2)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    b = tw.GuardBuilder({{"a": np.zeros((2, 3), np.float32)}})
+    b.array_match("L['a']")
+    gs = b.build()
+    tw.GuardBuilder({{"a": np.zeros(2)}}).array_match("L['a']")
+msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
+print(len(msgs))
+print(msgs[0] if msgs else "")
+print(tw.tensors.array_path())
+print(_core.numpy_struct_enabled(), gs._guard_path(0))
+print(gs.check({{"a": np.ones((2, 3), np.float32)}}), gs.check({{"a": np.ones((2, 3), np.float64)}}),
+      gs.check({{"a": np.ones((3, 2), np.float32).T}}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("patch", "why"),
+    [
+        ('np.__version__ = "3.0.0"', "not of numpy 3.0.0"),
+        (
+            "import tripwire.tensors as T; T._numpy_layout_matches = lambda np, layout: False",
+            "does not match",
+        ),
+    ],
+)
+def test_unknown_numpy_warns_once_and_reads_through_python(patch: str, why: str) -> None:
+    """When the struct cannot be had: one RuntimeWarning saying why and what to do, then the
+    Python reader, which decides as the struct would."""
+    import subprocess
+    import sys
+
+    code = _UNKNOWN_NUMPY.format(patch=patch)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 5, (r.stdout, r.stderr[-2000:])
+    assert lines[0] == "1"
+    assert why in lines[1] and "read through Python" in lines[1] and "numpy 1.x or 2.x" in lines[1]
+    assert lines[2].startswith("python reader (") and why in lines[2]
+    assert lines[3] == "False python"
+    assert lines[4] == "True False False"

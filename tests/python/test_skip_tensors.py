@@ -69,11 +69,12 @@ def _read_natively(match: str) -> bool:
     """Whether this build reads the guarded value without Python (then its guard has a fast form).
 
     Without the torch adapter (e.g. the sanitized build of scripts/asan-tests) tensors are read by
-    Python readers, and without numpy's headers arrays are: that guard is then a residue. Dimension
+    Python readers, and arrays are when the struct's layout check refused this numpy: that guard
+    is then a residue. Dimension
     markings are plain attributes, read natively in every build.
     """
     if match == "array_match":
-        return tw._core.numpy_struct_compiled() and tw.tensors.array_path().startswith("array struct")
+        return tw.tensors.array_path().startswith("array struct")
     if match == "tensor_match":
         return tw._core.torch_adapter_installed()
     return True  # dimension_marking reads plain attributes

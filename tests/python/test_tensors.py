@@ -320,6 +320,82 @@ def test_adapter_and_python_reader_read_the_same_fields() -> None:
             assert _core.read_tensor_fields(t, True) == _core.read_tensor_fields(t, False), (view, dtype)
 
 
+def _lie(func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    """A __torch_function__ that answers every tensor read with a wrong value."""
+    name = getattr(func, "__name__", "")
+    lies = {"size": torch.Size([99]), "stride": (99,), "storage_offset": 99, "get_device": 99,
+            "__get__": torch.float64}  # fmt: skip
+    if name in lies:
+        return lies[name]
+    with torch._C.DisableTorchFunction():
+        return func(*args, **(kwargs or {}))
+
+
+class LyingMode(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return _lie(func, types, args, kwargs)
+
+
+class LyingSub(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return _lie(func, types, args, kwargs)
+
+
+def test_python_reader_is_not_answered_by_torch_function() -> None:
+    """The Python reader reads a plain tensor without DisableTorchFunction only when no
+    torch-function mode is active; under a lying mode, and for a subclass with a lying
+    __torch_function__, it reads the tensor's own fields."""
+    t = torch.zeros(2, 3, dtype=torch.float32)
+    want = tw.tensors._read_tensor(t)
+    assert want is not None and want[1] == 6 and tuple(want[4]) == (2, 3)  # float32's code
+    with LyingMode():
+        assert torch.zeros(1).size() == (99,)  # the mode does lie
+        got = tw.tensors._read_tensor(t)
+        assert _core.read_tensor_fields(t, False) == _core.read_tensor_fields(t, ADAPTER)
+    assert got == want
+    p = torch.nn.Parameter(torch.zeros(2, 3))
+    with LyingMode():
+        assert tw.tensors._read_tensor(p)[1:] == (6, -1, True, (2, 3), (3, 1), 0)
+    sub = torch.zeros(2, 3).as_subclass(LyingSub)
+    assert sub.size() == (99,)  # the subclass does lie
+    assert tw.tensors._read_tensor(sub)[1:] == want[1:]
+    assert _core.read_tensor_fields(sub, False) == _core.read_tensor_fields(sub, ADAPTER)
+
+
+@pytest.mark.parametrize("cap", [1, 256])
+def test_python_reader_key_memo_follows_the_thread_local_sets(cap: int, monkeypatch: Any) -> None:
+    """The Python reader's memo of (keys | include) - exclude answers as torch's operators do,
+    in and out of contexts that change the thread-local sets, at any bound."""
+    monkeypatch.setattr(tw.tensors, "_T_KEY_MEMO_MAX", cap)
+    monkeypatch.setattr(tw.tensors, "_t_key_memo", {})  # the bound holds from an empty memo
+    C = torch._C
+    ts = [torch.zeros(2), torch.zeros(2, requires_grad=True), torch.zeros(1, dtype=torch.int64)]
+
+    def direct(t: Any) -> int:
+        return (
+            (C._dispatch_keys(t) | C._dispatch_tls_local_include_set()) - C._dispatch_tls_local_exclude_set()
+        ).raw_repr()
+
+    contexts = [
+        contextlib.nullcontext,
+        torch.inference_mode,
+        lambda: C._ExcludeDispatchKeyGuard(C.DispatchKeySet(C.DispatchKey.AutogradCPU)),
+        lambda: C._IncludeDispatchKeyGuard(C.DispatchKey.Python),
+        lambda: C._ExcludeDispatchKeyGuard(C.DispatchKeySet(C.DispatchKey.CPU)),
+    ]
+    seen = set()
+    for _ in range(2):
+        for context in contexts:
+            with context():
+                for t in ts:
+                    got = tw.tensors._read_tensor(t)
+                    assert got is not None and got[0] == direct(t)
+                    seen.add(got[0])
+            assert len(tw.tensors._t_key_memo) <= cap
+    assert len(seen) >= 4  # the contexts did change the keys
+
+
 def test_scalar_type_table_matches_the_adapter() -> None:
     """The name table the Python path uses (tensors._SCALAR_TYPE_NAMES) is c10::ScalarType's order."""
     if not ADAPTER:

@@ -5,9 +5,10 @@
 //   (cpp/adapters/torch), a separate extension module whose C table (adapter_abi.h) the package
 //   installs when torch is imported and the adapter was built; without it, through Python
 //   readers the package registers (tripwire/tensors.py), which count as user code;
-// - numpy arrays from the array struct, whose layout comes from numpy's headers at build time
-//   (TRIPWIRE_HAVE_NUMPY) and is verified against numpy's own view at run time before it is
-//   used (the package calls enable_numpy_struct); without it, through a Python reader.
+// - numpy arrays from the array struct (numpy_struct.cpp), whose fields are declared there as
+//   numpy's C API documents them (no numpy headers at build time) and verified against numpy's
+//   own view at run time before they are read (the package calls enable_numpy_struct); without
+//   it, through a Python reader.
 //
 // This header is also the interface other runtime areas use to read a tensor's or an array's
 // sizes, strides and storage offset without a Python call (read_shape).
@@ -53,12 +54,16 @@ bool force_python_readers();
 
 // -- numpy -------------------------------------------------------------------------------------------
 
-/// Whether this build read numpy's headers (TRIPWIRE_HAVE_NUMPY).
-bool numpy_struct_compiled();
-/// Turn on reading arrays from the struct for instances of `ndarray_type` and its subtypes, after
-/// the package verified the layout (numpy_struct_view against numpy's own attributes). Returns
-/// false when this build has no numpy struct or the type is not usable.
-bool enable_numpy_struct(PyObject* ndarray_type);
+/// PyArray_Descr's layout after its common leading fields: numpy 1.x (an int elsize right after
+/// type_num) or 2.x (a 64-bit flags word, then an npy_intp elsize). The package names it from
+/// numpy's major version; the probes below verify it.
+enum class NumpyDescrLayout : std::uint8_t { V1 = 1, V2 = 2 };
+/// Turn on reading arrays from the struct for instances of `ndarray_type` and its subtypes (and
+/// numpy dtypes: instances of `dtype_type`), after the package verified the layout (read_array_struct_of
+/// and read_descr_of against numpy's own attributes). Once: a later call changes nothing (true only
+/// when it names the same types and layout). False when a type is not numpy's own (the imported
+/// module's `ndarray` and `dtype`) or too small for the declared fields, or the layout is unknown.
+bool enable_numpy_struct(PyObject* ndarray_type, PyObject* dtype_type, int descr_layout);
 /// numpy.ndarray once enabled (borrowed), else null.
 PyTypeObject* numpy_ndarray_type();
 
@@ -74,9 +79,19 @@ struct ArrayView {
 };
 /// Read an array whose type is (a subtype of) the enabled ndarray type. False for anything else.
 bool read_array_struct(PyObject* obj, ArrayView& out);
-/// The same against an explicit ndarray type, before enabling: the package compares what this
-/// reads with numpy's own attributes on probe arrays (the layout check), then enables.
-bool read_array_struct_of(PyObject* obj, PyTypeObject* ndarray, ArrayView& out);
+/// The same against explicit types and layout, before enabling: the package compares what this
+/// reads with numpy's own attributes on probe arrays (the layout check), then enables. False
+/// also when the array's descr is not a `dtype`.
+bool read_array_struct_of(PyObject* obj, PyTypeObject* ndarray, PyTypeObject* dtype, int descr_layout,
+                          ArrayView& out);
+/// A dtype's fields as read from its struct (the probes compare them with dtype.num, .kind, .char,
+/// .byteorder and .itemsize).
+struct DescrView {
+    int type_num = 0;
+    char kind = 0, type = 0, byteorder = 0;
+    std::int64_t elsize = 0;
+};
+bool read_descr_of(PyObject* d, PyTypeObject* dtype, int descr_layout, DescrView& out);
 /// The numpy flag bits ARRAY_MATCH uses, as core::array_data bits (C, F, aligned), and writeable.
 int array_required_bits(int numpy_flags);
 bool array_writeable(int numpy_flags);
