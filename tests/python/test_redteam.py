@@ -388,3 +388,43 @@ def test_a_stored_probe_of_another_module_is_refused_even_with_its_f_globals(hoo
     data = probe_bytes(RefKind.FUNCTION, HOOKS, "f", hooks.f)
     with pytest.raises(tw.FormatError, match="refused"):
         tw.GuardSet.from_bytes(data, f_globals=fx.__dict__)
+
+
+# -- store entries that serve the wrong thing ---------------------------------------------------
+
+
+def _plant_and_call(data: bytes, calls: list[Any]) -> tuple[list[Any], list[str], Any]:
+    """Plant ``data`` in the namespace of fx.helper under compile_helper, then call a new reader."""
+    with tempfile.TemporaryDirectory() as root:
+        ns = specialized(Directory(root))._namespace()
+        Directory(root).save(ns, entry_key(data), data)
+        b = specialized(Directory(root))
+        COMPILES.clear()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            results = [b(x) for x in calls]
+        return results, [str(x.message) for x in w if issubclass(x.category, StoreWarning)], b
+
+
+def test_the_function_itself_under_guards_that_always_pass_is_served_and_correct() -> None:
+    """A writer may store "the function itself" under an empty guard set: every call is served,
+    uncompiled, and every answer is the function's own (store.md, "What a writer of the store can
+    still do")."""
+    empty = tw.GuardBuilder({"x": 1}).build().to_bytes()
+    results, reports, b = _plant_and_call(raw_entry(empty, b"tripwire:function", b""), [1, 2, "a"])
+    assert results == [fx.helper(1), fx.helper(2), fx.helper("a")]
+    assert COMPILES == [] and reports == [] and b.store_loads == 1
+
+
+@pytest.mark.parametrize(
+    ("module", "qualname"), [("os", "abort"), ("subprocess", "getoutput"), ("builtins", "breakpoint")]
+)
+def test_a_stored_probe_of_an_imported_library_is_skipped_with_one_report(module: str, qualname: str) -> None:
+    """An entry whose GLOBAL_STATE probe names a library function (called on every check) is
+    skipped with one report; the call compiles and nothing runs."""
+    target = getattr(importlib.import_module(module), qualname)
+    guards = probe_bytes(RefKind.FUNCTION, module, qualname, target)
+    results, reports, b = _plant_and_call(raw_entry(guards, b"reference", genuine()["payload"]), [1, 1])
+    assert results == [fx.helper(1)] * 2 and COMPILES == [1]
+    assert len(reports) == 1 and "refused" in reports[0], reports
+    assert b.store_loads == 0 and len(b.store_skipped) == 1
