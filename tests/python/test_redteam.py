@@ -214,7 +214,7 @@ _M = (1 << 61) - 1  # the modulus of int hashing: i * _M hashes to 0 for every i
 
 @pytest.mark.parametrize("make", [frozenset, set, dict.fromkeys, lambda xs: frozenset((x, 1) for x in xs)])
 def test_a_constant_of_colliding_hashes_is_refused_not_quadratic(make: Any) -> None:
-    """16,000 ints that all hash to 0 (190 KB) took 3 s to load and as long to check: each
+    """16,000 ints that all hash to 0 (190 KB) would take 3 s to load and as long to check: each
     insertion compares with every earlier item. More than 16 items per hash are refused."""
     data = equals_bytes(make([i * _M for i in range(20_000)]))
     with pytest.raises(tw.FormatError, match="share one hash"):

@@ -31,7 +31,7 @@ bool fail(PyObject* type, const char* msg) {
 // Hash flooding: items that share one hash make each insertion into a set or dict probe every
 // earlier one, so n of them cost n^2 comparisons. The hashes of ints, floats and tuples of them
 // are not randomised, so the bytes choose them (i * (2**61 - 1) all hash to 0): 16,000 such ints,
-// 190 KB, took 3 s to load and as long to check. An honest set has at most two items per hash
+// 190 KB, would take 3 s to load and as long to check. An honest set has at most two items per hash
 // (-1 and -2); more than kMaxSameHash is refused, which keeps building linear.
 constexpr std::size_t kMaxSameHash = 16;
 
