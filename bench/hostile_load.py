@@ -5,8 +5,10 @@ Loaders and inputs (tests/python/hostile_docs.py builds them from docs/format.md
 
   from_bytes      GuardSet.from_bytes of each hostile document: one long multi-byte string, one
                   string named over and over (refused by the string budget), many tiny constants,
-                  deep constant trees, many guards, one SHAPE relation over many symbols, SHAPE
-                  literals at the digit limit, one relation named over and over (refused)
+                  deep constant trees, many guards, a frozenset of ints that all hash alike
+                  (refused past 16 per hash), one of 16 ints per hash (loaded), one SHAPE relation
+                  over many symbols, SHAPE literals at the digit limit, one relation named over
+                  and over (refused)
   store entry     what @specialize does with a stored entry (tripwire.specialized._load_store):
                   decode_entry, from_bytes of its guards (the many-guards document), and the
                   reference codec's decode of a payload of "[" (refused: FormatError)

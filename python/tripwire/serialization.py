@@ -455,6 +455,14 @@ def _admitted(module: str, allow: Sequence[str] | None) -> bool:
     return bool(allow) and any(module == p or module.startswith(p + ".") for p in allow or ())
 
 
+def _importable(module: str) -> bool:
+    """Whether a load may import ``module``, a name the bytes chose under an admitted prefix: a
+    dotted name of identifiers, none of them a dunder. ``pkg.__main__`` is a package's command
+    line, which importing runs, and ``pkg.__init__`` runs the package's body a second time as
+    another module: neither is a module a reference is saved from."""
+    return all(p.isidentifier() and not (p.startswith("__") and p.endswith("__")) for p in module.split("."))
+
+
 def _importer(
     resolve: Resolver | None, allow_modules: Sequence[str] | None, call_modules: Sequence[str] = ()
 ) -> Callable[[int, tuple, bool], Any]:
@@ -492,6 +500,13 @@ def _importer(
             elif issubclass(type(mod), types.ModuleType):
                 obj = resolve_name(kind, module, mod, qualname, called=called)
             elif admitted:
+                if not _importable(module):
+                    raise FormatError(
+                        f"{where} refused: {module!r} is not imported, and a load imports only a "
+                        "dotted name of identifiers without a dunder part (never a package's "
+                        "__main__ or __init__)",
+                        offset,
+                    )
                 try:
                     mod = import_module(module)
                 except ImportError as e:

@@ -130,12 +130,39 @@ def shape_text_named_over_and_over(size: int) -> bytes:
     return _shape(rel, [b"a"], max(1, size // 2 // 12))
 
 
+_M = (1 << 61) - 1  # the modulus of int hashing: h + k * _M hashes like h
+
+
+def _int_set(values: list[int]) -> bytes:
+    """A frozenset constant of ints of 9 bytes or more (tag 4), its items sorted by encoding."""
+    items = sorted(
+        b"\x04" + varint(n) + v.to_bytes(n, "little", signed=True)
+        for v in values
+        for n in [(v.bit_length() + 8) // 8]
+    )
+    return b"\x00\x0d" + varint(len(items)) + b"".join(items)
+
+
+def colliding_set(size: int) -> bytes:
+    """A frozenset of ints that all hash to 0: quadratic to build, refused past 16 per hash."""
+    n = size // 11
+    return wrap(body([], _int_set([i * _M for i in range(5, n + 5)]), 1))
+
+
+def sixteen_per_hash(size: int) -> bytes:
+    """A frozenset of ints, 16 per hash: the most collisions a load accepts."""
+    n = size // 11
+    return wrap(body([], _int_set([(i // 16) + (5 + i % 16) * _M for i in range(n)]), 1))
+
+
 DOCUMENTS: dict[str, Callable[[int], bytes]] = {
     "long_string": long_string,
     "named_over_and_over": named_over_and_over,
     "tiny_constants": tiny_constants,
     "deep_constants": deep_constants,
     "many_guards": many_guards,
+    "colliding_set": colliding_set,
+    "sixteen_per_hash": sixteen_per_hash,
     "shape_many_symbols": shape_many_symbols,
     "shape_long_literals": shape_long_literals,
     "shape_text_named_over_and_over": shape_text_named_over_and_over,

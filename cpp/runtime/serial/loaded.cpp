@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "runtime/eval/guard_kinds.hpp"
+#include "runtime/serial/values.hpp"
 
 namespace tripwire::runtime::serial {
 namespace {
@@ -292,6 +293,13 @@ void check_operands(const core::codec::GuardRecord& g, PyObject* consts, std::st
         }
         case GuardKind::RangeIterator:
             if (!PyRange_Check(at(d.operand))) throw bad("needs a range");
+            break;
+        case GuardKind::DictContains:
+            // The key is hashed on every check: no hook of a class the bytes chose may run.
+            if (!hashes_without_code(at(d.operand))) {
+                const std::string why = take_error_text();
+                throw bad("the key: " + why);
+            }
             break;
         default: break;
     }

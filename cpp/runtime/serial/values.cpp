@@ -1,7 +1,9 @@
 // tripwire/cpp/runtime/serial/values.cpp -- converting constants to value trees and back.
 #include "runtime/serial/values.hpp"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace tripwire::runtime::serial {
 namespace {
@@ -24,6 +26,91 @@ PyObject* call_signed(PyObject* owner, const char* method, PyObject* a, const ch
 bool fail(PyObject* type, const char* msg) {
     PyErr_SetString(type, msg);
     return false;
+}
+
+// Hash flooding: items that share one hash make each insertion into a set or dict probe every
+// earlier one, so n of them cost n^2 comparisons. The hashes of ints, floats and tuples of them
+// are not randomised, so the bytes choose them (i * (2**61 - 1) all hash to 0): 16,000 such ints,
+// 190 KB, would take 3 s to load and as long to check. An honest set has at most two items per hash
+// (-1 and -2); more than kMaxSameHash is refused, which keeps building linear.
+constexpr std::size_t kMaxSameHash = 16;
+
+/// The class attribute `name` of `t` as the interpreter finds it: the first MRO class whose own
+/// dict holds it (borrowed; nullptr with no error when none does). No metaclass hook runs.
+PyObject* mro_lookup(PyTypeObject* t, PyObject* name) {
+    PyObject* mro = t->tp_mro;
+    if (mro == nullptr || !PyTuple_Check(mro)) return nullptr;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i) {
+        PyObject* d = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i))->tp_dict;
+        if (d == nullptr) continue;
+        PyObject* found = PyDict_GetItemWithError(d, name);
+        if (found != nullptr || PyErr_Occurred()) return found;
+    }
+    return nullptr;
+}
+
+// A referenced object that is a set item, a dict key or a DICT_CONTAINS key is hashed (at load or
+// on every check), and one inside a tuple is compared by EQUALS_MATCH: its class's __hash__ and
+// __eq__ would run, chosen by the bytes (an enum of any imported module may define them). Only C
+// implementations (object's, int's, str's) and the standard library's Enum.__hash__ (the hash of
+// the member's name) may run.
+bool hashed_without_code(PyObject* x) {
+    PyTypeObject* t = Py_TYPE(x);
+    if (t->tp_hash == PyBaseObject_Type.tp_hash && t->tp_richcompare == PyBaseObject_Type.tp_richcompare)
+        return true;  // identity: no __hash__ or __eq__ of Python code anywhere in the MRO
+    for (const char* name : {"__hash__", "__eq__"}) {
+        Ref key = Ref::steal(PyUnicode_InternFromString(name));
+        if (!key) return false;
+        PyObject* found = mro_lookup(t, key.get());
+        if (found == nullptr && PyErr_Occurred()) return false;
+        if (found == nullptr || found == Py_None || Py_IS_TYPE(found, &PyWrapperDescr_Type) ||
+            Py_IS_TYPE(found, &PyMethodDescr_Type) || PyCFunction_Check(found))
+            continue;
+        // Enum.__hash__, found in enum.Enum's own dict (enum is imported: x is a member).
+        Ref enum_module = Ref::steal(PyImport_GetModule(Ref::steal(PyUnicode_FromString("enum")).get()));
+        if (enum_module) {
+            Ref enum_type = Ref::steal(PyObject_GetAttrString(enum_module.get(), "Enum"));
+            if (enum_type && PyType_Check(enum_type.get())) {
+                PyObject* d = reinterpret_cast<PyTypeObject*>(enum_type.get())->tp_dict;
+                if (found == PyDict_GetItemWithError(d, key.get())) continue;
+            }
+        }
+        if (PyErr_Occurred()) return false;
+        PyErr_Format(PyExc_ValueError,
+                     "a %.200s is inside a constant or a DICT_CONTAINS key, and its class defines %s in "
+                     "Python, which the bytes would choose to run",
+                     t->tp_name, name);
+        return false;
+    }
+    return true;
+}
+
+/// A referenced object inside a container (only an enum member: the decoder allows no other) is
+/// hashed when it is a set item or a dict key, and compared whenever the container is: a tuple's
+/// items by EQUALS_MATCH on every check. Its class's hooks must run no code the bytes chose.
+bool contained(const Value& item, PyObject* x) { return item.tag != ValueTag::Ref || hashed_without_code(x); }
+
+bool hashes_spread(const std::vector<Ref>& keys) {
+    std::vector<Py_hash_t> hashes;
+    hashes.reserve(keys.size());
+    for (const Ref& k : keys) {
+        const Py_hash_t h = PyObject_Hash(k.get());
+        if (h == -1 && PyErr_Occurred()) return false;
+        hashes.push_back(h);
+    }
+    std::sort(hashes.begin(), hashes.end());
+    std::size_t run = 0;
+    for (std::size_t i = 0; i < hashes.size(); ++i) {
+        run = i > 0 && hashes[i] == hashes[i - 1] ? run + 1 : 1;
+        if (run > kMaxSameHash) {
+            PyErr_Format(PyExc_ValueError,
+                         "more than %zu of its %zu items share one hash (a set or dict of colliding hashes "
+                         "costs quadratic time)",
+                         kMaxSameHash, keys.size());
+            return false;
+        }
+    }
+    return true;
 }
 
 bool int_value(PyObject* o, Value& out) {
@@ -146,6 +233,20 @@ bool to_value(PyObject* o, PyObject* ref_of, Value& out, int depth) {
     return true;
 }
 
+bool hashes_without_code(PyObject* o) {
+    if (PyTuple_CheckExact(o)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); ++i) {
+            if (!hashes_without_code(PyTuple_GET_ITEM(o, i))) return false;
+        }
+        return true;
+    }
+    // A frozenset's items were checked when it was built (from_value).
+    if (PyLong_CheckExact(o) || PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) || PyFloat_CheckExact(o) ||
+        PyFrozenSet_CheckExact(o) || o == Py_None || PyBool_Check(o))
+        return true;
+    return hashed_without_code(o);
+}
+
 PyObject* from_value(const Value& v, const std::vector<PyObject*>& refs) {
     switch (v.tag) {
         case ValueTag::None: return Py_NewRef(Py_None);
@@ -178,8 +279,13 @@ PyObject* from_value(const Value& v, const std::vector<PyObject*>& refs) {
             Ref out = Ref::steal(v.tag == ValueTag::Tuple ? PyTuple_New(n) : PyList_New(n));
             if (!out) return nullptr;
             for (Py_ssize_t i = 0; i < n; ++i) {
-                PyObject* x = from_value(v.items[static_cast<std::size_t>(i)], refs);
+                const Value& item = v.items[static_cast<std::size_t>(i)];
+                PyObject* x = from_value(item, refs);
                 if (x == nullptr) return nullptr;
+                if (!contained(item, x)) {
+                    Py_DECREF(x);
+                    return nullptr;
+                }
                 if (v.tag == ValueTag::Tuple) {
                     PyTuple_SET_ITEM(out.get(), i, x);
                 } else {
@@ -190,23 +296,38 @@ PyObject* from_value(const Value& v, const std::vector<PyObject*>& refs) {
         }
         case ValueTag::Set:
         case ValueTag::FrozenSet: {
+            std::vector<Ref> items;
+            items.reserve(v.items.size());
+            for (const Value& item : v.items) {
+                items.push_back(Ref::steal(from_value(item, refs)));
+                if (!items.back()) return nullptr;
+                if (!contained(item, items.back().get())) return nullptr;
+            }
+            if (!hashes_spread(items)) return nullptr;
             Ref out = Ref::steal(PySet_New(nullptr));
             if (!out) return nullptr;
-            for (const Value& item : v.items) {
-                Ref x = Ref::steal(from_value(item, refs));
-                if (!x || PySet_Add(out.get(), x.get()) < 0) return nullptr;
+            for (const Ref& x : items) {
+                if (PySet_Add(out.get(), x.get()) < 0) return nullptr;
             }
             if (v.tag == ValueTag::Set) return out.release();
             return PyFrozenSet_New(out.get());
         }
         case ValueTag::Dict: {
+            std::vector<Ref> keys, values;
+            keys.reserve(v.items.size() / 2);
+            values.reserve(v.items.size() / 2);
+            for (std::size_t i = 0; i + 1 < v.items.size(); i += 2) {
+                keys.push_back(Ref::steal(from_value(v.items[i], refs)));
+                if (!keys.back()) return nullptr;
+                if (!contained(v.items[i], keys.back().get())) return nullptr;
+                values.push_back(Ref::steal(from_value(v.items[i + 1], refs)));
+                if (!values.back() || !contained(v.items[i + 1], values.back().get())) return nullptr;
+            }
+            if (!hashes_spread(keys)) return nullptr;
             Ref out = Ref::steal(PyDict_New());
             if (!out) return nullptr;
-            for (std::size_t i = 0; i + 1 < v.items.size(); i += 2) {
-                Ref k = Ref::steal(from_value(v.items[i], refs));
-                if (!k) return nullptr;
-                Ref x = Ref::steal(from_value(v.items[i + 1], refs));
-                if (!x || PyDict_SetItem(out.get(), k.get(), x.get()) < 0) return nullptr;
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+                if (PyDict_SetItem(out.get(), keys[i].get(), values[i].get()) < 0) return nullptr;
             }
             return out.release();
         }

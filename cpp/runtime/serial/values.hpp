@@ -22,4 +22,10 @@ bool to_value(PyObject* o, PyObject* ref_of, core::codec::Value& out, int depth 
 /// the value cannot be built (an unhashable set element, a range with step 0...).
 PyObject* from_value(const core::codec::Value& v, const std::vector<PyObject*>& refs);
 
+/// Whether hashing `o` (and comparing it on a collision) runs no Python code: its class's
+/// `__hash__` and `__eq__`, and those of a tuple's items, are C implementations or the standard
+/// library's `Enum.__hash__`. False with a ValueError (or another error) set otherwise: a
+/// referenced key or set item is hashed at load or on every check, in a class the bytes chose.
+bool hashes_without_code(PyObject* o);
+
 }  // namespace tripwire::runtime::serial
