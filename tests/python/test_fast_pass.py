@@ -8,6 +8,7 @@ off (the equivalence suite runs with it on).
 
 from __future__ import annotations
 
+import collections.abc
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -156,12 +157,18 @@ def test_fast_pass_gives_up_on_non_dict_locals_and_unusual_objects() -> None:
     class WithClassAttr:
         k = 7
 
-    class Mapping:
+    class Mapping(collections.abc.Mapping):  # a non-dict Mapping (a duck type raises TypeError)
         def __init__(self, d: dict[str, Any]) -> None:
             self.d = d
 
         def __getitem__(self, key: str) -> Any:
             return self.d[key]
+
+        def __iter__(self):
+            return iter(self.d)
+
+        def __len__(self) -> int:
+            return len(self.d)
 
     f_locals = {"x": 1, "w": WithClassAttr()}
     b = tw.GuardBuilder(f_locals)
