@@ -38,9 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import reference
+
 import floor_build
 from contenders import Contender, fmt_ns, measure, ratio_columns, table
-from tripwire import reference
 from tripwire.builder import GuardBuilder
 from tripwire.catalogue import GuardKind, GuardSpec, resolve
 from tripwire.source import RootKind, Source, StepKind

@@ -1,7 +1,7 @@
 """The guard catalogue: guard kinds and the declarative form of one guard (:class:`GuardSpec`).
 
 A ``GuardSpec`` is what ``GuardBuilder`` records and what the C++ engine, the pure-Python reference
-evaluator (``tripwire.reference``) and the failure messages all read. The meaning of each kind is
+evaluator (``the oracle (tests/oracle/reference.py)``) and the failure messages all read. The meaning of each kind is
 the semantic contract in docs/guards.md; keep the three in agreement.
 
 Arguments per kind (``GuardSpec.args``):

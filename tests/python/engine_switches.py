@@ -9,7 +9,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tripwire import _core, reference
+import reference
+
+from tripwire import _core
 
 
 @contextlib.contextmanager

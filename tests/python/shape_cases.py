@@ -23,8 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import reference
+
 import tripwire as tw
-from tripwire import _core, reference
+from tripwire import _core
 from tripwire.catalogue import GuardSpec
 
 

@@ -46,9 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import reference
+
 import gc_stress as stress_tools
 import tripwire as tw
-from tripwire import _core, reference
+from tripwire import _core
 
 
 class Disagreement(AssertionError):

@@ -11,7 +11,7 @@
   ambient state that GLOBAL_STATE probes read.
 
 The equivalence test builds the plan with the engine and compares ``GuardSet.check``/``why_not``
-with :mod:`tripwire.reference` on every mutated input.
+with the oracle (tests/oracle/reference.py) on every mutated input.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import reference
 from hypothesis import strategies as st
 
 import tripwire as tw
-from tripwire import _core, reference
+from tripwire import _core
 from tripwire.source import RootKind, Source, Step, StepKind
 
 # ---------------------------------------------------------------------------------------------

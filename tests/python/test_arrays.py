@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tripwire as tw
 from engine_switches import assert_passes_on_the_fast_pass, switches
 from gc_stress import examples, scaled
-from tripwire import _core, reference
+from tripwire import _core
 
 np = pytest.importorskip("numpy")
 hnp = pytest.importorskip("hypothesis.extra.numpy")

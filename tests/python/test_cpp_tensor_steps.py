@@ -15,10 +15,11 @@ an object faking ``__class__``.
 from __future__ import annotations
 
 import pytest
+import reference
 
 import tripwire as tw
 from gc_stress import scaled
-from tripwire import GuardBuilder, Source, reference
+from tripwire import GuardBuilder, Source
 
 torch = pytest.importorskip("torch")
 

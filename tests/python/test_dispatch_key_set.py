@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import reference
 
 import tripwire as tw
-from tripwire import reference
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import reference
 
 import tripwire as tw
 from engine_switches import assert_passes_on_the_fast_pass, python_readers
-from tripwire import _core, reference
+from tripwire import _core
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

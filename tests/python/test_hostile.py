@@ -7,7 +7,7 @@ Every test asserts the same three things, besides its own property:
   the next plain statement runs; CPython itself turns "returned a result with an error set" into
   SystemError, so a leaked error would fail the call);
 * no false pass: whenever the guarded property does not hold for what the engine saw, the answer
-  is False, and the engine agrees with ``tripwire.reference`` where the comparison is meaningful
+  is False, and the engine agrees with the oracle (tests/oracle/reference.py) where the comparison is meaningful
   (inputs are rebuilt fresh for each evaluator when user code has side effects).
 """
 
@@ -20,9 +20,9 @@ import sys
 import weakref
 
 import pytest
+import reference
 
 import tripwire as tw
-from tripwire import reference
 
 # -- helpers ------------------------------------------------------------------------------------
 

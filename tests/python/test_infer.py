@@ -11,13 +11,13 @@ import math
 import os
 
 import pytest
+import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tripwire as tw
 from gc_stress import examples
 from tripwire import GuardKind as K
-from tripwire import reference
 from tripwire.infer import infer_into
 
 

@@ -1,6 +1,6 @@
 """Every guard kind and every step kind: pass and fail cases, checked three ways.
 
-Each input is checked with ``GuardSet.check``, with ``tripwire.reference.check`` (the oracle) and
+Each input is checked with ``GuardSet.check``, with the oracle's ``reference.check`` (tests/oracle/reference.py) and
 with ``why_not`` (source and kind of the first failing guard), several times in a row so that the
 engine's adaptive reordering is exercised as well.
 """
@@ -17,9 +17,10 @@ import weakref
 from typing import Any
 
 import pytest
+import reference
 
 import tripwire as tw
-from tripwire import GuardKind, reference
+from tripwire import GuardKind
 
 L = tw.Source.local
 nan = float("nan")

@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 
 import pytest
+import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gc_stress
 import tripwire as tw
-from tripwire import _core, reference
+from tripwire import _core
 
 
 class HonestInt(int):

@@ -18,12 +18,13 @@ import textwrap
 import warnings
 
 import pytest
+import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tripwire as tw
 from gc_stress import Finalizer, collecting_often, drain_free_lists, examples, hit_every_allocation
-from tripwire import _core, reference
+from tripwire import _core
 
 # -- 1. a collection inside a region that claims "no user code" ----------------------------------
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import reference
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,6 @@ import shape_cases
 import tripwire as tw
 from gc_stress import examples
 from strategies import frames, guard_plans, mutated_frames
-from tripwire import reference
 from tripwire.catalogue import resolve
 
 HERE = Path(__file__).parent

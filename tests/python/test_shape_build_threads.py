@@ -17,10 +17,11 @@ import sys
 import threading
 
 import pytest
+import reference
 
 import tripwire as tw
 from gc_stress import scaled
-from tripwire import guard_set, reference, shapes
+from tripwire import guard_set, shapes
 
 torch = pytest.importorskip("torch")
 

@@ -14,13 +14,14 @@ import threading
 import time
 
 import pytest
+import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shape_cases
 import tripwire as tw
 from gc_stress import examples, scaled
-from tripwire import _core, reference
+from tripwire import _core
 from tripwire.shapes import Range, sym
 
 X0 = "L['x'].size()[0]"
@@ -60,7 +61,7 @@ def test_generated_single_relations_match_the_reference_on_both_paths() -> None:
 
 def test_generated_builder_checks_match_the_exact_evaluator_and_the_reference() -> None:
     # GuardBuilder.shape's scratch compile and C++ symbol reads against evaluate_relation (the
-    # memoised compile, both paths) and tripwire.reference; the long run is shape_cases.py's.
+    # memoised compile, both paths) and the oracle (tests/oracle/reference.py); the long run is shape_cases.py's.
     stats = shape_cases.run_builder(scaled(2000, 200), seed=21)
     assert stats["held"] > 0 and stats["refused"] > 0
     assert stats["small_ints"] > 0  # decided on the parse tree (core/shape/small_eval.hpp) or left

@@ -20,11 +20,12 @@ import warnings
 from typing import Any
 
 import pytest
+import reference
 
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip
 from gc_stress import scaled
-from tripwire import _core, reference
+from tripwire import _core
 
 
 class Module:

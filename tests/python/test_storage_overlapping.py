@@ -17,10 +17,11 @@ import sys
 import textwrap
 
 import pytest
+import reference
 
 import tripwire as tw
 from gc_stress import scaled
-from tripwire import GuardBuilder, reference
+from tripwire import GuardBuilder
 from tripwire.catalogue import GuardKind, GuardSpec
 
 torch = pytest.importorskip("torch")

@@ -27,11 +27,12 @@ import threading
 from typing import Any
 
 import pytest
+import reference
 
 import tripwire as tw
 from engine_switches import assert_passes_on_the_fast_pass, fast_pass, python_readers, switches
 from gc_stress import scaled
-from tripwire import _core, reference
+from tripwire import _core
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

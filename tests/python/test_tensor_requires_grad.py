@@ -23,11 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import reference
 
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip
 from gc_stress import scaled
-from tripwire import reference
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

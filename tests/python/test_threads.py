@@ -17,10 +17,10 @@ import threading
 import time
 
 import pytest
+import reference
 
 import tripwire as tw
 from gc_stress import scaled
-from tripwire import reference
 
 
 @pytest.fixture

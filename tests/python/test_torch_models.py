@@ -1,6 +1,6 @@
 """Class-dict and MRO steps, deep sources and relational sources, against the oracle and torch.
 
-The first part holds the TYPE_DICT and TYPE_MRO steps to ``tripwire.reference`` (which reads a
+The first part holds the TYPE_DICT and TYPE_MRO steps to ``the oracle (tests/oracle/reference.py)`` (which reads a
 class's namespace and MRO on its own, through type's getsets) on classes that change under them:
 a class attribute set and deleted, ``__defaults__`` replaced, ``__bases__`` reassigned, an
 instance's ``__class__`` swapped, and metaclasses that define ``__getattribute__``, ``__dict__``
@@ -20,9 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import reference
 
 import tripwire as tw
-from tripwire import GuardKind, Source, StepKind, reference
+from tripwire import GuardKind, Source, StepKind
 
 L = Source.local
 

@@ -30,8 +30,8 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
-from .catalogue import GuardKind, GuardSpec, resolve
-from .source import RootKind, Source, Step, StepKind
+from tripwire.catalogue import GuardKind, GuardSpec, resolve
+from tripwire.source import RootKind, Source, Step, StepKind
 
 __all__ = [
     "BUILTIN_PROBES",
@@ -169,8 +169,8 @@ def torch_dual_level() -> Any:
     import torch.autograd.forward_ad as forward_ad
 
     try:
-        return getattr(forward_ad, "_current_level")  # noqa: B009 - the read torch's guard makes
-    except Exception:  # noqa: BLE001
+        return getattr(forward_ad, "_current_level")
+    except Exception:
         return None
 
 
@@ -196,7 +196,7 @@ BUILTIN_PROBES: dict[str, Callable[[], Any]] = {
 
 def dict_version(d: dict) -> int:
     """The engine's version stamp of dict ``d`` (``ma_version_tag`` on 3.11)."""
-    from . import _core  # the stamp is read by C; nothing else exposes it
+    from tripwire import _core  # the stamp is read by C; nothing else exposes it
 
     return _core.dict_version(d)
 
@@ -206,7 +206,7 @@ def _exc_text(e: BaseException) -> str:
     """``"TypeName: message"``; the message is dropped when str() of a hostile exception raises."""
     try:
         msg = str(e)
-    except Exception:  # noqa: BLE001
+    except Exception:
         msg = ""
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
@@ -416,7 +416,7 @@ def fetch_step(v: Any, step: Step) -> Any:
         raise AssertionError(f"unknown step {k!r}")
     except FetchError:
         raise
-    except Exception as e:  # noqa: BLE001 - any failure of user code means the guard fails
+    except Exception as e:
         raise FetchError(_exc_text(e)) from None
 
 
@@ -445,7 +445,7 @@ def fetch(
             if f_closure is None:
                 raise KeyError(f"no closure cells were given for {source.name!r}")
             v = f_closure[source.name].cell_contents
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise FetchError(_exc_text(e)) from None
     for step in source.steps:
         v = fetch_step(v, step)
@@ -513,7 +513,7 @@ def _form(x: Any, depth: int) -> Any:
 def _registered(t: type) -> str | None:
     """The comparison of a registered constant type (the engine's registry is data: the types and
     the names of their comparisons; each comparison is implemented here on its own)."""
-    from . import _core
+    from tripwire import _core
 
     for tp, compare, subclasses in _core.constant_types():
         if t is tp or (subclasses and issubclass(t, tp)):
@@ -680,7 +680,7 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
             return _overlap_holds(v, a[1])
         if k is GuardKind.DISPATCH_KEY_SET_MATCH:
             return _applied_key_set(v) == a[0]
-    except Exception:  # noqa: BLE001 - a raising guard fails
+    except Exception:
         return False
     raise AssertionError(f"unknown guard kind {k!r}")
 
@@ -774,7 +774,7 @@ def _array_matches(v: Any, t: type, e: Any) -> bool:
         else np.dtype(list(e.dtype) if isinstance(e.dtype, tuple) else e.dtype)
     )
     dtype = nd.dtype.__get__(v)
-    if type(dtype) is not type(want) or not dtype == want:  # noqa: SIM201 - numpy's ==, as the engine
+    if type(dtype) is not type(want) or not dtype == want:
         return False
     flags = nd.flags.__get__(v)
     return (
@@ -809,7 +809,7 @@ def _markings_hold(v: Any, m: Any) -> bool:
             ("_dynamo_shape_ids", m.shape_ids),
             ("_dynamo_unbacked_bounds", m.unbacked_bounds),
         ):
-            if not getattr(v, name, None) == want:  # noqa: SIM201 - torch's test is ==
+            if not getattr(v, name, None) == want:
                 return False
     return True
 
