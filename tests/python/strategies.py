@@ -17,6 +17,7 @@ with the oracle (tests/oracle/reference.py) on every mutated input.
 from __future__ import annotations
 
 import copy
+import copyreg
 import enum
 import gc
 import math
@@ -26,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import reference
 from hypothesis import strategies as st
 
+import reference
 import tripwire as tw
 from tripwire import _core
 from tripwire.source import RootKind, Source, Step, StepKind
@@ -130,6 +131,13 @@ class Slotted:
     def __repr__(self) -> str:
         return f"Slotted({ {k: getattr(self, k) for k in self.__slots__ if hasattr(self, k)}!r})"
 
+
+# copy and pickle add `__slotnames__` to a class's dict the first time they copy one of its
+# instances (copyreg._slotnames, from object.__reduce_ex__), and mutated_frames copies: guard plans
+# reach class dicts (TYPE_DICT), so a LENGTH or DICT_KEYS guard built on the example would fail on
+# the example itself once a copy was made. The entries are made here, once, before any draw.
+for _cls in (Obj, Obj2, Slotted):
+    copyreg._slotnames(_cls)
 
 ATTR_NAMES = ("a", "b", "c", "mode")
 SLOT_NAMES = Slotted.__slots__
