@@ -38,9 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import reference
-
 import floor_build
+import reference
 from contenders import Contender, fmt_ns, measure, ratio_columns, table
 from tripwire.builder import GuardBuilder
 from tripwire.catalogue import GuardKind, GuardSpec, resolve

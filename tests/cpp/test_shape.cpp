@@ -474,7 +474,7 @@ TEST(ShapeParser, ManySymbolsAreNumberedInOrderOfFirstUse) {
     ASSERT_EQ(r.symbols.size(), 200U);
     for (int k = 0; k < 200; ++k) EXPECT_EQ(r.symbols[k], "L['a" + std::to_string(k) + "']") << k;
     ASSERT_EQ(r.spans.size(), 400U);
-    for (int k = 0; k < 200; ++k) {
+    for (std::size_t k = 0; k < 200; ++k) {
         EXPECT_EQ(r.spans[2 * k].symbol, static_cast<std::uint32_t>(k));
         EXPECT_EQ(r.spans[2 * k + 1].symbol, static_cast<std::uint32_t>(k / 2));
     }

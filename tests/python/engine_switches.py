@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import reference
-
 from tripwire import _core
 
 

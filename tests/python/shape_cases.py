@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import reference
-
 import tripwire as tw
 from tripwire import _core
 from tripwire.catalogue import GuardSpec

@@ -46,9 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import reference
-
 import gc_stress as stress_tools
+import reference
 import tripwire as tw
 from tripwire import _core
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import reference
 import tripwire as tw
 from engine_switches import assert_passes_on_the_fast_pass, switches
 from gc_stress import examples, scaled

@@ -15,8 +15,8 @@ an object faking ``__class__``.
 from __future__ import annotations
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 from gc_stress import scaled
 from tripwire import GuardBuilder, Source

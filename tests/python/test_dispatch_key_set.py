@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 
 torch = pytest.importorskip("torch")

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 from engine_switches import assert_passes_on_the_fast_pass, python_readers
 from tripwire import _core

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import reference
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+import reference
 import tripwire as tw
 from gc_stress import examples
 from strategies import Frame, Mutation, frames, guard_plans, mutated_frames

@@ -20,8 +20,8 @@ import sys
 import weakref
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 
 # -- helpers ------------------------------------------------------------------------------------

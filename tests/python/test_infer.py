@@ -11,10 +11,10 @@ import math
 import os
 
 import pytest
-import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import reference
 import tripwire as tw
 from gc_stress import examples
 from tripwire import GuardKind as K

@@ -15,10 +15,10 @@ import math
 import pathlib
 
 import pytest
-import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import reference
 import tripwire as tw
 from gc_stress import examples
 from tripwire import _core

@@ -17,8 +17,8 @@ import weakref
 from typing import Any
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 from tripwire import GuardKind
 

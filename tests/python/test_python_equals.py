@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 
 import pytest
-import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gc_stress
+import reference
 import tripwire as tw
 from tripwire import _core
 

@@ -18,10 +18,10 @@ import textwrap
 import warnings
 
 import pytest
-import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import reference
 import tripwire as tw
 from gc_stress import Finalizer, collecting_often, drain_free_lists, examples, hit_every_allocation
 from tripwire import _core

@@ -13,10 +13,10 @@ import gc
 from typing import Any
 
 import pytest
-import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import reference
 import tripwire as tw
 from engine_switches import fast_pass
 from gc_stress import Finalizer, examples, scaled

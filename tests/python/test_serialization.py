@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import reference
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import reference
 import serial_fixtures as fx
 import shape_cases
 import tripwire as tw

@@ -14,10 +14,10 @@ import threading
 import time
 
 import pytest
-import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import reference
 import shape_cases
 import tripwire as tw
 from gc_stress import examples, scaled

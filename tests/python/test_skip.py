@@ -15,8 +15,8 @@ import types
 from typing import Any
 
 import pytest
-import reference
 
+import reference
 import skip_world
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip

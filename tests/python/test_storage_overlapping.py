@@ -17,8 +17,8 @@ import sys
 import textwrap
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 from gc_stress import scaled
 from tripwire import GuardBuilder

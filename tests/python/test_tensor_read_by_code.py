@@ -27,8 +27,8 @@ import threading
 from typing import Any
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 from engine_switches import assert_passes_on_the_fast_pass, fast_pass, python_readers, switches
 from gc_stress import scaled

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip
 from gc_stress import scaled

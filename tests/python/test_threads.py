@@ -17,8 +17,8 @@ import threading
 import time
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 from gc_stress import scaled
 

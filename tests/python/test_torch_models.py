@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import reference
 
+import reference
 import tripwire as tw
 from tripwire import GuardKind, Source, StepKind
 

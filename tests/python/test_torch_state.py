@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import reference
 
 import gc_stress
+import reference
 import tripwire as tw
 from engine_switches import assert_passes_on_the_fast_pass, python_readers
 from tripwire import _core
