@@ -119,10 +119,11 @@ bool numpys_types(PyTypeObject* ndarray, PyTypeObject* dtype) {
 }  // namespace
 
 bool enable_numpy_struct(PyObject* ndarray_type, PyObject* dtype_type, int descr_layout) {
-    if (g_ndarray != nullptr)  // once: guard sets keep pointers to the types; the same call is a no-op
+    if (g_ndarray != nullptr) {  // once: guard sets keep pointers to the types; the same call is a no-op
         return ndarray_type == reinterpret_cast<PyObject*>(g_ndarray) &&
                dtype_type == reinterpret_cast<PyObject*>(g_dtype_base) &&
                descr_layout == static_cast<int>(g_layout);
+    }
     if (!PyType_Check(ndarray_type) || !PyType_Check(dtype_type) || !known_layout(descr_layout)) return false;
     auto* nd = reinterpret_cast<PyTypeObject*>(ndarray_type);
     auto* dt = reinterpret_cast<PyTypeObject*>(dtype_type);
