@@ -21,6 +21,10 @@ import pytest
 
 import tripwire as tw
 
+# Where the tripwire under test was imported from (site-packages of the installed package, or a
+# checkout's python/ in a development tree): the subprocesses import the same one.
+_PACKAGE_PARENT = str(Path(tw.__file__).resolve().parent.parent)
+
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_VALUE = "</pre><img src=x onerror=alert(2)>"
 
@@ -212,13 +216,12 @@ def test_report_command_runs_a_script(tmp_path):
         )
     )
     out = tmp_path / "cli.html"
-    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "tripwire", "report", str(out), str(script), "--flag", "x"],
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PYTHONPATH": str(root / "python"), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": _PACKAGE_PARENT, "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 3, proc.stderr
     assert "args ['--flag', 'x']" in proc.stdout
@@ -235,8 +238,7 @@ def test_report_command_imports_beside_the_script_and_refuses_a_missing_one(tmp_
     (tmp_path / "helper_mod.py").write_text("VALUE = 41\n")
     script = tmp_path / "uses_helper.py"
     script.write_text("import helper_mod\nprint(helper_mod.VALUE + 1)\n")
-    root = Path(__file__).resolve().parents[2]
-    env = {"PYTHONPATH": str(root / "python"), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": _PACKAGE_PARENT, "PATH": "/usr/bin:/bin"}
     run = [sys.executable, "-m", "tripwire", "report", str(tmp_path / "h.html")]
     proc = subprocess.run([*run, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd="/")
     assert proc.returncode == 0 and proc.stdout.strip() == "42", proc.stderr
@@ -253,13 +255,12 @@ def test_report_command_script_raises(tmp_path):
         "import tripwire as tw\nf = tw.specialize(lambda x: x)\nf(1)\nraise ValueError('boom')\n"
     )
     out = tmp_path / "boom.html"
-    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "tripwire", "report", str(out), str(script)],
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PYTHONPATH": str(root / "python"), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": _PACKAGE_PARENT, "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 1
     assert "ValueError: boom" in proc.stderr

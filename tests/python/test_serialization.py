@@ -136,7 +136,7 @@ def evaluate_all(sets: list[tw.GuardSet]) -> list:
 
 _CHILD = """
 import json, sys
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {here!r} + "/../oracle"]
 import serial_fixtures as fx
 import tripwire as tw
 sets = [tw.GuardSet.from_bytes(open(p, "rb").read()) for p in {paths!r}]
@@ -334,7 +334,7 @@ def test_array_kinds_round_trip() -> None:
 
 _TENSOR_CHILD = """
 import json, sys
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {here!r} + "/../oracle"]
 import tripwire as tw
 try:  # torch is not imported: refused, and the load does not import it
     tw.GuardSet.from_bytes(open({tpath!r}, "rb").read())
@@ -896,7 +896,7 @@ def _shape_blob() -> bytes:
 
 _SHAPE_CHILD = """
 import json, sys
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {here!r} + "/../oracle"]
 import shape_cases, tripwire as tw
 from test_serialization import _shape_variants
 gs = tw.GuardSet.from_bytes(open({path!r}, "rb").read())

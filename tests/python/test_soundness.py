@@ -16,6 +16,7 @@ which the attack never bit cannot pass silently.
 from __future__ import annotations
 
 import gc
+import sys
 import types
 
 import pytest
@@ -190,6 +191,10 @@ def test_why_not_reports_an_object_killed_after_the_walk_by_a_released_value():
     assert reused > 0
 
 
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12),
+    reason="3.12+ collect at the eval breaker, never inside the C allocations of failures()",
+)
 def test_failures_lists_the_dead_object_when_a_collection_runs_while_building_the_answer():
     # After the walk, the answer is a list of tuples: its allocation may start a collection whose
     # finalizer kills the ID_MATCH'd object. The list must then name the dead object.
