@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import math
 import os
@@ -39,11 +40,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import floor_build
-import reference
 from contenders import Contender, fmt_ns, measure, ratio_columns, table
 from tripwire.builder import GuardBuilder
 from tripwire.catalogue import GuardKind, GuardSpec, resolve
 from tripwire.source import RootKind, Source, StepKind
+
+# The test oracle (tests/oracle/reference.py, not part of the package) checks each workload's
+# verdicts; a checkout's bench/ finds it beside tests/ (pytest puts it on the path itself).
+_ORACLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "oracle")
+if _ORACLE not in sys.path:
+    sys.path.append(_ORACLE)
+reference = importlib.import_module("reference")
 
 __all__ = [
     "Workload",
