@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import hostile_docs
 import reference
 import serial_fixtures as fx
 import shape_cases
@@ -1068,38 +1069,25 @@ def test_huge_declared_lengths_allocate_nothing() -> None:
     assert "section declares 4294967295 bytes" in str(raises_format_error(rewrap(body)))
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _section(tag: int, content: bytes) -> bytes:
-    return bytes([tag]) + _varint(len(content)) + content
-
-
 def test_deep_nesting_is_refused() -> None:
     value = b"\x0a\x01" * 300 + b"\x00"  # 300 nested one-element tuples around None
     body = (
         b"\x03\x0b"
-        + _section(1, b"\x00")
-        + _section(2, b"\x00")
-        + _section(3, b"\x01\x00" + value)
-        + _section(4, b"\x00")
-        + _section(5, b"\x00\x00\x00\x00")
+        + hostile_docs.section(1, b"\x00")
+        + hostile_docs.section(2, b"\x00")
+        + hostile_docs.section(3, b"\x01\x00" + value)
+        + hostile_docs.section(4, b"\x00")
+        + hostile_docs.section(5, b"\x00\x00\x00\x00")
     )
     e = raises_format_error(rewrap(body))
     assert "nests deeper than 128" in str(e)
     shallow = (
         b"\x03\x0b"
-        + _section(1, b"\x00")
-        + _section(2, b"\x00")
-        + _section(3, b"\x01\x00" + b"\x0a\x01" * 3 + b"\x00")
-        + _section(4, b"\x00")
-        + _section(5, b"\x00\x00\x00\x00")
+        + hostile_docs.section(1, b"\x00")
+        + hostile_docs.section(2, b"\x00")
+        + hostile_docs.section(3, b"\x01\x00" + b"\x0a\x01" * 3 + b"\x00")
+        + hostile_docs.section(4, b"\x00")
+        + hostile_docs.section(5, b"\x00\x00\x00\x00")
     )
     assert len(tw.GuardSet.from_bytes(rewrap(shallow))) == 0  # the same layout, shallow: loads
 
