@@ -490,6 +490,59 @@ def test_forward_hook_on_a_submodule() -> None:
 
 
 @pytest.mark.torch
+def test_hook_closure_naming_its_module_is_an_alias() -> None:
+    """A hook whose closure holds the module makes torch guard ``L['self'] is
+    X._forward_hooks[list(dict.keys(X._forward_hooks))[0]].__closure__[0].cell_contents``: the
+    dict value at a key position is read natively (DICT_VALUE), not by torch's leaf."""
+    torch = _torch()
+    nn = torch.nn
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.scale = nn.Linear(8, 8), nn.Linear(8, 8), 0.5
+            self.b.register_forward_hook(lambda mod, inp, out: out * self.scale)
+
+        def forward(self, x: Any) -> Any:
+            return self.b(self.a(x))
+
+    torch.manual_seed(0)
+    m = Scaled()
+    gs, gm, f_locals = compile_and_import(m, torch.randn(2, 8))
+    aliasing = [g for g in gs.torch_import.guards if g.kind == "OBJECT_ALIASING"]
+    assert aliasing and all(g.outcome == "native" for g in aliasing), gs.torch_import.report()
+    hooks = m.b._forward_hooks
+    key = next(iter(hooks))
+    other = Scaled()
+
+    def hook_of(owner: Any) -> Callable[[], Callable]:
+        def mutate() -> Callable:
+            old = hooks[key]
+            hooks[key] = lambda mod, inp, out: out * owner.scale
+            return lambda: hooks.__setitem__(key, old)
+
+        return mutate
+
+    def reorder() -> Callable:  # another hook first: position 0 holds a closure without self
+        first = hooks.pop(key)
+        h = m.b.register_forward_hook(lambda mod, inp, out: out)
+        hooks[key] = first
+        return h.remove
+
+    same_as_torch(
+        gs,
+        gm,
+        f_locals,
+        [
+            ("closure names another module", hook_of(other)),
+            ("closure names the same module", hook_of(m)),
+            ("another hook first", reorder),
+            ("scale", set_attr(m, "scale", 0.25)),
+        ],
+    )
+
+
+@pytest.mark.torch
 def test_modules_inside_forward() -> None:
     torch = _torch()
     import torch_models as tm

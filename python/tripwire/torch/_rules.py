@@ -176,6 +176,19 @@ def _simple_rule(kind: GuardKind) -> Callable[..., tuple[list[int], str]]:
 
 
 # -- the converter ----------------------------------------------------------------------------------
+_PLAIN_DICTS = (dict, collections.OrderedDict)
+
+
+def _is_keys_position(index: ast.AST, owner: ast.AST) -> bool:
+    """Whether ``index`` is ``list(dict.keys(owner))[i]`` with a literal int i."""
+    return (
+        isinstance(index, ast.Subscript)
+        and isinstance(index.slice, ast.Constant)
+        and type(index.slice.value) is int
+        and ast.unparse(index.value) == f"list(dict.keys({ast.unparse(owner)}))"
+    )
+
+
 class Converter:
     """Walks torch's tree once and emits GuardSpecs and TorchGuard records."""
 
@@ -1047,6 +1060,13 @@ class Converter:
                 return parent.src.dict_item(key)
             if type(key) in (str, int, bytes, bool, type(None)) and base not in ("L", "G"):
                 return self._relational_source(base).item(key)
+        if isinstance(tree, ast.Subscript) and _is_keys_position(tree.slice, tree.value):
+            # X[list(dict.keys(X))[i]]: the value at insertion position i. Exact when X's node is
+            # a DictGuardManager of dict or OrderedDict (its type guard is in the same set, and
+            # both subscript through dict's own lookup, which DICT_VALUE's storage read equals).
+            parent = self.by_source.get(ast.unparse(tree.value))
+            if parent is not None and parent.src is not None and parent.exact_type in _PLAIN_DICTS:
+                return parent.src.step(StepKind.DICT_VALUE, tree.slice.slice.value)  # type: ignore[attr-defined]
         if isinstance(tree, ast.Call) and not tree.args and not tree.keywords:
             ref = self._relational_source(ast.unparse(tree.func))
             self._called_refs.append(ref)
