@@ -734,12 +734,12 @@ def torch_adapter_installed() -> bool:
 
 def _masks_python_keys() -> bool | None:
     """
-    Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards do: torch's own thread-local flag, read through its getter found in libtorch_python.so (_find_torch_mode_flag); None when the getter was not found (or is hidden): the engine then fails a key set carrying a Python key closed.
+    Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards do: torch's own thread-local flag, read through its getter (_find_torch_mode_flag); None when the getter was not found (or is hidden): the engine then fails a key set carrying a Python key closed.
     """
 
-def _find_torch_mode_flag(module_path: str, setter: object | None, python_key_bits: int) -> bool:
+def _find_torch_mode_flag(setter: object | None, python_key_bits: int) -> bool:
     """
-    Find torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' flag in the libtorch_python.so that the extension `module_path` (torch._C's file) links, and verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals). `python_key_bits`: the raw bits of the Python keys. Whether it was found.
+    Take torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' flag from the installed torch adapter (which finds it in libtorch_python.so) and verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals). `python_key_bits`: the raw bits of the Python keys, registered either way. Whether it is verified.
     """
 
 def _hide_torch_mode_flag(on: bool) -> bool:
