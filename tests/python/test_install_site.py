@@ -163,3 +163,39 @@ def test_the_install_site_memo_keeps_sites_right_when_code_objects_die() -> None
         del ns
         if i % 50 == 0:
             _core._clear_install_site_memo()
+
+
+def test_a_machinery_test_that_raises_or_lies_or_re_enters() -> None:
+    """is_machinery is Python code: its exception comes out of the walk (nothing memoised, no
+    error left set); an answer whose truth raises does the same; one that walks the stack again
+    and empties the memo meanwhile leaves the outer walk's sites right."""
+
+    class Boom(Exception):
+        pass
+
+    def raises(name: str) -> bool:
+        raise Boom(name)
+
+    class Lying:
+        def __bool__(self) -> bool:
+            raise Boom("truth")
+
+    _core._clear_install_site_memo()
+    with pytest.raises(Boom):
+        _core.user_stack(raises, 8)
+    with pytest.raises(Boom):
+        _core.user_stack(lambda name: Lying(), 8)
+    nested: list[tuple] = []
+
+    def re_enters(name: str) -> bool:
+        if len(nested) < 3:
+            nested.append(_core.user_stack(builder._is_machinery, 8))
+            _core._clear_install_site_memo()
+        return builder._is_machinery(name)
+
+    want = _expected_stack(8, sys._getframe())
+    _core._clear_install_site_memo()
+    got = _core.user_stack(re_enters, 8)  # the same line as `want`'s frame
+    assert got[:-1] == want[:-1] and got[-1].rsplit(":", 1)[0] == want[-1].rsplit(":", 1)[0]
+    assert len(nested) == 3 and all(len(s) > 0 for s in nested)
+    assert _core.user_stack(builder._is_machinery, 8)[:-1] == want[:-1]
