@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -48,6 +47,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import _callgrind
 import tripwire as tw
 from tripwire import _core
 from tripwire import frame as twf
@@ -330,23 +330,12 @@ def unrelated_instructions() -> None:
             fh.write(_CG_SCRIPT)
 
         def count(mode: str, n: int) -> int:
-            out = os.path.join(d, f"cg.{mode}.{n}")
-            r = subprocess.run(
-                [
-                    "valgrind",
-                    "--tool=callgrind",
-                    f"--callgrind-out-file={out}",
-                    sys.executable,
-                    script,
-                    mode,
-                    str(n),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
+            found = _callgrind.totals(
+                [script, mode, str(n)], os.path.join(d, f"cg.{mode}.{n}"), function=None
             )
-            line = next(ln for ln in r.stderr.splitlines() if "refs:" in ln)
-            return int(line.split()[-1].replace(",", ""))
+            if found is None:
+                raise SystemExit(f"callgrind failed for {mode}")
+            return found[0]
 
         print("\n  instructions per unrelated call (callgrind, 100,000 calls):")
         base = None

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
 import sys
 import tempfile
+
+import _callgrind
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONTENDERS = (
@@ -61,28 +62,13 @@ def child(which: str, counts: list[int]) -> None:
 
 
 def counts(which: str, ns: list[int], out_dir: str) -> list[int]:
-    base = os.path.join(out_dir, f"callgrind.{which}")
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--collect-atstart=no",
-        "--toggle-collect=tw_bench_repeat_call",
-        "--dump-after=tw_bench_repeat_call",
-        f"--callgrind-out-file={base}",
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        which,
-        *map(str, ns),
-    ]
-    subprocess.run(cmd, check=True, capture_output=True)
-    totals = []
-    for i in range(1, len(ns) + 1):
-        with open(f"{base}.{i}") as f:
-            totals.append(
-                next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
-            )
-    return totals
+    found = _callgrind.totals(
+        [os.path.abspath(__file__), "--child", which, *map(str, ns)],
+        os.path.join(out_dir, f"callgrind.{which}"),
+    )
+    if found is None or len(found) != len(ns):
+        raise SystemExit(f"callgrind failed for {which}")
+    return found
 
 
 def main() -> int:

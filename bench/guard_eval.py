@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import _callgrind
 import floor_build
 from contenders import Contender, fmt_ns, measure, ratio_columns, table
 from tripwire.builder import GuardBuilder
@@ -1027,34 +1028,14 @@ def _callgrind_child(workload: str, contender: str, n: int, torch_ok: bool) -> N
 
 def callgrind_count(workload: str, contender: str, n: int, torch_ok: bool, out_dir: str) -> float | None:
     """Instructions per check of one contender, measured by callgrind (None if it failed)."""
-    import subprocess
-
     out = os.path.join(out_dir, f"callgrind.{workload}.{contender.replace(' ', '_')}.out")
     code = (
         f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
         "from guard_eval import _callgrind_child; "
         f"_callgrind_child({workload!r}, {contender!r}, {n}, {torch_ok!r})"
     )
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--collect-atstart=no",
-        "--toggle-collect=tw_bench_repeat_call",
-        f"--callgrind-out-file={out}",
-        sys.executable,
-        "-c",
-        code,
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0 or not os.path.exists(out):
-        sys.stderr.write(r.stderr[-2000:])
-        return None
-    total = None
-    with open(out) as f:
-        for line in f:
-            if line.startswith(("summary:", "totals:")):
-                total = int(line.split()[1])
-    return None if total is None else total / n
+    found = _callgrind.totals(["-c", code], out)
+    return None if not found else found[0] / n
 
 
 # =================================================================================================

@@ -23,7 +23,6 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import _callgrind  # noqa: E402
 import floor_build  # noqa: E402
 
 N_ENTRIES = 1024
@@ -126,27 +126,11 @@ def _callgrind_child(group: str, which: str, calls: int) -> None:
 
 def instructions(group: str, which: str, calls: int, out_dir: str) -> float | None:
     fn_name = "tw_bench_repeat_vectorcall" if group == "specialize" else "tw_bench_repeat_call_each"
-    out = os.path.join(out_dir, f"callgrind.{group}.{which}.out")
     code = f"import sys; sys.path.insert(0, {HERE!r}); import per_call; per_call._callgrind_child({group!r}, {which!r}, {calls})"
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--collect-atstart=no",
-        f"--toggle-collect={fn_name}",
-        f"--callgrind-out-file={out}",
-        sys.executable,
-        "-c",
-        code,
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0 or not os.path.exists(out):
-        sys.stderr.write(r.stderr[-2000:])
-        return None
-    total = None
-    with open(out) as f:
-        for line in f:
-            if line.startswith(("summary:", "totals:")):
-                total = int(line.split()[1])
+    found = _callgrind.totals(
+        ["-c", code], os.path.join(out_dir, f"callgrind.{group}.{which}.out"), function=fn_name
+    )
+    total = found[0] if found else None
     if total is None:
         return None
     _, arg, kind = (

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
 import sys
 import tempfile
 from typing import Any
+
+import _callgrind
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 K = 8
@@ -78,29 +79,12 @@ def main() -> int:
         chosen.insert(0, "empty")
     lo, hi = 100, 600
     out_dir = tempfile.mkdtemp(prefix="tripwire-readers-")
-    base = os.path.join(out_dir, "callgrind.readers")
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--collect-atstart=no",
-        "--toggle-collect=tw_bench_repeat_call",
-        "--dump-after=tw_bench_repeat_call",
-        f"--callgrind-out-file={base}",
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        "2",
-        str(lo),
-        str(hi),
-        *chosen,
-    ]
-    subprocess.run(cmd, check=True, capture_output=True)
-    totals = []
-    for i in range(1, 2 * len(chosen) + 1):
-        with open(f"{base}.{i}") as f:
-            totals.append(
-                next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
-            )
+    totals = _callgrind.totals(
+        [os.path.abspath(__file__), "--child", "2", str(lo), str(hi), *chosen],
+        os.path.join(out_dir, "callgrind.readers"),
+    )
+    if totals is None or len(totals) != 2 * len(chosen):
+        raise SystemExit("callgrind failed")
     per = {w: (totals[2 * j + 1] - totals[2 * j]) / (hi - lo) for j, w in enumerate(chosen)}
     print(f"instructions per check (callgrind, {hi} - {lo} checks; outputs in {out_dir})")
     for w in chosen:

@@ -45,6 +45,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import _callgrind  # noqa: E402
 import guard_eval  # noqa: E402
 from contenders import Contender, fmt_ns, measure, ratio_columns, table  # noqa: E402
 
@@ -404,50 +405,19 @@ def _callgrind_child(workload: str, contenders: list[str], n: int) -> None:
 
 def callgrind_counts(workload: str, contenders: list[str], n: int, out_dir: str) -> dict[str, float | None]:
     """Instructions per check of each contender, from one valgrind run of the workload (torch
-    compiles once under valgrind, which is the slow part): ``--dump-after`` writes one part per
-    ``repeat_call``, in the order the contenders ran."""
-    import glob
-    import subprocess
-
+    compiles once under valgrind, which is the slow part): one dump per ``repeat_call``, in the
+    order the contenders ran."""
     base = os.path.join(out_dir, f"callgrind.real.{workload}.out")
     code = (
         f"import sys; sys.path.insert(0, {HERE!r}); import warnings; warnings.filterwarnings('ignore'); "
         f"from real_models import _callgrind_child; _callgrind_child({workload!r}, {contenders!r}, {n})"
     )
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        "--collect-atstart=no",
-        "--toggle-collect=tw_bench_repeat_call",
-        "--dump-after=tw_bench_repeat_call",
-        f"--callgrind-out-file={base}",
-        sys.executable,
-        "-c",
-        code,
-    ]
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    out: dict[str, float | None] = dict.fromkeys(contenders)
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr[-2000:])
-        return out
-    parts = sorted(
-        glob.glob(base + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]) if p.rsplit(".", 1)[1].isdigit() else 0
-    )
-    totals = []
-    for part in parts:
-        with open(part) as f:
-            for line in f:
-                if line.startswith(("summary:", "totals:")):
-                    totals.append(int(line.split()[1]))
-                    break
-    totals = [t for t in totals if t > 0]
+    found = _callgrind.totals(["-c", code], base, instr_atstart=False, env={"PYTHONHASHSEED": "0"})
+    totals = [t for t in found or [] if t > 0]
     if len(totals) == len(contenders):
-        out = {name: t / n for name, t in zip(contenders, totals, strict=True)}
-    else:
-        sys.stderr.write(f"callgrind: {len(totals)} dumps for {len(contenders)} contenders in {base}.*\n")
-    return out
+        return {name: t / n for name, t in zip(contenders, totals, strict=True)}
+    sys.stderr.write(f"callgrind: {len(totals)} dumps for {len(contenders)} contenders in {base}.*\n")
+    return dict.fromkeys(contenders)
 
 
 # =================================================================================================

@@ -34,9 +34,10 @@ import gc
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
+
+import _callgrind
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("builder", "engine", "cold")
@@ -115,28 +116,14 @@ def child(mode: str, parts_file: str) -> None:
 
 
 def count(mode: str, parts_file: str, out_dir: str) -> float:
-    base = os.path.join(out_dir, f"callgrind.{mode}")
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        "--instr-atstart=no",
-        "--collect-atstart=no",
-        "--toggle-collect=tw_bench_repeat_call",
-        "--dump-after=tw_bench_repeat_call",
-        f"--callgrind-out-file={base}",
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        mode,
-        parts_file,
-    ]
-    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"})
-    totals = []
-    for i in (1, 2):
-        with open(f"{base}.{i}") as f:
-            totals.append(
-                next(int(line.split()[1]) for line in f if line.startswith(("summary:", "totals:")))
-            )
+    totals = _callgrind.totals(
+        [os.path.abspath(__file__), "--child", mode, parts_file],
+        os.path.join(out_dir, f"callgrind.{mode}"),
+        instr_atstart=False,
+        env={"PYTHONHASHSEED": "0"},
+    )
+    if totals is None or len(totals) != 2:
+        raise SystemExit(f"callgrind failed for {mode}")
     return (totals[1] - totals[0]) / (HI - LO)
 
 

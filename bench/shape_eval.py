@@ -41,6 +41,7 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
+import _callgrind
 import tripwire as tw
 from tripwire import _core
 
@@ -490,17 +491,8 @@ def callgrind_count(section: str, contender: str, n: int) -> float | None:
         f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
         f"from shape_eval import _callgrind_child; _callgrind_child({section!r}, {contender!r}, {n})"
     )
-    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=tw_bench_repeat_call",
-           f"--callgrind-out-file={out}", sys.executable, "-c", code]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0 or not os.path.exists(out):
-        sys.stderr.write(r.stderr[-2000:])
-        return None
-    with open(out) as f:
-        for line in f:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1]) / n
-    return None
+    found = _callgrind.totals(["-c", code], out)
+    return None if not found else found[0] / n
 
 
 def bench_instructions(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:

@@ -25,27 +25,10 @@ void register_diagnostics(nb::module_& m) {
         },
         nb::arg("is_machinery"), nb::arg("depth"),
         "The caller's stack outside tripwire's machinery, innermost last, at most `depth` entries, as "
-        "'file:line in func' (is_machinery(filename) is asked once per file).");
-    m.def(
-        "_instruction_lines",
-        [](nb::handle code, int offset) {
-            if (!PyCode_Check(code.ptr())) throw nb::type_error("needs a code object");
-            auto* co = reinterpret_cast<PyCodeObject*>(code.ptr());
-            return nb::make_tuple(runtime::instruction_line(co, offset), PyCode_Addr2Line(co, offset));
-        },
-        nb::arg("code"), nb::arg("offset"),
-        "Test hook: (the install-site walk's line of the instruction at byte `offset` of `code`, "
-        "PyCode_Addr2Line's): the two must agree.");
-    m.def("_set_frame_object_walk", &runtime::set_frame_object_walk, nb::arg("on"),
-          "Test hook: user_stack walks frame objects (on) or reads the frames without making them (off: once "
-          "the next walk has checked that the two agree, where this build can read them); returns whether "
-          "frame objects were walked.");
-    m.def("_frame_walks_agree", &runtime::frame_walks_agree,
-          "Test hook: whether reading the calling thread's frames gives the frame-object walk's (code, "
-          "instruction) list here and now (False without the frame layout mirror).");
+        "'file:line in func' (is_machinery(filename) is asked once per (code, instruction)).");
     m.def(
         "_clear_install_site_memo", [] { runtime::clear_install_site_memo(); },
-        "Drop the memoised install-site strings and machinery answers (tests).");
+        "Drop the memoised install-site strings (tests).");
     m.def(
         "_dict_hints_enabled",
         [] {

@@ -4,7 +4,6 @@
 // offsets) and checks it on the example before declaring it. Offsets cross into Python as
 // code-point indices into the str (the core counts UTF-8 bytes).
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -14,7 +13,6 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -671,14 +669,9 @@ ShapeBuilder* g_shape_builder = nullptr;
 
 void set_shape_builder(nb::handle source, nb::handle step, nb::handle spec_type, nb::handle shape_kind,
                        std::uint64_t index_kinds, std::uint64_t no_arg_kinds, nb::handle type_names,
-                       nb::handle is_machinery, int depth, const std::optional<std::string>& machinery_dir) {
+                       nb::handle is_machinery, int depth) {
     plain_class(spec_type, "spec_type");
     set_symbol_types(source, step);
-    if (machinery_dir) {
-        runtime::set_machinery_rule(is_machinery.ptr(), *machinery_dir);
-    } else {
-        runtime::set_machinery_rule(nullptr, std::string());
-    }
     auto* b = new ShapeBuilder{nb::borrow(spec_type),  nb::borrow(shape_kind),   index_kinds, no_arg_kinds,
                                nb::borrow(type_names), nb::borrow(is_machinery), depth};
     std::swap(b, g_shape_builder);
@@ -1141,13 +1134,10 @@ void register_shape(nb::module_& m) {
         "(the reference tests); without it a fast pass returns at once.");
     m.def("_set_shape_builder", &set_shape_builder, nb::arg("source"), nb::arg("step"), nb::arg("spec"),
           nb::arg("shape_kind"), nb::arg("index_kinds"), nb::arg("no_arg_kinds"), nb::arg("type_names"),
-          nb::arg("is_machinery"), nb::arg("depth"), nb::arg("machinery_dir").none(),
+          nb::arg("is_machinery"), nb::arg("depth"),
           "Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a "
           "symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, "
-          "GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth. "
-          "machinery_dir (the package's directory; None: no rule): user_stack answers is_machinery itself "
-          "for '<frozen ...' filenames and absolute normal POSIX paths, as builder._is_machinery does "
-          "(runtime/frame/install_site.hpp, set_machinery_rule).");
+          "GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth.");
     m.def(
         "spec_of_shape", &spec_of_shape, nb::arg("text"), nb::arg("symbols"), nb::arg("f_locals"),
         nb::arg("f_globals").none(), nb::arg("f_closure").none(), nb::arg("index"),

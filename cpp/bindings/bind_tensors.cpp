@@ -117,19 +117,19 @@ void register_tensors(nb::module_& m) {
         },
         nb::sig("def _masks_python_keys() -> bool | None"),
         "Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards "
-        "do: torch's own thread-local flag, read through its getter found in libtorch_python.so "
-        "(_find_torch_mode_flag); None when the getter was not found (or is hidden): the engine then "
+        "do: torch's own thread-local flag, read through its getter (_find_torch_mode_flag); None when the "
+        "getter was not found (or is hidden): the engine then "
         "fails a key set carrying a Python key closed.");
     m.def(
         "_find_torch_mode_flag",
-        [](const std::string& module_path, nb::handle setter, std::uint64_t python_key_bits) {
-            return runtime::find_torch_mode_flag(module_path.c_str(), setter.ptr(), python_key_bits);
+        [](nb::handle setter, std::uint64_t python_key_bits) {
+            return runtime::find_torch_mode_flag(setter.ptr(), python_key_bits);
         },
-        nb::arg("module_path"), nb::arg("setter").none(), nb::arg("python_key_bits"),
-        "Find torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' "
-        "flag in the libtorch_python.so that the extension `module_path` (torch._C's file) links, and "
-        "verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_"
-        "internals). `python_key_bits`: the raw bits of the Python keys. Whether it was found.");
+        nb::arg("setter").none(), nb::arg("python_key_bits"),
+        "Take torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' "
+        "flag from the installed torch adapter (which finds it in libtorch_python.so) and verify it "
+        "against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals). "
+        "`python_key_bits`: the raw bits of the Python keys, registered either way. Whether it is verified.");
     m.def(
         "_hide_torch_mode_flag", [](bool on) { return runtime::hide_torch_mode_flag(on); }, nb::arg("on"),
         "Test switch: act as if torch's mode-flag getter had not been found (a stripped library). "

@@ -42,7 +42,8 @@ MODULE = "tripwire._torch_adapter"
 ENV_SWITCH = "TRIPWIRE_TORCH_ADAPTER"  # "0": no first-use build (the Python readers)
 ENV_CACHE = "TRIPWIRE_CACHE_DIR"
 _SOURCE = "adapters/torch/torch_adapter.cpp"
-_SOURCES = (_SOURCE, "runtime/tensors/adapter_abi.h")  # relative to the source root (-I)
+# Relative to the source root (-I); every one is hashed into the build key.
+_SOURCES = (_SOURCE, "adapters/torch/hidden_symbol.hpp", "runtime/tensors/adapter_abi.h")
 _SO_NAME = "_torch_adapter" + str(sysconfig.get_config_var("EXT_SUFFIX") or ".so")
 _HASH_NAME = "_torch_adapter.sha256"
 _INFO_NAME = "build.json"

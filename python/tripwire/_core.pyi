@@ -672,9 +672,9 @@ def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths:
     (holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, types). both_paths: also run the exact path when the fast one decides, and raise if they disagree (the reference tests); without it a fast pass returns at once.
     """
 
-def _set_shape_builder(source: object, step: object, spec: object, shape_kind: object, index_kinds: int, no_arg_kinds: int, type_names: object, is_machinery: object, depth: int, machinery_dir: str | None) -> None:
+def _set_shape_builder(source: object, step: object, spec: object, shape_kind: object, index_kinds: int, no_arg_kinds: int, type_names: object, is_machinery: object, depth: int) -> None:
     """
-    Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth. machinery_dir (the package's directory; None: no rule): user_stack answers is_machinery itself for '<frozen ...' filenames and absolute normal POSIX paths, as builder._is_machinery does (runtime/frame/install_site.hpp, set_machinery_rule).
+    Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth.
     """
 
 def spec_of_shape(text: str, symbols: tuple, f_locals: object, f_globals: object | None, f_closure: object | None, index: int) -> object:
@@ -734,12 +734,12 @@ def torch_adapter_installed() -> bool:
 
 def _masks_python_keys() -> bool | None:
     """
-    Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards do: torch's own thread-local flag, read through its getter found in libtorch_python.so (_find_torch_mode_flag); None when the getter was not found (or is hidden): the engine then fails a key set carrying a Python key closed.
+    Whether TENSOR_MATCH masks the Python dispatch keys now, on this thread, as torch's guards do: torch's own thread-local flag, read through its getter (_find_torch_mode_flag); None when the getter was not found (or is hidden): the engine then fails a key set carrying a Python key closed.
     """
 
-def _find_torch_mode_flag(module_path: str, setter: object | None, python_key_bits: int) -> bool:
+def _find_torch_mode_flag(setter: object | None, python_key_bits: int) -> bool:
     """
-    Find torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' flag in the libtorch_python.so that the extension `module_path` (torch._C's file) links, and verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals). `python_key_bits`: the raw bits of the Python keys. Whether it was found.
+    Take torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' flag from the installed torch adapter (which finds it in libtorch_python.so) and verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals). `python_key_bits`: the raw bits of the Python keys, registered either way. Whether it is verified.
     """
 
 def _hide_torch_mode_flag(on: bool) -> bool:
@@ -885,26 +885,11 @@ def decode_guard_set(data: bytes) -> Decoded:
 
 def user_stack(is_machinery: object, depth: int) -> tuple:
     """
-    The caller's stack outside tripwire's machinery, innermost last, at most `depth` entries, as 'file:line in func' (is_machinery(filename) is asked once per file).
-    """
-
-def _instruction_lines(code: object, offset: int) -> tuple:
-    """
-    Test hook: (the install-site walk's line of the instruction at byte `offset` of `code`, PyCode_Addr2Line's): the two must agree.
-    """
-
-def _set_frame_object_walk(on: bool) -> bool:
-    """
-    Test hook: user_stack walks frame objects (on) or reads the frames without making them (off: once the next walk has checked that the two agree, where this build can read them); returns whether frame objects were walked.
-    """
-
-def _frame_walks_agree() -> bool:
-    """
-    Test hook: whether reading the calling thread's frames gives the frame-object walk's (code, instruction) list here and now (False without the frame layout mirror).
+    The caller's stack outside tripwire's machinery, innermost last, at most `depth` entries, as 'file:line in func' (is_machinery(filename) is asked once per (code, instruction)).
     """
 
 def _clear_install_site_memo() -> None:
-    """Drop the memoised install-site strings and machinery answers (tests)."""
+    """Drop the memoised install-site strings (tests)."""
 
 def _dict_hints_enabled() -> bool:
     """

@@ -30,37 +30,22 @@ __all__ = ["Checkpoint", "GuardBuilder"]
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _UNSET: Any = object()
 _STACK_DEPTH = 8
-# POSIX paths: _is_machinery splits an absolute, normal filename itself (os.path.abspath is the
-# most of a cold builder's stack walk).
-_NORMAL_ABSOLUTE = os.sep == "/" and os.altsep is None and not _PKG_DIR.endswith("/")
 
 
 @functools.lru_cache(maxsize=1024)
 def _is_machinery(filename: str) -> bool:
     """Whether a frame of this file is tripwire's own machinery (never the place a guard "was
     installed"): every module of the package, except the demo, which plays the user; and frozen
-    importlib frames."""
+    importlib frames. The one definition: the stack walk (runtime/frame/install_site.hpp) asks it."""
     if filename.startswith("<frozen "):
         return True
-    if (
-        _NORMAL_ABSOLUTE
-        and filename[:1] == "/"
-        and "//" not in filename
-        and "/./" not in filename
-        and "/../" not in filename
-        and not filename.endswith(("/", "/.", "/.."))
-    ):
-        # Absolute and already normal (no empty, "." or ".." component, no trailing slash):
-        # abspath would return it unchanged, so its dirname and basename split at the last "/".
-        head, _, tail = filename.rpartition("/")
-        return head == _PKG_DIR and tail != "demo.py"
     path = os.path.abspath(filename)
     return os.path.dirname(path) == _PKG_DIR and os.path.basename(path) != "demo.py"
 
 
 def _user_stack() -> tuple[str, ...]:
     """The caller's stack outside tripwire's machinery, innermost last, as 'file:line in func'
-    (walked in C, each file's machinery answer and each site's text memoised:
+    (walked in C through CPython's frame objects, each frame's site memoised:
     runtime/frame/install_site.hpp)."""
     return _core.user_stack(_is_machinery, _STACK_DEPTH)
 
@@ -86,8 +71,6 @@ _INDEX_KINDS = sum(1 << int(k) for k in _INDEX_STEPS)
 _NO_ARG_KINDS = sum(1 << int(k) for k in _NO_ARG_STEPS)
 # What GuardBuilder.shape's C++ call uses; it decodes a symbol of the exact classes Source and
 # Step once (frozen: a decoding stays the object's).
-# On POSIX, the stack walk answers _is_machinery itself for "<frozen ..." and absolute normal
-# paths (the same tests, in C++): a cold walk's callbacks were most of its cost.
 _core._set_shape_builder(
     Source,
     Step,
@@ -98,7 +81,6 @@ _core._set_shape_builder(
     _TYPE_NAMES,
     _is_machinery,
     _STACK_DEPTH,
-    _PKG_DIR if _NORMAL_ABSOLUTE and not any("\ud800" <= c <= "\udfff" for c in _PKG_DIR) else None,
 )
 
 

@@ -78,6 +78,9 @@ _WEAKENED_KINDS = frozenset(
     }
 )
 _EQUALS_MATCH = GuardKind.EQUALS_MATCH
+# The built-in GLOBAL_STATE probes that read torch (named "torch_..." by the engine,
+# core::builtin_probe_name): one list for the builder, the failure messages and serialization.
+_TORCH_PROBES = frozenset(p for p in _core.builtin_probes() if p.startswith("torch_"))
 
 
 class Weak:

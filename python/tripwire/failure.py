@@ -5,17 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .catalogue import GuardKind, GuardSpec, Weak, short_repr
+from .catalogue import _TORCH_PROBES, GuardKind, GuardSpec, Weak, short_repr
 
 __all__ = ["Failure", "make_failure"]
-
-_TORCH_PROBES = (
-    "torch_global_state",
-    "torch_function_mode_stack",
-    "torch_default_device",
-    "torch_saved_tensors_hooks",
-    "torch_dual_level",
-)
 
 
 @dataclass(frozen=True)

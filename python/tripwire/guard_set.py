@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core, catalogue, tensors
-from .catalogue import GuardKind, GuardSpec
+from .catalogue import _TORCH_PROBES, GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
 from .source import _INDEX_STEPS, _NO_ARG_STEPS, _ROOT_LETTER, CPP_TENSOR_STEPS, Source, Step, key_identity
@@ -32,13 +32,6 @@ _SHAPE = GuardKind.SHAPE
 _MAY_WEAKEN = catalogue._WEAKENED_KINDS | {GuardKind.EQUALS_MATCH}
 _index_of = operator.attrgetter("index")
 _kind_of = operator.attrgetter("kind")
-_TORCH_PROBES = (
-    "torch_global_state",
-    "torch_function_mode_stack",
-    "torch_default_device",
-    "torch_saved_tensors_hooks",
-    "torch_dual_level",
-)
 
 
 class _Pool:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core, tensors
-from .catalogue import GuardKind, GuardSpec, Weak
+from .catalogue import _TORCH_PROBES, GuardKind, GuardSpec, Weak
 from .errors import FormatError, GuardEvalError, NotSerializable
 from .references import (
     CALLED_KINDS,
@@ -49,13 +49,6 @@ _PLAIN = (int, float, complex, str, bytes)
 # Guards whose stored integers are codes of the torch build that wrote them (raw DispatchKeySet
 # bits, c10::ScalarType codes, the order of the autocast devices): a load needs the same build.
 _TORCH_BUILD = "torch.build"
-_TORCH_PROBES = (
-    "torch_global_state",
-    "torch_function_mode_stack",
-    "torch_default_device",
-    "torch_saved_tensors_hooks",
-    "torch_dual_level",
-)
 
 
 def _torch_coded(kind: GuardKind, args: tuple) -> bool:

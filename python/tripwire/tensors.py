@@ -114,7 +114,7 @@ def ensure_torch() -> bool:
             # callback run by a collection, a signal handler): the Python readers are registered
             # already, and starting a second build here would wait on our own file lock.
             return True
-        mode_flag = _find_mode_flag(torch)
+        _find_mode_flag(torch)  # no adapter yet: registers the Python keys' bits (fail closed meanwhile)
         _core._set_python_readers(
             _read_tensor,
             None,
@@ -142,6 +142,7 @@ def ensure_torch() -> bool:
                 warning = _adapter_build.unavailable_warning(str(e))
         finally:
             _torch_loading = False
+        mode_flag = _find_mode_flag(torch)  # the adapter's getter, verified
         if not _core.torch_adapter_installed():
             # The adapter registers these with C comparisons; without it: torch.dtype objects are
             # singletons, torch.Size is a tuple of ints, and torch.device's own (static C type)
@@ -296,15 +297,17 @@ def _mask_python_keys() -> bool | None:
     """Whether torch's guards mask the Python dispatch keys now, on this thread: unless a dispatch
     mode without ignore_compile_internals is active (torch/csrc/dynamo/guards.h
     LocalState::apply). torch reads a C++ thread-local flag; the core reads that same flag through
-    torch's hidden getter (cpp/runtime/tensors/mode_flag.hpp), with or without the adapter. None
-    when the getter was not found: callers then fail a key set with a Python key closed. The
-    module global the modes set the flag from is never read: it is shared by all threads."""
+    torch's hidden getter, which the adapter finds (cpp/runtime/tensors/mode_flag.hpp) and which
+    then serves the Python readers too. None when the getter was not found (no adapter, a stripped
+    library): callers then fail a key set with a Python key closed. The module global the modes
+    set the flag from is never read: it is shared by all threads."""
     return _core._masks_python_keys()
 
 
 def _find_mode_flag(torch: Any) -> bool:
-    """Find and verify torch's per-thread mode-flag getter (once; whether it was found). The Python
-    keys' bits are registered even when it is not, so that a key set carrying one fails closed."""
+    """Verify the torch adapter's getter of torch's per-thread mode flag (whether it is verified;
+    once it is, later calls only register the bits). The Python keys' bits are registered even
+    when it is not, so that a key set carrying one fails closed."""
     C = torch._C
     bits = 0
     for name in ("Python", "PythonTLSSnapshot", "PythonDispatcher"):
@@ -313,10 +316,9 @@ def _find_mode_flag(torch: Any) -> bool:
             bits |= C.DispatchKeySet(key).raw_repr()
     try:
         setter = C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals
-        path = C.__file__
     except Exception:  # noqa: BLE001 - another torch: no flag, every Python-key set fails closed
-        setter, path = None, ""
-    return _core._find_torch_mode_flag(path, setter, bits)
+        setter = None
+    return _core._find_torch_mode_flag(setter, bits)
 
 
 # torch's C-level accessors for _read_tensor, bound once (torch is imported before any tensor

@@ -1,128 +1,24 @@
-"""Install sites: the stack walk that reads CPython's frames without making frame objects, and its
-own reading of the location table, against CPython's frame objects and PyCode_Addr2Line.
+"""Install sites: the stack walk behind every guard's recorded stack, against the frame objects'
+own stack.
 
-runtime/frame/install_site.cpp walks the thread's interpreter frames through the version's layout
-mirror (checked once against the frame-object walk) and reads a site's line from the code's
-location table itself. A wrong line or a skipped frame would not make a guard pass that should
-fail, but every message naming an install site would lie: these compare both with CPython.
+runtime/frame/install_site.cpp walks CPython's frame objects (PyEval_GetFrame, PyFrame_GetBack),
+leaves out tripwire's own frames and memoises each (code, instruction) frame's site. A wrong line
+or a skipped frame would not make a guard pass that should fail, but every message naming an
+install site would lie: these compare the walk with the frames Python code sees.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import importlib
 import sys
 import types
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import tripwire as tw
-from gc_stress import examples, scaled
+from gc_stress import scaled
 from tripwire import _core, builder
-
-
-def _code_objects(root: types.CodeType) -> list[types.CodeType]:
-    found = [root]
-    for c in root.co_consts:
-        if isinstance(c, types.CodeType):
-            found.extend(_code_objects(c))
-    return found
-
-
-def _module_codes(name: str) -> list[types.CodeType]:
-    mod = importlib.import_module(name)
-    path = getattr(mod, "__file__", None)
-    if not path or not path.endswith(".py"):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return _code_objects(compile(f.read(), path, "exec"))
-
-
-def _assert_lines_agree(code: types.CodeType) -> int:
-    n = 0
-    for offset in range(-2, len(code.co_code) + 6, 2):
-        mine, cpython = _core._instruction_lines(code, offset)
-        assert mine == cpython, (code, offset)
-        n += 1
-    return n
-
-
-@pytest.mark.parametrize(
-    "module",
-    ["tripwire.builder", "tripwire.guard_set", "tripwire.shapes", "asyncio.base_events", "typing",
-     "dataclasses", "argparse", "email.message", "json.decoder", "inspect"],
-)  # fmt: skip
-def test_instruction_lines_agree_with_pycode_addr2line_on_every_instruction(module: str) -> None:
-    """The site's line is read from the location table by install_site.cpp (only lines, no
-    columns): the same as PyCode_Addr2Line on every instruction offset (and before the first, and
-    past the last) of every code object of these modules."""
-    codes = _module_codes(module)
-    assert codes
-    assert sum(_assert_lines_agree(c) for c in codes) > 100
-
-
-_piece = st.sampled_from(
-    [
-        "x = 1",
-        "x = (a +\n  b)",
-        "y = [i for i in range(3)]",
-        "z = f(a, b,\n      c)" + " " * 130 + "+ d",  # a column past 127: the long form
-        "\n" * 70 + "w = 2",  # a line delta past one varint chunk
-        "pass",
-        "if a:\n    x = 1\nelse:\n    x = 2",
-        "for i in range(2):\n    x += i",
-        "try:\n    x = 1\nexcept Exception:\n    x = 2",
-        "with c:\n    x = 3",
-        "x = lambda q: (q,\n  q)",
-        "def g():\n    yield 1\n    yield (2 +\n 3)",
-        "while a:\n    break",
-        "x = {k: v for k, v in d.items()}",
-        "return_ = 1",
-        "del x",
-    ]
-)
-
-
-@settings(max_examples=examples(200), deadline=None)
-@given(st.lists(_piece, min_size=1, max_size=12), st.integers(1, 5000))
-def test_instruction_lines_agree_on_generated_code(pieces: list, first_line: int) -> None:
-    """Generated functions (long jumps between lines, columns past 127, loops, handlers, nested
-    code), starting at any first line: every instruction's line as CPython says."""
-    body = "\n".join(pieces)
-    src = "\n" * (first_line - 1) + "def f(a, b, c, d):\n" + "\n".join("    " + ln for ln in body.split("\n"))
-    try:
-        code = compile(src, "<generated>", "exec")
-    except SyntaxError:
-        return
-    for c in _code_objects(code):
-        _assert_lines_agree(c)
-
-
-def test_instruction_lines_of_replaced_line_tables() -> None:
-    """A code object whose line table was replaced (code.replace(co_linetable=...)), as tools that
-    rewrite bytecode do: still CPython's answer (an entry this does not read as it expects would
-    be left to CPython)."""
-
-    def f(a: int) -> int:
-        b = a + 1
-        return b * 2
-
-    code = f.__code__
-    table = code.co_linetable
-    for variant in (
-        table,
-        b"",
-        table[: len(table) // 2],
-        bytes([0xF8 | (len(code.co_code) // 2 - 1) % 8]) * 40,
-    ):
-        try:
-            replaced = code.replace(co_linetable=variant)
-        except (ValueError, TypeError):
-            continue
-        _assert_lines_agree(replaced)
 
 
 def _expected_stack(depth: int, f: types.FrameType | None) -> tuple:
@@ -137,31 +33,21 @@ def _expected_stack(depth: int, f: types.FrameType | None) -> tuple:
     return tuple(reversed(out))
 
 
-def _stack_from_caller(depth: int) -> tuple:
-    """(user_stack reading the frames, user_stack walking frame objects, the frame objects' own
-    stack), each from this helper's caller out (the memo emptied before each walk)."""
-    _core._clear_install_site_memo()
-    raw = _core.user_stack(builder._is_machinery, depth + 1)[:-1]  # without this helper's frame
-    was = _core._set_frame_object_walk(True)
-    try:
-        _core._clear_install_site_memo()
-        objects = _core.user_stack(builder._is_machinery, depth + 1)[:-1]
-    finally:
-        _core._set_frame_object_walk(was)
-    return raw, objects, _expected_stack(depth, sys._getframe(1))
-
-
 def _agree(depth: int = 40) -> tuple:
-    raw, objects, want = _stack_from_caller(depth)
-    assert raw == objects == want, (raw, objects, want)
-    assert _core._frame_walks_agree()
-    return raw
+    """user_stack from this helper's caller out, memo emptied and then memoised: both the frame
+    objects' own stack."""
+    want = _expected_stack(depth, sys._getframe(1))
+    _core._clear_install_site_memo()
+    fresh = _core.user_stack(builder._is_machinery, depth + 1)[:-1]  # without this helper's frame
+    memoised = _core.user_stack(builder._is_machinery, depth + 1)[:-1]
+    assert fresh == memoised == want, (fresh, memoised, want)
+    return fresh
 
 
-def test_the_frames_read_agree_with_frame_objects_through_calls_generators_and_c() -> None:
+def test_the_walk_agrees_with_frame_objects_through_calls_generators_and_c() -> None:
     """Plain calls, a generator, a coroutine, a class body, a lambda, a comprehension, callbacks
-    from C (sorted's key, map), recursion past the depth: the walk that reads the frames gives
-    the frame-object walk's stack, with the frame objects' own lines."""
+    from C (sorted's key, map), recursion past the depth: the walk gives the frame objects' stack,
+    with their own lines, fresh and from the memo."""
     seen: list[tuple] = []
 
     def plain() -> None:
@@ -202,26 +88,26 @@ def test_the_frames_read_agree_with_frame_objects_through_calls_generators_and_c
     assert len(seen[-1]) == 8  # the deep recursion: cut at the depth
 
 
-def test_guard_sites_are_the_callers_lines_on_both_walks() -> None:
-    """A guard's recorded stack names the line that declared it, on both walks."""
+def test_guard_sites_are_the_callers_lines() -> None:
+    """A guard's recorded stack names the line that declared it, through GuardBuilder.shape's C++
+    call and through the Python declarations, fresh and memoised."""
     b = tw.GuardBuilder({"n": 3})
     first = b.shape("L['n'] > 1")
     line = sys._getframe().f_lineno - 1
-    was = _core._set_frame_object_walk(True)
-    try:
-        _core._clear_install_site_memo()
-        second = b.shape("L['n'] > 2")
-    finally:
-        _core._set_frame_object_walk(was)
-    want = f"{__file__}:{{}} in test_guard_sites_are_the_callers_lines_on_both_walks"
+    _core._clear_install_site_memo()
+    second = b.shape("L['n'] > 2")
+    third = b.type_match("L['n']")
+    want = f"{__file__}:{{}} in test_guard_sites_are_the_callers_lines"
     assert first.stack[-1] == want.format(line)
-    assert second.stack[-1] == want.format(line + 5)
-    assert first.stack[:-1] == second.stack[:-1]
+    assert second.stack[-1] == want.format(line + 3)
+    assert third.stack[-1] == want.format(line + 4)
+    assert first.stack[:-1] == second.stack[:-1] == third.stack[:-1]
 
 
 class _Finalizer:
-    """A garbage cycle whose finalizer compares the two walks wherever a collection runs it (in a
-    frame's prologue too, where the frame is incomplete and both walks pass over it)."""
+    """A garbage cycle whose finalizer walks the stack wherever a collection runs it (in a frame's
+    prologue too, where the frame is incomplete and the walk passes over it), and compares it with
+    the frame objects' own stack."""
 
     results: list = []
 
@@ -229,14 +115,15 @@ class _Finalizer:
         self.me = self
 
     def __del__(self) -> None:
-        _Finalizer.results.append(_core._frame_walks_agree())
-        _Finalizer.results.append(len(_core.user_stack(builder._is_machinery, 8)) > 0)
+        # One line: the frame's own line is this one during both walks.
+        stack, want = _core.user_stack(builder._is_machinery, 8), _expected_stack(8, sys._getframe())
+        _Finalizer.results.append(len(stack) > 0 and stack == want)
 
 
-def test_the_walks_agree_inside_finalizers_run_by_collections_anywhere() -> None:
+def test_the_walk_agrees_inside_finalizers_run_by_collections_anywhere() -> None:
     """Collections at every allocation (threshold 1) run finalizers inside frames' prologues
     (MAKE_CELL allocates a cell before the frame is complete), generators and comprehensions:
-    the walk that reads the frames agrees with the frame-object walk in each."""
+    the walk is the frame objects' stack in each, and the memo it fills meanwhile stays right."""
     _Finalizer.results = []
 
     def with_cells(a: int):  # type: ignore[no-untyped-def]
@@ -276,3 +163,39 @@ def test_the_install_site_memo_keeps_sites_right_when_code_objects_die() -> None
         del ns
         if i % 50 == 0:
             _core._clear_install_site_memo()
+
+
+def test_a_machinery_test_that_raises_or_lies_or_re_enters() -> None:
+    """is_machinery is Python code: its exception comes out of the walk (nothing memoised, no
+    error left set); an answer whose truth raises does the same; one that walks the stack again
+    and empties the memo meanwhile leaves the outer walk's sites right."""
+
+    class Boom(Exception):
+        pass
+
+    def raises(name: str) -> bool:
+        raise Boom(name)
+
+    class Lying:
+        def __bool__(self) -> bool:
+            raise Boom("truth")
+
+    _core._clear_install_site_memo()
+    with pytest.raises(Boom):
+        _core.user_stack(raises, 8)
+    with pytest.raises(Boom):
+        _core.user_stack(lambda name: Lying(), 8)
+    nested: list[tuple] = []
+
+    def re_enters(name: str) -> bool:
+        if len(nested) < 3:
+            nested.append(_core.user_stack(builder._is_machinery, 8))
+            _core._clear_install_site_memo()
+        return builder._is_machinery(name)
+
+    want = _expected_stack(8, sys._getframe())
+    _core._clear_install_site_memo()
+    got = _core.user_stack(re_enters, 8)  # the same line as `want`'s frame
+    assert got[:-1] == want[:-1] and got[-1].rsplit(":", 1)[0] == want[-1].rsplit(":", 1)[0]
+    assert len(nested) == 3 and all(len(s) > 0 for s in nested)
+    assert _core.user_stack(builder._is_machinery, 8)[:-1] == want[:-1]

@@ -515,30 +515,41 @@ def test_modes_pushed_on_the_cpp_stack_without_enter(how: tuple[str, bool]) -> N
             _pop_mode()
 
 
-def test_the_getter_is_found_only_where_it_is_and_verified_by_torch_setter() -> None:
-    """In a fresh process (the getter not found yet): an extension that does not link
-    libtorch_python.so, a path that is not loaded, or a setter that does not move torch's flag
-    leave it unfound (the mask unknown, so Python-key sets fail closed); torch._C with torch's
-    setter finds it, and then the mask follows the flag."""
+@needs_adapter
+def test_the_getter_is_found_by_the_adapter_and_verified_by_torch_setter() -> None:
+    """In a fresh process (the getter not verified yet): without the adapter there is no getter;
+    with the adapter loaded while torch's setter does not move the flag, or with a setter that does
+    not move it (a no-op, print, None), it stays unverified (the mask unknown, so Python-key sets
+    fail closed); torch's setter verifies it, and then the mask follows the flag."""
     code = textwrap.dedent(
         """
-        import numpy, torch
-        from tripwire import _core
+        import warnings
+        import torch
+        from tripwire import _core, tensors
         C = torch._C
-        setter = C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals
+        guards = C._dynamo.guards
+        setter = guards.set_is_in_mode_without_ignore_compile_internals
         bits = C.DispatchKeySet(C.DispatchKey.Python).raw_repr()
         assert _core._masks_python_keys() is None
-        assert not _core._find_torch_mode_flag(numpy._core._multiarray_umath.__file__, setter, bits)
-        assert not _core._find_torch_mode_flag("/nonexistent/lib.so", setter, bits)
-        assert not _core._find_torch_mode_flag(C.__file__, lambda v: None, bits)
-        assert not _core._find_torch_mode_flag(C.__file__, print, bits)
-        assert not _core._find_torch_mode_flag("", None, bits)  # only registers the key bits
+        assert not _core._find_torch_mode_flag(setter, bits)  # no adapter yet: only the bits
+        guards.set_is_in_mode_without_ignore_compile_internals = lambda v: None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert tensors.ensure_torch()
+        guards.set_is_in_mode_without_ignore_compile_internals = setter
+        assert _core.torch_adapter_installed()
+        assert "flag was not found" in tensors.adapter_status(), tensors.adapter_status()
         assert _core._masks_python_keys() is None
-        assert _core._find_torch_mode_flag(C.__file__, setter, bits)
+        assert not _core._find_torch_mode_flag(lambda v: None, bits)
+        assert not _core._find_torch_mode_flag(print, bits)
+        assert not _core._find_torch_mode_flag(None, bits)
+        assert _core._masks_python_keys() is None
+        assert _core._find_torch_mode_flag(setter, bits)
         assert _core._masks_python_keys() is True
         setter(True)
         assert _core._masks_python_keys() is False
         setter(False)
+        assert _core._masks_python_keys() is True
         print("ok")
         """
     )

@@ -25,6 +25,7 @@
 #include <torch/csrc/Size.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/dynamo/guards.h>
 
 #include <pybind11/pybind11.h>
 
@@ -44,11 +45,12 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <typeinfo>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "adapters/torch/hidden_symbol.hpp"
 #include "runtime/tensors/adapter_abi.h"
 
 #ifndef TRIPWIRE_TORCH_VERSION
@@ -291,100 +293,25 @@ struct PrivateMember {
     friend typename Tag::type member_of(Tag) { return Member; }
 };
 
-// -- requires_grad without out-of-line calls ------------------------------------------------------
-//
-// TensorImpl::requires_grad() (c10/core/TensorImpl.cpp, out of line in libc10) is
-// `autograd_meta_ ? autograd_meta_->requires_grad() : false`, and the virtual call lands, for all
-// but views, in torch::autograd::AutogradMeta::requires_grad() (`requires_grad_ || grad_fn_`,
-// defined inline in torch/csrc/autograd/variable.h on public fields). TENSOR_MATCH asks it of every
-// tensor on every check: two calls into torch's libraries per tensor (62 a check on bench/
-// real_models.py's cnn). requires_grad_of decides the same way with neither call when it can:
-//  - the impl's autograd_meta_ read in place (TensorImpl::autograd_meta() is out of line in 2.13
-//    too: no public inline route exists), through the member's name (PrivateMember), verified at
-//    load (verify_requires_grad_reader) against autograd_meta() and requires_grad() on tensors of
-//    every meta kind; on any disagreement, or when the probe throws, every tensor takes torch's
-//    own requires_grad();
-//  - no meta: false, as torch's own first test;
-//  - a meta whose dynamic type is exactly AutogradMeta: the header's inline AutogradMeta::
-//    requires_grad(), called non-virtually (what the virtual call would run, compiled from the
-//    same header);
-//  - any other meta (a DifferentiableViewMeta, whose override also asks the view's base; an
-//    extension's own AutogradMetaInterface): the virtual call, as torch makes it.
-// Nothing is cached: each check reads the fields now, so requires_grad_() flipped after the guard
-// was built, a new grad_fn (an in-place op on a leaf's clone), detach() or set_autograd_meta() are
-// all seen.
-struct ImplAutogradMeta {
-    using type = std::unique_ptr<c10::AutogradMetaInterface> c10::TensorImpl::*;
-    friend type member_of(ImplAutogradMeta);
-};
-template struct PrivateMember<ImplAutogradMeta, &c10::TensorImpl::autograd_meta_>;
-
-bool g_meta_direct = false;  // set by verify_requires_grad_reader
-bool g_meta_exact = false;   // a leaf's AutogradMeta is recognised by its type_info's address
-
-// kDirect: the route above (the table's tensor_matches is the instance verify_requires_grad_reader
-// chose, so the per-tensor path tests no flag); else torch's own call.
-template <bool kDirect>
-inline bool requires_grad_of(const c10::TensorImpl* impl) {
-    if constexpr (!kDirect) {
-        return impl->requires_grad();
-    } else {
-        const c10::AutogradMetaInterface* meta = (impl->*member_of(ImplAutogradMeta{})).get();
-        if (meta == nullptr) return false;
-        // The same type_info object: exactly an AutogradMeta. (A second copy of the type_info in
-        // another library would compare unequal here, and take the virtual call: slower, never
-        // wrong. typeid's operator== would compare the names instead: two more loads a tensor.)
-        if (&typeid(*meta) == &typeid(torch::autograd::AutogradMeta))
-            return static_cast<const torch::autograd::AutogradMeta*>(meta)->AutogradMeta::requires_grad();
-        return meta->requires_grad();
-    }
-}
-inline bool requires_grad_of(const c10::TensorImpl* impl) {
-    return g_meta_direct ? requires_grad_of<true>(impl) : requires_grad_of<false>(impl);
-}
-
-// The direct route against torch's own on tensors of each kind: no meta, a leaf that requires grad,
-// a non-leaf (grad_fn), a view of each (DifferentiableViewMeta), a detached one, a flipped one.
-void verify_requires_grad_reader() {
-    g_meta_direct = false;
-    // Whatever mode the adapter is loaded under: grad on (a non-leaf gets its grad_fn), inference off.
-    const c10::AutoGradMode grad(true);
-    const c10::InferenceMode no_inference(false);
-    at::Tensor leaf = at::ones({2, 3});
-    at::Tensor plain = at::ones({2, 3});
-    leaf.set_requires_grad(true);
-    at::Tensor nonleaf = leaf * 2;
-    // A view whose own fields are a plain meta's but whose base requires grad (the override's case).
-    at::Tensor base = at::ones({6});
-    at::Tensor view_of_base = base.view({2, 3});
-    base.set_requires_grad(true);
-    const std::vector<at::Tensor> probes{plain,           view_of_base,      leaf,
-                                         nonleaf,         leaf.view({3, 2}), nonleaf.view({6}),
-                                         plain.view({6}), leaf.detach(),     nonleaf.detach()};
-    bool ok = true;
-    for (const at::Tensor& t : probes) {
-        const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-        ok = ok && (impl->*member_of(ImplAutogradMeta{})).get() == impl->autograd_meta() &&
-             requires_grad_of<true>(impl) == impl->requires_grad();
-    }
-    // A flip is seen both ways (the meta created by the first flip stays when it is cleared).
-    plain.set_requires_grad(true);
-    ok = ok && requires_grad_of<true>(plain.unsafeGetTensorImpl()) &&
-         plain.unsafeGetTensorImpl()->requires_grad();
-    plain.set_requires_grad(false);
-    ok = ok && !requires_grad_of<true>(plain.unsafeGetTensorImpl()) &&
-         !plain.unsafeGetTensorImpl()->requires_grad();
-    const c10::AutogradMetaInterface* meta = leaf.unsafeGetTensorImpl()->autograd_meta();
-    g_meta_exact = meta != nullptr && &typeid(*meta) == &typeid(torch::autograd::AutogradMeta);
-    g_meta_direct = ok;
-}
-
 // -- torch's "dispatch mode without ignore_compile_internals" flag -------------------------------
 //
-// Found and read by the core (cpp/runtime/tensors/mode_flag.hpp: ELF parsing, no torch header),
-// so the path without the adapter reads the same flag. The ABI 5 entry stays and
-// answers "unknown"; the core never asks it.
-int torch_masks_python_keys() noexcept { return -1; }
+// torch's guards keep the Python dispatch keys only while a dispatch mode without
+// ignore_compile_internals is active, a C++ thread_local of libtorch_python read through
+// get_is_in_mode_without_ignore_compile_internals(), which torch does not export (hidden
+// visibility). The adapter finds it in libtorch_python's ELF symbol table (hidden_symbol.hpp; the
+// library is the one holding THPVariableClass) and hands it to the core, which verifies it against
+// torch's Python setter before the first use (runtime/tensors/mode_flag.hpp).
+using ModeFlagGetter = bool (*)();
+static_assert(std::is_same_v<decltype(&torch::dynamo::get_is_in_mode_without_ignore_compile_internals),
+                             ModeFlagGetter>);
+constexpr char kModeFlagGetter[] = "_ZN5torch6dynamo47get_is_in_mode_without_ignore_compile_internalsEv";
+
+ModeFlagGetter find_mode_flag_getter() {
+    // A symbol's address as a function pointer (ELF's rules; dlsym's own convention).
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast)
+    return reinterpret_cast<ModeFlagGetter>(
+        hidden_symbol::hidden_function(&THPVariableClass, kModeFlagGetter));
+}
 
 int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept {
     try {
@@ -404,7 +331,7 @@ int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept
         out->device_index = device.index();
         const c10::Layout layout = impl->layout();
         out->layout = static_cast<int32_t>(layout);
-        out->requires_grad = requires_grad_of(impl) ? 1 : 0;
+        out->requires_grad = impl->requires_grad() ? 1 : 0;
         out->ndim = impl->dim();
         out->sizes = impl->sizes().data();
         out->has_strides = layout == c10::kStrided ? 1 : 0;
@@ -433,7 +360,7 @@ int tensor_fields(PyObject* obj, TwTensorFields* out) noexcept {
         out->dispatch_keys = apply_local(impl->key_set(), 0).raw_repr();
         out->dtype = static_cast<int32_t>(impl->dtype().toScalarType());
         out->device_index = impl->device().index();
-        out->requires_grad = requires_grad_of(impl) ? 1 : 0;
+        out->requires_grad = impl->requires_grad() ? 1 : 0;
         out->ndim = impl->dim();
         out->sizes = impl->sizes().data();
         if (impl->layout() == c10::kStrided) {
@@ -504,11 +431,9 @@ int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) no
 // *_default accessors read exactly those, testing the symbolic flag instead of the policy (a
 // symbolic tensor throws there, caught: 0, the full reader decides). One read of the sizes gives
 // the rank too. (Each policy accessor re-reads the policy bits: callgrind shows them reloaded
-// four times per tensor through those.) kDirect: requires_grad_of's route (the table holds the instance
-// verify_requires_grad_reader chose).
+// four times per tensor through those.)
 // flatten: torch's inline accessors inlined whatever GCC's budget says (strides_default() was
 // left as an out-of-line call, 6 instructions plus the call each).
-template <bool kDirect>
 [[gnu::flatten]] int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept {
     try {
         const at::Tensor& t = THPVariable_Unpack(obj);
@@ -541,7 +466,7 @@ template <bool kDirect>
             return 0;
         if (static_cast<int64_t>(impl->dtype().toScalarType()) != want[TW_TENSOR_DTYPE] ||
             impl->device().index() != want[TW_TENSOR_DEVICE_INDEX] ||
-            (requires_grad_of<kDirect>(impl) ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
+            (impl->requires_grad() ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
             return 0;
         if (impl->layout() != c10::kStrided) return 0;
         const c10::IntArrayRef sizes = impl->sizes_default();
@@ -1145,11 +1070,6 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
         g_all_autocast_bits |= c10::DispatchKeySet(g_autocast_keys[i]).raw_repr();
     }
     try {
-        verify_requires_grad_reader();
-    } catch (...) {
-        g_meta_direct = false;  // torch's requires_grad() for every tensor
-    }
-    try {
         probe_policy_bits();
         probe_policy_window();
     } catch (...) {
@@ -1179,11 +1099,11 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.cpp_tensor_property = cpp_tensor_property;
     g_table.cpp_tensor_grad = cpp_tensor_grad;
     g_table.tensors_may_overlap = tensors_may_overlap;
-    g_table.tensor_matches = g_meta_direct ? tensor_matches<true> : tensor_matches<false>;
+    g_table.tensor_matches = tensor_matches;
     verify_key_set_reader();
     g_table.dispatch_key_set_type = g_key_set_type;
     g_table.dispatch_key_set_bits = dispatch_key_set_bits;
-    g_table.masks_python_keys = torch_masks_python_keys;
+    g_table.mode_flag_getter = find_mode_flag_getter();
 
     PyObject* m = PyModule_Create(&g_module);
     if (m == nullptr) return nullptr;
@@ -1198,10 +1118,6 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     if (PyModule_AddIntConstant(m, "autocast_cache_flag_offset", static_cast<long>(g_cache_flag.offset)) <
             0 ||
         PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0 ||
-        // Whether requires_grad is read in place (requires_grad_of) or through torch's call.
-        PyModule_AddIntConstant(m, "requires_grad_direct", g_meta_direct ? 1 : 0) < 0 ||
-        // Whether a plain AutogradMeta is answered inline (else through its virtual call).
-        PyModule_AddIntConstant(m, "requires_grad_inline", g_meta_exact ? 1 : 0) < 0 ||
         // Whether read_by_code's "every policy Default" is one masked load (probe_policy_window).
         PyModule_AddIntConstant(m, "policy_window", g_policy_window.mask != ~uint64_t{0} ? 1 : 0) < 0) {
         Py_DECREF(m);

@@ -141,50 +141,6 @@ inline void* code_extra(PyCodeObject* co, Py_ssize_t index) {
     auto* x = static_cast<layout::CodeExtra*>(co->co_extra);
     return (x != nullptr && index < x->ce_size) ? x->ce_extras[index] : nullptr;
 }
-
-// -- walking the thread's frames without frame objects (runtime/frame/install_site.cpp) ----------
-// PyEval_GetFrame and PyFrame_GetBack make a frame object for every frame they pass (and the
-// frame frees it when it returns); the install-site walk reads the frames themselves. What it
-// reads is CPython's own definition per version (Include/internal/pycore_frame.h), and the walk
-// checks itself once against the frame-object walk before it is used (install_site.cpp).
-
-/// The thread's innermost frame as its thread state links it (null: none; it may be incomplete).
-inline RawFrame* thread_top_frame(PyThreadState* ts) {
-#if PY_VERSION_HEX >= 0x030D0000
-    return ts->current_frame;
-#else
-    return ts->cframe->current_frame;
-#endif
-}
-/// The frame `f` was called from (null: none; it may be incomplete).
-inline RawFrame* frame_previous(RawFrame* f) { return reinterpret_cast<RawFrame*>(layout::of(f)->previous); }
-
-/// `_PyFrame_IsIncomplete`: a frame that has not reached its first traceable instruction, or
-/// (3.12+) a C-stack entry shim. PyEval_GetFrame and PyFrame_GetBack pass over these.
-inline bool frame_incomplete(RawFrame* raw) {
-    constexpr char kOwnedByGenerator = 1;  // FRAME_OWNED_BY_GENERATOR
-    layout::Frame* f = layout::of(raw);
-#if PY_VERSION_HEX >= 0x030D0000
-    constexpr char kOwnedByCStack = 3;  // FRAME_OWNED_BY_CSTACK (its f_executable is not a code)
-    if (f->owner == kOwnedByCStack) return true;
-    auto* co = reinterpret_cast<PyCodeObject*>(f->f_executable);
-    return f->owner != kOwnedByGenerator && f->instr_ptr < layout::code_start(co) + co->_co_firsttraceable;
-#else
-    auto* co = reinterpret_cast<PyCodeObject*>(f->f_code);
-    return f->owner != kOwnedByGenerator && f->prev_instr < layout::code_start(co) + co->_co_firsttraceable;
-#endif
-}
-
-/// `_PyInterpreterFrame_LASTI`: the offset of the frame's current instruction in code units
-/// (-1 before the first); PyFrame_GetLasti is twice it in bytes.
-inline int frame_lasti(RawFrame* raw) {
-    layout::Frame* f = layout::of(raw);
-#if PY_VERSION_HEX >= 0x030D0000
-    return static_cast<int>(f->instr_ptr - layout::code_start(frame_code(raw)));
-#else
-    return static_cast<int>(f->prev_instr - layout::code_start(frame_code(raw)));
-#endif
-}
 #else
 inline PyCodeObject* frame_code(RawFrame*) { return nullptr; }
 inline PyObject* frame_function(RawFrame*) { return nullptr; }
@@ -192,10 +148,6 @@ inline PyObject* frame_globals(RawFrame*) { return nullptr; }
 inline PyObject* frame_builtins(RawFrame*) { return nullptr; }
 inline PyObject** frame_localsplus(RawFrame*) { return nullptr; }
 inline void* code_extra(PyCodeObject*, Py_ssize_t) { return nullptr; }
-inline RawFrame* thread_top_frame(PyThreadState*) { return nullptr; }
-inline RawFrame* frame_previous(RawFrame*) { return nullptr; }
-inline bool frame_incomplete(RawFrame*) { return true; }
-inline int frame_lasti(RawFrame*) { return -1; }
 #endif
 
 /// Whether the frame is as CPython hands it to an eval-frame function for a call: owned by the

@@ -17,13 +17,14 @@
 #define TRIPWIRE_RUNTIME_TENSORS_ADAPTER_ABI_H
 
 #include <Python.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
-    5 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
+    6 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
          3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad,                     \
          tensors_may_overlap, tensor_matches; 5: dispatch_key_set_type,                           \
-         dispatch_key_set_bits, masks_python_keys */
+         dispatch_key_set_bits; 6: mode_flag_getter */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -210,11 +211,12 @@ typedef struct TwTorchAdapter {
      * methods (which a subclass may override) is called. */
     int (*dispatch_key_set_bits)(PyObject* obj, uint64_t* out);
 
-    /* Whether torch's guards mask the Python keys now, on this thread: 1 yes, 0 no, -1 unknown.
-     * The adapter answers -1 always and the core never calls it: the core finds torch's
-     * per-thread flag itself (runtime/tensors/mode_flag.hpp), with or without the adapter.
-     * Kept so the table's layout (ABI 5) does not change. */
-    int (*masks_python_keys)(void);
+    /* ABI 6: torch's getter of its per-thread "dispatch mode without ignore_compile_internals"
+     * flag (torch::dynamo::get_is_in_mode_without_ignore_compile_internals, a hidden function of
+     * libtorch_python.so, found in its ELF symbol table: cpp/adapters/torch/hidden_symbol.hpp), or
+     * null when it was not found. Unverified: the core calls it only once it follows torch's own
+     * setter (runtime/tensors/mode_flag.hpp). Runs no Python code, allocates nothing. */
+    bool (*mode_flag_getter)(void);
 } TwTorchAdapter;
 
 #ifdef __cplusplus

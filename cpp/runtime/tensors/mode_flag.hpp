@@ -9,10 +9,11 @@
 //
 // torch exports no getter: get_is_in_mode_without_ignore_compile_internals() is a hidden
 // function of libtorch_python.so, present in its ELF symbol table (.symtab), not its dynamic one.
-// This unit finds it there (ELF parsing and a `bool (*)()` call: no torch header), verifies it
-// against torch's own setter, and serves both the adapter path and the Python readers. Where it
-// is not found (a stripped library, another platform, another torch), the mask is Unknown and
-// every caller decides without it, soundly: a key set that carries a Python key fails closed.
+// The torch adapter finds it there when it loads (cpp/adapters/torch/hidden_symbol.hpp) and hands
+// it over in its table; this unit verifies it against torch's own setter and then serves both the
+// adapter path and the Python readers (a `bool (*)()` call: no torch header). Where it is not
+// found (no adapter, a stripped library, another platform, another torch), the mask is Unknown
+// and every caller decides without it, soundly: a key set that carries a Python key fails closed.
 #pragma once
 
 #include <cstdint>
@@ -28,14 +29,14 @@ enum class PythonKeyMask : std::uint8_t {
     Unknown,  ///< torch's flag could not be found: decide only what both answers decide
 };
 
-/// Find torch's getter in the libtorch_python.so that the extension module at `module_path`
-/// (torch._C's file) depends on, and verify it: `setter` (torch._C._dynamo.guards.
-/// set_is_in_mode_without_ignore_compile_internals) is called with the flag's opposite and then
-/// its value, and the getter must follow both. `python_key_bits` are the raw DispatchKeySet bits
-/// of Python, PythonTLSSnapshot and PythonDispatcher, registered even when the getter is not found
-/// (an empty path or a None setter only register them). Returns whether the getter was found and
-/// verified; never raises (a Python error on the way is cleared). GIL held; Python may run.
-bool find_torch_mode_flag(const char* module_path, PyObject* setter, std::uint64_t python_key_bits);
+/// Take torch's getter from the installed torch adapter's table (mode_flag_getter) and verify it:
+/// `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals) is called
+/// with the flag's opposite and then its value, and the getter must follow both. `python_key_bits`
+/// are the raw DispatchKeySet bits of Python, PythonTLSSnapshot and PythonDispatcher, registered
+/// even when the getter is not found (no adapter, or a None setter, only registers them). Returns
+/// whether the getter is verified (once it is, later calls only register the bits); never raises
+/// (a Python error on the way is cleared). GIL held; Python may run.
+bool find_torch_mode_flag(PyObject* setter, std::uint64_t python_key_bits);
 
 /// The mask now, on this thread (Unknown before find_torch_mode_flag succeeded, or while
 /// hidden). Runs no user code, allocates nothing.
