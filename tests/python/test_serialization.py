@@ -1022,6 +1022,21 @@ def test_header_layout_matches_the_documented_format() -> None:
     assert tw.GuardSet.from_bytes(rewrap(blob[64:])).check(fx.frames()[1])
 
 
+def test_content_hash_is_sha256_on_every_length_around_the_blocks() -> None:
+    """The encoder's digest is hashlib's on bodies of every length over three SHA-256 blocks (the
+    padding boundaries at 55/56 and 119/120 bytes a block): the codec's own rounds, checked
+    against an independent implementation."""
+    seen = set()
+    for n in range(0, 200):
+        b = tw.GuardBuilder({"x": "y" * n})
+        b.equals(tw.Source.local("x"), "y" * n)
+        blob = b.build().to_bytes()
+        body = blob[64:]
+        seen.add(len(body) % 64)
+        assert blob[32:64] == hashlib.sha256(body).digest(), n
+    assert len(seen) == 64  # every offset within the last block was reached
+
+
 def raises_format_error(data: bytes) -> tw.FormatError:
     with pytest.raises(tw.FormatError) as e:
         tw.GuardSet.from_bytes(data)
