@@ -206,9 +206,9 @@ def build_contenders() -> tuple[dict[str, Callable[[], Any]], tw.GuardSet]:
 
 
 def _clear_memos() -> None:
-    from tripwire import guard_set
+    from tripwire import builder
 
-    guard_set._clear_build_memos()
+    builder.clear_build_memos()
 
 
 def bench_build(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:

@@ -283,7 +283,7 @@ MAX_CONSTANT_DEPTH: int = 100
 
 MAX_SOURCE_DEPTH: int = 256
 
-def _shape_distinct_symbols(args: list) -> list:
+def _shape_distinct_symbols(args: list[Any]) -> list[Any]:
     """
     The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, symbols, types): GuardSet's encoding.
     """
@@ -300,17 +300,17 @@ def _symbol_template(sym: Any, step_type: type) -> tuple[SourcePath, tuple[Any, 
 
 class _SymbolPaths:
     """
-    A set's SHAPE symbol declarations, made by _shape_symbol_decls for GuardSetCore.__init__ (opaque).
+    A set's SHAPE symbols' declaration templates, made by _shape_symbol_templates for GuardSetCore.__init__ (opaque).
     """
 
-def _shape_symbol_decls(args: list[tuple[Any, ...]], consts: list[Any], weak: list[bool], interned: dict[Any, int], source_type: type, step_type: type) -> tuple[list[Any], _SymbolPaths, bool] | None:
+def _shape_symbol_templates(args: list[tuple[Any, ...]], source_type: type, step_type: type) -> tuple[list[Any], _SymbolPaths, list[list[Any]], bool] | None:
     """
-    (distinct symbols, their declarations, a step reads the C++ tensor) of SHAPE argument tuples, their constants interned into the pool; None when a symbol needs Python's declaration (guard_set.py, _ShapeDecls.symbol_templates).
+    (distinct symbols, their declaration templates, each template's constants, a step reads the C++ tensor) of SHAPE argument tuples; None when a symbol needs Python's declaration (guard_set.py, _ShapeDecls.symbol_templates).
     """
 
 def _clear_symbol_templates() -> None:
     """
-    Empty _shape_symbol_decls' memo of symbol templates (guard_set._clear_build_memos).
+    Empty _shape_symbol_templates' memo of symbol templates (guard_set._clear_build_memos).
     """
 
 class GuardSetCore:

@@ -1205,7 +1205,7 @@ def test_a_load_moves_the_declarations_into_the_set() -> None:
     before = [(d.kind, d.id, d.operand, d.operand2, d.n) for d in doc.decls()]
     stacks = [stack for _, stack, _ in doc.guard_info()]
     assert all(stacks) and stacks == [list(s.stack) for s in gs.guards]
-    loaded = serialization.loads(blob)
+    loaded = serialization.loads(tw.GuardSet, blob)
     core = loaded._lazy[0]
     with pytest.raises(RuntimeError, match="moved into the guard set"):
         core.decls()

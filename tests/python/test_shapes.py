@@ -1267,9 +1267,9 @@ def test_builder_survives_collections_and_threads() -> None:
 
 def _empty_every_memo() -> None:
     """What bench/shape_eval.py's cold build empties (a process seeing these texts the first time)."""
-    from tripwire import guard_set
+    from tripwire import builder
 
-    guard_set._clear_build_memos()
+    builder.clear_build_memos()
 
 
 _COLD_TEXTS = [
@@ -1724,7 +1724,7 @@ def test_shared_steps_are_checked_when_set() -> None:
 
 
 def test_emptying_the_build_memos_empties_relations_from_torch_memo() -> None:
-    """The cold benchmark's set-up (guard_set._clear_build_memos) leaves relations_from_torch with
+    """The cold benchmark's set-up (builder.clear_build_memos) leaves relations_from_torch with
     nothing remembered: its next call parses and makes new Relations and Sources."""
     text = "L['x'].size()[0] * 2 >= L['y'].size()[0]  # c"
     (before,) = tw.shapes.relations_from_torch(text)
