@@ -16,6 +16,7 @@ namespace nb = nanobind;
 namespace tripwire::bindings {
 
 void register_diagnostics(nb::module_& m) {
+    nb::module_ testing = testing_module(m);
     m.def(
         "user_stack",
         [](nb::handle is_machinery, int depth) {
@@ -26,8 +27,8 @@ void register_diagnostics(nb::module_& m) {
         nb::arg("is_machinery"), nb::arg("depth"),
         "The caller's stack outside tripwire's machinery, innermost last, at most `depth` entries, as "
         "'file:line in func' (is_machinery(filename) is asked once per file).");
-    m.def(
-        "_instruction_lines",
+    testing.def(
+        "instruction_lines",
         [](nb::handle code, int offset) {
             if (!PyCode_Check(code.ptr())) throw nb::type_error("needs a code object");
             auto* co = reinterpret_cast<PyCodeObject*>(code.ptr());
@@ -36,13 +37,14 @@ void register_diagnostics(nb::module_& m) {
         nb::arg("code"), nb::arg("offset"),
         "Test hook: (the install-site walk's line of the instruction at byte `offset` of `code`, "
         "PyCode_Addr2Line's): the two must agree.");
-    m.def("_set_frame_object_walk", &runtime::set_frame_object_walk, nb::arg("on"),
-          "Test hook: user_stack walks frame objects (on) or reads the frames without making them (off: once "
-          "the next walk has checked that the two agree, where this build can read them); returns whether "
-          "frame objects were walked.");
-    m.def("_frame_walks_agree", &runtime::frame_walks_agree,
-          "Test hook: whether reading the calling thread's frames gives the frame-object walk's (code, "
-          "instruction) list here and now (False without the frame layout mirror).");
+    testing.def(
+        "set_frame_object_walk", &runtime::set_frame_object_walk, nb::arg("on"),
+        "Test hook: user_stack walks frame objects (on) or reads the frames without making them (off: once "
+        "the next walk has checked that the two agree, where this build can read them); returns whether "
+        "frame objects were walked.");
+    testing.def("frame_walks_agree", &runtime::frame_walks_agree,
+                "Test hook: whether reading the calling thread's frames gives the frame-object walk's (code, "
+                "instruction) list here and now (False without the frame layout mirror).");
     m.def(
         "_clear_install_site_memo", [] { runtime::clear_install_site_memo(); },
         "Drop the memoised install-site strings and machinery answers (tests).");
@@ -53,8 +55,8 @@ void register_diagnostics(nb::module_& m) {
             return runtime::g_dict_hints_enabled;
         },
         "Whether dict entry hints (the interpreter's dict layout, verified at start-up) are in use.");
-    m.def(
-        "_set_fast_pass",
+    testing.def(
+        "set_fast_pass",
         [](bool on) {
             const bool was = runtime::fast_pass_enabled();
             runtime::set_fast_pass_enabled(on);
@@ -63,8 +65,8 @@ void register_diagnostics(nb::module_& m) {
         nb::arg("on"),
         "Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns "
         "the previous setting. Off, every check takes the tree walk.");
-    m.def(
-        "_set_skip",
+    testing.def(
+        "set_skip",
         [](bool on) {
             runtime::verify_dict_hints();
             return runtime::set_skip_enabled(on);
@@ -91,8 +93,8 @@ void register_diagnostics(nb::module_& m) {
         "Test hook: guard sets built while on read tensors, arrays and torch's state through the Python "
         "readers even when the torch adapter or the numpy struct is available; returns the previous "
         "setting.");
-    m.def(
-        "_dict_watch_counts",
+    testing.def(
+        "dict_watch_counts",
         [] {
             std::size_t dicts = 0, armed = 0;
             runtime::dict_watch_counts(dicts, armed);
@@ -101,7 +103,7 @@ void register_diagnostics(nb::module_& m) {
         "(dicts the 3.12+ dict watcher stamps, DICT_VERSION change flags armed on them); (0, 0) before "
         "3.12.");
     // Debug builds abort when user code runs inside a region that promises none (no_user_code.hpp).
-    m.attr("_CHECKS_REGIONS") = runtime::kChecksRegions;
+    testing.attr("CHECKS_REGIONS") = runtime::kChecksRegions;
 }
 
 }  // namespace tripwire::bindings

@@ -290,7 +290,7 @@ nb::object symbol_template(nb::handle sym, nb::handle step_type) {
 // made by _symbol_decl). A Source and its Steps are frozen dataclasses (tripwire treats them as
 // immutable everywhere), so a template stays the object's while the memo holds the object.
 // Bounded (emptied at 4096 entries); emptied by _clear_symbol_templates
-// (guard_set._clear_build_memos).
+// (builder.clear_build_memos).
 using SymbolTemplates = ObjectMemo<SymbolTemplate, 4096>;
 SymbolTemplates& symbol_templates() {
     static auto* m = new SymbolTemplates();  // never destroyed: it holds Python objects
@@ -394,7 +394,7 @@ void register_guard_set(nb::module_& m) {
         "C++ tensor) of SHAPE argument tuples; None when a symbol needs Python's declaration "
         "(guard_set.py, _ShapeDecls.symbol_templates).");
     m.def("_clear_symbol_templates", &clear_symbol_templates,
-          "Empty _shape_symbol_templates' memo of symbol templates (guard_set._clear_build_memos).");
+          "Empty _shape_symbol_templates' memo of symbol templates (builder.clear_build_memos).");
     auto cls =
         nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
                                  "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")

@@ -44,7 +44,7 @@ def _module_codes(name: str) -> list[types.CodeType]:
 def _assert_lines_agree(code: types.CodeType) -> int:
     n = 0
     for offset in range(-2, len(code.co_code) + 6, 2):
-        mine, cpython = _core._instruction_lines(code, offset)
+        mine, cpython = _core.testing.instruction_lines(code, offset)
         assert mine == cpython, (code, offset)
         n += 1
     return n
@@ -142,19 +142,19 @@ def _stack_from_caller(depth: int) -> tuple:
     stack), each from this helper's caller out (the memo emptied before each walk)."""
     _core._clear_install_site_memo()
     raw = _core.user_stack(builder._is_machinery, depth + 1)[:-1]  # without this helper's frame
-    was = _core._set_frame_object_walk(True)
+    was = _core.testing.set_frame_object_walk(True)
     try:
         _core._clear_install_site_memo()
         objects = _core.user_stack(builder._is_machinery, depth + 1)[:-1]
     finally:
-        _core._set_frame_object_walk(was)
+        _core.testing.set_frame_object_walk(was)
     return raw, objects, _expected_stack(depth, sys._getframe(1))
 
 
 def _agree(depth: int = 40) -> tuple:
     raw, objects, want = _stack_from_caller(depth)
     assert raw == objects == want, (raw, objects, want)
-    assert _core._frame_walks_agree()
+    assert _core.testing.frame_walks_agree()
     return raw
 
 
@@ -207,12 +207,12 @@ def test_guard_sites_are_the_callers_lines_on_both_walks() -> None:
     b = tw.GuardBuilder({"n": 3})
     first = b.shape("L['n'] > 1")
     line = sys._getframe().f_lineno - 1
-    was = _core._set_frame_object_walk(True)
+    was = _core.testing.set_frame_object_walk(True)
     try:
         _core._clear_install_site_memo()
         second = b.shape("L['n'] > 2")
     finally:
-        _core._set_frame_object_walk(was)
+        _core.testing.set_frame_object_walk(was)
     want = f"{__file__}:{{}} in test_guard_sites_are_the_callers_lines_on_both_walks"
     assert first.stack[-1] == want.format(line)
     assert second.stack[-1] == want.format(line + 5)
@@ -229,7 +229,7 @@ class _Finalizer:
         self.me = self
 
     def __del__(self) -> None:
-        _Finalizer.results.append(_core._frame_walks_agree())
+        _Finalizer.results.append(_core.testing.frame_walks_agree())
         _Finalizer.results.append(len(_core.user_stack(builder._is_machinery, 8)) > 0)
 
 

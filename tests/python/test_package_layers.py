@@ -68,9 +68,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             candidate = f"{base}.{name}" if base else name
             where = PACKAGE / Path(*candidate.split("."))
             # A module, a subpackage, or the extension module (_core: its stub stands for it).
-            if (
-                any(where.with_suffix(s).exists() for s in (".py", ".pyi"))
-                or (where / "__init__.py").exists()
+            if any(where.with_suffix(s).exists() for s in (".py", ".pyi")) or any(
+                (where / f"__init__{s}").exists() for s in (".py", ".pyi")
             ):
                 return candidate
         return base or "__init__"
