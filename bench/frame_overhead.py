@@ -153,23 +153,23 @@ def _diff(rows: dict[str, Row], a: str, b: str) -> tuple[float, float]:
 
 def with_floor(fn: Callable, args: tuple) -> Callable[[int], float]:
     def run(number: int) -> float:
-        assert _core._frame_floor_eval(True)
+        assert _core.testing.frame_floor_eval(True)
         try:
             return _loop(fn, args, number)
         finally:
-            assert _core._frame_floor_eval(False)
+            assert _core.testing.frame_floor_eval(False)
 
     return run
 
 
 def hooked(fn: Callable, args: tuple, hook: twf.Hook, *, shadow: bool = False) -> Callable[[int], float]:
     def run(number: int) -> float:
-        was = _core._frame_force_shadow(shadow)
+        was = _core.testing.frame_force_shadow(shadow)
         try:
             with twf.hooked(hook):
                 return _loop(fn, args, number)
         finally:
-            _core._frame_force_shadow(was)
+            _core.testing.frame_force_shadow(was)
 
     return run
 
@@ -309,7 +309,7 @@ _CG_SCRIPT = textwrap.dedent(
             unrelated(1, 2)
     mode, n = sys.argv[1], int(sys.argv[2])
     if mode == "floor":
-        assert c._frame_floor_eval(True)
+        assert c.testing.frame_floor_eval(True)
     elif mode == "skip":
         twf.install(lambda fr: twf.SKIP); loop(1)
     elif mode == "other":

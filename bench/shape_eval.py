@@ -21,7 +21,7 @@ Three measurements, ratios taken in one run:
    the row includes the two switch calls), the whole entry imported with
    ``tripwire.torch.guards_of`` (TENSOR_MATCH and the other tensor kinds too: compare with torch's
    whole check), the same relations over int locals (symbols read by dict lookups), and the
-   relation evaluation alone in a C++ loop (``_core._shape_time``: frame, symbol stores,
+   relation evaluation alone in a C++ loop (``_core.testing.shape_time``: frame, symbol stores,
    relations; no Python call).
 3. **Per relation**: programs of 1 to 256 relations of the reshape kind over 4 symbols, evaluated
    in the C++ loop: ns per program, per relation (the slope), and per symbol.
@@ -207,9 +207,9 @@ def build_contenders() -> tuple[dict[str, Callable[[], Any]], tw.GuardSet]:
 
 
 def _clear_memos() -> None:
-    from tripwire import guard_set
+    from tripwire import builder
 
-    guard_set._clear_build_memos()
+    builder.clear_build_memos()
 
 
 def bench_build(args: argparse.Namespace, log: Callable[[str], None]) -> list[str]:
@@ -291,7 +291,7 @@ def check_contenders(cpp_path: bool) -> tuple[dict[str, tuple[Callable[[Any], An
     shape_env = [r for r in imported.torch_import.guards if r.kind == "SHAPE_ENV"]
     assert len(shape_env) == 1 and shape_env[0].outcome == "native"
     # The sizes are read by the C-level reader, in the fast pass (not by x.size() calls).
-    assert gs._uses_fast_pass and _core._read_tensor_property(example["x"], tw.StepKind.SIZE, 0) == 8
+    assert gs._uses_fast_pass and _core.testing.read_tensor_property(example["x"], tw.StepKind.SIZE, 0) == 8
     before = gs._fast_pass_count
     assert gs.check(example) and gs._fast_pass_count == before + 1
 
@@ -339,7 +339,8 @@ def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
     gm_cpp = "torch_gm_cpp" in pairs
     samples = measure(contenders, args.repeat, args.time)
     core_ns = [
-        _core._shape_time(relation_texts, symbol_values, args.iterations)[0] for _ in range(args.repeat)
+        _core.testing.shape_time(relation_texts, symbol_values, args.iterations)[0]
+        for _ in range(args.repeat)
     ]
     info = gs._shape_info
     lam_min = min(samples["torch_lambda"])
@@ -363,7 +364,7 @@ def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
         samples["tw_guards_of"],
     )
     row("tripwire SHAPE set, symbols as int locals (fast pass)", samples["tw_int"])
-    row("tripwire relations alone, C++ loop (_core._shape_time)", core_ns)
+    row("tripwire relations alone, C++ loop (_core.testing.shape_time)", core_ns)
     row("no-op Python call", samples["noop"])
     tw_min, tw_int_min = min(samples["tw"]), min(samples["tw_int"])
     lines = [
@@ -431,8 +432,8 @@ def bench_scaling(args: argparse.Namespace) -> list[str]:
         # reshape, then copies made distinct by a disjunct that is never needed.
         texts = [form if k < len(forms) else f"({form}) or L['d'] == {1000 + k}"
                  for k, form in ((k, forms[k % len(forms)]) for k in range(n))]  # fmt: skip
-        ns = min(_core._shape_time(texts, symbols, args.iterations)[0] for _ in range(args.repeat))
-        _, result, kept, _nsym, ops = _core._shape_time(texts, symbols, 10)
+        ns = min(_core.testing.shape_time(texts, symbols, args.iterations)[0] for _ in range(args.repeat))
+        _, result, kept, _nsym, ops = _core.testing.shape_time(texts, symbols, 10)
         assert result == -1, (n, result)
         points.append((kept, ns))
         rows.append([str(n), str(kept), str(ops), _fmt(ns), f"{ns / kept:.1f}"])

@@ -16,6 +16,7 @@ namespace nb = nanobind;
 namespace tripwire::bindings {
 
 void register_diagnostics(nb::module_& m) {
+    nb::module_ testing = testing_module(m);
     m.def(
         "user_stack",
         [](nb::handle is_machinery, int depth) {
@@ -36,8 +37,8 @@ void register_diagnostics(nb::module_& m) {
             return runtime::g_dict_hints_enabled;
         },
         "Whether dict entry hints (the interpreter's dict layout, verified at start-up) are in use.");
-    m.def(
-        "_set_fast_pass",
+    testing.def(
+        "set_fast_pass",
         [](bool on) {
             const bool was = runtime::fast_pass_enabled();
             runtime::set_fast_pass_enabled(on);
@@ -46,8 +47,8 @@ void register_diagnostics(nb::module_& m) {
         nb::arg("on"),
         "Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns "
         "the previous setting. Off, every check takes the tree walk.");
-    m.def(
-        "_set_skip",
+    testing.def(
+        "set_skip",
         [](bool on) {
             runtime::verify_dict_hints();
             return runtime::set_skip_enabled(on);
@@ -74,8 +75,8 @@ void register_diagnostics(nb::module_& m) {
         "Test hook: guard sets built while on read tensors, arrays and torch's state through the Python "
         "readers even when the torch adapter or the numpy struct is available; returns the previous "
         "setting.");
-    m.def(
-        "_dict_watch_counts",
+    testing.def(
+        "dict_watch_counts",
         [] {
             std::size_t dicts = 0, armed = 0;
             runtime::dict_watch_counts(dicts, armed);
@@ -84,7 +85,7 @@ void register_diagnostics(nb::module_& m) {
         "(dicts the 3.12+ dict watcher stamps, DICT_VERSION change flags armed on them); (0, 0) before "
         "3.12.");
     // Debug builds abort when user code runs inside a region that promises none (no_user_code.hpp).
-    m.attr("_CHECKS_REGIONS") = runtime::kChecksRegions;
+    testing.attr("CHECKS_REGIONS") = runtime::kChecksRegions;
 }
 
 }  // namespace tripwire::bindings

@@ -28,6 +28,7 @@ nb::object hook_tuple(runtime::Ref& handler, runtime::Ref& backend) {
 }  // namespace
 
 void register_frame(nb::module_& m) {
+    nb::module_ testing = testing_module(m);
     PyTypeObject* t = runtime::frame::replacement_type();
     if (t == nullptr) throw nb::python_error();
     nb::object repl = nb::steal(reinterpret_cast<PyObject*>(t));
@@ -146,8 +147,8 @@ void register_frame(nb::module_& m) {
         nb::arg("code"), nb::arg("backend").none(),
         nb::sig("def _frame_strategy(code: types.CodeType, backend: typing.Any) -> int"),
         "0 default, 1 skip, 2 run-only.");
-    m.def(
-        "_frame_set_strategy",
+    testing.def(
+        "frame_set_strategy",
         [](nb::handle code, nb::handle backend, int strategy) {
             if (strategy < 0 || strategy > 2) throw nb::value_error("strategy must be 0, 1 or 2");
             if (!runtime::frame::set_strategy(as_code(code), backend.ptr(),
@@ -155,9 +156,9 @@ void register_frame(nb::module_& m) {
                 throw nb::python_error();
         },
         nb::arg("code"), nb::arg("backend").none(), nb::arg("strategy"),
-        nb::sig("def _frame_set_strategy(code: types.CodeType, backend: typing.Any, strategy: int) -> None"));
-    m.def(
-        "_frame_backends",
+        nb::sig("def frame_set_strategy(code: types.CodeType, backend: typing.Any, strategy: int) -> None"));
+    testing.def(
+        "frame_backends",
         [](nb::handle code) {
             nb::list out;
             runtime::frame::CodeState* st = runtime::frame::code_state(as_code(code));
@@ -171,8 +172,8 @@ void register_frame(nb::module_& m) {
             return out;
         },
         nb::arg("code"),
-        nb::sig(
-            "def _frame_backends(code: types.CodeType) -> list[tuple[typing.Any, CacheCore | None, int]]"),
+        nb::sig("def frame_backends(code: types.CodeType) -> list[tuple[typing.Any, tripwire._core.CacheCore "
+                "| None, int]]"),
         "(backend, cache, strategy) for each backend that has seen `code`.");
     m.def(
         "_frame_reset",
@@ -185,17 +186,18 @@ void register_frame(nb::module_& m) {
     m.def(
         "_frame_release_all", [] { return runtime::frame::release_all_code_states(); },
         "Drop every frame cache of every code object (at exit); returns how many.");
-    m.def(
-        "_frame_force_shadow",
+    testing.def(
+        "frame_force_shadow",
         [](bool on) {
             const bool was = runtime::frame::force_shadow_frames();
             runtime::frame::set_force_shadow_frames(on);
             return was;
         },
         nb::arg("on"), "Test hook: run every replacement in a shadow frame; returns the previous setting.");
-    m.def("_frame_floor_eval", &runtime::frame::set_floor_eval, nb::arg("on"),
-          "Benchmark floor: install (True) or remove (False) a pass-through PEP 523 eval-frame function; "
-          "False when the interpreter's eval function is not the expected one.");
+    testing.def(
+        "frame_floor_eval", &runtime::frame::set_floor_eval, nb::arg("on"),
+        "Benchmark floor: install (True) or remove (False) a pass-through PEP 523 eval-frame function; "
+        "False when the interpreter's eval function is not the expected one.");
     m.def(
         "_frame_run_stats",
         [] {

@@ -6,12 +6,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
 #include <exception>
-#include <initializer_list>
 #include <memory>
 #include <new>
-#include <unordered_map>
 #include <utility>
 
 #include "core/codec/document.hpp"
@@ -20,9 +17,10 @@
 #include "core/shape/program.hpp"
 #include "object_memo.hpp"
 #include "register.hpp"
+#include "runtime/eval/diagnostics.hpp"
 #include "runtime/eval/guard_set.hpp"
+#include "runtime/eval/shape_decls.hpp"
 #include "runtime/py.hpp"
-#include "runtime/tensors/property_reader.hpp"
 #include "runtime/tensors/tensor_kinds.hpp"
 
 namespace nb = nanobind;
@@ -130,144 +128,10 @@ PyType_Slot g_core_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(core_trav
 // Set once at registration; the module owns the type.
 PyTypeObject* g_core_type = nullptr;
 
-/// A SHAPE symbol's type code from its name in a spec ("int" 0, "float" 1: shape::ValueType).
-std::uint8_t symbol_type_code(PyObject* name) {
-    // The builder's names are the interned "int" and "float" (bind_shape.cpp, symbol_type_names):
-    // found by address, compared by value only otherwise.
-    static PyObject* s_int = nullptr;
-    static PyObject* s_float = nullptr;
-    if (s_int == nullptr) {
-        s_int = PyUnicode_InternFromString("int");
-        if (s_int == nullptr) throw nb::python_error();
-    }
-    if (s_float == nullptr) {
-        s_float = PyUnicode_InternFromString("float");
-        if (s_float == nullptr) throw nb::python_error();
-    }
-    if (name == s_int) return 0;
-    if (name == s_float) return 1;
-    if (PyUnicode_CheckExact(name)) {
-        if (PyUnicode_CompareWithASCIIString(name, "int") == 0) return 0;
-        if (PyUnicode_CompareWithASCIIString(name, "float") == 0) return 1;
-    }
-    throw nb::value_error("a SHAPE symbol's type is 'int' or 'float'");
-}
-
-/// The items of an exact tuple or list (a spec made by hand may hold a list), borrowed.
-std::pair<PyObject* const*, Py_ssize_t> exact_sequence(PyObject* o, const char* what) {
-    if (PyTuple_CheckExact(o)) return {&PyTuple_GET_ITEM(o, 0), PyTuple_GET_SIZE(o)};
-    if (PyList_CheckExact(o)) return {reinterpret_cast<PyListObject*>(o)->ob_item, PyList_GET_SIZE(o)};
-    throw nb::type_error(what);
-}
-
-/// Each SHAPE symbol's declaration, made once per set and shared by every relation that names
-/// it (core::SharedPath): a copy of the caller's own `paths[k]` when `remaps[k]` is None (its ids
-/// are the pool's), else the template `paths[k]` with its constant ids (the root's name, the
-/// steps' operands) mapped through `remaps[k]`, which holds the set's own pool ids (guard_set.py,
-/// _symbol_template: a template is made once per symbol, not once per set).
-std::vector<core::SharedPath> shared_paths_of(nb::list paths, nb::list remaps) {
-    if (remaps.size() != paths.size()) throw nb::value_error("SHAPE declarations: mismatched lengths");
-    std::vector<core::SharedPath> shared(paths.size());
-    for (std::size_t k = 0; k < paths.size(); ++k) {
-        auto p = std::make_shared<core::SourcePath>(nb::cast<const core::SourcePath&>(paths[k]));
-        PyObject* remap = remaps[k].ptr();
-        if (remap != Py_None) {
-            if (!PyList_CheckExact(remap)) throw nb::type_error("a SHAPE symbol's constant ids are a list");
-            const auto resolve = [remap](core::ConstId local) -> core::ConstId {
-                if (local >= static_cast<std::size_t>(PyList_GET_SIZE(remap)))
-                    throw nb::value_error("SHAPE declarations: a constant id out of range");
-                PyObject* id = PyList_GET_ITEM(remap, local);
-                const unsigned long v = PyLong_CheckExact(id) ? PyLong_AsUnsignedLong(id) : 0xFFFFFFFFul;
-                if (v >= core::kNoConst) {
-                    PyErr_Clear();
-                    throw nb::value_error("SHAPE declarations: a bad constant id");
-                }
-                return static_cast<core::ConstId>(v);
-            };
-            p->name = resolve(p->name);
-            for (core::Step& st : p->steps) {
-                if (st.operand != core::kNoConst) st.operand = resolve(st.operand);
-            }
-        }
-        shared[k] = std::move(p);
-    }
-    return shared;
-}
-
-/// The SHAPE declarations of a set, made here from the specs' own argument tuples
-/// (text, symbols, types) instead of one nanobind GuardDecl per relation. `symbols[k]` is the
-/// Source object whose declaration is `shared[k]` (shared_paths_of, or made by
-/// _shape_symbol_decls); each relation's symbols are found by identity.
-/// `at[r]` is the position among the other declarations where relation r was declared, so the
-/// declarations keep the specs' order. Only exact tuples, lists, str and int are read: no user
-/// code runs here, so the borrowed items stay alive (the caller's lists hold them).
-void add_shape_decls(std::vector<core::GuardDecl>& decls, nb::list at, nb::list ids, nb::list args,
-                     nb::list symbols, const std::vector<core::SharedPath>& shared) {
-    const std::size_t n = args.size();
-    if (at.size() != n || ids.size() != n || symbols.size() != shared.size())
-        throw nb::value_error("SHAPE declarations: mismatched lengths");
-    for (const core::SharedPath& path : shared) {
-        if (path == nullptr) throw nb::value_error("SHAPE declarations: a symbol without its source");
-    }
-    // Each relation's symbols by identity: a scan of the set's few symbols (borrowed from the
-    // caller's list, in its order), a hash map when there are many.
-    constexpr std::size_t kScanned = 16;
-    PyObject* const* const symbol_items = reinterpret_cast<PyListObject*>(symbols.ptr())->ob_item;
-    const std::size_t n_symbols = symbols.size();
-    std::unordered_map<PyObject*, std::uint32_t> symbol_index;
-    if (n_symbols > kScanned) {
-        symbol_index.reserve(n_symbols);
-        for (std::size_t k = 0; k < n_symbols; ++k)
-            symbol_index.emplace(symbol_items[k], static_cast<std::uint32_t>(k));
-    }
-    const auto shared_of = [&](PyObject* sym) -> const core::SharedPath& {
-        if (n_symbols > kScanned) {
-            const auto it = symbol_index.find(sym);
-            if (it != symbol_index.end()) return shared[it->second];
-        } else {
-            for (std::size_t k = 0; k < n_symbols; ++k)
-                if (symbol_items[k] == sym) return shared[k];
-        }
-        throw nb::value_error("SHAPE declarations: a symbol without its source");
-    };
-    std::vector<core::GuardDecl> merged;
-    merged.reserve(decls.size() + n);
-    std::size_t next = 0;  // the next of `decls` to move into `merged`
-    for (std::size_t r = 0; r < n; ++r) {
-        PyObject* pos = at[r].ptr();
-        PyObject* id = ids[r].ptr();
-        PyObject* a = args[r].ptr();
-        if (!PyLong_CheckExact(pos) || !PyLong_CheckExact(id))
-            throw nb::type_error("a SHAPE guard's index is an int");
-        const std::size_t where = PyLong_AsSize_t(pos);
-        const unsigned long gid = PyLong_AsUnsignedLong(id);
-        if (PyErr_Occurred() || gid > 0xFFFFFFFFul || where < next || where > decls.size()) {
-            PyErr_Clear();
-            throw nb::value_error("SHAPE declarations: a bad index or position");
-        }
-        if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != 3 ||
-            !PyUnicode_CheckExact(PyTuple_GET_ITEM(a, 0)))
-            throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
-        Py_ssize_t text_len = 0;
-        const char* text = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(a, 0), &text_len);
-        if (text == nullptr) throw nb::python_error();
-        const auto [syms, n_syms] =
-            exact_sequence(PyTuple_GET_ITEM(a, 1), "SHAPE symbols are a tuple of sources");
-        const auto [types, n_types] =
-            exact_sequence(PyTuple_GET_ITEM(a, 2), "SHAPE symbol types are a tuple of 'int'/'float'");
-        while (next < where) merged.push_back(std::move(decls[next++]));
-        core::GuardDecl& d = merged.emplace_back();
-        d.kind = core::GuardKind::Shape;
-        d.has_source = false;
-        d.id = static_cast<std::uint32_t>(gid);
-        d.relation.assign(text, static_cast<std::size_t>(text_len));
-        d.symbols.reserve(static_cast<std::size_t>(n_syms));
-        for (Py_ssize_t k = 0; k < n_syms; ++k) d.symbols.push_back(shared_of(syms[k]));
-        d.symbol_types.reserve(static_cast<std::size_t>(n_types));
-        for (Py_ssize_t k = 0; k < n_types; ++k) d.symbol_types.push_back(symbol_type_code(types[k]));
-    }
-    while (next < decls.size()) merged.push_back(std::move(decls[next++]));
-    decls = std::move(merged);
+/// A new reference from the runtime (null: its Python error is raised).
+nb::object owned(PyObject* o) {
+    if (o == nullptr) throw nb::python_error();
+    return nb::steal(o);
 }
 
 /// An interned str made once (the GIL is held; never freed, as the module's own names).
@@ -348,9 +212,6 @@ struct SymbolTemplate {
     core::SourcePath path;
     std::vector<runtime::Ref> consts;
     bool cpp_tensor = false;  ///< a step reads the C++ tensor
-    /// Every constant an exact str or an exact int: _shape_symbol_decls interns them into the pool
-    /// itself (as _Pool.intern would); any other constant is interned by Python.
-    bool plain = true;
 };
 
 /// `out` made from the fields of `sym`, an exact tripwire.source.Source (the caller checks). Its
@@ -392,10 +253,8 @@ bool make_symbol_template(nb::handle sym, nb::handle step_type, SymbolTemplate& 
             path.texts.push_back(nb::cast<std::string>(t));
         if (path.texts.size() != n + 1) throw nb::value_error("a symbol's texts do not match its steps");
     }
-    const auto plain_const = [](PyObject* c) { return PyUnicode_CheckExact(c) || PyLong_CheckExact(c); };
     out.consts.reserve(n + 1);
     out.consts.push_back(runtime::Ref::borrow(name.ptr()));
-    out.plain = PyUnicode_CheckExact(name.ptr());
     for (std::size_t i = 0; i < n; ++i) {
         PyObject* st = steps[i].ptr();
         const nb::object kind_obj = field(st, s_kind, "kind");
@@ -406,7 +265,6 @@ bool make_symbol_template(nb::handle sym, nb::handle step_type, SymbolTemplate& 
         if (core::step_takes_operand(kind)) {
             step.operand = static_cast<core::ConstId>(out.consts.size());
             out.consts.push_back(runtime::Ref::borrow(arg.ptr()));
-            out.plain = out.plain && plain_const(arg.ptr());
         } else if (core::step_takes_index(kind)) {
             step.index = nb::cast<std::int64_t>(arg);
         }
@@ -428,11 +286,11 @@ nb::object symbol_template(nb::handle sym, nb::handle step_type) {
     return nb::make_tuple(nb::cast(std::move(t.path)), consts, t.cpp_tensor);
 }
 
-// Templates of exact Sources, by object (_shape_symbol_decls; Python's _SYMBOL_DECLS keeps those
+// Templates of exact Sources, by object (_shape_symbol_templates; Python's _SYMBOL_DECLS keeps those
 // made by _symbol_decl). A Source and its Steps are frozen dataclasses (tripwire treats them as
 // immutable everywhere), so a template stays the object's while the memo holds the object.
 // Bounded (emptied at 4096 entries); emptied by _clear_symbol_templates
-// (guard_set._clear_build_memos).
+// (builder.clear_build_memos).
 using SymbolTemplates = ObjectMemo<SymbolTemplate, 4096>;
 SymbolTemplates& symbol_templates() {
     static auto* m = new SymbolTemplates();  // never destroyed: it holds Python objects
@@ -454,232 +312,40 @@ std::shared_ptr<const SymbolTemplate> symbol_template_of(PyObject* sym, nb::hand
     return made;
 }
 
-/// `c` (an exact str or int) interned into a set's pool as _Pool.intern does: a str by its
-/// interned self, an int by (int, value) (source.key_identity); its id in `consts`, appended with
-/// a strong hold (`weak` False) when new. Exact containers and keys only: no user code runs.
-core::ConstId intern_plain_const(PyObject* c, PyObject* consts, PyObject* weak, PyObject* interned) {
-    nb::object key;
-    nb::object value;
-    if (PyUnicode_CheckExact(c)) {
-        PyObject* s = Py_NewRef(c);
-        PyUnicode_InternInPlace(&s);
-        key = nb::steal(s);
-        value = key;
-    } else {
-        key = nb::steal(PyTuple_Pack(2, reinterpret_cast<PyObject*>(&PyLong_Type), c));
-        if (!key.is_valid()) throw nb::python_error();
-        value = nb::borrow(c);
-    }
-    PyObject* found = PyDict_GetItemWithError(interned, key.ptr());  // borrowed
-    if (found != nullptr) {
-        const unsigned long v = PyLong_CheckExact(found) ? PyLong_AsUnsignedLong(found) : 0xFFFFFFFFul;
-        if (v >= core::kNoConst || v >= static_cast<unsigned long>(PyList_GET_SIZE(consts))) {
-            PyErr_Clear();
-            throw nb::value_error("SHAPE declarations: a bad interned constant id");
-        }
-        return static_cast<core::ConstId>(v);
-    }
-    if (PyErr_Occurred()) throw nb::python_error();
-    const Py_ssize_t i = PyList_GET_SIZE(consts);
-    if (static_cast<std::size_t>(i) >= core::kNoConst) throw nb::value_error("too many constants");
-    const nb::object index = nb::steal(PyLong_FromSsize_t(i));
-    if (!index.is_valid() || PyList_Append(consts, value.ptr()) < 0 || PyList_Append(weak, Py_False) < 0 ||
-        PyDict_SetItem(interned, key.ptr(), index.ptr()) < 0)
-        throw nb::python_error();
-    return static_cast<core::ConstId>(i);
-}
-
-/// A set's SHAPE symbol declarations, each made once and shared by its relations
-/// (_shape_symbol_decls' answer, taken by GuardSetCore.__init__ in place of paths and remaps).
+/// A set's SHAPE symbols' declaration templates, each shared with the memo that keeps it
+/// (_shape_symbol_templates' answer, taken by GuardSetCore.__init__ with each template's constant
+/// ids in the set's pool).
 struct SymbolPaths {
-    std::vector<core::SharedPath> paths;
+    std::vector<std::shared_ptr<const core::SourcePath>> paths;
 };
 
-/// GuardSet's SHAPE symbols declared in one call (guard_set.py, _ShapeDecls.symbol_templates):
-/// the distinct symbols of the argument tuples `args` (by identity, in order of first use),
-/// their declarations with the set's constant ids (each template's constants interned into the
-/// pool `consts`/`weak`/`interned` in the symbols' order, as Python's loop interns them), and
-/// whether a step reads the C++ tensor. None, with nothing interned, when a symbol is not an
-/// exact `source_type` of exact `step_type` steps with str or int constants: Python declares
-/// those (a subclass prints and numbers its own way).
-nb::object shape_symbol_decls(nb::list args, nb::list consts, nb::list weak, nb::dict interned,
-                              nb::handle source_type, nb::handle step_type) {
-    if (!PyList_CheckExact(consts.ptr()) || !PyList_CheckExact(weak.ptr()) ||
-        !PyDict_CheckExact(interned.ptr()))
-        throw nb::type_error("the pool is an exact list, list and dict");
+/// GuardSet's SHAPE symbols' templates in one call (guard_set.py, _ShapeDecls.symbol_templates):
+/// the distinct symbols of the argument tuples `args` (by identity, in order of first use), their
+/// declaration templates (constant ids local: 0 the root's name, then each step operand), each
+/// template's constants, and whether a step reads the C++ tensor. The constants are interned into
+/// the set's pool by Python (_Pool.intern, the pool's one interning). None when a symbol is not an
+/// exact `source_type` of exact `step_type` steps: Python declares those (a subclass prints and
+/// numbers its own way).
+nb::object shape_symbol_templates(nb::list args, nb::handle source_type, nb::handle step_type) {
     // The distinct symbols, held by `syms` (Python code may run below: a symbol's print).
-    nb::list syms;
-    {
-        std::vector<PyObject*> seen;
-        seen.reserve(16);
-        for (nb::handle a : args) {
-            if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3)
-                throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
-            const auto [items, n] =
-                exact_sequence(PyTuple_GET_ITEM(a.ptr(), 1), "SHAPE symbols are a tuple of sources");
-            for (Py_ssize_t k = 0; k < n; ++k) {
-                if (Py_TYPE(items[k]) != reinterpret_cast<PyTypeObject*>(source_type.ptr()))
-                    return nb::none();
-                if (std::find(seen.begin(), seen.end(), items[k]) != seen.end()) continue;
-                seen.push_back(items[k]);
-            }
-        }
-        for (PyObject* sym : seen) syms.append(nb::handle(sym));
-    }
+    const nb::object distinct = owned(runtime::distinct_shape_symbols(args.ptr(), source_type.ptr()));
+    if (distinct.is_none()) return nb::none();
+    const auto syms = nb::borrow<nb::list>(distinct);
     const std::size_t n = syms.size();
-    std::vector<std::shared_ptr<const SymbolTemplate>> templates(n);
-    for (std::size_t k = 0; k < n; ++k) {
-        templates[k] = symbol_template_of(syms[k].ptr(), step_type);
-        if (templates[k] == nullptr || !templates[k]->plain) return nb::none();
-    }
     SymbolPaths out;
     out.paths.reserve(n);
+    nb::list consts;
     bool cpp_tensor = false;
-    for (const std::shared_ptr<const SymbolTemplate>& t : templates) {
-        const auto intern = [&](core::ConstId local) {
-            return intern_plain_const(t->consts[local].get(), consts.ptr(), weak.ptr(), interned.ptr());
-        };
-        auto p = std::make_shared<core::SourcePath>(t->path);
-        p->name = intern(p->name);
-        for (core::Step& st : p->steps) {
-            if (st.operand != core::kNoConst) st.operand = intern(st.operand);
-        }
+    for (std::size_t k = 0; k < n; ++k) {
+        std::shared_ptr<const SymbolTemplate> t = symbol_template_of(syms[k].ptr(), step_type);
+        if (t == nullptr) return nb::none();
+        nb::list local;
+        for (const runtime::Ref& c : t->consts) local.append(nb::handle(c.get()));
+        consts.append(local);
         cpp_tensor = cpp_tensor || t->cpp_tensor;
-        out.paths.push_back(std::move(p));
+        out.paths.emplace_back(t, &t->path);  // aliases the template: no copy
     }
-    return nb::make_tuple(syms, nb::cast(std::move(out)), cpp_tensor);
-}
-
-/// GuardSet's encoding of a set whose specs are all SHAPE relations (guard_set.py, _encode): the
-/// specs' indices and argument tuples, read from exact `spec_type` instances (plain dataclass
-/// fields: no user code runs) whose kind is `shape_kind` and whose arguments are an exact 3-tuple;
-/// None when any spec is otherwise (the caller's general encoding decides).
-nb::object shape_specs(nb::list specs, nb::handle spec_type, nb::handle shape_kind) {
-    static PyObject* s_kind = nullptr;
-    static PyObject* s_args = nullptr;
-    static PyObject* s_index = nullptr;
-    nb::list ids;
-    nb::list args;
-    for (nb::handle spec : specs) {
-        if (Py_TYPE(spec.ptr()) != reinterpret_cast<PyTypeObject*>(spec_type.ptr())) return nb::none();
-        if (field(spec.ptr(), s_kind, "kind").ptr() != shape_kind.ptr()) return nb::none();
-        nb::object a = field(spec.ptr(), s_args, "args");
-        nb::object index = field(spec.ptr(), s_index, "index");
-        if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3 || !PyLong_CheckExact(index.ptr()))
-            return nb::none();
-        ids.append(index);
-        args.append(a);
-    }
-    return nb::make_tuple(ids, args);
-}
-
-/// `module.attrs...` when `module` is imported (sys.modules: nothing is imported here) and has
-/// them, else None (tensors.is_tensor's and is_array's lookups). The names are interned strs,
-/// each made once: a lookup is then one dict probe per name, with no str made per call.
-nb::object imported_attr(PyObject* module, std::initializer_list<PyObject*> attrs) {
-    nb::object o = nb::steal(PyImport_GetModule(module));
-    if (!o.is_valid()) {
-        if (PyErr_Occurred()) throw nb::python_error();
-        return nb::none();
-    }
-    for (PyObject* a : attrs) {
-        PyObject* next = PyObject_GetAttr(o.ptr(), a);
-        if (next == nullptr) {
-            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw nb::python_error();
-            PyErr_Clear();
-            return nb::none();
-        }
-        o = nb::steal(next);
-    }
-    return o;
-}
-
-/// issubclass(t, base), False when base is None.
-bool derives(nb::handle t, nb::handle base) {
-    if (base.is_none()) return false;
-    const int r = PyObject_IsSubclass(t.ptr(), base.ptr());
-    if (r < 0) throw nb::python_error();
-    return r == 1;
-}
-
-/// What decides each SHAPE symbol's reader on this frame (guard_set.py, _reader_facts), per
-/// symbol in the program's order: (printed symbol, fact), the fact ("frame",) for a symbol read
-/// from the frame (its last step is no SIZE, STRIDE or STORAGE_OFFSET), ("unreadable", the
-/// exception's type name) when its tensor cannot be read here, else ("property", the tensor's
-/// type, whether the C-level reader answers, is an array, is a tensor). Each tensor is read once
-/// (the same steps a check runs, user code included).
-nb::list reader_facts(const runtime::GuardSet& gs, nb::handle f_locals, nb::handle f_globals) {
-    const core::Program& p = gs.program();
-    PyObject* globals = PyDict_Check(f_globals.ptr()) ? f_globals.ptr() : nullptr;
-    static PyObject* s_numpy = nullptr;
-    static PyObject* s_ndarray = nullptr;
-    static PyObject* s_torch = nullptr;
-    static PyObject* s_c = nullptr;
-    static PyObject* s_tensor_base = nullptr;
-    static PyObject* s_frame = nullptr;
-    static PyObject* s_property = nullptr;
-    static PyObject* s_unreadable = nullptr;
-    const nb::object ndarray =
-        imported_attr(interned_name(s_numpy, "numpy"), {interned_name(s_ndarray, "ndarray")});
-    const nb::object tensor_base =
-        imported_attr(interned_name(s_torch, "torch"),
-                      {interned_name(s_c, "_C"), interned_name(s_tensor_base, "TensorBase")});
-    // The facts' tags, made once: a str per fact per build was a tenth of this call.
-    const nb::handle frame_tag = interned_name(s_frame, "frame");
-    const nb::handle property_tag = interned_name(s_property, "property");
-    const nb::handle unreadable_tag = interned_name(s_unreadable, "unreadable");
-    struct Parent {
-        nb::object value, type;
-        bool is_array = false, is_tensor = false;
-    };
-    std::unordered_map<std::uint32_t, Parent> parents;  // by node: each tensor read once
-    nb::object last_type;
-    bool last_is_array = false;
-    bool last_is_tensor = false;
-    nb::list out;
-    for (const std::uint32_t ni : p.symbol_nodes) {
-        const core::Node& n = p.nodes[ni];
-        nb::str text(n.text.data(), n.text.size());
-        const core::StepKind kind = n.step.kind;
-        if (n.is_root || (kind != core::StepKind::Size && kind != core::StepKind::Stride &&
-                          kind != core::StepKind::StorageOffset)) {
-            out.append(nb::make_tuple(text, nb::make_tuple(frame_tag)));
-            continue;
-        }
-        auto it = parents.find(n.parent);
-        if (it == parents.end()) {
-            runtime::Ref v = gs.read_node(n.parent, f_locals.ptr(), globals);
-            if (!v) {
-                // The frame has no such value (or a step raised): said, as `type(e).__name__`.
-                if (!PyErr_ExceptionMatches(PyExc_Exception)) throw nb::python_error();
-                nb::python_error e;
-                out.append(nb::make_tuple(text, nb::make_tuple(unreadable_tag, e.type().attr("__name__"))));
-                continue;
-            }
-            Parent parent;
-            parent.value = nb::steal(v.release());
-            parent.type = nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(parent.value.ptr())));
-            // The symbols' tensors are nearly always of one type: the answers for the type
-            // asked last are reused (`last_type` holds it, so its address names that type).
-            if (parent.type.ptr() != last_type.ptr()) {
-                last_type = parent.type;
-                last_is_array = derives(parent.type, ndarray);
-                last_is_tensor = derives(parent.type, tensor_base);
-            }
-            parent.is_array = last_is_array;
-            parent.is_tensor = last_is_tensor;
-            it = parents.emplace(n.parent, std::move(parent)).first;
-        }
-        const Parent& parent = it->second;
-        std::int64_t value = 0;
-        const std::int64_t index = kind == core::StepKind::StorageOffset ? 0 : n.step.index;
-        const bool answered = runtime::read_tensor_property(parent.value.ptr(), kind, index, &value) !=
-                              runtime::PropertyRead::Unknown;
-        if (PyErr_Occurred()) throw nb::python_error();
-        out.append(nb::make_tuple(
-            text, nb::make_tuple(property_tag, parent.type, answered, parent.is_array, parent.is_tensor)));
-    }
-    return out;
+    return nb::make_tuple(syms, nb::cast(std::move(out)), consts, cpp_tensor);
 }
 
 }  // namespace
@@ -694,32 +360,20 @@ std::shared_ptr<runtime::GuardSet> shared_guard_set_of(PyObject* o) {
 void register_guard_set(nb::module_& m) {
     m.def(
         "_shape_distinct_symbols",
-        [](nb::list args) {
-            // Exact tuples and lists only (exact_sequence): no user code runs, so the borrowed
-            // items stay alive while they are compared by identity.
-            std::vector<PyObject*> seen;
-            nb::list out;
-            for (nb::handle a : args) {
-                if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3)
-                    throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
-                const auto [syms, n] =
-                    exact_sequence(PyTuple_GET_ITEM(a.ptr(), 1), "SHAPE symbols are a tuple of sources");
-                for (Py_ssize_t k = 0; k < n; ++k) {
-                    if (std::find(seen.begin(), seen.end(), syms[k]) != seen.end()) continue;
-                    seen.push_back(syms[k]);
-                }
-            }
-            for (PyObject* sym : seen) out.append(nb::handle(sym));
-            return out;
-        },
-        nb::arg("args"),
+        [](nb::handle args) { return owned(runtime::distinct_shape_symbols(args.ptr(), nullptr)); },
+        nb::arg("args"), nb::sig("def _shape_distinct_symbols(args: list[typing.Any]) -> list[typing.Any]"),
         "The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, "
         "symbols, types): GuardSet's encoding.");
-    m.def("_shape_specs", &shape_specs, nb::arg("specs"), nb::arg("spec_type"), nb::arg("shape_kind"),
-          nb::sig("def _shape_specs(specs: list[typing.Any], spec_type: type, shape_kind: typing.Any) -> "
-                  "tuple[list[int], list[tuple[typing.Any, ...]]] | None"),
-          "(indices, argument tuples) of specs that are all exact spec_type SHAPE relations with exact "
-          "3-tuples, else None (guard_set.py, _encode).");
+    m.def(
+        "_shape_specs",
+        [](nb::handle specs, nb::handle spec_type, nb::handle shape_kind) {
+            return owned(runtime::shape_specs(specs.ptr(), spec_type.ptr(), shape_kind.ptr()));
+        },
+        nb::arg("specs"), nb::arg("spec_type"), nb::arg("shape_kind"),
+        nb::sig("def _shape_specs(specs: list[typing.Any], spec_type: type, shape_kind: typing.Any) -> "
+                "tuple[list[int], list[tuple[typing.Any, ...]]] | None"),
+        "(indices, argument tuples) of specs that are all exact spec_type SHAPE relations with exact "
+        "3-tuples, else None (guard_set.py, _encode).");
     m.def("_symbol_template", &symbol_template, nb::arg("sym"), nb::arg("step_type"),
           nb::sig("def _symbol_template(sym: typing.Any, step_type: type) -> "
                   "tuple[SourcePath, tuple[typing.Any, ...], bool] | None"),
@@ -727,19 +381,20 @@ void register_guard_set(nb::module_& m) {
           "C++ tensor), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).");
     const auto symbol_paths =
         nb::class_<SymbolPaths>(m, "_SymbolPaths",
-                                "A set's SHAPE symbol declarations, made by _shape_symbol_decls for "
-                                "GuardSetCore.__init__ (opaque).");
+                                "A set's SHAPE symbols' declaration templates, made by "
+                                "_shape_symbol_templates for GuardSetCore.__init__ (opaque).");
     (void)symbol_paths;  // registered: the class object lives in the module
-    m.def("_shape_symbol_decls", &shape_symbol_decls, nb::arg("args"), nb::arg("consts"), nb::arg("weak"),
-          nb::arg("interned"), nb::arg("source_type"), nb::arg("step_type"),
-          nb::sig("def _shape_symbol_decls(args: list[tuple[typing.Any, ...]], consts: list[typing.Any], "
-                  "weak: list[bool], interned: dict[typing.Any, int], source_type: type, step_type: type) -> "
-                  "tuple[list[typing.Any], _SymbolPaths, bool] | None"),
-          "(distinct symbols, their declarations, a step reads the C++ tensor) of SHAPE argument tuples, "
-          "their constants interned into the pool; None when a symbol needs Python's declaration "
-          "(guard_set.py, _ShapeDecls.symbol_templates).");
+    m.def(
+        "_shape_symbol_templates", &shape_symbol_templates, nb::arg("args"), nb::arg("source_type"),
+        nb::arg("step_type"),
+        nb::sig(
+            "def _shape_symbol_templates(args: list[tuple[typing.Any, ...]], source_type: type, "
+            "step_type: type) -> tuple[list[typing.Any], _SymbolPaths, list[list[typing.Any]], bool] | None"),
+        "(distinct symbols, their declaration templates, each template's constants, a step reads the "
+        "C++ tensor) of SHAPE argument tuples; None when a symbol needs Python's declaration "
+        "(guard_set.py, _ShapeDecls.symbol_templates).");
     m.def("_clear_symbol_templates", &clear_symbol_templates,
-          "Empty _shape_symbol_decls' memo of symbol templates (guard_set._clear_build_memos).");
+          "Empty _shape_symbol_templates' memo of symbol templates (builder.clear_build_memos).");
     auto cls =
         nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
                                  "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")
@@ -751,19 +406,28 @@ void register_guard_set(nb::module_& m) {
                    nb::list shape_symbols, nb::handle shape_paths, nb::handle shape_remaps) {
                     runtime::GuardSetInputs in;
                     if (!shape_args.empty()) {
-                        // The symbols' declarations: made by _shape_symbol_decls, or templates and
-                        // their pool ids from Python (guard_set.py, _ShapeDecls.symbol_templates).
+                        // The symbols' declarations: templates (the _SymbolPaths of
+                        // _shape_symbol_templates, or a list of SourcePaths) and their pool ids
+                        // (guard_set.py, _ShapeDecls.symbol_templates).
+                        std::vector<const core::SourcePath*> templates;
                         if (nb::isinstance<SymbolPaths>(shape_paths)) {
-                            add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols,
-                                            nb::cast<const SymbolPaths&>(shape_paths).paths);
+                            for (const auto& p : nb::cast<const SymbolPaths&>(shape_paths).paths)
+                                templates.push_back(p.get());
                         } else {
-                            if (!PyList_CheckExact(shape_paths.ptr()) ||
-                                !PyList_CheckExact(shape_remaps.ptr()))
-                                throw nb::type_error("SHAPE symbol declarations are lists (or _SymbolPaths)");
-                            add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols,
-                                            shared_paths_of(nb::borrow<nb::list>(shape_paths),
-                                                            nb::borrow<nb::list>(shape_remaps)));
+                            if (!PyList_CheckExact(shape_paths.ptr()))
+                                throw nb::type_error(
+                                    "SHAPE symbol declarations are a list (or _SymbolPaths)");
+                            for (nb::handle p : nb::borrow<nb::list>(shape_paths)) {
+                                if (!nb::isinstance<core::SourcePath>(p))
+                                    throw nb::type_error("a SHAPE symbol's declaration is a SourcePath");
+                                templates.push_back(&nb::cast<const core::SourcePath&>(p));
+                            }
                         }
+                        std::vector<core::SharedPath> shared;
+                        if (!runtime::symbol_paths(templates, shape_remaps.ptr(), shared) ||
+                            !runtime::add_shape_decls(decls, shape_at.ptr(), shape_ids.ptr(),
+                                                      shape_args.ptr(), shape_symbols.ptr(), shared))
+                            throw nb::python_error();
                     }
                     in.decls = std::move(decls);
                     in.consts.reserve(consts.size());
@@ -845,7 +509,7 @@ void register_guard_set(nb::module_& m) {
             .def(
                 "_symbol_reader_facts",
                 [](GuardSetCore& s, nb::handle f_locals, nb::handle f_globals) {
-                    return reader_facts(s.get(), f_locals, f_globals);
+                    return owned(runtime::symbol_reader_facts(s.get(), f_locals.ptr(), f_globals.ptr()));
                 },
                 nb::arg("f_locals"), nb::arg("f_globals").none(),
                 nb::sig(
@@ -887,12 +551,10 @@ void register_guard_set(nb::module_& m) {
             .def(
                 "_guard_path",
                 [](GuardSetCore& s, std::uint32_t id) -> const char* {
-                    const runtime::GuardSet& gs = s.get();
-                    for (std::uint32_t gi = 0; gi < gs.program().guards.size(); ++gi) {
-                        if (gs.program().guards[gi].id == id)
-                            return gs.runtime_guard(gi).python_reader ? "python" : "native";
-                    }
-                    throw nb::key_error("no guard with that id");
+                    const std::int64_t gi = runtime::guard_position(s.get(), id);
+                    if (gi < 0) throw nb::key_error("no guard with that id");
+                    return s.get().runtime_guard(static_cast<std::uint32_t>(gi)).python_reader ? "python"
+                                                                                               : "native";
                 },
                 nb::arg("id"),
                 "'native' or 'python': how guard `id` reads its value (the adapter, the numpy "
@@ -900,28 +562,16 @@ void register_guard_set(nb::module_& m) {
             .def(
                 "_field_mismatches",
                 [](GuardSetCore& s, std::uint32_t id, nb::handle value) {
-                    const runtime::GuardSet& gs = s.get();
+                    const std::int64_t gi = runtime::guard_position(s.get(), id);
+                    if (gi < 0) throw nb::key_error("no guard with that id");
+                    std::vector<runtime::FieldMismatch> found;
+                    if (!runtime::field_mismatches(s.get().runtime_guard(static_cast<std::uint32_t>(gi)),
+                                                   value.ptr(), found))
+                        throw nb::python_error();
                     nb::list out;
-                    for (std::uint32_t gi = 0; gi < gs.program().guards.size(); ++gi) {
-                        if (gs.program().guards[gi].id != id) continue;
-                        const runtime::RuntimeGuard& g = gs.runtime_guard(gi);
-                        std::vector<runtime::FieldMismatch> found;
-                        bool ok = true;
-                        if (g.kind == core::GuardKind::TensorMatch) {
-                            ok = runtime::tensor_mismatches(g, value.ptr(), found);
-                        } else if (g.kind == core::GuardKind::ArrayMatch) {
-                            ok = runtime::array_mismatches(g, value.ptr(), found);
-                        } else {
-                            throw nb::value_error("not a TENSOR_MATCH or ARRAY_MATCH guard");
-                        }
-                        if (!ok) throw nb::python_error();
-                        for (const runtime::FieldMismatch& f : found) {
-                            out.append(
-                                nb::make_tuple(runtime::field_name(f.field), f.dim, f.expected, f.actual));
-                        }
-                        return out;
-                    }
-                    throw nb::key_error("no guard with that id");
+                    for (const runtime::FieldMismatch& f : found)
+                        out.append(nb::make_tuple(runtime::field_name(f.field), f.dim, f.expected, f.actual));
+                    return out;
                 },
                 nb::arg("id"), nb::arg("value").none(),
                 "[(field, dim, expected, actual)]: every field where value differs from a TENSOR_MATCH or "

@@ -348,7 +348,7 @@ nb::object plain_step(const core::shape::PlainStep& st, const PlainClasses& clas
 // The str of each symbol text plain_source has looked up, its hash kept in it: a cold build names
 // a few symbols in many relations, each looked up without a new str and its hashing. A key views
 // the UTF-8 bytes of its own str (which holds a strong reference). Emptied with the symbol memo
-// (relations_of_text finds it empty: _clear_build_memos) and when it holds kSymbolMemo texts.
+// (relations_of_text finds it empty: builder.clear_build_memos) and when it holds kSymbolMemo texts.
 std::unordered_map<std::string_view, PyObject*>& symbol_keys() {
     static auto* keys = new std::unordered_map<std::string_view, PyObject*>();
     return *keys;  // never destroyed: no order-of-destruction question at exit
@@ -1036,6 +1036,7 @@ void store_symbols_or_raise(core::shape::ShapeFrame& frame, const std::vector<co
 }  // namespace
 
 void register_shape(nb::module_& m) {
+    nb::module_ testing = testing_module(m);
     m.def(
         "_set_shape_syntax_error",
         [](nb::handle type) {
@@ -1174,8 +1175,8 @@ void register_shape(nb::module_& m) {
         },
         "Empty the engine's memos of parsed and compiled relations, relation_holds_on's decoded "
         "symbols and relations_of_text's symbol texts (cold-build benchmarks).");
-    m.def(
-        "_shape_time",
+    testing.def(
+        "shape_time",
         [](const std::vector<std::string>& texts, nb::dict values, long iterations) {
             // Symbols are numbered across the relations by their text; values by the same text.
             std::map<std::string, std::uint32_t> index;

@@ -50,6 +50,7 @@ int numpy_dtype_equal(PyObject* a, PyObject* b) {
 }  // namespace
 
 void register_tensors(nb::module_& m) {
+    nb::module_ testing = testing_module(m);
     m.def(
         "_install_torch_adapter",
         [](nb::handle capsule, const std::string& torch_version) {
@@ -68,8 +69,8 @@ void register_tensors(nb::module_& m) {
         nb::arg("types"),
         "Tensor types whose SIZE/STRIDE/STORAGE_OFFSET steps may be read by the adapter (exact type; "
         "their size/stride/storage_offset must be TensorBase's): returns how many were kept.");
-    m.def(
-        "_read_tensor_property",
+    testing.def(
+        "read_tensor_property",
         [](nb::handle v, core::StepKind kind, std::int64_t index) -> nb::object {
             std::int64_t out = 0;
             switch (runtime::read_tensor_property(v.ptr(), kind, index, &out)) {
@@ -130,8 +131,8 @@ void register_tensors(nb::module_& m) {
         "flag from the installed torch adapter (which finds it in libtorch_python.so) and verify it "
         "against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals). "
         "`python_key_bits`: the raw bits of the Python keys, registered either way. Whether it is verified.");
-    m.def(
-        "_hide_torch_mode_flag", [](bool on) { return runtime::hide_torch_mode_flag(on); }, nb::arg("on"),
+    testing.def(
+        "hide_torch_mode_flag", [](bool on) { return runtime::hide_torch_mode_flag(on); }, nb::arg("on"),
         "Test switch: act as if torch's mode-flag getter had not been found (a stripped library). "
         "Returns the previous setting.");
     m.def(
@@ -195,8 +196,8 @@ void register_tensors(nb::module_& m) {
         "What the struct reader sees in `array` before it is enabled (the layout check): the fields "
         "of read_array_fields, then its dtype's itemsize, type number, kind, type char and byte order "
         "as read from the dtype's struct.");
-    m.def(
-        "_numpy_dtype_fields",
+    testing.def(
+        "numpy_dtype_fields",
         [](nb::handle d) -> nb::object {
             if (!runtime::is_numpy_dtype(d.ptr())) return nb::none();
             return nb::make_tuple(runtime::numpy_dtype_is_simple(d.ptr()));

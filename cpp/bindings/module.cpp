@@ -5,8 +5,20 @@
 
 #include "register.hpp"
 
+namespace tripwire::bindings {
+
+nanobind::module_ testing_module(nanobind::module_& m) {
+    return nanobind::borrow<nanobind::module_>(m.attr("testing"));
+}
+
+}  // namespace tripwire::bindings
+
 NB_MODULE(_core, m) {
     m.doc() = "tripwire's compiled engine (private: use the tripwire package).";
+    m.def_submodule("testing",
+                    "Switches and hooks for tripwire's tests and benchmarks: process-wide engine switches "
+                    "(fast pass, skip, frame walks), probes of internal readers, timing loops. Not for "
+                    "other code.");
     tripwire::bindings::register_ir(m);
     tripwire::bindings::register_guard_set(m);
     tripwire::bindings::register_cache(m);

@@ -45,6 +45,10 @@ std::vector<core::GuardDecl> take_decoded_decls(PyObject* o);
 /// looks like an answer). Needs the GIL.
 bool require_locals_mapping(PyObject* f_locals, const char* method);
 
+/// tripwire._core.testing: the switches and hooks only tests and benchmarks use (each register_*
+/// puts its own there). Made by the module before any register_* runs.
+nanobind::module_ testing_module(nanobind::module_& m);
+
 /// The IR: RootKind, StepKind, GuardKind, and the typed declarations (bind_ir.cpp). First.
 void register_ir(nanobind::module_& m);
 /// GuardSetCore: the compiled guard set (bind_guard_set.cpp).

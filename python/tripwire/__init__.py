@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import frame, shapes, store, tensors
+from ._package import __version__ as __version__
 from .builder import Checkpoint, GuardBuilder
 from .cache import Cache, CacheEntry, record_recompiles
 from .catalogue import GuardKind, GuardSpec, register_constant_type
@@ -45,8 +46,6 @@ from .specialized import Specialized, specialize
 if TYPE_CHECKING:
     # For type checkers only: at run time ``tripwire.torch`` is imported on first use (below).
     from . import torch as torch
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:

@@ -38,6 +38,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ._package import __version__, default_cache_dir
+
 MODULE = "tripwire._torch_adapter"
 ENV_SWITCH = "TRIPWIRE_TORCH_ADAPTER"  # "0": no first-use build (the Python readers)
 ENV_CACHE = "TRIPWIRE_CACHE_DIR"
@@ -78,8 +80,6 @@ def disabled() -> bool:
 def cache_root() -> Path:
     """tripwire's cache directory (``tripwire.store.default_cache_dir``: ``$TRIPWIRE_CACHE_DIR``,
     else ``$XDG_CACHE_HOME/tripwire``, else ``~/.cache/tripwire``); builds go under ``torch-adapter``."""
-    from .store import default_cache_dir
-
     return default_cache_dir().expanduser().absolute()
 
 
@@ -130,8 +130,6 @@ def _sources_hash(root: Path) -> str:
 
 def build_key(torch: Any, root: Path) -> dict[str, Any]:
     """Everything the adapter's machine code depends on (a change means another build)."""
-    from . import __version__  # set after the package's own imports (this module is one of them)
-
     version = getattr(torch, "version", None)
     return {
         "tripwire": __version__,

@@ -15,7 +15,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _core, shapes, tensors
+from . import _core, guard_set, shapes, source, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, ShapeSyntaxError
 from .guard_set import build_guard_set
@@ -61,6 +61,23 @@ def _read_args(src: Source) -> tuple[Any, str, list[tuple[Any, Any, int]]]:
 # with these types, keyed by ``(1 << n) | sum(code_k << k)`` over the engine's type codes (0 int,
 # 1 float); ``_core.relation_holds_on`` looks them up and fills it (emptied at 4096 entries).
 _TYPE_NAMES: dict[int, tuple[str, ...]] = {}
+
+
+def clear_build_memos() -> None:
+    """Empty every memo a build of SHAPE relations fills (what a process building these texts for
+    the first time starts with): the engine's parsed and compiled relations and decoded symbols,
+    install-site strings, the parse and source caches, the plain symbols' Sources, the symbols'
+    declarations and recipes, the type-name tuples. For cold-build benchmarks
+    (bench/shape_eval.py) and the tests that empty them mid-build."""
+    _core._clear_install_site_memo()
+    shapes.clear_memos()
+    source.clear_memos()
+    guard_set.clear_memos()
+    _read_args.cache_clear()
+    _is_machinery.cache_clear()
+    _TYPE_NAMES.clear()
+
+
 _Relation = shapes.Relation
 _SHAPE = GuardKind.SHAPE  # an enum member from its class is an attribute lookup through the metaclass
 
@@ -333,7 +350,7 @@ class GuardBuilder:
                 raise GuardBuildError(f"built-in probe {probe!r} needs torch, which is not imported")
             if snapshot is _UNSET:
                 snapshot = _core.read_builtin_probe(probe)
-            snapshot = _torch_snapshot(probe, snapshot)
+            snapshot = torch_snapshot(probe, snapshot)
             label = name or probe
         else:
             if not callable(probe):
@@ -645,7 +662,7 @@ def _ensure_frameworks(c: Any) -> None:
             stack.extend(dict.values(x))
 
 
-def _torch_snapshot(probe: str, snapshot: Any) -> Any:
+def torch_snapshot(probe: str, snapshot: Any) -> Any:
     """A built-in probe's snapshot in the form the engine compares."""
     if probe == "torch_global_state":
         if isinstance(snapshot, (str, dict)):

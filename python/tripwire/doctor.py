@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from . import _adapter_build, _core, tensors
+from ._package import __version__, default_cache_dir
 
 
 def _installed(name: str) -> bool:
@@ -107,8 +108,6 @@ def _frames() -> list[tuple[str, str]]:
 
 
 def _stores() -> list[tuple[str, str]]:
-    from .store import default_cache_dir
-
     out = [("store: Directory", f"available (default {default_cache_dir()})")]
     if _installed("redis"):
         redis: Any = importlib.import_module("redis")
@@ -120,8 +119,6 @@ def _stores() -> list[tuple[str, str]]:
 
 def report() -> list[tuple[str, str]]:
     """(name, path and reason) for every path, the optional ones forced to their first use."""
-    from . import __version__
-
     head = [
         ("tripwire", f"{__version__} in {os.path.dirname(_core.__file__)}"),
         ("python", f"{sys.version.split()[0]} ({sys.executable})"),

@@ -17,7 +17,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _core, catalogue, tensors
+from . import _core, catalogue, serialization, tensors
 from .catalogue import _TORCH_PROBES, GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
@@ -119,24 +119,27 @@ class _ShapeDecls:
 
     def symbol_templates(
         self, pool: _Pool
-    ) -> tuple[list[Source], list[_core.SourcePath] | _core._SymbolPaths, list[list[int] | None] | None]:
+    ) -> tuple[list[Source], list[_core.SourcePath] | _core._SymbolPaths, list[list[int] | None]]:
         """Each distinct symbol, its declaration or template, and the template's constant ids in
         ``pool`` (None for a declaration another guard of the set made: its ids are the pool's).
-        When no other guard declared a source and every symbol is an exact Source with plain
-        constants, one C++ call makes the declarations with the pool's ids (``_SymbolPaths``, no
-        constant ids: None), from templates it keeps per Source object."""
+        When no other guard declared a source and every symbol is an exact Source of exact Steps,
+        one C++ call gives the templates it keeps per Source object (``_SymbolPaths``) and their
+        constants; the pool interns them here, as it interns every constant."""
+        intern = pool.intern
         if not pool.sources:
-            declared = _core._shape_symbol_decls(
-                self.args, pool.consts, pool.weak, pool._interned, Source, Step
-            )
-            if declared is not None:
-                syms, decls, cpp_tensor = declared
+            found = _core._shape_symbol_templates(self.args, Source, Step)
+            if found is not None:
+                syms, templates, constants, cpp_tensor = found
                 if cpp_tensor:
                     pool.reads_cpp_tensor = True
-                return syms, decls, None
+                # Nearly every symbol has one constant, its root's name.
+                return (
+                    syms,
+                    templates,
+                    [[intern(c[0])] if len(c) == 1 else [intern(x) for x in c] for c in constants],
+                )
         syms = _core._shape_distinct_symbols(self.args)
         sources = pool.sources
-        intern = pool.intern
         paths: list[_core.SourcePath] = []
         remaps: list[list[int] | None] = []
         held_decls = _SYMBOL_DECLS
@@ -373,6 +376,13 @@ def encode_decls(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
     return out
 
 
+def _encode_saved(specs: list[GuardSpec]) -> tuple[_Pool, list[_core.GuardDecl]]:
+    """The pool and declarations of the specs a set saves (serialization.dumps adds its baselines
+    to the pool)."""
+    pool = _Pool()
+    return pool, encode_decls(specs, pool)
+
+
 class GuardSet(_core.GuardSetCore):
     """A built guard set. Build one with :class:`tripwire.GuardBuilder` or :func:`guards_for`.
 
@@ -508,9 +518,7 @@ class GuardSet(_core.GuardSetCore):
                 built = self._built
                 assert built is not None
             else:
-                from .serialization import loaded_specs
-
-                specs = tuple(loaded_specs(lazy, self._decls()))
+                specs = tuple(serialization.loaded_specs(lazy, self._decls()))
                 built = (specs, {s.index: s for s in specs})
                 self._built = built
                 self._lazy = None
@@ -543,9 +551,7 @@ class GuardSet(_core.GuardSetCore):
         returning, the bytes are decoded and rebuilt and compared with this set. This set is
         never changed.
         """
-        from .serialization import dumps
-
-        return dumps(self, drop)
+        return serialization.dumps(self, drop, _encode_saved, GuardSet)
 
     def _drop_aliases(self) -> dict[int, frozenset[str]]:
         """Names other than its kind and source that ``to_bytes(drop=...)`` drops a guard by,
@@ -571,9 +577,7 @@ class GuardSet(_core.GuardSetCore):
         the module recorded at save. Raises :class:`tripwire.FormatError` (a ValueError) naming
         what is wrong and the byte offset.
         """
-        from .serialization import loads
-
-        return loads(data, resolve, allow_modules, f_globals)
+        return serialization.loads(cls, data, resolve, allow_modules, f_globals)
 
     @property
     def dropped(self) -> tuple[tuple[str, str, str], ...]:
@@ -792,24 +796,12 @@ def _short_site(site: str) -> str:
     return "/".join(parts[-2:]) + sep + rest
 
 
-def _clear_build_memos() -> None:
-    """Empty every memo a build of SHAPE relations fills (what a process building these texts for
-    the first time starts with): the engine's parsed and compiled relations and decoded symbols,
-    install-site strings, the parse and source caches, the plain symbols' Sources, the symbols'
-    declarations and recipes, the type-name tuples. For cold-build benchmarks
-    (bench/shape_eval.py) and the tests that empty them mid-build."""
-    from . import builder, shapes, source
-
-    _core._clear_shape_memos()
+def clear_memos() -> None:
+    """Empty this module's memos: the symbols' declarations (and the engine's templates of them)
+    and the sources' recipes (builder.clear_build_memos)."""
     _core._clear_symbol_templates()
-    _core._clear_install_site_memo()
-    for cache in (shapes._parse_text, source._parse_text, builder._read_args, builder._is_machinery,
-                  _source_recipe):  # fmt: skip
-        cache.cache_clear()
-    shapes._RELATIONS.clear()
-    shapes._PLAIN_SYMBOLS.clear()
     _SYMBOL_DECLS.clear()
-    builder._TYPE_NAMES.clear()
+    _source_recipe.cache_clear()
 
 
 def build_guard_set(

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core, tensors
+from ._package import __version__
 from .catalogue import _TORCH_PROBES, GuardKind, GuardSpec, Weak
 from .errors import FormatError, GuardEvalError, NotSerializable
 from .references import (
@@ -68,12 +69,6 @@ def torch_build() -> str | None:
 
 
 _SINGLETONS = (None, True, False, Ellipsis)
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 # -- saving -----------------------------------------------------------------------------------------
@@ -249,9 +244,15 @@ def _matches(spec: GuardSpec, names: set[str], aliases: Iterable[str] = ()) -> s
     return hit
 
 
-def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
-    """``gs.to_bytes(drop=...)``: see GuardSet.to_bytes."""
-    from .guard_set import _Pool, encode_decls
+def dumps(
+    gs: GuardSet,
+    drop: Iterable[str],
+    encode: Callable[[list[GuardSpec]], tuple[Any, list[_core.GuardDecl]]],
+    cls: type[GuardSet],
+) -> bytes:
+    """``gs.to_bytes(drop=...)``: see GuardSet.to_bytes. guard_set.py sits above this module and
+    hands it what it needs of the set: ``encode``, its encoding of the kept specs (constant pool,
+    declarations), and ``cls``, the GuardSet class the saved bytes are rebuilt as to prove them."""
 
     if isinstance(drop, str):
         drop = (drop,)
@@ -286,8 +287,7 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
         raise NotSerializable(problems)
     if gs.invalid:
         raise NotSerializable([("", None, f"the set can never pass again: {gs.invalid_reason}")])
-    pool = _Pool()
-    decls = encode_decls(kept, pool)
+    pool, decls = encode(kept)
     # Objects a guard names by identity are held weakly, as in the live set (GuardSet.__init__).
     # The label: GLOBAL_STATE's name; TENSOR_MATCH's device string (for messages: explain() and
     # why_not show it, and the data holds only the device index).
@@ -312,12 +312,12 @@ def dumps(gs: GuardSet, drop: Iterable[str] = ()) -> bytes:
             baselines,
             dropped,
             gs.strict,
-            _version(),
+            __version__,
             sys.version_info[:2],
         )
     except _core._CodecError as e:
         raise FormatError(str(e)) from None
-    _prove(gs, kept, dropped, data, saver.objects)
+    _prove(cls, gs, kept, dropped, data, saver.objects)
     return data
 
 
@@ -366,11 +366,13 @@ def _did_you_mean(gs: GuardSet, unused: set[str], aliases: dict[int, frozenset[s
     return f"; did you mean {' or '.join(repr(c) for c in dict.fromkeys(close))}?" if close else ""
 
 
-def _prove(gs: GuardSet, kept: list[GuardSpec], dropped: list, data: bytes, objects: list[Any]) -> None:
+def _prove(
+    cls: type[GuardSet], gs: GuardSet, kept: list[GuardSpec], dropped: list, data: bytes, objects: list[Any]
+) -> None:
     """The bytes rebuild the same guards (decoded and compiled by the engine, with the saved
     objects for the references): what was kept and nothing else, with the same sources,
     operands, install stacks and dropped list."""
-    loaded = _load(data, lambda i, ref, called=False: objects[i], gs._f_globals)
+    loaded = _load(cls, data, lambda i, ref, called=False: objects[i], gs._f_globals)
     problems = []
     if len(loaded.guards) != len(kept):
         problems.append(f"{len(loaded.guards)} guards rebuilt, {len(kept)} kept")
@@ -534,25 +536,32 @@ def _importer(
 
 
 def loads(
+    cls: type[GuardSet],
     data: bytes,
     resolve: Resolver | None = None,
     allow_modules: Sequence[str] | None = None,
     f_globals: dict | None = None,
 ) -> GuardSet:
-    """``GuardSet.from_bytes``: see there."""
+    """``cls.from_bytes``: see GuardSet.from_bytes. ``cls`` is the GuardSet class to make."""
     if f_globals is not None and type(f_globals) is not dict:
         raise TypeError("f_globals must be a dict")
     own = _module_of_globals(f_globals)
     return _load(
-        data, _importer(resolve, allow_modules, (own,) if own else ()), f_globals, use_module_globals=True
+        cls,
+        data,
+        _importer(resolve, allow_modules, (own,) if own else ()),
+        f_globals,
+        use_module_globals=True,
     )
 
 
 def _load(
-    data: bytes, lookup: Callable[..., Any], f_globals: dict | None, use_module_globals: bool = False
+    cls: type[GuardSet],
+    data: bytes,
+    lookup: Callable[..., Any],
+    f_globals: dict | None,
+    use_module_globals: bool = False,
 ) -> GuardSet:
-    from .guard_set import GuardSet
-
     doc = _decode(data)
     refs = doc.references
     try:
@@ -601,7 +610,7 @@ def _load(
         tensors.ensure_torch()
         tensors.ensure_numpy()
     del checked, memo
-    gs = _core.GuardSetCore.__new__(GuardSet)
+    gs = _core.GuardSetCore.__new__(cls)
     try:
         _core.GuardSetCore.__init__(gs, doc, consts, f_globals, doc.strict, GuardEvalError)
     except (ValueError, TypeError, RuntimeError) as e:

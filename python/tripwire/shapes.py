@@ -287,8 +287,18 @@ def _split_relations(code_part: str) -> tuple[Relation, ...]:
 
 # relations_from_torch's memo: the relations of each exact str it was given (a JIT importing
 # torch's guards sees the same code parts again; errors are not memoised). Bounded by the engine
-# (emptied at 4096 texts); guard_set._clear_build_memos empties it.
+# (emptied at 4096 texts); builder.clear_build_memos empties it.
 _RELATIONS: dict[str, tuple[Relation, ...]] = {}
+
+
+def clear_memos() -> None:
+    """Empty this module's memos and the engine's parsed and compiled relations and decoded
+    symbols (builder.clear_build_memos)."""
+    _core._clear_shape_memos()
+    _parse_text.cache_clear()
+    _RELATIONS.clear()
+    _PLAIN_SYMBOLS.clear()
+
 
 # One Step per (kind, position) of the positional steps plain symbols name most, shared by every
 # Source the engine makes that names it (a Step is immutable): made here, once per process.

@@ -408,6 +408,11 @@ class Source:
         return _parse_text(text, shape_is_size)
 
 
+def clear_memos() -> None:
+    """Empty this module's memo of parsed sources (builder.clear_build_memos)."""
+    _parse_text.cache_clear()
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse_text(text: str, shape_is_size: bool) -> Source:
     """Source.parse of an exact str, memoised (a Source is immutable; errors are not cached)."""

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from ._package import default_cache_dir
 from .errors import FormatError, NotSerializable
 from .references import RefKind, Unnamed, fingerprint, name_of, resolve_name
 
@@ -382,15 +383,6 @@ class _Reports:
         """Every readable entry of a namespace, in the order saved."""
         entries: list[bytes] = self.read(namespace)[0]  # type: ignore[attr-defined]
         return entries
-
-
-def default_cache_dir() -> Path:
-    """``$TRIPWIRE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tripwire``, else ``~/.cache/tripwire``."""
-    explicit = os.environ.get("TRIPWIRE_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "tripwire"
 
 
 # Opening anything in a store directory: never through a symbolic link, never waiting (a FIFO

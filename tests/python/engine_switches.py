@@ -16,12 +16,12 @@ from tripwire import _core
 @contextlib.contextmanager
 def switches(*, fast: bool = True, python: bool = False) -> Iterator[None]:
     """Guard sets built inside use the fast pass iff `fast` and the Python readers iff `python`."""
-    was_fast = _core._set_fast_pass(fast)
+    was_fast = _core.testing.set_fast_pass(fast)
     was_python = _core._force_python_readers(python)
     try:
         yield
     finally:
-        _core._set_fast_pass(was_fast)
+        _core.testing.set_fast_pass(was_fast)
         _core._force_python_readers(was_python)
 
 
@@ -38,11 +38,11 @@ def python_readers(on: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def fast_pass(on: bool) -> Iterator[None]:
     """Only the fast-pass switch (the readers as they are)."""
-    was = _core._set_fast_pass(on)
+    was = _core.testing.set_fast_pass(on)
     try:
         yield
     finally:
-        _core._set_fast_pass(was)
+        _core.testing.set_fast_pass(was)
 
 
 def assert_passes_on_the_fast_pass(gs: Any, f_locals: dict) -> None:
@@ -57,11 +57,11 @@ def agree_with_and_without_skip(gs: Any, specs: list, f_locals: dict, f_globals:
     """The decision on ``f_locals``, asserted equal four ways: the skipping engine, the engine with
     the skip off, the tree walk (fast pass off) and the reference."""
     skip = gs.check(f_locals)
-    was = _core._set_skip(False)
+    was = _core.testing.set_skip(False)
     try:
         noskip = gs.check(f_locals)
     finally:
-        _core._set_skip(was)
+        _core.testing.set_skip(was)
     with fast_pass(False):
         walk = gs.check(f_locals)
     ref = reference.check(specs, f_locals, f_globals)

@@ -552,38 +552,38 @@ class RunStats:
 
 def answers(w: World, stats: RunStats | None = None) -> tuple[bool, bool, bool, bool]:
     """(skip on, skip off, tree walk only, reference) on the current state, in that order."""
-    fast_was = _core._set_fast_pass(True)
+    fast_was = _core.testing.set_fast_pass(True)
     try:
         skip = w.gs.check(w.f_locals)
         if stats is not None and skip:
             stats.skipped_guards += w.gs._last_skipped_guards
-        skip_was = _core._set_skip(False)
+        skip_was = _core.testing.set_skip(False)
         try:
             noskip = w.gs.check(w.f_locals)
         finally:
-            _core._set_skip(skip_was)
-        _core._set_fast_pass(False)
+            _core.testing.set_skip(skip_was)
+        _core.testing.set_fast_pass(False)
         walk = w.gs.check(w.f_locals)
     finally:
-        _core._set_fast_pass(fast_was)
+        _core.testing.set_fast_pass(fast_was)
     ref = reference.check(w.specs, w.f_locals, w.f_globals)
     return skip, noskip, walk, ref
 
 
 def dv_answers(w: World) -> tuple[bool, bool, bool, bool]:
     """The same four answers for the DICT_VERSION set."""
-    fast_was = _core._set_fast_pass(True)
+    fast_was = _core.testing.set_fast_pass(True)
     try:
         skip = w.dv.check(w.f_locals)
-        skip_was = _core._set_skip(False)
+        skip_was = _core.testing.set_skip(False)
         try:
             noskip = w.dv.check(w.f_locals)
         finally:
-            _core._set_skip(skip_was)
-        _core._set_fast_pass(False)
+            _core.testing.set_skip(skip_was)
+        _core.testing.set_fast_pass(False)
         walk = w.dv.check(w.f_locals)
     finally:
-        _core._set_fast_pass(fast_was)
+        _core.testing.set_fast_pass(fast_was)
     return skip, noskip, walk, reference.check(w.dv_specs, w.f_locals, w.f_globals)
 
 

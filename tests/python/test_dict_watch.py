@@ -66,7 +66,7 @@ def test_one_change_flips_every_guard_armed_on_the_dict():
     sets = [_version_guard(d) for _ in range(5)]
     assert all(gs.check({"d": d}) for gs in sets)
     if WATCHED:
-        assert _core._dict_watch_counts()[1] >= 5
+        assert _core.testing.dict_watch_counts()[1] >= 5
     d["b"] = 2
     assert not any(gs.check({"d": d}) for gs in sets)
 
@@ -74,15 +74,15 @@ def test_one_change_flips_every_guard_armed_on_the_dict():
 @pytest.mark.skipif(not WATCHED, reason="change flags are the 3.12+ dict watcher's")
 def test_flags_are_unregistered_with_their_guard_sets():
     gc.collect()
-    _, armed_before = _core._dict_watch_counts()
+    _, armed_before = _core.testing.dict_watch_counts()
     d = {"a": 1}
     sets = [_version_guard(d) for _ in range(10)]
     for gs in sets:
         assert gs.check({"d": d})
-    assert _core._dict_watch_counts()[1] == armed_before + 10
+    assert _core.testing.dict_watch_counts()[1] == armed_before + 10
     del sets, gs
     gc.collect()
-    assert _core._dict_watch_counts()[1] == armed_before
+    assert _core.testing.dict_watch_counts()[1] == armed_before
     # The dict changes after its guards died: the watcher touches no freed flag (ASan checks).
     d["b"] = 2
 

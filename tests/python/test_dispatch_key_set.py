@@ -286,11 +286,11 @@ def test_python_keys_are_masked_as_torch_masks_them() -> None:
 @contextlib.contextmanager
 def _flag_hidden() -> Iterator[None]:
     """As if torch's per-thread mode-flag getter had not been found (a stripped libtorch_python.so)."""
-    was = tw._core._hide_torch_mode_flag(True)
+    was = tw._core.testing.hide_torch_mode_flag(True)
     try:
         yield
     finally:
-        tw._core._hide_torch_mode_flag(was)
+        tw._core.testing.hide_torch_mode_flag(was)
 
 
 @needs_adapter

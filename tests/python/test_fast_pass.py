@@ -25,21 +25,21 @@ from tripwire import _core
 
 @pytest.fixture
 def fast_pass_off() -> Iterator[None]:
-    was = _core._set_fast_pass(False)
+    was = _core.testing.set_fast_pass(False)
     try:
         yield
     finally:
-        _core._set_fast_pass(was)
+        _core.testing.set_fast_pass(was)
 
 
 @settings(max_examples=examples(300), **_SETTINGS)
 @given(st.data())
 def test_tree_walk_alone_matches_reference(data: st.DataObject) -> None:
-    was = _core._set_fast_pass(False)
+    was = _core.testing.set_fast_pass(False)
     try:
         run_case(data, mutations=6)
     finally:
-        _core._set_fast_pass(was)
+        _core.testing.set_fast_pass(was)
 
 
 class Obj:
@@ -230,7 +230,7 @@ def test_fast_pass_follows_adaptive_reorder() -> None:
 def test_fast_pass_off_and_on_give_the_same_answers(fast_pass_off: None) -> None:
     gs, f_locals, g = builtin_set()
     off = [gs.check(f_locals), gs.check(dict(f_locals, x=4))]
-    _core._set_fast_pass(True)
+    _core.testing.set_fast_pass(True)
     on = [gs.check(f_locals), gs.check(dict(f_locals, x=4))]
     assert off == on == [True, False]
 

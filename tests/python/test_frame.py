@@ -21,10 +21,10 @@ from tripwire import frame as twf
 
 @pytest.fixture(params=["in_place", "shadow"])
 def run_mode(request):
-    was = _core._frame_force_shadow(request.param == "shadow")
+    was = _core.testing.frame_force_shadow(request.param == "shadow")
     before = twf.status()
     yield request.param
-    _core._frame_force_shadow(was)
+    _core.testing.frame_force_shadow(was)
     after = twf.status()
     # The mode was really the one exercised (when any replacement ran).
     if after["in_place"] + after["shadow"] > before["in_place"] + before["shadow"]:
@@ -566,7 +566,7 @@ def test_one_cache_per_backend():
         assert add(1, 2) == ("a", 3)  # a's cache is untouched by b's SKIP
     assert twf.strategy_of(add, a) == "default" and twf.strategy_of(add, b) == "skip"
     assert len(a.calls) == 1 and len(b.calls) == 1
-    backends = {bk for bk, _, _ in _core._frame_backends(add.__code__)}
+    backends = {bk for bk, _, _ in _core.testing.frame_backends(add.__code__)}
     assert {a, b} <= backends
 
 
@@ -636,22 +636,22 @@ def test_tripwire_machinery_is_never_compiled():
 
 
 def test_a_foreign_eval_function_is_detected():
-    assert _core._frame_floor_eval(True)  # a stand-in for another JIT's PEP 523 hook
+    assert _core.testing.frame_floor_eval(True)  # a stand-in for another JIT's PEP 523 hook
     try:
         with pytest.raises(tw.FrameError, match="another PEP 523"):
             twf.install(lambda fr: None)
         assert twf.status()["eval_frame"] == "foreign"
     finally:
-        assert _core._frame_floor_eval(False)
+        assert _core.testing.frame_floor_eval(False)
     # Installed over ours, it is left in place when ours goes, with a warning.
     twf.install(lambda fr: None)
-    assert _core._frame_floor_eval(True)
+    assert _core.testing.frame_floor_eval(True)
     try:
         with pytest.warns(RuntimeWarning, match="left in place"):
             twf.uninstall()
         assert twf.status()["eval_frame"] == "foreign"
     finally:
-        assert _core._frame_floor_eval(False)  # restores ours, which now lets everything through
+        assert _core.testing.frame_floor_eval(False)  # restores ours, which now lets everything through
     assert twf.status()["eval_frame"] == "tripwire"
     twf.install(lambda fr: None)
     twf.uninstall()

@@ -22,9 +22,9 @@ from tripwire import frame as twf
 
 @pytest.fixture(params=["in_place", "shadow"])
 def run_mode(request):
-    was = _core._frame_force_shadow(request.param == "shadow")
+    was = _core.testing.frame_force_shadow(request.param == "shadow")
     yield request.param
-    _core._frame_force_shadow(was)
+    _core.testing.frame_force_shadow(was)
 
 
 @pytest.fixture(autouse=True)
@@ -310,7 +310,9 @@ def test_collections_inside_the_hook_run_user_code_safely(run_mode):
     comp = Compiler(add, recurse, plan=by_type)
     actions = {
         "reset": lambda: twf.reset(add),
-        "clear": lambda: [c.clear() for _, c, _ in _core._frame_backends(add.__code__) if c is not None],
+        "clear": lambda: [
+            c.clear() for _, c, _ in _core.testing.frame_backends(add.__code__) if c is not None
+        ],
         "uninstall_install": lambda: (twf.uninstall(), twf.install(comp)),
         "nested_hook": lambda: _nested_call(),
     }

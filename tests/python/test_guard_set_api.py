@@ -33,7 +33,7 @@ def test_repr_len_iter(gs: tw.GuardSet) -> None:
 
 def test_typed_stubs_are_installed() -> None:
     pkg = pathlib.Path(tw.__file__).parent
-    stub = (pkg / "_core.pyi").read_text()
+    stub = (pkg / "_core" / "__init__.pyi").read_text()
     assert "class GuardSetCore" in stub and "def _failures(self" in stub
     # check is a plain METH_O method (the hot path skips nanobind's dispatcher): the stub types it
     # as a method descriptor, and the public class declares its signature for type checkers.

@@ -142,6 +142,8 @@ def test_wheel_metadata_and_sdist(tmp_path):
     with tarfile.open(tmp_path / "sdist" / sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert {"LICENSE", "cmake/python_version.cmake", "python/tripwire/py.typed", "pyproject.toml"} <= names
+    # The extension module's stubs: a folder beside it, the module's and its testing submodule's.
+    assert {"python/tripwire/_core/__init__.pyi", "python/tripwire/_core/testing.pyi"} <= names
 
 
 def test_console_script_names_itself_tripwire():

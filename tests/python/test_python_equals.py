@@ -146,11 +146,11 @@ def answers(gs: tw.GuardSet, v: object) -> tuple:
     L = {"x": v}
     fast = gs.check(L)
     was = _core._fast_pass_enabled() if hasattr(_core, "_fast_pass_enabled") else True
-    _core._set_fast_pass(False)
+    _core.testing.set_fast_pass(False)
     try:
         walk = gs.check(L)
     finally:
-        _core._set_fast_pass(was)
+        _core.testing.set_fast_pass(was)
     ref = reference.check(gs._specs, L, {})
     loaded = tw.GuardSet.from_bytes(gs.to_bytes()).check(L)
     return fast, walk, ref, loaded

@@ -180,7 +180,7 @@ def test_dict_step_never_writes_into_a_freed_object():
 def test_regions_are_checked_in_debug_builds():
     # Debug builds (scripts/asan-tests) abort when a collection runs inside a region that
     # promises no user code; this is what makes GC-stress runs catch a silent allocation.
-    if not _core._CHECKS_REGIONS:
+    if not _core.testing.CHECKS_REGIONS:
         pytest.skip("release build: regions are not checked (scripts/asan-tests builds Debug)")
     gs = _equals_set({1, 2, 3})
     for r, _ in hit_every_allocation(lambda: gs.check({"h": {"s": {3, 2, 1}}}), lambda: None, ks=range(3)):
@@ -230,7 +230,7 @@ def test_equals_matches_nans_one_to_one(c, v, expected):
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_dict_keys_unordered_matches_nans_one_to_one(fast):
-    was = _core._set_fast_pass(fast)
+    was = _core.testing.set_fast_pass(fast)
     try:
         b = tw.GuardBuilder({"x": {n1: 1, n2: 2, 1: 3}})
         b.dict_keys("L['x']", ordered=False)
@@ -243,7 +243,7 @@ def test_dict_keys_unordered_matches_nans_one_to_one(fast):
             assert gs.check({"x": v}) is expected
             assert reference.check(gs.guards, {"x": v}) is expected
     finally:
-        _core._set_fast_pass(was)
+        _core.testing.set_fast_pass(was)
 
 
 def test_specialize_set_argument_with_nans():
@@ -446,14 +446,14 @@ def test_locals_dict_subclass_is_read_from_its_storage():
     b.equals("L['x']")
     gs = b.build()
     for fast in (True, False):
-        was = _core._set_fast_pass(fast)
+        was = _core.testing.set_fast_pass(fast)
         try:
             assert gs.check(Lying(x=3)) is True  # the stored 3, not "lie"
             assert gs.check(Lying(y=3)) is False  # no __missing__
             assert reference.check(gs.guards, Lying(x=3)) is True
             assert reference.check(gs.guards, Lying(y=3)) is False
         finally:
-            _core._set_fast_pass(was)
+            _core.testing.set_fast_pass(was)
 
 
 # -- 6. Failure.reason is one readable line ---------------------------------------------------------
@@ -749,13 +749,13 @@ def test_dict_step_on_a_class_that_defines_dict_fails_in_both_evaluators():
     b.dict_keys("L['a'].__dict__", keys=["x"])
     gs = tw.GuardSet(b.guards)
     for fast in (True, False):
-        was = _core._set_fast_pass(fast)
+        was = _core.testing.set_fast_pass(fast)
         try:
             assert gs.check({"a": a, "o": NSLike()}) is False
             assert reference.check(gs.guards, {"a": a, "o": NSLike()}) is False
             assert gs.why_not({"a": a, "o": NSLike()}).source == "L['a'].__dict__"
         finally:
-            _core._set_fast_pass(was)
+            _core.testing.set_fast_pass(was)
 
 
 class NSLike:

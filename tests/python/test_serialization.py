@@ -1027,7 +1027,7 @@ def test_content_hash_is_sha256_on_every_length_around_the_blocks() -> None:
     padding boundaries at 55/56 and 119/120 bytes a block): the codec's own rounds, checked
     against an independent implementation."""
     seen = set()
-    for n in range(0, 200):
+    for n in range(200):
         b = tw.GuardBuilder({"x": "y" * n})
         b.equals(tw.Source.local("x"), "y" * n)
         blob = b.build().to_bytes()
@@ -1220,7 +1220,7 @@ def test_a_load_moves_the_declarations_into_the_set() -> None:
     before = [(d.kind, d.id, d.operand, d.operand2, d.n) for d in doc.decls()]
     stacks = [stack for _, stack, _ in doc.guard_info()]
     assert all(stacks) and stacks == [list(s.stack) for s in gs.guards]
-    loaded = serialization.loads(blob)
+    loaded = serialization.loads(tw.GuardSet, blob)
     core = loaded._lazy[0]
     with pytest.raises(RuntimeError, match="moved into the guard set"):
         core.decls()

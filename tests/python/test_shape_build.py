@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import tripwire as tw
-from tripwire import _core, guard_set
+from tripwire import _core, builder, guard_set
 from tripwire.source import Source, Step, StepKind
 
 _TEXTS = [
@@ -184,7 +184,7 @@ def test_a_hand_made_shape_spec_with_list_arguments_takes_the_general_encoding()
     assert gs.check(ex) and not gs.check({"a": 0})
 
 
-# -- the symbols' declarations in one C++ call (_core._shape_symbol_decls) --------------------------
+# -- the symbols' templates in one C++ call (_core._shape_symbol_templates) ------------------------
 def _decl_parts(gs: tw.GuardSet) -> list:
     """Per declaration: its id, and per SHAPE symbol (root, name id, steps, texts)."""
     out = []
@@ -198,32 +198,31 @@ def _decl_parts(gs: tw.GuardSet) -> list:
 
 def _shape_set(symbols: list, *, python: bool, monkeypatch: pytest.MonkeyPatch) -> tw.GuardSet:
     """A set of one SHAPE relation per symbol (a text of one symbol: the engine binds by position),
-    through the C++ declarations or, with ``python``, through Python's templates."""
+    through the C++ templates or, with ``python``, through Python's templates."""
     specs = [
         tw.GuardSpec(tw.GuardKind.SHAPE, None, ("L['v'] >= 0", (sym,), ("int",)), index=i)
         for i, sym in enumerate(symbols)
     ]
     made = []
-    real = _core._shape_symbol_decls
+    real = _core._shape_symbol_templates
 
     def spy(*a: object) -> object:
         made.append(real(*a))
         return made[-1]
 
     with monkeypatch.context() as m:
-        m.setattr(_core, "_shape_symbol_decls", (lambda *a: None) if python else spy)
+        m.setattr(_core, "_shape_symbol_templates", (lambda *a: None) if python else spy)
         gs = tw.GuardSet(specs)
-    assert python or made[0] is not None  # the C++ declarations were used
+    assert python or made[0] is not None  # the C++ templates were used
     return gs
 
 
-def test_the_cpp_declarations_give_the_python_templates_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cpp_templates_give_the_python_templates_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every symbol form (plain, property, positional, C++ tensor steps, a float or None key, odd
-    names): the set _shape_symbol_decls declares equals the one Python's templates and pool
-    interning declare, constant ids included (the same constants, interned in the same order)."""
+    names): the set declared from _shape_symbol_templates equals the one Python's templates
+    declare, constant ids included (the same constants, interned by the pool in the same order)."""
     srcs = _sources() + [Source.local("x").item(2).step(StepKind.SIZE, 0), Source.local("x").item(-7)]
-    # Plain constants only (str and int: a None or float key sends the whole set to Python).
-    srcs = [s for s in srcs if all(type(st.arg) in (str, int) for st in s.steps if st.has_operand)]
+    srcs += [Source.local("x").item(0.5), Source.local("x").item(True), Source.local("x").item(1)]
     # The C++ tensor steps are read through torch's adapter: without it (no torch, or a build
     # without the adapter, as scripts/asan-tests makes) a set naming them is refused.
     try:
@@ -242,40 +241,45 @@ def test_the_cpp_declarations_give_the_python_templates_set(monkeypatch: pytest.
     assert cold == warm == _decl_parts(_shape_set(srcs, python=True, monkeypatch=monkeypatch))
 
 
-def test_plain_constants_are_interned_as_the_pool_interns_them() -> None:
-    """An int key and a str name interned in C++: the same pool as _Pool.intern makes (a str by
-    its interned self, an int by (int, value): the int 1 and the str '1' stay apart)."""
+def test_template_constants_are_interned_by_the_pool() -> None:
+    """The C++ templates give each symbol's constants (its root's name, then its step operands);
+    the pool interns them as it interns every constant: a str by its interned self, anything else
+    by exact type and value, so the int 1, the str '1', True and 1.0 stay four constants."""
     x = Source.local("x")
-    syms = [x.item(1).step(StepKind.SIZE, 0), Source.local("1").item("1"), x.item(True)]
-    args = [("t", tuple(syms[:2]), ("int", "int"))]
+    syms = [x.item(1).step(StepKind.SIZE, 0), Source.local("1").item("1"), x.item(True), x.item(1.0)]
+    args = [("L['v'] >= 0", (sym,), ("int",)) for sym in syms]  # one symbol: bound by position
+    found = _core._shape_symbol_templates(args, Source, Step)
+    assert found is not None
+    got, _, consts, cpp_tensor = found
+    assert got == syms and cpp_tensor is False
+    assert consts == [["x", 1], ["1", "1"], ["x", True], ["x", 1.0]]
+    assert [type(c[1]) for c in consts] == [int, str, bool, float]
     pool = guard_set._Pool()
-    made = _core._shape_symbol_decls(args, pool.consts, pool.weak, pool._interned, Source, Step)
-    assert made is not None
-    assert made[0] == syms[:2] and made[2] is False
-    expected = guard_set._Pool()
-    for c in ("x", 1, "1"):
-        expected.intern(c)
-    assert pool.consts == expected.consts == ["x", 1, "1"]
-    assert pool.weak == expected.weak and pool._interned == expected._interned
-    # A bool key is no plain constant (True == 1): Python interns it, nothing is interned here.
-    pool = guard_set._Pool()
-    args = [("t", (syms[2],), ("int",))]
-    assert _core._shape_symbol_decls(args, pool.consts, pool.weak, pool._interned, Source, Step) is None
-    assert pool.consts == [] and pool._interned == {}
+    _, _, remaps = guard_set._ShapeDecls.symbol_templates(_args_decls(args), pool)
+    assert pool.consts == ["x", 1, "1", True, 1.0]
+    assert [type(c) for c in pool.consts] == [str, int, str, bool, float]
+    assert remaps == [[0, 1], [2, 2], [0, 3], [0, 4]]
+    # The set names four distinct sources (no two merged by an equal-but-different key).
+    gs = tw.GuardSet([tw.GuardSpec(tw.GuardKind.SHAPE, None, a, index=i) for i, a in enumerate(args)])
+    operands = [parts[1][0][2][0][1] for parts in _decl_parts(gs)]
+    assert operands == [1, 2, 3, 4]
 
 
-def test_subclasses_and_other_symbols_take_the_python_declarations() -> None:
-    """A Source subclass, a Step subclass, a float key: no C++ declaration (None), nothing interned;
-    the set still builds through Python's templates."""
+def _args_decls(args: list) -> guard_set._ShapeDecls:
+    shape = guard_set._ShapeDecls()
+    shape.args = list(args)
+    return shape
+
+
+def test_subclasses_take_the_python_declarations() -> None:
+    """A Source subclass, a Step subclass: no C++ templates (None); the set still builds through
+    Python's templates."""
     for sym in (
         _LyingSource(tw.RootKind.LOCAL, "x", (Step(StepKind.SIZE, 0),)),
         Source(tw.RootKind.LOCAL, "x", (_OwnStep(StepKind.SIZE, 1),)),
-        Source.local("x").item(0.5),
     ):
-        pool = guard_set._Pool()
         args = [("L['v'] >= 0", (Source.local("a"), sym), ("int", "int"))]
-        assert _core._shape_symbol_decls(args, pool.consts, pool.weak, pool._interned, Source, Step) is None
-        assert pool.consts == [] and pool.weak == [] and pool._interned == {}
+        assert _core._shape_symbol_templates(args, Source, Step) is None
         spec = tw.GuardSpec(tw.GuardKind.SHAPE, None, ("L['v'] >= 0", (sym,), ("int",)), index=0)
         assert len(tw.GuardSet([spec])) == 1
 
@@ -297,12 +301,12 @@ def _one_shape_spec(sym: Source) -> list:
 
 
 def test_the_template_memo_is_emptied_with_the_build_memos() -> None:
-    """_clear_build_memos empties the C++ templates too (cold builds start from nothing); a set
+    """clear_build_memos empties the C++ templates too (cold builds start from nothing); a set
     built after it is the same."""
     ex = {"a": 3, "b": 4}
     specs = _shape_specs_of(ex, ["L['a'] >= 1", "L['a'] + L['b'] == 7"])
     before = _decl_parts(tw.GuardSet(specs))
-    guard_set._clear_build_memos()
+    builder.clear_build_memos()
     assert _decl_parts(tw.GuardSet(specs)) == before
     # A template is the object's until the memos are emptied: a print changed behind the frozen
     # Source's back (what tripwire never does) is seen only once they are.
@@ -315,5 +319,5 @@ def test_the_template_memo_is_emptied_with_the_build_memos() -> None:
     assert printed() == "L['x'].size()[0]"
     object.__setattr__(src, "_text", "L['x'].size()[ 0 ]")
     assert printed() == "L['x'].size()[0]"
-    guard_set._clear_build_memos()
+    builder.clear_build_memos()
     assert printed() == "L['x'].size()[ 0 ]"

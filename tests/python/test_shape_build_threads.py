@@ -21,7 +21,7 @@ import pytest
 import reference
 import tripwire as tw
 from gc_stress import scaled
-from tripwire import guard_set, shapes
+from tripwire import builder, shapes
 
 torch = pytest.importorskip("torch")
 
@@ -50,7 +50,7 @@ class MemoEmptier:
         self.cycle = self
 
     def __del__(self) -> None:
-        guard_set._clear_build_memos()  # what the cold benchmark empties
+        builder.clear_build_memos()  # what the cold benchmark empties
         if self.b is not None and threading.get_ident() == self.owner:
             self.b.shape("L['n'] >= 0")  # holds on every example: it must never be refused
             FINALIZER_DECLARATIONS.append(1)

@@ -484,7 +484,7 @@ def test_c_level_reader_reads_plain_tensors_and_arrays_only() -> None:
     if not _core.torch_adapter_installed():
         pytest.skip("the torch adapter is not built")
     K = tw.StepKind
-    read = _core._read_tensor_property
+    read = _core.testing.read_tensor_property
     cases = dict(_reader_cases(torch))
     t = torch.zeros(20, 4)[4:12].t()
     assert [read(t, K.SIZE, 0), read(t, K.SIZE, 1), read(t, K.SIZE, 2)] == [4, 8, "missing"]
@@ -556,12 +556,12 @@ def test_c_level_reader_follows_patched_and_restored_methods() -> None:
     try:
         assert reference.first_failure(list(gs.guards), {"x": x9}) is None  # Python sees 12
         assert gs.check({"x": x9})
-        assert _core._read_tensor_property(x9, tw.StepKind.SIZE, 0) is None
+        assert _core.testing.read_tensor_property(x9, tw.StepKind.SIZE, 0) is None
     finally:
         del torch.Tensor.size
     assert not gs.check({"x": x9})
     if _core.torch_adapter_installed():
-        assert _core._read_tensor_property(x9, tw.StepKind.SIZE, 0) == 9
+        assert _core.testing.read_tensor_property(x9, tw.StepKind.SIZE, 0) == 9
         before = gs._fast_pass_count
         assert gs.check({"x": torch.zeros(12, 4)}) and gs._fast_pass_count == before + 1
 
@@ -1267,9 +1267,9 @@ def test_builder_survives_collections_and_threads() -> None:
 
 def _empty_every_memo() -> None:
     """What bench/shape_eval.py's cold build empties (a process seeing these texts the first time)."""
-    from tripwire import guard_set
+    from tripwire import builder
 
-    guard_set._clear_build_memos()
+    builder.clear_build_memos()
 
 
 _COLD_TEXTS = [
@@ -1699,7 +1699,7 @@ def test_shared_steps_are_checked_when_set() -> None:
 
 
 def test_emptying_the_build_memos_empties_relations_from_torch_memo() -> None:
-    """The cold benchmark's set-up (guard_set._clear_build_memos) leaves relations_from_torch with
+    """The cold benchmark's set-up (builder.clear_build_memos) leaves relations_from_torch with
     nothing remembered: its next call parses and makes new Relations and Sources."""
     text = "L['x'].size()[0] * 2 >= L['y'].size()[0]  # c"
     (before,) = tw.shapes.relations_from_torch(text)
@@ -1711,10 +1711,10 @@ def test_emptying_the_build_memos_empties_relations_from_torch_memo() -> None:
 
 
 def test_the_timing_hook_refuses_a_value_that_does_not_store() -> None:
-    # A frame's registers are uninitialised until stored: bench/shape_eval.py's _shape_time must
+    # A frame's registers are uninitialised until stored: bench/shape_eval.py's testing.shape_time must
     # not run the program on a symbol it could not store (a bool is not the int it claims to be).
-    ns, result, kept, n_symbols, _ops = _core._shape_time(["L['a'] % 4 == 0"], {"L['a']": 8}, 10)
+    ns, result, kept, n_symbols, _ops = _core.testing.shape_time(["L['a'] % 4 == 0"], {"L['a']": 8}, 10)
     assert (result, kept, n_symbols) == (-1, 1, 1) and ns >= 0
-    assert _core._shape_time(["L['a'] % 4 == 0"], {"L['a']": 7}, 10)[1] == 0
+    assert _core.testing.shape_time(["L['a'] % 4 == 0"], {"L['a']": 7}, 10)[1] == 0
     with pytest.raises(TypeError, match="symbol 0 is not of its declared type"):
-        _core._shape_time(["L['a'] % 4 == 0"], {"L['a']": True}, 10)
+        _core.testing.shape_time(["L['a'] % 4 == 0"], {"L['a']": True}, 10)

@@ -433,11 +433,11 @@ def test_a_predicate_that_checks_the_set_again_and_mutates() -> None:
             b.equals(f"L['self'].__dict__['_modules']['m{i}'].__dict__['k']")
         gs = b.build()
         holder["gs"] = gs
-        was = _core._set_fast_pass(fast)
+        was = _core.testing.set_fast_pass(fast)
         try:
             out = [gs.check(f_locals) for _ in range(24)]
         finally:
-            _core._set_fast_pass(was)
+            _core.testing.set_fast_pass(was)
         return out
 
     fast = run(True)

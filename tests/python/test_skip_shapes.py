@@ -290,11 +290,11 @@ def test_a_residue_freeing_an_earlier_symbols_value_keeps_its_copy() -> None:
             if mode == "fast":
                 decisions.append(gs.check(f_locals))
             elif mode == "walk":
-                was = _core._set_fast_pass(False)
+                was = _core.testing.set_fast_pass(False)
                 try:
                     decisions.append(gs.check(f_locals))
                 finally:
-                    _core._set_fast_pass(was)
+                    _core.testing.set_fast_pass(was)
             else:
                 decisions.append(reference.check(specs, f_locals))
             assert c.big == 5  # the residue ran

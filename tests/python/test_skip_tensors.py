@@ -255,8 +255,8 @@ def test_a_residue_that_frees_a_relational_source_cannot_make_it_look_aliased() 
         assert gs.check(f_locals) is False
         h.x = Box()
         s.value = h.x
-        was = _core._set_fast_pass(False)
+        was = _core.testing.set_fast_pass(False)
         try:
             assert gs.check(f_locals) is False
         finally:
-            _core._set_fast_pass(was)
+            _core.testing.set_fast_pass(was)

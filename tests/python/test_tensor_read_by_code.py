@@ -303,11 +303,11 @@ def reading(how: tuple[str, bool]) -> Any:
 
 @contextlib.contextmanager
 def flag_hidden(on: bool) -> Any:
-    was = _core._hide_torch_mode_flag(on)
+    was = _core.testing.hide_torch_mode_flag(on)
     try:
         yield
     finally:
-        _core._hide_torch_mode_flag(was)
+        _core.testing.hide_torch_mode_flag(was)
 
 
 def has_python_key(t: Any) -> bool:

@@ -1138,12 +1138,12 @@ class Converter:
         return [self.spec(GuardKind.DIMENSION_MARKING, self._src(node), (DimensionMarkings(full),), site)], ""
 
     def _probe(self, probe: str, snapshot: Any, site: str | None) -> list[int]:
-        from ..builder import _torch_snapshot
+        from ..builder import torch_snapshot
         from ..tensors import ensure_torch
 
         ensure_torch()
         return [
-            self.spec(GuardKind.GLOBAL_STATE, None, (probe, _torch_snapshot(probe, snapshot), probe), site)
+            self.spec(GuardKind.GLOBAL_STATE, None, (probe, torch_snapshot(probe, snapshot), probe), site)
         ]
 
     def leaf_global_state(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:

@@ -5,6 +5,8 @@ import enum
 import types
 from typing import Any, overload
 
+from tripwire._core import testing as testing
+
 
 class RootKind(enum.IntEnum):
     """Where a source's first value is read: L['x'], G['x'], C['x']."""
@@ -283,7 +285,7 @@ MAX_CONSTANT_DEPTH: int = 100
 
 MAX_SOURCE_DEPTH: int = 256
 
-def _shape_distinct_symbols(args: list) -> list:
+def _shape_distinct_symbols(args: list[Any]) -> list[Any]:
     """
     The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, symbols, types): GuardSet's encoding.
     """
@@ -300,17 +302,17 @@ def _symbol_template(sym: Any, step_type: type) -> tuple[SourcePath, tuple[Any, 
 
 class _SymbolPaths:
     """
-    A set's SHAPE symbol declarations, made by _shape_symbol_decls for GuardSetCore.__init__ (opaque).
+    A set's SHAPE symbols' declaration templates, made by _shape_symbol_templates for GuardSetCore.__init__ (opaque).
     """
 
-def _shape_symbol_decls(args: list[tuple[Any, ...]], consts: list[Any], weak: list[bool], interned: dict[Any, int], source_type: type, step_type: type) -> tuple[list[Any], _SymbolPaths, bool] | None:
+def _shape_symbol_templates(args: list[tuple[Any, ...]], source_type: type, step_type: type) -> tuple[list[Any], _SymbolPaths, list[list[Any]], bool] | None:
     """
-    (distinct symbols, their declarations, a step reads the C++ tensor) of SHAPE argument tuples, their constants interned into the pool; None when a symbol needs Python's declaration (guard_set.py, _ShapeDecls.symbol_templates).
+    (distinct symbols, their declaration templates, each template's constants, a step reads the C++ tensor) of SHAPE argument tuples; None when a symbol needs Python's declaration (guard_set.py, _ShapeDecls.symbol_templates).
     """
 
 def _clear_symbol_templates() -> None:
     """
-    Empty _shape_symbol_decls' memo of symbol templates (guard_set._clear_build_memos).
+    Empty _shape_symbol_templates' memo of symbol templates (builder.clear_build_memos).
     """
 
 class GuardSetCore:
@@ -586,27 +588,12 @@ def _frame_attach_cache(code: types.CodeType, backend: Any, cache: CacheCore) ->
 def _frame_strategy(code: types.CodeType, backend: Any) -> int:
     """0 default, 1 skip, 2 run-only."""
 
-def _frame_set_strategy(code: types.CodeType, backend: Any, strategy: int) -> None: ...
-
-def _frame_backends(code: types.CodeType) -> list[tuple[Any, CacheCore | None, int]]:
-    """(backend, cache, strategy) for each backend that has seen `code`."""
-
 def _frame_reset(code: types.CodeType, backend: Any = None) -> None:
     """Clear the caches and strategies of `code` (for one backend, or all)."""
 
 def _frame_release_all() -> int:
     """
     Drop every frame cache of every code object (at exit); returns how many.
-    """
-
-def _frame_force_shadow(on: bool) -> bool:
-    """
-    Test hook: run every replacement in a shadow frame; returns the previous setting.
-    """
-
-def _frame_floor_eval(on: bool) -> bool:
-    """
-    Benchmark floor: install (True) or remove (False) a pass-through PEP 523 eval-frame function; False when the interpreter's eval function is not the expected one.
     """
 
 def _frame_run_stats() -> tuple[int, int]:
@@ -697,11 +684,6 @@ def _clear_shape_memos() -> None:
     Empty the engine's memos of parsed and compiled relations, relation_holds_on's decoded symbols and relations_of_text's symbol texts (cold-build benchmarks).
     """
 
-def _shape_time(relations: Sequence[str], values: dict, iterations: int) -> tuple:
-    """
-    Benchmark hook: (ns per evaluation, first failing relation or -1, kept relations, symbols, operations) for relations over symbols whose values are given by printed source: the frame, the symbol stores and the relations, in a C++ loop (no Python call per iteration).
-    """
-
 def _install_torch_adapter(table: object, torch_version: str) -> None:
     """
     Install the torch adapter's table (tripwire._torch_adapter.table). Once installed it stays.
@@ -710,11 +692,6 @@ def _install_torch_adapter(table: object, torch_version: str) -> None:
 def _set_plain_tensor_types(types: tuple) -> int:
     """
     Tensor types whose SIZE/STRIDE/STORAGE_OFFSET steps may be read by the adapter (exact type; their size/stride/storage_offset must be TensorBase's): returns how many were kept.
-    """
-
-def _read_tensor_property(value: object, kind: StepKind, index: int) -> object:
-    """
-    The C-level reader of a SIZE/STRIDE/STORAGE_OFFSET step: the int, 'missing', or None when it leaves the step to the generic (Python) path.
     """
 
 def applied_dispatch_keys(value: object) -> int | None:
@@ -742,11 +719,6 @@ def _find_torch_mode_flag(setter: object | None, python_key_bits: int) -> bool:
     Take torch's hidden getter of its per-thread 'dispatch mode without ignore_compile_internals' flag from the installed torch adapter (which finds it in libtorch_python.so) and verify it against `setter` (torch._C._dynamo.guards.set_is_in_mode_without_ignore_compile_internals). `python_key_bits`: the raw bits of the Python keys, registered either way. Whether it is verified.
     """
 
-def _hide_torch_mode_flag(on: bool) -> bool:
-    """
-    Test switch: act as if torch's mode-flag getter had not been found (a stripped library). Returns the previous setting.
-    """
-
 def _set_python_readers(tensor: object | None, array: object | None, torch_state: object | None, mode_stack: object | None, default_device: object | None, saved_hooks: object | None, dual_level: object | None) -> None:
     """
     Register the Python readers used without the adapter or the numpy struct (None: keep).
@@ -766,9 +738,6 @@ def _numpy_struct_probe(array: object, ndarray: object, dtype: object, descr_lay
     """
     What the struct reader sees in `array` before it is enabled (the layout check): the fields of read_array_fields, then its dtype's itemsize, type number, kind, type char and byte order as read from the dtype's struct.
     """
-
-def _numpy_dtype_fields(dtype: object) -> object:
-    """(simple,) for a numpy dtype once the struct is enabled, else None."""
 
 def numpy_struct_enabled() -> bool:
     """Whether arrays are read from their struct."""
@@ -896,16 +865,6 @@ def _dict_hints_enabled() -> bool:
     Whether dict entry hints (the interpreter's dict layout, verified at start-up) are in use.
     """
 
-def _set_fast_pass(on: bool) -> bool:
-    """
-    Test hook: switch GuardSet.check's straight-line fast pass on or off process-wide; returns the previous setting. Off, every check takes the tree walk.
-    """
-
-def _set_skip(on: bool) -> bool:
-    """
-    Test hook: switch the skip of unchanged subtrees (dict version tags) on or off process-wide; returns the previous setting. Off, every check evaluates every guard. On only where the tag reading was verified at start-up.
-    """
-
 def _skip_enabled() -> bool:
     """
     Whether the skip of unchanged subtrees is in use (verified at start-up, not switched off).
@@ -915,10 +874,3 @@ def _force_python_readers(on: bool) -> bool:
     """
     Test hook: guard sets built while on read tensors, arrays and torch's state through the Python readers even when the torch adapter or the numpy struct is available; returns the previous setting.
     """
-
-def _dict_watch_counts() -> tuple:
-    """
-    (dicts the 3.12+ dict watcher stamps, DICT_VERSION change flags armed on them); (0, 0) before 3.12.
-    """
-
-_CHECKS_REGIONS: bool = False
