@@ -34,9 +34,11 @@ __all__ = [
     "TorchGuard",
     "TorchImport",
     "TorchImportError",
+    "compile",
     "frame_locals",
     "guards_of",
     "install_dynamo_globals",
+    "reset",
 ]
 
 # The torch kinds tripwire cannot import yet: since the tensor engine (issue 9) only the accessors
@@ -57,7 +59,8 @@ def guards_of(
     """The guards of one torch.compile cache entry, as a tripwire GuardSet.
 
     Args:
-        obj: the function, bound method, ``nn.Module`` (its ``forward``) or code object whose
+        obj: a guard manager (``GuardManagerWrapper``, or the ``GuardedCode`` Dynamo's callback
+            returns: in no cache entry), or the function, bound method, ``nn.Module`` (its ``forward``) or code object whose
             frame torch compiled, or what ``torch.compile`` returned for one of them (an
             ``OptimizedModule`` or a function wrapper). For an object whose code Dynamo skips
             (``nn.Linear``, ``nn.Sequential``, their bound methods) torch compiles the frame of
@@ -104,9 +107,15 @@ def guards_of(
     from ._rules import Converter, known_kinds
     from ._tree import count_entries, find_entry, identity_objects, resolve_target, walk
 
-    target = resolve_target(obj)
-    gm = find_entry(target, entry)
-    n_entries = count_entries(target)
+    gm, target = _manager_of(obj)
+    if gm is None:
+        target = resolve_target(obj)
+        gm = find_entry(target, entry)
+        n_entries = count_entries(target)
+    elif entry != 0:
+        raise TorchImportError(f"guards_of: a guard manager is one entry: entry must be 0, not {entry!r}")
+    else:
+        n_entries = 1
     scope = getattr(gm, "global_scope", None) or {}
     f_globals = scope.get("G", target.f_globals)
     if target.f_globals is not None and f_globals is not target.f_globals:
@@ -162,6 +171,51 @@ def guards_of(
     # borrowed pointers to its leaves): keep that tree alive exactly as long as the set.
     calls_torch = any(g.outcome == "torch" for g in records)
     return ImportedGuardSet(specs, f_globals, record, keep_alive=gm if calls_torch else None, strict=strict)
+
+
+def compile(model: Any = None, **kwargs: Any) -> Any:
+    """``torch.compile(model, **kwargs)`` served by tripwire's frame runtime and guards: Dynamo
+    compiles, tripwire checks the imported guards and runs the compiled code. Exactly
+    torch.compile's keyword arguments and defaults (docs/compile.md; imports torch)."""
+    from ._compile import compile as _compile
+
+    return _compile(model, **kwargs)
+
+
+def reset() -> None:
+    """Forget every entry ``tripwire.torch.compile`` compiled (``torch._dynamo.reset()`` does too)."""
+    import sys
+
+    if "tripwire.torch._compile" in sys.modules:
+        from ._compile import reset as _reset
+
+        _reset()
+
+
+def _manager_of(obj: Any) -> tuple[Any, Any]:
+    """(guard manager, Target) when ``obj`` is a guard manager itself (a ``GuardManagerWrapper``,
+    or a ``GuardedCode`` holding one: what Dynamo's callback returns, in no cache entry yet), else
+    (None, None). Imports torch only when it is loaded already (nothing else can be one)."""
+    import sys
+
+    guards = sys.modules.get("torch._dynamo.guards")
+    if guards is None:
+        return None, None
+    from torch._dynamo.types import GuardedCode
+
+    from ._tree import Target
+
+    code = None
+    if isinstance(obj, GuardedCode):
+        code, obj = obj.code, obj.guard_manager
+    if isinstance(obj, guards.DeletedGuardManagerWrapper):
+        reason = getattr(obj, "invalidation_reason", None) or type(obj).__name__
+        raise TorchImportError(f"guards_of: the guard manager is invalidated: {reason}")
+    if not isinstance(obj, guards.GuardManagerWrapper):
+        return None, None
+    scope = getattr(obj, "global_scope", None) or {}
+    name = code.co_qualname if code is not None else "a guard manager"
+    return obj, Target(code, scope.get("G"), f"{name} (a guard manager in no cache entry)")  # type: ignore[arg-type]
 
 
 def _any_node_source(root: Any, s: str) -> bool:
