@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import operator
 import os
 import threading
 import types
@@ -49,6 +50,30 @@ _DISABLE_FN_CODE: types.CodeType = torch._dynamo.disable(lambda: None).__code__
 _INLINE_CODE: types.CodeType = external_utils.wrap_inline(lambda: None).__code__
 
 _TRIPWIRE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+_call_suspended = twf.suspended(operator.call)
+
+
+def _disabled_code() -> types.CodeType:
+    """The code every torch.compiler.disable wrapper (``DisableContext._fn``) runs instead, in its
+    own frame: its ``fn`` called with tripwire's hook suspended for the whole call, through a C
+    scope (no Python frame). torch's ``_fn`` also sets torch's callback to None around the call,
+    which this route never set, and annotates export traces, which it never runs under; the
+    rest is the same call. Same arguments and free variables (``fn``, ``self``, in that order)."""
+    fn = self = None
+
+    def _fn(*args: Any, **kwargs: Any) -> Any:
+        # The code runs under the wrapper's globals (torch's module): the C scope is found on
+        # the wrapper's DisableContext (a class attribute set below).
+        return self._tripwire_call_suspended(fn, *args, **kwargs)  # type: ignore[attr-defined]
+
+    return _fn.__code__
+
+
+_ef.DisableContext._tripwire_call_suspended = staticmethod(_call_suspended)  # type: ignore[attr-defined]
+_DISABLED_REPLACEMENT = _disabled_code()
+if _DISABLED_REPLACEMENT.co_freevars != _DISABLE_FN_CODE.co_freevars:
+    _DISABLED_REPLACEMENT = None  # type: ignore[assignment]  # another torch: SKIP_RECURSIVE serves it
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
 
@@ -121,8 +146,13 @@ class _Compiled:
         code = frame.code
         if code.co_filename.startswith(_TRIPWIRE_DIR):
             return twf.SKIP  # tripwire's own machinery (the fallback, a LAMBDA guard's helper)
-        if code is _DISABLE_FN_CODE:
-            return twf.SKIP_RECURSIVE  # torch.compiler.disable, a compiled graph: hook off inside
+        if code is _DISABLE_FN_CODE:  # torch.compiler.disable, a compiled graph: hook off inside
+            if _DISABLED_REPLACEMENT is None:
+                return twf.SKIP_RECURSIVE
+            from ..builder import GuardBuilder
+
+            # No guard: the replacement reads fn from each wrapper's own closure.
+            return _DISABLED_REPLACEMENT, GuardBuilder({}, f_globals=frame.f_globals).build()
         self.codes.add(code)
         stance = _ef._stance.stance
         if stance in ("force_eager", "eager_on_recompile") or _config.disable:
@@ -257,10 +287,11 @@ _profiler = torch.autograd.profiler
 
 def _enter() -> Any:
     """Before each call: NotImplemented sends it to torch.compile's own wrapper (a stance that
-    runs eagerly, config.disable, a profiler wanting torch's "Torch-Compiled Region"); otherwise
+    runs eagerly, a profiler wanting torch's "Torch-Compiled Region"; config.disable is read on
+    misses, as it is a compile-time switch); otherwise
     what compile_wrapper restores on an exception (the functorch layer-stack depth, the
     dispatch-key TLS)."""
-    if _ef._stance.stance == "force_eager" or _config.disable or _profiler._is_profiler_enabled:
+    if _ef._stance.stance == "force_eager" or _profiler._is_profiler_enabled:
         return NotImplemented
     return (_depth(), _include_set(), _exclude_set())
 
