@@ -191,6 +191,7 @@ def run_model(name: str, backend: str, repeats: int, calls: int) -> dict[str, li
         "graph": lambda: _per_call(graph_floor, calls),
     }
     times: dict[str, list[float]] = {k: [] for k in contenders}
+    times["graph_count"] = [float(len(floor_graphs))] if floor_graphs else []
     order = list(contenders)
     with torch.no_grad():
         for r in range(repeats):
@@ -217,15 +218,22 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"torch {torch.__version__}, Python {sys.version.split()[0]}, backend={a.backend}, "
-        f"{a.repeats} repeats of {a.calls} calls, 1 torch thread; {tripwire.tensors.adapter_status()}"
+        f"{a.repeats} repeats of {a.calls} calls, 1 torch thread"
     )
     print("per call, us: min / median (ratio of the min to torch.compile's)")
-    for name in a.models.split(","):
+    for i, name in enumerate(a.models.split(",")):
         t = run_model(name, a.backend, a.repeats, a.calls)
+        if i == 0:
+            print(f"tensor guards: {tripwire.tensors.adapter_status()}")
         base = min(t["torch.compile"])
         print(f"\n{name}")
         for key, xs in t.items():
+            if key == "graph_count":
+                continue
             print(f"  {key:40s} {min(xs):9.1f} / {statistics.median(xs):9.1f}  ({min(xs) / base:.2f})")
+        if not t["graph_count"]:
+            print("  (Dynamo compiled no graph: both routes run the frames eagerly)")
+            continue
         g = min(t["graph"])
         over_t, over_o = base - g, min(t["tripwire.torch.compile"]) - g
         share = over_t / base

@@ -228,3 +228,24 @@ def test_limit_reached_is_none_when_the_cache_evicts():
     for n in range(3):
         assert s(n) == n
     assert got == [None, None, None]
+
+
+def test_scope_dropping_its_last_reference_during_the_call():
+    seen, hook = recorder()
+    holder = {}
+    errors = []
+
+    def fn(x):
+        holder.clear()  # the only other reference to the scope goes
+        import gc
+
+        gc.collect()
+        raise ValueError(x)
+
+    holder["s"] = twf.scoped(fn, hook, enter=lambda: "state", on_error=errors.append)
+    call = holder["s"].__call__  # a bound method-wrapper holds the scope; drop our name for it
+    with pytest.raises(ValueError):
+        call(1)
+    del call
+    assert errors == ["state"]
+    assert twf.current() is None

@@ -595,3 +595,34 @@ def test_real_models_match_torch_compile(backend):
             else:
                 assert torch.equal(a, b), name
         torch._dynamo.reset()
+
+
+def test_guards_that_cannot_be_served_run_the_frame_uncompiled_with_one_warning(monkeypatch):
+    import tripwire.builder
+    import tripwire.torch as package
+
+    def refuse(obj, **kw):
+        raise twt.GuardsNotImportable("refused for the test", ())
+
+    def no_build(self, **kw):
+        raise RuntimeError("no guard set for the test")
+
+    monkeypatch.setattr(package, "guards_of", refuse)
+    monkeypatch.setattr(tripwire.builder.GuardBuilder, "build", no_build)
+    monkeypatch.setattr(_compile, "_warned", set())
+    counter = Counter()
+
+    def f(x):
+        counter.bump(1)
+        return x * 3
+
+    cf = twt.compile(f, backend="eager")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert torch.equal(cf(torch.ones(2)), torch.full((2,), 3.0))
+    assert counter.log == [1, 1, 1]  # each call ran its frame once, uncompiled where it had to
+    assert sum("cannot be served" in str(x.message) for x in w) >= 1
+    assert len({str(x.message) for x in w if "cannot be served" in str(x.message)}) == len(
+        [x for x in w if "cannot be served" in str(x.message)]
+    )  # once per code

@@ -507,7 +507,7 @@ PyObject* scope_hooked(PyObject* self, PyObject* state, PyObject* const* args, s
     return r;
 }
 
-PyObject* scope_call(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+PyObject* scope_call_held(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
     Scope* s = as_scope(self);
     if (s->enter == nullptr) return scope_hooked(self, nullptr, args, nargsf, kwnames);
     // enter() runs before the hook is set (its own frame is not offered to the handler).
@@ -516,6 +516,15 @@ PyObject* scope_call(PyObject* self, PyObject* const* args, std::size_t nargsf, 
     PyObject* r = state == Py_NotImplemented ? scope_divert(s, args, nargsf, kwnames)
                                              : scope_hooked(self, state, args, nargsf, kwnames);
     Py_DECREF(state);
+    return r;
+}
+
+PyObject* scope_call(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+    // Held for the call: a C caller may pass a borrowed scope, and the call may drop every other
+    // reference (on_error and the fields are read after fn returns).
+    Py_INCREF(self);
+    PyObject* r = scope_call_held(self, args, nargsf, kwnames);
+    Py_DECREF(self);
     return r;
 }
 

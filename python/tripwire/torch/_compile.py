@@ -27,6 +27,7 @@ from torch._dynamo import eval_frame as _ef
 from torch._dynamo import external_utils, trace_rules
 from torch._dynamo.types import FrameAction
 
+from .. import _core
 from .. import frame as twf
 from ..errors import GuardsNotImportable, TorchImportError
 from ..logs import RECOMPILES
@@ -152,7 +153,10 @@ class _Compiled:
             from ..builder import GuardBuilder
 
             # No guard: the replacement reads fn from each wrapper's own closure.
-            return _DISABLED_REPLACEMENT, GuardBuilder({}, f_globals=frame.f_globals).build()
+            try:
+                return _DISABLED_REPLACEMENT, GuardBuilder({}, f_globals=frame.f_globals).build()
+            except Exception:  # noqa: BLE001 - the recursive skip serves it as well, only slower
+                return twf.SKIP_RECURSIVE
         self.codes.add(code)
         stance = _ef._stance.stance
         if stance in ("force_eager", "eager_on_recompile") or _config.disable:
@@ -196,6 +200,14 @@ class _Compiled:
     def _serve(self, frame: twf.Frame, result: Any) -> Any:
         guarded = getattr(result, "guarded_code", None)
         if guarded is not None:
+            why = _core._frame_incompatibility(frame.code, guarded.code)
+            if why is not None:  # never expected from Dynamo; a miss must not raise for it
+                _warn_once(
+                    f"layout:{id(frame.code)}",
+                    f"tripwire.torch.compile: Dynamo's code for {frame.code.co_qualname} cannot run in "
+                    f"its frame ({why}); that frame runs uncompiled",
+                )
+                return None
             gs = _import_guards(guarded, frame)
             if gs is None:
                 return None  # warned: this frame runs uncompiled, Dynamo is asked again next time
