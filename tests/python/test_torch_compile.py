@@ -626,3 +626,48 @@ def test_guards_that_cannot_be_served_run_the_frame_uncompiled_with_one_warning(
     assert len({str(x.message) for x in w if "cannot be served" in str(x.message)}) == len(
         [x for x in w if "cannot be served" in str(x.message)]
     )  # once per code
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Dynamo's own, tracing p.grad (torch.compile too)
+def test_a_training_step_never_fails_halfway_on_an_import(monkeypatch):
+    """The failure to rule out: backward ran (in the first frame), the update is in a resume
+    function whose guards cannot be served. The step completes, uncompiled where it had to."""
+    import tripwire.torch as package
+
+    real = package.guards_of
+
+    def refuse_resumes(obj, **kw):
+        if "resume" in obj.code.co_name:
+            raise twt.GuardsNotImportable("refused for the test", ())
+        return real(obj, **kw)
+
+    monkeypatch.setattr(package, "guards_of", refuse_resumes)
+    monkeypatch.setattr(_compile, "_warned", set())
+    torch.manual_seed(0)
+    ours = torch.nn.Linear(3, 1)
+    ref = copy.deepcopy(ours)
+
+    def step(model, x):
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        torch._dynamo.graph_break()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+        return loss.detach()
+
+    cstep = twt.compile(step, backend="eager")
+    tstep = torch.compile(step, backend="eager")  # (it differs from eager from the second step on)
+    for _ in range(3):
+        x = torch.randn(4, 3)
+        a = cstep(ours, x)
+        b = tstep(ref, x)
+        assert torch.equal(a, b)
+        for p, q in zip(ours.parameters(), ref.parameters(), strict=True):
+            assert torch.equal(p, q)
+    c = backend_of(cstep)
+    resumes = [code for code in c.codes if "resume" in code.co_name]
+    assert resumes
+    for code in resumes:  # served, with torch's own guard manager deciding
+        assert "torch's guard manager" in twf.cache_of(code, c).entries[0].guards.explain()
