@@ -51,6 +51,38 @@ void register_frame(nb::module_& m) {
         },
         nb::is_method(), nb::sig("def code(self) -> types.CodeType"), "The replacement code object."));
     m.attr("Replacement") = repl;
+    PyTypeObject* scope = runtime::frame::scope_type();
+    if (scope == nullptr) throw nb::python_error();
+    nb::object scope_obj = nb::steal(reinterpret_cast<PyObject*>(scope));
+    const char* fields[4][2] = {{"fn", "The callable called in the scope."},
+                                {"handler", "The hook's handler (None: a suspended call)."},
+                                {"backend", "The hook's backend key (None: a suspended call)."},
+                                {"fallback", "Called instead when the hook cannot be set, or None."}};
+    for (int i = 0; i < 4; ++i) {
+        const std::string sig = std::string("def ") + fields[i][0] + "(self) -> typing.Any";
+        scope_obj.attr(fields[i][0]) = property(nb::cpp_function(
+            [i](nb::handle self) {
+                PyObject* o = runtime::frame::scope_field(self.ptr(), i);
+                if (o == nullptr) throw nb::python_error();
+                return nb::steal(o);
+            },
+            nb::is_method(), nb::sig(sig.c_str()), fields[i][1]));
+    }
+    m.attr("FrameScope") = scope_obj;
+    m.def(
+        "_frame_limit_reached",
+        [](nb::handle cache, nb::handle f_locals) {
+            runtime::Cache* impl = cache_of(cache.ptr());
+            if (impl == nullptr) throw nb::type_error("_frame_limit_reached: cache must be a tripwire.Cache");
+            if (!PyDict_Check(f_locals.ptr()))
+                throw nb::type_error("_frame_limit_reached: f_locals must be a dict");
+            const int r = impl->limit_reached(f_locals.ptr());
+            if (r < 0) throw nb::python_error();
+            return r;
+        },
+        nb::arg("cache"), nb::arg("f_locals"),
+        nb::sig("def _frame_limit_reached(cache: CacheCore, f_locals: dict[str, typing.Any]) -> int"),
+        "0, or the limit (1 recompile_limit, 2 accumulated_limit) an insert for these locals would reach.");
     m.def(
         "_frame_setup", [](nb::handle error_type) { runtime::frame::set_frame_error_type(error_type.ptr()); },
         nb::arg("error_type"), "Set the exception type of frame-hook conflicts (tripwire.FrameError).");
@@ -146,11 +178,11 @@ void register_frame(nb::module_& m) {
         },
         nb::arg("code"), nb::arg("backend").none(),
         nb::sig("def _frame_strategy(code: types.CodeType, backend: typing.Any) -> int"),
-        "0 default, 1 skip, 2 run-only.");
+        "0 default, 1 skip, 2 run-only, 3 skip-recursive.");
     testing.def(
         "frame_set_strategy",
         [](nb::handle code, nb::handle backend, int strategy) {
-            if (strategy < 0 || strategy > 2) throw nb::value_error("strategy must be 0, 1 or 2");
+            if (strategy < 0 || strategy > 3) throw nb::value_error("strategy must be 0, 1, 2 or 3");
             if (!runtime::frame::set_strategy(as_code(code), backend.ptr(),
                                               static_cast<runtime::frame::Strategy>(strategy)))
                 throw nb::python_error();

@@ -67,6 +67,7 @@ from .logs import RECOMPILES, report_compile, report_recompile_of
 __all__ = [
     "RUN_ONLY",
     "SKIP",
+    "SKIP_RECURSIVE",
     "Frame",
     "FrameOnLimit",
     "Hook",
@@ -76,8 +77,10 @@ __all__ = [
     "hooked",
     "install",
     "reset",
+    "scoped",
     "status",
     "strategy_of",
+    "suspended",
     "uninstall",
 ]
 
@@ -85,10 +88,12 @@ LOG = logging.getLogger("tripwire.frame")
 
 # The C type (runtime/frame/replacement.hpp): made only through the layout check.
 Replacement: Any = _core.Replacement
+# The per-call scope (runtime/frame/hook.hpp): made by scoped() and suspended().
+_FrameScope: Any = _core.FrameScope
 _core._frame_setup(FrameError)
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
-_STRATEGY_NAMES = {0: "default", 1: "skip", 2: "run_only"}
+_STRATEGY_NAMES = {0: "default", 1: "skip", 2: "run_only", 3: "skip_recursive"}
 FrameOnLimit = Literal["run_only", "raise", "fallback", "evict"]
 """What a code object's cache does at a limit (see :class:`Hook`)."""
 _ON_LIMIT: tuple[str, ...] = typing.get_args(FrameOnLimit)
@@ -112,6 +117,10 @@ SKIP: Any = _Marker("SKIP", 1)
 """Returned by a callback: never intercept this code object again (for this backend)."""
 RUN_ONLY: Any = _Marker("RUN_ONLY", 2)
 """Returned by a callback: use the cached entries of this code object, never call back for it."""
+SKIP_RECURSIVE: Any = _Marker("SKIP_RECURSIVE", 3)
+"""Returned by a callback: never intercept this code object again, and run its frames with this
+thread's hook suspended for their whole dynamic extent (nothing they call is intercepted either:
+Dynamo's recursive skip, what ``torch.compiler.disable`` and a compiled graph's frames need)."""
 
 
 class Frame:
@@ -151,6 +160,19 @@ class Frame:
     def why_not(self) -> list[Failure | None]:
         """Why each cached entry does not match this frame (most recently used first)."""
         return self.cache.why_not(self.f_locals)
+
+    def limit_reached(self) -> str | None:
+        """``"recompile_limit"`` or ``"accumulated_limit"`` when inserting an entry compiled for
+        this frame would reach that limit of its cache, else None; asked before compiling, so
+        that a compile whose insert would be refused is not wasted. recompile_limit counts the
+        entries whose ID_MATCH guards on ``L[...]`` sources all pass on this frame (Dynamo's rule:
+        the entries for the same identity-matched objects); a cache that evicts at its limits
+        never refuses."""
+        if self.cache.on_limit == "evict":
+            return None
+        return {0: None, 1: "recompile_limit", 2: "accumulated_limit"}[
+            _core._frame_limit_reached(self.cache, dict(self.f_locals))
+        ]
 
     def __repr__(self) -> str:
         c = self.code
@@ -344,6 +366,41 @@ def install(callback: Callable[[Frame], Any] | Hook, **options: Any) -> Hook:
     return hook
 
 
+def scoped(
+    fn: Callable[..., Any],
+    hook: Hook,
+    *,
+    fallback: Callable[..., Any] | None = None,
+    enter: Callable[[], Any] | None = None,
+    on_error: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A callable whose every call runs ``fn`` with ``hook`` as this thread's frame hook and then
+    restores the thread's previous hook (or none), even on an exception: the hook's scope is one
+    call, as torch.compile's wrapper sets Dynamo's callback. It is a C object (``_core.FrameScope``):
+    a call costs no Python frame. A call made while the same hook is already set (recursion, a
+    compiled function calling a sibling) runs as is; a call made inside a suspended extent sets
+    the hook for its own extent.
+
+    Args:
+        fallback: called with the same arguments instead of ``fn`` when the hook cannot be set
+            because another PEP 523 eval-frame function is installed (FrameError); without it
+            that call raises.
+        enter: called with no argument before ``fn``; its result is passed to ``on_error``.
+        on_error: called with ``enter``'s result (or None) when ``fn`` raises, before the hook is
+            restored; its own exception is reported as unraisable, the call's propagates.
+    """
+    if not isinstance(hook, Hook):
+        raise TypeError(f"scoped() needs a tripwire.frame.Hook, not {type(hook).__name__}")
+    return _FrameScope(fn, hook, hook.backend, fallback, enter, on_error)
+
+
+def suspended(fn: Callable[..., Any]) -> Any:
+    """A callable whose every call runs ``fn`` with this thread's frame hook suspended for the
+    call's whole dynamic extent (nothing it calls is intercepted), then resumes it: the per-call
+    form of :data:`SKIP_RECURSIVE`. A C object (``_core.FrameScope``)."""
+    return _FrameScope(fn, None, None)
+
+
 def uninstall() -> None:
     """Clear this thread's frame hook. When no thread has one any more, the interpreter's previous
     eval-frame function is restored. Frames already running continue as they are."""
@@ -379,7 +436,7 @@ def cache_of(fn: Any, backend: Any) -> Cache | None:
 
 
 def strategy_of(fn: Any, backend: Any) -> str:
-    """``"default"``, ``"skip"`` or ``"run_only"``: what the frame runtime does with the code for
+    """``"default"``, ``"skip"``, ``"run_only"`` or ``"skip_recursive"``: what the frame runtime does with the code for
     ``backend``."""
     return _STRATEGY_NAMES[_core._frame_strategy(_code_of(fn), backend)]
 

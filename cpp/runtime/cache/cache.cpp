@@ -740,6 +740,39 @@ std::vector<EntryPtr> Cache::entries() {
     return out;
 }
 
+int Cache::limit_reached(PyObject* f_locals) {
+    std::vector<EntryPtr> all = entries();  // a copy: reading a source may run user code
+    if (all.size() >= accumulated_limit()) return 2;
+    std::size_t same = 0;
+    for (const EntryPtr& e : all) {
+        const std::shared_ptr<GuardSet> gs = e->gs;  // held: user code may drop the entry
+        if (!gs) continue;
+        const core::Program& p = gs->program();
+        bool match = true;
+        for (std::uint32_t ni = 0; match && ni < p.nodes.size(); ++ni) {
+            std::uint32_t root = ni;
+            while (!p.nodes[root].is_root) root = p.nodes[root].parent;
+            if (p.nodes[root].root != core::RootKind::Local) continue;
+            const core::Node& n = p.nodes[ni];
+            for (std::uint32_t k = n.guard_begin; match && k < n.guard_end; ++k) {
+                const core::GuardDecl& d = p.guards[p.node_guards[k]];
+                if (d.kind != core::GuardKind::IdMatch || d.operand == core::kNoConst) continue;
+                Ref v = gs->read_node(ni, f_locals, e->globals.get());
+                if (!v) {
+                    // A source this frame does not have (or a fetch that raised): another object.
+                    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+                    PyErr_Clear();
+                    match = false;
+                } else {
+                    match = v.get() == gs->constant(d.operand);
+                }
+            }
+        }
+        if (match) ++same;
+    }
+    return same >= recompile_limit() ? 1 : 0;
+}
+
 std::size_t Cache::size() {
     std::vector<EntryPtr> graveyard;
     purge_invalid(graveyard);

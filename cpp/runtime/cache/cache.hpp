@@ -135,6 +135,14 @@ class Cache {
     static int snapshot_matches(const CacheEntry& e, PyObject* current);
     const std::vector<std::string>& probe_names() const { return probe_names_; }
 
+    /// Which limit an insert of a new entry compiled for these locals would reach, asked before
+    /// compiling (a compile whose insert is refused is wasted): 2 when the cache holds
+    /// accumulated_limit entries, 1 when recompile_limit entries have every ID_MATCH guard on a
+    /// local source (L[...]) passing on `f_locals` (Dynamo's rule: entries for the same
+    /// identity-matched objects), else 0; -1 with a Python error set. Reading a source may run
+    /// user code (a property), as a lookup does. The policy (Evict) is the caller's business.
+    int limit_reached(PyObject* f_locals);
+
     /// Entries in MRU order (after dropping invalid ones).
     std::vector<EntryPtr> entries();
     std::size_t size();

@@ -32,6 +32,9 @@ enum class Strategy : std::uint8_t {
     Default = 0,  ///< look the cache up; call the backend on a miss
     Skip = 1,     ///< never intercept: run the original code
     RunOnly = 2,  ///< look the cache up; on a miss run the original code, never call the backend
+    /// never intercept, and run the frame with this thread's hook suspended for its whole dynamic
+    /// extent (Dynamo's recursive SKIP, torch.compiler.disable: a compiled graph's own frames)
+    SkipRecursive = 3,
 };
 
 /// One backend's state for one code object.

@@ -1,6 +1,9 @@
 // tripwire/cpp/runtime/frame/hook.cpp -- the eval-frame function, per-thread hooks (see the header).
 #include "runtime/frame/hook.hpp"
 
+#include <structmember.h>
+
+#include <cstdint>
 #include <exception>
 #include <new>
 
@@ -45,6 +48,18 @@ PyObject* error_type() { return g_error_type != nullptr ? g_error_type : PyExc_R
 PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag);
 
 PyObject* let_through(PyThreadState* ts, RawFrame* f) { return _PyEval_EvalFrameDefault(ts, f, 0); }
+
+// Run the frame with the thread's hook suspended for its whole dynamic extent (SkipRecursive).
+// A plain counter, no RAII (see below): a thread ended inside the frame leaves it raised on a
+// record that dies with its thread state.
+PyObject* run_suspended(PyThreadState* ts, RawFrame* f, ThreadHook* h) {
+    ++h->busy;
+    h->refresh();
+    PyObject* r = _PyEval_EvalFrameDefault(ts, f, 0);
+    --h->busy;
+    h->refresh();
+    return r;
+}
 
 // Why no RAII object holding a Python reference is alive while a frame runs (below): a daemon
 // thread still running Python when the interpreter finalizes is ended with pthread_exit the next
@@ -137,24 +152,28 @@ PyObject* ask_handler(RawFrame* f, ThreadHook* h, PyCodeObject* co, PyObject* fn
 }
 
 // Act on the handler's `result` (owned; null: it raised): run, let through, or fail the frame.
-PyObject* act_on(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* result, PyObject* backend) {
+PyObject* act_on(PyThreadState* ts, RawFrame* f, ThreadHook* h, PyCodeObject* co, PyObject* result,
+                 PyObject* backend) {
     bool fail = result == nullptr;
     bool run = false;
+    bool suspend = false;
     if (!fail && result != Py_None) {
         long s = -1;
         if (PyLong_CheckExact(result)) {
             s = PyLong_AsLong(result);
             if (s == -1) PyErr_Clear();
         }
-        if (s == static_cast<long>(Strategy::Skip) || s == static_cast<long>(Strategy::RunOnly)) {
+        if (s == static_cast<long>(Strategy::Skip) || s == static_cast<long>(Strategy::RunOnly) ||
+            s == static_cast<long>(Strategy::SkipRecursive)) {
             fail = !set_strategy(co, backend, static_cast<Strategy>(s));
+            suspend = s == static_cast<long>(Strategy::SkipRecursive);
         } else if (replacement_code_for(result, co) != nullptr) {
             run = true;
         } else {
             PyErr_Format(
                 PyExc_TypeError,
-                "the tripwire.frame handler returned %R for %U; expected None, 1 (SKIP), 2 (RUN_ONLY) or "
-                "a Replacement made for that code object",
+                "the tripwire.frame handler returned %R for %U; expected None, 1 (SKIP), 2 (RUN_ONLY), "
+                "3 (SKIP_RECURSIVE) or a Replacement made for that code object",
                 result, co->co_qualname);
             fail = true;
         }
@@ -162,7 +181,9 @@ PyObject* act_on(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* res
     Py_DECREF(backend);
     if (run) return run_owned_payload(ts, f, co, result);
     Py_XDECREF(result);
-    return fail ? fail_frame(ts, f) : let_through(ts, f);
+    if (fail) return fail_frame(ts, f);
+    // The handler may have cleared this thread's hook (its record stays until the thread dies).
+    return suspend && t_hook == h ? run_suspended(ts, f, h) : let_through(ts, f);
 }
 
 // Everything after the eval function's tests: out of line, so that letting a frame through
@@ -181,6 +202,7 @@ PyObject* act_on(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* res
         if (r > 0) return run_owned_payload(ts, f, co, payload);
     }
     if (slot != nullptr && slot->strategy != Strategy::Default) return let_through(ts, f);
+        // (SkipRecursive never gets here: the eval function runs those frames suspended.)
         // An interpreter shutting down runs no new compiles (the handler's module may be torn down).
 #if PY_VERSION_HEX >= 0x030D0000
     if (Py_IsFinalizing()) return let_through(ts, f);
@@ -189,7 +211,7 @@ PyObject* act_on(PyThreadState* ts, RawFrame* f, PyCodeObject* co, PyObject* res
 #endif
     PyObject* backend = nullptr;
     PyObject* result = ask_handler(f, h, co, fn, &backend);
-    return act_on(ts, f, co, result, backend);
+    return act_on(ts, f, h, co, result, backend);
 }
 
 PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag) {
@@ -203,7 +225,10 @@ PyObject* eval_frame(PyThreadState* ts, RawFrame* f, int throw_flag) {
     BackendSlot* slot = nullptr;
     if (CodeState* st = code_state(co)) {
         slot = st->find(h->backend);
-        if (slot != nullptr && slot->strategy == Strategy::Skip) return _PyEval_EvalFrameDefault(ts, f, 0);
+        if (slot != nullptr && slot->strategy >= Strategy::Skip) {
+            if (slot->strategy == Strategy::Skip) return _PyEval_EvalFrameDefault(ts, f, 0);
+            if (slot->strategy == Strategy::SkipRecursive) return run_suspended(ts, f, h);
+        }
     }
     return intercept(ts, f, h, co, slot);
 }
@@ -363,6 +388,275 @@ bool set_thread_hook(PyObject* handler, PyObject* backend, Ref& prev_handler, Re
                    1) == 0;
     }
     return true;
+}
+
+namespace {
+
+// An exception saved across cleanup code (PyErr_GetRaisedException is 3.12+).
+struct SavedError {
+    PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+    void fetch() { PyErr_Fetch(&type, &value, &tb); }
+    void restore() {
+        if (type != nullptr) PyErr_Restore(type, value, tb);
+        type = value = tb = nullptr;
+    }
+};
+
+struct Scope {
+    PyObject_HEAD vectorcallfunc vectorcall;
+    PyObject* fn;
+    PyObject* handler;   // null: a suspended call
+    PyObject* backend;   // null with handler
+    PyObject* fallback;  // or null
+    PyObject* enter;     // or null
+    PyObject* on_error;  // or null
+    PyObject* dict;      // __dict__ (functools.update_wrapper), or null
+    PyObject* weakrefs;
+};
+
+Scope* as_scope(PyObject* o) { return reinterpret_cast<Scope*>(o); }
+
+// `fn`, with on_error(state) when it raises. No RAII object holds a reference across the call
+// (see above).
+PyObject* scope_run(Scope* s, PyObject* state, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+    PyObject* r = PyObject_Vectorcall(s->fn, args, nargsf, kwnames);
+    if (r == nullptr && s->on_error != nullptr) {
+        // The cleanup must not replace the call's own exception (it is what the user sees).
+        SavedError exc;
+        exc.fetch();
+        // With the hook suspended: the cleanup is not user code to compile.
+        ThreadHook* h = t_hook;
+        if (h != nullptr && h->tstate != PyThreadState_Get()) h = nullptr;
+        if (h != nullptr) {
+            ++h->busy;
+            h->refresh();
+        }
+        PyObject* c = PyObject_CallOneArg(s->on_error, state != nullptr ? state : Py_None);
+        if (h != nullptr) {
+            --h->busy;
+            h->refresh();
+        }
+        if (c == nullptr) PyErr_WriteUnraisable(s->on_error);
+        Py_XDECREF(c);
+        exc.restore();
+    }
+    return r;
+}
+
+PyObject* scope_divert(Scope* s, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+    return PyObject_Vectorcall(s->fallback != nullptr ? s->fallback : s->fn, args, nargsf, kwnames);
+}
+
+PyObject* scope_hooked(PyObject* self, PyObject* state, PyObject* const* args, std::size_t nargsf,
+                       PyObject* kwnames) {
+    Scope* s = as_scope(self);
+    PyThreadState* ts = PyThreadState_Get();
+    ThreadHook* h = t_hook;
+    if (h != nullptr && h->tstate != ts) h = nullptr;
+    if (s->handler == nullptr) {  // a suspended call
+        if (h == nullptr || h->handler == nullptr) return scope_run(s, state, args, nargsf, kwnames);
+        // The record lives until this thread's state is cleared, which cannot happen during the call.
+        ++h->busy;
+        h->refresh();
+        PyObject* r = scope_run(s, state, args, nargsf, kwnames);
+        --h->busy;
+        h->refresh();
+        return r;
+    }
+    // Already this hook, not suspended (a compiled function calling itself or a sibling): as is.
+    if (h != nullptr && h->handler == s->handler && h->backend == s->backend && h->busy == 0)
+        return scope_run(s, state, args, nargsf, kwnames);
+    PyObject* prev_handler = nullptr;
+    PyObject* prev_backend = nullptr;
+    {
+        Ref ph, pb;
+        if (!set_thread_hook(s->handler, s->backend, ph, pb)) {
+            if (s->fallback != nullptr && PyErr_ExceptionMatches(error_type())) {
+                PyErr_Clear();
+                return scope_divert(s, args, nargsf, kwnames);
+            }
+            return nullptr;
+        }
+        prev_handler = ph.release();
+        prev_backend = pb.release();
+    }
+    h = t_hook;  // set_thread_hook made it when there was none
+    const int saved_busy = h->busy;
+    h->busy = 0;  // a compiled call inside a suspended extent compiles, as under torch's disable
+    h->refresh();
+    PyObject* r = scope_run(s, state, args, nargsf, kwnames);
+    SavedError exc;
+    if (r == nullptr) exc.fetch();
+    bool ok = true;
+    if (t_hook == h) {
+        h->busy = saved_busy;
+        Ref a, b;
+        ok = set_thread_hook(prev_handler, prev_backend, a, b);
+    }
+    Py_XDECREF(prev_handler);
+    Py_XDECREF(prev_backend);
+    if (!ok) {
+        if (r == nullptr) {
+            PyErr_WriteUnraisable(self);  // the call's own exception wins
+        } else {
+            Py_DECREF(r);
+            return nullptr;
+        }
+    }
+    exc.restore();
+    return r;
+}
+
+PyObject* scope_call_held(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+    Scope* s = as_scope(self);
+    if (s->enter == nullptr) return scope_hooked(self, nullptr, args, nargsf, kwnames);
+    // enter() runs before the hook is set (its own frame is not offered to the handler).
+    PyObject* state = PyObject_CallNoArgs(s->enter);
+    if (state == nullptr) return nullptr;
+    PyObject* r = state == Py_NotImplemented ? scope_divert(s, args, nargsf, kwnames)
+                                             : scope_hooked(self, state, args, nargsf, kwnames);
+    Py_DECREF(state);
+    return r;
+}
+
+PyObject* scope_call(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+    // Held for the call: a C caller may pass a borrowed scope, and the call may drop every other
+    // reference (on_error and the fields are read after fn returns).
+    Py_INCREF(self);
+    PyObject* r = scope_call_held(self, args, nargsf, kwnames);
+    Py_DECREF(self);
+    return r;
+}
+
+PyObject* scope_descr_get(PyObject* self, PyObject* obj, PyObject*) {
+    // A method when found on a class, as a function is (a decorated method).
+    if (obj == nullptr || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+void scope_dealloc(PyObject* self) {
+    PyTypeObject* tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Scope* s = as_scope(self);
+    if (s->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
+    Py_CLEAR(s->fn);
+    Py_CLEAR(s->handler);
+    Py_CLEAR(s->backend);
+    Py_CLEAR(s->fallback);
+    Py_CLEAR(s->enter);
+    Py_CLEAR(s->on_error);
+    Py_CLEAR(s->dict);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+int scope_traverse(PyObject* self, visitproc visit, void* arg) {
+    Scope* s = as_scope(self);
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(s->fn);
+    Py_VISIT(s->handler);
+    Py_VISIT(s->backend);
+    Py_VISIT(s->fallback);
+    Py_VISIT(s->enter);
+    Py_VISIT(s->on_error);
+    Py_VISIT(s->dict);
+    return 0;
+}
+
+int scope_clear(PyObject* self) {
+    Scope* s = as_scope(self);
+    // fn stays: a call in flight from another reference must find it (it is not a cycle root
+    // anyone else can clear; the hook objects are).
+    Py_CLEAR(s->fallback);
+    Py_CLEAR(s->enter);
+    Py_CLEAR(s->on_error);
+    Py_CLEAR(s->dict);
+    return 0;
+}
+
+PyObject* scope_new(PyTypeObject* tp, PyObject* args, PyObject* kwargs) {
+    PyObject *fn = nullptr, *handler = nullptr, *backend = nullptr, *fallback = Py_None, *enter = Py_None,
+             *on_error = Py_None;
+    static const char* kw[] = {"fn", "handler", "backend", "fallback", "enter", "on_error", nullptr};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOO:FrameScope", const_cast<char**>(kw), &fn,
+                                     &handler, &backend, &fallback, &enter, &on_error))
+        return nullptr;
+    if ((handler == Py_None) != (backend == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "FrameScope: handler and backend are both None or neither");
+        return nullptr;
+    }
+    for (PyObject* c : {fn, handler, fallback, enter, on_error}) {
+        if (c != Py_None && !PyCallable_Check(c)) {
+            PyErr_Format(PyExc_TypeError, "FrameScope: %R is not callable", c);
+            return nullptr;
+        }
+    }
+    if (fn == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "FrameScope: fn must be callable");
+        return nullptr;
+    }
+    auto* s = reinterpret_cast<Scope*>(tp->tp_alloc(tp, 0));
+    if (s == nullptr) return nullptr;
+    s->vectorcall = scope_call;
+    auto opt = [](PyObject* o) { return o == Py_None ? nullptr : Py_NewRef(o); };
+    s->fn = Py_NewRef(fn);
+    s->handler = opt(handler);
+    s->backend = opt(backend);
+    s->fallback = opt(fallback);
+    s->enter = opt(enter);
+    s->on_error = opt(on_error);
+    return reinterpret_cast<PyObject*>(s);
+}
+
+PyGetSetDef g_scope_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyMemberDef g_scope_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Scope, vectorcall), READONLY, nullptr},
+    {"__dictoffset__", T_PYSSIZET, offsetof(Scope, dict), READONLY, nullptr},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(Scope, weakrefs), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot g_scope_slots[] = {
+    {Py_tp_new, reinterpret_cast<void*>(scope_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(scope_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(scope_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(scope_clear)},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_getset, g_scope_getset},
+    {Py_tp_descr_get, reinterpret_cast<void*>(scope_descr_get)},
+    {Py_tp_members, g_scope_members},
+    {Py_tp_doc, const_cast<char*>(
+                    "FrameScope(fn, handler, backend, fallback=None, enter=None, on_error=None)\n--\n\n"
+                    "A callable whose call runs `fn` with this thread's frame hook set to (handler, "
+                    "backend), restoring the previous hook after; handler None: with the hook suspended.")},
+    {0, nullptr}};
+
+PyType_Spec g_scope_spec = {
+    "tripwire._core.FrameScope", sizeof(Scope), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    g_scope_slots};
+
+PyTypeObject* g_scope_type = nullptr;
+
+}  // namespace
+
+PyObject* scope_field(PyObject* self, int which) {
+    if (g_scope_type == nullptr || Py_TYPE(self) != g_scope_type) {
+        PyErr_SetString(PyExc_TypeError, "expected a FrameScope");
+        return nullptr;
+    }
+    Scope* s = as_scope(self);
+    PyObject* o = which == 0 ? s->fn : which == 1 ? s->handler : which == 2 ? s->backend : s->fallback;
+    return Py_NewRef(o != nullptr ? o : Py_None);
+}
+
+PyTypeObject* scope_type() {
+    if (g_scope_type == nullptr)
+        g_scope_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_scope_spec));
+    Py_XINCREF(g_scope_type);
+    return g_scope_type;
 }
 
 void thread_hook(Ref& handler, Ref& backend) {

@@ -557,6 +557,40 @@ class Replacement:
     def code(self) -> types.CodeType:
         """The replacement code object."""
 
+class FrameScope:
+    """
+    A callable whose call runs `fn` with this thread's frame hook set to (handler, backend), restoring the previous hook after; handler None: with the hook suspended.
+    """
+
+    def __call__(self, /, *args, **kwargs):
+        """Call self as a function."""
+
+    def __get__(self, instance, owner=None, /):
+        """Return an attribute of instance, which is of type owner."""
+
+    __vectorcalloffset__: types.MemberDescriptorType = ...
+
+    @property
+    def fn(self) -> Any:
+        """The callable called in the scope."""
+
+    @property
+    def handler(self) -> Any:
+        """The hook's handler (None: a suspended call)."""
+
+    @property
+    def backend(self) -> Any:
+        """The hook's backend key (None: a suspended call)."""
+
+    @property
+    def fallback(self) -> Any:
+        """Called instead when the hook cannot be set, or None."""
+
+def _frame_limit_reached(cache: CacheCore, f_locals: dict[str, Any]) -> int:
+    """
+    0, or the limit (1 recompile_limit, 2 accumulated_limit) an insert for these locals would reach.
+    """
+
 def _frame_setup(error_type: object) -> None:
     """Set the exception type of frame-hook conflicts (tripwire.FrameError)."""
 
@@ -586,7 +620,7 @@ def _frame_attach_cache(code: types.CodeType, backend: Any, cache: CacheCore) ->
     """Make `cache` the cache of `code` for `backend`."""
 
 def _frame_strategy(code: types.CodeType, backend: Any) -> int:
-    """0 default, 1 skip, 2 run-only."""
+    """0 default, 1 skip, 2 run-only, 3 skip-recursive."""
 
 def _frame_reset(code: types.CodeType, backend: Any = None) -> None:
     """Clear the caches and strategies of `code` (for one backend, or all)."""

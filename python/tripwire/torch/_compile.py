@@ -1,0 +1,459 @@
+"""``tripwire.torch.compile``: torch.compile's compiled code, served by tripwire's frame runtime.
+
+Dynamo compiles (its callback, called on a tripwire miss with a view of the frame, never running
+it); tripwire checks the entry's guards (imported with ``guards_of``) and runs the transformed code
+in the frame (``tripwire.frame``). The per-call scope is a C object (``tripwire.frame.scoped``), so
+a hit costs no Python frame of tripwire's besides ``_enter``. docs/compile.md has the contract and
+the limits. Importing this module imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import operator
+import os
+import threading
+import types
+import warnings
+import weakref
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch._dynamo import config as _config
+from torch._dynamo import eval_frame as _ef
+from torch._dynamo import external_utils, trace_rules
+from torch._dynamo.types import FrameAction
+
+from .. import _core
+from .. import frame as twf
+from ..errors import GuardsNotImportable, TorchImportError
+from ..logs import RECOMPILES
+
+__all__ = ["SIGNATURE", "VERIFIED_TORCH", "compile", "reset"]
+
+LOG = logging.getLogger("tripwire.torch.compile")
+# torch's own recompile log (TORCH_LOGS=recompiles prints it), for tools that read it.
+_TORCH_RECOMPILES = torch._logging.getArtifactLogger("torch._dynamo.guards", "recompiles")
+
+SIGNATURE = inspect.signature(torch.compile)
+"""torch.compile's signature in the installed torch: ``compile`` takes exactly these keywords."""
+
+VERIFIED_TORCH = ("2.13.",)
+"""torch versions this route was checked against (the private APIs it reads: docs/compile.md)."""
+
+# Every torch.compiler.disable wrapper (and so every compiled graph, __compiled_fn_*) runs this
+# code: its frames run with tripwire's hook suspended for their whole extent (torch sets its
+# callback to None there). Found through a wrapper, as torch builds it.
+_DISABLE_FN_CODE: types.CodeType = torch._dynamo.disable(lambda: None).__code__
+_INLINE_CODE: types.CodeType = external_utils.wrap_inline(lambda: None).__code__
+
+_TRIPWIRE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+_call_suspended = twf.suspended(operator.call)
+
+
+def _disabled_code() -> types.CodeType:
+    """The code every torch.compiler.disable wrapper (``DisableContext._fn``) runs instead, in its
+    own frame: its ``fn`` called with tripwire's hook suspended for the whole call, through a C
+    scope (no Python frame). torch's ``_fn`` also sets torch's callback to None around the call,
+    which this route never set, and annotates export traces, which it never runs under; the
+    rest is the same call. Same arguments and free variables (``fn``, ``self``, in that order)."""
+    fn = self = None
+
+    def _fn(*args: Any, **kwargs: Any) -> Any:
+        # The code runs under the wrapper's globals (torch's module): the C scope is found on
+        # the wrapper's DisableContext (a class attribute set below).
+        return self._tripwire_call_suspended(fn, *args, **kwargs)  # type: ignore[attr-defined]
+
+    return _fn.__code__
+
+
+_ef.DisableContext._tripwire_call_suspended = staticmethod(_call_suspended)  # type: ignore[attr-defined]
+_DISABLED_REPLACEMENT = _disabled_code()
+if _DISABLED_REPLACEMENT.co_freevars != _DISABLE_FN_CODE.co_freevars:
+    _DISABLED_REPLACEMENT = None  # type: ignore[assignment]  # another torch: SKIP_RECURSIVE serves it
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+class _FrameView:
+    """What Dynamo's callback reads from a frame (torch 2.13's DynamoFrameType): the frame is
+    not running yet, so ``f_lasti`` is -1 and ``f_locals`` holds the arguments only."""
+
+    __slots__ = ("closure", "f_builtins", "f_code", "f_globals", "f_lasti", "f_lineno", "f_locals")
+
+    def __init__(self, frame: twf.Frame) -> None:
+        self.f_code = frame.code
+        self.f_locals = dict(frame.f_locals)
+        self.f_globals = frame.f_globals
+        self.f_builtins = frame.f_builtins
+        self.closure = frame.function.__closure__ or ()
+        self.f_lasti = -1
+        self.f_lineno = frame.code.co_firstlineno
+
+
+# Every live compiled object, for reset(); each keeps the codes it has seen.
+_compiled: weakref.WeakSet[_Compiled] = weakref.WeakSet()
+_frame_states: weakref.WeakKeyDictionary[types.CodeType, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def reset() -> None:
+    """Forget every entry ``tripwire.torch.compile`` compiled (torch._dynamo.reset() calls it)."""
+    for c in list(_compiled):
+        c._reset()
+    _frame_states.clear()
+
+
+class _Compiled:
+    """One ``tripwire.torch.compile`` call: Dynamo's callback for it, tripwire's hook (its
+    ``backend`` key names this object's caches) and the torch.compile'd fallback."""
+
+    def __init__(self, ctx: Any, torch_compiled: Any, fullgraph: bool, recompile_limit: int | None) -> None:
+        self.callback = ctx.callback
+        self.enter_exit_hooks = list(getattr(ctx, "enter_exit_hooks", ()))
+        self.torch_compiled = torch_compiled
+        self.fullgraph = fullgraph
+        limit = recompile_limit if recompile_limit is not None else _config.recompile_limit
+        self.hook = twf.Hook(
+            self._on_miss,
+            backend=self,
+            recompile_limit=max(1, int(limit)),
+            accumulated_limit=max(1, int(_config.accumulated_recompile_limit)),
+            on_limit="run_only",
+            raise_errors=True,  # Dynamo's own errors propagate as under torch.compile (_on_miss decides)
+        )
+        self.codes: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
+        self._compile_ids: dict[types.CodeType, int] = {}
+        _compiled.add(self)
+
+    def _reset(self) -> None:
+        for code in list(self.codes):
+            twf.reset(code, self)
+        self.codes.clear()
+
+    # -- the miss ------------------------------------------------------------------------------
+    def _on_miss(self, frame: twf.Frame) -> Any:
+        code = frame.code
+        if code.co_filename.startswith(_TRIPWIRE_DIR):
+            return twf.SKIP  # tripwire's own machinery (the fallback, a LAMBDA guard's helper)
+        if code is _DISABLE_FN_CODE:  # torch.compiler.disable, a compiled graph: hook off inside
+            if _DISABLED_REPLACEMENT is None:
+                return twf.SKIP_RECURSIVE
+            from ..builder import GuardBuilder
+
+            # No guard: the replacement reads fn from each wrapper's own closure.
+            try:
+                return _DISABLED_REPLACEMENT, GuardBuilder({}, f_globals=frame.f_globals).build()
+            except Exception:  # noqa: BLE001 - the recursive skip serves it as well, only slower
+                return twf.SKIP_RECURSIVE
+        self.codes.add(code)
+        stance = _ef._stance.stance
+        if stance in ("force_eager", "eager_on_recompile") or _config.disable:
+            return None  # run it uncompiled this time; the stance is read again next time
+        if stance == "fail_on_recompile" and len(frame.cache) and not trace_rules.check(code):
+            raise RuntimeError(
+                "Detected recompile when torch.compile stance is 'fail_on_recompile'. "
+                f"filename: '{code.co_filename}', function name: '{code.co_name}', "
+                f"line number: {code.co_firstlineno}; " + _reasons(frame)
+            )
+        limit = frame.limit_reached()
+        if limit is not None:
+            return self._at_limit(frame, limit)
+        if len(frame.cache):
+            _log_recompile(frame)
+        state = _frame_states.setdefault(code, {})
+        cleanups = [enter() for enter in self.enter_exit_hooks]
+        try:
+            result = self.callback(_FrameView(frame), None, state)
+        finally:
+            for cleanup in cleanups:
+                cleanup()
+        return self._serve(frame, result)
+
+    def _at_limit(self, frame: twf.Frame, limit: str) -> Any:
+        code = frame.code
+        message = (
+            f"torch._dynamo hit config.{limit} ({getattr(frame.cache, limit)}) on {code.co_qualname} "
+            f"({code.co_filename}:{code.co_firstlineno}); "
+        )
+        if self.fullgraph:
+            from torch._dynamo.exc import FailOnRecompileLimitHit
+
+            raise FailOnRecompileLimitHit(message + "fullgraph=True: not falling back to eager")
+        RECOMPILES.warning(
+            "%srunning its cached entries only from now on (RUN_ONLY). %s", message, _reasons(frame)
+        )
+        torch._dynamo.utils.counters["stats"]["recompile_limit_hit"] += 1
+        return twf.RUN_ONLY
+
+    def _serve(self, frame: twf.Frame, result: Any) -> Any:
+        guarded = getattr(result, "guarded_code", None)
+        if guarded is not None:
+            why = _core._frame_incompatibility(frame.code, guarded.code)
+            if why is not None:  # never expected from Dynamo; a miss must not raise for it
+                _warn_once(
+                    f"layout:{id(frame.code)}",
+                    f"tripwire.torch.compile: Dynamo's code for {frame.code.co_qualname} cannot run in "
+                    f"its frame ({why}); that frame runs uncompiled",
+                )
+                return None
+            gs = _import_guards(guarded, frame)
+            if gs is None:
+                return None  # warned: this frame runs uncompiled, Dynamo is asked again next time
+            return guarded.code, gs
+        strategy = getattr(result, "frame_exec_strategy", None)
+        if strategy is None or not getattr(result, "apply_to_code", True):
+            return None
+        cur, recursive = strategy.cur_action, strategy.recursive_action
+        if cur == FrameAction.SKIP:
+            return twf.SKIP_RECURSIVE if recursive == FrameAction.SKIP else twf.SKIP
+        if cur == FrameAction.RUN_ONLY:
+            return twf.RUN_ONLY
+        return None
+
+
+def _reasons(frame: twf.Frame) -> str:
+    out = []
+    for i, failure in enumerate(frame.why_not()):
+        if failure is not None:
+            out.append(f"- entry {i}: {failure}")
+    return "triggered by the following guard failure(s):\n" + "\n".join(out) if out else ""
+
+
+def _log_recompile(frame: twf.Frame) -> None:
+    """A recompile in torch's TORCH_LOGS=recompiles form (tripwire's own ``recompiles`` log has
+    already printed its reasons: tripwire.frame does that for every miss of a code with entries)."""
+    if not _TORCH_RECOMPILES.isEnabledFor(logging.DEBUG):
+        return
+    code = frame.code
+    _TORCH_RECOMPILES.debug(
+        "Recompiling function %s in %s:%d\n    %s",
+        code.co_name,
+        code.co_filename,
+        code.co_firstlineno,
+        _reasons(frame).replace("\n", "\n    "),
+    )
+
+
+def _import_guards(guarded: Any, frame: twf.Frame) -> Any:
+    """The entry's guards as a tripwire GuardSet over the frame's globals, or None (with one
+    warning) when they cannot be served: then the frame runs uncompiled this time. Guards with no
+    exact tripwire form are evaluated by torch's own leaf objects (guards_of's fallback="torch");
+    when some cannot be imported at all, torch's whole guard manager decides, as one LAMBDA."""
+    from ._guards_of import guards_of
+
+    try:
+        gs = guards_of(guarded)
+        if gs._globals is frame.f_globals:
+            return gs
+        why = "the entry reads another globals dict than the frame's"
+    except (GuardsNotImportable, TorchImportError) as e:
+        why = str(e)
+    except Exception as e:  # noqa: BLE001 - an import bug must not fail a call whose user code ran
+        why = f"importing them raised {type(e).__name__}: {e}"
+    gm = guarded.guard_manager
+    if getattr(gm, "global_scope", {}).get("G", frame.f_globals) is frame.f_globals:
+        from ..builder import GuardBuilder
+
+        check = gm.check
+
+        def torch_decides(f_locals: Any) -> bool:
+            return bool(check(dict(f_locals)))  # torch's root takes a dict
+
+        try:
+            b = GuardBuilder(frame.f_locals, f_globals=frame.f_globals)
+            b.predicate(torch_decides, f"torch's guard manager ({why.splitlines()[0]})")
+            leaf = b.build()
+            LOG.debug(
+                "tripwire.torch.compile: %s: torch's guard manager decides: %s", frame.code.co_qualname, why
+            )
+            return leaf
+        except Exception as e:  # noqa: BLE001 - a miss never raises here: run uncompiled (below)
+            why = f"{why}; torch's guard manager as a guard failed too: {e}"
+    _warn_once(
+        f"import:{id(frame.code)}",
+        f"tripwire.torch.compile: the guards of {frame.code.co_qualname} cannot be served ({why}); "
+        "that frame runs uncompiled",
+    )
+    return None
+
+
+# -- per call ------------------------------------------------------------------------------------
+_depth = torch._C._functorch.get_dynamic_layer_stack_depth
+_undo_to = torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth
+_include_set = torch._C._dispatch_tls_local_include_set
+_exclude_set = torch._C._dispatch_tls_local_exclude_set
+_profiler = torch.autograd.profiler
+
+
+def _enter() -> Any:
+    """Before each call: NotImplemented sends it to torch.compile's own wrapper (a stance that
+    runs eagerly, a profiler wanting torch's "Torch-Compiled Region"; config.disable is read on
+    misses, as it is a compile-time switch); otherwise
+    what compile_wrapper restores on an exception (the functorch layer-stack depth, the
+    dispatch-key TLS)."""
+    if _ef._stance.stance == "force_eager" or _profiler._is_profiler_enabled:
+        return NotImplemented
+    return (_depth(), _include_set(), _exclude_set())
+
+
+def _on_error(state: Any) -> None:
+    """compile_wrapper's cleanup when the call raised: generated code is not guarded with
+    try/finally, so a graph that pushed a functorch layer or changed the dispatch-key TLS leaves
+    them behind."""
+    depth, include, exclude = state
+    _undo_to(depth)
+    if _include_set() != include or _exclude_set() != exclude:
+        guard = torch._C._ForceDispatchKeyGuard(include, exclude)
+        guard.__enter__()  # sets the TLS to the saved sets; never exited, so they stay
+
+
+def _fallback(torch_compiled: Any) -> Any:
+    def fallback(*args: Any, **kwargs: Any) -> Any:
+        # Reached when another PEP 523 function is installed (torch's: a torch.compile'd caller,
+        # or torch's hook left behind by an earlier torch error) or when _enter said so.
+        if twf.status()[
+            "eval_frame"
+        ] == "foreign" and torch._C._dynamo.eval_frame.get_eval_frame_callback() in (
+            None,
+            False,
+        ):
+            _warn_once(
+                "foreign",
+                "tripwire.torch.compile: another frame hook is installed (torch's, left by an earlier "
+                "torch.compile error?); calls go through torch.compile's own runtime",
+            )
+        return torch_compiled(*args, **kwargs)
+
+    return fallback
+
+
+def _scope(fn: Any, c: _Compiled) -> Any:
+    return twf.scoped(fn, c.hook, fallback=_fallback(c.torch_compiled), enter=_enter, on_error=_on_error)
+
+
+class _Context:
+    """What OptimizedModule calls to wrap its forward (in place of torch's dynamo_ctx)."""
+
+    def __init__(self, c: _Compiled, ctx: Any) -> None:
+        self.compiled = c
+        self.torch_ctx = ctx
+        self.callback = ctx.callback
+        self.fullgraph = c.fullgraph
+
+    def __call__(self, fn: Any) -> Any:
+        return _scope(fn, self.compiled)
+
+
+class OptimizedModule(_ef.OptimizedModule):
+    """What ``tripwire.torch.compile`` returns for an ``nn.Module``: torch's OptimizedModule
+    (parameters, state_dict, attribute access, train()/eval() are the original module's), whose
+    forward runs in tripwire's frame runtime."""
+
+
+_unsupported_reasons = (
+    (
+        lambda: (
+            bool(getattr(_config, "compiled_autograd", False))
+            or torch._dynamo.compiled_autograd.compiled_autograd_enabled
+        ),
+        "compiled autograd",
+    ),
+    (lambda: bool(getattr(_config, "caching_precompile", False)), "precompile packages"),
+    (
+        lambda: (
+            bool(getattr(_config, "enable_guard_collectives", False))
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+        ),
+        "distributed guard collectives",
+    ),
+)
+
+
+def compile(model: Any = None, **kwargs: Any) -> Any:
+    """``torch.compile(model, **kwargs)`` whose compiled code runs in tripwire's frame runtime,
+    with tripwire's imported guards. Takes exactly torch.compile's keyword arguments (``SIGNATURE``).
+    Where this route does not apply (an unverified torch version, compiled autograd, precompile,
+    distributed guard collectives) it returns torch.compile's own result, with one warning."""
+    bound = SIGNATURE.bind(model, **kwargs)
+    bound.apply_defaults()
+    options = dict(bound.arguments)
+    model = options.pop("model")
+    if model is None:
+        return functools.partial(compile, **kwargs)
+    torch_compiled = torch.compile(model, **options)
+    if options.get("disable") or torch_compiled is model:
+        return torch_compiled
+    if not torch.__version__.startswith(VERIFIED_TORCH):
+        _warn_once(
+            "version",
+            f"tripwire.torch.compile was verified on torch {', '.join(v + 'x' for v in VERIFIED_TORCH)}, "
+            f"not {torch.__version__}: using torch.compile",
+        )
+        return torch_compiled
+    for test, what in _unsupported_reasons:
+        if test():
+            _warn_once(what, f"tripwire.torch.compile does not support {what}: using torch.compile")
+            return torch_compiled
+    if isinstance(torch_compiled, _ef.OptimizedModule):
+        ctx = torch_compiled.dynamo_ctx
+    else:
+        ctx = _closure_value(torch_compiled, "self")
+    if ctx is None or not callable(getattr(ctx, "callback", None)):
+        _warn_once(
+            "ctx", "tripwire.torch.compile: torch.compile's callback was not found: using torch.compile"
+        )
+        return torch_compiled
+    c = _Compiled(ctx, torch_compiled, bool(options.get("fullgraph")), options.get("recompile_limit"))
+    if isinstance(model, torch.nn.Module):
+        return OptimizedModule(model, _Context(c, ctx))  # type: ignore[arg-type]
+    scope = _scope(model, c)
+    functools.update_wrapper(scope, model)
+    scope._torchdynamo_orig_callable = model
+    scope._tripwire_compiled = c
+    return scope
+
+
+def _closure_value(fn: Any, name: str) -> Any:
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None)
+    if code is None or not cells or name not in code.co_freevars:
+        return None
+    try:
+        return cells[code.co_freevars.index(name)].cell_contents
+    except ValueError:
+        return None
+
+
+def _patch_dynamo_reset() -> None:
+    """torch._dynamo.reset() (and torch.compiler.reset(), which calls it) clears tripwire's
+    entries too: they hold Dynamo's transformed code, whose globals reset() forgets."""
+    original = torch._dynamo.reset
+    if getattr(original, "_tripwire_reset", False):
+        return
+
+    @functools.wraps(original)
+    def reset_all() -> None:
+        original()
+        reset()
+
+    reset_all._tripwire_reset = True  # type: ignore[attr-defined]
+    torch._dynamo.reset = reset_all
+
+
+_patch_dynamo_reset()
+# Dynamo never traces this module: the fallback runs under torch's own hook (a torch.compile'd
+# caller), where torch's callback would otherwise compile it.
+trace_rules.add(__name__)
