@@ -1,6 +1,10 @@
 // tripwire/cpp/bindings/bind_diagnostics.cpp -- switches and facts for tests and benchmarks.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+
+#include <optional>
+#include <string>
 
 #include "core/program.hpp"
 #include "register.hpp"
@@ -26,6 +30,15 @@ void register_diagnostics(nb::module_& m) {
         nb::arg("is_machinery"), nb::arg("depth"),
         "The caller's stack outside tripwire's machinery, innermost last, at most `depth` entries, as "
         "'file:line in func' (is_machinery(filename) is asked once per file).");
+    m.def(
+        "_set_machinery_rule",
+        [](nb::handle is_machinery, const std::optional<std::string>& dir) {
+            runtime::set_machinery_rule(dir ? is_machinery.ptr() : nullptr, dir ? *dir : std::string());
+        },
+        nb::arg("is_machinery"), nb::arg("dir").none(),
+        "Set once by tripwire.builder: user_stack answers is_machinery itself for '<frozen ...' filenames "
+        "and absolute normal POSIX paths under the package directory `dir`, as builder._is_machinery does "
+        "(None: no rule; runtime/frame/install_site.hpp, set_machinery_rule).");
     m.def(
         "_instruction_lines",
         [](nb::handle code, int offset) {

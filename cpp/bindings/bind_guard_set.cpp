@@ -18,7 +18,6 @@
 #include "core/ir.hpp"
 #include "core/program.hpp"
 #include "core/shape/program.hpp"
-#include "object_memo.hpp"
 #include "register.hpp"
 #include "runtime/eval/guard_set.hpp"
 #include "runtime/py.hpp"
@@ -160,44 +159,19 @@ std::pair<PyObject* const*, Py_ssize_t> exact_sequence(PyObject* o, const char* 
     throw nb::type_error(what);
 }
 
-/// Each SHAPE symbol's declaration, made once per set and shared by every relation that names
-/// it (core::SharedPath): a copy of the caller's own `paths[k]` when `remaps[k]` is None (its ids
-/// are the pool's), else the template `paths[k]` with its constant ids (the root's name, the
-/// steps' operands) mapped through `remaps[k]`, which holds the set's own pool ids (guard_set.py,
-/// _symbol_template: a template is made once per symbol, not once per set).
-std::vector<core::SharedPath> shared_paths_of(nb::list paths, nb::list remaps) {
-    if (remaps.size() != paths.size()) throw nb::value_error("SHAPE declarations: mismatched lengths");
-    std::vector<core::SharedPath> shared(paths.size());
-    for (std::size_t k = 0; k < paths.size(); ++k) {
-        auto p = std::make_shared<core::SourcePath>(nb::cast<const core::SourcePath&>(paths[k]));
-        PyObject* remap = remaps[k].ptr();
-        if (remap != Py_None) {
-            if (!PyList_CheckExact(remap)) throw nb::type_error("a SHAPE symbol's constant ids are a list");
-            const auto resolve = [remap](core::ConstId local) -> core::ConstId {
-                if (local >= static_cast<std::size_t>(PyList_GET_SIZE(remap)))
-                    throw nb::value_error("SHAPE declarations: a constant id out of range");
-                PyObject* id = PyList_GET_ITEM(remap, local);
-                const unsigned long v = PyLong_CheckExact(id) ? PyLong_AsUnsignedLong(id) : 0xFFFFFFFFul;
-                if (v >= core::kNoConst) {
-                    PyErr_Clear();
-                    throw nb::value_error("SHAPE declarations: a bad constant id");
-                }
-                return static_cast<core::ConstId>(v);
-            };
-            p->name = resolve(p->name);
-            for (core::Step& st : p->steps) {
-                if (st.operand != core::kNoConst) st.operand = resolve(st.operand);
-            }
-        }
-        shared[k] = std::move(p);
-    }
+/// Each SHAPE symbol's declaration (the caller's `paths[k]`, its ids the set's pool's), made once
+/// per set and shared by every relation that names it (core::SharedPath).
+std::vector<core::SharedPath> shared_paths_of(const std::vector<core::SourcePath>& paths) {
+    std::vector<core::SharedPath> shared;
+    shared.reserve(paths.size());
+    for (const core::SourcePath& p : paths) shared.push_back(std::make_shared<core::SourcePath>(p));
     return shared;
 }
 
 /// The SHAPE declarations of a set, made here from the specs' own argument tuples
 /// (text, symbols, types) instead of one nanobind GuardDecl per relation. `symbols[k]` is the
-/// Source object whose declaration is `shared[k]` (shared_paths_of, or made by
-/// _shape_symbol_decls); each relation's symbols are found by identity.
+/// Source object whose declaration is `shared[k]` (shared_paths_of); each relation's symbols are
+/// found by identity.
 /// `at[r]` is the position among the other declarations where relation r was declared, so the
 /// declarations keep the specs' order. Only exact tuples, lists, str and int are read: no user
 /// code runs here, so the borrowed items stay alive (the caller's lists hold them).
@@ -277,300 +251,6 @@ PyObject* interned_name(PyObject*& slot, const char* text) {
         if (slot == nullptr) throw nb::python_error();
     }
     return slot;
-}
-
-/// A field of an exact tripwire.source.Step, owned (a plain dataclass: no user code runs).
-nb::object field(PyObject* obj, PyObject*& name_slot, const char* name) {
-    if (name_slot == nullptr) {
-        name_slot = PyUnicode_InternFromString(name);
-        if (name_slot == nullptr) throw nb::python_error();
-    }
-    PyObject* v = PyObject_GetAttr(obj, name_slot);
-    if (v == nullptr) throw nb::python_error();
-    return nb::steal(v);
-}
-
-/// `repr(name)` appended to `out`: written directly for an exact str of printable ASCII without a
-/// quote or backslash (every root name Python's grammar admits: `'x'`), else Python's repr.
-void append_str_repr(std::string& out, nb::handle name) {
-    PyObject* s = name.ptr();
-    if (PyUnicode_CheckExact(s) && PyUnicode_IS_ASCII(s)) {
-        const auto* c = static_cast<const char*>(PyUnicode_DATA(s));
-        const Py_ssize_t len = PyUnicode_GET_LENGTH(s);
-        bool plain = true;
-        for (Py_ssize_t i = 0; i < len && plain; ++i)
-            plain = c[i] >= 0x20 && c[i] < 0x7f && c[i] != '\'' && c[i] != '\\';
-        if (plain) {
-            out += '\'';
-            out.append(c, static_cast<std::size_t>(len));
-            out += '\'';
-            return;
-        }
-    }
-    out += nb::cast<std::string>(nb::repr(name));
-}
-
-/// `str(sym)` of an exact tripwire.source.Source: the print Source.__str__ keeps in the instance
-/// (`_text`, set when the source was parsed or first printed) when it is there and an exact str,
-/// without calling __str__ (a Python frame); else str(sym), which computes and keeps it.
-std::string printed_source(nb::handle sym) {
-    static PyObject* s_text = nullptr;
-    PyObject* kept = nullptr;
-#if PY_VERSION_HEX >= 0x030D0000
-    const int found = PyObject_GetOptionalAttr(sym.ptr(), interned_name(s_text, "_text"), &kept);
-#else
-    const int found = _PyObject_LookupAttr(sym.ptr(), interned_name(s_text, "_text"), &kept);
-#endif
-    if (found < 0) throw nb::python_error();
-    const nb::object text = found == 1 ? nb::steal(kept) : nb::object();
-    if (text.is_valid() && PyUnicode_CheckExact(text.ptr())) return nb::cast<std::string>(text);
-    return nb::cast<std::string>(nb::str(sym));
-}
-
-/// `obj` as the engine's enum `T` (RootKind, StepKind). A member of T's own Python class is
-/// converted once and then found by address (a member lives as long as its class; the cache
-/// holds it too): nanobind's conversion reads the member's value each time (an attribute lookup).
-template <typename T>
-T enum_value(nb::handle obj) {
-    static std::vector<std::pair<PyObject*, T>> seen;  // strong references, never dropped
-    for (const auto& [member, value] : seen)
-        if (member == obj.ptr()) return value;
-    const T value = nb::cast<T>(obj);
-    if (Py_TYPE(obj.ptr()) == reinterpret_cast<PyTypeObject*>(nb::type<T>().ptr()) && seen.size() < 256)
-        seen.emplace_back(Py_NewRef(obj.ptr()), value);
-    return value;
-}
-
-/// A SHAPE symbol's declaration template (guard_set.py, _symbol_decl): constant 0 is the root's
-/// name, then each step's operand in order.
-struct SymbolTemplate {
-    runtime::Ref source;  ///< the C++ memo's key, kept alive so that its address names no other object
-    core::SourcePath path;
-    std::vector<runtime::Ref> consts;
-    bool cpp_tensor = false;  ///< a step reads the C++ tensor
-    /// Every constant an exact str or an exact int: _shape_symbol_decls interns them into the pool
-    /// itself (as _Pool.intern would); any other constant is interned by Python.
-    bool plain = true;
-};
-
-/// `out` made from the fields of `sym`, an exact tripwire.source.Source (the caller checks). Its
-/// texts are its printed prefixes: for a symbol of at most one step (nearly every one:
-/// ``L['x'].size()[0]``, ``L['n']``) the root's print and ``str(sym)`` (kept on the Source), else
-/// ``sym.printed_prefixes()``. False when a step is not exactly `step_type` (a subclass may
-/// answer has_operand and index its own way: the caller reads those in Python).
-bool make_symbol_template(nb::handle sym, nb::handle step_type, SymbolTemplate& out) {
-    static PyObject* s_kind = nullptr;
-    static PyObject* s_arg = nullptr;
-    static PyObject* s_root = nullptr;
-    static PyObject* s_name = nullptr;
-    static PyObject* s_steps = nullptr;
-    const nb::object root_obj = field(sym.ptr(), s_root, "root");
-    const nb::object name = field(sym.ptr(), s_name, "name");
-    const nb::object steps_obj = field(sym.ptr(), s_steps, "steps");
-    if (!PyTuple_CheckExact(steps_obj.ptr())) return false;
-    const auto steps = nb::borrow<nb::tuple>(steps_obj);
-    const std::size_t n = steps.size();
-    for (nb::handle st : steps) {
-        if (Py_TYPE(st.ptr()) != reinterpret_cast<PyTypeObject*>(step_type.ptr())) return false;
-    }
-    core::SourcePath& path = out.path;
-    path.root = enum_value<core::RootKind>(root_obj);
-    path.name = 0;
-    path.steps.reserve(n);
-    path.texts.reserve(n + 1);
-    if (n <= 1) {
-        static const char* const letter[] = {"L", "G", "C"};
-        const auto root = static_cast<std::size_t>(path.root);
-        if (root > 2) throw nb::value_error("unknown root kind");
-        std::string& base = path.texts.emplace_back(letter[root]);
-        base += '[';
-        append_str_repr(base, name);
-        base += ']';
-        if (n == 1) path.texts.push_back(printed_source(sym));
-    } else {
-        for (nb::handle t : nb::list(sym.attr("printed_prefixes")()))
-            path.texts.push_back(nb::cast<std::string>(t));
-        if (path.texts.size() != n + 1) throw nb::value_error("a symbol's texts do not match its steps");
-    }
-    const auto plain_const = [](PyObject* c) { return PyUnicode_CheckExact(c) || PyLong_CheckExact(c); };
-    out.consts.reserve(n + 1);
-    out.consts.push_back(runtime::Ref::borrow(name.ptr()));
-    out.plain = PyUnicode_CheckExact(name.ptr());
-    for (std::size_t i = 0; i < n; ++i) {
-        PyObject* st = steps[i].ptr();
-        const nb::object kind_obj = field(st, s_kind, "kind");
-        const nb::object arg = field(st, s_arg, "arg");
-        const auto kind = enum_value<core::StepKind>(kind_obj);
-        core::Step& step = path.steps.emplace_back();
-        step.kind = kind;
-        if (core::step_takes_operand(kind)) {
-            step.operand = static_cast<core::ConstId>(out.consts.size());
-            out.consts.push_back(runtime::Ref::borrow(arg.ptr()));
-            out.plain = out.plain && plain_const(arg.ptr());
-        } else if (core::step_takes_index(kind)) {
-            step.index = nb::cast<std::int64_t>(arg);
-        }
-        out.cpp_tensor = out.cpp_tensor || core::is_cpp_tensor_step(kind);
-    }
-    return true;
-}
-
-/// The template as Python's _SYMBOL_DECLS keeps it: (SourcePath, constants, whether a step reads
-/// the C++ tensor), or None when a step is not exactly `step_type` (guard_set.py, _symbol_decl).
-/// `sym` is an exact tripwire.source.Source (the caller checks).
-nb::object symbol_template(nb::handle sym, nb::handle step_type) {
-    SymbolTemplate t;
-    if (!make_symbol_template(sym, step_type, t)) return nb::none();
-    nb::tuple consts = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(t.consts.size())));
-    if (!consts.is_valid()) throw nb::python_error();
-    for (std::size_t i = 0; i < t.consts.size(); ++i)
-        PyTuple_SET_ITEM(consts.ptr(), static_cast<Py_ssize_t>(i), t.consts[i].release());
-    return nb::make_tuple(nb::cast(std::move(t.path)), consts, t.cpp_tensor);
-}
-
-// Templates of exact Sources, by object (_shape_symbol_decls; Python's _SYMBOL_DECLS keeps those
-// made by _symbol_decl). A Source and its Steps are frozen dataclasses (tripwire treats them as
-// immutable everywhere), so a template stays the object's while the memo holds the object.
-// Bounded (emptied at 4096 entries); emptied by _clear_symbol_templates
-// (guard_set._clear_build_memos).
-using SymbolTemplates = ObjectMemo<SymbolTemplate, 4096>;
-SymbolTemplates& symbol_templates() {
-    static auto* m = new SymbolTemplates();  // never destroyed: it holds Python objects
-    return *m;
-}
-
-void clear_symbol_templates() { symbol_templates().clear(); }
-
-/// The template of `sym`, an exact Source: the memoised one, else made now and memoised. Null
-/// when a step is not exactly `step_type`.
-std::shared_ptr<const SymbolTemplate> symbol_template_of(PyObject* sym, nb::handle step_type) {
-    if (std::shared_ptr<const SymbolTemplate> kept = symbol_templates().find(sym)) return kept;
-    auto made = std::make_shared<SymbolTemplate>();
-    made->source = runtime::Ref::borrow(sym);
-    if (!make_symbol_template(sym, step_type, *made)) return nullptr;
-    // Making it may have run Python code (str(sym), printed_prefixes(), a collection), which may
-    // have changed the memo: put() looks it up again.
-    symbol_templates().put(sym, made);
-    return made;
-}
-
-/// `c` (an exact str or int) interned into a set's pool as _Pool.intern does: a str by its
-/// interned self, an int by (int, value) (source.key_identity); its id in `consts`, appended with
-/// a strong hold (`weak` False) when new. Exact containers and keys only: no user code runs.
-core::ConstId intern_plain_const(PyObject* c, PyObject* consts, PyObject* weak, PyObject* interned) {
-    nb::object key;
-    nb::object value;
-    if (PyUnicode_CheckExact(c)) {
-        PyObject* s = Py_NewRef(c);
-        PyUnicode_InternInPlace(&s);
-        key = nb::steal(s);
-        value = key;
-    } else {
-        key = nb::steal(PyTuple_Pack(2, reinterpret_cast<PyObject*>(&PyLong_Type), c));
-        if (!key.is_valid()) throw nb::python_error();
-        value = nb::borrow(c);
-    }
-    PyObject* found = PyDict_GetItemWithError(interned, key.ptr());  // borrowed
-    if (found != nullptr) {
-        const unsigned long v = PyLong_CheckExact(found) ? PyLong_AsUnsignedLong(found) : 0xFFFFFFFFul;
-        if (v >= core::kNoConst || v >= static_cast<unsigned long>(PyList_GET_SIZE(consts))) {
-            PyErr_Clear();
-            throw nb::value_error("SHAPE declarations: a bad interned constant id");
-        }
-        return static_cast<core::ConstId>(v);
-    }
-    if (PyErr_Occurred()) throw nb::python_error();
-    const Py_ssize_t i = PyList_GET_SIZE(consts);
-    if (static_cast<std::size_t>(i) >= core::kNoConst) throw nb::value_error("too many constants");
-    const nb::object index = nb::steal(PyLong_FromSsize_t(i));
-    if (!index.is_valid() || PyList_Append(consts, value.ptr()) < 0 || PyList_Append(weak, Py_False) < 0 ||
-        PyDict_SetItem(interned, key.ptr(), index.ptr()) < 0)
-        throw nb::python_error();
-    return static_cast<core::ConstId>(i);
-}
-
-/// A set's SHAPE symbol declarations, each made once and shared by its relations
-/// (_shape_symbol_decls' answer, taken by GuardSetCore.__init__ in place of paths and remaps).
-struct SymbolPaths {
-    std::vector<core::SharedPath> paths;
-};
-
-/// GuardSet's SHAPE symbols declared in one call (guard_set.py, _ShapeDecls.symbol_templates):
-/// the distinct symbols of the argument tuples `args` (by identity, in order of first use),
-/// their declarations with the set's constant ids (each template's constants interned into the
-/// pool `consts`/`weak`/`interned` in the symbols' order, as Python's loop interns them), and
-/// whether a step reads the C++ tensor. None, with nothing interned, when a symbol is not an
-/// exact `source_type` of exact `step_type` steps with str or int constants: Python declares
-/// those (a subclass prints and numbers its own way).
-nb::object shape_symbol_decls(nb::list args, nb::list consts, nb::list weak, nb::dict interned,
-                              nb::handle source_type, nb::handle step_type) {
-    if (!PyList_CheckExact(consts.ptr()) || !PyList_CheckExact(weak.ptr()) ||
-        !PyDict_CheckExact(interned.ptr()))
-        throw nb::type_error("the pool is an exact list, list and dict");
-    // The distinct symbols, held by `syms` (Python code may run below: a symbol's print).
-    nb::list syms;
-    {
-        std::vector<PyObject*> seen;
-        seen.reserve(16);
-        for (nb::handle a : args) {
-            if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3)
-                throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
-            const auto [items, n] =
-                exact_sequence(PyTuple_GET_ITEM(a.ptr(), 1), "SHAPE symbols are a tuple of sources");
-            for (Py_ssize_t k = 0; k < n; ++k) {
-                if (Py_TYPE(items[k]) != reinterpret_cast<PyTypeObject*>(source_type.ptr()))
-                    return nb::none();
-                if (std::find(seen.begin(), seen.end(), items[k]) != seen.end()) continue;
-                seen.push_back(items[k]);
-            }
-        }
-        for (PyObject* sym : seen) syms.append(nb::handle(sym));
-    }
-    const std::size_t n = syms.size();
-    std::vector<std::shared_ptr<const SymbolTemplate>> templates(n);
-    for (std::size_t k = 0; k < n; ++k) {
-        templates[k] = symbol_template_of(syms[k].ptr(), step_type);
-        if (templates[k] == nullptr || !templates[k]->plain) return nb::none();
-    }
-    SymbolPaths out;
-    out.paths.reserve(n);
-    bool cpp_tensor = false;
-    for (const std::shared_ptr<const SymbolTemplate>& t : templates) {
-        const auto intern = [&](core::ConstId local) {
-            return intern_plain_const(t->consts[local].get(), consts.ptr(), weak.ptr(), interned.ptr());
-        };
-        auto p = std::make_shared<core::SourcePath>(t->path);
-        p->name = intern(p->name);
-        for (core::Step& st : p->steps) {
-            if (st.operand != core::kNoConst) st.operand = intern(st.operand);
-        }
-        cpp_tensor = cpp_tensor || t->cpp_tensor;
-        out.paths.push_back(std::move(p));
-    }
-    return nb::make_tuple(syms, nb::cast(std::move(out)), cpp_tensor);
-}
-
-/// GuardSet's encoding of a set whose specs are all SHAPE relations (guard_set.py, _encode): the
-/// specs' indices and argument tuples, read from exact `spec_type` instances (plain dataclass
-/// fields: no user code runs) whose kind is `shape_kind` and whose arguments are an exact 3-tuple;
-/// None when any spec is otherwise (the caller's general encoding decides).
-nb::object shape_specs(nb::list specs, nb::handle spec_type, nb::handle shape_kind) {
-    static PyObject* s_kind = nullptr;
-    static PyObject* s_args = nullptr;
-    static PyObject* s_index = nullptr;
-    nb::list ids;
-    nb::list args;
-    for (nb::handle spec : specs) {
-        if (Py_TYPE(spec.ptr()) != reinterpret_cast<PyTypeObject*>(spec_type.ptr())) return nb::none();
-        if (field(spec.ptr(), s_kind, "kind").ptr() != shape_kind.ptr()) return nb::none();
-        nb::object a = field(spec.ptr(), s_args, "args");
-        nb::object index = field(spec.ptr(), s_index, "index");
-        if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3 || !PyLong_CheckExact(index.ptr()))
-            return nb::none();
-        ids.append(index);
-        args.append(a);
-    }
-    return nb::make_tuple(ids, args);
 }
 
 /// `module.attrs...` when `module` is imported (sys.modules: nothing is imported here) and has
@@ -692,54 +372,6 @@ std::shared_ptr<runtime::GuardSet> shared_guard_set_of(PyObject* o) {
 }
 
 void register_guard_set(nb::module_& m) {
-    m.def(
-        "_shape_distinct_symbols",
-        [](nb::list args) {
-            // Exact tuples and lists only (exact_sequence): no user code runs, so the borrowed
-            // items stay alive while they are compared by identity.
-            std::vector<PyObject*> seen;
-            nb::list out;
-            for (nb::handle a : args) {
-                if (!PyTuple_CheckExact(a.ptr()) || PyTuple_GET_SIZE(a.ptr()) != 3)
-                    throw nb::type_error("SHAPE takes (relation text, symbols, symbol types)");
-                const auto [syms, n] =
-                    exact_sequence(PyTuple_GET_ITEM(a.ptr(), 1), "SHAPE symbols are a tuple of sources");
-                for (Py_ssize_t k = 0; k < n; ++k) {
-                    if (std::find(seen.begin(), seen.end(), syms[k]) != seen.end()) continue;
-                    seen.push_back(syms[k]);
-                }
-            }
-            for (PyObject* sym : seen) out.append(nb::handle(sym));
-            return out;
-        },
-        nb::arg("args"),
-        "The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, "
-        "symbols, types): GuardSet's encoding.");
-    m.def("_shape_specs", &shape_specs, nb::arg("specs"), nb::arg("spec_type"), nb::arg("shape_kind"),
-          nb::sig("def _shape_specs(specs: list[typing.Any], spec_type: type, shape_kind: typing.Any) -> "
-                  "tuple[list[int], list[tuple[typing.Any, ...]]] | None"),
-          "(indices, argument tuples) of specs that are all exact spec_type SHAPE relations with exact "
-          "3-tuples, else None (guard_set.py, _encode).");
-    m.def("_symbol_template", &symbol_template, nb::arg("sym"), nb::arg("step_type"),
-          nb::sig("def _symbol_template(sym: typing.Any, step_type: type) -> "
-                  "tuple[SourcePath, tuple[typing.Any, ...], bool] | None"),
-          "A SHAPE symbol's declaration template from an exact Source: (SourcePath, constants, reads the "
-          "C++ tensor), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).");
-    const auto symbol_paths =
-        nb::class_<SymbolPaths>(m, "_SymbolPaths",
-                                "A set's SHAPE symbol declarations, made by _shape_symbol_decls for "
-                                "GuardSetCore.__init__ (opaque).");
-    (void)symbol_paths;  // registered: the class object lives in the module
-    m.def("_shape_symbol_decls", &shape_symbol_decls, nb::arg("args"), nb::arg("consts"), nb::arg("weak"),
-          nb::arg("interned"), nb::arg("source_type"), nb::arg("step_type"),
-          nb::sig("def _shape_symbol_decls(args: list[tuple[typing.Any, ...]], consts: list[typing.Any], "
-                  "weak: list[bool], interned: dict[typing.Any, int], source_type: type, step_type: type) -> "
-                  "tuple[list[typing.Any], _SymbolPaths, bool] | None"),
-          "(distinct symbols, their declarations, a step reads the C++ tensor) of SHAPE argument tuples, "
-          "their constants interned into the pool; None when a symbol needs Python's declaration "
-          "(guard_set.py, _ShapeDecls.symbol_templates).");
-    m.def("_clear_symbol_templates", &clear_symbol_templates,
-          "Empty _shape_symbol_decls' memo of symbol templates (guard_set._clear_build_memos).");
     auto cls =
         nb::class_<GuardSetCore>(m, "GuardSetCore", nb::type_slots(g_core_slots),
                                  "The compiled guard set. Use tripwire.GuardSet, which subclasses it.")
@@ -748,22 +380,11 @@ void register_guard_set(nb::module_& m) {
                 [](GuardSetCore* self, std::vector<core::GuardDecl> decls, nb::list consts,
                    nb::list hold_weakly, nb::object globals, nb::object closure, bool strict,
                    nb::object eval_error_type, nb::list shape_at, nb::list shape_ids, nb::list shape_args,
-                   nb::list shape_symbols, nb::handle shape_paths, nb::handle shape_remaps) {
+                   nb::list shape_symbols, const std::vector<core::SourcePath>& shape_paths) {
                     runtime::GuardSetInputs in;
                     if (!shape_args.empty()) {
-                        // The symbols' declarations: made by _shape_symbol_decls, or templates and
-                        // their pool ids from Python (guard_set.py, _ShapeDecls.symbol_templates).
-                        if (nb::isinstance<SymbolPaths>(shape_paths)) {
-                            add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols,
-                                            nb::cast<const SymbolPaths&>(shape_paths).paths);
-                        } else {
-                            if (!PyList_CheckExact(shape_paths.ptr()) ||
-                                !PyList_CheckExact(shape_remaps.ptr()))
-                                throw nb::type_error("SHAPE symbol declarations are lists (or _SymbolPaths)");
-                            add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols,
-                                            shared_paths_of(nb::borrow<nb::list>(shape_paths),
-                                                            nb::borrow<nb::list>(shape_remaps)));
-                        }
+                        add_shape_decls(decls, shape_at, shape_ids, shape_args, shape_symbols,
+                                        shared_paths_of(shape_paths));
                     }
                     in.decls = std::move(decls);
                     in.consts.reserve(consts.size());
@@ -784,7 +405,7 @@ void register_guard_set(nb::module_& m) {
                 nb::arg("closure").none(), nb::arg("strict"), nb::arg("eval_error_type").none(),
                 nb::arg("shape_at") = nb::list(), nb::arg("shape_ids") = nb::list(),
                 nb::arg("shape_args") = nb::list(), nb::arg("shape_symbols") = nb::list(),
-                nb::arg("shape_paths") = nb::list(), nb::arg("shape_remaps").none() = nb::list())
+                nb::arg("shape_paths") = std::vector<core::SourcePath>())
             .def(
                 "__init__",
                 [](GuardSetCore* self, nb::handle decoded, nb::list consts, nb::object globals, bool strict,
