@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "pytho
 
 import hostile_docs as hd
 import tripwire as tw
-from tripwire import _core, shapes
+from tripwire import shapes
 from tripwire.store import ReferenceCodec, decode_entry, encode_entry
 
 
@@ -60,8 +60,7 @@ def load_entry(data: bytes) -> str:
 
 
 def build_shape(text: str, frame: dict) -> str:
-    shapes._parse_text.cache_clear()
-    _core._clear_shape_memos()
+    shapes.clear_memos()
     b = tw.GuardBuilder(frame)
     try:
         b.shape(text)

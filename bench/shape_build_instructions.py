@@ -8,16 +8,15 @@ once, in this parent process. Each mode then runs in its own ``valgrind --tool=c
 (``--instr-atstart=no``: importing torch runs uninstrumented), collecting only inside
 ``_floor.repeat_call`` (bench/floor.c), called twice (20 then 120 builds, one dump after each);
 per build = the difference / 100, so the call's own set-up cancels. Before counting, every mode is
-run once (warm memos, as in a process that has built these texts before; ``cold`` empties them
-itself). The modes are the rows of bench/shape_eval.py's build table:
+run once (warm memos, as in a process that has built these texts before; the cold modes build
+texts it has not seen). The modes are the rows of bench/shape_eval.py's build table:
 
 - ``builder``: ``GuardBuilder(example)``, ``relations_from_torch`` + ``GuardBuilder.shape`` per
   part, ``build()`` (what a JIT does);
 - ``engine``: ``GuardSet(specs)`` on the builder's specs (encoding and the C++ build);
-- ``cold``: ``builder`` with every memo emptied first (bench/shape_eval.py ``_clear_memos``). The
-  emptying is set-up, not building: it runs with collection switched off (``_floor.toggle_collect``);
-- ``clear``: that emptying alone, the build after it uncollected (about 60K: kept out of ``cold``
-  because a JIT does not empty its memos before a build);
+- ``cold``: ``builder`` on texts never built before: the locals renamed per build
+  (bench/shape_eval.py ``_fresh``, made before counting), so every memo keyed by text misses (what a
+  JIT pays for a new function's guards);
 - ``cold_parse``, ``cold_shape`` (not run by default): the cold build up to the end of its parse
   (``relations_from_torch`` of every part) and of its ``GuardBuilder.shape`` calls (no
   ``build()``). The phases are the differences: parse = cold_parse, shape = cold_shape -
@@ -41,7 +40,7 @@ import _callgrind
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("builder", "engine", "cold")
-PHASE_MODES = ("cold_parse", "cold_shape", "clear")
+PHASE_MODES = ("cold_parse", "cold_shape")
 LO, HI = 20, 120
 
 
@@ -63,37 +62,25 @@ def child(mode: str, parts_file: str) -> None:
     example = _example()
     specs: list = []
 
-    def clear_uncounted() -> None:
-        # Collection is on inside repeat_call: off for the emptying, back on for the build.
-        floor.toggle_collect()
-        bench._clear_memos()
-        floor.toggle_collect()
+    # Fresh texts for every cold build, made before counting (the warm-up's, then LO + HI).
+    fresh = iter([bench._fresh(parts, example, k) for k in range(2 * (1 + LO + HI))])
 
     def cold(_: object) -> None:
-        clear_uncounted()
-        bench._tripwire_set(parts, example)
-
-    def clear(_: object) -> None:
-        bench._clear_memos()
-        floor.toggle_collect()
-        bench._tripwire_set(parts, example)
-        floor.toggle_collect()
+        bench._tripwire_set(*next(fresh))
 
     def cold_parse(_: object) -> None:
-        clear_uncounted()
-        for part in parts:
+        for part in next(fresh)[0]:
             tw.shapes.relations_from_torch(part)
 
     def cold_shape(_: object) -> None:
-        clear_uncounted()
-        b = tw.GuardBuilder(example)
-        for part in parts:
+        fresh_parts, fresh_example = next(fresh)
+        b = tw.GuardBuilder(fresh_example)
+        for part in fresh_parts:
             for rel in tw.shapes.relations_from_torch(part):
                 b.shape(rel)
 
     runs = {
         "cold": cold,
-        "clear": clear,
         "cold_parse": cold_parse,
         "cold_shape": cold_shape,
         "builder": lambda _: bench._tripwire_set(parts, example),

@@ -19,7 +19,7 @@ from . import _core, guard_set, shapes, source, tensors
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, ShapeSyntaxError
 from .guard_set import build_guard_set
-from .source import _INDEX_STEPS, _NO_ARG_STEPS, Source, SourceLike, Step
+from .source import Source, SourceLike
 from .tensors import ArrayExpectation, DimensionMarkings, TensorExpectation
 
 if TYPE_CHECKING:
@@ -57,48 +57,20 @@ def _read_args(src: Source) -> tuple[Any, str, list[tuple[Any, Any, int]]]:
     return src.root, src.name, [(st.kind, st.arg if st.has_operand else None, st.index) for st in src.steps]
 
 
-# The symbol types of GuardBuilder.shape's specs: one tuple per combination, shared by every spec
-# with these types, keyed by ``(1 << n) | sum(code_k << k)`` over the engine's type codes (0 int,
-# 1 float); ``_core.relation_holds_on`` looks them up and fills it (emptied at 4096 entries).
-_TYPE_NAMES: dict[int, tuple[str, ...]] = {}
-
-
 def clear_build_memos() -> None:
-    """Empty every memo a build of SHAPE relations fills (what a process building these texts for
-    the first time starts with): the engine's parsed and compiled relations and decoded symbols,
-    install-site strings, the parse and source caches, the plain symbols' Sources, the symbols'
-    declarations and recipes, the type-name tuples. For cold-build benchmarks
-    (bench/shape_eval.py) and the tests that empty them mid-build."""
+    """Empty every memo a build fills (what a process building these texts for the first time
+    starts with): install-site strings, the parse caches of relations and sources, the sources'
+    recipes and read arguments, the machinery answers. For the tests that empty them mid-build."""
     _core._clear_install_site_memo()
     shapes.clear_memos()
     source.clear_memos()
     guard_set.clear_memos()
     _read_args.cache_clear()
     _is_machinery.cache_clear()
-    _TYPE_NAMES.clear()
 
 
 _Relation = shapes.Relation
 _SHAPE = GuardKind.SHAPE  # an enum member from its class is an attribute lookup through the metaclass
-
-
-# The StepKinds that take a position, and those that take no argument, as bit masks:
-# ``_core.relation_holds_on`` reads each symbol's steps as Step.has_operand and Step.index do.
-_INDEX_KINDS = sum(1 << int(k) for k in _INDEX_STEPS)
-_NO_ARG_KINDS = sum(1 << int(k) for k in _NO_ARG_STEPS)
-# What GuardBuilder.shape's C++ call uses; it decodes a symbol of the exact classes Source and
-# Step once (frozen: a decoding stays the object's).
-_core._set_shape_builder(
-    Source,
-    Step,
-    GuardSpec,
-    _SHAPE,
-    _INDEX_KINDS,
-    _NO_ARG_KINDS,
-    _TYPE_NAMES,
-    _is_machinery,
-    _STACK_DEPTH,
-)
 
 
 class Checkpoint:
@@ -392,40 +364,23 @@ class GuardBuilder:
         # The index first, as _take_index takes it (read and advanced with nothing in between that
         # could collect): a guard declared while the relation is read and checked (user code, a
         # finalizer) takes the next one, and the spec is made with this one (no field replaced).
+        # A refused relation gives its index back when no guard took one since (no gap).
         index = self._next_index
         self._next_index = index + 1
-        # One C++ call reads the symbols, evaluates the relation on them (the parse tree on small
-        # ints, else a per-thread scratch program) and, when it holds, makes the spec with the
-        # install site. Anything else (a read that raised, a value of another type, a relation
-        # that does not hold, a type error) is redone symbol by symbol below, which says why.
-        spec: Any
-        try:
-            spec = _core.spec_of_shape(
-                rel.text, rel.symbols, self.f_locals, self.f_globals, self.f_closure, index
-            )
-        except Exception:  # noqa: BLE001 - redone below, where the error is reported
-            spec = None
-        if spec is None:
-            spec = self._shape_checked(rel, index)
-        self._specs.append(spec)
-        return spec
-
-    def _shape_checked(self, rel: shapes.Relation, index: int) -> GuardSpec:
-        """shape()'s relation redone symbol by symbol (the one C++ call gave None or raised): the
-        spec with `index`, or the error that says why it cannot be declared. A refused relation
-        gives its index back when no guard took one since (a refusal leaves no gap)."""
         try:
             args = (rel.text, rel.symbols, self._checked_symbol_types(rel))
-            return GuardSpec(_SHAPE, None, args, index, _core.user_stack(_is_machinery, _STACK_DEPTH))
+            spec = GuardSpec(_SHAPE, None, args, index, _user_stack())
         except BaseException:
             if self._next_index == index + 1:
                 self._next_index = index
             raise
+        self._specs.append(spec)
+        return spec
 
     def _checked_symbol_types(self, rel: shapes.Relation) -> tuple[str, ...]:
-        """The types of a relation's symbols on the example, read one by one; raises the error
-        that says why when a symbol cannot be read or is not an int or a float, or when the
-        relation does not hold on the values."""
+        """The types of a relation's symbols on the example, each read once; raises the error that
+        says why when a symbol cannot be read or is not an int or a float, or when the relation
+        does not hold on the values."""
         values = []
         types = []
         codes = []
@@ -443,8 +398,9 @@ class GuardBuilder:
                     f"shape symbol {src} is a {t.__name__} on the example; a symbol is an int or a float"
                 )
             values.append(v)
-        # One C++ call: the relation's compiled program is memoised by (text, types), and a pass on
-        # the int64 path returns at once (the exact path decides anything else, as a check does).
+        # The relation as a check evaluates it (its compiled program memoised by (text, types): a
+        # JIT that recompiles checks the same relations again); a pass on the int64 path returns
+        # at once, the exact path decides anything else.
         try:
             holds, error, _path = _core.evaluate_relation(rel.text, codes, values, False)
         except ShapeSyntaxError as e:  # a type error: its offset in the text as given
@@ -632,11 +588,6 @@ class GuardBuilder:
             specs, self.f_locals, self.f_globals, self.f_closure, strict=strict, baselines=self._baselines
         )
 
-
-# GuardBuilder.shape of an exact GuardBuilder on an exact Relation runs in C++, with no Python frame
-# (bind_shape.cpp, make_shape_method): the same steps as the method above, which stays the path for
-# anything else (a subclass, a text or an Expr, keywords) and gives the method its docstring.
-GuardBuilder.shape = _core._shape_method(GuardBuilder, _Relation, GuardBuilder.shape)  # type: ignore[method-assign,assignment]
 
 builtins_type = type
 builtins_hasattr = hasattr

@@ -6,7 +6,6 @@ run only when asked, never on the hot path.
 
 from __future__ import annotations
 
-import atexit
 import copy
 import enum
 import functools
@@ -21,7 +20,7 @@ from . import _core, catalogue, serialization, tensors
 from .catalogue import _TORCH_PROBES, GuardKind, GuardSpec
 from .errors import GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
-from .source import _INDEX_STEPS, _NO_ARG_STEPS, _ROOT_LETTER, CPP_TENSOR_STEPS, Source, Step, key_identity
+from .source import CPP_TENSOR_STEPS, Source, key_identity
 
 __all__ = ["GuardSet", "build_guard_set"]
 
@@ -117,145 +116,12 @@ class _ShapeDecls:
         sources = pool.sources
         return syms, [sources.get(id(sym)) or _source_decl(sym, pool) for sym in syms]
 
-    def symbol_templates(
-        self, pool: _Pool
-    ) -> tuple[list[Source], list[_core.SourcePath] | _core._SymbolPaths, list[list[int] | None]]:
-        """Each distinct symbol, its declaration or template, and the template's constant ids in
-        ``pool`` (None for a declaration another guard of the set made: its ids are the pool's).
-        When no other guard declared a source and every symbol is an exact Source of exact Steps,
-        one C++ call gives the templates it keeps per Source object (``_SymbolPaths``) and their
-        constants; the pool interns them here, as it interns every constant."""
-        intern = pool.intern
-        if not pool.sources:
-            found = _core._shape_symbol_templates(self.args, Source, Step)
-            if found is not None:
-                syms, templates, constants, cpp_tensor = found
-                if cpp_tensor:
-                    pool.reads_cpp_tensor = True
-                # Nearly every symbol has one constant, its root's name.
-                return (
-                    syms,
-                    templates,
-                    [[intern(c[0])] if len(c) == 1 else [intern(x) for x in c] for c in constants],
-                )
-        syms = _core._shape_distinct_symbols(self.args)
-        sources = pool.sources
-        paths: list[_core.SourcePath] = []
-        remaps: list[list[int] | None] = []
-        held_decls = _SYMBOL_DECLS
-        for sym in syms:
-            key = id(sym)
-            decl = sources.get(key)
-            if decl is not None:
-                paths.append(decl)
-                remaps.append(None)
-                continue
-            # _symbol_decl's memo and its exact-Source path, here (a Python call less per symbol).
-            held = held_decls.get(key)
-            if held is not None:
-                entry = held[1]
-            else:
-                made = _core._symbol_template(sym, Step) if type(sym) is Source else None
-                if made is None:  # a subclass, or a step that is not exactly Step
-                    entry = _symbol_decl(sym)
-                else:
-                    entry = made
-                    _remember_symbol_decl(sym, entry)
-            template, consts, cpp_tensor = entry
-            paths.append(template)
-            # Nearly every symbol has one constant, its root's name.
-            remaps.append([intern(consts[0])] if len(consts) == 1 else [intern(c) for c in consts])
-            if cpp_tensor:
-                pool.reads_cpp_tensor = True
-        return syms, paths, remaps
-
-
-def _symbol_decl(sym: Source) -> tuple[_core.SourcePath, tuple[Any, ...], bool]:
-    """A SHAPE symbol's declaration with its constants numbered locally (0: the root's name, then
-    each step operand), which a set maps to its own pool's ids (bind_guard_set.cpp,
-    add_shape_decls); whether a step reads the C++ tensor. Made once per Source object (sources
-    are immutable), in _SYMBOL_DECLS."""
-    if type(sym) is not Source:
-        return _symbol_decl_of_fields(sym, False)
-    held = _SYMBOL_DECLS.get(id(sym))
-    if held is not None:
-        return held[1]
-    # Its fields and texts read in C++ (no nanobind Step per step, no Python loop); None when a
-    # step is not exactly a Step.
-    entry = _core._symbol_template(sym, Step)
-    if entry is None:
-        entry = _symbol_decl_of_fields(sym, True)
-    _remember_symbol_decl(sym, entry)
-    return entry
-
-
-def _remember_symbol_decl(sym: Source, entry: _SymbolDecl) -> None:
-    """Keep an exact Source's declaration in _SYMBOL_DECLS (bounded: emptied at 4096)."""
-    if len(_SYMBOL_DECLS) >= 4096:
-        _SYMBOL_DECLS.clear()
-    _SYMBOL_DECLS[id(sym)] = (sym, entry)
-
-
-def _symbol_decl_of_fields(sym: Source, exact: bool) -> _SymbolDecl:
-    """_symbol_decl's answer made in Python: a Source subclass, or a step that is not exactly Step."""
-    consts: list[Any] = [sym.name]
-    steps = []
-    cpp_tensor = False
-    for st in sym.steps:
-        kind = st.kind
-        if type(st) is Step:  # Step.has_operand and Step.index, without two Python calls
-            by_index = kind in _INDEX_STEPS
-            has_operand = not by_index and kind not in _NO_ARG_STEPS
-            index = st.arg if by_index else 0
-        else:
-            has_operand, index = st.has_operand, st.index
-        if has_operand:
-            steps.append(_Step(kind, len(consts)))
-            consts.append(st.arg)
-        else:
-            steps.append(_Step(kind, None, index))
-        if kind in CPP_TENSOR_STEPS:
-            cpp_tensor = True
-    texts = _symbol_texts(sym) if exact else sym.printed_prefixes()
-    return _core.SourcePath(sym.root, 0, steps, texts), tuple(consts), cpp_tensor
-
-
-# id(symbol) -> (the symbol, _symbol_decl's answer). The entry holds the symbol, so its id names no
-# other object while it is here; a module dict (not the Source's instance dict) so that no
-# SourcePath outlives the module at exit. Bounded: emptied at 4096 symbols; _clear_memos empties it.
-_SymbolDecl = tuple[_core.SourcePath, tuple[Any, ...], bool]
-_SYMBOL_DECLS: dict[int, tuple[Source, _SymbolDecl]] = {}
-# Emptied at exit, before modules are torn down: a module that holds one of this module's functions
-# (builder's build_guard_set) keeps this dict alive past nanobind's leak check otherwise.
-atexit.register(_SYMBOL_DECLS.clear)
-
-
-def _symbol_texts(sym: Source) -> list[str]:
-    """``sym.printed_prefixes()`` of an exact Source: a symbol of at most one step (nearly every
-    one: ``L['x'].size()[0]``, ``L['n']``) is its root's print and its own, which the relation's
-    text already printed (Source.__str__ keeps it); the step is not rendered again."""
-    steps = sym.steps
-    if len(steps) > 1:
-        return sym.printed_prefixes()
-    base = f"{_ROOT_LETTER[sym.root]}[{sym.name!r}]"
-    return [base, Source.__str__(sym)] if steps else [base]
-
 
 def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_core.GuardDecl]:
     """The specs as the engine's typed declarations, their objects in ``pool``; the SHAPE
     relations go to ``shape`` (declared by the engine in one call). Which slot holds what per kind
     is the catalogue's table (catalogue.py); the engine checks the slots a kind uses against its
     own (core::guard_shape) when it compiles."""
-    if type(specs) is list and not shape.args:
-        found = _core._shape_specs(specs, GuardSpec, _SHAPE)
-        if found is not None:
-            # Every spec an exact SHAPE relation (a set a builder made of shape() calls): read in
-            # one call, with no Python step per spec. Each is declared before any other (none).
-            shape.ids, shape.args = found
-            shape.at = [0] * len(specs)
-            if tensors._torch_status is None or tensors._numpy_status is None:  # else both set up
-                _ensure_shape_readers()
-            return []
     decls: list[_core.GuardDecl] = []
     for s in specs:
         k, a = s.kind, s.args
@@ -407,7 +273,7 @@ class GuardSet(_core.GuardSetCore):
         shape = _ShapeDecls()
         decls = _encode(specs, pool, shape)
         closure = dict(f_closure) if f_closure is not None else None
-        symbols, paths, remaps = shape.symbol_templates(pool) if shape.args else ([], [], [])
+        symbols, paths = shape.symbols(pool) if shape.args else ([], [])
         self = _core.GuardSetCore.__new__(cls)
         error: Exception
         try:
@@ -425,7 +291,6 @@ class GuardSet(_core.GuardSetCore):
                 shape.args,
                 symbols,
                 paths,
-                remaps,
             )
         except GuardBuildError as e:
             error = GuardBuildError(*e.args)
@@ -797,10 +662,7 @@ def _short_site(site: str) -> str:
 
 
 def clear_memos() -> None:
-    """Empty this module's memos: the symbols' declarations (and the engine's templates of them)
-    and the sources' recipes (builder.clear_build_memos)."""
-    _core._clear_symbol_templates()
-    _SYMBOL_DECLS.clear()
+    """Empty this module's memo of the sources' recipes (builder.clear_build_memos)."""
     _source_recipe.cache_clear()
 
 

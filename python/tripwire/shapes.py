@@ -33,9 +33,8 @@ from typing import Any
 
 from . import _core
 from .errors import GuardBuildError, ShapeSyntaxError
-from .source import RootKind, Source, SourceParseError, Step, StepKind
+from .source import RootKind, Source, SourceParseError
 from .source import _parse_text as _source_parse_text
-from .source import _plain_step as _source_plain_step
 
 __all__ = [
     "Abs",
@@ -149,27 +148,6 @@ class Relation:
         return f"{head} with {pairs}" if pairs else head
 
 
-class _SpansOnFirstUse:
-    """``Relation._spans`` of a relation the engine made for a code part (_core.relations_of_text
-    leaves it out: only an error's offset in ``original`` reads it): computed on first use, as the
-    general path computes it for the same text, and kept in the instance, which then answers.
-
-    A descriptor rather than ``__getattr__``: a class with ``__getattr__`` loses CPython's fast
-    attribute reads for every field, which the builder reads on every relation."""
-
-    def __get__(self, rel: Relation | None, owner: type | None = None) -> Any:
-        if rel is None:
-            return ()  # the dataclass field's default, as the class gave it
-        if "original" not in rel.__dict__:
-            raise AttributeError("'Relation' object has no attribute '_spans'")
-        spans = _parse_symbols(rel.original)._spans
-        rel.__dict__["_spans"] = spans
-        return spans
-
-
-Relation._spans = _SpansOnFirstUse()  # type: ignore[assignment]
-
-
 def _short(v: Any) -> str:
     try:
         r = repr(v)
@@ -198,37 +176,18 @@ def parse(relation: str | Expr | Relation) -> Relation:
 def _parse_text(text: str) -> Relation:
     """parse() of an exact str, memoised: a JIT that recompiles a function sees the same texts
     again (a Relation is immutable; errors are not cached)."""
-    return _relation_of_text(text)
+    return _parse_symbols(text)
 
 
-# The Source of each plain symbol text the engine has read (its printed form), shared by the
-# relations naming it: a cold import of torch's code parts meets a few symbols many times.
-# Bounded by the engine (emptied at 4096 texts); bench/shape_eval.py _clear_memos empties it.
-_PLAIN_SYMBOLS: dict[str, Source] = {}
-
-
-def _engine_relations(text: str) -> tuple[Relation, ...] | Relation | None:
-    """The engine's relations of ``text`` when it writes every symbol in its printed plain form
-    (torch's code parts; the Relation as ``_parse_symbols`` makes it, ``_spans`` computed on first
-    use, its Sources as ``source._parse_plain`` makes them): a 1-tuple, or the Relation alone when it may be a
-    conjunction to split (``_conjuncts``); None for any other text. Its ShapeSyntaxError carries
-    ``text``."""
-    return _core.relations_of_text(text, _PLAIN_SYMBOLS, Relation, Source, Step)  # type: ignore[return-value]
-
-
-def _relation_of_text(text: str) -> Relation:
-    """parse() of an exact str, not memoised."""
-    rel = _engine_relations(text)
-    if isinstance(rel, tuple):
-        return rel[0]
-    return _parse_symbols(text) if rel is None else rel
+def clear_memos() -> None:
+    """Empty this module's memo of parsed relations (builder.clear_build_memos)."""
+    _parse_text.cache_clear()
 
 
 def _parse_symbols(text: str) -> Relation:
-    """parse() of an exact str whose symbols the source parser reads (python/tripwire/source.py)."""
+    """parse() of an exact str: the engine's parser finds the symbols' extents, the source parser
+    (python/tripwire/source.py) reads each one."""
     try:
-        # The engine keeps this parse for the code alone (without blanks and comment): when the
-        # canonical text is that code, the builder's compile of it parses nothing again.
         code_end, spans, raw_symbols = _core.parse_relation(text)
     except ShapeSyntaxError as e:
         raise ShapeSyntaxError(e.message, e.offset, text) from None
@@ -275,44 +234,16 @@ def _parse_symbols(text: str) -> Relation:
 _source_of_symbol = _source_parse_text
 
 
-def _general_relations(code_part: str, rel: Relation | None) -> tuple[Relation, ...]:
-    """relations_from_torch of an exact str that is not one relation whose symbols are all
-    printed plain (_core.relations_of_text gave the Relation of a conjunction to split, or None)."""
-    return _conjuncts(_parse_symbols(code_part) if rel is None else rel)
+def relations_from_torch(code_part: str) -> list[Relation]:
+    """The relations of one code part of torch's shape guard, a new list.
 
-
-def _split_relations(code_part: str) -> tuple[Relation, ...]:
-    return _conjuncts(_parse_text(code_part) if type(code_part) is str else parse(code_part))
-
-
-# relations_from_torch's memo: the relations of each exact str it was given (a JIT importing
-# torch's guards sees the same code parts again; errors are not memoised). Bounded by the engine
-# (emptied at 4096 texts); builder.clear_build_memos empties it.
-_RELATIONS: dict[str, tuple[Relation, ...]] = {}
-
-
-def clear_memos() -> None:
-    """Empty this module's memos and the engine's parsed and compiled relations and decoded
-    symbols (builder.clear_build_memos)."""
-    _core._clear_shape_memos()
-    _parse_text.cache_clear()
-    _RELATIONS.clear()
-    _PLAIN_SYMBOLS.clear()
-
-
-# One Step per (kind, position) of the positional steps plain symbols name most, shared by every
-# Source the engine makes that names it (a Step is immutable): made here, once per process.
-_SHARED_STEPS: dict[tuple[StepKind, int], Step] = {
-    (kind, i): _source_plain_step(kind, i) for kind in (StepKind.SIZE, StepKind.STRIDE) for i in range(16)
-}
-
-_core._set_plain_relations(
-    _PLAIN_SYMBOLS, Relation, Source, Step, _general_relations, _RELATIONS, _split_relations, _SHARED_STEPS
-)
-
-# The relations of one code part of torch's shape guard (a new list: the caller may change it),
-# made by the engine directly: no Python frame, no lru_cache, no list() call on the cold path.
-relations_from_torch: Callable[[str], list[Relation]] = _core.relations_from_torch
+    Accepts what torch 2.13 prints in its shape-environment code parts, verbose or not: a
+    relation, optionally followed by the ``# ...`` comment torch appends (the user's source line,
+    or why the guard exists). A top-level conjunction (``2 <= s and s <= 1024``, how the
+    non-verbose form prints a range) becomes one relation per conjunct, so a failure names the
+    conjunct that is false; a chained comparison (``2 <= s <= 1024``) stays one relation. Every
+    relation keeps the part's comment. Raises ShapeSyntaxError for text tripwire cannot use."""
+    return list(_conjuncts(parse(code_part)))
 
 
 def _conjuncts(rel: Relation) -> tuple[Relation, ...]:

@@ -423,7 +423,8 @@ def _parse_text(text: str, shape_is_size: bool) -> Source:
 
 
 # The plain printed forms (what torch prints for shape symbols, and most guard sources), read
-# without Python's compiler: a root ``L['x']`` / ``G['x']`` / ``C['x']`` with a printable-ASCII
+# without Python's compiler (whose AST builder is not re-entrant: a finalizer that parses a source
+# in the middle of ast.parse makes the outer call raise SystemError on 3.11, test_reentrancy.py): a root ``L['x']`` / ``G['x']`` / ``C['x']`` with a printable-ASCII
 # name, then steps ``.name`` (an ASCII identifier that is neither a keyword nor a dunder),
 # ``['key']`` (printable ASCII), ``[i]``, ``.size()[i]``, ``.stride()[i]``, ``.size(i)``,
 # ``.stride(i)``, ``.storage_offset()`` and, in shape relations, ``.shape[i]`` (``i``: decimal,
@@ -440,9 +441,7 @@ _PROPERTY_STEP = {"size": StepKind.SIZE, "stride": StepKind.STRIDE}
 
 
 def _plain_step(kind: StepKind, arg: Any) -> Step:
-    # The arguments were checked by the grammar above (what Step.__post_init__ checks). The engine
-    # builds the Steps and Sources of plain symbols in shape relations the same way, fields and
-    # all (cpp/bindings/bind_shape.cpp plain_source; tests/python/test_shapes.py compares them).
+    # The arguments were checked by the grammar above (what Step.__post_init__ checks).
     st = object.__new__(Step)
     d = st.__dict__  # the frozen dataclass's fields, written as its __init__ would leave them
     d["kind"] = kind

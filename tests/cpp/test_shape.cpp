@@ -17,8 +17,6 @@
 #include "core/shape/bigint.hpp"
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
-#include "core/shape/symbol.hpp"
-#include "same_parse.hpp"
 #include "testing.hpp"
 
 // Every heap allocation of this test binary is counted (ShapeFrame.FastPathAllocatesNothing).
@@ -207,161 +205,6 @@ TEST(ShapeParser, TorchSpellings) {
     EXPECT_EQ(sympy.nodes[sympy.nodes[sympy.root].args[0]].op, Op::Mod);
 }
 
-using parse_check::same_parse;
-
-// A random relation of the tokens torch's common form is made of, and of near misses the plain
-// parser must leave to the general one (chains, `**`, calls, floats, blanks inside a source, ...).
-std::string random_relation(std::uint64_t& seed, int depth = 0) {
-    const auto next = [&seed](std::uint32_t k) {
-        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-        return static_cast<std::uint32_t>(seed >> 33) % k;
-    };
-    static const char* const kOperands[] = {
-        "L['x'].size()[0]",
-        "L['x'].size()[1]",
-        "L['w'].stride()[0]",
-        "G['g']",
-        "C['c'].n",
-        "L['y']",
-        "0",
-        "1",
-        "4",
-        "9223372036854775807",
-        "123456789012345678",
-        "00",
-        "07",
-        "1.5",
-        "2e3",
-        "L['x'] .size()[0]",
-        "L ['x']",
-        "L['x'].size(0)",
-        "L['x'][\"k\"]",
-        "Max(1, L['y'])",
-        "x",
-        "True",
-        "L['a'].b.c[3]",
-        "L['a']()",
-        "L['x'].size()[0] ",
-        "-1",
-        "+2",
-        "- 3",
-        "-L['y']",
-    };
-    static const char* const kOps[] = {
-        "+",  "-",   "*",   "/",    "//",   "%",   "==", "!=",    "<",    "<=", ">",
-        ">=", " + ", " * ", " // ", " == ", " < ", "**", " and ", " or ", "<<", ""};
-    std::string out;
-    if (depth < 4 && next(4) == 0) {
-        out = (next(6) == 0 ? "-(" : "(") + random_relation(seed, depth + 1) + (next(40) == 0 ? "" : ")");
-    } else {
-        out = kOperands[next(std::size(kOperands) - (next(3) == 0 ? 0 : 15))];
-    }
-    const std::uint32_t more = next(depth == 0 ? 5 : 3);
-    for (std::uint32_t k = 0; k < more; ++k) {
-        out += kOps[next(std::size(kOps) - (next(3) == 0 ? 0 : 10))];
-        out += depth < 4 && next(3) == 0 ? "(" + random_relation(seed, depth + 1) + ")"
-                                         : std::string(kOperands[next(std::size(kOperands) - 15)]);
-    }
-    if (depth == 0) {
-        if (next(3) == 0) out = "  " + out;
-        if (next(2) == 0) out += "  # a comment (with ')' and 'L['x']')";
-        if (next(20) == 0) out += ")";
-    }
-    return out;
-}
-
-TEST(ShapeParser, PlainParserAgreesWithTheGeneralOne) {
-    // The torch forms of bench/shape_eval.py's f_twenty first, then random ones.
-    const char* const kTorch[] = {
-        "L['x'].stride()[0] == L['x'].size()[1]  # (unknown source L['x'].stride()[0], please file a bug)",
-        "(L['x'].size()[1]*L['x'].size()[0]) == (4*((L['x'].size()[1]*L['x'].size()[0]) // 4))  # a",
-        "(L['x'].size()[0] % ((L['x'].size()[1]*L['x'].size()[0]) // 4)) != 0  # a = x.reshape(-1, 4)",
-        "(-1) + L['y'].size()[0] > L['w'].size()[0]  # return a.sum()",
-        "2 <= L['x'].size()[0]  # a = x.reshape(-1, 4)",
-        "-(-(L['x'].size()[0])) * - 2 < +3",
-    };
-    for (const char* text : kTorch) {
-        ParsedRelation plain;
-        ASSERT_TRUE(parse_relation_plain(text, plain)) << text;
-        EXPECT_TRUE(same_parse(plain, parse_relation_general(text))) << text;
-    }
-    std::uint64_t seed = 1;
-    int taken = 0, refused = 0;
-    for (int k = 0; k < 200000; ++k) {
-        const std::string text = random_relation(seed);
-        ParsedRelation plain;
-        const bool took = parse_relation_plain(text, plain);
-        std::optional<ParsedRelation> general;
-        try {
-            general = parse_relation_general(text);
-        } catch (const ShapeSyntaxError&) {
-            ASSERT_FALSE(took) << "the plain parser took what the general one refuses: " << text;
-            ++refused;
-            continue;
-        }
-        if (!took) continue;
-        ++taken;
-        ASSERT_TRUE(same_parse(plain, *general)) << text;
-    }
-    EXPECT_GT(taken, 20000);  // both kinds of text are exercised
-    EXPECT_GT(refused, 20000);
-}
-
-TEST(ShapeParser, OneParseOfACodePartServesItsCode) {
-    clear_shape_memos();
-    const std::string part = "  (L['x'].size()[0] // 2) <= L['y'].size()[0]   # y[: x.shape[0] // 2]";
-    const ParsedRelation full = parse_relation_remembering_code(part);
-    EXPECT_EQ(full.code_end, part.find("   #"));
-    const std::string code = part.substr(2, full.code_end - 2);
-    const std::shared_ptr<const ParsedRelation> m = parse_relation_shared(code);  // from the memo
-    const ParsedRelation alone = parse_relation(code);
-    ASSERT_EQ(m->nodes.size(), alone.nodes.size());
-    for (std::size_t k = 0; k < alone.nodes.size(); ++k) {
-        EXPECT_EQ(m->nodes[k].op, alone.nodes[k].op);
-        EXPECT_EQ(m->nodes[k].offset, alone.nodes[k].offset);
-    }
-    EXPECT_EQ(m->symbols, alone.symbols);
-    EXPECT_EQ(m->code_end, code.size());
-    ASSERT_EQ(m->spans.size(), 2u);
-    EXPECT_EQ(m->spans[1].begin, alone.spans[1].begin);
-    EXPECT_EQ(code.substr(m->spans[1].begin, m->spans[1].end - m->spans[1].begin), "L['y'].size()[0]");
-    // The symbol views point into the memo's own copy, not into `part`.
-    EXPECT_FALSE(m->symbols[0].data() >= part.data() && m->symbols[0].data() < part.data() + part.size());
-    clear_shape_memos();
-}
-
-TEST(ShapeSymbol, PlainFormsAreReadAndOthersRefused) {
-    PlainSymbol p;
-    ASSERT_TRUE(parse_plain_symbol("L['x'].size()[0]", p));
-    EXPECT_EQ(p.root, RootKind::Local);
-    EXPECT_EQ(p.name, "x");
-    ASSERT_EQ(p.steps.size(), 1u);
-    EXPECT_EQ(p.steps[0].kind, StepKind::Size);
-    EXPECT_EQ(p.steps[0].index, 0);
-    EXPECT_TRUE(p.as_printed);
-    ASSERT_TRUE(parse_plain_symbol("G['m'].cfg['k'][3].stride(2).storage_offset()", p));
-    EXPECT_EQ(p.root, RootKind::Global);
-    ASSERT_EQ(p.steps.size(), 5u);
-    EXPECT_EQ(p.steps[0].kind, StepKind::Attr);
-    EXPECT_EQ(p.steps[0].name, "cfg");
-    EXPECT_EQ(p.steps[1].kind, StepKind::Item);
-    EXPECT_EQ(p.steps[1].name, "k");
-    EXPECT_EQ(p.steps[2].arg, PlainStep::Arg::Index);
-    EXPECT_EQ(p.steps[2].index, 3);
-    EXPECT_EQ(p.steps[3].kind, StepKind::Stride);
-    EXPECT_EQ(p.steps[4].kind, StepKind::StorageOffset);
-    EXPECT_FALSE(p.as_printed);  // `.stride(2)` prints as `.stride()[2]`
-    ASSERT_TRUE(parse_plain_symbol("C['c'].shape[1].size[2]", p));
-    EXPECT_FALSE(p.as_printed);
-    EXPECT_EQ(p.steps[0].kind, StepKind::Size);
-    EXPECT_EQ(p.steps[1].kind, StepKind::Attr);  // `.size` without a call is an attribute
-    for (const char* text : {"L[\"x\"]", "L ['x']", "L['x'] .y", "L['x'].__dict__", "L['x'].if",
-                             "L['x'].size()", "L['x'].size(x)", "L['x'][01]", "L['x'][-1]",
-                             "L['x'][1234567890123456789]", "L['x'].shape['a']", "L['x']()", "L['\xc3\xa9']",
-                             "L['a\\'b']", "X['x']", "L[1]", "getattr(L['x'], 'y')", "L['x'].size()[0] "})
-        EXPECT_FALSE(parse_plain_symbol(text, p)) << text;
-}
-
 TEST(ShapeParser, SourcesAreWholePostfixChains) {
     const ParsedRelation r = parse_relation(
         "L['x'].size(0) + L['self'].layers[0].n + getattr(L['o'], 'a-b') + dict.__getitem__(L['d'], 'k') "
@@ -524,21 +367,6 @@ Outcome eval(const std::string& text, const std::vector<Sym>& syms) {
     if (fast != kShapeUndecided) {
         EXPECT_EQ(fast == kShapePass, exact[0].holds) << text;
     }
-    // The builder's scratch compile of the same relation decides the same on both paths.
-    {
-        const ScratchProgram lent = compile_relation_scratch(text, types.data(), types.size());
-        const ShapeProgram& sp = *lent;
-        ShapeFrame sf(sp);
-        for (std::uint32_t k = 0; k < syms.size(); ++k) {
-            if (syms[k].i) sf.set_int(k, *syms[k].i);
-            if (syms[k].f) sf.set_float(k, *syms[k].f);
-            if (syms[k].b) sf.set_big(k, *syms[k].b);
-        }
-        const std::vector<ExactResult> sexact = run_exact(sp, sf);
-        EXPECT_EQ(sexact[0].holds, exact[0].holds) << text;
-        EXPECT_EQ(sexact[0].error, exact[0].error) << text;
-        EXPECT_EQ(run_fast(sp, sf), fast) << text;
-    }
     return out;
 }
 
@@ -641,20 +469,11 @@ TEST(ShapeEval, TypeErrorsHaveOffsets) {
         RelationInput in;
         in.text = text;
         for (std::uint32_t k = 0; k < types.size(); ++k) in.symbols.push_back(k);
-        std::string message;
         try {
             compile_relations({in}, types);
             ADD_FAILURE() << "no error for " << text;
         } catch (const ShapeSyntaxError& e) {
             EXPECT_EQ(e.offset(), offset) << text << ": " << e.what();
-            message = e.what();
-        }
-        try {  // the builder's scratch compile: the same error
-            compile_relation_scratch(text, types.data(), types.size());
-            ADD_FAILURE() << "no scratch error for " << text;
-        } catch (const ShapeSyntaxError& e) {
-            EXPECT_EQ(e.offset(), offset) << text << ": " << e.what();
-            EXPECT_EQ(message, e.what());
         }
     };
     // Operations point at their operator, calls at their name.
@@ -665,40 +484,6 @@ TEST(ShapeEval, TypeErrorsHaveOffsets) {
     type_error_at("L['n'] > 0 and L['n']", {ValueType::Int}, 11);
     type_error_at("1 < 2 < (L['n'] < 3)", {ValueType::Int}, 6);
     type_error_at("IntTrueDiv(L['s'], 2) > 0", {ValueType::Float}, 0);
-}
-
-TEST(ShapeProgram, ScratchCompileIsAllocationFreeWhenWarmAndLendsOneProgramAtATime) {
-    const std::string text = "(6*L['x'].size()[0] + L['n']) % 4 == 0 and L['f'] < 2.5";
-    const std::vector<ValueType> types = {ValueType::Int, ValueType::Int, ValueType::Float};
-    auto holds = [&](const ShapeProgram& p, std::int64_t x, std::int64_t n, double f) {
-        ShapeFrame fr(p);
-        fr.set_int(0, x);
-        fr.set_int(1, n);
-        fr.set_float(2, f);
-        return run_fast(p, fr) == kShapePass;
-    };
-    { (void)compile_relation_scratch(text, types.data(), types.size()); }  // warm: the scratch grows
-    const long before = g_allocations.load();
-    bool a = false, b = false;
-    {
-        const ScratchProgram lent = compile_relation_scratch(text, types.data(), types.size());
-        a = holds(*lent, 2, 0, 1.0);  // 12 % 4 == 0
-        b = holds(*lent, 1, 0, 1.0);  // 6 % 4 != 0
-    }
-    EXPECT_EQ(g_allocations.load() - before, 0);
-    EXPECT_TRUE(a);
-    EXPECT_FALSE(b);
-    // A second lease while the first is held gets a program of its own; the first is untouched.
-    const ScratchProgram first = compile_relation_scratch(text, types.data(), types.size());
-    const std::vector<ValueType> one = {ValueType::Int};
-    const ScratchProgram second = compile_relation_scratch("L['n'] > 3", one.data(), one.size());
-    EXPECT_NE(&*first, &*second);
-    EXPECT_TRUE(holds(*first, 2, 0, 1.0));
-    ShapeFrame fr(*second);
-    fr.set_int(0, 4);
-    EXPECT_EQ(run_fast(*second, fr), kShapePass);
-    fr.set_int(0, 3);
-    EXPECT_EQ(run_fast(*second, fr), 0);
 }
 
 TEST(ShapeProgram, SharesSubexpressionsAcrossRelations) {

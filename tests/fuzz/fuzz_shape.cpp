@@ -5,10 +5,7 @@
 // the typed compiler and both evaluators get deep inputs). The rules:
 //   - parse_relation returns or throws ShapeSyntaxError with an offset inside the text; a parsed
 //     tree has operands before their users, symbol spans in order, inside the text, naming the
-//     symbol texts they cover; the parse parse_relation_remembering_code leaves in the memo for
-//     the code alone (no leading blanks, no comment) is exactly parse_relation of that code;
-//     the non-recursive parser of torch's common form, when it takes a text, gives exactly the
-//     general parser's parse of it;
+//     symbol texts they cover; the memoised parse (parse_relation_shared) is the same tree;
 //   - compile_relations returns or throws ShapeSyntaxError (a type error); a program passes
 //     validate_shape;
 //   - on values drawn from the input (zero, +-1, int64 extremes, ints beyond int64, NaN,
@@ -28,12 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "../cpp/same_parse.hpp"
 #include "core/program.hpp"
 #include "core/shape/bigint.hpp"
 #include "core/shape/parser.hpp"
 #include "core/shape/program.hpp"
-#include "core/shape/symbol.hpp"
 
 namespace tripwire::core::shape {
 namespace {
@@ -171,51 +166,8 @@ void check_parse_tree(const std::string& text, const ParsedRelation& r) {
     }
 }
 
-using parse_check::same_parse;
-
 // The non-recursive parser of torch's common form, when it takes a text, gives the general
 // parser's parse of it (which must not refuse it).
-void check_plain_parse(const std::string& text) {
-    ParsedRelation plain;
-    if (!parse_relation_plain(text, plain)) return;
-    ParsedRelation general;
-    try {
-        general = parse_relation_general(text);
-    } catch (const ShapeSyntaxError&) {
-        bug("the plain parser took a text the general one refuses:", text);
-    }
-    if (!same_parse(plain, general)) bug("the plain parser's parse differs:", text);
-}
-
-// The builder's one parse of a code part (parse_relation_remembering_code) answers the parse of
-// the text and leaves in the memo the parse of its code alone, which must be that parse exactly.
-void check_remembered_code(const std::string& text, const ParsedRelation& r) {
-    if (!same_parse(parse_relation_remembering_code(text), r)) bug("the remembering parse differs");
-    std::size_t lead = 0;
-    while (lead < r.code_end && (text[lead] == ' ' || (text[lead] >= '\t' && text[lead] <= '\r'))) ++lead;
-    const std::string code = text.substr(lead, r.code_end - lead);
-    const std::shared_ptr<const ParsedRelation> m = parse_relation_shared(code);
-    if (!same_parse(*m, parse_relation(code))) bug("the remembered parse of the code differs:", code);
-    // The binding's form (no copy) answers the same parse of the code, memoised or not.
-    for (int fresh = 0; fresh < 2; ++fresh) {
-        if (fresh != 0) clear_parse_memo();
-        std::size_t at = 0;
-        const std::shared_ptr<const ParsedRelation> c = parse_code_remembering(text, at);
-        if (at != lead || !same_parse(*c, *m)) bug("parse_code_remembering differs:", code);
-    }
-    // A symbol read as plain is a root with steps, its views inside the symbol's text.
-    for (const std::string_view sym : r.symbols) {
-        PlainSymbol p;
-        if (!parse_plain_symbol(sym, p)) continue;
-        CHECK(sym.size() >= 5 && (sym[0] == 'L' || sym[0] == 'G' || sym[0] == 'C'));
-        CHECK(p.name.data() >= sym.data() && p.name.data() + p.name.size() <= sym.data() + sym.size());
-        for (const PlainStep& st : p.steps) {
-            CHECK(
-                st.arg != PlainStep::Arg::Name ||
-                (st.name.data() >= sym.data() && st.name.data() + st.name.size() <= sym.data() + sym.size()));
-        }
-    }
-}
 
 void set_value(ShapeFrame& f, std::uint32_t sym, ValueType t, Bytes& b) {
     if (t == ValueType::Float) {
@@ -261,7 +213,6 @@ void exercise(const std::vector<std::string>& texts, Bytes& b, bool generated) {
     std::vector<ValueType> types;
     std::vector<RelationInput> inputs;
     for (std::uint32_t k = 0; k < texts.size(); ++k) {
-        check_plain_parse(texts[k]);
         ParsedRelation parsed;
         try {
             parsed = parse_relation(texts[k]);
@@ -285,22 +236,12 @@ void exercise(const std::vector<std::string>& texts, Bytes& b, bool generated) {
         }
         inputs.push_back(std::move(in));
     }
-    // The first relation's symbols are 0..n0-1 in first-use order: what the builder's scratch
-    // compile (compile_relation_scratch) takes.
-    const std::size_t n0 = inputs[0].symbols.size();
     ShapeProgram set;
     try {
         set = compile_relations(inputs, types);
     } catch (const ShapeSyntaxError& e) {
         if (generated) bug("a generated relation was refused:", e.what());
         CHECK(texts.size() == 1 && e.offset() <= texts[0].size());
-        // The scratch compile refuses it with the same error.
-        try {
-            (void)compile_relation_scratch(texts[0], types.data(), n0);
-            bug("the scratch compile took a relation compile_relations refused:", texts[0]);
-        } catch (const ShapeSyntaxError& e2) {
-            CHECK(e2.offset() == e.offset() && std::string(e2.what()) == e.what());
-        }
         return;
     }
     validate_shape(set);
@@ -338,26 +279,6 @@ void exercise(const std::vector<std::string>& texts, Bytes& b, bool generated) {
                 }
             }
             const bool alone = run_exact(singles[k], g)[0].holds;
-            if (k == 0) {
-                // The builder's scratch compile decides as the memoised one, on both paths.
-                const ScratchProgram lent = compile_relation_scratch(texts[0], types.data(), n0);
-                ShapeFrame h(*lent);
-                for (std::uint32_t s = 0; s < n0; ++s) {
-                    switch (f.state(s)) {
-                        case SymbolState::Small: h.set_int(s, f.regs()[s].i); break;
-                        case SymbolState::Float: h.set_float(s, f.regs()[s].f); break;
-                        case SymbolState::Big: h.set_big(s, *f.big(s)); break;
-                        default: break;
-                    }
-                }
-                const std::vector<ExactResult> scratch_exact = run_exact(*lent, h);
-                CHECK(scratch_exact[0].holds == alone);
-                CHECK(scratch_exact[0].error == run_exact(singles[0], g)[0].error);
-                // (The set-wide frame g may hold a big value of another relation's symbol,
-                // which makes the memoised program's fast path undecided; h holds only these.)
-                const std::int32_t scratch_fast = run_fast(*lent, h);
-                if (scratch_fast != kShapeUndecided) CHECK((scratch_fast == kShapePass) == alone);
-            }
             const ShapeRelation& rel = set.relations[k];
             if (rel.status == RelationStatus::Kept) {
                 CHECK(exact[k].holds == alone);
@@ -389,7 +310,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         Bytes values(data + 1 + (cut == std::string::npos ? n - 1 : cut),
                      cut == std::string::npos ? 0 : n - 1 - cut);
         if (cut != std::string::npos) text.resize(cut);
-        tripwire::core::shape::check_plain_parse(text);
         try {
             const ParsedRelation r = parse_relation(text);
             check_parse_tree(text, r);
@@ -403,7 +323,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 std::abort();
             }
             if ((mode & 2) != 0) tripwire::core::shape::clear_shape_memos();  // a cold path now and then
-            tripwire::core::shape::check_remembered_code(text, r);
         } catch (const ShapeSyntaxError& e) {
             if (e.offset() > text.size()) std::abort();
             return 0;

@@ -374,54 +374,49 @@ def run_relations(n: int, seed: int) -> dict[str, int]:
 
 
 def run_builder(n: int, seed: int) -> dict[str, int]:
-    """GuardBuilder.shape's one call (``_core.relation_holds_on``: the relation compiled into the
-    thread's scratch program, its symbols read from their Sources in C++) against what the builder
-    reads symbol by symbol and the memoised single-relation compile (``_core.evaluate_relation``,
-    fast path checked against the exact one) and the reference decide, on generated relations and
-    frames (values of the wrong type, missing locals and size indices past the rank included)."""
-    from tripwire.builder import _INDEX_KINDS, _NO_ARG_KINDS, _TYPE_NAMES
-
+    """GuardBuilder.shape (each symbol read once from the example, the relation evaluated as a
+    check evaluates it) against the reference, on generated relations and frames (values of the
+    wrong type, missing locals and size indices past the rank included): the spec's symbol types
+    when the relation holds, else the error that says why, and the index given back on refusal."""
     r = random.Random(seed)
-    stats = {"relations": 0, "held": 0, "refused": 0, "unreadable": 0, "type_errors": 0, "small_ints": 0}
+    stats = {"relations": 0, "held": 0, "refused": 0, "unreadable": 0, "wrong_type": 0, "type_errors": 0}
     while stats["relations"] < n:
         rel = tw.shapes.parse(relation(r))
         f_locals, g = frame(r)
         b = tw.GuardBuilder(f_locals, g)
+        got: Any
         try:
-            got: Any = _core.relation_holds_on(
-                rel.text, rel.symbols, _INDEX_KINDS, _NO_ARG_KINDS, f_locals, g, None, _TYPE_NAMES
-            )
+            got = ("spec", b.shape(rel).args[2])
         except tw.ShapeSyntaxError as e:
             got = ("syntax", e.offset, e.message)
-        except Exception as e:  # a read that raised: compared below
-            got = ("raised", type(e))
+        except tw.GuardBuildError as e:
+            got = ("refused", str(e))
+        detail = f"{rel.text} on {f_locals} / {g}: got {got}"
+        stats["relations"] += 1
+        if got[0] != "spec":
+            assert b._next_index == 0, f"a refusal keeps its index: {detail}"
         values = []
-        want: Any = None
+        unreadable = False
         for src in rel.symbols:
             try:
                 values.append(b.value(src))
             except tw.GuardBuildError:
-                want = "raised"
+                unreadable = True
                 break
-            if type(values[-1]) not in (int, float):
-                break  # the one call stops at the first value of another type, read in order
-        detail = f"{rel.text} on {f_locals} / {g}"
-        stats["relations"] += 1
-        if want is not None:
-            assert type(got) is tuple and got[0] == want, f"unreadable: got {got}: {detail}"
+        if unreadable:
+            assert got[0] == "refused", f"unreadable: {detail}"
             stats["unreadable"] += 1
             continue
         if any(type(v) not in (int, float) for v in values):
-            assert got is None, f"a value of another type: got {got}: {detail}"
-            stats["refused"] += 1
+            assert got[0] == "refused" and "a symbol is an int or a float" in got[1], detail
+            stats["wrong_type"] += 1
             continue
         codes = [0 if type(v) is int else 1 for v in values]
-        # All ints within int64: the one call evaluated the parse tree (or left it to the program).
-        stats["small_ints"] += all(type(v) is int and -(2**63) <= v < 2**63 for v in values)
         try:
             holds, _error, _path = _core.evaluate_relation(rel.text, codes, values)
         except tw.ShapeSyntaxError as e:
-            assert got == ("syntax", e.offset, e.message), f"type error: got {got}, want {e}: {detail}"
+            want = ("syntax", rel.original_offset(e.offset), e.message)
+            assert got == want, f"type error: want {want}: {detail}"
             stats["type_errors"] += 1
             continue
         types = ["int" if c == 0 else "float" for c in codes]
@@ -429,8 +424,12 @@ def run_builder(n: int, seed: int) -> dict[str, int]:
             rel.text, rel.symbols, types, {str(s): v for s, v in zip(rel.symbols, values)}
         )
         assert holds == ref, f"evaluate_relation {holds}, reference {ref}: {detail}"
-        assert got == (tuple(types) if holds else None), f"got {got}, holds {holds}: {detail}"
-        stats["held" if holds else "refused"] += 1
+        if ref:
+            assert got == ("spec", tuple(types)), detail
+            stats["held"] += 1
+        else:
+            assert got[0] == "refused" and "does not hold on the example" in got[1], detail
+            stats["refused"] += 1
     return stats
 
 

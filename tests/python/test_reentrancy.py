@@ -784,26 +784,24 @@ def test_a_payload_holding_its_own_entry_view_is_collected():
     assert wc() is None and wp() is None
 
 
-# -- relations_from_torch is the engine's call, with its memo ------------------------------------
+# -- relations_from_torch and its parse memos ------------------------------------------------
 
 
-def test_relations_from_torch_survives_its_memo_emptied_and_reentered_mid_call():
-    # A finalizer empties the memos and parses again inside every allocation of a cold call: the
-    # result is still the text's relations, a new list, and the memo ends consistent.
+def test_relations_from_torch_survives_its_memos_emptied_and_reentered_mid_call():
+    # A finalizer empties the parse memos and parses again inside every allocation of a cold
+    # call: the result is still the text's relations, a new list.
     text = "(L['x'].size()[0] // 2) <= L['y'].size()[0]  # why"
     expected = [tw.shapes.parse(text)]
 
+    def cold():
+        tw.shapes.clear_memos()
+        tw.source.clear_memos()
+
     def action():
-        tw.shapes._RELATIONS.clear()
-        tw.shapes._PLAIN_SYMBOLS.clear()
-        _core._clear_shape_memos()
+        cold()
         assert tw.shapes.relations_from_torch("L['q'].stride()[1] + 1 > 2") == [
             tw.shapes.parse("L['q'].stride()[1] + 1 > 2")
         ]
-
-    def cold():
-        tw.shapes._RELATIONS.clear()
-        tw.shapes._PLAIN_SYMBOLS.clear()
 
     fired_any = False
     for warm in (False, True):
@@ -814,5 +812,3 @@ def test_relations_from_torch_survives_its_memo_emptied_and_reentered_mid_call()
             assert type(result) is list and result == expected
             assert all(type(rel) is tw.shapes.Relation for rel in result)
     assert fired_any
-    held = tw.shapes._RELATIONS.get(text)
-    assert held is None or list(held) == expected

@@ -1,11 +1,10 @@
 """Building SHAPE sets from torch's code parts on several threads while finalizers empty the memos.
 
-The cold-build fast paths keep process-wide memos: the plain symbols' Sources
-(``shapes._PLAIN_SYMBOLS``), the engine's parsed relations, ``relation_holds_on``'s decoded
-symbols, the symbols' declarations (``guard_set._SYMBOL_DECLS``). Reading a symbol runs Python code
-(a tensor's ``size()``), so a thread can switch, or a collection can run a finalizer, in the middle
-of any of them. Here the finalizers of garbage cycles empty every memo (what the cold benchmark
-does) and declare a guard on a builder another thread is using. Every set that builds is compared
+The build keeps process-wide memos keyed by text: the parsed relations (``shapes._parse_text``)
+and sources (``source._parse_text``), and the engine's parsed and compiled relations. Reading a
+symbol runs Python code (a tensor's ``size()``), so a thread can switch, or a collection can run a
+finalizer, in the middle of any of them. Here the finalizers of garbage cycles empty the Python
+memos and declare a guard on a builder another thread is using. Every set that builds is compared
 with the reference on new examples: no decision may differ. Fixed iteration counts, no timing.
 """
 
@@ -50,7 +49,7 @@ class MemoEmptier:
         self.cycle = self
 
     def __del__(self) -> None:
-        builder.clear_build_memos()  # what the cold benchmark empties
+        builder.clear_build_memos()  # the next parse of any text is a cold one
         if self.b is not None and threading.get_ident() == self.owner:
             self.b.shape("L['n'] >= 0")  # holds on every example: it must never be refused
             FINALIZER_DECLARATIONS.append(1)

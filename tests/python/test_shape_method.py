@@ -1,8 +1,6 @@
-"""GuardBuilder.shape as a C++ method (bind_shape.cpp, make_shape_method): for an exact
-GuardBuilder and an exact shapes.Relation it takes the index, makes the spec and appends it with no
-Python frame, reading the instances' attributes from their own storage; anything else runs the
-Python method. Both must declare the same guards, and the C++ path must give way whenever Python
-would read something else (a property added to the class, a subclass, a replaced list)."""
+"""GuardBuilder.shape: it takes the index, makes the spec and appends it; a relation given as text
+or as a Relation declares the same guard, and what Python reads is what the method uses (a
+property added to the class, a subclass, a list or index replaced by user code mid-declaration)."""
 
 from __future__ import annotations
 
@@ -34,9 +32,8 @@ def test_the_method_is_a_method_with_the_python_methods_signature_and_doc() -> N
     assert spec.index == 0 and b.guards == [spec]
 
 
-def test_both_paths_declare_the_same_spec() -> None:
-    """shape(Relation) (the C++ path) and shape(text) (the Python method) give equal specs, apart
-    from the line of their install site."""
+def test_a_relation_and_its_text_declare_the_same_spec() -> None:
+    """shape(Relation) and shape(text) give equal specs, apart from the line of their install site."""
     ex = {"x": T(8, 4), "n": 4}
     b = tw.GuardBuilder(ex)
     rel = shapes.parse("L['x'].size()[0] > L['n']")
@@ -52,10 +49,9 @@ def test_both_paths_declare_the_same_spec() -> None:
 
 
 def test_a_property_added_to_the_class_is_honoured() -> None:
-    """A data descriptor assigned to GuardBuilder (or a base) for an attribute the C++ path reads
-    changes the class's version tag: the path checks again, gives way, and Python reads the
-    property (here globals in which the relation is false: refused, where the instance's own
-    globals would make it hold); removed, the C++ path applies again."""
+    """A data descriptor assigned to GuardBuilder for an attribute the method reads is what the
+    method reads (here globals in which the relation is false: refused, where the instance's own
+    globals would make it hold); removed, the instance's own applies again."""
     b = tw.GuardBuilder({"n": 1}, {"k": 7})
     rel = shapes.parse("G['k'] == 7")
     assert b.shape(rel).index == 0
@@ -69,7 +65,7 @@ def test_a_property_added_to_the_class_is_honoured() -> None:
     assert [s.args[0] for s in b.guards] == ["G['k'] == 7", "G['k'] == 7"]
 
 
-def test_subclasses_of_builder_and_relation_take_the_python_method() -> None:
+def test_subclasses_of_builder_and_relation_declare() -> None:
     class Builder(tw.GuardBuilder):
         @property
         def _specs(self) -> list:  # type: ignore[override]
@@ -95,8 +91,8 @@ def test_subclasses_of_builder_and_relation_take_the_python_method() -> None:
 
 def test_user_code_replacing_the_builders_lists_and_index_mid_declaration() -> None:
     """A symbol read runs user code that replaces the builder's spec list and locals: the spec
-    goes to the list the builder holds afterwards (Python reads self._specs after the call), and
-    a non-int index is left to the Python method."""
+    goes to the list the builder holds afterwards (self._specs is read after the check), and a
+    non-int index is taken as it is."""
     b = tw.GuardBuilder({"n": 3})
     fresh: list = []
 
@@ -112,12 +108,12 @@ def test_user_code_replacing_the_builders_lists_and_index_mid_declaration() -> N
     b._next_index = True  # a bool: not an exact int
     b.f_locals = {"n": 3}
     spec = b.shape(shapes.parse("L['n'] == 3"))
-    assert spec.index is True  # the Python method took it as it is
+    assert spec.index is True  # taken as it is
 
 
 def test_an_exception_outside_exception_propagates_from_a_read() -> None:
-    """KeyboardInterrupt from a symbol read is not taken for a refusal (the Python method's
-    `except Exception` lets it through): it propagates, and nothing is appended."""
+    """KeyboardInterrupt from a symbol read is not taken for a refusal: it propagates, nothing is
+    appended, and the index is given back."""
 
     class Interrupting(T):
         def size(self) -> tuple:
@@ -126,10 +122,10 @@ def test_an_exception_outside_exception_propagates_from_a_read() -> None:
     b = tw.GuardBuilder({"t": Interrupting(2)})
     with pytest.raises(KeyboardInterrupt):
         b.shape(shapes.parse("L['t'].size()[0] == 2"))
-    assert b.guards == []
+    assert b.guards == [] and b._next_index == 0
 
 
-def test_refusals_on_the_cpp_path_say_why_and_give_the_index_back() -> None:
+def test_refusals_say_why_and_give_the_index_back() -> None:
     b = tw.GuardBuilder({"n": 3, "f": 1.5, "s": "x"})
     with pytest.raises(tw.GuardBuildError, match="does not hold"):
         b.shape(shapes.parse("L['n'] > 5"))

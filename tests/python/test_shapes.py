@@ -3,11 +3,9 @@ errors, the structured form, explain(), failures, inference, and hostile objects
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gc
 import math
-import pickle
 import random
 import sys
 import threading
@@ -59,12 +57,11 @@ def test_generated_single_relations_match_the_reference_on_both_paths() -> None:
     assert stats["fast"] > 0 and stats["exact"] > 0
 
 
-def test_generated_builder_checks_match_the_exact_evaluator_and_the_reference() -> None:
-    # GuardBuilder.shape's scratch compile and C++ symbol reads against evaluate_relation (the
-    # memoised compile, both paths) and the oracle (tests/oracle/reference.py); the long run is shape_cases.py's.
+def test_generated_builder_checks_match_the_reference() -> None:
+    # GuardBuilder.shape against the oracle (tests/oracle/reference.py); the long run is
+    # shape_cases.py's.
     stats = shape_cases.run_builder(scaled(2000, 200), seed=21)
-    assert stats["held"] > 0 and stats["refused"] > 0
-    assert stats["small_ints"] > 0  # decided on the parse tree (core/shape/small_eval.hpp) or left
+    assert stats["held"] > 0 and stats["refused"] > 0 and stats["wrong_type"] > 0
     if stats["relations"] >= 1000:  # unreadable frames are ~2% of the generated ones
         assert stats["unreadable"] > 0 and stats["type_errors"] > 0
 
@@ -973,7 +970,6 @@ def test_collection_during_build_declares_and_empties_memos() -> None:
     """Finalizers run by collections in the middle of GuardBuilder.shape declare more relations on
     the same builder (re-entering the install-site walk and the engine's memos) and empty the
     memos: nothing is lost, the set decides both ways."""
-    import gc
 
     b = tw.GuardBuilder({"x": T(8, 4), "n": 4})
     errors: list = []
@@ -985,8 +981,7 @@ def test_collection_during_build_declares_and_empties_memos() -> None:
         def __del__(self) -> None:
             try:
                 b.shape("L['n'] >= 1")
-                _core._clear_shape_memos()
-                _core._clear_install_site_memo()
+                _empty_every_memo()
             except Exception as e:  # recorded: must not happen
                 errors.append(e)
 
@@ -1029,10 +1024,9 @@ def test_relations_near_2_63_through_the_builder(text: str, example: dict, value
         assert gs.check(frame) is want, (text, frame)
 
 
-def test_builder_one_call_reads_each_symbol_once_and_refuses_as_before() -> None:
-    """GuardBuilder.shape reads and evaluates in one C++ call (relation_holds_on): on a relation
-    that holds, each symbol's source runs once; anything else is redone symbol by symbol, so the
-    refusal names the source, type or values exactly as the per-symbol path always did."""
+def test_builder_reads_each_symbol_once_and_refuses_with_the_reason() -> None:
+    """GuardBuilder.shape reads each symbol's source once, and a refusal names the source, type
+    or values."""
     calls: list[str] = []
 
     class Counting(T):
@@ -1044,8 +1038,9 @@ def test_builder_one_call_reads_each_symbol_once_and_refuses_as_before() -> None
     spec = b.shape("L['x'].size()[0] * L['x'].size()[1] > L['n'] + L['f']")
     assert calls == ["size", "size"]  # one read per symbol: x.size()[0] and x.size()[1]
     assert spec.args[2] == ("int", "int", "int", "float")
-    # The spec's types come from one shared tuple per combination (the engine's type codes).
-    assert b.shape("L['n'] + L['f'] > 0").args[2] is b.shape("L['n'] + L['f'] > 1").args[2]
+    with pytest.raises(tw.GuardBuildError, match="does not hold on the example"):
+        b.shape("L['x'].size()[0] * L['x'].size()[1] < 0")
+    assert calls == ["size"] * 4  # a refusal reads each symbol once too
     with pytest.raises(tw.GuardBuildError, match=r"does not hold on the example: L\['y'\]\.size\(\)\[0\] > 3 "
                        r"is false with L\['y'\]\.size\(\)\[0\] = 3"):  # fmt: skip
         b.shape("L['y'].size()[0] > 3")
@@ -1058,16 +1053,15 @@ def test_builder_one_call_reads_each_symbol_once_and_refuses_as_before() -> None
     with pytest.raises(tw.ShapeSyntaxError) as e:  # a type error: the offset in the text as given
         b.shape("  L['f'] ** 2 > 0  # a comment")
     assert e.value.offset == 9  # the '**', counted in the text as given (leading blanks too)
-    assert len(b) == 3  # the refused relations declared nothing
+    assert len(b) == 1  # the refused relations declared nothing
     gs = b.build()
     assert gs.check({"x": T(8, 4), "n": 4, "f": 0.5, "s": "", "y": T(3)})
     assert not gs.check({"x": T(1, 4), "n": 4, "f": 0.5, "s": "", "y": T(3)})
 
 
-# Relations on int locals where the builder's one call evaluates the parse tree on int64 values
-# (core/shape/small_eval.hpp) or must leave it to the compiled program: an overflow, an error in
-# a branch a short circuit skips, INT64_MIN negated, a negative power, a bool compared, a float,
-# a type error (with its offset), a big literal.
+# Relations on int locals at the edges of the int64 path: an overflow, an error in a branch a
+# short circuit skips, INT64_MIN negated, a negative power, a bool compared, a float, a type error
+# (with its offset), a big literal.
 _SMALL_INT_CASES = [
     ("L['a'] * L['b'] > 0", (2**62, 2**62)),
     ("L['a'] * L['b'] > 0", (3, -4)),
@@ -1104,21 +1098,21 @@ _SMALL_INT_CASES = [
 
 
 @pytest.mark.parametrize(("text", "values"), _SMALL_INT_CASES)
-def test_builder_one_call_on_small_ints_decides_as_the_compiled_program(text: str, values: tuple) -> None:
-    """The builder's one call (relation_holds_on) decides as the memoised compiled program
-    (evaluate_relation, both paths) and the reference, with the same type errors and offsets."""
-    from tripwire.builder import _INDEX_KINDS, _NO_ARG_KINDS, _TYPE_NAMES
-
+def test_builder_on_small_ints_decides_as_the_reference(text: str, values: tuple) -> None:
+    """GuardBuilder.shape decides as the compiled program on both paths (evaluate_relation) and the
+    reference, with the same type errors and offsets."""
     rel = tw.shapes.parse(text)
     f_locals = dict(zip("ab", values, strict=True))
     codes = [0] * len(rel.symbols)
     got: object
     want: object
     try:
-        got = _core.relation_holds_on(rel.text, rel.symbols, _INDEX_KINDS, _NO_ARG_KINDS, f_locals, {}, None,
-                                      _TYPE_NAMES)  # fmt: skip
+        got = tw.GuardBuilder(f_locals).shape(rel).args[2]
     except tw.ShapeSyntaxError as e:
         got = ("syntax", e.offset, e.message)
+    except tw.GuardBuildError as e:
+        assert "does not hold on the example" in str(e)
+        got = None
     try:
         holds, _error, _path = _core.evaluate_relation(
             rel.text, codes, [f_locals[s.name] for s in rel.symbols]
@@ -1132,10 +1126,10 @@ def test_builder_one_call_on_small_ints_decides_as_the_compiled_program(text: st
     assert got == want
 
 
-def test_builder_one_call_a_read_that_raises_once() -> None:
-    """A symbol source that raises on its first read and answers afterwards: the one-call path
-    fails, the per-symbol path reads again (user code runs again, as a second check would) and
-    declares the relation on what it read; the set is verified on the example at build()."""
+def test_builder_a_read_that_raises_refuses_after_one_read() -> None:
+    """A symbol source that raises on its first read: the builder says so after that one read
+    (the user code runs once), declares nothing and gives the index back; the next declaration
+    reads again."""
     state = {"raised": 0}
 
     class Flaky(T):
@@ -1146,8 +1140,10 @@ def test_builder_one_call_a_read_that_raises_once() -> None:
             return super().size()
 
     b = tw.GuardBuilder({"x": Flaky(8)})
-    b.shape("L['x'].size()[0] == 8")
-    assert state["raised"] == 1
+    with pytest.raises(tw.GuardBuildError, match="RuntimeError"):
+        b.shape("L['x'].size()[0] == 8")
+    assert state["raised"] == 1 and len(b) == 0 and b._next_index == 0
+    assert b.shape("L['x'].size()[0] == 8").index == 0
     assert b.build().check({"x": T(8)})
 
 
@@ -1227,7 +1223,6 @@ def test_builder_survives_collections_and_threads() -> None:
     # The builder's C++ declaration path borrows the spec tuples; a collection (finalizers that
     # build other sets) and other threads building sets from the same relation objects never change
     # what a set decides.
-    import gc
 
     rels = [tw.shapes.parse(f"{X0} % {k} == 0") for k in (1, 2, 4)] + [tw.shapes.parse(f"{X0} >= 2")]
 
@@ -1266,10 +1261,9 @@ def test_builder_survives_collections_and_threads() -> None:
 
 
 def _empty_every_memo() -> None:
-    """What bench/shape_eval.py's cold build empties (a process seeing these texts the first time)."""
-    from tripwire import builder
-
-    builder.clear_build_memos()
+    """The parse memos of relations and sources emptied (builder.clear_build_memos): the next build
+    reads every text again, as a process seeing these texts the first time does."""
+    tw.builder.clear_build_memos()
 
 
 _COLD_TEXTS = [
@@ -1326,157 +1320,6 @@ def test_malformed_symbols_give_the_same_error_cold(text: str, offset: int, frag
         assert info.value.offset == offset and fragment in info.value.message, info.value
 
 
-# -- the engine's reading of plain symbols (cpp/core/shape/symbol.hpp) --------------------------
-_SYMBOL_ROOTS = (
-    "L['x']",
-    "G['g']",
-    "C['c']",
-    "L['']",
-    "L['a b~&(]']",
-    'L["x"]',
-    "L['é']",
-    "L[1]",
-    "X['x']",
-    "L ['x']",
-    "L['x'",
-    "getattr(L['x'], 'k')",
-    "L['it\\'s']",
-)
-_SYMBOL_STEPS = (
-    ".size()[0]",
-    ".stride()[7]",
-    ".size(3)",
-    ".stride(0)",
-    ".shape[2]",
-    ".shape['a']",
-    ".shape",
-    ".storage_offset()",
-    ".storage_offset",
-    ".storage_offset(1)",
-    ".size",
-    ".size[1]",
-    ".size()",
-    ".sizes()[0]",
-    ".size(x)",
-    ".size(03)",
-    ".size()[01]",
-    "[0]",
-    "[01]",
-    "[-1]",
-    "['k']",
-    '["k"]',
-    "['']",
-    "[' #']",
-    ".__dict__",
-    ".__x",
-    "._x",
-    ".if",
-    ".match",
-    ".type",
-    "._",
-    ".x1",
-    ".é",
-    " .x",
-    ". x",
-    "()",
-    "[1]()",
-    "[123456789012345678]",
-    "[1234567890123456789]",
-    ".size()[123456789012345678]",
-    ".shape[0 ]",
-    "[True]",
-    "['a\\'b']",
-    "[0.5]",
-    ".size()[-1]",
-)
-
-
-def _relation_fields(make):
-    try:
-        r = make()
-    except tw.ShapeSyntaxError as e:
-        return ("error", e.message, e.offset, e.text)
-    return (r.text, r.symbols, tuple(map(str, r.symbols)), r.comment, r.original, r._spans)
-
-
-def test_engine_plain_symbols_agree_with_the_source_parser() -> None:
-    """Every relation reads as it did through the source parser (shapes._parse_symbols): the same
-    text, symbols (equal, printing the same), comment, spans, or the same error at the same offset;
-    and each symbol the engine reads itself equals Source.parse's, and prints as that one prints."""
-    rng = random.Random(21)
-    texts = [
-        root + "".join(rng.choice(_SYMBOL_STEPS) for _ in range(rng.randrange(4)))
-        for root in _SYMBOL_ROOTS
-        for _ in range(60)
-    ]
-    texts += [root + step for root in _SYMBOL_ROOTS for step in _SYMBOL_STEPS]
-    forms = (
-        "{s} == 1",
-        "  {s} == 1  # a comment  ",
-        "{s}+{s} < 2 #",
-        "\t{s}\x0b== 1 #\x1c x é \x1f\u00a0",
-        "é == {s}",
-        "{s} <= 3 and 1 <= {s}  # both",
-        "(-1) + {s} > L['w'].size()[0]#x",
-    )
-    fast = 0
-    for s in texts:
-        for form in forms:
-            text = form.format(s=s)
-            tw.shapes._PLAIN_SYMBOLS.clear()
-            try:
-                engine = _core.relations_of_text(text, {}, tw.shapes.Relation, tw.Source, tw.source.Step)
-            except tw.ShapeSyntaxError:
-                engine = None
-            fast += engine is not None
-            new = _relation_fields(lambda: tw.shapes._relation_of_text(text))
-            old = _relation_fields(lambda: tw.shapes._parse_symbols(text))
-            assert new == old, text
-            if engine is not None:
-                # Built as Relation.__init__ and source._parse_plain build them: the same fields.
-                rel = engine[0] if type(engine) is tuple else engine
-                general = tw.shapes._parse_symbols(text)
-                assert sorted(vars(rel)) == ["comment", "original", "symbols", "text"], text
-                assert rel._spans == general._spans  # computed on first use, then kept
-                assert vars(rel) == vars(general), text
-                assert (type(engine) is tuple) == (" and " not in rel.text and "And(" not in rel.text)
-                for src in rel.symbols:
-                    plain = tw.source._parse_plain(str(src), True)
-                    assert type(src) is tw.Source and vars(src) == vars(plain), text
-                    assert [vars(st) for st in src.steps] == [vars(st) for st in plain.steps], text
-                    assert all(type(st) is tw.source.Step for st in src.steps)
-            if new[0] != "error":
-                for src in new[1]:
-                    assert src == tw.Source.parse(str(src), shape_is_size=True)
-                    assert str(src) == src._print()
-                    assert hash(src) == hash(tw.Source.parse(src._print(), shape_is_size=True))
-                assert tw.shapes.relations_from_torch(text) == list(tw.shapes._split_relations(text))
-    assert fast > 1000  # the engine's reader is exercised, not only the fallback
-
-
-def test_engine_relations_compute_their_spans_on_first_use() -> None:
-    """A relation the engine makes has no `_spans` until asked: then the spans of each symbol
-    occurrence (canonical, then original offsets), which place an error in `original`."""
-    tw.shapes._RELATIONS.clear()
-    (rel,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
-    assert "_spans" not in vars(rel)
-    assert rel._spans == ((0, 16, 2, 18), (19, 25, 21, 27))
-    assert vars(rel)["_spans"] is rel._spans
-    assert rel.original_offset(20) == 21 and rel.original_offset(26) == 28
-    with pytest.raises(AttributeError, match="no attribute 'spans'"):
-        rel.spans  # only _spans is computed
-    bare = object.__new__(tw.shapes.Relation)
-    with pytest.raises(AttributeError, match="no attribute '_spans'"):
-        bare._spans  # nothing to compute it from
-    assert tw.shapes.Relation("x", ())._spans == ()
-    twice = pickle.loads(pickle.dumps(rel))
-    assert twice == rel and twice._spans == rel._spans
-    tw.shapes._RELATIONS.clear()
-    (fresh,) = tw.shapes.relations_from_torch("  L['x'].size()[0] + L['y'] > 1.5 # c")
-    for made in (copy.copy(fresh), dataclasses.replace(fresh), pickle.loads(pickle.dumps(fresh))):
-        assert made == fresh and made._spans == rel._spans
-
-
 @pytest.mark.parametrize(
     "text,count",
     [
@@ -1486,31 +1329,12 @@ def test_engine_relations_compute_their_spans_on_first_use() -> None:
         ("L['x'] > 1 and L['z'] > 3", 2),
     ],
 )
-def test_engine_relations_split_conjunctions_as_conjuncts_does(text: str, count: int) -> None:
-    tw.shapes._RELATIONS.clear()
+def test_relations_from_torch_splits_top_level_conjunctions(text: str, count: int) -> None:
     rels = tw.shapes.relations_from_torch(text)
-    assert rels == list(tw.shapes._split_relations(text)) and len(rels) == count
+    assert len(rels) == count
     assert all(r.comment == tw.shapes.parse(text).comment for r in rels)
-
-
-def test_engine_relations_refuse_classes_object_new_cannot_make() -> None:
-    """The engine makes its Relation, Sources and Steps as object.__new__ does: a class with a
-    __new__ of its own (or a builtin's) is refused before anything is made."""
-
-    class WithNew:
-        def __new__(cls) -> WithNew:
-            raise AssertionError("not called")
-
-    text = "L['x'].size()[0] == 1"
-    args = [tw.shapes.Relation, tw.Source, tw.source.Step]
-    for k in range(3):
-        for wrong in (int, dict, WithNew, "Step"):
-            bad = list(args)
-            bad[k] = wrong
-            memo: dict = {}
-            with pytest.raises(TypeError, match=r"object\.__new__"):
-                _core.relations_of_text(text, memo, *bad)
-            assert memo == {}
+    if count == 1:
+        assert rels == [tw.shapes.parse(text)]
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -1538,16 +1362,15 @@ def test_stack_walk_answers_machinery_as_is_machinery(parts: list, base: str) ->
     assert shown == (not builder._is_machinery.__wrapped__(filename)), (filename, stack)
 
 
-def test_shape_spec_made_by_the_one_call_is_an_ordinary_spec() -> None:
-    """GuardBuilder.shape's spec comes from C++ (spec_of_shape): a GuardSpec like any other, its
-    fields in __init__'s order, frozen, indexed in declaration order, its install site the
-    caller's (the same as user_stack gives the line below it)."""
-    import dataclasses
+def test_shape_spec_is_an_ordinary_spec() -> None:
+    """GuardBuilder.shape's spec is a GuardSpec like any other, its fields in __init__'s order,
+    frozen, indexed in declaration order, its install site the caller's (the same as user_stack
+    gives the line below it)."""
 
     b = tw.GuardBuilder({"x": T(8, 4), "n": 4})
     first = b.shape("L['x'].size()[0] > L['n']")
     second = b.shape("L['n'] >= 1")
-    want_site = f"{__file__}:{sys._getframe().f_lineno - 1} in test_shape_spec_made_by_the_one_call_is_an_ordinary_spec"
+    want_site = f"{__file__}:{sys._getframe().f_lineno - 1} in test_shape_spec_is_an_ordinary_spec"
     assert type(first) is tw.GuardSpec and type(second) is tw.GuardSpec
     assert list(vars(first)) == ["kind", "source", "args", "index", "stack"]
     assert (first.kind, first.source, first.index, second.index) == (tw.GuardKind.SHAPE, None, 0, 1)
@@ -1592,46 +1415,13 @@ def test_shape_index_is_taken_before_the_call_and_given_back_on_refusal() -> Non
     assert [s.index for s in gs.guards] == sorted(indices)
 
 
-def test_symbol_decoding_is_memoised_only_for_exact_sources_and_per_step_masks() -> None:
-    """relation_holds_on decodes a Source of the exact class once per object and per step masks;
-    anything else (here an object answering the fields through __getattr__) is decoded per call."""
-    from tripwire.builder import _INDEX_KINDS, _NO_ARG_KINDS, _TYPE_NAMES
-
-    reads: list[str] = []
-    real = tw.Source.parse("L['x'].size()[1]")
-
-    class Duck:
-        def __getattr__(self, name: str) -> object:
-            reads.append(name)
-            return getattr(real, name)
-
-    rel = tw.shapes.Relation("L['x'].size()[1] == 4", (Duck(),))
-    b = tw.GuardBuilder({"x": T(8, 4)})
-    b.shape(rel)
-    b.shape(rel)
-    assert reads.count("root") == 2  # decoded on each call: not memoised
-    # The same exact Source under other masks (no step takes a position): a SIZE step then reads
-    # position 0, so the relation no longer holds: a decoding is not reused across masks.
-    exact = tw.shapes.Relation("L['x'].size()[1] == 4", (real,))
-    args = ({"x": T(8, 4)}, None, None, _TYPE_NAMES)
-    assert _core.relation_holds_on(exact.text, exact.symbols, _INDEX_KINDS, _NO_ARG_KINDS, *args) == ("int",)
-    assert _core.relation_holds_on(exact.text, exact.symbols, 0, _NO_ARG_KINDS, *args) is None
-    assert _core.relation_holds_on(exact.text, exact.symbols, _INDEX_KINDS, _NO_ARG_KINDS, *args) == ("int",)
-    # A relation that does not hold is refused as before, with the values, memo or not.
-    with pytest.raises(tw.GuardBuildError, match=r"is false with L\['x'\]\.size\(\)\[1\] = 4"):
-        b.shape(tw.shapes.Relation("L['x'].size()[1] == 5", (real,)))
-
-
-# -- relations_from_torch: memoised, a new list per call ------------------------------------------
-def test_relations_from_torch_is_memoised_and_gives_a_new_list_each_call() -> None:
-    tw.shapes._RELATIONS.clear()
+# -- relations_from_torch: a new list per call ------------------------------------------------------
+def test_relations_from_torch_gives_a_new_list_each_call() -> None:
     text = "L['x'].size()[1] * 4 == L['w'].stride()[0]  # c"
     first = tw.shapes.relations_from_torch(text)
-    first.append("mutated")  # the caller's list, not the memo's
+    first.append("mutated")  # the caller's list
     again = tw.shapes.relations_from_torch(text)
-    assert again == first[:1] and again[0] is first[0] and type(again) is list
-    assert tw.shapes._RELATIONS[text] == tuple(again)
-    # Anything but an exact str is split as before and not memoised.
+    assert again == first[:1] and again[0] is first[0] and type(again) is list  # the parse memo's
 
     class S(str):
         pass
@@ -1639,75 +1429,8 @@ def test_relations_from_torch_is_memoised_and_gives_a_new_list_each_call() -> No
     for part in (S(text), tw.shapes.parse(text)):
         rels = tw.shapes.relations_from_torch(part)
         assert type(rels) is list and rels == again
-    assert list(tw.shapes._RELATIONS) == [text]
     with pytest.raises(tw.ShapeSyntaxError):
         tw.shapes.relations_from_torch("L['x'].size()[0] +")
-    assert list(tw.shapes._RELATIONS) == [text]  # errors are not memoised
-
-
-def test_engine_sources_share_one_step_per_kind_and_position() -> None:
-    tw.shapes._RELATIONS.clear()
-    tw.shapes._PLAIN_SYMBOLS.clear()
-    (rel,) = tw.shapes.relations_from_torch("L['a'].size()[3] + L['b'].stride()[3] + L['c'].size()[16] > 0")
-    a, b, c = (src.steps[0] for src in rel.symbols)
-    StepKind = tw.source.StepKind
-    assert a is tw.shapes._SHARED_STEPS[(StepKind.SIZE, 3)]
-    assert b is tw.shapes._SHARED_STEPS[(StepKind.STRIDE, 3)]
-    assert (StepKind.SIZE, 16) not in tw.shapes._SHARED_STEPS and type(c) is tw.source.Step
-    for step, (kind, arg) in ((a, (StepKind.SIZE, 3)), (b, (StepKind.STRIDE, 3)), (c, (StepKind.SIZE, 16))):
-        assert step == tw.source.Step(kind, arg) and vars(step) == {"kind": kind, "arg": arg}
-    # Another step class (relations_of_text's own argument) never gets the shared Steps.
-
-    class MyStep(tw.source.Step):
-        pass
-
-    (mine,) = _core.relations_of_text("L['a'].size()[3] > 0", {}, tw.shapes.Relation, tw.Source, MyStep)
-    assert type(mine.symbols[0].steps[0]) is MyStep
-
-
-def test_shared_steps_are_checked_when_set() -> None:
-    shapes = tw.shapes
-    StepKind = tw.source.StepKind
-    args = (shapes._PLAIN_SYMBOLS, shapes.Relation, tw.Source, tw.source.Step, shapes._general_relations,
-            shapes._RELATIONS, shapes._split_relations)  # fmt: skip
-    bad = [
-        {(StepKind.SIZE, 1): tw.source.Step(StepKind.SIZE, 2)},  # keyed by another position
-        {(StepKind.SIZE, 99): tw.source.Step(StepKind.SIZE, 99)},  # beyond the table
-        {(StepKind.ATTR, 0): tw.source.Step(StepKind.ATTR, "x")},  # not a position
-        {(StepKind.SIZE, 1): (StepKind.SIZE, 1)},  # not a Step
-    ]
-    try:
-        for steps in bad:
-            with pytest.raises((TypeError, ValueError)):
-                _core._set_plain_relations(*args, steps)
-        # The engine holds the Steps itself: emptying the dict it read them from frees none.
-        mine = {(StepKind.SIZE, 5): tw.source._plain_step(StepKind.SIZE, 5)}
-        _core._set_plain_relations(*args, mine)
-        mine.clear()
-        gc.collect()
-        shapes._RELATIONS.clear()
-        shapes._PLAIN_SYMBOLS.clear()
-        (rel,) = shapes.relations_from_torch("L['z'].size()[5] > 1")
-        st = rel.symbols[0].steps[0]
-        assert st == tw.source.Step(StepKind.SIZE, 5) and vars(st) == {"kind": StepKind.SIZE, "arg": 5}
-    finally:
-        _core._set_plain_relations(*args, shapes._SHARED_STEPS)
-        shapes._RELATIONS.clear()
-        shapes._PLAIN_SYMBOLS.clear()
-    (rel,) = shapes.relations_from_torch("L['z'].size()[2] > 1")
-    assert rel.symbols[0].steps[0] is shapes._SHARED_STEPS[(StepKind.SIZE, 2)]
-
-
-def test_emptying_the_build_memos_empties_relations_from_torch_memo() -> None:
-    """The cold benchmark's set-up (builder.clear_build_memos) leaves relations_from_torch with
-    nothing remembered: its next call parses and makes new Relations and Sources."""
-    text = "L['x'].size()[0] * 2 >= L['y'].size()[0]  # c"
-    (before,) = tw.shapes.relations_from_torch(text)
-    assert text in tw.shapes._RELATIONS and tw.shapes._PLAIN_SYMBOLS
-    _empty_every_memo()
-    assert not tw.shapes._RELATIONS and not tw.shapes._PLAIN_SYMBOLS
-    (after,) = tw.shapes.relations_from_torch(text)
-    assert after == before and after is not before and after.symbols[0] is not before.symbols[0]
 
 
 def test_the_timing_hook_refuses_a_value_that_does_not_store() -> None:

@@ -81,28 +81,10 @@ constexpr Function kFunctions[] = {
 // Most operands a variadic call takes: keeps every chain built from it short.
 constexpr int kMaxArgs = 64;
 
-// Nodes a thread's scratch tree keeps room for between parses (a larger one is freed after use).
-constexpr std::size_t kScratchNodes = 1024;
-
-// The tree being parsed, one per thread, reused from parse to parse: once it has held a relation
-// as large, parsing allocates nothing; each result is then copied out once, exactly sized.
-ParsedRelation& scratch_tree() {
-    thread_local ParsedRelation tree;
-    return tree;
-}
-
 class Parser {
   public:
-    // Parses into `out`, emptied first (its capacity kept).
-    Parser(std::string_view text, ParsedRelation& out) : s_(text), out_(out) {
-        if (out_.nodes.capacity() > kScratchNodes) out_ = ParsedRelation();
-        out_.nodes.clear();
-        out_.symbols.clear();
-        out_.spans.clear();
-        out_.big_ints.clear();
-        out_.root = 0;
-        out_.code_end = 0;
-    }
+    // Parses into `out`, a new ParsedRelation.
+    Parser(std::string_view text, ParsedRelation& out) : s_(text), out_(out) {}
 
     void run() {
         skip_space();
@@ -629,194 +611,6 @@ class Parser {
                      "' (a symbol is a source such as L['x'].size()[0] or L['n'])");
     }
 
-  public:
-    // The parse of a relation in the form torch prints most (below), as run() parses it: the same
-    // tree, nodes in the same order, the same symbols, spans and code_end. False for any other
-    // text, with `out` left partly made: the caller then runs run() on a fresh Parser, which also
-    // gives every error (this path throws none). The form: operands are printed plain sources
-    // (`L['x'].size()[0]`: a root `L[`, `G[` or `C[` and segments `.name`, `()`, `[digits]`,
-    // `['chars']`, no blank inside), decimal ints within int64 and parenthesised groups, each after
-    // any prefix `-`/`+`; binary `+ - * / // % == != < <= > >=`, at most one comparison per group
-    // (a chain `a < b < c` is an `and`). Anything else (names, calls, floats, keywords, `**`,
-    // deep nesting) gives up. One loop with explicit stacks (shunting-yard): operators reduced as
-    // the precedence-climbing binary() makes their nodes, after both operands (post-order).
-    bool run_plain() {
-        Frame frames[kPlainFrames];
-        Pending ops[kPlainOps];
-        std::uint32_t values[kPlainOps + 1];     // one more operand than operators
-        std::uint32_t prefixes[kPlainPrefixes];  // offsets of pending unary minuses
-        std::size_t n_frames = 1, n_ops = 0, n_values = 0, n_prefixes = 0, n_all_prefixes = 0;
-        frames[0] = Frame{0, 0, 0, false};
-        const std::size_t n = s_.size();
-        std::size_t i = 0;
-        for (;;) {
-            // An operand, after any prefixes and opening parentheses.
-            for (;;) {
-                while (i < n && is_space(s_[i])) ++i;
-                if (i >= n) return false;
-                const char c = s_[i];
-                if (c == '-' || c == '+') {
-                    if (++n_all_prefixes > kPlainPrefixes) return false;
-                    if (c == '-') prefixes[n_prefixes++] = static_cast<std::uint32_t>(i);
-                    ++i;
-                    continue;
-                }
-                if (c != '(') break;
-                if (n_frames == kPlainFrames) return false;
-                frames[n_frames++] = Frame{static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(n_ops),
-                                           static_cast<std::uint32_t>(n_prefixes), false};
-                ++i;
-            }
-            std::uint32_t operand = 0;
-            if (!plain_operand(i, operand)) return false;
-            values[n_values++] = apply_prefixes(operand, prefixes, n_prefixes, frames[n_frames - 1].prefixes);
-            // Operators: closing parentheses, then a binary operator or the end.
-            for (;;) {
-                while (i < n && is_space(s_[i])) ++i;
-                if (i < n && s_[i] == ')') {
-                    if (n_frames == 1) return false;
-                    reduce_to(ops, n_ops, values, n_values, frames[n_frames - 1].ops);
-                    --n_frames;
-                    values[n_values - 1] = apply_prefixes(values[n_values - 1], prefixes, n_prefixes,
-                                                          frames[n_frames - 1].prefixes);
-                    ++i;
-                    continue;
-                }
-                break;
-            }
-            if (i >= n || s_[i] == '#') {
-                if (n_frames != 1) return false;
-                reduce_to(ops, n_ops, values, n_values, 0);
-                out_.root = values[0];
-                std::size_t end = i;
-                while (end > 0 && is_space(s_[end - 1])) --end;
-                out_.code_end = end;
-                return true;
-            }
-            Op op = Op::Add;
-            int level = 0;
-            std::size_t width = 1;
-            pos_ = i;
-            if (!binary_op(op, level, width) || (level != kCompareLevel && level < kArithLevel)) return false;
-            Frame& frame = frames[n_frames - 1];
-            if (level == kCompareLevel) {
-                if (frame.has_compare) return false;  // a chain: binary() makes `and`s of it
-                frame.has_compare = true;
-            }
-            // Left-associative: the operators of this level or above apply first.
-            while (n_ops > frame.ops && ops[n_ops - 1].level >= level) reduce(ops, n_ops, values, n_values);
-            if (n_ops == kPlainOps) return false;
-            ops[n_ops++] = Pending{op, level, static_cast<std::uint32_t>(i)};
-            i += width;
-        }
-    }
-
-  private:
-    static constexpr std::size_t kPlainFrames = 64;    // parentheses open at once
-    static constexpr std::size_t kPlainOps = 128;      // operators pending, operands made
-    static constexpr std::size_t kPlainPrefixes = 32;  // prefix signs in all
-    // With these bounds run() nests at most 1 + 2 * 64 + 32 levels: under kMaxNesting, so it
-    // would not refuse what run_plain() accepts.
-    static_assert(1 + 2 * kPlainFrames + kPlainPrefixes < static_cast<std::size_t>(kMaxNesting));
-
-    struct Frame {               // the top level or one open parenthesis
-        std::uint32_t at;        // where the '(' is
-        std::uint32_t ops;       // operators pending outside it
-        std::uint32_t prefixes;  // prefix minuses pending outside it
-        bool has_compare;        // a comparison seen inside it
-    };
-    struct Pending {
-        Op op;
-        int level;
-        std::uint32_t at;
-    };
-
-    // The Neg nodes of the prefix minuses above `from` applied to `operand`, innermost first
-    // (unary() makes them on its way out).
-    std::uint32_t apply_prefixes(std::uint32_t operand, const std::uint32_t* prefixes,
-                                 std::size_t& n_prefixes, std::size_t from) {
-        while (n_prefixes > from) operand = node(Op::Neg, prefixes[--n_prefixes], {operand});
-        return operand;
-    }
-    void reduce(Pending* ops, std::size_t& n_ops, std::uint32_t* values, std::size_t& n_values) {
-        const Pending& p = ops[--n_ops];
-        const std::uint32_t right = values[--n_values];
-        values[n_values - 1] = node(p.op, p.at, {values[n_values - 1], right});
-    }
-    void reduce_to(Pending* ops, std::size_t& n_ops, std::uint32_t* values, std::size_t& n_values,
-                   std::size_t keep) {
-        while (n_ops > keep) reduce(ops, n_ops, values, n_values);
-    }
-
-    // skip_simple_group of the root's group at `i` (a '['), the usual `['name']` read here.
-    std::size_t plain_root_group(std::size_t i) const {
-        const std::size_t n = s_.size();
-        if (i + 2 >= n || s_[i + 1] != '\'') return skip_simple_group(i);
-        std::size_t j = i + 2;
-        while (j < n && s_[j] != '\'' && s_[j] != '\\' && s_[j] != '\n') ++j;
-        return j + 1 < n && s_[j] == '\'' && s_[j + 1] == ']' ? j + 2 : 0;
-    }
-
-    // Whether `call` (`.name()`, a segment and a group source() reads one by one) is at `i`: a
-    // byte loop the compiler unrolls for the literal (no compare or memcmp call).
-    template <std::size_t N>
-    bool at_plain_call(std::size_t i, const char (&call)[N]) const {
-        constexpr std::size_t kLength = N - 1;
-        if (s_.size() - i < kLength) return false;
-        for (std::size_t k = 0; k < kLength; ++k)
-            if (s_[i + k] != call[k]) return false;
-        return true;
-    }
-
-    // A plain source or a decimal int within int64 at `i` (its node made, `i` moved past it), as
-    // atom() reads them; false for any other operand.
-    bool plain_operand(std::size_t& i, std::uint32_t& operand) {
-        const std::size_t n = s_.size();
-        const char c = s_[i];
-        if (is_digit(c)) {
-            std::size_t e = i;
-            std::int64_t v = 0;
-            while (e < n && is_digit(s_[e]) && e - i < 18) v = v * 10 + (s_[e++] - '0');
-            // number() reads more (a float, an exponent, a big or malformed int): it decides.
-            if (e < n && (is_ident_char(s_[e]) || s_[e] == '.')) return false;
-            if (c == '0' && e - i > 1) return false;  // leading zeros: number()'s error
-            AstNode& nd = fresh(Op::IntConst, i);
-            nd.int_small = v;
-            operand = last();
-            i = e;
-            return true;
-        }
-        if ((c != 'L' && c != 'G' && c != 'C') || i + 1 >= n || s_[i + 1] != '[') return false;
-        std::size_t e = plain_root_group(i + 1);
-        if (e == 0) return false;
-        for (;;) {
-            if (e >= n) break;
-            const char d = s_[e];
-            if (d == '.' && at_plain_call(e, ".size()")) {
-                e += sizeof(".size()") - 1;  // `.size` and `()`, read at once
-            } else if (d == '.' && at_plain_call(e, ".stride()")) {
-                e += sizeof(".stride()") - 1;
-            } else if (d == '.' && e + 1 < n && is_ident_start(s_[e + 1])) {
-                e += 2;
-                while (e < n && is_ident_char(s_[e])) ++e;
-            } else if (d == '[' || d == '(') {
-                e = skip_simple_group(e);
-                if (e == 0) return false;
-            } else {
-                if (is_space(d)) {
-                    // source() reads on past blanks to a segment: leave that to it.
-                    std::size_t j = e;
-                    while (j < n && is_space(s_[j])) ++j;
-                    if (j < n && (s_[j] == '.' || s_[j] == '[' || s_[j] == '(')) return false;
-                }
-                break;
-            }
-        }
-        operand = symbol_node(i, e);
-        i = e;
-        return true;
-    }
-
     std::string_view s_;
     std::size_t pos_ = 0;
     int depth_ = 0;
@@ -824,82 +618,25 @@ class Parser {
     std::unordered_map<std::string_view, std::uint32_t> symbol_index_;  // symbol_node beyond kScannedSymbols
 };
 
-// `from`, the parse of `text`, as the parse of `to`, the bytes of `text` from `lead` on (or an
-// equal copy of them): offsets shifted by `lead`, symbol views moved into `to`. Exactly sized.
-ParsedRelation copy_parse(const ParsedRelation& from, std::string_view text, std::size_t lead,
-                          std::string_view to) {
-    ParsedRelation out;
-    out.nodes.assign(from.nodes.begin(), from.nodes.end());  // trivially copyable: one memcpy
-    out.spans.assign(from.spans.begin(), from.spans.end());
-    out.big_ints = from.big_ints;
-    out.root = from.root;
-    out.code_end = from.code_end - lead;
-    const auto shift = static_cast<std::uint32_t>(lead);
-    if (shift != 0) {  // torch's code parts start with their code
-        for (AstNode& n : out.nodes) n.offset -= shift;
-        for (SymbolSpan& sp : out.spans) {
-            sp.begin -= shift;
-            sp.end -= shift;
-        }
-    }
-    out.symbols.reserve(from.symbols.size());
-    for (const std::string_view sym : from.symbols) {
-        out.symbols.push_back(
-            to.substr(static_cast<std::size_t>(sym.data() - text.data()) - lead, sym.size()));
-    }
-    return out;
-}
-
-// Parse `text` into this thread's scratch tree (valid until its next parse on this thread).
-const ParsedRelation& parse_into_scratch(std::string_view text) {
-    ParsedRelation& tree = scratch_tree();
-    // The common form first (no recursion); anything else, errors included, from the start again.
-    if (!Parser(text, tree).run_plain()) Parser(text, tree).run();
-    return tree;
-}
-
 }  // namespace
 
 ParsedRelation parse_relation(std::string_view text) {
-    return copy_parse(parse_into_scratch(text), text, 0, text);
-}
-
-ParsedRelation parse_relation_general(std::string_view text) {
     ParsedRelation out;
     Parser(text, out).run();
     return out;
 }
 
-bool parse_relation_plain(std::string_view text, ParsedRelation& out) {
-    return Parser(text, out).run_plain();
-}
-
 namespace {
 
-// One memoised parse: the text its symbol views point into, and the tree. A text of up to
-// kInlineText bytes (torch's code parts, most of them) is kept in the entry itself: one allocation
-// fewer per entry.
+// One memoised parse: its own copy of the text, which the tree's symbol views point into (the
+// entry is made by make_shared and never moves).
 struct ParseMemoEntry {
-    static constexpr std::size_t kInlineText = 128;
-    explicit ParseMemoEntry(std::string_view code) {
-        if (code.size() <= kInlineText) {
-            std::copy(code.begin(), code.end(), inline_text);
-            text = std::string_view(inline_text, code.size());
-        } else {
-            heap_text = std::string(code);
-            text = heap_text;
-        }
-    }
+    explicit ParseMemoEntry(std::string_view code) : text(code), parsed(parse_relation(text)) {}
     ParseMemoEntry(const ParseMemoEntry&) = delete;
     ParseMemoEntry& operator=(const ParseMemoEntry&) = delete;
 
-    std::string_view text;  // inline_text or heap_text; the entry never moves (made by make_shared)
-    ParsedRelation parsed;
-
-  private:
-    char inline_text[kInlineText];  // NOLINT(cppcoreguidelines-avoid-c-arrays,modernize-avoid-c-arrays):
-                                    // written before use
-    std::string heap_text;
+    const std::string text;
+    const ParsedRelation parsed;
 };
 
 std::mutex g_parse_memo_mutex;
@@ -908,66 +645,25 @@ std::unordered_map<std::string_view, std::shared_ptr<const ParseMemoEntry>>& par
     return *memo;  // never destroyed: no order-of-destruction question at exit
 }
 
-/// Put a finished entry in the memo (emptied when full) and give its parse, kept alive by it; the
-/// memo's own when it already holds the text (an equal parse: one lookup, not a find first).
-std::shared_ptr<const ParsedRelation> remember(std::shared_ptr<ParseMemoEntry> entry) {
-    std::shared_ptr<const ParseMemoEntry> done = std::move(entry);
+}  // namespace
+
+std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view text) {
+    {
+        const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
+        auto it = parse_memo().find(text);
+        if (it != parse_memo().end()) return {it->second, &it->second->parsed};
+    }
+    // Parsed outside the lock (another thread may parse the same text: both parses are equal).
+    std::shared_ptr<const ParseMemoEntry> entry = std::make_shared<const ParseMemoEntry>(text);
     {
         const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
         auto& memo = parse_memo();
         if (memo.size() >= kParseMemo) memo.clear();
-        const auto [it, added] = memo.emplace(std::string_view(done->text), done);  // the key views its text
-        if (!added) done = it->second;
+        const auto [it, added] =
+            memo.emplace(std::string_view(entry->text), entry);  // the key views its text
+        if (!added) entry = it->second;
     }
-    return {done, &done->parsed};
-}
-
-// The memo's parse of `text`, or null.
-std::shared_ptr<const ParsedRelation> remembered(std::string_view text) {
-    const std::lock_guard<std::mutex> lock(g_parse_memo_mutex);
-    auto it = parse_memo().find(text);
-    if (it == parse_memo().end()) return nullptr;
-    return {it->second, &it->second->parsed};
-}
-
-// Keep `parsed`, the parse of `text`, as the parse of `code`, the bytes of `text` from `lead` on
-// (the parser skips the leading blanks and stops before the comment and the blanks in front of
-// it in both, so only the offsets shift), in an entry that owns a copy of `code`.
-std::shared_ptr<const ParsedRelation> remember_code(const ParsedRelation& parsed, std::string_view text,
-                                                    std::size_t lead, std::string_view code) {
-    auto entry = std::make_shared<ParseMemoEntry>(code);
-    entry->parsed = copy_parse(parsed, text, lead, entry->text);  // views into entry->text, which never moves
-    return remember(std::move(entry));
-}
-
-// The code of `text` parsed as `parsed`: where it starts (after leading blanks) and its bytes.
-std::string_view code_of(const ParsedRelation& parsed, std::string_view text, std::size_t& lead) {
-    lead = 0;
-    while (lead < parsed.code_end && is_space(text[lead])) ++lead;
-    return text.substr(lead, parsed.code_end - lead);
-}
-
-}  // namespace
-
-std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view text) {
-    if (auto known = remembered(text)) return known;
-    // Parsed outside the lock (another thread may parse the same text: both results are equal).
-    return remember_code(parse_into_scratch(text), text, 0, text);
-}
-
-ParsedRelation parse_relation_remembering_code(std::string_view text) {
-    const ParsedRelation& scratch = parse_into_scratch(text);
-    std::size_t lead = 0;
-    const std::string_view code = code_of(scratch, text, lead);
-    remember_code(scratch, text, lead, code);
-    return copy_parse(scratch, text, 0, text);  // the caller keeps the parse of the whole text
-}
-
-std::shared_ptr<const ParsedRelation> parse_code_remembering(std::string_view text, std::size_t& lead) {
-    const ParsedRelation& scratch = parse_into_scratch(text);
-    // Remembered whether or not the memo has the code (the cold build's case: one lookup, not two).
-    const std::string_view code = code_of(scratch, text, lead);  // sets lead: before the call reads it
-    return remember_code(scratch, text, lead, code);
+    return {entry, &entry->parsed};
 }
 
 void clear_parse_memo() {

@@ -142,13 +142,6 @@ inline bool is_blank(char c) {
 /// Parse one relation. Throws ShapeSyntaxError.
 ParsedRelation parse_relation(std::string_view text);
 
-/// For tests (tests/cpp/test_shape.cpp, tests/fuzz/fuzz_shape.cpp): parse_relation tries a
-/// non-recursive parser of the form torch prints most first (parse_relation_plain: true when it
-/// took the text, `out` then the parse) and gives the text to the general recursive-descent parser
-/// (parse_relation_general) when it does not; both must give the same parse.
-ParsedRelation parse_relation_general(std::string_view text);
-bool parse_relation_plain(std::string_view text, ParsedRelation& out);
-
 /// parse_relation, memoised by text: the builder's check of a relation on its example and the
 /// set's compile parse each relation once, and a JIT that recompiles sees the same texts again.
 /// The result owns a copy of the text its symbol views point into. Errors are not memoised.
@@ -156,18 +149,7 @@ bool parse_relation_plain(std::string_view text, ParsedRelation& out);
 std::shared_ptr<const ParsedRelation> parse_relation_shared(std::string_view text);
 inline constexpr std::size_t kParseMemo = 4096;
 
-/// parse_relation of `text` (a relation, optionally with a comment), which also leaves in the
-/// memo of parse_relation_shared the parse of its code alone (the text without leading blanks,
-/// the comment and the blanks before it; offsets shifted to match): the builder parses a code
-/// part once to find its symbols, then compiles that code under the same text, parsed no more.
-ParsedRelation parse_relation_remembering_code(std::string_view text);
-
-/// parse_relation_remembering_code's work without a copy: the parse of the code alone as the memo
-/// holds it (offsets from the code's start), `lead` set to where the code starts in `text` (the
-/// blanks before it). Throws ShapeSyntaxError, with offsets into `text`.
-std::shared_ptr<const ParsedRelation> parse_code_remembering(std::string_view text, std::size_t& lead);
-
-/// Empty the memo of parse_relation_shared (benchmarks measure cold builds with it).
+/// Empty the memo of parse_relation_shared (clear_shape_memos).
 void clear_parse_memo();
 
 /// The printed name of an operation, for messages ("//", "max", "math.isnan").

@@ -125,12 +125,6 @@ class NodeTable {
         slots_[slot] = {k, node};
         ++used_;
     }
-    // Empty, keeping the slots (a scratch compiler reuses them: no allocation).
-    void clear() {
-        if (used_ == 0) return;
-        for (Slot& s : slots_) s.node = kNone;
-        used_ = 0;
-    }
 
   private:
     struct Slot {
@@ -155,16 +149,6 @@ class NodeTable {
 class Compiler {
   public:
     explicit Compiler(ShapeProgram& p) : p_(p) { add_symbols(); }
-
-    // Start again on p_ (its vectors emptied by the caller, capacities kept): the scratch
-    // compiler of compile_relation_scratch, which allocates only when a relation is its largest.
-    void reset() {
-        table_.clear();
-        consts_.clear();
-        bigs_.clear();
-        big_nodes_.clear();
-        add_symbols();
-    }
 
     void add_symbols() {
         for (std::uint32_t s = 0; s < p_.symbol_types.size(); ++s) {
@@ -972,104 +956,6 @@ std::shared_ptr<const ShapeProgram> compile_relation_shared(const std::string& t
         memo.emplace(std::move(key), p);
     }
     return p;
-}
-
-namespace {
-
-// One thread's scratch for compile_relation_scratch: the program and the compiler that fills it,
-// reused (vectors cleared, capacities kept) by every call on the thread.
-struct Scratch {
-    ShapeProgram program;
-    Compiler compiler{program};
-    std::vector<std::uint32_t> symbols;  // 0..n-1: relation symbol -> program symbol
-    std::vector<std::uint8_t> reach;     // per node: reachable from the root
-    bool leased = false;
-};
-
-// The calling thread's scratch. Not inlined: the compiler would otherwise recompute a
-// thread-local's address (a __tls_get_addr call in a shared library) at each use instead of
-// keeping it, dozens of times per relation.
-[[gnu::noinline]] Scratch* thread_scratch() {
-    static thread_local Scratch tls;
-    return &tls;
-}
-
-}  // namespace
-
-ScratchProgram compile_relation_scratch(std::string_view text, const ValueType* types, std::size_t n) {
-    Scratch* s = thread_scratch();
-    if (s->leased) {
-        // A second lease on the thread while the first is held (nothing in the core calls back,
-        // but a caller might): the memoised compile, a program of its own.
-        std::vector<ValueType> ts(types, types + n);
-        return ScratchProgram(compile_relation_shared(std::string(text), ts));
-    }
-    ShapeProgram& p = s->program;
-    p.symbol_types.assign(types, types + n);
-    for (ValueType t : p.symbol_types) {
-        if (t != ValueType::Int && t != ValueType::Float)
-            throw std::invalid_argument("a symbol is an int or a float");
-    }
-    p.nodes.clear();
-    p.const_regs.clear();
-    p.big_consts.clear();
-    p.code.clear();
-    p.kept.clear();
-    p.fast_ok = true;
-    // The relation: as compile_relations makes relation 0 of a set of one (kept: nothing before
-    // it can merge it or imply it). Its text is left empty (a check does not read it).
-    p.relations.resize(1);
-    ShapeRelation& rel = p.relations[0];
-    rel.id = 0;
-    rel.text.clear();
-    rel.status = RelationStatus::Kept;
-    rel.by = 0;
-    s->symbols.resize(n);
-    for (std::uint32_t k = 0; k < n; ++k) s->symbols[k] = k;
-    rel.symbols.assign(s->symbols.begin(), s->symbols.end());
-    s->compiler.reset();
-    const std::shared_ptr<const ParsedRelation> memo = parse_relation_shared(text);
-    const ParsedRelation& parsed = *memo;
-    if (parsed.symbols.size() != n) {
-        throw std::invalid_argument("relation 0 names " + std::to_string(parsed.symbols.size()) +
-                                    " symbols but binds " + std::to_string(n));
-    }
-    rel.root = s->compiler.lower(parsed, s->symbols);
-    p.kept.push_back(0);
-
-    // The nodes stay in the compiler's order (operands before their users, as the code needs;
-    // compile_relations moves constants first, which changes no value). Every constant gets its
-    // register (and a big one its entry, in node order, as run_exact reads them); the code
-    // computes the nodes the root needs, in node order, then checks the root.
-    const std::size_t nn = p.nodes.size();
-    s->reach.assign(nn, 0);
-    s->reach[rel.root] = 1;
-    for (std::size_t k = nn; k-- > 0;) {
-        if (s->reach[k] == 0) continue;
-        const ShapeNode& node = p.nodes[k];
-        if (node.code == Code::Symbol || node.code == Code::Const) continue;
-        const std::uint32_t ops[3] = {node.a, node.b, node.c};
-        for (int j = 0; j < arity(node.code); ++j) s->reach[ops[j]] = 1;
-    }
-    p.const_regs.assign(nn, ShapeReg{0});
-    for (std::uint32_t k = 0; k < nn; ++k) {
-        const ShapeNode& node = p.nodes[k];
-        if (node.code == Code::Const) {
-            const ConstInfo& ci = s->compiler.const_info(k);
-            ShapeReg reg{0};
-            std::memcpy(&reg, &ci.bits, sizeof reg);  // an int64, a bool, or a double's bits
-            if (ci.big >= 0) {
-                reg.i = 0;
-                p.big_consts.emplace_back(k, s->compiler.big(ci.big));
-                p.fast_ok = false;
-            }
-            p.const_regs[k] = reg;
-        } else if (node.code != Code::Symbol && s->reach[k] != 0) {
-            p.code.push_back({node.code, k, node.a, node.b, node.c});
-        }
-    }
-    p.code.push_back({Code::Check, 0, rel.root, 0, 0});
-    return ScratchProgram(p, &s->leased);
 }
 
 void clear_shape_memos() {

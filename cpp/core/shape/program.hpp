@@ -166,38 +166,7 @@ std::shared_ptr<const ShapeProgram> compile_relation_shared(const std::string& t
                                                             const std::vector<ValueType>& types);
 inline constexpr std::size_t kProgramMemo = 4096;
 
-/// A program lent by compile_relation_scratch: the calling thread's scratch program (or, when
-/// that is already lent, a program of its own), until this is destroyed.
-class ScratchProgram {
-  public:
-    ScratchProgram(const ShapeProgram& p, bool* lease) : p_(&p), lease_(lease) { *lease_ = true; }
-    explicit ScratchProgram(std::shared_ptr<const ShapeProgram> own) : p_(own.get()), own_(std::move(own)) {}
-    ~ScratchProgram() {
-        if (lease_ != nullptr) *lease_ = false;
-    }
-    ScratchProgram(ScratchProgram&& o) noexcept : p_(o.p_), own_(std::move(o.own_)), lease_(o.lease_) {
-        o.lease_ = nullptr;
-    }
-    ScratchProgram(const ScratchProgram&) = delete;
-    ScratchProgram& operator=(const ScratchProgram&) = delete;
-    ScratchProgram& operator=(ScratchProgram&&) = delete;
-    const ShapeProgram& operator*() const { return *p_; }
-
-  private:
-    const ShapeProgram* p_;
-    std::shared_ptr<const ShapeProgram> own_;
-    bool* lease_ = nullptr;
-};
-
-/// What compile_relation_shared(text, types) compiles, and with the same errors, but compiled
-/// into the calling thread's scratch program instead of a new memoised one: no heap allocation
-/// once the scratch has held a relation as large (the builder checks each relation on its example
-/// with it; a cold build has no memo to hit). The nodes stay in the compiler's order (constants
-/// are not moved first) and the relation's text is empty: run_fast and run_exact decide as on
-/// compile_relation_shared's program.
-ScratchProgram compile_relation_scratch(std::string_view text, const ValueType* types, std::size_t n);
-
-/// Empty the memos of compile_relation_shared and parse_relation_shared (cold-build benchmarks).
+/// Empty the memos of compile_relation_shared and parse_relation_shared (the fuzzer takes the cold path now and then).
 void clear_shape_memos();
 
 /// How the runtime read one symbol.

@@ -1,10 +1,8 @@
 // tripwire/cpp/runtime/eval/shape_decls.cpp -- a set's SHAPE relations declared from the specs' objects.
 #include "runtime/eval/shape_decls.hpp"
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <unordered_map>
 #include <utility>
 
@@ -26,15 +24,6 @@ bool exact_sequence(PyObject* o, const char* what, PyObject* const** items, Py_s
     }
     PyErr_SetString(PyExc_TypeError, what);
     return false;
-}
-
-/// The symbols of SHAPE argument tuple `a`, which must be an exact 3-tuple.
-bool shape_symbols_of(PyObject* a, PyObject* const** items, Py_ssize_t* n) {
-    if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != 3) {
-        PyErr_SetString(PyExc_TypeError, "SHAPE takes (relation text, symbols, symbol types)");
-        return false;
-    }
-    return exact_sequence(PyTuple_GET_ITEM(a, 1), "SHAPE symbols are a tuple of sources", items, n);
 }
 
 /// A SHAPE symbol's type code from its name in a spec ("int" 0, "float" 1: shape::ValueType), or
@@ -65,104 +54,6 @@ bool exact_list(PyObject* o, const char* what) {
 }
 
 }  // namespace
-
-PyObject* distinct_shape_symbols(PyObject* args, PyObject* source_type) {
-    if (!exact_list(args, "SHAPE argument tuples")) return nullptr;
-    std::vector<PyObject*> seen;
-    seen.reserve(16);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args); ++i) {
-        PyObject* const* items = nullptr;
-        Py_ssize_t n = 0;
-        if (!shape_symbols_of(PyList_GET_ITEM(args, i), &items, &n)) return nullptr;
-        for (Py_ssize_t k = 0; k < n; ++k) {
-            if (source_type != nullptr && Py_TYPE(items[k]) != reinterpret_cast<PyTypeObject*>(source_type))
-                return Py_NewRef(Py_None);
-            if (std::find(seen.begin(), seen.end(), items[k]) == seen.end()) seen.push_back(items[k]);
-        }
-    }
-    // Nothing above ran Python code: the borrowed symbols are still the list's.
-    PyObject* out = PyList_New(static_cast<Py_ssize_t>(seen.size()));
-    if (out == nullptr) return nullptr;
-    for (std::size_t k = 0; k < seen.size(); ++k)
-        PyList_SET_ITEM(out, static_cast<Py_ssize_t>(k), Py_NewRef(seen[k]));
-    return out;
-}
-
-PyObject* shape_specs(PyObject* specs, PyObject* spec_type, PyObject* shape_kind) {
-    if (!exact_list(specs, "specs")) return nullptr;
-    // Field names made once (never freed, as the module's own names).
-    static PyObject* s_kind = nullptr;
-    static PyObject* s_args = nullptr;
-    static PyObject* s_index = nullptr;
-    if (s_kind == nullptr && (s_kind = PyUnicode_InternFromString("kind")) == nullptr) return nullptr;
-    if (s_args == nullptr && (s_args = PyUnicode_InternFromString("args")) == nullptr) return nullptr;
-    if (s_index == nullptr && (s_index = PyUnicode_InternFromString("index")) == nullptr) return nullptr;
-    Ref ids = Ref::steal(PyList_New(0));
-    Ref args = Ref::steal(PyList_New(0));
-    if (!ids || !args) return nullptr;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(specs); ++i) {
-        // Held: reading a field of an exact spec_type runs no user code, but the list is the
-        // caller's and the references below are new.
-        Ref spec = Ref::borrow(PyList_GET_ITEM(specs, i));
-        if (Py_TYPE(spec.get()) != reinterpret_cast<PyTypeObject*>(spec_type)) return Py_NewRef(Py_None);
-        Ref kind = Ref::steal(PyObject_GetAttr(spec.get(), s_kind));
-        if (!kind) return nullptr;
-        if (kind.get() != shape_kind) return Py_NewRef(Py_None);
-        Ref a = Ref::steal(PyObject_GetAttr(spec.get(), s_args));
-        if (!a) return nullptr;
-        Ref index = Ref::steal(PyObject_GetAttr(spec.get(), s_index));
-        if (!index) return nullptr;
-        if (!PyTuple_CheckExact(a.get()) || PyTuple_GET_SIZE(a.get()) != 3 || !PyLong_CheckExact(index.get()))
-            return Py_NewRef(Py_None);
-        if (PyList_Append(ids.get(), index.get()) < 0 || PyList_Append(args.get(), a.get()) < 0)
-            return nullptr;
-    }
-    return PyTuple_Pack(2, ids.get(), args.get());
-}
-
-bool symbol_paths(const std::vector<const core::SourcePath*>& templates, PyObject* remaps,
-                  std::vector<core::SharedPath>& out) {
-    if (!exact_list(remaps, "SHAPE symbol constant ids")) return false;
-    if (static_cast<std::size_t>(PyList_GET_SIZE(remaps)) != templates.size()) {
-        PyErr_SetString(PyExc_ValueError, "SHAPE declarations: mismatched lengths");
-        return false;
-    }
-    std::vector<core::SharedPath> made(templates.size());
-    for (std::size_t k = 0; k < templates.size(); ++k) {
-        auto p = std::make_shared<core::SourcePath>(*templates[k]);
-        PyObject* remap = PyList_GET_ITEM(remaps, static_cast<Py_ssize_t>(k));
-        if (remap != Py_None) {
-            if (!PyList_CheckExact(remap)) {
-                PyErr_SetString(PyExc_TypeError, "a SHAPE symbol's constant ids are a list");
-                return false;
-            }
-            // Only exact ints are read (no __index__ runs): an id past the list or the pool's
-            // range is refused, never taken modulo.
-            const auto resolve = [remap](core::ConstId& id) {
-                if (id >= static_cast<std::size_t>(PyList_GET_SIZE(remap))) {
-                    PyErr_SetString(PyExc_ValueError, "SHAPE declarations: a constant id out of range");
-                    return false;
-                }
-                PyObject* v = PyList_GET_ITEM(remap, static_cast<Py_ssize_t>(id));
-                const unsigned long u = PyLong_CheckExact(v) ? PyLong_AsUnsignedLong(v) : 0xFFFFFFFFul;
-                if (u >= core::kNoConst) {
-                    PyErr_Clear();
-                    PyErr_SetString(PyExc_ValueError, "SHAPE declarations: a bad constant id");
-                    return false;
-                }
-                id = static_cast<core::ConstId>(u);
-                return true;
-            };
-            if (!resolve(p->name)) return false;
-            for (core::Step& st : p->steps) {
-                if (st.operand != core::kNoConst && !resolve(st.operand)) return false;
-            }
-        }
-        made[k] = std::move(p);
-    }
-    out = std::move(made);
-    return true;
-}
 
 bool add_shape_decls(std::vector<core::GuardDecl>& decls, PyObject* at, PyObject* ids, PyObject* args,
                      PyObject* symbols, const std::vector<core::SharedPath>& shared) {

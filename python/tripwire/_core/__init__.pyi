@@ -285,41 +285,11 @@ MAX_CONSTANT_DEPTH: int = 100
 
 MAX_SOURCE_DEPTH: int = 256
 
-def _shape_distinct_symbols(args: list[Any]) -> list[Any]:
-    """
-    The distinct symbols (by identity, in order of first use) of SHAPE argument tuples (text, symbols, types): GuardSet's encoding.
-    """
-
-def _shape_specs(specs: list[Any], spec_type: type, shape_kind: Any) -> tuple[list[int], list[tuple[Any, ...]]] | None:
-    """
-    (indices, argument tuples) of specs that are all exact spec_type SHAPE relations with exact 3-tuples, else None (guard_set.py, _encode).
-    """
-
-def _symbol_template(sym: Any, step_type: type) -> tuple[SourcePath, tuple[Any, ...], bool] | None:
-    """
-    A SHAPE symbol's declaration template from an exact Source: (SourcePath, constants, reads the C++ tensor), or None when a step is not exactly step_type (guard_set.py, _symbol_decl).
-    """
-
-class _SymbolPaths:
-    """
-    A set's SHAPE symbols' declaration templates, made by _shape_symbol_templates for GuardSetCore.__init__ (opaque).
-    """
-
-def _shape_symbol_templates(args: list[tuple[Any, ...]], source_type: type, step_type: type) -> tuple[list[Any], _SymbolPaths, list[list[Any]], bool] | None:
-    """
-    (distinct symbols, their declaration templates, each template's constants, a step reads the C++ tensor) of SHAPE argument tuples; None when a symbol needs Python's declaration (guard_set.py, _ShapeDecls.symbol_templates).
-    """
-
-def _clear_symbol_templates() -> None:
-    """
-    Empty _shape_symbol_templates' memo of symbol templates (builder.clear_build_memos).
-    """
-
 class GuardSetCore:
     """The compiled guard set. Use tripwire.GuardSet, which subclasses it."""
 
     @overload
-    def __init__(self, decls: Sequence[GuardDecl], consts: list, hold_weakly: list, globals: object | None, closure: object | None, strict: bool, eval_error_type: object | None, shape_at: list = [], shape_ids: list = [], shape_args: list = [], shape_symbols: list = [], shape_paths: object = [], shape_remaps: object | None = []) -> None: ...
+    def __init__(self, decls: Sequence[GuardDecl], consts: list, hold_weakly: list, globals: object | None, closure: object | None, strict: bool, eval_error_type: object | None, shape_at: list = [], shape_ids: list = [], shape_args: list = [], shape_symbols: list = [], shape_paths: Sequence[SourcePath] = []) -> None: ...
 
     @overload
     def __init__(self, decoded: object, consts: list, globals: object | None, strict: bool, eval_error_type: object | None) -> None: ...
@@ -664,58 +634,9 @@ def parse_relation(text: str) -> tuple:
     (code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape syntax error with the offset of the problem.
     """
 
-def relations_of_text(text: str, symbol_memo: dict, relation_class: object, source_class: object, step_class: object) -> object:
-    """
-    shapes.relations_from_torch's relations of a relation whose symbols are all written in their printed plain forms: a 1-tuple of its Relation (made by object.__new__(relation_class), fields text, symbols, comment, original; not _spans, which the class computes on first use), or the Relation alone when its code may be a top-level conjunction (' and ' or 'And(' in it: the caller splits it); None for any other relation. Each symbol's Source is taken from symbol_memo (a dict keyed by its text) or made of source_class and step_class as source._parse_plain makes them (a positional step is the shared one _set_plain_relations set, when step_class is its class), and remembered there. Raises the shape syntax error with the offset of the problem and the text.
-    """
-
-def _set_plain_relations(symbol_memo: dict, relation_class: object, source_class: object, step_class: object, general: object, relations_memo: dict, split: object, shared_steps: dict) -> None:
-    """
-    What relations_of_part and relations_from_torch pass to relations_of_text (kept for the life of the process); the general path of a str, general(text, relation or None) -> tuple of relations; relations_from_torch's memo (a dict) and its path for anything but a str, split(code_part) -> tuple of relations; the shared steps, {(kind, position): Step}.
-    """
-
-def relations_of_part(text: str) -> tuple:
-    """
-    relations_from_torch's relations of a str, not memoised: relations_of_text's 1-tuple with the arguments _set_plain_relations set, else general(text, what it gave). Raises the shape syntax error with the offset of the problem and the text.
-    """
-
-def relations_from_torch(code_part: object) -> list:
-    """
-    The relations of one code part of torch's shape guard, a new list.
-
-    Accepts what torch 2.13 prints in its shape-environment code parts, verbose or not: a relation, optionally followed by the ``# ...`` comment torch appends (the user's source line, or why the guard exists). A top-level conjunction (``2 <= s and s <= 1024``, how the non-verbose form prints a range) becomes one relation per conjunct, so a failure names the conjunct that is false; a chained comparison (``2 <= s <= 1024``) stays one relation. Every relation keeps the part's comment. Raises ShapeSyntaxError for text tripwire cannot use.
-
-    The relations of an exact str are memoised (the memo that _set_plain_relations set; errors are not); anything else takes the split path it set.
-    """
-
 def evaluate_relation(text: str, types: Sequence[int], values: list, both_paths: bool = True) -> tuple:
     """
     (holds, error or None, 'fast' or 'exact'): one relation on values for its symbols in order of first use (types: 0 int, 1 float), as a check evaluates it. The compiled relation is memoised by (text, types). both_paths: also run the exact path when the fast one decides, and raise if they disagree (the reference tests); without it a fast pass returns at once.
-    """
-
-def _set_shape_builder(source: object, step: object, spec: object, shape_kind: object, index_kinds: int, no_arg_kinds: int, type_names: object, is_machinery: object, depth: int) -> None:
-    """
-    Set once by tripwire.builder: the exact classes Source and Step (relation_holds_on decodes a symbol of these classes once and memoises it) and what spec_of_shape uses: the GuardSpec class, GuardKind.SHAPE, the step masks, the type-name memo, the machinery test and the stack depth.
-    """
-
-def spec_of_shape(text: str, symbols: tuple, f_locals: object, f_globals: object | None, f_closure: object | None, index: int) -> object:
-    """
-    GuardBuilder.shape's one call: relation_holds_on with the builder's settings (_set_shape_builder); when the relation holds, a new GuardSpec(SHAPE, None, (text, symbols, types), index, stack) with the caller's stack outside tripwire (its fields set as object.__setattr__ sets them), else None. Raises what relation_holds_on or the stack walk raised.
-    """
-
-def _shape_method(builder: object, relation: object, general: object) -> object:
-    """
-    GuardBuilder.shape as a method descriptor of `builder` (set once by tripwire.builder): for an exact `builder` instance and an exact `relation` instance (shapes.Relation) it does what the Python method `general` does without a Python frame: takes the index, makes the spec with spec_of_shape (or, when that gives None or raises an Exception, self._shape_checked(relation, index)) and appends it to self._specs. Anything else (a subclass, a text, keywords, attributes it cannot read from the instances' own storage) calls general(self, ...).
-    """
-
-def relation_holds_on(text: str, symbols: tuple, index_kinds: int, no_arg_kinds: int, f_locals: object, f_globals: object | None, f_closure: object | None, type_names: object) -> object:
-    """
-    GuardBuilder.shape's one call: read each symbol (a Source: root, name, steps of kind and arg; bit k of index_kinds / no_arg_kinds set when StepKind k takes a position / no argument) from the example, in order of first use, and evaluate the relation on the values as a check does (compiled into a per-thread scratch program, nothing memoised but each symbol's decoding). The symbols' type names ('int', 'float') when it holds, one tuple per combination: type_names[(1 << n) | sum(code_k << k)] (codes 0 int, 1 float), made and remembered there when missing (the dict is emptied at 4096 entries); None when it does not hold or a value is neither an exact int nor an exact float (the builder then redoes the work symbol by symbol to say why). Raises what a read raised, or the shape syntax error of a type error.
-    """
-
-def _clear_shape_memos() -> None:
-    """
-    Empty the engine's memos of parsed and compiled relations, relation_holds_on's decoded symbols and relations_of_text's symbol texts (cold-build benchmarks).
     """
 
 def _install_torch_adapter(table: object, torch_version: str) -> None:
