@@ -202,8 +202,8 @@ class GuardSet {
     static_assert(sizeof(FetchMemo) == 16 && sizeof(StateMemo) == 16, "four memos to a cache line");
 
     /// One instruction of the fast program (fast_pass.cpp). Adding a guard kind to the fast
-    /// path is local: a Code below, its case in GuardSet::guard_op (the builder) and its case in
-    /// GuardSet::fast_pass (docs/cpp.md, "Adding a guard kind to the fast path").
+    /// path is local: a Code below, named by the kind's FAST column (core/guard_kind_table.hpp),
+    /// and its case in GuardSet::fast_pass (docs/cpp.md, "Adding a guard kind to the fast path").
     struct alignas(32) FastOp {
         enum class Code : std::uint8_t {
             // Loads and fetches: regs[node] = the value. `skip` is the first op after the node's
