@@ -789,6 +789,8 @@ void GuardSet::record_path_failure(std::uint32_t ni) {
 
 void GuardSet::hold_path(Pass& p, std::uint32_t ni) {
     p.tags[nodes_.size()] = 0;  // the globals dict's slot
+    // One allocation for the whole path (pushing one by one regrew the vector several times).
+    if (ni != ~0U) p.held.reserve(p.held.size() + program_.nodes[ni].depth + 1);
     while (ni != ~0U) {
         Py_INCREF(p.r[ni]);
         p.held.push_back(p.r[ni]);
@@ -1011,7 +1013,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
                 if (ic.mode == AttrCache::Mode::InstanceDict)
                     return instance_attr_hinted(p, n.step.operand, &ic.hint);
-                if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p))
+                if (ic.mode == AttrCache::Mode::Module && PyModule_Check(p))  // a module subclass too
                     return pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
                 if (ic.mode == AttrCache::Mode::FunctionField) return function_field(p, n.step.operand);
             }
