@@ -572,3 +572,47 @@ def test_length_of_an_ordered_dict_is_read_in_the_pass() -> None:
     assert gs.check({"h": lying}) is (len(lying) == 1) is False
     lying.clear()
     assert gs.check({"h": Lying()}) is False
+
+
+@pytest.mark.parametrize("predicate_first", [True, False])
+@pytest.mark.parametrize("swap", ["none", "back_to_b", "away"])
+def test_relational_guards_after_a_residue_answer_as_the_walk(predicate_first: bool, swap: str) -> None:
+    """ALIAS after a residue (a predicate that runs user code, here mutating what the relation
+    reads): decided from the registers when every source was read after the residue, from strong
+    references otherwise; either way as the tree walk alone decides, on the same scenario."""
+
+    class Box:
+        x: Any = None
+
+    def run(fast: bool) -> list[bool]:
+        b, a, other = Box(), Box(), Box()
+        a.x = b
+        armed = [False]
+
+        def pred(v: Any) -> bool:
+            if armed[0]:
+                a.x = b if swap == "back_to_b" else other if swap == "away" else a.x
+            return True
+
+        f_locals = {"p": 1, "a": a, "b": b}
+        builder = tw.GuardBuilder(f_locals)
+        if predicate_first:
+            builder.predicate(pred, source="L['p']")
+        builder.type_match("L['a']", Box)
+        builder.alias("L['a'].x", "L['b']")
+        if not predicate_first:
+            builder.predicate(pred, source="L['p']")
+        gs = builder.build()
+        was = _core._set_fast_pass(fast)
+        try:
+            armed[0] = True
+            got = [gs.check(f_locals)]
+            a.x = other  # fails before the predicate runs; the predicate may restore it
+            got.append(gs.check(f_locals))
+            a.x = b
+            got.append(gs.check(f_locals))
+            return got
+        finally:
+            _core._set_fast_pass(was)
+
+    assert run(True) == run(False)

@@ -812,6 +812,12 @@ void GuardSet::hold_relational(Pass& p, std::size_t op_index) {
     }
 }
 
+bool GuardSet::relational_sources_held() const {
+    for (std::size_t s = 0; s < rel_slots_.size(); ++s)
+        if (rel_scratch_[s] != nullptr) return true;
+    return false;
+}
+
 void GuardSet::relational_after_residues(Pass& p) {
     // Sources read after the last residue are still borrowed and valid (no user code since):
     // take them too, then decide every relational guard from the slots, as the walk does.
@@ -957,6 +963,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
     std::uint64_t* const tags = ps.tags;
     const std::size_t globals_slot = nodes_.size();
     std::uint32_t skipped = 0;  // guards the skip proved without evaluating them
+    int rel_held = -1;          // relational_sources_held() once a residue ran; -1: not asked
     // Relational slots (strong references) are only needed once a residue may run user code:
     // the set's own, or fresh ones for a check nested in user code run by another check.
     PyObject** const outer_scratch = rel_scratch_;
@@ -1639,10 +1646,15 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const FastOp& op = *opp;
             next = opp + 1;
             if constexpr (kUserCode) {
-                if (ps.ran_user_code) {
-                    // A residue ran user code: registers read before it may be dead (and their
-                    // addresses reused). Decide every relational guard from the strong references
-                    // taken before each residue and by the walk (relational_after_residues).
+                // Asked once per check (the relational ops are consecutive, at the end).
+                if (ps.ran_user_code && rel_held < 0) rel_held = relational_sources_held() ? 1 : 0;
+                if (ps.ran_user_code && rel_held == 1) {
+                    // A residue ran user code after a relational source was read (or read one
+                    // itself): registers read before it may be dead (and their addresses
+                    // reused). Decide every relational guard from the strong references taken
+                    // before each residue and by the walk (relational_after_residues). With no
+                    // reference taken, every source was read by the pass after the last residue,
+                    // with no user code since: the registers are the objects the check read.
                     relational_after_residues(ps);
                     next = end;  // every relational guard is decided there
                     break;
