@@ -763,6 +763,8 @@ void GuardSet::record_path_failure(std::uint32_t ni) {
 
 void GuardSet::hold_path(Pass& p, std::uint32_t ni) {
     p.tags[nodes_.size()] = 0;  // the globals dict's slot
+    // One allocation for the whole path (pushing one by one regrew the vector several times).
+    if (ni != ~0U) p.held.reserve(p.held.size() + program_.nodes[ni].depth + 1);
     while (ni != ~0U) {
         Py_INCREF(p.r[ni]);
         p.held.push_back(p.r[ni]);
@@ -782,6 +784,12 @@ void GuardSet::hold_relational(Pass& p, std::size_t op_index) {
         if (rel_scratch_[s] == nullptr && rel_fetch_op_[s] < op_index)
             rel_scratch_[s] = Py_NewRef(p.r[rel_nodes_[s]]);
     }
+}
+
+bool GuardSet::relational_sources_held() const {
+    for (std::size_t s = 0; s < rel_slots_.size(); ++s)
+        if (rel_scratch_[s] != nullptr) return true;
+    return false;
 }
 
 void GuardSet::relational_after_residues(Pass& p) {
@@ -929,6 +937,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
     std::uint64_t* const tags = ps.tags;
     const std::size_t globals_slot = nodes_.size();
     std::uint32_t skipped = 0;  // guards the skip proved without evaluating them
+    int rel_held = -1;          // relational_sources_held() once a residue ran; -1: not asked
     // Relational slots (strong references) are only needed once a residue may run user code:
     // the set's own, or fresh ones for a check nested in user code run by another check.
     PyObject** const outer_scratch = rel_scratch_;
@@ -985,7 +994,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
                 if (ic.mode == AttrCache::Mode::InstanceDict)
                     return instance_attr_hinted(p, n.step.operand, &ic.hint);
-                if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p))
+                if (ic.mode == AttrCache::Mode::Module && PyModule_Check(p))  // a module subclass too
                     return pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
                 if (ic.mode == AttrCache::Mode::FunctionField) return function_field(p, n.step.operand);
             }
@@ -1611,10 +1620,15 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const FastOp& op = *opp;
             next = opp + 1;
             if constexpr (kUserCode) {
-                if (ps.ran_user_code) {
-                    // A residue ran user code: registers read before it may be dead (and their
-                    // addresses reused). Decide every relational guard from the strong references
-                    // taken before each residue and by the walk (relational_after_residues).
+                // Asked once per check (the relational ops are consecutive, at the end).
+                if (ps.ran_user_code && rel_held < 0) rel_held = relational_sources_held() ? 1 : 0;
+                if (ps.ran_user_code && rel_held == 1) {
+                    // A residue ran user code after a relational source was read (or read one
+                    // itself): registers read before it may be dead (and their addresses
+                    // reused). Decide every relational guard from the strong references taken
+                    // before each residue and by the walk (relational_after_residues). With no
+                    // reference taken, every source was read by the pass after the last residue,
+                    // with no user code since: the registers are the objects the check read.
                     relational_after_residues(ps);
                     next = end;  // every relational guard is decided there
                     break;

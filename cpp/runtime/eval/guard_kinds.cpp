@@ -17,7 +17,9 @@ bool builtin_length(PyObject* v, Py_ssize_t& n) {
         n = Py_SIZE(v);
         return true;
     }
-    if (t == &PyDict_Type) {
+    // collections.OrderedDict (torch's hook dicts) is the interpreter's own immutable C type and
+    // inherits dict's length: the size of its dict storage.
+    if (t == &PyDict_Type || t == &PyODict_Type) {
         n = PyDict_GET_SIZE(v);
         return true;
     }

@@ -360,6 +360,9 @@ class GuardSet {
     void hold_relational(Pass& p, std::size_t op_index);
     /// After residues ran: decide every relational guard from strong references (sets p.result).
     void relational_after_residues(Pass& p);
+    /// Whether a residue left a strong reference to a relational source (read before it, or by
+    /// the walk inside it).
+    bool relational_sources_held() const;
     bool after_residue(Pass& p, int rr);
     [[gnu::noinline, gnu::cold]] void fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos);
     /// At the End op of a passing run: the SHAPE relations on the run's frame (sets p.result).
