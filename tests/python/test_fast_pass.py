@@ -603,7 +603,7 @@ def test_relational_guards_after_a_residue_answer_as_the_walk(predicate_first: b
         if not predicate_first:
             builder.predicate(pred, source="L['p']")
         gs = builder.build()
-        was = _core._set_fast_pass(fast)
+        was = _core.testing.set_fast_pass(fast)
         try:
             armed[0] = True
             got = [gs.check(f_locals)]
@@ -613,6 +613,6 @@ def test_relational_guards_after_a_residue_answer_as_the_walk(predicate_first: b
             got.append(gs.check(f_locals))
             return got
         finally:
-            _core._set_fast_pass(was)
+            _core.testing.set_fast_pass(was)
 
     assert run(True) == run(False)
