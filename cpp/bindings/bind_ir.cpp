@@ -8,9 +8,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <iterator>
 #include <memory>
 #include <optional>
 
+#include "core/codec/guard_records.hpp"
 #include "core/ir.hpp"
 #include "core/kind_data.hpp"
 #include "core/program.hpp"
@@ -162,13 +164,45 @@ void register_ir(nb::module_& m) {
     }
 
     m.def(
-        "guard_shape",
-        [](core::GuardKind k) {
-            const core::GuardShape s = core::guard_shape(k);
-            return nb::make_tuple(s.needs_source, s.allows_source, s.operand, s.operand2);
+        "guard_kind_table",
+        [] {
+            // The kind table (core/guard_kind_table.hpp), row by row: the Python catalogue's
+            // per-kind facts (tripwire.catalogue.KINDS) are these, never a list of its own.
+            static constexpr const char* kSource[] = {"required", "optional", "absent"};
+            static constexpr const char* kOperand[] = {"none", "value", "identity"};
+            static constexpr const char* kImplied[] = {"never",
+                                                       "identity",
+                                                       "if_immutable_type",
+                                                       "if_immutable_constant",
+                                                       "dict_state",
+                                                       "dict_state_or_fixed_size"};
+            // One name per enumerator, in the enums' order (core/guard_kind_table.hpp).
+            static_assert(std::size(kSource) == static_cast<std::size_t>(core::KindSource::Absent) + 1);
+            static_assert(std::size(kOperand) == static_cast<std::size_t>(core::KindOperand::Identity) + 1);
+            static_assert(std::size(kImplied) ==
+                          static_cast<std::size_t>(core::Implied::DictStateOrFixedSize) + 1);
+            nb::list rows;
+            for (int i = 0; i < core::kGuardKindCount; ++i) {
+                const auto k = static_cast<core::GuardKind>(i);
+                if (!core::guard_kind_known(k)) continue;
+                const char* never = core::codec::never_stored_reason(k);
+                nb::dict row;
+                row["kind"] = k;
+                row["source"] = kSource[static_cast<int>(core::guard_source(k))];
+                row["operand"] = kOperand[static_cast<int>(core::guard_operand(k))];
+                row["operand2"] = core::guard_shape(k).operand2;
+                row["runs_user_code"] = core::guard_runs_user_code(k);
+                row["relational"] = core::is_relational(k);
+                row["implied"] = kImplied[static_cast<int>(core::guard_implied(k))];
+                row["record_version"] = core::codec::record_version(k);
+                row["never_stored"] = never == nullptr ? nb::none() : nb::object(nb::str(never));
+                rows.append(row);
+            }
+            return rows;
         },
-        nb::arg("kind"),
-        "(needs_source, allows_source, uses operand, uses operand2): the slots a kind's declaration uses.");
+        "The kind table, one dict per kind in value order: kind, source ('required', 'optional', "
+        "'absent'), operand ('none', 'value', 'identity'), operand2, runs_user_code, relational, "
+        "implied, record_version (0: never stored), never_stored (why, or None).");
     m.def(
         "builtin_probes",
         [] {

@@ -3,37 +3,18 @@
 
 namespace tripwire::core {
 
-std::string_view guard_kind_name(GuardKind k) {
-    switch (k) {
-        case GuardKind::TypeMatch: return "TYPE_MATCH";
-        case GuardKind::IdMatch: return "ID_MATCH";
-        case GuardKind::None: return "NONE";
-        case GuardKind::NotNone: return "NOT_NONE";
-        case GuardKind::True: return "TRUE";
-        case GuardKind::False: return "FALSE";
-        case GuardKind::EqualsMatch: return "EQUALS_MATCH";
-        case GuardKind::Length: return "LENGTH";
-        case GuardKind::DictKeys: return "DICT_KEYS";
-        case GuardKind::DictContains: return "DICT_CONTAINS";
-        case GuardKind::HasAttr: return "HASATTR";
-        case GuardKind::DictVersion: return "DICT_VERSION";
-        case GuardKind::TupleIteratorLen: return "TUPLE_ITERATOR_LEN";
-        case GuardKind::RangeIterator: return "RANGE_ITERATOR";
-        case GuardKind::CodeMatch: return "CODE_MATCH";
-        case GuardKind::WeakrefAlive: return "WEAKREF_ALIVE";
-        case GuardKind::GlobalState: return "GLOBAL_STATE";
-        case GuardKind::Lambda: return "LAMBDA";
-        case GuardKind::TensorMatch: return "TENSOR_MATCH";
-        case GuardKind::ArrayMatch: return "ARRAY_MATCH";
-        case GuardKind::DimensionMarking: return "DIMENSION_MARKING";
-        case GuardKind::Alias: return "ALIAS";
-        case GuardKind::NoAlias: return "NO_ALIAS";
-        case GuardKind::Shape: return "SHAPE";
-        case GuardKind::StorageOverlapping: return "STORAGE_OVERLAPPING";
-        case GuardKind::DispatchKeySetMatch: return "DISPATCH_KEY_SET_MATCH";
+// Each fact below is a column of the kind table (core/guard_kind_table.hpp), expanded into a
+// switch: the compiler checks that every kind is covered once.
+#define TRIPWIRE_COLUMN(fn, Result, column, otherwise) \
+    Result fn(GuardKind k) {                           \
+        switch (k) { TRIPWIRE_GUARD_KINDS(column) }    \
+        return otherwise;                              \
     }
-    return "UNKNOWN";
-}
+
+#define TRIPWIRE_X(Name, value, name, ...) \
+    case GuardKind::Name: return name;
+TRIPWIRE_COLUMN(guard_kind_name, std::string_view, TRIPWIRE_X, "UNKNOWN")
+#undef TRIPWIRE_X
 
 bool guard_kind_known(GuardKind k) { return guard_kind_name(k) != "UNKNOWN"; }
 
@@ -92,58 +73,54 @@ std::string_view step_kind_name(StepKind k) {
     return "UNKNOWN";
 }
 
-bool guard_runs_user_code(GuardKind k) {
-    switch (k) {
-        // Identity, exact-type and structural comparisons of built-in constants only, none of
-        // which allocates a Python object (EQUALS_MATCH and DICT_KEYS walk containers in place).
-        case GuardKind::TypeMatch:
-        case GuardKind::IdMatch:
-        case GuardKind::None:
-        case GuardKind::NotNone:
-        case GuardKind::True:
-        case GuardKind::False:
-        case GuardKind::EqualsMatch:
-        case GuardKind::DictKeys:
-        case GuardKind::DictVersion:
-        case GuardKind::WeakrefAlive:
-        // Tensor fields through the adapter (C++ accessors), array fields from the numpy struct,
-        // pointer comparisons; a declaration evaluated through Python says so (via_python).
-        case GuardKind::TensorMatch:
-        case GuardKind::ArrayMatch:
-        case GuardKind::Alias:
-        case GuardKind::NoAlias:
-        // Tensor metadata through the adapter (no Python object is made).
-        case GuardKind::StorageOverlapping:
-        // A DispatchKeySet's bits and the thread-local key sets through the adapter.
-        case GuardKind::DispatchKeySetMatch:
-        // Relations among numbers read into C++ registers; a big int is converted in place.
-        case GuardKind::Shape: return false;
-        // len() of a user type, key lookups that may meet a user key's __eq__, getattr,
-        // `v.__code__` on a non-function, Python probes and predicates; and the iterator kinds,
-        // which read the iterator through a method call (a bound method and a result tuple are
-        // allocated, and an allocation can start a collection that runs finalizers).
-        case GuardKind::Length:
-        case GuardKind::DictContains:
-        case GuardKind::HasAttr:
-        case GuardKind::TupleIteratorLen:
-        case GuardKind::RangeIterator:
-        case GuardKind::CodeMatch:
-        case GuardKind::GlobalState:
-        case GuardKind::Lambda:
-        // torch's semantics: getattr of the marking attributes (properties, __getattr__) and
-        // the runtime set's own issubset().
-        case GuardKind::DimensionMarking: return true;
-    }
-    return true;
-}
+// USER_CODE: identity, exact-type and structural comparisons of built-in constants (EQUALS_MATCH
+// and DICT_KEYS walk containers in place), tensor fields and dispatch key sets through the adapter,
+// array fields from the numpy struct, pointer comparisons and relations among numbers read into
+// C++ registers allocate no Python object; a declaration evaluated through Python says so
+// (via_python, reads_by_code). len() of a user type, key lookups that may meet a user key's __eq__,
+// getattr, `v.__code__` on a non-function, probes, predicates, torch's marking attributes and the
+// iterator kinds (a bound method and a result tuple are allocated, and an allocation can start a
+// collection that runs finalizers) may run user code. An unknown kind is assumed to.
+#define TRIPWIRE_X(Name, value, name, source, operand, operand2, user_code, ...) \
+    case GuardKind::Name: return (user_code) != 0;
+TRIPWIRE_COLUMN(guard_runs_user_code, bool, TRIPWIRE_X, true)
+#undef TRIPWIRE_X
 
 bool guard_runs_user_code(const GuardDecl& d) {
     return d.via_python || d.reads_by_code || guard_runs_user_code(d.kind);
 }
 
-bool is_relational(GuardKind k) {
-    return k == GuardKind::Alias || k == GuardKind::NoAlias || k == GuardKind::StorageOverlapping;
-}
+#define TRIPWIRE_X(Name, value, name, source, operand, operand2, user_code, relational, ...) \
+    case GuardKind::Name: return (relational) != 0;
+TRIPWIRE_COLUMN(is_relational, bool, TRIPWIRE_X, false)
+#undef TRIPWIRE_X
+
+#define TRIPWIRE_X(Name, value, name, source, ...) \
+    case GuardKind::Name: return KindSource::source;
+TRIPWIRE_COLUMN(guard_source, KindSource, TRIPWIRE_X, KindSource::Absent)
+#undef TRIPWIRE_X
+
+#define TRIPWIRE_X(Name, value, name, source, operand, operand2, user_code, relational, implied, record, \
+                   payload, fast, eval, load, ...)                                                       \
+    case GuardKind::Name: return KindLoad::load;
+TRIPWIRE_COLUMN(guard_load, KindLoad, TRIPWIRE_X, KindLoad::Native)
+#undef TRIPWIRE_X
+
+#define TRIPWIRE_X(Name, value, name, source, operand, operand2, user_code, relational, implied, record, \
+                   payload, fast, eval, load, adapter, ...)                                              \
+    case GuardKind::Name: return (adapter) != 0;
+TRIPWIRE_COLUMN(guard_reads_adapter_only, bool, TRIPWIRE_X, false)
+#undef TRIPWIRE_X
+
+#define TRIPWIRE_X(Name, value, name, source, operand, ...) \
+    case GuardKind::Name: return KindOperand::operand;
+TRIPWIRE_COLUMN(guard_operand, KindOperand, TRIPWIRE_X, KindOperand::No)
+#undef TRIPWIRE_X
+
+#define TRIPWIRE_X(Name, value, name, source, operand, operand2, user_code, relational, implied, ...) \
+    case GuardKind::Name: return Implied::implied;
+TRIPWIRE_COLUMN(guard_implied, Implied, TRIPWIRE_X, Implied::Never)
+#undef TRIPWIRE_X
 
 bool step_runs_user_code(StepKind k) {
     switch (k) {
@@ -182,44 +159,13 @@ bool step_runs_user_code(StepKind k) {
     return true;
 }
 
-GuardShape guard_shape(GuardKind k) {
-    switch (k) {
-        case GuardKind::TypeMatch:
-        case GuardKind::IdMatch:
-        case GuardKind::EqualsMatch:
-        case GuardKind::DictContains:
-        case GuardKind::HasAttr:
-        case GuardKind::CodeMatch: return {true, true, true, false};
-        case GuardKind::None:
-        case GuardKind::NotNone:
-        case GuardKind::True:
-        case GuardKind::False:
-        case GuardKind::Length:
-        case GuardKind::DictVersion:
-        case GuardKind::TupleIteratorLen:
-        case GuardKind::WeakrefAlive:
-        case GuardKind::DispatchKeySetMatch: return {true, true, false, false};  // n = expected bits
-        case GuardKind::DictKeys: return {true, true, false, true};
-        case GuardKind::RangeIterator:
-            return {true, true, true, false};  // operand = the expected range object
-        case GuardKind::GlobalState:
-            return {false, false, false, true};  // operand = Python probe (optional), operand2 = snapshot
-        case GuardKind::Lambda: return {false, true, true, false};
-        case GuardKind::TensorMatch: return {true, true, true, false};  // operand = the exact type
-        case GuardKind::ArrayMatch:
-            return {true, true, true, true};  // operand = the exact type, operand2 = the dtype's description
-        case GuardKind::DimensionMarking:
-            // operand, operand2 = the expected _dynamo_shape_ids and _dynamo_unbacked_bounds
-            // (None constants when not guarded; `flag` says whether they are)
-            return {true, true, true, true};
-        case GuardKind::Alias:
-        case GuardKind::NoAlias:
-        case GuardKind::StorageOverlapping:
-            return {true, true, false, false};  // the other sources: more_sources
-        // Its sources are its symbols (GuardDecl::symbols), not a single source.
-        case GuardKind::Shape: return {false, false, false, false};
-    }
-    return {false, false, false, false};
-}
+#define TRIPWIRE_X(Name, value, name, source, operand, operand2, ...)                                 \
+    case GuardKind::Name:                                                                             \
+        return {KindSource::source == KindSource::Required, KindSource::source != KindSource::Absent, \
+                KindOperand::operand != KindOperand::No, (operand2) != 0};
+TRIPWIRE_COLUMN(guard_shape, GuardShape, TRIPWIRE_X, (GuardShape{false, false, false, false}))
+#undef TRIPWIRE_X
+
+#undef TRIPWIRE_COLUMN
 
 }  // namespace tripwire::core

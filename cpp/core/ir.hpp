@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/guard_kind_table.hpp"
+
 namespace tripwire::core {
 
 /// Deepest nesting of containers in a constant (EQUALS_MATCH, DICT_KEYS keys, GLOBAL_STATE
@@ -75,41 +77,21 @@ constexpr bool is_cpp_tensor_step(StepKind k) {
            k == StepKind::Grad;
 }
 
-/// Guard kinds of the catalogue (docs/guards.md).
+/// Guard kinds of the catalogue (docs/guards.md): one enumerator per row of the kind table
+/// (core/guard_kind_table.hpp), which holds every per-kind fact.
 enum class GuardKind : std::uint8_t {
-    TypeMatch = 0,
-    IdMatch = 1,
-    None = 2,
-    NotNone = 3,
-    True = 4,
-    False = 5,
-    EqualsMatch = 6,
-    Length = 7,
-    DictKeys = 8,
-    DictContains = 9,
-    HasAttr = 10,
-    DictVersion = 11,
-    TupleIteratorLen = 12,
-    RangeIterator = 13,
-    CodeMatch = 14,
-    WeakrefAlive = 15,
-    GlobalState = 16,
-    Lambda = 17,
-    TensorMatch = 18,       ///< a torch tensor's type, dispatch keys, dtype, device, grad, sizes, strides
-    ArrayMatch = 19,        ///< a numpy array's type, dtype, flags, sizes, strides
-    DimensionMarking = 20,  ///< a tensor's mark_dynamic-style markings (torch's subset rule)
-    Alias = 21,             ///< relational: the values at two sources are one object
-    NoAlias = 22,           ///< relational: the values at two or more sources are distinct objects
-    Shape = 23,             ///< relations among symbols (sizes, strides, numbers) read into registers
-    /// relational: torch's STORAGE_OVERLAPPING over tensors: the first `n` of its sources are
-    /// exactly the ones that may overlap another (torch's tensors_definitely_do_not_overlap)
-    StorageOverlapping = 24,
-    /// torch's DISPATCH_KEY_SET_MATCH: the value is a torch._C.DispatchKeySet whose keys, with
-    /// the current thread's include/exclude sets applied (Python keys masked as torch's guards
-    /// mask them), equal `n` (raw bits of the expected applied set). Adapter only.
-    DispatchKeySetMatch = 25,
+#define TRIPWIRE_X(Name, value, ...) Name = value,
+    TRIPWIRE_GUARD_KINDS(TRIPWIRE_X)
+#undef TRIPWIRE_X
 };
-inline constexpr int kGuardKindCount = 26;
+/// One more than the largest kind's value (values below it that no row names are reserved).
+inline constexpr int kGuardKindCount = [] {
+    int n = 0;
+#define TRIPWIRE_X(Name, value, ...) n = n > (value) + 1 ? n : (value) + 1;
+    TRIPWIRE_GUARD_KINDS(TRIPWIRE_X)
+#undef TRIPWIRE_X
+    return n;
+}();
 
 /// One step of a source path.
 struct Step {
@@ -142,11 +124,15 @@ struct GuardDecl {
     SourcePath source;
     ConstId operand = kNoConst;   ///< main object: type, object, constant, key, name, probe, fn
     ConstId operand2 = kNoConst;  ///< second object: snapshot (GlobalState), key tuple (DictKeys)
-    std::int64_t n = 0;           ///< length, version, builtin-probe id, range start
-    std::int64_t n2 = 0;          ///< range stop
-    std::int64_t n3 = 0;          ///< range step
-    bool flag = false;            ///< present (DictContains/HasAttr), ordered (DictKeys)
-    std::uint32_t id = 0;         ///< installation order; why_not reports the smallest failing id
+    /// length, version, builtin-probe id; STORAGE_OVERLAPPING: how many of the sources, first
+    /// ones first, may overlap another (torch's tensors_definitely_do_not_overlap);
+    /// DISPATCH_KEY_SET_MATCH: the raw bits of the expected applied key set (a torch._C.DispatchKeySet
+    /// with the thread's include/exclude sets applied, Python keys masked as torch's guards mask them)
+    std::int64_t n = 0;
+    std::int64_t n2 = 0;   ///< range stop
+    std::int64_t n3 = 0;   ///< range step
+    bool flag = false;     ///< present (DictContains/HasAttr), ordered (DictKeys)
+    std::uint32_t id = 0;  ///< installation order; why_not reports the smallest failing id
     /// Per-kind plain data: a tensor's or array's expectation, dimension markings, a framework
     /// state snapshot. Layouts and their validation in core/kind_data.hpp.
     std::vector<std::int64_t> data;
@@ -190,7 +176,16 @@ bool is_relational(GuardKind k);
 /// compares against a user key's __eq__, creating an instance __dict__.
 bool step_runs_user_code(StepKind k);
 
-/// The operand slots a kind uses; validate() checks declarations against this table.
+/// The kind table's SOURCE, OPERAND and IMPLIED columns (core/guard_kind_table.hpp).
+KindSource guard_source(GuardKind k);
+KindLoad guard_load(GuardKind k);
+/// Whether the kind is read through the torch adapter only (the table's ADAPTER column).
+bool guard_reads_adapter_only(GuardKind k);
+KindOperand guard_operand(GuardKind k);
+Implied guard_implied(GuardKind k);
+
+/// The operand slots a kind uses (the kind table's SOURCE, OPERAND and OPERAND2 columns);
+/// validate() checks declarations against them.
 struct GuardShape {
     bool needs_source;   ///< must have a source
     bool allows_source;  ///< may have a source

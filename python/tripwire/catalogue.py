@@ -6,38 +6,38 @@ the semantic contract in docs/guards.md; keep the three in agreement.
 
 Arguments per kind (``GuardSpec.args``):
 
-====================  =========================================  ==========================
-kind                  args                                       source
-====================  =========================================  ==========================
-TYPE_MATCH            (type,)                                    required
-ID_MATCH              (obj,)                                     required
-NONE/NOT_NONE         ()                                         required
-TRUE/FALSE            ()                                         required
-EQUALS_MATCH          (constant,) or (constant, python_eq=True)  required
-LENGTH                (n,)                                       required
-DICT_KEYS             (keys: tuple, ordered: bool)               required
-DICT_CONTAINS         (key, present: bool)                       required
-HASATTR               (name: str, present: bool)                 required
-DICT_VERSION          (version: int)                                              required
-TUPLE_ITERATOR_LEN    (n,)                                       required
-RANGE_ITERATOR        (start, stop, step)                        required
-CODE_MATCH            (code,)                                    required
-WEAKREF_ALIVE         ()                                         required
-GLOBAL_STATE          (probe, snapshot, name: str)               None (ambient state)
-LAMBDA                (fn, text: str)                            optional (None: fn(f_locals))
-TENSOR_MATCH          (type, TensorExpectation)                  required
-ARRAY_MATCH           (type, ArrayExpectation)                   required
-DIMENSION_MARKING     (DimensionMarkings,)                       required
-ALIAS                 (other: Source,)                           required (the first source)
-NO_ALIAS              (others: tuple[Source, ...],)              required (the first source)
-DISPATCH_KEY_SET_MATCH (expected: int,)  raw bits of the applied  required
-                      set (torch's LocalState::apply)
-STORAGE_OVERLAPPING   (others: tuple[Source, ...],                required (the first source;
-                      n_overlapping: int)                        the first n_overlapping of all
-                                                                 the sources may overlap)
-SHAPE                 (relation: str, symbols: tuple[Source],    None (its symbols are its
-                      types: tuple["int" | "float"])             sources)
-====================  =========================================  ==========================
+======================  =========================================  ==========================
+kind                    args                                       source
+======================  =========================================  ==========================
+TYPE_MATCH              (type,)                                    required
+ID_MATCH                (obj,)                                     required
+NONE/NOT_NONE           ()                                         required
+TRUE/FALSE              ()                                         required
+EQUALS_MATCH            (constant,) or (constant, python_eq=True)  required
+LENGTH                  (n,)                                       required
+DICT_KEYS               (keys: tuple, ordered: bool)               required
+DICT_CONTAINS           (key, present: bool)                       required
+HASATTR                 (name: str, present: bool)                 required
+DICT_VERSION            (version: int)                             required
+TUPLE_ITERATOR_LEN      (n,)                                       required
+RANGE_ITERATOR          (start, stop, step)                        required
+CODE_MATCH              (code,)                                    required
+WEAKREF_ALIVE           ()                                         required
+GLOBAL_STATE            (probe, snapshot, name: str)               None (ambient state)
+LAMBDA                  (fn, text: str)                            optional (None: fn(f_locals))
+TENSOR_MATCH            (type, TensorExpectation)                  required
+ARRAY_MATCH             (type, ArrayExpectation)                   required
+DIMENSION_MARKING       (DimensionMarkings,)                       required
+ALIAS                   (other: Source,)                           required (the first source)
+NO_ALIAS                (others: tuple[Source, ...],)              required (the first source)
+DISPATCH_KEY_SET_MATCH  (expected: int,): the raw bits of the      required
+                        applied set (torch's LocalState::apply)
+STORAGE_OVERLAPPING     (others: tuple[Source, ...],               required (the first source;
+                        n_overlapping: int)                        the first n_overlapping of all
+                                                                   the sources may overlap)
+SHAPE                   (relation: str, symbols: tuple[Source],    None (its symbols are its
+                        types: tuple["int" | "float"])             sources)
+======================  =========================================  ==========================
 
 The expectations are the plain-data classes of ``tripwire.tensors``.
 """
@@ -55,8 +55,10 @@ from .source import Source
 
 __all__ = [
     "CONSTANT_TYPES",
+    "KINDS",
     "GuardKind",
     "GuardSpec",
+    "KindFacts",
     "Weak",
     "register_constant_type",
     "resolve",
@@ -66,21 +68,35 @@ __all__ = [
 
 # The engine's own enum (cpp/core/ir.hpp, bound by cpp/bindings/bind_ir.cpp): one definition.
 GuardKind = _core.GuardKind
+
+
+@dataclass(frozen=True)
+class KindFacts:
+    """One row of the engine's kind table (cpp/core/guard_kind_table.hpp), as the binding exports
+    it: every per-kind fact the package reads comes from here, never from a list of its own."""
+
+    kind: GuardKind
+    source: str  #: "required", "optional" (LAMBDA: f_locals without one) or "absent"
+    operand: str  #: "none", "value" or "identity" (compared by identity: held weakly if it can be)
+    operand2: bool
+    runs_user_code: bool
+    relational: bool  #: relates several sources (ALIAS, NO_ALIAS, STORAGE_OVERLAPPING)
+    implied: str  #: for how long a guard that held keeps holding (docs/cpp.md)
+    record_version: int  #: 0: never stored
+    never_stored: str | None  #: why it is never stored
+
+
+KINDS: dict[GuardKind, KindFacts] = {row["kind"]: KindFacts(**row) for row in _core.guard_kind_table()}
 # Read once: an enum member lookup is a Python-level attribute access. Kinds whose first
-# argument is held weakly when it can be (the object or type they name):
-_WEAKENED_KINDS = frozenset(
-    {
-        GuardKind.TYPE_MATCH,
-        GuardKind.ID_MATCH,
-        GuardKind.CODE_MATCH,
-        GuardKind.TENSOR_MATCH,
-        GuardKind.ARRAY_MATCH,
-    }
-)
+# argument is held weakly when it can be (the object or type they compare by identity):
+_WEAKENED_KINDS = frozenset(k for k, f in KINDS.items() if f.operand == "identity")
+_RELATIONAL_KINDS = frozenset(k for k, f in KINDS.items() if f.relational)
 _EQUALS_MATCH = GuardKind.EQUALS_MATCH
 # The built-in GLOBAL_STATE probes that read torch (named "torch_..." by the engine,
 # core::builtin_probe_name): one list for the builder, the failure messages and serialization.
 _TORCH_PROBES = frozenset(p for p in _core.builtin_probes() if p.startswith("torch_"))
+
+_ALIAS = GuardKind.ALIAS
 
 
 class Weak:
@@ -234,10 +250,8 @@ class GuardSpec:
         """Every source the guard reads: one, or a relational guard's all (ALIAS, NO_ALIAS)."""
         if self.source is None:
             return ()
-        if self.kind is GuardKind.ALIAS:
-            return (self.source, self.args[0])
-        if self.kind in (GuardKind.NO_ALIAS, GuardKind.STORAGE_OVERLAPPING):
-            return (self.source, *self.args[0])
+        if self.kind in _RELATIONAL_KINDS:  # the others: one (ALIAS) or a tuple of them
+            return (self.source, self.args[0]) if self.kind is _ALIAS else (self.source, *self.args[0])
         return (self.source,)
 
     def weakened(self) -> GuardSpec:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core, tensors
 from ._package import __version__
-from .catalogue import _TORCH_PROBES, GuardKind, GuardSpec, Weak
+from .catalogue import _TORCH_PROBES, KINDS, GuardKind, GuardSpec, Weak
 from .errors import FormatError, GuardEvalError, NotSerializable
 from .references import (
     CALLED_KINDS,
@@ -41,11 +41,6 @@ __all__ = ["describe_bytes", "dumps", "loads"]
 
 Resolver = Callable[[str, str], Any]
 
-# What a kind's payload cannot carry across a process (docs/format.md, "What is refused").
-_NEVER = {
-    GuardKind.DICT_VERSION: "a dict version is a counter of this process; it means nothing in another",
-    GuardKind.LAMBDA: "a predicate is code, and the format never stores code",
-}
 _PLAIN = (int, float, complex, str, bytes)
 # Guards whose stored integers are codes of the torch build that wrote them (raw DispatchKeySet
 # bits, c10::ScalarType codes, the order of the autocast devices): a load needs the same build.
@@ -151,8 +146,9 @@ class _Saver:
     def check(self, spec: GuardSpec) -> GuardSpec:
         """The spec with its objects alive, every one of them named; raises Unnamed."""
         k = spec.kind
-        if k in _NEVER:
-            raise Unnamed(_NEVER[k])
+        never = KINDS[k].never_stored  # what its payload cannot carry across a process
+        if never is not None:
+            raise Unnamed(never)
         src = spec.source
         if src is not None and src.root is RootKind.CLOSURE:
             raise Unnamed("C[...] reads a closure cell of this process")

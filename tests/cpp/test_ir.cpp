@@ -70,6 +70,41 @@ TEST(IrNames, GuardKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(static_cast<int>(GuardKind::Shape), 23);
 }
 
+// The kind table's columns against facts written here by hand (core/guard_kind_table.hpp): the
+// shape derived from SOURCE and OPERAND, and each kind's IMPLIED and OPERAND.
+TEST(IrKindTable, ColumnsAgreeWithTheFactsTheyEncode) {
+    const std::set<GuardKind> identity_operand = {GuardKind::TypeMatch, GuardKind::IdMatch,
+                                                  GuardKind::CodeMatch, GuardKind::TensorMatch,
+                                                  GuardKind::ArrayMatch};
+    const std::set<GuardKind> dict_state = {GuardKind::DictKeys, GuardKind::DictContains,
+                                            GuardKind::DictVersion};
+    const std::set<GuardKind> identity = {GuardKind::IdMatch, GuardKind::None, GuardKind::NotNone,
+                                          GuardKind::True, GuardKind::False};
+    for (int i = 0; i < kGuardKindCount; ++i) {
+        const GuardKind k = guard_kind(i);
+        const GuardShape shape = guard_shape(k);
+        EXPECT_EQ(shape.needs_source, guard_source(k) == KindSource::Required) << guard_kind_name(k);
+        EXPECT_EQ(shape.allows_source, guard_source(k) != KindSource::Absent) << guard_kind_name(k);
+        EXPECT_EQ(shape.operand, guard_operand(k) != KindOperand::No) << guard_kind_name(k);
+        EXPECT_EQ(guard_operand(k) == KindOperand::Identity, identity_operand.count(k) == 1)
+            << guard_kind_name(k);
+        if (is_relational(k)) EXPECT_EQ(guard_source(k), KindSource::Required) << guard_kind_name(k);
+        Implied want = Implied::Never;
+        if (identity.count(k) != 0) want = Implied::Identity;
+        if (dict_state.count(k) != 0) want = Implied::DictState;
+        if (k == GuardKind::TypeMatch) want = Implied::IfImmutableType;
+        if (k == GuardKind::EqualsMatch) want = Implied::IfImmutableConstant;
+        if (k == GuardKind::Length) want = Implied::DictStateOrFixedSize;
+        EXPECT_EQ(guard_implied(k), want) << guard_kind_name(k);
+    }
+    EXPECT_EQ(guard_source(GuardKind::Lambda), KindSource::Optional);
+    EXPECT_EQ(guard_source(GuardKind::GlobalState), KindSource::Absent);
+    EXPECT_EQ(guard_source(GuardKind::Shape), KindSource::Absent);
+    // Out of the table: no source, no operand, never implied.
+    EXPECT_EQ(guard_implied(guard_kind(kGuardKindCount)), Implied::Never);
+    EXPECT_EQ(guard_operand(guard_kind(kGuardKindCount)), KindOperand::No);
+}
+
 TEST(IrNames, KindsPastTheCountAreUnknownAndRefused) {
     for (int i : {kGuardKindCount, kGuardKindCount + 1, 255}) {
         EXPECT_FALSE(guard_kind_known(guard_kind(i))) << i;

@@ -8,6 +8,7 @@ off (the equivalence suite runs with it on).
 
 from __future__ import annotations
 
+import collections
 import collections.abc
 import types
 from collections.abc import Iterator
@@ -411,3 +412,207 @@ def test_no_user_code_check_leaves_no_claim_over_an_undecided_guard():
     del o.d[key]  # a new state of the same dict: the next check stamps it
     assert f(o) is False
     assert len(compiled) == 2  # the guard failed: a miss, compiled again
+
+
+_HOOK_CALLS: list[str] = []
+
+
+class _HookModule(types.ModuleType):
+    """torch._VF's shape: a module subclass whose class __getattr__ forwards to another object
+    (the engine reads such a name without CPython's three formatted AttributeErrors)."""
+
+    def __getattr__(self, name: str) -> Any:
+        _HOOK_CALLS.append(name)
+        if name in self.__dict__.get("raise_for", ()):
+            raise ValueError("a __getattr__ that fails")
+        return getattr(self.vf, name)
+
+
+class _Spec:
+    def __getattr__(self, name: str) -> Any:
+        _HOOK_CALLS.append(f"spec.{name}")
+        raise AttributeError(name)
+
+
+def _hook_module() -> _HookModule:
+    m = _HookModule("hooked_vf")  # ModuleType.__init__ sets __spec__ = None, as torch._VF's
+    m.vf = types.SimpleNamespace(lstm=len, gru=abs)
+    return m
+
+
+_HOOK_MUTATIONS: list[tuple[str, Any]] = [
+    ("unchanged", lambda m: None),
+    ("forwarded value replaced", lambda m: setattr(m.vf, "lstm", abs)),
+    ("forwarded value deleted", lambda m: delattr(m.vf, "lstm")),
+    ("module dict wins (same value)", lambda m: m.__dict__.__setitem__("lstm", len)),
+    ("module dict wins (other value)", lambda m: m.__dict__.__setitem__("lstm", abs)),
+    ("PEP 562 module __getattr__", lambda m: m.__dict__.__setitem__("__getattr__", lambda n: len)),
+    ("PEP 562 module __getattr__ raising", lambda m: m.__dict__.__setitem__("__getattr__", _raise_attr)),
+    ("a spec with its own __getattr__", lambda m: m.__dict__.__setitem__("__spec__", _Spec())),
+    ("a non-str key in the module dict", lambda m: m.__dict__.__setitem__(1, 2)),
+    ("vf without the name", lambda m: setattr(m, "vf", types.SimpleNamespace())),
+    (
+        "a class __getattr__ replaced",
+        lambda m: setattr(type(m), "__getattr__", _HookModule.__dict__["__getattr__"]),
+    ),
+]
+
+
+def _raise_attr(name: str) -> Any:
+    raise AttributeError(name)
+
+
+@pytest.mark.parametrize("what,mutate", _HOOK_MUTATIONS, ids=[w for w, _ in _HOOK_MUTATIONS])
+def test_a_module_subclass_getattr_hook_answers_as_getattr(what: str, mutate: Any) -> None:
+    """`G['vf'].lstm` on a module subclass defining __getattr__: the engine's answer is
+    `getattr(m, 'lstm') is len`, and the user code it runs (the class's __getattr__, a spec's)
+    runs exactly as often as in getattr itself."""
+    m = _hook_module()
+    g = {"vf": m}
+    b = tw.GuardBuilder({}, f_globals=g)
+    b.id_match("G['vf'].lstm", len)
+    gs = b.build()
+    mutate(m)
+    _HOOK_CALLS.clear()
+    want = getattr(m, "lstm", None) is len
+    python_calls = list(_HOOK_CALLS)
+    for _ in range(3):
+        _HOOK_CALLS.clear()
+        assert gs.check({}) is want, what
+        assert _HOOK_CALLS == python_calls, what
+
+
+def test_a_module_subclass_getattr_hook_error_and_class_attribute() -> None:
+    m = _hook_module()
+    b = tw.GuardBuilder({}, f_globals={"vf": m})
+    b.id_match("G['vf'].gru", abs)
+    gs = b.build()
+    assert gs.check({}) is True
+    # A class attribute of that name is found before the hook: no hook call.
+    sub = type("Sub", (_HookModule,), {"gru": abs})("sub")
+    b2 = tw.GuardBuilder({}, f_globals={"vf": sub})
+    b2.id_match("G['vf'].gru", abs)
+    gs2 = b2.build()
+    _HOOK_CALLS.clear()
+    assert gs2.check({}) is True and _HOOK_CALLS == []
+    # A hook that raises something other than AttributeError: the guard fails, no error is left
+    # set by a non-strict check, and why_not names it.
+    m.__dict__["raise_for"] = ("gru",)
+    assert gs.check({}) is False
+    f = gs.why_not({})
+    assert f is not None and "ValueError" in (f.reason or ""), f
+    del m.__dict__["raise_for"]
+    assert gs.check({}) is True
+
+
+def _class_mutations() -> list[tuple[str, Any]]:
+    def getattribute(self: Any, name: str) -> Any:
+        return 99 if name == "public" else types.ModuleType.__getattribute__(self, name)
+
+    return [
+        ("unchanged", lambda m: None),
+        ("dict value changed", lambda m: setattr(m, "public", 5)),
+        ("dict entry deleted (the hook answers)", lambda m: delattr(m, "public")),
+        (
+            "a class property (a data descriptor wins)",
+            lambda m: setattr(type(m), "public", property(lambda s: 4)),
+        ),
+        ("a class property of another value", lambda m: setattr(type(m), "public", property(lambda s: 7))),
+        ("a plain class attribute (the dict wins)", lambda m: setattr(type(m), "public", 8)),
+        ("a class __getattribute__", lambda m: setattr(type(m), "__getattribute__", getattribute)),
+        ("__class__ swapped to ModuleType", lambda m: setattr(m, "__class__", types.ModuleType)),
+    ]
+
+
+@pytest.mark.parametrize("what,mutate", _class_mutations(), ids=[w for w, _ in _class_mutations()])
+def test_a_module_subclass_attribute_is_read_from_its_dict(what: str, mutate: Any) -> None:
+    """A module subclass (with or without a class __getattr__) whose ModuleType.__getattribute__
+    finds the name in the module dict: the fast pass reads the dict, under the class's version
+    tag, and answers as getattr after any change to the module or its class."""
+    for hooked in (False, True):
+        base = _HookModule if hooked else types.ModuleType
+        cls = type("Sub", (base,), {})
+        m = cls("sub")
+        m.vf = types.SimpleNamespace(public=6)
+        m.public = 4
+        b = tw.GuardBuilder({}, f_globals={"m": m})
+        b.equals("G['m'].public", 4)
+        gs = b.build()
+        assert gs._uses_fast_pass
+        before = gs._fast_pass_count
+        assert gs.check({}) is True
+        assert gs._fast_pass_count == before + 1  # decided without a residue
+        mutate(m)
+        want = getattr(m, "public", None) == 4
+        for _ in range(3):
+            assert gs.check({}) is want, (what, hooked)
+
+
+def test_length_of_an_ordered_dict_is_read_in_the_pass() -> None:
+    """LENGTH on an exact OrderedDict (torch's hook dicts) is its dict storage's size: no residue.
+    A subclass may override __len__: evaluated in place, as len() answers."""
+
+    class Lying(collections.OrderedDict):
+        def __len__(self) -> int:
+            return 7
+
+    od: collections.OrderedDict[int, int] = collections.OrderedDict({1: 1})
+    b = tw.GuardBuilder({"h": od})
+    b.length("L['h']", 1)
+    gs = b.build()
+    assert gs._uses_fast_pass
+    before = gs._fast_pass_count
+    assert gs.check({"h": od}) is True
+    assert gs._fast_pass_count == before + 1
+    od[2] = 2
+    assert gs.check({"h": od}) is False
+    del od[1]
+    assert gs.check({"h": od}) is True
+    lying = Lying({1: 1})
+    assert gs.check({"h": lying}) is (len(lying) == 1) is False
+    lying.clear()
+    assert gs.check({"h": Lying()}) is False
+
+
+@pytest.mark.parametrize("predicate_first", [True, False])
+@pytest.mark.parametrize("swap", ["none", "back_to_b", "away"])
+def test_relational_guards_after_a_residue_answer_as_the_walk(predicate_first: bool, swap: str) -> None:
+    """ALIAS after a residue (a predicate that runs user code, here mutating what the relation
+    reads): decided from the registers when every source was read after the residue, from strong
+    references otherwise; either way as the tree walk alone decides, on the same scenario."""
+
+    class Box:
+        x: Any = None
+
+    def run(fast: bool) -> list[bool]:
+        b, a, other = Box(), Box(), Box()
+        a.x = b
+        armed = [False]
+
+        def pred(v: Any) -> bool:
+            if armed[0]:
+                a.x = b if swap == "back_to_b" else other if swap == "away" else a.x
+            return True
+
+        f_locals = {"p": 1, "a": a, "b": b}
+        builder = tw.GuardBuilder(f_locals)
+        if predicate_first:
+            builder.predicate(pred, source="L['p']")
+        builder.type_match("L['a']", Box)
+        builder.alias("L['a'].x", "L['b']")
+        if not predicate_first:
+            builder.predicate(pred, source="L['p']")
+        gs = builder.build()
+        was = _core.testing.set_fast_pass(fast)
+        try:
+            armed[0] = True
+            got = [gs.check(f_locals)]
+            a.x = other  # fails before the predicate runs; the predicate may restore it
+            got.append(gs.check(f_locals))
+            a.x = b
+            got.append(gs.check(f_locals))
+            return got
+        finally:
+            _core.testing.set_fast_pass(was)
+
+    assert run(True) == run(False)

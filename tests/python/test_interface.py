@@ -92,11 +92,14 @@ def _one_spec_per_kind():
 
 def test_each_kinds_operands_sit_in_the_slots_the_engine_expects():
     # The catalogue's args table (catalogue.py), the encoder (guard_set._encode) and the engine's
-    # guard_shape are three statements of one layout: pin them together for every kind.
+    # kind table (its source and operand columns, tripwire.catalogue.KINDS) are three statements of
+    # one layout: pin them together for every kind.
     specs = _one_spec_per_kind()
     assert {s.kind for s in specs} == set(tw.GuardKind)
     for spec, decl in zip(specs, encode_decls(specs, _Pool()), strict=True):
-        needs_source, allows_source, operand, operand2 = _core.guard_shape(spec.kind)
+        facts = tw.catalogue.KINDS[spec.kind]
+        needs_source, allows_source = facts.source == "required", facts.source != "absent"
+        operand, operand2 = facts.operand != "none", facts.operand2
         assert decl.kind is spec.kind
         has_source = decl.source is not None
         assert (not needs_source or has_source) and (allows_source or not has_source), spec.kind

@@ -11,6 +11,8 @@ import enum
 import functools
 import gc
 import math
+import pathlib
+import re
 import sys
 import types
 import weakref
@@ -1541,3 +1543,132 @@ def test_strict_mode_other_subscript_errors_raise() -> None:
         gs.check({"c": RaisesOther()})
     assert isinstance(info.value.__cause__, TypeError)
     fails(b.build(), {"c": RaisesOther()}, "L['c']['k']", "EQUALS_MATCH")
+
+
+# -- the kind table -------------------------------------------------------------------------------
+# tripwire.catalogue.KINDS is the engine's kind table (cpp/core/guard_kind_table.hpp) as the
+# binding exports it. It is checked here against what was written by hand elsewhere: the
+# catalogue's table of kinds, docs/format.md's guard records, and the builder's behaviour.
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_IMPLIED = {
+    "never",
+    "identity",
+    "if_immutable_type",
+    "if_immutable_constant",
+    "dict_state",
+    "dict_state_or_fixed_size",
+}
+
+
+def test_kind_table_has_every_kind_once_in_value_order() -> None:
+    kinds = tw.catalogue.KINDS
+    assert list(kinds) == sorted(GuardKind.__members__.values(), key=int)
+    assert len(kinds) == len(GuardKind.__members__) == 26
+    for k, f in kinds.items():
+        assert f.kind is k
+        assert f.source in ("required", "optional", "absent"), f
+        assert f.operand in ("none", "value", "identity"), f
+        assert f.implied in _IMPLIED, f
+        # Stored exactly when no reason says otherwise; record version 1 for every stored kind.
+        assert (f.record_version == 0) == (f.never_stored is not None), f
+        assert f.record_version in (0, 1), f
+        # A relational guard's first source is its own; it is decided after the walk, never implied.
+        if f.relational:
+            assert f.source == "required" and f.implied == "never", f
+        # An implied guard is a function of the object it held on: it reads no user code.
+        if f.implied in ("identity", "if_immutable_type", "if_immutable_constant"):
+            assert not f.runs_user_code, f
+
+
+def _catalogue_sources() -> dict[str, str]:
+    """kind name -> the source column of the table in tripwire.catalogue's docstring."""
+    lines = (tw.catalogue.__doc__ or "").splitlines()
+    rules = [i for i, line in enumerate(lines) if line.startswith("=====")]
+    header = lines[rules[0] + 1]
+    args_at, source_at = header.index("args"), header.index("source")
+    out: dict[str, str] = {}
+    for line in lines[rules[1] + 1 : rules[2]]:
+        names = line[:args_at].strip()
+        if not names:
+            continue  # a continuation line
+        first = line[source_at:].split()[0]
+        for name in names.split("/"):
+            assert name not in out, f"{name} listed twice"
+            out[name] = {"required": "required", "optional": "optional", "None": "absent"}[first]
+    return out
+
+
+def test_catalogue_docstring_lists_each_kind_with_the_table_source() -> None:
+    sources = _catalogue_sources()
+    assert sources == {k.name: f.source for k, f in tw.catalogue.KINDS.items()}
+
+
+def test_format_doc_lists_each_stored_kind_and_the_never_stored_ones() -> None:
+    text = (ROOT / "docs" / "format.md").read_text()
+    section = text[text.index("### Guard records") : text.index("## References")]
+    stored: set[str] = set()
+    never: set[str] = set()
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith("| kind |"):
+            continue
+        first, payload = line.split("|")[1:3]
+        names = set(re.findall(r"\b[A-Z][A-Z_]{2,}\b", first))
+        (never if payload.strip().startswith("never stored") else stored).update(names)
+    kinds = tw.catalogue.KINDS
+    assert never == {k.name for k, f in kinds.items() if f.never_stored is not None}
+    assert stored == {k.name for k, f in kinds.items() if f.never_stored is None}
+
+
+@pytest.mark.parametrize("kind", ["DICT_VERSION", "LAMBDA"])
+def test_never_stored_kinds_are_refused_with_the_table_reason(kind: str) -> None:
+    b = tw.GuardBuilder({"d": {}})
+    if kind == "DICT_VERSION":
+        b.dict_version("L['d']")
+    else:
+        b.predicate(lambda v: True, source="L['d']")
+    gs = b.build()
+    with pytest.raises(tw.NotSerializable) as e:
+        gs.to_bytes()
+    reason = tw.catalogue.KINDS[GuardKind[kind]].never_stored
+    assert reason and reason in str(e.value)
+
+
+def test_relational_kinds_read_every_source_and_others_one() -> None:
+    c: list = []
+    b = tw.GuardBuilder({"a": [], "b": [], "c": c, "d": c})
+    b.type_match("L['a']")
+    b.no_alias("L['a']", "L['b']", "L['c']")
+    b.alias("L['c']", "L['d']")
+    gs = b.build()
+    seen = {spec.kind.name: len(spec.sources) for spec in gs.guards}
+    assert seen == {"TYPE_MATCH": 1, "NO_ALIAS": 3, "ALIAS": 2}
+    for spec in gs.guards:
+        assert tw.catalogue.KINDS[spec.kind].relational is (len(spec.sources) > 1)
+
+
+def test_identity_operands_are_held_weakly() -> None:
+    """The table's `identity` operands (TYPE_MATCH, ID_MATCH, CODE_MATCH, TENSOR_MATCH,
+    ARRAY_MATCH) are held weakly: a built set does not keep the object alive."""
+    assert {k.name for k, f in tw.catalogue.KINDS.items() if f.operand == "identity"} == {
+        "TYPE_MATCH",
+        "ID_MATCH",
+        "CODE_MATCH",
+        "TENSOR_MATCH",
+        "ARRAY_MATCH",
+    }
+
+    class C:
+        pass
+
+    obj = C()
+    b = tw.GuardBuilder({"o": obj})
+    b.type_match("L['o']")
+    b.id_match("L['o']")
+    gs = b.build()
+    o_ref, c_ref = weakref.ref(obj), weakref.ref(C)
+    assert gs.check({"o": obj}) is True
+    del obj, C, b
+    gc.collect()
+    assert o_ref() is None and c_ref() is None
+    assert gs.check({"o": 1}) is False

@@ -1033,6 +1033,74 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
     )
 
 
+def test_equals_on_a_constant_printed_by_name_is_an_identity_guard():
+    """torch prints `G['tns'].bool == torch.bool`: no literal. torch.dtype is immutable and its ==
+    is object's (identity), so torch's guard is `v is torch.bool`, imported as ID_MATCH: every
+    replacement of the global's attribute fails both, the original passes both."""
+    import builtins
+
+    tns = types.SimpleNamespace(bool=torch.bool)
+    g = {"tns": tns, "__builtins__": builtins}
+    exec("def f(x):\n    return x.to(tns.bool)\n", g)
+    f = g["f"]
+    x = torch.ones(3)
+    gm = compile_and_call(f, x)
+    gs = twt.guards_of(f, fallback="refuse")
+    recs = [r for r in gs.torch_import.guards if r.kind == "EQUALS_MATCH" and "G['tns']" in r.code]
+    assert len(recs) == 1 and recs[0].outcome == "native", gs.torch_import.report()
+    assert "== torch.bool" in recs[0].code
+    (spec,) = [gs._specs[i] for i in recs[0].guards]
+    assert spec.kind is tw.GuardKind.ID_MATCH and spec.args[0] is torch.bool
+    L = twt.frame_locals(f, x)
+    assert gm.check(L) is True and gs.check(L) is True
+
+    class DtypeLike:  # == says equal to everything: torch's type check refuses it, as ID_MATCH does
+        def __eq__(self, other):
+            return True
+
+        __hash__ = object.__hash__
+
+    for other in (torch.float32, torch.uint8, "torch.bool", True, None, DtypeLike(), torch.strided):
+        tns.bool = other
+        assert gm.check(L) is False, other
+        assert gs.check(L) is False, other
+    tns.bool = torch.bool
+    assert gm.check(L) is True and gs.check(L) is True
+
+
+def test_a_constant_printed_by_name_is_identity_only_where_torch_is():
+    from tripwire.torch import _rules
+
+    everything = lambda v: True
+    assert _rules._identity_constant("v == torch.float32", everything) is torch.float32
+    assert _rules._identity_constant("v == torch.strided", everything) is torch.strided
+    assert _rules._identity_constant("v == torch.nn.Module", everything) is nn.Module  # a class: type's ==
+    refused = [
+        "v == math.pi",  # float: == is value equality, not identity
+        "v == torch.no_such_name",  # not in the module's dict
+        "v == not_a_loaded_module.x",
+        "v == torch.float32.is_floating_point",  # a method of a dtype: not reached through modules
+        "v == torch.bool()",  # a call
+    ]
+    import math  # noqa: F401 - loaded, so "math.pi" resolves and is refused by its type
+
+    for code in refused:
+        with pytest.raises((_rules._Fallback, ValueError)):
+            _rules._identity_constant(code, everything)
+    # An enum member: its class is mutable (a later `__eq__` assignment would change torch's answer).
+    ns = types.ModuleType("tw_test_enum_mod")
+    ns.RED = enum.Enum("Color", "RED BLUE").RED
+    sys.modules["tw_test_enum_mod"] = ns
+    try:
+        with pytest.raises(_rules._Fallback, match="not identity on an immutable type"):
+            _rules._identity_constant("v == tw_test_enum_mod.RED", everything)
+    finally:
+        del sys.modules["tw_test_enum_mod"]
+    # torch's own leaf must accept the object found.
+    with pytest.raises(_rules._Fallback):
+        _rules._identity_constant("v == torch.float32", lambda v: False)
+
+
 def test_fallback_refuse_imports_a_convnet_with_nothing_left_to_torch():
     model = ConvNet()
     compile_and_call(model, torch.randn(1, 3, 8, 8))

@@ -1,8 +1,10 @@
 // tripwire/cpp/core/codec/guard_records.hpp -- each guard kind's payload: a typed, versioned record.
 //
 // A guard record is kind, record version, id, source, then the kind's payload (length-prefixed).
-// The payload is the only part that differs by kind, and it lives here: adding a kind is one
-// entry in record_version(), write_payload() and read_payload() (docs/format.md, "Adding a kind").
+// The payload is the only part that differs by kind, and it lives here: the kind table's RECORD,
+// NEVER_STORED and PAYLOAD columns (core/guard_kind_table.hpp) give each kind its record version
+// and the codec (write_<PAYLOAD>, read_<PAYLOAD> in guard_records.cpp) that stores it
+// (docs/format.md, "Adding a kind").
 #pragma once
 
 #include <cstdint>
@@ -91,15 +93,15 @@ void write_source(const SourcePath& s, Writer& w, StringTable& strings);
 /// Read one into `s`, every index checked (constants, strings), depth at most kMaxSourceDepth.
 void read_source(Reader& r, SourcePath& s, const PayloadContext& ctx);
 
-/// The record version this build writes for `k`; 0 when the kind is never stored (DICT_VERSION,
-/// LAMBDA: their meaning does not survive the process).
+/// The record version this build writes for `k` (the kind table's RECORD column); 0 when the kind
+/// is never stored (DICT_VERSION, LAMBDA: their meaning does not survive the process).
 std::uint8_t record_version(GuardKind k);
 /// The record version this build writes for `d`: record_version(d.kind), except EQUALS_MATCH with
 /// python_eq (GuardDecl::flag), which is version 2 (its payload adds the flag; a version-1 record
 /// is the plain, type-exact EQUALS_MATCH, as every earlier build wrote it).
 std::uint8_t record_version(const GuardDecl& d);
 
-/// Why a kind is never stored, or null when it is.
+/// Why a kind is never stored (the kind table's NEVER_STORED column), or null when it is.
 const char* never_stored_reason(GuardKind k);
 
 /// Write the payload of `d` (its kind's fields only).

@@ -233,59 +233,49 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
     g.guard = gi;
     g.pos = pos;
     g.a = guards_[gi].a;
+    // The op is the kind table's FAST column (core/guard_kind_table.hpp): SlowGuard for a kind
+    // with no form free of user code (getattr, iterator methods, predicates, Python probes), and
+    // for the relational kinds and SHAPE, which are never a node's guard (program_.relational,
+    // the set's relations).
     switch (guards_[gi].kind) {
-        case core::GuardKind::TypeMatch: g.code = Code::TypeIs; break;
-        case core::GuardKind::IdMatch: g.code = Code::IdIs; break;
-        case core::GuardKind::None: g.code = Code::IsNone; break;
-        case core::GuardKind::NotNone: g.code = Code::IsNotNone; break;
-        case core::GuardKind::True: g.code = Code::IsTrue; break;
-        case core::GuardKind::False: g.code = Code::IsFalse; break;
-        case core::GuardKind::EqualsMatch:
-            g.code = guards_[gi].flag ? Code::EqualsPython : Code::Equals;
+#define TRIPWIRE_X(Name, value, name, source, operand, operand2, user_code, relational, implied, record, \
+                   payload, fast, ...)                                                                   \
+    case core::GuardKind::Name: g.code = Code::fast; break;
+        TRIPWIRE_GUARD_KINDS(TRIPWIRE_X)
+#undef TRIPWIRE_X
+    }
+    // The forms decided by the guard's own operands.
+    switch (g.code) {
+        case Code::Equals:
+            if (guards_[gi].flag) g.code = Code::EqualsPython;
             break;
-        case core::GuardKind::DictKeys: g.code = Code::DictKeys; break;
-        case core::GuardKind::DictContains: g.code = Code::DictContains; break;
-        case core::GuardKind::Length: g.code = Code::LengthExact; break;
-        case core::GuardKind::DictVersion: g.code = Code::DictVersion; break;
-        case core::GuardKind::WeakrefAlive: g.code = Code::WeakrefAlive; break;
-        case core::GuardKind::CodeMatch: g.code = Code::CodeIs; break;
         // Read through the adapter / the array struct; a Python reader is a residue.
-        case core::GuardKind::TensorMatch:
-            g.code = guards_[gi].via_python ? Code::SlowGuard : Code::TensorMatch;
-            if (g.code == Code::TensorMatch) g.hot = guards_[gi].data - 1;  // its record (tensor_records_)
+        case Code::TensorMatch:
+            if (guards_[gi].via_python) {
+                g.code = Code::SlowGuard;
+            } else {
+                g.hot = guards_[gi].data - 1;  // its record (tensor_records_)
+            }
             break;
-        case core::GuardKind::ArrayMatch:
-            g.code = guards_[gi].via_python ? Code::SlowGuard : Code::ArrayMatch;
+        case Code::ArrayMatch:
+            if (guards_[gi].via_python) g.code = Code::SlowGuard;
             break;
-        case core::GuardKind::DimensionMarking:
-            g.code = Code::DimensionMarking;
+        case Code::DimensionMarking:
             // The record whose first member the guard's inline cache is (set when binding).
             g.hot = reinterpret_cast<const MarkingCache*>(guards_[gi].attr_cache);
             break;
-        case core::GuardKind::DispatchKeySetMatch: g.code = Code::DispatchKeySetMatch; break;
-        // Relational guards are never a node's guard (program_.relational); listed for -Wswitch.
-        case core::GuardKind::Alias:
-        case core::GuardKind::NoAlias:
-        case core::GuardKind::StorageOverlapping:
-        // No form free of user code: getattr, iterator methods, predicates, Python probes.
-        case core::GuardKind::HasAttr:
-        case core::GuardKind::TupleIteratorLen:
-        case core::GuardKind::RangeIterator:
-        case core::GuardKind::GlobalState:
-        case core::GuardKind::Lambda: g.code = Code::SlowGuard; break;
+        default: break;
     }
     return g;
 }
 
 GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
-    switch (g.kind) {
+    // The kind table's IMPLIED column (core/guard_kind_table.hpp), its conditions decided on the
+    // guard's operand.
+    switch (core::guard_implied(g.kind)) {
         // Identity: true of the same object forever.
-        case core::GuardKind::IdMatch:
-        case core::GuardKind::None:
-        case core::GuardKind::NotNone:
-        case core::GuardKind::True:
-        case core::GuardKind::False: return Implied::Identity;
-        case core::GuardKind::TypeMatch: {
+        case core::Implied::Identity: return Implied::Identity;
+        case core::Implied::IfImmutableType: {
             // `__class__` assignment is refused when the object's class is immutable, except
             // between module types. A mutable class (any class statement) may be swapped.
             auto* t = reinterpret_cast<PyTypeObject*>(g.a);
@@ -294,36 +284,20 @@ GuardSet::Implied GuardSet::implied_by(const RuntimeGuard& g) const {
             return fixed ? Implied::Identity : Implied::Never;
         }
         // The value matched type-exactly, so it is built of the same immutable objects.
-        case core::GuardKind::EqualsMatch:
+        case core::Implied::IfImmutableConstant:
             return immutable_constant(g.a) ? Implied::Identity : Implied::Never;
         // Functions of the dict's state (a str-keyed or built-in-keyed lookup, its size, keys,
         // stamp), when the node is a dict whose tag is unchanged. On any other value (a list,
-        // a user __len__) the stamp never hits and they are evaluated.
-        case core::GuardKind::Length:
-        case core::GuardKind::DictKeys:
-        case core::GuardKind::DictVersion: return Implied::State;
-        case core::GuardKind::DictContains: return Implied::State;
+        // a user __len__) the stamp never hits and they are evaluated. LENGTH's fixed-size form
+        // needs the node's other guards (implied_at).
+        case core::Implied::DictState:
+        case core::Implied::DictStateOrFixedSize: return Implied::State;
         // The value may change behind the same object and the same dict state: a code object
         // swapped in, a referent dying, iterators advancing, attributes computed by getattr,
-        // probes and predicates of anything.
-        case core::GuardKind::CodeMatch:
-        case core::GuardKind::WeakrefAlive:
-        case core::GuardKind::HasAttr:
-        case core::GuardKind::TupleIteratorLen:
-        case core::GuardKind::RangeIterator:
-        case core::GuardKind::GlobalState:
-        case core::GuardKind::Lambda: return Implied::Never;
-        // Tensor and array metadata changes in place (resize_, transpose_, requires_grad_,
-        // arr.shape = ...) with no dict write and no tag: never covered by any claim. Relational
-        // guards are decided after the walk from the values read this check, never claimed.
-        case core::GuardKind::TensorMatch:
-        case core::GuardKind::ArrayMatch:
-        case core::GuardKind::DimensionMarking:
-        case core::GuardKind::Alias:
-        case core::GuardKind::NoAlias:
-        case core::GuardKind::StorageOverlapping: return Implied::Never;
-        // Reads the thread's dispatch state, which changes with no object write.
-        case core::GuardKind::DispatchKeySetMatch: return Implied::Never;
+        // probes and predicates of anything, tensor and array metadata changed in place
+        // (resize_, transpose_, arr.shape = ...), the thread's dispatch state. Relational guards
+        // are decided after the walk from the values read this check, never claimed.
+        case core::Implied::Never: return Implied::Never;
     }
     return Implied::Never;
 }
@@ -343,7 +317,7 @@ bool fixed_size_type(PyObject* t) {
 }  // namespace
 
 GuardSet::Implied GuardSet::implied_at(std::uint32_t ni, const RuntimeGuard& g) const {
-    if (g.kind != core::GuardKind::Length) return implied_by(g);
+    if (core::guard_implied(g.kind) != core::Implied::DictStateOrFixedSize) return implied_by(g);
     // LENGTH alone is a function of the dict's state (an exact dict's size). On a node that also
     // carries TYPE_MATCH of a fixed-size type (identity-implied: the type is immutable), the value
     // the claim settles is the same live object on which both held: still that exact type, so
@@ -789,6 +763,8 @@ void GuardSet::record_path_failure(std::uint32_t ni) {
 
 void GuardSet::hold_path(Pass& p, std::uint32_t ni) {
     p.tags[nodes_.size()] = 0;  // the globals dict's slot
+    // One allocation for the whole path (pushing one by one regrew the vector several times).
+    if (ni != ~0U) p.held.reserve(p.held.size() + program_.nodes[ni].depth + 1);
     while (ni != ~0U) {
         Py_INCREF(p.r[ni]);
         p.held.push_back(p.r[ni]);
@@ -808,6 +784,12 @@ void GuardSet::hold_relational(Pass& p, std::size_t op_index) {
         if (rel_scratch_[s] == nullptr && rel_fetch_op_[s] < op_index)
             rel_scratch_[s] = Py_NewRef(p.r[rel_nodes_[s]]);
     }
+}
+
+bool GuardSet::relational_sources_held() const {
+    for (std::size_t s = 0; s < rel_slots_.size(); ++s)
+        if (rel_scratch_[s] != nullptr) return true;
+    return false;
 }
 
 void GuardSet::relational_after_residues(Pass& p) {
@@ -955,6 +937,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
     std::uint64_t* const tags = ps.tags;
     const std::size_t globals_slot = nodes_.size();
     std::uint32_t skipped = 0;  // guards the skip proved without evaluating them
+    int rel_held = -1;          // relational_sources_held() once a residue ran; -1: not asked
     // Relational slots (strong references) are only needed once a residue may run user code:
     // the set's own, or fresh ones for a check nested in user code run by another check.
     PyObject** const outer_scratch = rel_scratch_;
@@ -1011,7 +994,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
                 if (ic.mode == AttrCache::Mode::InstanceDict)
                     return instance_attr_hinted(p, n.step.operand, &ic.hint);
-                if (ic.mode == AttrCache::Mode::Module && PyModule_CheckExact(p))
+                if (ic.mode == AttrCache::Mode::Module && PyModule_Check(p))  // a module subclass too
                     return pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
                 if (ic.mode == AttrCache::Mode::FunctionField) return function_field(p, n.step.operand);
             }
@@ -1637,10 +1620,15 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const FastOp& op = *opp;
             next = opp + 1;
             if constexpr (kUserCode) {
-                if (ps.ran_user_code) {
-                    // A residue ran user code: registers read before it may be dead (and their
-                    // addresses reused). Decide every relational guard from the strong references
-                    // taken before each residue and by the walk (relational_after_residues).
+                // Asked once per check (the relational ops are consecutive, at the end).
+                if (ps.ran_user_code && rel_held < 0) rel_held = relational_sources_held() ? 1 : 0;
+                if (ps.ran_user_code && rel_held == 1) {
+                    // A residue ran user code after a relational source was read (or read one
+                    // itself): registers read before it may be dead (and their addresses
+                    // reused). Decide every relational guard from the strong references taken
+                    // before each residue and by the walk (relational_after_residues). With no
+                    // reference taken, every source was read by the pass after the last residue,
+                    // with no user code since: the registers are the objects the check read.
                     relational_after_residues(ps);
                     next = end;  // every relational guard is decided there
                     break;

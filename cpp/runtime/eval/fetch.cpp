@@ -83,6 +83,105 @@ bool mro_lookup(PyTypeObject* tp, PyObject* name, PyObject** out) {
     return true;
 }
 
+// CPython's slot_tp_getattr_hook, the tp_getattro of a class that defines __getattr__; null until
+// init_getattr_hook ran (every GuardSet runs it when built, before any fetch).
+getattrofunc g_getattr_hook = nullptr;
+
+getattrofunc getattr_hook_slot() { return g_getattr_hook; }
+
+// The class attribute `name` of tp, where the class dicts (mro_lookup: no user code) and
+// CPython's type cache (_PyType_Lookup, what the interpreter's own lookup uses) agree.
+bool class_attr(PyTypeObject* tp, PyObject* name, PyObject** out) {
+    return mro_lookup(tp, name, out) && _PyType_Lookup(tp, name) == *out;
+}
+
+// getattr(module, name) for an instance of a module subclass that defines __getattr__ (torch._VF
+// is one, and torch's guards read `_VF.lstm` & co. on every check), when the name is not in the
+// module dict. The caller's attribute cache holds, under the class's version tag, what
+// module_subclass_reads_dict decided: ModuleType's __getattribute__ runs first and no class
+// defines the name. When in addition the module has no PEP 562 __getattr__, its dict only str
+// keys, and its __spec__ is None or absent, CPython's hook calls ModuleType.__getattribute__,
+// which on 3.11 formats three AttributeErrors (its generic lookup's, the spec's `_initializing`,
+// and "has no attribute") before the class's __getattr__ runs: about 12,000 instructions, against
+// one call. Nothing in those steps can run user code (str-keyed dicts, no descriptor, None's own
+// getattr), so their only effect is the AttributeError the hook clears: the value is the class's
+// __getattr__(obj, name), bound as CPython's call_attribute binds it. False: not that case,
+// CPython's own lookup decides.
+bool module_hook_getattr(PyObject* obj, PyObject* name, Fetched* out) {
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (tp == &PyModule_Type || !PyModule_Check(obj) || !PyUnicode_CheckExact(name) ||
+        tp->tp_getattro != getattr_hook_slot())
+        return false;
+    static PyObject* const s_getattr = PyUnicode_InternFromString("__getattr__");
+    static PyObject* const s_spec = PyUnicode_InternFromString("__spec__");
+    if (s_getattr == nullptr || s_spec == nullptr) {
+        PyErr_Clear();
+        return false;
+    }
+    PyObject* hook = _PyType_Lookup(tp, s_getattr);  // the hook's own lookup
+    if (hook == nullptr) return false;
+    PyObject* md = PyModule_GetDict(obj);
+    PyObject** dict_ptr = _PyObject_GetDictPtr(obj);
+    if (md == nullptr || dict_ptr == nullptr || *dict_ptr != md || !PyDict_CheckExact(md) ||
+        !dict_has_only_str_keys(md))
+        return false;
+    // str keys against str keys: no __eq__ runs, no error is possible.
+    if (PyDict_GetItemWithError(md, name) != nullptr || PyDict_GetItemWithError(md, s_getattr) != nullptr)
+        return false;
+    PyObject* spec = PyDict_GetItemWithError(md, s_spec);
+    if (spec != nullptr && spec != Py_None) return false;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    // call_attribute: the class's __getattr__ bound to obj, called with the name. Held across
+    // the call: the user code may delete it from the class.
+    Py_INCREF(hook);
+    PyObject* bound = nullptr;
+    if (descrgetfunc get = Py_TYPE(hook)->tp_descr_get) {
+        bound = get(hook, obj, reinterpret_cast<PyObject*>(tp));
+        if (bound == nullptr) {
+            Py_DECREF(hook);
+            *out = error();
+            return true;
+        }
+    }
+    PyObject* v = PyObject_CallOneArg(bound != nullptr ? bound : hook, name);
+    Py_XDECREF(bound);
+    Py_DECREF(hook);
+    if (v != nullptr) {
+        *out = ok_owned(v);
+    } else if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        *out = missing();
+    } else {
+        *out = error();
+    }
+    return true;
+}
+
+// Whether getattr(instance of the module subclass tp, name) finds a module-dict entry first, as
+// on a plain module: ModuleType's own __getattribute__ runs first (directly, or through the hook
+// of a class that defines __getattr__, which is consulted only when that one misses), and no
+// class in the MRO defines the name. Decided under tp's version tag; a name the dict does not
+// hold is the generic path's (module_hook_getattr).
+bool module_subclass_reads_dict(PyTypeObject* tp, PyObject* name) {
+    if (!PyType_IsSubtype(tp, &PyModule_Type) ||
+        (tp->tp_getattro != PyModule_Type.tp_getattro && tp->tp_getattro != getattr_hook_slot()))
+        return false;
+    static PyObject* const s_getattribute = PyUnicode_InternFromString("__getattribute__");
+    PyObject* getattribute = nullptr;
+    PyObject* module_getattribute = nullptr;
+    PyObject* own = nullptr;
+    if (s_getattribute == nullptr) {
+        PyErr_Clear();
+        return false;
+    }
+    return class_attr(tp, s_getattribute, &getattribute) &&
+           class_attr(&PyModule_Type, s_getattribute, &module_getattribute) && getattribute != nullptr &&
+           getattribute == module_getattribute && class_attr(tp, name, &own) && own == nullptr;
+}
+
 // The fields of a function object that getattr reads through the interpreter's own data
 // descriptors on the (immutable) function type, so that an instance attribute of the same name
 // can never shadow them.
@@ -134,6 +233,7 @@ AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name) {
         return mro_lookup(&PyModule_Type, name, &descr) && descr == nullptr ? AttrCache::Mode::Module
                                                                             : AttrCache::Mode::Generic;
     }
+    if (module_subclass_reads_dict(tp, name)) return AttrCache::Mode::Module;
     PyObject* descr = nullptr;
     if (!uses_generic_getattribute(tp) || tp->tp_dictoffset == 0 || !mro_lookup(tp, name, &descr))
         return AttrCache::Mode::Generic;
@@ -187,6 +287,19 @@ void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name, Decide decide) {
 
 }  // namespace
 
+bool init_getattr_hook() {
+    if (g_getattr_hook != nullptr) return true;
+    // A probe class read once: creating it may run a collection (user code), which the fetches
+    // that use the pointer must not (they run inside regions without user code).
+    PyObject* probe =
+        PyObject_CallFunction(reinterpret_cast<PyObject*>(&PyType_Type), "s(O){sO}",
+                              "_tripwire_getattr_probe", &PyModule_Type, "__getattr__", Py_None);
+    if (probe == nullptr) return false;
+    g_getattr_hook = reinterpret_cast<PyTypeObject*>(probe)->tp_getattro;
+    Py_DECREF(probe);
+    return true;
+}
+
 Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);
     if (!attr_cache_valid(c, tp)) fill_cache(c, tp, name, [&] { return attr_mode(tp, name); });
@@ -218,6 +331,8 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
             PyObject* v = PyDict_GetItemWithError(d, name);
             if (v) return ok_borrowed(v);
             if (PyErr_Occurred()) return error();
+            Fetched hooked;  // a module subclass's class __getattr__ (torch._VF)
+            if (module_hook_getattr(obj, name, &hooked)) return hooked;
             break;  // module __getattr__ and friends: generic path
         }
         default: break;

@@ -85,6 +85,11 @@ Ref read_source(RuntimeRoot& root, std::vector<RuntimeStep>& steps, const Locals
 /// getattr(obj, name) with the step's inline cache.
 Fetched fetch_attr(AttrCache& cache, PyObject* obj, PyObject* name);
 
+/// Reads CPython's getattr hook of classes that define __getattr__ (a probe class, once), which
+/// fetch_attr compares module subclasses' tp_getattro with. GIL held; may run user code (a
+/// collection); false with a Python error set.
+bool init_getattr_hook();
+
 /// Whether `X.__dict__` of instances of `tp` is their own instance dict (the name resolves to
 /// the interpreter's own getset or member descriptor, not a class-defined `__dict__`), cached in
 /// `c` under the type's version tag. Runs no user code once cached for the type.

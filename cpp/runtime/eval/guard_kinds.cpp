@@ -17,7 +17,9 @@ bool builtin_length(PyObject* v, Py_ssize_t& n) {
         n = Py_SIZE(v);
         return true;
     }
-    if (t == &PyDict_Type) {
+    // collections.OrderedDict (torch's hook dicts) is the interpreter's own immutable C type and
+    // inherits dict's length: the size of its dict storage.
+    if (t == &PyDict_Type || t == &PyODict_Type) {
         n = PyDict_GET_SIZE(v);
         return true;
     }
@@ -160,58 +162,77 @@ Ref builtin_probe_value(core::BuiltinProbe p) {
     return Ref::steal(PyLong_FromLongLong(v));
 }
 
+namespace {
+
+// -- one evaluator per kind: the kind table's EVAL column names it ------------------------------
+
+inline int eval_type_match(const RuntimeGuard& g, PyObject* v) {
+    return reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.a ? 1 : 0;
+}
+inline int eval_id_match(const RuntimeGuard& g, PyObject* v) { return v == g.a ? 1 : 0; }
+inline int eval_none(const RuntimeGuard&, PyObject* v) { return v == Py_None ? 1 : 0; }
+inline int eval_not_none(const RuntimeGuard&, PyObject* v) { return v != Py_None ? 1 : 0; }
+inline int eval_true(const RuntimeGuard&, PyObject* v) { return v == Py_True ? 1 : 0; }
+inline int eval_false(const RuntimeGuard&, PyObject* v) { return v == Py_False ? 1 : 0; }
+inline int eval_equals_match(const RuntimeGuard& g, PyObject* v) {
+    return g.flag ? python_equals(v, g.a) : equals_match(v, g.a);
+}
+inline int eval_length(const RuntimeGuard& g, PyObject* v) {
+    Py_ssize_t n = 0;
+    const int r = length_of(v, &n);
+    return r < 0 ? -1 : (n == g.n ? 1 : 0);
+}
+inline int eval_dict_keys(const RuntimeGuard& g, PyObject* v) { return dict_keys_match(v, g.b, g.flag); }
+inline int eval_dict_contains(const RuntimeGuard& g, PyObject* v) {
+    if (!PyDict_Check(v)) return 0;
+    const int r = PyDict_Contains(v, g.a);
+    return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
+}
+inline int eval_has_attr(const RuntimeGuard& g, PyObject* v) {
+    PyObject* found = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+    const int r = PyObject_GetOptionalAttr(v, g.a, &found);
+#else
+    const int r = _PyObject_LookupAttr(v, g.a, &found);
+#endif
+    Py_XDECREF(found);
+    return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
+}
+inline int eval_dict_version(const RuntimeGuard& g, PyObject* v) {
+    // Stamp 0 (a dict that cannot be versioned) never matches: dict_version_match.
+    return dict_version_match(v, static_cast<std::uint64_t>(g.n), g.watch) ? 1 : 0;
+}
+inline int eval_tuple_iterator_len(const RuntimeGuard& g, PyObject* v) {
+    if (Py_TYPE(v) != &PyTupleIter_Type) return 0;
+    const Py_ssize_t n = PyObject_LengthHint(v, -1);
+    return n < 0 ? (PyErr_Occurred() ? -1 : 0) : (n == g.n ? 1 : 0);
+}
+inline int eval_range_iterator(const RuntimeGuard& g, PyObject* v) { return range_iterator_match(v, g.a); }
+inline int eval_code_match(const RuntimeGuard& g, PyObject* v) { return code_match(v, g.a); }
+inline int eval_weakref_alive(const RuntimeGuard&, PyObject* v) {
+    return PyWeakref_CheckRef(v) && PyWeakref_GetObject(v) != Py_None ? 1 : 0;
+}
+inline int eval_global_state(const RuntimeGuard& g, PyObject*) { return global_state(g); }
+inline int eval_lambda(const RuntimeGuard& g, PyObject* v) { return call_predicate(g.a, v); }
+inline int eval_tensor_match(const RuntimeGuard& g, PyObject* v) { return tensor_match(g, v); }
+inline int eval_array_match(const RuntimeGuard& g, PyObject* v) { return array_match(g, v); }
+inline int eval_dimension_marking(const RuntimeGuard& g, PyObject* v) { return dimension_marking(g, v); }
+inline int eval_dispatch_key_set_match(const RuntimeGuard& g, PyObject* v) {
+    return dispatch_key_set_match(g, v);
+}
+// Relational kinds and SHAPE: decided by the GuardSet from the values of all their sources, never
+// on one value.
+inline int eval_decided_by_set(const RuntimeGuard&, PyObject*) { return 0; }
+
+}  // namespace
+
 int eval_guard(const RuntimeGuard& g, PyObject* v) {
     switch (g.kind) {
-        case GuardKind::TypeMatch: return reinterpret_cast<PyObject*>(Py_TYPE(v)) == g.a ? 1 : 0;
-        case GuardKind::IdMatch: return v == g.a ? 1 : 0;
-        case GuardKind::None: return v == Py_None ? 1 : 0;
-        case GuardKind::NotNone: return v != Py_None ? 1 : 0;
-        case GuardKind::True: return v == Py_True ? 1 : 0;
-        case GuardKind::False: return v == Py_False ? 1 : 0;
-        case GuardKind::EqualsMatch: return g.flag ? python_equals(v, g.a) : equals_match(v, g.a);
-        case GuardKind::Length: {
-            Py_ssize_t n = 0;
-            const int r = length_of(v, &n);
-            return r < 0 ? -1 : (n == g.n ? 1 : 0);
-        }
-        case GuardKind::DictKeys: return dict_keys_match(v, g.b, g.flag);
-        case GuardKind::DictContains: {
-            if (!PyDict_Check(v)) return 0;
-            const int r = PyDict_Contains(v, g.a);
-            return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
-        }
-        case GuardKind::HasAttr: {
-            PyObject* found = nullptr;
-#if PY_VERSION_HEX >= 0x030D0000
-            const int r = PyObject_GetOptionalAttr(v, g.a, &found);
-#else
-            const int r = _PyObject_LookupAttr(v, g.a, &found);
-#endif
-            Py_XDECREF(found);
-            return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
-        }
-        case GuardKind::DictVersion:
-            // Stamp 0 (a dict that cannot be versioned) never matches: dict_version_match.
-            return dict_version_match(v, static_cast<std::uint64_t>(g.n), g.watch) ? 1 : 0;
-        case GuardKind::TupleIteratorLen: {
-            if (Py_TYPE(v) != &PyTupleIter_Type) return 0;
-            const Py_ssize_t n = PyObject_LengthHint(v, -1);
-            return n < 0 ? (PyErr_Occurred() ? -1 : 0) : (n == g.n ? 1 : 0);
-        }
-        case GuardKind::RangeIterator: return range_iterator_match(v, g.a);
-        case GuardKind::CodeMatch: return code_match(v, g.a);
-        case GuardKind::WeakrefAlive:
-            return PyWeakref_CheckRef(v) && PyWeakref_GetObject(v) != Py_None ? 1 : 0;
-        case GuardKind::GlobalState: return global_state(g);
-        case GuardKind::Lambda: return call_predicate(g.a, v);
-        case GuardKind::TensorMatch: return tensor_match(g, v);
-        case GuardKind::ArrayMatch: return array_match(g, v);
-        case GuardKind::DimensionMarking: return dimension_marking(g, v);
-        case GuardKind::DispatchKeySetMatch: return dispatch_key_set_match(g, v);
-        case GuardKind::Alias:
-        case GuardKind::NoAlias:
-        case GuardKind::StorageOverlapping:
-            return 0;  // relational: decided by the GuardSet, never on one value
+#define TRIPWIRE_X(Name, value, name, source, operand, operand2, user_code, relational, implied, record, \
+                   payload, fast, eval, ...)                                                             \
+    case GuardKind::Name: return eval(g, v);
+        TRIPWIRE_GUARD_KINDS(TRIPWIRE_X)
+#undef TRIPWIRE_X
     }
     return 0;
 }

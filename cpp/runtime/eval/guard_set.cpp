@@ -219,7 +219,7 @@ void GuardSet::bind_declarations(std::vector<core::GuardDecl>& decls, const std:
 GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_shared<InvalidationState>()) {
     const std::size_t n_consts = in.consts.size();
     if (in.hold_weakly.size() != n_consts) throw core::InvalidProgram("hold_weakly must match consts");
-    if (!init_dict_stamps() || !install_region_checks()) throw_python_error();
+    if (!init_dict_stamps() || !install_region_checks() || !init_getattr_hook()) throw_python_error();
     verify_dict_hints();
     std::vector<std::pair<std::uint32_t, Ref>> derived_by_id;
     bind_declarations(in.decls, in.consts, derived_by_id);

@@ -202,8 +202,8 @@ class GuardSet {
     static_assert(sizeof(FetchMemo) == 16 && sizeof(StateMemo) == 16, "four memos to a cache line");
 
     /// One instruction of the fast program (fast_pass.cpp). Adding a guard kind to the fast
-    /// path is local: a Code below, its case in GuardSet::guard_op (the builder) and its case in
-    /// GuardSet::fast_pass (docs/cpp.md, "Adding a guard kind to the fast path").
+    /// path is local: a Code below, named by the kind's FAST column (core/guard_kind_table.hpp),
+    /// and its case in GuardSet::fast_pass (docs/cpp.md, "Adding a guard kind to the fast path").
     struct alignas(32) FastOp {
         enum class Code : std::uint8_t {
             // Loads and fetches: regs[node] = the value. `skip` is the first op after the node's
@@ -360,6 +360,9 @@ class GuardSet {
     void hold_relational(Pass& p, std::size_t op_index);
     /// After residues ran: decide every relational guard from strong references (sets p.result).
     void relational_after_residues(Pass& p);
+    /// Whether a residue left a strong reference to a relational source (read before it, or by
+    /// the walk inside it).
+    bool relational_sources_held() const;
     bool after_residue(Pass& p, int rr);
     [[gnu::noinline, gnu::cold]] void fail(Pass& p, std::uint32_t ni, std::uint32_t guard_pos);
     /// At the End op of a passing run: the SHAPE relations on the run's frame (sets p.result).

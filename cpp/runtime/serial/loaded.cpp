@@ -305,12 +305,6 @@ void check_operands(const core::codec::GuardRecord& g, PyObject* consts, std::st
     }
 }
 
-bool python_checks(GuardKind k) {
-    return k == GuardKind::GlobalState || k == GuardKind::Shape || k == GuardKind::TensorMatch ||
-           k == GuardKind::ArrayMatch || k == GuardKind::DimensionMarking ||
-           k == GuardKind::DispatchKeySetMatch;  // torch-build codes, and the adapter switched on
-}
-
 }  // namespace
 
 LoadedFacts check_loaded(const core::codec::Document& doc, PyObject* consts) {
@@ -333,9 +327,12 @@ LoadedFacts check_loaded(const core::codec::Document& doc, PyObject* consts) {
         for (const SourcePath& p : d.more_sources) one(p);
         for (const core::SharedPath& p : d.symbols) one(*p);
         check_operands(g, consts, kind);
-        if (python_checks(d.kind)) facts.python_checked.push_back(static_cast<std::uint32_t>(i));
-        if (d.kind == GuardKind::StorageOverlapping || d.kind == GuardKind::DispatchKeySetMatch)
-            facts.reads_torch_adapter = true;
+        // The kind table's LOAD column: kinds whose operands the Python loader checks by building
+        // their specs at load (torch-build codes, plain data, probes, relations); its ADAPTER
+        // column: kinds the adapter alone reads.
+        if (core::guard_load(d.kind) == core::KindLoad::Python)
+            facts.python_checked.push_back(static_cast<std::uint32_t>(i));
+        if (core::guard_reads_adapter_only(d.kind)) facts.reads_torch_adapter = true;
     }
     return facts;
 }

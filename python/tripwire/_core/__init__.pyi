@@ -271,9 +271,9 @@ MARKING_ATTRS: tuple = ...
 
 TORCH_STATE_FIELDS: tuple = ...
 
-def guard_shape(kind: GuardKind) -> tuple:
+def guard_kind_table() -> list:
     """
-    (needs_source, allows_source, uses operand, uses operand2): the slots a kind's declaration uses.
+    The kind table, one dict per kind in value order: kind, source ('required', 'optional', 'absent'), operand ('none', 'value', 'identity'), operand2, runs_user_code, relational, implied, record_version (0: never stored), never_stored (why, or None).
     """
 
 def builtin_probes() -> list[str]:

@@ -166,6 +166,45 @@ class _DictStorageLength:
         return f"dict.__len__(v) == {self.n}"
 
 
+def _identity_constant(code: str, leaf: Any) -> Any:
+    """The constant of torch's ``X == a.b.c`` when torch's EQUALS_MATCH on it is ``v is c``.
+
+    torch's check is ``v is c or (type(v) is type(c) and v == c)``. For an instance of an
+    immutable type (no class attribute can be assigned later) that inherits object's ``==``
+    (``torch.dtype``, ``torch.layout``, ``torch.memory_format``), ``v == c`` of the same type is
+    ``v is c``. The printed name is resolved through the module dicts of ``sys.modules`` only (no
+    getattr, nothing runs), and torch's own leaf must accept the object found: by identity
+    equality, that is torch's constant itself."""
+    tree = parse(code)
+    if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], ast.Eq)):
+        raise ValueError(f"not a comparison: {code}")
+    names: list[str] = []
+    rhs = tree.comparators[0]
+    while isinstance(rhs, ast.Attribute):
+        names.append(rhs.attr)
+        rhs = rhs.value
+    if not isinstance(rhs, ast.Name) or not names:
+        raise _Fallback("the printed constant is neither a literal nor a module attribute")
+    obj: Any = sys.modules.get(rhs.id)
+    for name in reversed(names):
+        if type(obj) is not types.ModuleType:
+            raise _Fallback(f"the printed constant's {rhs.id!r} is not a loaded module")
+        obj = vars(obj).get(name, _MISSING)
+        if obj is _MISSING:
+            raise _Fallback(f"the printed constant's {name!r} is not in its module's dict")
+    t = type(obj)
+    if not (type(t) is type and t.__flags__ & _IMMUTABLETYPE and t.__eq__ is _OBJECT_EQ):
+        raise _Fallback(f"a {t.__name__} constant (its == is not identity on an immutable type)")
+    if leaf(obj) is not True:
+        raise _Fallback("the object the printed name resolves to does not pass torch's own guard")
+    return obj
+
+
+_MISSING = object()
+_OBJECT_EQ: Any = object.__eq__
+_IMMUTABLETYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: a static or immutable type, no attribute assignment
+
+
 def _simple_rule(kind: GuardKind) -> Callable[..., tuple[list[int], str]]:
     """A leaf guard with no parameters that is the tripwire kind of the same meaning."""
 
@@ -872,7 +911,12 @@ class Converter:
 
     def leaf_equals(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
         src = self._src(node)
-        c = rhs_literal(code)
+        try:
+            c = rhs_literal(code)
+        except ValueError:
+            # `X == torch.bool`: a constant printed by name. Where its == is identity, torch's
+            # guard is `v is c`, which is tripwire's ID_MATCH.
+            return [self.spec(GuardKind.ID_MATCH, src, (_identity_constant(code, leaf),), site)], ""
         # The parsed constant must be one torch's own guard accepts (type-exact and ==).
         if leaf(c) is not True:
             raise _Fallback(f"the printed constant {c!r} does not pass torch's own guard")
