@@ -163,8 +163,9 @@ void register_guard_set(nb::module_& m) {
                    nb::list shape_symbols, const std::vector<core::SourcePath>& shape_paths) {
                     runtime::GuardSetInputs in;
                     if (!shape_args.empty()) {
-                        if (!runtime::add_shape_decls(decls, shape_at.ptr(), shape_ids.ptr(), shape_args.ptr(),
-                                                      shape_symbols.ptr(), shared_paths_of(shape_paths)))
+                        if (!runtime::add_shape_decls(decls, shape_at.ptr(), shape_ids.ptr(),
+                                                      shape_args.ptr(), shape_symbols.ptr(),
+                                                      shared_paths_of(shape_paths)))
                             throw nb::python_error();
                     }
                     in.decls = std::move(decls);

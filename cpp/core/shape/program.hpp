@@ -166,7 +166,8 @@ std::shared_ptr<const ShapeProgram> compile_relation_shared(const std::string& t
                                                             const std::vector<ValueType>& types);
 inline constexpr std::size_t kProgramMemo = 4096;
 
-/// Empty the memos of compile_relation_shared and parse_relation_shared (the fuzzer takes the cold path now and then).
+/// Empty the memos of compile_relation_shared and parse_relation_shared (the fuzzer takes the cold path now
+/// and then).
 void clear_shape_memos();
 
 /// How the runtime read one symbol.

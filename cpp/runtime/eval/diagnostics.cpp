@@ -91,7 +91,7 @@ PyObject* symbol_reader_facts(const GuardSet& gs, PyObject* f_locals, PyObject* 
     bool last_is_tensor = false;
     Ref out = Ref::steal(PyList_New(0));
     if (!out) return nullptr;
-    const auto append = [&out](Ref item) { return item && PyList_Append(out.get(), item.get()) == 0; };
+    const auto append = [&out](const Ref& item) { return item && PyList_Append(out.get(), item.get()) == 0; };
     for (const std::uint32_t ni : p.symbol_nodes) {
         const core::Node& n = p.nodes[ni];
         Ref text =
