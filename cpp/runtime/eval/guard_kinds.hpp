@@ -77,6 +77,16 @@ bool constant_depth_ok(PyObject* c);
 /// Runs no user code.
 bool immutable_constant(PyObject* c, int depth = 0);
 
+/// Whether `k` is of an exact built-in type whose hash and equality are the interpreter's own and
+/// never call back into Python code (a tuple's would call its elements'): a dict lookup of it
+/// among such keys runs no user code. For the fast pass's dict reads and its compiler's choice of
+/// the fetches a claim may settle.
+inline bool builtin_key(PyObject* k) {
+    PyTypeObject* t = Py_TYPE(k);
+    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyBool_Type || t == &PyFloat_Type ||
+           t == &PyBytes_Type || k == Py_None;
+}
+
 /// Whether `v` may be an EQUALS_MATCH constant: an exact int, float, complex, str, bytes, bool,
 /// None, Ellipsis or range, an enum member, or a tuple, list, set, frozenset, dict or slice of
 /// these, nested at most core::kMaxConstantDepth - `depth` deep. 1/0, -1 with an error set (the
