@@ -255,6 +255,16 @@ void register_cache(nb::module_& m) {
                 return s.empty() ? nb::none() : nb::cast(s);
             },
             "The source the dispatch index hashes (e.g. \"L['x']\"), or None (ordered scan).")
+        .def(
+            "set_limits",
+            [](CacheCore& c, long long recompile_limit, long long accumulated_limit) {
+                if (recompile_limit < 1 || accumulated_limit < 1)
+                    throw nb::value_error("recompile_limit and accumulated_limit must be at least 1");
+                c.get().set_limits(static_cast<std::size_t>(recompile_limit),
+                                   static_cast<std::size_t>(accumulated_limit));
+            },
+            nb::arg("recompile_limit"), nb::arg("accumulated_limit"),
+            "New limits for the inserts to come (entries already over a lowered limit stay).")
         .def_prop_ro("recompile_limit", [](CacheCore& c) { return c.get().recompile_limit(); })
         .def_prop_ro("accumulated_limit", [](CacheCore& c) { return c.get().accumulated_limit(); })
         .def_prop_ro("on_limit", [](CacheCore& c) { return on_limit_name(c.get().on_limit()); })

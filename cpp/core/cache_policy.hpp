@@ -73,6 +73,13 @@ class CachePolicy {
     std::size_t recompile_limit() const { return recompile_limit_; }
     std::size_t accumulated_limit() const { return accumulated_limit_; }
     OnLimit on_limit() const { return on_limit_; }
+    /// New limits (both at least 1) for the inserts to come: entries already over a lowered
+    /// limit stay (Dynamo's config read on each miss works the same way; plan_insert evicts or
+    /// refuses from the current counts).
+    void set_limits(std::size_t recompile_limit, std::size_t accumulated_limit) {
+        recompile_limit_ = recompile_limit < 1 ? 1 : recompile_limit;
+        accumulated_limit_ = accumulated_limit < 1 ? 1 : accumulated_limit;
+    }
 
   private:
     struct Slot {

@@ -373,6 +373,7 @@ def scoped(
     fallback: Callable[..., Any] | None = None,
     enter: Callable[[], Any] | None = None,
     on_error: Callable[[Any], Any] | None = None,
+    dispatch_keys: bool = False,
 ) -> Any:
     """A callable whose every call runs ``fn`` with ``hook`` as this thread's frame hook and then
     restores the thread's previous hook (or none), even on an exception: the hook's scope is one
@@ -388,10 +389,14 @@ def scoped(
         enter: called with no argument before ``fn``; its result is passed to ``on_error``.
         on_error: called with ``enter``'s result (or None) when ``fn`` raises, before the hook is
             restored; its own exception is reported as unraisable, the call's propagates.
+        dispatch_keys: put torch's thread-local dispatch key sets back after every call of
+            ``fn`` (after ``on_error``), as torch.compile's wrapper does with
+            ``_ForceDispatchKeyGuard``; saved and restored in C by the torch adapter (ValueError
+            when it is not installed).
     """
     if not isinstance(hook, Hook):
         raise TypeError(f"scoped() needs a tripwire.frame.Hook, not {type(hook).__name__}")
-    return _FrameScope(fn, hook, hook.backend, fallback, enter, on_error)
+    return _FrameScope(fn, hook, hook.backend, fallback, enter, on_error, dispatch_keys)
 
 
 def suspended(fn: Callable[..., Any]) -> Any:

@@ -527,6 +527,27 @@ def test_accumulated_limit_fallback() -> None:
     assert ei.value.limit == "accumulated_limit"
 
 
+def test_set_limits_applies_to_the_inserts_to_come() -> None:
+    c = tw.Cache(recompile_limit=100, accumulated_limit=3, on_limit="fallback")
+    assert c.insert(eq_set(x=1), 1)
+    assert c.insert(eq_set(x=2), 2)
+    c.set_limits(100, 1)  # lowered under the current count: the entries stay, inserts are refused
+    assert (c.recompile_limit, c.accumulated_limit) == (100, 1)
+    assert len(c) == 2 and c.lookup({"x": 1}) == 1
+    assert c.insert(eq_set(x=3), 3) is False
+    c.set_limits(100, 4)
+    assert c.insert(eq_set(x=3), 3)
+    with pytest.raises(ValueError, match="at least 1"):
+        c.set_limits(0, 4)
+    assert (c.recompile_limit, c.accumulated_limit) == (100, 4)
+    ev = tw.Cache(recompile_limit=100, accumulated_limit=3, on_limit="evict")
+    for i in range(3):
+        ev.insert(eq_set(x=i), i)
+    ev.set_limits(100, 2)  # evicts down to the new limit on the next insert
+    assert ev.insert(eq_set(x=9), 9)
+    assert sorted(e.payload for e in ev) == [2, 9]
+
+
 def test_evict_drops_least_recently_used() -> None:
     c = tw.Cache(recompile_limit=2, on_limit="evict")
     c.insert(eq_set(x=1), 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -251,13 +252,81 @@ def test_exceptions_inside_compiled_code():
     assert log == [1, 1]
 
 
-def test_on_error_undoes_a_pushed_functorch_layer():
-    state = _compile._enter()
-    depth = state[0]
-    torch._C._functorch._vmap_increment_nesting(2, "error")
-    assert torch._C._functorch.get_dynamic_layer_stack_depth() == depth + 1
-    _compile._on_error(state)
+def _local_keys():
+    return (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+
+_entered_guards: list = []  # alive: a guard's destructor would put the keys back itself
+
+
+def _leave_keys_changed():
+    """What a graph or user code may leave behind: a dispatch-key guard entered and never exited."""
+    include, exclude = _local_keys()
+    # FuncTorchVmapMode excluded: inert outside vmap, so the rest of the call computes as before.
+    extra = torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchVmapMode)
+    guard = torch._C._ForceDispatchKeyGuard(include, exclude | extra)
+    guard.__enter__()
+    _entered_guards.append(guard)
+    assert _local_keys() != (include, exclude)
+
+
+@pytest.fixture(autouse=True)
+def _drop_entered_guards():
+    yield
+    while _entered_guards:
+        _entered_guards.pop()  # newest first: each destructor restores what it saw
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_dispatch_keys_are_restored_after_every_call_as_torch_compile_does(raises):
+    def f(x, fail):
+        y = x + 1
+        leave()
+        if fail:
+            raise ValueError("inside")
+        return y
+
+    leave = torch.compiler.disable(_leave_keys_changed)
+    before = _local_keys()
+    for compiled in (torch.compile(f, backend="eager"), twt.compile(f, backend="eager")):
+        for _ in range(2):  # the compiling call, then a hit
+            if raises:
+                with pytest.raises(ValueError, match="inside"):
+                    compiled(torch.ones(2), True)
+            else:
+                assert torch.equal(compiled(torch.ones(2), False), torch.full((2,), 2.0))
+            assert _local_keys() == before  # torch.compile's own answer is the oracle too
+
+
+def test_on_error_undoes_a_pushed_functorch_layer_and_the_scope_restores_keys():
+    depth = torch._C._functorch.get_dynamic_layer_stack_depth()
+    got = []
+
+    def boom():
+        # In this order: the guard's destructor (at teardown) restores what it saw on entry.
+        _leave_keys_changed()
+        torch._C._functorch._vmap_increment_nesting(2, "error")  # a graph's pushed layer
+        raise KeyError("boom")
+
+    def on_error(saved_depth):
+        got.append(saved_depth)
+        _compile._on_error(saved_depth)
+
+    before = _local_keys()
+    hook = twf.Hook(lambda frame: None, backend=object())
+    s = twf.scoped(boom, hook, enter=_compile._enter, on_error=on_error, dispatch_keys=True)
+    with pytest.raises(KeyError, match="boom"):
+        s()
+    assert got == [depth]
     assert torch._C._functorch.get_dynamic_layer_stack_depth() == depth
+    assert _local_keys() == before
+    assert twf.current() is None
+    # Without dispatch_keys the scope leaves them as the call left them.
+    plain = twf.scoped(_leave_keys_changed, hook)
+    plain()
+    assert _local_keys() != before
+    _entered_guards.pop()
+    assert _local_keys() == before
 
 
 def test_automatic_dynamic_and_mark_dynamic():
@@ -357,6 +426,30 @@ def test_recompile_limit_applies_before_compiling(caplog):
     limited(torch.ones(1), "x")
     limited(torch.ones(1), "yy")
     assert twf.strategy_of(r, backend_of(limited)) == "run_only"
+
+
+def test_recompile_limit_is_read_on_each_miss_as_dynamo_reads_it():
+    def r(x, s):
+        return x + len(s)
+
+    cr = twt.compile(r, backend="eager")
+    keyword = twt.compile(r, backend="eager", recompile_limit=3)
+    for i in range(2):
+        cr(torch.ones(1), "a" * i)
+        keyword(torch.ones(1), "a" * i)
+    assert graphs() == 4
+    with torch._dynamo.config.patch(recompile_limit=2, accumulated_recompile_limit=100):
+        assert torch.equal(cr(torch.ones(1), "abc"), torch.full((1,), 4.0))  # runs eagerly
+        assert graphs() == 4  # the config lowered after compile(): not compiled
+        assert twf.strategy_of(r, backend_of(cr)) == "run_only"
+        keyword(torch.ones(1), "abc")  # the keyword wins over the config, as in torch
+        assert graphs() == 5
+        assert twf.strategy_of(r, backend_of(keyword)) != "run_only"
+    raised = twt.compile(r, backend="eager")
+    raised(torch.ones(1), "")
+    with torch._dynamo.config.patch(accumulated_recompile_limit=1):
+        raised(torch.ones(1), "a")
+        assert twf.strategy_of(r, backend_of(raised)) == "run_only"
 
 
 @torch._dynamo.config.patch(recompile_limit=1)
@@ -515,6 +608,27 @@ def test_unsupported_features_fall_back(monkeypatch):
     with pytest.warns(RuntimeWarning, match="compiled autograd"):
         cf = twt.compile(lambda x: x + 1, backend="eager")
     assert not hasattr(cf, "_tripwire_compiled")
+
+
+def test_without_the_torch_adapter_it_is_torch_compile_with_one_warning():
+    # A subprocess: the adapter, once installed, stays for the process.
+    code = textwrap.dedent(
+        """
+        import warnings, torch, tripwire.torch as twt
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            cf = twt.compile(lambda x: x + 1, backend="eager")
+            twt.compile(lambda x: x + 2, backend="eager")
+        assert not hasattr(cf, "_tripwire_compiled"), cf
+        assert torch.equal(cf(torch.ones(1)), torch.full((1,), 2.0))
+        mine = [str(x.message) for x in w if "needs the torch adapter" in str(x.message)]
+        assert len(mine) == 1, [str(x.message) for x in w]
+        print("ok")
+        """
+    )
+    env = {**os.environ, "TRIPWIRE_TORCH_ADAPTER": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 def test_torch_hook_left_by_a_torch_error_is_not_silent():

@@ -1045,6 +1045,21 @@ PyModuleDef g_module = {PyModuleDef_HEAD_INIT,
                         nullptr,
                         nullptr};
 
+// compile_wrapper's per-call dispatch-key snapshot (ABI 7): what torch's
+// _dispatch_tls_local_{include,exclude}_set read, and what _ForceDispatchKeyGuard writes back.
+void local_keys_save(TwLocalKeys* out) {
+    const c10::impl::LocalDispatchKeySet local = c10::impl::tls_local_dispatch_key_set();
+    out->included = local.included_.raw_repr();
+    out->excluded = local.excluded_.raw_repr();
+}
+
+void local_keys_restore(const TwLocalKeys* saved) {
+    c10::impl::PODLocalDispatchKeySet pod;
+    pod.set_included(c10::DispatchKeySet(c10::DispatchKeySet::RAW, saved->included));
+    pod.set_excluded(c10::DispatchKeySet(c10::DispatchKeySet::RAW, saved->excluded));
+    c10::impl::_force_tls_local_dispatch_key_set(pod);
+}
+
 }  // namespace
 
 PyMODINIT_FUNC PyInit__torch_adapter() {
@@ -1104,6 +1119,8 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     g_table.dispatch_key_set_type = g_key_set_type;
     g_table.dispatch_key_set_bits = dispatch_key_set_bits;
     g_table.mode_flag_getter = find_mode_flag_getter();
+    g_table.local_keys_save = local_keys_save;
+    g_table.local_keys_restore = local_keys_restore;
 
     PyObject* m = PyModule_Create(&g_module);
     if (m == nullptr) return nullptr;

@@ -154,6 +154,10 @@ class Cache {
     const std::string& index_source();
     std::size_t recompile_limit() const { return policy_.recompile_limit(); }
     std::size_t accumulated_limit() const { return policy_.accumulated_limit(); }
+    /// See CachePolicy::set_limits.
+    void set_limits(std::size_t recompile_limit, std::size_t accumulated_limit) {
+        policy_.set_limits(recompile_limit, accumulated_limit);
+    }
     OnLimit on_limit() const { return policy_.on_limit(); }
 
     /// Visit every strong reference (tp_traverse of the owning Python object).

@@ -11,6 +11,7 @@
 #include "runtime/eval/locals.hpp"
 #include "runtime/frame/code_state.hpp"
 #include "runtime/frame/replacement.hpp"
+#include "runtime/tensors/readers.hpp"
 
 namespace tripwire::runtime::frame {
 namespace {
@@ -410,6 +411,7 @@ struct Scope {
     PyObject* fallback;  // or null
     PyObject* enter;     // or null
     PyObject* on_error;  // or null
+    bool dispatch_keys;  // put torch's local dispatch keys back after fn (the adapter was installed)
     PyObject* dict;      // __dict__ (functools.update_wrapper), or null
     PyObject* weakrefs;
 };
@@ -417,8 +419,14 @@ struct Scope {
 Scope* as_scope(PyObject* o) { return reinterpret_cast<Scope*>(o); }
 
 // `fn`, with on_error(state) when it raises. No RAII object holds a reference across the call
-// (see above).
+// (see above). With dispatch_keys, torch's thread-local dispatch key sets are put back after
+// every call, as compile_wrapper's _ForceDispatchKeyGuard does (generated code is not guarded
+// with try/finally, and user code may leave a key guard entered); read and written in C through
+// the adapter: the Python route builds two DispatchKeySet objects per call.
 PyObject* scope_run(Scope* s, PyObject* state, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+    TwLocalKeys saved{};
+    const TwTorchAdapter* a = s->dispatch_keys ? torch_adapter() : nullptr;
+    if (a != nullptr) a->local_keys_save(&saved);
     PyObject* r = PyObject_Vectorcall(s->fn, args, nargsf, kwnames);
     if (r == nullptr && s->on_error != nullptr) {
         // The cleanup must not replace the call's own exception (it is what the user sees).
@@ -440,6 +448,9 @@ PyObject* scope_run(Scope* s, PyObject* state, PyObject* const* args, std::size_
         Py_XDECREF(c);
         exc.restore();
     }
+    // After on_error, as torch's guard exits after its cleanup (popping a functorch layer
+    // changes the local include set). Cannot fail: no Python code, no allocation.
+    if (a != nullptr) a->local_keys_restore(&saved);
     return r;
 }
 
@@ -577,10 +588,19 @@ int scope_clear(PyObject* self) {
 PyObject* scope_new(PyTypeObject* tp, PyObject* args, PyObject* kwargs) {
     PyObject *fn = nullptr, *handler = nullptr, *backend = nullptr, *fallback = Py_None, *enter = Py_None,
              *on_error = Py_None;
-    static const char* kw[] = {"fn", "handler", "backend", "fallback", "enter", "on_error", nullptr};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOO:FrameScope", const_cast<char**>(kw), &fn,
-                                     &handler, &backend, &fallback, &enter, &on_error))
+    int dispatch_keys = 0;
+    static const char* kw[] = {"fn",    "handler",  "backend",       "fallback",
+                               "enter", "on_error", "dispatch_keys", nullptr};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOp:FrameScope", const_cast<char**>(kw), &fn,
+                                     &handler, &backend, &fallback, &enter, &on_error, &dispatch_keys))
         return nullptr;
+    if (dispatch_keys && torch_adapter() == nullptr) {
+        // Never a scope that silently skips the protections it was asked for.
+        PyErr_SetString(
+            PyExc_ValueError,
+            "FrameScope: dispatch_keys needs the torch adapter (tripwire.tensors.adapter_status())");
+        return nullptr;
+    }
     if ((handler == Py_None) != (backend == Py_None)) {
         PyErr_SetString(PyExc_ValueError, "FrameScope: handler and backend are both None or neither");
         return nullptr;
@@ -605,6 +625,7 @@ PyObject* scope_new(PyTypeObject* tp, PyObject* args, PyObject* kwargs) {
     s->fallback = opt(fallback);
     s->enter = opt(enter);
     s->on_error = opt(on_error);
+    s->dispatch_keys = dispatch_keys != 0;
     return reinterpret_cast<PyObject*>(s);
 }
 
@@ -628,7 +649,8 @@ PyType_Slot g_scope_slots[] = {
     {Py_tp_descr_get, reinterpret_cast<void*>(scope_descr_get)},
     {Py_tp_members, g_scope_members},
     {Py_tp_doc, const_cast<char*>(
-                    "FrameScope(fn, handler, backend, fallback=None, enter=None, on_error=None)\n--\n\n"
+                    "FrameScope(fn, handler, backend, fallback=None, enter=None, on_error=None, "
+                    "dispatch_keys=False)\n--\n\n"
                     "A callable whose call runs `fn` with this thread's frame hook set to (handler, "
                     "backend), restoring the previous hook after; handler None: with the hook suspended.")},
     {0, nullptr}};

@@ -21,10 +21,10 @@
 #include <stdint.h>
 
 #define TRIPWIRE_TORCH_ADAPTER_ABI                                                                \
-    6 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
+    7 /* 2: tensor_fields, python_keys_mask, global_state_matches; read_global_state(all_dtypes); \
          3: saved_tensors_hooks_top; 4: cpp_tensor_property, cpp_tensor_grad,                     \
          tensors_may_overlap, tensor_matches; 5: dispatch_key_set_type,                           \
-         dispatch_key_set_bits; 6: mode_flag_getter */
+         dispatch_key_set_bits; 6: mode_flag_getter; 7: local_keys_save, local_keys_restore */
 #define TRIPWIRE_TORCH_ADAPTER_CAPSULE "tripwire._torch_adapter.TwTorchAdapter"
 
 #ifdef __cplusplus
@@ -99,6 +99,12 @@ typedef struct TwGlobalState {
     int32_t device_types[TW_MAX_AUTOCAST_DEVICES];
     int32_t dtypes[TW_MAX_AUTOCAST_DEVICES];
 } TwGlobalState;
+
+/* The thread-local dispatch key sets (raw bits), as torch.compile's per-call wrapper saves them
+ * before a compiled call and puts them back after it (_ForceDispatchKeyGuard). */
+typedef struct TwLocalKeys {
+    uint64_t included, excluded;
+} TwLocalKeys;
 
 /* The adapter's table. Fields are only ever appended; struct_size says how many a build has. */
 typedef struct TwTorchAdapter {
@@ -217,6 +223,14 @@ typedef struct TwTorchAdapter {
      * null when it was not found. Unverified: the core calls it only once it follows torch's own
      * setter (runtime/tensors/mode_flag.hpp). Runs no Python code, allocates nothing. */
     bool (*mode_flag_getter)(void);
+
+    /* ABI 7: compile_wrapper's dispatch-key protection, in C (through Python it is two pybind11
+     * calls that each build a DispatchKeySet object, most of a compiled call's overhead).
+     * local_keys_save fills `out` from the current thread; local_keys_restore sets the
+     * thread's local include/exclude sets to `saved`, as _ForceDispatchKeyGuard does. Neither
+     * can fail, allocate or call Python code. */
+    void (*local_keys_save)(TwLocalKeys* out);
+    void (*local_keys_restore)(const TwLocalKeys* saved);
 } TwTorchAdapter;
 
 #ifdef __cplusplus

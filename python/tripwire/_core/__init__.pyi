@@ -475,6 +475,11 @@ class CacheCore:
         The source the dispatch index hashes (e.g. "L['x']"), or None (ordered scan).
         """
 
+    def set_limits(self, recompile_limit: int, accumulated_limit: int) -> None:
+        """
+        New limits for the inserts to come (entries already over a lowered limit stay).
+        """
+
     @property
     def recompile_limit(self) -> int: ...
 

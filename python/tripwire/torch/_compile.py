@@ -29,6 +29,7 @@ from torch._dynamo.types import FrameAction
 
 from .. import _core
 from .. import frame as twf
+from .. import tensors as _tensors
 from ..errors import GuardsNotImportable, TorchImportError
 from ..logs import RECOMPILES
 
@@ -124,18 +125,25 @@ class _Compiled:
         self.enter_exit_hooks = list(getattr(ctx, "enter_exit_hooks", ()))
         self.torch_compiled = torch_compiled
         self.fullgraph = fullgraph
-        limit = recompile_limit if recompile_limit is not None else _config.recompile_limit
+        self.recompile_limit = recompile_limit  # torch.compile's keyword; None: the config's
+        limit, accumulated = self._limits()  # for each new cache; _on_miss refreshes them
         self.hook = twf.Hook(
             self._on_miss,
             backend=self,
-            recompile_limit=max(1, int(limit)),
-            accumulated_limit=max(1, int(_config.accumulated_recompile_limit)),
+            recompile_limit=limit,
+            accumulated_limit=accumulated,
             on_limit="run_only",
             raise_errors=True,  # Dynamo's own errors propagate as under torch.compile (_on_miss decides)
         )
         self.codes: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
         self._compile_ids: dict[types.CodeType, int] = {}
         _compiled.add(self)
+
+    def _limits(self) -> tuple[int, int]:
+        """The cache limits Dynamo applies now: the keyword, else config.recompile_limit, and
+        config.accumulated_recompile_limit, read on each miss as Dynamo reads them."""
+        limit = self.recompile_limit if self.recompile_limit is not None else _config.recompile_limit
+        return max(1, int(limit)), max(1, int(_config.accumulated_recompile_limit))
 
     def _reset(self) -> None:
         for code in list(self.codes):
@@ -167,6 +175,9 @@ class _Compiled:
                 f"filename: '{code.co_filename}', function name: '{code.co_name}', "
                 f"line number: {code.co_firstlineno}; " + _reasons(frame)
             )
+        limits = self._limits()
+        if limits != (frame.cache.recompile_limit, frame.cache.accumulated_limit):
+            frame.cache.set_limits(*limits)
         limit = frame.limit_reached()
         if limit is not None:
             return self._at_limit(frame, limit)
@@ -292,31 +303,25 @@ def _import_guards(guarded: Any, frame: twf.Frame) -> Any:
 # -- per call ------------------------------------------------------------------------------------
 _depth = torch._C._functorch.get_dynamic_layer_stack_depth
 _undo_to = torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth
-_include_set = torch._C._dispatch_tls_local_include_set
-_exclude_set = torch._C._dispatch_tls_local_exclude_set
 _profiler = torch.autograd.profiler
 
 
 def _enter() -> Any:
     """Before each call: NotImplemented sends it to torch.compile's own wrapper (a stance that
     runs eagerly, a profiler wanting torch's "Torch-Compiled Region"; config.disable is read on
-    misses, as it is a compile-time switch); otherwise
-    what compile_wrapper restores on an exception (the functorch layer-stack depth, the
-    dispatch-key TLS)."""
+    misses, as it is a compile-time switch); otherwise the functorch layer-stack depth, which
+    compile_wrapper restores on an exception (its dispatch-key TLS is the scope's, in C:
+    ``dispatch_keys``)."""
     if _ef._stance.stance == "force_eager" or _profiler._is_profiler_enabled:
         return NotImplemented
-    return (_depth(), _include_set(), _exclude_set())
+    return _depth()
 
 
-def _on_error(state: Any) -> None:
+def _on_error(depth: int) -> None:
     """compile_wrapper's cleanup when the call raised: generated code is not guarded with
-    try/finally, so a graph that pushed a functorch layer or changed the dispatch-key TLS leaves
-    them behind."""
-    depth, include, exclude = state
+    try/finally, so a graph that pushed a functorch layer leaves it behind (the scope then puts
+    the dispatch-key TLS back, as it does after every call)."""
     _undo_to(depth)
-    if _include_set() != include or _exclude_set() != exclude:
-        guard = torch._C._ForceDispatchKeyGuard(include, exclude)
-        guard.__enter__()  # sets the TLS to the saved sets; never exited, so they stay
 
 
 def _fallback(torch_compiled: Any) -> Any:
@@ -340,7 +345,9 @@ def _fallback(torch_compiled: Any) -> Any:
 
 
 def _scope(fn: Any, c: _Compiled) -> Any:
-    return twf.scoped(fn, c.hook, fallback=_fallback(c.torch_compiled), enter=_enter, on_error=_on_error)
+    return twf.scoped(
+        fn, c.hook, fallback=_fallback(c.torch_compiled), enter=_enter, on_error=_on_error, dispatch_keys=True
+    )
 
 
 class _Context:
@@ -401,6 +408,16 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
             "version",
             f"tripwire.torch.compile was verified on torch {', '.join(v + 'x' for v in VERIFIED_TORCH)}, "
             f"not {torch.__version__}: using torch.compile",
+        )
+        return torch_compiled
+    _tensors.ensure_torch()  # loads (or builds) the adapter, once
+    if not _core.torch_adapter_installed():
+        # Without it, tensor guards are read in Python and the per-call protections have no C
+        # route: torch.compile's own runtime is faster.
+        _warn_once(
+            "adapter",
+            "tripwire.torch.compile needs the torch adapter "
+            f"({_tensors.adapter_status()}): using torch.compile",
         )
         return torch_compiled
     for test, what in _unsupported_reasons:
