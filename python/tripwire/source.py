@@ -518,6 +518,29 @@ def _parse_ast(text: str, shape_is_size: bool) -> Source:
 SourceLike = Source | str
 
 
+def dict_keys_owner(node: ast.AST) -> ast.AST | None:
+    """If node is ``list(dict.keys(B))``, return B."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "list"
+        and len(node.args) == 1
+        and not node.keywords
+    ):
+        inner = node.args[0]
+        if (
+            isinstance(inner, ast.Call)
+            and isinstance(inner.func, ast.Attribute)
+            and isinstance(inner.func.value, ast.Name)
+            and inner.func.value.id == "dict"
+            and inner.func.attr == "keys"
+            and len(inner.args) == 1
+            and not inner.keywords
+        ):
+            return inner.args[0]
+    return None
+
+
 class _Parser:
     """Turns the ast of a printed source back into a Source; rejects everything else."""
 
@@ -545,28 +568,6 @@ class _Parser:
         if type(v) is not int or v < 0:
             raise self.fail("positions must be non-negative int literals")
         return v
-
-    def is_dict_keys_list(self, node: ast.AST) -> ast.AST | None:
-        """If node is ``list(dict.keys(B))``, return B."""
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "list"
-            and len(node.args) == 1
-            and not node.keywords
-        ):
-            inner = node.args[0]
-            if (
-                isinstance(inner, ast.Call)
-                and isinstance(inner.func, ast.Attribute)
-                and isinstance(inner.func.value, ast.Name)
-                and inner.func.value.id == "dict"
-                and inner.func.attr == "keys"
-                and len(inner.args) == 1
-                and not inner.keywords
-            ):
-                return inner.args[0]
-        return None
 
     def node(self, n: ast.AST) -> Source:
         # Roots: L['x'], G['x'], C['x']
@@ -616,11 +617,11 @@ class _Parser:
                 if type(key) is not str:
                     raise self.fail("__kwdefaults__ keys are str literals")
                 return self.node(base.value).step(StepKind.KWDEFAULTS, key)
-            owner = self.is_dict_keys_list(base)
+            owner = dict_keys_owner(base)
             if owner is not None:  # list(dict.keys(B))[i]
                 return self.node(owner).step(StepKind.DICT_KEY, self.index(n.slice))
             if isinstance(n.slice, ast.Subscript):  # B[list(dict.keys(B))[i]]
-                owner = self.is_dict_keys_list(n.slice.value)
+                owner = dict_keys_owner(n.slice.value)
                 if owner is not None:
                     b = self.node(base)
                     if self.node(owner) != b:

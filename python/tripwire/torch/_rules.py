@@ -29,7 +29,7 @@ from typing import Any
 from .. import _core, shapes
 from ..catalogue import GuardKind, GuardSpec
 from ..errors import ShapeSyntaxError
-from ..source import Source, StepKind
+from ..source import Source, StepKind, dict_keys_owner
 from ._imported import TorchGuard
 from ._layout import LayoutUnknown, dict_manager_length
 from ._printed import (
@@ -220,12 +220,10 @@ _PLAIN_DICTS = (dict, collections.OrderedDict)
 
 def _is_keys_position(index: ast.AST, owner: ast.AST) -> bool:
     """Whether ``index`` is ``list(dict.keys(owner))[i]`` with a literal int i."""
-    return (
-        isinstance(index, ast.Subscript)
-        and isinstance(index.slice, ast.Constant)
-        and type(index.slice.value) is int
-        and ast.unparse(index.value) == f"list(dict.keys({ast.unparse(owner)}))"
-    )
+    if not (isinstance(index, ast.Subscript) and isinstance(index.slice, ast.Constant)):
+        return False
+    keys_of = dict_keys_owner(index.value)
+    return type(index.slice.value) is int and keys_of is not None and ast.dump(keys_of) == ast.dump(owner)
 
 
 class Converter:
