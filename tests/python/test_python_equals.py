@@ -144,13 +144,19 @@ def build(c: object) -> tw.GuardSet:
 
 def answers(gs: tw.GuardSet, v: object) -> tuple:
     L = {"x": v}
+    before = gs._fast_pass_count + gs._residue_pass_count
     fast = gs.check(L)
-    was = _core._fast_pass_enabled() if hasattr(_core, "_fast_pass_enabled") else True
-    _core.testing.set_fast_pass(False)
+    fast_runs = gs._fast_pass_count + gs._residue_pass_count
+    assert fast_runs == before + fast, "a passing check was not decided by the fast pass"
+    # The same check with the fast pass switched off: the tree walk alone decides it. The counts
+    # prove which path ran, so a switch that did nothing fails here rather than comparing the
+    # fast pass with itself.
+    was = _core.testing.set_fast_pass(False)
     try:
         walk = gs.check(L)
     finally:
         _core.testing.set_fast_pass(was)
+    assert gs._fast_pass_count + gs._residue_pass_count == fast_runs, "the walk ran the fast pass"
     ref = reference.check(gs._specs, L, {})
     loaded = tw.GuardSet.from_bytes(gs.to_bytes()).check(L)
     return fast, walk, ref, loaded
