@@ -26,9 +26,6 @@ namespace nb = nanobind;
 namespace tripwire::bindings {
 namespace {
 
-// Set by tripwire.errors when the package loads: the class ShapeSyntaxError is raised as.
-PyObject* g_syntax_error_type = nullptr;
-
 // The code-point index of byte offset `byte` in UTF-8 `text`.
 std::size_t code_points(std::string_view text, std::size_t byte) {
     std::size_t n = 0;
@@ -37,18 +34,43 @@ std::size_t code_points(std::string_view text, std::size_t byte) {
     return n;
 }
 
-// Raise the shape syntax error (message, offset), or (message, offset, text) when `text` is given.
+// tripwire.ShapeSyntaxError, looked up in its module when an error is raised (a cold path): no
+// Python object is kept in C++ between calls, so nothing here outlives the interpreter (or the
+// subinterpreter) whose class it is. Found in sys.modules only (no import runs): the module is
+// there whenever the package is. A new reference, or null with no error set when the module is
+// gone (teardown) or its attribute is not a ValueError subclass.
+PyObject* syntax_error_type() {
+    PyObject* name = PyUnicode_FromString("tripwire.errors");
+    PyObject* errors = name != nullptr ? PyImport_GetModule(name) : nullptr;
+    Py_XDECREF(name);
+    PyObject* type = errors != nullptr ? PyObject_GetAttrString(errors, "ShapeSyntaxError") : nullptr;
+    Py_XDECREF(errors);
+    if (type != nullptr && PyType_Check(type) &&
+        PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type),
+                         reinterpret_cast<PyTypeObject*>(PyExc_ValueError)))
+        return type;
+    Py_XDECREF(type);
+    PyErr_Clear();
+    return nullptr;
+}
+
+// Raise the shape syntax error (message, offset), or (message, offset, text) when `text` is given;
+// a ValueError saying the same when the class is not there.
 [[noreturn]] void raise_syntax_error(const std::string& message, std::size_t offset,
                                      PyObject* text = nullptr) {
-    PyObject* type = g_syntax_error_type != nullptr ? g_syntax_error_type : PyExc_ValueError;
-    PyObject* exc =
-        text != nullptr
-            ? PyObject_CallFunction(type, "snO", message.c_str(), static_cast<Py_ssize_t>(offset), text)
-            : PyObject_CallFunction(type, "sn", message.c_str(), static_cast<Py_ssize_t>(offset));
+    const auto at = static_cast<Py_ssize_t>(offset);
+    PyObject* type = syntax_error_type();
+    if (type == nullptr) {
+        PyErr_Format(PyExc_ValueError, "%s (at offset %zd)", message.c_str(), at);
+        throw nb::python_error();
+    }
+    PyObject* exc = text != nullptr ? PyObject_CallFunction(type, "snO", message.c_str(), at, text)
+                                    : PyObject_CallFunction(type, "sn", message.c_str(), at);
     if (exc != nullptr) {
         PyErr_SetObject(type, exc);
         Py_DECREF(exc);
     }
+    Py_DECREF(type);
     throw nb::python_error();
 }
 
@@ -111,19 +133,6 @@ void store_symbols_or_raise(core::shape::ShapeFrame& frame, const std::vector<co
 
 void register_shape(nb::module_& m) {
     nb::module_ testing = testing_module(m);
-    m.def(
-        "_set_shape_syntax_error",
-        [](nb::handle type) {
-            if (!PyType_Check(type.ptr()) ||
-                !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type.ptr()),
-                                  reinterpret_cast<PyTypeObject*>(PyExc_ValueError)))
-                throw nb::type_error("needs a ValueError subclass");
-            Py_XDECREF(g_syntax_error_type);
-            g_syntax_error_type = type.ptr();
-            Py_INCREF(g_syntax_error_type);  // kept for the life of the process
-        },
-        nb::arg("type"),
-        "The class (a ValueError subclass taking (message, offset)) shape text errors raise.");
     m.def(
         "parse_relation",
         [](const nb::str& str) {

@@ -18,7 +18,6 @@ __all__ = [
     "TripwireError",
 ]
 
-from . import _core
 from .source import SourceParseError
 
 
@@ -48,10 +47,6 @@ class ShapeSyntaxError(GuardBuildError):
 
     def __reduce__(self) -> tuple:
         return (type(self), (self.message, self.offset, self.text))
-
-
-# The engine raises this class for text errors found in C++ (with the offset it found).
-_core._set_shape_syntax_error(ShapeSyntaxError)
 
 
 class GuardEvalError(TripwireError, RuntimeError):

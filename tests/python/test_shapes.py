@@ -907,6 +907,29 @@ def test_core_parse_relation_reports_symbol_spans() -> None:
     assert code_end == 32
 
 
+def test_core_raises_the_packages_syntax_error_class_as_found_when_raised(monkeypatch) -> None:
+    """The engine's text errors are tripwire.ShapeSyntaxError, looked up when raised (no class is
+    held in C++): a module attribute that is not a ValueError subclass, or a module that is gone,
+    gives a plain ValueError with the same message, and nothing is left pinned or set."""
+    import tripwire.errors as errors
+
+    with pytest.raises(tw.ShapeSyntaxError) as e:
+        _core.parse_relation("L['a'] +")
+    assert e.value.offset == 8 and e.type is tw.ShapeSyntaxError
+    monkeypatch.setattr(errors, "ShapeSyntaxError", 42)
+    with pytest.raises(ValueError, match=r"expected an operand.*\(at offset 8\)") as e:
+        _core.parse_relation("L['a'] +")
+    assert e.type is ValueError
+    monkeypatch.undo()
+    monkeypatch.delitem(sys.modules, "tripwire.errors")
+    with pytest.raises(ValueError) as e:
+        _core.evaluate_relation("1 +", [], [])
+    assert e.type is ValueError
+    monkeypatch.undo()
+    with pytest.raises(tw.ShapeSyntaxError):
+        _core.evaluate_relation("1 +", [], [])
+
+
 def test_explain_says_which_reader_each_symbol_uses() -> None:
     """explain() names each symbol's reader on the example (the C-level property reader for an
     exact numpy.ndarray, a Python size() call for anything else, a frame read for an int), and

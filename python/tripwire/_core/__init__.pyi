@@ -629,11 +629,6 @@ def dict_version(d: dict) -> int:
     The engine's version stamp of dict d (changes on every mutation; unique across dicts).
     """
 
-def _set_shape_syntax_error(type: object) -> None:
-    """
-    The class (a ValueError subclass taking (message, offset)) shape text errors raise.
-    """
-
 def parse_relation(text: str) -> tuple:
     """
     (code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape syntax error with the offset of the problem.
