@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _core, guard_set, shapes, source, tensors
+from ._package import is_own_file
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, ShapeSyntaxError
 from .guard_set import build_guard_set
@@ -27,20 +27,15 @@ if TYPE_CHECKING:
 
 __all__ = ["Checkpoint", "GuardBuilder"]
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _UNSET: Any = object()
 _STACK_DEPTH = 8
 
 
-@functools.lru_cache(maxsize=1024)
 def _is_machinery(filename: str) -> bool:
-    """Whether a frame of this file is tripwire's own machinery (never the place a guard "was
-    installed"): every module of the package, except the demo, which plays the user; and frozen
-    importlib frames. The one definition: the stack walk (runtime/frame/install_site.hpp) asks it."""
-    if filename.startswith("<frozen "):
-        return True
-    path = os.path.abspath(filename)
-    return os.path.dirname(path) == _PKG_DIR and os.path.basename(path) != "demo.py"
+    """Whether a frame of this file is never the place a guard "was installed": tripwire's own
+    (_package.is_own_file) or frozen importlib's. The stack walk (runtime/frame/install_site.hpp)
+    asks it once per code position and memoises the answer."""
+    return filename.startswith("<frozen ") or is_own_file(filename)
 
 
 def _user_stack() -> tuple[str, ...]:
@@ -66,7 +61,7 @@ def clear_build_memos() -> None:
     source.clear_memos()
     guard_set.clear_memos()
     _read_args.cache_clear()
-    _is_machinery.cache_clear()
+    is_own_file.cache_clear()
 
 
 _Relation = shapes.Relation

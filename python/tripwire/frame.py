@@ -50,7 +50,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import time
 import types
 import typing
@@ -58,6 +57,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from . import _core
+from ._package import is_own_file
 from .cache import Cache, OnLimit, recording_recompiles
 from .errors import FrameError, IncompatibleCodeError, RecompileLimitExceeded
 from .failure import Failure
@@ -92,7 +92,6 @@ Replacement: Any = _core.Replacement
 _FrameScope: Any = _core.FrameScope
 _core._frame_setup(FrameError)
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _STRATEGY_NAMES = {0: "default", 1: "skip", 2: "run_only", 3: "skip_recursive"}
 FrameOnLimit = Literal["run_only", "raise", "fallback", "evict"]
 """What a code object's cache does at a limit (see :class:`Hook`)."""
@@ -231,7 +230,7 @@ class Hook:
         f_builtins: dict[str, Any],
         function: types.FunctionType,
     ) -> Any:
-        if os.path.dirname(code.co_filename) == _PKG_DIR:
+        if is_own_file(code.co_filename):
             return 1  # tripwire's own machinery (this module, the cache, the builder): skip
         cache: Any = _core._frame_cache(code, self.backend)
         if not isinstance(cache, Cache):  # none yet (or a bare CacheCore attached by hand)

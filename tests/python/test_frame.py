@@ -681,3 +681,20 @@ def test_strict_guard_errors_propagate_from_the_call():
         assert run(Good()) == "orig"  # compiled for Good
         with pytest.raises(tw.GuardEvalError):
             run(bad)
+
+
+def test_hook_skips_tripwires_own_files_and_not_the_demo() -> None:
+    """The hook skips frames of tripwire's own modules on a miss, by the one definition the
+    install-site walk also uses (_package.is_own_file); the demo plays the user, so its frames
+    reach the callback."""
+    from tripwire import _package, builder, demo
+
+    seen: list[types.CodeType] = []
+    hook = twf.Hook(lambda frame: seen.append(frame.code))
+    own = builder._user_stack.__code__
+    assert _package.is_own_file(own.co_filename) and builder._is_machinery(own.co_filename)
+    assert hook(own, {}, builder.__dict__, {}, builder._user_stack) == 1
+    assert seen == []
+    assert not _package.is_own_file(demo.__file__) and not builder._is_machinery(demo.__file__)
+    assert not _package.is_own_file(__file__) and builder._is_machinery("<frozen importlib._bootstrap>")
+    assert not _package.is_own_file("<frozen importlib._bootstrap>")

@@ -13,7 +13,8 @@ namespace tripwire::runtime {
 
 /// The calling thread's stack outside tripwire's machinery, innermost last, at most `depth`
 /// entries, as a tuple of "file:line in func". `is_machinery(filename) -> bool` says whether a
-/// file is tripwire's own (tripwire.builder._is_machinery, the one definition); it is asked once
+/// file is tripwire's own (tripwire.builder._is_machinery: frozen importlib or the one definition,
+/// tripwire._package.is_own_file, which the frame hook also asks); it is asked once
 /// per (code, instruction) the memo does not hold. New reference, or null with an error set
 /// (what is_machinery raised). GIL held.
 ///
