@@ -364,6 +364,19 @@ void register_guard_set(nb::module_& m) {
             .def_prop_ro("pass_count", [](GuardSetCore& s) { return s.get().stats().passes; })
             .def("__len__", [](GuardSetCore& s) { return s.get().size(); });
     g_core_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+    m.def(
+        "with_shape_decls",
+        [](std::vector<core::GuardDecl> decls, nb::list shape_at, nb::list shape_ids, nb::list shape_args,
+           nb::list shape_symbols, const std::vector<core::SourcePath>& shape_paths) {
+            if (!runtime::add_shape_decls(decls, shape_at.ptr(), shape_ids.ptr(), shape_args.ptr(),
+                                          shape_symbols.ptr(), shared_paths_of(shape_paths)))
+                throw nb::python_error();
+            return decls;
+        },
+        nb::arg("decls"), nb::arg("shape_at"), nb::arg("shape_ids"), nb::arg("shape_args"),
+        nb::arg("shape_symbols"), nb::arg("shape_paths"),
+        "The declarations with the SHAPE relations placed among them, declared as GuardSetCore's "
+        "constructor declares them (the same arguments): what a saved set encodes.");
 }
 
 }  // namespace tripwire::bindings

@@ -96,7 +96,6 @@ def _source_decl(src: Source, pool: _Pool) -> _core.SourcePath:
 
 
 _Step = _core.Step
-_GuardDecl = _core.GuardDecl
 
 
 class _ShapeDecls:
@@ -207,39 +206,18 @@ def _ensure_shape_readers() -> None:
     tensors.ensure_numpy()
 
 
-_SYMBOL_TYPES = {"int": 0, "float": 1}  # core::shape::ValueType
-
-
 def encode_decls(specs: list[GuardSpec], pool: _Pool) -> list[_core.GuardDecl]:
-    """Every spec as a GuardDecl, SHAPE relations included, in the specs' order (to_bytes; a
-    GuardSet declares its SHAPE relations in one call instead)."""
+    """Every spec as a GuardDecl, SHAPE relations included, in the specs' order (to_bytes): the
+    relations declared by the engine, as a GuardSet's constructor declares them."""
     shape = _ShapeDecls()
     decls = _encode(specs, pool, shape)
     if not shape.args:
         return decls
-    syms, paths = shape.symbols(pool)
-    path_of = {id(sym): p for sym, p in zip(syms, paths, strict=True)}
-    out: list[_core.GuardDecl] = []
-    done = 0
-    for at, gid, (text, symbols, type_names) in zip(shape.at, shape.ids, shape.args, strict=True):
-        out += decls[done:at]
-        done = at
-        try:
-            codes = [_SYMBOL_TYPES[t] for t in type_names]
-        except (KeyError, TypeError):
-            raise GuardBuildError("a SHAPE symbol's type is 'int' or 'float'") from None
-        out.append(
-            _GuardDecl(
-                _SHAPE,
-                None,
-                id=gid,
-                relation=text,
-                symbols=[path_of[id(x)] for x in symbols],
-                symbol_types=codes,
-            )
-        )
-    out += decls[done:]
-    return out
+    symbols, paths = shape.symbols(pool)
+    try:
+        return _core.with_shape_decls(decls, shape.at, shape.ids, shape.args, symbols, paths)
+    except (ValueError, TypeError) as e:
+        raise GuardBuildError(str(e)) from None
 
 
 def _encode_saved(specs: list[GuardSpec]) -> tuple[_Pool, list[_core.GuardDecl]]:

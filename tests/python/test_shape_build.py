@@ -121,3 +121,25 @@ def test_a_symbol_that_is_also_a_guards_source_is_one_declaration() -> None:
     gs = b.build()
     assert gs.node_count == 2
     assert gs.check(ex) and not gs.check({"a": 4, "b": 3})
+
+
+def test_a_saved_sets_shape_declarations_are_the_built_sets() -> None:
+    """to_bytes declares SHAPE relations through the engine's one declaration (add_shape_decls),
+    as a GuardSet's constructor does: the same ids, texts, symbol paths and types, in the same
+    places among the other guards; a bad symbol type is a GuardBuildError naming the types."""
+    b = tw.GuardBuilder({"a": 3, "b": 4.5})
+    b.equals("L['a']")
+    b.shape("L['a'] + 1 <= 10")
+    b.equals("L['b']")
+    b.shape("L['b'] * 2 != L['a']")
+    gs = b.build()
+
+    def view(decls: list) -> list:
+        return [(d.kind, d.id, d.relation, list(d.symbol_types), [p.texts for p in d.symbols]) for d in decls]
+
+    _pool, saved = guard_set._encode_saved(list(gs._specs))
+    assert [d.kind for d in saved].count(tw.GuardKind.SHAPE) == 2
+    assert view(saved) == view(sorted(gs._decls(), key=lambda d: d.id))
+    spec = tw.GuardSpec(tw.GuardKind.SHAPE, None, ("L['v'] >= 0", (Source.parse("L['v']"),), ("str",)), 0)
+    with pytest.raises(tw.GuardBuildError, match="'int' or 'float'"):
+        guard_set.encode_decls([spec], guard_set._Pool())

@@ -401,6 +401,11 @@ class GuardSetCore:
 
     def __len__(self) -> int: ...
 
+def with_shape_decls(decls: Sequence[GuardDecl], shape_at: list, shape_ids: list, shape_args: list, shape_symbols: list, shape_paths: Sequence[SourcePath]) -> list[GuardDecl]:
+    """
+    The declarations with the SHAPE relations placed among them, declared as GuardSetCore's constructor declares them (the same arguments): what a saved set encodes.
+    """
+
 class CacheEntry:
     """One entry of a tripwire.Cache (a view; read-only)."""
 
