@@ -88,7 +88,9 @@ TEST(IrKindTable, ColumnsAgreeWithTheFactsTheyEncode) {
         EXPECT_EQ(shape.operand, guard_operand(k) != KindOperand::No) << guard_kind_name(k);
         EXPECT_EQ(guard_operand(k) == KindOperand::Identity, identity_operand.count(k) == 1)
             << guard_kind_name(k);
-        if (is_relational(k)) EXPECT_EQ(guard_source(k), KindSource::Required) << guard_kind_name(k);
+        if (is_relational(k)) {
+            EXPECT_EQ(guard_source(k), KindSource::Required) << guard_kind_name(k);
+        }
         Implied want = Implied::Never;
         if (identity.count(k) != 0) want = Implied::Identity;
         if (dict_state.count(k) != 0) want = Implied::DictState;

@@ -119,10 +119,12 @@ std::intptr_t shape_hash(const std::int64_t* sizes, std::int64_t ndim, std::size
 // The shape key a TENSOR_MATCH or ARRAY_MATCH guard imposes: when every size is checked, its
 // value must have exactly these sizes and this type.
 bool shape_key(const core::GuardDecl& d, PyObject* type, DispatchKey& out) {
+    // The two layouts' constants are enumerators of two enums: each is made a size_t before one is chosen.
+    const bool tensor = d.kind == core::GuardKind::TensorMatch;
     const std::size_t header =
-        d.kind == core::GuardKind::TensorMatch ? core::tensor_data::kHeader : core::array_data::kHeader;
+        tensor ? std::size_t{core::tensor_data::kHeader} : std::size_t{core::array_data::kHeader};
     const std::int64_t ndim =
-        d.data[d.kind == core::GuardKind::TensorMatch ? core::tensor_data::kNdim : core::array_data::kNdim];
+        d.data[tensor ? std::size_t{core::tensor_data::kNdim} : std::size_t{core::array_data::kNdim}];
     const std::int64_t* sizes = d.data.data() + header;
     for (std::int64_t i = 0; i < ndim; ++i) {
         if (sizes[2 * i] == core::kAny) return false;  // a dynamic dimension: not indexed

@@ -961,7 +961,6 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         TW_DISPATCH();
     op_StampGlobals:
         do {
-            const FastOp& op = *opp;
             next = opp + 1;
             tags[globals_slot] = dict_tag(globals_.get());
             break;
