@@ -14,11 +14,11 @@ import os
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from . import _core, catalogue, serialization, tensors
 from .catalogue import _TORCH_PROBES, GuardKind, GuardSpec
-from .errors import GuardBuildError, GuardEvalError
+from .errors import FormatError, GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure
 from .source import CPP_TENSOR_STEPS, Source, key_identity
 
@@ -333,22 +333,27 @@ class GuardSet(_core.GuardSetCore):
         self._dropped = tuple(dropped)
         self._baselines = baselines
 
-    def _set_loaded_state(
-        self,
-        lazy: Any,
-        f_globals: dict | None,
-        strict: bool,
-        dropped: tuple[tuple[str, str, str], ...],
-        baselines: dict[str, Any],
-    ) -> None:
-        """A loaded set (serialization.loads): everything was validated at load; the GuardSpecs
-        are built from ``lazy`` on the first diagnostic (``guards``, ``why_not``, ``explain``...)."""
+    @classmethod
+    def _from_document(
+        cls, doc: Any, consts: list[Any], f_globals: dict | None, baselines: dict[str, Any]
+    ) -> Self:
+        """A loaded set (serialization.loads): the decoded document ``doc`` and its constants,
+        everything validated at load; the GuardSpecs are built on the first diagnostic
+        (``guards``, ``why_not``, ``explain``...) from what the load kept."""
+        self = _core.GuardSetCore.__new__(cls)
+        try:
+            _core.GuardSetCore.__init__(self, doc, consts, f_globals, doc.strict, GuardEvalError)
+        except (ValueError, TypeError, RuntimeError) as e:
+            del self  # never constructed: no frame of the traceback may hold it (__new__)
+            raise FormatError(f"the guard program is invalid: {e}") from None
+        held, weak_positions = doc.hold_weakly(consts)
         self._built = None
-        self._lazy = lazy
-        self.strict = strict
+        self._lazy = (doc, held, weak_positions)
+        self.strict = doc.strict
         self._f_globals = f_globals
-        self._dropped = tuple(dropped)
+        self._dropped = tuple(doc.dropped)
         self._baselines = baselines
+        return self
 
     def _diagnostic_state(self) -> tuple[tuple[GuardSpec, ...], dict[int, GuardSpec]]:
         # Lock-free: a second thread (or a finalizer run by a collection during the build) that

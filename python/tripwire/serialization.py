@@ -11,17 +11,16 @@ eval, and a module that is not imported yet is imported only when the caller all
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import sys
 import types
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
-from . import _core, tensors
+from . import _core, catalogue, tensors
 from ._package import __version__
 from .catalogue import _TORCH_PROBES, KINDS, GuardKind, GuardSpec, Weak
-from .errors import FormatError, GuardEvalError, NotSerializable
+from .errors import FormatError, NotSerializable
 from .references import (
     CALLED_KINDS,
     RefKind,
@@ -32,14 +31,44 @@ from .references import (
     name_of,
     resolve_name,
 )
-from .source import _PROPERTY_METHODS, RootKind, Source, Step, StepKind
-
-if TYPE_CHECKING:
-    from .guard_set import GuardSet
+from .source import _INDEX_STEPS, _PROPERTY_METHODS, RootKind, Source, Step, StepKind
 
 __all__ = ["describe_bytes", "dumps", "loads"]
 
 Resolver = Callable[[str, str], Any]
+
+
+class SavedSet(Protocol):
+    """What saving and loading use of a guard set (tripwire.GuardSet is one): this module sits
+    below guard_set.py and names none of its classes."""
+
+    strict: bool
+    _f_globals: dict | None
+    _dropped: tuple[tuple[str, str, str], ...]
+
+    @property
+    def guards(self) -> tuple[GuardSpec, ...]: ...
+
+    @property
+    def baselines(self) -> Mapping[str, Any]: ...
+
+    @property
+    def invalid(self) -> bool: ...
+
+    @property
+    def invalid_reason(self) -> str: ...
+
+    def _drop_aliases(self) -> dict[int, frozenset[str]]: ...
+
+    @classmethod
+    def _from_document(
+        cls: type[_S], doc: Any, consts: list[Any], f_globals: dict | None, baselines: dict[str, Any]
+    ) -> _S:
+        """The set of a decoded, checked document (FormatError when the engine refuses it)."""
+        ...
+
+
+_S = TypeVar("_S", bound=SavedSet)
 
 _PLAIN = (int, float, complex, str, bytes)
 # Guards whose stored integers are codes of the torch build that wrote them (raw DispatchKeySet
@@ -90,12 +119,11 @@ def _objects_in(v: Any, out: list[Any]) -> None:
 
 
 def _live(arg: Any) -> Any:
-    if type(arg) is Weak:
-        obj = arg.get()
-        if obj is None:
-            raise Unnamed(f"the object {arg!r} has died")
-        return obj
-    return arg
+    """The object behind an argument (catalogue.resolve), or Unnamed once it died."""
+    try:
+        return catalogue.resolve(arg)
+    except LookupError:
+        raise Unnamed(f"the object {arg!r} has died") from None
 
 
 def _is_text(s: str) -> bool:
@@ -110,7 +138,7 @@ def _is_text(s: str) -> bool:
 
 
 class _Saver:
-    def __init__(self, gs: GuardSet) -> None:
+    def __init__(self, gs: SavedSet) -> None:
         self.gs = gs
         self.globals_module = _module_of_globals(gs._f_globals)
         self.references: list[tuple[int, str, str, bytes]] = []
@@ -241,10 +269,10 @@ def _matches(spec: GuardSpec, names: set[str], aliases: Iterable[str] = ()) -> s
 
 
 def dumps(
-    gs: GuardSet,
+    gs: SavedSet,
     drop: Iterable[str],
     encode: Callable[[list[GuardSpec]], tuple[Any, list[_core.GuardDecl]]],
-    cls: type[GuardSet],
+    cls: type[SavedSet],
 ) -> bytes:
     """``gs.to_bytes(drop=...)``: see GuardSet.to_bytes. guard_set.py sits above this module and
     hands it what it needs of the set: ``encode``, its encoding of the kept specs (constant pool,
@@ -347,7 +375,7 @@ def _device_label(label: str, device_index: int, bad: Callable[[str], FormatErro
     return label
 
 
-def _did_you_mean(gs: GuardSet, unused: set[str], aliases: dict[int, frozenset[str]]) -> str:
+def _did_you_mean(gs: SavedSet, unused: set[str], aliases: dict[int, frozenset[str]]) -> str:
     """``"; did you mean 'TYPE_MATCH'?"`` for the names closest to the misspelt ones, from the
     kinds, sources and other names of this set's guards."""
     import difflib
@@ -363,7 +391,7 @@ def _did_you_mean(gs: GuardSet, unused: set[str], aliases: dict[int, frozenset[s
 
 
 def _prove(
-    cls: type[GuardSet], gs: GuardSet, kept: list[GuardSpec], dropped: list, data: bytes, objects: list[Any]
+    cls: type[SavedSet], gs: SavedSet, kept: list[GuardSpec], dropped: list, data: bytes, objects: list[Any]
 ) -> None:
     """The bytes rebuild the same guards (decoded and compiled by the engine, with the saved
     objects for the references): what was kept and nothing else, with the same sources,
@@ -532,12 +560,12 @@ def _importer(
 
 
 def loads(
-    cls: type[GuardSet],
+    cls: type[_S],
     data: bytes,
     resolve: Resolver | None = None,
     allow_modules: Sequence[str] | None = None,
     f_globals: dict | None = None,
-) -> GuardSet:
+) -> _S:
     """``cls.from_bytes``: see GuardSet.from_bytes. ``cls`` is the GuardSet class to make."""
     if f_globals is not None and type(f_globals) is not dict:
         raise TypeError("f_globals must be a dict")
@@ -552,12 +580,12 @@ def loads(
 
 
 def _load(
-    cls: type[GuardSet],
+    cls: type[_S],
     data: bytes,
     lookup: Callable[..., Any],
     f_globals: dict | None,
     use_module_globals: bool = False,
-) -> GuardSet:
+) -> _S:
     doc = _decode(data)
     refs = doc.references
     try:
@@ -606,15 +634,7 @@ def _load(
         tensors.ensure_torch()
         tensors.ensure_numpy()
     del checked, memo
-    gs = _core.GuardSetCore.__new__(cls)
-    try:
-        _core.GuardSetCore.__init__(gs, doc, consts, f_globals, doc.strict, GuardEvalError)
-    except (ValueError, TypeError, RuntimeError) as e:
-        del gs  # never constructed: no frame of the traceback may hold it (GuardSet.__new__)
-        raise FormatError(f"the guard program is invalid: {e}") from None
-    held, weak_positions = doc.hold_weakly(consts)
-    gs._set_loaded_state((doc, held, weak_positions), f_globals, doc.strict, tuple(doc.dropped), baselines)
-    return gs
+    return cls._from_document(doc, consts, f_globals, baselines)
 
 
 def loaded_specs(lazy: tuple, decls: list[_core.GuardDecl]) -> list[GuardSpec]:
@@ -667,16 +687,6 @@ def _check_torch_build(specs: list[GuardSpec], baselines: dict[str, Any]) -> Non
     )
 
 
-_INDEX_STEPS = (
-    StepKind.DEFAULTS,
-    StepKind.CLOSURE_CELL,
-    StepKind.DICT_KEY,
-    StepKind.DICT_VALUE,
-    StepKind.SIZE,
-    StepKind.STRIDE,
-    StepKind.TENSOR_SIZE,
-    StepKind.TENSOR_STRIDE,
-)
 _SYMBOL_TYPE_NAMES = ("int", "float")  # core::shape::ValueType
 
 
@@ -722,8 +732,10 @@ def _spec(
     checked: bool = False,
 ) -> GuardSpec:
     """The GuardSpec of a decoded declaration (the inverse of guard_set._encode); FormatError when
-    an operand has a type its kind cannot take. ``checked``: the load checked the operands
-    already, and an identity-held one may be a dead Weak (loaded_specs)."""
+    an operand has a type its kind cannot take. ``checked``: the operands are not checked here,
+    because the load checked them already and an identity-held one may be a dead Weak
+    (loaded_specs), or because each reference is shown by name, a _Named standing for the object
+    a load would resolve (inspect_bytes)."""
     k = GuardKind(d.kind)
 
     def bad(why: str) -> FormatError:
@@ -745,7 +757,7 @@ def _spec(
     elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN):
         args = (d.n,)
     elif k is GuardKind.DICT_KEYS:
-        if type(op2) is not tuple or not all(_core.is_constant(x, 1) for x in op2):
+        if not checked and (type(op2) is not tuple or not all(_core.is_constant(x, 1) for x in op2)):
             raise bad("the keys must be a tuple of constants")
         args = (op2, d.flag)
     elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
@@ -772,7 +784,7 @@ def _spec(
             else:
                 args = (probe, _builtin_snapshot(probe, d.n2), label or probe)
         else:
-            if not _core.is_constant(op2):
+            if not checked and not _core.is_constant(op2):
                 raise bad("the snapshot is not a constant")
             args = (op, op2, label)
     elif k is GuardKind.SHAPE:
@@ -812,7 +824,7 @@ def _tensor_args(
             if not (_core.is_constant(op) and _core.is_constant(op2)):
                 raise bad("the shape ids and unbacked bounds must be constants")
             return (DimensionMarkings.from_data(list(d.data), d.flag, op, op2),)
-        if not isinstance(op, type) and not isinstance(op, _Named) and not checked:
+        if not isinstance(op, type) and not checked:
             raise bad("needs a type")
         if k is GuardKind.TENSOR_MATCH:
             exp = TensorExpectation.from_data(list(d.data))
@@ -886,19 +898,16 @@ def _source(
 
 
 class _Named:
-    """A reference shown by name in ``describe_bytes``."""
+    """A reference shown by name in ``describe_bytes``. Compared and hashed by identity (one per
+    stored reference): the engine builds no constant holding an object whose class hashes in
+    Python (bytes would choose what runs), so a reference inside a constant, an enum member in
+    a tuple or a dict key, could not be shown if this class defined ``__hash__``."""
 
     def __init__(self, kind: RefKind, module: str, qualname: str) -> None:
         self.text = f"<{kind.name.lower()} {module}:{qualname}>" if qualname else f"<module {module}>"
 
     def __repr__(self) -> str:
         return self.text
-
-    def __hash__(self) -> int:
-        return hash(self.text)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Named) and other.text == self.text
 
 
 def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tuple[str, str, str]]]:
@@ -910,53 +919,13 @@ def inspect_bytes(data: bytes) -> tuple[dict[str, Any], list[GuardSpec], list[tu
         consts = doc.constants(objects)
     except _core._CodecError as e:
         raise _format_error(e) from None
-    specs = []
-    for d, (label, stack, offset) in zip(doc.decls(), doc.guard_info(), strict=True):
-        k = GuardKind(d.kind)
-        op = None if d.operand is None else consts[d.operand]
-        op2 = None if d.operand2 is None else consts[d.operand2]
-        bad = functools.partial(FormatError, offset=offset)
-        if k is GuardKind.GLOBAL_STATE:
-            if op is None:
-                probe = _PROBES[d.n]
-                if probe == "torch_global_state":
-                    args: tuple = (probe, tuple(d.data), label or probe)
-                elif probe in _TORCH_PROBES:
-                    args = (probe, op2, label or probe)
-                else:
-                    args = (probe, _builtin_snapshot(probe, d.n2), label or probe)
-            else:
-                args = (op, op2, label)
-        elif k in (GuardKind.TENSOR_MATCH, GuardKind.ARRAY_MATCH, GuardKind.DIMENSION_MARKING):
-            args = _tensor_args(k, op, op2, d, bad, label=label)
-        elif k is GuardKind.ALIAS:
-            args = (_source(d.more_sources[0], consts, bad),)
-        elif k is GuardKind.NO_ALIAS:
-            args = (tuple(_source(p, consts, bad) for p in d.more_sources),)
-        elif k is GuardKind.STORAGE_OVERLAPPING:
-            args = (tuple(_source(p, consts, bad) for p in d.more_sources), d.n)
-        elif k is GuardKind.DISPATCH_KEY_SET_MATCH:
-            args = (d.n & ((1 << 64) - 1),)
-        elif k is GuardKind.DICT_KEYS:
-            args = (op2, d.flag)
-        elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
-            args = (op, d.flag)
-        elif k in (GuardKind.LENGTH, GuardKind.TUPLE_ITERATOR_LEN):
-            args = (d.n,)
-        elif k is GuardKind.RANGE_ITERATOR:
-            args = (op.start, op.stop, op.step) if type(op) is range else (op,)
-        elif k is GuardKind.SHAPE:
-            args = _shape_args(d, consts, functools.partial(FormatError, offset=offset), None)
-        elif k is GuardKind.EQUALS_MATCH and d.flag:
-            args = (op, True)
-        else:
-            args = (op,) if op is not None else ()
-        source = (
-            None
-            if d.source is None
-            else _source(d.source, consts, functools.partial(FormatError, offset=offset))
-        )
-        specs.append(GuardSpec(k, source, args, d.id, tuple(stack)))
+    # The engine decoded and validated the bytes; the specs are made from its declarations by
+    # the one decoder of declarations a load uses too (_spec), each reference shown by name.
+    memo: dict = {}
+    specs = [
+        _spec(d, consts, label, stack, offset, memo, checked=True)
+        for d, (label, stack, offset) in zip(doc.decls(), doc.guard_info(), strict=True)
+    ]
     meta = {
         "format version": 1,
         "tripwire version": doc.tripwire_version,

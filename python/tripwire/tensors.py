@@ -622,6 +622,15 @@ def _dependent_strides(sizes: tuple[int, ...], strides: tuple[int, ...], dyn: fr
     return out
 
 
+def _check_dims(kind: str, sizes: tuple, strides: tuple) -> None:
+    """An expectation's sizes and strides fit the engine's layout (one stride per size, at most
+    MAX_DIMS): GuardBuildError naming ``kind`` otherwise."""
+    if len(sizes) != len(strides):
+        raise GuardBuildError(f"{kind}: sizes and strides must have the same length")
+    if len(sizes) > _core.MAX_DIMS:
+        raise GuardBuildError(f"{kind}: more than {_core.MAX_DIMS} dimensions")
+
+
 @dataclass(frozen=True)
 class TensorExpectation:
     """What TENSOR_MATCH expects of a torch tensor besides its exact type: plain data.
@@ -643,10 +652,7 @@ class TensorExpectation:
     device: str = field(default="", compare=False)  # for messages only: not saved by to_bytes
 
     def __post_init__(self) -> None:
-        if len(self.sizes) != len(self.strides):
-            raise GuardBuildError("TENSOR_MATCH: sizes and strides must have the same length")
-        if len(self.sizes) > _core.MAX_DIMS:
-            raise GuardBuildError(f"TENSOR_MATCH: more than {_core.MAX_DIMS} dimensions")
+        _check_dims("TENSOR_MATCH", self.sizes, self.strides)
 
     @property
     def ndim(self) -> int:
@@ -771,10 +777,7 @@ class ArrayExpectation:
     writeable: bool
 
     def __post_init__(self) -> None:
-        if len(self.sizes) != len(self.strides):
-            raise GuardBuildError("ARRAY_MATCH: sizes and strides must have the same length")
-        if len(self.sizes) > _core.MAX_DIMS:
-            raise GuardBuildError(f"ARRAY_MATCH: more than {_core.MAX_DIMS} dimensions")
+        _check_dims("ARRAY_MATCH", self.sizes, self.strides)
 
     @property
     def ndim(self) -> int:

@@ -743,6 +743,27 @@ def test_only_enum_members_may_stand_inside_containers() -> None:
         tw.GuardSet.from_bytes(rewrap(bytes(body)))
 
 
+def test_inspection_shows_references_inside_constants() -> None:
+    """describe_bytes shows an enum member inside a constant (a tuple, a dict key) by name, as
+    the load resolves it: inspection builds the constants with its stand-ins for references,
+    which the engine admits inside containers only when they hash by identity."""
+    b = tw.GuardBuilder({"t": (fx.Color.RED, 1), "d": {fx.Color.GREEN: 1, "k": 2}, "c": fx.Color.RED})
+    b.equals("L['t']")
+    b.dict_keys("L['d']")
+    b.equals("L['c']")
+    gs = b.build()
+    listing = tw.serialization.guard_lines(gs.to_bytes())
+    red, blue = "<enum_member serial_fixtures:Color.RED>", "<enum_member serial_fixtures:Color.GREEN>"
+    assert listing == [
+        f"EQUALS_MATCH: L['t'] == ({red}, 1)",
+        f"DICT_KEYS: list(dict.keys(L['d'])) == [{blue}, 'k']",
+        f"EQUALS_MATCH: L['c'] == {red}",
+    ]
+    loaded = tw.GuardSet.from_bytes(gs.to_bytes())
+    assert loaded.check({"t": (fx.Color.RED, 1), "d": {fx.Color.GREEN: 0, "k": 0}, "c": fx.Color.RED})
+    assert not loaded.check({"t": (fx.Color.GREEN, 1), "d": {fx.Color.GREEN: 0, "k": 0}, "c": fx.Color.RED})
+
+
 def test_allow_modules_imports_only_admitted_prefixes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
