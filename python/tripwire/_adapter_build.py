@@ -43,9 +43,17 @@ from ._package import __version__, default_cache_dir
 MODULE = "tripwire._torch_adapter"
 ENV_SWITCH = "TRIPWIRE_TORCH_ADAPTER"  # "0": no first-use build (the Python readers)
 ENV_CACHE = "TRIPWIRE_CACHE_DIR"
-_SOURCE = "adapters/torch/torch_adapter.cpp"
+# The adapter's units (cpp/adapters/torch, by role), compiled and linked in one command.
+_UNITS = tuple(
+    f"adapters/torch/{unit}.cpp" for unit in ("module", "tensors", "global_state", "dispatch_keys", "devices")
+)
 # Relative to the source root (-I); every one is hashed into the build key.
-_SOURCES = (_SOURCE, "adapters/torch/hidden_symbol.hpp", "runtime/tensors/adapter_abi.h")
+_SOURCES = (
+    *_UNITS,
+    "adapters/torch/adapter.hpp",
+    "adapters/torch/hidden_symbol.hpp",
+    "runtime/tensors/adapter_abi.h",
+)
 _SO_NAME = "_torch_adapter" + str(sysconfig.get_config_var("EXT_SUFFIX") or ".so")
 _HASH_NAME = "_torch_adapter.sha256"
 _INFO_NAME = "build.json"
@@ -261,7 +269,7 @@ def _compile_command(cxx: list[str], torch: Any, root: Path, out: Path) -> list[
         *(f"-I{d}" for d in includes),
         f'-DTRIPWIRE_TORCH_VERSION="{torch.__version__}"',
         f"-D_GLIBCXX_USE_CXX11_ABI={int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))}",
-        str(root / _SOURCE),
+        *(str(root / unit) for unit in _UNITS),
         "-o",
         str(out),
         *(f"-L{d}" for d in lib_dirs),
@@ -271,7 +279,7 @@ def _compile_command(cxx: list[str], torch: Any, root: Path, out: Path) -> list[
         "-lc10",
     ]
     # torch's OpenMP runtime: the adapter reads the thread count from the same omp_get_max_threads
-    # at::get_num_threads() calls (torch_adapter.cpp, ThreadLocals). No rpath: the module is only
+    # at::get_num_threads() calls (global_state.cpp, ThreadLocals). No rpath: the module is only
     # ever loaded after `import torch`, whose libraries the loader then finds by their sonames.
     for d in lib_dirs:
         gomp = os.path.join(d, "libgomp.so.1")

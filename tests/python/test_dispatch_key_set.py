@@ -323,7 +323,7 @@ def test_without_torch_flag_a_set_with_python_keys_fails_closed() -> None:
 
 def test_the_python_predicate_without_torch_flag_fails_closed() -> None:
     """The importer's Python form (the path without the adapter) decides the same way."""
-    from tripwire.torch._rules import DispatchKeySetMatch, _applied_keys
+    from tripwire.torch._torch_leaves import DispatchKeySetMatch, _applied_keys
 
     match = DispatchKeySetMatch(_applied_keys(torch, KS))
     with_python = KS.add(DK.Python)

@@ -285,8 +285,6 @@ def test_guards_of_float_input_nan_follows_the_python_path() -> None:
 def test_guards_of_shape_text_outside_the_syntax_falls_back_to_torch() -> None:
     """A shape lambda with a part tripwire cannot parse is left whole to torch's own object
     (fallback="torch": exact) or reported (fallback="refuse"): never partly imported."""
-    from tripwire.torch import _rules
-
     real = tw.shapes.relations_from_torch
 
     def refuse_one(part: str):
@@ -299,12 +297,12 @@ def test_guards_of_shape_text_outside_the_syntax_falls_back_to_torch() -> None:
     torch._dynamo.reset()
     torch.compile(fn, backend="eager", dynamic=True)(**example)
     try:
-        _rules.shapes.relations_from_torch = refuse_one
+        tw.shapes.relations_from_torch = refuse_one
         imported = tw.torch.guards_of(fn)
         with pytest.raises(tw.GuardsNotImportable, match="SHAPE_ENV"):
             tw.torch.guards_of(fn, fallback="refuse")
     finally:
-        _rules.shapes.relations_from_torch = real
+        tw.shapes.relations_from_torch = real
     rec = [g for g in imported.torch_import.guards if g.kind == "SHAPE_ENV"]
     assert rec[0].outcome == "torch" and "syntax" in rec[0].why
     by_index = {g.index: g for g in imported.guards}

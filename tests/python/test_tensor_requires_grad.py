@@ -1,7 +1,7 @@
 """requires_grad as TENSOR_MATCH reads it.
 
 The torch adapter reads a tensor's requires_grad through torch's own TensorImpl::requires_grad()
-(cpp/adapters/torch/torch_adapter.cpp), which asks the impl's autograd meta (a view's
+(cpp/adapters/torch/tensors.cpp), which asks the impl's autograd meta (a view's
 DifferentiableViewMeta also asks the view's base). These tests pin that TENSOR_MATCH decides as
 torch does on every kind of meta, read anew on every check: flipped after
 the guard was built (both ways, on a Tensor and a Parameter), a non-leaf (requires_grad through

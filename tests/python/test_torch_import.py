@@ -1069,12 +1069,12 @@ def test_equals_on_a_constant_printed_by_name_is_an_identity_guard():
 
 
 def test_a_constant_printed_by_name_is_identity_only_where_torch_is():
-    from tripwire.torch import _rules
+    from tripwire.torch import _leaves
 
     everything = lambda v: True
-    assert _rules._identity_constant("v == torch.float32", everything) is torch.float32
-    assert _rules._identity_constant("v == torch.strided", everything) is torch.strided
-    assert _rules._identity_constant("v == torch.nn.Module", everything) is nn.Module  # a class: type's ==
+    assert _leaves._identity_constant("v == torch.float32", everything) is torch.float32
+    assert _leaves._identity_constant("v == torch.strided", everything) is torch.strided
+    assert _leaves._identity_constant("v == torch.nn.Module", everything) is nn.Module  # a class: type's ==
     refused = [
         "v == math.pi",  # float: == is value equality, not identity
         "v == torch.no_such_name",  # not in the module's dict
@@ -1085,20 +1085,20 @@ def test_a_constant_printed_by_name_is_identity_only_where_torch_is():
     import math  # noqa: F401 - loaded, so "math.pi" resolves and is refused by its type
 
     for code in refused:
-        with pytest.raises((_rules._Fallback, ValueError)):
-            _rules._identity_constant(code, everything)
+        with pytest.raises((_leaves._Fallback, ValueError)):
+            _leaves._identity_constant(code, everything)
     # An enum member: its class is mutable (a later `__eq__` assignment would change torch's answer).
     ns = types.ModuleType("tw_test_enum_mod")
     ns.RED = enum.Enum("Color", "RED BLUE").RED
     sys.modules["tw_test_enum_mod"] = ns
     try:
-        with pytest.raises(_rules._Fallback, match="not identity on an immutable type"):
-            _rules._identity_constant("v == tw_test_enum_mod.RED", everything)
+        with pytest.raises(_leaves._Fallback, match="not identity on an immutable type"):
+            _leaves._identity_constant("v == tw_test_enum_mod.RED", everything)
     finally:
         del sys.modules["tw_test_enum_mod"]
     # torch's own leaf must accept the object found.
-    with pytest.raises(_rules._Fallback):
-        _rules._identity_constant("v == torch.float32", lambda v: False)
+    with pytest.raises(_leaves._Fallback):
+        _leaves._identity_constant("v == torch.float32", lambda v: False)
 
 
 def test_fallback_refuse_imports_a_convnet_with_nothing_left_to_torch():

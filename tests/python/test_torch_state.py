@@ -401,7 +401,7 @@ def test_context_fields_changed_from_cpp_setters_fail() -> None:
 
 def test_autocast_cache_flag_is_read_where_torch_keeps_it() -> None:
     """The adapter reads at::autocast's cache flag from this thread's TLS block of libtorch_cpu at
-    the place it found by flipping the flag with torch's setter at load (torch_adapter.cpp,
+    the place it found by flipping the flag with torch's setter at load (global_state.cpp,
     AutocastCacheFlag); a set decides by the flag on this thread, flipped by torch's setter, as
     torch's GlobalStateGuard does (other threads: test_each_thread_reads_its_own_thread_locals)."""
     if not tw._core.torch_adapter_installed():

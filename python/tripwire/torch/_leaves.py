@@ -1,0 +1,210 @@
+"""Torch leaf guards on Python values -> tripwire guard kinds: one ``leaf_*`` method per leaf kind
+(``_rules.LEAF_RULES`` maps the kinds to them), each reading torch's printed parameters, checking
+them against torch's own leaf object where they could be misread, and emitting the tripwire kind
+that decides exactly as torch does; else it raises :class:`_Fallback` with why not. The tensor
+and torch-state leaves are ``_torch_leaves``'s."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+from .. import _core
+from ..catalogue import GuardKind
+from ._convert import ConverterBase, _Fallback, _Node
+from ._printed import call_args, has_nan, id_in, literal, n_from_len, parse, rhs_literal
+
+_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+_DICT_LEN_TYPES = (dict, collections.OrderedDict, collections.defaultdict)  # len() is dict's own
+
+
+def _identity_constant(code: str, leaf: Any) -> Any:
+    """The constant of torch's ``X == a.b.c`` when torch's EQUALS_MATCH on it is ``v is c``.
+
+    torch's check is ``v is c or (type(v) is type(c) and v == c)``. For an instance of an
+    immutable type (no class attribute can be assigned later) that inherits object's ``==``
+    (``torch.dtype``, ``torch.layout``, ``torch.memory_format``), ``v == c`` of the same type is
+    ``v is c``. The printed name is resolved through the module dicts of ``sys.modules`` only (no
+    getattr, nothing runs), and torch's own leaf must accept the object found: by identity
+    equality, that is torch's constant itself."""
+    tree = parse(code)
+    if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.ops[0], ast.Eq)):
+        raise ValueError(f"not a comparison: {code}")
+    names: list[str] = []
+    rhs = tree.comparators[0]
+    while isinstance(rhs, ast.Attribute):
+        names.append(rhs.attr)
+        rhs = rhs.value
+    if not isinstance(rhs, ast.Name) or not names:
+        raise _Fallback("the printed constant is neither a literal nor a module attribute")
+    obj: Any = sys.modules.get(rhs.id)
+    for name in reversed(names):
+        if type(obj) is not types.ModuleType:
+            raise _Fallback(f"the printed constant's {rhs.id!r} is not a loaded module")
+        obj = vars(obj).get(name, _MISSING)
+        if obj is _MISSING:
+            raise _Fallback(f"the printed constant's {name!r} is not in its module's dict")
+    t = type(obj)
+    if not (type(t) is type and t.__flags__ & _IMMUTABLETYPE and t.__eq__ is _OBJECT_EQ):
+        raise _Fallback(f"a {t.__name__} constant (its == is not identity on an immutable type)")
+    if leaf(obj) is not True:
+        raise _Fallback("the object the printed name resolves to does not pass torch's own guard")
+    return obj
+
+
+_MISSING = object()
+_OBJECT_EQ: Any = object.__eq__
+_IMMUTABLETYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: a static or immutable type, no attribute assignment
+
+
+def _simple_rule(kind: GuardKind) -> Callable[..., tuple[list[int], str]]:
+    """A leaf guard with no parameters that is the tripwire kind of the same meaning."""
+
+    def rule(self: LeafRules, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        return [self.spec(kind, self._src(node), (), site)], ""
+
+    return rule
+
+
+def _looser_example(c: Any) -> Any:
+    """A value torch's Python == accepts for c that tripwire's type-exact EQUALS does not."""
+
+    def loosen(x: Any) -> Any:
+        if type(x) is int:
+            return float(x)
+        if type(x) is tuple:
+            return tuple(loosen(e) for e in x)
+        if type(x) is list:
+            return [loosen(e) for e in x]
+        return x
+
+    return loosen(c)
+
+
+class LeafRules(ConverterBase):
+    """The leaf rules of the converter for Python values (leaf guard -> guard kind)."""
+
+    def leaf_type_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        t = self.ids.get(id_in(code, ("___check_type_id",), node.torch.source))
+        if not isinstance(t, type):
+            raise _Fallback("torch's expected type is not reachable (no live object for its id)")
+        return [self.spec(GuardKind.TYPE_MATCH, self._src(node), (t,), site)], ""
+
+    def leaf_id_match(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        i = id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)
+        if i not in self.ids:
+            raise _Fallback(
+                "torch's object is not reachable (not weakly referenceable, so torch keeps no record of it)"
+            )
+        return [self.spec(GuardKind.ID_MATCH, self._src(node), (self.ids[i],), site)], ""
+
+    leaf_none = _simple_rule(GuardKind.NONE)
+    leaf_not_none = _simple_rule(GuardKind.NOT_NONE)
+    leaf_true = _simple_rule(GuardKind.TRUE)
+    leaf_false = _simple_rule(GuardKind.FALSE)
+
+    def leaf_equals(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        src = self._src(node)
+        try:
+            c = rhs_literal(code)
+        except ValueError:
+            # `X == torch.bool`: a constant printed by name. Where its == is identity, torch's
+            # guard is `v is c`, which is tripwire's ID_MATCH.
+            return [self.spec(GuardKind.ID_MATCH, src, (_identity_constant(code, leaf),), site)], ""
+        # The parsed constant must be one torch's own guard accepts (type-exact and ==).
+        if leaf(c) is not True:
+            raise _Fallback(f"the printed constant {c!r} does not pass torch's own guard")
+        if type(c) in _SCALARS and not has_nan(c) and type(c) is not bool:
+            # torch: v is c or (type(v) is type(c) and v == c). For these exact builtin types ==
+            # is value equality, so this is tripwire's EQUALS_MATCH (also type-exact). A parsed
+            # string is interned: the values it meets are often the interned literal itself, and
+            # identity is the comparison's fast path (torch holds the example's own object).
+            if type(c) is str:
+                c = sys.intern(c)
+            return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], ""
+        if type(c) in (tuple, list, set, frozenset, dict) and not has_nan(c) and _core.is_constant(c):
+            if self.equals == "strict":
+                return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], (
+                    "stricter (equals='strict'): tripwire compares the elements type-exactly, torch with "
+                    f"Python == (torch also accepts e.g. {_looser_example(c)!r})"
+                )
+            # torch: v is c or (type(v) is type(c) and v == c), Python's == on the elements
+            # (True == 1, an element's own __eq__). EQUALS_MATCH with python_eq is exactly that,
+            # decided without user code where the interpreter's comparisons decide it. A parsed
+            # NaN is excluded above: torch's held NaN object equals itself by identity, ours is
+            # another object.
+            return [self.spec(GuardKind.EQUALS_MATCH, src, (c, True), site)], ""
+        raise _Fallback(f"a {type(c).__name__} constant")
+
+    def leaf_float_is_nan(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        # torch: type(v) is float and isnan(v); tripwire's EQUALS_MATCH(nan) is exactly that.
+        return [self.spec(GuardKind.EQUALS_MATCH, self._src(node), (float("nan"),), site)], ""
+
+    def leaf_length(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        n = n_from_len(code)
+        t = node.exact_type
+        # torch: PySequence_Length(v) == n (sq_length only). tripwire's LENGTH reads list/tuple
+        # sizes and otherwise calls len(), which tries sq_length first: the same for sequences.
+        if t is None or not issubclass(t, (list, tuple)):
+            raise _Fallback(
+                "torch's PySequence_Length differs from len() on values that are not known lists/tuples"
+            )
+        return [self.spec(GuardKind.LENGTH, self._src(node), (n,), site)], ""
+
+    def leaf_dict_length(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        n = n_from_len(code)
+        src = self._src(node)
+        if n == 0:
+            # torch: isinstance(v, dict) and PyDict_Size(v) == 0; DICT_KEYS(()) reads the storage.
+            return [self.spec(GuardKind.DICT_KEYS, src, ((), True), site)], ""
+        if node.exact_type in _DICT_LEN_TYPES:
+            return [self.spec(GuardKind.LENGTH, src, (n,), site)], ""
+        raise _Fallback("torch reads the dict's storage size; len() may call an overridden __len__")
+
+    def leaf_dict_contains(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        tree = parse(code)
+        present = not (isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.Not))
+        args = call_args(code, ("___dict_contains",))
+        key = literal(args[0])
+        # Check the parsed key and sense against torch's own guard.
+        if leaf({key: None}) is not present or leaf({}) is present:
+            raise _Fallback("the printed key does not reproduce torch's guard")
+        src = self._src(node)
+        if not present and not node.is_dict:
+            raise _Fallback("torch's 'not in' passes any non-dict; tripwire's DICT_CONTAINS fails it")
+        return [self.spec(GuardKind.DICT_CONTAINS, src, (key, present), site)], ""
+
+    def leaf_dict_version(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        if sys.version_info >= (3, 12):
+            raise _Fallback("torch's dict versions on 3.12+ come from its own watcher")
+        if node.torch.example_type is not dict:
+            raise _Fallback("tripwire's DICT_VERSION needs an exact dict")
+        tag = rhs_literal(code)
+        if type(tag) is not int:
+            raise ValueError(code)
+        # 3.11: both read ma_version_tag (PEP 509, a global counter): equal tags, same dict, unchanged.
+        return [self.spec(GuardKind.DICT_VERSION, self._src(node), (tag,), site)], ""
+
+    def leaf_tuple_iterator_len(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        n = rhs_literal(code)
+        if type(n) is not int:
+            raise ValueError(code)
+        return [self.spec(GuardKind.TUPLE_ITERATOR_LEN, self._src(node), (n,), site)], ""
+
+    def leaf_range_iterator(
+        self, node: _Node, leaf: Any, code: str, site: str | None
+    ) -> tuple[list[int], str]:
+        start, stop, step = rhs_literal(code)
+        if len(range(start, stop, step)) < 2:
+            # torch compares (start, stop, step) of the rest literally; range equality (tripwire)
+            # ignores them for 0 or 1 items left.
+            raise _Fallback("torch compares start/stop/step even with fewer than 2 items left")
+        return [self.spec(GuardKind.RANGE_ITERATOR, self._src(node), (start, stop, step), site)], ""
