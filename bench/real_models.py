@@ -1,8 +1,9 @@
 """Guard sets of real torch.compile'd models: tripwire's import of them against torch itself.
 
 The guards come from torch's own guard tree: each workload compiles a real ``nn.Module`` (or a
-function) with ``torch.compile(backend="eager", dynamic=False)``, and ``tripwire.torch.guards_of``
-imports the cache entry whole: TENSOR_MATCH, the dimension markings, NO_TENSOR_ALIASING, the
+function) with ``torch.compile(backend="eager", dynamic=False)`` (``marked``: an input under
+``mark_dynamic``; ``dynamic``: ``dynamic=True``), and ``tripwire.torch.guards_of`` imports the
+cache entry whole: TENSOR_MATCH, the dimension markings, SHAPE relations, NO_TENSOR_ALIASING, the
 ``a is b`` lambda and torch's framework-state guards map onto tripwire's kinds (the saved-tensor
 hooks lambda and Python lambdas call torch's own leaf; ``tripwire.torch.PENDING_KINDS`` holds only
 the tensor-property accessors, which these models do not reach). One run compares, on the same
@@ -53,7 +54,7 @@ from contenders import Contender, fmt_ns, measure, ratio_columns, table  # noqa:
 # not import: none since the tensor engine (issue 9), so the filter keeps everything and
 # torch-same holds torch's whole set.
 TORCH_PENDING_GUARD_TYPES: frozenset[str] = frozenset()
-WORKLOAD_NAMES = ("gpt", "cnn", "config", "lstm", "encoder", "hooked")
+WORKLOAD_NAMES = ("gpt", "cnn", "config", "lstm", "encoder", "hooked", "marked", "dynamic")
 
 
 # =================================================================================================
@@ -127,6 +128,7 @@ class Workload:
     fail: Callable[[dict], dict]  # a failing variant of the passing locals (one value changed late)
     results: dict = field(default_factory=dict)
     dynamo_config: dict = field(default_factory=dict)  # torch._dynamo.config while compiling
+    dynamic: bool | None = False  # torch.compile's `dynamic`
 
 
 def build(name: str) -> Workload:
@@ -238,6 +240,26 @@ def build(name: str) -> Workload:
             (x,),
             fail,
         )
+    if name in ("marked", "dynamic"):
+        # A small model with a dynamic batch: `mark_dynamic` on the input's first dimension, or
+        # `dynamic=True` (every input dimension a symbol, the parameters static). Its guards are
+        # mostly the fixed cost: torch's ambient state, the tensors, the SHAPE relations.
+        model = m.SmallMLP(d=32, hidden=64, out=8)
+        x = torch.randn(4, 32)
+        if name == "marked":
+            torch._dynamo.mark_dynamic(x, 0)
+
+            def fail(L: dict) -> dict:
+                return {**L, "x": torch.randn(1, 32)}  # a batch of 1: torch specializes 0 and 1
+
+            title = "two Linears and a ReLU, the input under torch._dynamo.mark_dynamic(x, 0)"
+        else:
+
+            def fail(L: dict) -> dict:
+                return {**L, "x": torch.randn(4, 33)}  # breaks the Linear's size relation
+
+            title = "two Linears and a ReLU compiled with dynamic=True"
+        return Workload(name, title, model, (x,), fail, dynamic=None if name == "marked" else True)
     raise ValueError(name)
 
 
@@ -280,7 +302,7 @@ def prepare(
     target = resolve_target(w.obj)
     t0 = time.perf_counter()
     with torch._dynamo.config.patch(**w.dynamo_config):
-        torch.compile(w.obj, backend="eager", dynamic=False)(*w.args)
+        torch.compile(w.obj, backend="eager", dynamic=w.dynamic)(*w.args)
     compile_all = time.perf_counter() - t0
     gs = twt.guards_of(w.obj, drop=twt.PENDING_KINDS)
     gs_strict = twt.guards_of(w.obj, drop=twt.PENDING_KINDS, equals="strict")
@@ -292,7 +314,7 @@ def prepare(
     # entry 0 (LRU order); importing it must need no drop= and give the same guards.
     with torch._dynamo.config.patch(**w.dynamo_config):
         torch.compile(
-            w.obj, backend=_eager_again, dynamic=False, options={"guard_filter_fn": _filter_pending}
+            w.obj, backend=_eager_again, dynamic=w.dynamic, options={"guard_filter_fn": _filter_pending}
         )(*w.args)
     entries = _debug_get_cache_entry_list(target.code)
     assert len(entries) == 2 and entries[1].guard_manager is gm_all

@@ -202,6 +202,18 @@ class Hooked(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
+class SmallMLP(nn.Module):
+    """Two Linears and a ReLU: a set that is mostly torch's fixed cost (ambient state, tensors)."""
+
+    def __init__(self, d: int = 32, hidden: int = 64, out: int = 8) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, hidden)
+        self.fc2 = nn.Linear(hidden, out)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
 class ModulesLoop(nn.Module):
     """``self.modules()`` inside forward: torch guards ``nn.Module.modules``'s defaults through the
     MRO (``dict(type(X).__mro__[1].__dict__)['modules'].__defaults__``)."""

@@ -482,6 +482,39 @@ def test_a_module_subclass_getattr_hook_answers_as_getattr(what: str, mutate: An
         assert _HOOK_CALLS == python_calls, what
 
 
+class _CallableHook:
+    """A class `__getattr__` that is no function: no __get__, so CPython calls it unbound, with
+    the name only."""
+
+    def __call__(self, name: str) -> Any:
+        _HOOK_CALLS.append(f"callable.{name}")
+        if name == "lstm":
+            return len
+        raise AttributeError(name)
+
+
+def test_a_module_subclass_getattr_hook_that_is_not_a_function() -> None:
+    """The engine calls a plain-function hook with (module, name) directly and any other hook as
+    CPython's call_attribute does (bound through its __get__, if any): both answer as getattr."""
+    sub = type("CallableHooked", (types.ModuleType,), {"__getattr__": _CallableHook()})("callable_vf")
+    b = tw.GuardBuilder({}, f_globals={"vf": sub})
+    b.id_match("G['vf'].lstm", len)
+    gs = b.build()
+    b2 = tw.GuardBuilder({}, f_globals={"vf": sub})
+    b2.id_match("G['vf'].gru", None)
+    with pytest.raises(tw.GuardBuildError):
+        b2.build()  # getattr raises AttributeError: the source is missing on the example
+    for _ in range(3):
+        _HOOK_CALLS.clear()
+        assert gs.check({}) is True
+        assert _HOOK_CALLS == ["callable.lstm"]
+    type(sub).__getattr__ = _CallableHook.__call__.__get__(_CallableHook())  # a bound method
+    _HOOK_CALLS.clear()
+    assert gs.check({}) is (getattr(sub, "lstm") is len) is True
+    type(sub).__getattr__ = staticmethod(lambda name: abs)
+    assert gs.check({}) is (getattr(sub, "lstm") is len) is False
+
+
 def test_a_module_subclass_getattr_hook_error_and_class_attribute() -> None:
     m = _hook_module()
     b = tw.GuardBuilder({}, f_globals={"vf": m})

@@ -862,6 +862,17 @@ def test_code_step() -> None:
     fails(gs, {"f": _fn_with_defaults}, "L['f'].__code__", "ID_MATCH")
     fails(gs, {"f": 1}, "L['f'].__code__", "ID_MATCH")
 
+    class AnswersCode:  # not a function: its own getattr answers `__code__` (user code)
+        def __init__(self, code: Any) -> None:
+            self.code = code
+
+        @property
+        def __code__(self) -> Any:
+            return self.code
+
+    passes(gs, {"f": AnswersCode(f.__code__)})
+    fails(gs, {"f": AnswersCode(_fn_with_defaults.__code__)}, "L['f'].__code__", "ID_MATCH")
+
 
 def test_closure_cell_step() -> None:
     f = _make_adder(1)

@@ -15,7 +15,7 @@ import pytest
 import gc_stress
 import reference
 import tripwire as tw
-from engine_switches import assert_passes_on_the_fast_pass, python_readers
+from engine_switches import assert_passes_on_the_fast_pass, fast_pass, python_readers
 from tripwire import _core
 
 torch = pytest.importorskip("torch")
@@ -459,3 +459,35 @@ def test_each_thread_reads_its_own_thread_locals() -> None:
             assert no_grad_set.check({})
     # at least one thread passed and one failed each set: the comparison above was not vacuous
     assert {s[0] for s in seen} == {True, False} and {s[2] for s in seen} == {True, False}
+
+
+@pytest.mark.parametrize(
+    "probe, state",
+    [
+        ("torch_function_mode_stack", "mode_a"),
+        ("torch_function_mode_stack", "device_context_meta"),
+        ("torch_default_device", "default_device_meta"),
+        ("torch_default_device", "device_context_meta"),
+        ("torch_default_device", "mode_a"),
+    ],
+)
+def test_the_empty_mode_stack_and_no_default_device_are_read_in_the_fast_pass(probe: str, state: str) -> None:
+    """Snapshots taken with no torch-function mode and no default device (every compile outside
+    such a context) have their own fast-pass reads: a passing check decides them without a
+    residue, and a mode or device set since fails, as torch and the reference decide, in the fast
+    pass and in the walk."""
+    with STATES["nothing"]():
+        theirs = torch_verdicts()
+        b = tw.GuardBuilder({})
+        b.global_state(probe)
+        gs = b.build()
+        assert_passes_on_the_fast_pass(gs, {})
+    with STATES[state]():
+        want = theirs()[PROBES.index(probe)]
+        for on in (True, False):
+            with fast_pass(on):
+                assert gs.check({}) == want == reference.check(gs.guards, {}), (probe, state, on)
+    # A mode on the stack, or a default device set, is a change these guards catch.
+    assert want is (state == "mode_a" and probe == "torch_default_device") or state == "device_context_meta"
+    with STATES["nothing"]():
+        assert_passes_on_the_fast_pass(gs, {})

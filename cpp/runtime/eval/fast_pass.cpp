@@ -189,15 +189,15 @@ bool probe_holds(const RuntimeGuard& g) {
 [[gnu::noinline]] bool relation_in_registers(const RuntimeGuard& g, PyObject* const* regs,
                                              const std::uint32_t* nodes, std::size_t n) {
     // The common cases without the per-thread buffers (two thread-local lookups per guard): an
-    // ALIAS pair (`a is b`, as torch's OBJECT_ALIASING), a small NO_ALIAS compared pairwise.
+    // ALIAS pair (`a is b`, as torch's OBJECT_ALIASING), a NO_ALIAS of up to kStackDistinct
+    // sources (torch's NO_TENSOR_ALIASING over a model's tensors), its values gathered on the
+    // stack.
     if (g.kind == core::GuardKind::Alias) return n == 2 && regs[nodes[0]] == regs[nodes[1]];
-    if (g.kind == core::GuardKind::NoAlias && n <= kPairwiseLimit) {
-        for (std::size_t i = 1; i < n; ++i) {
-            for (std::size_t j = 0; j < i; ++j) {
-                if (regs[nodes[i]] == regs[nodes[j]]) return false;
-            }
-        }
-        return true;
+    if (g.kind == core::GuardKind::NoAlias && n <= kStackDistinct) {
+        PyObject* local[kStackDistinct];
+        for (std::size_t i = 0; i < n; ++i) local[i] = regs[nodes[i]];
+        std::vector<PyObject*> unused;  // all_distinct reaches for it beyond kStackDistinct only
+        return all_distinct(local, n, unused);
     }
     thread_local std::vector<PyObject*> values, sorted;
     values.resize(n);
@@ -440,12 +440,16 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // Local copies: stores through the registers could alias the members for the compiler.
         NodeRt* const nodes = nodes_.data();
         const RuntimeGuard* const guards = guards_.data();
+        // The claims too (settled fetches and stamps read one each): the memo vectors are rebuilt
+        // only with the program, which active_ excludes while it runs.
+        FetchMemo* const fetch_memos = fetch_memos_.data();
+        StateMemo* const state_memos = state_memos_.data();
         // The skip (docs/cpp.md, "Skipping unchanged subtrees"). A fetch whose parent's dict is in
         // the state of this node's claim reads the claimed value: the same live object (the dict
         // holds it), on which the identity-implied guards that follow held.
-        auto settled = [this, r, tags, &skipped](const FastOp& op) {
+        auto settled = [fetch_memos, r, tags, &skipped](const FastOp& op) {
             const std::uint64_t t = tags[op.parent];
-            const FetchMemo& m = fetch_memos_[op.memo];
+            const FetchMemo& m = fetch_memos[op.memo];
             if (t == 0 || t != m.parent_tag) return false;
             r[op.node] = m.value;
             skipped += op.jumped;
@@ -454,10 +458,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // After a fetch from the dict the tag was read from, with no user code since: claim the
         // value. Made before the identity-implied guards run (out of line, at op.jump); fail()
         // withdraws it if one fails.
-        auto claim = [this, tags](const FastOp& op, PyObject* v) {
+        auto claim = [fetch_memos, tags](const FastOp& op, PyObject* v) {
             const std::uint64_t t = tags[op.parent];
             if (t == 0) return;
-            FetchMemo& m = fetch_memos_[op.memo];
+            FetchMemo& m = fetch_memos[op.memo];
             m.parent_tag = t;
             m.value = v;
         };
@@ -564,6 +568,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_FetchDictItem,
                                           &&op_FetchDict,
                                           &&op_FetchFunction,
+                                          &&op_FetchCode,
                                           &&op_FetchPure,
                                           &&op_SettleAttr,
                                           &&op_SettleItem,
@@ -586,6 +591,8 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_BuiltinProbe,
                                           &&op_TorchGlobalState,
                                           &&op_TorchNoSavedHooks,
+                                          &&op_TorchNoModes,
+                                          &&op_TorchNoDevice,
                                           &&op_Stamp,
                                           &&op_StampGlobals,
                                           &&op_LeafRun,
@@ -739,6 +746,22 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                 break;
             }
             r[op.node] = f.value;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchCode:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // A function's code object (never null: its setter refuses deletion), borrowed; anything
+            // else answering `__code__` runs its own getattr (the walk's fetch).
+            PyObject* p = r[op.parent];
+            if (!PyFunction_Check(p)) {
+                next = ops + slow_subtree(ps, op);
+                break;
+            }
+            r[op.node] = PyFunction_GET_CODE(p);
             break;
         } while (false);
         opp = next;
@@ -934,6 +957,30 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         } while (false);
         opp = next;
         TW_DISPATCH();
+    op_TorchNoModes:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // An empty stack holds (the snapshot is ()); anything else goes the probe's way.
+            if (torch_adapter()->function_mode_stack_len() != 0 && !probe_holds_cold(guards[op.guard]) &&
+                !slow_ambient(ps, op))
+                next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_TorchNoDevice:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // No default device holds (the snapshot is None); a device, or a namespace that cannot
+            // be read without user code, goes the probe's way.
+            if (!torch_default_device_none() && !probe_holds_cold(guards[op.guard]) && !slow_ambient(ps, op))
+                next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
     op_Stamp:
         do {
             const FastOp& op = *opp;
@@ -946,7 +993,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                 next = ops + op.jump;  // no tag: the state-implied guards are evaluated
                 break;
             }
-            StateMemo& m = state_memos_[op.memo];
+            StateMemo& m = state_memos[op.memo];
             if (t == m.tag) {
                 skipped += op.jumped;  // this state was proved: its state-implied guards hold
                 break;
@@ -975,7 +1022,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // user code since): every child of the run yields the value it yielded then, on which
             // all its guards (identity-implied) held. Nothing later reads their registers.
             const std::uint64_t t = tags[op.node];
-            if (t != 0 && t == state_memos_[op.memo].run_tag) {
+            if (t != 0 && t == state_memos[op.memo].run_tag) {
                 skipped += op.jumped;
                 next = ops + op.jump;
             }
@@ -991,7 +1038,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // residue below the node forgets the tags of its path, this node's included), so each
             // child of the run was settled or fetched under this tag and passed all its guards.
             const std::uint64_t t = tags[op.node];
-            if (t != 0) state_memos_[op.memo].run_tag = t;
+            if (t != 0) state_memos[op.memo].run_tag = t;
             break;
         } while (false);
         opp = next;

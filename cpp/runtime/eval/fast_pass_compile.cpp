@@ -166,6 +166,12 @@ void GuardSet::build_fast_pass() {
             } else if (g.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchSavedTensorsHooks) &&
                        g.b == Py_None) {
                 op.code = Code::TorchNoSavedHooks;  // the common case: an empty hooks stack
+            } else if (g.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchFunctionModeStack) &&
+                       g.b != nullptr && PyTuple_CheckExact(g.b) && PyTuple_GET_SIZE(g.b) == 0) {
+                op.code = Code::TorchNoModes;  // the common case: no torch-function mode
+            } else if (g.n == static_cast<std::int64_t>(core::BuiltinProbe::TorchDefaultDevice) &&
+                       g.b == Py_None) {
+                op.code = Code::TorchNoDevice;  // the common case: no default device set
             }
             ++fast_guards_;
         } else {
@@ -367,7 +373,7 @@ void GuardSet::build_fast_pass() {
                 case core::StepKind::DictItem: op.code = Code::FetchDictItem; break;
                 // Only an instance dict that already exists (creating one allocates).
                 case core::StepKind::Dict: op.code = Code::FetchDict; break;
-                case core::StepKind::Code:
+                case core::StepKind::Code: op.code = Code::FetchCode; break;
                 case core::StepKind::Defaults:
                 case core::StepKind::KwDefaults:
                 case core::StepKind::ClosureCell: op.code = Code::FetchFunction; break;

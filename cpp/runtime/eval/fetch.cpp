@@ -135,19 +135,27 @@ bool module_hook_getattr(PyObject* obj, PyObject* name, Fetched* out) {
         return false;
     }
     // call_attribute: the class's __getattr__ bound to obj, called with the name. Held across
-    // the call: the user code may delete it from the class.
+    // the call: the user code may delete it from the class. A plain function (torch._VF's) binds
+    // to a method that calls it with (obj, name): called so directly, without the method object
+    // (an allocation and a second call per check; the callee sees the same arguments).
     Py_INCREF(hook);
-    PyObject* bound = nullptr;
-    if (descrgetfunc get = Py_TYPE(hook)->tp_descr_get) {
-        bound = get(hook, obj, reinterpret_cast<PyObject*>(tp));
-        if (bound == nullptr) {
-            Py_DECREF(hook);
-            *out = error();
-            return true;
+    PyObject* v = nullptr;
+    if (PyFunction_Check(hook)) {
+        PyObject* args[2] = {obj, name};
+        v = PyObject_Vectorcall(hook, args, 2, nullptr);
+    } else {
+        PyObject* bound = nullptr;
+        if (descrgetfunc get = Py_TYPE(hook)->tp_descr_get) {
+            bound = get(hook, obj, reinterpret_cast<PyObject*>(tp));
+            if (bound == nullptr) {
+                Py_DECREF(hook);
+                *out = error();
+                return true;
+            }
         }
+        v = PyObject_CallOneArg(bound != nullptr ? bound : hook, name);
+        Py_XDECREF(bound);
     }
-    PyObject* v = PyObject_CallOneArg(bound != nullptr ? bound : hook, name);
-    Py_XDECREF(bound);
     Py_DECREF(hook);
     if (v != nullptr) {
         *out = ok_owned(v);

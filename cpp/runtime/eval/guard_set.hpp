@@ -216,7 +216,8 @@ class GuardSet {
             FetchItem,
             FetchDictItem,
             FetchDict,
-            FetchFunction,  // __code__, __defaults__[i], __kwdefaults__[k], __closure__[i] of a function
+            FetchFunction,  // __defaults__[i], __kwdefaults__[k], __closure__[i] of a function
+            FetchCode,      // __code__ of a function (torch guards one per function it inlined)
             FetchPure,      // type, weakref target, dict key/value by position
             // The same fetches by a settling step (the skip): a value settled by its claim goes
             // on to the next op; one fetched is claimed and goes to `jump`, the node's
@@ -246,6 +247,8 @@ class GuardSet {
             BuiltinProbe,       // ambient GLOBAL_STATE on a built-in probe
             TorchGlobalState,   // ... on torch's global state, bound through the adapter: `a` is g.derived
             TorchNoSavedHooks,  // ... on torch's saved-tensor hooks, snapshot None, through the adapter
+            TorchNoModes,       // ... on torch's function-mode stack, snapshot (), through the adapter
+            TorchNoDevice,      // ... on torch's default device, snapshot None
             // The skip: read the version tag of regs[node] (an exact dict, or an exact module's
             // dict) into the node's tag slot; equal to its claim: go on to the next op, its
             // state-implied guards proved; else claim and go to `jump`, those guards out of line

@@ -1,6 +1,7 @@
 // tripwire/cpp/runtime/eval/relational.cpp -- ALIAS and NO_ALIAS decisions.
 #include "runtime/eval/relational.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "runtime/tensors/readers.hpp"
@@ -37,6 +38,10 @@ bool relation_holds(core::GuardKind kind, PyObject* const* values, std::size_t n
                     std::vector<PyObject*>& scratch, std::int64_t n_overlapping) {
     if (kind == core::GuardKind::Alias) return n == 2 && values[0] == values[1];
     if (kind == core::GuardKind::StorageOverlapping) return storage_overlap_holds(values, n, n_overlapping);
+    return all_distinct(values, n, scratch);
+}
+
+bool all_distinct(PyObject* const* values, std::size_t n, std::vector<PyObject*>& scratch) {
     if (n <= kPairwiseLimit) {
         for (std::size_t i = 1; i < n; ++i) {
             for (std::size_t j = 0; j < i; ++j) {
@@ -45,23 +50,31 @@ bool relation_holds(core::GuardKind kind, PyObject* const* values, std::size_t n
         }
         return true;
     }
-    // An open-addressing set of pointers, at most half full: one probe sequence per value.
-    std::size_t cap = 64;
-    int shift = 58;
+    // An open-addressing set of pointers, at most half full: one probe sequence per value. Up to
+    // kStackDistinct values it lives on the stack (no per-thread buffer to reach).
+    PyObject* local[2 * kStackDistinct];
+    std::size_t cap = 16;
+    int shift = 60;
     while (cap < 2 * n) {
         cap <<= 1;
         --shift;
     }
-    scratch.assign(cap, nullptr);
+    PyObject** table = local;
+    if (cap > 2 * kStackDistinct) {
+        scratch.assign(cap, nullptr);
+        table = scratch.data();
+    } else {
+        std::fill(local, local + cap, nullptr);
+    }
     for (std::size_t i = 0; i < n; ++i) {
         PyObject* v = values[i];
         std::size_t h = static_cast<std::size_t>(
             (reinterpret_cast<std::uintptr_t>(v) >> 4) * 0x9E3779B97F4A7C15ULL >> shift);
-        while (scratch[h] != nullptr) {
-            if (scratch[h] == v) return false;
+        while (table[h] != nullptr) {
+            if (table[h] == v) return false;
             h = (h + 1) & (cap - 1);
         }
-        scratch[h] = v;
+        table[h] = v;
     }
     return true;
 }

@@ -337,6 +337,12 @@ bool torch_probe_pure(const RuntimeGuard& g) {
     return native_match(g) == 1;
 }
 
+bool torch_default_device_none() {
+    bool ok = false;
+    PyObject* cur = current_device(&ok);
+    return ok && cur == Py_None;
+}
+
 int torch_probe_matches(const RuntimeGuard& g) {
     if (!g.via_python) {
         const int r = native_match(g);

@@ -28,6 +28,9 @@ inline bool torch_global_state_holds(PyObject* compiled) {
     return torch_adapter()->global_state_matches(
                reinterpret_cast<const TwGlobalState*>(PyBytes_AS_STRING(compiled))) == 1;
 }
+/// The fast pass's form of the default-device probe with the snapshot None: true only when
+/// torch.utils._device.CURRENT_DEVICE reads None without user code.
+bool torch_default_device_none();
 /// The probe's current value as the engine reads it, for snapshots and diagnostics: a tuple of
 /// ints in core::torch_state's layout, a tuple of the modes' types, None or the device as a str.
 /// `native`: through the adapter (None when it is not installed), else the Python reader.
