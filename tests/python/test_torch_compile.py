@@ -249,6 +249,13 @@ def test_module_hooks_and_forward_changed_after_compiling_apply_as_under_torch_c
         finally:
             m._compiled_call_impl = None
         assert torch.equal(cm(x), m(x))
+        # A module whose __dict__ is replaced wholesale: the new one's hooks apply.
+        fresh = dict(m.__dict__)
+        fresh["_forward_hooks"] = {0: lambda mod, args, out: out * 0}
+        object.__setattr__(m, "__dict__", fresh)
+        assert torch.equal(cm(x), torch.zeros(2, 4)) and torch.equal(tm(x), torch.zeros(2, 4))
+        fresh["_forward_hooks"] = {}
+        assert torch.equal(cm(x), m(x))
         # Calls sent to torch.compile's wrapper get the module's arguments, not the module.
         with torch.compiler.set_stance("force_eager"):
             assert torch.equal(cm(x), m(x))

@@ -460,6 +460,7 @@ class OptimizedModule(_ef.OptimizedModule):
                 or d["_backward_hooks"]
                 or d.get("forward") is not scope
                 or _tracing_state() is not None
+                or self.__dict__ is not d  # replaced (object.__setattr__): the reads above were stale
             ):
                 raise KeyError
             call = (
@@ -473,6 +474,7 @@ class OptimizedModule(_ef.OptimizedModule):
                     or "forward" in od
                     or type(orig).forward is not forward
                     or orig._compiled_call_impl is not None
+                    or orig.__dict__ is not od
                 )
                 else scope
             )
