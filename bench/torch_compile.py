@@ -6,16 +6,20 @@
 Every contender computes the same outputs (checked before timing: torch.equal for eager and
 aot_eager backends). Each repeat times ``--calls`` calls of every contender, round-robin in a
 rotating order; the table gives per-call microseconds, min and median over the repeats, with the
-ratio to torch.compile. "graph" is the compiled graphs alone (the backend's callables, timed on
-the inputs they were compiled with), and "overhead" a route's time minus that floor: the target
-is tripwire's overhead at most 1/5 of torch.compile's.
+ratio to torch.compile. "graph" is the compiled graphs alone (what each ``__compiled_fn_*``
+wraps, called directly on the inputs it was compiled with), and "overhead" a route's time minus
+that floor (minus eager's time where Dynamo compiled no graph): the target is tripwire's overhead
+at most 1/5 of torch.compile's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -147,6 +151,22 @@ def _recording(backend: str, graphs: list[tuple[Any, list[Any]]]) -> Any:
     return record
 
 
+def _as_dynamo_calls(compiled: Any) -> Any:
+    """The callable Dynamo wraps in ``__compiled_fn_*`` for a backend's result. The eager backend
+    returns ``gm.forward`` before the graph module's lazy recompile, a ``_lazy_forward`` bound
+    method that recompiles if needed and then calls the module (``nn.Module.__call__``); Dynamo
+    forces the recompile and calls the generated ``forward`` instead (OutputGraph's
+    compile_and_call_fx_graph). Timing the backend's result as returned would put that module
+    call in the floor, which neither route runs, and understate every route's overhead."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    owner = getattr(compiled, "__self__", None)
+    if isinstance(owner, _LazyGraphModule) and getattr(compiled, "__name__", None) == "_lazy_forward":
+        _LazyGraphModule.force_recompile(owner)
+        return owner.forward
+    return compiled
+
+
 def _per_call(fn: Callable[[], Any], calls: int) -> float:
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -154,7 +174,19 @@ def _per_call(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def run_model(name: str, backend: str, repeats: int, calls: int) -> dict[str, list[float]]:
+CONTENDERS = (
+    "eager",
+    "torch.compile",
+    "torch.compile + skip_guard_eval_unsafe",
+    "tripwire.torch.compile",
+    "graph",
+)
+SKIP_GUARDS = CONTENDERS[2]
+
+
+def _routes(name: str, backend: str) -> tuple[dict[str, Callable[[], Any]], int]:
+    """One call of each contender (``SKIP_GUARDS``: of torch.compile, to be run under the stance),
+    after compiling and checking the outputs; and the number of graphs Dynamo compiled."""
     torch.manual_seed(0)
     model, inputs = MODELS[name]()
     args = inputs[0]
@@ -172,33 +204,90 @@ def run_model(name: str, backend: str, repeats: int, calls: int) -> dict[str, li
             )
             if not same:
                 raise AssertionError(f"{name}: a compiled route disagrees with eager")
-    floor_graphs = list(graphs)
+    floor_graphs = [(_as_dynamo_calls(g), ex) for g, ex in graphs]
 
     def graph_floor() -> None:
         for g, ex in floor_graphs:
             g(*ex)
 
-    def skip_guards() -> None:
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-            for _ in range(calls):
-                theirs(*args)
+    calls = dict(
+        zip(
+            CONTENDERS,
+            (
+                lambda: model(*args),
+                lambda: theirs(*args),
+                lambda: theirs(*args),
+                lambda: ours(*args),
+                graph_floor,
+            ),
+        )
+    )
+    return calls, len(floor_graphs)
 
-    contenders: dict[str, Callable[[], float]] = {
-        "eager": lambda: _per_call(lambda: model(*args), calls),
-        "torch.compile": lambda: _per_call(lambda: theirs(*args), calls),
-        "torch.compile + skip_guard_eval_unsafe": lambda: _timed_block(skip_guards, calls),
-        "tripwire.torch.compile": lambda: _per_call(lambda: ours(*args), calls),
-        "graph": lambda: _per_call(graph_floor, calls),
-    }
-    times: dict[str, list[float]] = {k: [] for k in contenders}
-    times["graph_count"] = [float(len(floor_graphs))] if floor_graphs else []
-    order = list(contenders)
+
+def _stance(key: str) -> Any:
+    if key == SKIP_GUARDS:
+        return torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+    return contextlib.nullcontext()
+
+
+def run_model(name: str, backend: str, repeats: int, calls: int) -> dict[str, list[float]]:
+    one, graph_count = _routes(name, backend)
+
+    def timed(key: str) -> float:
+        fn = one[key]
+        with _stance(key):  # once around the calls, as a user would set it
+            return _per_call(fn, calls)
+
+    times: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+    times["graph_count"] = [float(graph_count)] if graph_count else []
+    order = list(CONTENDERS)
     with torch.no_grad():
         for r in range(repeats):
             k = r % len(order)
             for key in order[k:] + order[:k]:
-                times[key].append(contenders[key]())
+                times[key].append(timed(key))
     return times
+
+
+INSTRUCTION_CALLS = (2, 12)
+"""Each contender runs these numbers of calls under callgrind: the difference of the two totals
+over the difference of the counts is its instructions per call (the fixed costs cancel)."""
+
+
+def _instructions_child(name: str, backend: str) -> None:
+    """Under callgrind (``--instr-atstart=no``): compile, then start the instrumentation and run
+    every contender ``INSTRUCTION_CALLS`` times through bench/floor.c's C loop (one dump each)."""
+    import floor_build
+
+    floor = floor_build.load()
+    one, _ = _routes(name, backend)
+    with torch.no_grad():
+        for key in CONTENDERS:
+            with _stance(key):
+                one[key]()
+        floor.start_instrumentation()
+        for key in CONTENDERS:
+            fn = one[key]
+            with _stance(key):
+                for n in INSTRUCTION_CALLS:
+                    floor.repeat_call(lambda _: fn(), None, n)
+
+
+def instructions(name: str, backend: str) -> dict[str, float] | None:
+    """Instructions per call of each contender (callgrind, one child process), or None."""
+    import _callgrind
+
+    with tempfile.TemporaryDirectory() as d:
+        found = _callgrind.totals(
+            [os.path.abspath(__file__), "--instructions-child", name, "--backend", backend],
+            os.path.join(d, "cg"),
+            instr_atstart=False,
+        )
+    if found is None or len(found) != 2 * len(CONTENDERS):
+        return None
+    n1, n2 = INSTRUCTION_CALLS
+    return {k: (found[2 * i + 1] - found[2 * i]) / (n2 - n1) for i, k in enumerate(CONTENDERS)}
 
 
 def _timed_block(block: Callable[[], None], calls: int) -> float:
@@ -207,13 +296,35 @@ def _timed_block(block: Callable[[], None], calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def _overhead(t: dict[str, float], graph_count: int) -> str:
+    """Each route's overhead over the graphs (over eager when Dynamo compiled no graph: both
+    routes then run the model eagerly, and an empty floor would count the model as overhead)."""
+    base = t["torch.compile"]
+    floor, what = (t["graph"], "the graphs") if graph_count else (t["eager"], "eager")
+    over_t, over_o = base - floor, t["tripwire.torch.compile"] - floor
+    ratio = over_o / over_t if over_t > 0 else float("nan")
+    return (
+        f"overhead over {what}: torch.compile {over_t:,.1f}, tripwire {over_o:,.1f} ({ratio:.2f} of "
+        f"torch's); torch.compile's overhead is {over_t / base:.0%} of its time"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="eager")
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also callgrind instructions per call (one child per model)",
+    )
+    p.add_argument("--instructions-child", metavar="MODEL", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.instructions_child:
+        _instructions_child(a.instructions_child, a.backend)
+        return 0
     import tripwire.tensors
 
     print(
@@ -225,23 +336,21 @@ def main(argv: list[str] | None = None) -> int:
         t = run_model(name, a.backend, a.repeats, a.calls)
         if i == 0:
             print(f"tensor guards: {tripwire.tensors.adapter_status()}")
+        graph_count = len(t.pop("graph_count"))
         base = min(t["torch.compile"])
         print(f"\n{name}")
         for key, xs in t.items():
-            if key == "graph_count":
-                continue
             print(f"  {key:40s} {min(xs):9.1f} / {statistics.median(xs):9.1f}  ({min(xs) / base:.2f})")
-        if not t["graph_count"]:
-            print("  (Dynamo compiled no graph: both routes run the frames eagerly)")
-            continue
-        g = min(t["graph"])
-        over_t, over_o = base - g, min(t["tripwire.torch.compile"]) - g
-        share = over_t / base
-        print(
-            f"  overhead over the graphs: torch.compile {over_t:.1f}, tripwire {over_o:.1f} "
-            f"({over_o / over_t if over_t > 0 else float('nan'):.2f} of torch's); "
-            f"torch.compile's overhead is {share:.0%} of its time"
-        )
+        print("  min: " + _overhead({k: min(xs) for k, xs in t.items()}, graph_count))
+        if a.instructions:
+            ins = instructions(name, a.backend)
+            if ins is None:
+                print("  instructions: callgrind failed")
+                continue
+            print("  instructions per call (callgrind):")
+            for key, n in ins.items():
+                print(f"  {key:40s} {n:11,.0f}  ({n / ins['torch.compile']:.2f})")
+            print("  instructions: " + _overhead(ins, graph_count))
     return 0
 
 

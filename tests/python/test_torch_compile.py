@@ -189,6 +189,128 @@ def test_module_behaves_like_optimized_module():
     assert torch.equal(a, blk(x))
 
 
+def test_module_hooks_and_forward_changed_after_compiling_apply_as_under_torch_compile():
+    # A call with no hook anywhere enters the compiled forward directly; every later change that
+    # torch's route would see must be seen here too.
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x) * 2
+
+    torch.manual_seed(0)
+    m = M()
+    cm, tm = twt.compile(m, backend="eager"), torch.compile(m, backend="eager")
+    x = torch.randn(2, 4)
+    for _ in range(2):
+        assert torch.equal(cm(x), m(x))
+    # Hooks run under the hook, as under torch.compile: Dynamo compiles their frames (under
+    # no_grad: tracing a hook that sees a non-leaf output warns about its .grad otherwise).
+    with torch.no_grad():
+        seen = []
+        post = m.register_forward_hook(lambda mod, args, out: seen.append("post"))
+        assert torch.equal(cm(x), tm(x))
+        assert seen == ["post"] * 2
+        pre = m.register_forward_pre_hook(lambda mod, args: (args[0] * 3,))
+        assert torch.equal(cm(x), m(x)) and torch.equal(cm(x), tm(x))
+        assert torch.equal(cm(x), m.lin(x * 3) * 2)
+        assert seen == ["post"] * 7
+        pre.remove()
+        post.remove()
+        assert torch.equal(cm(x), m.lin(x) * 2)
+        on_wrapper = cm.register_forward_hook(lambda mod, args, out: out + 100)
+        assert torch.equal(cm(x), m(x) + 100)
+        on_wrapper.remove()
+        assert torch.equal(cm(x), m(x))
+        # A global hook fires for the wrapper and for the module, as under torch.compile (which warns).
+        fired = []
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, a, out: fired.append(mod))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert torch.equal(cm(x), tm(x))
+        finally:
+            handle.remove()
+        n = len(fired) // 2
+        assert n >= 2 and fired[:n].count(m) == fired[n:].count(m) and fired[:n].count(cm) == 1
+        # A forward replaced on the instance runs (and is compiled), as torch's route reads it.
+        m.forward = lambda x: x - 1
+        try:
+            assert torch.equal(cm(x), x - 1) and torch.equal(tm(x), x - 1)
+        finally:
+            del m.forward
+        assert torch.equal(cm(x), m(x))
+        # Module.compile()'s _compiled_call_impl is what torch's route calls for the inner module.
+        m._compiled_call_impl = lambda *a: torch.zeros(1)
+        try:
+            assert torch.equal(cm(x), torch.zeros(1)) and torch.equal(tm(x), torch.zeros(1))
+        finally:
+            m._compiled_call_impl = None
+        assert torch.equal(cm(x), m(x))
+        # A module whose __dict__ is replaced wholesale: the new one's hooks apply.
+        fresh = dict(m.__dict__)
+        fresh["_forward_hooks"] = {0: lambda mod, args, out: out * 0}
+        object.__setattr__(m, "__dict__", fresh)
+        assert torch.equal(cm(x), torch.zeros(2, 4)) and torch.equal(tm(x), torch.zeros(2, 4))
+        fresh["_forward_hooks"] = {}
+        assert torch.equal(cm(x), m(x))
+        # Calls sent to torch.compile's wrapper get the module's arguments, not the module.
+        with torch.compiler.set_stance("force_eager"):
+            assert torch.equal(cm(x), m(x))
+        outer = torch.compile(lambda x: cm(x) + 1, backend="eager")  # torch's hook is set: fallback
+        assert torch.equal(outer(x), m(x) + 1)
+
+
+def test_in_optimized_module_is_set_for_the_call_and_restored_on_an_exception():
+    flags = []
+    probe = torch.compiler.disable(lambda: flags.append(torch._dynamo.eval_frame._is_in_optimized_module()))
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            probe()
+            if x.sum() > 100:
+                raise ValueError("big")
+            return x + 1
+
+    cm = twt.compile(M(), backend="eager")
+    for _ in range(2):
+        assert torch.equal(cm(torch.ones(2)), torch.full((2,), 2.0))
+    with pytest.raises(ValueError, match="big"):
+        cm(torch.full((2,), 100.0))
+    assert flags == [True, True, True]
+    assert not torch._dynamo.eval_frame._is_in_optimized_module()
+
+
+def test_compiled_code_calls_its_graphs_through_c_scopes_and_no_profiler_helpers(monkeypatch):
+    def g(x):
+        return x.sin() + 1
+
+    entered = []
+    real_enter = torch._dynamo.utils.record_pregraph_bytecode_enter
+
+    def counting_enter():
+        entered.append(1)
+        return real_enter()
+
+    # Dynamo's code imports the helper from torch._dynamo.utils on every call.
+    monkeypatch.setattr(torch._dynamo.utils, "record_pregraph_bytecode_enter", counting_enter)
+    before = set(g.__globals__)  # earlier tests' graphs may not be collected yet
+    cg, tg = twt.compile(g, backend="eager"), torch.compile(g, backend="eager")
+    x = torch.randn(3)
+    for _ in range(3):
+        assert torch.equal(cg(x), tg(x))
+    assert len(entered) == 3  # torch's code only: tripwire compiles without the helpers
+    assert torch._dynamo.config.record_runtime_overhead  # the compile's patch is undone
+    names = [k for k in g.__globals__ if k.startswith("__compiled_fn") and k not in before]
+    ours = [k for k in names if isinstance(g.__globals__[k], twf._FrameScope)]
+    assert len(ours) == 1 and len(names) == 2  # torch's graph keeps its DisableContext wrapper
+    # The graph's frames run with the hook suspended: nothing in them was offered to Dynamo.
+    c = backend_of(cg)
+    assert all(not code.co_filename.startswith("<eval_with_key>") for code in c.codes)
+
+
 def test_bound_method():
     class Scaler:
         def __init__(self):
@@ -689,6 +811,7 @@ def test_backends_aot_eager_inductor_and_a_callable():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's import (torch.jit), when first here
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_real_models_match_torch_compile(backend):
     """The bench's models through both routes, a few calls each with a shape change."""

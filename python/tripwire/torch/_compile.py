@@ -3,8 +3,8 @@
 Dynamo compiles (its callback, called on a tripwire miss with a view of the frame, never running
 it); tripwire checks the entry's guards (imported with ``guards_of``) and runs the transformed code
 in the frame (``tripwire.frame``). The per-call scope is a C object (``tripwire.frame.scoped``), so
-a hit costs no Python frame of tripwire's besides ``_enter``. docs/compile.md has the contract and
-the limits. Importing this module imports torch.
+a hit costs no Python frame of tripwire's besides ``_enter`` (and a module's ``__call__``, in place
+of torch's). docs/compile.md has the contract and the limits. Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -186,7 +186,14 @@ class _Compiled:
         state = _frame_states.setdefault(code, {})
         cleanups = [enter() for enter in self.enter_exit_hooks]
         try:
-            result = self.callback(_FrameView(frame), None, state)
+            # Without record_runtime_overhead, Dynamo's code calls no profiler-region helpers
+            # around its graph arguments (two torch.compiler.disable'd calls, about ten Python
+            # frames per call, that record only while a profiler runs). Code compiled here never
+            # runs under a profiler: _enter sends those calls to torch.compile's own wrapper,
+            # which runs torch's code, compiled with the regions. (config.patch is
+            # process-wide for the compile, as every Dynamo config patch is.)
+            with _config.patch(record_runtime_overhead=False):
+                result = self.callback(_FrameView(frame), None, state)
         finally:
             for cleanup in cleanups:
                 cleanup()
@@ -222,6 +229,7 @@ class _Compiled:
             gs = _import_guards(guarded, frame)
             if gs is None:
                 return None  # warned: this frame runs uncompiled, Dynamo is asked again next time
+            _suspend_graphs(guarded.code, frame.f_globals)
             return guarded.code, gs
         strategy = getattr(result, "frame_exec_strategy", None)
         if strategy is None or not getattr(result, "apply_to_code", True):
@@ -232,6 +240,24 @@ class _Compiled:
         if cur == FrameAction.RUN_ONLY:
             return twf.RUN_ONLY
         return None
+
+
+def _suspend_graphs(code: types.CodeType, f_globals: dict[str, Any]) -> None:
+    """Serve the compiled graphs that ``code`` calls as C objects: each ``__compiled_fn_*`` global
+    Dynamo installed for this compile (a name unique to it, read by no other code) is a
+    DisableContext wrapper, whose frame the hook would otherwise intercept and serve with
+    _disabled_code's Python frame; it becomes ``tripwire.frame.suspended(fn)``, the same call of
+    the same graph with the hook suspended for its whole extent, and no Python frame. Dynamo's
+    cleanup deletes the global by name, whatever it holds."""
+    for name in code.co_names:
+        if not name.startswith("__compiled_fn"):
+            continue
+        wrapper = f_globals.get(name)
+        if getattr(wrapper, "__code__", None) is not _DISABLE_FN_CODE:
+            continue  # Dynamo's specialization dispatcher, or already replaced
+        graph = _closure_value(wrapper, "fn")
+        if graph is not None:
+            f_globals[name] = twf.suspended(graph)
 
 
 def _reasons(frame: twf.Frame) -> str:
@@ -324,10 +350,15 @@ def _on_error(depth: int) -> None:
     _undo_to(depth)
 
 
-def _fallback(torch_compiled: Any) -> Any:
+def _fallback(torch_compiled: Any, bound: bool = False) -> Any:
+    """torch.compile's callable, called with the scope's arguments (``bound``: without the first,
+    the module a scope over an unbound ``forward`` receives)."""
+
     def fallback(*args: Any, **kwargs: Any) -> Any:
         # Reached when another PEP 523 function is installed (torch's: a torch.compile'd caller,
         # or torch's hook left behind by an earlier torch error) or when _enter said so.
+        if bound:
+            args = args[1:]
         if twf.status()[
             "eval_frame"
         ] == "foreign" and torch._C._dynamo.eval_frame.get_eval_frame_callback() in (
@@ -344,9 +375,14 @@ def _fallback(torch_compiled: Any) -> Any:
     return fallback
 
 
-def _scope(fn: Any, c: _Compiled) -> Any:
+def _scope(fn: Any, c: _Compiled, bound: bool = False) -> Any:
     return twf.scoped(
-        fn, c.hook, fallback=_fallback(c.torch_compiled), enter=_enter, on_error=_on_error, dispatch_keys=True
+        fn,
+        c.hook,
+        fallback=_fallback(c.torch_compiled, bound),
+        enter=_enter,
+        on_error=_on_error,
+        dispatch_keys=True,
     )
 
 
@@ -358,15 +394,99 @@ class _Context:
         self.torch_ctx = ctx
         self.callback = ctx.callback
         self.fullgraph = c.fullgraph
+        self.wrapped: Any = None  # what torch's OptimizedModule._initialize wrapped last
 
     def __call__(self, fn: Any) -> Any:
+        self.wrapped = fn
         return _scope(fn, self.compiled)
+
+
+_modhooks = torch.nn.modules.module
+_tracing_state = torch._C._get_tracing_state
 
 
 class OptimizedModule(_ef.OptimizedModule):
     """What ``tripwire.torch.compile`` returns for an ``nn.Module``: torch's OptimizedModule
     (parameters, state_dict, attribute access, train()/eval() are the original module's), whose
-    forward runs in tripwire's frame runtime."""
+    forward runs in tripwire's frame runtime.
+
+    A call with no module hook anywhere (global, on this wrapper, on the original module) skips
+    the nn.Module call machinery that would only find no hook: torch's route runs
+    ``Module._wrapped_call_impl`` and ``_call_impl`` twice (this wrapper, then the original
+    module inside the scope) and a context manager, about a dozen Python frames. Any hook, a
+    replaced ``forward``, ``Module.compile()``'s ``_compiled_call_impl`` or a JIT trace in
+    progress sends the call down torch's whole route, which applies them."""
+
+    _tripwire_fast: tuple[Any, ...] | None = None  # a class attribute: assigned to __dict__
+
+    def _initialize(self) -> None:
+        super()._initialize()
+        self._tripwire_fast = None
+        ctx: _Context = self.dynamo_ctx  # type: ignore[assignment]  # ours, set by compile()
+        scope, wrapped = self.__dict__.get("forward"), ctx.wrapped
+        if not isinstance(scope, twf._FrameScope):
+            return  # a lazy module's _call_lazy_check: torch's route
+        orig = self._orig_mod
+        direct = None
+        forward = getattr(type(orig), "forward", None)
+        if (
+            isinstance(wrapped, types.MethodType)
+            and wrapped.__self__ is orig
+            and wrapped.__func__ is type(orig).__call__
+            and isinstance(forward, types.FunctionType)
+        ):
+            # torch wrapped orig.__call__ (its hooks run outside Dynamo, which then intercepts
+            # forward's frame): without hooks, the scope can enter that frame directly.
+            direct = types.MethodType(_scope(forward, ctx.compiled, bound=True), orig)
+        # The instance dicts: nn.Module defines __getattr__, so attribute reads of a module take
+        # the interpreter's unspecialized path; the hook dicts are read from them per call.
+        self._tripwire_fast = (self.__dict__, scope, orig, orig.__dict__, direct, forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fast = self._tripwire_fast
+        m = _modhooks
+        try:
+            if fast is None:
+                raise KeyError
+            d, scope, orig, od, direct, forward = fast
+            if (
+                m._global_forward_pre_hooks
+                or m._global_forward_hooks
+                or m._global_backward_pre_hooks
+                or m._global_backward_hooks
+                or d["_forward_pre_hooks"]
+                or d["_forward_hooks"]
+                or d["_backward_pre_hooks"]
+                or d["_backward_hooks"]
+                or d.get("forward") is not scope
+                or _tracing_state() is not None
+                or self.__dict__ is not d  # replaced (object.__setattr__): the reads above were stale
+            ):
+                raise KeyError
+            call = (
+                direct
+                if direct is not None
+                and not (
+                    od["_forward_pre_hooks"]
+                    or od["_forward_hooks"]
+                    or od["_backward_pre_hooks"]
+                    or od["_backward_hooks"]
+                    or "forward" in od
+                    or type(orig).forward is not forward
+                    or orig._compiled_call_impl is not None
+                    or orig.__dict__ is not od
+                )
+                else scope
+            )
+        except KeyError:  # a hook, a replaced forward or __dict__, a JIT trace: torch's route
+            return super().__call__(*args, **kwargs)
+        # What torch's _set_in_optimized_module() does, without its generator and context manager.
+        old = _ef._in_optimized_module
+        _ef._in_optimized_module = True
+        try:
+            return call(*args, **kwargs)
+        finally:
+            _ef._in_optimized_module = old
 
 
 _unsupported_reasons = (
