@@ -866,6 +866,7 @@ def test_backends_aot_eager_inductor_and_a_callable():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's import (torch.jit), when first
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_real_models_match_torch_compile(backend):
     """The bench's models through both routes, a few calls each with a shape change."""

@@ -19,7 +19,13 @@ from tripwire import frame as twf  # noqa: E402
 nn = torch.nn
 counters = torch._dynamo.utils.counters
 FAST = ["eager", "aot_eager"]
-ALL = [*FAST, pytest.param("inductor", marks=[pytest.mark.slow])]
+# inductor's import warns (torch.jit) in the test that imports it first
+ALL = [
+    *FAST,
+    pytest.param(
+        "inductor", marks=[pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+    ),
+]
 
 
 @pytest.fixture(autouse=True)
