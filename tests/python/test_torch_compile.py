@@ -563,6 +563,32 @@ def test_reset_clears_shared_entries_after_the_compile_that_made_them_died():
     assert graphs() == 2
 
 
+def test_a_backend_whose_eq_compiles_does_not_deadlock():
+    """Backends are compared with == when a compile picks its caches: user code, which may compile."""
+    inner = []
+
+    class Reentrant:
+        def __call__(self, gm, example_inputs):
+            return gm.forward
+
+        def __eq__(self, other):
+            if isinstance(other, Reentrant) and not inner:
+                inner.append(twt.compile(lambda x: x + 1, backend="eager"))
+            return self is other
+
+        __hash__ = object.__hash__
+
+    def f(x):
+        return x * 5
+
+    first, second = Reentrant(), Reentrant()
+    a = twt.compile(f, backend=first)
+    b = twt.compile(f, backend=second)  # compares with a's backend: compiles inside __eq__
+    assert inner and backend_of(a) is not backend_of(b)
+    assert torch.equal(a(torch.ones(1)), b(torch.ones(1)))
+    assert torch.equal(inner[0](torch.ones(1)), torch.full((1,), 2.0))
+
+
 def test_stances():
     def k(x, n):
         return x * n

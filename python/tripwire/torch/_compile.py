@@ -152,13 +152,16 @@ def _caches_for(callback: Any, isolated: bool) -> _Caches:
         return _Caches(backend)
     with _shared_lock:
         _shared_caches[:] = [r for r in _shared_caches if r() is not None]
-        for ref in _shared_caches:
-            key = ref()
-            if key is not None and _same_backend(key.torch_backend, backend):
-                return key
-        key = _Caches(backend)
+        live = [key for key in (r() for r in _shared_caches) if key is not None]
+    # Compared outside the lock: a backend's __eq__ is user code, which may compile in turn. Two
+    # compiles racing here may both add a key: their caches are then separate, never mixed.
+    for key in live:
+        if _same_backend(key.torch_backend, backend):
+            return key
+    key = _Caches(backend)
+    with _shared_lock:
         _shared_caches.append(weakref.ref(key))
-        return key
+    return key
 
 
 def _same_backend(a: Any, b: Any) -> bool:
