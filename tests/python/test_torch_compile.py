@@ -52,12 +52,18 @@ def graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def backend_of(compiled):
+def compiled_of(compiled):
+    """The tripwire.torch.compile call behind a compiled function or module."""
     return (
         compiled._tripwire_compiled
         if hasattr(compiled, "_tripwire_compiled")
         else compiled.dynamo_ctx.compiled
     )
+
+
+def backend_of(compiled):
+    """The frame-runtime backend key naming a compile's caches."""
+    return compiled_of(compiled).caches
 
 
 def test_keywords_are_torch_compiles():
@@ -101,8 +107,10 @@ def test_function_hits_recompiles_and_runs_each_frame_once():
         assert len(calls) == before + 1  # the frame ran once (Dynamo's compile never runs it)
         b = tf(*args)
         assert torch.equal(a, b) and a.dtype == b.dtype
-    c = backend_of(cf)
-    sizes = {code.co_name: len(twf.cache_of(code, c)) for code in c.codes if twf.cache_of(code, c)}
+    c = compiled_of(cf)
+    sizes = {
+        code.co_name: len(twf.cache_of(code, c.caches)) for code in c.codes if twf.cache_of(code, c.caches)
+    }
     # f breaks at the counter's call (a disabled function): its own entry, and the resume function's
     # four (one per n, dtype and scale seen).
     assert sizes == {"f": 1, **{k: 4 for k in sizes if "resume" in k}}, sizes
@@ -145,7 +153,7 @@ def test_graph_breaks_compile_resume_functions_once_each():
             a = cg(v, mode)
             assert log == ["before", "after"]
             assert torch.equal(a, tg(v, mode))
-    resumes = [c for c in backend_of(cg).codes if "resume" in c.co_name]
+    resumes = [c for c in compiled_of(cg).codes if "resume" in c.co_name]
     assert resumes  # the resume functions went through tripwire too
 
 
@@ -491,10 +499,10 @@ def test_compiler_disable_suspends_the_hook_for_the_call():
         calls.clear()
         assert torch.equal(cg(torch.ones(3)), g(torch.ones(3)))
         assert calls == ["helper", "deep", "helper", "deep"]
-    c = backend_of(cg)
+    c = compiled_of(cg)
     # Every disable wrapper runs one code: served by one entry, its call suspended (the helper and
     # what it calls were never offered to Dynamo).
-    assert len(twf.cache_of(_compile._DISABLE_FN_CODE, c)) == 1
+    assert len(twf.cache_of(_compile._DISABLE_FN_CODE, c.caches)) == 1
     assert deep.__code__ not in c.codes and helper.__code__ not in c.codes
 
 
@@ -507,6 +515,200 @@ def test_fullgraph_errors():
     with pytest.raises(torch._dynamo.exc.Unsupported):
         ch(torch.ones(2))
     assert twf.status()["eval_frame"] == "default"
+
+
+_PER_CALL_SEMANTICS = textwrap.dedent(
+    """
+    import os, torch, tripwire.torch as twt, tripwire.frame as twf
+    route = torch.compile if os.environ["ROUTE"] == "torch" else twt.compile
+    Unsupported = torch._dynamo.exc.Unsupported
+
+    def step(name, fn, *args):
+        try:
+            out = "ok " + str(fn(*args).tolist())
+        except Exception as e:
+            out = "raises " + type(e).__name__ + ": " + str(e).splitlines()[0]
+        print(name, "|", out)
+
+    def g(x):
+        y = x + 1
+        torch._dynamo.graph_break()
+        return y * 2
+
+    # First: after a compile error torch's own fullgraph checks misbehave (its hook stays).
+    with torch._dynamo.error_on_graph_break(False):
+        step("eogb False under fullgraph", route(g, backend="eager", fullgraph=True), torch.ones(3))
+    # error_on_graph_break: Dynamo reads it while it compiles, inside the call.
+    cg = route(g, backend="eager")
+    with torch._dynamo.error_on_graph_break(True):
+        step("eogb context", cg, torch.ones(3))
+    step("eogb decorator", route(torch._dynamo.error_on_graph_break(True)(g), backend="eager"), torch.ones(3))
+    step("eogb back to False", cg, torch.ones(3))
+    with torch._dynamo.error_on_graph_break(True):
+        step("eogb on a compiled code: a hit", cg, torch.ones(3))
+
+    # fullgraph=True's "found no compiled frames", per call.
+    def h(x):
+        return x * 3
+
+    ch = route(h, backend="eager", fullgraph=True)
+    with torch._dynamo.config.patch(disable=True):
+        step("fullgraph config.disable", ch, torch.ones(2))
+    step("fullgraph skipped for good", ch, torch.ones(2))
+    with torch.compiler.set_stance("eager_on_recompile"):
+        step("fullgraph other stance", ch, torch.ones(2))
+    def k(x):  # not h: torch's compiles of one function share its skip (docs/compile.md)
+        return x * 3
+
+    ok = route(k, backend="eager", fullgraph=True)
+    step("fullgraph compiles", ok, torch.ones(2))
+    step("fullgraph hits", ok, torch.ones(2))
+    print("tripwire's hook used:", twf.cache_of(k, getattr(getattr(ok, "_tripwire_compiled", None), "caches", None)) is not None)
+    """
+)
+
+
+def _run_route(route: str, code: str) -> list[str]:
+    # A subprocess per route: torch 2.13 leaves its frame hook installed after a compile error.
+    env = dict(os.environ, ROUTE=route, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_error_on_graph_break_and_fullgraphs_per_call_check_as_torch_compile():
+    """error_on_graph_break (the context manager and the decorator, as 2.13 applies them: read
+    by Dynamo at compile time) and fullgraph=True's per-call "found no compiled frames" check:
+    the same outcome, error type and message as torch.compile, step by step."""
+    torch_lines = _run_route("torch", _PER_CALL_SEMANTICS)
+    tw_lines = _run_route("tripwire", _PER_CALL_SEMANTICS)
+    assert torch_lines[:-1] == tw_lines[:-1]
+    assert tw_lines[-1] == "tripwire's hook used: True"
+    got = dict(line.split(" | ", 1) for line in tw_lines[:-1])
+    assert got["eogb context"].startswith("raises Unsupported: Call to `torch._dynamo.graph_break()`")
+    assert got["eogb decorator"].startswith("raises Unsupported")
+    assert got["eogb back to False"] == got["eogb on a compiled code: a hit"] == "ok [4.0, 4.0, 4.0]"
+    assert got["eogb False under fullgraph"].startswith("raises Unsupported")
+    assert got["fullgraph config.disable"] == (
+        "raises RuntimeError: torch.compile with fullgraph=True found no compiled frames. Skipped frames:"
+    )
+    assert (
+        got["fullgraph skipped for good"].startswith("raises RuntimeError")
+        and "not attempted" in (got["fullgraph skipped for good"])
+    )
+    assert (
+        got["fullgraph other stance"] == got["fullgraph compiles"] == got["fullgraph hits"] == "ok [3.0, 3.0]"
+    )
+
+
+def test_fullgraph_check_counts_a_frame_tripwire_ran_uncompiled(monkeypatch):
+    """A frame Dynamo compiled but whose guards tripwire could not serve runs uncompiled with a
+    warning: fullgraph's check counts it as compiled (torch.compile would have run it)."""
+
+    def g(x):
+        return x - 1
+
+    monkeypatch.setattr(_compile, "_import_guards", lambda guarded, frame: None)
+    cg = twt.compile(g, backend="eager", fullgraph=True)
+    assert torch.equal(cg(torch.ones(2)), torch.zeros(2))
+
+
+def test_compiles_of_one_function_share_caches_as_torch_compiles_do():
+    """torch 2.13: every torch.compile call of a function shares the code object's entries and
+    recompile budget when their backends are equal; isolate_recompiles=True separates them."""
+
+    def f(x, n):
+        return x + n
+
+    def run(route):
+        torch._dynamo.reset()
+        counters.clear()
+        seen = []
+        a, b = route(f, backend="eager"), route(f, backend="eager")
+        a(torch.ones(1), 1)
+        b(torch.ones(1), 1)  # b hits a's entry
+        seen.append(graphs())
+        c = route(f, backend="aot_eager")  # another backend: its own entry
+        assert torch.equal(c(torch.ones(1), 1), torch.full((1,), 2.0))
+        seen.append(graphs())
+        torch._dynamo.reset()  # (torch counts every backend's entries against one budget)
+        with torch._dynamo.config.patch(recompile_limit=2):
+            a(torch.ones(1), 1)
+            a(torch.ones(1), 2)  # a's recompile: the code's entries reach the limit
+            assert torch.equal(b(torch.ones(1), 3), torch.full((1,), 4.0))  # b: limited, eager
+        seen.append(graphs())
+        i, j = (
+            route(f, backend="eager", isolate_recompiles=True),
+            route(f, backend="eager", isolate_recompiles=True),
+        )
+        # (an input no shared entry takes: torch's isolated compiles would hit those, read-only)
+        i(torch.ones(1, dtype=torch.float64), 5)
+        j(torch.ones(1, dtype=torch.float64), 5)
+        seen.append(graphs())
+        return seen
+
+    assert run(twt.compile) == run(torch.compile) == [1, 2, 4, 6]
+
+
+def test_shared_caches_skip_for_every_compile_of_the_function():
+    def f(x):
+        return x * 2
+
+    a = twt.compile(f, backend="eager")
+    with torch._dynamo.config.patch(disable=True):
+        a(torch.ones(1))  # Dynamo skips f for good
+    b = twt.compile(f, backend="eager")
+    assert torch.equal(b(torch.ones(1)), torch.full((1,), 2.0))
+    assert graphs() == 0 and twf.strategy_of(f, backend_of(b)) == "skip"
+    assert backend_of(a) is backend_of(b)
+    other = twt.compile(f, backend="eager", isolate_recompiles=True)
+    other(torch.ones(1))
+    assert graphs() == 1 and backend_of(other) is not backend_of(a)
+
+
+def test_reset_clears_shared_entries_after_the_compile_that_made_them_died():
+    import gc
+
+    def f(x):
+        return x - 3
+
+    a = twt.compile(f, backend="eager")
+    a(torch.ones(1))
+    del a
+    gc.collect()
+    b = twt.compile(f, backend="eager")
+    b(torch.ones(1))
+    assert graphs() == 1  # b hit the dead compile's entry
+    twt.reset()
+    assert len(twf.cache_of(f, backend_of(b)) or ()) == 0
+    assert torch.equal(b(torch.ones(1)), torch.full((1,), -2.0))
+    assert graphs() == 2
+
+
+def test_a_backend_whose_eq_compiles_does_not_deadlock():
+    """Backends are compared with == when a compile picks its caches: user code, which may compile."""
+    inner = []
+
+    class Reentrant:
+        def __call__(self, gm, example_inputs):
+            return gm.forward
+
+        def __eq__(self, other):
+            if isinstance(other, Reentrant) and not inner:
+                inner.append(twt.compile(lambda x: x + 1, backend="eager"))
+            return self is other
+
+        __hash__ = object.__hash__
+
+    def f(x):
+        return x * 5
+
+    first, second = Reentrant(), Reentrant()
+    a = twt.compile(f, backend=first)
+    b = twt.compile(f, backend=second)  # compares with a's backend: compiles inside __eq__
+    assert inner and backend_of(a) is not backend_of(b)
+    assert torch.equal(a(torch.ones(1)), b(torch.ones(1)))
+    assert torch.equal(inner[0](torch.ones(1)), torch.full((1,), 2.0))
 
 
 def test_stances():
@@ -554,8 +756,9 @@ def test_recompile_limit_is_read_on_each_miss_as_dynamo_reads_it():
     def r(x, s):
         return x + len(s)
 
-    cr = twt.compile(r, backend="eager")
-    keyword = twt.compile(r, backend="eager", recompile_limit=3)
+    # Isolated: each compile has its own entries and budget (shared, the first limit would stop all).
+    cr = twt.compile(r, backend="eager", isolate_recompiles=True)
+    keyword = twt.compile(r, backend="eager", recompile_limit=3, isolate_recompiles=True)
     for i in range(2):
         cr(torch.ones(1), "a" * i)
         keyword(torch.ones(1), "a" * i)
@@ -567,7 +770,7 @@ def test_recompile_limit_is_read_on_each_miss_as_dynamo_reads_it():
         keyword(torch.ones(1), "abc")  # the keyword wins over the config, as in torch
         assert graphs() == 5
         assert twf.strategy_of(r, backend_of(keyword)) != "run_only"
-    raised = twt.compile(r, backend="eager")
+    raised = twt.compile(r, backend="eager", isolate_recompiles=True)
     raised(torch.ones(1), "")
     with torch._dynamo.config.patch(accumulated_recompile_limit=1):
         raised(torch.ones(1), "a")
@@ -903,8 +1106,8 @@ def test_a_training_step_never_fails_halfway_on_an_import(monkeypatch):
         assert torch.equal(a, b)
         for p, q in zip(ours.parameters(), ref.parameters(), strict=True):
             assert torch.equal(p, q)
-    c = backend_of(cstep)
+    c = compiled_of(cstep)
     resumes = [code for code in c.codes if "resume" in code.co_name]
     assert resumes
     for code in resumes:  # served, with torch's own guard manager deciding
-        assert "torch's guard manager" in twf.cache_of(code, c).entries[0].guards.explain()
+        assert "torch's guard manager" in twf.cache_of(code, c.caches).entries[0].guards.explain()

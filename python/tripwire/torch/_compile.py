@@ -111,17 +111,82 @@ _frame_states: weakref.WeakKeyDictionary[types.CodeType, dict[str, Any]] = weakr
 
 def reset() -> None:
     """Forget every entry ``tripwire.torch.compile`` compiled (torch._dynamo.reset() calls it)."""
-    for c in list(_compiled):
-        c._reset()
+    for caches in {id(c.caches): c.caches for c in list(_compiled)}.values():
+        caches.reset()
     _frame_states.clear()
+
+
+class _Caches:
+    """The frame-runtime backend key of a set of caches: one per code object, shared by every
+    ``tripwire.torch.compile`` call whose Dynamo backend is equal (torch's own test: entries on a
+    code object are shared by all torch.compile calls, and an entry serves a call whose backend
+    equals the entry's), or one per call with ``isolate_recompiles=True``."""
+
+    __slots__ = ("__weakref__", "codes", "torch_backend")
+
+    def __init__(self, torch_backend: Any) -> None:
+        self.torch_backend = torch_backend
+        # The codes these caches were asked about, by any compile sharing them (reset() clears
+        # them even when the compile that missed is gone and another one hits).
+        self.codes: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
+
+    def reset(self) -> None:
+        for code in list(self.codes):
+            twf.reset(code, self)
+        self.codes.clear()
+
+    def __repr__(self) -> str:
+        return f"torch.compile({getattr(self.torch_backend, 'compiler_name', self.torch_backend)!r})"
+
+
+_shared_caches: list[weakref.ref[_Caches]] = []
+_shared_lock = threading.Lock()
+
+
+def _caches_for(callback: Any, isolated: bool) -> _Caches:
+    """The caches a compile uses: a new key when isolated, else the live key whose backend equals
+    this compile's (``==``, as torch's lookup compares them; torch's backend wrappers are
+    unhashable, and a compile runs this once)."""
+    backend = _ef.innermost_backend(callback)
+    if isolated:
+        return _Caches(backend)
+    with _shared_lock:
+        _shared_caches[:] = [r for r in _shared_caches if r() is not None]
+        live = [key for key in (r() for r in _shared_caches) if key is not None]
+    # Compared outside the lock: a backend's __eq__ is user code, which may compile in turn. Two
+    # compiles racing here may both add a key: their caches are then separate, never mixed.
+    for key in live:
+        if _same_backend(key.torch_backend, backend):
+            return key
+    key = _Caches(backend)
+    with _shared_lock:
+        _shared_caches.append(weakref.ref(key))
+    return key
+
+
+def _same_backend(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a backend whose __eq__ raises shares nothing
+        return False
 
 
 class _Compiled:
     """One ``tripwire.torch.compile`` call: Dynamo's callback for it, tripwire's hook (its
-    ``backend`` key names this object's caches) and the torch.compile'd fallback."""
+    ``backend`` key, ``caches``, names the caches it shares) and the torch.compile'd fallback."""
 
-    def __init__(self, ctx: Any, torch_compiled: Any, fullgraph: bool, recompile_limit: int | None) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        torch_compiled: Any,
+        fullgraph: bool,
+        recompile_limit: int | None,
+        isolated: bool = False,
+    ) -> None:
         self.callback = ctx.callback
+        self.caches = _caches_for(ctx.callback, isolated)
         self.enter_exit_hooks = list(getattr(ctx, "enter_exit_hooks", ()))
         self.torch_compiled = torch_compiled
         self.fullgraph = fullgraph
@@ -129,14 +194,12 @@ class _Compiled:
         limit, accumulated = self._limits()  # for each new cache; _on_miss refreshes them
         self.hook = twf.Hook(
             self._on_miss,
-            backend=self,
+            backend=self.caches,
             recompile_limit=limit,
             accumulated_limit=accumulated,
             on_limit="run_only",
             raise_errors=True,  # Dynamo's own errors propagate as under torch.compile (_on_miss decides)
         )
-        self.codes: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
-        self._compile_ids: dict[types.CodeType, int] = {}
         _compiled.add(self)
 
     def _limits(self) -> tuple[int, int]:
@@ -145,10 +208,9 @@ class _Compiled:
         limit = self.recompile_limit if self.recompile_limit is not None else _config.recompile_limit
         return max(1, int(limit)), max(1, int(_config.accumulated_recompile_limit))
 
-    def _reset(self) -> None:
-        for code in list(self.codes):
-            twf.reset(code, self)
-        self.codes.clear()
+    @property
+    def codes(self) -> weakref.WeakSet[types.CodeType]:
+        return self.caches.codes
 
     # -- the miss ------------------------------------------------------------------------------
     def _on_miss(self, frame: twf.Frame) -> Any:
@@ -167,8 +229,10 @@ class _Compiled:
                 return twf.SKIP_RECURSIVE
         self.codes.add(code)
         stance = _ef._stance.stance
-        if stance in ("force_eager", "eager_on_recompile") or _config.disable:
+        if stance in ("force_eager", "eager_on_recompile"):
             return None  # run it uncompiled this time; the stance is read again next time
+        # config.disable is Dynamo's callback's to apply: it skips the code for good and names
+        # the skip for fullgraph's "found no compiled frames", as under torch.compile.
         if stance == "fail_on_recompile" and len(frame.cache) and not trace_rules.check(code):
             raise RuntimeError(
                 "Detected recompile when torch.compile stance is 'fail_on_recompile'. "
@@ -225,9 +289,11 @@ class _Compiled:
                     f"tripwire.torch.compile: Dynamo's code for {frame.code.co_qualname} cannot run in "
                     f"its frame ({why}); that frame runs uncompiled",
                 )
+                _ran_uncompiled[0] += 1
                 return None
             gs = _import_guards(guarded, frame)
             if gs is None:
+                _ran_uncompiled[0] += 1
                 return None  # warned: this frame runs uncompiled, Dynamo is asked again next time
             _suspend_graphs(guarded.code, frame.f_globals)
             return guarded.code, gs
@@ -375,7 +441,46 @@ def _fallback(torch_compiled: Any, bound: bool = False) -> Any:
     return fallback
 
 
+# Frames Dynamo compiled that tripwire ran uncompiled (their guards could not be served, with a
+# warning): fullgraph's per-call check counts them as compiled, as torch.compile would have run them.
+_ran_uncompiled = [0]
+_frame_runs = _core._frame_run_stats
+
+
+def _fullgraph_checked(fn: Any) -> Any:
+    """``fullgraph=True``'s per-call check, as compile_wrapper makes it: a call that returns
+    without having run any compiled frame (Dynamo skipped every frame: ``config.disable``, a code
+    it never traces) raises torch's RuntimeError, naming the frames Dynamo reported skipping. A
+    compiled frame is a replacement run by the frame runtime (a process-wide count, read under
+    the GIL: another thread's compiled frame in the same interval hides a skip, never invents
+    one). Only the outermost fullgraph call checks, as in torch."""
+
+    def fullgraph_call(*args: Any, **kwargs: Any) -> Any:
+        tls = _ef.dynamo_tls
+        if tls.skip_reasons is not None:  # inside another fullgraph call: that one checks
+            return fn(*args, **kwargs)
+        tls.skip_reasons = []  # Dynamo's skips append to it (attributes only: this runs hooked)
+        try:
+            before = sum(_frame_runs()) + _ran_uncompiled[0]
+            result = fn(*args, **kwargs)
+            if sum(_frame_runs()) + _ran_uncompiled[0] == before and _ef._stance.stance == "default":
+                reasons = tls.skip_reasons
+                message = "torch.compile with fullgraph=True found no compiled frames."
+                if reasons:
+                    message += " Skipped frames:\n" + "\n".join(f"  - {r}" for r in reasons)
+                else:
+                    message += " Compilation was not attempted and no cached compiled code was found."
+                raise RuntimeError(message)
+            return result
+        finally:
+            tls.skip_reasons = None
+
+    return fullgraph_call
+
+
 def _scope(fn: Any, c: _Compiled, bound: bool = False) -> Any:
+    if c.fullgraph:
+        fn = _fullgraph_checked(fn)
     return twf.scoped(
         fn,
         c.hook,
@@ -553,7 +658,13 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
             "ctx", "tripwire.torch.compile: torch.compile's callback was not found: using torch.compile"
         )
         return torch_compiled
-    c = _Compiled(ctx, torch_compiled, bool(options.get("fullgraph")), options.get("recompile_limit"))
+    c = _Compiled(
+        ctx,
+        torch_compiled,
+        bool(options.get("fullgraph")),
+        options.get("recompile_limit"),
+        bool(options.get("isolate_recompiles")),
+    )
     if isinstance(model, torch.nn.Module):
         return OptimizedModule(model, _Context(c, ctx))  # type: ignore[arg-type]
     scope = _scope(model, c)
