@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python" / "support"))
 
 import hostile_docs as hd
 import tripwire as tw
