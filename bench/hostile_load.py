@@ -1,7 +1,7 @@
 """Seconds per MB of the worst hostile inputs of each loader, at several sizes: a load must be
 linear in its input, so each row's s/MB is flat across sizes.
 
-Loaders and inputs (tests/python/hostile_docs.py builds them from docs/format.md):
+Loaders and inputs (tests/python/support/hostile_docs.py builds them from docs/format.md):
 
   from_bytes      GuardSet.from_bytes of each hostile document: one long multi-byte string, one
                   string named over and over (refused by the string budget), many tiny constants,
@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python" / "support"))
 
 import hostile_docs as hd
 import tripwire as tw

@@ -61,7 +61,7 @@ WORKLOAD_NAMES = ("gpt", "cnn", "config", "lstm", "encoder", "hooked", "marked",
 # The models
 # =================================================================================================
 def _models():
-    """bench/torch_models.py (shared with tests/python/test_torch_import.py), imported on first
+    """bench/torch_models.py (shared with tests/python/pytorch/test_torch_import.py), imported on first
     use: importing this module does not import torch."""
     import torch_models
 

@@ -133,7 +133,7 @@ MODELS: dict[str, Callable[[], tuple[Any, list[tuple[Any, ...]]]]] = {
     "lstm": _lstm,
 }
 """name -> make(): (model or function, argument tuples). The first tuple is the one timed; the
-others (a hit, then a shape or value change) are for the tests (tests/python/test_torch_compile.py)."""
+others (a hit, then a shape or value change) are for the tests (tests/python/pytorch/test_torch_compile.py)."""
 
 
 def _recording(backend: str, graphs: list[tuple[Any, list[Any]]]) -> Any:

@@ -1,5 +1,5 @@
 """The real ``nn.Module``s whose torch.compile guards tripwire imports: one definition for the
-benchmark (bench/real_models.py) and the import tests (tests/python/test_torch_import.py).
+benchmark (bench/real_models.py) and the import tests (tests/python/pytorch/test_torch_import.py).
 
 * :class:`GPT`: token and position embeddings, ``n_layer`` blocks of LayerNorm, q/k/v/o attention
   and an MLP, dropout, one :class:`GPTConfig` object shared by every block (torch guards block 0's

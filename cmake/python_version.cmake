@@ -3,7 +3,7 @@
 # for exactly these versions, with the GIL; any other interpreter is refused here, with the reason,
 # instead of being built into a module whose frame runtime cannot run.
 # Keep in sync with requires-python and the classifiers in pyproject.toml
-# (tests/python/test_packaging.py checks all three, and runs this file with `cmake -P`).
+# (tests/python/package/test_packaging.py checks all three, and runs this file with `cmake -P`).
 #
 # Reads what find_package(Python) sets: Python_INTERPRETER_ID, Python_VERSION, Python_SOABI.
 set(TRIPWIRE_PYTHON_MIN 3.11)

@@ -429,7 +429,7 @@ def _parse_text(text: str, shape_is_size: bool) -> Source:
 # ``['key']`` (printable ASCII), ``[i]``, ``.size()[i]``, ``.stride()[i]``, ``.size(i)``,
 # ``.stride(i)``, ``.storage_offset()`` and, in shape relations, ``.shape[i]`` (``i``: decimal,
 # no sign, at most 18 digits). Anything else (blanks inside, other quotes, escapes, calls,
-# dunders) goes to _parse_ast; tests/python/test_source.py checks both give the same Source.
+# dunders) goes to _parse_ast; tests/python/sources/test_source.py checks both give the same Source.
 _KEY = r"'([ -&(-\[\]-~]*)'"
 _INT = r"(0|[1-9][0-9]{0,17})"
 _PLAIN_ROOT = re.compile(rf"([LGC])\[{_KEY}\]")

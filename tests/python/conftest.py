@@ -23,7 +23,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="run every test with gc.set_threshold(1) and a self-re-arming finalizer in a reference "
-        "cycle that mutates state on every collection (tests/python/gc_stress.py)",
+        "cycle that mutates state on every collection (tests/python/support/gc_stress.py)",
     )
 
 

@@ -3,7 +3,7 @@
 // The portable rounds only: it runs once per dumps/loads (about 10 ns a byte), never on a check,
 // and a library route would add a system dependency to every source build (OpenSSL's headers) or
 // Python to the core. Checked against FIPS 180-4's vectors (tests/cpp/test_codec.cpp) and against
-// hashlib on every length up to three blocks (tests/python/test_serialization.py).
+// hashlib on every length up to three blocks (tests/python/serialization/test_serialization.py).
 #include "core/codec/sha256.hpp"
 
 #include <cstring>

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("mypy")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 PASSES = """
 from __future__ import annotations

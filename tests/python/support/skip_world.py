@@ -26,12 +26,12 @@ during a disturbed check must never make a later check pass falsely.
 
 By hand (the 1M-step run of docs/cpp.md)::
 
-    python tests/python/skip_world.py --steps 1000000 --seed 1 [--gc-stress] [--log-every 10000]
+    python tests/python/support/skip_world.py --steps 1000000 --seed 1 [--gc-stress] [--log-every 10000]
 
 The million-step run under GC stress (bench/README.md, "A million steps under GC stress") took an
 hour on a loaded 2-core machine: ``nice`` it and run it from a copy of the installed package.
 
-The suite runs a bounded version (tests/python/test_skip.py).
+The suite runs a bounded version (tests/python/engine/test_skip_unchanged.py).
 """
 
 from __future__ import annotations

@@ -1018,7 +1018,7 @@ def test_backends_aot_eager_inductor_and_a_callable():
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_real_models_match_torch_compile(backend):
     """The bench's models through both routes, a few calls each with a shape change."""
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench"))
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3] / "bench"))
     try:
         import torch_compile as bench
     finally:

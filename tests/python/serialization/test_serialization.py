@@ -137,7 +137,7 @@ def evaluate_all(sets: list[tw.GuardSet]) -> list:
 
 _CHILD = """
 import json, sys
-sys.path[:0] = [{here!r}, {here!r} + "/../oracle"]
+sys.path[:0] = [{here!r}, {here!r} + "/../support", {here!r} + "/../../oracle"]
 import serial_fixtures as fx
 import tripwire as tw
 sets = [tw.GuardSet.from_bytes(open(p, "rb").read()) for p in {paths!r}]
@@ -178,7 +178,7 @@ def test_globals_are_the_recorded_modules_in_a_fresh_process(tmp_path: Path) -> 
     p.write_bytes(blob)
     child = f"""
 import sys
-sys.path.insert(0, {str(HERE)!r})
+sys.path.insert(0, {str(HERE.parent / "support")!r})
 import serial_fixtures as fx, tripwire as tw
 gs = tw.GuardSet.from_bytes(open({str(p)!r}, "rb").read(), allow_modules=["serial_fixtures"])
 r = [gs.check({{}})]
@@ -335,7 +335,7 @@ def test_array_kinds_round_trip() -> None:
 
 _TENSOR_CHILD = """
 import json, sys
-sys.path[:0] = [{here!r}, {here!r} + "/../oracle"]
+sys.path[:0] = [{here!r}, {here!r} + "/../support", {here!r} + "/../../oracle"]
 import tripwire as tw
 try:  # torch is not imported: refused, and the load does not import it
     tw.GuardSet.from_bytes(open({tpath!r}, "rb").read())
@@ -849,7 +849,7 @@ def test_the_bytes_are_proven_before_they_are_returned(monkeypatch: pytest.Monke
 
 
 def _shape_set(seed: int) -> tuple[tw.GuardSet, dict, Any]:
-    """A generated SHAPE relation set (tests/python/shape_cases.py) over L[...] and G['g']."""
+    """A generated SHAPE relation set (tests/python/support/shape_cases.py) over L[...] and G['g']."""
     r = random.Random(seed)
     case = shape_cases.relation_set(r)
     f_globals: dict[str, Any] = {"g": 0}
@@ -918,7 +918,7 @@ def _shape_blob() -> bytes:
 
 _SHAPE_CHILD = """
 import json, sys
-sys.path[:0] = [{here!r}, {here!r} + "/../oracle"]
+sys.path[:0] = [{here!r}, {here!r} + "/../support", {here!r} + "/../../oracle"]
 import shape_cases, tripwire as tw
 from test_serialization import _shape_variants
 gs = tw.GuardSet.from_bytes(open({path!r}, "rb").read())
@@ -1511,8 +1511,8 @@ def _storage_and_key_set_seed() -> bytes:
 def test_fuzz_seed_corpus_is_current() -> None:
     """tests/fuzz/corpus_codec holds the blobs of the fixture frames (mode byte 0: the whole
     file), so the libFuzzer run starts from real guard sets. Regenerate with
-    ``python tests/python/test_serialization.py``."""
-    corpus = HERE.parent / "fuzz" / "corpus_codec"
+    ``python tests/python/serialization/test_serialization.py``."""
+    corpus = HERE.parents[1] / "fuzz" / "corpus_codec"
     names = {p.name for p in corpus.iterdir()}
     for i in range(len(_FUZZ_SEEDS)):
         assert f"guards_for_{i}" in names
@@ -1521,7 +1521,7 @@ def test_fuzz_seed_corpus_is_current() -> None:
 
 
 if __name__ == "__main__":
-    out = HERE.parent / "fuzz" / "corpus_codec"
+    out = HERE.parents[1] / "fuzz" / "corpus_codec"
     out.mkdir(exist_ok=True)
     for i, blob in enumerate(_FUZZ_SEEDS):
         (out / f"guards_for_{i}").write_bytes(b"\x00" + blob)

@@ -36,7 +36,7 @@ def test_enums_are_the_engines_own():
     assert [k.name for k in tw.RootKind] == ["LOCAL", "GLOBAL", "CLOSURE"]
     assert tw.GuardKind(6) is tw.GuardKind.EQUALS_MATCH
     # Every kind the catalogue page documents exists, and every kind is documented.
-    text = (pathlib.Path(__file__).parents[2] / "docs" / "guards.md").read_text()
+    text = (pathlib.Path(__file__).parents[3] / "docs" / "guards.md").read_text()
     for k in tw.GuardKind:
         assert k.name in text, f"{k.name} is not documented in docs/guards.md"
 

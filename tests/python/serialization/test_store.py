@@ -134,7 +134,7 @@ def test_directory_evicts_oldest_first(tmp_path: Path) -> None:
 
 _WRITER = """
 import sys, os
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {here!r} + "/../support"]
 from tripwire.store import Directory
 import tripwire as tw
 from test_store import a_blob, save, NS
@@ -166,7 +166,7 @@ def test_concurrent_writers(tmp_path: Path) -> None:
 
 _KILLED = """
 import sys, os, time
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {here!r} + "/../support"]
 from tripwire.store import Directory
 from test_store import a_blob, save, NS
 

@@ -110,7 +110,7 @@ def test_fast_pass_rereads_invalid_after_running():
 def _run_child(body: str) -> str:
     """Run ``body`` in a child Python (same environment, tests/ on sys.path) so that a crash on
     a broken engine fails the calling test instead of ending the whole session. Returns stdout."""
-    tests_dir = str(pathlib.Path(__file__).parent)
+    tests_dir = str(pathlib.Path(__file__).parents[1] / "support")
     code = f"import sys; sys.path.insert(0, {tests_dir!r})\n" + textwrap.dedent(body)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"child exited with {r.returncode}:\n{r.stderr[-4000:]}"

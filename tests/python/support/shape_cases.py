@@ -7,9 +7,9 @@ checked against Python's own parser, which the reference uses). ``frame(r)`` dra
 zero, one, negative numbers, numbers around 2**63 and far beyond, NaN, infinities, -0.0,
 subnormals, and now and then a value of the wrong type or a missing local.
 
-Used by tests/python/test_shapes.py (bounded) and, by hand, for the long run::
+Used by tests/python/shapes/test_shapes.py (bounded) and, by hand, for the long run::
 
-    python tests/python/shape_cases.py --pairs 100000 --seed 1
+    python tests/python/support/shape_cases.py --pairs 100000 --seed 1
 """
 
 from __future__ import annotations

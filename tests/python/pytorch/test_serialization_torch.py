@@ -16,7 +16,7 @@ loaded set fails the unchanged inputs (safe, never a false pass), after it, it a
 set.
 
 Bounded for CI (TRIALS mutated inputs per model, scaled under --gc-stress); the long run is
-``TRIPWIRE_ROUNDTRIP_TRIALS=5000 python -m pytest tests/python/test_serialization_torch.py``.
+``TRIPWIRE_ROUNDTRIP_TRIALS=5000 python -m pytest tests/python/pytorch/test_serialization_torch.py``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ TRIALS = gc_stress.scaled(int(os.environ.get("TRIPWIRE_ROUNDTRIP_TRIALS", "300")
 
 _CHILD = """
 import json, sys
-sys.path[:0] = [{here!r}, {bench!r}]  # what pyproject's pytest pythonpath gives the parent
+sys.path[:0] = [{here!r}, {here!r} + "/../support", {bench!r}]  # what pyproject's pytest pythonpath gives the parent
 import torch_roundtrip as R
 import tripwire as tw
 import tripwire.torch as twt
@@ -91,7 +91,7 @@ def test_real_model_sets_round_trip_in_a_fresh_process(tmp_path: Path) -> None:
         expected[name] = answers
         paths[name] = str(tmp_path / f"{name}.twg")
         Path(paths[name]).write_bytes(blob)
-    child = _CHILD.format(here=str(HERE), bench=str(HERE.parent.parent / "bench"), paths=paths, trials=TRIALS)
+    child = _CHILD.format(here=str(HERE), bench=str(HERE.parents[2] / "bench"), paths=paths, trials=TRIALS)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout)

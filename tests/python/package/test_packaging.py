@@ -23,7 +23,7 @@ import pytest
 
 from tripwire.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 GATE = ROOT / "cmake" / "python_version.cmake"

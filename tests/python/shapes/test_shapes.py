@@ -45,7 +45,7 @@ class T:
 
 # -- the engine against the reference ------------------------------------------------------------
 def test_generated_relation_sets_match_the_reference() -> None:
-    # Bounded here; `python tests/python/shape_cases.py --pairs 100000` is the long run.
+    # Bounded here; `python tests/python/support/shape_cases.py --pairs 100000` is the long run.
     stats = shape_cases.run_pairs(scaled(2000, 100), seed=20240611)
     assert stats["passed"] > 0 and stats["failed"] > 0
     if stats["pairs"] >= 1000:  # merges are frequent enough to show at this size

@@ -29,7 +29,7 @@ from tripwire import _adapter_build as ab
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAKE_CXX = """\
 #!{python}
 import os, pathlib, sys, time

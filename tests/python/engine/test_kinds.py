@@ -1561,7 +1561,7 @@ def test_strict_mode_other_subscript_errors_raise() -> None:
 # binding exports it. It is checked here against what was written by hand elsewhere: the
 # catalogue's table of kinds, docs/format.md's guard records, and the builder's behaviour.
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 _IMPLIED = {
     "never",
     "identity",

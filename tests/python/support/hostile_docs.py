@@ -3,7 +3,7 @@
 Each builder takes a target body size in bytes and returns a whole document (header and SHA-256
 included, so every byte reaches the decoder). They are the worst inputs found for each cost a
 load has: long strings, strings named over and over, many tiny constants, deep constant trees,
-many guards, long relation texts and many symbols. tests/python/test_hostile_input.py checks that
+many guards, long relation texts and many symbols. tests/python/serialization/test_hostile_bytes.py checks that
 each loads or is refused with FormatError, and bench/hostile_load.py times them per MB.
 """
 

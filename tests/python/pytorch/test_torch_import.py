@@ -15,7 +15,7 @@ mode, default dtype, determinism, threads, autocast, a torch-function mode, a de
 see ``Differential``.
 
 Counts are bounded for CI (``TRIALS`` per case, ``gc_stress.scaled``); the long run is
-``TRIPWIRE_TORCH_TRIALS=100000 python -m pytest tests/python/test_torch_import.py -k differential``.
+``TRIPWIRE_TORCH_TRIALS=100000 python -m pytest tests/python/pytorch/test_torch_import.py -k differential``.
 """
 
 from __future__ import annotations

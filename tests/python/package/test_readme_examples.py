@@ -25,7 +25,7 @@ from tripwire.torch import _tree  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def compiled(obj, *args):

@@ -413,7 +413,7 @@ def test_guards_of_imports_torchs_cpp_shape_guard() -> None:
 def test_tensor_property_and_grad_accessors_are_named_imported_and_droppable() -> None:
     """torch 2.13 binds TensorPropertyGuardAccessor, GradGuardAccessor and IndexedGuardAccessor as
     plain ``GuardAccessor`` objects: the importer names them from their repr, so a guard below one
-    imports through the C++ tensor steps (TENSOR_SIZE, GRAD; tests/python/test_cpp_tensor_steps.py)
+    imports through the C++ tensor steps (TENSOR_SIZE, GRAD; tests/python/tensors/test_cpp_tensor_steps.py)
     and ``drop=`` naming the accessor drops it, while the C++ shape guard below the same accessors
     stays imported (its relations are read from their printed text). The two extra leaves are
     added to torch's own tree: no torch 2.13 compile tried puts a guard other than the shape guard

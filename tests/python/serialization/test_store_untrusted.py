@@ -514,7 +514,7 @@ def test_redis_down_then_back_twenty_calls_one_warning_one_line(
 
 _DOWN_APP = """
 import sys
-sys.path.insert(0, {here!r})
+sys.path.insert(0, {here!r} + "/../support")
 import tripwire as tw
 from tripwire.store import Redis
 import serial_fixtures as fx
