@@ -14,7 +14,9 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _core, guard_set, shapes, source, tensors
+import tripwire._core as _core
+
+from . import guard_set, shapes, source, tensors
 from ._package import is_own_file
 from .catalogue import GuardKind, GuardSpec
 from .errors import GuardBuildError, ShapeSyntaxError

@@ -16,7 +16,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, cast
 
-from . import _core
+import tripwire._core as _core
+
 from .catalogue import GuardKind, GuardSpec, short_repr
 from .errors import RecompileLimitExceeded
 from .failure import Failure

@@ -50,7 +50,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _core
+import tripwire._core as _core
+
 from .source import Source
 
 __all__ = [

@@ -14,7 +14,9 @@ import os
 import sys
 from typing import Any
 
-from . import _adapter_build, _core, tensors
+import tripwire._core as _core
+
+from . import _adapter_build, tensors
 from ._package import __version__, default_cache_dir
 
 

@@ -80,7 +80,8 @@ def _is_key_set(value: Any) -> bool:
 def _key_set_text(spec: GuardSpec, value: Any, where: str) -> tuple[Any, str]:
     """DISPATCH_KEY_SET_MATCH's (actual, reason): the applied set the engine reads now and the keys
     that differ from the expected one, by torch's key names."""
-    from . import _core
+    import tripwire._core as _core
+
     from .tensors import dispatch_key_names
 
     want = spec.args[0]
@@ -238,7 +239,9 @@ def _level_text(value: Any) -> str:
 
 def _state_text(spec: GuardSpec, now: Any) -> str:
     """A torch probe's change, each field named: ``grad_mode expected True, got False; ...``."""
-    from . import _core, tensors
+    import tripwire._core as _core
+
+    from . import tensors
 
     probe, want = spec.args[0], spec.args[1]
     if probe == "torch_saved_tensors_hooks":
@@ -329,7 +332,7 @@ def make_failure(
     elif spec.kind in (GuardKind.ALIAS, GuardKind.NO_ALIAS) and type(value) is tuple:
         reason = f"{where}: {_relation_text(spec, value)}"
     elif spec.kind is GuardKind.GLOBAL_STATE and spec.args[0] in _TORCH_PROBES:
-        from . import _core
+        import tripwire._core as _core
 
         try:
             now = _core.read_builtin_probe(spec.args[0])

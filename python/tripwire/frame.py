@@ -56,7 +56,8 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
-from . import _core
+import tripwire._core as _core
+
 from ._package import is_own_file
 from .cache import Cache, OnLimit, recording_recompiles
 from .errors import FrameError, IncompatibleCodeError, RecompileLimitExceeded

@@ -16,7 +16,9 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-from . import _core, catalogue, serialization, tensors
+import tripwire._core as _core
+
+from . import catalogue, serialization, tensors
 from .catalogue import _TORCH_PROBES, GuardKind, GuardSpec
 from .errors import FormatError, GuardBuildError, GuardEvalError
 from .failure import Failure, make_failure

@@ -24,7 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _core, shapes, tensors
+import tripwire._core as _core
+
+from . import shapes, tensors
 from .builder import GuardBuilder
 from .catalogue import GuardSpec
 from .source import RootKind, Source, StepKind

@@ -17,7 +17,9 @@ import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from . import _core, catalogue, tensors
+import tripwire._core as _core
+
+from . import catalogue, tensors
 from ._package import __version__
 from .catalogue import _TORCH_PROBES, KINDS, GuardKind, GuardSpec, Weak
 from .errors import FormatError, NotSerializable

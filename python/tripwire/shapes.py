@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _core
+import tripwire._core as _core
+
 from .errors import GuardBuildError, ShapeSyntaxError
 from .source import RootKind, Source, SourceParseError
 from .source import _parse_text as _source_parse_text

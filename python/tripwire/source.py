@@ -59,7 +59,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, cast
 
-from . import _core
+import tripwire._core as _core
 
 __all__ = ["RootKind", "Source", "SourceLike", "SourceParseError", "Step", "StepKind"]
 

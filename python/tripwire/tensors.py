@@ -31,7 +31,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _adapter_build, _core
+import tripwire._core as _core
+
+from . import _adapter_build
 from .errors import GuardBuildError
 
 __all__ = [

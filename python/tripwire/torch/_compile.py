@@ -27,7 +27,8 @@ from torch._dynamo import eval_frame as _ef
 from torch._dynamo import external_utils, trace_rules
 from torch._dynamo.types import FrameAction
 
-from .. import _core
+import tripwire._core as _core
+
 from .. import frame as twf
 from .. import tensors as _tensors
 from ..errors import GuardsNotImportable, TorchImportError

@@ -13,7 +13,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from .. import _core
+import tripwire._core as _core
+
 from ..catalogue import GuardKind
 from ._convert import ConverterBase, _Fallback, _Node
 from ._printed import call_args, has_nan, id_in, literal, n_from_len, parse, rhs_literal

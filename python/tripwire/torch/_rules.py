@@ -27,7 +27,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .. import _core
+import tripwire._core as _core
+
 from ..catalogue import GuardKind
 from ._accessors import AccessorRules
 from ._convert import _Blocked, _Fallback, _Node, _type_name

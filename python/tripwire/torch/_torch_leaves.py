@@ -12,7 +12,8 @@ import re
 import sys
 from typing import Any
 
-from .. import _core
+import tripwire._core as _core
+
 from ..catalogue import GuardKind
 from ._convert import ConverterBase, _Fallback, _Node
 from ._printed import details, literal, parse
@@ -171,7 +172,7 @@ class TorchLeafRules(ConverterBase):
         self.refresh_local_state()
         if bool(leaf(ks)) is not True:
             raise _Fallback("torch's leaf does not accept the printed set under the current dispatch state")
-        from .. import _core
+        import tripwire._core as _core
 
         if _core.dispatch_key_set_reader_installed():
             # The native kind: the same rule read in C++ through the adapter (fast pass, saved).
