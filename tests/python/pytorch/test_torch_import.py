@@ -1342,9 +1342,17 @@ def test_entries_in_lru_order_and_invalidated_entries():
         torch.compile(call_it, backend="eager", dynamic=False)(torch.ones(1), o)
     gs = twt.guards_of(call_it, drop=twt.PENDING_KINDS)
     assert gs.check({"x": torch.ones(1), "o": o})
+    local_class = weakref.ref(type(o))
     del o
     gc.collect()
     entries = _debug_get_cache_entry_list(call_it.__code__)
+    if local_class() is not None:
+        # torch 2.13 on CPython 3.12 keeps the class alive (a script that imports only torch shows
+        # it): then neither side may invalidate, and both must still decide.
+        assert sys.version_info[:2] == (3, 12), "only torch on 3.12 was seen keeping the class"
+        assert type(entries[0].guard_manager).__name__ != "DeletedGuardManagerWrapper"
+        assert not gs.invalid
+        return
     assert type(entries[0].guard_manager).__name__ == "DeletedGuardManagerWrapper"
     with pytest.raises(tw.TorchImportError, match="invalidated"):
         twt.guards_of(call_it)
