@@ -919,3 +919,44 @@ def test_marked_fast_form_under_collections(action: str) -> None:
     setup()
     act()
     assert gs.check({"x": y}) is theirs(y)
+
+
+def test_marked_fast_form_under_threads() -> None:
+    """One thread checks while another grows and shrinks the marking set and swaps it for another
+    set: nothing crashes, no error is left set, and once the writer stops the check agrees with
+    torch's on the final state and on fresh ones."""
+    import threading
+
+    x = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(x, [0, 1])
+    b = tw.GuardBuilder({"x": x})
+    b.dimension_marking("L['x']")
+    gs = b.build()
+    theirs = _torch_marking_guard(x)
+    y = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(y, 0)
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            s = y._dynamo_dynamic_indices
+            s.add(i % 3)  # 2 is outside the built {0, 1}
+            s.discard((i + 1) % 3)
+            if i % 7 == 0:
+                y._dynamo_dynamic_indices = {i % 2}
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(scaled(2000)):
+            gs.check({"x": y})  # either answer: the writer runs between any two bytecodes
+    finally:
+        stop.set()
+        t.join()
+    assert gs.check({"x": y}) is theirs(y)
+    y._dynamo_dynamic_indices = {1}
+    assert gs.check({"x": y}) is theirs(y) is True
+    y._dynamo_dynamic_indices = {2}
+    assert gs.check({"x": y}) is theirs(y) is False
