@@ -244,7 +244,7 @@ PyObject* lookup_slow(Keys* dk, PyObject** values, PyObject* key, Py_ssize_t* hi
 namespace {
 // 1 when the str-keyed table (with `values`, or its own entries when null) lacks `name`, 0 when
 // it holds it, -1 for a general table (a lookup there may compare with a user key's __eq__).
-int table_lacks(layout::Keys* dk, PyObject** values, PyObject* name) {
+int table_lacks(layout::Keys* dk, PyObject** values, PyObject* name, PyObject** found = nullptr) {
     if (dk == nullptr || dk->dk_kind == 0) return -1;
     auto* ents = reinterpret_cast<layout::UnicodeEntry*>(layout::entries(dk));
     // Most keys differ from `name` in their cached hash: compared inline first (a key whose hash
@@ -261,6 +261,7 @@ int table_lacks(layout::Keys* dk, PyObject** values, PyObject* name) {
         if (k == name || layout::equal_str(k, name)) {
             // A table of exact str keys never holds two equal keys: this is the one entry.
             PyObject* v = values != nullptr ? values[i] : ents[i].me_value;
+            if (found != nullptr) *found = v;
             return v == nullptr ? 1 : 0;
         }
     }
@@ -268,7 +269,8 @@ int table_lacks(layout::Keys* dk, PyObject** values, PyObject* name) {
 }
 }  // namespace
 
-int instance_attr_absent(PyObject* obj, PyObject* name, std::uint64_t* memo) {
+int instance_attr_absent(PyObject* obj, PyObject* name, std::uint64_t* memo, PyObject** found) {
+    if (found != nullptr) *found = nullptr;
     if (!g_dict_hints_enabled) return -1;
     PyTypeObject* tp = Py_TYPE(obj);
     PyObject* dict = nullptr;
@@ -280,7 +282,7 @@ int instance_attr_absent(PyObject* obj, PyObject* name, std::uint64_t* memo) {
         if (PyObject** values = layout::inline_values(obj)) {
             auto* keys =
                 reinterpret_cast<layout::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);
-            return table_lacks(keys, values, name);
+            return table_lacks(keys, values, name, found);
         }
         dict = layout::managed_dict(obj);
     } else {
@@ -297,12 +299,12 @@ int instance_attr_absent(PyObject* obj, PyObject* name, std::uint64_t* memo) {
         if (tag != 0 && tag == *memo) return 1;
     }
     auto* mp = reinterpret_cast<layout::Dict*>(dict);
-    const int r = table_lacks(mp->ma_keys, layout::split_values(mp->ma_values), name);
+    const int r = table_lacks(mp->ma_keys, layout::split_values(mp->ma_values), name, found);
     if (r == 1 && tag != 0) *memo = tag;  // read before the scan, nothing ran between
     return r;
 }
 #else
-int instance_attr_absent(PyObject*, PyObject*, std::uint64_t*) { return -1; }
+int instance_attr_absent(PyObject*, PyObject*, std::uint64_t*, PyObject**) { return -1; }
 #endif
 
 }  // namespace tripwire::runtime

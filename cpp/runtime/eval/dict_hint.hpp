@@ -58,7 +58,9 @@ void verify_dict_hints();
 /// dict in the same state (docs/cpp.md, "Skipping unchanged subtrees"), so that dict still lacks
 /// `name`: 1 at once, without a scan. Set after a proof in a dict with a usable tag; never used
 /// or set for inline values (no tag), an embedded 3.13 dict (tag 0) or with the skip off.
-int instance_attr_absent(PyObject* obj, PyObject* name, std::uint64_t* memo = nullptr);
+/// `found` (optional): on 0, the value held there (borrowed), else null.
+int instance_attr_absent(PyObject* obj, PyObject* name, std::uint64_t* memo = nullptr,
+                         PyObject** found = nullptr);
 
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
 #define TRIPWIRE_DICT_LAYOUT 1

@@ -1124,7 +1124,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const FastOp& op = *opp;
             next = opp + 1;
             const auto* mc = static_cast<const MarkingCache*>(op.hot);
-            if (!dimension_marking_quick(&mc->cache, mc->absent, r[op.node]) &&
+            if (!dimension_marking_quick(&mc->names, mc->absent, r[op.node]) &&
                 !dimension_marking_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op))
                 next = end;
             break;

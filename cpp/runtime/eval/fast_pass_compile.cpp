@@ -52,8 +52,7 @@ GuardSet::FastOp GuardSet::guard_op(std::uint32_t ni, std::uint32_t gi, std::uin
             if (guards_[gi].via_python) g.code = Code::SlowGuard;
             break;
         case Code::DimensionMarking:
-            // The record whose first member the guard's inline cache is (set when binding).
-            g.hot = reinterpret_cast<const MarkingCache*>(guards_[gi].attr_cache);
+            g.hot = guards_[gi].marking;  // set when binding
             break;
         default: break;
     }

@@ -377,6 +377,20 @@ bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject
     return c.mode == AttrCache::Mode::InstanceDict && instance_attr_absent(obj, name, &dict_memo) == 1;
 }
 
+bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* const* names, int count) {
+    if (!attr_cache_valid(c, tp)) {
+        fill_cache(c, tp, names[0], [&] {
+            if (tp->tp_getattro != PyObject_GenericGetAttr) return AttrCache::Mode::Generic;
+            for (int i = 0; i < count; ++i) {
+                PyObject* descr = nullptr;
+                if (!mro_lookup(tp, names[i], &descr) || descr != nullptr) return AttrCache::Mode::Generic;
+            }
+            return AttrCache::Mode::InstanceDict;
+        });
+    }
+    return c.mode == AttrCache::Mode::InstanceDict;
+}
+
 Fetched fetch_root(RuntimeRoot& root, const Locals& locals, PyObject* globals) {
     switch (root.kind) {
         case core::RootKind::Local: {

@@ -127,6 +127,11 @@ PyObject* function_field(PyObject* fn, PyObject* name);
 /// (instance_attr_absent). False when present, or when this cannot be decided that way.
 /// `dict_memo`: instance_attr_absent's memo of the instance dict state last proved to lack `name`.
 bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject* obj, PyObject* name);
+/// Whether getattr(obj, n) for each of the `count` exact str `names` is decided by obj's own
+/// storage alone: instances of obj's type use object.__getattribute__ itself (no __getattr__) and
+/// no class of its MRO defines any of the names (cached in `c` under the type's version tag, as
+/// InstanceDict). Runs no user code once cached for the type.
+bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* const* names, int count);
 
 /// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
 std::string describe_missing(const RuntimeStep& step, PyObject* parent);

@@ -4,11 +4,24 @@
 #include <cstdint>
 
 #include "core/ir.hpp"
+#include "runtime/eval/fetch.hpp"
 #include "runtime/py.hpp"
 
 namespace tripwire::runtime {
 
-struct AttrCache;
+/// DIMENSION_MARKING's caches, side by side (the fast op reads them directly: one line, not
+/// three). Owned by the GuardSet.
+struct MarkingCache {
+    /// InstanceDict when getattr is object's own and no class defines the flag or any marking
+    /// attribute (attributes_in_instance_storage): each is then present exactly when the
+    /// instance's own storage holds it, which the fast forms read.
+    AttrCache names;
+    /// The instance dict state last proved to lack the flag (instance_attr_absent's memo).
+    std::uint64_t absent = 0;
+    /// The flag's own inline cache (attribute_certainly_absent), for a type where a class
+    /// defines a marking attribute but not the flag.
+    AttrCache flag;
+};
 /// A DICT_VERSION guard's change flag (3.12+): once the guard passed on a dict by its stamp,
 /// the record is *armed* on that dict, and the one dict watcher (the one that keeps the stamps)
 /// sets `dirty` on the dict's first change or its deallocation. An armed check is then two
@@ -37,10 +50,7 @@ struct RuntimeGuard {
     std::int64_t n = 0, n2 = 0, n3 = 0;
     const std::int64_t* data = nullptr;  ///< GuardDecl::data (owned by the Program), data_size entries
     std::uint32_t data_size = 0;
-    AttrCache* attr_cache = nullptr;  ///< DIMENSION_MARKING's inline cache (owned by the GuardSet)
-    /// DIMENSION_MARKING: the instance dict state last proved to lack the marking flag
-    /// (instance_attr_absent's memo; owned by the GuardSet, next to attr_cache).
-    std::uint64_t* absent_memo = nullptr;
+    MarkingCache* marking = nullptr;  ///< DIMENSION_MARKING's caches (owned by the GuardSet)
     std::uint32_t id = 0;
     DictWatch* watch = nullptr;  ///< DICT_VERSION on 3.12+: its change flag (owned by the GuardSet)
 };

@@ -467,14 +467,7 @@ class GuardSet {
     // Objects derived when binding guards (ARRAY_MATCH dtypes, DIMENSION_MARKING sets) and the
     // inline caches of DIMENSION_MARKING (sized once: RuntimeGuard points into it).
     std::vector<Ref> derived_;
-    // DIMENSION_MARKING's inline cache and absence memo side by side (RuntimeGuard::attr_cache
-    // and absent_memo point into it; the fast op reads it directly: one line, not three).
-    struct MarkingCache {
-        AttrCache cache;
-        std::uint64_t absent = 0;
-    };
-    static_assert(std::is_standard_layout_v<MarkingCache> && offsetof(MarkingCache, cache) == 0,
-                  "a pointer to the cache is a pointer to its record");
+    // DIMENSION_MARKING's caches (sized once: RuntimeGuard::marking points into it).
     std::vector<MarkingCache> marking_caches_;
     // TENSOR_MATCH's records, contiguous in guard order, each the expected type's address then
     // the guard's data (RuntimeGuard::data points here): the fast op reads its record only, not

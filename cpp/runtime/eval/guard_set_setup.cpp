@@ -354,9 +354,7 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     tensor_records_.reserve(record_words);  // pointers into it are taken below: no reallocation
     for (RuntimeGuard& g : guards_) {
         if (g.kind == core::GuardKind::DimensionMarking) {
-            MarkingCache& m = marking_caches_[markings++];
-            g.absent_memo = &m.absent;
-            g.attr_cache = &m.cache;
+            g.marking = &marking_caches_[markings++];
         } else if (g.kind == core::GuardKind::TensorMatch) {
             // The record: the type's address (compared, never dereferenced), then a copy of the
             // data, which g.data then points at (the program's own copy is never written).

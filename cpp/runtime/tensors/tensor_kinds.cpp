@@ -1,6 +1,7 @@
 // tripwire/cpp/runtime/tensors/tensor_kinds.cpp -- TENSOR_MATCH, ARRAY_MATCH and DIMENSION_MARKING.
 #include "runtime/tensors/tensor_kinds.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/kind_data.hpp"
@@ -339,6 +340,9 @@ struct MarkingNames {
     PyObject* shape_ids;
     PyObject* bounds;
     PyObject* issubset;
+    /// The flag, then the attributes: the names whose lookups the marked fast form reads from the
+    /// instance's own storage.
+    PyObject* read[1 + core::marking_data::kAttrCount];
 };
 const MarkingNames& marking_names() {
     static const MarkingNames names = [] {
@@ -352,6 +356,8 @@ const MarkingNames& marking_names() {
         n.shape_ids = intern(core::marking_data::kShapeIdsAttr);
         n.bounds = intern(core::marking_data::kUnbackedBoundsAttr);
         n.issubset = intern("issubset");
+        n.read[0] = n.flag;
+        for (int i = 0; i < core::marking_data::kAttrCount; ++i) n.read[1 + i] = n.attrs[i];
         return n;
     }();
     return names;
@@ -520,12 +526,90 @@ bool array_mismatches(const RuntimeGuard& g, PyObject* v, std::vector<FieldMisma
 
 // -- DIMENSION_MARKING --------------------------------------------------------------------------------------
 
+namespace {
+
+// Whether exact set `s` is a subset of the `n` built dimensions at `want`, as `s.issubset(built)`
+// answers when every element is an exact int; false when not, or when an element is anything
+// else (a bool, a float, an int subclass, a user object whose __eq__ could answer anything: the
+// slow path decides those by the set's own issubset).
+//
+// There is no public allocation-free way to walk a set (_PySet_NextEntry is private), and
+// PySet_Contains per built index would compare with any element of a colliding hash through that
+// element's __eq__ (user code). So it walks a set iterator, the one allocation here, with the
+// collector off meanwhile: a collection inside the allocation could run finalizers that mutate
+// this set or the tensor's dict between our reads. Nothing else runs until the iterator is gone:
+// the elements are exact ints (their decref frees nothing the set still holds).
+bool set_within(PyObject* s, const std::int64_t* want, std::int64_t n) {
+    if (!PySet_CheckExact(s)) return false;
+    const Py_ssize_t size = PySet_GET_SIZE(s);
+    if (size == 0) return true;
+    if (size > n) return false;  // more elements than built dimensions: not a subset
+    const int collecting = PyGC_Disable();
+    PyObject* it = PyObject_GetIter(s);
+    bool ok = it != nullptr;
+    bool raised = !ok;  // no memory for the iterator
+    while (ok) {
+        PyObject* x = PyIter_Next(it);
+        if (x == nullptr) {
+            raised = PyErr_Occurred() != nullptr;  // the set changed size: cannot happen here
+            break;
+        }
+        ok = PyLong_CheckExact(x);
+        if (ok) {
+            int overflow = 0;
+            const long long d = PyLong_AsLongLongAndOverflow(x, &overflow);
+            ok = overflow == 0 && std::find(want, want + n, static_cast<std::int64_t>(d)) != want + n;
+        }
+        Py_DECREF(x);
+    }
+    Py_XDECREF(it);
+    if (raised) {  // not decided here: the slow path reads the set again
+        PyErr_Clear();
+        ok = false;
+    }
+    if (collecting) PyGC_Enable();
+    return ok;
+}
+
+}  // namespace
+
+bool dimension_marking_marked(const RuntimeGuard& g, PyObject* v) {
+    static const MarkingNames& names = marking_names();
+    if (g.marking == nullptr || !attributes_in_instance_storage(g.marking->names, Py_TYPE(v), names.read,
+                                                                1 + core::marking_data::kAttrCount))
+        return false;
+    // Every name is now present exactly when v's own storage holds it, read without user code.
+    PyObject* got = nullptr;
+    int r = instance_attr_absent(v, names.flag, &g.marking->absent, &got);
+    if (r != 0) return r == 1;  // no flag: no constraint; undecided: the slow path reads it
+    // The same decision as dimension_marking's, attribute by attribute.
+    bool any_built = false;
+    bool ok = true;
+    const std::int64_t* d = g.data;
+    for (int a = 0; a < core::marking_data::kAttrCount && ok; ++a) {
+        const std::int64_t n = *d++;
+        any_built = any_built || n >= 0;
+        r = instance_attr_absent(v, names.attrs[a], nullptr, &got);
+        // Absent now: no constraint. Present: built with it, and within the built dimensions.
+        ok = r == 1 || (r == 0 && n >= 0 && set_within(got, d, n));
+        if (n > 0) d += n;
+    }
+    // Gated dependent attributes present now are compared by == on arbitrary values: the slow
+    // path does that.
+    if (ok && g.flag) ok = instance_attr_absent(v, names.attrs[core::marking_data::kGateAttr]) == 1;
+    return ok && any_built;
+}
+
 bool dimension_marking_pure(const RuntimeGuard& g, PyObject* v) {
     // The common case: a tensor nobody marked carries no _has_dynamo_dim_marking at all. The
     // name is interned once (marking_names) and kept here, off the function-local static's guard.
     static PyObject* const flag = marking_names().flag;
     if (dimension_marking_quick(g, v)) return true;
-    return g.attr_cache != nullptr && attribute_certainly_absent(*g.attr_cache, *g.absent_memo, v, flag);
+    if (g.marking == nullptr) return false;
+    if (dimension_marking_marked(g, v)) return true;
+    // A class defines a marking attribute (the slow path reads it), but perhaps not the flag.
+    return g.marking->names.mode != AttrCache::Mode::InstanceDict &&
+           attribute_certainly_absent(g.marking->flag, g.marking->absent, v, flag);
 }
 
 int dimension_marking(const RuntimeGuard& g, PyObject* v) {

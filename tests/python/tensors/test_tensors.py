@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import reference
 import tripwire as tw
 from engine_switches import assert_passes_on_the_fast_pass, switches
-from gc_stress import examples, scaled
+from gc_stress import examples, hit_every_allocation, scaled
 from tripwire import _core
 
 torch = pytest.importorskip("torch")
@@ -733,3 +733,230 @@ def test_marking_memo_sees_mark_dynamic() -> None:
     assert all(gs.check({"x": x}) for _ in range(3))  # the memo is made, then used
     torch._dynamo.mark_dynamic(x, 0)
     assert gs.check({"x": x}) is False  # marked now, not at build time: recompile
+
+
+# -- DIMENSION_MARKING on marked tensors: the fast form against torch --------------------------------
+class SetSub(set):
+    """A set subclass: its own issubset decides, as torch's guard calls it."""
+
+
+class LyingSetSub(set):
+    def issubset(self, other: Any) -> bool:  # type: ignore[override]
+        return True
+
+
+class Hash0:
+    """Equal to everything, hash 0: a set lookup that meets it compares through its __eq__."""
+
+    calls = 0
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        Hash0.calls += 1
+        return True
+
+
+class PropertyMarked(torch.Tensor):
+    """A class that defines a marking attribute: never read from the instance's storage."""
+
+    @property
+    def _dynamo_dynamic_indices(self) -> set[int]:
+        return {5}
+
+
+def _mark(how: str) -> Any:
+    t = torch.zeros(3, 3)
+    if how == "mark 0":
+        torch._dynamo.mark_dynamic(t, 0)
+    elif how == "mark 1":
+        torch._dynamo.mark_dynamic(t, 1)
+    elif how == "mark 0 1":
+        torch._dynamo.mark_dynamic(t, [0, 1])
+    elif how == "deleted":
+        torch._dynamo.mark_dynamic(t, 0)
+        del t._dynamo_dynamic_indices
+    elif how == "flag only":
+        t._has_dynamo_dim_marking = True
+    elif how == "mark_static":
+        torch._dynamo.mark_static(t, 0)
+    elif how == "maybe_mark_dynamic":
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+    elif how == "property":
+        t = torch.zeros(3, 3).as_subclass(PropertyMarked)
+        t._has_dynamo_dim_marking = True
+    elif how != "plain":
+        t._has_dynamo_dim_marking = True
+        t._dynamo_dynamic_indices = {
+            "set subclass": lambda: SetSub({0}),
+            "set subclass, other dim": lambda: SetSub({2}),
+            "lying issubset": lambda: LyingSetSub({2}),
+            "frozenset": lambda: frozenset({0}),
+            "frozenset, other dim": lambda: frozenset({2}),
+            "float": lambda: {0.0},
+            "float, other": lambda: {1.5},
+            "bool True": lambda: {True},
+            "bool False": lambda: {False},
+            "big int": lambda: {2**70},
+            "negative": lambda: {-1},
+            "empty": lambda: set(),
+            "hash-0 object": lambda: {Hash0()},
+            "str": lambda: {"0"},
+        }[how]()
+    return t
+
+
+RUN_MARKINGS = ["plain", "mark 0", "mark 1", "mark 0 1", "deleted", "flag only", "mark_static",
+                "maybe_mark_dynamic", "property", "set subclass", "set subclass, other dim", "lying issubset",
+                "frozenset", "frozenset, other dim", "float", "float, other", "bool True", "bool False",
+                "big int", "negative", "empty", "hash-0 object", "str"]  # fmt: skip
+
+
+def _torch_marking_guard(example: Any) -> Any:
+    """torch's own DIMENSION_DYNAMIC_MARKING leaf, built from ``example`` as its guards.py does."""
+    root = torch_guards.RootGuardManager()
+    expected = {n: getattr(example, n) for n in MARKINGS if hasattr(example, n)}
+    absent = [n for n in MARKINGS if not hasattr(example, n)]
+    return torch_guards.DIMENSION_DYNAMIC_MARKING_GUARD(root, expected, absent, {}, ["dm"], None)
+
+
+@pytest.mark.parametrize("built_as", ["mark 0", "mark 0 1", "mark 1"])
+@pytest.mark.parametrize("run_as", RUN_MARKINGS)
+def test_marked_fast_form_decides_as_torch(built_as: str, run_as: str) -> None:
+    """Built on a mark_dynamic'd tensor, checked on tensors marked every way: the engine (fast
+    pass on and off), the reference and torch's own guard agree."""
+    example = _mark(built_as)
+    theirs = _torch_marking_guard(example)
+    v = _mark(run_as)
+    want = theirs(v)
+    got = []
+    for fast in (True, False):
+        with switches(fast=fast):
+            b = tw.GuardBuilder({"t": example})
+            b.dimension_marking("L['t']")
+            gs = b.build()
+            got += [gs.check({"t": v}), gs.check({"t": v})]  # the second through filled caches
+    assert got == [want] * 4, (built_as, run_as, want, got)
+    assert reference.check(gs.guards, {"t": v}) == want
+    if not want:
+        assert gs.why_not({"t": v}).kind == "DIMENSION_MARKING"
+
+
+def test_marked_tensor_takes_the_fast_pass_and_sees_in_place_changes() -> None:
+    """A mark_dynamic'd tensor is decided on the fast pass; the sets are read on every check, so
+    an in-place add fails the next one."""
+    x = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(x, 0)
+    b = tw.GuardBuilder({"x": x})
+    b.tensor_match("L['x']")
+    b.dimension_marking("L['x']")
+    gs = b.build()
+    theirs = _torch_marking_guard(x)
+    y = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(y, 0)
+    assert_passes_on_the_fast_pass(gs, {"x": y})
+    assert_passes_on_the_fast_pass(gs, {"x": y})
+    y._dynamo_dynamic_indices.add(1)
+    assert theirs(y) is False and gs.check({"x": y}) is False
+    y._dynamo_dynamic_indices.discard(1)
+    assert_passes_on_the_fast_pass(gs, {"x": y})
+    y._dynamo_dynamic_indices.discard(0)  # empty: a subset of anything
+    assert theirs(y) is True
+    assert_passes_on_the_fast_pass(gs, {"x": y})
+    y._dynamo_dynamic_indices = {True}  # True == 1: not within {0}
+    assert theirs(y) is False and gs.check({"x": y}) is False
+    y._dynamo_dynamic_indices = {False}  # False == 0: within {0}, decided by the slow path
+    assert theirs(y) is True and gs.check({"x": y}) is True
+
+
+def test_marked_fast_form_runs_no_user_eq() -> None:
+    """An element whose hash collides with a built dimension is never compared by the fast form:
+    the slow path's issubset compares it (as torch's does), once per check."""
+    x = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(x, 0)
+    y = _mark("hash-0 object")
+    for fast in (True, False):
+        with switches(fast=fast):
+            b = tw.GuardBuilder({"x": x})
+            b.dimension_marking("L['x']")
+            gs = b.build()
+            Hash0.calls = 0
+            assert gs.check({"x": y}) is _torch_marking_guard(x)(y) is True
+            assert Hash0.calls == 2  # ours once, torch's once
+
+
+@pytest.mark.parametrize("action", ["delete", "replace", "add"])
+def test_marked_fast_form_under_collections(action: str) -> None:
+    """A finalizer run by a collection inside the check deletes, replaces or grows the marking set
+    (the set the fast form reads, held only by the tensor): no crash, no error left set, and a
+    decision torch makes on the state before or after it."""
+    x = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(x, 0)
+    b = tw.GuardBuilder({"x": x})
+    b.dimension_marking("L['x']")
+    gs = b.build()
+    theirs = _torch_marking_guard(x)
+    y = torch.zeros(4, 3)
+
+    def setup() -> None:
+        y._has_dynamo_dim_marking = True
+        y._dynamo_dynamic_indices = {0}
+
+    def act() -> None:
+        if action == "delete":
+            del y._dynamo_dynamic_indices
+        elif action == "replace":
+            y._dynamo_dynamic_indices = {7}
+        else:
+            y._dynamo_dynamic_indices.add(3)
+
+    seen = set()
+    for result, fired in hit_every_allocation(lambda: gs.check({"x": y}), act, setup=setup, ks=range(6)):
+        after = theirs(y)
+        assert result in (True, after), (action, result, fired)
+        seen.add(fired)
+    setup()
+    act()
+    assert gs.check({"x": y}) is theirs(y)
+
+
+def test_marked_fast_form_under_threads() -> None:
+    """One thread checks while another grows and shrinks the marking set and swaps it for another
+    set: nothing crashes, no error is left set, and once the writer stops the check agrees with
+    torch's on the final state and on fresh ones."""
+    import threading
+
+    x = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(x, [0, 1])
+    b = tw.GuardBuilder({"x": x})
+    b.dimension_marking("L['x']")
+    gs = b.build()
+    theirs = _torch_marking_guard(x)
+    y = torch.zeros(4, 3)
+    torch._dynamo.mark_dynamic(y, 0)
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            s = y._dynamo_dynamic_indices
+            s.add(i % 3)  # 2 is outside the built {0, 1}
+            s.discard((i + 1) % 3)
+            if i % 7 == 0:
+                y._dynamo_dynamic_indices = {i % 2}
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(scaled(2000)):
+            gs.check({"x": y})  # either answer: the writer runs between any two bytecodes
+    finally:
+        stop.set()
+        t.join()
+    assert gs.check({"x": y}) is theirs(y)
+    y._dynamo_dynamic_indices = {1}
+    assert gs.check({"x": y}) is theirs(y) is True
+    y._dynamo_dynamic_indices = {2}
+    assert gs.check({"x": y}) is theirs(y) is False
