@@ -65,9 +65,9 @@ bool dimension_marking_pure(const RuntimeGuard& g, PyObject* v);
 /// DIMENSION_MARKING read from the instance's own storage: no class defines the flag or a marking
 /// attribute and getattr is object's own (MarkingCache::names, under the type's version tag), and
 /// either the flag is absent (proved in a dict state the absence memo keeps) or, on a tensor
-/// marked as torch's mark_dynamic leaves it, each marking attribute present in the instance's own storage is an exact set of
-/// exact ints within the built dimensions (torch's issubset), a built-absent one absent. True only
-/// when the guard holds; anything else (a set subclass, a frozenset, a non-int element, a gated
+/// marked as torch's mark_dynamic leaves it, each marking attribute present in the instance's own storage is
+/// an exact set of exact ints within the built dimensions (torch's issubset), a built-absent one absent. True
+/// only when the guard holds; anything else (a set subclass, a frozenset, a non-int element, a gated
 /// dependent attribute present) is left to dimension_marking. No user code; allocates one set
 /// iterator per present marking with the collector off.
 bool dimension_marking_marked(const RuntimeGuard& g, PyObject* v);
@@ -89,8 +89,8 @@ inline bool tensor_match_record(const std::int64_t* rec, PyObject* v, TwKeyMemo&
     return a != nullptr && a->tensor_matches(v, rec + 1, &memo) == 1;
 }
 /// DIMENSION_MARKING: no class of the type defines the marking flag or a marking attribute
-/// (MarkingCache::names, under the type's version tag) and the tensor's instance dict is in a state already proved to lack it
-/// (instance_absence_memo_holds): the flag is absent, so no marking.
+/// (MarkingCache::names, under the type's version tag) and the tensor's instance dict is in a state already
+/// proved to lack it (instance_absence_memo_holds): the flag is absent, so no marking.
 inline bool dimension_marking_quick(const AttrCache* c, std::uint64_t absent_memo, PyObject* v) {
     return c != nullptr && attr_cache_valid(*c, Py_TYPE(v)) && c->mode == AttrCache::Mode::InstanceDict &&
            instance_absence_memo_holds(v, absent_memo);
