@@ -13,6 +13,16 @@ Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyOb
     return -1;
 }
 
+// Index of the last `name` in `names[0, end)`, or -1, compared as index_of_name compares.
+static Py_ssize_t last_index_of_name(PyObject* names, Py_ssize_t end, PyObject* name) {
+    for (Py_ssize_t i = end - 1; i >= 0; --i)
+        if (PyTuple_GET_ITEM(names, i) == name) return i;
+    if (!PyUnicode_CheckExact(name)) return -1;
+    for (Py_ssize_t i = end - 1; i >= 0; --i)
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, i), name) == 0) return i;
+    return -1;
+}
+
 Locals Locals::of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObject* closure,
                         PyObject* globals) {
     Locals l;
@@ -25,6 +35,16 @@ Locals Locals::of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObjec
     // the free variables unset rather than read out of bounds.
     if (closure != nullptr && PyTuple_Check(closure) && PyTuple_GET_SIZE(closure) == code->co_nfreevars) {
         l.closure = closure;
+        // Names in co_localsplusnames are interned by the code constructor: identity decides.
+        for (Py_ssize_t f = l.free_begin; f < l.count && !l.free_shadows; ++f) {
+            PyObject* free_name = PyTuple_GET_ITEM(l.names, f);
+            for (Py_ssize_t i = 0; i < l.free_begin; ++i) {
+                if (PyTuple_GET_ITEM(l.names, i) == free_name && (l.kinds[i] & kFastHiddenKind) == 0) {
+                    l.free_shadows = true;
+                    break;
+                }
+            }
+        }
     } else {
         l.count = l.free_begin;
     }
@@ -33,10 +53,13 @@ Locals Locals::of_frame(PyObject* const* localsplus, PyCodeObject* code, PyObjec
 }
 
 PyObject* Locals::argument_slow(PyObject* name, Py_ssize_t* hint) const {
-    Py_ssize_t i = index_of_name(names, 0, count, name);
-    // A hidden slot's name is invisible; a visible local of the same name cannot exist (one slot
-    // per name), so the name is simply not a local here.
-    if (i < 0 || (kinds != nullptr && (kinds[i] & kFastHiddenKind) != 0)) return nullptr;
+    // The last visible slot of the name (see the header). A hidden slot's name is invisible.
+    Py_ssize_t i = count;
+    for (;;) {
+        i = last_index_of_name(names, i, name);
+        if (i < 0) return nullptr;
+        if (kinds == nullptr || (kinds[i] & kFastHiddenKind) == 0) break;
+    }
     *hint = i;
     return i < free_begin ? values[i] : free_value(i);
 }

@@ -10,6 +10,10 @@
 // and free variables are not copied yet (COPY_FREE_VARS has not run), so `L['name']` of a free
 // variable is read from the function's closure cell, unboxed, as Dynamo's FrameLocalsMapping
 // does. Hidden fast locals (3.12+ inlined comprehensions, CO_FAST_HIDDEN) are never found.
+//
+// A name with two visible slots (CPython's compiler never makes one; Dynamo's resume functions
+// do: an argument that is also a free variable) is its last slot, as CPython's f_locals (a dict
+// filled in slot order) and torch's guards (get_framelocals_idx: the last index) read it.
 #pragma once
 
 #include "runtime/py.hpp"
@@ -43,6 +47,9 @@ struct Locals {
     PyObject* closure = nullptr;
     /// Frame mode: the code's co_localspluskinds bytes (hidden slots are skipped); null otherwise.
     const unsigned char* kinds = nullptr;
+    /// Frame mode: a free variable has the name of a visible slot before it, so a slot hint that
+    /// names the earlier one is not the name's value (argument_hot does not trust hints then).
+    bool free_shadows = false;
     /// Frame mode: the frame's globals dict. A guard set whose G[...] sources read another dict
     /// (the same code run under other globals) does not pass; null otherwise.
     PyObject* frame_globals = nullptr;
@@ -71,7 +78,7 @@ struct Locals {
         const Py_ssize_t h = *hint;
         // A hint set under another code's layout (one guard set used for frames of two codes) may
         // name a hidden slot here: those are never read (argument_slow refuses them).
-        if (h >= 0 && h < count && h < free_begin && PyTuple_GET_ITEM(names, h) == name &&
+        if (h >= 0 && h < count && h < free_begin && !free_shadows && PyTuple_GET_ITEM(names, h) == name &&
             (kinds == nullptr || (kinds[h] & kFastHiddenKind) == 0))
             return values[h];
         return argument_slow(name, hint);

@@ -174,6 +174,10 @@ def _same_backend(a: Any, b: Any) -> bool:
         return False
 
 
+# Dynamo's limits while tripwire's miss calls its callback (tripwire applies the real ones).
+_UNLIMITED = 2**31 - 1
+
+
 class _Compiled:
     """One ``tripwire.torch.compile`` call: Dynamo's callback for it, tripwire's hook (its
     ``backend`` key, ``caches``, names the caches it shares) and the torch.compile'd fallback."""
@@ -257,11 +261,34 @@ class _Compiled:
             # runs under a profiler: _enter sends those calls to torch.compile's own wrapper,
             # which runs torch's code, compiled with the regions. (config.patch is
             # process-wide for the compile, as every Dynamo config patch is.)
-            with _config.patch(record_runtime_overhead=False):
+            #
+            # The limits are tripwire's to apply (above, on tripwire's cache of the code): Dynamo's
+            # own check counts torch's C cache entries of the code, which only a torch.compile of
+            # the same function fills, and would refuse tripwire's first compile after it.
+            with _config.patch(
+                record_runtime_overhead=False,
+                recompile_limit=_UNLIMITED,
+                accumulated_recompile_limit=_UNLIMITED,
+            ):
                 result = self.callback(_FrameView(frame), None, state)
         finally:
             for cleanup in cleanups:
                 cleanup()
+        strategy = getattr(result, "frame_exec_strategy", None)
+        if (
+            getattr(result, "guarded_code", None) is None
+            and strategy is not None
+            and strategy.cur_action == FrameAction.RUN_ONLY
+        ):
+            # Dynamo applied a limit tripwire's cache is below: torch.compile's recompile_limit
+            # keyword, which Dynamo re-applies inside the callback, counted torch's own entries.
+            _warn_once(
+                f"refused:{id(code)}",
+                f"tripwire.torch.compile: Dynamo refused to compile {code.co_qualname} "
+                f"({code.co_filename}:{code.co_firstlineno}): its recompile limit counted "
+                f"torch.compile's own cache entries of this code, not tripwire's "
+                f"({len(frame.cache)}); it runs its cached entries only from now on",
+            )
         return self._serve(frame, result)
 
     def _at_limit(self, frame: twf.Frame, limit: str) -> Any:

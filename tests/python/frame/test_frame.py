@@ -315,6 +315,34 @@ def test_free_variables_are_read_from_the_frames_own_closure(run_mode):
     assert [dict(f.f_locals) for f in comp.calls] == [{"x": 10, "k": 1}, {"x": 10, "k": 2}]
 
 
+def _argument_and_free(cell_value):
+    """A function whose code has ``x`` both as its argument and as a free variable, as Dynamo's
+    resume functions can (CPython's compiler never makes one). Its body returns the argument."""
+
+    def g(x):
+        return ("orig", x)
+
+    code = g.__code__.replace(co_freevars=("x",))
+    return types.FunctionType(code, globals(), "g", None, (types.CellType(cell_value),))
+
+
+def test_a_name_both_argument_and_free_is_its_free_variable(run_mode):
+    # f_locals (a dict filled in slot order) and torch's guards (get_framelocals_idx) read the last
+    # slot of a name; a guard built on f_locals reads the same value, or it misses on every call
+    # (or passes on the wrong value).
+    g = _argument_and_free(7)
+    assert g.__code__.co_varnames == ("x",) and g.__code__.co_freevars == ("x",)
+    repl = tagged(g, "new")
+    comp = Compiler(g, plan=lambda fr: (repl, guards(fr, equals=["L['x']"])))
+    with twf.hooked(comp):
+        assert g(1) == ("new", 1)
+        assert g(2) == ("new", 2)  # hit: L['x'] is the free variable, still 7
+        g.__closure__[0].cell_contents = 8
+        assert g(3) == ("new", 3)  # miss: the free variable changed, the argument did not matter
+        assert g(4) == ("new", 4)
+    assert [dict(f.f_locals) for f in comp.calls] == [{"x": 7}, {"x": 8}]
+
+
 def test_a_cell_argument_is_read_as_its_value(run_mode):
     repl = tagged(cell_arg, "new")
     comp = Compiler(cell_arg, plan=lambda fr: (repl, guards(fr, equals=["L['a']"])))
