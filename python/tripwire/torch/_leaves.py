@@ -164,6 +164,15 @@ class LeafRules(ConverterBase):
             return [self.spec(GuardKind.DICT_KEYS, src, ((), True), site)], ""
         if node.exact_type in _DICT_LEN_TYPES:
             return [self.spec(GuardKind.LENGTH, src, (n,), site)], ""
+        t = node.torch.example_type
+        if t in _DICT_LEN_TYPES:
+            # No TYPE_MATCH above (a functools.partial's keywords, a hook dict): pin the type the
+            # value had at compile time, whose len() is the storage size torch reads. A value of
+            # another dict type with that size fails here and passes torch: stricter, never laxer.
+            return [
+                self.spec(GuardKind.TYPE_MATCH, src, (t,), site),
+                self.spec(GuardKind.LENGTH, src, (n,), site),
+            ], (f"stricter: also requires type {t.__name__} (torch accepts any dict of that size)")
         raise _Fallback("torch reads the dict's storage size; len() may call an overridden __len__")
 
     def leaf_dict_contains(

@@ -25,6 +25,7 @@ import contextlib
 import copy
 import dataclasses
 import enum
+import functools
 import gc
 import os
 import random
@@ -1031,6 +1032,53 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
     assert all(
         "stricter (equals='strict')" in g.why for g in strict.torch_import.guards if "stride ==" in g.code
     )
+
+
+class PartialAct(nn.Module):
+    """A functools.partial activation: Dynamo guards len(keywords) with DICT_LENGTH and puts no
+    TYPE_MATCH on the keywords dict (a partial always holds an exact dict)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.act = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.2)
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def test_dict_length_without_a_type_match_is_native_and_pins_the_type():
+    model = PartialAct()
+    x = torch.randn(2, 4)
+    gm = compile_and_call(model, x)
+    gs = twt.guards_of(model)
+    lengths = [g for g in gs.torch_import.guards if g.kind == "DICT_LENGTH"]
+    assert lengths and all(g.outcome == "native" for g in lengths), gs.torch_import.report()
+    assert all("stricter" in g.why for g in lengths)
+    L = {"self": model, "x": x}
+    assert gm.check(L) is True and gs.check(L) is True
+    kw = model.act.keywords
+    for do, undo in [
+        (lambda: kw.__setitem__("inplace", False), lambda: kw.pop("inplace")),
+        (lambda: kw.pop("negative_slope"), lambda: kw.__setitem__("negative_slope", 0.2)),
+    ]:
+        do()
+        try:
+            assert gm.check(L) is False and gs.check(L) is False
+            assert gs.why_not(L).kind in ("LENGTH", "DICT_CONTAINS", "EQUALS_MATCH")
+        finally:
+            undo()
+    # Another partial of the same size: both decide on its keywords' values, not on identity.
+    old = model.act
+    for other, expect in [
+        (functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.2), True),
+        (functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.2, inplace=False), False),
+    ]:
+        model.act = other
+        try:
+            assert gm.check(L) is expect and gs.check(L) is expect
+        finally:
+            model.act = old
 
 
 def test_equals_on_a_constant_printed_by_name_is_an_identity_guard():
