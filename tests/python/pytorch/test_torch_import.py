@@ -1278,8 +1278,8 @@ def test_every_leaf_kind_of_a_mixed_function():
         "NONE_MATCH",
     ):
         assert cov[kind]["native"] >= 1, (kind, cov)
-    for kind in ("NO_HASATTR", "SET_CONTAINS"):
-        assert cov[kind]["torch"] == 1, (kind, cov)
+    assert cov["NO_HASATTR"]["native"] == 1, cov
+    assert cov["SET_CONTAINS"]["torch"] == 1, cov
     names = ["x", "r", "nan", "c", "b", "none", "w", "s", "it", "rit", "o", "dt", "mode"]
 
     def L_of(vals):
@@ -1320,6 +1320,38 @@ def test_every_leaf_kind_of_a_mixed_function():
         )
         L = dict(zip(names, vals))
         assert gs.check(L) == gm.check(L), {k: v for k, v in L.items() if k != "x"}
+
+
+class NoMissing:
+    """An object whose __getattr__ says no to every name (Dynamo inlines it and guards what it reads)."""
+
+    def __getattr__(self, name):
+        raise AttributeError(name)
+
+
+def test_no_hasattr_is_native():
+    """torch's NO_HASATTR is tripwire's HASATTR(name, False). torch's PyObject_HasAttr also counts
+    an exception other than AttributeError as absent, which tripwire's HASATTR fails on (recorded as
+    stricter); Dynamo inlines a __getattr__ and guards what it reads, so a test cannot make one
+    raise differently at check time."""
+
+    def f(x, o):
+        return x + 1 if not hasattr(o, "missing") else x - 1
+
+    x = torch.ones(2)
+    gm = compile_and_call(f, x, NoMissing())
+    gs = twt.guards_of(f)
+    (g,) = [g for g in gs.torch_import.guards if g.kind == "NO_HASATTR"]
+    assert g.outcome == "native" and "stricter" in g.why, g.line()
+    (spec,) = [gs._specs[i] for i in g.guards]
+    assert spec.kind is tw.GuardKind.HASATTR and spec.args == ("missing", False)
+    with_attr = NoMissing()
+    with_attr.missing = None
+    for o, expect in [(NoMissing(), True), (with_attr, False), (types.SimpleNamespace(), False)]:
+        L = {"x": x, "o": o}
+        assert gm.check(L) is expect and gs.check(L) is expect, o
+    failure = gs.why_not({"x": x, "o": with_attr})
+    assert failure.kind == "HASATTR" and failure.source == "L['o']", failure
 
 
 def test_code_accessor_precondition_is_stricter_only_for_methods():
