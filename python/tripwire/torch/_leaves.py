@@ -164,6 +164,15 @@ class LeafRules(ConverterBase):
             return [self.spec(GuardKind.DICT_KEYS, src, ((), True), site)], ""
         if node.exact_type in _DICT_LEN_TYPES:
             return [self.spec(GuardKind.LENGTH, src, (n,), site)], ""
+        t = node.torch.example_type
+        if t in _DICT_LEN_TYPES:
+            # No TYPE_MATCH above (a functools.partial's keywords, a hook dict): pin the type the
+            # value had at compile time, whose len() is the storage size torch reads. A value of
+            # another dict type with that size fails here and passes torch: stricter, never laxer.
+            return [
+                self.spec(GuardKind.TYPE_MATCH, src, (t,), site),
+                self.spec(GuardKind.LENGTH, src, (n,), site),
+            ], (f"stricter: also requires type {t.__name__} (torch accepts any dict of that size)")
         raise _Fallback("torch reads the dict's storage size; len() may call an overridden __len__")
 
     def leaf_dict_contains(
@@ -180,6 +189,25 @@ class LeafRules(ConverterBase):
         if not present and not node.is_dict:
             raise _Fallback("torch's 'not in' passes any non-dict; tripwire's DICT_CONTAINS fails it")
         return [self.spec(GuardKind.DICT_CONTAINS, src, (key, present), site)], ""
+
+    def leaf_no_hasattr(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        _, name_expr = call_args(code, ("hasattr",))
+        name = literal(name_expr)
+        if type(name) is not str or not isinstance(parse(code), ast.UnaryOp):
+            raise ValueError(code)
+        # Check the parsed name and sense against torch's own guard.
+        if (
+            leaf(types.SimpleNamespace()) is not True
+            or leaf(types.SimpleNamespace(**{name: None})) is not False
+        ):
+            raise _Fallback("the printed name does not reproduce torch's guard")
+        # torch: not PyObject_HasAttr(v, name), which counts any exception as absent (the guard
+        # passes); tripwire's HASATTR counts only AttributeError as absent and fails the guard on
+        # any other exception a __getattr__ raises: stricter there, the same everywhere else.
+        return [self.spec(GuardKind.HASATTR, self._src(node), (name, False), site)], (
+            "stricter: an exception other than AttributeError from the lookup fails "
+            "(torch's PyObject_HasAttr counts it as absent)"
+        )
 
     def leaf_dict_version(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
         if sys.version_info >= (3, 12):

@@ -348,6 +348,7 @@ LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
     "LENGTH_CHECK": Converter.leaf_length,
     "DICT_LENGTH": Converter.leaf_dict_length,
     "DICT_CONTAINS": Converter.leaf_dict_contains,
+    "NO_HASATTR": Converter.leaf_no_hasattr,
     "DICT_VERSION": Converter.leaf_dict_version,
     "TUPLE_ITERATOR_LEN": Converter.leaf_tuple_iterator_len,
     "RANGE_ITERATOR_MATCH": Converter.leaf_range_iterator,
@@ -362,7 +363,6 @@ LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
 }
 # Leaf kinds with no exact tripwire form: evaluated by torch's own leaf (fallback="torch").
 TORCH_ONLY_KINDS: dict[str, str] = {
-    "NO_HASATTR": "torch's PyObject_HasAttr counts any exception as absent; tripwire's HASATTR fails on it",
     "SET_CONTAINS": "tripwire's DICT_CONTAINS is for dicts",
     "COMPLEX_IS_NAN": "torch accepts a NaN in either part; tripwire's EQUALS matches NaN per part",
     "MAPPING_KEYS_MATCH": "a mappingproxy's keys() compared with Python ==",

@@ -25,6 +25,7 @@ import contextlib
 import copy
 import dataclasses
 import enum
+import functools
 import gc
 import os
 import random
@@ -1033,6 +1034,53 @@ def test_container_equals_keeps_torchs_python_eq_semantics():
     )
 
 
+class PartialAct(nn.Module):
+    """A functools.partial activation: Dynamo guards len(keywords) with DICT_LENGTH and puts no
+    TYPE_MATCH on the keywords dict (a partial always holds an exact dict)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.act = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.2)
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+
+def test_dict_length_without_a_type_match_is_native_and_pins_the_type():
+    model = PartialAct()
+    x = torch.randn(2, 4)
+    gm = compile_and_call(model, x)
+    gs = twt.guards_of(model)
+    lengths = [g for g in gs.torch_import.guards if g.kind == "DICT_LENGTH"]
+    assert lengths and all(g.outcome == "native" for g in lengths), gs.torch_import.report()
+    assert all("stricter" in g.why for g in lengths)
+    L = {"self": model, "x": x}
+    assert gm.check(L) is True and gs.check(L) is True
+    kw = model.act.keywords
+    for do, undo in [
+        (lambda: kw.__setitem__("inplace", False), lambda: kw.pop("inplace")),
+        (lambda: kw.pop("negative_slope"), lambda: kw.__setitem__("negative_slope", 0.2)),
+    ]:
+        do()
+        try:
+            assert gm.check(L) is False and gs.check(L) is False
+            assert gs.why_not(L).kind in ("LENGTH", "DICT_CONTAINS", "EQUALS_MATCH")
+        finally:
+            undo()
+    # Another partial of the same size: both decide on its keywords' values, not on identity.
+    old = model.act
+    for other, expect in [
+        (functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.2), True),
+        (functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.2, inplace=False), False),
+    ]:
+        model.act = other
+        try:
+            assert gm.check(L) is expect and gs.check(L) is expect
+        finally:
+            model.act = old
+
+
 def test_equals_on_a_constant_printed_by_name_is_an_identity_guard():
     """torch prints `G['tns'].bool == torch.bool`: no literal. torch.dtype is immutable and its ==
     is object's (identity), so torch's guard is `v is torch.bool`, imported as ID_MATCH: every
@@ -1230,8 +1278,8 @@ def test_every_leaf_kind_of_a_mixed_function():
         "NONE_MATCH",
     ):
         assert cov[kind]["native"] >= 1, (kind, cov)
-    for kind in ("NO_HASATTR", "SET_CONTAINS"):
-        assert cov[kind]["torch"] == 1, (kind, cov)
+    assert cov["NO_HASATTR"]["native"] == 1, cov
+    assert cov["SET_CONTAINS"]["torch"] == 1, cov
     names = ["x", "r", "nan", "c", "b", "none", "w", "s", "it", "rit", "o", "dt", "mode"]
 
     def L_of(vals):
@@ -1272,6 +1320,38 @@ def test_every_leaf_kind_of_a_mixed_function():
         )
         L = dict(zip(names, vals))
         assert gs.check(L) == gm.check(L), {k: v for k, v in L.items() if k != "x"}
+
+
+class NoMissing:
+    """An object whose __getattr__ says no to every name (Dynamo inlines it and guards what it reads)."""
+
+    def __getattr__(self, name):
+        raise AttributeError(name)
+
+
+def test_no_hasattr_is_native():
+    """torch's NO_HASATTR is tripwire's HASATTR(name, False). torch's PyObject_HasAttr also counts
+    an exception other than AttributeError as absent, which tripwire's HASATTR fails on (recorded as
+    stricter); Dynamo inlines a __getattr__ and guards what it reads, so a test cannot make one
+    raise differently at check time."""
+
+    def f(x, o):
+        return x + 1 if not hasattr(o, "missing") else x - 1
+
+    x = torch.ones(2)
+    gm = compile_and_call(f, x, NoMissing())
+    gs = twt.guards_of(f)
+    (g,) = [g for g in gs.torch_import.guards if g.kind == "NO_HASATTR"]
+    assert g.outcome == "native" and "stricter" in g.why, g.line()
+    (spec,) = [gs._specs[i] for i in g.guards]
+    assert spec.kind is tw.GuardKind.HASATTR and spec.args == ("missing", False)
+    with_attr = NoMissing()
+    with_attr.missing = None
+    for o, expect in [(NoMissing(), True), (with_attr, False), (types.SimpleNamespace(), False)]:
+        L = {"x": x, "o": o}
+        assert gm.check(L) is expect and gs.check(L) is expect, o
+    failure = gs.why_not({"x": x, "o": with_attr})
+    assert failure.kind == "HASATTR" and failure.source == "L['o']", failure
 
 
 def test_code_accessor_precondition_is_stricter_only_for_methods():
