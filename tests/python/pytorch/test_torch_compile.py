@@ -788,14 +788,6 @@ def test_recompile_limit_with_fullgraph_raises():
         cr(torch.ones(1), 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Dynamo's callback counts torch.compile's own cache entries of the code object "
-    "(convert_frame's _get_cache_entries_for_region reads torch's C cache): once torch.compile "
-    "used the recompile budget of a function, tripwire.torch.compile's first compile of it is "
-    "refused and the function runs eagerly with no tripwire warning (and the torch route's "
-    "entries appear in torch's recompile log as 'Unexpected recompilation')",
-)
 @torch._dynamo.config.patch(recompile_limit=2)
 def test_torch_compiles_entries_do_not_use_up_tripwires_budget():
     def g(x, mode):
@@ -810,6 +802,20 @@ def test_torch_compiles_entries_do_not_use_up_tripwires_budget():
     assert graphs() == 1  # tripwire's caches are its own: its first compile is a first compile
 
 
+def test_a_refusal_by_the_recompile_limit_keyword_warns():
+    # torch.compile's recompile_limit keyword is re-applied by Dynamo inside its callback, and
+    # counts torch's own entries of the code: tripwire's compile is refused, loudly, not silently.
+    def g(x, mode):
+        return x + 1 if mode == "a" else x - 1
+
+    tc = torch.compile(g, backend="eager", recompile_limit=2)
+    for mode in "abc":
+        tc(torch.ones(2), mode)
+    cw = twt.compile(g, backend="eager", recompile_limit=2)
+    with pytest.warns(RuntimeWarning, match="Dynamo refused to compile"):
+        assert torch.equal(cw(torch.ones(2), "a"), torch.full((2,), 2.0))
+
+
 def _break_then_generator(x):
     s = x.abs().mean()
     if s.item() > 0.0:  # graph break: the rest runs in a resume function
@@ -817,14 +823,6 @@ def _break_then_generator(x):
     return sum(torch.sin(x * i) for i in range(3))  # the generator closes over x
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the resume function Dynamo makes here has 'x' both as a local (an argument) and as a "
-    "free variable (co_freevars=('x',), read by the generator): tripwire's lookup misses every "
-    "call, while the callback's Frame.f_locals (the closure unboxed) passes every entry "
-    "('passes (another entry was preferred)' in the recompile log), so each call compiles the "
-    "resume function again until the recompile limit; torch.compile hits",
-)
 def test_resume_function_with_a_name_both_local_and_free_hits():
     x = torch.randn(3, 6)
     expected = torch.compile(_break_then_generator, backend="eager")(x)
