@@ -469,7 +469,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // both). An attribute through the inline cache, or null: a stale cache, a class
         // attribute, a property, __getattr__, a slot, or missing (the walk's fetch decides, and
         // refills the cache).
-        auto attr_value = [ r, nodes ](const FastOp& op) __attribute__((always_inline))->PyObject* {
+        // `*unclaimed`: the value is not the parent dict's (a forwarding class __getattr__ gave
+        // it, fetch.hpp), so no claim on that dict's tag may stand for it.
+        auto attr_value =
+            [ r, nodes ](const FastOp& op, bool* unclaimed) __attribute__((always_inline))->PyObject* {
             NodeRt& n = nodes[op.node];
             PyObject* p = r[op.parent];
             PyTypeObject* tp = Py_TYPE(p);
@@ -479,8 +482,11 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
                 if (ic.mode == AttrCache::Mode::InstanceDict)
                     return instance_attr_hinted(p, n.step.operand, &ic.hint);
-                if (ic.mode == AttrCache::Mode::Module && PyModule_Check(p))  // a module subclass too
-                    return pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                if (ic.mode == AttrCache::Mode::Module && PyModule_Check(p)) {  // a module subclass too
+                    if (PyObject* v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint)) return v;
+                    *unclaimed = true;
+                    return forwarded_module_attr(p, n.step.operand);
+                }
                 if (ic.mode == AttrCache::Mode::FunctionField) return function_field(p, n.step.operand);
             }
             return nullptr;
@@ -540,6 +546,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (settled(op)) break;            \
         }                                      \
         PyObject* v = nullptr;                 \
+        bool unclaimed = false;                \
         const Read got = READ;                 \
         if (got == Read::Walk) {               \
             next = ops + slow_subtree(ps, op); \
@@ -552,7 +559,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         }                                      \
         r[op.node] = v;                        \
         if constexpr (SETTLE) {                \
-            claim(op, v);                      \
+            if (!unclaimed) claim(op, v);      \
             next = ops + op.jump;              \
         }                                      \
     } while (false);                           \
@@ -682,8 +689,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         } while (false);
         opp = next;
         TW_DISPATCH();
-        TW_FETCH_OP(op_FetchAttr, false, (v = attr_value(op)) != nullptr ? Read::Value : Read::Walk)
-        TW_FETCH_OP(op_SettleAttr, true, (v = attr_value(op)) != nullptr ? Read::Value : Read::Walk)
+        TW_FETCH_OP(op_FetchAttr, false,
+                    (v = attr_value(op, &unclaimed)) != nullptr ? Read::Value : Read::Walk)
+        TW_FETCH_OP(op_SettleAttr, true,
+                    (v = attr_value(op, &unclaimed)) != nullptr ? Read::Value : Read::Walk)
         TW_FETCH_OP(op_FetchItem, false,
                     !item_value(op, &v) ? Read::Walk
                     : v != nullptr      ? Read::Value

@@ -90,6 +90,13 @@ Fetched fetch_attr(AttrCache& cache, PyObject* obj, PyObject* name);
 /// collection); false with a Python error set.
 bool init_getattr_hook();
 
+/// getattr(obj, name) for an instance of a module subclass whose class __getattr__ forwards,
+/// `return getattr(self.<attr>, name)` (torch._VF's), read without calling it: borrowed, or null
+/// when that is not known without user code (the facts not learnt yet, or changed; fetch_attr
+/// then calls the method and learns them). The caller has found no `name` in the module dict.
+/// Allocates nothing, runs no user code, sets no error.
+PyObject* forwarded_module_attr(PyObject* obj, PyObject* name);
+
 /// Whether `X.__dict__` of instances of `tp` is their own instance dict (the name resolves to
 /// the interpreter's own getset or member descriptor, not a class-defined `__dict__`), cached in
 /// `c` under the type's version tag. Runs no user code once cached for the type.
