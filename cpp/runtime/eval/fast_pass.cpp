@@ -483,9 +483,12 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                 if (ic.mode == AttrCache::Mode::InstanceDict)
                     return instance_attr_hinted(p, n.step.operand, &ic.hint);
                 if (ic.mode == AttrCache::Mode::Module && PyModule_Check(p)) {  // a module subclass too
-                    if (PyObject* v = pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint)) return v;
-                    *unclaimed = true;
-                    return forwarded_module_attr(p, n.step.operand);
+                    // A forwarding class __getattr__ first: its proof covers the dict's miss.
+                    if (PyObject* v = forwarded_module_attr(p, n.step.operand)) {
+                        *unclaimed = true;
+                        return v;
+                    }
+                    return pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
                 }
                 if (ic.mode == AttrCache::Mode::FunctionField) return function_field(p, n.step.operand);
             }

@@ -9,6 +9,11 @@
 #include "runtime/eval/tensor_props.hpp"
 
 namespace tripwire::runtime {
+
+// CPython's slot_tp_getattr_hook, the tp_getattro of a class that defines __getattr__; null until
+// init_getattr_hook ran (every GuardSet runs it when built, before any fetch).
+getattrofunc g_getattr_hook = nullptr;
+
 namespace {
 
 Fetched ok_borrowed(PyObject* v) { return {v, false, FetchStatus::Ok}; }
@@ -85,10 +90,6 @@ bool mro_lookup(PyTypeObject* tp, PyObject* name, PyObject** out) {
     return true;
 }
 
-// CPython's slot_tp_getattr_hook, the tp_getattro of a class that defines __getattr__; null until
-// init_getattr_hook ran (every GuardSet runs it when built, before any fetch).
-getattrofunc g_getattr_hook = nullptr;
-
 getattrofunc getattr_hook_slot() { return g_getattr_hook; }
 
 // The class attribute `name` of tp, where the class dicts (mro_lookup: no user code) and
@@ -141,14 +142,15 @@ struct Forward {
     PyObject* name = nullptr;      // strong
     PyTypeObject* type = nullptr;  // the module subclass, under `version`
     unsigned int version = 0;
-    PyObject* hook = nullptr;        // its __getattr__, an exact function (the class dict holds it)
-    PyObject* code = nullptr;        // the recognised code (strong), `attr` its forwarded attribute
-    PyObject* attr = nullptr;        // strong
-    std::uint64_t module_tag = 0;    // module dict state: only str keys, no `name`, `__getattr__`,
-                                     // `__spec__` None or absent
-    std::uint64_t globals_tag = 0;   // the hook's globals: only str keys, no `getattr`
-    std::uint64_t builtins_tag = 0;  // its builtins: only str keys, `getattr` is builtins.getattr
-    PyTypeObject* inner = nullptr;   // type of the forwarded object, under inner_version
+    PyObject* hook = nullptr;             // its __getattr__, an exact function (the class dict holds it)
+    PyObject* code = nullptr;             // the recognised code (strong), `attr` its forwarded attribute
+    PyObject* attr = nullptr;             // strong
+    Py_ssize_t attr_hint = kHintUnknown;  // where the module dict holds it (dict_hint.hpp)
+    std::uint64_t module_tag = 0;         // module dict state: only str keys, no `name`, `__getattr__`,
+                                          // `__spec__` None or absent
+    std::uint64_t globals_tag = 0;        // the hook's globals: only str keys, no `getattr`
+    std::uint64_t builtins_tag = 0;       // its builtins: only str keys, `getattr` is builtins.getattr
+    PyTypeObject* inner = nullptr;        // type of the forwarded object, under inner_version
     unsigned int inner_version = 0;
     PyObject* descr = nullptr;  // what its MRO holds for `name` (null: nothing)
 };
@@ -196,11 +198,13 @@ PyObject* inner_value(const Forward& f, PyObject* forwarded) {
     return Py_TYPE(d)->tp_descr_get == nullptr ? d : nullptr;
 }
 
+}  // namespace
+
 // forwarded_module_attr (fetch.hpp).
 PyObject* forwarded_value(PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);
     if (tp->tp_getattro != getattr_hook_slot()) return nullptr;
-    for (const Forward& f : g_forwards) {
+    for (Forward& f : g_forwards) {
         if (f.name != name || f.type != tp || f.version == 0 || type_version(tp) != f.version) continue;
         if (!hook_unchanged(f)) return nullptr;
         PyObject* md = PyModule_GetDict(obj);
@@ -210,7 +214,8 @@ PyObject* forwarded_value(PyObject* obj, PyObject* name) {
             builtins == nullptr || !tag_holds(builtins, f.builtins_tag))
             return nullptr;
         // `self.<attr>`: the module dict's entry (no class attribute of that name: the version).
-        PyObject* forwarded = PyDict_GetItemWithError(md, f.attr);  // str keys only: no user code
+        PyObject* forwarded = dict_get_hinted(md, f.attr, &f.attr_hint);
+        if (forwarded == nullptr) forwarded = PyDict_GetItemWithError(md, f.attr);  // str keys only
         if (forwarded == nullptr) {
             PyErr_Clear();  // none can be set; a miss recurses into __getattr__: the call's
             return nullptr;
@@ -219,6 +224,8 @@ PyObject* forwarded_value(PyObject* obj, PyObject* name) {
     }
     return nullptr;
 }
+
+namespace {
 
 // Whether `code` is the template's: the same bytecode and exception table over two arguments
 // and no other local, names ('getattr', <attr>). Sets *attr (borrowed from the code). May
@@ -625,8 +632,6 @@ bool init_getattr_hook() {
     Py_DECREF(probe);
     return init_forward_template();
 }
-
-PyObject* forwarded_module_attr(PyObject* obj, PyObject* name) { return forwarded_value(obj, name); }
 
 Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);

@@ -90,12 +90,21 @@ Fetched fetch_attr(AttrCache& cache, PyObject* obj, PyObject* name);
 /// collection); false with a Python error set.
 bool init_getattr_hook();
 
+/// CPython's getattr hook of classes that define __getattr__ (init_getattr_hook), or null.
+extern getattrofunc g_getattr_hook;
+/// forwarded_module_attr's work, out of line.
+PyObject* forwarded_value(PyObject* obj, PyObject* name);
 /// getattr(obj, name) for an instance of a module subclass whose class __getattr__ forwards,
 /// `return getattr(self.<attr>, name)` (torch._VF's), read without calling it: borrowed, or null
-/// when that is not known without user code (the facts not learnt yet, or changed; fetch_attr
-/// then calls the method and learns them). The caller has found no `name` in the module dict.
-/// Allocates nothing, runs no user code, sets no error.
-PyObject* forwarded_module_attr(PyObject* obj, PyObject* name);
+/// when that is not known without user code (the facts not learnt yet, or changed, or not such a
+/// module; fetch_attr then decides, calling the method and learning the facts). Its proof
+/// includes the module dict's lack of `name`. Allocates nothing, runs no user code, sets no
+/// error. Inline: a plain module's attribute pays one compare.
+inline PyObject* forwarded_module_attr(PyObject* obj, PyObject* name) {
+    return Py_TYPE(obj)->tp_getattro == g_getattr_hook && g_getattr_hook != nullptr
+               ? forwarded_value(obj, name)
+               : nullptr;
+}
 
 /// Whether `X.__dict__` of instances of `tp` is their own instance dict (the name resolves to
 /// the interpreter's own getset or member descriptor, not a class-defined `__dict__`), cached in
