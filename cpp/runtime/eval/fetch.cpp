@@ -164,9 +164,11 @@ PyObject* interned(const char* s) {
     return o;
 }
 
-// The hook's own facts that the entry does not hold: its code (assignable), tracing.
+// The hook's own facts that the entry does not hold: its code (assignable), its vectorcall (an
+// extension may replace it, PyFunction_SetVectorcall: then the call runs other code), tracing.
 bool hook_unchanged(const Forward& f) {
-    if (PyFunction_GET_CODE(f.hook) != f.code) return false;
+    auto* fn = reinterpret_cast<PyFunctionObject*>(f.hook);
+    if (fn->func_code != f.code || fn->vectorcall != _PyFunction_Vectorcall) return false;
     PyThreadState* ts = PyThreadState_Get();
     return ts->c_tracefunc == nullptr && ts->c_profilefunc == nullptr;
 }

@@ -373,3 +373,46 @@ def test_many_names_and_modules_share_the_table() -> None:
         VF.gru = staticmethod(abs)
     for m, n, gs in sets:
         assert gs.check({}) is True
+
+
+def test_collections_inside_learning_mutate_what_it_learns() -> None:
+    """A collection can run inside any allocation of the learning (the bytecode read, a class's
+    version tag): objects dying there swap the forwarded object, the class's __getattr__ and the
+    module dict. Each check answers as getattr did before or after, and later ones as getattr."""
+    import gc
+
+    ns = namespace()
+    hook = ns["Forwarding"].__dict__["__getattr__"]
+    mutations: list[Callable[[Any], None]] = [
+        lambda m: setattr(m, "vf", types.SimpleNamespace(lstm=abs)),
+        lambda m: setattr(ns["Forwarding"], "__getattr__", lambda self, n: abs),
+        lambda m: m.__dict__.__setitem__("lstm", abs),
+        lambda m: setattr(hook, "__code__", ns["other_body"].__code__),
+    ]
+
+    class Dying:
+        def __init__(self, m: Any, mutate: Callable[[Any], None]) -> None:
+            self.m, self.mutate, self.cycle = m, mutate, self
+
+        def __del__(self) -> None:
+            self.mutate(self.m)
+
+    old = gc.get_threshold()
+    try:
+        for mutate in mutations:
+            ns["Forwarding"].__getattr__ = hook
+            hook.__code__ = namespace()["Forwarding"].__dict__["__getattr__"].__code__  # a new code object
+            m = module(ns)
+            gs = guard_set(m)
+            Dying(m, mutate)
+            gc.set_threshold(1)
+            try:
+                got = gs.check({})
+            finally:
+                gc.set_threshold(*old)
+            gc.collect()
+            assert got in (True, getattr(m, "lstm", None) is len)
+            assert agrees(gs, m) is False
+    finally:
+        gc.set_threshold(*old)
+        ns["Forwarding"].__getattr__ = hook
