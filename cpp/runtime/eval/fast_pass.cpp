@@ -520,6 +520,8 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // A step that never runs user code nor allocates, or null (missing, or an owned result,
         // which would need a reference we do not keep).
         auto pure_value = [ r, nodes ](const FastOp& op) __attribute__((always_inline))->PyObject* {
+            if (nodes[op.node].step.kind == core::StepKind::WeakrefCall)  // an RNN's flat weights
+                if (PyObject* target = weakref_referent(r[op.parent])) return target;
             Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
             if (f.status != FetchStatus::Ok || f.owned) {
                 if (f.owned) Py_DECREF(f.value);

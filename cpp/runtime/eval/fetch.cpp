@@ -129,7 +129,8 @@ PyObject* g_forward_template =
 PyObject* g_builtin_getattr = nullptr;  // builtins.getattr
 PyObject* g_recognised_code = nullptr;  // the last code object judged (strong), and its <attr>, or null
 PyObject* g_recognised_attr = nullptr;
-bool g_staticmethod_mirror = false;  // StaticMethod below verified on this interpreter
+vectorcallfunc g_function_vectorcall = nullptr;  // a Python function's own (the template's)
+bool g_staticmethod_mirror = false;              // StaticMethod below verified on this interpreter
 
 // staticmethod's object (Objects/funcobject.c), private; verified against PyStaticMethod_New.
 struct StaticMethod {
@@ -168,7 +169,7 @@ PyObject* interned(const char* s) {
 // extension may replace it, PyFunction_SetVectorcall: then the call runs other code), tracing.
 bool hook_unchanged(const Forward& f) {
     auto* fn = reinterpret_cast<PyFunctionObject*>(f.hook);
-    if (fn->func_code != f.code || fn->vectorcall != _PyFunction_Vectorcall) return false;
+    if (fn->func_code != f.code || fn->vectorcall != g_function_vectorcall) return false;
     PyThreadState* ts = PyThreadState_Get();
     return ts->c_tracefunc == nullptr && ts->c_profilefunc == nullptr;
 }
@@ -606,6 +607,7 @@ bool init_forward_template() {
     Py_XDECREF(r);
     PyObject* fn = r != nullptr ? PyDict_GetItemString(ns, "__getattr__") : nullptr;
     PyObject* code = fn != nullptr && PyFunction_Check(fn) ? Py_NewRef(PyFunction_GET_CODE(fn)) : nullptr;
+    vectorcallfunc call = code != nullptr ? reinterpret_cast<PyFunctionObject*>(fn)->vectorcall : nullptr;
     Py_DECREF(ns);
     if (code == nullptr) return false;
     PyObject* sm = PyStaticMethod_New(getattr_fn);
@@ -615,6 +617,7 @@ bool init_forward_template() {
     }
     g_staticmethod_mirror = reinterpret_cast<StaticMethod*>(sm)->sm_callable == getattr_fn;
     Py_DECREF(sm);
+    g_function_vectorcall = call;
     g_builtin_getattr = Py_NewRef(getattr_fn);
     g_forward_template = code;
     return true;
@@ -918,6 +921,7 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
             return out;
         }
         case StepKind::WeakrefCall: {
+            if (PyObject* target = weakref_referent(v)) return ok_borrowed(target);
             if (!PyWeakref_CheckRef(v)) return missing();
             PyObject* target = PyWeakref_GetObject(v);  // borrowed; Py_None when dead
             if (target == nullptr) return error();

@@ -73,6 +73,21 @@ struct RuntimeRoot {
 /// or null), C[...] from its cell. Never leaves an error set unless status is Error.
 Fetched fetch_root(RuntimeRoot& root, const Locals& locals, PyObject* globals);
 
+/// `X()` of an exact weakref.ref: its referent, or None when dead (borrowed, as
+/// PyWeakref_GetObject answers), read from the object without a call; null for anything else
+/// (a subclass, a proxy: fetch_step decides). Inline: torch guards a model's weak references to
+/// its flat weights (an RNN's) on every check. Py_REFCNT 0 is a referent being destroyed, dead.
+inline PyObject* weakref_referent(PyObject* v) {
+#ifdef Py_GIL_DISABLED
+    (void)v;
+    return nullptr;  // the referent is read under the object's lock there
+#else
+    if (!PyWeakref_CheckRefExact(v)) return nullptr;
+    PyObject* o = reinterpret_cast<PyWeakReference*>(v)->wr_object;
+    return Py_REFCNT(o) > 0 ? o : Py_None;
+#endif
+}
+
 /// Fetch the child of `parent` along `step`. Never leaves an error set unless status is Error.
 Fetched fetch_step(RuntimeStep& step, PyObject* parent);
 
