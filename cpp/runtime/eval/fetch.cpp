@@ -357,10 +357,12 @@ void learn_forward(PyObject* obj, PyObject* name, PyObject* hook) {
         return;
     }
     PyTypeObject* inner = Py_TYPE(forwarded);
+    // What the forwarded object's class holds for `name`, where its dicts and CPython's type cache
+    // (what getattr reads) agree (class_attr).
     PyObject* descr = nullptr;
     const unsigned int inner_version = type_version(inner);
     if (inner_version == 0 || inner->tp_getattro != PyObject_GenericGetAttr ||
-        !mro_lookup(inner, name, &descr) || type_version(tp) != version)
+        !class_attr(inner, name, &descr) || type_version(tp) != version)
         return;
     Forward* slot = nullptr;
     for (Forward& f : g_forwards)
