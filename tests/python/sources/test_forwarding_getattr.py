@@ -416,3 +416,57 @@ def test_collections_inside_learning_mutate_what_it_learns() -> None:
     finally:
         gc.set_threshold(*old)
         ns["Forwarding"].__getattr__ = hook
+
+
+class _LyingGlobals(dict):
+    """Globals of a dict subclass: the interpreter's LOAD_GLOBAL asks its __getitem__."""
+
+    def __getitem__(self, key: Any) -> Any:
+        if key == "getattr":
+            return lambda o, n: abs
+        return dict.__getitem__(self, key)
+
+
+def test_globals_of_a_dict_subclass_are_asked() -> None:
+    ns = namespace()
+    code = ns["Forwarding"].__dict__["__getattr__"].__code__
+    lying = types.FunctionType(code, _LyingGlobals(ns), "__getattr__")
+    cls = type("LyingForwarding", (types.ModuleType,), {"__getattr__": lying})
+    m = cls("lying_vf")
+    m.vf = VF()
+    b = tw.GuardBuilder({}, f_globals={"m": m})
+    b.id_match("G['m'].lstm", abs)  # what the method answers: its globals' getattr
+    gs = b.build()
+    assert agrees(gs, m, value=abs) is True
+    assert agrees(gs, m, value=abs) is True
+
+
+def test_another_thread_flips_the_forwarded_value() -> None:
+    """Checks while another thread replaces the forwarded class's value: each check answers
+    True or False without error, and once the thread is done, as getattr."""
+    import threading
+
+    ns = namespace()
+    m = module(ns)
+    gs = guard_set(m)
+    assert agrees(gs, m) is True
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            VF.lstm = staticmethod(abs)
+            VF.lstm = staticmethod(len)
+
+    t = threading.Thread(target=flip)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t.start()
+    try:
+        seen = {gs.check({}) for _ in range(5000)}
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
+        VF.lstm = staticmethod(len)
+    assert seen <= {True, False}
+    assert agrees(gs, m) is True
