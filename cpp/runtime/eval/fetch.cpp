@@ -611,7 +611,7 @@ bool init_forward_template() {
     PyObject* code = fn != nullptr && PyFunction_Check(fn) ? Py_NewRef(PyFunction_GET_CODE(fn)) : nullptr;
     vectorcallfunc call = code != nullptr ? reinterpret_cast<PyFunctionObject*>(fn)->vectorcall : nullptr;
     Py_DECREF(ns);
-    if (code == nullptr) return false;
+    if (code == nullptr) return !PyErr_Occurred();  // no template: nothing is recognised
     PyObject* sm = PyStaticMethod_New(getattr_fn);
     if (sm == nullptr) {
         Py_DECREF(code);
