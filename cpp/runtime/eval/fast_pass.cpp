@@ -469,7 +469,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // both). An attribute through the inline cache, or null: a stale cache, a class
         // attribute, a property, __getattr__, a slot, or missing (the walk's fetch decides, and
         // refills the cache).
-        auto attr_value = [ r, nodes ](const FastOp& op) __attribute__((always_inline))->PyObject* {
+        // `*unclaimed`: the value is not the parent dict's (a forwarding class __getattr__ gave
+        // it, fetch.hpp), so no claim on that dict's tag may stand for it.
+        auto attr_value =
+            [ r, nodes ](const FastOp& op, bool* unclaimed) __attribute__((always_inline))->PyObject* {
             NodeRt& n = nodes[op.node];
             PyObject* p = r[op.parent];
             PyTypeObject* tp = Py_TYPE(p);
@@ -479,8 +482,14 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (ic.type == tp && ic.version != 0 && ic.version == type_version(tp)) {
                 if (ic.mode == AttrCache::Mode::InstanceDict)
                     return instance_attr_hinted(p, n.step.operand, &ic.hint);
-                if (ic.mode == AttrCache::Mode::Module && PyModule_Check(p))  // a module subclass too
+                if (ic.mode == AttrCache::Mode::Module && PyModule_Check(p)) {  // a module subclass too
+                    // A forwarding class __getattr__ first: its proof covers the dict's miss.
+                    if (PyObject* v = forwarded_module_attr(p, n.step.operand)) {
+                        *unclaimed = true;
+                        return v;
+                    }
                     return pure_dict_get(PyModule_GetDict(p), n.step.operand, &ic.hint);
+                }
                 if (ic.mode == AttrCache::Mode::FunctionField) return function_field(p, n.step.operand);
             }
             return nullptr;
@@ -511,6 +520,8 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         // A step that never runs user code nor allocates, or null (missing, or an owned result,
         // which would need a reference we do not keep).
         auto pure_value = [ r, nodes ](const FastOp& op) __attribute__((always_inline))->PyObject* {
+            if (nodes[op.node].step.kind == core::StepKind::WeakrefCall)  // an RNN's flat weights
+                if (PyObject* target = weakref_referent(r[op.parent])) return target;
             Fetched f = fetch_step(nodes[op.node].step, r[op.parent]);
             if (f.status != FetchStatus::Ok || f.owned) {
                 if (f.owned) Py_DECREF(f.value);
@@ -540,6 +551,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             if (settled(op)) break;            \
         }                                      \
         PyObject* v = nullptr;                 \
+        bool unclaimed = false;                \
         const Read got = READ;                 \
         if (got == Read::Walk) {               \
             next = ops + slow_subtree(ps, op); \
@@ -552,7 +564,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         }                                      \
         r[op.node] = v;                        \
         if constexpr (SETTLE) {                \
-            claim(op, v);                      \
+            if (!unclaimed) claim(op, v);      \
             next = ops + op.jump;              \
         }                                      \
     } while (false);                           \
@@ -682,8 +694,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         } while (false);
         opp = next;
         TW_DISPATCH();
-        TW_FETCH_OP(op_FetchAttr, false, (v = attr_value(op)) != nullptr ? Read::Value : Read::Walk)
-        TW_FETCH_OP(op_SettleAttr, true, (v = attr_value(op)) != nullptr ? Read::Value : Read::Walk)
+        TW_FETCH_OP(op_FetchAttr, false,
+                    (v = attr_value(op, &unclaimed)) != nullptr ? Read::Value : Read::Walk)
+        TW_FETCH_OP(op_SettleAttr, true,
+                    (v = attr_value(op, &unclaimed)) != nullptr ? Read::Value : Read::Walk)
         TW_FETCH_OP(op_FetchItem, false,
                     !item_value(op, &v) ? Read::Walk
                     : v != nullptr      ? Read::Value

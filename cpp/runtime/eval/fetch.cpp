@@ -1,12 +1,19 @@
 // tripwire/cpp/runtime/eval/fetch.cpp -- step fetches and the attribute inline cache.
 #include "runtime/eval/fetch.hpp"
 
+#include <cstring>
 #include <string>
+#include <utility>
 
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/tensor_props.hpp"
 
 namespace tripwire::runtime {
+
+// CPython's slot_tp_getattr_hook, the tp_getattro of a class that defines __getattr__; null until
+// init_getattr_hook ran (every GuardSet runs it when built, before any fetch).
+getattrofunc g_getattr_hook = nullptr;
+
 namespace {
 
 Fetched ok_borrowed(PyObject* v) { return {v, false, FetchStatus::Ok}; }
@@ -83,16 +90,306 @@ bool mro_lookup(PyTypeObject* tp, PyObject* name, PyObject** out) {
     return true;
 }
 
-// CPython's slot_tp_getattr_hook, the tp_getattro of a class that defines __getattr__; null until
-// init_getattr_hook ran (every GuardSet runs it when built, before any fetch).
-getattrofunc g_getattr_hook = nullptr;
-
 getattrofunc getattr_hook_slot() { return g_getattr_hook; }
 
 // The class attribute `name` of tp, where the class dicts (mro_lookup: no user code) and
 // CPython's type cache (_PyType_Lookup, what the interpreter's own lookup uses) agree.
 bool class_attr(PyTypeObject* tp, PyObject* name, PyObject** out) {
     return mro_lookup(tp, name, out) && _PyType_Lookup(tp, name) == *out;
+}
+
+bool module_subclass_reads_dict(PyTypeObject* tp, PyObject* name);
+
+// ---- Forwarding hooks: a class __getattr__ whose body is `return getattr(self.<attr>, name)`.
+//
+// torch._VF's (torch/_VF.py, VFModule) is one, read by torch's guards on every check of a model
+// that calls an RNN (`_VF.lstm`, `_VF.gru`, ...). Calling it costs a Python frame, the method's
+// `self.vf` through the class's getattr hook (a method-wrapper per call) and builtins.getattr:
+// about 2,000 instructions on 3.11, and the fast pass must hand the node to the walk because the
+// call is user code. What the body does is fixed by its bytecode, so when the function's code is
+// recognised, its `getattr` is the builtin one and each read it makes is found without user
+// code, the value is read directly, without the call, and the fast pass can take it.
+//
+// The recognition is generic (any module subclass with that body), not keyed by torch: the
+// runtime imports no torch, and the same facts decide a user's module of the same shape. It
+// compares with a template the running interpreter compiled (init_forward_template), so it holds
+// on every Python version: what runs is exactly what the bytecode says.
+//
+// What is read per check, or under a tag that changes with it (a class's version tag, a dict's
+// tag): the class's `__getattr__` (replaceable: the version tag), the function's `__code__`
+// (assignable without a tag: its pointer each check), its `__globals__` and `__builtins__` not
+// shadowing `getattr` (a module global `getattr` changes what the body calls: their dict tags),
+// the module dict's lack of the name, of a PEP 562 `__getattr__` and of a `__spec__` other than
+// None (its tag), no class attribute `<attr>` (so `self.<attr>` is the module dict's, as CPython
+// looks it up: data descriptors first), and for `getattr(forwarded, name)` the forwarded object's
+// class (version tag) and own storage. Tracing or profiling sees the call's frame, so neither may
+// be on. Anything else: null, and the caller calls the method.
+PyObject* g_forward_template =
+    nullptr;                            // code of `def __getattr__(self, name): return getattr(self.x, name)`
+PyObject* g_builtin_getattr = nullptr;  // builtins.getattr
+PyObject* g_recognised_code = nullptr;  // the last code object judged (strong), and its <attr>, or null
+PyObject* g_recognised_attr = nullptr;
+vectorcallfunc g_function_vectorcall = nullptr;  // a Python function's own (the template's)
+bool g_staticmethod_mirror = false;              // StaticMethod below verified on this interpreter
+
+// staticmethod's object (Objects/funcobject.c), private; verified against PyStaticMethod_New.
+struct StaticMethod {
+    PyObject_HEAD PyObject* sm_callable;
+};
+
+// The facts of one forwarded read, per name (interned, as every step operand is). Everything
+// borrowed is held by a dict whose tag or a class whose version tag is part of the entry.
+struct Forward {
+    PyObject* name = nullptr;      // strong
+    PyTypeObject* type = nullptr;  // the module subclass, under `version`
+    unsigned int version = 0;
+    PyObject* hook = nullptr;             // its __getattr__, an exact function (the class dict holds it)
+    PyObject* code = nullptr;             // the recognised code (strong), `attr` its forwarded attribute
+    PyObject* attr = nullptr;             // strong
+    Py_ssize_t attr_hint = kHintUnknown;  // where the module dict holds it (dict_hint.hpp)
+    std::uint64_t module_tag = 0;         // module dict state: only str keys, no `name`, `__getattr__`,
+                                          // `__spec__` None or absent
+    std::uint64_t globals_tag = 0;        // the hook's globals: only str keys, no `getattr`
+    std::uint64_t builtins_tag = 0;       // its builtins: only str keys, `getattr` is builtins.getattr
+    PyTypeObject* inner = nullptr;        // type of the forwarded object, under inner_version
+    unsigned int inner_version = 0;
+    PyObject* descr = nullptr;  // what its MRO holds for `name` (null: nothing)
+};
+constexpr int kForwards = 4;
+Forward g_forwards[kForwards];
+int g_forward_next = 0;
+
+PyObject* interned(const char* s) {
+    PyObject* o = PyUnicode_InternFromString(s);
+    if (o == nullptr) PyErr_Clear();
+    return o;
+}
+
+// The hook's own facts that the entry does not hold: its code (assignable), its vectorcall (an
+// extension may replace it, PyFunction_SetVectorcall: then the call runs other code), tracing.
+bool hook_unchanged(const Forward& f) {
+    auto* fn = reinterpret_cast<PyFunctionObject*>(f.hook);
+    if (fn->func_code != f.code || fn->vectorcall != g_function_vectorcall) return false;
+    PyThreadState* ts = PyThreadState_Get();
+    return ts->c_tracefunc == nullptr && ts->c_profilefunc == nullptr;
+}
+
+// dict_tag(d) == tag, a proof made in that very state (tags are never reused; 0 is no tag).
+bool tag_holds(PyObject* d, std::uint64_t tag) {
+    return tag != 0 && PyDict_CheckExact(d) && dict_tag(d) == tag;
+}
+
+// getattr(forwarded, name) when the entry's inner facts decide it without user code; null
+// otherwise. A value held by the class (its dict holds the descriptor) or the instance dict.
+PyObject* inner_value(const Forward& f, PyObject* forwarded) {
+    PyTypeObject* t = Py_TYPE(forwarded);
+    if (t != f.inner || f.inner_version == 0 || type_version(t) != f.inner_version ||
+        t->tp_getattro != PyObject_GenericGetAttr)
+        return nullptr;
+    PyObject* d = f.descr;
+    // A data descriptor wins over the instance dict (and may run user code): not decided here.
+    if (d != nullptr && Py_TYPE(d)->tp_descr_set != nullptr) return nullptr;
+    PyObject* own = nullptr;
+    const int absent = instance_attr_absent(forwarded, f.name, nullptr, &own);
+    if (absent == 0) return own;
+    if (absent < 0 || d == nullptr) return nullptr;  // undecidable, or AttributeError: the call's
+    // A static method gives its callable (as its __get__ does); a class attribute whose type has
+    // no __get__ is itself (the slot is read live: a class that gains __get__ loses this). Anything
+    // else binds (a new object) or runs user code.
+    if (Py_TYPE(d) == &PyStaticMethod_Type)
+        return g_staticmethod_mirror ? reinterpret_cast<StaticMethod*>(d)->sm_callable : nullptr;
+    return Py_TYPE(d)->tp_descr_get == nullptr ? d : nullptr;
+}
+
+}  // namespace
+
+// forwarded_module_attr (fetch.hpp).
+PyObject* forwarded_value(PyObject* obj, PyObject* name) {
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (tp->tp_getattro != getattr_hook_slot()) return nullptr;
+    for (Forward& f : g_forwards) {
+        if (f.name != name || f.type != tp || f.version == 0 || type_version(tp) != f.version) continue;
+        if (!hook_unchanged(f)) return nullptr;
+        PyObject* md = PyModule_GetDict(obj);
+        PyObject* globals = PyFunction_GET_GLOBALS(f.hook);
+        PyObject* builtins = reinterpret_cast<PyFunctionObject*>(f.hook)->func_builtins;
+        if (md == nullptr || !tag_holds(md, f.module_tag) || !tag_holds(globals, f.globals_tag) ||
+            builtins == nullptr || !tag_holds(builtins, f.builtins_tag))
+            return nullptr;
+        // `self.<attr>`: the module dict's entry (no class attribute of that name: the version).
+        PyObject* forwarded = dict_get_hinted(md, f.attr, &f.attr_hint);
+        if (forwarded == nullptr) forwarded = PyDict_GetItemWithError(md, f.attr);  // str keys only
+        if (forwarded == nullptr) {
+            PyErr_Clear();  // none can be set; a miss recurses into __getattr__: the call's
+            return nullptr;
+        }
+        return inner_value(f, forwarded);
+    }
+    return nullptr;
+}
+
+namespace {
+
+// Whether `code` is the template's: the same bytecode and exception table over two arguments
+// and no other local, names ('getattr', <attr>). Sets *attr (borrowed from the code). May
+// allocate (the deoptimised bytecode): called where user code may run.
+bool recognise_forward(PyObject* code, PyObject** attr) {
+    *attr = nullptr;
+    if (g_forward_template == nullptr || !PyCode_Check(code)) return false;
+    auto* c = reinterpret_cast<PyCodeObject*>(code);
+    auto* t = reinterpret_cast<PyCodeObject*>(g_forward_template);
+    // Neither a class defined in a function (CO_NESTED) nor `from __future__` imports in the
+    // defining module (PyCF_MASK: annotations, ...) change what this body's bytecode does.
+    constexpr int kNested = CO_NESTED | PyCF_MASK;
+    if (c->co_argcount != t->co_argcount || c->co_posonlyargcount != t->co_posonlyargcount ||
+        c->co_kwonlyargcount != t->co_kwonlyargcount || c->co_nlocalsplus != t->co_nlocalsplus ||
+        c->co_nlocals != t->co_nlocals || c->co_ncellvars != 0 || c->co_nfreevars != 0 ||
+        (c->co_flags & ~kNested) != (t->co_flags & ~kNested))
+        return false;
+    PyObject* names = c->co_names;
+    PyObject* tnames = t->co_names;
+    if (!PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) != 2 || PyTuple_GET_SIZE(tnames) != 2)
+        return false;
+    PyObject* g = PyTuple_GET_ITEM(names, 0);
+    PyObject* a = PyTuple_GET_ITEM(names, 1);
+    if (!PyUnicode_CheckExact(g) || !PyUnicode_CheckExact(a) ||
+        PyUnicode_Compare(g, PyTuple_GET_ITEM(tnames, 0)) != 0)
+        return false;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    PyObject* cb = PyCode_GetCode(c);
+    PyObject* tb = PyCode_GetCode(t);
+    bool same = cb != nullptr && tb != nullptr && PyBytes_CheckExact(cb) && PyBytes_CheckExact(tb) &&
+                PyBytes_GET_SIZE(cb) == PyBytes_GET_SIZE(tb) &&
+                std::memcmp(PyBytes_AS_STRING(cb), PyBytes_AS_STRING(tb), PyBytes_GET_SIZE(cb)) == 0;
+    Py_XDECREF(cb);
+    Py_XDECREF(tb);
+    if (PyErr_Occurred()) PyErr_Clear();
+    PyObject* ce = c->co_exceptiontable;
+    PyObject* te = t->co_exceptiontable;
+    same = same && PyBytes_CheckExact(ce) && PyBytes_CheckExact(te) &&
+           PyBytes_GET_SIZE(ce) == PyBytes_GET_SIZE(te) &&
+           std::memcmp(PyBytes_AS_STRING(ce), PyBytes_AS_STRING(te), PyBytes_GET_SIZE(ce)) == 0;
+    if (same) *attr = a;
+    return same;
+}
+
+// The forwarded attribute of `code` if it is the template's shape (decided once per code
+// object: the last one judged is kept), else null. Borrowed (g_recognised_code holds it).
+PyObject* recognised_attr(PyObject* code) {
+    if (code != g_recognised_code) {
+        PyObject* attr = nullptr;
+        recognise_forward(code, &attr);
+        Py_XINCREF(attr);
+        Py_INCREF(code);
+        Py_XSETREF(g_recognised_attr, attr);
+        Py_XSETREF(g_recognised_code, code);  // after: the old one may hold the old attr
+    }
+    return g_recognised_attr;
+}
+
+// Whether, in module dict `md` as it is now, CPython's getattr hook reaches the class's
+// __getattr__ without user code for `name`: only str keys (no key's __eq__ runs), no `name`, no
+// PEP 562 `__getattr__`, `__spec__` None or absent (ModuleType's "partially initialized" probe
+// then reads None's attribute). Reads only (str keys against str keys: no error is possible).
+bool module_dict_defers(PyObject* md, PyObject* name) {
+    static PyObject* const s_getattr = interned("__getattr__");
+    static PyObject* const s_spec = interned("__spec__");
+    if (s_getattr == nullptr || s_spec == nullptr || md == nullptr || !PyDict_CheckExact(md) ||
+        !dict_has_only_str_keys(md))
+        return false;
+    PyObject* spec = nullptr;
+    const bool defers = PyDict_GetItemWithError(md, name) == nullptr &&
+                        PyDict_GetItemWithError(md, s_getattr) == nullptr &&
+                        ((spec = PyDict_GetItemWithError(md, s_spec)) == nullptr || spec == Py_None);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    return defers;
+}
+
+// Learn (or relearn) the entry for getattr(obj, name), obj an instance of a module subclass
+// whose class __getattr__ is `hook` (held by the caller). First what may allocate or run user
+// code (recognising the code, giving the forwarded object's class a version tag), then every
+// fact read again with nothing in between that could change one, and only then the tags of the
+// states they were proved in.
+void learn_forward(PyObject* obj, PyObject* name, PyObject* hook) {
+    static PyObject* const s_getattr = interned("getattr");
+    static PyObject* const s_dunder_getattr = interned("__getattr__");
+    if (s_getattr == nullptr || s_dunder_getattr == nullptr || g_builtin_getattr == nullptr ||
+        !PyFunction_Check(hook) || !PyUnicode_CheckExact(name))
+        return;
+    PyObject* code = PyFunction_GET_CODE(hook);
+    if (recognised_attr(code) == nullptr) return;
+    PyObject* md = PyModule_GetDict(obj);  // a module's dict lives as long as the module
+    if (md == nullptr || !PyDict_CheckExact(md) || !dict_has_only_str_keys(md)) return;
+    if (PyObject* forwarded = PyDict_GetItemWithError(md, g_recognised_attr)) {
+        Py_INCREF(forwarded);
+        (void)_PyType_Lookup(Py_TYPE(forwarded), name);  // a version tag, if the class can have one
+        Py_DECREF(forwarded);
+    }
+    PyErr_Clear();
+    // From here on nothing allocates or runs user code.
+    PyTypeObject* tp = Py_TYPE(obj);
+    code = PyFunction_GET_CODE(hook);
+    PyObject* attr = code == g_recognised_code ? g_recognised_attr : nullptr;
+    PyObject* globals = PyFunction_GET_GLOBALS(hook);
+    PyObject* builtins = reinterpret_cast<PyFunctionObject*>(hook)->func_builtins;
+    const unsigned int version = type_version(tp);
+    if (attr == nullptr || version == 0 || builtins == nullptr || !PyDict_CheckExact(globals) ||
+        !PyDict_CheckExact(builtins) || !dict_has_only_str_keys(globals) || !dict_has_only_str_keys(builtins))
+        return;
+    // `self.<attr>`: ModuleType's __getattribute__ and no class attribute of that name, so the
+    // module dict's entry (module_subclass_reads_dict, under the version tag); the hook is what
+    // the class dicts hold.
+    PyObject* own_hook = nullptr;
+    if (!module_subclass_reads_dict(tp, attr) || !mro_lookup(tp, s_dunder_getattr, &own_hook) ||
+        own_hook != hook || !module_dict_defers(md, name))
+        return;
+    // str keys against str keys: no user code, no error.
+    PyObject* forwarded = PyDict_GetItemWithError(md, attr);
+    if (forwarded == nullptr || PyDict_GetItemWithError(globals, s_getattr) != nullptr ||
+        PyDict_GetItemWithError(builtins, s_getattr) != g_builtin_getattr || PyErr_Occurred()) {
+        PyErr_Clear();
+        return;
+    }
+    PyTypeObject* inner = Py_TYPE(forwarded);
+    // What the forwarded object's class holds for `name`, where its dicts and CPython's type cache
+    // (what getattr reads) agree (class_attr).
+    PyObject* descr = nullptr;
+    const unsigned int inner_version = type_version(inner);
+    if (inner_version == 0 || inner->tp_getattro != PyObject_GenericGetAttr ||
+        !class_attr(inner, name, &descr) || type_version(tp) != version)
+        return;
+    Forward* slot = nullptr;
+    for (Forward& f : g_forwards)
+        if (f.name == name) slot = &f;
+    if (slot == nullptr) {
+        slot = &g_forwards[g_forward_next];
+        g_forward_next = (g_forward_next + 1) % kForwards;
+    }
+    Forward f;
+    f.name = Py_NewRef(name);
+    f.type = tp;
+    f.version = version;
+    f.hook = hook;
+    f.code = Py_NewRef(code);
+    f.attr = Py_NewRef(attr);
+    f.module_tag = dict_tag(md);
+    f.globals_tag = dict_tag(globals);
+    f.builtins_tag = dict_tag(builtins);
+    f.inner = inner;
+    f.inner_version = inner_version;
+    f.descr = descr;
+    std::swap(*slot, f);
+    // The old entry's references, released once the table is consistent: a deallocation may run
+    // user code (a code object's or a name's do not, but a table read mid-swap would be wrong).
+    Py_XDECREF(f.name);
+    Py_XDECREF(f.code);
+    Py_XDECREF(f.attr);
 }
 
 // getattr(module, name) for an instance of a module subclass that defines __getattr__ (torch._VF
@@ -113,8 +410,7 @@ bool module_hook_getattr(PyObject* obj, PyObject* name, Fetched* out) {
         tp->tp_getattro != getattr_hook_slot())
         return false;
     static PyObject* const s_getattr = PyUnicode_InternFromString("__getattr__");
-    static PyObject* const s_spec = PyUnicode_InternFromString("__spec__");
-    if (s_getattr == nullptr || s_spec == nullptr) {
+    if (s_getattr == nullptr) {
         PyErr_Clear();
         return false;
     }
@@ -122,24 +418,30 @@ bool module_hook_getattr(PyObject* obj, PyObject* name, Fetched* out) {
     if (hook == nullptr) return false;
     PyObject* md = PyModule_GetDict(obj);
     PyObject** dict_ptr = _PyObject_GetDictPtr(obj);
-    if (md == nullptr || dict_ptr == nullptr || *dict_ptr != md || !PyDict_CheckExact(md) ||
-        !dict_has_only_str_keys(md))
+    if (md == nullptr || dict_ptr == nullptr || *dict_ptr != md || !module_dict_defers(md, name))
         return false;
-    // str keys against str keys: no __eq__ runs, no error is possible.
-    if (PyDict_GetItemWithError(md, name) != nullptr || PyDict_GetItemWithError(md, s_getattr) != nullptr)
-        return false;
-    PyObject* spec = PyDict_GetItemWithError(md, s_spec);
-    if (spec != nullptr && spec != Py_None) return false;
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
+    // A forwarding hook (above): its value without the call, once its facts are learnt.
+    if (PyObject* v = forwarded_value(obj, name)) {
+        *out = ok_owned(Py_NewRef(v));
+        return true;
+    }
+    Py_INCREF(hook);  // learning may collect garbage, and user code delete the class's hook
+    learn_forward(obj, name, hook);
+    PyObject* v = forwarded_value(obj, name);
+    if (v != nullptr || PyErr_Occurred()) {
+        Py_DECREF(hook);
+        *out = v != nullptr ? ok_owned(Py_NewRef(v)) : error();
+        return true;
+    }
+    // The class may have changed while learning: the hook called is the one CPython finds now.
+    if (_PyType_Lookup(tp, s_getattr) != hook || !module_dict_defers(md, name)) {
+        Py_DECREF(hook);
         return false;
     }
     // call_attribute: the class's __getattr__ bound to obj, called with the name. Held across
     // the call: the user code may delete it from the class. A plain function (torch._VF's) binds
     // to a method that calls it with (obj, name): called so directly, without the method object
     // (an allocation and a second call per check; the callee sees the same arguments).
-    Py_INCREF(hook);
-    PyObject* v = nullptr;
     if (PyFunction_Check(hook)) {
         PyObject* args[2] = {obj, name};
         v = PyObject_Vectorcall(hook, args, 2, nullptr);
@@ -293,6 +595,36 @@ void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name, Decide decide) {
     c.mode = mode;
 }
 
+// The template forwarding hooks are compared with (compiled here, by the running interpreter),
+// builtins.getattr, and the static method mirror. Once; may run user code (a collection).
+bool init_forward_template() {
+    if (g_forward_template != nullptr) return true;
+    PyObject* builtins = PyEval_GetBuiltins();  // borrowed
+    PyObject* getattr_fn = builtins != nullptr ? PyDict_GetItemString(builtins, "getattr") : nullptr;
+    if (getattr_fn == nullptr) return true;  // no builtins.getattr: nothing is recognised
+    PyObject* ns = PyDict_New();
+    if (ns == nullptr) return false;
+    PyObject* r = PyRun_String("def __getattr__(self, name):\n    return getattr(self.forwarded, name)\n",
+                               Py_file_input, ns, ns);
+    Py_XDECREF(r);
+    PyObject* fn = r != nullptr ? PyDict_GetItemString(ns, "__getattr__") : nullptr;
+    PyObject* code = fn != nullptr && PyFunction_Check(fn) ? Py_NewRef(PyFunction_GET_CODE(fn)) : nullptr;
+    vectorcallfunc call = code != nullptr ? reinterpret_cast<PyFunctionObject*>(fn)->vectorcall : nullptr;
+    Py_DECREF(ns);
+    if (code == nullptr) return !PyErr_Occurred();  // no template: nothing is recognised
+    PyObject* sm = PyStaticMethod_New(getattr_fn);
+    if (sm == nullptr) {
+        Py_DECREF(code);
+        return false;
+    }
+    g_staticmethod_mirror = reinterpret_cast<StaticMethod*>(sm)->sm_callable == getattr_fn;
+    Py_DECREF(sm);
+    g_function_vectorcall = call;
+    g_builtin_getattr = Py_NewRef(getattr_fn);
+    g_forward_template = code;
+    return true;
+}
+
 }  // namespace
 
 bool init_getattr_hook() {
@@ -305,7 +637,7 @@ bool init_getattr_hook() {
     if (probe == nullptr) return false;
     g_getattr_hook = reinterpret_cast<PyTypeObject*>(probe)->tp_getattro;
     Py_DECREF(probe);
-    return true;
+    return init_forward_template();
 }
 
 Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
@@ -591,6 +923,7 @@ Fetched fetch_step(RuntimeStep& s, PyObject* v) {
             return out;
         }
         case StepKind::WeakrefCall: {
+            if (PyObject* target = weakref_referent(v)) return ok_borrowed(target);
             if (!PyWeakref_CheckRef(v)) return missing();
             PyObject* target = PyWeakref_GetObject(v);  // borrowed; Py_None when dead
             if (target == nullptr) return error();

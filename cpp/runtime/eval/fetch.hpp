@@ -73,6 +73,21 @@ struct RuntimeRoot {
 /// or null), C[...] from its cell. Never leaves an error set unless status is Error.
 Fetched fetch_root(RuntimeRoot& root, const Locals& locals, PyObject* globals);
 
+/// `X()` of an exact weakref.ref: its referent, or None when dead (borrowed, as
+/// PyWeakref_GetObject answers), read from the object without a call; null for anything else
+/// (a subclass, a proxy: fetch_step decides). Inline: torch guards a model's weak references to
+/// its flat weights (an RNN's) on every check. Py_REFCNT 0 is a referent being destroyed, dead.
+inline PyObject* weakref_referent(PyObject* v) {
+#ifdef Py_GIL_DISABLED
+    (void)v;
+    return nullptr;  // the referent is read under the object's lock there
+#else
+    if (!PyWeakref_CheckRefExact(v)) return nullptr;
+    PyObject* o = reinterpret_cast<PyWeakReference*>(v)->wr_object;
+    return Py_REFCNT(o) > 0 ? o : Py_None;
+#endif
+}
+
 /// Fetch the child of `parent` along `step`. Never leaves an error set unless status is Error.
 Fetched fetch_step(RuntimeStep& step, PyObject* parent);
 
@@ -89,6 +104,22 @@ Fetched fetch_attr(AttrCache& cache, PyObject* obj, PyObject* name);
 /// fetch_attr compares module subclasses' tp_getattro with. GIL held; may run user code (a
 /// collection); false with a Python error set.
 bool init_getattr_hook();
+
+/// CPython's getattr hook of classes that define __getattr__ (init_getattr_hook), or null.
+extern getattrofunc g_getattr_hook;
+/// forwarded_module_attr's work, out of line.
+PyObject* forwarded_value(PyObject* obj, PyObject* name);
+/// getattr(obj, name) for an instance of a module subclass whose class __getattr__ forwards,
+/// `return getattr(self.<attr>, name)` (torch._VF's), read without calling it: borrowed, or null
+/// when that is not known without user code (the facts not learnt yet, or changed, or not such a
+/// module; fetch_attr then decides, calling the method and learning the facts). Its proof
+/// includes the module dict's lack of `name`. Allocates nothing, runs no user code, sets no
+/// error. Inline: a plain module's attribute pays one compare.
+inline PyObject* forwarded_module_attr(PyObject* obj, PyObject* name) {
+    return Py_TYPE(obj)->tp_getattro == g_getattr_hook && g_getattr_hook != nullptr
+               ? forwarded_value(obj, name)
+               : nullptr;
+}
 
 /// Whether `X.__dict__` of instances of `tp` is their own instance dict (the name resolves to
 /// the interpreter's own getset or member descriptor, not a class-defined `__dict__`), cached in

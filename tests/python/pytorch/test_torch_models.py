@@ -692,3 +692,134 @@ def test_drop_accepts_the_relational_kinds() -> None:
         assert gs.check(twt.frame_locals(m, torch.randn(2, 16)))
     gs = twt.guards_of(m, drop=["NO_TENSOR_ALIASING"])
     assert all(g.kind != "NO_TENSOR_ALIASING" for g in gs.torch_import.guards if g.outcome == "native")
+
+
+# -- torch._VF: its class __getattr__ read without the call (docs/cpp.md, "Module subclasses") ----
+def _vf_attacks(torch: Any, name: str) -> list[tuple[str, Callable[[], Callable]]]:
+    """Attacks on what `G[...]._VF.<name>` depends on, each undone by the callable it returns."""
+    import builtins
+    import types
+
+    vf_module = torch._VF
+    vf_class = type(vf_module)
+    hook = vf_class.__dict__["__getattr__"]
+    real = getattr(vf_module.vf, name)
+
+    def set_class(attr: str, value: Any) -> Callable[[], Callable]:
+        def mutate() -> Callable:
+            had = attr in vf_class.__dict__
+            old = vf_class.__dict__.get(attr)
+            setattr(vf_class, attr, value)
+            return lambda: setattr(vf_class, attr, old) if had else delattr(vf_class, attr)
+
+        return mutate
+
+    def set_item(d: dict, key: str, value: Any) -> Callable[[], Callable]:
+        def mutate() -> Callable:
+            had = key in d
+            old = d.get(key)
+            d[key] = value
+            return lambda: d.__setitem__(key, old) if had else d.__delitem__(key)
+
+        return mutate
+
+    def set_code(code: Any) -> Callable[[], Callable]:
+        def mutate() -> Callable:
+            old = hook.__code__
+            hook.__code__ = code
+            return lambda: setattr(hook, "__code__", old)
+
+        return mutate
+
+    def other_answer(self: Any, n: str) -> Any:
+        return abs
+
+    def same_answer(self: Any, n: str) -> Any:
+        return getattr(self.vf, n)  # the same body, another code object: recognised too
+
+    def shadowing_getattr(o: Any, n: str, *default: Any) -> Any:
+        return abs if n == name else builtins_getattr(o, n, *default)
+
+    builtins_getattr = builtins.getattr
+
+    class DataVF:
+        def __get__(self, obj: Any, cls: Any = None) -> Any:
+            return types.SimpleNamespace(**{name: abs})
+
+        def __set__(self, obj: Any, value: Any) -> None:
+            raise AttributeError("read-only")
+
+    return [
+        ("__getattr__ replaced", set_class("__getattr__", other_answer)),
+        ("__getattr__ replaced, same answer", set_class("__getattr__", same_answer)),
+        ("__code__ replaced", set_code(other_answer.__code__)),
+        ("__code__ replaced, same body", set_code(same_answer.__code__)),
+        ("_VF.vf replaced", set_attr(vf_module, "vf", types.SimpleNamespace(**{name: abs}))),
+        ("_VF.vf replaced, same value", set_attr(vf_module, "vf", types.SimpleNamespace(**{name: real}))),
+        ("a global getattr in torch._VF", set_item(hook.__globals__, "getattr", shadowing_getattr)),
+        ("a global getattr, same answer", set_item(hook.__globals__, "getattr", builtins_getattr)),
+        ("builtins.getattr replaced", set_item(builtins.__dict__, "getattr", shadowing_getattr)),
+        (f"{name} in the module dict", set_item(vf_module.__dict__, name, abs)),
+        (f"{name} in the module dict, same value", set_item(vf_module.__dict__, name, real)),
+        (f"a class attribute {name}", set_class(name, abs)),
+        ("a data descriptor vf on the class", set_class("vf", DataVF())),
+    ]
+
+
+def _vf_same_as_torch(torch: Any, gs: Any, gm: Any, f_locals: dict, name: str) -> None:
+    """Each attack alone: tripwire's answer is torch's and the oracle's; undone, all pass again and
+    the fast pass decides every guard (the forwarded read learnt again)."""
+    assert any(f"._VF.{name}" in str(g.source) for g in gs.guards)
+    assert gs.check(f_locals) and gs._last_fast_guards == len(gs)
+    failed = 0
+    for what, mutate in _vf_attacks(torch, name):
+        undo = mutate()
+        try:
+            want = gm.check(f_locals)
+            assert reference.check(gs.guards, f_locals, gs._f_globals) is want, what
+            for _ in range(3):
+                assert gs.check(f_locals) is want, what
+            failed += not want
+        finally:
+            undo()
+        assert gm.check(f_locals) is True and gs.check(f_locals) is True, f"after undoing {what}"
+        assert gs.check(f_locals) and gs._last_fast_guards == len(gs), what
+    assert failed >= 7
+
+
+@pytest.mark.torch
+def test_lstm_vf_forwarding_attacked() -> None:
+    torch = _torch()
+    import torch_models as tm
+
+    old_allow = torch._dynamo.config.allow_rnn
+    torch._dynamo.config.allow_rnn = True
+    try:
+        torch.manual_seed(0)
+        gs, gm, f_locals = compile_and_import(tm.LSTMLM(), torch.randint(0, 32, (2, 8)))
+    finally:
+        torch._dynamo.config.allow_rnn = old_allow
+    _vf_same_as_torch(torch, gs, gm, f_locals, "lstm")
+
+
+@pytest.mark.torch
+def test_gru_vf_forwarding_attacked() -> None:
+    torch = _torch()
+    nn = torch.nn
+
+    class GRUNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = nn.GRU(8, 8, batch_first=True)
+
+        def forward(self, x: Any) -> Any:
+            return self.gru(x)[0]
+
+    old_allow = torch._dynamo.config.allow_rnn
+    torch._dynamo.config.allow_rnn = True
+    try:
+        torch.manual_seed(0)
+        gs, gm, f_locals = compile_and_import(GRUNet(), torch.randn(2, 5, 8))
+    finally:
+        torch._dynamo.config.allow_rnn = old_allow
+    _vf_same_as_torch(torch, gs, gm, f_locals, "gru")
