@@ -4,6 +4,7 @@
 #include <structmember.h>
 
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -469,6 +470,20 @@ PyObject* scope_divert(Scope* s, PyObject* const* args, std::size_t nargsf, PyOb
 // a module, the lookup ~50); a name missing from it takes the generic read (a module __getattr__).
 // The reads and the comparison may run user code (a module __getattr__, a lying __eq__): the
 // caller holds `tests`, and each value read is held while it is used.
+// `a == b` (1, 0, -1 with an error set), without the generic comparison where its answer is
+// known: identity, two exact str (what a stance is), an exact bool against a singleton (a flag).
+int same_value(PyObject* a, PyObject* b) {
+    if (a == b) return 1;
+    if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b)) {
+        if (PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b) || PyUnicode_KIND(a) != PyUnicode_KIND(b))
+            return 0;  // a str's kind is its widest character's: equal strings have equal kinds
+        return std::memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b),
+                           static_cast<std::size_t>(PyUnicode_GET_LENGTH(a)) * PyUnicode_KIND(a)) == 0;
+    }
+    if (PyBool_Check(a) && (PyBool_Check(b) || b == Py_None)) return 0;  // singletons, not identical
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
 int scope_diverted(PyObject* tests) {
     const Py_ssize_t n = PyTuple_GET_SIZE(tests);
     for (Py_ssize_t i = 0; i < n; ++i) {
@@ -489,7 +504,7 @@ int scope_diverted(PyObject* tests) {
         for (; k < PyTuple_GET_SIZE(names) && cur != nullptr; ++k)
             Py_SETREF(cur, PyObject_GetAttr(cur, PyTuple_GET_ITEM(names, k)));
         if (cur == nullptr) return -1;
-        const int eq = PyObject_RichCompareBool(cur, PyTuple_GET_ITEM(test, 2), Py_EQ);
+        const int eq = same_value(cur, PyTuple_GET_ITEM(test, 2));
         Py_DECREF(cur);
         if (eq != 0) return eq;
     }

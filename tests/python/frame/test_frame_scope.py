@@ -401,3 +401,37 @@ def test_divert_on_a_module_reads_as_getattr_does():
     # A name ModuleType itself has (a descriptor on the type) is read generically too.
     assert twf.scoped(top, hook, fallback=lambda x: "fallback", divert=((m, "__dict__", None),))(1) == 7
     assert twf.current() is None
+
+
+@pytest.mark.parametrize(
+    ("read", "value", "diverts"),
+    [
+        ("force_eager", "force_eager", True),
+        ("force_eagre", "force_eager", False),
+        ("forcé_eager", "forcé_eager", True),  # a wider str kind, equal
+        ("force_eager", "forcé_eager", False),
+        ("€", "ɐ", False),  # same length, different kinds
+        (True, True, True),
+        (False, True, False),
+        (1, True, True),  # the generic comparison: 1 == True
+        (True, 1, True),
+        (1.0, 1, True),
+        (None, False, False),
+    ],
+)
+def test_divert_compares_as_eq_does(read, value, diverts):
+    import types
+
+    _, hook = recorder()
+    mod = types.SimpleNamespace(v=read)
+    s = twf.scoped(top, hook, fallback=lambda x: "fallback", divert=((mod, "v", value),))
+    assert (s(1) == "fallback") is diverts is (read == value)
+
+    class Lying(str):  # a str subclass takes the generic comparison, which calls its __eq__
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+
+    mod.v = Lying("other")
+    assert s(1) == "fallback"
