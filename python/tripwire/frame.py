@@ -50,10 +50,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import sys
 import time
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import tripwire._core as _core
@@ -374,6 +375,7 @@ def scoped(
     enter: Callable[[], Any] | None = None,
     on_error: Callable[[Any], Any] | None = None,
     dispatch_keys: bool = False,
+    divert: Sequence[tuple[Any, str, Any]] = (),
 ) -> Any:
     """A callable whose every call runs ``fn`` with ``hook`` as this thread's frame hook and then
     restores the thread's previous hook (or none), even on an exception: the hook's scope is one
@@ -386,7 +388,13 @@ def scoped(
         fallback: called with the same arguments instead of ``fn`` when the hook cannot be set
             because another PEP 523 eval-frame function is installed (FrameError); without it
             that call raises.
-        enter: called with no argument before ``fn``; its result is passed to ``on_error``.
+        divert: ``(obj, "name.name", value)`` tests, read at the start of every call, in C (no
+            Python frame): when the attribute path read from ``obj`` equals ``value`` for any of
+            them, the call goes to ``fallback`` (or to ``fn`` unhooked). Each read goes through
+            ``obj`` afresh, so a module global that is rebound (torch's stance) is seen.
+        enter: called with no argument before ``fn`` (after ``divert``); NotImplemented sends the
+            call to ``fallback`` as ``divert`` does, any other result is passed to ``on_error``.
+            A C function (a builtin) costs no Python frame.
         on_error: called with ``enter``'s result (or None) when ``fn`` raises, before the hook is
             restored; its own exception is reported as unraisable, the call's propagates.
         dispatch_keys: put torch's thread-local dispatch key sets back after every call of
@@ -396,7 +404,13 @@ def scoped(
     """
     if not isinstance(hook, Hook):
         raise TypeError(f"scoped() needs a tripwire.frame.Hook, not {type(hook).__name__}")
-    return _FrameScope(fn, hook, hook.backend, fallback, enter, on_error, dispatch_keys)
+    tests = []
+    for obj, path, value in divert:
+        names = tuple(sys.intern(n) for n in str(path).split("."))
+        if not all(n.isidentifier() for n in names):
+            raise ValueError(f"scoped(): divert path {path!r} is not a dotted attribute path")
+        tests.append((obj, names, value))
+    return _FrameScope(fn, hook, hook.backend, fallback, enter, on_error, dispatch_keys, tuple(tests) or None)
 
 
 def suspended(fn: Callable[..., Any]) -> Any:

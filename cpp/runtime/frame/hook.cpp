@@ -4,6 +4,7 @@
 #include <structmember.h>
 
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -409,6 +410,7 @@ struct Scope {
     PyObject* handler;   // null: a suspended call
     PyObject* backend;   // null with handler
     PyObject* fallback;  // or null
+    PyObject* divert;    // a tuple of (obj, names, value, dict) tests, or null (see scope_diverted)
     PyObject* enter;     // or null
     PyObject* on_error;  // or null
     bool dispatch_keys;  // put torch's local dispatch keys back after fn (the adapter was installed)
@@ -456,6 +458,107 @@ PyObject* scope_run(Scope* s, PyObject* state, PyObject* const* args, std::size_
 
 PyObject* scope_divert(Scope* s, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
     return PyObject_Vectorcall(s->fallback != nullptr ? s->fallback : s->fn, args, nargsf, kwnames);
+}
+
+// The divert tests, read per call before the hook is set: 1 when one holds (`obj.names... ==
+// value`), 0 when none does, -1 with an error set. What torch.compile's wrapper reads per call
+// (its stance, the profiler flag) is a module global that is rebound, not mutated, so each test
+// reads it afresh from C: no Python frame. Each test is (obj, names, value, dict): `dict` is the
+// module's __dict__ when obj is a plain module whose type has no attribute names[0] (checked once,
+// in scope_new; ModuleType is immutable), so that the first read is the dict lookup the generic
+// read would make after finding nothing on the type (PyObject_GetAttr costs ~250 instructions on
+// a module, the lookup ~50); a name missing from it takes the generic read (a module __getattr__).
+// The reads and the comparison may run user code (a module __getattr__, a lying __eq__): the
+// caller holds `tests`, and each value read is held while it is used.
+// `a == b` (1, 0, -1 with an error set), without the generic comparison where its answer is
+// known: identity, two exact str (what a stance is), an exact bool against a singleton (a flag).
+int same_value(PyObject* a, PyObject* b) {
+    if (a == b) return 1;
+    if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b)) {
+        if (PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b) || PyUnicode_KIND(a) != PyUnicode_KIND(b))
+            return 0;  // a str's kind is its widest character's: equal strings have equal kinds
+        return std::memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b),
+                           static_cast<std::size_t>(PyUnicode_GET_LENGTH(a)) * PyUnicode_KIND(a)) == 0;
+    }
+    if (PyBool_Check(a) && (PyBool_Check(b) || b == Py_None)) return 0;  // singletons, not identical
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+int scope_diverted(PyObject* tests) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(tests);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* test = PyTuple_GET_ITEM(tests, i);
+        PyObject* names = PyTuple_GET_ITEM(test, 1);
+        PyObject* dict = PyTuple_GET_ITEM(test, 3);
+        PyObject* cur = nullptr;
+        Py_ssize_t k = 0;
+        if (dict != Py_None) {
+            cur = PyDict_GetItemWithError(dict, PyTuple_GET_ITEM(names, 0));
+            if (cur == nullptr && PyErr_Occurred()) return -1;
+            if (cur != nullptr) {
+                Py_INCREF(cur);
+                k = 1;
+            }
+        }
+        if (cur == nullptr) cur = Py_NewRef(PyTuple_GET_ITEM(test, 0));
+        for (; k < PyTuple_GET_SIZE(names) && cur != nullptr; ++k)
+            Py_SETREF(cur, PyObject_GetAttr(cur, PyTuple_GET_ITEM(names, k)));
+        if (cur == nullptr) return -1;
+        const int eq = same_value(cur, PyTuple_GET_ITEM(test, 2));
+        Py_DECREF(cur);
+        if (eq != 0) return eq;
+    }
+    return 0;
+}
+
+// scope_new's form of a divert argument (checked): the tuple of (obj, names, value, dict) tests
+// scope_diverted reads, or null with an error set.
+PyObject* divert_tests(PyObject* divert) {
+    bool ok = PyTuple_CheckExact(divert) && PyTuple_GET_SIZE(divert) > 0;
+    for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(divert); ++i) {
+        PyObject* test = PyTuple_GET_ITEM(divert, i);
+        ok = PyTuple_CheckExact(test) && PyTuple_GET_SIZE(test) == 3;
+        PyObject* names = ok ? PyTuple_GET_ITEM(test, 1) : nullptr;
+        ok = ok && PyTuple_CheckExact(names) && PyTuple_GET_SIZE(names) > 0;
+        for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(names); ++k)
+            ok = PyUnicode_CheckExact(PyTuple_GET_ITEM(names, k));
+    }
+    if (!ok) {
+        // Exact types: the per-call read takes the items unchecked.
+        PyErr_SetString(PyExc_TypeError,
+                        "FrameScope: divert must be a non-empty tuple of (obj, names, value) tuples, names "
+                        "a non-empty tuple of str");
+        return nullptr;
+    }
+    const Py_ssize_t n = PyTuple_GET_SIZE(divert);
+    PyObject* tests = PyTuple_New(n);
+    for (Py_ssize_t i = 0; tests != nullptr && i < n; ++i) {
+        PyObject* test = PyTuple_GET_ITEM(divert, i);
+        PyObject* obj = PyTuple_GET_ITEM(test, 0);
+        PyObject* first = PyTuple_GET_ITEM(PyTuple_GET_ITEM(test, 1), 0);
+        PyObject* dict = Py_None;
+        if (PyModule_CheckExact(obj)) {
+            // Found on the type object (its MRO, or its metatype's): a superset of what the
+            // generic read of a module attribute finds before the module's dict.
+            PyObject* on_type = PyObject_GetAttr(reinterpret_cast<PyObject*>(&PyModule_Type), first);
+            if (on_type != nullptr) {
+                Py_DECREF(on_type);
+            } else if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                PyErr_Clear();
+                dict = PyModule_GetDict(obj);  // borrowed (the tuple holds it); never replaced
+            } else {
+                Py_CLEAR(tests);
+                break;
+            }
+        }
+        PyObject* item = PyTuple_Pack(4, obj, PyTuple_GET_ITEM(test, 1), PyTuple_GET_ITEM(test, 2), dict);
+        if (item == nullptr) {
+            Py_CLEAR(tests);
+            break;
+        }
+        PyTuple_SET_ITEM(tests, i, item);
+    }
+    return tests;
 }
 
 PyObject* scope_hooked(PyObject* self, PyObject* state, PyObject* const* args, std::size_t nargsf,
@@ -520,6 +623,14 @@ PyObject* scope_hooked(PyObject* self, PyObject* state, PyObject* const* args, s
 
 PyObject* scope_call_held(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
     Scope* s = as_scope(self);
+    if (s->divert != nullptr) {
+        // Held: the tests' user code may clear the scope (tp_clear) and drop the tuple.
+        PyObject* tests = Py_NewRef(s->divert);
+        const int d = scope_diverted(tests);
+        Py_DECREF(tests);
+        if (d < 0) return nullptr;
+        if (d > 0) return scope_divert(s, args, nargsf, kwnames);
+    }
     if (s->enter == nullptr) return scope_hooked(self, nullptr, args, nargsf, kwnames);
     // enter() runs before the hook is set (its own frame is not offered to the handler).
     PyObject* state = PyObject_CallNoArgs(s->enter);
@@ -554,6 +665,7 @@ void scope_dealloc(PyObject* self) {
     Py_CLEAR(s->handler);
     Py_CLEAR(s->backend);
     Py_CLEAR(s->fallback);
+    Py_CLEAR(s->divert);
     Py_CLEAR(s->enter);
     Py_CLEAR(s->on_error);
     Py_CLEAR(s->dict);
@@ -568,6 +680,7 @@ int scope_traverse(PyObject* self, visitproc visit, void* arg) {
     Py_VISIT(s->handler);
     Py_VISIT(s->backend);
     Py_VISIT(s->fallback);
+    Py_VISIT(s->divert);
     Py_VISIT(s->enter);
     Py_VISIT(s->on_error);
     Py_VISIT(s->dict);
@@ -579,6 +692,7 @@ int scope_clear(PyObject* self) {
     // fn stays: a call in flight from another reference must find it (it is not a cycle root
     // anyone else can clear; the hook objects are).
     Py_CLEAR(s->fallback);
+    Py_CLEAR(s->divert);
     Py_CLEAR(s->enter);
     Py_CLEAR(s->on_error);
     Py_CLEAR(s->dict);
@@ -587,13 +701,19 @@ int scope_clear(PyObject* self) {
 
 PyObject* scope_new(PyTypeObject* tp, PyObject* args, PyObject* kwargs) {
     PyObject *fn = nullptr, *handler = nullptr, *backend = nullptr, *fallback = Py_None, *enter = Py_None,
-             *on_error = Py_None;
+             *on_error = Py_None, *divert = Py_None;
     int dispatch_keys = 0;
-    static const char* kw[] = {"fn",    "handler",  "backend",       "fallback",
-                               "enter", "on_error", "dispatch_keys", nullptr};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOp:FrameScope", const_cast<char**>(kw), &fn,
-                                     &handler, &backend, &fallback, &enter, &on_error, &dispatch_keys))
+    static const char* kw[] = {"fn",       "handler",       "backend", "fallback", "enter",
+                               "on_error", "dispatch_keys", "divert",  nullptr};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOpO:FrameScope", const_cast<char**>(kw), &fn,
+                                     &handler, &backend, &fallback, &enter, &on_error, &dispatch_keys,
+                                     &divert))
         return nullptr;
+    Ref tests;
+    if (divert != Py_None) {
+        tests = Ref::steal(divert_tests(divert));
+        if (!tests) return nullptr;
+    }
     if (dispatch_keys && torch_adapter() == nullptr) {
         // Never a scope that silently skips the protections it was asked for.
         PyErr_SetString(
@@ -623,6 +743,7 @@ PyObject* scope_new(PyTypeObject* tp, PyObject* args, PyObject* kwargs) {
     s->handler = opt(handler);
     s->backend = opt(backend);
     s->fallback = opt(fallback);
+    s->divert = tests.release();
     s->enter = opt(enter);
     s->on_error = opt(on_error);
     s->dispatch_keys = dispatch_keys != 0;
@@ -650,7 +771,7 @@ PyType_Slot g_scope_slots[] = {
     {Py_tp_members, g_scope_members},
     {Py_tp_doc, const_cast<char*>(
                     "FrameScope(fn, handler, backend, fallback=None, enter=None, on_error=None, "
-                    "dispatch_keys=False)\n--\n\n"
+                    "dispatch_keys=False, divert=None)\n--\n\n"
                     "A callable whose call runs `fn` with this thread's frame hook set to (handler, "
                     "backend), restoring the previous hook after; handler None: with the hook suspended.")},
     {0, nullptr}};

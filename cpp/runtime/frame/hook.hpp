@@ -43,15 +43,18 @@ void set_frame_error_type(PyObject* type);
 bool set_thread_hook(PyObject* handler, PyObject* backend, Ref& prev_handler, Ref& prev_backend);
 
 /// The per-call scope type (tripwire._core.FrameScope, a new reference; null with an error set):
-/// `FrameScope(fn, handler, backend, fallback=None, enter=None, on_error=None, dispatch_keys=False)`
-/// is a callable
+/// `FrameScope(fn, handler, backend, fallback=None, enter=None, on_error=None, dispatch_keys=False,
+/// divert=None)` is a callable
 /// whose call sets this thread's hook to (handler, backend), calls `fn`, and restores the
 /// thread's previous hook (and its suspension), all in C: torch.compile's per-call wrapper
 /// without a Python frame. `handler` None makes a suspended call (the hook off on this thread for
 /// the call's dynamic extent). When the hook cannot be set because another PEP 523 function is
-/// installed (FrameError), `fallback` is called instead, if given. `enter()` runs before the hook
-/// is set: NotImplemented sends the call to `fallback` (or to `fn` unhooked), anything else is
-/// passed to `on_error(state)` when `fn` raises (before the hook is restored). `dispatch_keys`
+/// installed (FrameError), `fallback` is called instead, if given. `divert`, a tuple of
+/// `(obj, names, value)` tests, is read first, in C: when `getattr` along `names` from `obj`
+/// equals `value` for any test, the call goes to `fallback` (or to `fn` unhooked). `enter()`
+/// runs next, before the hook is set (a C function, such as torch's functorch depth, costs no
+/// Python frame): NotImplemented sends the call to `fallback` (or to `fn` unhooked), anything
+/// else is passed to `on_error(state)` when `fn` raises (before the hook is restored). `dispatch_keys`
 /// (needs the torch adapter) puts torch's thread-local dispatch key sets back after every call
 /// of `fn` (after on_error), as torch.compile's wrapper does. Found on a class,
 /// it binds like a function; it has a __dict__ (functools.update_wrapper).

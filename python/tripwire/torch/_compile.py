@@ -2,9 +2,9 @@
 
 Dynamo compiles (its callback, called on a tripwire miss with a view of the frame, never running
 it); tripwire checks the entry's guards (imported with ``guards_of``) and runs the transformed code
-in the frame (``tripwire.frame``). The per-call scope is a C object (``tripwire.frame.scoped``), so
-a hit costs no Python frame of tripwire's besides ``_enter`` (and a module's ``__call__``, in place
-of torch's). docs/compile.md has the contract and the limits. Importing this module imports torch.
+in the frame (``tripwire.frame``). The per-call scope is a C object (``tripwire.frame.scoped``) that
+also makes compile_wrapper's per-call reads, so a hit costs no Python frame of tripwire's (but a
+module's ``__call__``, in place of torch's). docs/compile.md has the contract and the limits. Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ class _Compiled:
             # Without record_runtime_overhead, Dynamo's code calls no profiler-region helpers
             # around its graph arguments (two torch.compiler.disable'd calls, about ten Python
             # frames per call, that record only while a profiler runs). Code compiled here never
-            # runs under a profiler: _enter sends those calls to torch.compile's own wrapper,
+            # runs under a profiler: the scope (_DIVERT) sends those calls to torch.compile's wrapper,
             # which runs torch's code, compiled with the regions. (config.patch is
             # process-wide for the compile, as every Dynamo config patch is.)
             #
@@ -421,27 +421,22 @@ def _import_guards(guarded: Any, frame: twf.Frame) -> Any:
 
 
 # -- per call ------------------------------------------------------------------------------------
+# compile_wrapper's per-call reads, made by the scope in C (no Python frame of tripwire's):
+# - _DIVERT: a stance that runs eagerly, or a profiler wanting torch's "Torch-Compiled Region",
+#   sends the call to torch.compile's own wrapper (config.disable is read on misses, as it is a
+#   compile-time switch). Both are module globals that torch rebinds (set_stance replaces
+#   _ef._stance), so the scope reads them through the modules on every call.
+# - _depth (enter) and _undo_to (on_error): the functorch layer-stack depth, which compile_wrapper
+#   restores when the call raised (generated code is not guarded with try/finally, so a graph that
+#   pushed a functorch layer leaves it behind). Both are torch's C functions: calling them costs
+#   no Python frame. The scope then puts the dispatch-key TLS back (``dispatch_keys``), as after
+#   every call, in C.
+_DIVERT = (
+    (_ef, "_stance.stance", "force_eager"),
+    (torch.autograd.profiler, "_is_profiler_enabled", True),
+)
 _depth = torch._C._functorch.get_dynamic_layer_stack_depth
 _undo_to = torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth
-_profiler = torch.autograd.profiler
-
-
-def _enter() -> Any:
-    """Before each call: NotImplemented sends it to torch.compile's own wrapper (a stance that
-    runs eagerly, a profiler wanting torch's "Torch-Compiled Region"; config.disable is read on
-    misses, as it is a compile-time switch); otherwise the functorch layer-stack depth, which
-    compile_wrapper restores on an exception (its dispatch-key TLS is the scope's, in C:
-    ``dispatch_keys``)."""
-    if _ef._stance.stance == "force_eager" or _profiler._is_profiler_enabled:
-        return NotImplemented
-    return _depth()
-
-
-def _on_error(depth: int) -> None:
-    """compile_wrapper's cleanup when the call raised: generated code is not guarded with
-    try/finally, so a graph that pushed a functorch layer leaves it behind (the scope then puts
-    the dispatch-key TLS back, as it does after every call)."""
-    _undo_to(depth)
 
 
 def _fallback(torch_compiled: Any, bound: bool = False) -> Any:
@@ -450,7 +445,7 @@ def _fallback(torch_compiled: Any, bound: bool = False) -> Any:
 
     def fallback(*args: Any, **kwargs: Any) -> Any:
         # Reached when another PEP 523 function is installed (torch's: a torch.compile'd caller,
-        # or torch's hook left behind by an earlier torch error) or when _enter said so.
+        # or torch's hook left behind by an earlier torch error) or when a _DIVERT test held.
         if bound:
             args = args[1:]
         if twf.status()[
@@ -513,8 +508,9 @@ def _scope(fn: Any, c: _Compiled, bound: bool = False) -> Any:
         fn,
         c.hook,
         fallback=_fallback(c.torch_compiled, bound),
-        enter=_enter,
-        on_error=_on_error,
+        divert=_DIVERT,
+        enter=_depth,
+        on_error=_undo_to,
         dispatch_keys=True,
     )
 

@@ -249,3 +249,189 @@ def test_scope_dropping_its_last_reference_during_the_call():
     del call
     assert errors == ["state"]
     assert twf.current() is None
+
+
+def test_divert_reads_rebound_globals_in_c_before_enter():
+    import types
+
+    seen, hook = recorder()
+    mod = types.SimpleNamespace(state=types.SimpleNamespace(mode="default"), flag=False)
+    entered = []
+
+    def enter():
+        entered.append(1)
+        return "state"
+
+    s = twf.scoped(
+        top,
+        hook,
+        fallback=lambda x: ("fallback", x),
+        divert=((mod, "state.mode", "eager"), (mod, "flag", True)),
+        enter=enter,
+    )
+    assert s(1) == 7 and seen == ["top", "middle", "leaf"] and entered == [1]
+    seen.clear()
+    # Rebound, not mutated (as torch's set_stance replaces its stance object): read afresh.
+    mod.state = types.SimpleNamespace(mode="eager")
+    assert s(2) == ("fallback", 2)
+    assert seen == [] and entered == [1]  # diverted before enter, the hook never set
+    mod.state = types.SimpleNamespace(mode="default")
+    mod.flag = True
+    assert s(3) == ("fallback", 3)
+    mod.flag = False
+    assert s(1) == 7 and entered == [1, 1]
+    # Without a fallback a diverted call runs unhooked.
+    mod.flag = True
+    seen.clear()
+    assert twf.scoped(top, hook, divert=((mod, "flag", True),))(1) == 7
+    assert seen == []
+    assert twf.current() is None
+
+
+def test_divert_errors_propagate_before_anything_ran():
+    import types
+
+    seen, hook = recorder()
+    ran = []
+    mod = types.SimpleNamespace()
+
+    def fn():
+        ran.append(1)
+
+    s = twf.scoped(fn, hook, fallback=lambda: ran.append("fallback"), divert=((mod, "missing.mode", 1),))
+    with pytest.raises(AttributeError, match="missing"):
+        s()
+
+    class Lying:
+        def __eq__(self, other):
+            raise ValueError("lying __eq__")
+
+        __hash__ = object.__hash__
+
+    mod.missing = types.SimpleNamespace(mode=Lying())
+    with pytest.raises(ValueError, match="lying"):
+        s()
+    assert ran == [] and seen == [] and twf.current() is None
+
+
+def test_divert_whose_comparison_drops_the_scope_and_collects():
+    import gc
+    import types
+
+    seen, hook = recorder()
+    holder = {}
+
+    class Dropper:
+        def __eq__(self, other):
+            # The scope's every other reference dies and the collector runs while the scope reads
+            # its tests: the call holds the scope (and the tests tuple) until it returns.
+            holder.clear()
+            gc.collect()
+            return False
+
+        __hash__ = object.__hash__
+
+    mod = types.SimpleNamespace(v=Dropper())
+    s = twf.scoped(top, hook, divert=((mod, "v", 1), (mod, "v", 2)), enter=lambda: "state")
+    s.cycle = s  # a cycle through its __dict__: collectable once holder lets go
+    holder["s"] = s
+    del s
+    assert holder["s"](1) == 7
+    assert holder == {}
+    gc.collect()
+    assert twf.current() is None
+
+
+@pytest.mark.parametrize(
+    "divert",
+    [
+        [(sys.flags, "optimize", -1)],  # a list, not a tuple
+        ((1, "a"),),
+        ((1, "", 2),),
+        ((1, "a..b", 2),),
+        ((1, "a.1", 2),),
+    ],
+)
+def test_divert_shapes_are_checked_when_the_scope_is_made(divert):
+    _, hook = recorder()
+    if isinstance(divert, list):
+        # scoped() takes any sequence; FrameScope itself takes only a tuple of 3-tuples.
+        assert twf.scoped(top, hook, divert=divert)(1) == 7
+        with pytest.raises(TypeError, match="divert"):
+            twf._FrameScope(top, hook, hook.backend, None, None, None, False, divert)
+        return
+    with pytest.raises((TypeError, ValueError)):
+        twf.scoped(top, hook, divert=divert)
+    with pytest.raises(TypeError, match="divert"):
+        twf._FrameScope(top, hook, hook.backend, None, None, None, False, ((1, ("a", 2), 2),))
+
+
+def test_divert_on_a_module_reads_as_getattr_does():
+    """A plain module's first attribute is read from its __dict__ (what the generic read finds
+    there): a rebound global, then a module __getattr__ once the global is gone; a ModuleType
+    subclass (whose descriptors come first) is read generically."""
+    import types
+
+    seen, hook = recorder()
+    m = types.ModuleType("divert_test_module")
+    m.flag = False
+    s = twf.scoped(top, hook, fallback=lambda x: "fallback", divert=((m, "flag", True),))
+    assert s(1) == 7
+    m.flag = True
+    assert s(1) == "fallback"
+    del m.flag
+    m.__getattr__ = lambda name: name == "flag"  # PEP 562: only for names not in the dict
+    assert s(1) == "fallback"
+    m.flag = False  # the dict wins over __getattr__, as in getattr(m, "flag")
+    assert s(1) == 7
+    del m.flag, m.__getattr__
+    with pytest.raises(AttributeError, match="flag"):
+        s(1)
+
+    class Sub(types.ModuleType):
+        @property
+        def flag(self):
+            return True
+
+    sub = Sub("divert_test_sub")
+    sub.__dict__["flag"] = False  # the property wins: getattr(sub, "flag") is True
+    assert (
+        twf.scoped(top, hook, fallback=lambda x: "fallback", divert=((sub, "flag", True),))(1) == "fallback"
+    )
+    # A name ModuleType itself has (a descriptor on the type) is read generically too.
+    assert twf.scoped(top, hook, fallback=lambda x: "fallback", divert=((m, "__dict__", None),))(1) == 7
+    assert twf.current() is None
+
+
+@pytest.mark.parametrize(
+    ("read", "value", "diverts"),
+    [
+        ("force_eager", "force_eager", True),
+        ("force_eagre", "force_eager", False),
+        ("forcé_eager", "forcé_eager", True),  # a wider str kind, equal
+        ("force_eager", "forcé_eager", False),
+        ("€", "ɐ", False),  # same length, different kinds
+        (True, True, True),
+        (False, True, False),
+        (1, True, True),  # the generic comparison: 1 == True
+        (True, 1, True),
+        (1.0, 1, True),
+        (None, False, False),
+    ],
+)
+def test_divert_compares_as_eq_does(read, value, diverts):
+    import types
+
+    _, hook = recorder()
+    mod = types.SimpleNamespace(v=read)
+    s = twf.scoped(top, hook, fallback=lambda x: "fallback", divert=((mod, "v", value),))
+    assert (s(1) == "fallback") is diverts is (read == value)
+
+    class Lying(str):  # a str subclass takes the generic comparison, which calls its __eq__
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+
+    mod.v = Lying("other")
+    assert s(1) == "fallback"

@@ -440,11 +440,11 @@ def test_on_error_undoes_a_pushed_functorch_layer_and_the_scope_restores_keys():
 
     def on_error(saved_depth):
         got.append(saved_depth)
-        _compile._on_error(saved_depth)
+        _compile._undo_to(saved_depth)
 
     before = _local_keys()
     hook = twf.Hook(lambda frame: None, backend=object())
-    s = twf.scoped(boom, hook, enter=_compile._enter, on_error=on_error, dispatch_keys=True)
+    s = twf.scoped(boom, hook, enter=_compile._depth, on_error=on_error, dispatch_keys=True)
     with pytest.raises(KeyError, match="boom"):
         s()
     assert got == [depth]
@@ -457,6 +457,70 @@ def test_on_error_undoes_a_pushed_functorch_layer_and_the_scope_restores_keys():
     assert _local_keys() != before
     _entered_guards.pop()
     assert _local_keys() == before
+
+
+@pytest.mark.parametrize("route", ["tripwire", "torch"])
+def test_exception_inside_a_graph_with_a_functorch_layer_pushed(route):
+    """The scope's own enter/on_error (torch's C depth functions): a compiled frame's callee that
+    pushes a functorch layer and raises leaves the stack at the call's depth, and the dispatch-key
+    TLS as it was, as torch.compile's wrapper does (its answer is the oracle)."""
+
+    @torch.compiler.disable
+    def push_and_raise(y):
+        _leave_keys_changed()
+        torch._C._functorch._vmap_increment_nesting(2, "error")
+        raise KeyError("boom")
+
+    def f(x, fail):
+        y = x + 1
+        if fail:
+            push_and_raise(y)
+        return y * 2
+
+    compile = twt.compile if route == "tripwire" else torch.compile
+    cf = compile(f, backend="eager")
+    depth = torch._C._functorch.get_dynamic_layer_stack_depth()
+    before = _local_keys()
+    assert torch.equal(cf(torch.ones(2), False), torch.full((2,), 4.0))
+    for _ in range(2):  # the miss that compiles, then the hit
+        with pytest.raises(KeyError, match="boom"):
+            cf(torch.ones(2), True)
+        assert torch._C._functorch.get_dynamic_layer_stack_depth() == depth
+        assert _local_keys() == before
+    assert torch.equal(cf(torch.ones(2), False), torch.full((2,), 4.0))
+
+
+def test_stance_and_profiler_changed_between_calls_divert_hits():
+    """The scope reads torch's stance and profiler flag in C on every call: a call that would hit
+    goes to torch.compile's own wrapper once either is set between calls (no tripwire frame runs),
+    and back to tripwire's entries once it is unset."""
+    log = []
+
+    def f(x):
+        log.append("ran")
+        return x * 3
+
+    cf = twt.compile(f, backend="eager")
+    x = torch.ones(2)
+    cf(x)
+    runs = sum(_compile._frame_runs())
+    cf(x)
+    assert sum(_compile._frame_runs()) == runs + 1  # a hit, run by tripwire's frame runtime
+    own = graphs()
+    with torch.compiler.set_stance("force_eager"):  # set_stance rebinds eval_frame._stance
+        log.clear()
+        assert torch.equal(cf(x), torch.full((2,), 3.0))
+        assert log == ["ran"]  # eagerly, through torch.compile's wrapper
+    assert sum(_compile._frame_runs()) == runs + 1 and graphs() == own
+    cf(x)
+    assert sum(_compile._frame_runs()) == runs + 2  # default again: tripwire's entry hits
+    with torch.profiler.profile() as prof:
+        assert torch.equal(cf(x), torch.full((2,), 3.0))
+    assert sum(_compile._frame_runs()) == runs + 2  # torch.compile's wrapper ran it, compiled
+    assert graphs() == own + 1  # by torch's own cache, which tripwire's entries are not in
+    assert any(e.name.startswith("Torch-Compiled Region") for e in prof.events())
+    cf(x)
+    assert sum(_compile._frame_runs()) == runs + 3
 
 
 def test_automatic_dynamic_and_mark_dynamic():
