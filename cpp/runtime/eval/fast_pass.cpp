@@ -1188,7 +1188,14 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             }
             const std::uint32_t base = rel_base_[op.guard];
             const std::size_t n = program_.guards[op.guard].more_sources.size() + 1;
-            if (!relation_in_registers(guards[op.guard], r, rel_nodes_.data() + base, n)) goto failed;
+            const std::uint32_t* const rel = rel_nodes_.data() + base;
+            // An ALIAS pair (`a is b`, torch's OBJECT_ALIASING and the importer's: most of a
+            // model's relational guards) in line: the out-of-line call costs more than the compare.
+            if (guards[op.guard].kind == core::GuardKind::Alias && n == 2) {
+                if (r[rel[0]] != r[rel[1]]) goto failed;
+                break;
+            }
+            if (!relation_in_registers(guards[op.guard], r, rel, n)) goto failed;
             break;
         } while (false);
         opp = next;
