@@ -465,6 +465,37 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             m.parent_tag = t;
             m.value = v;
         };
+        // A stamp (Stamp, FetchDictStamp) that read tag `t` of its node's dict: the op to run
+        // after it, `next` when its claim holds.
+        auto stamp = [ tags, state_memos, ops, &skipped ](const FastOp& op, std::uint64_t t,
+                                                          const FastOp* next) __attribute__((always_inline)) {
+            tags[op.node] = t;
+            if (t == 0) return ops + op.jump;  // no tag: the state-implied guards are evaluated
+            StateMemo& m = state_memos[op.memo];
+            if (t == m.tag) {
+                skipped += op.jumped;  // this state was proved: its state-implied guards hold
+                return next;
+            }
+            // Claimed before the state-implied guards run (out of line); a failing one (fail())
+            // or one evaluated with user code (slow_guard) withdraws it.
+            m.tag = t;
+            return ops + op.jump;
+        };
+        // An instance `__dict__` (FetchDict, FetchDictStamp): an exact dict that already exists,
+        // read from the object's slot, or null (the walk's fetch decides). Only for a type the
+        // walk has seen with the standard `__dict__` (and not a class, whose `__dict__` is not an
+        // instance dict). A managed dict is read inline (existing_instance_dict's first case,
+        // without its call: one per module per check).
+        auto instance_dict = [ r, nodes ](const FastOp& op) __attribute__((always_inline))->PyObject* {
+            PyObject* p = r[op.parent];
+            PyTypeObject* tp = Py_TYPE(p);
+            const AttrCache& ic = nodes[op.node].step.cache;
+            if (!attr_cache_valid(ic, tp) || ic.mode != AttrCache::Mode::InstanceDict || PyType_Check(p))
+                return nullptr;
+            PyObject* d = (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) != 0 ? materialised_managed_dict(p)
+                                                                        : existing_instance_dict(p);
+            return d != nullptr && PyDict_CheckExact(d) ? d : nullptr;
+        };
         // The fast forms of the fetches, shared by a fetch and its settling twin (inlined into
         // both). An attribute through the inline cache, or null: a stale cache, a class
         // attribute, a property, __getattr__, a slot, or missing (the walk's fetch decides, and
@@ -607,6 +638,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_TorchNoDevice,
                                           &&op_Stamp,
                                           &&op_StampGlobals,
+                                          &&op_FetchDictStamp,
                                           &&op_LeafRun,
                                           &&op_RunClaim,
                                           &&op_Resume,
@@ -718,20 +750,27 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            PyObject* p = r[op.parent];
-            // Only a type the walk has seen with the standard `__dict__` (and not a
-            // class, whose `__dict__` is not an instance dict).
-            const AttrCache& ic = nodes[op.node].step.cache;
-            PyObject* d = nullptr;
-            if (attr_cache_valid(ic, Py_TYPE(p)) && ic.mode == AttrCache::Mode::InstanceDict &&
-                !PyType_Check(p)) {
-                d = existing_instance_dict(p);
-            }
-            if (d == nullptr || !PyDict_CheckExact(d)) {
+            PyObject* d = instance_dict(op);
+            if (d == nullptr) {
                 next = ops + slow_subtree(ps, op);  // not created yet, or an unusual type: the walk decides
                 break;
             }
             r[op.node] = d;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_FetchDictStamp:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* d = instance_dict(op);
+            if (d == nullptr) {
+                next = ops + slow_subtree(ps, op);  // as FetchDict: the subtree's end is past the stamp
+                break;
+            }
+            r[op.node] = d;
+            next = stamp(op, dict_tag(d), next);  // an exact dict (instance_dict)
             break;
         } while (false);
         opp = next;
@@ -1001,21 +1040,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             next = opp + 1;
             PyObject* v = r[op.node];
             PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? PyModule_GetDict(v) : nullptr;
-            const std::uint64_t t = d != nullptr ? dict_tag(d) : 0;
-            tags[op.node] = t;
-            if (t == 0) {
-                next = ops + op.jump;  // no tag: the state-implied guards are evaluated
-                break;
-            }
-            StateMemo& m = state_memos[op.memo];
-            if (t == m.tag) {
-                skipped += op.jumped;  // this state was proved: its state-implied guards hold
-                break;
-            }
-            // Claimed before the state-implied guards run (out of line); a failing one (fail())
-            // or one evaluated with user code (slow_guard) withdraws it.
-            m.tag = t;
-            next = ops + op.jump;
+            next = stamp(op, d != nullptr ? dict_tag(d) : 0, next);
             break;
         } while (false);
         opp = next;
@@ -1177,7 +1202,14 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             }
             const std::uint32_t base = rel_base_[op.guard];
             const std::size_t n = program_.guards[op.guard].more_sources.size() + 1;
-            if (!relation_in_registers(guards[op.guard], r, rel_nodes_.data() + base, n)) goto failed;
+            const std::uint32_t* const rel = rel_nodes_.data() + base;
+            // An ALIAS pair (`a is b`, torch's OBJECT_ALIASING and the importer's: most of a
+            // model's relational guards) in line: the out-of-line call costs more than the compare.
+            if (guards[op.guard].kind == core::GuardKind::Alias && n == 2) {
+                if (r[rel[0]] != r[rel[1]]) goto failed;
+                break;
+            }
+            if (!relation_in_registers(guards[op.guard], r, rel, n)) goto failed;
             break;
         } while (false);
         opp = next;

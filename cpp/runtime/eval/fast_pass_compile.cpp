@@ -460,7 +460,13 @@ void GuardSet::build_fast_pass() {
         // Only a settling fetch has identity-implied ops apart (op.settle above), right after it
         // (a symbol node never settles, so its Symbol op is never between).
         out_of_line(fetch_at, identity_ops);
-        if (stamped[item.node]) {
+        if (stamped[item.node] && op.code == Code::FetchDict && fast_ops_.size() == fetch_at + 1) {
+            // An instance `__dict__` right before its stamp (no Symbol op between; a fetch that
+            // never settles has no identity block): one op, the stamp's block entered from it.
+            fast_ops_[fetch_at].code = Code::FetchDictStamp;
+            fast_ops_[fetch_at].memo = state_slot(item.node);
+            out_of_line(fetch_at, state_ops);
+        } else if (stamped[item.node]) {
             FastOp st;
             st.code = Code::Stamp;
             st.node = item.node;

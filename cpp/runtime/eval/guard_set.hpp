@@ -256,6 +256,11 @@ class GuardSet {
             // G[...] roots settle under.
             Stamp,
             StampGlobals,
+            // FetchDict and its node's Stamp in one op (an instance `__dict__` that is stamped,
+            // the common case: every nn.Module's): the stamp's fields (memo, jump, jumped) and the
+            // fetch's (parent, skip) do not overlap. One dispatch and one register read fewer per
+            // module per check, and the exact-dict test the fetch made is the stamp's.
+            FetchDictStamp,
             // A run of a stamped node's children that are settled leaves (every guard implied by
             // identity, no child, no symbol, no relational role): LeafRun jumps over the whole run
             // (and its RunClaim) when the node's tag this check equals its run claim; RunClaim, at

@@ -250,3 +250,35 @@ def test_relational_guards_under_collections() -> None:
             got = gs.check(f_locals)
         fin.disarm()
         assert got == reference.check(gs.guards, f_locals)
+
+
+def test_an_alias_pair_fails_after_passing_checks_when_one_side_is_rebound() -> None:
+    """The fast pass decides an ALIAS pair in line (torch's OBJECT_ALIASING and the importer's ALIAS
+    of a model's shared modules). Its sources settle from unchanged dicts on the passing checks;
+    rebinding either side (or both, to two equal objects) must then fail, as the reference and the
+    walk say, and binding both to one new object must pass."""
+    shared = object()
+    a, b_ = {"F": shared, "n": 1}, {"F": shared}
+    f = {"a": a, "b": b_}
+    b = tw.GuardBuilder(f)
+    b.type_match("L['a']")
+    b.type_match("L['b']")
+    b.dict_keys("L['a']")
+    b.alias("L['a']['F']", "L['b']['F']")
+    gs = b.build()
+    assert gs._uses_fast_pass
+    for _ in range(3):
+        assert agree(gs, f)
+    for rebind in (
+        lambda: a.__setitem__("F", object()),
+        lambda: b_.__setitem__("F", object()),
+        lambda: (a.__setitem__("F", (1,)), b_.__setitem__("F", tuple([1]))),
+    ):
+        rebind()
+        for _ in range(2):  # the first check after the change, and the claims it made
+            assert not agree(gs, f)
+        a["F"] = b_["F"] = shared
+        assert agree(gs, f)
+    new = object()
+    a["F"] = b_["F"] = new
+    assert agree(gs, f)

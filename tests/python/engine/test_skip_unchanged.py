@@ -45,6 +45,18 @@ class OtherSub(Module):
     pass
 
 
+class DictSub(dict):
+    pass
+
+
+class ComputedDict(Module):
+    # A `__dict__` computed by user code: an instance switched to this class reads it through
+    # the property, never its own slot (the stamped fetch of `__dict__` must see the new type).
+    @property  # type: ignore[misc]
+    def __dict__(self) -> dict:  # type: ignore[override]
+        return {"training": True, "_parameters": {}, "k": -1}
+
+
 def _tree() -> tuple[Module, dict]:
     root = Module()
     for i in range(3):
@@ -137,6 +149,12 @@ def _mutations() -> list[tuple[str, Any]]:
         ("key added", lambda r: r._modules.__setitem__("m9", Sub())),
         ("forward shadowed", lambda r: r.__dict__.__setitem__("forward", None)),
         ("object.__setattr__", lambda r: object.__setattr__(sub(r, 2), "k", 0)),
+        (
+            "instance dict replaced by a dict subclass",
+            lambda r: setattr(sub(r), "__dict__", DictSub(sub(r).__dict__)),
+        ),
+        ("instance dict emptied", lambda r: sub(r).__dict__.clear()),
+        ("__class__ with a computed __dict__", lambda r: setattr(sub(r), "__class__", ComputedDict)),
     ]
 
 
