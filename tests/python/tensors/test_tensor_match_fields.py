@@ -13,13 +13,16 @@ guard_manager.check on the same value, built on the same example.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+import reference
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip
+from gc_stress import scaled
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -338,3 +341,65 @@ def test_the_direct_requires_grad_route_was_verified_at_load() -> None:
     # Found on a fresh tensor at load and checked against torch's accessor both ways; without it
     # every tensor takes torch's TensorImpl::requires_grad() (correct, slower).
     assert adapter.autograd_route == 1
+
+
+def test_random_metadata_changes_decide_as_torch_and_the_reference() -> None:
+    # Random in-place changes (resize_, as_strided_, t_, unsqueeze_, squeeze_, requires_grad_,
+    # detach_) and replacements (a view, another dtype, an inference tensor) over a pool of
+    # tensors; after each step every set decides every tensor as the reference and torch's guard
+    # manager do.
+    rng = random.Random(27)
+    examples = {
+        "2d": torch.zeros(2, 3),
+        "0d": torch.tensor(1.0),
+        "9d": torch.zeros(2, 1, 2, 1, 2, 1, 2, 1, 2),
+        "leaf": torch.zeros(3, 2, requires_grad=True),
+    }
+    sets = {n: (_guards(x), _torch_manager(x)) for n, x in examples.items()}
+
+    def fresh() -> dict[str, Any]:
+        pool = {n: x.detach().clone().requires_grad_(x.requires_grad) for n, x in examples.items()}
+        pool["big"] = torch.zeros(64)
+        return pool
+
+    pool = fresh()
+    decided = set()
+    for step in range(scaled(120, divisor=3)):
+        if step % 40 == 0:
+            pool = fresh()
+        n = rng.choice(list(pool))
+        t = pool[n]
+        op = rng.randrange(10)
+        try:
+            if op == 0:
+                t.resize_(rng.choice([(2, 3), (3, 2), (), (6,), (2, 1, 2, 1, 2, 1, 2, 1, 2)]))
+            elif op == 1:
+                shape = rng.choice([(2, 3), (3, 2), ()])
+                t.as_strided_(shape, torch.empty(shape).stride()[::-1] if shape else (), rng.randrange(2))
+            elif op == 2:
+                t.t_()
+            elif op == 3:
+                t.unsqueeze_(0)
+            elif op == 4:
+                t.squeeze_()
+            elif op == 5:
+                t.requires_grad_(not t.requires_grad)
+            elif op == 6:
+                t.detach_()
+            elif op == 7:
+                pool[n] = t.view(-1).view(t.shape) if t.dim() else t.view(())
+            elif op == 8:
+                pool[n] = t.detach().to(rng.choice([torch.float32, torch.float64, torch.int64]))
+            else:
+                with torch.inference_mode():
+                    pool[n] = torch.zeros(t.shape)
+        except RuntimeError:
+            pass  # torch refuses (a non-leaf's requires_grad_, a view's detach_, storage bounds)
+        for name, (gs, gm) in sets.items():
+            for m, v in pool.items():
+                L = {"x": v}
+                ours = gs.check(L)
+                assert ours == reference.check(gs.guards, L, {}), (name, m, op)
+                assert ours == _torch_decides(gm, v), (name, m, op)
+                decided.add(ours)
+    assert decided == {True, False}
