@@ -2,8 +2,9 @@
 //
 // A tensor's fields (read_tensor, tensor_fields), TENSOR_MATCH's one call (tensor_matches), the
 // C++ property and grad reads of torch's accessors, the storage overlap test, and the load-time
-// probes of the impl's policy bits that decide "read by code". tensor_matches is on every check:
-// it stays in this unit with read_by_code and the policy globals it inlines.
+// probes of the impl's policy bits that decide "read by code" and of the autograd meta's place.
+// tensor_matches is on every check: it stays in this unit with the policy window, the field
+// readers and the autograd route it inlines.
 //
 // Every function is noexcept at the boundary: torch's accessors may throw (strides() of a sparse
 // tensor, sizes() of a nested one); the exception is caught here and reported as "could not read".
