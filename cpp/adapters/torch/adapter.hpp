@@ -41,6 +41,8 @@ int tensors_may_overlap(PyObject* x, PyObject* y) noexcept;
 void load_tensor_policies() noexcept;
 // Whether read_by_code's "every policy Default" is one masked load.
 bool policy_window_found() noexcept;
+// Whether requires_grad is read through the impl's autograd meta pointer (probe_autograd_route).
+bool autograd_route_found() noexcept;
 
 // -- global_state.cpp ----------------------------------------------------------------------------
 int read_global_state(int64_t* out, int capacity, int all_dtypes) noexcept;

@@ -92,7 +92,9 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
                                 static_cast<long>(ta::autocast_cache_flag_offset())) < 0 ||
         PyModule_AddStringConstant(m, "torch_version", TRIPWIRE_TORCH_VERSION) < 0 ||
         // Whether read_by_code's "every policy Default" is one masked load (probe_policy_window).
-        PyModule_AddIntConstant(m, "policy_window", ta::policy_window_found() ? 1 : 0) < 0) {
+        PyModule_AddIntConstant(m, "policy_window", ta::policy_window_found() ? 1 : 0) < 0 ||
+        // Whether requires_grad is read through the autograd meta's pointer (probe_autograd_route).
+        PyModule_AddIntConstant(m, "autograd_route", ta::autograd_route_found() ? 1 : 0) < 0) {
         Py_DECREF(m);
         return nullptr;
     }

@@ -2,11 +2,13 @@
 //
 // A tensor's fields (read_tensor, tensor_fields), TENSOR_MATCH's one call (tensor_matches), the
 // C++ property and grad reads of torch's accessors, the storage overlap test, and the load-time
-// probes of the impl's policy bits that decide "read by code". tensor_matches is on every check:
-// it stays in this unit with read_by_code and the policy globals it inlines.
+// probes of the impl's policy bits that decide "read by code" and of the autograd meta's place.
+// tensor_matches is on every check: it stays in this unit with the policy window, the field
+// readers and the autograd route it inlines.
 //
 // Every function is noexcept at the boundary: torch's accessors may throw (strides() of a sparse
 // tensor, sizes() of a nested one); the exception is caught here and reported as "could not read".
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <typeinfo>
 
 #include "adapters/torch/adapter.hpp"
 
@@ -42,6 +45,24 @@ struct PolicyOf : c10::TensorImpl {
     static bool custom(const c10::TensorImpl* impl, SizesStridesPolicy policy) {
         constexpr bool (c10::TensorImpl::*matches)(SizesStridesPolicy) const = &PolicyOf::matches_policy;
         return (impl->*matches)(policy);
+    }
+};
+
+// The protected fields behind device(), sizes(), strides() and storage_offset()'s default
+// branches, read as those branches do (pointers to them formed in a derived class's scope, as
+// above; never instantiated). Only for an impl whose policies are all Default (tensor_matches).
+struct Fields : c10::TensorImpl {
+    static const std::optional<c10::Device>& device(const c10::TensorImpl* impl) {
+        constexpr std::optional<c10::Device> c10::TensorImpl::*field = &Fields::device_opt_;
+        return impl->*field;
+    }
+    static const c10::impl::SizesAndStrides& sizes_and_strides(const c10::TensorImpl* impl) {
+        constexpr c10::impl::SizesAndStrides c10::TensorImpl::*field = &Fields::sizes_and_strides_;
+        return impl->*field;
+    }
+    static int64_t storage_offset(const c10::TensorImpl* impl) {
+        constexpr int64_t c10::TensorImpl::*field = &Fields::storage_offset_;
+        return impl->*field;
     }
 };
 
@@ -225,6 +246,78 @@ inline bool read_by_code(const c10::TensorImpl* impl) {
     return impl->layout() == c10::kStrided;
 }
 
+// -- requires_grad without two out-of-line calls ---------------------------------------------------
+//
+// torch's TensorCheck reads requires_grad through TensorImpl::requires_grad() (TensorImpl.cpp, out
+// of line): `autograd_meta_ ? autograd_meta_->requires_grad() : false`, a call and then a virtual
+// call per tensor. A plain AutogradMeta's override is inline in variable.h (`requires_grad_ ||
+// grad_fn_`), its fields public. autograd_meta_ is private, its accessor out of line: where the
+// pointer lives in the impl is found once at load, on a fresh tensor of our own, as the one
+// pointer-aligned word that is null before set_requires_grad(true) and autograd_meta() after; the
+// meta's vtable pointer is taken there too, once typeid has said it is an AutogradMeta and nothing
+// derived. On a check, a meta with that vtable pointer is a plain AutogradMeta and is answered by
+// its inline override; any other meta (a view's DifferentiableViewMeta, which also asks the view's
+// base; a C++ extension's) by its own virtual requires_grad(), as torch would. Not found (ok
+// false): torch's accessor for every tensor.
+struct AutogradRoute {
+    std::size_t offset = 0;
+    const void* vptr = nullptr;
+    bool ok = false;
+};
+AutogradRoute g_autograd;
+
+inline const void* word_at(const void* p, std::size_t offset) {
+    const void* w = nullptr;
+    // The object representation, read as bytes (memcpy: allowed for any object's bytes).
+    std::memcpy(&w, static_cast<const unsigned char*>(p) + offset, sizeof w);
+    return w;
+}
+
+// requires_grad where no call is needed: 1 or 0, else -1 (a meta other than a plain AutogradMeta,
+// or no route found: only torch's accessor answers).
+inline int requires_grad_inline(const c10::TensorImpl* impl) {
+    if (!g_autograd.ok) return -1;
+    const auto* meta = static_cast<const c10::AutogradMetaInterface*>(word_at(impl, g_autograd.offset));
+    if (meta == nullptr) return 0;
+    if (word_at(meta, 0) != g_autograd.vptr) return -1;
+    return static_cast<const torch::autograd::AutogradMeta*>(meta)->AutogradMeta::requires_grad() ? 1 : 0;
+}
+
+inline bool requires_grad_of(const c10::TensorImpl* impl) {
+    const int r = requires_grad_inline(impl);
+    return r >= 0 ? r == 1 : impl->requires_grad();
+}
+
+void probe_autograd_route() {
+    // Outside inference mode and with grad mode on, whatever the thread that imports us is in:
+    // an inference tensor takes no autograd meta.
+    const c10::InferenceMode not_inference(false);
+    const at::AutoGradMode grad(true);
+    at::Tensor t = at::empty({0});
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (impl->autograd_meta() != nullptr) return;
+    const ImplBytes before = bytes_of(impl);
+    t.set_requires_grad(true);
+    const c10::AutogradMetaInterface* meta = impl->autograd_meta();
+    if (meta == nullptr || typeid(*meta) != typeid(torch::autograd::AutogradMeta)) return;
+    const ImplBytes after = bytes_of(impl);
+    std::optional<std::size_t> found;
+    for (std::size_t i = 0; i + sizeof(void*) <= after.size(); i += alignof(void*)) {
+        if (word_at(before.data(), i) != nullptr || word_at(after.data(), i) != meta) continue;
+        if (found) return;  // two candidates: ambiguous
+        found = i;
+    }
+    if (!found) return;
+    g_autograd = AutogradRoute{*found, word_at(meta, 0), true};
+    // The route must answer as torch's accessor both ways on this meta, and on a tensor without one.
+    const at::Tensor bare = at::empty({0});
+    bool ok =
+        requires_grad_of(impl) && impl->requires_grad() && !requires_grad_of(bare.unsafeGetTensorImpl());
+    t.set_requires_grad(false);
+    ok = ok && !requires_grad_of(impl) && !impl->requires_grad() && impl->autograd_meta() == meta;
+    if (!ok) g_autograd = AutogradRoute{};
+}
+
 }  // namespace
 
 int read_tensor(PyObject* obj, int mask_python_keys, TwTensorMeta* out) noexcept {
@@ -343,31 +436,54 @@ int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) no
     }
 }
 
+namespace {
+
 // TENSOR_MATCH in one call (the fast program's common case). The same fields and order as the
-// core's tensor_equal on tensor_fields' reading; anything it does not decide (Python keys, a layout
-// without strides, a difference) answers 0 and the core's full reader decides, naming the field.
+// core's tensor_equal on tensor_fields' reading; anything it does not decide (a policy not Default,
+// Python keys, a layout without strides, no device, a difference) answers 0 and the core's full
+// reader decides, naming the field.
 //
-// Once read_by_code has answered false for a strided tensor, its sizes/strides policy is Default
-// (read_by_code refuses CustomSizes, and CustomStrides on a strided layout), so sizes(), strides(),
-// dim() and storage_offset() are the impl's own sizes_and_strides_ and storage_offset_: the
-// *_default accessors read exactly those, testing the symbolic flag instead of the policy (a
-// symbolic tensor throws there, caught: 0, the full reader decides). One read of the sizes gives
-// the rank too. (Each policy accessor re-reads the policy bits: callgrind shows them reloaded
-// four times per tensor through those.)
-// flatten: torch's inline accessors inlined whatever GCC's budget says (strides_default() was
-// left as an out-of-line call, 6 instructions plus the call each).
-[[gnu::flatten]] int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept {
+// Only a tensor whose policy window is clear is read here: every policy Default (no custom device,
+// layout, sizes or strides; and not symbolic, which forces CustomSizes), so each accessor torch's
+// TensorCheck calls is its default branch, and those are read here as directly: device() is
+// device_opt_ (unset: 0), layout() is kStrided unless the key set has a sparse, sparse-compressed
+// or mkldnn key, sizes(), strides() and storage_offset() are the impl's own fields (the *_default
+// accessors), requires_grad() is requires_grad_of. Without a verified window (policy_window_found
+// false) no tensor is read here.
+//
+// Two instances of one body: Leaf, the entry point, makes no call but a tail call of the other
+// instance wherever a call is needed (the thread-locals' read when the memo is stale, a meta that
+// is not a plain AutogradMeta, a dtype without a ScalarType), so its common path keeps no frame
+// for calls (it saves one register where a body with calls saves four); the other makes those
+// calls itself.
+template <bool Leaf>
+[[gnu::always_inline]] inline int match_fields(PyObject* obj, const int64_t* want, TwKeyMemo* memo);
+
+[[gnu::noinline, gnu::flatten]] int match_with_calls(PyObject* obj, const int64_t* want,
+                                                     TwKeyMemo* memo) noexcept {
     try {
-        const at::Tensor& t = THPVariable_Unpack(obj);
-        if (!t.defined()) return 0;
-        c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-        // Before any field: with the Python key excluded by the thread-local sets (inside
-        // _DisableTorchDispatch, or a __torch_dispatch__ body) the key test below would pass a
-        // wrapper subclass on to sizes(), which would call its Python.
-        if (read_by_code(impl)) return 0;
-        const uint64_t raw = impl->key_set().raw_repr();
-        uint64_t keys = memo->last_applied;
-        if (memo->valid == 0 || raw != memo->last_raw) {
+        return match_fields<false>(obj, want, memo);
+    } catch (...) {
+        return 0;
+    }
+}
+
+template <bool Leaf>
+[[gnu::always_inline]] inline int match_fields(PyObject* obj, const int64_t* want, TwKeyMemo* memo) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.defined()) return 0;
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    // Before any field: with the Python key excluded by the thread-local sets (inside
+    // _DisableTorchDispatch, or a __torch_dispatch__ body) the key test below would pass a
+    // wrapper subclass on to its sizes, which its Python answers.
+    if ((window_of(impl, g_policy_window.offset) & g_policy_window.mask) != 0) return 0;
+    const c10::DispatchKeySet key_set = impl->key_set();
+    const uint64_t raw = key_set.raw_repr();
+    uint64_t keys = memo->last_applied;
+    if (memo->valid == 0 || raw != memo->last_raw) {
+        if constexpr (Leaf) {
+            return match_with_calls(obj, want, memo);
+        } else {
             if (memo->valid == 0) {
                 // One read of the thread-locals per check (the caller clears the memo whenever
                 // Python code may have run since).
@@ -377,37 +493,53 @@ int cpp_tensor_property(PyObject* obj, int prop, int64_t index, int64_t* out) no
                 memo->valid = 1;
             }
             // DispatchKeySet's own operators, as apply_local: `-` keeps the backend bits.
-            keys = ((c10::DispatchKeySet(c10::DispatchKeySet::RAW, raw) |
-                     c10::DispatchKeySet(c10::DispatchKeySet::RAW, memo->included)) -
+            keys = ((key_set | c10::DispatchKeySet(c10::DispatchKeySet::RAW, memo->included)) -
                     c10::DispatchKeySet(c10::DispatchKeySet::RAW, memo->excluded))
                        .raw_repr();
             memo->last_raw = raw;
             memo->last_applied = keys;
         }
-        if (keys != static_cast<uint64_t>(want[TW_TENSOR_KEYS]) || (keys & kPythonKeys.raw_repr()) != 0)
-            return 0;
-        if (static_cast<int64_t>(impl->dtype().toScalarType()) != want[TW_TENSOR_DTYPE] ||
-            impl->device().index() != want[TW_TENSOR_DEVICE_INDEX] ||
-            (impl->requires_grad() ? 1 : 0) != want[TW_TENSOR_REQUIRES_GRAD])
-            return 0;
-        if (impl->layout() != c10::kStrided) return 0;
-        const c10::IntArrayRef sizes = impl->sizes_default();
-        const int64_t ndim = static_cast<int64_t>(sizes.size());
-        if (ndim != want[TW_TENSOR_NDIM]) return 0;
-        const int64_t* size = sizes.data();
-        const int64_t* stride = impl->strides_default().data();
-        const int64_t* pairs = want + TW_TENSOR_HEADER;
-        for (int64_t i = 0; i < ndim; ++i) {
-            const int64_t want_size = pairs[2 * i], want_stride = pairs[2 * i + 1];
-            if ((want_size != TW_TENSOR_ANY && want_size != size[i]) ||
-                (want_stride != TW_TENSOR_ANY && want_stride != stride[i]))
-                return 0;
-        }
-        const int64_t offset = want[TW_TENSOR_STORAGE_OFFSET];
-        return offset == TW_TENSOR_ANY || offset == impl->storage_offset_default() ? 1 : 0;
-    } catch (...) {
-        return 0;
     }
+    if (keys != static_cast<uint64_t>(want[TW_TENSOR_KEYS]) || (keys & kPythonKeys.raw_repr()) != 0) return 0;
+    const caffe2::TypeMeta dtype = impl->dtype();
+    if constexpr (Leaf) {
+        if (!dtype.isScalarType()) return match_with_calls(obj, want, memo);  // toScalarType throws
+    }
+    if (static_cast<int64_t>(dtype.toScalarType()) != want[TW_TENSOR_DTYPE]) return 0;
+    const std::optional<c10::Device>& device = Fields::device(impl);
+    if (!device.has_value() || device->index() != want[TW_TENSOR_DEVICE_INDEX]) return 0;
+    int requires_grad = requires_grad_inline(impl);
+    if (requires_grad < 0) {
+        if constexpr (Leaf) return match_with_calls(obj, want, memo);
+        requires_grad = impl->requires_grad() ? 1 : 0;
+    }
+    if (requires_grad != want[TW_TENSOR_REQUIRES_GRAD]) return 0;
+    // TensorImpl::layout()'s test, its policy Default: no such key is kStrided.
+    if (key_set.has_any(c10::sparse_ks | c10::sparse_csr_ks | c10::mkldnn_ks)) return 0;
+    // Symbolic sizes force CustomSizes (refresh_sizes_strides_policy), so the window already
+    // refused them; tested anyway, as the *_default accessors do, at the cost of one load.
+    if (impl->has_symbolic_sizes_strides()) return 0;
+    const c10::impl::SizesAndStrides& ss = Fields::sizes_and_strides(impl);
+    const int64_t ndim = static_cast<int64_t>(ss.size());
+    if (ndim != want[TW_TENSOR_NDIM]) return 0;
+    const int64_t* size = ss.sizes_data();
+    const int64_t* stride = ss.strides_data();
+    const int64_t* pairs = want + TW_TENSOR_HEADER;
+    // Equality first: the common case (a static dimension that holds) costs one comparison each.
+    for (int64_t i = 0; i < ndim; ++i) {
+        const int64_t want_size = pairs[2 * i], want_stride = pairs[2 * i + 1];
+        if ((want_size != size[i] && want_size != TW_TENSOR_ANY) ||
+            (want_stride != stride[i] && want_stride != TW_TENSOR_ANY))
+            return 0;
+    }
+    const int64_t offset = want[TW_TENSOR_STORAGE_OFFSET];
+    return offset == TW_TENSOR_ANY || offset == Fields::storage_offset(impl) ? 1 : 0;
+}
+
+}  // namespace
+
+int tensor_matches(PyObject* obj, const int64_t* want, TwKeyMemo* memo) noexcept {
+    return match_fields<true>(obj, want, memo);
 }
 
 // GradGuardAccessor::check_nopybind's value: THPVariable_Wrap of the C++ grad field.
@@ -469,12 +601,16 @@ void load_tensor_policies() noexcept {
     try {
         probe_policy_bits();
         probe_policy_window();
+        probe_autograd_route();
     } catch (...) {
+        g_autograd = AutogradRoute{};      // torch's accessor for every tensor
         g_policy_window = PolicyWindow{};  // the full test for every tensor
         g_policy_bits.ok = false;          // every tensor with the Python key counts as read by code
     }
 }
 
 bool policy_window_found() noexcept { return g_policy_window.mask != ~uint64_t{0}; }
+
+bool autograd_route_found() noexcept { return g_autograd.ok; }
 
 }  // namespace tripwire::torch_adapter
