@@ -13,7 +13,6 @@ import functools
 import inspect
 import logging
 import operator
-import os
 import threading
 import types
 import warnings
@@ -51,8 +50,6 @@ VERIFIED_TORCH = ("2.13.",)
 # callback to None there). Found through a wrapper, as torch builds it.
 _DISABLE_FN_CODE: types.CodeType = torch._dynamo.disable(lambda: None).__code__
 _INLINE_CODE: types.CodeType = external_utils.wrap_inline(lambda: None).__code__
-
-_TRIPWIRE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 _call_suspended = twf.suspended(operator.call)
 
@@ -219,9 +216,9 @@ class _Compiled:
 
     # -- the miss ------------------------------------------------------------------------------
     def _on_miss(self, frame: twf.Frame) -> Any:
+        # tripwire's own machinery (the fallback, a LAMBDA guard's helper) never gets here: the
+        # hook skips it before calling back (_package.is_own_file).
         code = frame.code
-        if code.co_filename.startswith(_TRIPWIRE_DIR):
-            return twf.SKIP  # tripwire's own machinery (the fallback, a LAMBDA guard's helper)
         if code is _DISABLE_FN_CODE:  # torch.compiler.disable, a compiled graph: hook off inside
             if _DISABLED_REPLACEMENT is None:
                 return twf.SKIP_RECURSIVE
