@@ -295,10 +295,11 @@ void check_operands(const core::codec::GuardRecord& g, PyObject* consts, std::st
             if (!PyRange_Check(at(d.operand))) throw bad("needs a range");
             break;
         case GuardKind::DictContains:
-            // The key is hashed on every check: no hook of a class the bytes chose may run.
+        case GuardKind::SetContains:
+            // The key or item is hashed on every check: no hook of a class the bytes chose may run.
             if (!hashes_without_code(at(d.operand))) {
                 const std::string why = take_error_text();
-                throw bad("the key: " + why);
+                throw bad(d.kind == GuardKind::DictContains ? "the key: " + why : "the item: " + why);
             }
             break;
         default: break;

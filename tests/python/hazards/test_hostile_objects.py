@@ -1735,3 +1735,87 @@ def test_instance_attributes_of_variable_size_objects():
     del i2.tag
     assert clean_check(gs, {"i": i2, "t": t}) is False
     assert ref_check(gs, {"i": i2, "t": t}) is False
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_set_contains_with_raising_lying_and_mutating_colliders(present: bool) -> None:
+    """SET_CONTAINS compares an element of the item's hash with ==, which runs its __eq__: a
+    raising one fails the guard (no error left set: clean_check), a lying one decides membership
+    as it does for Python's `in`, and one that empties or regrows the set during the lookup makes
+    CPython raise or restart; every answer agrees with the oracle."""
+    b = tw.GuardBuilder({"s": {"k"} if present else set()})
+    b.set_contains("L['s']", "k")
+    gs = b.build()
+    assert gs.guards[0].args == ("k", present)
+
+    def raising():
+        raise ValueError("eq exploded")
+
+    assert agree(gs, lambda: {"s": {Collider("k", action=raising)}}) is False
+    assert agree(gs, lambda: {"s": frozenset({Collider("k", action=raising)})}) is False
+    # A liar claiming equality makes "k" a member, as `"k" in s` says.
+    assert agree(gs, lambda: {"s": {Collider("k", answer=True)}}) is present
+    assert agree(gs, lambda: {"s": {Collider("k")}}) is not present
+
+    def make_clearing():
+        s: set = set()
+        s.add(Collider("k", action=s.clear))
+        return {"s": s}
+
+    def make_growing():
+        s: set = set()
+        s.add(Collider("k", action=lambda: s.update(range(100))))  # the table is reallocated
+        return {"s": s}
+
+    def make_adding_the_item():
+        s: set = set()
+        s.add(Collider("k", action=lambda: s.add("k")))
+        return {"s": s}
+
+    agree(gs, make_clearing)
+    agree(gs, make_growing)
+    agree(gs, make_adding_the_item)
+
+
+def test_set_contains_item_whose_hash_raises_later() -> None:
+    class Item:
+        armed = False
+
+        def __hash__(self):
+            if Item.armed:
+                raise TypeError("unhashable today")
+            return 7
+
+        def __eq__(self, other):
+            return self is other
+
+    item = Item()
+    b = tw.GuardBuilder({"s": {item}})
+    b.set_contains("L['s']", item)
+    gs = b.build()
+    assert clean_check(gs, {"s": {item}}) is True
+    Item.armed = True
+    try:
+        assert clean_check(gs, {"s": {7}}) is False
+        assert ref_check(gs, {"s": {7}}) is False
+        assert clean_why_not(gs, {"s": {7}}).kind == "SET_CONTAINS"
+    finally:
+        Item.armed = False
+
+
+def test_set_contains_element_eq_drops_the_last_reference_to_the_set() -> None:
+    """The only reference to the set is the holder's attribute; the element's __eq__ deletes it
+    mid-lookup. The check holds the set strongly (the kind runs user code), so nothing is freed
+    under the lookup."""
+    b = tw.GuardBuilder({"o": NS(s={"k"})})
+    b.set_contains("L['o'].s", "k")
+    gs = b.build()
+
+    def make():
+        o = NS()
+        o.s = {Collider("k", action=lambda: o.__dict__.pop("s", None), answer=True)}
+        return {"o": o}
+
+    for _ in range(3):
+        assert clean_check(gs, make()) is True
+    assert agree(gs, make) is True
