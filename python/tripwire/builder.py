@@ -245,6 +245,25 @@ class GuardBuilder:
             present = isinstance(v, dict) and dict.__contains__(v, key)
         return self.add(GuardKind.DICT_CONTAINS, source, (key, bool(present)))
 
+    def set_contains(self, source: SourceLike, item: Any, present: bool = _UNSET) -> GuardSpec:
+        """``(item in s) is present`` for a set or frozenset s (subclasses included, looked up in
+        the set's own table, never through an overridden ``__contains__``); anything else fails.
+        present defaults to what the example shows. The item must be hashable: the check hashes
+        it, and never retries an unhashable set as a frozenset as ``set.__contains__`` does."""
+        try:
+            hash(item)
+        except TypeError as e:
+            raise GuardBuildError(
+                f"SET_CONTAINS on {Source.parse(source)}: the item is unhashable ({e})"
+            ) from None
+        if present is _UNSET:
+            v = self.value(source)
+            if isinstance(v, set):
+                present = set.__contains__(v, item)
+            else:
+                present = isinstance(v, frozenset) and frozenset.__contains__(v, item)
+        return self.add(GuardKind.SET_CONTAINS, source, (item, bool(present)))
+
     def hasattr(self, source: SourceLike, name: str, present: bool = _UNSET) -> GuardSpec:
         """``hasattr(v, name) is present``; present defaults to what the example shows."""
         if present is _UNSET:

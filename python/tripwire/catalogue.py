@@ -18,6 +18,7 @@ LENGTH                  (n,)                                       required
 DICT_KEYS               (keys: tuple, ordered: bool)               required
 DICT_CONTAINS           (key, present: bool)                       required
 HASATTR                 (name: str, present: bool)                 required
+SET_CONTAINS            (item, present: bool)                      required
 DICT_VERSION            (version: int)                             required
 TUPLE_ITERATOR_LEN      (n,)                                       required
 RANGE_ITERATOR          (start, stop, step)                        required
@@ -222,7 +223,7 @@ class GuardSpec:
             return "alive"
         if k is GuardKind.DICT_KEYS:
             return list(a[0])
-        if k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
+        if k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR, GuardKind.SET_CONTAINS):
             return ("has " if a[1] else "lacks ") + short_repr(a[0])
         if k is GuardKind.DICT_VERSION:
             return f"dict version {a[0]}"
@@ -293,6 +294,8 @@ class GuardSpec:
             return f"list(dict.keys({s})) {rel} {short_repr(list(a[0]))}"
         if k is GuardKind.DICT_CONTAINS:
             return f"({short_repr(a[0])} in {s}) is {a[1]}"
+        if k is GuardKind.SET_CONTAINS:
+            return f"({short_repr(a[0])} in set {s}) is {a[1]}"
         if k is GuardKind.HASATTR:
             return f"hasattr({s}, {a[0]!r}) is {a[1]}"
         if k is GuardKind.DICT_VERSION:

@@ -170,7 +170,7 @@ def _encode(specs: list[GuardSpec], pool: _Pool, shape: _ShapeDecls) -> list[_co
         elif k is GuardKind.DICT_KEYS:
             op2 = pool.add(tuple(_private_constant(x) for x in a[0]))
             flag = a[1]
-        elif k is GuardKind.DICT_CONTAINS:
+        elif k in (GuardKind.DICT_CONTAINS, GuardKind.SET_CONTAINS):
             op, flag = pool.add(a[0]), a[1]
         elif k is GuardKind.HASATTR:
             op, flag = pool.intern(a[0]), a[1]

@@ -235,7 +235,12 @@ class _Saver:
         elif k is GuardKind.DIMENSION_MARKING:
             self._constant(args[0].shape_ids)
             self._constant(args[0].unbacked_bounds)
-        elif k in (GuardKind.EQUALS_MATCH, GuardKind.DICT_KEYS, GuardKind.DICT_CONTAINS):
+        elif k in (
+            GuardKind.EQUALS_MATCH,
+            GuardKind.DICT_KEYS,
+            GuardKind.DICT_CONTAINS,
+            GuardKind.SET_CONTAINS,
+        ):
             self._constant(args[0])
         return GuardSpec(spec.kind, spec.source, args, spec.index, spec.stack)
 
@@ -762,7 +767,7 @@ def _spec(
         if not checked and (type(op2) is not tuple or not all(_core.is_constant(x, 1) for x in op2)):
             raise bad("the keys must be a tuple of constants")
         args = (op2, d.flag)
-    elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR):
+    elif k in (GuardKind.DICT_CONTAINS, GuardKind.HASATTR, GuardKind.SET_CONTAINS):
         args = (op, d.flag)
     elif k is GuardKind.RANGE_ITERATOR:
         if type(op) is not range:

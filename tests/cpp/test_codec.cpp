@@ -138,6 +138,9 @@ Document sample() {
     GuardDecl& dev = add(GuardKind::GlobalState, false);
     dev.n = static_cast<std::int64_t>(BuiltinProbe::TorchDefaultDevice);
     dev.operand2 = 1;
+    GuardDecl& sc = add(GuardKind::SetContains);
+    sc.operand = 3;
+    sc.flag = true;
     // SHAPE (last: BadShapeRecordsAreRefused edits d.guards.back()): the relation's text and its symbols
     // (SIZE/STRIDE carry an index, STORAGE_OFFSET none), each symbol's printed source as the text names it.
     GuardDecl& shape = add(GuardKind::Shape, false);

@@ -59,8 +59,10 @@ TEST(IrNames, GuardKindNamesAreDistinctAndKnown) {
     EXPECT_EQ(guard_kind_name(GuardKind::TensorMatch), "TENSOR_MATCH");
     EXPECT_EQ(guard_kind_name(GuardKind::NoAlias), "NO_ALIAS");
     // Every value below kGuardKindCount is a kind: 0..17, the tensor kinds 18..22, SHAPE 23,
-    // STORAGE_OVERLAPPING 24, DISPATCH_KEY_SET_MATCH 25.
-    EXPECT_EQ(known, 26);
+    // STORAGE_OVERLAPPING 24, DISPATCH_KEY_SET_MATCH 25, SET_CONTAINS 26.
+    EXPECT_EQ(known, 27);
+    EXPECT_EQ(guard_kind_name(GuardKind::SetContains), "SET_CONTAINS");
+    EXPECT_EQ(static_cast<int>(GuardKind::SetContains), 26);
     EXPECT_EQ(guard_kind_name(GuardKind::DispatchKeySetMatch), "DISPATCH_KEY_SET_MATCH");
     EXPECT_FALSE(is_relational(GuardKind::DispatchKeySetMatch));
     EXPECT_EQ(guard_kind_name(GuardKind::StorageOverlapping), "STORAGE_OVERLAPPING");
@@ -165,7 +167,7 @@ TEST(IrNames, OutOfRangeKindsAreUnknown) {
 }
 
 TEST(IrNames, CountsMatchTheLastEnumerator) {
-    EXPECT_EQ(static_cast<int>(GuardKind::DispatchKeySetMatch) + 1, kGuardKindCount);
+    EXPECT_EQ(static_cast<int>(GuardKind::SetContains) + 1, kGuardKindCount);
     EXPECT_EQ(static_cast<int>(StepKind::TypeMro) + 1, kStepKindCount);
 }
 
@@ -287,11 +289,12 @@ TEST(IrPurity, GuardKinds) {
         d.via_python = true;
         EXPECT_TRUE(guard_runs_user_code(d)) << guard_kind_name(k);
     }
-    // ...while len(), lookups, getattr, probes and predicates may, and the iterator kinds
-    // allocate a bound method and a tuple.
-    for (GuardKind k : {GuardKind::Length, GuardKind::DictContains, GuardKind::HasAttr,
-                        GuardKind::TupleIteratorLen, GuardKind::RangeIterator, GuardKind::CodeMatch,
-                        GuardKind::GlobalState, GuardKind::Lambda, GuardKind::DimensionMarking}) {
+    // ...while len(), lookups (a colliding key's or element's __eq__), getattr, probes and
+    // predicates may, and the iterator kinds allocate a bound method and a tuple.
+    for (GuardKind k :
+         {GuardKind::Length, GuardKind::DictContains, GuardKind::SetContains, GuardKind::HasAttr,
+          GuardKind::TupleIteratorLen, GuardKind::RangeIterator, GuardKind::CodeMatch, GuardKind::GlobalState,
+          GuardKind::Lambda, GuardKind::DimensionMarking}) {
         EXPECT_TRUE(guard_runs_user_code(k)) << guard_kind_name(k);
     }
     // Unknown kinds are treated as impure (the safe answer).
@@ -328,7 +331,7 @@ TEST(IrPurity, EveryKindIsClassified) {
     int pure = 0, impure = 0;
     for (int i = 0; i < kGuardKindCount; ++i) (guard_runs_user_code(guard_kind(i)) ? impure : pure)++;
     EXPECT_EQ(pure, 17);
-    EXPECT_EQ(impure, 9);
+    EXPECT_EQ(impure, 10);
     pure = impure = 0;
     for (int i = 0; i < kStepKindCount; ++i) (step_runs_user_code(step_kind(i)) ? impure : pure)++;
     EXPECT_EQ(pure, 6);

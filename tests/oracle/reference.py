@@ -631,6 +631,14 @@ def evaluate(spec: GuardSpec, v: Any, f_locals: Mapping[str, Any]) -> bool:
             if not isinstance(v, dict):
                 return False
             return dict.__contains__(v, a[0]) is a[1]
+        if k is GuardKind.SET_CONTAINS:
+            # A set or frozenset of any subclass, looked up in its own table (the base type's
+            # method, never a subclass's override).
+            if not isinstance(v, (set, frozenset)):
+                return False
+            hash(a[0])  # an unhashable item raises (the methods would retry a set as a frozenset)
+            base = set if isinstance(v, set) else frozenset
+            return base.__contains__(v, a[0]) is a[1]
         if k is GuardKind.HASATTR:
             return hasattr(v, a[0]) is a[1]
         if k is GuardKind.DICT_VERSION:

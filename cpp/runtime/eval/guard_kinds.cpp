@@ -188,6 +188,16 @@ inline int eval_dict_contains(const RuntimeGuard& g, PyObject* v) {
     const int r = PyDict_Contains(v, g.a);
     return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
 }
+// torch's SET_CONTAINS leaf: any set or frozenset, subclasses included, looked up in its own table
+// (PySet_Contains: a subclass's __contains__ is not asked). A colliding element's __eq__ may run and
+// raise, or mutate the set (CPython then restarts the lookup or raises): an error fails the guard.
+// torch's leaf folds PySet_Contains's -1 into "contains" and returns with the error still set (its
+// check then raises SystemError). Not a set: fails in either sense (torch's "not in" passes it).
+inline int eval_set_contains(const RuntimeGuard& g, PyObject* v) {
+    if (!PyAnySet_Check(v)) return 0;
+    const int r = PySet_Contains(v, g.a);
+    return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
+}
 inline int eval_has_attr(const RuntimeGuard& g, PyObject* v) {
     PyObject* found = nullptr;
 #if PY_VERSION_HEX >= 0x030D0000

@@ -295,10 +295,19 @@ void check_operands(const core::codec::GuardRecord& g, PyObject* consts, std::st
             if (!PyRange_Check(at(d.operand))) throw bad("needs a range");
             break;
         case GuardKind::DictContains:
-            // The key is hashed on every check: no hook of a class the bytes chose may run.
+        case GuardKind::SetContains:
+            // The key or item is hashed on every check: no hook of a class the bytes chose may run.
             if (!hashes_without_code(at(d.operand))) {
                 const std::string why = take_error_text();
-                throw bad("the key: " + why);
+                throw bad(d.kind == GuardKind::DictContains ? "the key: " + why : "the item: " + why);
+            }
+            // The builder refuses an unhashable item (the check would fail on every set); so does
+            // the loader. Hashing it runs no code the bytes chose: checked just above.
+            if (d.kind == GuardKind::SetContains && PyObject_Hash(at(d.operand)) == -1) {
+                if (!PyErr_ExceptionMatches(PyExc_TypeError))
+                    fail_python(g.offset, std::string(kind) + " guard: the item cannot be hashed");
+                const std::string why = take_error_text();
+                throw bad("the item is unhashable: " + why);
             }
             break;
         default: break;

@@ -49,8 +49,8 @@ PyObject* mro_lookup(PyTypeObject* t, PyObject* name) {
     return nullptr;
 }
 
-// A referenced object that is a set item, a dict key or a DICT_CONTAINS key is hashed (at load or
-// on every check), and one inside a tuple is compared by EQUALS_MATCH: its class's __hash__ and
+// A referenced object that is a set item, a dict key, a DICT_CONTAINS key or a SET_CONTAINS item is hashed
+// (at load or on every check), and one inside a tuple is compared by EQUALS_MATCH: its class's __hash__ and
 // __eq__ would run, chosen by the bytes (an enum of any imported module may define them). Only C
 // implementations (object's, int's, str's) and the standard library's Enum.__hash__ (the hash of
 // the member's name) may run.
@@ -77,7 +77,8 @@ bool hashed_without_code(PyObject* x) {
         }
         if (PyErr_Occurred()) return false;
         PyErr_Format(PyExc_ValueError,
-                     "a %.200s is inside a constant or a DICT_CONTAINS key, and its class defines %s in "
+                     "a %.200s is inside a constant or a DICT_CONTAINS key or SET_CONTAINS item, and its "
+                     "class defines %s in "
                      "Python, which the bytes would choose to run",
                      t->tp_name, name);
         return false;

@@ -117,6 +117,8 @@ class GuardKind(enum.IntEnum):
 
     DISPATCH_KEY_SET_MATCH = 25
 
+    SET_CONTAINS = 26
+
 class Step:
     """One step of a source as the engine reads it."""
 

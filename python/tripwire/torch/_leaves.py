@@ -209,6 +209,35 @@ class LeafRules(ConverterBase):
             "(torch's PyObject_HasAttr counts it as absent)"
         )
 
+    def leaf_set_contains(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
+        # torch prints "set.__contains__(<ref>, <item!r>)", negated for SET_NOT_CONTAINS; its leaf
+        # is PySet_Contains on any set or frozenset, subclasses included.
+        tree = parse(code)
+        present = not (isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.Not))
+        call = tree.operand if isinstance(tree, ast.UnaryOp) else tree
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "__contains__"
+            and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == "set"
+            and len(call.args) == 2
+            and not call.keywords
+        ):
+            raise ValueError(f"not a call of set.__contains__: {code}")
+        item = literal(call.args[1])
+        try:
+            hash(item)
+        except TypeError:
+            raise _Fallback("the printed item is unhashable") from None
+        # Check the parsed item and sense against torch's own guard.
+        if leaf({item}) is not present or leaf(frozenset((item,))) is not present or leaf(set()) is present:
+            raise _Fallback("the printed item does not reproduce torch's guard")
+        t = node.exact_type
+        if not present and not (isinstance(t, type) and issubclass(t, (set, frozenset))):
+            raise _Fallback("torch's 'not in' passes any non-set; tripwire's SET_CONTAINS fails it")
+        return [self.spec(GuardKind.SET_CONTAINS, self._src(node), (item, present), site)], ""
+
     def leaf_dict_version(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
         if sys.version_info >= (3, 12):
             raise _Fallback("torch's dict versions on 3.12+ come from its own watcher")

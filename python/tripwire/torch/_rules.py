@@ -127,18 +127,25 @@ class Converter(AccessorRules, LeafRules, TorchLeafRules, RelationalRules, Shape
         """What every value reaching this node's children is known to be, from its own guards."""
         for leaf in node.torch.leaves:
             name = type(leaf).__name__
-            if name not in ("TYPE_MATCH", "ID_MATCH"):
+            if name not in ("TYPE_MATCH", "ID_MATCH", "EQUALS_MATCH"):
                 continue
             try:
                 code = split_site(leaf.verbose_code_parts()[0])[0]
-                if name == "TYPE_MATCH":
+                if name == "EQUALS_MATCH":
+                    # torch's EQUALS_MATCH checks Py_TYPE(v) against the constant's type first.
+                    # Learnt for printed sets only: it is what SET_CONTAINS's absent sense needs (a
+                    # module's _non_persistent_buffers_set carries both guards).
+                    c = rhs_literal(code)
+                    if type(c) in (set, frozenset):
+                        node.exact_type = type(c)
+                elif name == "TYPE_MATCH":
                     obj = self.ids[id_in(code, ("___check_type_id",), node.torch.source)]
                     if isinstance(obj, type):
                         node.exact_type = obj
                 else:
                     obj = self.ids[id_in(code, ("___check_obj_id", "__check_obj_id"), node.torch.source)]
                     node.exact_type = type(obj)
-            except (KeyError, ValueError, IndexError):
+            except (KeyError, ValueError, IndexError, SyntaxError):  # an EQUALS_MATCH printed as no literal
                 continue
         if node.exact_type is not None and issubclass(node.exact_type, dict):
             node.is_dict = True
@@ -349,6 +356,7 @@ LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
     "DICT_LENGTH": Converter.leaf_dict_length,
     "DICT_CONTAINS": Converter.leaf_dict_contains,
     "NO_HASATTR": Converter.leaf_no_hasattr,
+    "SET_CONTAINS": Converter.leaf_set_contains,
     "DICT_VERSION": Converter.leaf_dict_version,
     "TUPLE_ITERATOR_LEN": Converter.leaf_tuple_iterator_len,
     "RANGE_ITERATOR_MATCH": Converter.leaf_range_iterator,
@@ -363,7 +371,6 @@ LEAF_RULES: dict[str, Callable[..., tuple[list[int], str]]] = {
 }
 # Leaf kinds with no exact tripwire form: evaluated by torch's own leaf (fallback="torch").
 TORCH_ONLY_KINDS: dict[str, str] = {
-    "SET_CONTAINS": "tripwire's DICT_CONTAINS is for dicts",
     "COMPLEX_IS_NAN": "torch accepts a NaN in either part; tripwire's EQUALS matches NaN per part",
     "MAPPING_KEYS_MATCH": "a mappingproxy's keys() compared with Python ==",
     "FAKE_SCRIPT_TYPE_MATCH": "unwraps torch's FakeScriptObject",

@@ -19,6 +19,8 @@ import weakref
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reference
 import tripwire as tw
@@ -272,7 +274,7 @@ def test_explicit_constant_is_private_copy() -> None:
     fails(gs, {"v": [1, 2, 3]}, "L['v']", "EQUALS_MATCH")
 
 
-# -- LENGTH, DICT_KEYS, DICT_CONTAINS, HASATTR ------------------------------------------------------
+# -- LENGTH, DICT_KEYS, DICT_CONTAINS, SET_CONTAINS, HASATTR -----------------------------------------
 
 
 class Sized:
@@ -387,6 +389,96 @@ def test_dict_contains_explicit_sense() -> None:
     fails(gs, {"d": {"k": 1}}, "L['d']", "DICT_CONTAINS")
     w = fails(gs, {"d": {1.0: 1}}, "L['d']", "DICT_CONTAINS")  # 1.0 == 1: membership is ==
     assert w.guard.index == 1
+
+
+class SetContainsLiar(set):
+    calls = 0
+
+    def __contains__(self, item: object) -> bool:
+        SetContainsLiar.calls += 1
+        return not set.__contains__(self, item)
+
+
+class FrozenLiar(frozenset):
+    def __contains__(self, item: object) -> bool:
+        SetContainsLiar.calls += 1
+        return True
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_set_contains_both_senses(present: bool) -> None:
+    s = {"k", 1} if present else {"j", 1}
+    gs = build({"s": s}, ("set_contains", "L['s']", "k"))
+    assert gs.guards[0].kind is GuardKind.SET_CONTAINS
+    assert gs.guards[0].args == ("k", present)
+    other = {"j"} if present else {"k"}
+    passes(gs, {"s": set(s)})
+    passes(gs, {"s": frozenset(s)})  # torch's leaf: PySet_Check or PyFrozenSet_Check
+    fails(gs, {"s": set(other)}, "L['s']", "SET_CONTAINS")
+    fails(gs, {"s": frozenset(other)}, "L['s']", "SET_CONTAINS")
+    for not_a_set in (dict.fromkeys(s), list(s), tuple(s), None, "k", s.__iter__()):
+        fails(gs, {"s": not_a_set}, "L['s']", "SET_CONTAINS")  # either sense: not a set fails
+    SetContainsLiar.calls = 0
+    passes(gs, {"s": SetContainsLiar(s)})  # the set's own table, never __contains__
+    fails(gs, {"s": SetContainsLiar(other)}, "L['s']", "SET_CONTAINS")
+    passes(gs, {"s": FrozenLiar(s)})
+    fails(gs, {"s": FrozenLiar(other)}, "L['s']", "SET_CONTAINS")
+    assert SetContainsLiar.calls == 0
+
+
+def test_set_contains_membership_is_hash_and_eq() -> None:
+    b = tw.GuardBuilder({"s": set()})
+    b.set_contains("L['s']", 1, present=False)
+    b.set_contains("L['s']", (1, "a"), present=False)
+    b.set_contains("L['s']", frozenset({2}), present=False)
+    gs = b.build()
+    assert [g.args[1] for g in gs] == [False, False, False]
+    passes(gs, {"s": {2, (1, "b"), frozenset({3})}})
+    assert fails(gs, {"s": {1.0}}, "L['s']", "SET_CONTAINS").guard.index == 0  # 1.0 == 1
+    assert fails(gs, {"s": {True}}, "L['s']", "SET_CONTAINS").guard.index == 0
+    assert fails(gs, {"s": {(1.0, "a")}}, "L['s']", "SET_CONTAINS").guard.index == 1
+    assert fails(gs, {"s": frozenset({frozenset({2})})}, "L['s']", "SET_CONTAINS").guard.index == 2
+
+
+def test_set_contains_refuses_an_unhashable_item() -> None:
+    # set.__contains__ retries an unhashable set as a frozenset; the check (PySet_Contains, as
+    # torch's leaf) does not, so such a guard could never pass: refused at build.
+    b = tw.GuardBuilder({"s": {frozenset({1})}})
+    for item in ({1}, [1], {"a": 1}):
+        with pytest.raises(tw.GuardBuildError, match="SET_CONTAINS on L\\['s'\\]: the item is unhashable"):
+            b.set_contains("L['s']", item)
+    assert len(b.build()) == 0
+
+
+def test_set_contains_default_sense_reads_the_example() -> None:
+    f_locals = {"s": frozenset({"a"}), "t": SetContainsLiar({"b"}), "d": {"a": 1}}
+    b = tw.GuardBuilder(f_locals)
+    for src in ("L['s']", "L['t']"):
+        b.set_contains(src, "a")
+    gs = b.build()
+    assert [g.args for g in gs] == [("a", True), ("a", False)]  # t's table, not its __contains__
+    b.set_contains("L['d']", "a")  # a dict is no set: fails in either sense, on the example too
+    with pytest.raises(tw.GuardBuildError, match="SET_CONTAINS"):
+        b.build()
+
+
+@given(
+    example=st.sets(st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b"]), st.none()), max_size=4),
+    item=st.one_of(st.integers(-3, 3), st.floats(-3, 3), st.sampled_from(["a", "b", (1,), frozenset()])),
+    other=st.one_of(
+        st.sets(st.one_of(st.integers(-3, 3), st.sampled_from([1.0, True, "a", (1,)])), max_size=4),
+        st.frozensets(st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b"])), max_size=4),
+        st.builds(SetContainsLiar, st.sets(st.integers(-3, 3), max_size=3)),
+        st.dictionaries(st.integers(-3, 3), st.none(), max_size=3),
+        st.lists(st.integers(-3, 3), max_size=3),
+        st.none(),
+    ),
+)
+@settings(max_examples=150, deadline=None)
+def test_set_contains_agrees_with_the_oracle(example: set, item: Any, other: Any) -> None:
+    gs = build({"s": example}, ("set_contains", "L['s']", item))
+    passes(gs, {"s": example})
+    agree(gs, {"s": other})
 
 
 class WithGetattr:
@@ -1575,7 +1667,7 @@ _IMPLIED = {
 def test_kind_table_has_every_kind_once_in_value_order() -> None:
     kinds = tw.catalogue.KINDS
     assert list(kinds) == sorted(GuardKind.__members__.values(), key=int)
-    assert len(kinds) == len(GuardKind.__members__) == 26
+    assert len(kinds) == len(GuardKind.__members__) == 27
     for k, f in kinds.items():
         assert f.kind is k
         assert f.source in ("required", "optional", "absent"), f

@@ -21,6 +21,7 @@ import weakref
 
 import pytest
 
+import engine_switches
 import reference
 import tripwire as tw
 
@@ -1735,3 +1736,166 @@ def test_instance_attributes_of_variable_size_objects():
     del i2.tag
     assert clean_check(gs, {"i": i2, "t": t}) is False
     assert ref_check(gs, {"i": i2, "t": t}) is False
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("present", [True, False])
+def test_set_contains_with_raising_lying_and_mutating_colliders(present: bool, fast: bool) -> None:
+    """SET_CONTAINS compares an element of the item's hash with ==, which runs its __eq__: a
+    raising one fails the guard (no error left set: clean_check), a lying one decides membership
+    as it does for Python's `in`, and one that empties or regrows the set during the lookup makes
+    CPython raise or restart; every answer agrees with the oracle."""
+    b = tw.GuardBuilder({"s": {"k"} if present else set()})
+    b.set_contains("L['s']", "k")
+    with engine_switches.fast_pass(fast):  # the fast program runs it as a residue, or the walk
+        gs = b.build()
+    assert gs.guards[0].args == ("k", present)
+
+    def raising():
+        raise ValueError("eq exploded")
+
+    assert agree(gs, lambda: {"s": {Collider("k", action=raising)}}) is False
+    assert agree(gs, lambda: {"s": frozenset({Collider("k", action=raising)})}) is False
+    # A liar claiming equality makes "k" a member, as `"k" in s` says.
+    assert agree(gs, lambda: {"s": {Collider("k", answer=True)}}) is present
+    assert agree(gs, lambda: {"s": {Collider("k")}}) is not present
+
+    def make_clearing():
+        s: set = set()
+        s.add(Collider("k", action=s.clear))
+        return {"s": s}
+
+    def make_growing():
+        s: set = set()
+        s.add(Collider("k", action=lambda: s.update(range(100))))  # the table is reallocated
+        return {"s": s}
+
+    def make_adding_the_item():
+        s: set = set()
+        s.add(Collider("k", action=lambda: s.add("k")))
+        return {"s": s}
+
+    agree(gs, make_clearing)
+    agree(gs, make_growing)
+    agree(gs, make_adding_the_item)
+
+
+def test_set_contains_item_whose_hash_raises_later() -> None:
+    class Item:
+        armed = False
+
+        def __hash__(self):
+            if Item.armed:
+                raise TypeError("unhashable today")
+            return 7
+
+        def __eq__(self, other):
+            return self is other
+
+    item = Item()
+    b = tw.GuardBuilder({"s": {item}})
+    b.set_contains("L['s']", item)
+    gs = b.build()
+    assert clean_check(gs, {"s": {item}}) is True
+    Item.armed = True
+    try:
+        assert clean_check(gs, {"s": {7}}) is False
+        assert ref_check(gs, {"s": {7}}) is False
+        assert clean_why_not(gs, {"s": {7}}).kind == "SET_CONTAINS"
+    finally:
+        Item.armed = False
+
+
+def test_set_contains_element_eq_drops_the_last_reference_to_the_set() -> None:
+    """The only reference to the set is the holder's attribute; the element's __eq__ deletes it
+    mid-lookup. The check holds the set strongly (the kind runs user code), so nothing is freed
+    under the lookup."""
+    b = tw.GuardBuilder({"o": NS(s={"k"})})
+    b.set_contains("L['o'].s", "k")
+    gs = b.build()
+
+    def make():
+        o = NS()
+        o.s = {Collider("k", action=lambda: o.__dict__.pop("s", None), answer=True)}
+        return {"o": o}
+
+    for _ in range(3):
+        assert clean_check(gs, make()) is True
+    assert agree(gs, make) is True
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_set_contains_eq_kills_an_identity_matched_object(fast: bool) -> None:
+    """A colliding element's __eq__ drops the last reference to the object an ID_MATCH names: the
+    set is invalid from then on, and this check (whichever guard ran first) and every later one
+    fail, even with an object at the dead one's place."""
+
+    class Obj:
+        pass
+
+    class H:
+        pass
+
+    h = H()
+    h.o = Obj()
+    b = tw.GuardBuilder({"h": h, "s": {"k"}})
+    b.id_match("L['h'].o")
+    b.set_contains("L['s']", "k")
+    with engine_switches.fast_pass(fast):
+        gs = b.build()
+    del b  # its specs hold the object strongly; the set holds it weakly
+    assert clean_check(gs, {"h": h, "s": {"k"}}) is True
+    assert clean_check(gs, {"h": h, "s": {Collider("k", answer=True)}}) is True  # the liar alone passes
+    dead = weakref.ref(h.o)
+
+    def kill() -> None:
+        h.o = Obj()  # the guarded object dies; another may take its address
+
+    assert clean_check(gs, {"h": h, "s": {Collider("k", action=kill, answer=True)}}) is False
+    assert dead() is None
+    h.o = Obj()
+    assert clean_check(gs, {"h": h, "s": {"k"}}) is False
+    assert clean_why_not(gs, {"h": h, "s": {"k"}}) is not None
+
+
+def test_set_contains_while_another_thread_mutates_the_set() -> None:
+    """Colliding elements' __eq__ release the GIL (a Python call and a sleep(0)); another thread
+    adds and discards elements meanwhile, so lookups restart or raise. Every check answers a
+    bool, leaves no error behind and matches membership when the set is left alone."""
+    import threading
+    import time
+
+    class Slow:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __hash__(self) -> int:
+            return hash("k")
+
+        def __eq__(self, other: object) -> bool:
+            time.sleep(0)
+            return other is self
+
+    b = tw.GuardBuilder({"s": {"k"}})
+    b.set_contains("L['s']", "k")
+    gs = b.build()
+    shared = {Slow(i) for i in range(8)} | {"k"}
+    stop = threading.Event()
+
+    def mutate() -> None:
+        i = 0
+        while not stop.is_set():
+            shared.add(Slow(100 + i % 16))
+            shared.discard(next(iter(shared)))
+            shared.add("k")
+            i += 1
+
+    t = threading.Thread(target=mutate)
+    t.start()
+    try:
+        answers = {clean_check(gs, {"s": shared}) for _ in range(300)}
+    finally:
+        stop.set()
+        t.join()
+    assert answers <= {True, False}
+    assert clean_check(gs, {"s": shared}) is ("k" in shared)

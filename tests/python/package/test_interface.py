@@ -46,7 +46,14 @@ def _one_spec_per_kind():
         pass
 
     o = O()
-    ex = {"x": 3, "d": {"k": 1}, "o": o, "f": _one_spec_per_kind, "w": __import__("weakref").ref(o)}
+    ex = {
+        "x": 3,
+        "d": {"k": 1},
+        "o": o,
+        "f": _one_spec_per_kind,
+        "w": __import__("weakref").ref(o),
+        "s": {"k"},
+    }
     ex["it"] = iter((1, 2))
     ex["r"] = iter(range(3))
     b = tw.GuardBuilder(ex)
@@ -58,6 +65,7 @@ def _one_spec_per_kind():
     b.dict_keys("L['d']")
     b.dict_contains("L['d']", "k")
     b.hasattr("L['o']", "zz")
+    b.set_contains("L['s']", "k")
     b.dict_version("L['d']")
     b.tuple_iterator_len("L['it']")
     b.range_iterator("L['r']")

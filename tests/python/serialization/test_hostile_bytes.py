@@ -276,3 +276,98 @@ def test_hostile_relation_texts_build_or_are_refused(name: str) -> None:
     except tw.GuardBuildError:  # ShapeSyntaxError, or the relation does not hold on the example
         return
     assert b.build().check(frame)
+
+
+# -- SET_CONTAINS records ------------------------------------------------------------------------
+
+
+def _set_contains_blob() -> bytes:
+    b = tw.GuardBuilder({"s": {"k", 1}})
+    b.set_contains("L['s']", "k")
+    b.set_contains("L['s']", (2, "a"), present=False)
+    return b.build().to_bytes()
+
+
+def test_set_contains_records_under_single_byte_mutations() -> None:
+    """Every position of a SET_CONTAINS set's body, several values each: refused with FormatError
+    or loaded as a usable set, which never passes a value the original fails."""
+    blob = _set_contains_blob()
+    original = tw.GuardSet.from_bytes(blob)
+    probes = [{"k", 1}, {"k", (2, "a")}, set(), frozenset({"k"}), {"k": 1}, ["k"], None]
+    rng = random.Random(26)
+    outcomes = {"loaded": 0, "refused": 0}
+    body = blob[64:]
+    for i in range(len(body)):
+        for value in {0x00, 0x02, 0xFF, body[i] ^ 0x01, rng.randrange(256)} - {body[i]}:
+            gs = loads_or_format_error(rewrap(body[:i] + bytes([value]) + body[i + 1 :]))
+            outcomes["loaded" if gs is not None else "refused"] += 1
+            if (
+                gs is not None
+                and all(g.kind is tw.GuardKind.SET_CONTAINS for g in gs.guards)
+                and len(gs) == 2
+            ):
+                for p in probes:
+                    gs.check({"s": p})  # any answer, but an answer: no error left behind
+                    assert sys.exc_info() == (None, None, None)
+    assert outcomes["refused"] > 100 and outcomes["loaded"] > 10, outcomes
+    assert original.check({"s": {"k"}}) and not original.check({"s": {"k", (2, "a")}})
+
+
+def _present_flag_at(body: bytes, item: bytes) -> int:
+    """The offset of the present flag of the SET_CONTAINS record whose item is the constant at
+    index ``item`` (the record's payload: varint constant index, u8 present)."""
+    hits = [m.start() for m in re.finditer(re.escape(item + b"\x01"), body)]
+    assert hits, item
+    return hits[-1] + len(item)  # the caller asserts the byte is 1 and is refused as a present flag
+
+
+def test_a_set_contains_record_with_a_bad_flag_or_constant_is_refused() -> None:
+    from tripwire import _core
+
+    def record(item: object, flag: bool = True) -> bytes:
+        decl = _core.GuardDecl(
+            tw.GuardKind.SET_CONTAINS,
+            _core.SourcePath(tw.RootKind.LOCAL, 0, [], ["L['v']"]),
+            1,
+            flag=flag,
+            id=0,
+        )
+        consts = [
+            "v",
+            item,
+        ]  # constants, no references (the writer's arguments as in test_untrusted_references)
+        return _core.encode_guard_set(
+            [decl],
+            consts,
+            [0] * len(consts),
+            ["site"],
+            [[]],
+            [],
+            lambda o: 0,
+            None,
+            [],
+            [],
+            False,
+            "test",
+            sys.version_info[:2],
+        )
+
+    good = record("k")
+    gs = tw.GuardSet.from_bytes(good)
+    assert gs.check({"v": {"k"}}) and not gs.check({"v": set()})
+    # An unhashable item: the check could never pass; the builder and the loader refuse it.
+    for item in ([1], {"a": 1}, (1, [2])):
+        with pytest.raises(tw.FormatError, match=r"SET_CONTAINS guard: the item is unhashable: TypeError"):
+            tw.GuardSet.from_bytes(record(item))
+    # The present flag is a byte 0 or 1; the item a constant in range.
+    body = good[64:]
+    flag = _present_flag_at(body, b"\x01")
+    assert body[flag] == 1
+    for value, message in ((2, "present flag"), (0xFF, "present flag")):
+        with pytest.raises(tw.FormatError, match=message):
+            tw.GuardSet.from_bytes(rewrap(body[:flag] + bytes([value]) + body[flag + 1 :]))
+    with pytest.raises(tw.FormatError, match="operand constant"):
+        tw.GuardSet.from_bytes(rewrap(body[: flag - 1] + b"\x7f" + body[flag:]))
+    # The other sense loads as itself.
+    gs = tw.GuardSet.from_bytes(rewrap(body[:flag] + b"\x00" + body[flag + 1 :]))
+    assert gs.guards[0].args == ("k", False) and gs.check({"v": set()}) and not gs.check({"v": {"k"}})

@@ -47,6 +47,7 @@ _METHOD_KIND = {
     "dict_keys": "DICT_KEYS",
     "dict_contains": "DICT_CONTAINS",
     "hasattr": "HASATTR",
+    "set_contains": "SET_CONTAINS",
     "tuple_iterator_len": "TUPLE_ITERATOR_LEN",
     "range_iterator": "RANGE_ITERATOR",
     "code_match": "CODE_MATCH",
@@ -1508,6 +1509,15 @@ def _storage_and_key_set_seed() -> bytes:
     return b.build().to_bytes()
 
 
+def _set_contains_seed() -> bytes:
+    """A set with kind 26 (SET_CONTAINS, both senses, on a set and a frozenset), for the fuzz corpus."""
+    b = tw.GuardBuilder({"s": {"running", 1}, "f": frozenset({(1, "a")})})
+    b.set_contains("L['s']", "running")
+    b.set_contains("L['s']", "other", present=False)
+    b.set_contains("L['f']", (1, "a"))
+    return b.build().to_bytes()
+
+
 def test_fuzz_seed_corpus_is_current() -> None:
     """tests/fuzz/corpus_codec holds the blobs of the fixture frames (mode byte 0: the whole
     file), so the libFuzzer run starts from real guard sets. Regenerate with
@@ -1518,6 +1528,7 @@ def test_fuzz_seed_corpus_is_current() -> None:
         assert f"guards_for_{i}" in names
     assert {"tensor_kinds", "tensor_kinds_body"} <= names
     assert {"storage_and_key_set", "storage_and_key_set_body"} <= names
+    assert {"set_contains", "set_contains_body"} <= names
 
 
 if __name__ == "__main__":
@@ -1532,7 +1543,10 @@ if __name__ == "__main__":
     blob = _storage_and_key_set_seed()
     (out / "storage_and_key_set").write_bytes(b"\x00" + blob)
     (out / "storage_and_key_set_body").write_bytes(b"\x01" + blob[64:])
-    print(f"wrote {2 * len(_FUZZ_SEEDS) + 4} seeds to {out}")
+    blob = _set_contains_seed()
+    (out / "set_contains").write_bytes(b"\x00" + blob)
+    (out / "set_contains_body").write_bytes(b"\x01" + blob[64:])
+    print(f"wrote {2 * len(_FUZZ_SEEDS) + 6} seeds to {out}")
     _ = os
 
 

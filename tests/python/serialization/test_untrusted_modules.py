@@ -292,14 +292,18 @@ def test_enums_of_the_standard_hash_still_load_in_sets(hooks: types.ModuleType, 
         assert gs.check({"v": const}) and not gs.check({"v": frozenset()})
 
 
-def contains_bytes(key: Any, ref: tuple[RefKind, str, str, bytes]) -> bytes:
-    """A DICT_CONTAINS of ``key`` in L['v'] (flag: the key must be present)."""
-    decl = _core.GuardDecl(
-        tw.GuardKind.DICT_CONTAINS, _core.SourcePath(tw.RootKind.LOCAL, 0, [], ["L['v']"]), 1, flag=True, id=0
-    )
+def contains_bytes(
+    key: Any, ref: tuple[RefKind, str, str, bytes], kind: tw.GuardKind = tw.GuardKind.DICT_CONTAINS
+) -> bytes:
+    """A DICT_CONTAINS (or SET_CONTAINS) of ``key`` in L['v'] (flag: the key must be present)."""
+    decl = _core.GuardDecl(kind, _core.SourcePath(tw.RootKind.LOCAL, 0, [], ["L['v']"]), 1, flag=True, id=0)
     return _encode(decl, ["v", key], ref)
 
 
+_CONTAINS_KINDS = [tw.GuardKind.DICT_CONTAINS, tw.GuardKind.SET_CONTAINS]
+
+
+@pytest.mark.parametrize("guard_kind", _CONTAINS_KINDS)
 @pytest.mark.parametrize(
     ("kind", "qualname", "wrap"),
     [
@@ -309,31 +313,45 @@ def contains_bytes(key: Any, ref: tuple[RefKind, str, str, bytes]) -> bytes:
         (RefKind.ENUM_MEMBER, "Eqy.A", True),
     ],
 )
-def test_a_dict_contains_key_whose_hash_is_python_code_is_refused(
-    hooks: types.ModuleType, kind: RefKind, qualname: str, wrap: bool
+def test_a_contains_key_whose_hash_is_python_code_is_refused(
+    hooks: types.ModuleType, kind: RefKind, qualname: str, wrap: bool, guard_kind: tw.GuardKind
 ) -> None:
-    """A DICT_CONTAINS key is hashed on every check: the bytes would choose which class's
-    __hash__ or __eq__ runs (an instance any module holds, a metaclass, an enum)."""
+    """A DICT_CONTAINS key or SET_CONTAINS item is hashed on every check: the bytes would choose
+    which class's __hash__ or __eq__ runs (an instance any module holds, a metaclass, an enum)."""
     obj: Any = hooks
     for part in qualname.split("."):
         obj = getattr(obj, part)
     key = (1, obj) if wrap else obj
-    data = contains_bytes(key, (kind, HOOKS, qualname, fingerprint(kind, obj)))
+    data = contains_bytes(key, (kind, HOOKS, qualname, fingerprint(kind, obj)), guard_kind)
     hooks.MARK.clear()
+    what = "key" if guard_kind is tw.GuardKind.DICT_CONTAINS else "item"
     with pytest.raises(
-        tw.FormatError, match=r"DICT_CONTAINS key, and its class defines __(hash|eq)__ in Python"
+        tw.FormatError,
+        # a bare reference: at the guard's operand check; inside a tuple: when the tuple is built
+        match=rf"(?:{guard_kind.name} guard: the {what}|constant 1 cannot be built): .*DICT_CONTAINS key or "
+        r"SET_CONTAINS item, and its class defines __(hash|eq)__ in Python",
     ):
         tw.GuardSet.from_bytes(data)
+    assert not hooks.MARK
 
 
+@pytest.mark.parametrize("guard_kind", _CONTAINS_KINDS)
 @pytest.mark.parametrize("qualname", ["Plain.A", "Number.ONE", "f"])
-def test_dict_contains_keys_of_c_or_enum_hashes_still_load(hooks: types.ModuleType, qualname: str) -> None:
+def test_contains_keys_of_c_or_enum_hashes_still_load(
+    hooks: types.ModuleType, qualname: str, guard_kind: tw.GuardKind
+) -> None:
     obj: Any = hooks
     for part in qualname.split("."):
         obj = getattr(obj, part)
     kind = RefKind.FUNCTION if qualname == "f" else RefKind.ENUM_MEMBER
-    gs = tw.GuardSet.from_bytes(contains_bytes(obj, (kind, HOOKS, qualname, fingerprint(kind, obj))))
-    assert gs.check({"v": {obj: 1}}) and not gs.check({"v": {}})
+    gs = tw.GuardSet.from_bytes(
+        contains_bytes(obj, (kind, HOOKS, qualname, fingerprint(kind, obj)), guard_kind)
+    )
+    if guard_kind is tw.GuardKind.DICT_CONTAINS:
+        assert gs.check({"v": {obj: 1}}) and not gs.check({"v": {}})
+    else:
+        assert gs.check({"v": {obj}}) and gs.check({"v": frozenset([obj])}) and not gs.check({"v": set()})
+        assert not gs.check({"v": {obj: 1}})
 
 
 # -- the CLI on hostile files -------------------------------------------------------------------

@@ -414,6 +414,9 @@ def guard_calls_for(draw: st.DrawFn, src: Source, v: Any) -> list[tuple[str, tup
         options.append(("dict_contains", (s, key), {}))
         if _versionable(v):  # not a 3.13 instance dict embedded in its object (builder refuses)
             options.append(("dict_version", (s,), {}))
+    if t in (set, frozenset):
+        item = draw(st.one_of(st.sampled_from(tuple(v)), _small) if v else _small)
+        options.append(("set_contains", (s, item), {}))
     if t in (Obj, Obj2, Slotted) or draw(st.booleans()):
         name = draw(st.sampled_from(ATTR_NAMES + SLOT_NAMES + ("real", "value")))
         options.append(("hasattr", (s, name), {}))
