@@ -271,21 +271,6 @@ class _Compiled:
         finally:
             for cleanup in cleanups:
                 cleanup()
-        strategy = getattr(result, "frame_exec_strategy", None)
-        if (
-            getattr(result, "guarded_code", None) is None
-            and strategy is not None
-            and strategy.cur_action == FrameAction.RUN_ONLY
-        ):
-            # Dynamo applied a limit tripwire's cache is below: torch.compile's recompile_limit
-            # keyword, which Dynamo re-applies inside the callback, counted torch's own entries.
-            _warn_once(
-                f"refused:{id(code)}",
-                f"tripwire.torch.compile: Dynamo refused to compile {code.co_qualname} "
-                f"({code.co_filename}:{code.co_firstlineno}): its recompile limit counted "
-                f"torch.compile's own cache entries of this code, not tripwire's "
-                f"({len(frame.cache)}); it runs its cached entries only from now on",
-            )
         return self._serve(frame, result)
 
     def _at_limit(self, frame: twf.Frame, limit: str) -> Any:
@@ -329,6 +314,17 @@ class _Compiled:
         if cur == FrameAction.SKIP:
             return twf.SKIP_RECURSIVE if recursive == FrameAction.SKIP else twf.SKIP
         if cur == FrameAction.RUN_ONLY:
+            # Dynamo applied a limit tripwire's cache is below (tripwire's own was checked before
+            # the callback, Dynamo's lifted for it): torch.compile's recompile_limit keyword, which
+            # Dynamo re-applies inside the callback, counted torch's own entries of the code.
+            code = frame.code
+            _warn_once(
+                f"refused:{id(code)}",
+                f"tripwire.torch.compile: Dynamo refused to compile {code.co_qualname} "
+                f"({code.co_filename}:{code.co_firstlineno}): its recompile limit counted "
+                f"torch.compile's own cache entries of this code, not tripwire's "
+                f"({len(frame.cache)}); it runs its cached entries only from now on",
+            )
             return twf.RUN_ONLY
         return None
 
