@@ -622,14 +622,10 @@ def test_lstm_aliasing_reads_list_items_and_weakref_calls() -> None:
     torch = _torch()
     import torch_models as tm
 
-    old_allow = torch._dynamo.config.allow_rnn
-    torch._dynamo.config.allow_rnn = True
-    try:
+    with torch._dynamo.config.patch(allow_rnn=True):
         torch.manual_seed(0)
         m = tm.LSTMLM()
         gs, gm, f_locals = compile_and_import(m, torch.randint(0, 32, (2, 8)))
-    finally:
-        torch._dynamo.config.allow_rnn = old_allow
     rec = gs.torch_import
     aliasing = [g for g in rec.guards if g.kind == "OBJECT_ALIASING"]
     assert aliasing and all(g.outcome == "native" for g in aliasing)
@@ -792,13 +788,9 @@ def test_lstm_vf_forwarding_attacked() -> None:
     torch = _torch()
     import torch_models as tm
 
-    old_allow = torch._dynamo.config.allow_rnn
-    torch._dynamo.config.allow_rnn = True
-    try:
+    with torch._dynamo.config.patch(allow_rnn=True):
         torch.manual_seed(0)
         gs, gm, f_locals = compile_and_import(tm.LSTMLM(), torch.randint(0, 32, (2, 8)))
-    finally:
-        torch._dynamo.config.allow_rnn = old_allow
     _vf_same_as_torch(torch, gs, gm, f_locals, "lstm")
 
 
@@ -815,11 +807,7 @@ def test_gru_vf_forwarding_attacked() -> None:
         def forward(self, x: Any) -> Any:
             return self.gru(x)[0]
 
-    old_allow = torch._dynamo.config.allow_rnn
-    torch._dynamo.config.allow_rnn = True
-    try:
+    with torch._dynamo.config.patch(allow_rnn=True):
         torch.manual_seed(0)
         gs, gm, f_locals = compile_and_import(GRUNet(), torch.randn(2, 5, 8))
-    finally:
-        torch._dynamo.config.allow_rnn = old_allow
     _vf_same_as_torch(torch, gs, gm, f_locals, "gru")

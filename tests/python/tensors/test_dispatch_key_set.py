@@ -26,8 +26,7 @@ import tripwire as tw
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
-
+from torch_guard_managers import guard_manager_of, torch_decides  # noqa: E402
 from tripwire.torch import guards_of  # noqa: E402
 
 C = torch._C
@@ -62,20 +61,6 @@ class SubKeySet(C.DispatchKeySet):
 
     def __or__(self, other: Any) -> Any:
         return KS
-
-
-def _compiled(fn: Callable[..., Any], *args: Any) -> Any:
-    torch._dynamo.reset()
-    torch.compile(fn, backend="eager")(*args)
-    (entry,) = _debug_get_cache_entry_list(fn.__code__)
-    return entry.guard_manager
-
-
-def torch_decides(gm: Any, L: dict) -> bool:
-    try:
-        return bool(gm.check(L))
-    except Exception:
-        return False
 
 
 STATES: dict[str, Callable[[], Any]] = {
@@ -113,7 +98,7 @@ def stale_root(gm: Any, L: dict, state: str) -> Iterator[None]:
 
 def test_local_dispatch_key_set_decides_as_torch() -> None:
     x = torch.randn(3)
-    gm = _compiled(local_fn, x, KS)
+    gm = guard_manager_of(local_fn, x, KS)
     gs = guards_of(local_fn)
     (rec,) = [g for g in gs.torch_import.guards if g.kind == "DISPATCH_KEY_SET_MATCH"]
     assert rec.outcome == "native"
@@ -140,7 +125,7 @@ def test_stale_local_state_false_pass_is_gone() -> None:
     """The case torch's leaf alone got wrong: after a root check with Conjugate excluded, a set
     carrying Conjugate checked with nothing excluded must fail, as torch's root decides."""
     x = torch.randn(3)
-    gm = _compiled(local_fn, x, KS)
+    gm = guard_manager_of(local_fn, x, KS)
     gs = guards_of(local_fn)
     with STATES["exclude_conjugate"]():
         gm.check({"x": x, "ks": KS})
@@ -154,7 +139,7 @@ def test_global_dispatch_key_set_decides_as_torch() -> None:
     x = torch.randn(3)
     old = KS
     try:
-        gm = _compiled(global_fn, x)
+        gm = guard_manager_of(global_fn, x)
         gs = guards_of(global_fn)
         assert [g.outcome for g in gs.torch_import.guards if g.kind == "DISPATCH_KEY_SET_MATCH"] == ["native"]
         for name, v in values(old).items():
@@ -168,7 +153,7 @@ def test_global_dispatch_key_set_decides_as_torch() -> None:
 
 def test_non_key_sets_fail() -> None:
     x = torch.randn(3)
-    _compiled(local_fn, x, KS)
+    guard_manager_of(local_fn, x, KS)
     gs = guards_of(local_fn)
     for v in (KS.raw_repr(), None, "CPU", object()):
         assert gs.check({"x": x, "ks": v}) is False

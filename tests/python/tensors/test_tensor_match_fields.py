@@ -27,7 +27,7 @@ from gc_stress import scaled
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
+from torch_guard_managers import guard_manager_of, torch_decides  # noqa: E402
 
 tw.tensors.ensure_torch()
 ADAPTER = tw._core.torch_adapter_installed()
@@ -42,17 +42,7 @@ def _double(x: Any) -> Any:
 
 
 def _torch_manager(x: Any) -> Any:
-    torch._dynamo.reset()
-    torch.compile(_double, backend="eager", dynamic=False)(x)
-    (entry,) = _debug_get_cache_entry_list(_double.__code__)
-    return entry.guard_manager
-
-
-def _torch_decides(gm: Any, x: Any) -> bool:
-    try:
-        return bool(gm.check({"x": x}))
-    except Exception:
-        return False
+    return guard_manager_of(_double, x, dynamic=False)
 
 
 def _guards(x: Any) -> tw.GuardSet:
@@ -67,7 +57,7 @@ def _decides(gs: tw.GuardSet, gm: Any, v: Any, want: bool, field: str | None = N
     L = {"x": v}
     for _ in range(2):
         assert agree_with_and_without_skip(gs, list(gs.guards), L) is want
-    assert _torch_decides(gm, v) is want
+    assert torch_decides(gm, {"x": v}) is want
     if not want and field is not None:
         f = gs.why_not(L)
         assert f is not None and field in f.reason, f
@@ -327,7 +317,7 @@ def test_keys_changed_by_the_thread_s_autocast_state() -> None:
     gm = _torch_manager(x)
     with torch.autocast("cpu"):
         assert gs.check({"x": x}) is False
-        assert _torch_decides(gm, x) is False
+        assert torch_decides(gm, {"x": x}) is False
         f = gs.why_not({"x": x})
         assert f is not None and "dispatch" in f.reason, f
     _decides(gs, gm, x, True)
@@ -400,6 +390,6 @@ def test_random_metadata_changes_decide_as_torch_and_the_reference() -> None:
                 L = {"x": v}
                 ours = gs.check(L)
                 assert ours == reference.check(gs.guards, L, {}), (name, m, op)
-                assert ours == _torch_decides(gm, v), (name, m, op)
+                assert ours == torch_decides(gm, {"x": v}), (name, m, op)
                 decided.add(ours)
     assert decided == {True, False}

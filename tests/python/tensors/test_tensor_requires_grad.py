@@ -30,7 +30,7 @@ from gc_stress import scaled
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: E402
+from torch_guard_managers import guard_manager_of, torch_decides  # noqa: E402
 
 tw.tensors.ensure_torch()
 ADAPTER = tw._core.torch_adapter_installed()
@@ -57,17 +57,7 @@ def _add_one(x: Any) -> Any:
 
 
 def _torch_manager(x: Any) -> Any:
-    torch._dynamo.reset()
-    torch.compile(_add_one, backend="eager")(x)
-    (entry,) = _debug_get_cache_entry_list(_add_one.__code__)
-    return entry.guard_manager
-
-
-def _torch_decides(gm: Any, x: Any) -> bool:
-    try:
-        return bool(gm.check({"x": x}))
-    except Exception:
-        return False
+    return guard_manager_of(_add_one, x)
 
 
 def test_the_adapter_s_direct_routes_were_verified_at_load() -> None:
@@ -119,7 +109,7 @@ def test_a_non_leaf_requires_grad_through_its_grad_fn() -> None:
         z = leaf * 2  # no grad_fn under no_grad
     _decides(plain, z, True)
     gm = _torch_manager(torch.zeros(2, 3))
-    assert _torch_decides(gm, y) is False and _torch_decides(gm, z) is True
+    assert torch_decides(gm, {"x": y}) is False and torch_decides(gm, {"x": z}) is True
 
 
 def test_detach_drops_requires_grad() -> None:
@@ -139,11 +129,11 @@ def test_a_view_requires_grad_through_its_base_alone() -> None:
     gs = _guards(torch.zeros(2, 3))
     gm = _torch_manager(torch.zeros(2, 3))
     _decides(gs, v, True)
-    assert _torch_decides(gm, v) is True
+    assert torch_decides(gm, {"x": v}) is True
     base.requires_grad_()
     assert v.requires_grad and v.grad_fn is None
     _decides(gs, v, False)
-    assert _torch_decides(gm, v) is False
+    assert torch_decides(gm, {"x": v}) is False
     base.requires_grad_(False)
     _decides(gs, v, True)
     # A view of a leaf made under no_grad: no grad_fn, requires grad through the base.
