@@ -3,23 +3,15 @@
 
 namespace tripwire::runtime {
 
-Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyObject* name) {
-    for (Py_ssize_t i = begin; i < end; ++i)
-        if (PyTuple_GET_ITEM(names, i) == name) return i;
+Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyObject* name, bool last) {
+    const Py_ssize_t n = end - begin;
+    auto at = [&](Py_ssize_t k) { return last ? end - 1 - k : begin + k; };
+    for (Py_ssize_t k = 0; k < n; ++k)
+        if (PyTuple_GET_ITEM(names, at(k)) == name) return at(k);
     // A name that is not interned (built at run time): compare by value, str against str.
     if (!PyUnicode_CheckExact(name)) return -1;
-    for (Py_ssize_t i = begin; i < end; ++i)
-        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, i), name) == 0) return i;
-    return -1;
-}
-
-// Index of the last `name` in `names[0, end)`, or -1, compared as index_of_name compares.
-static Py_ssize_t last_index_of_name(PyObject* names, Py_ssize_t end, PyObject* name) {
-    for (Py_ssize_t i = end - 1; i >= 0; --i)
-        if (PyTuple_GET_ITEM(names, i) == name) return i;
-    if (!PyUnicode_CheckExact(name)) return -1;
-    for (Py_ssize_t i = end - 1; i >= 0; --i)
-        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, i), name) == 0) return i;
+    for (Py_ssize_t k = 0; k < n; ++k)
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(names, at(k)), name) == 0) return at(k);
     return -1;
 }
 
@@ -56,7 +48,7 @@ PyObject* Locals::argument_slow(PyObject* name, Py_ssize_t* hint) const {
     // The last visible slot of the name (see the header). A hidden slot's name is invisible.
     Py_ssize_t i = count;
     for (;;) {
-        i = last_index_of_name(names, i, name);
+        i = index_of_name(names, 0, i, name, /*last=*/true);
         if (i < 0) return nullptr;
         if (kinds == nullptr || (kinds[i] & kFastHiddenKind) == 0) break;
     }

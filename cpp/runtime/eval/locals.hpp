@@ -20,10 +20,11 @@
 
 namespace tripwire::runtime {
 
-/// Index of `name` in `names[begin, end)` (a tuple of exact str), or -1: by identity first (both
-/// sides interned, the common case), then by value when `name` is an exact str too, so no user
-/// __eq__ ever runs.
-Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyObject* name);
+/// Index of the first (with `last`, the last) `name` in `names[begin, end)` (a tuple of exact
+/// str), or -1: by identity first (both sides interned, the common case), then by value when
+/// `name` is an exact str too, so no user __eq__ ever runs.
+Py_ssize_t index_of_name(PyObject* names, Py_ssize_t begin, Py_ssize_t end, PyObject* name,
+                         bool last = false);
 
 /// The locals a guard set is checked against. Cheap to copy; it owns nothing. ("Frame" is kept
 /// for the PEP 523 runtime's interpreter frames, DESIGN.md.)
