@@ -767,3 +767,42 @@ def test_a_value_without_a_tag_is_evaluated_on_every_check() -> None:
         del ds["b"]
         assert not gs.check(f_locals)
         ds["b"] = 2
+
+
+def test_a_fused_fetch_left_to_the_walk_evaluates_its_own_subtree() -> None:
+    """A user-typed key in the parent dict makes the fused op's lookup CPython's (its __eq__ may
+    run): the walk evaluates the subtree in place, at the child position found again from the
+    current order (the op's `pos` holds its stamp's memo slot). Found wrongly, the walk would
+    evaluate the sibling, which passes, and miss the changed item."""
+
+    class Key:
+        eqs = 0
+
+        def __hash__(self) -> int:
+            return hash("sub")
+
+        def __eq__(self, other: object) -> bool:
+            Key.eqs += 1
+            return False
+
+    p = {"x": {"a": 1}, "sub": {"a": 1}}
+    f_locals = {"p": p}
+    b = tw.GuardBuilder(f_locals)
+    b.type_match("L['p']")
+    for k in ("x", "sub"):
+        b.type_match(f"dict.__getitem__(L['p'], {k!r})")
+        b.dict_keys(f"dict.__getitem__(L['p'], {k!r})")
+        b.equals(f"dict.__getitem__(dict.__getitem__(L['p'], {k!r}), 'a')")
+    gs = b.build()
+    specs = list(gs.guards)
+    for _ in range(3):
+        assert gs.check(f_locals)
+    p[Key()] = 0  # the parent's table now holds a user key: CPython's lookup decides
+    for _ in range(2):
+        assert agree_with_and_without_skip(gs, specs, f_locals)
+    p["sub"]["a"] = 2
+    for _ in range(2):
+        assert not agree_with_and_without_skip(gs, specs, f_locals)
+    p["sub"]["a"] = 1
+    assert agree_with_and_without_skip(gs, specs, f_locals)
+    assert Key.eqs > 0  # CPython's lookup met the user key
