@@ -666,6 +666,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_DispatchKeySetMatch,
                                           &&op_Relational,
                                           &&op_SettleDictItemStamp,
+                                          &&op_SettleDictItemTypeIs,
                                           &&op_End};
         static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
                       "one entry per FastOp::Code, in order");
@@ -1253,6 +1254,31 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             PyObject* v = r[op.node];
             PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? module_dict(v) : nullptr;
             next = stamp(op, op.pos, d != nullptr ? pass_tag(d) : kNoTag, next);
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SettleDictItemTypeIs:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;  // the TypeIs op, which fails (or passes) as in the walk
+            // The fetch as SettleDictItem's, without a block (none: `jumped` is not counted).
+            if (!settled(op, false)) {
+                PyObject* v = nullptr;
+                if (!dict_item_value(op, &v)) {
+                    next = ops + slow_subtree(ps, op);
+                    break;
+                }
+                if (v == nullptr) {
+                    fail(ps, op.node, ~0U);
+                    next = end;
+                    break;
+                }
+                r[op.node] = v;
+                claim(op, v);
+            }
+            // A mutable class: compared on every check, settled or not (`__class__` assignment).
+            if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) == op.next_type) next = opp + 2;
             break;
         } while (false);
         opp = next;

@@ -488,6 +488,14 @@ void GuardSet::build_fast_pass() {
             fast_ops_.push_back(st);
             out_of_line(stamp_at, state_ops);
         }
+        if (op.code == Code::SettleDictItem && !fused && !stamped[item.node] && identity_ops.empty() &&
+            fast_ops_.size() == fetch_at + 1 && !other_ops.empty() &&
+            other_ops.front().code == Code::TypeIs) {
+            // Right before its node's first TypeIs, with no block of its own (`jump` is the next
+            // op, `jumped` 0): the op steps over the TypeIs when the type is the expected one.
+            fast_ops_[fetch_at].code = Code::SettleDictItemTypeIs;
+            fast_ops_[fetch_at].next_type = other_ops.front().a;
+        }
         fast_ops_.insert(fast_ops_.end(), other_ops.begin(), other_ops.end());
         // In evaluation order; the first maximal run of two or more leaf children between a
         // RunBegin and a RunEnd marker (one run per node: the node holds one run claim, which a

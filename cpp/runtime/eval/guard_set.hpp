@@ -291,6 +291,11 @@ class GuardSet {
             // fetch's claim, `pos` the stamp's (the child position is found again on the rare
             // residue, child_pos).
             SettleDictItemStamp,
+            // SettleDictItem of a node with no identity-implied guard whose first op in line is a
+            // TypeIs (a module of a mutable class in its parent's `_modules`): when the value's
+            // type is the one that TypeIs expects, the TypeIs op is stepped over (one dispatch
+            // fewer per module per check); otherwise it runs next, and fails as the walk names it.
+            SettleDictItemTypeIs,
             End,  // the last op of every program
         };
         // 32 bytes, aligned to 32: two ops to a cache line, none straddling two (the program is
@@ -306,12 +311,19 @@ class GuardSet {
         /// guard: position in the node's guard range; fetch: in the parent's child range
         /// (child_pos); SettleDictItemStamp: its stamp's state_memos_ slot
         std::uint32_t pos = 0;
-        /// Settling fetch / stamp: where a miss of its claim goes (the out-of-line block of the
-        /// guards the claim proves, or the next op); LeafRun: the first op after the run;
-        /// Resume: the op after the fetch or stamp whose block it ends; a guard op out of line:
-        /// that same op, its place in the program's order (op_order, for hold_relational).
-        std::uint32_t jump = 0;
-        std::uint32_t jumped = 0;  ///< how many guard ops a hit of the claim proves
+        union {
+            struct {
+                /// Settling fetch / stamp: where a miss of its claim goes (the out-of-line block of
+                /// the guards the claim proves, or the next op); LeafRun: the first op after the
+                /// run; Resume: the op after the fetch or stamp whose block it ends; a guard op out
+                /// of line: that same op, its place in the program's order (op_order).
+                std::uint32_t jump;
+                std::uint32_t jumped;  ///< how many guard ops a hit of the claim proves
+            };
+            /// SettleDictItemTypeIs (no block: its claim proves no guard): the type its next op,
+            /// a TypeIs of the same node, expects
+            PyObject* next_type = nullptr;
+        };
         // Guards read an operand, fetches their parent's register and their subtree's end, never
         // both: they share the last 8 bytes.
         union {

@@ -509,7 +509,8 @@ def test_module_state_dicts_under_the_skip() -> None:
     gs, gm, f_locals = compile_and_import(m, torch.randn(2, 5, 16), pad)
     for _ in range(5):
         assert gs.check(f_locals)
-    assert gs._last_skipped_guards > 100, gs.explain()
+    # Claims in use (fewer on 3.13, whose instance dicts are embedded in their modules: no tag).
+    assert gs._last_skipped_guards > 50, gs.explain()
     layer = m.enc.layers[0]
 
     class DictSub(dict):

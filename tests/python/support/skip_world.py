@@ -264,7 +264,12 @@ def _declare(b: tw.GuardBuilder, c: types.SimpleNamespace, net: Any, n_blocks: i
             b.equals(f"{src}.in_features")  # through getattr (the __getattr__-type inline cache)
         for i, (name, child) in enumerate(m._modules.items()):
             b.equals(f"list(dict.keys({d}['_modules']))[{i}]")
-            module(f"{d}['_modules'][{name!r}]", child)
+            # Both forms of a submodule's item: torch's (a fetch that steps over the module's
+            # TYPE_MATCH when its type is unchanged) and the subscript.
+            item = (
+                f"dict.__getitem__({d}['_modules'], {name!r})" if i % 2 == 0 else f"{d}['_modules'][{name!r}]"
+            )
+            module(item, child)
         if "depth" in m.__dict__:
             b.equals(f"{d}['depth']")
 
