@@ -182,6 +182,20 @@ void verify_dict_hints() {
             Py_XDECREF(d);
         }
     }
+    // The module mirror (module_dict): its read is the module's dict, for a plain module, a
+    // built-in one and an instance of a ModuleType subclass.
+    if (ok) {
+        r = PyRun_String("import sys, types\nclass _TwMod(types.ModuleType): pass\nsub = _TwMod('sub')\n",
+                         Py_file_input, ns, ns);
+        ok = r != nullptr;
+        Py_XDECREF(r);
+    }
+    for (PyObject* m : {main_mod, PyDict_GetItemString(ns, "sys"), PyDict_GetItemString(ns, "sub")}) {
+        if (!ok) break;
+        ok = m != nullptr && PyModule_Check(m) &&
+             reinterpret_cast<layout::Module*>(m)->md_dict == PyModule_GetDict(m) &&
+             PyDict_CheckExact(PyModule_GetDict(m));
+    }
     g_dict_hints_enabled = ok;
     PyErr_Clear();
     Py_DECREF(ns);

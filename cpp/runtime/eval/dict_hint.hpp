@@ -90,6 +90,9 @@ struct Dict {  // PyDictObject
     Keys* ma_keys;
     void* ma_values;  // PyDictValues*: see values_of
 };
+struct Module {  // PyModuleObject's head: the dict comes first on 3.11-3.13
+    PyObject_HEAD PyObject* md_dict;
+};
 
 /// The values array of a PyDictValues.
 inline PyObject** values_of(void* dict_values) {
@@ -203,6 +206,13 @@ inline PyObject* materialised_managed_dict(PyObject* obj) {
     if (!g_dict_hints_enabled) return nullptr;
     return layout::managed_dict(obj);
 }
+/// The dict of module `m` (PyModule_Check: a subclass's instance too), borrowed: the verified
+/// mirror's read of `md_dict` (PyModule_GetDict is a call of ~20 instructions, made per module per
+/// check by the fast pass), else PyModule_GetDict. `__dict__` of a module is read-only, so the
+/// field is only ever null after the module's tp_clear (an unreachable module, being collected).
+inline PyObject* module_dict(PyObject* m) {
+    return g_dict_hints_enabled ? reinterpret_cast<layout::Module*>(m)->md_dict : PyModule_GetDict(m);
+}
 /// DICT_KEYS fast path: 1 when dict `d`'s keys, in storage order, are exactly the objects of
 /// tuple `keys` (pointer identity, which implies type-exact equality), -1 when that cannot be
 /// decided this way (a key is another object, a split table, hints off); never 0. The caller
@@ -256,10 +266,19 @@ inline bool dict_embedded(PyObject* d) {
 /// 3.13 for a dict *embedded* in an object (materialised over the object's inline values):
 /// attribute stores then write the values directly, bumping neither the tag nor dict watchers;
 /// such a dict has no usable tag.
-inline std::uint64_t dict_tag(PyObject* d) {
-    if (!g_skip_enabled) return 0;
-    if (dict_embedded(d)) return 0;
+///
+/// pass_tag is the same reading with kNoTag (never a dict's tag: the counter never reaches it)
+/// where dict_tag says 0: the fast pass's tag slots hold it, so that a slot compared with a claim
+/// (0: none made) never matches without a test for "no tag" (verify_dict_tags checks that every
+/// tag is non-zero). A claim is never made with kNoTag.
+inline constexpr std::uint64_t kNoTag = ~std::uint64_t{0};
+inline std::uint64_t pass_tag(PyObject* d) {
+    if (!g_skip_enabled || dict_embedded(d)) return kNoTag;
     return reinterpret_cast<layout::Dict*>(d)->ma_version_tag;
+}
+inline std::uint64_t dict_tag(PyObject* d) {
+    const std::uint64_t t = pass_tag(d);
+    return t != kNoTag ? t : 0;
 }
 
 /// instance_attr_absent's memo alone, inline: true when `obj` keeps its attributes in an
@@ -291,6 +310,9 @@ inline bool instance_absence_memo_holds(PyObject*, std::uint64_t) { return false
 inline bool dict_has_only_str_keys(PyObject*) { return false; }
 inline constexpr bool g_skip_enabled = false;
 inline std::uint64_t dict_tag(PyObject*) { return 0; }
+inline constexpr std::uint64_t kNoTag = ~std::uint64_t{0};
+inline std::uint64_t pass_tag(PyObject*) { return kNoTag; }
+inline PyObject* module_dict(PyObject* m) { return PyModule_GetDict(m); }
 inline bool dict_embedded(PyObject*) { return false; }
 #endif
 

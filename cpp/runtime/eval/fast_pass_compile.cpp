@@ -459,8 +459,21 @@ void GuardSet::build_fast_pass() {
         }
         // Only a settling fetch has identity-implied ops apart (op.settle above), right after it
         // (a symbol node never settles, so its Symbol op is never between).
-        out_of_line(fetch_at, identity_ops);
-        if (stamped[item.node] && op.code == Code::FetchDict && fast_ops_.size() == fetch_at + 1) {
+        const bool fused =
+            stamped[item.node] && op.code == Code::SettleDictItem && fast_ops_.size() == fetch_at + 1;
+        if (!fused) out_of_line(fetch_at, identity_ops);
+        if (fused) {
+            // A stamped dict fetched by a settling item step: one op, whose stamp's block holds the
+            // identity-implied guards too, before the state-implied ones (the in-line order). An
+            // unchanged tag proves them as well: it is read from the value itself (an exact dict)
+            // or from the dict of an exact module (`__dict__` is read-only, and no two modules
+            // share one), so an equal tag means the same live object as when the claim was made,
+            // on which every guard of the block held.
+            fast_ops_[fetch_at].code = Code::SettleDictItemStamp;
+            fast_ops_[fetch_at].pos = state_slot(item.node);
+            identity_ops.insert(identity_ops.end(), state_ops.begin(), state_ops.end());
+            out_of_line(fetch_at, identity_ops);
+        } else if (stamped[item.node] && op.code == Code::FetchDict && fast_ops_.size() == fetch_at + 1) {
             // An instance `__dict__` right before its stamp (no Symbol op between; a fetch that
             // never settles has no identity block): one op, the stamp's block entered from it.
             fast_ops_[fetch_at].code = Code::FetchDictStamp;
@@ -474,6 +487,14 @@ void GuardSet::build_fast_pass() {
             const std::size_t stamp_at = fast_ops_.size();
             fast_ops_.push_back(st);
             out_of_line(stamp_at, state_ops);
+        }
+        if (op.code == Code::SettleDictItem && !fused && !stamped[item.node] && identity_ops.empty() &&
+            fast_ops_.size() == fetch_at + 1 && !other_ops.empty() &&
+            other_ops.front().code == Code::TypeIs) {
+            // Right before its node's first TypeIs, with no block of its own (`jump` is the next
+            // op, `jumped` 0): the op steps over the TypeIs when the type is the expected one.
+            fast_ops_[fetch_at].code = Code::SettleDictItemTypeIs;
+            fast_ops_[fetch_at].next_type = other_ops.front().a;
         }
         fast_ops_.insert(fast_ops_.end(), other_ops.begin(), other_ops.end());
         // In evaluation order; the first maximal run of two or more leaf children between a

@@ -284,6 +284,18 @@ class GuardSet {
             // ALIAS / NO_ALIAS after every node: on the registers of its sources' nodes, or on
             // strong references once a residue ran (hold_relational).
             Relational,
+            // SettleDictItem and its node's Stamp in one op (a stamped dict fetched by a settling
+            // item step: every nn.Module's `_modules`, `_parameters`, `_buffers`). The node's
+            // identity-implied guards join its state-implied ones out of line (an unchanged tag
+            // proves both: docs/cpp.md), so the fetch has no block of its own; `memo` is the
+            // fetch's claim, `pos` the stamp's (the child position is found again on the rare
+            // residue, child_pos).
+            SettleDictItemStamp,
+            // SettleDictItem of a node with no identity-implied guard whose first op in line is a
+            // TypeIs (a module of a mutable class in its parent's `_modules`): when the value's
+            // type is the one that TypeIs expects, the TypeIs op is stepped over (one dispatch
+            // fewer per module per check); otherwise it runs next, and fails as the walk names it.
+            SettleDictItemTypeIs,
             End,  // the last op of every program
         };
         // 32 bytes, aligned to 32: two ops to a cache line, none straddling two (the program is
@@ -296,14 +308,22 @@ class GuardSet {
             /// settling fetches: fetch_memos_[memo]; Stamp, LeafRun, RunClaim: state_memos_[memo]
             std::uint32_t memo;
         };
-        std::uint32_t pos =
-            0;  ///< guard: position in the node's guard range; fetch: in the parent's child range
-        /// Settling fetch / stamp: where a miss of its claim goes (the out-of-line block of the
-        /// guards the claim proves, or the next op); LeafRun: the first op after the run;
-        /// Resume: the op after the fetch or stamp whose block it ends; a guard op out of line:
-        /// that same op, its place in the program's order (op_order, for hold_relational).
-        std::uint32_t jump = 0;
-        std::uint32_t jumped = 0;  ///< how many guard ops a hit of the claim proves
+        /// guard: position in the node's guard range; fetch: in the parent's child range
+        /// (child_pos); SettleDictItemStamp: its stamp's state_memos_ slot
+        std::uint32_t pos = 0;
+        union {
+            struct {
+                /// Settling fetch / stamp: where a miss of its claim goes (the out-of-line block of
+                /// the guards the claim proves, or the next op); LeafRun: the first op after the
+                /// run; Resume: the op after the fetch or stamp whose block it ends; a guard op out
+                /// of line: that same op, its place in the program's order (op_order).
+                std::uint32_t jump;
+                std::uint32_t jumped;  ///< how many guard ops a hit of the claim proves
+            };
+            /// SettleDictItemTypeIs (no block: its claim proves no guard): the type its next op,
+            /// a TypeIs of the same node, expects
+            PyObject* next_type = nullptr;
+        };
         // Guards read an operand, fetches their parent's register and their subtree's end, never
         // both: they share the last 8 bytes.
         union {
@@ -376,6 +396,9 @@ class GuardSet {
     /// At the End op of a passing run: the SHAPE relations on the run's frame (sets p.result).
     [[gnu::noinline]] void decide_shape_in_pass(Pass& p, core::shape::ShapeFrame& frame);
     [[gnu::noinline]] std::size_t slow_subtree(Pass& p, const FastOp& op);
+    /// A fetch op's position in its parent's child range (or root_order_): `pos`, or for a
+    /// SettleDictItemStamp (whose `pos` holds its state memo) found in the current order.
+    std::uint32_t child_pos(const FastOp& op) const;
     [[gnu::noinline]] bool slow_guard(Pass& p, const FastOp& op);
     [[gnu::noinline]] bool slow_ambient(Pass& p, const FastOp& op);
     /// Count a failure of node `ni` (a guard on it failed) along its path, as the walk's returns do.

@@ -8,6 +8,7 @@ sequences of every mutation kind; a bounded run is here, the 1M-step run is by h
 
 from __future__ import annotations
 
+import collections
 import gc
 import sys
 import threading
@@ -643,3 +644,165 @@ def test_a_residue_out_of_line_holds_only_the_sources_read_before_it() -> None:
             assert Loud.calls > calls  # the residue ran, out of line
         assert not gs.check(bad)
         assert not reference.check(b.guards, bad)
+
+
+# -- A stamped dict fetched by a settling item step (SettleDictItemStamp) ---------------------------
+# One op fetches (or settles) the value and reads its tag; the node's identity-implied guards sit
+# in the stamp's block with its state-implied ones, proved by an unchanged tag of the value itself
+# (an exact dict, or an exact module's dict). A value with no tag (a dict subclass, a module
+# subclass) runs the block on every check, and nothing is claimed under it.
+
+
+class ModSub(types.ModuleType):
+    pass
+
+
+class ModShadow(types.ModuleType):
+    attr = property(lambda self: 2)  # a data descriptor: shadows the module dict's `attr`
+
+
+def _stamped_items() -> tuple[dict, dict]:
+    mod = types.ModuleType("tw_stamped")
+    mod.attr = 1
+    mod.other = "x"
+    root = {"sub": {"a": 1, "b": (1, 2), "c": None}, "mod": mod, "xs": [1, 2], "ds": DictSub(a=1, b=2)}
+    return root, {"root": root}
+
+
+def _stamped_guards(f_locals: dict) -> tw.GuardSet:
+    # `dict.__getitem__(X, k)`, as torch writes its sources: the DictItem step the fused op reads.
+    b = tw.GuardBuilder(f_locals)
+    r = "L['root']"
+
+    def item(src: str, key: str) -> str:
+        return f"dict.__getitem__({src}, {key!r})"
+
+    sub, mod, xs, ds = item(r, "sub"), item(r, "mod"), item(r, "xs"), item(r, "ds")
+    b.type_match(r)
+    b.dict_keys(r)
+    b.type_match(sub)  # identity-implied, in the fused op's stamp block
+    b.dict_keys(sub)  # state-implied
+    b.equals(item(sub, "a"))
+    b.equals(item(sub, "b"))
+    b.none(item(sub, "c"))
+    b.id_match(mod)  # a module: stamped through its dict
+    b.equals(f"{mod}.attr")
+    b.equals(f"{mod}.other")
+    b.type_match(xs)  # a list beside them, evaluated on every check
+    b.length(xs)
+    b.equals(f"{xs}[0]")
+    b.dict_keys(ds)  # a dict subclass: stamped (a dict guard, its items settle), never tagged
+    b.equals(item(ds, "a"))
+    return b.build()
+
+
+def _stamped_mutations() -> list[tuple[str, Any, bool]]:
+    def other_module(root: dict) -> None:
+        m = types.ModuleType("tw_stamped")
+        m.attr, m.other = 1, "x"
+        root["mod"] = m
+
+    def restore_item(root: dict) -> None:
+        sub = root["sub"]
+        a = sub["a"]
+        sub["a"] = 5
+        sub["a"] = a
+
+    return [
+        ("sub an OrderedDict", lambda r: r.__setitem__("sub", collections.OrderedDict(r["sub"])), False),
+        ("sub a dict subclass", lambda r: r.__setitem__("sub", DictSub(r["sub"])), False),
+        ("sub an equal dict", lambda r: r.__setitem__("sub", dict(r["sub"])), True),
+        ("sub item changed", lambda r: r["sub"].__setitem__("a", 2), False),
+        ("sub item changed and restored", restore_item, True),
+        ("sub key added", lambda r: r["sub"].__setitem__("d", 0), False),
+        ("sub emptied", lambda r: r["sub"].clear(), False),
+        ("another module, equal", other_module, False),
+        ("module attribute", lambda r: setattr(r["mod"], "attr", 2), False),
+        ("module attribute equal", lambda r: setattr(r["mod"], "attr", int("1")), True),
+        ("module class a subclass", lambda r: setattr(r["mod"], "__class__", ModSub), True),
+        ("module class shadows", lambda r: setattr(r["mod"], "__class__", ModShadow), False),
+        ("list grown in place", lambda r: r["xs"].append(3), False),
+        ("list item in place", lambda r: r["xs"].__setitem__(0, 7), False),
+        ("list replaced, equal", lambda r: r.__setitem__("xs", [1, 2]), True),
+        ("untagged dict item in place", lambda r: r["ds"].__setitem__("a", 3), False),
+        ("untagged dict replaced, equal", lambda r: r.__setitem__("ds", DictSub(a=1, b=2)), True),
+        ("untagged dict an exact dict", lambda r: r.__setitem__("ds", dict(a=1, b=2)), True),
+    ]
+
+
+@pytest.mark.parametrize(
+    "name,mutate,holds", _stamped_mutations(), ids=[n for n, _, _ in _stamped_mutations()]
+)
+def test_a_stamped_dict_item_proves_its_guards_by_its_own_tag(name: str, mutate: Any, holds: bool) -> None:
+    """After a run of passing checks (claims made and used), one mutation: every engine mode and
+    the reference agree, on the first check after it and on the checks whose claims it made. A
+    claim made without a tag (the list), or identity-implied guards left out of the fused op's
+    block, would pass the failing cases here."""
+    root, f_locals = _stamped_items()
+    gs = _stamped_guards(f_locals)
+    specs = list(gs.guards)
+    for _ in range(4):
+        assert gs.check(f_locals)
+    # The dicts' claims are in use (on 3.13 too: these are plain dicts and a module's dict).
+    assert gs._last_skipped_guards >= 8, gs.explain()
+    mutate(root)
+    for _ in range(3):
+        assert agree_with_and_without_skip(gs, specs, f_locals) == holds
+
+
+def test_a_value_without_a_tag_is_evaluated_on_every_check() -> None:
+    """A stamped node whose value has no tag (a dict subclass, whose items settle when its tag is
+    usable) runs its block on every check: its tag slot holds kNoTag, which no claim is ever made
+    with, so its items are fetched afresh on every check and one changed in place after any
+    number of passing checks fails. A claim made with kNoTag would settle the old item."""
+    root, f_locals = _stamped_items()
+    gs = _stamped_guards(f_locals)
+    ds = root["ds"]
+    for k in range(scaled(20)):
+        assert gs.check(f_locals) and gs.check(f_locals)
+        ds["a"] = k + 2
+        assert not gs.check(f_locals)
+        assert not reference.check(list(gs.guards), f_locals)
+        ds["a"] = 1
+        del ds["b"]
+        assert not gs.check(f_locals)
+        ds["b"] = 2
+
+
+def test_a_fused_fetch_left_to_the_walk_evaluates_its_own_subtree() -> None:
+    """A user-typed key in the parent dict makes the fused op's lookup CPython's (its __eq__ may
+    run): the walk evaluates the subtree in place, at the child position found again from the
+    current order (the op's `pos` holds its stamp's memo slot). Found wrongly, the walk would
+    evaluate the sibling, which passes, and miss the changed item."""
+
+    class Key:
+        eqs = 0
+
+        def __hash__(self) -> int:
+            return hash("sub")
+
+        def __eq__(self, other: object) -> bool:
+            Key.eqs += 1
+            return False
+
+    p = {"x": {"a": 1}, "sub": {"a": 1}}
+    f_locals = {"p": p}
+    b = tw.GuardBuilder(f_locals)
+    b.type_match("L['p']")
+    for k in ("x", "sub"):
+        b.type_match(f"dict.__getitem__(L['p'], {k!r})")
+        b.dict_keys(f"dict.__getitem__(L['p'], {k!r})")
+        b.equals(f"dict.__getitem__(dict.__getitem__(L['p'], {k!r}), 'a')")
+    gs = b.build()
+    specs = list(gs.guards)
+    for _ in range(3):
+        assert gs.check(f_locals)
+    p[Key()] = 0  # the parent's table now holds a user key: CPython's lookup decides
+    for _ in range(2):
+        assert agree_with_and_without_skip(gs, specs, f_locals)
+    p["sub"]["a"] = 2
+    for _ in range(2):
+        assert not agree_with_and_without_skip(gs, specs, f_locals)
+    p["sub"]["a"] = 1
+    assert agree_with_and_without_skip(gs, specs, f_locals)
+    assert Key.eqs > 0  # CPython's lookup met the user key

@@ -456,6 +456,99 @@ def test_transformer_encoder_with_padding_mask(norm_first: bool) -> None:
     )
 
 
+def _replace_state_dict(module: Any, attr: str, make: Callable[[dict], Any]) -> Callable[[], Callable]:
+    """`module.<attr>` (its `_modules`, `_parameters`, `_buffers`) replaced by make(old) in its
+    instance dict: a new object under an unchanged module."""
+
+    def mutate() -> Callable:
+        old = module.__dict__[attr]
+        module.__dict__[attr] = make(old)
+        return lambda: module.__dict__.__setitem__(attr, old)
+
+    return mutate
+
+
+def _in_place(d: dict, key: str, value: Any) -> Callable[[], Callable]:
+    def mutate() -> Callable:
+        old = d[key]
+        d[key] = value
+        return lambda: d.__setitem__(key, old)
+
+    return mutate
+
+
+def _moved_to_end(d: dict, key: str) -> Callable[[], Callable]:
+    def mutate() -> Callable:
+        order = list(d)
+        d[key] = d.pop(key)
+
+        def undo() -> None:
+            items = [(k, d.pop(k)) for k in order]
+            d.update(items)
+
+        return undo
+
+    return mutate
+
+
+@pytest.mark.torch
+def test_module_state_dicts_under_the_skip() -> None:
+    """The `_modules`, `_parameters` and `_buffers` dicts of every module are fetched and stamped
+    by one op (fast_pass.cpp, SettleDictItemStamp), their TYPE_MATCH proved by their own unchanged
+    tag. After a run of passing checks, each such dict replaced (by an equal dict, an OrderedDict,
+    a dict subclass), written in place, or reordered: tripwire answers as torch does."""
+    import collections
+
+    torch = _torch()
+    import torch_models as tm
+
+    nn = torch.nn
+    torch.manual_seed(0)
+    m = tm.Encoder(norm_first=False)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    gs, gm, f_locals = compile_and_import(m, torch.randn(2, 5, 16), pad)
+    for _ in range(5):
+        assert gs.check(f_locals)
+    # Claims in use (fewer on 3.13, whose instance dicts are embedded in their modules: no tag).
+    assert gs._last_skipped_guards > 50, gs.explain()
+    layer = m.enc.layers[0]
+
+    class DictSub(dict):
+        pass
+
+    same_as_torch(
+        gs,
+        gm,
+        f_locals,
+        [
+            ("_modules an equal dict", _replace_state_dict(layer, "_modules", dict)),
+            ("_modules an OrderedDict", _replace_state_dict(layer, "_modules", collections.OrderedDict)),
+            ("_modules a dict subclass", _replace_state_dict(layer, "_modules", DictSub)),
+            (
+                "_parameters an OrderedDict",
+                _replace_state_dict(layer.linear1, "_parameters", collections.OrderedDict),
+            ),
+            ("_parameters an equal dict", _replace_state_dict(layer.linear1, "_parameters", dict)),
+            ("_buffers a dict subclass", _replace_state_dict(layer.norm1, "_buffers", DictSub)),
+            (
+                "a weight replaced in place",
+                _in_place(layer.linear1._parameters, "weight", nn.Parameter(torch.randn(4, 4))),
+            ),
+            (
+                "a weight replaced, equal",
+                _in_place(
+                    layer.linear1._parameters, "weight", nn.Parameter(layer.linear1.weight.detach().clone())
+                ),
+            ),
+            ("a submodule replaced in place", _in_place(layer._modules, "dropout", nn.Identity())),
+            ("submodules reordered", _moved_to_end(layer._modules, "self_attn")),
+            ("layers reordered", _moved_to_end(m.enc.layers._modules, "0")),
+        ],
+    )
+    for _ in range(3):
+        assert gs.check(f_locals) and gm.check(f_locals)
+
+
 @pytest.mark.torch
 def test_forward_hook_on_a_submodule() -> None:
     torch = _torch()

@@ -230,12 +230,17 @@ def _declare(b: tw.GuardBuilder, c: types.SimpleNamespace, net: Any, n_blocks: i
     def module(src: str, m: Any) -> None:
         b.type_match(src)
         d = f"{src}.__dict__"
+        # `_parameters` and `table` as torch writes its dict items (dict.__getitem__: the
+        # DictItem step, whose stamped dicts are fetched and stamped by one op), `_modules` with
+        # the subscript (the Item step): both forms under every mutation.
+        params = f"dict.__getitem__({d}, '_parameters')"
+        table = f"dict.__getitem__({d}, 'table')"
         b.dict_contains(d, "forward", present=False)
         b.false(f"{d}['training']")
         b.type_match(f"{d}['_modules']")
         b.dict_keys(f"{d}['_modules']")
-        b.type_match(f"{d}['_parameters']")
-        b.dict_keys(f"{d}['_parameters']")
+        b.type_match(params)
+        b.dict_keys(params)
         if isinstance(m, c.Linear):
             for name in ("in_features", "out_features", "scale", "act"):
                 b.equals(f"{d}[{name!r}]")
@@ -249,17 +254,22 @@ def _declare(b: tw.GuardBuilder, c: types.SimpleNamespace, net: Any, n_blocks: i
             b.equals(f"{d}['shape'][1]")
             b.type_match(f"{d}['cfg']")
             b.equals(f"{d}['cfg'].n_head")
-            b.equals(f"{d}['table'][2]")
-            b.dict_contains(f"{d}['table']", 1, present=True)
-            b.type_match(f"{d}['_parameters']['weight']")
+            b.equals(f"{table}[2]")
+            b.dict_contains(table, 1, present=True)
+            b.type_match(f"{params}['weight']")
             if m._parameters["bias"] is None:
-                b.none(f"{d}['_parameters']['bias']")
+                b.none(f"{params}['bias']")
             else:
-                b.type_match(f"{d}['_parameters']['bias']")
+                b.type_match(f"{params}['bias']")
             b.equals(f"{src}.in_features")  # through getattr (the __getattr__-type inline cache)
         for i, (name, child) in enumerate(m._modules.items()):
             b.equals(f"list(dict.keys({d}['_modules']))[{i}]")
-            module(f"{d}['_modules'][{name!r}]", child)
+            # Both forms of a submodule's item: torch's (a fetch that steps over the module's
+            # TYPE_MATCH when its type is unchanged) and the subscript.
+            item = (
+                f"dict.__getitem__({d}['_modules'], {name!r})" if i % 2 == 0 else f"{d}['_modules'][{name!r}]"
+            )
+            module(item, child)
         if "depth" in m.__dict__:
             b.equals(f"{d}['depth']")
 
