@@ -409,11 +409,8 @@ bool module_hook_getattr(PyObject* obj, PyObject* name, Fetched* out) {
     if (tp == &PyModule_Type || !PyModule_Check(obj) || !PyUnicode_CheckExact(name) ||
         tp->tp_getattro != getattr_hook_slot())
         return false;
-    static PyObject* const s_getattr = PyUnicode_InternFromString("__getattr__");
-    if (s_getattr == nullptr) {
-        PyErr_Clear();
-        return false;
-    }
+    static PyObject* const s_getattr = interned("__getattr__");
+    if (s_getattr == nullptr) return false;
     PyObject* hook = _PyType_Lookup(tp, s_getattr);  // the hook's own lookup
     if (hook == nullptr) return false;
     PyObject* md = PyModule_GetDict(obj);
@@ -479,14 +476,11 @@ bool module_subclass_reads_dict(PyTypeObject* tp, PyObject* name) {
     if (!PyType_IsSubtype(tp, &PyModule_Type) ||
         (tp->tp_getattro != PyModule_Type.tp_getattro && tp->tp_getattro != getattr_hook_slot()))
         return false;
-    static PyObject* const s_getattribute = PyUnicode_InternFromString("__getattribute__");
+    static PyObject* const s_getattribute = interned("__getattribute__");
     PyObject* getattribute = nullptr;
     PyObject* module_getattribute = nullptr;
     PyObject* own = nullptr;
-    if (s_getattribute == nullptr) {
-        PyErr_Clear();
-        return false;
-    }
+    if (s_getattribute == nullptr) return false;
     return class_attr(tp, s_getattribute, &getattribute) &&
            class_attr(&PyModule_Type, s_getattribute, &module_getattribute) && getattribute != nullptr &&
            getattribute == module_getattribute && class_attr(tp, name, &own) && own == nullptr;
@@ -498,10 +492,9 @@ bool module_subclass_reads_dict(PyTypeObject* tp, PyObject* name) {
 enum class FunctionFieldKind : std::uint8_t { None, Code, Defaults, KwDefaults, Closure, Globals };
 
 FunctionFieldKind function_field_of(PyObject* name) {
-    static PyObject* const names[] = {
-        PyUnicode_InternFromString("__code__"), PyUnicode_InternFromString("__defaults__"),
-        PyUnicode_InternFromString("__kwdefaults__"), PyUnicode_InternFromString("__closure__"),
-        PyUnicode_InternFromString("__globals__")};
+    static PyObject* const names[] = {interned("__code__"), interned("__defaults__"),
+                                      interned("__kwdefaults__"), interned("__closure__"),
+                                      interned("__globals__")};
     static const FunctionFieldKind kinds[] = {FunctionFieldKind::Code, FunctionFieldKind::Defaults,
                                               FunctionFieldKind::KwDefaults, FunctionFieldKind::Closure,
                                               FunctionFieldKind::Globals};
