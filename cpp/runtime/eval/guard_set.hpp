@@ -284,6 +284,11 @@ class GuardSet {
             // ALIAS / NO_ALIAS after every node: on the registers of its sources' nodes, or on
             // strong references once a residue ran (hold_relational).
             Relational,
+            // A TensorMatch whose next op is its node's DimensionMarking (the pair torch emits for
+            // every tensor input): when the record matches and dimension_marking_unmarked proves
+            // the tensor unmarked, both hold and the next op is skipped; otherwise this op is the
+            // TensorMatch alone and the DimensionMarking op decides on its own.
+            TensorMatchMarking,
             End,  // the last op of every program
         };
         // 32 bytes, aligned to 32: two ops to a cache line, none straddling two (the program is
