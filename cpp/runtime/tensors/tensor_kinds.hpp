@@ -112,16 +112,11 @@ inline bool dimension_marking_quick(const RuntimeGuard& g, PyObject* v) {
 /// user code.
 inline bool dimension_marking_unmarked(const MarkingCache& c, PyObject* v) {
 #ifdef TRIPWIRE_DICT_LAYOUT
+    // unmarked_type: names is InstanceDict for tp (so its version is not 0: fill_cache) and tp's
+    // instances keep their attributes where the layout mirror reads them (a managed dict).
     PyTypeObject* tp = Py_TYPE(v);
-    if (c.names.type != tp || c.names.mode != AttrCache::Mode::InstanceDict ||
-        type_version(tp) != c.names.version)
-        return false;
-    // The storage as instance_attr_absent reads it: a managed dict (every tensor type on 3.11+);
-    // inline values have no tag (the DIMENSION_MARKING op scans them).
-    if (!g_dict_hints_enabled || !(tp->tp_flags & Py_TPFLAGS_MANAGED_DICT)) return false;
-#if PY_VERSION_HEX >= 0x030D0000
-    if ((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject)) return false;
-#endif
+    if (c.unmarked_type != tp || type_version(tp) != c.names.version) return false;
+    // Inline values have no tag (the DIMENSION_MARKING op scans them).
     if (layout::inline_values(v) != nullptr) return false;
     PyObject* d = layout::managed_dict(v);
     if (d == nullptr) return true;        // no instance attribute at all
