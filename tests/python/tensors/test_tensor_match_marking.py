@@ -1,7 +1,7 @@
 """TENSOR_MATCH and DIMENSION_MARKING on one tensor, as torch emits them for every tensor input: the
 fast program decides the pair in one op when the record matches and the tensor is certainly
 unmarked (the type's facts under its version tag, then no instance storage at all or an instance
-dict in a state already proved to lack the flag; docs/cpp.md, "The fast program"). Every way a
+dict in a state already proved to lack the flag; docs/cpp.md, "A tensor's pair"). Every way a
 marking can appear after a run of passing checks (so with every memo made) is checked against
 torch's own guard_manager.check and the oracle, with the fast pass on and off: mark_dynamic,
 mark_static, maybe_mark_dynamic, the attributes set by hand, an instance dict created later or
@@ -81,6 +81,8 @@ def _mutate(how: str, t: Any) -> Callable[[], None] | None:
         _ = t.__dict__  # an empty dict materialised: still unmarked
     elif how == "other attribute":
         t.other = 1  # another dict state: still unmarked
+    elif how == "dict replaced":
+        t.__dict__ = {"_has_dynamo_dim_marking": True, "_dynamo_dynamic_indices": {0}}
     elif how == "flag deleted":
         torch._dynamo.mark_dynamic(t, 0)
         del t._has_dynamo_dim_marking
@@ -103,7 +105,7 @@ def _mutate(how: str, t: Any) -> Callable[[], None] | None:
 
 
 MUTATIONS = ["mark_dynamic", "mark_static", "maybe_mark_dynamic", "flag and indices by hand", "flag only",
-             "indices only", "dict created", "other attribute", "flag deleted", "flag on the class",
+             "indices only", "dict created", "other attribute", "dict replaced", "flag deleted", "flag on the class",
              "indices on the class", "__getattr__ on the class"]  # fmt: skip
 CLASS_LEVEL = {"flag on the class", "indices on the class", "__getattr__ on the class"}
 
