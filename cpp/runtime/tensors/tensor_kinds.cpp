@@ -579,11 +579,13 @@ namespace {
 // of a type table (dict_hint.hpp): a managed dict, located on this interpreter.
 bool storage_in_mirror(PyTypeObject* tp) {
 #ifdef TRIPWIRE_DICT_LAYOUT
-    if (!g_dict_hints_enabled || !(tp->tp_flags & Py_TPFLAGS_MANAGED_DICT)) return false;
+    const bool managed = g_dict_hints_enabled && (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) != 0;
 #if PY_VERSION_HEX >= 0x030D0000
-    if ((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject)) return false;
+    // Inline values after the header are located for object's own layout only (dict_hint.hpp).
+    return managed && !((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject));
+#else
+    return managed;
 #endif
-    return true;
 #else
     (void)tp;
     return false;
