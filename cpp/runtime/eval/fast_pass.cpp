@@ -667,6 +667,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_Relational,
                                           &&op_SettleDictItemStamp,
                                           &&op_SettleDictItemTypeIs,
+                                          &&op_TensorMatchMarking,
                                           &&op_End};
         static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
                       "one entry per FastOp::Code, in order");
@@ -1279,6 +1280,23 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             }
             // A mutable class: compared on every check, settled or not (`__class__` assignment).
             if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) == op.next_type) next = opp + 2;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_TensorMatchMarking:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            PyObject* v = r[op.node];
+            if (!tensor_match_record(static_cast<const std::int64_t*>(op.hot), v, ps.key_memo)) {
+                // As op_TensorMatch; the DimensionMarking op, next, then runs on its own.
+                if (!tensor_match_pure(guards[op.guard], v, ps.key_memo) && !slow_guard(ps, op)) next = end;
+                break;
+            }
+            // The record matched, so Py_TYPE(v) is the type it names: the marking's type facts
+            // are one compare. Unmarked: the DimensionMarking op holds too, and is skipped.
+            if (dimension_marking_unmarked(*static_cast<const MarkingCache*>(opp[1].hot), v)) next = opp + 2;
             break;
         } while (false);
         opp = next;

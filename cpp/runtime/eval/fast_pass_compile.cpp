@@ -496,6 +496,13 @@ void GuardSet::build_fast_pass() {
             fast_ops_[fetch_at].code = Code::SettleDictItemTypeIs;
             fast_ops_[fetch_at].next_type = other_ops.front().a;
         }
+        // A TENSOR_MATCH right before the node's DIMENSION_MARKING (torch's pair for every tensor
+        // input) becomes one op that decides both in the common case (an unmarked tensor); the
+        // DimensionMarking op stays next, for the cases that op decides alone.
+        for (std::size_t k = 0; k + 1 < other_ops.size(); ++k) {
+            if (other_ops[k].code == Code::TensorMatch && other_ops[k + 1].code == Code::DimensionMarking)
+                other_ops[k].code = Code::TensorMatchMarking;
+        }
         fast_ops_.insert(fast_ops_.end(), other_ops.begin(), other_ops.end());
         // In evaluation order; the first maximal run of two or more leaf children between a
         // RunBegin and a RunEnd marker (one run per node: the node holds one run claim, which a

@@ -18,6 +18,11 @@ struct MarkingCache {
     AttrCache names;
     /// The instance dict state last proved to lack the flag (instance_attr_absent's memo).
     std::uint64_t absent = 0;
+    /// The type `names` holds InstanceDict for, when its instances' storage is read through the
+    /// verified layout mirror (a managed-dict type the mirror locates); else null. Set with every
+    /// reading of `names` that may fill it (dimension_marking_marked), so that the fused tensor op
+    /// (dimension_marking_unmarked) tests one pointer, then the version tag, for all of it.
+    PyTypeObject* unmarked_type = nullptr;
     /// The flag's own inline cache (attribute_certainly_absent), for a type where a class
     /// defines a marking attribute but not the flag.
     AttrCache flag;

@@ -296,6 +296,11 @@ class GuardSet {
             // type is the one that TypeIs expects, the TypeIs op is stepped over (one dispatch
             // fewer per module per check); otherwise it runs next, and fails as the walk names it.
             SettleDictItemTypeIs,
+            // A TensorMatch whose next op is its node's DimensionMarking (the pair torch emits for
+            // every tensor input): when the record matches and dimension_marking_unmarked proves
+            // the tensor unmarked, both hold and the next op is skipped; otherwise this op is the
+            // TensorMatch alone and the DimensionMarking op decides on its own.
+            TensorMatchMarking,
             End,  // the last op of every program
         };
         // 32 bytes, aligned to 32: two ops to a cache line, none straddling two (the program is

@@ -98,6 +98,36 @@ inline bool dimension_marking_quick(const AttrCache* c, std::uint64_t absent_mem
 inline bool dimension_marking_quick(const RuntimeGuard& g, PyObject* v) {
     return g.marking != nullptr && dimension_marking_quick(&g.marking->names, g.marking->absent, v);
 }
+/// DIMENSION_MARKING right after TENSOR_MATCH held on the same value (the fast program's
+/// TensorMatchMarking op): true when the tensor certainly carries no marking flag, decided by the
+/// type's facts and one read of the instance's own storage. The names' cache proves, under the
+/// type's version tag, that getattr is object's own and that no class defines the flag or a
+/// marking attribute (its mode is InstanceDict only with a non-zero version, fill_cache; tp is the
+/// type TENSOR_MATCH compared). The flag is then absent when the object has no instance storage at
+/// all (no inline values and no dict: nothing was ever stored on it, as on a fresh tensor) or when
+/// its instance dict is in a state already proved to lack it (the absence memo: a tag, unique to
+/// one dict in one state, so another dict, or this one after mark_dynamic or any other store, never
+/// matches it; the memo is only ever taken from an exact dict, so a match is that dict). False:
+/// not known this way, and the DIMENSION_MARKING op decides on its own. Reads only: no call, no
+/// user code.
+inline bool dimension_marking_unmarked(const MarkingCache& c, PyObject* v) {
+#ifdef TRIPWIRE_DICT_LAYOUT
+    // unmarked_type: names is InstanceDict for tp (so its version is not 0: fill_cache) and tp's
+    // instances keep their attributes where the layout mirror reads them (a managed dict).
+    PyTypeObject* tp = Py_TYPE(v);
+    if (c.unmarked_type != tp || type_version(tp) != c.names.version) return false;
+    // Inline values have no tag (the DIMENSION_MARKING op scans them).
+    if (layout::inline_values(v) != nullptr) return false;
+    PyObject* d = layout::managed_dict(v);
+    if (d == nullptr) return true;        // no instance attribute at all
+    const std::uint64_t t = dict_tag(d);  // 0: no usable tag (a 3.13 embedded dict, the skip off)
+    return t == c.absent && t != 0;
+#else
+    (void)c;
+    (void)v;
+    return false;
+#endif
+}
 
 /// DISPATCH_KEY_SET_MATCH (adapter only): `v`'s key set with the current thread's include/exclude
 /// sets applied and the Python keys masked as torch's guards mask them (applied_key_set) equals the
