@@ -615,6 +615,26 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
     } while (false);                           \
     opp = next;                                \
     TW_DISPATCH();
+// SettleDictItem's fetch in its fused forms (SettleDictItemStamp, SettleDictItemTypeIs), which
+// have no block of their own (`jumped` is not counted): settled, or read and claimed. A read only
+// the walk decides, or a missing item (the check fails, as the walk would), sets `next` and
+// leaves the op's do/while, as TW_FETCH_OP does. A macro, not a lambda: the lambda's returned
+// pointer cost gpt ~350 instructions a check.
+#define TW_SETTLE_DICT_ITEM(OP)                \
+    if (!settled(OP, false)) {                 \
+        PyObject* v = nullptr;                 \
+        if (!dict_item_value(OP, &v)) {        \
+            next = ops + slow_subtree(ps, OP); \
+            break;                             \
+        }                                      \
+        if (v == nullptr) {                    \
+            fail(ps, (OP).node, ~0U);          \
+            next = end;                        \
+            break;                             \
+        }                                      \
+        r[(OP).node] = v;                      \
+        claim(OP, v);                          \
+    }
 #define TW_DISPATCH() \
     goto* kDispatch[static_cast<std::size_t>(opp->code)]  // NOLINT(bugprone-macro-parentheses)
         static void* const kDispatch[] = {&&op_LoadLocal,
@@ -1235,23 +1255,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;
-            // The fetch as SettleDictItem's (its claim made before the guards, which all sit in
-            // the stamp's block), then the stamp as Stamp's on the value, settled or fetched:
-            // one dispatch and one register read fewer per such dict per check.
-            if (!settled(op, false)) {
-                PyObject* v = nullptr;
-                if (!dict_item_value(op, &v)) {
-                    next = ops + slow_subtree(ps, op);
-                    break;
-                }
-                if (v == nullptr) {
-                    fail(ps, op.node, ~0U);
-                    next = end;
-                    break;
-                }
-                r[op.node] = v;
-                claim(op, v);
-            }
+            // The fetch (its claim made before the guards, which all sit in the stamp's block),
+            // then the stamp as Stamp's on the value, settled or read: one dispatch and one
+            // register read fewer per such dict per check.
+            TW_SETTLE_DICT_ITEM(op);
             PyObject* v = r[op.node];
             PyObject* d = PyDict_CheckExact(v) ? v : PyModule_CheckExact(v) ? module_dict(v) : nullptr;
             next = stamp(op, op.pos, d != nullptr ? pass_tag(d) : kNoTag, next);
@@ -1263,21 +1270,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         do {
             const FastOp& op = *opp;
             next = opp + 1;  // the TypeIs op, which fails (or passes) as in the walk
-            // The fetch as SettleDictItem's, without a block (none: `jumped` is not counted).
-            if (!settled(op, false)) {
-                PyObject* v = nullptr;
-                if (!dict_item_value(op, &v)) {
-                    next = ops + slow_subtree(ps, op);
-                    break;
-                }
-                if (v == nullptr) {
-                    fail(ps, op.node, ~0U);
-                    next = end;
-                    break;
-                }
-                r[op.node] = v;
-                claim(op, v);
-            }
+            TW_SETTLE_DICT_ITEM(op);
             // A mutable class: compared on every check, settled or not (`__class__` assignment).
             if (reinterpret_cast<PyObject*>(Py_TYPE(r[op.node])) == op.next_type) next = opp + 2;
             break;
@@ -1309,6 +1302,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         fail(ps, opp->node, opp->pos);
 #undef TW_DISPATCH
 #undef TW_FETCH_OP
+#undef TW_SETTLE_DICT_ITEM
     done:;
     }
     int result = ps.result;
