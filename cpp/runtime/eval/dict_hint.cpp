@@ -289,10 +289,8 @@ int instance_attr_absent(PyObject* obj, PyObject* name, std::uint64_t* memo, PyO
     PyTypeObject* tp = Py_TYPE(obj);
     PyObject* dict = nullptr;
     if (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
-#if PY_VERSION_HEX >= 0x030D0000
-        // Inline values this mirror does not locate (a subclass of a C type): undecided.
-        if ((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject)) return -1;
-#endif
+        // Inline values this mirror does not locate (3.13, a subclass of a C type): undecided.
+        if (!managed_storage_in_mirror(tp)) return -1;
         if (PyObject** values = layout::inline_values(obj)) {
             auto* keys =
                 reinterpret_cast<layout::Keys*>(reinterpret_cast<PyHeapTypeObject*>(tp)->ht_cached_keys);

@@ -281,17 +281,22 @@ inline std::uint64_t dict_tag(PyObject* d) {
     return t != kNoTag ? t : 0;
 }
 
+/// Whether instances of `tp` keep their attributes in managed storage that this mirror locates
+/// (layout::inline_values, layout::managed_dict) without a scan of a type table.
+inline bool managed_storage_in_mirror(PyTypeObject* tp) {
+    if (!g_dict_hints_enabled || !(tp->tp_flags & Py_TPFLAGS_MANAGED_DICT)) return false;
+#if PY_VERSION_HEX >= 0x030D0000
+    // Inline values after the header are located for object's own layout only (inline_values).
+    if ((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject)) return false;
+#endif
+    return true;
+}
 /// instance_attr_absent's memo alone, inline: true when `obj` keeps its attributes in an
 /// existing managed instance dict (the storage instance_attr_absent would scan, never inline
 /// values) whose tag is `memo` (non-zero): that dict is in a state already proved to lack the
 /// name. False means "not known this way" (the caller asks instance_attr_absent).
 inline bool instance_absence_memo_holds(PyObject* obj, std::uint64_t memo) {
-    if (memo == 0 || !g_dict_hints_enabled) return false;
-    PyTypeObject* tp = Py_TYPE(obj);
-    if (!(tp->tp_flags & Py_TPFLAGS_MANAGED_DICT)) return false;
-#if PY_VERSION_HEX >= 0x030D0000
-    if ((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject)) return false;
-#endif
+    if (memo == 0 || !managed_storage_in_mirror(Py_TYPE(obj))) return false;
     if (layout::inline_values(obj) != nullptr) return false;
     PyObject* dict = layout::managed_dict(obj);
     return dict != nullptr && PyDict_CheckExact(dict) && dict_tag(dict) == memo;
@@ -307,6 +312,7 @@ inline PyObject* materialised_managed_dict(PyObject*) { return nullptr; }
 inline bool instance_hints_complete() { return false; }
 inline int dict_keys_identical(PyObject*, PyObject*) { return -1; }
 inline bool instance_absence_memo_holds(PyObject*, std::uint64_t) { return false; }
+inline bool managed_storage_in_mirror(PyTypeObject*) { return false; }
 inline bool dict_has_only_str_keys(PyObject*) { return false; }
 inline constexpr bool g_skip_enabled = false;
 inline std::uint64_t dict_tag(PyObject*) { return 0; }

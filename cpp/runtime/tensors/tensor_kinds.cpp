@@ -573,27 +573,6 @@ bool set_within(PyObject* s, const std::int64_t* want, std::int64_t n) {
 
 }  // namespace
 
-namespace {
-
-// Whether instances of tp keep their attributes where the layout mirror reads them without a scan
-// of a type table (dict_hint.hpp): a managed dict, located on this interpreter.
-bool storage_in_mirror(PyTypeObject* tp) {
-#ifdef TRIPWIRE_DICT_LAYOUT
-    const bool managed = g_dict_hints_enabled && (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) != 0;
-#if PY_VERSION_HEX >= 0x030D0000
-    // Inline values after the header are located for object's own layout only (dict_hint.hpp).
-    return managed && !((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject));
-#else
-    return managed;
-#endif
-#else
-    (void)tp;
-    return false;
-#endif
-}
-
-}  // namespace
-
 bool dimension_marking_marked(const RuntimeGuard& g, PyObject* v) {
     static const MarkingNames& names = marking_names();
     if (g.marking == nullptr) return false;
@@ -601,7 +580,7 @@ bool dimension_marking_marked(const RuntimeGuard& g, PyObject* v) {
     const bool in_storage =
         attributes_in_instance_storage(g.marking->names, tp, names.read, 1 + core::marking_data::kAttrCount);
     // names may have been filled for tp just now: what the fused op may then assume, for tp alone.
-    g.marking->unmarked_type = in_storage && storage_in_mirror(tp) ? tp : nullptr;
+    g.marking->unmarked_type = in_storage && managed_storage_in_mirror(tp) ? tp : nullptr;
     if (!in_storage) return false;
     // Every name is now present exactly when v's own storage holds it, read without user code.
     PyObject* got = nullptr;
