@@ -423,17 +423,23 @@ def test_multihead_attention_defaults_and_class() -> None:
     assert len(mha_forward.__defaults__) == n
 
 
-@pytest.mark.torch
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_transformer_encoder_with_padding_mask(norm_first: bool) -> None:
+def _encoder_with_padding_mask(norm_first: bool) -> tuple[Any, Any, Any, Any, dict]:
+    """torch_models.Encoder compiled on a [2, 5, 16] input with a padding mask and its guards
+    imported: (nn, the model, the GuardSet, torch's guard manager, f_locals)."""
     torch = _torch()
     import torch_models as tm
 
-    nn = torch.nn
     torch.manual_seed(0)
     m = tm.Encoder(norm_first=norm_first)
     pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     gs, gm, f_locals = compile_and_import(m, torch.randn(2, 5, 16), pad)
+    return torch.nn, m, gs, gm, f_locals
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_with_padding_mask(norm_first: bool) -> None:
+    nn, m, gs, gm, f_locals = _encoder_with_padding_mask(norm_first)
     layer = m.enc.layers[0]
     mha_forward = nn.MultiheadAttention.forward
 
@@ -500,13 +506,7 @@ def test_module_state_dicts_under_the_skip() -> None:
     import collections
 
     torch = _torch()
-    import torch_models as tm
-
-    nn = torch.nn
-    torch.manual_seed(0)
-    m = tm.Encoder(norm_first=False)
-    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
-    gs, gm, f_locals = compile_and_import(m, torch.randn(2, 5, 16), pad)
+    nn, m, gs, gm, f_locals = _encoder_with_padding_mask(False)
     for _ in range(5):
         assert gs.check(f_locals)
     # Claims in use (fewer on 3.13, whose instance dicts are embedded in their modules: no tag).
