@@ -284,12 +284,13 @@ inline std::uint64_t dict_tag(PyObject* d) {
 /// Whether instances of `tp` keep their attributes in managed storage that this mirror locates
 /// (layout::inline_values, layout::managed_dict) without a scan of a type table.
 inline bool managed_storage_in_mirror(PyTypeObject* tp) {
-    if (!g_dict_hints_enabled || !(tp->tp_flags & Py_TPFLAGS_MANAGED_DICT)) return false;
+    const bool managed = g_dict_hints_enabled && (tp->tp_flags & Py_TPFLAGS_MANAGED_DICT) != 0;
 #if PY_VERSION_HEX >= 0x030D0000
     // Inline values after the header are located for object's own layout only (inline_values).
-    if ((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject)) return false;
+    return managed && !((tp->tp_flags & Py_TPFLAGS_INLINE_VALUES) && tp->tp_basicsize != sizeof(PyObject));
+#else
+    return managed;
 #endif
-    return true;
 }
 /// instance_attr_absent's memo alone, inline: true when `obj` keeps its attributes in an
 /// existing managed instance dict (the storage instance_attr_absent would scan, never inline
