@@ -724,9 +724,24 @@ class Directory(_Reports):
             log.info("tripwire: store %s: eviction stopped: %s", self.path, e)
 
     def _rewrite_journal(self, d: Path, keys: list[str]) -> None:
+        """Replace the journal by one record per live entry. A writer that saved an entry after
+        ``keys`` was listed may have appended its record to the journal being replaced, so the
+        directory is listed again after the rename and any entry missing from ``keys`` gets a
+        record in the new journal: an entry published before that second listing is in it, and
+        one published after opens the new journal itself. No saved entry loses its record."""
         dfd = os.open(d, _OPEN_DIR)
         try:
             self._write(dfd, _JOURNAL, b"".join(b"\n" + k.encode() + b"\n" for k in keys))
+            listed = set(keys)
+            with os.scandir(dfd) as it:
+                late = [
+                    f.name[:-4]
+                    for f in it
+                    if f.name.endswith(".twe") and _NAME_BYTES.fullmatch(f.name[:-4].encode())
+                    and f.name[:-4] not in listed
+                ]
+            for key in late:
+                self._append(dfd, d.name, d, key)
         finally:
             os.close(dfd)
 

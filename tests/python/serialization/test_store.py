@@ -138,7 +138,7 @@ sys.path[:0] = [{here!r}, {here!r} + "/../support"]
 from tripwire.store import Directory
 import tripwire as tw
 from test_store import a_blob, save, NS
-d = Directory({root!r})
+d = Directory({root!r}, max_bytes=1 << 62)  # never collects: the journal keeps every record
 for i in range({n}):
     save(d, NS, a_blob(i % {distinct}))
 """
@@ -162,6 +162,29 @@ def test_concurrent_writers(tmp_path: Path) -> None:
     assert not list((tmp_path / "v1" / NS).glob(".tmp-*"))
     journal = (tmp_path / "v1" / NS / "journal").read_bytes()
     assert len(journal) == 34 * 160  # every save's record, none torn or interleaved
+
+
+def test_a_save_racing_the_journal_rewrite_keeps_its_record(tmp_path: Path) -> None:
+    """Eviction rewrites a journal of mostly dead records. An entry saved by another writer
+    between the rewrite's listing and its rename appends to the journal being replaced; the
+    rewrite must still leave a record for it, or readers never see the entry."""
+    other = Directory(tmp_path, max_bytes=1 << 62)
+
+    class Racing(Directory):
+        def _write(self, dfd: int, name: str, data: bytes) -> None:
+            if name == "journal":
+                save(other, NS, a_blob(2))  # published after the listing, before the rename
+            super()._write(dfd, name, data)
+
+    d = Racing(tmp_path, max_bytes=1 << 62)
+    for _ in range(130):  # one live entry, a journal far larger than it needs
+        save(other, NS, a_blob(1))
+    journal = tmp_path / "v1" / NS / "journal"
+    before = journal.stat().st_ino
+    d._collect()
+    assert journal.stat().st_ino != before  # rewritten
+    assert len(journal.read_bytes()) < 130 * 34
+    assert sorted(decode_entry(b).payload for b in Directory(tmp_path).load(NS)) == [b"payload-1", b"payload-2"]
 
 
 _KILLED = """
