@@ -50,16 +50,26 @@ def _suite_stress(request: pytest.FixtureRequest):
 
 
 @pytest.fixture(autouse=True)
-def _gc_stress(_suite_stress):
-    """In --gc-stress mode, each test runs under SuiteStress (collections everywhere)."""
-    if _suite_stress is None:
-        yield
-        return
-    _suite_stress.start()
+def _gc_per_test(_suite_stress):
+    """Each test starts with what earlier tests left alive frozen (gc.freeze), so a full
+    collection inside it scans only the objects it makes: the suite's heap grows as it runs
+    (compiled models, Dynamo's state), and a test that collects inside a check pays for the heap
+    on every collection (about a second each by the middle of the suite). Everything the test
+    creates stays collectable, so its finalizers and weakref callbacks run exactly as before; the
+    frozen objects are unfrozen after it. In --gc-stress mode the test also runs under
+    SuiteStress (collections everywhere), whose finalizer cycle is made after the freeze."""
+    gc.freeze()
     try:
-        yield
+        if _suite_stress is None:
+            yield
+            return
+        _suite_stress.start()
+        try:
+            yield
+        finally:
+            _suite_stress.stop()
     finally:
-        _suite_stress.stop()
+        gc.unfreeze()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
