@@ -737,7 +737,8 @@ class Directory(_Reports):
                 late = [
                     f.name[:-4]
                     for f in it
-                    if f.name.endswith(".twe") and _NAME_BYTES.fullmatch(f.name[:-4].encode())
+                    if f.name.endswith(".twe")
+                    and _NAME_BYTES.fullmatch(f.name[:-4].encode())
                     and f.name[:-4] not in listed
                 ]
             for key in late:

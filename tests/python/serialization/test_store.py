@@ -184,7 +184,10 @@ def test_a_save_racing_the_journal_rewrite_keeps_its_record(tmp_path: Path) -> N
     d._collect()
     assert journal.stat().st_ino != before  # rewritten
     assert len(journal.read_bytes()) < 130 * 34
-    assert sorted(decode_entry(b).payload for b in Directory(tmp_path).load(NS)) == [b"payload-1", b"payload-2"]
+    assert sorted(decode_entry(b).payload for b in Directory(tmp_path).load(NS)) == [
+        b"payload-1",
+        b"payload-2",
+    ]
 
 
 _KILLED = """
