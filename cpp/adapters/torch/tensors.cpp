@@ -480,7 +480,8 @@ template <bool Leaf>
     const c10::DispatchKeySet key_set = impl->key_set();
     const uint64_t raw = key_set.raw_repr();
     uint64_t keys = memo->last_applied;
-    if (memo->valid == 0 || raw != memo->last_raw) {
+    // A reset memo's pair decides nothing (tw_key_memo_reset): one compare per tensor.
+    if (raw != memo->last_raw) {
         if constexpr (Leaf) {
             return match_with_calls(obj, want, memo);
         } else {

@@ -120,6 +120,26 @@ GuardSet::Implied GuardSet::implied_at(std::uint32_t ni, const RuntimeGuard& g) 
     return implied_by(g);
 }
 
+bool GuardSet::claim_op(const FastOp& op) {
+    using Code = FastOp::Code;
+    // The settling fetches and the stamps (fused or not): `jumped` is their block's guard count.
+    // Not LeafRun (its `jumped` is its leaves' sum, counted at the leaves), not
+    // SettleDictItemTypeIs (its `next_type` shares those bytes), not the guards (0).
+    switch (op.code) {
+        case Code::LoadGlobal: return op.settle;
+        case Code::SettleAttr:
+        case Code::SettleItem:
+        case Code::SettleDictItem:
+        case Code::SettlePure:
+        case Code::Stamp:
+        case Code::FetchDictStamp:
+        case Code::SettleDictItemStamp:
+        case Code::SettleItemStamp:
+        case Code::SettleAttrStamp: return true;
+        default: return false;
+    }
+}
+
 namespace {
 
 // Whether node `n` looks like a module (identity- or type-matched to one): its attribute
@@ -460,16 +480,21 @@ void GuardSet::build_fast_pass() {
         // Only a settling fetch has identity-implied ops apart (op.settle above), right after it
         // (a symbol node never settles, so its Symbol op is never between).
         const bool fused =
-            stamped[item.node] && op.code == Code::SettleDictItem && fast_ops_.size() == fetch_at + 1;
+            stamped[item.node] && fast_ops_.size() == fetch_at + 1 &&
+            (op.code == Code::SettleDictItem || op.code == Code::SettleItem || op.code == Code::SettleAttr);
         if (!fused) out_of_line(fetch_at, identity_ops);
         if (fused) {
-            // A stamped dict fetched by a settling item step: one op, whose stamp's block holds the
-            // identity-implied guards too, before the state-implied ones (the in-line order). An
-            // unchanged tag proves them as well: it is read from the value itself (an exact dict)
-            // or from the dict of an exact module (`__dict__` is read-only, and no two modules
-            // share one), so an equal tag means the same live object as when the claim was made,
-            // on which every guard of the block held.
-            fast_ops_[fetch_at].code = Code::SettleDictItemStamp;
+            // A stamped dict or module fetched by a settling step (a dict item, a subscript, a
+            // module's attribute): one op, whose stamp's block holds the identity-implied guards
+            // too, before the state-implied ones (the in-line order). An unchanged tag proves them
+            // as well: it is read from the value itself (an exact dict) or from the dict of an
+            // exact module (`__dict__` is read-only, and no two modules share one), so an equal
+            // tag means the same live object as when the claim was made, on which every guard of
+            // the block held (however the value was fetched: a forwarded module attribute, never
+            // claimed on its parent, is stamped on its own dict all the same).
+            fast_ops_[fetch_at].code = op.code == Code::SettleDictItem ? Code::SettleDictItemStamp
+                                       : op.code == Code::SettleItem   ? Code::SettleItemStamp
+                                                                       : Code::SettleAttrStamp;
             fast_ops_[fetch_at].pos = state_slot(item.node);
             identity_ops.insert(identity_ops.end(), state_ops.begin(), state_ops.end());
             out_of_line(fetch_at, identity_ops);
@@ -560,6 +585,9 @@ void GuardSet::build_fast_pass() {
     end.code = Code::End;
     fast_end_ = static_cast<std::uint32_t>(fast_ops_.size());
     fast_ops_.push_back(end);
+    claim_prefix_.assign(fast_end_ + 1, 0);
+    for (std::uint32_t i = 0; i < fast_end_; ++i)
+        claim_prefix_[i + 1] = claim_prefix_[i] + (claim_op(fast_ops_[i]) ? fast_ops_[i].jumped : 0);
     // The out-of-line blocks after the End op; their entries now know where they are.
     for (const auto& [from, offset] : entries)
         fast_ops_[from].jump = static_cast<std::uint32_t>(fast_ops_.size() + offset);

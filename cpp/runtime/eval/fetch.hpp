@@ -126,15 +126,14 @@ inline PyObject* forwarded_module_attr(PyObject* obj, PyObject* name) {
 /// `c` under the type's version tag. Runs no user code once cached for the type.
 bool standard_instance_dict(AttrCache& c, PyTypeObject* tp);
 /// The type's version tag, or 0 when it has none (it then changes on every modification, and
-/// equal tags mean an unchanged type). Before 3.13 a tag counts only while
-/// Py_TPFLAGS_VALID_VERSION_TAG is set; 3.13 no longer sets that flag and resets the tag to 0.
-inline unsigned int type_version(PyTypeObject* tp) {
-#if PY_VERSION_HEX >= 0x030D0000
-    return tp->tp_version_tag;
-#else
-    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
-#endif
-}
+/// equal tags mean an unchanged type). The field alone, on every supported version: since 3.11
+/// (bpo-44914) CPython zeroes tp_version_tag wherever it clears Py_TPFLAGS_VALID_VERSION_TAG
+/// (PyType_Modified, type_mro_modified), so a non-zero tag is a valid one, and its specialising
+/// interpreter compares the bare field the same way; 3.13 no longer sets the flag at all. Read
+/// per tensor and per attribute on every check: the flag test cost ~3 instructions each.
+/// tests/python/engine/test_type_version.py holds the invariant on the running interpreter
+/// (setattr on a base, `__bases__` assigned, a metaclass `mro`).
+inline unsigned int type_version(PyTypeObject* tp) { return tp->tp_version_tag; }
 
 /// Whether `c` was filled for `tp` under its current version tag.
 inline bool attr_cache_valid(const AttrCache& c, PyTypeObject* tp) {

@@ -301,6 +301,12 @@ class GuardSet {
             // the tensor unmarked, both hold and the next op is skipped; otherwise this op is the
             // TensorMatch alone and the DimensionMarking op decides on its own.
             TensorMatchMarking,
+            // SettleItem (a str-keyed subscript of a dict) and SettleAttr (an attribute of a
+            // module) fused with their node's Stamp, as SettleDictItemStamp: the fetch's claim is
+            // made (or used) as the plain settling fetch's, and the node's identity-implied guards
+            // join its state-implied ones in the stamp's block.
+            SettleItemStamp,
+            SettleAttrStamp,
             End,  // the last op of every program
         };
         // 32 bytes, aligned to 32: two ops to a cache line, none straddling two (the program is
@@ -314,7 +320,7 @@ class GuardSet {
             std::uint32_t memo;
         };
         /// guard: position in the node's guard range; fetch: in the parent's child range
-        /// (child_pos); SettleDictItemStamp: its stamp's state_memos_ slot
+        /// (child_pos); Settle{DictItem,Item,Attr}Stamp: its stamp's state_memos_ slot
         std::uint32_t pos = 0;
         union {
             struct {
@@ -382,9 +388,11 @@ class GuardSet {
         bool allow_user_code;
         bool ran_user_code = false;
         std::uint32_t slow_guards = 0;  ///< guards evaluated as residues
+        std::uint32_t skipped = 0;      ///< guards the skip proved (claim_prefix_: from the whole, down)
         int result = 1;
         /// TENSOR_MATCH's memo of the thread-local dispatch key sets: read once per check,
-        /// forgotten after every residue (user code may change them).
+        /// forgotten after every residue (user code may change them). Reset by run_program
+        /// (tw_key_memo_reset), never used zeroed.
         TwKeyMemo key_memo{};
     };
     // The fast program's rare paths, out of line (fast_pass.cpp).
@@ -402,7 +410,7 @@ class GuardSet {
     [[gnu::noinline]] void decide_shape_in_pass(Pass& p, core::shape::ShapeFrame& frame);
     [[gnu::noinline]] std::size_t slow_subtree(Pass& p, const FastOp& op);
     /// A fetch op's position in its parent's child range (or root_order_): `pos`, or for a
-    /// SettleDictItemStamp (whose `pos` holds its state memo) found in the current order.
+    /// Settle{DictItem,Item,Attr}Stamp (whose `pos` holds its state memo) found in the current order.
     std::uint32_t child_pos(const FastOp& op) const;
     [[gnu::noinline]] bool slow_guard(Pass& p, const FastOp& op);
     [[gnu::noinline]] bool slow_ambient(Pass& p, const FastOp& op);
@@ -488,6 +496,14 @@ class GuardSet {
     // a claim misses. A check of an unchanged tree reads one contiguous stream of ops.
     std::vector<FastOp> fast_ops_;
     std::uint32_t fast_end_ = 0;
+    /// The guards the skip proves on a check where every claim of the in-line program holds:
+    /// claim_prefix_[i] is the sum of `jumped` over the in-line claim ops before op i (claim_op),
+    /// claim_prefix_[fast_end_] the whole program's. A check starts from the whole and takes off
+    /// what a missed claim (its block runs) or a residue subtree (its ops do not run) leaves
+    /// unproved: no count per hit, which costs every claim an add.
+    std::vector<std::uint32_t> claim_prefix_;
+    /// Whether op `op` is in line and counts its `jumped` as the guards its claim proves.
+    static bool claim_op(const FastOp& op);
     /// Op `op`'s place in the program's evaluation order: its index, or for an op out of line
     /// the index of the op after the fetch or stamp whose claim it belongs to.
     std::size_t op_order(const FastOp& op) const {

@@ -80,13 +80,26 @@ typedef struct TwTensorFields {
 
 /* tensor_matches' per-check memo of the thread-local dispatch key sets: read once per check
  * (`valid` 0: not read yet), and the last raw key set with the sets applied (most tensors of a
- * model share one). The caller zeroes it at the start of every check and whenever Python code
- * may have run since (a residue: user code may enter or leave a dispatch-key guard). */
+ * model share one). The caller resets it (tw_key_memo_reset) at the start of every check and
+ * whenever Python code may have run since (a residue: user code may enter or leave a
+ * dispatch-key guard). */
 typedef struct TwKeyMemo {
     int32_t valid;
     uint64_t included, excluded; /* raw bits of the thread-local include / exclude sets */
     uint64_t last_raw, last_applied;
 } TwKeyMemo;
+
+/* A reset memo: nothing read, and a last pair that decides nothing, so that tensor_matches' common
+ * path tests only `raw == last_raw` (no test of `valid` per tensor). A tensor whose raw set is
+ * all ones would take last_applied, all ones: it carries the Python keys, which tensor_matches
+ * never passes (0, not decided: the caller's full reader decides), so a reset memo never yields a
+ * pass. Every reset goes through here: a memo left with an old pair after user code changed the
+ * thread-local sets would apply the old sets (a false pass). */
+static inline void tw_key_memo_reset(TwKeyMemo* m) {
+    m->valid = 0;
+    m->last_raw = UINT64_MAX;
+    m->last_applied = UINT64_MAX;
+}
 
 /* A torch global-state snapshot (core/kind_data.hpp torch_state) compiled once for the per-check
  * comparison: the header fields, and per autocast device its type, whether it is enabled (also as

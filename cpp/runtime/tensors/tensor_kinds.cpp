@@ -438,7 +438,8 @@ bool tensor_match_pure(const RuntimeGuard& g, PyObject* v, TwKeyMemo& memo) {
 }
 
 bool tensor_match_pure(const RuntimeGuard& g, PyObject* v) {
-    TwKeyMemo memo{};
+    TwKeyMemo memo;
+    tw_key_memo_reset(&memo);
     return tensor_match_pure(g, v, memo);
 }
 

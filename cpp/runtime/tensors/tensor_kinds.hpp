@@ -119,9 +119,11 @@ inline bool dimension_marking_unmarked(const MarkingCache& c, PyObject* v) {
     // Inline values have no tag (the DIMENSION_MARKING op scans them).
     if (layout::inline_values(v) != nullptr) return false;
     PyObject* d = layout::managed_dict(v);
-    if (d == nullptr) return true;        // no instance attribute at all
-    const std::uint64_t t = dict_tag(d);  // 0: no usable tag (a 3.13 embedded dict, the skip off)
-    return t == c.absent && t != 0;
+    if (d == nullptr) return true;  // no instance attribute at all
+    // pass_tag, not dict_tag: the memo is a real tag or 0 (none yet), and pass_tag gives a real tag
+    // (never 0: verify_dict_tags) or kNoTag (a 3.13 embedded dict, the skip off), which no memo
+    // holds, so one compare says "a usable tag, equal to the memo".
+    return pass_tag(d) == c.absent;
 #else
     (void)c;
     (void)v;

@@ -806,3 +806,74 @@ def test_a_fused_fetch_left_to_the_walk_evaluates_its_own_subtree() -> None:
     p["sub"]["a"] = 1
     assert agree_with_and_without_skip(gs, specs, f_locals)
     assert Key.eqs > 0  # CPython's lookup met the user key
+
+
+@pytest.mark.parametrize("form", ["subscript", "module_attr"])
+def test_a_settled_dict_fused_with_its_stamp(form: str) -> None:
+    """A stamped dict fetched by a settling subscript (`L['cfg']['sub']`) or as a module's attribute
+    (`L['mod'].sub`) is one op (SettleItemStamp, SettleAttrStamp): its value settled by the fetch's
+    claim, its identity-implied guards (TYPE_MATCH dict) proved with its state-implied ones by the
+    stamp's. After passing checks, each mutation must fail as the engine without the skip, the walk
+    and the reference do: the dict replaced by an equal-looking one with another value, mutated in
+    place and restored, replaced by a dict subclass, by a module, or removed; then restored."""
+
+    class DictSub(dict):
+        pass
+
+    sub = {"a": 1, "b": 2}
+    if form == "subscript":
+        holder: Any = {"sub": sub, "other": 0}
+        path = "L['h']['sub']"
+
+        def put(v: Any) -> None:
+            holder["sub"] = v
+
+        def remove() -> None:
+            del holder["sub"]
+
+    else:
+        holder = types.ModuleType("holder_mod")
+        holder.sub = sub  # type: ignore[attr-defined]
+        path = "L['h'].sub"
+
+        def put(v: Any) -> None:
+            holder.sub = v
+
+        def remove() -> None:
+            del holder.sub
+
+    f_locals = {"h": holder}
+    b = tw.GuardBuilder(f_locals)
+    b.type_match("L['h']")
+    b.type_match(path)
+    b.dict_keys(path)
+    b.equals(f"{path}['a']", 1)
+    b.equals(f"{path}['b']", 2)
+    gs = b.build()
+    specs = list(b.guards)
+    for _ in range(3):
+        assert agree_with_and_without_skip(gs, specs, f_locals)
+    assert gs.check(f_locals) and gs._last_skipped_guards >= 3  # the fused op's claims are in use
+    steps: list[tuple[str, Any, bool]] = [
+        ("another dict", {"a": 5, "b": 2}, False),
+        ("back", sub, True),
+        ("a subclass", DictSub(sub), False),
+        ("back", sub, True),
+        ("a module", types.ModuleType("m"), False),
+        ("back", sub, True),
+        ("mutated", None, False),
+        ("restored", None, True),
+        ("removed", None, False),
+        ("back", sub, True),
+    ]
+    for what, value, want in steps:
+        if what == "mutated":
+            sub["a"] = 3
+        elif what == "restored":
+            sub["a"] = 1
+        elif what == "removed":
+            remove()
+        else:
+            put(value)
+        for _ in range(2):  # the second check uses what the first claimed
+            assert agree_with_and_without_skip(gs, specs, f_locals) is want, what
