@@ -126,14 +126,20 @@ inline PyObject* forwarded_module_attr(PyObject* obj, PyObject* name) {
 /// `c` under the type's version tag. Runs no user code once cached for the type.
 bool standard_instance_dict(AttrCache& c, PyTypeObject* tp);
 /// The type's version tag, or 0 when it has none (it then changes on every modification, and
-/// equal tags mean an unchanged type). The field alone, on every supported version: since 3.11
-/// (bpo-44914) CPython zeroes tp_version_tag wherever it clears Py_TPFLAGS_VALID_VERSION_TAG
-/// (PyType_Modified, type_mro_modified), so a non-zero tag is a valid one, and its specialising
-/// interpreter compares the bare field the same way; 3.13 no longer sets the flag at all. Read
-/// per tensor and per attribute on every check: the flag test cost ~3 instructions each.
-/// tests/python/engine/test_type_version.py holds the invariant on the running interpreter
-/// (setattr on a base, `__bases__` assigned, a metaclass `mro`).
-inline unsigned int type_version(PyTypeObject* tp) { return tp->tp_version_tag; }
+/// equal tags mean an unchanged type). Before 3.13 a tag counts only while
+/// Py_TPFLAGS_VALID_VERSION_TAG is set: CPython zeroes the tag wherever it clears the flag, but the
+/// converse does not hold. 3.11/3.12's assign_version_tag gives the type its tag before its bases
+/// theirs, and when a base then gets none (the tag counter exhausted) it returns with this type's
+/// tag set and the flag clear; PyType_Modified returns early on a type without the flag, so that
+/// tag would survive every later modification. CPython's own caches test the flag too. 3.13 no
+/// longer sets the flag, assigns the bases first, and resets the tag to 0.
+inline unsigned int type_version(PyTypeObject* tp) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return tp->tp_version_tag;
+#else
+    return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
+#endif
+}
 
 /// Whether `c` was filled for `tp` under its current version tag.
 inline bool attr_cache_valid(const AttrCache& c, PyTypeObject* tp) {
