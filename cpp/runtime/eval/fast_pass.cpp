@@ -546,6 +546,11 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                     return md != nullptr ? pure_dict_get(md, n.step.operand, &ic.hint) : nullptr;
                 }
                 if (ic.mode == AttrCache::Mode::FunctionField) return function_field(p, n.step.operand);
+                if (ic.mode == AttrCache::Mode::Member) {
+                    // A slot of the object, not an entry of its dict: no dict tag proves it.
+                    *unclaimed = true;
+                    return member_slot(p, ic.hint);  // empty: the walk decides (None or an error)
+                }
             }
             return nullptr;
         };

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include <structmember.h>  // T_OBJECT, T_OBJECT_EX, PY_AUDIT_READ
+
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/tensor_props.hpp"
 
@@ -523,8 +525,28 @@ bool uses_generic_getattribute(PyTypeObject* tp) {
            own == base;
 }
 
-// How getattr(instance of tp, name) may be read, decided without running user code.
-AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name) {
+// The offset of the object slot that member descriptor `descr` serves to instances of tp, or -1.
+// Generic getattr finds a member descriptor (a data descriptor: it wins over the instance dict)
+// and member_get returns the slot: for T_OBJECT null reads as None, for T_OBJECT_EX it raises
+// AttributeError (and a __getattr__ may then run), both left to the generic path. Only object
+// slots (no boxing), no audit hook on the read (PY_AUDIT_READ runs hooks: user code), no relative
+// offset (3.12+: member_get refuses it), and a descriptor of a base of tp (member_get raises
+// TypeError otherwise). A functools.partial's `func`, `args`, `keywords`, a class's `__slots__`.
+Py_ssize_t object_member_offset(PyTypeObject* tp, PyObject* descr) {
+    if (descr == nullptr || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) return -1;
+    const PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+    if (m == nullptr || (m->type != T_OBJECT && m->type != T_OBJECT_EX) || (m->flags & PY_AUDIT_READ) != 0)
+        return -1;
+#ifdef Py_RELATIVE_OFFSET
+    if ((m->flags & Py_RELATIVE_OFFSET) != 0) return -1;
+#endif
+    if (!PyType_IsSubtype(tp, PyDescr_TYPE(descr)) || m->offset <= 0) return -1;
+    return m->offset;
+}
+
+// How getattr(instance of tp, name) may be read, decided without running user code. `offset` is
+// written only for Mode::Member: the slot's.
+AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name, Py_ssize_t* offset) {
     if (tp == &PyFunction_Type && function_field_of(name) != FunctionFieldKind::None)
         return AttrCache::Mode::FunctionField;
     if (tp == &PyModule_Type) {
@@ -538,8 +560,12 @@ AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name) {
     }
     if (module_subclass_reads_dict(tp, name)) return AttrCache::Mode::Module;
     PyObject* descr = nullptr;
-    if (!uses_generic_getattribute(tp) || tp->tp_dictoffset == 0 || !mro_lookup(tp, name, &descr))
-        return AttrCache::Mode::Generic;
+    if (!uses_generic_getattribute(tp) || !mro_lookup(tp, name, &descr)) return AttrCache::Mode::Generic;
+    if (const Py_ssize_t slot = object_member_offset(tp, descr); slot > 0) {
+        *offset = slot;
+        return AttrCache::Mode::Member;
+    }
+    if (tp->tp_dictoffset == 0) return AttrCache::Mode::Generic;
     // A data descriptor (property, slot, __dict__) on the type wins over the instance dict.
     if (descr != nullptr && Py_TYPE(descr)->tp_descr_set != nullptr) return AttrCache::Mode::Generic;
     // Any other class attribute of that name loses to the instance dict only while its own type
@@ -635,7 +661,7 @@ bool init_getattr_hook() {
 
 Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);
-    if (!attr_cache_valid(c, tp)) fill_cache(c, tp, name, [&] { return attr_mode(tp, name); });
+    if (!attr_cache_valid(c, tp)) fill_cache(c, tp, name, [&] { return attr_mode(tp, name, &c.hint); });
     switch (c.mode) {
         case AttrCache::Mode::InstanceDict: {
             // The type has no data descriptor for `name` (checked under this version tag), so
@@ -658,6 +684,9 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
         case AttrCache::Mode::FunctionField:
             if (PyObject* v = function_field(obj, name)) return ok_borrowed(v);
             break;
+        case AttrCache::Mode::Member:
+            if (PyObject* v = member_slot(obj, c.hint)) return ok_borrowed(v);
+            break;  // an empty slot: None or AttributeError (and __getattr__), as getattr decides
         case AttrCache::Mode::Module: {
             PyObject* d = PyModule_GetDict(obj);
             if (PyObject* hv = dict_get_hinted(d, name, &c.hint)) return ok_borrowed(hv);

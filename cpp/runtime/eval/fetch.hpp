@@ -38,6 +38,7 @@ struct AttrCache {
         InstanceDict,   ///< generic getattr, no data descriptor: look in the instance dict first
         Module,         ///< exact module: look in the module dict first
         FunctionField,  ///< exact function, a field its type exposes (`__defaults__`, `__code__`, ...)
+        Member,         ///< an object slot a member descriptor serves (`hint` holds its offset)
         Generic,        ///< anything else: PyObject_GetAttr
     };
     PyTypeObject* type = nullptr;
@@ -139,6 +140,12 @@ inline unsigned int type_version(PyTypeObject* tp) {
 #else
     return (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? tp->tp_version_tag : 0;
 #endif
+}
+
+/// The object in the slot at `offset` of `obj` (AttrCache::Mode::Member), borrowed, or null when
+/// the slot is empty.
+inline PyObject* member_slot(PyObject* obj, Py_ssize_t offset) {
+    return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
 }
 
 /// Whether `c` was filled for `tp` under its current version tag.
