@@ -230,8 +230,10 @@ class Cache(_core.CacheCore):
                 RecompileReason(n, None if f is None else f.reason, () if f is None else tuple(f.stack))
                 for n, f in zip(names, failures, strict=False)
             )
-        self._history.append(CompileRecord(name, seconds, time.time(), reasons))
+        # Counted before it is listed: a summary taken on another thread reads the list first and
+        # the count after, so it never lists more compiles than it counts.
         self._compile_count += 1
+        self._history.append(CompileRecord(name, seconds, time.time(), reasons))
         if seconds is not None:
             self._compile_seconds += seconds
 

@@ -153,6 +153,7 @@ def summarize_cache(cache: Cache, *, guards: bool = False) -> CacheSummary:
     for e in cache.entries:
         gs = cast(GuardSet, e.guards)
         entries.append(EntrySummary(e.name, e.hits, len(gs), gs.explain() if guards else None))
+    compiles = tuple(cache.compiles)
     return CacheSummary(
         kind=kind if kind in ("specialize", "frame") else "cache",  # type: ignore[arg-type]
         name=name,
@@ -164,9 +165,9 @@ def summarize_cache(cache: Cache, *, guards: bool = False) -> CacheSummary:
         recompiles=recompiles,
         evictions=evictions,
         invalidations=invalidations,
-        compile_count=cache._compile_count,
+        compiles=compiles,
+        compile_count=cache._compile_count,  # read after the list (Cache counts before listing)
         compile_seconds=cache._compile_seconds,
-        compiles=tuple(cache.compiles),
     )
 
 
