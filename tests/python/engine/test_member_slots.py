@@ -1,7 +1,7 @@
 """Attributes a member descriptor serves (a class's ``__slots__``, a ``functools.partial``'s
 ``func``/``args``/``keywords``) are read from the object's slot by the inline cache and the fast
 pass (AttrCache::Mode::Member, cpp/runtime/eval/fetch.cpp). Each case checks passing calls first,
-then a change that getattr sees, against the oracle, with the fast pass on and off."""
+then a change that getattr sees, decided four ways (engine_switches.agree_with_and_without_skip)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,8 @@ from typing import Any
 
 import pytest
 
-import reference
 import tripwire as tw
-from tripwire import _core
-
-
-def _decide(gs: Any, specs: list[Any], f_locals: dict[str, Any]) -> bool:
-    fast = gs.check(f_locals)
-    was = _core.testing.set_fast_pass(False)
-    try:
-        walk = gs.check(f_locals)
-    finally:
-        _core.testing.set_fast_pass(was)
-    ref = reference.check(specs, f_locals)
-    assert fast == walk == ref, (fast, walk, ref)
-    return fast
+from engine_switches import agree_with_and_without_skip as _decide
 
 
 def _guarded(obj: Any, src: str, value: Any = None, *, identity: bool = False) -> tuple[Any, list[Any], dict]:
