@@ -54,7 +54,20 @@ from contenders import Contender, fmt_ns, measure, ratio_columns, table  # noqa:
 # not import: none since the tensor engine (issue 9), so the filter keeps everything and
 # torch-same holds torch's whole set.
 TORCH_PENDING_GUARD_TYPES: frozenset[str] = frozenset()
-WORKLOAD_NAMES = ("gpt", "cnn", "config", "lstm", "encoder", "hooked", "marked", "dynamic")
+WORKLOAD_NAMES = (
+    "gpt",
+    "cnn",
+    "config",
+    "lstm",
+    "encoder",
+    "hooked",
+    "marked",
+    "dynamic",
+    "parametrized",
+    "aliased",
+    "partial",
+    "running",
+)
 
 
 # =================================================================================================
@@ -260,6 +273,71 @@ def build(name: str) -> Workload:
 
             title = "two Linears and a ReLU compiled with dynamic=True"
         return Workload(name, title, model, (x,), fail, dynamic=None if name == "marked" else True)
+    if name == "parametrized":
+        model = m.Parametrized(d=8)
+        x = torch.randn(3, 8)
+
+        def fail(L: dict) -> dict:
+            bad = copy.deepcopy(L["self"])
+            bad.c.parametrizations.weight._modules["1"] = m.Symmetric()  # a second parametrization
+            return {**L, "self": bad}
+
+        return Workload(
+            "parametrized",
+            "three parametrized Linears (orthogonal, a custom one, weight norm): NO_HASATTR on "
+            "nn.Module subclasses",
+            model,
+            (x,),
+            fail,
+        )
+    if name == "aliased":
+        model = m.Aliased(d=16)
+        x = torch.randn(2, 16)
+
+        def fail(L: dict) -> dict:
+            bad = copy.deepcopy(L["self"])
+            bad.scale = 0.25
+            return {**L, "self": bad}
+
+        return Workload(
+            "aliased",
+            "a module class with its own __getattr__ (aliases through super().__getattr__)",
+            model,
+            (x,),
+            fail,
+        )
+    if name == "partial":
+        model = m.PartialAct(d=16)
+        x = torch.randn(2, 16)
+
+        def fail(L: dict) -> dict:
+            bad = copy.deepcopy(L["self"])
+            bad.gate.keywords["max"] = 2.0
+            return {**L, "self": bad}
+
+        return Workload(
+            "partial",
+            "activations held as functools.partial objects (func and keywords read from slots)",
+            model,
+            (x,),
+            fail,
+        )
+    if name == "running":
+        model = m.RunningStats(d=16)
+        x = torch.randn(8, 16)
+
+        def fail(L: dict) -> dict:
+            bad = copy.deepcopy(L["self"])
+            bad.momentum = 0.1
+            return {**L, "self": bad}
+
+        return Workload(
+            "running",
+            "running statistics updated in place under no_grad in training mode, then a Linear",
+            model,
+            (x,),
+            fail,
+        )
     raise ValueError(name)
 
 

@@ -20,6 +20,8 @@ torch is wanted (the tests after ``pytest.importorskip("torch")``, the benchmark
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -243,3 +245,81 @@ class Chain(nn.Module):
     def forward(self, x):
         x = self.lin(x)
         return x if self.inner is None else self.inner(x)
+
+
+class Symmetric(nn.Module):
+    """A parametrization: the weight's upper triangle mirrored."""
+
+    def forward(self, w):
+        return w.triu() + w.triu(1).transpose(-1, -2)
+
+
+class Parametrized(nn.Module):
+    """Three parametrized Linears (torch.nn.utils.parametrize: orthogonal, a custom one, weight
+    norm). torch guards ``not hasattr(parametrizations.weight, '1')`` on each, which runs
+    nn.Module.__getattr__ unless decided natively (runtime/eval/dict_getattr.hpp)."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.a = nn.utils.parametrizations.orthogonal(nn.Linear(d, d))
+        self.b = nn.Linear(d, d)
+        torch.nn.utils.parametrize.register_parametrization(self.b, "weight", Symmetric())
+        self.c = nn.utils.parametrizations.weight_norm(nn.Linear(d, 4))
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(self.a(x))))
+
+
+class Aliased(nn.Module):
+    """A module class with its own ``__getattr__`` that resolves aliases through
+    ``super().__getattr__``: torch guards the class dict's alias table, the MRO's ``__getattr__``
+    and its closure cell (``__class__``), read through type attributes and a bound method."""
+
+    aliases: ClassVar[dict[str, str]] = {"encode": "inp", "decode": "out"}
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.out = nn.Linear(d, d)
+        self.scale = 0.5
+
+    def __getattr__(self, name):
+        target = type(self).aliases.get(name)
+        return super().__getattr__(target if target is not None else name)
+
+    def forward(self, x):
+        return self.decode(torch.relu(self.encode(x))) * self.scale
+
+
+class PartialAct(nn.Module):
+    """Activations held as ``functools.partial`` objects: their ``func`` and ``keywords`` are read
+    through member descriptors (object slots)."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, d)
+        self.fc2 = nn.Linear(d, d)
+        self.act = functools.partial(F.leaky_relu, negative_slope=0.2)
+        self.gate = functools.partial(torch.clamp, min=-1.0, max=1.0)
+
+    def forward(self, x):
+        return self.gate(self.fc2(self.act(self.fc1(x))))
+
+
+class RunningStats(nn.Module):
+    """Running statistics updated in place under no_grad while training (buffers mutated every
+    call, ``self.training`` read), then a Linear."""
+
+    def __init__(self, d: int = 16, momentum: float = 0.05) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(d))
+        self.register_buffer("var", torch.ones(d))
+        self.momentum = momentum
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                self.mean.lerp_(x.mean(0), self.momentum)
+                self.var.lerp_(x.var(0, unbiased=False), self.momentum)
+        return self.fc((x - self.mean) * torch.rsqrt(self.var + 1e-5))

@@ -12,6 +12,7 @@
 
 #include "core/ir.hpp"
 #include "register.hpp"
+#include "runtime/eval/dict_getattr.hpp"
 #include "runtime/eval/fetch.hpp"
 #include "runtime/eval/guard_kinds.hpp"
 
@@ -93,6 +94,16 @@ void register_values(nb::module_& m) {
         },
         nb::arg("d"),
         "The engine's version stamp of dict d (changes on every mutation; unique across dicts).");
+    m.def(
+        "register_dict_getattr",
+        [](nb::handle fn, nb::handle dicts) {
+            if (!runtime::register_dict_getattr(fn.ptr(), dicts.ptr())) throw nb::python_error();
+        },
+        nb::arg("fn"), nb::arg("dicts"),
+        "Declare fn, a class __getattr__, to look a name up in the instance dict's dicts named by "
+        "dicts (a tuple of str), in order, and otherwise raise AttributeError formatted from "
+        "type(self).__name__, as nn.Module.__getattr__ does: a check then decides `not hasattr` on "
+        "a miss without calling it, while fn's code is unchanged. The claim is the caller's.");
 }
 
 }  // namespace tripwire::bindings

@@ -56,7 +56,7 @@
     X(Length,              7,  "LENGTH",                 Required, No,       0,  1,   0,  DictStateOrFixedSize, 1,  Count,        LengthExact,         eval_length,                 Native, 0,  nullptr) \
     X(DictKeys,            8,  "DICT_KEYS",              Required, No,       1,  0,   0,  DictState,            1,  KeyTuple,     DictKeys,            eval_dict_keys,              Native, 0,  nullptr) \
     X(DictContains,        9,  "DICT_CONTAINS",          Required, Value,    0,  1,   0,  DictState,            1,  OperandFlag,  DictContains,        eval_dict_contains,          Native, 0,  nullptr) \
-    X(HasAttr,             10, "HASATTR",                Required, Value,    0,  1,   0,  Never,                1,  OperandFlag,  SlowGuard,           eval_has_attr,               Native, 0,  nullptr) \
+    X(HasAttr,             10, "HASATTR",                Required, Value,    0,  1,   0,  Never,                1,  OperandFlag,  HasAttr,             eval_has_attr,               Native, 0,  nullptr) \
     X(DictVersion,         11, "DICT_VERSION",           Required, No,       0,  0,   0,  DictState,            0,  Never,        DictVersion,         eval_dict_version,           Native, 0,  "a dict version is a counter of this process: it cannot be compared in another one") \
     X(TupleIteratorLen,    12, "TUPLE_ITERATOR_LEN",     Required, No,       0,  1,   0,  Never,                1,  Count,        SlowGuard,           eval_tuple_iterator_len,     Native, 0,  nullptr) \
     X(RangeIterator,       13, "RANGE_ITERATOR",         Required, Value,    0,  1,   0,  Never,                1,  Operand,      SlowGuard,           eval_range_iterator,         Native, 0,  nullptr) \

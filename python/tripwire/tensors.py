@@ -93,6 +93,12 @@ _numpy_status: str | None = None
 
 
 # -- switching support on --------------------------------------------------------------------------
+# The torch versions whose nn.Module.__getattr__ body was read and found to be: look the name up in
+# the instance dict's `_parameters`, `_buffers` and `_modules`, in order, else raise AttributeError
+# formatted from `type(self).__name__` (the claim register_dict_getattr makes).
+_MODULE_GETATTR_VERIFIED = ("2.13.",)
+
+
 def ensure_torch() -> bool:
     """Switch on tripwire's torch support if torch is imported; returns whether it is.
 
@@ -158,6 +164,11 @@ def ensure_torch() -> bool:
             _core._set_plain_tensor_types((torch.Tensor, torch.nn.Parameter))
         _core.register_constant_type(torch.layout, "identity")
         _core.register_constant_type(torch.memory_format, "identity")
+        module = getattr(getattr(torch, "nn", None), "Module", None)
+        if torch.__version__.startswith(_MODULE_GETATTR_VERIFIED) and module is not None:
+            # `not hasattr(module, name)` (torch's NO_HASATTR) decided without calling
+            # nn.Module.__getattr__ when its dicts lack the name (runtime/eval/dict_getattr.hpp).
+            _core.register_dict_getattr(module.__getattr__, ("_parameters", "_buffers", "_modules"))
         if not mode_flag:
             status += (
                 "; torch's per-thread dispatch-mode flag was not found: TENSOR_MATCH and"

@@ -730,6 +730,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_TensorMatch,
                                           &&op_ArrayMatch,
                                           &&op_DimensionMarking,
+                                          &&op_HasAttr,
                                           &&op_DispatchKeySetMatch,
                                           &&op_Relational,
                                           &&op_SettleDictItemStamp,
@@ -1249,6 +1250,23 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             const auto* mc = static_cast<const MarkingCache*>(op.hot);
             if (!dimension_marking_quick(&mc->names, mc->absent, r[op.node]) &&
                 !dimension_marking_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op))
+                next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_HasAttr:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // An attribute certainly absent (no class defines it, the object's storage lacks it,
+            // and no __getattr__ or a registered one that misses: dict_getattr.hpp) makes
+            // NO_HASATTR hold without calling hasattr. Anything else (present, undecidable, or a
+            // HASATTR that would fail here) is evaluated in place by the walk's code.
+            const RuntimeGuard& g = guards[op.guard];
+            if ((g.flag ||
+                 !attribute_certainly_absent(g.absence->attr, g.absence->absent, r[op.node], g.a)) &&
+                !slow_guard(ps, op))
                 next = end;
             break;
         } while (false);

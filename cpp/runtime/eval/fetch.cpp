@@ -7,6 +7,7 @@
 
 #include <structmember.h>  // T_OBJECT, T_OBJECT_EX, PY_AUDIT_READ
 
+#include "runtime/eval/dict_getattr.hpp"
 #include "runtime/eval/dict_hint.hpp"
 #include "runtime/eval/tensor_props.hpp"
 
@@ -719,16 +720,35 @@ PyObject* function_field(PyObject* fn, PyObject* name) {
 bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);
     if (!attr_cache_valid(c, tp)) {
-        // InstanceDict here means "no class defines the name, and getattr is object's own".
+        // InstanceDict here means "no class defines the name, and getattr is object's own";
+        // DictGetattr, "... and then the class's __getattr__, a registered one (c.hint)".
         fill_cache(c, tp, name, [&] {
             PyObject* descr = nullptr;
-            if (tp->tp_getattro != PyObject_GenericGetAttr || !mro_lookup(tp, name, &descr) ||
-                descr != nullptr)
+            if (!mro_lookup(tp, name, &descr) || descr != nullptr) return AttrCache::Mode::Generic;
+            if (tp->tp_getattro == PyObject_GenericGetAttr) return AttrCache::Mode::InstanceDict;
+            // CPython's hook for a class __getattr__ runs object.__getattribute__ first (when the
+            // class does not override it) and calls __getattr__ on its miss. The registered body
+            // reads `self.__dict__` (the instance dict only if no class redefines `__dict__`) and
+            // `type(self).__name__` (no user code only under the metatype `type`, which a class
+            // can never change).
+            static PyObject* const s_getattr = PyUnicode_InternFromString("__getattr__");
+            static PyObject* const s_dict = PyUnicode_InternFromString("__dict__");
+            PyObject* hook = nullptr;
+            PyObject* dict_descr = nullptr;
+            if (s_getattr == nullptr || s_dict == nullptr || tp->tp_getattro != g_getattr_hook ||
+                g_getattr_hook == nullptr || !uses_generic_getattribute(tp) || Py_TYPE(tp) != &PyType_Type ||
+                !mro_lookup(tp, s_getattr, &hook) || !mro_lookup(tp, s_dict, &dict_descr) ||
+                !own_dict_descriptor(dict_descr))
                 return AttrCache::Mode::Generic;
-            return AttrCache::Mode::InstanceDict;
+            const int index = dict_getattr_index(hook);
+            if (index < 0) return AttrCache::Mode::Generic;
+            c.hint = index;
+            return AttrCache::Mode::DictGetattr;
         });
     }
-    return c.mode == AttrCache::Mode::InstanceDict && instance_attr_absent(obj, name, &dict_memo) == 1;
+    if (c.mode == AttrCache::Mode::InstanceDict) return instance_attr_absent(obj, name, &dict_memo) == 1;
+    return c.mode == AttrCache::Mode::DictGetattr && instance_attr_absent(obj, name, &dict_memo) == 1 &&
+           dict_getattr_misses(static_cast<int>(c.hint), obj, name);
 }
 
 bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* const* names, int count) {

@@ -39,6 +39,7 @@ struct AttrCache {
         Module,         ///< exact module: look in the module dict first
         FunctionField,  ///< exact function, a field its type exposes (`__defaults__`, `__code__`, ...)
         Member,         ///< an object slot a member descriptor serves (`hint` holds its offset)
+        DictGetattr,    ///< absence only: a registered class `__getattr__` (`hint` holds its index)
         Generic,        ///< anything else: PyObject_GetAttr
     };
     PyTypeObject* type = nullptr;
@@ -165,9 +166,11 @@ PyObject* existing_instance_dict(PyObject* obj);
 /// returns it (None for an unset optional field); null for other names. No user code.
 PyObject* function_field(PyObject* fn, PyObject* name);
 /// Whether getattr(obj, name) certainly finds nothing, decided without user code: instances of
-/// obj's type use object.__getattribute__ itself (no __getattr__), no class of its MRO defines
-/// `name` (both cached in `c` under the type's version tag), and obj's own storage lacks it
-/// (instance_attr_absent). False when present, or when this cannot be decided that way.
+/// obj's type use object.__getattribute__ (cached in `c` under the type's version tag), no
+/// class of its MRO defines `name`, obj's own storage lacks it (instance_attr_absent), and either
+/// the class has no `__getattr__`, or it is a registered one whose miss is known
+/// (dict_getattr.hpp: nn.Module's) and misses. False when present, or when this cannot be decided
+/// that way.
 /// `dict_memo`: instance_attr_absent's memo of the instance dict state last proved to lack `name`.
 bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject* obj, PyObject* name);
 /// Whether getattr(obj, n) for each of the `count` exact str `names` is decided by obj's own

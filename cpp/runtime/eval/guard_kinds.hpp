@@ -11,6 +11,12 @@ namespace tripwire::runtime {
 
 /// DIMENSION_MARKING's caches, side by side (the fast op reads them directly: one line, not
 /// three). Owned by the GuardSet.
+/// HASATTR's inline cache: attribute_certainly_absent's, and its instance-dict memo.
+struct AbsenceCache {
+    AttrCache attr;
+    std::uint64_t absent = 0;
+};
+
 struct MarkingCache {
     /// InstanceDict when getattr is object's own and no class defines the flag or any marking
     /// attribute (attributes_in_instance_storage): each is then present exactly when the
@@ -56,6 +62,7 @@ struct RuntimeGuard {
     const std::int64_t* data = nullptr;  ///< GuardDecl::data (owned by the Program), data_size entries
     std::uint32_t data_size = 0;
     MarkingCache* marking = nullptr;  ///< DIMENSION_MARKING's caches (owned by the GuardSet)
+    AbsenceCache* absence = nullptr;  ///< HASATTR's cache (owned by the GuardSet)
     std::uint32_t id = 0;
     DictWatch* watch = nullptr;  ///< DICT_VERSION on 3.12+: its change flag (owned by the GuardSet)
 };

@@ -280,6 +280,9 @@ class GuardSet {
             TensorMatch,
             ArrayMatch,
             DimensionMarking,
+            // HASATTR where attribute_certainly_absent proves the name absent (NO_HASATTR holds);
+            // anything else is a residue.
+            HasAttr,
             DispatchKeySetMatch,  // decided here always (adapter only: no residue)
             // ALIAS / NO_ALIAS after every node: on the registers of its sources' nodes, or on
             // strong references once a residue ran (hold_relational).
@@ -518,6 +521,8 @@ class GuardSet {
     std::vector<Ref> derived_;
     // DIMENSION_MARKING's caches (sized once: RuntimeGuard::marking points into it).
     std::vector<MarkingCache> marking_caches_;
+    // HASATTR's inline caches (RuntimeGuard::absence points into it).
+    std::vector<AbsenceCache> absence_caches_;
     // TENSOR_MATCH's records, contiguous in guard order, each the expected type's address then
     // the guard's data (RuntimeGuard::data points here): the fast op reads its record only, not
     // the RuntimeGuard and a separate heap block (tensor_match_record). Never resized after

@@ -348,6 +348,10 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     for (const RuntimeGuard& g : guards_) markings += g.kind == core::GuardKind::DimensionMarking ? 1 : 0;
     marking_caches_.resize(markings);
     markings = 0;
+    std::size_t absences = 0;
+    for (const RuntimeGuard& g : guards_) absences += g.kind == core::GuardKind::HasAttr ? 1 : 0;
+    absence_caches_.resize(absences);
+    absences = 0;
     std::size_t record_words = 0;
     for (const RuntimeGuard& g : guards_)
         record_words += g.kind == core::GuardKind::TensorMatch ? 1 + g.data_size : 0;
@@ -355,6 +359,8 @@ GuardSet::GuardSet(GuardSetInputs in) : strict_(in.strict), state_(std::make_sha
     for (RuntimeGuard& g : guards_) {
         if (g.kind == core::GuardKind::DimensionMarking) {
             g.marking = &marking_caches_[markings++];
+        } else if (g.kind == core::GuardKind::HasAttr) {
+            g.absence = &absence_caches_[absences++];
         } else if (g.kind == core::GuardKind::TensorMatch) {
             // The record: the type's address (compared, never dereferenced), then a copy of the
             // data, which g.data then points at (the program's own copy is never written).

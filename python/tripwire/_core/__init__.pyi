@@ -636,6 +636,11 @@ def dict_version(d: dict) -> int:
     The engine's version stamp of dict d (changes on every mutation; unique across dicts).
     """
 
+def register_dict_getattr(fn: object, dicts: object) -> None:
+    """
+    Declare fn, a class __getattr__, to look a name up in the instance dict's dicts named by dicts (a tuple of str), in order, and otherwise raise AttributeError formatted from type(self).__name__, as nn.Module.__getattr__ does: a check then decides `not hasattr` on a miss without calling it, while fn's code is unchanged. The claim is the caller's.
+    """
+
 def parse_relation(text: str) -> tuple:
     """
     (code_end, [(begin, end, symbol)], [symbol texts]): where the relation ends (before a comment), every symbol occurrence, and the distinct symbol texts in order of first use. Raises the shape syntax error with the offset of the problem.

@@ -91,15 +91,15 @@ def test_fast_pass_used_for_builtin_guards() -> None:
     "add",
     [
         lambda b: b.predicate(lambda v: True, source="L['x']"),
-        lambda b: b.hasattr("L['obj']", "a"),
+        lambda b: b.tuple_iterator_len("L['it']"),
         lambda b: b.global_state(lambda: 1, name="one"),
     ],
-    ids=["lambda", "hasattr", "python_probe"],
+    ids=["lambda", "tuple_iterator", "python_probe"],
 )
 def test_a_guard_that_runs_user_code_costs_itself(add: Any) -> None:
     """A guard without a form free of user code is a residue: the fast pass decides every other
     guard and evaluates it in place; the set is not sent to the tree walk."""
-    f_locals = {"x": 1, "obj": Obj(a=1)}
+    f_locals = {"x": 1, "obj": Obj(a=1), "it": iter((1, 2))}
     b = tw.GuardBuilder(f_locals)
     b.equals("L['x']", 1)
     add(b)
@@ -110,7 +110,23 @@ def test_a_guard_that_runs_user_code_costs_itself(add: Any) -> None:
     assert gs.check(f_locals)
     assert gs._residue_pass_count == before + 1
     assert gs._last_fast_guards == 1
-    assert not gs.check({"x": 2, "obj": Obj(a=1)})
+    assert not gs.check({**f_locals, "x": 2})
+
+
+def test_a_hasattr_that_finds_its_name_costs_itself() -> None:
+    """HASATTR is decided by the fast pass only where the name is certainly absent
+    (test_hasattr_fast.py); an attribute that exists is a residue on every check."""
+    f_locals = {"x": 1, "obj": Obj(a=1)}
+    b = tw.GuardBuilder(f_locals)
+    b.equals("L['x']", 1)
+    b.hasattr("L['obj']", "a")
+    gs = b.build()
+    assert gs.check(f_locals)
+    before = gs._residue_pass_count
+    assert gs.check(f_locals)
+    assert gs._residue_pass_count == before + 1
+    assert gs._last_fast_guards == 1
+    assert not gs.check({**f_locals, "x": 2})
 
 
 def test_builtin_probe_is_on_the_fast_path() -> None:

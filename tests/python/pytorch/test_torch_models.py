@@ -904,3 +904,62 @@ def test_gru_vf_forwarding_attacked() -> None:
         torch.manual_seed(0)
         gs, gm, f_locals = compile_and_import(GRUNet(), torch.randn(2, 5, 8))
     _vf_same_as_torch(torch, gs, gm, f_locals, "gru")
+
+
+def _in_dict(d: dict, key: str, value: Any) -> Callable[[], Callable]:
+    def mutate() -> Callable:
+        d[key] = value
+        return lambda: d.pop(key)
+
+    return mutate
+
+
+@pytest.mark.torch
+def test_parametrized_module_hasattr_decided_without_module_getattr() -> None:
+    # torch.nn.utils.parametrize guards `not hasattr(parametrizations.weight, '1')` on each
+    # ParametrizationList (a second parametrization). nn.Module.__getattr__ is registered
+    # (runtime/eval/dict_getattr.hpp): the fast pass decides those guards from the module's dicts,
+    # and whatever puts '1' where nn.Module.__getattr__ (or the generic lookup) finds it fails.
+    torch = _torch()
+    nn = torch.nn
+    import torch.nn.utils.parametrize as P
+
+    class Symmetric(nn.Module):
+        def forward(self, w: Any) -> Any:
+            return w.triu() + w.triu(1).transpose(-1, -2)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.utils.parametrizations.orthogonal(nn.Linear(6, 6))
+            self.b = nn.Linear(6, 6)
+            P.register_parametrization(self.b, "weight", Symmetric())
+
+        def forward(self, x: Any) -> Any:
+            return torch.relu(self.b(self.a(x)))
+
+    m = Net()
+    gs, gm, f_locals = compile_and_import(m, torch.randn(3, 6))
+    kinds = [g.kind for g in gs.torch_import.guards]
+    assert kinds.count("NO_HASATTR") >= 2
+    for _ in range(2):
+        assert gs.check(f_locals) is True
+    fast, slow = gs._fast_pass_count, gs._residue_pass_count
+    assert gs.check(f_locals) is True
+    assert (gs._fast_pass_count, gs._residue_pass_count) == (fast + 1, slow)  # no residue
+    plist = m.b.parametrizations.weight
+    extra = Symmetric()
+    same_as_torch(
+        gs,
+        gm,
+        f_locals,
+        [
+            ("'1' in _modules", _in_dict(plist._modules, "1", extra)),
+            ("'1' in _parameters", _in_dict(plist._parameters, "1", nn.Parameter(torch.ones(1)))),
+            ("'1' in _buffers", _in_dict(plist._buffers, "1", torch.ones(1))),
+            ("'1' an instance attribute", set_attr(plist, "1", 1)),
+            ("'1' a class attribute", set_attr(type(plist), "1", 1)),
+            ("'2' added (no '1')", _in_dict(plist._modules, "2", extra)),
+            ("__getattr__ replaced", set_attr(type(plist), "__getattr__", lambda self, n: 1)),
+        ],
+    )
