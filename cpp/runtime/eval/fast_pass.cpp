@@ -1261,11 +1261,12 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             next = opp + 1;
             // An attribute certainly absent (no class defines it, the object's storage lacks it,
             // and no __getattr__ or a registered one that misses: dict_getattr.hpp) makes
-            // NO_HASATTR hold without calling hasattr. Anything else (present, undecidable, or a
-            // HASATTR that would fail here) is evaluated in place by the walk's code.
+            // NO_HASATTR hold without calling hasattr. Anything else (present, undecidable, a
+            // stale cache, which only the walk fills, or a HASATTR that would fail here) is
+            // evaluated in place by the walk's code.
             const RuntimeGuard& g = guards[op.guard];
             if ((g.flag ||
-                 !attribute_certainly_absent(g.absence->attr, g.absence->absent, r[op.node], g.a)) &&
+                 !attribute_certainly_absent(g.absence->attr, g.absence->absent, r[op.node], g.a, false)) &&
                 !slow_guard(ps, op))
                 next = end;
             break;

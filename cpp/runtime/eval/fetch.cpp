@@ -717,9 +717,11 @@ PyObject* function_field(PyObject* fn, PyObject* name) {
     return v != nullptr ? v : Py_None;  // the getters answer None for an unset optional field
 }
 
-bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject* obj, PyObject* name) {
+bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject* obj, PyObject* name,
+                                bool fill) {
     PyTypeObject* tp = Py_TYPE(obj);
     if (!attr_cache_valid(c, tp)) {
+        if (!fill) return false;
         // InstanceDict here means "no class defines the name, and getattr is object's own";
         // DictGetattr, "... and then the class's __getattr__, a registered one (c.hint)".
         fill_cache(c, tp, name, [&] {

@@ -170,9 +170,12 @@ PyObject* function_field(PyObject* fn, PyObject* name);
 /// class of its MRO defines `name`, obj's own storage lacks it (instance_attr_absent), and either
 /// the class has no `__getattr__`, or it is a registered one whose miss is known
 /// (dict_getattr.hpp: nn.Module's) and misses. False when present, or when this cannot be decided
-/// that way.
-/// `dict_memo`: instance_attr_absent's memo of the instance dict state last proved to lack `name`.
-bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject* obj, PyObject* name);
+/// that way. `dict_memo`: instance_attr_absent's memo of the instance dict state last proved to
+/// lack `name`. `fill`: whether a stale cache may be filled here (filling may run user code, a
+/// colliding key in a class dict: never where references are borrowed); without it a stale cache
+/// answers false.
+bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject* obj, PyObject* name,
+                                bool fill = true);
 /// Whether getattr(obj, n) for each of the `count` exact str `names` is decided by obj's own
 /// storage alone: instances of obj's type use object.__getattribute__ itself (no __getattr__) and
 /// no class of its MRO defines any of the names (cached in `c` under the type's version tag, as

@@ -199,6 +199,15 @@ inline int eval_set_contains(const RuntimeGuard& g, PyObject* v) {
     return r < 0 ? -1 : ((r == 1) == g.flag ? 1 : 0);
 }
 inline int eval_has_attr(const RuntimeGuard& g, PyObject* v) {
+    // The walk answers with hasattr itself; it also fills the fast op's cache for this type
+    // (a fill may run user code: only here), whose answer the fast pass then uses.
+    if (g.absence != nullptr && !attr_cache_valid(g.absence->attr, Py_TYPE(v))) {
+        Py_INCREF(v);  // user code in the fill may drop the caller's reference
+        (void)attribute_certainly_absent(g.absence->attr, g.absence->absent, v, g.a);
+        const bool failed = PyErr_Occurred() != nullptr;
+        Py_DECREF(v);
+        if (failed) return -1;
+    }
     PyObject* found = nullptr;
 #if PY_VERSION_HEX >= 0x030D0000
     const int r = PyObject_GetOptionalAttr(v, g.a, &found);
