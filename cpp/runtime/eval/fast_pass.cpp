@@ -1249,7 +1249,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             next = opp + 1;
             const auto* mc = static_cast<const MarkingCache*>(op.hot);
             if (!dimension_marking_quick(&mc->names, mc->absent, r[op.node]) &&
-                !dimension_marking_pure(guards[op.guard], r[op.node]) && !slow_guard(ps, op))
+                !dimension_marking_pure(guards[op.guard], r[op.node], false) && !slow_guard(ps, op))
                 next = end;
             break;
         } while (false);

@@ -753,8 +753,10 @@ bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject
            dict_getattr_misses(static_cast<int>(c.hint), obj, name);
 }
 
-bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* const* names, int count) {
+bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* const* names, int count,
+                                    bool fill) {
     if (!attr_cache_valid(c, tp)) {
+        if (!fill) return false;
         fill_cache(c, tp, names[0], [&] {
             if (tp->tp_getattro != PyObject_GenericGetAttr) return AttrCache::Mode::Generic;
             for (int i = 0; i < count; ++i) {

@@ -179,8 +179,9 @@ bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject
 /// Whether getattr(obj, n) for each of the `count` exact str `names` is decided by obj's own
 /// storage alone: instances of obj's type use object.__getattribute__ itself (no __getattr__) and
 /// no class of its MRO defines any of the names (cached in `c` under the type's version tag, as
-/// InstanceDict). Runs no user code once cached for the type.
-bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* const* names, int count);
+/// InstanceDict). Runs no user code once cached for the type. `fill` as attribute_certainly_absent's.
+bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* const* names, int count,
+                                    bool fill = true);
 
 /// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
 std::string describe_missing(const RuntimeStep& step, PyObject* parent);

@@ -574,10 +574,11 @@ bool set_within(PyObject* s, const std::int64_t* want, std::int64_t n) {
 
 }  // namespace
 
-bool dimension_marking_marked(const RuntimeGuard& g, PyObject* v) {
+bool dimension_marking_marked(const RuntimeGuard& g, PyObject* v, bool fill) {
     static const MarkingNames& names = marking_names();
     if (g.marking == nullptr) return false;
     PyTypeObject* tp = Py_TYPE(v);
+    if (!fill && !attr_cache_valid(g.marking->names, tp)) return false;  // unmarked_type stays as is
     const bool in_storage =
         attributes_in_instance_storage(g.marking->names, tp, names.read, 1 + core::marking_data::kAttrCount);
     // names may have been filled for tp just now: what the fused op may then assume, for tp alone.
@@ -605,16 +606,16 @@ bool dimension_marking_marked(const RuntimeGuard& g, PyObject* v) {
     return ok && any_built;
 }
 
-bool dimension_marking_pure(const RuntimeGuard& g, PyObject* v) {
+bool dimension_marking_pure(const RuntimeGuard& g, PyObject* v, bool fill) {
     // The common case: a tensor nobody marked carries no _has_dynamo_dim_marking at all. The
     // name is interned once (marking_names) and kept here, off the function-local static's guard.
     static PyObject* const flag = marking_names().flag;
     if (dimension_marking_quick(g, v)) return true;
     if (g.marking == nullptr) return false;
-    if (dimension_marking_marked(g, v)) return true;
+    if (dimension_marking_marked(g, v, fill)) return true;
     // A class defines a marking attribute (the slow path reads it), but perhaps not the flag.
     return g.marking->names.mode != AttrCache::Mode::InstanceDict &&
-           attribute_certainly_absent(g.marking->flag, g.marking->absent, v, flag);
+           attribute_certainly_absent(g.marking->flag, g.marking->absent, v, flag, fill);
 }
 
 int dimension_marking(const RuntimeGuard& g, PyObject* v) {

@@ -60,17 +60,19 @@ bool tensor_match_pure(const RuntimeGuard& g, PyObject* v);
 bool tensor_match_pure(const RuntimeGuard& g, PyObject* v, TwKeyMemo& memo);
 bool array_match_pure(const RuntimeGuard& g, PyObject* v);
 /// DIMENSION_MARKING's pure form: dimension_marking_marked, or, on a type where a class defines
-/// a marking attribute, the flag certainly absent.
-bool dimension_marking_pure(const RuntimeGuard& g, PyObject* v);
+/// a marking attribute, the flag certainly absent. `fill`: whether a stale inline cache may be
+/// filled (filling may run user code: the fast pass passes false, and the walk fills).
+bool dimension_marking_pure(const RuntimeGuard& g, PyObject* v, bool fill = true);
 /// DIMENSION_MARKING read from the instance's own storage: no class defines the flag or a marking
 /// attribute and getattr is object's own (MarkingCache::names, under the type's version tag), and
 /// either the flag is absent (proved in a dict state the absence memo keeps) or, on a tensor
 /// marked as torch's mark_dynamic leaves it, each marking attribute present in the instance's own storage is
 /// an exact set of exact ints within the built dimensions (torch's issubset), a built-absent one absent. True
 /// only when the guard holds; anything else (a set subclass, a frozenset, a non-int element, a gated
-/// dependent attribute present) is left to dimension_marking. No user code; allocates one set
-/// iterator per present marking with the collector off.
-bool dimension_marking_marked(const RuntimeGuard& g, PyObject* v);
+/// dependent attribute present) is left to dimension_marking. No user code once the inline cache is
+/// filled (`fill`, as dimension_marking_pure's); allocates one set iterator per present marking
+/// with the collector off.
+bool dimension_marking_marked(const RuntimeGuard& g, PyObject* v, bool fill = true);
 
 /// The fast program's inline first tries (false: not decided this way, the *_pure form decides).
 /// TENSOR_MATCH: the exact type, then the adapter's one-call comparison (TwTorchAdapter::
