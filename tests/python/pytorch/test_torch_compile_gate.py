@@ -6,6 +6,7 @@ with torch.compile's on the same changes, and torch's route is counted (docs/com
 
 from __future__ import annotations
 
+import copy
 import gc
 import inspect
 import sys
@@ -498,6 +499,10 @@ def test_the_gate_as_a_method():
     with pytest.raises(TypeError):  # super(OptimizedModule, obj): not an instance
         type(cm).__call__(object(), x)
     assert g.route(object()) == "torch"
+    # A copy (torch's __reduce__ builds it anew): its own state, over its own dict and module.
+    twin = copy.deepcopy(cm)
+    assert twin.__dict__["_tripwire_fast"] is not cm.__dict__["_tripwire_fast"]
+    assert g.route(twin) == "direct" and torch.equal(twin(x), cm(x))
     # Keyword arguments and more positional ones than a small stack, on the direct route.
 
     class Many(torch.nn.Module):
@@ -511,3 +516,35 @@ def test_the_gate_as_a_method():
         assert torch.equal(cmany(*xs, scale=2.0), tmany(*xs, scale=2.0))
         assert torch.equal(cmany(*xs[:3]), tmany(*xs[:3]))
     assert g.route(cmany) == "direct"
+
+
+def test_a_key_whose_eq_runs_inside_the_gates_reads(routes):
+    # Any dict key of a colliding hash makes a lookup call its __eq__: user code inside the gate's
+    # reads, which here adds a hook, drops the gate's state from the dict and collects.
+    m, cm, tm = pair()
+    x = torch.randn(2, 4)
+    both(cm, tm, m, x)
+    seen = []
+
+    class Collides:
+        def __hash__(self):
+            return hash("_forward_hooks")
+
+        def __eq__(self, other):
+            seen.append(other)
+            if len(seen) == 1:
+                cm.__dict__["_forward_hooks"] = type(m._forward_hooks)({0: lambda mod, a, out: out + 1})
+                cm.__dict__.pop("_tripwire_fast")
+                gc.collect()
+            return False
+
+    key = Collides()
+    cm.__dict__[key] = 1
+    with torch.no_grad():
+        out = cm(x)  # the lookup restarts on the mutated dict: the hook is found, torch's route
+        assert torch.equal(out, m(x) + 1) and routes.count(cm) == 1
+        assert seen and gate().route(cm) == "torch"  # no state any more: torch's route for good
+        del cm.__dict__[key]
+        cm.__dict__["_forward_hooks"] = type(m._forward_hooks)()
+        assert torch.equal(cm(x), tm(x)) and routes.count(cm) == 2
+    assert ef._in_optimized_module is False
