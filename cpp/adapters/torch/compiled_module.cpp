@@ -274,16 +274,6 @@ done:
     return r;
 }
 
-// An exception saved across the flag's restore (PyErr_GetRaisedException is 3.12+).
-struct SavedError {
-    PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
-    void fetch() { PyErr_Fetch(&type, &value, &tb); }
-    void restore() {
-        if (type != nullptr) PyErr_Restore(type, value, tb);
-        type = value = tb = nullptr;
-    }
-};
-
 // `callee(*args)`, or `callee(first, *args)`, with eval_frame._in_optimized_module True for the
 // call and its previous value put back on every exit, as torch's _set_in_optimized_module does
 // (a module global, set through the module's dict as the Python assignment sets it).
@@ -325,10 +315,11 @@ PyObject* run_flagged(Gate* g, PyObject* callee, PyObject* first, PyObject* cons
             if (buf != small) PyMem_Free(buf);
         }
     }
-    SavedError exc;
-    if (r == nullptr) exc.fetch();
-    // Cannot fail in practice (the key is there: no resize); if it does, the call's own
-    // exception is the one the caller sees.
+    // The call's exception is set aside while the flag is put back (PyErr_GetRaisedException is
+    // 3.12+). The set cannot fail in practice (the key is there: no resize); if it does, the
+    // call's own exception is the one the caller sees.
+    PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+    if (r == nullptr) PyErr_Fetch(&type, &value, &tb);
     const int ok = PyDict_SetItem(g->ef_dict, g_names.in_optimized_module, old);
     Py_DECREF(old);
     if (ok < 0) {
@@ -338,7 +329,7 @@ PyObject* run_flagged(Gate* g, PyObject* callee, PyObject* first, PyObject* cons
         }
         PyErr_WriteUnraisable(g->ef_dict);
     }
-    exc.restore();
+    if (r == nullptr) PyErr_Restore(type, value, tb);
     return r;
 }
 
