@@ -113,18 +113,21 @@ def test_a_hit_is_the_gate_with_no_python_frame_of_tripwire(routes):
     assert [n for f, n in frames if f.endswith("_compile.py")] == ["_fn"]
 
 
-def test_a_hook_registered_inside_forward_applies_from_the_next_call(routes):
+@pytest.mark.parametrize("on", ["module", "wrapper"])
+def test_a_hook_registered_inside_forward_applies_from_the_next_call(routes, on):
     for compiled in (twt.compile, torch.compile):
         torch.manual_seed(0)
         m = Net()
         fired = []
+        target = []  # the module the hook goes on: the original, or the compiled wrapper
 
-        def register(mod=m, fired=fired):
-            if not mod._forward_hooks:
-                mod.register_forward_hook(lambda mod, args, out: fired.append(1) or out + 1)
+        def register(fired=fired, target=target):
+            if not target[0]._forward_hooks:
+                target[0].register_forward_hook(lambda mod, args, out: fired.append(1) or out + 1)
 
         m.bump = torch.compiler.disable(lambda m=m, register=register: (m._bump(), register()))
         cm = compiled(m, backend="eager")
+        target.append(m if on == "module" else cm)
         x = torch.randn(2, 4)
         with torch.no_grad():
             first = cm(x)
@@ -134,8 +137,10 @@ def test_a_hook_registered_inside_forward_applies_from_the_next_call(routes):
         assert torch.equal(second, first + 1) and torch.equal(third, second)
         assert m.calls == 3
         if compiled is twt.compile:
-            assert routes.count(cm) == 0  # the wrapper has no hook: the scope, which runs orig's
-            assert gate().route(cm) == "scope"
+            if on == "module":  # the wrapper has no hook: its scope, whose orig.__call__ runs it
+                assert routes.count(cm) == 0 and gate().route(cm) == "scope"
+            else:
+                assert routes.count(cm) == 2 and gate().route(cm) == "torch"
 
 
 def test_a_global_hook_added_and_removed(routes):
