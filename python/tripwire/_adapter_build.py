@@ -45,7 +45,8 @@ ENV_SWITCH = "TRIPWIRE_TORCH_ADAPTER"  # "0": no first-use build (the Python rea
 ENV_CACHE = "TRIPWIRE_CACHE_DIR"
 # The adapter's units (cpp/adapters/torch, by role), compiled and linked in one command.
 _UNITS = tuple(
-    f"adapters/torch/{unit}.cpp" for unit in ("module", "tensors", "global_state", "dispatch_keys", "devices")
+    f"adapters/torch/{unit}.cpp"
+    for unit in ("module", "tensors", "global_state", "dispatch_keys", "devices", "compiled_module")
 )
 # Relative to the source root (-I); every one is hashed into the build key.
 _SOURCES = (

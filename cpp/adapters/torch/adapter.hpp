@@ -1,8 +1,9 @@
 // tripwire/cpp/adapters/torch/adapter.hpp -- the torch adapter's units, as module.cpp sees them.
 //
 // The adapter's functions by role (tensors.cpp, global_state.cpp, dispatch_keys.cpp, devices.cpp):
-// those module.cpp puts in the TwTorchAdapter table and the load-time checks it runs. Everything
-// else stays inside its unit. The per-check functions (tensor_matches, global_state_matches) are
+// those module.cpp puts in the TwTorchAdapter table and the load-time checks it runs, and the
+// Python types module.cpp adds to the module (compiled_module.cpp). Everything else stays inside
+// its unit. The per-check functions (tensor_matches, global_state_matches) are
 // called through the table, so nothing they inline crosses a unit: each keeps its helpers beside it.
 #pragma once
 
@@ -70,5 +71,10 @@ int read_device(PyObject* obj, int32_t* type, int32_t* index) noexcept;
 int parse_device(const char* text, int32_t* type, int32_t* index) noexcept;
 int dtype_code(PyObject* obj) noexcept;
 int device_equal(PyObject* a, PyObject* b) noexcept;
+
+// -- compiled_module.cpp -------------------------------------------------------------------------
+// Adds ModuleCall (a compiled module's class __call__: the per-call gate of
+// tripwire.torch.compile's OptimizedModule) and ModuleCallState to the module; -1 with an error set.
+int add_compiled_module_types(PyObject* m);
 
 }  // namespace tripwire::torch_adapter

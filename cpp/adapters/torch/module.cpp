@@ -5,7 +5,8 @@
 // exports one PyCapsule holding the TwTorchAdapter table (cpp/runtime/tensors/adapter_abi.h): plain
 // C functions that read a tensor's fields, torch's global state, the torch-function mode stack
 // and torch.device objects without any Python call. The functions live by role in this directory
-// (adapter.hpp lists them); the module's initialiser runs their load-time checks and fills the table.
+// (adapter.hpp lists them); the module's initialiser runs their load-time checks and fills the table,
+// and adds the compiled module's gate types (compiled_module.cpp).
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Size.h>
@@ -83,6 +84,11 @@ PyMODINIT_FUNC PyInit__torch_adapter() {
     PyObject* capsule = PyCapsule_New(&g_table, TRIPWIRE_TORCH_ADAPTER_CAPSULE, nullptr);
     if (capsule == nullptr || PyModule_AddObject(m, "table", capsule) < 0) {
         Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return nullptr;
+    }
+    // The compiled module's per-call gate (tripwire.torch.compile's OptimizedModule.__call__).
+    if (ta::add_compiled_module_types(m) < 0) {
         Py_DECREF(m);
         return nullptr;
     }

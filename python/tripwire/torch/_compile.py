@@ -3,8 +3,9 @@
 Dynamo compiles (its callback, called on a tripwire miss with a view of the frame, never running
 it); tripwire checks the entry's guards (imported with ``guards_of``) and runs the transformed code
 in the frame (``tripwire.frame``). The per-call scope is a C object (``tripwire.frame.scoped``) that
-also makes compile_wrapper's per-call reads, so a hit costs no Python frame of tripwire's (but a
-module's ``__call__``, in place of torch's). docs/compile.md has the contract and the limits. Importing this module imports torch.
+also makes compile_wrapper's per-call reads, and a compiled module's class ``__call__`` is the
+torch adapter's C gate, so a hit costs no Python frame of tripwire's. docs/compile.md has the
+contract and the limits. Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import inspect
 import logging
 import operator
+import sys
 import threading
 import types
 import warnings
@@ -524,7 +526,7 @@ class _Context:
 
 
 _modhooks = torch.nn.modules.module
-_tracing_state = torch._C._get_tracing_state
+_ADAPTER = "tripwire._torch_adapter"  # _adapter_build.MODULE, loaded by compile()'s ensure_torch
 
 
 class OptimizedModule(_ef.OptimizedModule):
@@ -532,18 +534,24 @@ class OptimizedModule(_ef.OptimizedModule):
     (parameters, state_dict, attribute access, train()/eval() are the original module's), whose
     forward runs in tripwire's frame runtime.
 
-    A call with no module hook anywhere (global, on this wrapper, on the original module) skips
-    the nn.Module call machinery that would only find no hook: torch's route runs
-    ``Module._wrapped_call_impl`` and ``_call_impl`` twice (this wrapper, then the original
-    module inside the scope) and a context manager, about a dozen Python frames. Any hook, a
-    replaced ``forward``, ``Module.compile()``'s ``_compiled_call_impl`` or a JIT trace in
-    progress sends the call down torch's whole route, which applies them."""
+    Its ``__call__`` is the torch adapter's C gate (``ModuleCall``, cpp/adapters/torch/
+    compiled_module.cpp), installed by the first ``_initialize`` with the adapter loaded: a call
+    with no module hook anywhere (global, on this wrapper, on the original module) skips the
+    nn.Module call machinery that would only find no hook, with no Python frame of tripwire's:
+    torch's route runs ``Module._wrapped_call_impl`` and ``_call_impl`` twice (this wrapper,
+    then the original module inside the scope) and a context manager, about a dozen Python
+    frames. Any hook, a replaced ``forward`` or ``__dict__``, ``Module.compile()``'s
+    ``_compiled_call_impl`` or a JIT trace in progress sends the call down torch's whole route
+    (``super().__call__``), which applies them."""
 
-    _tripwire_fast: tuple[Any, ...] | None = None  # a class attribute: assigned to __dict__
+    _tripwire_fast: Any = None  # a class attribute: the gate's state is assigned to __dict__
 
     def _initialize(self) -> None:
         super()._initialize()
         self._tripwire_fast = None
+        adapter = sys.modules.get(_ADAPTER)
+        if adapter is None or not _core.torch_adapter_installed():
+            return  # unpickled in a process without the adapter: torch's route
         ctx: _Context = self.dynamo_ctx  # type: ignore[assignment]  # ours, set by compile()
         scope, wrapped = self.__dict__.get("forward"), ctx.wrapped
         if not isinstance(scope, twf._FrameScope):
@@ -558,57 +566,15 @@ class OptimizedModule(_ef.OptimizedModule):
             and isinstance(forward, types.FunctionType)
         ):
             # torch wrapped orig.__call__ (its hooks run outside Dynamo, which then intercepts
-            # forward's frame): without hooks, the scope can enter that frame directly.
-            direct = types.MethodType(_scope(forward, ctx.compiled, bound=True), orig)
-        # The instance dicts: nn.Module defines __getattr__, so attribute reads of a module take
-        # the interpreter's unspecialized path; the hook dicts are read from them per call.
-        self._tripwire_fast = (self.__dict__, scope, orig, orig.__dict__, direct, forward)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fast = self._tripwire_fast
-        m = _modhooks
-        try:
-            if fast is None:
-                raise KeyError
-            d, scope, orig, od, direct, forward = fast
-            if (
-                m._global_forward_pre_hooks
-                or m._global_forward_hooks
-                or m._global_backward_pre_hooks
-                or m._global_backward_hooks
-                or d["_forward_pre_hooks"]
-                or d["_forward_hooks"]
-                or d["_backward_pre_hooks"]
-                or d["_backward_hooks"]
-                or d.get("forward") is not scope
-                or _tracing_state() is not None
-                or self.__dict__ is not d  # replaced (object.__setattr__): the reads above were stale
-            ):
-                raise KeyError
-            call = (
-                direct
-                if direct is not None
-                and not (
-                    od["_forward_pre_hooks"]
-                    or od["_forward_hooks"]
-                    or od["_backward_pre_hooks"]
-                    or od["_backward_hooks"]
-                    or "forward" in od
-                    or type(orig).forward is not forward
-                    or orig._compiled_call_impl is not None
-                    or orig.__dict__ is not od
-                )
-                else scope
-            )
-        except KeyError:  # a hook, a replaced forward or __dict__, a JIT trace: torch's route
-            return super().__call__(*args, **kwargs)
-        # What torch's _set_in_optimized_module() does, without its generator and context manager.
-        old = _ef._in_optimized_module
-        _ef._in_optimized_module = True
-        try:
-            return call(*args, **kwargs)
-        finally:
-            _ef._in_optimized_module = old
+            # forward's frame): without hooks, the gate enters that frame directly, orig first.
+            direct = _scope(forward, ctx.compiled, bound=True)
+        # The instance dicts: the gate reads the hook dicts from them per call, and finds this
+        # state through the wrapper's current __dict__ (replaced wholesale: torch's route).
+        self._tripwire_fast = adapter.ModuleCallState(
+            self.__dict__, scope, orig, orig.__dict__, direct, forward
+        )
+        if "__call__" not in OptimizedModule.__dict__:  # once; until then torch's __call__ is inherited
+            OptimizedModule.__call__ = adapter.ModuleCall(OptimizedModule, _modhooks, _ef)  # type: ignore[method-assign]
 
 
 _unsupported_reasons = (
