@@ -72,7 +72,7 @@
     X(Shape,               23, "SHAPE",                  Absent,   No,       0,  0,   0,  Never,                1,  Relation,     SlowGuard,           eval_decided_by_set,         Python, 0,  nullptr) \
     X(StorageOverlapping,  24, "STORAGE_OVERLAPPING",    Required, No,       0,  0,   1,  Never,                1,  Overlap,      SlowGuard,           eval_decided_by_set,         Native, 1,  nullptr) \
     X(DispatchKeySetMatch, 25, "DISPATCH_KEY_SET_MATCH", Required, No,       0,  0,   0,  Never,                1,  KeyBits,      DispatchKeySetMatch, eval_dispatch_key_set_match, Python, 1,  nullptr) \
-    X(SetContains,         26, "SET_CONTAINS",           Required, Value,    0,  1,   0,  Never,                1,  OperandFlag,  SlowGuard,           eval_set_contains,           Native, 0,  nullptr)
+    X(SetContains,         26, "SET_CONTAINS",           Required, Value,    0,  1,   0,  Never,                1,  OperandFlag,  SetContains,         eval_set_contains,           Native, 0,  nullptr)
 // clang-format on
 
 namespace tripwire::core {

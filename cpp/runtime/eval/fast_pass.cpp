@@ -731,6 +731,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_ArrayMatch,
                                           &&op_DimensionMarking,
                                           &&op_HasAttr,
+                                          &&op_SetContains,
                                           &&op_DispatchKeySetMatch,
                                           &&op_Relational,
                                           &&op_SettleDictItemStamp,
@@ -1269,6 +1270,16 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                  !attribute_certainly_absent(g.absence->attr, g.absence->absent, r[op.node], g.a, false)) &&
                 !slow_guard(ps, op))
                 next = end;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
+    op_SetContains:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            // Decided here only when it holds; a failure or an undecided set runs in place.
+            if (set_contains_pure(guards[op.guard], r[op.node]) != 1 && !slow_guard(ps, op)) next = end;
             break;
         } while (false);
         opp = next;

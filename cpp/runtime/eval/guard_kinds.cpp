@@ -40,6 +40,33 @@ bool builtin_length(PyObject* v, Py_ssize_t& n) {
     return false;
 }
 
+int set_contains_pure(const RuntimeGuard& g, PyObject* v) {
+#ifdef Py_GIL_DISABLED
+    (void)g;
+    (void)v;
+    return -1;  // the table is read under the set's lock there
+#else
+    PyObject* item = g.a;
+    if (!PyUnicode_CheckExact(item) || (!PySet_CheckExact(v) && !PyFrozenSet_CheckExact(v))) return -1;
+    auto* so = reinterpret_cast<PySetObject*>(v);
+    bool found = false;
+    if (so->used != 0) {
+        if (so->mask + 1 > kSetScanLimit) return -1;
+        const Py_hash_t h = reinterpret_cast<PyASCIIObject*>(item)->hash;
+        for (Py_ssize_t i = 0; i <= so->mask; ++i) {
+            PyObject* k = so->table[i].key;
+            if (k == nullptr) continue;
+            // Anything but an exact str (a user object, a dummy left by a removal) may compare
+            // equal through its own __eq__ in a real lookup: not decided here.
+            if (!PyUnicode_CheckExact(k)) return -1;
+            if (k == item || (so->table[i].hash == h && h != -1 && PyUnicode_Compare(k, item) == 0))
+                found = true;
+        }
+    }
+    return found == g.flag ? 1 : 0;
+#endif
+}
+
 namespace {
 
 using core::GuardKind;

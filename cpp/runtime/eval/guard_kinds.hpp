@@ -89,6 +89,15 @@ int python_equals_pure(PyObject* v, PyObject* c);
 /// The same, falling back to PyObject_RichCompareBool (user code: the caller holds `v`). 1/0/-1.
 int python_equals(PyObject* v, PyObject* c);
 
+/// SET_CONTAINS decided without user code: an exact str item against an exact set or frozenset
+/// of at most kSetScanLimit entries whose every stored key is an exact str (str comparisons
+/// only), or an empty one. 1 when the guard holds, 0 when it does not, -1 when undecided this
+/// way (a key of another type, whose __eq__ a lookup could call; a dummy left by a removal; a
+/// larger table; a subclass). Reads the set's public table (Include/cpython/setobject.h);
+/// allocates nothing.
+inline constexpr Py_ssize_t kSetScanLimit = 32;
+int set_contains_pure(const RuntimeGuard& g, PyObject* v);
+
 /// Whether constant `c` nests at most core::kMaxConstantDepth levels of containers (a cyclic
 /// list does not). Runs no user code.
 bool constant_depth_ok(PyObject* c);

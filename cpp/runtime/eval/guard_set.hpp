@@ -283,6 +283,8 @@ class GuardSet {
             // HASATTR where attribute_certainly_absent proves the name absent (NO_HASATTR holds);
             // anything else is a residue.
             HasAttr,
+            // SET_CONTAINS on a small set of exact str (set_contains_pure); else a residue.
+            SetContains,
             DispatchKeySetMatch,  // decided here always (adapter only: no residue)
             // ALIAS / NO_ALIAS after every node: on the registers of its sources' nodes, or on
             // strong references once a residue ran (hold_relational).
