@@ -40,31 +40,47 @@ bool builtin_length(PyObject* v, Py_ssize_t& n) {
     return false;
 }
 
-int set_contains_pure(const RuntimeGuard& g, PyObject* v) {
+bool small_str_set(PyObject* s) {
 #ifdef Py_GIL_DISABLED
-    (void)g;
-    (void)v;
-    return -1;  // the table is read under the set's lock there
+    (void)s;
+    return false;  // the table is read under the set's lock there
 #else
-    PyObject* item = g.a;
-    if (!PyUnicode_CheckExact(item) || (!PySet_CheckExact(v) && !PyFrozenSet_CheckExact(v))) return -1;
-    auto* so = reinterpret_cast<PySetObject*>(v);
-    bool found = false;
-    if (so->used != 0) {
-        if (so->mask + 1 > kSetScanLimit) return -1;
-        const Py_hash_t h = reinterpret_cast<PyASCIIObject*>(item)->hash;
-        for (Py_ssize_t i = 0; i <= so->mask; ++i) {
-            PyObject* k = so->table[i].key;
-            if (k == nullptr) continue;
-            // Anything but an exact str (a user object, a dummy left by a removal) may compare
-            // equal through its own __eq__ in a real lookup: not decided here.
-            if (!PyUnicode_CheckExact(k)) return -1;
-            if (k == item || (so->table[i].hash == h && h != -1 && PyUnicode_Compare(k, item) == 0))
-                found = true;
-        }
+    if (!PySet_CheckExact(s) && !PyFrozenSet_CheckExact(s)) return false;
+    auto* so = reinterpret_cast<PySetObject*>(s);
+    if (so->used == 0) return true;
+    if (so->mask + 1 > kSetScanLimit) return false;
+    for (Py_ssize_t i = 0; i <= so->mask; ++i) {
+        // Anything but an exact str (a user object, a dummy left by a removal) may compare equal
+        // through its own __eq__ in a real lookup.
+        PyObject* k = so->table[i].key;
+        if (k != nullptr && !PyUnicode_CheckExact(k)) return false;
     }
-    return found == g.flag ? 1 : 0;
+    return true;
 #endif
+}
+
+bool small_str_set_has(PyObject* s, PyObject* item) {
+#ifdef Py_GIL_DISABLED
+    (void)s;
+    (void)item;
+    return false;
+#else
+    auto* so = reinterpret_cast<PySetObject*>(s);
+    if (so->used == 0) return false;
+    const Py_hash_t h = reinterpret_cast<PyASCIIObject*>(item)->hash;
+    for (Py_ssize_t i = 0; i <= so->mask; ++i) {
+        PyObject* k = so->table[i].key;
+        if (k == item ||
+            (k != nullptr && so->table[i].hash == h && h != -1 && PyUnicode_Compare(k, item) == 0))
+            return true;
+    }
+    return false;
+#endif
+}
+
+int set_contains_pure(const RuntimeGuard& g, PyObject* v) {
+    if (!PyUnicode_CheckExact(g.a) || !small_str_set(v)) return -1;
+    return small_str_set_has(v, g.a) == g.flag ? 1 : 0;
 }
 
 namespace {

@@ -97,6 +97,11 @@ int python_equals(PyObject* v, PyObject* c);
 /// allocates nothing.
 inline constexpr Py_ssize_t kSetScanLimit = 32;
 int set_contains_pure(const RuntimeGuard& g, PyObject* v);
+/// Whether `s` is an exact set or frozenset whose table (at most kSetScanLimit slots) holds only
+/// exact str keys: a lookup or a comparison with it then compares str only, and
+/// small_str_set_has answers membership of an exact str without user code.
+bool small_str_set(PyObject* s);
+bool small_str_set_has(PyObject* s, PyObject* item);
 
 /// Whether constant `c` nests at most core::kMaxConstantDepth levels of containers (a cyclic
 /// list does not). Runs no user code.

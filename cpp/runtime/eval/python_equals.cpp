@@ -20,11 +20,16 @@
 //   - None (a singleton: identity decides);
 //   - tuple against tuple, list against list (recursively, as above; a list of another length is
 //     unequal at once, list_richcompare's early out; a tuple compares its common prefix first);
+//   - set or frozenset against set or frozenset: of another size, unequal at once
+//     (set_richcompare's early out); both small tables of exact str only (small_str_set), each
+//     element of one looked up in the other, str compares only (torch guards a module's
+//     `_non_persistent_buffers_set` so);
 //   - two objects of different families among these: unequal (each side's richcompare returns
 //     NotImplemented for the other and == falls back to identity, which was false).
-// Anything else (a subclass, a float against an int, a set, a user object) is unknown: Python
-// decides. The first undecided pair stops the scan, so an element whose __eq__ would raise is
-// never skipped over to reach a later unequal one: the answer, errors included, is Python's.
+// Anything else (a subclass, a float against an int, a set holding other types, a user object)
+// is unknown: Python decides. The first undecided pair stops the scan, so an element whose __eq__
+// would raise is never skipped over to reach a later unequal one: the answer, errors included, is
+// Python's.
 #include <climits>
 
 #include "runtime/eval/guard_kinds.hpp"
@@ -32,7 +37,7 @@
 namespace tripwire::runtime {
 namespace {
 
-enum class Family : std::uint8_t { Other, Int, Float, Str, None, Tuple, List };
+enum class Family : std::uint8_t { Other, Int, Float, Str, None, Tuple, List, Set };
 
 inline Family family_of(PyObject* o) {
     PyTypeObject* t = Py_TYPE(o);
@@ -42,6 +47,7 @@ inline Family family_of(PyObject* o) {
     if (o == Py_None) return Family::None;
     if (t == &PyFloat_Type) return Family::Float;
     if (t == &PyList_Type) return Family::List;
+    if (t == &PySet_Type || t == &PyFrozenSet_Type) return Family::Set;
     return Family::Other;
 }
 
@@ -60,6 +66,19 @@ int sequence_equal(PyObject* v, PyObject* c, bool list, int depth) {
         if (r != 1) return r;  // unequal, or Python must decide from here on
     }
     return nv == nc ? 1 : 0;  // a tuple: the common prefix is equal, then the sizes decide
+}
+
+// set_richcompare for ==: sizes first, then every element of v in c.
+int set_equal(PyObject* v, PyObject* c) {
+    if (PySet_GET_SIZE(v) != PySet_GET_SIZE(c)) return 0;
+    if (!small_str_set(v) || !small_str_set(c)) return kEqualsUnknown;
+    auto* so = reinterpret_cast<PySetObject*>(v);
+    if (so->used == 0) return 1;
+    for (Py_ssize_t i = 0; i <= so->mask; ++i) {
+        PyObject* k = so->table[i].key;
+        if (k != nullptr && !small_str_set_has(c, k)) return 0;
+    }
+    return 1;
 }
 
 // PyObject_RichCompareBool(x, y, Py_EQ), where the interpreter alone decides it.
@@ -96,6 +115,7 @@ int pair_equal(PyObject* x, PyObject* y, int depth) {
         }
         case Family::Tuple: return sequence_equal(x, y, false, depth);
         case Family::List: return sequence_equal(x, y, true, depth);
+        case Family::Set: return set_equal(x, y);
         case Family::None:  // one object: identity decided above
         case Family::Other: break;
     }

@@ -6,7 +6,8 @@ code where the interpreter's comparisons alone decide it (python_equals.cpp) and
 the reference, a save/load round trip) with Python itself on values built to probe the edges of
 ``==``: ``True == 1``, int subclasses (honest, lying, raising, counting), floats against ints,
 NaN (a NaN object is equal to itself inside a tuple, by identity, and unequal to another NaN),
-``-0.0 == 0.0``, big ints, lists against tuples, unequal lengths, nesting.
+``-0.0 == 0.0``, big ints, lists against tuples, unequal lengths, nesting, sets and frozensets of
+str (decided by the fast form) against sets holding an int, a lying int or a removal's dummy.
 """
 
 from __future__ import annotations
@@ -66,15 +67,27 @@ _atoms = st.one_of(
 )
 
 
+_strs = st.sampled_from(["a", "b", "ab", "é", "a" * 40])
+_str_sets = st.one_of(st.sets(_strs, max_size=4), st.frozensets(_strs, max_size=4))
+
+
 def _constants(max_leaves: int = 8) -> st.SearchStrategy:
     return st.recursive(
-        _atoms,
+        st.one_of(_atoms, _str_sets),
         lambda inner: st.one_of(
             st.lists(inner, max_size=4).map(tuple),
             st.lists(inner, max_size=4),
         ),
         max_leaves=max_leaves,
     )
+
+
+def _with_dummy(s: set) -> set:
+    """The same elements, its table holding a removal's dummy."""
+    out = set(s)
+    out.add("removed")
+    out.discard("removed")
+    return out
 
 
 def _twin(x: object, draw) -> object:
@@ -90,6 +103,19 @@ def _twin(x: object, draw) -> object:
         if choice == 2:
             kind = list if kind is tuple else tuple  # list vs tuple: unequal
         return kind(items)
+    if type(x) in (set, frozenset):
+        kind = type(x)
+        return [
+            x,
+            kind(x | {"z"}),
+            kind(sorted(x)[1:]),
+            frozenset(x) if kind is set else set(x),
+            kind(x | {1}),
+            kind(x | {Liar(7)}),
+            _with_dummy(set(x)) if kind is set else kind(x),
+            kind(),
+            tuple(x),
+        ][choice % 9]
     if type(x) is bool:
         return [int(x), x, not x, HonestInt(x), float(x), Liar(7), Never(x)][choice % 7]
     if type(x) is int:
@@ -197,6 +223,11 @@ def _fast_decided(gs: tw.GuardSet, v: object) -> bool:
         (((1,),), ([1],), False),  # tuple vs list: unequal
         ((1.0,), (NAN,), False),
         ((2**80,), (2**80,), True),  # a big int: Python decides (not fast)
+        (({"a", "b"},), ({"b", "a"},), True),  # sets of str: the fast form
+        (({"a", "b"},), (frozenset({"a", "b"}),), True),  # set == frozenset, by elements
+        (({"a", "b"},), ({"a"},), False),  # another size: unequal at once
+        (({"a", "b"},), ({"a", "c"},), False),
+        ((set(),), (set(),), True),
     ],
 )
 def test_fast_form_cases(c, v, equal):
@@ -205,6 +236,17 @@ def test_fast_form_cases(c, v, equal):
     assert python_answer(v, gs._specs[0].args[0]) is equal
     if 2**80 not in (c[0], v[0]) if isinstance(c, tuple) and c else True:
         assert _fast_decided(gs, v), (c, v)
+
+
+def test_a_set_holding_a_non_str_goes_to_python() -> None:
+    gs = build(({"a", "b"},))
+    liar = Liar(7)
+    assert gs.check({"x": ({"a", "b"},)}) and _fast_decided(gs, ({"a", "b"},))
+    for v in (({"a", 1},), ({"a", liar},), (_with_dummy({"a", "b"}),)):
+        want = python_answer(v, gs._specs[0].args[0])
+        assert gs.check({"x": v}) is want
+        if want:
+            assert gs._last_fast_guards == 0
 
 
 @pytest.mark.parametrize(
