@@ -963,3 +963,48 @@ def test_parametrized_module_hasattr_decided_without_module_getattr() -> None:
             ("__getattr__ replaced", set_attr(type(plist), "__getattr__", lambda self, n: 1)),
         ],
     )
+
+
+@pytest.mark.torch
+def test_buffer_assigned_in_forward_guards_the_non_persistent_set() -> None:
+    # forward assigns a buffer: torch guards `'step' in _non_persistent_buffers_set` and the set's
+    # value (SET_CONTAINS and a python_eq EQUALS_MATCH on a set of str), both on the fast pass
+    # (set_contains_pure, python_equals.cpp), and decided as torch when the set changes.
+    torch = _torch()
+    nn = torch.nn
+
+    class Counter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.register_buffer("step", torch.zeros(()), persistent=False)
+
+        def forward(self, x: Any) -> Any:
+            self.step = self.step + 1
+            return self.fc(x)
+
+    m = Counter()
+    gs, gm, f_locals = compile_and_import(m, torch.randn(2, 4))
+    kinds = {g.kind for g in gs.torch_import.guards}
+    assert {"SET_CONTAINS", "EQUALS_MATCH"} <= kinds
+    s = m._non_persistent_buffers_set
+
+    def replace_set(value: Any) -> Callable[[], Callable]:
+        def mutate() -> Callable:
+            m._non_persistent_buffers_set = value
+            return lambda: setattr(m, "_non_persistent_buffers_set", s)
+
+        return mutate
+
+    same_as_torch(
+        gs,
+        gm,
+        f_locals,
+        [
+            ("'step' removed", lambda: (s.discard("step"), lambda: s.add("step"))[1]),
+            ("another name added", lambda: (s.add("other"), lambda: s.discard("other"))[1]),
+            ("a frozenset", replace_set(frozenset({"step"}))),
+            ("a set with an int", replace_set({"step", 1})),
+            ("an equal new set", replace_set({"step"})),
+        ],
+    )
