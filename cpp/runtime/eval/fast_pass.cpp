@@ -551,6 +551,19 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                     *unclaimed = true;
                     return member_slot(p, ic.hint);  // empty: the walk decides (None or an error)
                 }
+                // Neither is an entry of the parent's dict either. A dict not created yet, an
+                // empty cell: the walk decides (the getter creates the dict, or raises).
+                if (ic.mode == AttrCache::Mode::OwnDict) {
+                    *unclaimed = true;
+                    return existing_instance_dict(p);
+                }
+                if (ic.mode == AttrCache::Mode::CellContents) {
+                    *unclaimed = true;
+                    return PyCell_GET(p);
+                }
+            } else if (class_attr_cached(ic, p)) {  // a class attribute: keyed by the class itself
+                *unclaimed = true;
+                return class_attr_value(ic, n.step.operand);
             }
             return nullptr;
         };
@@ -737,6 +750,7 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                           &&op_TensorMatchMarking,
                                           &&op_SettleItemStamp,
                                           &&op_SettleAttrStamp,
+                                          &&op_FetchMethodFunc,
                                           &&op_End};
         static_assert(sizeof(kDispatch) / sizeof(kDispatch[0]) == static_cast<std::size_t>(Code::End) + 1,
                       "one entry per FastOp::Code, in order");
@@ -1346,6 +1360,22 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
                                                                    : Read::Missing)
         TW_SETTLE_STAMP_OP(op_SettleAttrStamp,
                            (v = attr_value(op, &unclaimed)) != nullptr ? Read::Value : Read::Walk)
+    op_FetchMethodFunc:
+        do {
+            const FastOp& op = *opp;
+            next = opp + 1;
+            NodeRt& n = nodes[op.node];
+            PyObject* f = method_function(n.step.cache, r[op.parent], n.step.operand);
+            if (f == nullptr) {
+                next = ops + slow_subtree(ps, op);  // the walk binds the method and reads `__func__`
+                break;
+            }
+            r[op.node] = f;
+            r[op.guard] = f;
+            break;
+        } while (false);
+        opp = next;
+        TW_DISPATCH();
     op_End:
         // Every symbol was read (no jump passes over a Symbol or TensorProp op): the relations.
         if (sf != nullptr && ps.result == 1) decide_shape_in_pass(ps, *sf);

@@ -39,13 +39,24 @@ struct AttrCache {
         Module,         ///< exact module: look in the module dict first
         FunctionField,  ///< exact function, a field its type exposes (`__defaults__`, `__code__`, ...)
         Member,         ///< an object slot a member descriptor serves (`hint` holds its offset)
+        OwnDict,        ///< `__dict__` served by the interpreter's own getter: the instance dict
+        ClassAttr,      ///< an attribute of a class whose metatype is `type` (class_attr_value)
+        CellContents,   ///< `cell_contents` of an exact cell: its contents
         Generic,        ///< anything else: PyObject_GetAttr
     };
+    /// The type the cache was filled for; for ClassAttr the class itself (the object read), whose
+    /// type is `type`.
     PyTypeObject* type = nullptr;
     unsigned int version = 0;
     Mode mode = Mode::Unset;
     /// Entry index where the name was last found (dict_hint.hpp); also used by Item steps.
     Py_ssize_t hint = -1;
+    /// The class of the MRO whose own dict holds the name, and that entry's hint: for ClassAttr,
+    /// the class attribute; for InstanceDict, an exact function the name binds when the instance
+    /// lacks it (method_function). Null otherwise. Borrowed: the MRO of `type` holds it while the
+    /// version tag is unchanged.
+    PyTypeObject* owner = nullptr;
+    Py_ssize_t owner_hint = -1;
 };
 
 /// One step as the evaluator sees it: the core step plus its operand resolved to an object.
@@ -175,6 +186,25 @@ bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject
 /// no class of its MRO defines any of the names (cached in `c` under the type's version tag, as
 /// InstanceDict). Runs no user code once cached for the type.
 bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* const* names, int count);
+
+/// The value of class attribute `name` that `c` (Mode::ClassAttr, valid for `cls`) locates in the
+/// dict of its owner: an exact function (its __get__ without an instance is itself) or an object
+/// of an immutable type without __get__ (itself), borrowed; null otherwise (the caller's generic
+/// path decides). Allocates nothing, runs no user code, sets no error.
+PyObject* class_attr_value(AttrCache& c, PyObject* name);
+/// Whether `c` holds the ClassAttr facts of class `cls` under its current version tag (fetch_attr
+/// fills them for a class whose metatype is exactly `type`). Inline for the fast pass.
+inline bool class_attr_cached(const AttrCache& c, PyObject* cls) {
+    return c.mode == AttrCache::Mode::ClassAttr && reinterpret_cast<PyObject*>(c.type) == cls &&
+           Py_IS_TYPE(cls, &PyType_Type) && c.version != 0 &&
+           type_version(reinterpret_cast<PyTypeObject*>(cls)) == c.version;
+}
+/// `obj.name.__func__` without the bound method: the exact function the class's MRO holds for
+/// `name` when `c` (the `obj.name` step's cache, valid for obj's type, Mode::InstanceDict with an
+/// owner) says getattr binds it, and obj's own storage lacks `name`. Borrowed, or null when that
+/// is not decided so (the caller evaluates both steps). Allocates nothing, runs no user code,
+/// sets no error.
+PyObject* method_function(AttrCache& c, PyObject* obj, PyObject* name);
 
 /// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
 std::string describe_missing(const RuntimeStep& step, PyObject* parent);
