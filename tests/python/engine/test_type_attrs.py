@@ -18,6 +18,7 @@ import pytest
 
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip as _decide
+from engine_switches import fast_pass
 
 
 def _guarded(f_locals: dict, src: str, value: Any = None, *, identity: bool = False) -> tuple[Any, list[Any]]:
@@ -404,3 +405,50 @@ def test_cell_contents_after_a_change() -> None:
     cell.cell_contents = cls
     assert _decide(gs, specs, f_locals) is True
     assert _fast_once(gs, f_locals)
+
+
+def test_a_residue_below_the_method_function_frees_the_method() -> None:
+    """User code in a residue below the fused read deletes the method from the class and collects:
+    the function the pass read is held along the path, and the check goes on with it."""
+    import gc
+
+    cls, o, f_locals = _obj()
+    armed = [False]
+
+    def drop(fn: Any) -> bool:
+        if armed[0]:
+            armed[0] = False
+            del cls.meth
+            gc.collect()
+        return True
+
+    code = cls.meth.__code__
+    b = tw.GuardBuilder(f_locals)
+    b.predicate(drop, source="L['o'].meth.__func__")
+    b.id_match("L['o'].meth.__func__.__code__", code)
+    gs = b.build()
+    for _ in range(3):
+        assert gs.check(f_locals) is True
+    armed[0] = True
+    assert gs.check(f_locals) is True  # read before the residue ran: the same function
+    assert gs.check(f_locals) is False  # the method is gone
+    with fast_pass(False):
+        assert gs.check(f_locals) is False
+
+
+def test_getattr_dict_that_is_a_dict_subclass() -> None:
+    class D(dict):
+        pass
+
+    cls, o, f_locals = _obj()
+    o.__dict__ = D(lin=3)
+    b = tw.GuardBuilder(f_locals)
+    b.type_match("getattr(L['o'], '__dict__')")
+    gs = b.build()
+    specs = list(gs.guards)
+    assert specs[0].expected is D
+    for _ in range(3):
+        assert _decide(gs, specs, f_locals) is True
+    assert _fast_once(gs, f_locals)
+    o.__dict__ = {"lin": 3}
+    assert _decide(gs, specs, f_locals) is False
