@@ -440,7 +440,8 @@ void GuardSet::build_fast_pass() {
         // A SHAPE symbol is read afresh on every check: never settled, so that no claim stands
         // in for its value (the Symbol op below is then outside every jump).
         if (n.symbol != core::kNoSymbol) op.settle = false;
-        if (op.code == Code::FetchAttr && !op.settle) {
+        // Not for a child fetched so itself (`X.name.__func__.__func__`): it has no op to fuse.
+        if (op.code == Code::FetchAttr && !op.settle && !fetched_by_parent) {
             if (const std::uint32_t ci = method_func_child(n); ci != ~0U) {
                 op.code = Code::FetchMethodFunc;
                 op.guard = ci;

@@ -452,3 +452,18 @@ def test_getattr_dict_that_is_a_dict_subclass() -> None:
     assert _fast_once(gs, f_locals)
     o.__dict__ = {"lin": 3}
     assert _decide(gs, specs, f_locals) is False
+
+
+def test_a_method_function_chain_of_two() -> None:
+    """`X.name.__func__.__func__` (a method of a method): only the first `__func__` is fused; the
+    second keeps a fetch of its own. Once `X.name` is the class's plain function again, its
+    `__func__` has no `__func__`: the source is missing and the check fails."""
+    cls, o, f_locals = _obj()
+    o.meth = types.MethodType(types.MethodType(cls.meth, o), o)
+    b = tw.GuardBuilder(f_locals)
+    b.type_match("L['o'].meth.__func__.__func__")  # reads the value's type: a register never set would crash
+    gs = b.build()
+    specs = list(gs.guards)
+    del o.meth  # the class's method: the fused read applies, and the next step is missing
+    for _ in range(3):
+        assert _decide(gs, specs, f_locals) is False
