@@ -847,6 +847,25 @@ PyObject* class_attr_value(AttrCache& c, PyObject* name) {
     return v != nullptr && class_attr_is_itself(v) ? v : nullptr;
 }
 
+PyObject* rare_attr_value(AttrCache& c, PyObject* obj, PyObject* name, bool* unclaimed) {
+    if (class_attr_cached(c, obj)) {  // a class attribute: keyed by the class itself
+        *unclaimed = true;
+        return class_attr_value(c, name);
+    }
+    if (!attr_cache_valid(c, Py_TYPE(obj))) return nullptr;
+    // Neither is an entry of obj's dict. A dict not created yet, an empty cell: the walk decides
+    // (the getter creates the dict, or raises).
+    if (c.mode == AttrCache::Mode::OwnDict) {
+        *unclaimed = true;
+        return existing_instance_dict(obj);
+    }
+    if (c.mode == AttrCache::Mode::CellContents) {
+        *unclaimed = true;
+        return PyCell_GET(obj);
+    }
+    return nullptr;
+}
+
 PyObject* method_function(AttrCache& c, PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);
     // InstanceDict: object.__getattribute__ (perhaps behind a class __getattr__, which runs only

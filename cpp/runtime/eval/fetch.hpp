@@ -62,9 +62,9 @@ struct AttrCache {
 /// One step as the evaluator sees it: the core step plus its operand resolved to an object.
 struct RuntimeStep {
     core::StepKind kind = core::StepKind::Attr;
+    bool int_key = false;         ///< Item with an exact int key that fits a Py_ssize_t (list/tuple slots)
     PyObject* operand = nullptr;  ///< borrowed from the constant pool (interned str for names)
     Py_ssize_t index = 0;         ///< the position; for an Item step with `int_key`, the key's value
-    bool int_key = false;         ///< Item with an exact int key that fits a Py_ssize_t (list/tuple slots)
     AttrCache cache;
 };
 
@@ -199,12 +199,16 @@ inline bool class_attr_cached(const AttrCache& c, PyObject* cls) {
            Py_IS_TYPE(cls, &PyType_Type) && c.version != 0 &&
            type_version(reinterpret_cast<PyTypeObject*>(cls)) == c.version;
 }
+/// The fast pass's reads of the modes OwnDict, CellContents and ClassAttr, when `c` is valid for
+/// `obj` (borrowed), else null; `*unclaimed` set for a value that is no entry of obj's dict (each
+/// of them). Allocates nothing, runs no user code, sets no error. Out of line: see fast_pass.cpp.
+[[gnu::noinline]] PyObject* rare_attr_value(AttrCache& c, PyObject* obj, PyObject* name, bool* unclaimed);
 /// `obj.name.__func__` without the bound method: the exact function the class's MRO holds for
 /// `name` when `c` (the `obj.name` step's cache, valid for obj's type, Mode::InstanceDict with an
 /// owner) says getattr binds it, and obj's own storage lacks `name`. Borrowed, or null when that
 /// is not decided so (the caller evaluates both steps). Allocates nothing, runs no user code,
 /// sets no error.
-PyObject* method_function(AttrCache& c, PyObject* obj, PyObject* name);
+[[gnu::noinline]] PyObject* method_function(AttrCache& c, PyObject* obj, PyObject* name);
 
 /// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
 std::string describe_missing(const RuntimeStep& step, PyObject* parent);
