@@ -10,6 +10,7 @@ the reference)."""
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -298,12 +299,16 @@ def test_a_base_method_read_through_the_mro() -> None:
 def test_a_class_modified_past_its_version_tags() -> None:
     cls, _, f_locals = _obj()
     gs, specs = _guarded(f_locals, "type(L['o']).aliases", identity=True)
-    for i in range(1100):  # 3.12+ stop giving a class version tags after 1000 (MAX_VERSIONS_PER_CLASS)
+    assert _fast_once(gs, f_locals)
+    for i in range(1100):
         cls.counter = i
+        _ = cls.aliases  # a lookup gives the class a new tag: 3.13+ stop after 1000 (MAX_VERSIONS_PER_CLASS)
         if i % 100 == 0:
             assert _decide(gs, specs, f_locals) is True
     for _ in range(3):
         assert _decide(gs, specs, f_locals) is True
+    if sys.version_info >= (3, 13):
+        assert not _fast_once(gs, f_locals)  # no tag: the generic path decides, on every check
     cls.aliases = {"proj": "lin"}
     assert _decide(gs, specs, f_locals) is False
 
