@@ -684,15 +684,15 @@ void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name, Decide decide) {
     c.mode = mode;
 }
 
-// A class attribute type_getattro (Objects/typeobject.c, 3.11-3.13) answers with the attribute
+// Whether type_getattro (Objects/typeobject.c, 3.11-3.13) answers with class attribute `v`
 // itself: an exact function (func_descr_get without an instance returns it) or an object whose
-// type has no __get__ and never gains one (an immutable type: a mutable one could gain __get__
-// without changing the class's version tag). Anything else (a classmethod, staticmethod,
-// property, a user descriptor) calls __get__: the generic path's.
+// type has no __get__ now (the slot CPython reads, kept current by type_setattro on the type and
+// its bases, which is why this is asked on every read: the value's class may gain __get__ without
+// changing the version tag of the class that holds it). Anything else (a classmethod,
+// staticmethod, property, a user descriptor) calls __get__: the generic path's.
 bool class_attr_is_itself(PyObject* v) {
     PyTypeObject* t = Py_TYPE(v);
-    return t == &PyFunction_Type ||
-           (t->tp_descr_get == nullptr && PyType_HasFeature(t, Py_TPFLAGS_IMMUTABLETYPE));
+    return t == &PyFunction_Type || t->tp_descr_get == nullptr;
 }
 
 // Fill `c` (Mode::ClassAttr) for getattr(cls, name), cls's metatype exactly `type`. type_getattro
@@ -841,7 +841,8 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
 PyObject* class_attr_value(AttrCache& c, PyObject* name) {
     if (c.owner == nullptr) return nullptr;
     // Read from the owner's dict each time (the entry is not kept): a dict changed behind
-    // CPython's back (gc.get_referents) gives what it holds now, never a freed object.
+    // CPython's back (gc.get_referents) gives what it holds now, never a freed object. Its
+    // class's __get__ is read now, as type_getattro reads it.
     PyObject* d = c.owner->tp_dict;
     PyObject* v = d != nullptr ? dict_get_hinted(d, name, &c.owner_hint) : nullptr;
     return v != nullptr && class_attr_is_itself(v) ? v : nullptr;

@@ -189,7 +189,7 @@ bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* co
 
 /// The value of class attribute `name` that `c` (Mode::ClassAttr, valid for `cls`) locates in the
 /// dict of its owner: an exact function (its __get__ without an instance is itself) or an object
-/// of an immutable type without __get__ (itself), borrowed; null otherwise (the caller's generic
+/// whose type has no __get__ now (itself), borrowed; null otherwise (the caller's generic
 /// path decides). Allocates nothing, runs no user code, sets no error.
 PyObject* class_attr_value(AttrCache& c, PyObject* name);
 /// Whether `c` holds the ClassAttr facts of class `cls` under its current version tag (fetch_attr

@@ -243,12 +243,31 @@ def test_class_attribute_descriptors_are_read_through_their_get() -> None:
     gs3, specs3 = _guarded(f_locals, "type(L['o']).cm.__func__", identity=True)
     assert specs3[0].expected is sm
     gs4, specs4 = _guarded(f_locals, "type(L['o']).v", identity=True)
+    assert _fast_once(gs4, f_locals)  # an object whose class has no __get__: the value itself
     _V.__get__ = lambda self, obj, owner: 5  # type: ignore[attr-defined]  # the value's class gains __get__
     try:
         assert _decide(gs4, specs4, f_locals) is False
     finally:
         del _V.__get__  # type: ignore[attr-defined]
     assert _decide(gs4, specs4, f_locals) is True
+    assert _fast_once(gs4, f_locals)
+
+
+def test_a_class_attribute_whose_class_base_gains_get() -> None:
+    class VBase:
+        pass
+
+    class V(VBase):
+        pass
+
+    cls = type("K", (), {"v": V()})
+    f_locals = {"o": cls()}
+    gs, specs = _guarded(f_locals, "type(L['o']).v", identity=True)
+    assert _fast_once(gs, f_locals)
+    VBase.__get__ = lambda self, obj, owner: 5  # type: ignore[attr-defined]  # through V's MRO
+    assert _decide(gs, specs, f_locals) is False
+    del VBase.__get__  # type: ignore[attr-defined]
+    assert _decide(gs, specs, f_locals) is True
 
 
 def test_a_name_type_defines_is_types() -> None:
@@ -472,3 +491,40 @@ def test_a_method_function_chain_of_two() -> None:
     del o.meth  # the class's method: the fused read applies, and the next step is missing
     for _ in range(3):
         assert _decide(gs, specs, f_locals) is False
+
+
+def test_a_class_namespace_with_a_colliding_non_str_key() -> None:
+    """A key whose hash is the name's and whose __eq__ runs (and counts): the class dicts are not
+    read by the cache (a lookup could run that __eq__); getattr decides, as the oracle does."""
+    calls = [0]
+
+    class Collider:
+        def __hash__(self) -> int:
+            return hash("aliases")
+
+        def __eq__(self, other: object) -> bool:
+            calls[0] += 1
+            return False
+
+    base = _alias_class()
+    cls = type("NonStr", (base,), {Collider(): 1, "aliases": {"proj": "lin"}})
+    o = cls()
+    f_locals = {"o": o}
+    gs, specs = _guarded(f_locals, "type(L['o']).aliases", identity=True)
+    cls.aliases = {"proj": "lin"}
+    assert _decide(gs, specs, f_locals) is False
+
+
+def test_a_class_body_entry_that_types_data_descriptor_hides() -> None:
+    """`__name__ = 'fake'` in a class body sits in the class dict, but type's `__name__` getset (a
+    data descriptor of the metatype) answers first: the name type defines is never read from the
+    class's MRO."""
+    cls = type("Real", (), {"__name__": "fake", "__qualname__": "Real"})
+    assert cls.__dict__["__name__"] == "fake" and cls.__name__ == "Real"
+    f_locals = {"o": cls()}
+    gs, specs = _guarded(f_locals, "type(L['o']).__name__", "Real")
+    gs2, specs2 = _guarded(f_locals, "getattr(type(L['o']), '__mro__')", identity=True)
+    assert specs2[0].expected is cls.__mro__
+    cls.__name__ = "Renamed"
+    assert _decide(gs, specs, f_locals) is False
+    assert _decide(gs2, specs2, f_locals) is True
