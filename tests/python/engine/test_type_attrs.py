@@ -531,3 +531,39 @@ def test_a_class_body_entry_that_types_data_descriptor_hides() -> None:
     cls.__name__ = "Renamed"
     assert _decide(gs, specs, f_locals) is False
     assert _decide(gs2, specs2, f_locals) is True
+
+
+def test_class_attribute_and_method_under_a_mutating_thread() -> None:
+    """Another thread swaps the class attribute and the method while this one checks: each check
+    answers (the GIL makes a check see one state), and once the thread stops the answer is the
+    state's, four ways."""
+    import threading
+
+    cls, o, f_locals = _obj()
+    first = cls.aliases
+    meth = cls.meth
+    gs, specs = _guarded(f_locals, "type(L['o']).aliases", identity=True)
+    gs2, specs2 = _guarded(f_locals, "L['o'].meth.__func__", identity=True)
+    stop = threading.Event()
+
+    def mutate() -> None:
+        i = 0
+        while not stop.is_set():
+            cls.aliases = first if i % 2 else {"proj": "lin"}
+            cls.meth = meth if i % 3 else _other
+            i += 1
+
+    t = threading.Thread(target=mutate)
+    t.start()
+    try:
+        answers = {gs.check(f_locals) for _ in range(20000)} | {gs2.check(f_locals) for _ in range(20000)}
+    finally:
+        stop.set()
+        t.join()
+    assert answers <= {True, False}
+    cls.aliases = first
+    cls.meth = meth
+    assert _decide(gs, specs, f_locals) is True and _decide(gs2, specs2, f_locals) is True
+    cls.aliases = {"proj": "lin"}
+    cls.meth = _other
+    assert _decide(gs, specs, f_locals) is False and _decide(gs2, specs2, f_locals) is False
