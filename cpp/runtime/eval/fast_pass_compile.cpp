@@ -284,6 +284,25 @@ void GuardSet::build_fast_pass() {
         }
         return true;
     };
+    // The node fetching `X.name.__func__` when node `n` is `X.name` with that one child and no
+    // guard, symbol or relational role of its own, the child none either: its index, else ~0U.
+    // The bound method is then never made (FetchMethodFunc). A child that is a symbol or a
+    // relational operand keeps its own fetch op (its register is read by index), and a settling
+    // fetch its claim.
+    auto method_func_child = [&](const core::Node& n) -> std::uint32_t {
+        if (n.is_root || n.step.kind != core::StepKind::Attr || n.guard_begin != n.guard_end ||
+            n.symbol != core::kNoSymbol || n.member_begin != n.member_end || n.child_end != n.child_begin + 1)
+            return ~0U;
+        const std::uint32_t ci = child_order_[n.child_begin];
+        const core::Node& c = program_.nodes[ci];
+        if (c.step.kind != core::StepKind::Attr || c.step.operand == core::kNoConst ||
+            c.symbol != core::kNoSymbol || c.member_begin != c.member_end)
+            return ~0U;
+        PyObject* name = objs_[c.step.operand];
+        return PyUnicode_CheckExact(name) && PyUnicode_CompareWithASCIIString(name, "__func__") == 0 ? ci
+                                                                                                     : ~0U;
+    };
+    std::vector<bool> by_parent(n_nodes, false);
     std::size_t run_at = 0;  // the open run's LeafRun op
     std::vector<Item> children;
     // The memos in the program's order: a node's fetch slot is given at its settling fetch op,
@@ -371,6 +390,8 @@ void GuardSet::build_fast_pass() {
             continue;
         }
         close_until(n.depth);
+        // The `__func__` child of a FetchMethodFunc: its parent's op fetched it (no op of its own).
+        const bool fetched_by_parent = by_parent[item.node];
         FastOp op;
         op.node = item.node;
         op.parent = item.parent;
@@ -419,6 +440,14 @@ void GuardSet::build_fast_pass() {
         // A SHAPE symbol is read afresh on every check: never settled, so that no claim stands
         // in for its value (the Symbol op below is then outside every jump).
         if (n.symbol != core::kNoSymbol) op.settle = false;
+        // Not for a child fetched so itself (`X.name.__func__.__func__`): it has no op to fuse.
+        if (op.code == Code::FetchAttr && !op.settle && !fetched_by_parent) {
+            if (const std::uint32_t ci = method_func_child(n); ci != ~0U) {
+                op.code = Code::FetchMethodFunc;
+                op.guard = ci;
+                by_parent[ci] = true;
+            }
+        }
         if (op.settle) {
             switch (op.code) {
                 case Code::FetchAttr: op.code = Code::SettleAttr; break;
@@ -428,9 +457,9 @@ void GuardSet::build_fast_pass() {
                 default: break;  // LoadGlobal reads `settle`
             }
         }
-        const std::size_t fetch_at = fast_ops_.size();
+        const std::size_t fetch_at = fetched_by_parent ? node_fetch_op[n.parent] : fast_ops_.size();
         node_fetch_op[item.node] = static_cast<std::uint32_t>(fetch_at);
-        open.emplace_back(fetch_at, item.node);
+        if (!fetched_by_parent) open.emplace_back(fetch_at, item.node);
         if (op.code == Code::TensorProp) {
             // The property is an int the reader does not box, so the node has no register: only
             // a node that is an int symbol and nothing else (no guard, child or relational
@@ -446,7 +475,7 @@ void GuardSet::build_fast_pass() {
             continue;  // no guard or child ops: the walk evaluates the subtree if it has any
         }
         if (op.settle) op.memo = fetch_slot(item.node);
-        fast_ops_.push_back(op);
+        if (!fetched_by_parent) fast_ops_.push_back(op);
         if (n.symbol != core::kNoSymbol) {
             // Right after the fetch, as the walk stores it before the node's guards: no settled
             // fetch (never, see above) and no stamp (it comes later) can jump over it.
@@ -482,7 +511,7 @@ void GuardSet::build_fast_pass() {
         const bool fused =
             stamped[item.node] && fast_ops_.size() == fetch_at + 1 &&
             (op.code == Code::SettleDictItem || op.code == Code::SettleItem || op.code == Code::SettleAttr);
-        if (!fused) out_of_line(fetch_at, identity_ops);
+        if (!fused && !fetched_by_parent) out_of_line(fetch_at, identity_ops);
         if (fused) {
             // A stamped dict or module fetched by a settling step (a dict item, a subscript, a
             // module's attribute): one op, whose stamp's block holds the identity-implied guards

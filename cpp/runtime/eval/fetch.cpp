@@ -16,6 +16,9 @@ namespace tripwire::runtime {
 // CPython's slot_tp_getattr_hook, the tp_getattro of a class that defines __getattr__; null until
 // init_getattr_hook ran (every GuardSet runs it when built, before any fetch).
 getattrofunc g_getattr_hook = nullptr;
+// CPython's subtype_dict, the getter of the `__dict__` descriptor a class statement gives its
+// instances (read from a probe class by init_getattr_hook); null until then.
+getter g_subtype_dict_get = nullptr;
 
 namespace {
 
@@ -66,13 +69,14 @@ PyObject* class_dict(PyTypeObject* t) {
 #endif
 }
 
-// The class attribute `name` as tp's MRO defines it (borrowed; null when absent), read from the
-// class dicts themselves, not from CPython's type cache, which user code run during an earlier
-// lookup can leave stale under a new version tag. False when that cannot be done without user
-// code: a class dict that may hold a non-str key, whose __eq__ a lookup could call (or hints off,
-// when that cannot be known).
-bool mro_lookup(PyTypeObject* tp, PyObject* name, PyObject** out) {
+// The class attribute `name` as tp's MRO defines it (borrowed; null when absent; `holder` the
+// class whose dict holds it), read from the class dicts themselves, not from CPython's type cache, which user
+// code run during an earlier lookup can leave stale under a new version tag. False when that cannot be done
+// without user code: a class dict that may hold a non-str key, whose __eq__ a lookup could call (or hints
+// off, when that cannot be known).
+bool mro_holder(PyTypeObject* tp, PyObject* name, PyObject** out, PyTypeObject** holder) {
     *out = nullptr;
+    *holder = nullptr;
     PyObject* mro = tp->tp_mro;
     if (mro == nullptr || !PyTuple_Check(mro)) return false;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i) {
@@ -83,6 +87,7 @@ bool mro_lookup(PyTypeObject* tp, PyObject* name, PyObject** out) {
         PyObject* v = PyDict_GetItemWithError(dict, name);  // str against str keys: no user code
         if (v != nullptr) {
             *out = v;
+            *holder = reinterpret_cast<PyTypeObject*>(base);
             return true;
         }
         if (PyErr_Occurred()) {
@@ -91,6 +96,12 @@ bool mro_lookup(PyTypeObject* tp, PyObject* name, PyObject** out) {
         }
     }
     return true;
+}
+
+// mro_lookup without the class that holds the value.
+bool mro_lookup(PyTypeObject* tp, PyObject* name, PyObject** out) {
+    PyTypeObject* holder = nullptr;
+    return mro_holder(tp, name, out, &holder);
 }
 
 getattrofunc getattr_hook_slot() { return g_getattr_hook; }
@@ -545,11 +556,58 @@ Py_ssize_t object_member_offset(PyTypeObject* tp, PyObject* descr) {
     return m->offset;
 }
 
-// How getattr(instance of tp, name) may be read, decided without running user code. `offset` is
-// written only for Mode::Member: the slot's.
-AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name, Py_ssize_t* offset) {
+// Whether `name` (an interned step operand) is the str `interned_name`.
+bool same_name(PyObject* name, PyObject* interned_name) {
+    return name == interned_name || (interned_name != nullptr && PyUnicode_CheckExact(name) &&
+                                     PyUnicode_Compare(name, interned_name) == 0);
+}
+
+// Whether `descr`, what tp's MRO holds for `__dict__`, answers getattr with the object's own
+// instance dict, the one existing_instance_dict reads (created by the getter when it does not
+// exist yet): the interpreter's PyObject_GenericGetDict getter (functions, exceptions,
+// functools.partial), a member at the type's dict offset (a module's), or subtype_dict (a class
+// statement's), which hands the read to the `__dict__` descriptor of the first static base with
+// an instance dict, if any (get_builtin_base_with_dict in Objects/typeobject.c, 3.11-3.13).
+// Anything else (a class's `__dict__` property, an extension's getter) is the generic path's.
+bool reads_instance_dict(PyTypeObject* tp, PyObject* descr, bool of_base = false) {
+    static PyObject* const s_dict = interned("__dict__");
+    if (descr == nullptr || tp->tp_dictoffset == 0 ||
+        (!Py_IS_TYPE(descr, &PyMemberDescr_Type) && !Py_IS_TYPE(descr, &PyGetSetDescr_Type)) ||
+        !PyType_IsSubtype(tp, PyDescr_TYPE(descr)))  // the getters refuse another type's object
+        return false;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        const PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+        return m != nullptr && (m->type == T_OBJECT || m->type == T_OBJECT_EX) &&
+               (m->flags & PY_AUDIT_READ) == 0 &&
+#ifdef Py_RELATIVE_OFFSET
+               (m->flags & Py_RELATIVE_OFFSET) == 0 &&
+#endif
+               m->offset > 0 && m->offset == tp->tp_dictoffset;
+    }
+    const getter get = reinterpret_cast<PyGetSetDescrObject*>(descr)->d_getset->get;
+    if (get == PyObject_GenericGetDict) return true;
+    if (get != g_subtype_dict_get || g_subtype_dict_get == nullptr || of_base) return false;
+    for (PyTypeObject* t = tp; t->tp_base != nullptr; t = t->tp_base) {
+        if (t->tp_dictoffset != 0 && !PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE)) {
+            // That base's own descriptor decides (a static type: never subtype_dict itself).
+            PyObject* base_descr = nullptr;
+            return s_dict != nullptr && mro_lookup(t, s_dict, &base_descr) &&
+                   reads_instance_dict(tp, base_descr, true);
+        }
+    }
+    return true;  // PyObject_GenericGetDict
+}
+
+// How getattr(instance of tp, name) may be read, decided without running user code. Writes
+// `c.hint` for Mode::Member (the slot's offset) and `c.owner` for a name that binds an exact
+// function of the class (Mode::InstanceDict, method_function).
+AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name, AttrCache& c) {
+    static PyObject* const s_dict = interned("__dict__");
+    static PyObject* const s_cell_contents = interned("cell_contents");
     if (tp == &PyFunction_Type && function_field_of(name) != FunctionFieldKind::None)
         return AttrCache::Mode::FunctionField;
+    // cellobject.c's getset: the contents, or ValueError for an empty cell (the generic path's).
+    if (tp == &PyCell_Type && same_name(name, s_cell_contents)) return AttrCache::Mode::CellContents;
     if (tp == &PyModule_Type) {
         // Module attributes live in the module dict, unless ModuleType (or object) defines the
         // name (its data descriptors, `__dict__`, `__class__`, ...: all dunder names), which we
@@ -561,12 +619,19 @@ AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name, Py_ssize_t* offset) 
     }
     if (module_subclass_reads_dict(tp, name)) return AttrCache::Mode::Module;
     PyObject* descr = nullptr;
-    if (!uses_generic_getattribute(tp) || !mro_lookup(tp, name, &descr)) return AttrCache::Mode::Generic;
+    PyTypeObject* holder = nullptr;
+    // A class (an instance of a metaclass) never reads here: type's getattro is not generic.
+    if (!uses_generic_getattribute(tp) || !mro_holder(tp, name, &descr, &holder))
+        return AttrCache::Mode::Generic;
     if (const Py_ssize_t slot = object_member_offset(tp, descr); slot > 0) {
-        *offset = slot;
+        c.hint = slot;
         return AttrCache::Mode::Member;
     }
     if (tp->tp_dictoffset == 0) return AttrCache::Mode::Generic;
+    // `getattr(X, '__dict__')`: a data descriptor (it wins over the instance dict); the instance
+    // dict itself when it is one of the interpreter's own getters, as the DICT step reads it.
+    if (same_name(name, s_dict) && !PyType_IsSubtype(tp, &PyType_Type) && reads_instance_dict(tp, descr))
+        return AttrCache::Mode::OwnDict;
     // A data descriptor (property, slot, __dict__) on the type wins over the instance dict.
     if (descr != nullptr && Py_TYPE(descr)->tp_descr_set != nullptr) return AttrCache::Mode::Generic;
     // Any other class attribute of that name loses to the instance dict only while its own type
@@ -576,6 +641,9 @@ AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name, Py_ssize_t* offset) 
     // CPython's LOAD_ATTR specialisation likewise refuses names the type defines.
     if (descr != nullptr && !(Py_TYPE(descr)->tp_flags & Py_TPFLAGS_IMMUTABLETYPE))
         return AttrCache::Mode::Generic;
+    // A plain function binds to a method when the instance lacks the name: where, for
+    // method_function. What the holder's dict holds is read again on each use.
+    if (descr != nullptr && PyFunction_Check(descr) && _PyType_Lookup(tp, name) == descr) c.owner = holder;
     return AttrCache::Mode::InstanceDict;
 }
 
@@ -602,6 +670,8 @@ void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name, Decide decide) {
     c.mode = AttrCache::Mode::Generic;
     c.hint = kHintUnknown;
     c.version = 0;
+    c.owner = nullptr;
+    c.owner_hint = kHintUnknown;
     // _PyType_Lookup assigns a version tag when the type can have one. It may run user code (a
     // colliding key in a class dict); what it finds is not used (see mro_lookup).
     (void)_PyType_Lookup(tp, name);
@@ -613,6 +683,49 @@ void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name, Decide decide) {
     if (type_version(tp) != version) return;
     c.version = version;
     c.mode = mode;
+}
+
+// Whether type_getattro (Objects/typeobject.c, 3.11-3.13) answers with class attribute `v`
+// itself: an exact function (func_descr_get without an instance returns it) or an object whose
+// type has no __get__ now (the slot CPython reads, kept current by type_setattro on the type and
+// its bases, which is why this is asked on every read: the value's class may gain __get__ without
+// changing the version tag of the class that holds it). Anything else (a classmethod,
+// staticmethod, property, a user descriptor) calls __get__: the generic path's.
+bool class_attr_is_itself(PyObject* v) {
+    PyTypeObject* t = Py_TYPE(v);
+    return t == &PyFunction_Type || t->tp_descr_get == nullptr;
+}
+
+// Fill `c` (Mode::ClassAttr) for getattr(cls, name), cls's metatype exactly `type`. type_getattro
+// looks in the metatype's MRO first (its data descriptors, then after the class's MRO its other
+// attributes, then a metatype __getattr__): `type` and `object` are immutable, so a name neither
+// defines is decided by cls's MRO alone, whose dicts are unchanged while cls's version tag is.
+// The owner is left null (the generic path decides, cached as such) for a name `type` defines, a
+// name found nowhere (AttributeError), a value that is not itself (class_attr_is_itself), or a
+// class dict with a non-str key (mro_holder). Uncached (version 0) for a class without a tag.
+void fill_class_attr(AttrCache& c, PyTypeObject* cls, PyObject* name) {
+    c.type = cls;
+    c.mode = AttrCache::Mode::Generic;
+    c.hint = kHintUnknown;
+    c.version = 0;
+    c.owner = nullptr;
+    c.owner_hint = kHintUnknown;
+    (void)_PyType_Lookup(cls, name);  // a version tag, if cls can have one (may run user code)
+    const unsigned int version = type_version(cls);
+    if (version == 0) return;
+    PyObject* meta = nullptr;
+    PyObject* value = nullptr;
+    PyTypeObject* holder = nullptr;
+    // From here on nothing runs user code: str-keyed dicts, and _PyType_Lookup's hit (or its
+    // lookup in those same dicts) to check that CPython's type cache agrees with them.
+    const bool itself = mro_lookup(&PyType_Type, name, &meta) && meta == nullptr &&
+                        mro_holder(cls, name, &value, &holder) && value != nullptr &&
+                        class_attr_is_itself(value) && _PyType_Lookup(cls, name) == value &&
+                        holder->tp_dict != nullptr;  // a static type's may live elsewhere (3.12+)
+    if (type_version(cls) != version) return;
+    c.version = version;
+    c.mode = AttrCache::Mode::ClassAttr;
+    if (itself) c.owner = holder;
 }
 
 // The template forwarding hooks are compared with (compiled here, by the running interpreter),
@@ -657,12 +770,29 @@ bool init_getattr_hook() {
     if (probe == nullptr) return false;
     g_getattr_hook = reinterpret_cast<PyTypeObject*>(probe)->tp_getattro;
     Py_DECREF(probe);
+    // A class statement's instance `__dict__` getter (subtype_dict), from a plain probe class.
+    PyObject* plain = PyObject_CallFunction(reinterpret_cast<PyObject*>(&PyType_Type), "s(O){}",
+                                            "_tripwire_dict_probe", &PyBaseObject_Type);
+    if (plain == nullptr) return false;
+    PyObject* descr = PyDict_GetItemString(reinterpret_cast<PyTypeObject*>(plain)->tp_dict, "__dict__");
+    if (descr != nullptr && Py_IS_TYPE(descr, &PyGetSetDescr_Type))
+        g_subtype_dict_get = reinterpret_cast<PyGetSetDescrObject*>(descr)->d_getset->get;
+    Py_DECREF(plain);
     return init_forward_template();
 }
 
 Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);
-    if (!attr_cache_valid(c, tp)) fill_cache(c, tp, name, [&] { return attr_mode(tp, name, &c.hint); });
+    if (tp == &PyType_Type && obj != reinterpret_cast<PyObject*>(&PyType_Type)) {
+        // A class whose metatype is `type` (type's own attributes: type's MRO is the metatype's).
+        if (!class_attr_cached(c, obj)) fill_class_attr(c, reinterpret_cast<PyTypeObject*>(obj), name);
+        if (c.mode == AttrCache::Mode::ClassAttr)
+            if (PyObject* v = class_attr_value(c, name)) return ok_borrowed(v);
+        return generic_getattr(obj, name);
+    }
+    // A ClassAttr cache filled for a class `tp` says nothing about tp's instances.
+    if (!attr_cache_valid(c, tp) || c.mode == AttrCache::Mode::ClassAttr)
+        fill_cache(c, tp, name, [&] { return attr_mode(tp, name, c); });
     switch (c.mode) {
         case AttrCache::Mode::InstanceDict: {
             // The type has no data descriptor for `name` (checked under this version tag), so
@@ -688,6 +818,12 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
         case AttrCache::Mode::Member:
             if (PyObject* v = member_slot(obj, c.hint)) return ok_borrowed(v);
             break;  // an empty slot: None or AttributeError (and __getattr__), as getattr decides
+        case AttrCache::Mode::OwnDict:
+            if (PyObject* d = existing_instance_dict(obj)) return ok_borrowed(d);
+            break;  // not created yet: the getter creates it
+        case AttrCache::Mode::CellContents:
+            if (PyObject* v = PyCell_GET(obj)) return ok_borrowed(v);
+            break;  // empty: ValueError, as getattr raises it
         case AttrCache::Mode::Module: {
             PyObject* d = PyModule_GetDict(obj);
             if (PyObject* hv = dict_get_hinted(d, name, &c.hint)) return ok_borrowed(hv);
@@ -701,6 +837,49 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
         default: break;
     }
     return generic_getattr(obj, name);
+}
+
+PyObject* class_attr_value(AttrCache& c, PyObject* name) {
+    if (c.owner == nullptr) return nullptr;
+    // Read from the owner's dict each time (the entry is not kept): a dict changed behind
+    // CPython's back (gc.get_referents) gives what it holds now, never a freed object. Its
+    // class's __get__ is read now, as type_getattro reads it.
+    PyObject* d = c.owner->tp_dict;
+    PyObject* v = d != nullptr ? dict_get_hinted(d, name, &c.owner_hint) : nullptr;
+    return v != nullptr && class_attr_is_itself(v) ? v : nullptr;
+}
+
+PyObject* rare_attr_value(AttrCache& c, PyObject* obj, PyObject* name, bool* unclaimed) {
+    if (class_attr_cached(c, obj)) {  // a class attribute: keyed by the class itself
+        *unclaimed = true;
+        return class_attr_value(c, name);
+    }
+    if (!attr_cache_valid(c, Py_TYPE(obj))) return nullptr;
+    // Neither is an entry of obj's dict. A dict not created yet, an empty cell: the walk decides
+    // (the getter creates the dict, or raises).
+    if (c.mode == AttrCache::Mode::OwnDict) {
+        *unclaimed = true;
+        return existing_instance_dict(obj);
+    }
+    if (c.mode == AttrCache::Mode::CellContents) {
+        *unclaimed = true;
+        return PyCell_GET(obj);
+    }
+    return nullptr;
+}
+
+PyObject* method_function(AttrCache& c, PyObject* obj, PyObject* name) {
+    PyTypeObject* tp = Py_TYPE(obj);
+    // InstanceDict: object.__getattribute__ (perhaps behind a class __getattr__, which runs only
+    // when it raises), no data descriptor for `name`; the owner's entry an exact function, which
+    // a lookup that misses the instance binds to a method of `obj` (func_descr_get), whose
+    // `__func__` (a member of the method type) is that function.
+    if (c.owner == nullptr || c.mode != AttrCache::Mode::InstanceDict || !attr_cache_valid(c, tp) ||
+        instance_attr_absent(obj, name) != 1)
+        return nullptr;
+    PyObject* d = c.owner->tp_dict;
+    PyObject* f = d != nullptr ? dict_get_hinted(d, name, &c.owner_hint) : nullptr;
+    return f != nullptr && PyFunction_Check(f) ? f : nullptr;
 }
 
 PyObject* function_field(PyObject* fn, PyObject* name) {

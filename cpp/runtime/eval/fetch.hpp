@@ -40,21 +40,32 @@ struct AttrCache {
         FunctionField,  ///< exact function, a field its type exposes (`__defaults__`, `__code__`, ...)
         Member,         ///< an object slot a member descriptor serves (`hint` holds its offset)
         DictGetattr,    ///< absence only: a registered class `__getattr__` (`hint` holds its index)
+        OwnDict,        ///< `__dict__` served by the interpreter's own getter: the instance dict
+        ClassAttr,      ///< an attribute of a class whose metatype is `type` (class_attr_value)
+        CellContents,   ///< `cell_contents` of an exact cell: its contents
         Generic,        ///< anything else: PyObject_GetAttr
     };
+    /// The type the cache was filled for; for ClassAttr the class itself (the object read), whose
+    /// type is `type`.
     PyTypeObject* type = nullptr;
     unsigned int version = 0;
     Mode mode = Mode::Unset;
     /// Entry index where the name was last found (dict_hint.hpp); also used by Item steps.
     Py_ssize_t hint = -1;
+    /// The class of the MRO whose own dict holds the name, and that entry's hint: for ClassAttr,
+    /// the class attribute; for InstanceDict, an exact function the name binds when the instance
+    /// lacks it (method_function). Null otherwise. Borrowed: the MRO of `type` holds it while the
+    /// version tag is unchanged.
+    PyTypeObject* owner = nullptr;
+    Py_ssize_t owner_hint = -1;
 };
 
 /// One step as the evaluator sees it: the core step plus its operand resolved to an object.
 struct RuntimeStep {
     core::StepKind kind = core::StepKind::Attr;
+    bool int_key = false;         ///< Item with an exact int key that fits a Py_ssize_t (list/tuple slots)
     PyObject* operand = nullptr;  ///< borrowed from the constant pool (interned str for names)
     Py_ssize_t index = 0;         ///< the position; for an Item step with `int_key`, the key's value
-    bool int_key = false;         ///< Item with an exact int key that fits a Py_ssize_t (list/tuple slots)
     AttrCache cache;
 };
 
@@ -182,6 +193,29 @@ bool attribute_certainly_absent(AttrCache& c, std::uint64_t& dict_memo, PyObject
 /// InstanceDict). Runs no user code once cached for the type. `fill` as attribute_certainly_absent's.
 bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* const* names, int count,
                                     bool fill = true);
+
+/// The value of class attribute `name` that `c` (Mode::ClassAttr, valid for `cls`) locates in the
+/// dict of its owner: an exact function (its __get__ without an instance is itself) or an object
+/// whose type has no __get__ now (itself), borrowed; null otherwise (the caller's generic
+/// path decides). Allocates nothing, runs no user code, sets no error.
+PyObject* class_attr_value(AttrCache& c, PyObject* name);
+/// Whether `c` holds the ClassAttr facts of class `cls` under its current version tag (fetch_attr
+/// fills them for a class whose metatype is exactly `type`). Inline for the fast pass.
+inline bool class_attr_cached(const AttrCache& c, PyObject* cls) {
+    return c.mode == AttrCache::Mode::ClassAttr && reinterpret_cast<PyObject*>(c.type) == cls &&
+           Py_IS_TYPE(cls, &PyType_Type) && c.version != 0 &&
+           type_version(reinterpret_cast<PyTypeObject*>(cls)) == c.version;
+}
+/// The fast pass's reads of the modes OwnDict, CellContents and ClassAttr, when `c` is valid for
+/// `obj` (borrowed), else null; `*unclaimed` set for a value that is no entry of obj's dict (each
+/// of them). Allocates nothing, runs no user code, sets no error. Out of line: see fast_pass.cpp.
+[[gnu::noinline]] PyObject* rare_attr_value(AttrCache& c, PyObject* obj, PyObject* name, bool* unclaimed);
+/// `obj.name.__func__` without the bound method: the exact function the class's MRO holds for
+/// `name` when `c` (the `obj.name` step's cache, valid for obj's type, Mode::InstanceDict with an
+/// owner) says getattr binds it, and obj's own storage lacks `name`. Borrowed, or null when that
+/// is not decided so (the caller evaluates both steps). Allocates nothing, runs no user code,
+/// sets no error.
+[[gnu::noinline]] PyObject* method_function(AttrCache& c, PyObject* obj, PyObject* name);
 
 /// A readable description of why a Missing fetch failed ("no attribute 'x'", "no key 'k'").
 std::string describe_missing(const RuntimeStep& step, PyObject* parent);

@@ -312,6 +312,13 @@ class GuardSet {
             // join its state-implied ones in the stamp's block.
             SettleItemStamp,
             SettleAttrStamp,
+            // `X.name.__func__` where `X.name` binds a plain function of X's class: the function,
+            // read without the bound method (method_function, fetch.hpp). The op is the `X.name`
+            // node's fetch (`node`, `parent`, `skip`: the walk evaluates both steps when the read
+            // does not apply); `guard` is the `__func__` child, which has no fetch op of its own.
+            // Both registers hold the function: the method node has no guard, no other child and
+            // no relational role, so only a path held around a residue below reads its register.
+            FetchMethodFunc,
             End,  // the last op of every program
         };
         // 32 bytes, aligned to 32: two ops to a cache line, none straddling two (the program is
