@@ -602,6 +602,7 @@ bool reads_instance_dict(PyTypeObject* tp, PyObject* descr, bool of_base = false
 // `c.hint` for Mode::Member (the slot's offset) and `c.owner` for a name that binds an exact
 // function of the class (Mode::InstanceDict, method_function).
 AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name, AttrCache& c) {
+    static PyObject* const s_class = interned("__class__");
     static PyObject* const s_dict = interned("__dict__");
     static PyObject* const s_cell_contents = interned("cell_contents");
     if (tp == &PyFunction_Type && function_field_of(name) != FunctionFieldKind::None)
@@ -627,6 +628,12 @@ AttrCache::Mode attr_mode(PyTypeObject* tp, PyObject* name, AttrCache& c) {
         c.hint = slot;
         return AttrCache::Mode::Member;
     }
+    // `X.__class__` through object's own getset (object_get_class): X's type. torch reads it for
+    // a classmethod called on self. A class defining `__class__` (a property) is found first.
+    PyObject* object_class = nullptr;
+    if (same_name(name, s_class) && descr != nullptr &&
+        mro_lookup(&PyBaseObject_Type, s_class, &object_class) && descr == object_class)
+        return AttrCache::Mode::ObjectClass;
     if (tp->tp_dictoffset == 0) return AttrCache::Mode::Generic;
     // `getattr(X, '__dict__')`: a data descriptor (it wins over the instance dict); the instance
     // dict itself when it is one of the interpreter's own getters, as the DICT step reads it.
@@ -696,10 +703,36 @@ bool class_attr_is_itself(PyObject* v) {
     return t == &PyFunction_Type || t->tp_descr_get == nullptr;
 }
 
-// Fill `c` (Mode::ClassAttr) for getattr(cls, name), cls's metatype exactly `type`. type_getattro
-// looks in the metatype's MRO first (its data descriptors, then after the class's MRO its other
-// attributes, then a metatype __getattr__): `type` and `object` are immutable, so a name neither
-// defines is decided by cls's MRO alone, whose dicts are unchanged while cls's version tag is.
+// What type_getattro answers for class attribute `v` without user code: `v` itself
+// (class_attr_is_itself), an exact staticmethod's callable (sm_descr_get returns it; read through
+// the mirror verified at start-up, and an uninitialised one is the generic path's error), or null.
+PyObject* class_attr_answer(PyObject* v) {
+    if (class_attr_is_itself(v)) return v;
+    if (Py_IS_TYPE(v, &PyStaticMethod_Type) && g_staticmethod_mirror)
+        return reinterpret_cast<StaticMethod*>(v)->sm_callable;
+    return nullptr;
+}
+
+// Whether getattr on classes of metatype `mt` finds a class attribute as type_getattro does:
+// type's own getattr, or CPython's hook for a metaclass that defines only __getattr__ (3.11's
+// EnumType), which calls type.__getattribute__ first and __getattr__ only on its miss. Decided
+// under mt's version tag (the caller's); no user code (str-keyed dicts only).
+bool metatype_reads_like_type(PyTypeObject* mt) {
+    if (mt->tp_getattro == PyType_Type.tp_getattro) return true;
+    static PyObject* const s_getattribute = interned("__getattribute__");
+    PyObject* own = nullptr;
+    PyObject* types = nullptr;
+    return mt->tp_getattro == g_getattr_hook && g_getattr_hook != nullptr && s_getattribute != nullptr &&
+           mro_lookup(mt, s_getattribute, &own) && mro_lookup(&PyType_Type, s_getattribute, &types) &&
+           own != nullptr && own == types;
+}
+
+// Fill `c` (Mode::ClassAttr) for getattr(cls, name). type_getattro looks in the metatype's MRO
+// first (its data descriptors, then after the class's MRO its other attributes, then a metatype
+// __getattr__): when the metatype's MRO does not define the name (`type` and `object` are
+// immutable; a metaclass's MRO is unchanged while its version tag is, kept in `hint`) and the
+// metaclass uses type's own getattr, the name is decided by cls's MRO alone, whose dicts are
+// unchanged while cls's version tag is (an enum's members, an autograd Function's static forward).
 // The owner is left null (the generic path decides, cached as such) for a name `type` defines, a
 // name found nowhere (AttributeError), a value that is not itself (class_attr_is_itself), or a
 // class dict with a non-str key (mro_holder). Uncached (version 0) for a class without a tag.
@@ -711,20 +744,24 @@ void fill_class_attr(AttrCache& c, PyTypeObject* cls, PyObject* name) {
     c.owner = nullptr;
     c.owner_hint = kHintUnknown;
     (void)_PyType_Lookup(cls, name);  // a version tag, if cls can have one (may run user code)
+    PyTypeObject* mt = Py_TYPE(cls);
+    if (mt != &PyType_Type) (void)_PyType_Lookup(mt, name);  // the metaclass's tag (user code too)
     const unsigned int version = type_version(cls);
-    if (version == 0) return;
+    const unsigned int meta_version = mt == &PyType_Type ? 0 : type_version(mt);
+    if (version == 0 || (mt != &PyType_Type && (meta_version == 0 || meta_version > PY_SSIZE_T_MAX))) return;
     PyObject* meta = nullptr;
     PyObject* value = nullptr;
     PyTypeObject* holder = nullptr;
     // From here on nothing runs user code: str-keyed dicts, and _PyType_Lookup's hit (or its
     // lookup in those same dicts) to check that CPython's type cache agrees with them.
-    const bool itself = mro_lookup(&PyType_Type, name, &meta) && meta == nullptr &&
+    const bool itself = metatype_reads_like_type(mt) && mro_lookup(mt, name, &meta) && meta == nullptr &&
                         mro_holder(cls, name, &value, &holder) && value != nullptr &&
-                        class_attr_is_itself(value) && _PyType_Lookup(cls, name) == value &&
+                        class_attr_answer(value) != nullptr && _PyType_Lookup(cls, name) == value &&
                         holder->tp_dict != nullptr;  // a static type's may live elsewhere (3.12+)
-    if (type_version(cls) != version) return;
+    if (type_version(cls) != version || (mt != &PyType_Type && type_version(mt) != meta_version)) return;
     c.version = version;
     c.mode = AttrCache::Mode::ClassAttr;
+    c.hint = static_cast<Py_ssize_t>(meta_version);
     if (itself) c.owner = holder;
 }
 
@@ -783,8 +820,8 @@ bool init_getattr_hook() {
 
 Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
     PyTypeObject* tp = Py_TYPE(obj);
-    if (tp == &PyType_Type && obj != reinterpret_cast<PyObject*>(&PyType_Type)) {
-        // A class whose metatype is `type` (type's own attributes: type's MRO is the metatype's).
+    if (PyType_Check(obj) && obj != reinterpret_cast<PyObject*>(&PyType_Type)) {
+        // A class (type's own attributes: type's MRO is the metatype's).
         if (!class_attr_cached(c, obj)) fill_class_attr(c, reinterpret_cast<PyTypeObject*>(obj), name);
         if (c.mode == AttrCache::Mode::ClassAttr)
             if (PyObject* v = class_attr_value(c, name)) return ok_borrowed(v);
@@ -824,6 +861,7 @@ Fetched fetch_attr(AttrCache& c, PyObject* obj, PyObject* name) {
         case AttrCache::Mode::CellContents:
             if (PyObject* v = PyCell_GET(obj)) return ok_borrowed(v);
             break;  // empty: ValueError, as getattr raises it
+        case AttrCache::Mode::ObjectClass: return ok_borrowed(reinterpret_cast<PyObject*>(Py_TYPE(obj)));
         case AttrCache::Mode::Module: {
             PyObject* d = PyModule_GetDict(obj);
             if (PyObject* hv = dict_get_hinted(d, name, &c.hint)) return ok_borrowed(hv);
@@ -846,7 +884,7 @@ PyObject* class_attr_value(AttrCache& c, PyObject* name) {
     // class's __get__ is read now, as type_getattro reads it.
     PyObject* d = c.owner->tp_dict;
     PyObject* v = d != nullptr ? dict_get_hinted(d, name, &c.owner_hint) : nullptr;
-    return v != nullptr && class_attr_is_itself(v) ? v : nullptr;
+    return v != nullptr ? class_attr_answer(v) : nullptr;
 }
 
 PyObject* rare_attr_value(AttrCache& c, PyObject* obj, PyObject* name, bool* unclaimed) {
@@ -864,6 +902,10 @@ PyObject* rare_attr_value(AttrCache& c, PyObject* obj, PyObject* name, bool* unc
     if (c.mode == AttrCache::Mode::CellContents) {
         *unclaimed = true;
         return PyCell_GET(obj);
+    }
+    if (c.mode == AttrCache::Mode::ObjectClass) {  // held by obj (an instance holds its type)
+        *unclaimed = true;
+        return reinterpret_cast<PyObject*>(Py_TYPE(obj));
     }
     return nullptr;
 }

@@ -41,8 +41,9 @@ struct AttrCache {
         Member,         ///< an object slot a member descriptor serves (`hint` holds its offset)
         DictGetattr,    ///< absence only: a registered class `__getattr__` (`hint` holds its index)
         OwnDict,        ///< `__dict__` served by the interpreter's own getter: the instance dict
-        ClassAttr,      ///< an attribute of a class whose metatype is `type` (class_attr_value)
+        ClassAttr,      ///< an attribute of a class (class_attr_value; `hint`: metatype's tag, 0 for `type`)
         CellContents,   ///< `cell_contents` of an exact cell: its contents
+        ObjectClass,    ///< `__class__` through object's own getset: the object's type
         Generic,        ///< anything else: PyObject_GetAttr
     };
     /// The type the cache was filled for; for ClassAttr the class itself (the object read), whose
@@ -195,18 +196,23 @@ bool attributes_in_instance_storage(AttrCache& c, PyTypeObject* tp, PyObject* co
                                     bool fill = true);
 
 /// The value of class attribute `name` that `c` (Mode::ClassAttr, valid for `cls`) locates in the
-/// dict of its owner: an exact function (its __get__ without an instance is itself) or an object
-/// whose type has no __get__ now (itself), borrowed; null otherwise (the caller's generic
-/// path decides). Allocates nothing, runs no user code, sets no error.
+/// dict of its owner: an exact function (its __get__ without an instance is itself), an object
+/// whose type has no __get__ now (itself), or an exact staticmethod's callable, borrowed; null
+/// otherwise (the caller's generic path decides). Allocates nothing, runs no user code, sets no error.
 PyObject* class_attr_value(AttrCache& c, PyObject* name);
-/// Whether `c` holds the ClassAttr facts of class `cls` under its current version tag (fetch_attr
-/// fills them for a class whose metatype is exactly `type`). Inline for the fast pass.
+/// Whether `c` holds the ClassAttr facts of class `cls` under its current version tag and its
+/// metatype's: `type` (hint 0), or the metaclass whose version tag `hint` holds (tags are never
+/// reused, so an equal tag is the same, unchanged metaclass; a class's `__class__` can be
+/// reassigned between mutable metaclasses without a new tag of its own). Inline for the fast pass.
 inline bool class_attr_cached(const AttrCache& c, PyObject* cls) {
-    return c.mode == AttrCache::Mode::ClassAttr && reinterpret_cast<PyObject*>(c.type) == cls &&
-           Py_IS_TYPE(cls, &PyType_Type) && c.version != 0 &&
-           type_version(reinterpret_cast<PyTypeObject*>(cls)) == c.version;
+    if (c.mode != AttrCache::Mode::ClassAttr || reinterpret_cast<PyObject*>(c.type) != cls ||
+        c.version == 0 || type_version(reinterpret_cast<PyTypeObject*>(cls)) != c.version)
+        return false;
+    return Py_IS_TYPE(cls, &PyType_Type)
+               ? c.hint == 0
+               : c.hint > 0 && type_version(Py_TYPE(cls)) == static_cast<unsigned int>(c.hint);
 }
-/// The fast pass's reads of the modes OwnDict, CellContents and ClassAttr, when `c` is valid for
+/// The fast pass's reads of the modes OwnDict, CellContents, ObjectClass and ClassAttr, when `c` is valid for
 /// `obj` (borrowed), else null; `*unclaimed` set for a value that is no entry of obj's dict (each
 /// of them). Allocates nothing, runs no user code, sets no error. Out of line: see fast_pass.cpp.
 [[gnu::noinline]] PyObject* rare_attr_value(AttrCache& c, PyObject* obj, PyObject* name, bool* unclaimed);

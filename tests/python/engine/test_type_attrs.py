@@ -567,3 +567,103 @@ def test_class_attribute_and_method_under_a_mutating_thread() -> None:
     cls.aliases = {"proj": "lin"}
     cls.meth = _other
     assert _decide(gs, specs, f_locals) is False and _decide(gs2, specs2, f_locals) is False
+
+
+# --- classes of other metaclasses, static methods, `__class__` -------------------------------
+def test_a_class_attribute_under_a_metaclass() -> None:
+    # A metaclass that keeps type's getattr (an autograd Function's FunctionMeta, ABCMeta): the
+    # class's MRO decides while the metaclass's MRO does not define the name (its version tag).
+    class Meta(type):
+        pass
+
+    class Meta2(type):
+        pass
+
+    cls = Meta("M", (), {"aliases": {"a": 1}})
+    f_locals = {"o": cls()}
+    gs, specs = _guarded(f_locals, "type(L['o']).aliases", {"a": 1})
+    assert _fast_once(gs, f_locals)
+    Meta.aliases = property(lambda c: {"a": 2})  # type: ignore[attr-defined]  # a data descriptor wins
+    assert _decide(gs, specs, f_locals) is False
+    del Meta.aliases  # type: ignore[attr-defined]
+    assert _decide(gs, specs, f_locals) is True
+    assert _fast_once(gs, f_locals)
+    Meta.aliases = {"a": 3}  # type: ignore[attr-defined]  # a non-data one loses to the class's
+    assert _decide(gs, specs, f_locals) is True
+    del Meta.aliases  # type: ignore[attr-defined]
+    Meta.__getattribute__ = lambda c, n: {"a": 4}  # type: ignore[method-assign,assignment]
+    assert _decide(gs, specs, f_locals) is False
+    del Meta.__getattribute__  # type: ignore[misc]
+    assert _decide(gs, specs, f_locals) is True
+    cls.__class__ = Meta2  # the class's metaclass reassigned: its own tag does not change
+    assert _decide(gs, specs, f_locals) is True
+    Meta2.aliases = property(lambda c: {"a": 5})  # type: ignore[attr-defined]
+    assert _decide(gs, specs, f_locals) is False
+
+
+def test_a_class_attribute_under_a_metaclass_with_only_getattr() -> None:
+    # 3.11's EnumType defines __getattr__ only: CPython's hook runs type.__getattribute__ first.
+    class Meta(type):
+        def __getattr__(cls, name: str) -> Any:
+            return "from meta"
+
+    cls = Meta("E", (), {"A": 1})
+    f_locals = {"o": cls()}
+    gs, specs = _guarded(f_locals, "type(L['o']).A", 1)
+    assert _fast_once(gs, f_locals)
+    del cls.A
+    assert _decide(gs, specs, f_locals) is False  # answered by the metaclass's __getattr__
+    cls.A = 1
+    assert _decide(gs, specs, f_locals) is True
+    Meta.__getattribute__ = lambda c, n: 1 if n == "A" else type.__getattribute__(c, n)  # type: ignore[method-assign]
+    assert _decide(gs, specs, f_locals) is True
+    Meta.__getattribute__ = lambda c, n: 2 if n == "A" else type.__getattribute__(c, n)  # type: ignore[method-assign]
+    assert _decide(gs, specs, f_locals) is False
+
+
+def test_an_enum_member_and_a_static_method_are_read_on_the_fast_pass() -> None:
+    import enum
+
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    def act(t: Any) -> Any:
+        return t
+
+    cls = type("F", (), {"forward": staticmethod(act)})
+    f_locals = {"o": cls(), "m": Mode.A}
+    g = {"Mode": Mode}
+    b = tw.GuardBuilder(f_locals, g)
+    b.id_match("G['Mode'].A")
+    b.id_match("type(L['o']).forward")
+    gs = b.build()
+    specs = list(gs.guards)
+    assert specs[1].expected is act
+    for _ in range(3):
+        assert _decide(gs, specs, f_locals, g) is True
+    assert _fast_once(gs, f_locals)
+    cls.forward = staticmethod(lambda t: t)
+    assert _decide(gs, specs, f_locals, g) is False
+    cls.forward = staticmethod(act)
+    assert _decide(gs, specs, f_locals, g) is True
+    cls.forward = act  # the function itself: the same answer
+    assert _decide(gs, specs, f_locals, g) is True
+    cls.forward = classmethod(act)  # binds: another object
+    assert _decide(gs, specs, f_locals, g) is False
+
+
+def test_dunder_class_is_the_objects_type() -> None:
+    cls, o, f_locals = _obj()
+    gs, specs = _guarded(f_locals, "L['o'].__class__", identity=True)
+    assert _fast_once(gs, f_locals)
+    o.__class__ = type("Sub", (cls,), {})
+    assert _decide(gs, specs, f_locals) is False
+    o.__class__ = cls
+    assert _decide(gs, specs, f_locals) is True
+    # A class-defined __class__ (a property, found first): the generic path, which asks it.
+    o.__class__ = type("Same", (cls,), {"__class__": property(lambda self: cls)})
+    assert _decide(gs, specs, f_locals) is True
+    o2 = cls()
+    o2.__class__ = type("Lying", (cls,), {"__class__": property(lambda self: int)})
+    assert _decide(gs, specs, {"o": o2}) is False
