@@ -1008,3 +1008,67 @@ def test_buffer_assigned_in_forward_guards_the_non_persistent_set() -> None:
             ("an equal new set", replace_set({"step"})),
         ],
     )
+
+
+@pytest.mark.torch
+@pytest.mark.filterwarnings("ignore:.*should not be instantiated:DeprecationWarning")  # Dynamo's own
+def test_enum_static_forward_classmethod_and_super_on_the_fast_pass() -> None:
+    # Everyday shapes whose guards read class attributes under other metaclasses (an enum member,
+    # an autograd Function's static forward), `self.__class__` (a classmethod called on self) and
+    # `type(self).__mro__[1].forward` (super().forward): every guard on the fast pass, and each
+    # change decided as torch.
+    import enum
+
+    torch = _torch()
+    nn = torch.nn
+
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x * x
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            return g
+
+    class Base(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.mode = Mode.B
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(x)
+
+    class Net(Base):
+        @classmethod
+        def scale(cls) -> float:
+            return 2.0
+
+        def forward(self, x: Any) -> Any:
+            y = Square.apply(super().forward(x)) * self.scale()
+            return y if self.mode is Mode.A else -y
+
+    m = Net()
+    gs, gm, f_locals = compile_and_import(m, torch.randn(2, 4))
+    for _ in range(2):
+        assert gs.check(f_locals) is True
+    fast, slow = gs._fast_pass_count, gs._residue_pass_count
+    assert gs.check(f_locals) is True
+    assert (gs._fast_pass_count, gs._residue_pass_count) == (fast + 1, slow), gs.explain()
+    same_as_torch(
+        gs,
+        gm,
+        f_locals,
+        [
+            ("mode A", set_attr(m, "mode", Mode.A)),
+            ("Square.forward replaced", set_attr(Square, "forward", staticmethod(lambda ctx, x: x))),
+            ("Base.forward replaced", set_attr(Base, "forward", lambda self, x: x)),
+            ("scale a classmethod of another function", set_attr(Net, "scale", classmethod(lambda cls: 3.0))),
+            ("__class__ to a subclass", swap_class(m, type("Sub", (Net,), {}))),
+        ],
+    )
