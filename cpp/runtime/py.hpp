@@ -63,4 +63,24 @@ inline bool set_next(PyObject* s, Py_ssize_t* pos, PyObject** key) {
     return false;
 }
 
+/// `s` interned (a new reference kept by the caller, usually in a function-local static), or
+/// null with no error set when that failed.
+inline PyObject* interned(const char* s) {
+    PyObject* o = PyUnicode_InternFromString(s);
+    if (o == nullptr) PyErr_Clear();
+    return o;
+}
+
+/// Whether calling Python function `fn` still runs `code` through `call`, as when the caller
+/// recorded both, and nothing would see the call's frame: `__code__` is assignable,
+/// PyFunction_SetVectorcall can replace the vectorcall (then the call runs other code), and a
+/// tracer or profiler would observe the frame. A caller that answers for `fn` without calling it
+/// asks this each time.
+inline bool function_runs_unchanged(PyObject* fn, PyObject* code, vectorcallfunc call) {
+    auto* f = reinterpret_cast<PyFunctionObject*>(fn);
+    if (f->func_code != code || f->vectorcall != call) return false;
+    PyThreadState* ts = PyThreadState_Get();
+    return ts->c_tracefunc == nullptr && ts->c_profilefunc == nullptr;
+}
+
 }  // namespace tripwire::runtime

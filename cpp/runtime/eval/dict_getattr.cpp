@@ -25,12 +25,6 @@ constexpr int kRegistrations = 4;
 Registration g_registrations[kRegistrations];
 int g_registered = 0;
 
-PyObject* interned(const char* s) {
-    PyObject* o = PyUnicode_InternFromString(s);
-    if (o == nullptr) PyErr_Clear();
-    return o;
-}
-
 // Whether the body's miss path raises the builtin AttributeError built from `type(self)`: neither
 // name is shadowed by a global, and the builtins hold the interpreter's own. str-keyed exact
 // dicts only, so the lookups run no user code and set no error. Proved once per state of the
@@ -44,9 +38,9 @@ bool names_resolve(Registration& r) {
     if (s_error == nullptr || s_type == nullptr || globals == nullptr || builtins == nullptr ||
         !PyDict_CheckExact(globals) || !PyDict_CheckExact(builtins))
         return false;
+    if (tag_holds(globals, r.globals_tag) && tag_holds(builtins, r.builtins_tag)) return true;
     const std::uint64_t gt = dict_tag(globals);
     const std::uint64_t bt = dict_tag(builtins);
-    if (gt != 0 && gt == r.globals_tag && bt != 0 && bt == r.builtins_tag) return true;
     if (!dict_has_only_str_keys(globals) || !dict_has_only_str_keys(builtins)) return false;
     const bool ok = PyDict_GetItemWithError(globals, s_error) == nullptr &&
                     PyDict_GetItemWithError(globals, s_type) == nullptr &&
@@ -121,11 +115,7 @@ int dict_getattr_index(PyObject* hook) {
 bool dict_getattr_misses(int index, PyObject* obj, PyObject* name) {
     if (index < 0 || index >= g_registered || !PyUnicode_CheckExact(name)) return false;
     Registration& r = g_registrations[index];
-    auto* fn = reinterpret_cast<PyFunctionObject*>(r.fn);
-    if (fn->func_code != r.code || fn->vectorcall != r.call) return false;
-    // A tracer or profiler sees the call's frame: skipping it would be observable.
-    PyThreadState* ts = PyThreadState_Get();
-    if (ts->c_tracefunc != nullptr || ts->c_profilefunc != nullptr || !names_resolve(r)) return false;
+    if (!function_runs_unchanged(r.fn, r.code, r.call) || !names_resolve(r)) return false;
     // `if d in self.__dict__: if name in self.__dict__[d]: return ...`, for each d in order: the
     // instance dict is the object's own storage (the caller proved `__dict__` is), and a dict it
     // holds is searched only when it is an exact dict of str keys (`in` then runs no user code).

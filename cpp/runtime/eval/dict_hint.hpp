@@ -280,6 +280,10 @@ inline std::uint64_t dict_tag(PyObject* d) {
     const std::uint64_t t = pass_tag(d);
     return t != kNoTag ? t : 0;
 }
+/// dict_tag(d) == tag, a proof made in that very state (tags are never reused; 0 is no tag).
+inline bool tag_holds(PyObject* d, std::uint64_t tag) {
+    return tag != 0 && PyDict_CheckExact(d) && dict_tag(d) == tag;
+}
 
 /// Whether instances of `tp` keep their attributes in managed storage that this mirror locates
 /// (layout::inline_values, layout::managed_dict) without a scan of a type table.
@@ -317,6 +321,7 @@ inline bool managed_storage_in_mirror(PyTypeObject*) { return false; }
 inline bool dict_has_only_str_keys(PyObject*) { return false; }
 inline constexpr bool g_skip_enabled = false;
 inline std::uint64_t dict_tag(PyObject*) { return 0; }
+inline bool tag_holds(PyObject*, std::uint64_t) { return false; }
 inline constexpr std::uint64_t kNoTag = ~std::uint64_t{0};
 inline std::uint64_t pass_tag(PyObject*) { return kNoTag; }
 inline PyObject* module_dict(PyObject* m) { return PyModule_GetDict(m); }

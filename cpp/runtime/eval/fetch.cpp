@@ -173,26 +173,6 @@ constexpr int kForwards = 4;
 Forward g_forwards[kForwards];
 int g_forward_next = 0;
 
-PyObject* interned(const char* s) {
-    PyObject* o = PyUnicode_InternFromString(s);
-    if (o == nullptr) PyErr_Clear();
-    return o;
-}
-
-// The hook's own facts that the entry does not hold: its code (assignable), its vectorcall (an
-// extension may replace it, PyFunction_SetVectorcall: then the call runs other code), tracing.
-bool hook_unchanged(const Forward& f) {
-    auto* fn = reinterpret_cast<PyFunctionObject*>(f.hook);
-    if (fn->func_code != f.code || fn->vectorcall != g_function_vectorcall) return false;
-    PyThreadState* ts = PyThreadState_Get();
-    return ts->c_tracefunc == nullptr && ts->c_profilefunc == nullptr;
-}
-
-// dict_tag(d) == tag, a proof made in that very state (tags are never reused; 0 is no tag).
-bool tag_holds(PyObject* d, std::uint64_t tag) {
-    return tag != 0 && PyDict_CheckExact(d) && dict_tag(d) == tag;
-}
-
 // getattr(forwarded, name) when the entry's inner facts decide it without user code; null
 // otherwise. A value held by the class (its dict holds the descriptor) or the instance dict.
 PyObject* inner_value(const Forward& f, PyObject* forwarded) {
@@ -223,7 +203,8 @@ PyObject* forwarded_value(PyObject* obj, PyObject* name) {
     if (tp->tp_getattro != getattr_hook_slot()) return nullptr;
     for (Forward& f : g_forwards) {
         if (f.name != name || f.type != tp || f.version == 0 || type_version(tp) != f.version) continue;
-        if (!hook_unchanged(f)) return nullptr;
+        // The hook's own facts that the entry does not hold (py.hpp).
+        if (!function_runs_unchanged(f.hook, f.code, g_function_vectorcall)) return nullptr;
         PyObject* md = PyModule_GetDict(obj);
         PyObject* globals = PyFunction_GET_GLOBALS(f.hook);
         PyObject* builtins = reinterpret_cast<PyFunctionObject*>(f.hook)->func_builtins;
@@ -670,15 +651,17 @@ AttrCache::Mode dict_mode(PyTypeObject* tp, PyObject* name) {
     return own_dict_descriptor(descr) ? AttrCache::Mode::InstanceDict : AttrCache::Mode::Generic;
 }
 
+// What every fill starts from: `tp`, the generic path, no tag, no hint, no owner.
+void reset_cache(AttrCache& c, PyTypeObject* tp) {
+    c = AttrCache{};
+    c.type = tp;
+    c.mode = AttrCache::Mode::Generic;
+}
+
 // Fill cache `c` for (tp, name) with `decide`, under tp's version tag.
 template <typename Decide>
 void fill_cache(AttrCache& c, PyTypeObject* tp, PyObject* name, Decide decide) {
-    c.type = tp;
-    c.mode = AttrCache::Mode::Generic;
-    c.hint = kHintUnknown;
-    c.version = 0;
-    c.owner = nullptr;
-    c.owner_hint = kHintUnknown;
+    reset_cache(c, tp);
     // _PyType_Lookup assigns a version tag when the type can have one. It may run user code (a
     // colliding key in a class dict); what it finds is not used (see mro_lookup).
     (void)_PyType_Lookup(tp, name);
@@ -737,18 +720,14 @@ bool metatype_reads_like_type(PyTypeObject* mt) {
 // name found nowhere (AttributeError), a value that is not itself (class_attr_is_itself), or a
 // class dict with a non-str key (mro_holder). Uncached (version 0) for a class without a tag.
 void fill_class_attr(AttrCache& c, PyTypeObject* cls, PyObject* name) {
-    c.type = cls;
-    c.mode = AttrCache::Mode::Generic;
-    c.hint = kHintUnknown;
-    c.version = 0;
-    c.owner = nullptr;
-    c.owner_hint = kHintUnknown;
+    reset_cache(c, cls);
     (void)_PyType_Lookup(cls, name);  // a version tag, if cls can have one (may run user code)
     PyTypeObject* mt = Py_TYPE(cls);
     if (mt != &PyType_Type) (void)_PyType_Lookup(mt, name);  // the metaclass's tag (user code too)
     const unsigned int version = type_version(cls);
     const unsigned int meta_version = mt == &PyType_Type ? 0 : type_version(mt);
-    if (version == 0 || (mt != &PyType_Type && (meta_version == 0 || meta_version > PY_SSIZE_T_MAX))) return;
+    static_assert(sizeof(Py_ssize_t) > sizeof(unsigned int), "`hint` holds any metaclass tag");
+    if (version == 0 || (mt != &PyType_Type && meta_version == 0)) return;
     PyObject* meta = nullptr;
     PyObject* value = nullptr;
     PyTypeObject* holder = nullptr;

@@ -50,8 +50,9 @@ bool small_str_set(PyObject* s) {
     if (so->used == 0) return true;
     if (so->mask + 1 > kSetScanLimit) return false;
     for (Py_ssize_t i = 0; i <= so->mask; ++i) {
-        // Anything but an exact str (a user object, a dummy left by a removal) may compare equal
-        // through its own __eq__ in a real lookup.
+        // Anything but an exact str (a user object, whose __eq__ a real lookup may call) is the
+        // set's to answer. A dummy left by a removal is refused too (the walk decides such a
+        // set): the scan needs the raw table, as set_next (py.hpp) skips dummies.
         PyObject* k = so->table[i].key;
         if (k != nullptr && !PyUnicode_CheckExact(k)) return false;
     }
@@ -65,14 +66,15 @@ bool small_str_set_has(PyObject* s, PyObject* item) {
     (void)item;
     return false;
 #else
-    auto* so = reinterpret_cast<PySetObject*>(s);
-    if (so->used == 0) return false;
-    const Py_hash_t h = reinterpret_cast<PyASCIIObject*>(item)->hash;
-    for (Py_ssize_t i = 0; i <= so->mask; ++i) {
-        PyObject* k = so->table[i].key;
-        if (k == item ||
-            (k != nullptr && so->table[i].hash == h && h != -1 && PyUnicode_Compare(k, item) == 0))
-            return true;
+    // An exact str's hash is computed in C and cached (nothing runs, nothing is allocated): an
+    // item whose hash was never asked must still find its equal key.
+    Py_hash_t h = PyObject_Hash(item);
+    if (h == -1) PyErr_Clear();
+    Py_ssize_t pos = 0;
+    PyObject* k = nullptr;
+    while (set_next(s, &pos, &k)) {
+        const Py_hash_t hk = reinterpret_cast<PyASCIIObject*>(k)->hash;
+        if (k == item || ((h == -1 || hk == -1 || hk == h) && PyUnicode_Compare(k, item) == 0)) return true;
     }
     return false;
 #endif

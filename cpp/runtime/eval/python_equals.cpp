@@ -72,12 +72,10 @@ int sequence_equal(PyObject* v, PyObject* c, bool list, int depth) {
 int set_equal(PyObject* v, PyObject* c) {
     if (PySet_GET_SIZE(v) != PySet_GET_SIZE(c)) return 0;
     if (!small_str_set(v) || !small_str_set(c)) return kEqualsUnknown;
-    auto* so = reinterpret_cast<PySetObject*>(v);
-    if (so->used == 0) return 1;
-    for (Py_ssize_t i = 0; i <= so->mask; ++i) {
-        PyObject* k = so->table[i].key;
-        if (k != nullptr && !small_str_set_has(c, k)) return 0;
-    }
+    Py_ssize_t pos = 0;
+    PyObject* k = nullptr;
+    while (set_next(v, &pos, &k))
+        if (!small_str_set_has(c, k)) return 0;
     return 1;
 }
 
