@@ -16,6 +16,7 @@ import pytest
 
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip as _decide
+from engine_switches import fast_once as _fast_once
 from engine_switches import fast_pass
 from tripwire import _core
 
@@ -29,13 +30,6 @@ def _guarded(obj: Any, name: str = "missing") -> tuple[Any, list[Any], dict]:
     for _ in range(3):
         assert _decide(gs, specs, f_locals) is True
     return gs, specs, f_locals
-
-
-def _fast_once(gs: Any, f_locals: dict[str, Any]) -> bool:
-    """Whether one more passing check is decided by the fast pass alone."""
-    fast, slow = gs._fast_pass_count, gs._residue_pass_count
-    assert gs.check(f_locals) is True
-    return gs._fast_pass_count == fast + 1 and gs._residue_pass_count == slow
 
 
 # A class __getattr__ of nn.Module's shape, registered as such (the claim is this test's, about

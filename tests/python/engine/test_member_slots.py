@@ -13,6 +13,7 @@ import pytest
 
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip as _decide
+from engine_switches import fast_once as _fast_once
 
 
 def _guarded(obj: Any, src: str, value: Any = None, *, identity: bool = False) -> tuple[Any, list[Any], dict]:
@@ -34,14 +35,6 @@ def _slotted() -> type:
         __slots__ = ("a", "b")
 
     return Slotted
-
-
-def _fast_once(gs: Any, f_locals: dict[str, Any]) -> bool:
-    """Whether one more passing check is decided by the fast pass alone (the first check of a
-    set fills the inline cache through the walk)."""
-    fast, slow = gs._fast_pass_count, gs._residue_pass_count
-    assert gs.check(f_locals) is True
-    return gs._fast_pass_count == fast + 1 and gs._residue_pass_count == slow
 
 
 def test_slots_are_read_on_the_fast_pass() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip as _decide
+from engine_switches import fast_once as _fast_once
 
 
 def _guarded(s: Any, item: Any = "n", present: bool = False) -> tuple[Any, list[Any], dict]:
@@ -25,12 +26,6 @@ def _guarded(s: Any, item: Any = "n", present: bool = False) -> tuple[Any, list[
     for _ in range(3):
         assert _decide(gs, specs, f_locals) is True
     return gs, specs, f_locals
-
-
-def _fast_once(gs: Any, f_locals: dict[str, Any]) -> bool:
-    fast, slow = gs._fast_pass_count, gs._residue_pass_count
-    assert gs.check(f_locals) is True
-    return gs._fast_pass_count == fast + 1 and gs._residue_pass_count == slow
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import pytest
 
 import tripwire as tw
 from engine_switches import agree_with_and_without_skip as _decide
+from engine_switches import fast_once as _fast_once
 from engine_switches import fast_pass
 
 
@@ -34,14 +35,6 @@ def _guarded(f_locals: dict, src: str, value: Any = None, *, identity: bool = Fa
     for _ in range(3):
         assert _decide(gs, specs, f_locals) is True
     return gs, specs
-
-
-def _fast_once(gs: Any, f_locals: dict[str, Any]) -> bool:
-    """Whether one more passing check is decided by the fast pass alone (the first check of a
-    set fills the inline caches through the walk)."""
-    fast, slow = gs._fast_pass_count, gs._residue_pass_count
-    assert gs.check(f_locals) is True
-    return gs._fast_pass_count == fast + 1 and gs._residue_pass_count == slow
 
 
 class _Base:

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-import reference
-from test_torch_models import compile_and_import, set_attr
+from test_torch_models import as_torch_and_fast_again, compile_and_import, set_attr
 
 pytestmark = pytest.mark.torch
 
@@ -70,20 +69,9 @@ def test_alias_getattr_model_is_on_the_fast_pass_and_decides_as_torch() -> None:
         ("__getattr__'s __class__ cell", _set_cell(own_getattr.__closure__[0], nn.Module)),
         ("gain changed", set_attr(model, "gain", 2.5)),
     ]
-    failed = 0
-    for what, mutate in attacks:
-        undo = mutate()
-        try:
-            want = gm.check(f_locals)
-            assert reference.check(gs.guards, f_locals, gs._f_globals) is want, what
-            for _ in range(3):
-                assert gs.check(f_locals) is want, what
-            failed += not want
-        finally:
-            undo()
-        assert gm.check(f_locals) is True and gs.check(f_locals) is True, f"after undoing {what}"
-        assert gs.check(f_locals) and gs._last_fast_guards == len(gs), what
-    assert failed >= 4  # the aliases, both __getattr__ functions and gain are guarded
+    assert (
+        as_torch_and_fast_again(gs, gm, f_locals, attacks) >= 4
+    )  # the aliases, both __getattr__ functions and gain are guarded
 
 
 def _set_cell(cell: Any, value: Any) -> Callable[[], Callable]:

@@ -53,6 +53,14 @@ def assert_passes_on_the_fast_pass(gs: Any, f_locals: dict) -> None:
     assert gs._fast_pass_count == n + 1
 
 
+def fast_once(gs: Any, f_locals: dict) -> bool:
+    """Whether one more passing check of ``f_locals`` is decided by the fast pass alone, no residue
+    run (the first check of a set fills the inline caches through the walk)."""
+    fast, slow = gs._fast_pass_count, gs._residue_pass_count
+    assert gs.check(f_locals) is True
+    return gs._fast_pass_count == fast + 1 and gs._residue_pass_count == slow
+
+
 def agree_with_and_without_skip(gs: Any, specs: list, f_locals: dict, f_globals: dict | None = None) -> bool:
     """The decision on ``f_locals``, asserted equal four ways: the skipping engine, the engine with
     the skip off, the tree walk (fast pass off) and the reference."""
