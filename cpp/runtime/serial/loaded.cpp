@@ -301,13 +301,15 @@ void check_operands(const core::codec::GuardRecord& g, PyObject* consts, std::st
                 const std::string why = take_error_text();
                 throw bad(d.kind == GuardKind::DictContains ? "the key: " + why : "the item: " + why);
             }
-            // The builder refuses an unhashable item (the check would fail on every set); so does
-            // the loader. Hashing it runs no code the bytes chose: checked just above.
-            if (d.kind == GuardKind::SetContains && PyObject_Hash(at(d.operand)) == -1) {
+            // An unhashable key or item fails every check: the builder refuses it (its own
+            // example fails), and so does the loader, with the reason, rather than load an entry
+            // that can never pass. Hashing it runs no code the bytes chose: checked just above.
+            if (PyObject_Hash(at(d.operand)) == -1) {
+                const char* what = d.kind == GuardKind::DictContains ? "the key" : "the item";
                 if (!PyErr_ExceptionMatches(PyExc_TypeError))
-                    fail_python(g.offset, std::string(kind) + " guard: the item cannot be hashed");
+                    fail_python(g.offset, std::string(kind) + " guard: " + what + " cannot be hashed");
                 const std::string why = take_error_text();
-                throw bad("the item is unhashable: " + why);
+                throw bad(std::string(what) + " is unhashable: " + why);
             }
             break;
         default: break;

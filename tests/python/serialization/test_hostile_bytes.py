@@ -322,11 +322,12 @@ def _present_flag_at(body: bytes, item: bytes) -> int:
 
 
 def test_a_set_contains_record_with_a_bad_flag_or_constant_is_refused() -> None:
+    # ... and a DICT_CONTAINS record with an unhashable key, which the loader refuses as well.
     from tripwire import _core
 
-    def record(item: object, flag: bool = True) -> bytes:
+    def record(item: object, flag: bool = True, kind: tw.GuardKind = tw.GuardKind.SET_CONTAINS) -> bytes:
         decl = _core.GuardDecl(
-            tw.GuardKind.SET_CONTAINS,
+            kind,
             _core.SourcePath(tw.RootKind.LOCAL, 0, [], ["L['v']"]),
             1,
             flag=flag,
@@ -359,6 +360,11 @@ def test_a_set_contains_record_with_a_bad_flag_or_constant_is_refused() -> None:
     for item in ([1], {"a": 1}, (1, [2])):
         with pytest.raises(tw.FormatError, match=r"SET_CONTAINS guard: the item is unhashable: TypeError"):
             tw.GuardSet.from_bytes(record(item))
+        with pytest.raises(tw.FormatError, match=r"DICT_CONTAINS guard: the key is unhashable: TypeError"):
+            tw.GuardSet.from_bytes(record(item, kind=tw.GuardKind.DICT_CONTAINS))
+    for flag in (True, False):  # a hashable key loads as itself, in both senses
+        gs = tw.GuardSet.from_bytes(record("k", flag, kind=tw.GuardKind.DICT_CONTAINS))
+        assert gs.check({"v": {"k": 1}}) is flag and gs.check({"v": {}}) is not flag
     # The present flag is a byte 0 or 1; the item a constant in range.
     body = good[64:]
     flag = _present_flag_at(body, b"\x01")
