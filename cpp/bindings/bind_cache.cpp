@@ -201,8 +201,12 @@ void register_cache(nb::module_& m) {
             [](CacheCore& c, nb::handle f_locals) -> nb::object {
                 if (!require_locals_mapping(f_locals.ptr(), "Cache.lookup_entry")) throw nb::python_error();
                 runtime::EntryPtr e;
-                if (!c.get().lookup(f_locals.ptr(), e)) throw nb::python_error();
-                return hit_view_of(std::move(e));
+                if (!c.get().lookup(f_locals.ptr(), e, /*count=*/false)) throw nb::python_error();
+                // Counted after the view: making it may end the hit (hit_view_of).
+                runtime::CacheEntry* hit = e.get();
+                nb::object view = hit_view_of(std::move(e));
+                c.get().count_lookup(view.is_none() ? nullptr : hit);  // the view holds a hit alive
+                return view;
             },
             nb::arg("f_locals").none(),
             nb::sig("def lookup_entry(self, f_locals: typing.Mapping[str, typing.Any] | None) -> CacheEntry "

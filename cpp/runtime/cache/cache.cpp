@@ -582,8 +582,7 @@ int Cache::lookup_most_recent(const Locals& locals, Ref& payload, bool with_inde
     CacheEntry* e = front_.get();
     // A set with residues needs check(): do not run its fast pass twice.
     if (!e->gs->uses_fast_pass() || e->gs->check_without_user_code(locals) != 1) return 0;
-    ++e->hits;
-    ++stats_.hits;
+    count_lookup(e);
     payload = e->payload;  // our own reference: calling the payload may evict the entry
     return 1;
 }
@@ -601,7 +600,7 @@ bool Cache::lookup(const Locals& locals, EntryPtr& out, bool count) {
     if (out) {
         record_hit(out, count);
     } else if (count) {
-        ++stats_.misses;
+        count_lookup(nullptr);
     }
     return true;
 }
@@ -675,9 +674,7 @@ bool Cache::find_entry(const Locals& locals, EntryPtr& out) {
 
 void Cache::record_hit(const EntryPtr& e, bool count) {
     touch(e);
-    if (!count) return;
-    ++e->hits;
-    ++stats_.hits;
+    if (count) count_lookup(e.get());
 }
 
 bool Cache::insert(PyObject* guards, std::shared_ptr<GuardSet> gs, PyObject* payload, PyObject* name,

@@ -118,6 +118,18 @@ class Cache {
     bool lookup(PyObject* f_locals, EntryPtr& out, bool count = true) {
         return lookup(Locals::of_mapping(f_locals), out, count);
     }
+    /// Count a lookup made with `count` false: a hit of `hit`, or a miss when it is null. For a
+    /// caller whose own work after the lookup may still end the hit (Cache.lookup_entry's view
+    /// is an allocation: a collection there may kill an object the entry's guards name), so that
+    /// the counters say what the caller answered.
+    void count_lookup(CacheEntry* hit) {
+        if (hit == nullptr) {
+            ++stats_.misses;
+            return;
+        }
+        ++hit->hits;
+        ++stats_.hits;
+    }
     /// The shortcut of a repeated hit: when nothing died since the last operation and there is
     /// no probe, the most recently used entry is the first entry of lookup()'s order (the index
     /// only leaves out entries that cannot pass); if its guard set's fast pass (no user code)

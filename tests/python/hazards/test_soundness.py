@@ -321,6 +321,44 @@ def test_cache_lookup_entry_and_index_miss_on_an_entry_invalidated_mid_lookup(mo
     assert reused > 0
 
 
+def test_cache_lookup_entry_counts_a_miss_when_the_hit_dies_as_its_view_is_made(mode):
+    # After the lookup decided, lookup_entry allocates the entry's view: a collection there may
+    # kill the ID_MATCH'd object, and the answer is then None. The counters say what the caller
+    # got: a miss, never a hit with no entry. Where the collections fall is not fixed: go on (up to
+    # a bound) until the finalizer ran inside lookup_entry.
+    fin = Finalizer()
+    ran = 0
+    for k in range(200):
+        if k >= ROUNDS and ran > 0:
+            break
+        loc = {"o": O()}
+        b = tw.GuardBuilder(loc)
+        b.id_match("L['o']")
+        cache = tw.Cache()
+        cache.insert(b.build(), "p")
+        del b
+        hits = []
+        inside = [False]
+        drain_free_lists()
+        act = lambda loc=loc, hits=hits: hits.append((inside[0], replace_at_same_address(loc, "o")))
+        old = gc.get_threshold()
+        fin.arm(k % 4, act)  # no allocation from here to the lookup but the collections' own
+        gc.set_threshold(1)
+        try:
+            inside[0] = True
+            e = cache.lookup_entry(loc)
+            inside[0] = False
+        finally:
+            gc.set_threshold(*old)
+        fin.disarm()
+        stats = cache.stats
+        assert (stats["hits"], stats["misses"]) == ((0, 1) if e is None else (1, 0)), (e, stats)
+        if hits and hits[0][0]:
+            ran += 1
+            assert e is None
+    assert ran > 0
+
+
 def test_specialize_misses_when_the_hit_dies_during_the_lookup(mode):
     reused = 0
     for _ in range(ROUNDS):
