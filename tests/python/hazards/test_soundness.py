@@ -321,6 +321,10 @@ def test_cache_lookup_entry_and_index_miss_on_an_entry_invalidated_mid_lookup(mo
     assert reused > 0
 
 
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12),
+    reason="3.12+ collect at the eval breaker, never inside the view's allocation",
+)
 def test_cache_lookup_entry_counts_a_miss_when_the_hit_dies_as_its_view_is_made(mode):
     # After the lookup decided, lookup_entry allocates the entry's view: a collection there may
     # kill the ID_MATCH'd object, and the answer is then None. The counters say what the caller
