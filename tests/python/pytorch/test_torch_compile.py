@@ -543,6 +543,26 @@ def test_automatic_dynamic_and_mark_dynamic():
     assert graphs() == 1
 
 
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_the_dynamic_keyword_compiles_as_torch_compile(dynamic):
+    # dynamic=True: one symbolic graph from the first call; dynamic=False: one graph per shape,
+    # never automatic dynamic. The same graphs as torch.compile's, and the same outputs.
+    def f(x):
+        return (x * 2).sum(0)
+
+    sizes = (4, 5, 6, 4, 7)
+    made = []
+    for compile_ in (torch.compile, twt.compile):
+        torch._dynamo.reset()
+        counters.clear()
+        cf = compile_(f, backend="eager", dynamic=dynamic)
+        for n in sizes:
+            x = torch.randn(n, 3)
+            assert torch.equal(cf(x), f(x))
+        made.append(graphs())
+    assert made == [1, 1] if dynamic else made == [4, 4], made
+
+
 def test_compiler_disable_suspends_the_hook_for_the_call():
     calls = []
 
