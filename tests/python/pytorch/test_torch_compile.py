@@ -563,6 +563,35 @@ def test_the_dynamic_keyword_compiles_as_torch_compile(dynamic):
     assert made == [1, 1] if dynamic else made == [4, 4], made
 
 
+def test_generator_and_coroutine_functions_run_their_bodies_uncompiled():
+    # Their bodies run when iterated or awaited, after the call returned: outside the call's
+    # scope, and the frame runtime never intercepts such frames. A generator consumed inside a
+    # compiled function is traced into its caller's graph by Dynamo, as under torch.compile.
+    # (torch 2.13's own torch.compile of an async function crashes CPython 3.11 in a later
+    # collection; this route runs it uncompiled.)
+    import asyncio
+
+    def gen(x, n):
+        for i in range(n):
+            yield x * i
+
+    async def co(x):
+        return x.sin() + 1
+
+    def consumer(x):
+        return sum(gen(x, 3))
+
+    x = torch.randn(3)
+    cg, cc, cu = (twt.compile(f, backend="eager") for f in (gen, co, consumer))
+    for _ in range(2):
+        assert all(torch.equal(a, b) for a, b in zip(cg(x, 3), gen(x, 3), strict=True))
+        assert torch.equal(asyncio.run(cc(x)), x.sin() + 1)
+    assert graphs() == 0
+    for _ in range(2):
+        assert torch.equal(cu(x), consumer(x))
+    assert graphs() == 1
+
+
 def test_compiler_disable_suspends_the_hook_for_the_call():
     calls = []
 
