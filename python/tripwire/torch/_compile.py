@@ -513,9 +513,10 @@ def _scope(fn: Any, c: _Compiled, bound: bool = False) -> Any:
 class _Context:
     """What OptimizedModule calls to wrap its forward (in place of torch's dynamo_ctx)."""
 
-    def __init__(self, c: _Compiled, ctx: Any) -> None:
+    def __init__(self, c: _Compiled, ctx: Any, options: dict[str, Any]) -> None:
         self.compiled = c
         self.torch_ctx = ctx
+        self.options = options  # compile()'s keywords: a copy or an unpickled module compiles again
         self.callback = ctx.callback
         self.fullgraph = c.fullgraph
         self.wrapped: Any = None  # what torch's OptimizedModule._initialize wrapped last
@@ -545,6 +546,13 @@ class OptimizedModule(_ef.OptimizedModule):
     (``super().__call__``), which applies them."""
 
     _tripwire_fast: Any = None  # a class attribute: the gate's state is assigned to __dict__
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickling and copy.deepcopy rebuild the wrapper as torch's __reduce__ does, from the
+        # original module (copied or unpickled) and the compile: here compile()'s keywords, since
+        # the frame caches hold code objects, which do not pickle. The copy compiles afresh.
+        ctx: _Context = self.dynamo_ctx  # type: ignore[assignment]  # ours, set by compile()
+        return (_compiled_again, (self._orig_mod, ctx.options))
 
     def _initialize(self) -> None:
         super()._initialize()
@@ -649,12 +657,17 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
         bool(options.get("isolate_recompiles")),
     )
     if isinstance(model, torch.nn.Module):
-        return OptimizedModule(model, _Context(c, ctx))  # type: ignore[arg-type]
+        return OptimizedModule(model, _Context(c, ctx, options))  # type: ignore[arg-type]
     scope = _scope(model, c)
     functools.update_wrapper(scope, model)
     scope._torchdynamo_orig_callable = model
     scope._tripwire_compiled = c
     return scope
+
+
+def _compiled_again(model: Any, options: dict[str, Any]) -> Any:
+    """An unpickled or copied compiled module: ``compile`` of its module with the same keywords."""
+    return compile(model, **options)
 
 
 def _closure_value(fn: Any, name: str) -> Any:

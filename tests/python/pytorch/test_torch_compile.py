@@ -197,6 +197,32 @@ def test_module_behaves_like_optimized_module():
     assert torch.equal(a, blk(x))
 
 
+def test_a_compiled_module_pickles_and_copies_as_optimized_module():
+    # torch.save of the compiled module and copy.deepcopy, as torch's OptimizedModule allows: the
+    # copy wraps a copy of the module, compiled again with the same keywords on tripwire's route.
+    import copy
+    import io
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+    cm = twt.compile(mlp, backend="eager", dynamic=False)
+    x = torch.randn(3, 4)
+    y = cm(x)
+    buf = io.BytesIO()
+    torch.save(cm, buf)
+    buf.seek(0)
+    copies = [torch.load(buf, weights_only=False), copy.deepcopy(cm)]
+    for other in copies:
+        assert type(other) is type(cm) and other is not cm
+        assert other._orig_mod is not mlp and other.dynamo_ctx.options == cm.dynamo_ctx.options
+        runs = sum(_compile._frame_runs())
+        assert torch.equal(other(x), y)
+        assert sum(_compile._frame_runs()) == runs + 1  # run by tripwire's frame runtime
+        with torch.no_grad():
+            other._orig_mod[0].weight.zero_()  # a copy: the original is untouched
+        assert torch.equal(cm(x), y) and not torch.equal(other(x), y)
+
+
 def test_module_hooks_and_forward_changed_after_compiling_apply_as_under_torch_compile():
     # A call with no hook anywhere enters the compiled forward directly; every later change that
     # torch's route would see must be seen here too.
