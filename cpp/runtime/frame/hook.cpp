@@ -750,6 +750,16 @@ PyObject* scope_new(PyTypeObject* tp, PyObject* args, PyObject* kwargs) {
     return reinterpret_cast<PyObject*>(s);
 }
 
+// copy.copy and copy.deepcopy return the scope itself, as they return a function: a compiled
+// function is a function to its users (its state is the code, the hook and the caches it
+// shares, none of which a copy may duplicate).
+PyObject* scope_copy(PyObject* self, PyObject* /*unused*/) { return Py_NewRef(self); }
+
+PyMethodDef g_scope_methods[] = {
+    {"__copy__", scope_copy, METH_NOARGS, "The scope itself, as copy.copy returns a function."},
+    {"__deepcopy__", scope_copy, METH_O, "The scope itself, as copy.deepcopy returns a function."},
+    {nullptr, nullptr, 0, nullptr}};
+
 PyGetSetDef g_scope_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
@@ -767,6 +777,7 @@ PyType_Slot g_scope_slots[] = {
     {Py_tp_clear, reinterpret_cast<void*>(scope_clear)},
     {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
     {Py_tp_getset, g_scope_getset},
+    {Py_tp_methods, g_scope_methods},
     {Py_tp_descr_get, reinterpret_cast<void*>(scope_descr_get)},
     {Py_tp_members, g_scope_members},
     {Py_tp_doc, const_cast<char*>(

@@ -550,6 +550,10 @@ class FrameScope:
     def __get__(self, instance, owner=None, /):
         """Return an attribute of instance, which is of type owner."""
 
+    __copy__: types.MethodDescriptorType = ...
+
+    __deepcopy__: types.MethodDescriptorType = ...
+
     __vectorcalloffset__: types.MemberDescriptorType = ...
 
     @property

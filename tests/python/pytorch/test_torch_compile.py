@@ -211,6 +211,14 @@ def test_a_compiled_module_pickles_and_copies_as_optimized_module():
     buf = io.BytesIO()
     torch.save(cm, buf)
     buf.seek(0)
+
+    # A compiled function is a function to copy: copy.copy and copy.deepcopy return it.
+    def twice(v):
+        return v * 2
+
+    cf = twt.compile(twice, backend="eager")
+    assert isinstance(cf, twf._FrameScope)
+    assert copy.copy(cf) is cf and copy.deepcopy([cf])[0] is cf
     copies = [torch.load(buf, weights_only=False), copy.deepcopy(cm)]
     for other in copies:
         assert type(other) is type(cm) and other is not cm
