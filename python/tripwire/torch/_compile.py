@@ -523,7 +523,9 @@ class _Context:
 
     def __call__(self, fn: Any) -> Any:
         self.wrapped = fn
-        return _scope(fn, self.compiled)
+        scope = _scope(fn, self.compiled)
+        functools.update_wrapper(scope, fn)  # the module's forward: its name, doc and signature
+        return scope
 
 
 _modhooks = torch.nn.modules.module

@@ -166,6 +166,13 @@ def test_module_behaves_like_optimized_module():
     assert list(cm.state_dict()) == list(tm.state_dict())
     assert [p is q for p, q in zip(cm.parameters(), mlp.parameters(), strict=True)] == [True] * 4
     assert cm._orig_mod is mlp and cm._orig_mod[0] is mlp[0]
+    import inspect
+
+    def params(obj):
+        return [(p.name, p.kind) for p in inspect.signature(obj).parameters.values()]
+
+    for of in (lambda m: m, lambda m: m.forward):  # introspection reads as torch's
+        assert params(of(cm)) == params(of(tm))
     x = torch.randn(3, 4)
     assert torch.equal(cm(x), tm(x)) and torch.equal(cm(x), mlp(x))
     cm.eval()
