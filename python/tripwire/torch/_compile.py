@@ -572,11 +572,12 @@ class OptimizedModule(_ef.OptimizedModule):
         if (
             isinstance(wrapped, types.MethodType)
             and wrapped.__self__ is orig
-            and wrapped.__func__ is type(orig).__call__
+            and wrapped.__func__ is torch.nn.Module.__call__
             and isinstance(forward, types.FunctionType)
         ):
-            # torch wrapped orig.__call__ (its hooks run outside Dynamo, which then intercepts
-            # forward's frame): without hooks, the gate enters that frame directly, orig first.
+            # torch wrapped orig.__call__, nn.Module's own (its hooks run outside Dynamo, which
+            # then intercepts forward's frame): without hooks, the gate enters that frame
+            # directly, orig first. A class's own __call__ runs whatever it does: torch's route.
             direct = _scope(forward, ctx.compiled, bound=True)
         # The instance dicts: the gate reads the hook dicts from them per call, and finds this
         # state through the wrapper's current __dict__ (replaced wholesale: torch's route).

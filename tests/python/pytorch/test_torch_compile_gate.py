@@ -401,6 +401,35 @@ def test_a_module_whose_last_reference_goes_during_its_call(routes):
     assert routes == []
 
 
+# Dynamo reads .grad of forward's (non-leaf) result as it traces the resume function of __call__
+# after the disabled bump's graph break, on both routes: torch's warning, not the test's subject.
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_a_class_with_its_own_call_runs_it_on_every_route():
+    # A module class that overrides __call__ (here: scales forward's result) is called through
+    # that __call__ by torch.compile's OptimizedModule; the gate never enters forward directly
+    # for it. Before and after a hook, and on the subclass of a subclass.
+    class Scaled(Net):
+        def __call__(self, x, scale=3.0):
+            return super().__call__(x) * scale
+
+    class Deeper(Scaled):
+        pass
+
+    for cls in (Scaled, Deeper):
+        torch.manual_seed(0)
+        m = cls()
+        cm, tm = twt.compile(m, backend="eager"), torch.compile(m, backend="eager")
+        x = torch.randn(2, 4)
+        assert gate().route(cm) != "direct"
+        for _ in range(2):
+            out = both(cm, tm, m, x)
+            assert torch.equal(out, m.lin(x).relu() * 2 * 3.0)
+        handle = m.register_forward_hook(lambda mod, args, result: result + 1)
+        out = both(cm, tm, m, x)
+        assert torch.equal(out, (m.lin(x).relu() * 2 + 1) * 3.0)
+        handle.remove()
+
+
 def test_call_reassigned_on_the_class_during_a_call():
     m, cm, tm = pair()
     x = torch.randn(2, 4)
