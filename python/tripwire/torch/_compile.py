@@ -545,7 +545,8 @@ class OptimizedModule(_ef.OptimizedModule):
     then the original module inside the scope) and a context manager, about a dozen Python
     frames. Any hook, a replaced ``forward`` or ``__dict__``, ``Module.compile()``'s
     ``_compiled_call_impl`` or a JIT trace in progress sends the call down torch's whole route
-    (``super().__call__``), which applies them."""
+    (``super().__call__``), which applies them; a module class with its own ``__call__`` always
+    enters the scope over it."""
 
     _tripwire_fast: Any = None  # a class attribute: the gate's state is assigned to __dict__
 
