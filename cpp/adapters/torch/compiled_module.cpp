@@ -5,7 +5,8 @@
 // lookup_maybe_method: a type with Py_TPFLAGS_METHOD_DESCRIPTOR is called unbound, the instance
 // first) reaches it with no bound method and no Python frame. It makes the tests under which
 // torch's nn.Module call machinery would only find nothing to do (no module hook anywhere, the
-// forward not replaced, no `_compiled_call_impl`, no JIT trace in progress) and then enters the
+// forward not replaced, no `_compiled_call_impl`, no JIT trace in progress, nn.Module's own
+// `__call__` and `_call_impl` on the way, unpatched and not overridden) and then enters the
 // compiled scope directly, with eval_frame._in_optimized_module set for the call as torch's
 // OptimizedModule.__call__ sets it. When any test does not hold, the call is
 // `super(owner, module).__call__(*args, **kwargs)`: torch's OptimizedModule.__call__, which
@@ -37,6 +38,7 @@ struct Names {
     PyObject* fast;
     PyObject* forward;
     PyObject* compiled_call_impl;
+    PyObject* call_impl;
     PyObject* in_optimized_module;
     PyObject* call;
     PyObject* hooks[4];         // a module's own hook dicts (instance attributes)
@@ -138,6 +140,12 @@ struct Gate {
     PyObject* owner;       // the class whose __call__ this is (super(owner, module) on torch's route)
     PyObject* hooks_dict;  // torch.nn.modules.module.__dict__ (a module's dict is never replaced)
     PyObject* ef_dict;     // torch._dynamo.eval_frame.__dict__
+    // nn.Module and its own __call__ (_wrapped_call_impl) and _call_impl, as torch defines them:
+    // the machinery the gate skips. A call whose route would find another (patched on nn.Module
+    // by a profiler or tracer, or overridden by a module class) is torch's route.
+    PyObject* module_type;
+    PyObject* call;
+    PyObject* call_impl;
 };
 
 Gate* as_gate(PyObject* o) { return reinterpret_cast<Gate*>(o); }
@@ -187,6 +195,12 @@ int gate_route(Gate* g, PyObject* mod, PyObject** callee, PyObject** first) {
     int r = 0;
     PyObject* v = nullptr;
     if (!same_dict || s->scope == nullptr) goto done;
+    // nn.Module's call machinery as torch defines it, for the wrapper: torch's route calls
+    // nn.Module.__call__ through super() and it calls self._call_impl, both looked up then.
+    // _PyType_Lookup: borrowed, an MRO walk through the type cache, no user code.
+    if (_PyType_Lookup(reinterpret_cast<PyTypeObject*>(g->module_type), g_names.call) != g->call ||
+        _PyType_Lookup(Py_TYPE(mod), g_names.call_impl) != g->call_impl)
+        goto done;
     // torch.nn.modules.module's four global hook dicts, read by name: torch rebinds none of them
     // today, but a read through the module's dict costs one lookup and needs no proof.
     if ((r = all_hooks_empty(g->hooks_dict, g_names.global_hooks, nullptr)) != 1) goto done;
@@ -238,6 +252,9 @@ int gate_route(Gate* g, PyObject* mod, PyObject** callee, PyObject** first) {
             direct = f == s->forward ? 1 : 0;  // the class's forward replaced
             Py_DECREF(f);
         }
+        // orig.__call__ (bound when the state was built: nn.Module's own) calls orig._call_impl,
+        // looked up then: a class's own _call_impl runs whatever it does.
+        if (direct == 1) direct = _PyType_Lookup(Py_TYPE(s->orig), g_names.call_impl) == g->call_impl ? 1 : 0;
         if (direct == 1) {
             PyObject* c = PyObject_GetAttr(s->orig, g_names.compiled_call_impl);
             if (c == nullptr) {
@@ -390,6 +407,9 @@ int gate_traverse(PyObject* self, visitproc visit, void* arg) {
     Py_VISIT(g->owner);
     Py_VISIT(g->hooks_dict);
     Py_VISIT(g->ef_dict);
+    Py_VISIT(g->module_type);
+    Py_VISIT(g->call);
+    Py_VISIT(g->call_impl);
     return 0;
 }
 
@@ -398,6 +418,9 @@ int gate_clear(PyObject* self) {
     Py_CLEAR(g->owner);
     Py_CLEAR(g->hooks_dict);
     Py_CLEAR(g->ef_dict);
+    Py_CLEAR(g->module_type);
+    Py_CLEAR(g->call);
+    Py_CLEAR(g->call_impl);
     return 0;
 }
 
@@ -421,12 +444,30 @@ PyObject* gate_new(PyTypeObject* tp, PyObject* args, PyObject* kwargs) {
         PyErr_SetString(PyExc_TypeError, "ModuleCall: hooks_module and eval_frame must be modules");
         return nullptr;
     }
+    // nn.Module's machinery as it is now: the caller (OptimizedModule._initialize) installs the
+    // gate only after checking that these are torch's own functions, unpatched.
+    PyObject* module_type = PyDict_GetItemString(PyModule_GetDict(hooks_module), "Module");  // borrowed
+    if (module_type == nullptr || !PyType_Check(module_type)) {
+        PyErr_SetString(PyExc_TypeError, "ModuleCall: hooks_module has no class Module");
+        return nullptr;
+    }
+    PyObject* mdict = reinterpret_cast<PyTypeObject*>(module_type)->tp_dict;
+    PyObject* call = PyDict_GetItemWithError(mdict, g_names.call);
+    PyObject* call_impl = call != nullptr ? PyDict_GetItemWithError(mdict, g_names.call_impl) : nullptr;
+    if (call == nullptr || call_impl == nullptr) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "ModuleCall: Module has no __call__ or _call_impl of its own");
+        return nullptr;
+    }
     auto* g = reinterpret_cast<Gate*>(tp->tp_alloc(tp, 0));
     if (g == nullptr) return nullptr;
     g->vectorcall = gate_call;
     g->owner = Py_NewRef(owner);
     g->hooks_dict = Py_NewRef(PyModule_GetDict(hooks_module));
     g->ef_dict = Py_NewRef(PyModule_GetDict(eval_frame));
+    g->module_type = Py_NewRef(module_type);
+    g->call = Py_NewRef(call);
+    g->call_impl = Py_NewRef(call_impl);
     return reinterpret_cast<PyObject*>(g);
 }
 
@@ -496,6 +537,7 @@ int add_compiled_module_types(PyObject* m) {
                                    "_global_backward_pre_hooks", "_global_backward_hooks"};
     bool ok = intern(&g_names.fast, "_tripwire_fast") && intern(&g_names.forward, "forward") &&
               intern(&g_names.compiled_call_impl, "_compiled_call_impl") &&
+              intern(&g_names.call_impl, "_call_impl") &&
               intern(&g_names.in_optimized_module, "_in_optimized_module") &&
               intern(&g_names.call, "__call__");
     for (int i = 0; ok && i < 4; ++i)

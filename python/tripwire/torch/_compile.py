@@ -529,6 +529,26 @@ class _Context:
 
 
 _modhooks = torch.nn.modules.module
+# nn.Module's own __call__ (the function _wrapped_call_impl, which __call__ is bound to in the
+# class body): a module whose __call__ is another runs it on torch's route.
+_MODULE_CALL = torch.nn.Module.__dict__["_wrapped_call_impl"]
+
+
+def _module_machinery_is_torchs() -> bool:
+    """Whether nn.Module's __call__ and _call_impl are torch's own functions, as defined in
+    torch/nn/modules/module.py: the machinery the gate skips (a profiler or tracer that patched
+    them runs on torch's route, where they apply)."""
+    d = torch.nn.Module.__dict__
+    call, impl = d.get("__call__"), d.get("_call_impl")
+    return (
+        call is _MODULE_CALL
+        and isinstance(impl, types.FunctionType)
+        and impl.__qualname__ == "Module._call_impl"
+        and impl.__code__.co_filename == _modhooks.__file__
+        and _MODULE_CALL.__code__.co_filename == _modhooks.__file__
+    )
+
+
 _ADAPTER = "tripwire._torch_adapter"  # _adapter_build.MODULE, loaded by compile()'s ensure_torch
 
 
@@ -573,7 +593,7 @@ class OptimizedModule(_ef.OptimizedModule):
         if (
             isinstance(wrapped, types.MethodType)
             and wrapped.__self__ is orig
-            and wrapped.__func__ is torch.nn.Module.__call__
+            and wrapped.__func__ is _MODULE_CALL
             and isinstance(forward, types.FunctionType)
         ):
             # torch wrapped orig.__call__, nn.Module's own (its hooks run outside Dynamo, which
@@ -585,7 +605,9 @@ class OptimizedModule(_ef.OptimizedModule):
         self._tripwire_fast = adapter.ModuleCallState(
             self.__dict__, scope, orig, orig.__dict__, direct, forward
         )
-        if "__call__" not in OptimizedModule.__dict__:  # once; until then torch's __call__ is inherited
+        # Once; until then (or while nn.Module's machinery is not torch's own) torch's
+        # __call__ is inherited. The gate re-checks that machinery on every call.
+        if "__call__" not in OptimizedModule.__dict__ and _module_machinery_is_torchs():
             OptimizedModule.__call__ = adapter.ModuleCall(OptimizedModule, _modhooks, _ef)  # type: ignore[method-assign]
 
 

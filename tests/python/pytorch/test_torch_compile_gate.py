@@ -401,9 +401,13 @@ def test_a_module_whose_last_reference_goes_during_its_call(routes):
     assert routes == []
 
 
-# Dynamo reads .grad of forward's (non-leaf) result as it traces the resume function of __call__
-# after the disabled bump's graph break, on both routes: torch's warning, not the test's subject.
-@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+# Dynamo reads .grad of forward's (non-leaf) result as it traces the resume function of a
+# module's own __call__ or _call_impl after the disabled bump's graph break, on both routes:
+# torch's warning, not the tests' subject.
+resume_reads_grad = pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+
+
+@resume_reads_grad
 def test_a_class_with_its_own_call_runs_it_on_every_route():
     # A module class that overrides __call__ (here: scales forward's result) is called through
     # that __call__ by torch.compile's OptimizedModule; the gate never enters forward directly
@@ -428,6 +432,54 @@ def test_a_class_with_its_own_call_runs_it_on_every_route():
         out = both(cm, tm, m, x)
         assert torch.equal(out, (m.lin(x).relu() * 2 + 1) * 3.0)
         handle.remove()
+
+
+class OwnCallImpl(Net):
+    """A module class with its own _call_impl (nn.Module.__call__ calls self._call_impl)."""
+
+    def _call_impl(self, *args, **kwargs):
+        return super()._call_impl(*args, **kwargs) - 5
+
+
+@resume_reads_grad
+@pytest.mark.parametrize("patched", ["__call__", "_call_impl", "subclass"])
+def test_nn_module_machinery_patched_or_overridden_applies_as_under_torch_compile(
+    routes, monkeypatch, patched
+):
+    # Profilers and tracers patch nn.Module.__call__ or _call_impl; a module class may override
+    # _call_impl. torch.compile's route runs them (its super().__call__ and self._call_impl are
+    # looked up at each call): the gate never skips them, before or after the first call.
+    torch.manual_seed(0)
+    m = OwnCallImpl() if patched == "subclass" else Net()
+    cm, tm = twt.compile(m, backend="eager"), torch.compile(m, backend="eager")
+    x = torch.randn(2, 4)
+    expect = m.lin(x).relu() * 2
+    if patched == "subclass":
+        for _ in range(2):
+            assert torch.equal(both(cm, tm, m, x), expect - 5)
+        assert gate().route(cm) != "direct"
+        return
+    both(cm, tm, m, x)
+    assert gate().route(cm) == "direct"
+    seen: list = []
+    original = torch.nn.Module.__dict__[patched]
+
+    def spy(self, *args, **kwargs):
+        seen.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, patched, spy)
+    assert not _compile._module_machinery_is_torchs()  # a gate made now would not be installed
+    assert gate().route(cm) == "torch"
+    seen.clear()
+    assert torch.equal(cm(x), expect)
+    ours = list(seen)
+    seen.clear()
+    assert torch.equal(tm(x), expect)
+    assert ours == seen and "OptimizedModule" in seen, (ours, seen)
+    monkeypatch.undo()
+    assert _compile._module_machinery_is_torchs()
+    assert gate().route(cm) == "direct"
 
 
 def test_call_reassigned_on_the_class_during_a_call():
