@@ -524,6 +524,25 @@ PyType_Spec g_gate_spec = {
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     g_gate_slots};
 
+// -- the JIT tracer's state, as an attribute ------------------------------------------------------
+// torch.compile's wrapper refuses a call made while torch.jit.trace runs. tripwire.torch.compile's
+// scopes send such a call to that wrapper with a divert test, which reads an attribute path per
+// call: `jit_tracer.active` is torch's thread-local tracer state (what torch._C._is_tracing()
+// returns), read in C with no call into torch.
+PyObject* tracer_active(PyObject*, void*) { return PyBool_FromLong(torch::jit::tracer::isTracing() ? 1 : 0); }
+
+PyGetSetDef g_tracer_getset[] = {{"active", tracer_active, nullptr,
+                                  const_cast<char*>("Whether torch.jit.trace runs in this thread."), nullptr},
+                                 {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyType_Slot g_tracer_slots[] = {
+    {Py_tp_getset, g_tracer_getset},
+    {Py_tp_doc, const_cast<char*>("The JIT tracer's state of the calling thread (`active`).")},
+    {0, nullptr}};
+
+PyType_Spec g_tracer_spec = {"tripwire._torch_adapter.JitTracer", sizeof(PyObject), 0, Py_TPFLAGS_DEFAULT,
+                             g_tracer_slots};
+
 bool intern(PyObject** slot, const char* s) {
     *slot = PyUnicode_InternFromString(s);
     return *slot != nullptr;
@@ -546,9 +565,17 @@ int add_compiled_module_types(PyObject* m) {
     g_state_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_state_spec));
     if (g_state_type == nullptr) return -1;
     if (PyModule_AddObjectRef(m, "ModuleCallState", reinterpret_cast<PyObject*>(g_state_type)) < 0) return -1;
+    PyObject* tracer_type = PyType_FromSpec(&g_tracer_spec);
+    if (tracer_type == nullptr) return -1;
+    PyObject* tracer = PyObject_CallNoArgs(tracer_type);
+    Py_DECREF(tracer_type);
+    if (tracer == nullptr) return -1;
+    int r = PyModule_AddObjectRef(m, "jit_tracer", tracer);
+    Py_DECREF(tracer);
+    if (r < 0) return -1;
     PyObject* gate = PyType_FromSpec(&g_gate_spec);
     if (gate == nullptr) return -1;
-    const int r = PyModule_AddObjectRef(m, "ModuleCall", gate);
+    r = PyModule_AddObjectRef(m, "ModuleCall", gate);
     Py_DECREF(gate);
     return r;
 }

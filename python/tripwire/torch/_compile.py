@@ -257,7 +257,7 @@ class _Compiled:
             # Without record_runtime_overhead, Dynamo's code calls no profiler-region helpers
             # around its graph arguments (two torch.compiler.disable'd calls, about ten Python
             # frames per call, that record only while a profiler runs). Code compiled here never
-            # runs under a profiler: the scope (_DIVERT) sends those calls to torch.compile's wrapper,
+            # runs under a profiler: the scope (_divert) sends those calls to torch.compile's wrapper,
             # which runs torch's code, compiled with the regions. (config.patch is
             # process-wide for the compile, as every Dynamo config patch is.)
             #
@@ -417,19 +417,31 @@ def _import_guards(guarded: Any, frame: twf.Frame) -> Any:
 
 # -- per call ------------------------------------------------------------------------------------
 # compile_wrapper's per-call reads, made by the scope in C (no Python frame of tripwire's):
-# - _DIVERT: a stance that runs eagerly, or a profiler wanting torch's "Torch-Compiled Region",
-#   sends the call to torch.compile's own wrapper (config.disable is read on misses, as it is a
-#   compile-time switch). Both are module globals that torch rebinds (set_stance replaces
-#   _ef._stance), so the scope reads them through the modules on every call.
+# - _divert(): what compile_wrapper does otherwise than compile sends the call to torch.compile's
+#   own wrapper, which does it: a stance that runs eagerly; a profiler wanting torch's
+#   "Torch-Compiled Region"; an FX symbolic trace or a torch.jit.trace in progress (the wrapper
+#   refuses them with its RuntimeError; Dynamo asked under them fails or skips the code for good);
+#   an export in progress (the wrapper runs the function as is inside its trace). config.disable
+#   is read on misses, as it is a compile-time switch. The flags are module globals that torch
+#   rebinds (set_stance replaces _ef._stance), so the scope reads them through the modules on
+#   every call; the JIT tracer's state is a C++ thread-local, read by the torch adapter's
+#   `jit_tracer.active`.
 # - _depth (enter) and _undo_to (on_error): the functorch layer-stack depth, which compile_wrapper
 #   restores when the call raised (generated code is not guarded with try/finally, so a graph that
 #   pushed a functorch layer leaves it behind). Both are torch's C functions: calling them costs
 #   no Python frame. The scope then puts the dispatch-key TLS back (``dispatch_keys``), as after
 #   every call, in C.
-_DIVERT = (
-    (_ef, "_stance.stance", "force_eager"),
-    (torch.autograd.profiler, "_is_profiler_enabled", True),
-)
+def _divert() -> tuple[tuple[Any, str, Any], ...]:
+    """The scopes' divert tests (the torch adapter is loaded: compile() checked)."""
+    return (
+        (_ef, "_stance.stance", "force_eager"),
+        (torch.autograd.profiler, "_is_profiler_enabled", True),
+        (torch.fx._symbolic_trace, "_is_fx_tracing_flag", True),
+        (torch.compiler, "_is_exporting_flag", True),
+        (sys.modules[_ADAPTER].jit_tracer, "active", True),
+    )
+
+
 _depth = torch._C._functorch.get_dynamic_layer_stack_depth
 _undo_to = torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth
 
@@ -440,7 +452,7 @@ def _fallback(torch_compiled: Any, bound: bool = False) -> Any:
 
     def fallback(*args: Any, **kwargs: Any) -> Any:
         # Reached when another PEP 523 function is installed (torch's: a torch.compile'd caller,
-        # or torch's hook left behind by an earlier torch error) or when a _DIVERT test held.
+        # or torch's hook left behind by an earlier torch error) or when a _divert test held.
         if bound:
             args = args[1:]
         if twf.status()[
@@ -503,7 +515,7 @@ def _scope(fn: Any, c: _Compiled, bound: bool = False) -> Any:
         fn,
         c.hook,
         fallback=_fallback(c.torch_compiled, bound),
-        divert=_DIVERT,
+        divert=_divert(),
         enter=_depth,
         on_error=_undo_to,
         dispatch_keys=True,

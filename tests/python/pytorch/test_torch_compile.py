@@ -633,6 +633,48 @@ def test_generator_and_coroutine_functions_run_their_bodies_uncompiled():
     assert graphs() == 1
 
 
+def test_fx_and_jit_traces_and_export_over_a_compiled_function_as_torch_compile():
+    # compile_wrapper refuses an FX symbolic trace and a torch.jit.trace over a compiled function
+    # (RuntimeError), runs it as is with error_on_nested_fx_trace=False, and inside an export's
+    # trace: the scope sends those calls to it. Dynamo is never asked under them, so the function
+    # still compiles afterwards (asked under an FX trace, it skipped the code for good).
+    def f(x):
+        return x.sin() + 1
+
+    def traced(cf):
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return cf(x) * 2
+
+        return M()
+
+    x = torch.randn(3)
+    messages = []
+    for compile_ in (torch.compile, twt.compile):
+        torch._dynamo.reset()
+        cf = compile_(f, backend="eager")
+        got = []
+        for trace in (torch.fx.symbolic_trace, lambda m: torch.jit.trace(m, x)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace's own
+                with pytest.raises(RuntimeError, match="Detected that you are using FX to") as e:
+                    trace(traced(cf))
+            got.append(str(e.value))
+        with torch._dynamo.config.patch(error_on_nested_fx_trace=False):
+            gm = torch.fx.symbolic_trace(traced(cf))
+        assert torch.equal(gm(x), (x.sin() + 1) * 2)
+        ep = torch.export.export(traced(cf), (x,))
+        assert torch.equal(ep.module()(x), (x.sin() + 1) * 2)
+        messages.append(got)
+        if compile_ is twt.compile:
+            runs = sum(_compile._frame_runs())
+            assert graphs() == 0
+            for _ in range(2):
+                assert torch.equal(cf(x), f(x))
+            assert graphs() == 1 and sum(_compile._frame_runs()) > runs  # compiled, run by tripwire
+    assert messages[0] == messages[1]
+
+
 def test_compiler_disable_suspends_the_hook_for_the_call():
     calls = []
 
