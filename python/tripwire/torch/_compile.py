@@ -417,15 +417,17 @@ def _import_guards(guarded: Any, frame: twf.Frame) -> Any:
 
 # -- per call ------------------------------------------------------------------------------------
 # compile_wrapper's per-call reads, made by the scope in C (no Python frame of tripwire's):
-# - _divert(): what compile_wrapper does otherwise than compile sends the call to torch.compile's
-#   own wrapper, which does it: a stance that runs eagerly; a profiler wanting torch's
-#   "Torch-Compiled Region"; an FX symbolic trace or a torch.jit.trace in progress (the wrapper
-#   refuses them with its RuntimeError; Dynamo asked under them fails or skips the code for good);
-#   an export in progress (the wrapper runs the function as is inside its trace). config.disable
-#   is read on misses, as it is a compile-time switch. The flags are module globals that torch
-#   rebinds (set_stance replaces _ef._stance), so the scope reads them through the modules on
-#   every call; the JIT tracer's state is a C++ thread-local, read by the torch adapter's
-#   `jit_tracer.active`.
+# - _divert(): where compile_wrapper does something else than compile, torch.compile's own wrapper
+#   runs the call: a stance that runs eagerly; a profiler wanting torch's "Torch-Compiled Region";
+#   an FX symbolic trace or a torch.jit.trace in progress (the wrapper refuses them with its
+#   RuntimeError; Dynamo asked under them fails, or skips the code for good); an export in
+#   progress (the wrapper runs the function as is inside its trace). The tests are screens read
+#   in C: module globals that torch rebinds (set_stance replaces _ef._stance), read through the
+#   modules on every call, and the JIT tracer's C++ thread-local (the torch adapter's
+#   `jit_tracer.active`). The FX and export flags are process-wide (another thread's compile sets
+#   them while it traces), so a call they divert is decided in Python by _torch_wrapper_decides,
+#   compile_wrapper's own tests: torch's wrapper, or the same scope without the screens.
+#   config.disable is read on misses, as it is a compile-time switch.
 # - _depth (enter) and _undo_to (on_error): the functorch layer-stack depth, which compile_wrapper
 #   restores when the call raised (generated code is not guarded with try/finally, so a graph that
 #   pushed a functorch layer leaves it behind). Both are torch's C functions: calling them costs
@@ -446,21 +448,38 @@ _depth = torch._C._functorch.get_dynamic_layer_stack_depth
 _undo_to = torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth
 
 
-def _fallback(torch_compiled: Any, bound: bool = False) -> Any:
-    """torch.compile's callable, called with the scope's arguments (``bound``: without the first,
-    the module a scope over an unbound ``forward`` receives)."""
+def _torch_wrapper_decides() -> bool:
+    """Whether torch.compile's wrapper does something else than compile this call: compile_wrapper's
+    per-call tests (torch 2.13, in its order), which the scope's divert tests screen for. A fake
+    kernel invocation of another compile (its first test) is not screened (docs/compile.md)."""
+    if _ef._stance.stance == "force_eager" or torch.autograd.profiler._is_profiler_enabled:
+        return True
+    forced = _config.force_compile_during_fx_trace
+    if torch.compiler.is_exporting() and not forced:
+        from torch._higher_order_ops.utils import _in_hop_compile
+
+        if not _in_hop_compile() and torch._guards.TracingContext.try_get() is not None:
+            return True
+    if torch.fx._symbolic_trace.is_fx_symbolic_tracing() and not forced:
+        return True
+    return bool(torch._C._is_tracing())
+
+
+def _fallback(torch_compiled: Any, bound: bool = False, hooked: Any = None) -> Any:
+    """What a scope calls when it does not set its hook: torch.compile's callable, called with
+    the scope's arguments (``bound``: without the first, the module a scope over an unbound
+    ``forward`` receives), or ``hooked``, the same scope without divert tests, when a divert test
+    held but torch.compile's wrapper would compile (_torch_wrapper_decides)."""
 
     def fallback(*args: Any, **kwargs: Any) -> Any:
         # Reached when another PEP 523 function is installed (torch's: a torch.compile'd caller,
         # or torch's hook left behind by an earlier torch error) or when a _divert test held.
+        foreign = twf.status()["eval_frame"] == "foreign"
+        if hooked is not None and not foreign and not _torch_wrapper_decides():
+            return hooked(*args, **kwargs)
         if bound:
             args = args[1:]
-        if twf.status()[
-            "eval_frame"
-        ] == "foreign" and torch._C._dynamo.eval_frame.get_eval_frame_callback() in (
-            None,
-            False,
-        ):
+        if foreign and torch._C._dynamo.eval_frame.get_eval_frame_callback() in (None, False):
             _warn_once(
                 "foreign",
                 "tripwire.torch.compile: another frame hook is installed (torch's, left by an earlier "
@@ -511,10 +530,12 @@ def _fullgraph_checked(fn: Any) -> Any:
 def _scope(fn: Any, c: _Compiled, bound: bool = False) -> Any:
     if c.fullgraph:
         fn = _fullgraph_checked(fn)
+    to_torch = _fallback(c.torch_compiled, bound)
+    hooked = twf.scoped(fn, c.hook, fallback=to_torch, enter=_depth, on_error=_undo_to, dispatch_keys=True)
     return twf.scoped(
         fn,
         c.hook,
-        fallback=_fallback(c.torch_compiled, bound),
+        fallback=_fallback(c.torch_compiled, bound, hooked),
         divert=_divert(),
         enter=_depth,
         on_error=_undo_to,
@@ -557,7 +578,7 @@ def _module_machinery_is_torchs() -> bool:
         and isinstance(impl, types.FunctionType)
         and impl.__qualname__ == "Module._call_impl"
         and impl.__code__.co_filename == _modhooks.__file__
-        and _MODULE_CALL.__code__.co_filename == _modhooks.__file__
+        and getattr(getattr(_MODULE_CALL, "__code__", None), "co_filename", None) == _modhooks.__file__
     )
 
 

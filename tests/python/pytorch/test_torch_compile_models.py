@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 import tripwire.torch as twt  # noqa: E402
 from tripwire import frame as twf  # noqa: E402
+from tripwire.torch import _compile  # noqa: E402
 
 nn = torch.nn
 counters = torch._dynamo.utils.counters
@@ -32,6 +33,7 @@ ALL = [
 def _fresh():
     torch._dynamo.reset()
     counters.clear()
+    _compile._warned.clear()  # each test sees its own once-only warnings (errors under pytest)
     yield
     torch._dynamo.reset()
     assert twf.current() is None
