@@ -23,7 +23,7 @@ import pytest
 
 import tripwire as tw
 from engine_switches import fast_pass
-from gc_stress import Finalizer, collecting_often, drain_free_lists, scaled
+from gc_stress import Finalizer, drain_free_lists, scaled
 from tripwire import frame as twf
 
 ROUNDS = scaled(40, 4)
@@ -191,42 +191,65 @@ def test_why_not_reports_an_object_killed_after_the_walk_by_a_released_value():
     assert reused > 0
 
 
-@pytest.mark.skipif(
-    sys.version_info >= (3, 12),
-    reason="3.12+ collect at the eval breaker, never inside the C allocations of failures()",
+# 3.12+ collect at the eval breaker, never inside a C allocation of the call under test.
+collects_inside_allocations = pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="3.12+ collect at the eval breaker, never inside a C allocation"
 )
-def test_failures_lists_the_dead_object_when_a_collection_runs_while_building_the_answer():
-    # After the walk, the answer is a list of tuples: its allocation may start a collection whose
-    # finalizer kills the ID_MATCH'd object. The list must then name the dead object.
-    # Where the collections fall depends on what earlier tests left in the young generations, so
-    # a fixed number of rounds can see every collection fall outside failures() and test nothing:
-    # go on (up to a bound) until one fell inside.
+
+
+def kill_the_id_matched_object_inside(setup, call, check) -> None:
+    """Rounds of ``call(state, loc)`` on ``loc = {"o": O()}`` (``state = setup(loc)``, whose guards
+    ID_MATCH L['o']), with a collection after every allocation and a finalizer armed to kill
+    ``loc["o"]`` (a new object at its address) on the k-th collection, ``check(state, result,
+    inside)`` after each (``inside``: the finalizer ran inside the call). Where the collections
+    fall depends on what earlier tests left in the young generations, so a fixed number of rounds
+    can see every one fall outside the call and test nothing: go on (up to a bound) until one
+    fell inside. Nothing allocates between arming and the call but the collections themselves."""
     fin = Finalizer()
     ran = 0
     for k in range(200):
         if k >= ROUNDS and ran > 0:
             break
         loc = {"o": O()}
-        b = tw.GuardBuilder(loc)
-        b.id_match("L['o']")
-        gs = b.build()
-        del b
-        hits = []
-        inside = [False]  # whether the finalizer ran inside failures(): it may run after
+        state = setup(loc)
+        hits: list = []
+        inside = [False]  # whether the finalizer ran inside the call: it may run after
         drain_free_lists()
-        fin.arm(k % 8, lambda loc=loc, hits=hits: hits.append((inside[0], replace_at_same_address(loc, "o"))))
-        with collecting_often():
+        act = lambda loc=loc, hits=hits: hits.append((inside[0], replace_at_same_address(loc, "o")))
+        old = gc.get_threshold()
+        fin.arm(k % 4, act)
+        gc.set_threshold(1)
+        try:
             inside[0] = True
-            fails = gs.failures(loc)
+            result = call(state, loc)
             inside[0] = False
+        finally:
+            gc.set_threshold(*old)
         fin.disarm()
-        if hits and hits[0][0]:
-            ran += 1
+        died_inside = bool(hits and hits[0][0])
+        check(state, result, died_inside if hits else None)
+        ran += died_inside
+    assert ran > 0
+
+
+def _id_matched(loc):
+    b = tw.GuardBuilder(loc)
+    b.id_match("L['o']")
+    return b.build()
+
+
+@collects_inside_allocations
+def test_failures_lists_the_dead_object_when_a_collection_runs_while_building_the_answer():
+    # After the walk, the answer is a list of tuples: its allocation may start a collection whose
+    # finalizer kills the ID_MATCH'd object. The list must then name the dead object.
+    def check(gs, fails, inside):
+        if inside:
             assert gs.invalid
             assert fails and "died" in fails[0].reason
-        elif not hits:
+        elif inside is None:  # the finalizer did not run
             assert fails == []
-    assert ran > 0
+
+    kill_the_id_matched_object_inside(_id_matched, lambda gs, loc: gs.failures(loc), check)
 
 
 # -- the cache and what runs it ------------------------------------------------------------------
@@ -321,46 +344,23 @@ def test_cache_lookup_entry_and_index_miss_on_an_entry_invalidated_mid_lookup(mo
     assert reused > 0
 
 
-@pytest.mark.skipif(
-    sys.version_info >= (3, 12),
-    reason="3.12+ collect at the eval breaker, never inside the view's allocation",
-)
+@collects_inside_allocations
 def test_cache_lookup_entry_counts_a_miss_when_the_hit_dies_as_its_view_is_made(mode):
     # After the lookup decided, lookup_entry allocates the entry's view: a collection there may
     # kill the ID_MATCH'd object, and the answer is then None. The counters say what the caller
-    # got: a miss, never a hit with no entry. Where the collections fall is not fixed: go on (up to
-    # a bound) until the finalizer ran inside lookup_entry.
-    fin = Finalizer()
-    ran = 0
-    for k in range(200):
-        if k >= ROUNDS and ran > 0:
-            break
-        loc = {"o": O()}
-        b = tw.GuardBuilder(loc)
-        b.id_match("L['o']")
+    # got: a miss, never a hit with no entry.
+    def setup(loc):
         cache = tw.Cache()
-        cache.insert(b.build(), "p")
-        del b
-        hits = []
-        inside = [False]
-        drain_free_lists()
-        act = lambda loc=loc, hits=hits: hits.append((inside[0], replace_at_same_address(loc, "o")))
-        old = gc.get_threshold()
-        fin.arm(k % 4, act)  # no allocation from here to the lookup but the collections' own
-        gc.set_threshold(1)
-        try:
-            inside[0] = True
-            e = cache.lookup_entry(loc)
-            inside[0] = False
-        finally:
-            gc.set_threshold(*old)
-        fin.disarm()
+        cache.insert(_id_matched(loc), "p")
+        return cache
+
+    def check(cache, e, inside):
         stats = cache.stats
         assert (stats["hits"], stats["misses"]) == ((0, 1) if e is None else (1, 0)), (e, stats)
-        if hits and hits[0][0]:
-            ran += 1
+        if inside:
             assert e is None
-    assert ran > 0
+
+    kill_the_id_matched_object_inside(setup, lambda cache, loc: cache.lookup_entry(loc), check)
 
 
 def test_specialize_misses_when_the_hit_dies_during_the_lookup(mode):
