@@ -469,7 +469,8 @@ class _TooDeep(Exception):
 
 
 def _float_form(x: float) -> Any:
-    return _NAN if x != x else x  # every NaN alike; 0.0 and -0.0 alike (0.0 == -0.0)
+    # Every NaN alike; otherwise the number and its sign (0.0 == -0.0, but they are two forms).
+    return _NAN if x != x else (x, math.copysign(1.0, x))
 
 
 def _is_enum_member(x: Any) -> bool:

@@ -38,7 +38,8 @@ bool hashable_scalar(PyObject* o) {
 constexpr std::intptr_t kNanHash = 0x7ff8;
 
 // The value key of an EQUALS_MATCH-able scalar (exact int/str/bytes/bool/None/float), false
-// for any other value. 0.0 and -0.0 are equal and hash alike, as EQUALS_MATCH wants.
+// for any other value. 0.0 and -0.0 hash alike and so share a bucket; the entries' own checks
+// tell them apart (EQUALS_MATCH compares the sign of a zero).
 bool value_key(PyObject* o, DispatchKey& out) {
     std::intptr_t h = 0;
     if (PyFloat_CheckExact(o)) {

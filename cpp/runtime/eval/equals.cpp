@@ -10,6 +10,10 @@
 // walk hold borrowed references. Sets are read straight from their table and dicts with
 // PyDict_Next; the only scratch memory is a C++ bitmap.
 //
+// Floats (and complex components) match when they are the same number: NaN matches NaN, and 0.0
+// and -0.0 do not match, though they are ==. Code specialised for a zero can tell its sign:
+// 1 / (x * s) in a tensor op is +inf or -inf, and so are copysign, atan2 and repr.
+//
 // Unordered containers are matched one to one. equals_match is an equivalence relation on
 // constants (NaN matches NaN, so it is not Python's ==, under which distinct NaNs are unequal and
 // may all sit in one set), and for an equivalence relation a greedy matching that pairs each
@@ -31,7 +35,9 @@ bool is_scalar_type(PyTypeObject* t) {
            t == &PyRange_Type;
 }
 
-bool nan_equal(double x, double y) { return x == y || (std::isnan(x) && std::isnan(y)); }
+bool same_float(double x, double y) {
+    return (x == y && std::signbit(x) == std::signbit(y)) || (std::isnan(x) && std::isnan(y));
+}
 
 }  // namespace
 
@@ -227,10 +233,10 @@ int match_at(PyObject* v, PyObject* c, int depth) {
     PyTypeObject* t = Py_TYPE(c);
     if (Py_TYPE(v) != t) return 0;
     if (v == c) return 1;  // same object of the same type (constants are private copies)
-    if (t == &PyFloat_Type) return nan_equal(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(c)) ? 1 : 0;
+    if (t == &PyFloat_Type) return same_float(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(c)) ? 1 : 0;
     if (t == &PyComplex_Type) {
         const Py_complex x = PyComplex_AsCComplex(v), y = PyComplex_AsCComplex(c);
-        return nan_equal(x.real, y.real) && nan_equal(x.imag, y.imag) ? 1 : 0;
+        return same_float(x.real, y.real) && same_float(x.imag, y.imag) ? 1 : 0;
     }
     if (t == &PyRange_Type) return range_match(v, c);
     if (is_scalar_type(t)) return PyObject_RichCompareBool(v, c, Py_EQ);
@@ -287,7 +293,7 @@ int equals_match(PyObject* v, PyObject* c) {
     if (Py_TYPE(v) != t) return 0;
     if (v == c) return 1;
     if (t == &PyLong_Type || t == &PyUnicode_Type) return PyObject_RichCompareBool(v, c, Py_EQ);
-    if (t == &PyFloat_Type) return nan_equal(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(c)) ? 1 : 0;
+    if (t == &PyFloat_Type) return same_float(PyFloat_AS_DOUBLE(v), PyFloat_AS_DOUBLE(c)) ? 1 : 0;
     return match_at(v, c, 0);
 }
 

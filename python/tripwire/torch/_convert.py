@@ -92,6 +92,7 @@ class ConverterBase:
         self.nodes: dict[int, _Node] = {}
         self.stricter: list[tuple[str, str]] = []  # (torch source, how tripwire's step is stricter)
         self._preconditions: set[tuple] = set()
+        self._type_lookups: set[tuple[int, str]] = set()  # (id(type), name) guarded by type_lookup
         self.deferred: list[tuple] = []  # relational leaves, decided after the walk
         self.by_source: dict[str, _Node] = {}  # torch printed source -> node
         self._relational: dict[object, int] = {}  # id(torch leaf) (or a shared code) -> spec index

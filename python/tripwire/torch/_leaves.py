@@ -17,7 +17,7 @@ import tripwire._core as _core
 
 from ..catalogue import GuardKind
 from ._convert import ConverterBase, _Fallback, _Node
-from ._printed import call_args, has_nan, id_in, literal, n_from_len, parse, rhs_literal
+from ._printed import call_args, has_nan, has_zero, id_in, literal, n_from_len, parse, rhs_literal
 
 _SCALARS = (int, float, complex, str, bytes, bool, type(None))
 _DICT_LEN_TYPES = (dict, collections.OrderedDict, collections.defaultdict)  # len() is dict's own
@@ -71,6 +71,13 @@ def _simple_rule(kind: GuardKind) -> Callable[..., tuple[list[int], str]]:
     return rule
 
 
+# The `why` of an imported EQUALS_MATCH whose constant holds a float zero.
+_SIGNED_ZERO = (
+    "stricter: 0.0 and -0.0 are two values (torch's == matches them, though code specialised for "
+    "one can tell the sign: 1 / (x * s), copysign, repr)"
+)
+
+
 def _looser_example(c: Any) -> Any:
     """A value torch's Python == accepts for c that tripwire's type-exact EQUALS does not."""
 
@@ -121,13 +128,17 @@ class LeafRules(ConverterBase):
             raise _Fallback(f"the printed constant {c!r} does not pass torch's own guard")
         if type(c) in _SCALARS and not has_nan(c) and type(c) is not bool:
             # torch: v is c or (type(v) is type(c) and v == c). For these exact builtin types ==
-            # is value equality, so this is tripwire's EQUALS_MATCH (also type-exact). A parsed
+            # is value equality, so this is tripwire's EQUALS_MATCH (also type-exact; stricter on
+            # a float zero, whose sign it compares). A parsed
             # string is interned: the values it meets are often the interned literal itself, and
             # identity is the comparison's fast path (torch holds the example's own object).
             if type(c) is str:
                 c = sys.intern(c)
-            return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], ""
+            return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], _SIGNED_ZERO if has_zero(c) else ""
         if type(c) in (tuple, list, set, frozenset, dict) and not has_nan(c) and _core.is_constant(c):
+            if has_zero(c):
+                # Python's == would match the zero's other sign: the type-exact form, stricter.
+                return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], _SIGNED_ZERO
             if self.equals == "strict":
                 return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], (
                     "stricter (equals='strict'): tripwire compares the elements type-exactly, torch with "
@@ -188,7 +199,58 @@ class LeafRules(ConverterBase):
         src = self._src(node)
         if not present and not node.is_dict:
             raise _Fallback("torch's 'not in' passes any non-dict; tripwire's DICT_CONTAINS fails it")
-        return [self.spec(GuardKind.DICT_CONTAINS, src, (key, present), site)], ""
+        out = [self.spec(GuardKind.DICT_CONTAINS, src, (key, present), site)]
+        if not present and type(key) is str and node.torch.accessor == "GetGenericDictGuardAccessor":
+            self.type_lookup(node, key)
+        return out, ""
+
+    def type_lookup(self, dict_node: _Node, name: str) -> None:
+        """Guard what ``X.name`` resolves to through ``type(X)``'s MRO, where Dynamo guarded only
+        that ``name`` is not in ``X.__dict__``. Dynamo inlines what it found on the class (a
+        method's body, a class attribute's value) but guards the class dicts only where it read a
+        value it specialised on: a method replaced on the class it came from, or the name shadowed
+        on a class earlier in the MRO, passed torch's guards and ran stale code. Added here: the
+        name absent from each class before the one that defines it, and that class's value
+        (EQUALS_MATCH for a constant, ID_MATCH otherwise); absent from all of them if none does.
+        Once per (type, name): the class dicts are shared by every object of the type, and each
+        object's TYPE_MATCH pins it to that type. Stricter than torch, never laxer."""
+        parent = self.nodes.get(id(dict_node.torch.parent))
+        t = None if parent is None else parent.exact_type
+        if parent is None or parent.src is None or not isinstance(t, type):
+            return
+        if (id(t), name) in self._type_lookups:
+            return
+        self._type_lookups.add((id(t), name))
+        # Read from the type objects themselves (tp_mro, tp_dict): no metaclass code runs.
+        mro = type.__dict__["__mro__"].__get__(t)
+        why = (
+            f"Dynamo resolved .{name} through {t.__qualname__}'s MRO and guarded only the "
+            "instance dict; a method replaced on the class it came from, or the name shadowed on "
+            "a class before it, now fails"
+        )
+        # type(X).__mro__[0] is type(X) itself unless a metaclass's own mro() says otherwise; its
+        # dict is then read without the MRO steps (the common case: a module's own forward).
+        class_dict_of = type.__dict__["__dict__"].__get__
+        own_first = mro[0] is t and not any(
+            "mro" in class_dict_of(m) for m in type.__dict__["__mro__"].__get__(type(t)) if m is not type
+        )
+        for i, cls in enumerate(mro):
+            ns = class_dict_of(cls)
+            if i == 0 and own_first:
+                class_dict = parent.src.type().type_dict()
+            else:
+                class_dict = parent.src.type().type_mro().item(i).type_dict()
+            if name not in ns:
+                self.add_precondition(parent.src, GuardKind.DICT_CONTAINS, class_dict, (name, False), why)
+                continue
+            value = ns[name]
+            kind = (
+                GuardKind.EQUALS_MATCH
+                if _core.is_constant(value) and not has_nan(value)
+                else GuardKind.ID_MATCH
+            )
+            self.add_precondition(parent.src, kind, class_dict.dict_item(name), (value,), why)
+            return
 
     def leaf_no_hasattr(self, node: _Node, leaf: Any, code: str, site: str | None) -> tuple[list[int], str]:
         _, name_expr = call_args(code, ("hasattr",))

@@ -12,6 +12,7 @@ import ast
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "call_args",
     "details",
     "has_nan",
+    "has_zero",
     "id_in",
     "is_identity",
     "lambda_kind",
@@ -124,16 +126,26 @@ def n_from_len(code: str) -> int:
     return n
 
 
-def has_nan(c: Any) -> bool:
+def has_float(c: Any, pred: Callable[[float], bool]) -> bool:
+    """Whether a float (or a complex component) anywhere in the constant ``c`` satisfies ``pred``."""
     if type(c) is float:
-        return math.isnan(c)
+        return pred(c)
     if type(c) is complex:
-        return math.isnan(c.real) or math.isnan(c.imag)
+        return pred(c.real) or pred(c.imag)
     if type(c) in (tuple, list, set, frozenset):
-        return any(has_nan(x) for x in c)
+        return any(has_float(x, pred) for x in c)
     if type(c) is dict:
-        return any(has_nan(k) or has_nan(v) for k, v in c.items())
+        return any(has_float(k, pred) or has_float(v, pred) for k, v in c.items())
     return False
+
+
+def has_nan(c: Any) -> bool:
+    return has_float(c, math.isnan)
+
+
+def has_zero(c: Any) -> bool:
+    """A float zero: torch's == matches 0.0 with -0.0, tripwire's EQUALS_MATCH does not."""
+    return has_float(c, lambda x: x == 0.0)
 
 
 NO_KEY: Any = object()

@@ -143,7 +143,13 @@ EQUALS_CASES = [
     (True, [True], [1, 1.0, False]),
     (0, [0, -0], [False, 0.0, -0.0]),
     (1.0, [1.0], [1, True, complex(1, 0)]),
-    (-0.0, [0.0, -0.0], [0, False]),  # v == c: the sign of zero is not compared
+    # 0.0 == -0.0, but code specialised for one can tell the sign (1 / (x * s), repr)
+    (-0.0, [-0.0, -(0.0)], [0.0, 0, False]),
+    (0.0, [0.0, -(-0.0)], [-0.0, 0, False]),
+    (complex(0.0, -0.0), [complex(0.0, -0.0)], [complex(0.0, 0.0), complex(-0.0, -0.0)]),
+    ((1, 0.0), [(1, 0.0)], [(1, -0.0)]),
+    ({"z": -0.0}, [{"z": -0.0}], [{"z": 0.0}]),
+    (frozenset({-0.0, 1.0}), [frozenset({-0.0, 1.0})], [frozenset({0.0, 1.0})]),
     (nan, [float("nan"), -float("nan"), nan], [1.0, complex(nan, 0), None]),
     (math.inf, [float("inf")], [-math.inf, nan]),
     (complex(nan, 1.0), [complex(nan, 1.0)], [complex(nan, 2.0), complex(1.0, nan), nan]),

@@ -217,7 +217,8 @@ NAN_CASES = [
     ({(n1,), (n2,), 1}, {(n3,), (n4,), 1}, True),
     ([{n1, n2, 1}], [{n3, 1, 2}], False),
     ((frozenset({n1, n2}),), (frozenset({n3, 7}),), False),
-    ({n1, 0.0}, {n2, -0.0}, True),
+    ({n1, 0.0}, {n2, -0.0}, False),  # the sign of a zero is compared
+    ({n1, 0.0}, {n2, 0.0}, True),
     ({n1}, {1.5}, False),
     ({complex(n1, 1), complex(n2, 1)}, {complex(n3, 1), complex(2, 1)}, False),
 ]
@@ -282,7 +283,7 @@ def _class_of(x):
     if type(x) is float and x != x:
         return ("nan",)
     if type(x) is float:
-        return (float, x + 0.0)  # 0.0 and -0.0 are one class
+        return (float, x, math.copysign(1.0, x))  # 0.0 and -0.0 are two classes
     if type(x) is tuple:
         return (tuple, tuple(_class_of(e) for e in x))
     return (type(x), x)

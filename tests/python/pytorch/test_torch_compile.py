@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -130,6 +131,78 @@ def test_mutated_input_in_place_recompiles_on_what_the_guards_see():
     x.add_(1)  # a tensor mutated in place: same guards, new values
     assert torch.equal(cf(x, cfg), x * 5 + 1)
     assert graphs() == 2
+
+
+def test_a_zero_of_the_other_sign_recompiles():
+    """Code Dynamo specialised for s = 0.0 computes 1 / (x * 0.0) = +inf; for -0.0 eager gives
+    -inf. torch's guard (==) reuses the 0.0 entry there; tripwire's EQUALS_MATCH compares the
+    sign, so the call compiles its own entry and matches eager (docs/compile.md)."""
+
+    def f(x, s, pair):
+        return torch.stack([1 / (x * s), 1 / (x * pair[0])])
+
+    cf = twt.compile(f, backend="eager")
+    x = torch.ones(3)
+    for s, pair in [(0.0, (0.0, 1)), (-0.0, (0.0, 1)), (0.0, (-0.0, 1)), (-0.0, (-0.0, 1)), (0.0, (0.0, 1))]:
+        assert torch.equal(cf(x, s, pair), f(x, s, pair)), (s, pair)
+    assert graphs() == 4
+    assert f(x, -0.0, (0.0, 1))[0, 0] == -math.inf
+
+
+class _Base:
+    scale = 2
+
+    def m(self):
+        return 1
+
+
+class _Sub(_Base):
+    pass
+
+
+def test_class_changes_dynamo_does_not_guard_recompile():
+    """Dynamo inlines what ``obj.m()`` and ``obj.scale`` resolve to through the class and guards
+    only that the names are not in ``obj.__dict__`` (and the base-class dict entry of a value it
+    specialised on). A method replaced on the base class, or the attribute shadowed on the
+    subclass, passes torch's guards and torch.compile runs stale code; the importer adds the
+    lookup's guards (docs/torch.md), so tripwire recompiles and matches eager."""
+    obj = _Sub()
+
+    def f(x):
+        return x * obj.scale + obj.m()
+
+    x = torch.ones(2)
+    try:
+        for change in [lambda: setattr(_Base, "m", lambda self: 10), lambda: setattr(_Sub, "scale", 4)]:
+            torch._dynamo.reset()
+            ours, theirs = twt.compile(f, backend="eager"), torch.compile(f, backend="eager")
+            before = f(x)
+            assert torch.equal(ours(x), before) and torch.equal(theirs(x), before)
+            change()
+            assert not torch.equal(f(x), before)
+            assert torch.equal(ours(x), f(x))
+            assert torch.equal(theirs(x), before)  # torch 2.13: stale
+    finally:
+        _Base.m = lambda self: 1
+        if "scale" in _Sub.__dict__:
+            del _Sub.scale
+
+
+def test_a_builtin_shadowed_by_a_global_runs_as_torch_compile():
+    """Dynamo guards the builtins dict entry of ``abs``, not the absence of ``abs`` in the
+    function's globals: a global defined later shadows the builtin in eager, while both routes
+    run the code compiled for the builtin (docs/torch.md, "What Dynamo does not guard"); eager
+    differs, which keeps this test from agreeing vacuously."""
+    namespace = {"torch": torch}
+    exec("def g(x):\n    return x * abs(-2)\n", namespace)
+    g = namespace["g"]
+    x = torch.ones(2)
+    ours, theirs = twt.compile(g, backend="eager"), torch.compile(g, backend="eager")
+    before = g(x)
+    assert torch.equal(ours(x), before) and torch.equal(theirs(x), before)
+    namespace["abs"] = lambda v: 7
+    assert not torch.equal(g(x), before)
+    assert torch.equal(ours(x), before) and torch.equal(theirs(x), before)
 
 
 def test_graph_breaks_compile_resume_functions_once_each():

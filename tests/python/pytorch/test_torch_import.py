@@ -2023,3 +2023,53 @@ def test_the_python_reader_path_imports_the_same_guards():
     if tw.tensors.adapter_status().startswith("torch adapter"):
         assert all("[torch adapter]" in line for line in tensor_lines(native))
     assert all("[python reader: no torch adapter]" in line for line in tensor_lines(slow))
+
+
+class _Zeros(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = (0.0, 1)
+
+    def forward(self, x, s):
+        # torch.tensor(self.pair) makes Dynamo guard the whole tuple (an EQUALS_MATCH on a
+        # container); s is guarded as a scalar.
+        return 1 / (x * s) + 1 / (x * torch.tensor(self.pair)[0])
+
+
+def test_a_float_zero_is_imported_with_its_sign_and_recorded_as_stricter():
+    """torch's EQUALS_MATCH matches 0.0 with -0.0 (==), yet the code it guards computes +inf for
+    one and -inf for the other. tripwire's EQUALS_MATCH compares the sign: the imported guards on
+    a zero fail on the other zero (a scalar, and a tuple: type-exact EQUALS, not python_eq), and
+    each says so in its `why`. Other values still decide as torch does."""
+    model, x = _Zeros(), torch.ones(2)
+    gm = compile_and_call(model, x, 0.0)
+    gs = twt.guards_of(model)
+    L = {"self": model, "x": x, "s": 0.0}
+    assert gs.check(L) is True and gm.check(L) is True
+    for s, pair, src in [
+        (-0.0, (0.0, 1), "L['s']"),
+        (0.0, (-0.0, 1), "dict.__getitem__(L['self'].__dict__, 'pair')"),
+    ]:
+        undo = set_attr(model, "pair", pair)
+        try:
+            other = {"self": model, "x": x, "s": s}
+            assert gm.check(other) is True  # torch's guard passes; its code is wrong there
+            assert gs.check(other) is False
+            assert str(gs.why_not(other).source) == src
+            assert not torch.equal(model(x, s), model(x, 0.0))
+        finally:
+            undo()
+    zeros = [g for g in gs.torch_import.guards if "0.0" in g.code and g.kind == "EQUALS_MATCH"]
+    assert len(zeros) == 2
+    assert all(g.outcome == "native" and "0.0 and -0.0 are two values" in g.why for g in zeros)
+    assert "0.0 and -0.0 are two values" in gs.explain()
+    for s, pair, torch_passes in [(1.0, (0.0, 1), False), (0.0, (0.0, 2), False), (0.0, (0, 1), True)]:
+        # (0, 1) == (0.0, 1) for torch's ==; the type-exact tuple guard refuses it (and
+        # torch.tensor((0, 1)) is an int64 tensor: another graph)
+        undo = set_attr(model, "pair", pair)
+        try:
+            v = {"self": model, "x": x, "s": s}
+            assert gm.check(v) is torch_passes
+            assert gs.check(v) is False
+        finally:
+            undo()

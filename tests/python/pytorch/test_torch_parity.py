@@ -302,6 +302,8 @@ class Case:
     # (tripwire source, kind) -> the (Dynamo source, kind) pairs that guard the same thing, where
     # they are not the same source with a kind from KIND_MAP.
     counterpart: dict[tuple[str, str], set[tuple[str, str]]] = field(default_factory=dict)
+    # variant label -> why tripwire fails where Dynamo passes (stricter, never laxer).
+    stricter: dict[str, str] = field(default_factory=dict)
 
 
 BIG = 2**40  # not a cached small int (equal values are distinct objects), fits a tensor op
@@ -487,6 +489,9 @@ CASES = [
             ("L['spec']", "DICT_KEYS"): "guards_for pins a dict's key list; Dynamo reads two keys by name",
         },
         dynamo_only={},
+        stricter={
+            "float 0.0 -> -0.0": "EQUALS_MATCH compares a zero's sign; Dynamo's == matches 0.0 with -0.0",
+        },
     ),
     Case(
         "object attributes",
@@ -707,7 +712,12 @@ def _mismatches(case: Case, gm) -> list[str]:
     for label, make in case.variants.items():
         v = make(dict(case.example))
         ours, theirs = gs.check(v), gm.check(v)
-        if ours != theirs:
+        if label in case.stricter:
+            if (ours, theirs) != (False, True):
+                bad.append(
+                    f"{label}: tripwire={ours} dynamo={theirs} (expected stricter: {case.stricter[label]})"
+                )
+        elif ours != theirs:
             why = gs.why_not(v)
             bad.append(f"{label}: tripwire={ours} dynamo={theirs} ({why.reason if why else 'passes'})")
     return bad
