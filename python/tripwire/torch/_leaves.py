@@ -16,6 +16,7 @@ from typing import Any
 import tripwire._core as _core
 
 from ..catalogue import GuardKind
+from ..source import StepKind
 from ._convert import ConverterBase, _Fallback, _Node
 from ._printed import call_args, has_nan, has_zero, id_in, literal, n_from_len, parse, rhs_literal
 
@@ -201,22 +202,44 @@ class LeafRules(ConverterBase):
             raise _Fallback("torch's 'not in' passes any non-dict; tripwire's DICT_CONTAINS fails it")
         out = [self.spec(GuardKind.DICT_CONTAINS, src, (key, present), site)]
         if not present and type(key) is str and node.torch.accessor == "GetGenericDictGuardAccessor":
-            self.type_lookup(node, key)
+            x = self.nodes.get(id(node.torch.parent))
+            if x is not None:
+                self.type_lookup(x, key)
         return out, ""
 
-    def type_lookup(self, dict_node: _Node, name: str) -> None:
-        """Guard what ``X.name`` resolves to through ``type(X)``'s MRO, where Dynamo guarded only
-        that ``name`` is not in ``X.__dict__``. Dynamo inlines what it found on the class (a
-        method's body, a class attribute's value) but guards the class dicts only where it read a
-        value it specialised on: a method replaced on the class it came from, or the name shadowed
-        on a class earlier in the MRO, passed torch's guards and ran stale code. Added here: the
-        name absent from each class before the one that defines it, and that class's value
-        (EQUALS_MATCH for a constant, ID_MATCH otherwise); absent from all of them if none does.
-        Once per (type, name): the class dicts are shared by every object of the type, and each
-        object's TYPE_MATCH pins it to that type. Stricter than torch, never laxer."""
-        parent = self.nodes.get(id(dict_node.torch.parent))
-        t = None if parent is None else parent.exact_type
-        if parent is None or parent.src is None or not isinstance(t, type):
+    def class_dict_item(self, node: _Node) -> None:
+        """A node Dynamo reached as ``dict(type(X).__mro__[k].__dict__)[name]`` (a class
+        attribute it read, such as a property): Dynamo guards that entry, not the name's absence
+        from the classes before ``k``, so a subclass shadowing it passed torch's guards. The same
+        guards as :meth:`type_lookup`."""
+        steps = [] if node.src is None else node.src.steps
+        kinds = [s.kind for s in steps[-5:]]
+        if kinds != [StepKind.TYPE, StepKind.TYPE_MRO, StepKind.ITEM, StepKind.TYPE_DICT, StepKind.DICT_ITEM]:
+            return
+        if type(steps[-1].arg) is not str:
+            return
+        tn = node.torch
+        for _ in range(5):  # the DICT_ITEM node's torch ancestors up to X
+            if tn.parent is None:
+                return
+            tn = tn.parent
+        x = self.nodes.get(id(tn))
+        if x is not None:
+            self.type_lookup(x, steps[-1].arg)
+
+    def type_lookup(self, parent: _Node, name: str) -> None:
+        """Guard what ``X.name`` resolves to through ``type(X)``'s MRO (``parent`` is X's node),
+        where Dynamo guarded only that ``name`` is not in ``X.__dict__``, or only the entry of
+        the class that defined it. Dynamo inlines what it found on the class (a method's body, a
+        class attribute's value, a property's getter) but guards the class dicts only where it
+        read a value it specialised on: a method replaced on the class it came from, or the name
+        shadowed on a class earlier in the MRO, passed torch's guards and ran stale code. Added
+        here: the name absent from each class before the one that defines it, and that class's
+        value (EQUALS_MATCH for a constant, ID_MATCH otherwise); absent from all of them if none
+        does. Once per (type, name): the class dicts are shared by every object of the type, and
+        each object's TYPE_MATCH pins it to that type. Stricter than torch, never laxer."""
+        t = parent.exact_type
+        if parent.src is None or not isinstance(t, type):
             return
         if (id(t), name) in self._type_lookups:
             return
@@ -224,9 +247,9 @@ class LeafRules(ConverterBase):
         # Read from the type objects themselves (tp_mro, tp_dict): no metaclass code runs.
         mro = type.__dict__["__mro__"].__get__(t)
         why = (
-            f"Dynamo resolved .{name} through {t.__qualname__}'s MRO and guarded only the "
-            "instance dict; a method replaced on the class it came from, or the name shadowed on "
-            "a class before it, now fails"
+            f"Dynamo resolved .{name} through {t.__qualname__}'s MRO without guarding the lookup; "
+            "a method or attribute replaced on the class it came from, or shadowed on a class "
+            "before it, now fails"
         )
         # type(X).__mro__[0] is type(X) itself unless a metaclass's own mro() says otherwise; its
         # dict is then read without the MRO steps (the common case: a module's own forward).

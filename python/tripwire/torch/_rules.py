@@ -116,6 +116,8 @@ class Converter(AccessorRules, LeafRules, TorchLeafRules, RelationalRules, Shape
             self.dict_manager(node)
         if not node.dead:
             self.learn_type(node)
+            if node.blocked is None:
+                self.class_dict_item(node)
         for leaf in tn.leaves:
             self.leaf(node, leaf)
         for child in tn.children:

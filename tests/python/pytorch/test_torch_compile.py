@@ -160,32 +160,52 @@ class _Sub(_Base):
     pass
 
 
+class _WithProperty:
+    @property
+    def v(self):
+        return 4
+
+
+class _SubOfProperty(_WithProperty):
+    pass
+
+
 def test_class_changes_dynamo_does_not_guard_recompile():
     """Dynamo inlines what ``obj.m()`` and ``obj.scale`` resolve to through the class and guards
     only that the names are not in ``obj.__dict__`` (and the base-class dict entry of a value it
     specialised on). A method replaced on the base class, or the attribute shadowed on the
-    subclass, passes torch's guards and torch.compile runs stale code; the importer adds the
+    subclass (or a property shadowed there), passes torch's guards and torch.compile runs stale code; the importer adds the
     lookup's guards (docs/torch.md), so tripwire recompiles and matches eager."""
     obj = _Sub()
 
     def f(x):
         return x * obj.scale + obj.m()
 
+    prop = _SubOfProperty()
+
+    def g(x):
+        return x * prop.v  # a property: Dynamo guards P.__dict__['v'], not its absence from Q
+
     x = torch.ones(2)
     try:
-        for change in [lambda: setattr(_Base, "m", lambda self: 10), lambda: setattr(_Sub, "scale", 4)]:
+        for fn, change in [
+            (f, lambda: setattr(_Base, "m", lambda self: 10)),
+            (f, lambda: setattr(_Sub, "scale", 4)),
+            (g, lambda: setattr(_SubOfProperty, "v", 11)),
+        ]:
             torch._dynamo.reset()
-            ours, theirs = twt.compile(f, backend="eager"), torch.compile(f, backend="eager")
-            before = f(x)
+            ours, theirs = twt.compile(fn, backend="eager"), torch.compile(fn, backend="eager")
+            before = fn(x)
             assert torch.equal(ours(x), before) and torch.equal(theirs(x), before)
             change()
-            assert not torch.equal(f(x), before)
-            assert torch.equal(ours(x), f(x))
+            assert not torch.equal(fn(x), before)
+            assert torch.equal(ours(x), fn(x))
             assert torch.equal(theirs(x), before)  # torch 2.13: stale
     finally:
         _Base.m = lambda self: 1
-        if "scale" in _Sub.__dict__:
-            del _Sub.scale
+        for cls, name in [(_Sub, "scale"), (_SubOfProperty, "v")]:
+            if name in cls.__dict__:
+                delattr(cls, name)
 
 
 def test_a_builtin_shadowed_by_a_global_runs_as_torch_compile():
