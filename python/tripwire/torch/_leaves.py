@@ -137,13 +137,14 @@ class LeafRules(ConverterBase):
                 c = sys.intern(c)
             return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], _SIGNED_ZERO if has_zero(c) else ""
         if type(c) in (tuple, list, set, frozenset, dict) and not has_nan(c) and _core.is_constant(c):
-            if has_zero(c):
-                # Python's == would match the zero's other sign: the type-exact form, stricter.
-                return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], _SIGNED_ZERO
-            if self.equals == "strict":
+            # A float zero inside: Python's == would match its other sign, so the type-exact form.
+            zero = has_zero(c)
+            if zero or self.equals == "strict":
                 return [self.spec(GuardKind.EQUALS_MATCH, src, (c,), site)], (
-                    "stricter (equals='strict'): tripwire compares the elements type-exactly, torch with "
-                    f"Python == (torch also accepts e.g. {_looser_example(c)!r})"
+                    _SIGNED_ZERO
+                    if zero
+                    else "stricter (equals='strict'): tripwire compares the elements type-exactly, torch "
+                    f"with Python == (torch also accepts e.g. {_looser_example(c)!r})"
                 )
             # torch: v is c or (type(v) is type(c) and v == c), Python's == on the elements
             # (True == 1, an element's own __eq__). EQUALS_MATCH with python_eq is exactly that,
@@ -245,7 +246,8 @@ class LeafRules(ConverterBase):
             return
         self._type_lookups.add((id(t), name))
         # Read from the type objects themselves (tp_mro, tp_dict): no metaclass code runs.
-        mro = type.__dict__["__mro__"].__get__(t)
+        mro_of, class_dict_of = type.__dict__["__mro__"].__get__, type.__dict__["__dict__"].__get__
+        mro = mro_of(t)
         why = (
             f"Dynamo resolved .{name} through {t.__qualname__}'s MRO without guarding the lookup; "
             "a method or attribute replaced on the class it came from, or shadowed on a class "
@@ -253,9 +255,8 @@ class LeafRules(ConverterBase):
         )
         # type(X).__mro__[0] is type(X) itself unless a metaclass's own mro() says otherwise; its
         # dict is then read without the MRO steps (the common case: a module's own forward).
-        class_dict_of = type.__dict__["__dict__"].__get__
         own_first = mro[0] is t and not any(
-            "mro" in class_dict_of(m) for m in type.__dict__["__mro__"].__get__(type(t)) if m is not type
+            "mro" in class_dict_of(m) for m in mro_of(type(t)) if m is not type
         )
         for i, cls in enumerate(mro):
             ns = class_dict_of(cls)
