@@ -1,7 +1,7 @@
 """What the benchmarks share: a :class:`Contender` (a named check and what it is called with), the
 round-robin :func:`measure`, and the plain-text results table.
 
-Used by bench/guard_eval.py (W1-W3, the model stand-ins), bench/real_models.py (guard sets imported
+Used by bench/guard_eval.py (W1-W3), bench/real_models.py (guard sets imported
 from torch.compile) and bench/tensor_guards.py (T1, A1, G1). Importing it imports nothing heavy.
 """
 

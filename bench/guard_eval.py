@@ -63,10 +63,6 @@ __all__ = [
 ]
 
 WORKLOAD_NAMES = ("W1", "W2", "W3")
-# Stand-ins for real models (bench/model_standin.py): need torch. "-full" adds torch's framework
-# state and aliasing guards, which tripwire can only check through Python code today.
-MODEL_NAMES = ("GPT", "CNN", "FNCFG", "GPT-full", "CNN-full", "FNCFG-full")
-ALL_NAMES = WORKLOAD_NAMES + MODEL_NAMES
 
 
 # =================================================================================================
@@ -86,7 +82,6 @@ class Workload:
         None  # (filtered: bool) -> (check, f_locals, f_locals_fail, gm)
     )
     extra: dict = field(default_factory=dict)
-    baselines: bool = True  # the generated Python functions and the C floor (W1-W3 only)
 
 
 # -- W1: one object, 50 attributes of mixed types ------------------------------------------------------
@@ -353,44 +348,7 @@ def build_w3(with_torch: bool) -> Workload:
     )
 
 
-def build_model(name: str, with_torch: bool) -> Workload:
-    """A stand-in real-model workload (bench/model_standin.py): torch's own non-tensor guards for a
-    compiled model, re-declared in tripwire. Needs torch (the models are torch modules)."""
-    import model_standin
-
-    if not with_torch:
-        raise RuntimeError(f"{name} needs torch")
-    base, _, variant = name.partition("-")
-    core = variant != "full"
-    s = model_standin.build_standin(base, core=core)
-
-    def factory(filtered: bool):
-        if filtered:
-            return s.gm_same, s.f_locals, s.f_locals_fail
-        gm, ok, bad, _ = model_standin.compile_torch(base, filtered=False)
-        return gm, ok, bad
-
-    what = (
-        f"torch's guards for {model_standin.DESCRIPTIONS[base]}, compiled with backend='eager', tensor guards "
-        + ("and framework-state/aliasing guards " if core else "")
-        + "filtered out (guard_filter_fn), walked and re-declared in tripwire on the same sources. torch/tripwire "
-        f"guards per kind: {model_standin.conversion_counts(s)}"
-    )
-    return Workload(
-        name,
-        f"{base} stand-in ({'module-tree guards' if core else 'all non-tensor guards'})",
-        what,
-        s.builder,
-        s.f_locals,
-        s.f_locals_fail,
-        torch_factory=factory,
-        baselines=False,
-    )
-
-
 BUILDERS: dict[str, Callable[[bool], Workload]] = {"W1": build_w1, "W2": build_w2, "W3": build_w3}
-for _name in MODEL_NAMES:
-    BUILDERS[_name] = lambda with_torch, _n=_name: build_model(_n, with_torch)
 
 
 def build_workloads(names=WORKLOAD_NAMES, with_torch: bool = False) -> list[Workload]:
@@ -938,23 +896,21 @@ def prepare(w: Workload, *, torch_ok: bool, log, only: set[str] | None = None) -
             f", {gs._last_skipped_guards} skipped",
         )
     ]
-    pyfn_source = pyfn_plus_source = ""
-    if w.baselines:
-        pyfn = python_guard_fn(specs)
-        pyfn_plus = python_guard_fn(specs, cse=True, c_helpers=True)
-        pyfn_source, pyfn_plus_source = pyfn.source, pyfn_plus.source
-        _correctness(f"{w.name} py-fn", pyfn, w.f_locals, w.f_locals_fail)
-        _correctness(f"{w.name} py-fn+", pyfn_plus, w.f_locals, w.f_locals_fail)
-        if want("py-fn"):
-            contenders.append(Contender("py-fn", pyfn, w.f_locals, n, "lambda helpers, no CSE"))
-        if want("py-fn+"):
-            contenders.append(Contender("py-fn+", pyfn_plus, w.f_locals, n, "CSE + C helpers"))
-        plan = floor_plan(specs, w.f_locals)
-        _correctness(f"{w.name} C floor", floor_plan(specs, w.f_locals).check, w.f_locals, w.f_locals_fail)
-        if want("C floor"):
-            contenders.append(
-                Contender("C floor", plan.check, w.f_locals, plan.check_count, f"{plan.insn_count} insns")
-            )
+    pyfn = python_guard_fn(specs)
+    pyfn_plus = python_guard_fn(specs, cse=True, c_helpers=True)
+    pyfn_source, pyfn_plus_source = pyfn.source, pyfn_plus.source
+    _correctness(f"{w.name} py-fn", pyfn, w.f_locals, w.f_locals_fail)
+    _correctness(f"{w.name} py-fn+", pyfn_plus, w.f_locals, w.f_locals_fail)
+    if want("py-fn"):
+        contenders.append(Contender("py-fn", pyfn, w.f_locals, n, "lambda helpers, no CSE"))
+    if want("py-fn+"):
+        contenders.append(Contender("py-fn+", pyfn_plus, w.f_locals, n, "CSE + C helpers"))
+    plan = floor_plan(specs, w.f_locals)
+    _correctness(f"{w.name} C floor", floor_plan(specs, w.f_locals).check, w.f_locals, w.f_locals_fail)
+    if want("C floor"):
+        contenders.append(
+            Contender("C floor", plan.check, w.f_locals, plan.check_count, f"{plan.insn_count} insns")
+        )
     torch_info: dict[str, Any] = {}
     if torch_ok and w.torch_factory is not None:
         for filtered, label in ((False, "torch"), (True, "torch-same")):
@@ -1006,17 +962,9 @@ def _callgrind_child(workload: str, contender: str, n: int, torch_ok: bool) -> N
     ``_floor.repeat_call`` (the only function whose cost callgrind collects)."""
     _floor = floor_build.load()
 
-    if torch_ok or workload in MODEL_NAMES:
+    if torch_ok:
         _torch_available(lambda m: None)
-    if workload in MODEL_NAMES and not contender.startswith("torch"):
-        import model_standin
-
-        base, _, variant = workload.partition("-")
-        s = model_standin.build_standin(base, core=variant != "full", from_cache=True)
-        w = Workload(workload, "", "", s.builder, s.f_locals, s.f_locals_fail, baselines=False)
-        torch_ok = False
-    else:
-        w = BUILDERS[workload](torch_ok)
+    w = BUILDERS[workload](torch_ok)
     res = prepare(w, torch_ok=torch_ok, log=lambda m: None, only={contender})
     c = next(c for c in res["contenders"] if c.name == contender)
     for _ in range(50):
@@ -1041,7 +989,7 @@ def callgrind_count(workload: str, contender: str, n: int, torch_ok: bool, out_d
 # =================================================================================================
 # Reporting
 # =================================================================================================
-TARGETS = {  # issue 2, on W2: (contender, bound on tripwire time / contender time, how to read it)
+TARGETS = {  # on W2: (contender, bound on tripwire time / contender time, how to read it)
     "torch": (1 / 3, "tripwire <= 1/3 of torch's time"),
     "C floor": (1.5, "tripwire <= 1.5x the C floor"),
     "py-fn": (1 / 10, ">= 10x faster than the generated Python function"),
@@ -1090,14 +1038,14 @@ def report(results: list[dict], *, repeat: int) -> str:
     )
     out.append(table(rows, header, right={2, 3, 4, 5, 6, 7, 8} if with_ir else {2, 3, 4, 5, 6}))
     out.append("")
-    # Targets (issue 2) on W2.
+    # The targets on W2.
     for res in results:
         w = res["workload"]
         if w.name != "W2":
             continue
         by = {c.name: c for c in res["contenders"]}
         tw = by["tripwire"]
-        out.append("Targets on W2 (issue 2):")
+        out.append("Targets on W2:")
         for name, (bound, text) in TARGETS.items():
             names = (
                 [name]
@@ -1117,24 +1065,6 @@ def report(results: list[dict], *, repeat: int) -> str:
                     r_ir = tw.instructions / c.instructions
                     line += f"; instructions {r_ir:.3f} -> {'MET' if r_ir <= bound else 'MISSED'}"
                 out.append(line)
-    # Targets (issue 10) on the model stand-ins.
-    models = [res for res in results if res["workload"].name in MODEL_NAMES]
-    if models:
-        out.append("")
-        out.append("Targets on the model stand-ins (issue 10):")
-    for res in models:
-        by = {c.name: c for c in res["contenders"]}
-        tw, gs = by["tripwire"], res["gs"]
-        frac = gs.fast_path_fraction
-        line = f"  {res['workload'].name}: fast path {100 * frac:.1f}% of guards (>= 95%: {'MET' if frac >= 0.95 else 'MISSED'})"
-        for nm, bound in (("torch-same", 1 / 3), ("torch", 1 / 3)):
-            if nm not in by:
-                continue
-            c = by[nm]
-            r_min, r_med = tw.min / c.min, tw.median / c.median
-            ok = r_min <= bound and r_med <= bound
-            line += f"; vs {nm} {r_min:.3f} (min), {r_med:.3f} (median) (<= 1/3: {'MET' if ok else 'MISSED'})"
-        out.append(line)
     return "\n".join(out)
 
 
@@ -1186,7 +1116,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--workload",
         "-w",
         action="append",
-        choices=ALL_NAMES,
+        choices=WORKLOAD_NAMES,
         help="run only this workload (repeatable); default: all",
     )
     p.add_argument("--repeat", "-r", type=int, default=15, help="repeats per contender (default 15)")
@@ -1208,12 +1138,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="N",
         help="also count instructions per check with valgrind's callgrind (N checks per "
         "contender, default 2000): a noise-free second opinion; slow, torch under valgrind slower",
-    )
-    p.add_argument(
-        "--torch-model-instructions",
-        action="store_true",
-        help="with --instructions, also count torch's columns on the model workloads (each compiles the "
-        "model under valgrind: many minutes per column)",
     )
     return p.parse_args(argv)
 
@@ -1245,10 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
     torch_ok = not args.no_torch and _torch_available(log)
     if args.no_torch:
         log("torch columns skipped (--no-torch)")
-    names = tuple(args.workload) if args.workload else (ALL_NAMES if torch_ok else WORKLOAD_NAMES)
-    if not torch_ok and any(n in MODEL_NAMES for n in names):
-        log("the model workloads need torch: skipped")
-        names = tuple(n for n in names if n not in MODEL_NAMES)
+    names = tuple(args.workload) if args.workload else WORKLOAD_NAMES
     log(f"environment: {environment()}")
     results = []
     for w in build_workloads(names, with_torch=torch_ok):
@@ -1270,8 +1191,6 @@ def main(argv: list[str] | None = None) -> int:
             for res in results:
                 for c in res["contenders"]:
                     is_torch = c.name.startswith("torch")
-                    if is_torch and res["workload"].name in MODEL_NAMES and not args.torch_model_instructions:
-                        continue  # torch.compile of a model under valgrind takes many minutes
                     c.instructions = callgrind_count(
                         res["workload"].name, c.name, args.instructions, is_torch, out_dir
                     )
