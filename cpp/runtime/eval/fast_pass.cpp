@@ -1323,10 +1323,10 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
             // An ALIAS pair (`a is b`, torch's OBJECT_ALIASING and the importer's: most of a
             // model's relational guards) in line: the out-of-line call costs more than the compare.
             if (guards[op.guard].kind == core::GuardKind::Alias && n == 2) {
-                if (r[rel[0]] != r[rel[1]]) goto failed;
+                if (r[rel[0]] != r[rel[1]]) goto relation_failed;
                 break;
             }
-            if (!relation_in_registers(guards[op.guard], r, rel, n)) goto failed;
+            if (!relation_in_registers(guards[op.guard], r, rel, n)) goto relation_failed;
             break;
         } while (false);
         opp = next;
@@ -1401,6 +1401,12 @@ int GuardSet::run_program(const Locals& locals, core::shape::ShapeFrame* const s
         goto done;
     failed:
         fail(ps, opp->node, opp->pos);
+        goto done;
+    relation_failed:
+        // A relational guard is no node's guard: it has no claim to withdraw and no place in a
+        // node's guard order or a path's (fail() would index them with an op that names none).
+        // Nothing ran: the walk decides and names the failure; after user code, the check fails.
+        ps.result = ps.ran_user_code ? 0 : kUndecided;
 #undef TW_DISPATCH
 #undef TW_FETCH_OP
 #undef TW_SETTLE_DICT_ITEM

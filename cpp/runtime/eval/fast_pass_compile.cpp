@@ -599,7 +599,7 @@ void GuardSet::build_fast_pass() {
         FastOp op;
         op.code = Code::Relational;
         op.guard = gi;
-        op.node = 0;  // fail() withdraws this node's claims: harmless (claims are optional)
+        op.node = 0;  // unused: a failing relation leaves the pass without fail() (relation_failed)
         fast_ops_.push_back(op);
         fast_guards_ += 1;
     }

@@ -282,3 +282,36 @@ def test_an_alias_pair_fails_after_passing_checks_when_one_side_is_rebound() -> 
     new = object()
     a["F"] = b_["F"] = new
     assert agree(gs, f)
+
+
+@pytest.mark.parametrize("kind", ["no_alias", "alias"])
+def test_a_relation_failing_after_user_code_fails_the_check_and_touches_no_order(kind: str) -> None:
+    """A Python probe (an ambient GLOBAL_STATE) runs user code before the sources are read, so the
+    fast pass decides a failing relation itself instead of leaving it to the walk. A relational
+    guard belongs to no node: with no node guard in the set, recording its failure in a node's
+    guard order read a null array (a segfault); with node guards it counted the failure against
+    the first node's. The check fails, and no node's order or counts move."""
+    shared, other = object(), object()
+
+    def probe() -> str:
+        return "train"
+
+    good = {"a": shared, "b": other} if kind == "no_alias" else {"a": shared, "b": shared}
+    bad = {"a": shared, "b": shared} if kind == "no_alias" else {"a": shared, "b": other}
+    for with_node_guards in (False, True):
+        b = tw.GuardBuilder(good)
+        if with_node_guards:
+            b.type_match("L['a']")
+            b.type_match("L['b']")
+        getattr(b, kind)("L['a']", "L['b']")
+        b.global_state(probe)
+        gs = b.build()
+        for on in (True, False):
+            with fast_pass(on):
+                assert gs.check(good)
+                tree = gs._tree()
+                for _ in range(3):
+                    assert not gs.check(bad)
+                assert gs._tree() == tree  # no node's fail counts or order moved
+                assert gs.why_not(bad).kind == kind.upper()
+                assert [f.kind for f in gs.failures(bad)] == [kind.upper()]
