@@ -296,16 +296,17 @@ def _timed_block(block: Callable[[], None], calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def _overhead(t: dict[str, float], graph_count: int) -> str:
+def _overhead(t: dict[str, float], graph_count: int, unit: str = "time") -> str:
     """Each route's overhead over the graphs (over eager when Dynamo compiled no graph: both
-    routes then run the model eagerly, and an empty floor would count the model as overhead)."""
+    routes then run the model eagerly, and an empty floor would count the model as overhead);
+    ``unit`` names what ``t`` measures (time or instructions)."""
     base = t["torch.compile"]
     floor, what = (t["graph"], "the graphs") if graph_count else (t["eager"], "eager")
     over_t, over_o = base - floor, t["tripwire.torch.compile"] - floor
     ratio = over_o / over_t if over_t > 0 else float("nan")
     return (
         f"overhead over {what}: torch.compile {over_t:,.1f}, tripwire {over_o:,.1f} ({ratio:.2f} of "
-        f"torch's); torch.compile's overhead is {over_t / base:.0%} of its time"
+        f"torch's); torch.compile's overhead is {over_t / base:.0%} of its {unit}"
     )
 
 
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  instructions per call (callgrind):")
             for key, n in ins.items():
                 print(f"  {key:40s} {n:11,.0f}  ({n / ins['torch.compile']:.2f})")
-            print("  instructions: " + _overhead(ins, graph_count))
+            print("  instructions: " + _overhead(ins, graph_count, "instructions"))
     return 0
 
 
