@@ -51,8 +51,7 @@ import guard_eval  # noqa: E402
 from contenders import Contender, fmt_ns, measure, ratio_columns, table  # noqa: E402
 
 # torch guard types (guard_filter_fn's GuardFilterEntry.guard_type) whose guards guards_of would
-# not import: none since the tensor engine (issue 9), so the filter keeps everything and
-# torch-same holds torch's whole set.
+# not import: none, so the filter keeps everything and torch-same holds torch's whole set.
 TORCH_PENDING_GUARD_TYPES: frozenset[str] = frozenset()
 WORKLOAD_NAMES = (
     "gpt",
@@ -582,8 +581,7 @@ def report(workloads: list[Workload], repeat: int) -> str:
         "the `tripwire` column's time / the contender's (below 1: tripwire is faster)",
         table(rows, header, right),
         "",
-        "Targets (issue 10): tripwire <= 1/3 of torch like for like; <= 1/5 of torch with all its guards "
-        "(once tensor guards are imported).",
+        "Targets: tripwire <= 1/3 of torch like for like; <= 1/5 of torch with all its guards.",
     ]
     for w in workloads:
         by = {c.name: c for c in w.results["contenders"]}

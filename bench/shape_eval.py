@@ -390,7 +390,7 @@ def bench_check(args: argparse.Namespace, log: Callable[[str], None]) -> list[st
 
 
 def bench_nan(log: Callable[[str], None]) -> list[str]:
-    """The NaN case of issue 11: torch's C++ path accepts NaN, its Python path does not."""
+    """The NaN case: torch's C++ path accepts NaN, its Python path does not."""
     import math
 
     import torch
