@@ -97,11 +97,11 @@ def roundtrip_against_live(data: Any, kind: str | None) -> None:
     if kind is not None:
         # A rare kind is drawn for few sources: several plans on one frame before the example is
         # discarded, rather than a new frame for each (a frame costs most of the drawing).
-        for _ in range(8):
-            plan.calls = [c for c in plan.calls if _METHOD_KIND[c[0]] == kind]
-            if plan.calls:
+        for _ in range(7):
+            if any(_METHOD_KIND[c[0]] == kind for c in plan.calls):
                 break
             plan = data.draw(guard_plans(example))
+        plan.calls = [c for c in plan.calls if _METHOD_KIND[c[0]] == kind]
         assume(plan.calls)
     b = tw.GuardBuilder(example.f_locals, example.f_globals, example.f_closure)
     plan.apply(b)
